@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from abstain_guard.calibration.judges import Judge, JudgeInput, Judgment, _unpack
+from abstain_guard.calibration.judges_base import Judge, JudgeInput, Judgment, _unpack
 from abstain_guard.calibration.store import RunStore
 from abstain_guard.calibration.store import content_key as store_key
 from abstain_guard.errors import JudgeError

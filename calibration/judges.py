@@ -1,14 +1,15 @@
 """Correctness judges: did a model's answer match the gold answer?
 
 Every judge maps ``(question, gold_answers, prediction)`` to a :class:`Judgment`
-``(correct: bool | None, score: float | None, rationale: str)``. ``correct=None`` means *no
-judgment could be made* (an API that still failed after its retries, an unparseable verdict):
-such items are excluded from calibration and counted, never treated as incorrect.
+``(correct: bool | None, score: float | None, rationale: str, refusal: bool)``.
+``correct=None`` means *no judgment could be made* (an API that still failed after its
+retries, an unparseable verdict): such items are excluded from calibration and counted, never
+treated as incorrect.
 
 Judges, from cheap to expensive:
 
-* :class:`LexicalJudge` — SQuAD-style normalisation; containment of any gold alias as a whole
-  token sequence, exact match, or token F1.
+* :class:`LexicalJudge` — normalised whole-token matching (containment of a gold alias, exact
+  match, or token F1); refusals and hedges are incorrect, refusals are flagged.
 * :class:`NumericJudge` — the final number of the answer against the gold number (GSM8K).
 * :class:`ChoiceJudge` — the option picked (letter or option text) against the gold option.
 * :class:`SimilarityJudge` — sentence-embedding cosine (or a cross-encoder) above a threshold.
@@ -20,7 +21,13 @@ Judges, from cheap to expensive:
 
 :func:`make_judge` builds any of them from a name or a config dict. Each judge has an
 ``identity`` string (name, parameters, model identity) that keys the on-disk cache
-(:mod:`abstain_guard.calibration.judge_cache`).
+(:mod:`abstain_guard.calibration.judge_cache`); rule-based judges carry a ``version`` in it,
+bumped whenever their verdicts change. :func:`summarize_judgments` counts verdicts, no-verdicts
+and refusals.
+
+The interface lives in :mod:`~abstain_guard.calibration.judges_base`, the rule-based judges in
+:mod:`~abstain_guard.calibration.judges_lexical` and their text analysis in
+:mod:`~abstain_guard.calibration.judges_text`; everything is importable from here.
 """
 
 from __future__ import annotations
@@ -29,22 +36,36 @@ import hashlib
 import importlib.util
 import json
 import logging
-import math
 import os
 import re
-import string
 import threading
-import unicodedata
-from abc import ABC, abstractmethod
-from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
-from tqdm.auto import tqdm
 
+from abstain_guard.calibration.judges_base import (
+    Judge,
+    JudgeInput,
+    Judgment,
+    _unpack,
+    summarize_judgments,
+)
+from abstain_guard.calibration.judges_lexical import (
+    ChoiceJudge,
+    LexicalJudge,
+    NumericJudge,
+    extract_final_number,
+    usable_aliases,
+)
+from abstain_guard.calibration.judges_text import (
+    REFUSAL_PATTERNS,
+    hedge_alternatives,
+    normalize_answer,
+    refusal_phrase,
+    token_f1,
+)
 from abstain_guard.errors import JudgeError, ModelNotFoundError
 
 if TYPE_CHECKING:
@@ -53,6 +74,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "JUDGE_NAMES",
+    "REFUSAL_PATTERNS",
     "ChoiceJudge",
     "Judge",
     "JudgeInput",
@@ -65,459 +87,16 @@ __all__ = [
     "StatementRewriter",
     "chat_model_identity",
     "extract_final_number",
+    "hedge_alternatives",
     "make_judge",
     "normalize_answer",
+    "refusal_phrase",
+    "summarize_judgments",
     "token_f1",
+    "usable_aliases",
 ]
 
 logger = logging.getLogger(__name__)
-
-#: ``(question, gold_answers, prediction)`` or, for choice questions,
-#: ``(question, gold_answers, prediction, choices)``.
-JudgeInput = Union[  # noqa: UP007 (a runtime alias: `|` on generic aliases needs 3.10+ anyway)
-    tuple[str, Sequence[str], str],
-    tuple[str, Sequence[str], str, Sequence[str]],
-]
-
-
-@dataclass(frozen=True)
-class Judgment:
-    """One verdict.
-
-    Attributes:
-        correct: True/False, or None when no judgment could be made (excluded and counted).
-        score: the judge's graded score when it has one (F1, cosine similarity, 1/0).
-        rationale: a short human-readable reason (which alias matched, the LLM's reason, the
-            error that prevented a judgment).
-    """
-
-    correct: bool | None
-    score: float | None
-    rationale: str
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-serialisable dict; inverse of :meth:`from_json`."""
-        return {"correct": self.correct, "score": self.score, "rationale": self.rationale}
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Judgment:
-        """Rebuild a judgment from :meth:`to_json` output."""
-        score = d.get("score")
-        return cls(
-            correct=None if d.get("correct") is None else bool(d["correct"]),
-            score=None if score is None else float(score),
-            rationale=str(d.get("rationale", "")),
-        )
-
-
-def _unpack(item: JudgeInput) -> tuple[str, tuple[str, ...], str, tuple[str, ...]]:
-    if len(item) == 3:
-        q, gold, pred = item  # type: ignore[misc]
-        choices: Sequence[str] = ()
-    elif len(item) == 4:
-        q, gold, pred, choices = item  # type: ignore[misc]
-    else:
-        raise JudgeError(
-            f"a judge input is (question, gold_answers, prediction[, choices]), got {len(item)} "
-            "values"
-        )
-    if isinstance(gold, str):
-        gold = (gold,)
-    return str(q), tuple(str(g) for g in gold), str(pred), tuple(str(c) for c in choices)
-
-
-def _fmt_params(params: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in params.items())
-
-
-class Judge(ABC):
-    """Base class of correctness judges.
-
-    Subclasses set :attr:`name`, implement :meth:`judge` and :meth:`params`; LLM-backed judges
-    set :attr:`concurrent` so :meth:`judge_many` runs them through LangChain's
-    ``batch_as_completed`` with ``max_concurrency``.
-    """
-
-    name: ClassVar[str] = "judge"
-    concurrent: ClassVar[bool] = False
-
-    def params(self) -> dict[str, Any]:
-        """The parameters that change verdicts (part of :attr:`identity`)."""
-        return {}
-
-    @property
-    def identity(self) -> str:
-        """Name + parameters + model identity, e.g. ``"lexical(mode='containment', …)"``.
-        Two judges with the same identity give the same verdicts; the cache is keyed by it."""
-        return f"{self.name}({_fmt_params(self.params())})"
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.identity}>"
-
-    @abstractmethod
-    def judge(
-        self,
-        question: str,
-        gold_answers: Sequence[str],
-        prediction: str,
-        *,
-        choices: Sequence[str] = (),
-    ) -> Judgment:
-        """Judge one answer. ``choices`` (option texts, lettered A.. in order) only matters for
-        multiple-choice questions; judges that do not need it ignore it."""
-
-    def iter_judge_many(
-        self, inputs: Sequence[JudgeInput], *, max_concurrency: int = 4
-    ) -> Iterator[tuple[int, Judgment]]:
-        """Yield ``(index, judgment)`` as each judgment is ready (not necessarily in order).
-
-        Concurrent judges run through ``RunnableLambda(...).batch_as_completed`` with
-        ``max_concurrency``; the others run in order in this thread.
-        """
-        unpacked = [_unpack(t) for t in inputs]
-        if not self.concurrent or max_concurrency <= 1 or len(unpacked) <= 1:
-            for i, (q, g, p, c) in enumerate(unpacked):
-                yield i, self.judge(q, g, p, choices=c)
-            return
-        from langchain_core.runnables import RunnableLambda
-
-        def one(t: tuple[str, tuple[str, ...], str, tuple[str, ...]]) -> Judgment:
-            return self.judge(t[0], t[1], t[2], choices=t[3])
-
-        runner: Runnable[Any, Judgment] = RunnableLambda(one)
-        for i, result in runner.batch_as_completed(
-            unpacked, config={"max_concurrency": max_concurrency}
-        ):
-            yield i, result
-
-    def judge_many(
-        self, inputs: Sequence[JudgeInput], max_concurrency: int = 4, progress: bool = True
-    ) -> list[Judgment]:
-        """Judge many answers (in input order), with a progress bar when ``progress``."""
-        out: list[Judgment | None] = [None] * len(inputs)
-        with tqdm(
-            total=len(inputs), desc=f"judging ({self.name})", disable=not progress, unit="ans"
-        ) as bar:
-            for i, j in self.iter_judge_many(inputs, max_concurrency=max_concurrency):
-                out[i] = j
-                bar.update(1)
-        missing = [i for i, j in enumerate(out) if j is None]
-        if missing:
-            raise JudgeError(f"{self.identity} returned no judgment for inputs {missing[:5]}")
-        return [j for j in out if j is not None]
-
-
-# --- lexical ------------------------------------------------------------------------------
-
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCT = set(string.punctuation)
-
-
-def normalize_answer(text: str) -> str:
-    """SQuAD-style normalisation: accents folded (``é`` → ``e``), lower case, punctuation
-    removed, the articles a/an/the removed, whitespace collapsed."""
-    text = unicodedata.normalize("NFKD", text)
-    text = "".join(ch for ch in text if not unicodedata.combining(ch)).lower()
-    text = "".join(
-        ch for ch in text if ch not in _PUNCT and not unicodedata.category(ch).startswith("P")
-    )
-    text = _ARTICLES.sub(" ", text)
-    return " ".join(text.split())
-
-
-def _contains_tokens(haystack: Sequence[str], needle: Sequence[str]) -> bool:
-    n = len(needle)
-    if n == 0 or n > len(haystack):
-        return False
-    return any(list(haystack[i : i + n]) == list(needle) for i in range(len(haystack) - n + 1))
-
-
-def token_f1(prediction: str, gold: str) -> float:
-    """SQuAD token F1 between two answers (after :func:`normalize_answer`)."""
-    p, g = normalize_answer(prediction).split(), normalize_answer(gold).split()
-    if not p or not g:
-        return float(p == g)
-    common = Counter(p) & Counter(g)
-    same = sum(common.values())
-    if same == 0:
-        return 0.0
-    precision, recall = same / len(p), same / len(g)
-    return 2 * precision * recall / (precision + recall)
-
-
-class LexicalJudge(Judge):
-    """Normalised string matching against every gold alias (:func:`normalize_answer`).
-
-    Modes:
-        ``"containment"`` (default): correct when some gold alias occurs in the prediction as a
-            whole-token sequence (``"Lima"`` in ``"The capital is Lima."``, but not ``"Lim"``).
-        ``"exact"``: correct when the prediction equals some alias.
-        ``"f1"``: correct when the best token F1 over aliases is at least ``f1_threshold``.
-
-    Aliases that normalise to nothing (``"The"``) are ignored unless all do.
-    """
-
-    name = "lexical"
-
-    def __init__(
-        self,
-        mode: Literal["containment", "exact", "f1"] = "containment",
-        f1_threshold: float = 0.5,
-    ) -> None:
-        if mode not in ("containment", "exact", "f1"):
-            raise JudgeError(
-                f"LexicalJudge mode must be 'containment', 'exact' or 'f1', got {mode!r}"
-            )
-        if not 0.0 <= f1_threshold <= 1.0:
-            raise JudgeError(f"f1_threshold must be in [0, 1], got {f1_threshold}")
-        self.mode = mode
-        self.f1_threshold = f1_threshold
-
-    def params(self) -> dict[str, Any]:
-        p: dict[str, Any] = {"mode": self.mode}
-        if self.mode == "f1":
-            p["f1_threshold"] = self.f1_threshold
-        return p
-
-    def judge(
-        self,
-        question: str,
-        gold_answers: Sequence[str],
-        prediction: str,
-        *,
-        choices: Sequence[str] = (),
-    ) -> Judgment:
-        golds = [g for g in gold_answers if normalize_answer(g)] or list(gold_answers)
-        if not golds:
-            raise JudgeError(f"no gold answers for {question[:60]!r}")
-        pred_norm = normalize_answer(prediction)
-        if self.mode == "f1":
-            best, alias = max((token_f1(prediction, g), g) for g in golds)
-            ok = best >= self.f1_threshold
-            return Judgment(ok, best, f"best token F1 {best:.2f} with {alias!r}")
-        pred_tokens = pred_norm.split()
-        for g in golds:
-            g_norm = normalize_answer(g)
-            if self.mode == "exact":
-                hit = g_norm == pred_norm if g_norm else g.strip().lower() == prediction.lower()
-            else:
-                hit = (
-                    _contains_tokens(pred_tokens, g_norm.split())
-                    if g_norm
-                    else g.strip().lower() in prediction.lower()
-                )
-            if hit:
-                verb = "equals" if self.mode == "exact" else "contains"
-                return Judgment(True, 1.0, f"prediction {verb} gold alias {g!r}")
-        verb = "equals" if self.mode == "exact" else "contains"
-        return Judgment(False, 0.0, f"prediction {verb} none of {len(golds)} gold aliases")
-
-
-# --- numeric ------------------------------------------------------------------------------
-
-_NUMBER = re.compile(
-    r"(?<![\w.])(?P<sign>[-−]?)\s?\$?\s?(?P<num>(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)"
-)
-_ANSWER_CUE = re.compile(r"(?:####|answer\s*(?:is|:|=)|boxed\{)", re.I)
-
-
-def extract_final_number(text: str) -> float | None:
-    """The answer's final number: the first number after the last ``####`` / ``answer is`` /
-    ``\\boxed{`` cue, else the last number in the text. Handles thousands commas, ``$``,
-    negative signs and a trailing full stop (``"The answer is $1,234.00."`` → 1234.0)."""
-    cues = list(_ANSWER_CUE.finditer(text))
-    if cues:
-        m = _NUMBER.search(text, cues[-1].end())
-        if m:
-            return _to_float(m)
-    matches = list(_NUMBER.finditer(text))
-    return _to_float(matches[-1]) if matches else None
-
-
-def _to_float(m: re.Match[str]) -> float:
-    value = float(m.group("num").replace(",", ""))
-    return -value if m.group("sign") else value
-
-
-class NumericJudge(Judge):
-    """The prediction's final number (:func:`extract_final_number`) against the gold number(s),
-    equal within ``rel_tol`` (relative) or ``abs_tol``."""
-
-    name = "numeric"
-
-    def __init__(self, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> None:
-        self.rel_tol = rel_tol
-        self.abs_tol = abs_tol
-
-    def params(self) -> dict[str, Any]:
-        return {"rel_tol": self.rel_tol}
-
-    def judge(
-        self,
-        question: str,
-        gold_answers: Sequence[str],
-        prediction: str,
-        *,
-        choices: Sequence[str] = (),
-    ) -> Judgment:
-        golds = [v for v in (extract_final_number(g) for g in gold_answers) if v is not None]
-        if not golds:
-            raise JudgeError(
-                f"no gold number in {list(gold_answers)[:3]} for {question[:60]!r}; "
-                "NumericJudge needs numeric gold answers"
-            )
-        got = extract_final_number(prediction)
-        if got is None:
-            return Judgment(False, 0.0, "no number in the prediction")
-        for g in golds:
-            if math.isclose(got, g, rel_tol=self.rel_tol, abs_tol=self.abs_tol):
-                return Judgment(True, 1.0, f"final number {got:g} equals gold {g:g}")
-        return Judgment(False, 0.0, f"final number {got:g} differs from gold {golds[0]:g}")
-
-
-# --- multiple choice ----------------------------------------------------------------------
-
-_LETTER_ONLY = re.compile(r"^\W*\(?([A-Za-z])\)?\W*$")
-_LETTER_CUE = re.compile(
-    r"\b(?:answer|option|choice)\b\s*(?:is|would be|:|=)?\s*\(?([A-Za-z])\)?(?![\w'])", re.I
-)
-_LETTER_LEAD = re.compile(r"^\W*\(?([A-Za-z])\s*[).:]")
-_LETTER_PAREN = re.compile(r"\(([A-Z])\)|(?<![\w])([A-Z])\)")
-_LETTER_LONE = re.compile(r"(?<![\w'])([A-Z])(?![\w'])")
-
-
-def _gold_choice(gold: Sequence[str], choices: Sequence[str]) -> tuple[int | None, list[str]]:
-    """(gold option index or None, gold option texts) from letter and/or text aliases."""
-    index: int | None = None
-    texts: list[str] = []
-    for g in gold:
-        s = g.strip()
-        if re.fullmatch(r"\(?[A-Za-z]\)?", s):
-            if index is None:
-                index = ord(s.strip("()").upper()) - ord("A")
-        else:
-            texts.append(s)
-    if index is None and choices:
-        norm = [normalize_answer(c) for c in choices]
-        for t in texts:
-            if normalize_answer(t) in norm:
-                index = norm.index(normalize_answer(t))
-                break
-    if index is not None and choices and 0 <= index < len(choices):
-        texts = [choices[index], *[t for t in texts if t != choices[index]]]
-    return index, texts
-
-
-def _picked_letter(prediction: str, n_options: int | None) -> tuple[int | None, str]:
-    """The option index the prediction names by letter, and which rule found it."""
-
-    def ok(letter: str) -> int | None:
-        i = ord(letter.upper()) - ord("A")
-        return i if n_options is None or 0 <= i < n_options else None
-
-    text = prediction.strip()
-    m = _LETTER_ONLY.match(text)
-    if m and ok(m.group(1)) is not None:
-        return ok(m.group(1)), "a bare letter"
-    cues = [
-        ok(m.group(1))
-        for m in _LETTER_CUE.finditer(text)
-        # a lower-case letter followed by a word is an article or pronoun ("answer is a bank")
-        if m.group(1).isupper() or not re.match(r"\)?\s+[A-Za-z]", text[m.end(1) :])
-    ]
-    cues = [c for c in cues if c is not None]
-    if cues:
-        return cues[-1], "an 'answer is X' cue"
-    m = _LETTER_LEAD.match(text)
-    if m and ok(m.group(1)) is not None and not (m.group(1) in "aA" and text[1:2] == " "):
-        return ok(m.group(1)), "a leading option label"
-    for m in _LETTER_PAREN.finditer(text):
-        i = ok(m.group(1) or m.group(2))
-        if i is not None:
-            return i, "a parenthesised label"
-    # a lone capital letter, except the pronoun "I" and the article "A" before a word
-    lone_ok = [
-        i
-        for m in _LETTER_LONE.finditer(text)
-        if (i := ok(m.group(1))) is not None
-        and m.group(1) != "I"
-        and not (m.group(1) == "A" and re.match(r"A\s+[a-z]", text[m.start() :]))
-    ]
-    if len(set(lone_ok)) == 1:
-        return lone_ok[0], "a lone option letter"
-    return None, ""
-
-
-class ChoiceJudge(Judge):
-    """Multiple choice: which option did the prediction pick, and is it the gold one?
-
-    The gold is given by the gold aliases: an option letter (``"B"``) and/or the option text
-    (``QAItem.answers`` of a choice item holds both). The options themselves come through the
-    ``choices`` argument (or the 4th element of a :meth:`judge_many` input); with them the
-    judge also recognises an answer that names an option by its text, and rejects one that
-    names several. Recognised forms: ``"B"``, ``"(B)"``, ``"B."``, ``"The answer is B"``,
-    ``"b) library"``, ``"library"`` (the option text).
-    """
-
-    name = "choice"
-
-    def judge(
-        self,
-        question: str,
-        gold_answers: Sequence[str],
-        prediction: str,
-        *,
-        choices: Sequence[str] = (),
-    ) -> Judgment:
-        gold_index, gold_texts = _gold_choice(gold_answers, choices)
-        if gold_index is None and not gold_texts:
-            raise JudgeError(f"no gold option in {list(gold_answers)} for {question[:60]!r}")
-        picked, how = _picked_letter(prediction, len(choices) if choices else None)
-        if picked is not None:
-            if gold_index is None:
-                if not choices:
-                    return Judgment(
-                        None, None, "the prediction names a letter but the gold has none"
-                    )
-                ok = normalize_answer(choices[picked]) in map(normalize_answer, gold_texts)
-            else:
-                ok = picked == gold_index
-            letter = chr(ord("A") + picked)
-            return Judgment(ok, float(ok), f"picked option {letter} ({how})")
-        pred_tokens = normalize_answer(prediction).split()
-        if choices:
-            named = [
-                i
-                for i, c in enumerate(choices)
-                if normalize_answer(c)
-                and _contains_tokens(pred_tokens, normalize_answer(c).split())
-            ]
-            norm = {i: normalize_answer(choices[i]) for i in named}
-            # drop options whose text is part of a longer named option ("mall" in "shopping
-            # mall"); options with the same text (data sets have duplicates) stay together
-            named = [
-                i
-                for i in named
-                if not any(
-                    norm[i] != norm[j] and _contains_tokens(norm[j].split(), norm[i].split())
-                    for j in named
-                )
-            ]
-            if len({norm[i] for i in named}) == 1:
-                if gold_index is not None:
-                    ok = gold_index in named
-                else:
-                    ok = norm[named[0]] in {normalize_answer(t) for t in gold_texts}
-                letters = "/".join(chr(ord("A") + i) for i in named)
-                return Judgment(ok, float(ok), f"named option {letters} by its text")
-            if len(named) > 1:
-                letters = ", ".join(chr(ord("A") + i) for i in named)
-                return Judgment(False, 0.0, f"named several options ({letters})")
-            return Judgment(False, 0.0, "named no option")
-        for t in gold_texts:
-            if normalize_answer(t) and _contains_tokens(pred_tokens, normalize_answer(t).split()):
-                return Judgment(True, 1.0, f"contains the gold option text {t!r}")
-        return Judgment(False, 0.0, "named neither the gold letter nor the gold option text")
 
 
 # --- similarity ---------------------------------------------------------------------------

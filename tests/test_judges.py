@@ -15,12 +15,14 @@ from abstain_guard.calibration.judges import (
     normalize_answer,
     token_f1,
 )
-from abstain_guard.errors import JudgeError
+from abstain_guard.errors import DatasetError, JudgeError
 
 
 def test_normalize_answer() -> None:
     assert normalize_answer("The  Eiffel-Tower!") == "eiffeltower"
-    assert normalize_answer("An apple, a day.") == "apple day"
+    # only a leading article goes; articles inside an answer stay ("Vitamin A" is not "Vitamin")
+    assert normalize_answer("An apple, a day.") == "apple a day"
+    assert normalize_answer("Vitamin A") == "vitamin a"
     assert normalize_answer("Brasília") == "brasilia"
     assert normalize_answer("“Lima”") == "lima"
     assert normalize_answer("Theater") == "theater"  # articles only as whole words
@@ -66,7 +68,9 @@ def test_lexical_exact_and_f1() -> None:
 
 def test_lexical_gold_that_normalises_to_nothing() -> None:
     j = LexicalJudge()
-    assert j.judge("q", ["The"], "It is The.").correct is True
+    # formerly a raw substring test ("The" in "It is The." → correct): now a data set error
+    with pytest.raises(DatasetError, match="The"):
+        j.judge("q", ["The"], "It is The.")
     assert j.judge("q", ["The", "Lima"], "the").correct is False  # "The" is ignored: Lima exists
 
 

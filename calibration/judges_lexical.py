@@ -1,0 +1,417 @@
+"""Rule-based judges: :class:`LexicalJudge` (open questions), :class:`NumericJudge` (math) and
+:class:`ChoiceJudge` (multiple choice). Text analysis lives in
+:mod:`abstain_guard.calibration.judges_text`; everything here is re-exported by
+:mod:`abstain_guard.calibration.judges`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
+
+from abstain_guard.calibration.judges_base import Judge, Judgment
+from abstain_guard.calibration.judges_text import (
+    _contains_tokens,
+    alias_tokens,
+    answer_tokens,
+    hedge_alternatives,
+    mentions_alias,
+    normalize_answer,
+    refusal_phrase,
+    token_f1,
+    without_refusals,
+)
+from abstain_guard.errors import DatasetError, JudgeError
+
+__all__ = [
+    "ChoiceJudge",
+    "LexicalJudge",
+    "NumericJudge",
+    "extract_final_number",
+    "usable_aliases",
+]
+
+Alias = tuple[str, list[str]]
+
+
+def usable_aliases(question: str, gold_answers: Sequence[str]) -> list[Alias]:
+    """``(alias, tokens)`` for every usable gold alias (:func:`judges_text.alias_tokens`).
+
+    Raises:
+        DatasetError: no alias is usable (none given, or all empty or only articles).
+    """
+    out = [(g, t) for g in gold_answers if (t := alias_tokens(g)) is not None]
+    if not out:
+        raise DatasetError(
+            f"the gold answer(s) {list(gold_answers)!r} of the question {question[:200]!r} are "
+            "empty or only articles ('the', 'an'), so no answer could ever match them; fix the "
+            "data set (give the question a real gold answer) or drop the question"
+        )
+    return out
+
+
+def _refusal(prediction: str, aliases: Sequence[Sequence[str]]) -> Judgment | None:
+    """A refusal judgment when the prediction refuses and says nothing else that names a
+    gold alias (TruthfulQA's gold ``"I have no comment."`` is itself a refusal: it is never
+    named outside the refusal phrase)."""
+    phrase = refusal_phrase(prediction)
+    if phrase is None:
+        return None
+    rest = without_refusals(prediction)
+    if any(mentions_alias(rest, a) for a in aliases):
+        return None
+    return Judgment(False, 0.0, f"refusal ({phrase!r})", refusal=True)
+
+
+class LexicalJudge(Judge):
+    """Normalised whole-token matching against every gold alias (see
+    :mod:`~abstain_guard.calibration.judges_text` for the normalisation: accents and case
+    folded, one leading article dropped, articles inside an alias kept — ``"Vitamin A"`` never
+    matches ``"Vitamin C"``).
+
+    Modes:
+        ``"containment"`` (default): correct when some gold alias occurs in the prediction as a
+            whole-token sequence (``"Lima"`` in ``"The capital is Lima."``, never in
+            ``"Limassol"``). A one-letter-word alias (``"A"``, ``"I"``) must end a clause of
+            the prediction (``"The answer is A."``), so the article in ``"It is a vowel"`` and
+            the pronoun in ``"I think ..."`` do not count.
+        ``"exact"``: correct when the prediction's tokens equal some alias's.
+        ``"f1"``: correct when the best token F1 over aliases is at least ``f1_threshold``.
+
+    In every mode, before matching:
+
+    * **Empty prediction** → incorrect.
+    * **Refusal** → incorrect with ``Judgment.refusal=True``: the prediction contains a phrase
+      of :data:`~abstain_guard.calibration.judges_text.REFUSAL_PATTERNS` ("I don't know", "no
+      comment", "I cannot answer", "I'm not sure", "unknown", "there is no answer", ...) and
+      names no gold alias outside it. This holds when the gold is itself a refusal
+      (TruthfulQA's "I have no comment."). An answer given despite a doubt ("I'm not sure, but
+      it's Paris") is judged as an answer.
+    * **Hedge** → incorrect: within one sentence, alternatives joined by ``or`` / ``/`` (with
+      ``either``, and comma lists closed by ``or``: ``"Paris, Lyon or Nice"``, items of at most
+      three tokens) of which one names a gold alias and another is a distinct non-empty
+      candidate naming none (:func:`~abstain_guard.calibration.judges_text.hedge_alternatives`).
+      Extra words describing the gold (``"Paris, the capital of France"``) are no hedge,
+      nor are alternatives that all name gold aliases, nor ``"more or less"`` / ``"whether or
+      not"``. Not detected: a bare comma list without ``or`` (``"Paris, Lyon, Nice"`` cannot be
+      told from ``"Springfield, Illinois, USA"``) and ``and``-lists.
+
+    Gold aliases that are empty or only articles (``"The"``) are ignored; a question with no
+    other alias raises :class:`~abstain_guard.errors.DatasetError`. Numbers: ``"1,000"`` equals
+    ``"1000"``; ``"two"`` does not equal ``"2"``.
+    """
+
+    name = "lexical"
+    #: Bumped whenever verdicts change, so cached judgments of an older judge are not reused.
+    version: ClassVar[int] = 2
+
+    def __init__(
+        self,
+        mode: Literal["containment", "exact", "f1"] = "containment",
+        f1_threshold: float = 0.5,
+    ) -> None:
+        if mode not in ("containment", "exact", "f1"):
+            raise JudgeError(
+                f"LexicalJudge mode must be 'containment', 'exact' or 'f1', got {mode!r}"
+            )
+        if not 0.0 <= f1_threshold <= 1.0:
+            raise JudgeError(f"f1_threshold must be in [0, 1], got {f1_threshold}")
+        self.mode = mode
+        self.f1_threshold = f1_threshold
+
+    def params(self) -> dict[str, Any]:
+        p: dict[str, Any] = {"mode": self.mode}
+        if self.mode == "f1":
+            p["f1_threshold"] = self.f1_threshold
+        p["version"] = self.version
+        return p
+
+    def judge(
+        self,
+        question: str,
+        gold_answers: Sequence[str],
+        prediction: str,
+        *,
+        choices: Sequence[str] = (),
+    ) -> Judgment:
+        aliases = usable_aliases(question, gold_answers)
+        tokens = [t for _, t in aliases]
+        if not answer_tokens(prediction):
+            return Judgment(False, 0.0, "empty prediction")
+        refused = _refusal(prediction, tokens)
+        if refused is not None:
+            return refused
+        hedge = hedge_alternatives(prediction, tokens)
+        if hedge:
+            shown = " | ".join(hedge)[:160]
+            return Judgment(False, 0.0, f"hedge: {len(hedge)} alternatives ({shown})")
+        if self.mode == "f1":
+            best, alias = max((token_f1(prediction, g), g) for g, _ in aliases)
+            ok = best >= self.f1_threshold
+            return Judgment(ok, best, f"best token F1 {best:.2f} with {alias!r}")
+        pred_tokens = answer_tokens(prediction)
+        verb = "equals" if self.mode == "exact" else "contains"
+        for g, t in aliases:
+            hit = pred_tokens == t if self.mode == "exact" else mentions_alias(prediction, t)
+            if hit:
+                return Judgment(True, 1.0, f"prediction {verb} gold alias {g!r}")
+        return Judgment(False, 0.0, f"prediction {verb} none of {len(aliases)} gold aliases")
+
+
+# --- numeric ------------------------------------------------------------------------------
+
+_NUMBER = re.compile(
+    r"(?<![\w.])(?P<sign>[-−]?)\s?\$?\s?(?P<num>(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)"
+)
+_ANSWER_CUE = re.compile(r"(?:####|answer\s*(?:is|:|=)|boxed\{)", re.I)
+
+
+def extract_final_number(text: str) -> float | None:
+    """The answer's final number: the first number after the last ``####`` / ``answer is`` /
+    ``\\boxed{`` cue, else the last number in the text. Handles thousands commas, ``$``,
+    negative signs and a trailing full stop (``"The answer is $1,234.00."`` → 1234.0)."""
+    cues = list(_ANSWER_CUE.finditer(text))
+    if cues:
+        m = _NUMBER.search(text, cues[-1].end())
+        if m:
+            return _to_float(m)
+    matches = list(_NUMBER.finditer(text))
+    return _to_float(matches[-1]) if matches else None
+
+
+def _to_float(m: re.Match[str]) -> float:
+    value = float(m.group("num").replace(",", ""))
+    return -value if m.group("sign") else value
+
+
+class NumericJudge(Judge):
+    """The prediction's final number (:func:`extract_final_number`) against the gold number(s),
+    equal within ``rel_tol`` (relative) or ``abs_tol``. An answer without a number that
+    refuses ("I don't know") is marked ``refusal``."""
+
+    name = "numeric"
+    version: ClassVar[int] = 2
+
+    def __init__(self, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> None:
+        self.rel_tol = rel_tol
+        self.abs_tol = abs_tol
+
+    def params(self) -> dict[str, Any]:
+        return {"rel_tol": self.rel_tol, "abs_tol": self.abs_tol, "version": self.version}
+
+    def judge(
+        self,
+        question: str,
+        gold_answers: Sequence[str],
+        prediction: str,
+        *,
+        choices: Sequence[str] = (),
+    ) -> Judgment:
+        golds = [v for v in (extract_final_number(g) for g in gold_answers) if v is not None]
+        if not golds:
+            raise JudgeError(
+                f"no gold number in {list(gold_answers)[:3]} for {question[:60]!r}; "
+                "NumericJudge needs numeric gold answers"
+            )
+        got = extract_final_number(prediction)
+        if got is None:
+            phrase = refusal_phrase(prediction)
+            if phrase is not None:
+                return Judgment(False, 0.0, f"refusal ({phrase!r})", refusal=True)
+            return Judgment(False, 0.0, "no number in the prediction")
+        for g in golds:
+            if math.isclose(got, g, rel_tol=self.rel_tol, abs_tol=self.abs_tol):
+                return Judgment(True, 1.0, f"final number {got:g} equals gold {g:g}")
+        return Judgment(False, 0.0, f"final number {got:g} differs from gold {golds[0]:g}")
+
+
+# --- multiple choice ----------------------------------------------------------------------
+
+_LETTER_ONLY = re.compile(r"^\W*\(?([A-Za-z])\)?\W*$")
+_LETTER_CUE = re.compile(
+    r"\b(?:answer|option|choice)\b\s*(?:is|would be|:|=)?\s*\(?([A-Za-z])\)?(?![\w'])", re.I
+)
+_LETTER_LEAD = re.compile(r"^\W*\(?([A-Za-z])\s*[).:](?!\w)")
+_LETTER_PAREN = re.compile(r"\(([A-Za-z])\)|(?<![\w])([A-Z])\)")
+#: A capital letter standing alone, not inside an abbreviation ("U.S.").
+_LETTER_LONE = re.compile(r"(?<![\w'.])([A-Z])(?![\w']|\.\w)")
+#: "A" as the article: before a lower-case word other than a conjunction ("A bank", not "A or C").
+_ARTICLE_A = re.compile(r"A\s+(?!(?:or|and|nor|vs)\b)[a-z]")
+
+
+def _gold_choice(gold: Sequence[str], choices: Sequence[str]) -> tuple[int | None, list[str]]:
+    """(gold option index or None, gold option texts) from letter and/or text aliases."""
+    index: int | None = None
+    texts: list[str] = []
+    for g in gold:
+        s = g.strip()
+        if re.fullmatch(r"\(?[A-Za-z]\)?", s):
+            if index is None:
+                index = ord(s.strip("()").upper()) - ord("A")
+        else:
+            texts.append(s)
+    if index is None and choices:
+        norm = [normalize_answer(c) for c in choices]
+        for t in texts:
+            if normalize_answer(t) in norm:
+                index = norm.index(normalize_answer(t))
+                break
+    if index is not None and choices and 0 <= index < len(choices):
+        texts = [choices[index], *[t for t in texts if t != choices[index]]]
+    return index, texts
+
+
+def _letter_mentions(prediction: str, n_options: int | None) -> dict[int, str]:
+    """Every option the prediction names by its letter: ``{index: which rule found it}``.
+
+    Rules: a bare letter (``"b."``); an ``answer is X`` / ``Answer: X`` / ``option X`` cue (a
+    lower-case letter followed by a word is an article or pronoun: ``"answer is a bank"``); a
+    leading label (``"B) Paris"``); a parenthesised label (``"(C)"``, ``"C)"``); a lone capital
+    letter, except the pronoun ``I`` and the article ``A`` before a word.
+    """
+    found: dict[int, str] = {}
+
+    def add(letter: str, how: str) -> None:
+        i = ord(letter.upper()) - ord("A")
+        if 0 <= i < 26 and (n_options is None or i < n_options):
+            found.setdefault(i, how)
+
+    text = prediction.strip()
+    m = _LETTER_ONLY.match(text)
+    if m:
+        add(m.group(1), "a bare letter")
+        return found
+    for m in _LETTER_CUE.finditer(text):
+        if m.group(1).isupper() or not re.match(r"\)?\s+[A-Za-z]", text[m.end(1) :]):
+            add(m.group(1), "an 'answer is X' cue")
+    m = _LETTER_LEAD.match(text)
+    if m:
+        add(m.group(1), "a leading option label")
+    for m in _LETTER_PAREN.finditer(text):
+        add(m.group(1) or m.group(2), "a parenthesised label")
+    for m in _LETTER_LONE.finditer(text):
+        letter = m.group(1)
+        if letter != "I" and not (letter == "A" and _ARTICLE_A.match(text, m.start())):
+            add(letter, "a lone option letter")
+    return found
+
+
+def _picked_letter(prediction: str, n_options: int | None) -> tuple[int | None, str]:
+    """The one option the prediction names by letter and which rule found it; ``(None, "")``
+    when it names none or several (see :func:`_letter_mentions`)."""
+    found = _letter_mentions(prediction, n_options)
+    if len(found) != 1:
+        return None, ""
+    [(index, how)] = found.items()
+    return index, how
+
+
+def _letters(indices: Sequence[int], sep: str = ", ") -> str:
+    return sep.join(chr(ord("A") + i) for i in indices)
+
+
+class ChoiceJudge(Judge):
+    """Multiple choice: which option did the prediction pick, and is it the gold one?
+
+    The gold is given by the gold aliases: an option letter (``"B"``) and/or the option text
+    (``QAItem.answers`` of a choice item holds both). The options themselves come through the
+    ``choices`` argument (or the 4th element of a :meth:`judge_many` input); with them the
+    judge also recognises an answer that names an option by its text.
+
+    A pick is exactly one option label: ``"B"``, ``"(B)"``, ``"b."``, ``"B) Paris"``,
+    ``"Answer: B"``, ``"The answer is (B)"``, or the option text (``"library"``). An answer
+    naming **two or more distinct option labels** is *incorrect* (not "no verdict": it did not
+    pick one option, which is a wrong answer to a one-answer question) — this covers echoed
+    option lists (``"A) Paris B) Lyon C) Rome"``), ``"(A) or (C)"``, ``"A/C"``, and also
+    ``"B, not A"``. Likewise for two or more option texts (``"bank or library"``), and, without
+    options, a hedge between the gold text and another candidate. A refusal that picks nothing
+    ("I don't know") is incorrect with ``refusal=True``.
+    """
+
+    name = "choice"
+    version: ClassVar[int] = 2
+
+    def params(self) -> dict[str, Any]:
+        return {"version": self.version}
+
+    def judge(
+        self,
+        question: str,
+        gold_answers: Sequence[str],
+        prediction: str,
+        *,
+        choices: Sequence[str] = (),
+    ) -> Judgment:
+        gold_index, gold_texts = _gold_choice(gold_answers, choices)
+        if gold_index is None and not gold_texts:
+            raise JudgeError(f"no gold option in {list(gold_answers)} for {question[:60]!r}")
+        if not answer_tokens(prediction):
+            return Judgment(False, 0.0, "empty prediction")
+        phrase = refusal_phrase(prediction)
+        text = without_refusals(prediction) if phrase else prediction
+        found = _letter_mentions(text, len(choices) if choices else None)
+        if len(found) > 1:
+            return Judgment(False, 0.0, f"named several option labels ({_letters(sorted(found))})")
+        if found:
+            [(picked, how)] = found.items()
+            if gold_index is None:
+                if not choices:
+                    return Judgment(
+                        None, None, "the prediction names a letter but the gold has none"
+                    )
+                ok = normalize_answer(choices[picked]) in map(normalize_answer, gold_texts)
+            else:
+                ok = picked == gold_index
+            return Judgment(ok, float(ok), f"picked option {_letters([picked])} ({how})")
+        verdict = (
+            _by_option_text(text, gold_index, gold_texts, choices)
+            if choices
+            else _by_gold_text(text, gold_texts)
+        )
+        if verdict is not None:
+            return verdict
+        if phrase:
+            return Judgment(False, 0.0, f"refusal ({phrase!r})", refusal=True)
+        if choices:
+            return Judgment(False, 0.0, "named no option")
+        return Judgment(False, 0.0, "named neither the gold letter nor the gold option text")
+
+
+def _by_option_text(
+    text: str, gold_index: int | None, gold_texts: Sequence[str], choices: Sequence[str]
+) -> Judgment | None:
+    """The verdict from the option texts the prediction names; None when it names none."""
+    options = {i: t for i, c in enumerate(choices) if (t := alias_tokens(c)) is not None}
+    named = [i for i, t in options.items() if mentions_alias(text, t)]
+    # drop options whose text is part of a longer named option ("mall" in "shopping mall");
+    # options with the same text (data sets have duplicates) stay together
+    named = [
+        i
+        for i in named
+        if not any(
+            options[i] != options[j] and _contains_tokens(options[j], options[i]) for j in named
+        )
+    ]
+    if not named:
+        return None
+    if len({tuple(options[i]) for i in named}) > 1:
+        return Judgment(False, 0.0, f"named several options ({_letters(named)})")
+    if gold_index is not None:
+        ok = gold_index in named
+    else:
+        ok = normalize_answer(choices[named[0]]) in {normalize_answer(t) for t in gold_texts}
+    return Judgment(ok, float(ok), f"named option {_letters(named, '/')} by its text")
+
+
+def _by_gold_text(text: str, gold_texts: Sequence[str]) -> Judgment | None:
+    """Without options: the gold option text named (and no hedge); None when it is not."""
+    aliases = [(t, a) for t in gold_texts if (a := alias_tokens(t)) is not None]
+    hedge = hedge_alternatives(text, [a for _, a in aliases])
+    if hedge:
+        return Judgment(False, 0.0, f"hedge: {len(hedge)} alternatives ({' | '.join(hedge)})")
+    for t, a in aliases:
+        if mentions_alias(text, a):
+            return Judgment(True, 1.0, f"contains the gold option text {t!r}")
+    return None

@@ -192,6 +192,7 @@ REFUSAL_PATTERNS: tuple[str, ...] = (
     rf"\b(?:i|we)\s+{_DONT}\s+(?:really\s+)?know\b",
     rf"\b{_DONT}\s+know\b",
     r"\bno(?:body|\s*one)\s+(?:really\s+)?knows\b",
+    r"^\W*who\s+knows\b",
     r"\b(?:i\s+have\s+)?no\s+idea\b",
     r"\b(?:i\s+have\s+)?no\s+comment\b",
     rf"\b{_IM}\s+(?:not\s+(?:sure|certain)|unsure|uncertain|unable\s+to\s+\w+)\b",

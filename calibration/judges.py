@@ -41,7 +41,7 @@ import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, Field
 
@@ -317,6 +317,9 @@ def _message_text(message: Any) -> str:
 
 
 _JSON_OBJECT = re.compile(r"\{.*?\}", re.S)
+#: The ``correct`` field of a JSON reply cut off before its closing brace.
+_JSON_FIELD = re.compile(r'"correct"\s*:\s*"?(true|false|yes|no|correct|incorrect)\b', re.I)
+_NEGATED = re.compile(r"(?:\bnot|n't|\bnever)\s+$", re.I)
 _WORD_VERDICT = re.compile(
     r"\b(?:verdict|answer|grade)?\s*[:=]?\s*\**\s*(correct|incorrect|wrong|right|true|false|yes|no)\b",
     re.I,
@@ -324,8 +327,10 @@ _WORD_VERDICT = re.compile(
 
 
 def parse_verdict(text: str) -> Verdict:
-    """A :class:`Verdict` from a judge's text reply: a JSON object with ``correct``, else the
-    first verdict word (correct/incorrect, true/false, yes/no, right/wrong).
+    """A :class:`Verdict` from a judge's text reply: a JSON object with ``correct``; else the
+    ``"correct": <value>`` field of a JSON reply cut off by the token budget; else the first
+    verdict word (correct/incorrect, true/false, yes/no, right/wrong), flipped when negated
+    (``"not correct"``).
 
     Raises:
         ValueError: no verdict could be found.
@@ -340,12 +345,16 @@ def parse_verdict(text: str) -> Verdict:
             if isinstance(value, str):
                 value = value.strip().lower() in ("true", "yes", "correct")
             return Verdict(correct=bool(value), rationale=str(data.get("rationale", "")))
+    field = _JSON_FIELD.search(text)
+    if field:
+        ok = field.group(1).lower() in ("true", "yes", "correct")
+        return Verdict(correct=ok, rationale=text.strip()[:200])
     w = _WORD_VERDICT.search(text)
     if w:
-        word = w.group(1).lower()
-        return Verdict(
-            correct=word in ("correct", "right", "true", "yes"), rationale=text.strip()[:200]
-        )
+        ok = w.group(1).lower() in ("correct", "right", "true", "yes")
+        if _NEGATED.search(text[: w.start(1)]):
+            ok = not ok
+        return Verdict(correct=ok, rationale=text.strip()[:200])
     raise ValueError(f"no verdict in the judge's reply {text[:120]!r}")
 
 
@@ -363,6 +372,8 @@ class LLMJudge(Judge):
 
     name = "llm"
     concurrent = True
+    #: Bumped whenever reply parsing changes verdicts (2: cut-off JSON, negated verdict words).
+    version: ClassVar[int] = 2
 
     def __init__(
         self,
@@ -410,6 +421,7 @@ class LLMJudge(Judge):
         return {
             "model": chat_model_identity(self.chat_model),
             "prompt": _prompt_hash(repr(self.prompt)),
+            "version": self.version,
         }
 
     @staticmethod

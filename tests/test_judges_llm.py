@@ -119,6 +119,11 @@ def test_parse_verdict_forms() -> None:
     assert parse_verdict('{"correct": "false"}').correct is False
     assert parse_verdict("Verdict: INCORRECT - wrong city").correct is False
     assert parse_verdict("**Correct**. Lima is the capital.").correct is True
+    # a JSON reply cut off by the token budget: the field, not the key's name, decides
+    assert parse_verdict('{"correct": false, "rationale": "Lyon is not the cap').correct is False
+    assert parse_verdict('{"correct": true, "rational').correct is True
+    assert parse_verdict("The proposed answer is not correct.").correct is False
+    assert parse_verdict("That isn't right").correct is False
     with pytest.raises(ValueError):
         parse_verdict("Let me think about it.")
 

@@ -128,6 +128,29 @@ def decision_rule(scores: ArrayLike, correct: ArrayLike, config: GuardConfig) ->
         warnings.simplefilter("always", conformal.ConformalWarning)
         part = conformal.participation_threshold(scores, config.alpha)
     notes = list(part.warnings)
+    threshold = part.threshold
+    if part.infinite:
+        need = conformal.min_calibration_size(config.alpha)
+        if config.on_infeasible == "raise":
+            raise InsufficientDataError(
+                f"Participation {part.participation:g} needs at least {need} calibration "
+                f"scores for a finite threshold (rank ⌈(1−α)(n+1)⌉ = {part.rank} > n = "
+                f"{part.n}). Calibrate on more questions, lower the participation target, or "
+                "set on_infeasible='answer_all' / 'abstain_all' to choose explicitly."
+            )
+        if config.on_infeasible == "abstain_all":
+            threshold = -math.inf
+            notes = [
+                f"rank {part.rank} > n = {part.n}: on_infeasible='abstain_all', the guard "
+                f"abstains on every question (needs n >= {need} for this target)."
+            ]
+    ties = conformal.ties_at_threshold(scores, threshold)
+    if ties > 1:
+        notes.append(
+            f"{ties} calibration scores equal the threshold {threshold:g}: with tied scores "
+            "participation can exceed the upper end of the guaranteed interval (a scorer "
+            "with continuous scores avoids this)."
+        )
     guarantee = {
         "kind": "participation",
         "statement": (
@@ -140,6 +163,8 @@ def decision_rule(scores: ArrayLike, correct: ArrayLike, config: GuardConfig) ->
         "rank": part.rank,
         "n": part.n,
         "infinite_threshold": part.infinite,
+        "on_infeasible": config.on_infeasible if part.infinite else None,
+        "ties_at_threshold": ties,
     }
     try:
         cb = conformal.conditional_correctness_bound(scores, correct, config.alpha)
@@ -161,7 +186,7 @@ def decision_rule(scores: ArrayLike, correct: ArrayLike, config: GuardConfig) ->
     guarantee["warnings"] = notes
     for note in notes:
         logger.warning("abstain_guard participation threshold: %s", note)
-    return DecisionRule(part.threshold, "participation", part.participation, guarantee)
+    return DecisionRule(threshold, "participation", part.participation, guarantee)
 
 
 # --- helpers -----------------------------------------------------------------------------
@@ -305,7 +330,7 @@ class GuardArtifact:
                 f"with {self.scorer.kind!r}. Use an artifact for {cfg.scorer!r} or drop the "
                 "scorer setting."
             )
-        key = (cfg.mode, cfg.participation, cfg.risk_target, cfg.delta)
+        key = (cfg.mode, cfg.participation, cfg.risk_target, cfg.delta, cfg.on_infeasible)
         rule = self._rules.get(key)
         if rule is None:
             rule = decision_rule(self.scores, self.correct, cfg)

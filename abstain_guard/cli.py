@@ -73,6 +73,8 @@ def _ask(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
+    if args.live:
+        return _evaluate_live(args)
     from abstain_guard.calibration.evaluate import evaluate
 
     results = evaluate(
@@ -87,6 +89,20 @@ def _evaluate(args: argparse.Namespace) -> int:
     )
     print(json.dumps(results.get("headline", {}), indent=2))
     print(f"report written to {Path(args.out) / 'report.md'}")
+    return 0
+
+
+def _evaluate_live(args: argparse.Namespace) -> int:
+    from abstain_guard.calibration.deployment_check import live_check
+    from abstain_guard.config import GuardConfig
+
+    config = GuardConfig.from_file(args.config) if args.config else None
+    for artifact in args.artifact or [DEFAULT_ARTIFACT]:
+        result = live_check(
+            artifact, guard_config=config, out=args.out, limit=args.limit, progress=not args.quiet
+        )
+        print(json.dumps({"artifact": str(artifact), **result["summary"]}, indent=2))
+    print(f"per-question rows written to {Path(args.out) / 'live.json'}")
     return 0
 
 
@@ -153,6 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--resplits", type=int, default=1000, help="random resplits")
     ev.add_argument("--limit", type=int, help="use only the first N questions of --data")
+    ev.add_argument(
+        "--live",
+        action="store_true",
+        help="deployment check: run the guard chain as deployed on the artifact's held-out "
+        "questions; live vs stored score, live participation vs the guaranteed band",
+    )
+    ev.add_argument("--config", help="guard config for --live (YAML/TOML/JSON)")
     ev.add_argument("--quiet", action="store_true", help="no progress bars")
     ev.set_defaults(func=_evaluate)
 

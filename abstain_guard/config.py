@@ -94,6 +94,15 @@ class GuardConfig(BaseModel):
             and the reason recorded) or ``"raise"`` (raise GuardError).
         scorer: optional scorer kind the artifact must have (``"geometry"``,
             ``"perplexity"``, ...); a mismatch is an error instead of a silent surprise.
+        on_mismatch: what to do when the deployed model, prompt, token budget or decoding
+            differ from the artifact's calibration record (or cannot be verified):
+            ``"raise"`` (default: ArtifactMismatchError) or ``"warn"`` (go on, and record
+            the mismatch in ``guarantee["warnings"]`` and the trace — the guarantee then no
+            longer holds as stated).
+        on_infeasible: participation mode when ⌈(1−α)(n+1)⌉ > n (too few calibration
+            scores for a finite threshold): ``"raise"`` (default: InsufficientDataError
+            naming the smallest n that works), ``"answer_all"`` (τ = +∞, no upper bound on
+            participation) or ``"abstain_all"`` (τ = −∞).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -105,6 +114,8 @@ class GuardConfig(BaseModel):
     abstain_message: str = "I don't know."
     on_error: Literal["abstain", "raise"] = "abstain"
     scorer: str | None = None
+    on_mismatch: Literal["raise", "warn"] = "raise"
+    on_infeasible: Literal["raise", "answer_all", "abstain_all"] = "raise"
 
     def __init__(self, **data: Any) -> None:
         try:

@@ -277,6 +277,22 @@ def conformal_rank(alpha: float, n: int) -> int:
     return max(1, math.ceil(x - _RANK_RTOL * x))
 
 
+def min_calibration_size(alpha: float) -> int:
+    """Smallest n with a finite participation threshold: ⌈(1−α)(n+1)⌉ ≤ n."""
+    alpha = _check_alpha(alpha)
+    n = max(1, math.ceil((1.0 - alpha) / alpha - 1e-9))
+    while conformal_rank(alpha, n) > n:  # guard the float edge of the closed form
+        n += 1
+    return n
+
+
+def ties_at_threshold(scores: ArrayLike, threshold: float) -> int:
+    """How many calibration scores equal ``threshold`` exactly (0 for an infinite one)."""
+    if not math.isfinite(threshold):
+        return 0
+    return int(np.count_nonzero(_as_scores(scores) == threshold))
+
+
 def participation_interval(alpha: float, n: int) -> ParticipationInterval:
     """The participation guarantee ``[1−α, 1−α+1/(n+1))`` for n calibration scores.
 

@@ -27,7 +27,13 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from abstain_guard.artifact import DecisionRule, GuardArtifact
 from abstain_guard.config import GuardConfig
-from abstain_guard.errors import GuardError, InvalidInputError, ScoringError
+from abstain_guard.deployment import (
+    GENERATION_KEY,
+    DeploymentRecord,
+    generation_mismatches,
+    model_mismatches,
+)
+from abstain_guard.errors import ArtifactMismatchError, GuardError, InvalidInputError, ScoringError
 from abstain_guard.runnables import find_chat_models
 from abstain_guard.tracing import arecord_decision, record_decision
 
@@ -35,7 +41,11 @@ __all__ = ["AbstentionGuard", "AbstentionPolicy", "model_fingerprint_of"]
 
 
 def model_fingerprint_of(runnable: Any) -> str | None:
-    """The ``fingerprint`` of the last chat model inside ``runnable`` (None if absent)."""
+    """The ``fingerprint`` of the last chat model inside ``runnable`` (None if absent).
+
+    For display only: the guard checks *every* chat model
+    (:meth:`AbstentionPolicy.check_models`).
+    """
     models = find_chat_models(runnable)
     if not models:
         return None
@@ -89,14 +99,56 @@ class AbstentionPolicy:
         self.artifact = artifact
         self.config = _as_config(config)
         self.rule: DecisionRule = artifact.decision_rule(self.config)
+        self.deployment: DeploymentRecord | None = DeploymentRecord.from_metadata(artifact.metadata)
+        self._standing_warnings: list[str] = []
 
-    def _base(self) -> dict[str, Any]:
+    def mismatch(self, problems: list[str], where: str) -> list[str]:
+        """Raise (``on_mismatch="raise"``) or return the problems as warnings.
+
+        Raises:
+            ArtifactMismatchError: when there are problems and the config says raise.
+        """
+        if not problems:
+            return []
+        notes = [f"{where}: {p}" for p in problems]
+        if self.config.on_mismatch == "raise":
+            raise ArtifactMismatchError(
+                "The guard does not run as it was calibrated, so its guarantee would not hold: "
+                + "; ".join(notes)
+                + ". Run the model, prompt and settings recorded in the artifact (see "
+                "load_guard_chain), recalibrate for this deployment, or set "
+                "on_mismatch='warn' to go on with the mismatch recorded in every decision."
+            )
+        return notes
+
+    def check_models(self, runnable: Any) -> None:
+        """Check every chat model inside ``runnable`` (fallbacks too) against the artifact's
+        model fingerprint; in ``on_mismatch="warn"`` mode the problems are kept and added to
+        every decision's ``guarantee["warnings"]``."""
+        problems = model_mismatches(self.artifact.model_fingerprint, find_chat_models(runnable))
+        for note in self.mismatch(problems, "model"):
+            if note not in self._standing_warnings:
+                self._standing_warnings.append(note)
+
+    def response_warnings(self, message: Any) -> list[str]:
+        """Mismatches between the settings a response was generated with and the artifact's
+        deployment record (none when the artifact has no record)."""
+        if self.deployment is None or not isinstance(message, AIMessage):
+            return []
+        generation = (message.response_metadata or {}).get(GENERATION_KEY)
+        return self.mismatch(generation_mismatches(self.deployment, generation), "response")
+
+    def _base(self, extra_warnings: list[str] | None = None) -> dict[str, Any]:
+        guarantee = self.rule.guarantee
+        extra = self._standing_warnings + list(extra_warnings or [])
+        if extra:
+            guarantee = {**guarantee, "warnings": [*guarantee.get("warnings", []), *extra]}
         return {
             "scorer": self.artifact.scorer.name,
             "threshold": self.rule.threshold,
             "mode": self.rule.mode,
             "target": self.rule.target,
-            "guarantee": self.rule.guarantee,
+            "guarantee": guarantee,
         }
 
     def score(self, message: Any) -> float:
@@ -115,13 +167,20 @@ class AbstentionPolicy:
             raise ScoringError("Scorer returned NaN.")
         return score
 
-    def decide(self, message: Any) -> tuple[AIMessage, dict[str, Any]]:
+    def decide(
+        self, message: Any, warnings: list[str] | None = None
+    ) -> tuple[AIMessage, dict[str, Any]]:
         """Score ``message`` and return ``(output message, decision dict)``.
+
+        ``warnings`` (deployment mismatches found upstream, ``on_mismatch="warn"``) are added
+        to the decision's ``guarantee["warnings"]``.
 
         Raises:
             GuardError: when scoring fails and ``config.on_error == "raise"``.
+            ArtifactMismatchError: the response was generated with other settings than the
+                artifact was calibrated with (``config.on_mismatch == "raise"``).
         """
-        decision = self._base()
+        decision = self._base([*(warnings or []), *self.response_warnings(message)])
         try:
             score = self.score(message)
         except Exception as exc:
@@ -183,8 +242,10 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
             participation 0.8.
 
     Raises:
-        ArtifactMismatchError: the last chat model's ``fingerprint`` differs from the
-            artifact's, or ``config.scorer`` names another scorer.
+        ArtifactMismatchError: a chat model inside ``runnable`` (any of them, fallbacks
+            included) is not the calibrated model or cannot be verified to be, or
+            ``config.scorer`` names another scorer (``config.on_mismatch="warn"`` records
+            model mismatches in every decision instead).
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -223,7 +284,7 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
                 f"{type(self.artifact.scorer).__name__}.prepare returned "
                 f"{type(prepared).__name__}, not a runnable."
             )
-        self.artifact.check_fingerprint(model_fingerprint_of(prepared))
+        self._policy.check_models(prepared)
         self._prepared = prepared
 
     @classmethod
@@ -234,8 +295,14 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
         config: GuardConfig | Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> AbstentionGuard:
-        """Load the artifact at ``path`` and guard ``runnable`` with it."""
-        artifact = GuardArtifact.load(path, expected_fingerprint=model_fingerprint_of(runnable))
+        """Load the artifact at ``path`` and guard ``runnable`` with it.
+
+        Every chat model in ``runnable`` must be the calibrated model, and each response
+        must be generated with the recorded prompt, token budget and decoding (see
+        :mod:`abstain_guard.deployment`); :func:`~abstain_guard.calibration.load_guard_chain`
+        builds such a chain from the artifact alone.
+        """
+        artifact = GuardArtifact.load(path)
         return cls(runnable, artifact=artifact, config=config, **kwargs)
 
     # --- introspection ------------------------------------------------------------------

@@ -35,10 +35,12 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage
+from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from abstain_guard.artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
-from abstain_guard.guard import AbstentionPolicy, model_fingerprint_of
+from abstain_guard.deployment import sha256_text, tools_sha256
+from abstain_guard.guard import AbstentionPolicy
 from abstain_guard.tracing import arecord_decision, record_decision
 
 __all__ = ["AbstentionMiddleware"]
@@ -83,29 +85,60 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         prepared = self.artifact.scorer.prepare(model)
         if not isinstance(prepared, BaseChatModel):
             prepared = model
-        self.artifact.check_fingerprint(model_fingerprint_of(prepared))
+        self.policy.check_models(prepared)
         self._prepared[id(model)] = (model, prepared)
         return prepared
+
+    def check_request(self, request: ModelRequest) -> list[str]:  # type: ignore[type-arg]
+        """Compare what the agent sends (system prompt, tool schemas) with what the artifact
+        was calibrated with; raise (``on_mismatch="raise"``) or return warnings.
+
+        An artifact without a deployment record (built by hand) has nothing to compare.
+        """
+        record = self.policy.deployment
+        if record is None:
+            return []
+        problems: list[str] = []
+        system = request.system_message
+        system_text = None if system is None else str(system.text)
+        prompts = record.prompts.values()
+        if prompts and all(sha256_text(system_text) != p.system_prompt_sha256 for p in prompts):
+            calibrated = sorted({str(p.system_prompt) for p in prompts})
+            problems.append(
+                f"the agent's system prompt {system_text!r} is not the calibrated one "
+                f"({calibrated}); pass the deployment's system prompt to calibrate"
+            )
+        schemas = [convert_to_openai_tool(t) for t in request.tools or []]
+        if tools_sha256(schemas) != record.tools_sha256:
+            problems.append(
+                f"the agent offers tools {[_tool_name(t) for t in schemas]} but calibration "
+                f"offered {[_tool_name(t) for t in record.tools or []]}; pass the same tool "
+                "schemas to calibrate"
+            )
+        return self.policy.mismatch(problems, "agent request")
+
+    def _prepare_request(self, request: ModelRequest) -> tuple[ModelRequest, list[str]]:  # type: ignore[type-arg]
+        notes = self.check_request(request)
+        prepared = self.prepare_model(request.model)
+        if prepared is not request.model:
+            request = request.override(model=prepared)
+        return request, notes
 
     def wrap_model_call(
         self,
         request: ModelRequest,  # type: ignore[type-arg]
         handler: Callable[[ModelRequest], ModelResponse],  # type: ignore[type-arg]
     ) -> ModelResponse:  # type: ignore[type-arg]
-        prepared = self.prepare_model(request.model)
-        if prepared is not request.model:
-            request = request.override(model=prepared)
-        return handler(request)
+        request, notes = self._prepare_request(request)
+        return _annotate(handler(request), notes)
 
     async def awrap_model_call(
         self,
         request: ModelRequest,  # type: ignore[type-arg]
         handler: Callable[[ModelRequest], Awaitable[ModelResponse]],  # type: ignore[type-arg]
     ) -> ModelResponse:  # type: ignore[type-arg]
-        prepared = self.prepare_model(request.model)
-        if prepared is not request.model:
-            request = request.override(model=prepared)
-        return await handler(request)
+        request, notes = self._prepare_request(request)
+        return _annotate(await handler(request), notes)
 
     # --- the decision ------------------------------------------------------------------
 
@@ -131,7 +164,7 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         last = self._final_answer(state)
         if last is None:
             return None
-        message, decision = self.policy.decide(last)
+        message, decision = self.policy.decide(last, _request_notes(last))
         record_decision(decision)
         return self._update(message, decision)
 
@@ -141,6 +174,28 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         last = self._final_answer(state)
         if last is None:
             return None
-        message, decision = self.policy.decide(last)
+        message, decision = self.policy.decide(last, _request_notes(last))
         await arecord_decision(decision)
         return self._update(message, decision)
+
+
+_NOTES_KEY = "abstention_request_warnings"
+
+
+def _tool_name(schema: Mapping[str, Any]) -> str:
+    return str((schema.get("function") or {}).get("name", schema.get("name", "?")))
+
+
+def _annotate(response: Any, notes: list[str]) -> Any:
+    """Carry request-level mismatch warnings (warn mode) on the AI message to ``after_model``."""
+    if not notes:
+        return response
+    for i, msg in enumerate(getattr(response, "result", None) or []):
+        if isinstance(msg, AIMessage):
+            meta = {**(msg.response_metadata or {}), _NOTES_KEY: list(notes)}
+            response.result[i] = msg.model_copy(update={"response_metadata": meta})
+    return response
+
+
+def _request_notes(message: AIMessage) -> list[str]:
+    return list((message.response_metadata or {}).get(_NOTES_KEY) or [])

@@ -33,6 +33,7 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import ensure_config, get_config_list
 from pydantic import ConfigDict, Field, PrivateAttr
 
+from abstain_guard.deployment import GENERATION_KEY, sha256_text
 from abstain_guard.errors import (
     ContextLengthError,
     InvalidInputError,
@@ -469,7 +470,42 @@ class GeometryChatModel(BaseChatModel):
         if ctx:
             max_new = min(max_new, ctx - max(len(p) for p in prompts))
         gen = self._run_generate(prompts, max_new, opts)
-        return [self._message(p, g, opts) for p, g in zip(prompts, gen, strict=True)]
+        msgs = [self._message(p, g, opts) for p, g in zip(prompts, gen, strict=True)]
+        for conv, msg in zip(conversations, msgs, strict=True):
+            msg.response_metadata[GENERATION_KEY] = self._generation_record(conv, opts)
+        return msgs
+
+    @property
+    def chat_template_sha256(self) -> str | None:
+        """Hash of the tokenizer's chat template (None when it has none)."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        return sha256_text(template) if isinstance(template, str) else None
+
+    def _generation_record(
+        self, conversation: Sequence[BaseMessage], opts: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The settings of one call, for the guard's exchangeability check
+        (:func:`abstain_guard.deployment.generation_mismatches`)."""
+        dicts = self._chat_dicts(list(conversation))
+        system = "\n".join(d["content"] for d in dicts if d["role"] == "system") or None
+        return {
+            "max_new_tokens": int(opts["max_new_tokens"]),
+            "temperature": float(opts["temperature"]),
+            "top_p": float(opts["top_p"]),
+            "top_k": opts["top_k"],
+            "stop": list(opts["stop"]),
+            "system_prompt_sha256": sha256_text(system),
+            "chat_template_sha256": self.chat_template_sha256,
+        }
+
+    def decoding_settings(self) -> dict[str, Any]:
+        """Decoding settings as the generation record states them (for calibration)."""
+        return {
+            "temperature": float(self.temperature),
+            "top_p": float(self.top_p),
+            "top_k": self.top_k,
+            "stop": list(self.stop or []),
+        }
 
     @contextmanager
     def _capture_mode(self, session: CaptureSession | None) -> Iterator[None]:
@@ -699,7 +735,7 @@ class GeometryChatModel(BaseChatModel):
                     f"prompt ({len(prompt)}) + response ({len(resp)}) tokens exceed the "
                     f"context window of {ctx}"
                 )
-            encoded.append((prompt, resp))
+            encoded.append((prompt, resp, "text" if isinstance(response, str) else "token_ids"))
         results: list[ReplayResult] = []
         starts: Any = range(0, len(encoded), batch_size)
         if progress:
@@ -711,8 +747,10 @@ class GeometryChatModel(BaseChatModel):
         return results
 
     def _replay_chunk(
-        self, chunk: list[tuple[list[int], list[int]]], return_states: bool
+        self, items: list[tuple[list[int], list[int], str]], return_states: bool
     ) -> list[ReplayResult]:
+        chunk = [(p, r) for p, r, _ in items]
+        sources = [src for _, _, src in items]
         hf = self.hf_model
         device = next(hf.parameters()).device
         b = len(chunk)
@@ -720,7 +758,10 @@ class GeometryChatModel(BaseChatModel):
         s = max(len(x) for x in seqs)
         n_max = max(len(r) for _, r in chunk)
         if n_max == 0:
-            return [ReplayResult(self._empty_metadata(p), None) for p, _ in chunk]
+            return [
+                ReplayResult({**self._empty_metadata(p), "replay_source": src}, None)
+                for (p, _), src in zip(chunk, sources, strict=True)
+            ]
         pad = self._pad_id()
         ids = torch.full((b, s), pad, dtype=torch.long)
         mask = torch.zeros((b, s), dtype=torch.long)
@@ -761,6 +802,7 @@ class GeometryChatModel(BaseChatModel):
             meta = self._metadata(prompt, resp, logits[i, n_max - n :], "stop", self.top_logprobs)
             if not (resp and resp[-1] in eos_ids):
                 meta["finish_reason"] = "length"
+            meta["replay_source"] = sources[i]
             states = None
             if step is not None and capture:
                 geo = _slice_step(step, i, n_max - n, n_max)

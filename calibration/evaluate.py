@@ -26,13 +26,14 @@ from abstain_guard.calibration.pipeline import (
     CalibrationConfig,
     build_judges,
     generate_answers,
+    items_digest,
     judge_answers,
     load_items,
     load_model,
     named_spec,
+    replay_as_deployed,
     resolve_cache_dir,
 )
-from abstain_guard.calibration.prompting import build_messages
 from abstain_guard.calibration.store import RunStore
 from abstain_guard.errors import ConfigError, DatasetError
 
@@ -96,10 +97,40 @@ def read_data_spec(spec: str, *, group_by: str | None = None, limit: int | None 
     return name, items
 
 
-def _replay(model: Any, items: Sequence[QAItem], answers: dict[str, Any], cfg, progress: bool):
-    pairs = [(build_messages(it, cfg.system_prompt), answers[it.id]["text"]) for it in items]
-    results = model.replay_batch(pairs, batch_size=cfg.replay_batch_size, progress=progress)
-    return [r.metadata for r in results]
+def artifact_items(artifact: Any) -> tuple[str, list[QAItem], list[QAItem]]:
+    """``(data set name, held-out items, train items)`` of the artifact's own run.
+
+    The held-out items are exactly the artifact's stored ``calibration_ids`` + ``test_ids``.
+
+    Raises:
+        DatasetError: the data no longer holds those questions, or its content changed
+            since calibration (its hash differs).
+    """
+    from abstain_guard.calibration.datasets import split_items
+
+    meta = artifact.metadata
+    cfg = CalibrationConfig(**meta.get("config", {}))
+    source = meta.get("data", "builtin")
+    items, _ = load_items(source, cfg)
+    stored = meta.get("items_sha256")
+    if stored is not None and items_digest(items) != stored:
+        raise DatasetError(
+            f"The data {source!r} changed since the artifact was calibrated (content hash "
+            "differs), so its held-out questions cannot be trusted. Evaluate with the data "
+            "the artifact was built from, or recalibrate."
+        )
+    by_id = {it.id: it for it in items}
+    ids = list(meta.get("calibration_ids", [])) + list(meta.get("test_ids", []))
+    missing = [i for i in ids if i not in by_id]
+    if missing:
+        raise DatasetError(
+            f"{len(missing)} held-out question ids of the artifact are not in {source!r} "
+            f"(e.g. {missing[:3]}). Evaluate with the data the artifact was built from."
+        )
+    train = split_items(items, seed=cfg.seed, ratios=cfg.ratios)["train"]
+    named = named_spec(str(source))
+    name = named[0] if named else "builtin" if source == "builtin" else Path(source).stem
+    return name, [by_id[i] for i in ids], train
 
 
 def collect_held_out(
@@ -111,34 +142,33 @@ def collect_held_out(
     limit: int | None = None,
     progress: bool = True,
 ) -> HeldOut:
-    """Answer (from cache where possible), judge and replay the held-out questions."""
-    from abstain_guard.calibration.datasets import split_items
+    """Answer (from cache where possible), judge and replay the held-out questions.
 
+    Held-out answers are generated one question per call and replayed from their token ids
+    one sequence at a time, exactly as calibration scored them and as the guard scores live.
+    """
     cfg = CalibrationConfig(**artifact.metadata.get("config", {}))
     cache_dir = Path(artifact.metadata.get("cache_dir") or resolve_cache_dir("guard", cfg))
     store = RunStore(cache_dir / "run.sqlite")
     train: list[QAItem] = []
     if data is None:
-        source = artifact.metadata.get("data", "builtin")
-        items, _ = load_items(source, cfg)
-        splits = split_items(items, seed=cfg.seed, ratios=cfg.ratios)
-        pool = splits["calibration"] + splits["test"]
-        train = splits["train"]
-        named = named_spec(str(source))
-        name = named[0] if named else "builtin" if source == "builtin" else Path(source).stem
+        name, pool, train = artifact_items(artifact)
     else:
         name, pool = read_data_spec(data, group_by=group_by, limit=limit)
     fingerprint = str(getattr(model, "fingerprint", "unknown"))
     everything = pool + train
     answers = generate_answers(
-        model, everything, store, cfg, fingerprint=fingerprint, progress=progress
+        model, pool, store, cfg, fingerprint=fingerprint, progress=progress, batch_size=1
+    )
+    answers.update(
+        generate_answers(model, train, store, cfg, fingerprint=fingerprint, progress=progress)
     )
     judges = build_judges(cfg, cache_dir / "judgments.sqlite")
     judgments = judge_answers(judges, everything, answers, progress=progress)
     pool = [it for it in pool if judgments[it.id]["correct"] is not None]
     train = [it for it in train if judgments[it.id]["correct"] is not None]
     scoring_model = artifact.scorer.prepare(model)
-    metadata = _replay(scoring_model, pool, answers, cfg, progress)
+    metadata = replay_as_deployed(scoring_model, pool, answers, cfg, progress)
     held = HeldOut(
         name=name,
         items=pool,
@@ -150,7 +180,7 @@ def collect_held_out(
         held.train_metadata = (
             cached  # type: ignore[assignment]
             if all(m and "logprobs" in m for m in cached)
-            else _replay(scoring_model, train, answers, cfg, progress)
+            else replay_as_deployed(scoring_model, train, answers, cfg, progress)
         )
         held.train_correct = np.array([bool(judgments[it.id]["correct"]) for it in train])
     return held

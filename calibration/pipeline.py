@@ -17,7 +17,6 @@ output, so a killed run resumes where it stopped):
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -28,6 +27,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from tqdm.auto import tqdm
 
+from abstain_guard import conformal
 from abstain_guard.calibration.datasets import (
     NAMED_DATASETS,
     QAItem,
@@ -35,8 +35,17 @@ from abstain_guard.calibration.datasets import (
     load_named_dataset,
     split_items,
 )
-from abstain_guard.calibration.prompting import MAX_NEW_TOKENS, build_messages, messages_to_json
+from abstain_guard.calibration.prompting import (
+    MAX_NEW_TOKENS,
+    RENDERING,
+    build_messages,
+    max_new_tokens_for,
+    messages_to_json,
+    question_prompt,
+    system_prompt_for,
+)
 from abstain_guard.calibration.store import RunStore, content_key
+from abstain_guard.deployment import DeploymentRecord, PromptRecord
 from abstain_guard.errors import CalibrationError, ConfigError, DatasetError, InsufficientDataError
 
 logger = logging.getLogger("abstain_guard.calibration")
@@ -44,7 +53,14 @@ logger = logging.getLogger("abstain_guard.calibration")
 SPLITS = ("reference", "train", "calibration", "test")
 LIKELIHOOD_SCORERS = ("perplexity", "max_sequence_probability", "mean_token_entropy")
 FIT_SCORERS = ("geometry",)
-LIKELIHOOD_METADATA = ("prompt_token_ids", "token_ids", "tokens", "logprobs", "entropy")
+LIKELIHOOD_METADATA = (
+    "prompt_token_ids",
+    "token_ids",
+    "tokens",
+    "logprobs",
+    "entropy",
+    "generation",
+)
 KNOWN_SCORERS = LIKELIHOOD_SCORERS + FIT_SCORERS
 
 
@@ -129,9 +145,8 @@ class CalibrationSummary:
 
 
 def min_calibration_size(participation: float) -> int:
-    """Smallest n with a finite threshold: ⌈(1−α)(n+1)⌉ ≤ n ⇔ n ≥ (1−α)/α."""
-    alpha = 1.0 - participation
-    return max(1, math.ceil(participation / alpha - 1e-12))
+    """Smallest calibration split with a finite threshold at this participation target."""
+    return conformal.min_calibration_size(1.0 - participation)
 
 
 def named_spec(data: str) -> tuple[str, str] | None:
@@ -205,7 +220,15 @@ def check_split_sizes(splits: dict[str, list[QAItem]], participation: float) -> 
 
 
 def _gen_params(config: CalibrationConfig, item: QAItem) -> dict[str, Any]:
-    return {"max_new_tokens": config.max_new_tokens or MAX_NEW_TOKENS[item.kind]}
+    return {"max_new_tokens": max_new_tokens_for(item.kind, config.max_new_tokens)}
+
+
+#: Splits whose answers are scored for the guarantee (calibration) or measured (test): they
+#: are generated one question per call, exactly as the deployed guard generates, and scored
+#: by replaying their generated token ids one sequence at a time (no padding), so their
+#: scores equal what the guard computes live. Reference and train answers only fit the
+#: scorer and are generated in batches.
+HELD_OUT = ("calibration", "test")
 
 
 def generate_answers(
@@ -217,21 +240,26 @@ def generate_answers(
     fingerprint: str,
     progress: bool = True,
     on_chunk: Callable[[int], None] | None = None,
+    batch_size: int | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Greedy answers for ``items``, batched, cached per item in ``store``.
 
     Chunk boundaries are fixed by the order of ``items`` (not by what is already cached), so
     a resumed run feeds the model exactly the batches an uninterrupted run would. Returns
     ``{item.id: {"text", "finish_reason", "metadata"}}`` where ``metadata`` holds the
-    generation's token ids, OpenAI-style logprobs and entropies (what the likelihood
-    scorers read; geometry is not captured while generating).
+    generation's token ids (what calibration replays: the exact tokens, EOS only when the
+    model produced it), OpenAI-style logprobs, entropies and generation settings (geometry
+    is not captured while generating). ``batch_size`` overrides ``config.batch_size``;
+    ``1`` generates each question alone, as the deployed guard does (cached apart from
+    batched answers).
     """
+    size = config.batch_size if batch_size is None else batch_size
     keys = {
         it.id: content_key(
             "gen",
             fingerprint,
             messages_to_json(build_messages(it, config.system_prompt)),
-            _gen_params(config, it),
+            {**_gen_params(config, it), "alone": size == 1},
         )
         for it in items
     }
@@ -243,13 +271,14 @@ def generate_answers(
     bar.update(sum(1 for it in items if keys[it.id] in done))
     chunk_index = 0
     for kind_items in by_kind.values():
-        for start in range(0, len(kind_items), config.batch_size):
-            chunk = kind_items[start : start + config.batch_size]
+        for start in range(0, len(kind_items), size):
+            chunk = kind_items[start : start + size]
             chunk_index += 1
             if all(keys[it.id] in done for it in chunk):
                 continue
             runner = model.bind(**_gen_params(config, chunk[0]), capture_geometry=False)
-            outputs = runner.batch([build_messages(it, config.system_prompt) for it in chunk])
+            convs = [build_messages(it, config.system_prompt) for it in chunk]
+            outputs = runner.batch(convs) if size > 1 else [runner.invoke(convs[0])]
             fresh = {
                 keys[it.id]: {
                     "text": str(msg.content),
@@ -407,15 +436,20 @@ def calibrate(
 
     ordered = [it for name in SPLITS for it in splits[name]]
     t = _now()
-    answers = generate_answers(
-        model,
-        ordered,
-        store,
-        cfg,
-        fingerprint=fingerprint,
-        progress=progress,
-        on_chunk=on_generation_chunk,
-    )
+    answers: dict[str, dict[str, Any]] = {}
+    for names, size in ((("reference", "train"), None), (HELD_OUT, 1)):
+        answers.update(
+            generate_answers(
+                model,
+                [it for name in names for it in splits[name]],
+                store,
+                cfg,
+                fingerprint=fingerprint,
+                progress=progress,
+                on_chunk=on_generation_chunk,
+                batch_size=size,
+            )
+        )
     timings["generate"] = _now() - t
 
     t = _now()
@@ -452,6 +486,8 @@ def calibrate(
         "cache_dir": str(cache_dir),
         "test_ids": [it.id for it in labeled["test"]],
         "calibration_ids": [it.id for it in labeled["calibration"]],
+        "items_sha256": items_digest(items),
+        "deployment": deployment_record(model, cfg, items).to_json(),
     }
     artifact = GuardArtifact.from_calibration(
         scorer=scorer,
@@ -503,11 +539,8 @@ def fit_and_score(
                 "(the built-in probe set is such a set for the default model)."
             )
 
-    def pairs(name: str) -> list[tuple[Any, str]]:
-        return [
-            (build_messages(it, config.system_prompt), answers[it.id]["text"])
-            for it in labeled[name]
-        ]
+    def pairs(name: str) -> list[tuple[Any, list[int]]]:
+        return generated_pairs(labeled[name], answers, config)
 
     def labels(name: str) -> list[bool]:
         return [bool(judgments[it.id]["correct"]) for it in labeled[name]]
@@ -527,9 +560,89 @@ def fit_and_score(
         )
         del ref, train
     scoring_model = scorer.prepare(model)
-    cal = scoring_model.replay_batch(pairs("calibration"), batch_size=bs, progress=progress)
-    scores = scorer.score_many([r.metadata for r in cal])
+    cal = replay_as_deployed(scoring_model, labeled["calibration"], answers, config, progress)
+    scores = scorer.score_many(cal)
     return scorer, np.asarray(scores, dtype=np.float64)
+
+
+def generated_pairs(
+    items: Sequence[QAItem], answers: dict[str, dict[str, Any]], config: CalibrationConfig
+) -> list[tuple[Any, list[int]]]:
+    """``(messages, generated token ids)`` per item: what replay must score — the exact ids
+    the model produced (EOS only when it produced one), never re-tokenized text."""
+    out = []
+    for it in items:
+        ids = (answers[it.id].get("metadata") or {}).get("token_ids")
+        if ids is None:
+            raise CalibrationError(
+                f"The cached answer to {it.id!r} has no generated token ids (a cache written "
+                "by an older version). Delete the run cache directory and run again."
+            )
+        out.append((build_messages(it, config.system_prompt), [int(t) for t in ids]))
+    return out
+
+
+def replay_as_deployed(
+    model: Any,
+    items: Sequence[QAItem],
+    answers: dict[str, dict[str, Any]],
+    config: CalibrationConfig,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """Response metadata of ``items``' answers as the deployed guard computes it live.
+
+    One sequence per forward pass (padding changes the floating-point sums, and a guard
+    scores one response at a time), replaying the generated token ids behind the same
+    prompt token ids the model generated from.
+
+    Raises:
+        CalibrationError: the prompt encodes differently than when the answer was
+            generated (the tokenizer or chat template changed).
+    """
+    results = model.replay_batch(
+        generated_pairs(items, answers, config), batch_size=1, progress=progress
+    )
+    metas = [r.metadata for r in results]
+    for it, meta in zip(items, metas, strict=True):
+        cached = (answers[it.id].get("metadata") or {}).get("prompt_token_ids")
+        if cached is not None and list(cached) != list(meta["prompt_token_ids"]):
+            raise CalibrationError(
+                f"The prompt of {it.id!r} encodes differently than when its answer was "
+                "generated (the tokenizer or chat template changed). Delete the run cache "
+                "and run again."
+            )
+    return metas
+
+
+def items_digest(items: Sequence[QAItem]) -> str:
+    """Content hash of the questions a run used (ids, texts, golds, choices, kinds)."""
+    return content_key(
+        "items",
+        [[it.id, it.question, list(it.answers), list(it.choices), it.kind] for it in items],
+    )
+
+
+def deployment_record(
+    model: Any, config: CalibrationConfig, items: Sequence[QAItem]
+) -> DeploymentRecord:
+    """What the deployed guard must run to be exchangeable with this calibration: the model
+    fingerprint, chat template, decoding, and per question kind the system prompt, token
+    budget and user-message rendering."""
+    settings = getattr(model, "decoding_settings", None)
+    fingerprint = getattr(model, "fingerprint", None)
+    return DeploymentRecord(
+        model_fingerprint=None if fingerprint is None else str(fingerprint),
+        chat_template_sha256=getattr(model, "chat_template_sha256", None),
+        decoding=settings() if callable(settings) else {},
+        prompts={
+            kind: PromptRecord(
+                system_prompt=system_prompt_for(kind, config.system_prompt),
+                max_new_tokens=max_new_tokens_for(kind, config.max_new_tokens),
+                rendering=RENDERING[kind],
+            )
+            for kind in sorted({it.kind for it in items})
+        },
+    )
 
 
 def load_guard_chain(
@@ -537,20 +650,32 @@ def load_guard_chain(
     guard_config: Any = None,
     *,
     model: Any = None,
+    kind: str | None = None,
 ) -> tuple[Any, Any, Any]:
     """Load an artifact, its model and a guard; return ``(chain, guard, artifact)``.
 
-    ``chain`` is ``question_prompt(system_prompt) | guard``: it takes ``{"question": ...}``
-    and prompts exactly as calibration did, which the guarantee needs (exchangeability).
+    ``chain`` is ``prompt | guard`` built from the artifact's deployment record: it takes
+    ``{"question": ...}`` and runs the recorded system prompt, token budget and decoding of
+    question kind ``kind`` (default: the artifact's only kind), which the guarantee needs
+    (exchangeability). For ``kind="choice"`` the question must already list its lettered
+    options.
     """
     from abstain_guard.artifact import GuardArtifact
-    from abstain_guard.calibration.prompting import question_prompt
     from abstain_guard.config import GuardConfig
     from abstain_guard.guard import AbstentionGuard
 
     artifact = GuardArtifact.load(artifact_path)
     calib = CalibrationConfig(**artifact.metadata.get("config", {}))
+    record = DeploymentRecord.from_metadata(artifact.metadata)
+    if record is None:
+        raise CalibrationError(
+            f"The artifact {artifact_path} has no deployment record (it predates recorded "
+            "generation settings), so the prompt and token budget it was calibrated with "
+            "are unknown. Re-run calibrate to rebuild it."
+        )
+    kind_name, prompt = record.kind(kind)
     if model is None:
         model = load_model(calib)
-    guard = AbstentionGuard(model, artifact=artifact, config=guard_config or GuardConfig())
-    return question_prompt(calib.system_prompt) | guard, guard, artifact
+    runnable = model.bind(max_new_tokens=prompt.max_new_tokens)
+    guard = AbstentionGuard(runnable, artifact=artifact, config=guard_config or GuardConfig())
+    return question_prompt(prompt.system_prompt, kind_name) | guard, guard, artifact

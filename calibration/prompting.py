@@ -25,17 +25,34 @@ NUMERIC_SYSTEM_PROMPT = (
 MAX_NEW_TOKENS = {"open": 24, "choice": 8, "numeric": 192}
 
 
+#: How the user message is built from a question, per kind (recorded in the artifact).
+RENDERING = {
+    "open": "{question}",
+    "choice": "{question}\n<letter>) <option> per line\n"
+    "Answer with the letter of the correct option.",
+    "numeric": "{question}",
+}
+
+
+def system_prompt_for(kind: str, system_prompt: str | None = None) -> str:
+    """The system prompt a question of ``kind`` gets (``system_prompt`` overrides it)."""
+    if system_prompt:
+        return system_prompt
+    return NUMERIC_SYSTEM_PROMPT if kind == "numeric" else SHORT_ANSWER_SYSTEM_PROMPT
+
+
+def max_new_tokens_for(kind: str, max_new_tokens: int | None = None) -> int:
+    """The token budget of ``kind`` (``max_new_tokens`` overrides it)."""
+    return int(max_new_tokens or MAX_NEW_TOKENS[kind])
+
+
 def build_messages(item: QAItem, system_prompt: str | None = None) -> list[BaseMessage]:
     """Chat messages for one question: a system prompt for the kind, then the question.
 
     Multiple-choice questions list their lettered options (:meth:`QAItem.prompt_text`).
     """
-    if item.kind == "numeric":
-        system = system_prompt or NUMERIC_SYSTEM_PROMPT
-    else:
-        system = system_prompt or SHORT_ANSWER_SYSTEM_PROMPT
-    user = item.prompt_text()
-    return [SystemMessage(content=system), HumanMessage(content=user)]
+    system = system_prompt_for(item.kind, system_prompt)
+    return [SystemMessage(content=system), HumanMessage(content=item.prompt_text())]
 
 
 def messages_to_json(messages: list[BaseMessage]) -> list[dict[str, str]]:
@@ -43,13 +60,16 @@ def messages_to_json(messages: list[BaseMessage]) -> list[dict[str, str]]:
     return [{"role": m.type, "content": str(m.content)} for m in messages]
 
 
-def question_prompt(system_prompt: str | None = None) -> ChatPromptTemplate:
-    """The short-answer prompt used at calibration, as an LCEL prompt with ``{question}``.
+def question_prompt(system_prompt: str | None = None, kind: str = "open") -> ChatPromptTemplate:
+    """The prompt used at calibration for ``kind``, as an LCEL prompt with ``{question}``.
 
     Guard an open question exactly as it was calibrated::
 
         chain = question_prompt() | AbstentionGuard(model, artifact=artifact)
         chain.invoke({"question": "What is the capital of Peru?"})
+
+    For ``kind="choice"`` pass the question already followed by its lettered options
+    (:meth:`QAItem.prompt_text`).
     """
-    system = (system_prompt or SHORT_ANSWER_SYSTEM_PROMPT).replace("{", "{{").replace("}", "}}")
+    system = system_prompt_for(kind, system_prompt).replace("{", "{{").replace("}", "}}")
     return ChatPromptTemplate.from_messages([("system", system), ("human", "{question}")])

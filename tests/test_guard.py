@@ -287,10 +287,38 @@ def test_fingerprint_mismatch(artifact: GuardArtifact, tmp_path: Path) -> None:
     prompt = ChatPromptTemplate.from_messages([("human", "{q}")])
     with pytest.raises(ArtifactMismatchError):
         AbstentionGuard(prompt | other, artifact=artifact)
-    # a model without a fingerprint cannot be checked, and is accepted
-    AbstentionGuard(ScriptedChatModel(script=SCRIPT), artifact=artifact)
+    # a model without a fingerprint cannot be verified: an error by default
+    with pytest.raises(ArtifactMismatchError, match="no fingerprint"):
+        AbstentionGuard(ScriptedChatModel(script=SCRIPT), artifact=artifact)
     g = AbstentionGuard.from_artifact(path, ScriptedChatModel(script=SCRIPT, fingerprint="m-1"))
     assert g.invoke("easy").content == "Paris"
+
+
+def test_every_chat_model_is_checked_fallbacks_too(artifact: GuardArtifact) -> None:
+    good = ScriptedChatModel(script=SCRIPT, fingerprint="m-1")
+    other = ScriptedChatModel(script=SCRIPT, fingerprint="m-2")
+    # the primary model of a fallback chain is checked, not only the last one
+    with pytest.raises(ArtifactMismatchError, match="m-2"):
+        AbstentionGuard(other.with_fallbacks([good]), artifact=artifact)
+    with pytest.raises(ArtifactMismatchError, match="m-2"):
+        AbstentionGuard(good.with_fallbacks([other]), artifact=artifact)
+    AbstentionGuard(good.with_fallbacks([good.model_copy()]), artifact=artifact)
+
+
+def test_opt_in_mismatch_is_recorded_in_the_guarantee(artifact: GuardArtifact) -> None:
+    guard = AbstentionGuard(
+        ScriptedChatModel(script=SCRIPT),
+        artifact=artifact,
+        config=GuardConfig(on_mismatch="warn"),
+    )
+    handler = EventRecorder()
+    msg = guard.invoke("easy", config={"callbacks": [handler]})
+    warnings = msg.response_metadata["abstention"]["guarantee"]["warnings"]
+    assert any("no fingerprint" in w for w in warnings)
+    (_, traced, _, _), *_ = handler.custom
+    assert any("no fingerprint" in w for w in traced["guarantee"]["warnings"])
+    # the artifact's own rule is not modified by a decision's warnings
+    assert not any("fingerprint" in w for w in guard.decision_rule.guarantee["warnings"])
 
 
 class PreparingScorer(Scorer):

@@ -20,7 +20,8 @@ from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig
 from abstain_guard.calibration.datasets import QAItem
 from abstain_guard.calibration.judge_cache import CachedJudge, JudgmentCache
 from abstain_guard.calibration.judges import Judge, Judgment
-from abstain_guard.calibration.pipeline import CalibrationConfig, calibrate
+from abstain_guard.calibration.pipeline import CalibrationConfig, calibrate, load_guard_chain
+from abstain_guard.errors import ArtifactMismatchError
 
 
 class HashJudge(Judge):
@@ -88,13 +89,24 @@ def test_calibrate_writes_an_artifact_the_guard_uses(tmp_path: Path, model: Any)
     assert np.all(np.isfinite(art.scores))
     assert art.metadata["split_sizes"]["calibration"] == 6
     assert len(art.metadata["test_ids"]) == 6
-    guard = AbstentionGuard(
-        model.bind(max_new_tokens=6), artifact=art, config=GuardConfig(participation=0.5)
-    )
-    msg = guard.invoke("What is item 3?")
+    record = art.metadata["deployment"]
+    assert record["model_fingerprint"] == model.fingerprint
+    assert record["prompts"] == {
+        "open": {"system_prompt": "Answer.", "max_new_tokens": 6, "rendering": "{question}"}
+    }
+    chain, _, _ = load_guard_chain(tmp_path / "guard", GuardConfig(participation=0.5), model=model)
+    msg = chain.invoke({"question": "What is item 3?"})
     info = msg.response_metadata["abstention"]
     assert info["scorer"] == "perplexity"
     assert info["abstained"] == (info["score"] > info["threshold"])
+    # prompted or budgeted otherwise than at calibration: a typed error, not a silent guess
+    guard = AbstentionGuard(model, artifact=art, config=GuardConfig(participation=0.5))
+    with pytest.raises(ArtifactMismatchError, match="system prompt"):
+        guard.invoke("What is item 3?")
+    with pytest.raises(ArtifactMismatchError, match="max_new_tokens=7"):
+        guard.invoke(
+            [("system", "Answer."), ("human", "What is item 3?")], max_new_tokens=7
+        )
 
 
 def test_kill_and_resume_gives_the_same_artifact(tmp_path: Path, model: Any) -> None:
@@ -130,13 +142,20 @@ def test_kill_and_resume_gives_the_same_artifact(tmp_path: Path, model: Any) -> 
 
     # 2) killed during judging, after 25 verdicts
     calls: list[int] = []
+    singles: list[int] = []
     original_batch = type(model).batch
+    original_generate = type(model)._generate
 
     def counting_batch(self, inputs, *args, **kwargs):
         calls.append(len(inputs))
         return original_batch(self, inputs, *args, **kwargs)
 
+    def counting_generate(self, *args, **kwargs):
+        singles.append(1)
+        return original_generate(self, *args, **kwargs)
+
     type(model).batch = counting_batch  # type: ignore[method-assign]
+    type(model)._generate = counting_generate  # type: ignore[method-assign]
     try:
         second_judge = HashJudge(fail_after=25)
         with pytest.raises(KeyboardInterrupt):
@@ -150,8 +169,11 @@ def test_kill_and_resume_gives_the_same_artifact(tmp_path: Path, model: Any) -> 
             )
     finally:
         type(model).batch = original_batch  # type: ignore[method-assign]
-    # only the chunks not finished before the kill were generated again (3 of 8 were done)
-    assert sum(calls) == len(ITEMS) - 3 * 8
+        type(model)._generate = original_generate  # type: ignore[method-assign]
+    # only the chunks not finished before the kill were generated again: 3 of the 6 batched
+    # reference/train chunks were done; the 12 held-out questions are generated one by one
+    assert sum(calls) == 48 - 3 * 8
+    assert len(singles) == 12
     assert second_judge.calls == 25
 
     # 3) resumed to the end: only the remaining verdicts are requested
@@ -189,10 +211,8 @@ def test_geometry_scorer_end_to_end_on_tiny_model(tmp_path: Path, model: Any) ->
     )
     art = GuardArtifact.load(tmp_path / "geo")
     assert art.scorer_kind == "geometry"
-    guard = AbstentionGuard(
-        model.bind(max_new_tokens=6), artifact=art, config=GuardConfig(participation=0.5)
-    )
-    msg = guard.invoke("What is item 7?")
+    chain, _, _ = load_guard_chain(tmp_path / "geo", GuardConfig(participation=0.5), model=model)
+    msg = chain.invoke({"question": "What is item 7?"})
     info = msg.response_metadata["abstention"]
     assert info["error"] is None, info
     assert np.isfinite(info["score"])

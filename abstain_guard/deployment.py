@@ -1,0 +1,228 @@
+"""What the guard must run exactly as it was calibrated, and the checks that it does.
+
+The conformal guarantee holds only if the score the guard computes at run time is
+exchangeable with the calibration scores: same model, same prompt (system prompt, chat
+template, question kind), same token budget, same decoding. Calibration stores those
+settings in the artifact as a :class:`DeploymentRecord` (``metadata["deployment"]``); a chat
+model that records its own settings per response (``response_metadata["generation"]``, as
+:class:`~abstain_guard.adapters.GeometryChatModel` does) is checked against it on every
+decision, and every chat model inside a guarded runnable is checked against the artifact's
+model fingerprint when the guard is built.
+
+What is compared (pure functions, no model needed):
+
+* per response: system-prompt hash → which calibrated question kind it is, then that kind's
+  ``max_new_tokens``, the decoding settings and the chat-template hash;
+* per chat model: ``fingerprint`` (a model without one cannot be verified);
+* per agent call (middleware): the system prompt and the tool schemas.
+
+A mismatch is an :class:`~abstain_guard.errors.ArtifactMismatchError` unless the guard's
+config sets ``on_mismatch="warn"``; then it is recorded in ``guarantee["warnings"]`` and in
+the trace, and the guard goes on (the guarantee no longer holds as stated).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from abstain_guard.errors import ArtifactSchemaError
+
+__all__ = [
+    "DECODING_KEYS",
+    "GENERATION_KEY",
+    "DeploymentRecord",
+    "PromptRecord",
+    "generation_mismatches",
+    "model_mismatches",
+    "sha256_text",
+    "tools_sha256",
+]
+
+GENERATION_KEY = "generation"
+"""``response_metadata`` key under which a chat model records the settings of one call."""
+
+DECODING_KEYS = ("temperature", "top_p", "top_k", "stop")
+"""Decoding settings that must equal the calibrated ones."""
+
+
+def sha256_text(text: str | None) -> str | None:
+    """Hex SHA-256 of ``text`` (UTF-8); None for None."""
+    if text is None:
+        return None
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def tools_sha256(tools: Sequence[Mapping[str, Any]] | None) -> str | None:
+    """Order-independent hash of tool schemas (OpenAI function format); None when no tools."""
+    if not tools:
+        return None
+    canon = sorted(json.dumps(t, sort_keys=True, default=str) for t in tools)
+    return hashlib.sha256("\n".join(canon).encode("utf-8")).hexdigest()
+
+
+class PromptRecord(BaseModel):
+    """How one kind of question was put to the model at calibration.
+
+    Attributes:
+        system_prompt: the system message text (None: no system message).
+        max_new_tokens: the token budget.
+        rendering: how the user message was built from a question (human-readable).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    system_prompt: str | None
+    max_new_tokens: int = Field(gt=0)
+    rendering: str = "{question}"
+
+    @property
+    def system_prompt_sha256(self) -> str | None:
+        """Hash of the system prompt (what responses record)."""
+        return sha256_text(self.system_prompt)
+
+
+class DeploymentRecord(BaseModel):
+    """The generation settings an artifact was calibrated with (``metadata["deployment"]``).
+
+    Attributes:
+        model_fingerprint: the chat model's fingerprint (None: unknown).
+        chat_template_sha256: hash of the tokenizer's chat template (None: no template).
+        decoding: temperature, top_p, top_k, stop as used at calibration.
+        prompts: one :class:`PromptRecord` per question kind (``"open"``, ``"choice"``, ...).
+        tools: tool schemas the model was offered (agents), or None.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_fingerprint: str | None = None
+    chat_template_sha256: str | None = None
+    decoding: dict[str, Any] = Field(default_factory=dict)
+    prompts: dict[str, PromptRecord] = Field(default_factory=dict)
+    tools: list[dict[str, Any]] | None = None
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, Any]) -> DeploymentRecord | None:
+        """The record stored in artifact metadata, or None for artifacts without one.
+
+        Raises:
+            ArtifactSchemaError: the stored record is malformed.
+        """
+        raw = metadata.get("deployment")
+        if raw is None:
+            return None
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            raise ArtifactSchemaError(
+                f"The artifact's deployment record is malformed: {exc}. Re-run calibrate."
+            ) from exc
+
+    @property
+    def tools_sha256(self) -> str | None:
+        """Hash of the recorded tool schemas (None when calibrated without tools)."""
+        return tools_sha256(self.tools)
+
+    def kind(self, name: str | None = None) -> tuple[str, PromptRecord]:
+        """The prompt record of question kind ``name`` (or of the only kind).
+
+        Raises:
+            ArtifactSchemaError: no such kind, or several kinds and no name given.
+        """
+        if name is None:
+            if len(self.prompts) != 1:
+                raise ArtifactSchemaError(
+                    f"This artifact was calibrated on several question kinds "
+                    f"{sorted(self.prompts)}; say which one to run."
+                )
+            name = next(iter(self.prompts))
+        if name not in self.prompts:
+            raise ArtifactSchemaError(
+                f"This artifact has no question kind {name!r}; it has {sorted(self.prompts)}."
+            )
+        return name, self.prompts[name]
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict (what goes into artifact metadata)."""
+        return self.model_dump(mode="json")
+
+
+def generation_mismatches(
+    record: DeploymentRecord, generation: Mapping[str, Any] | None
+) -> list[str]:
+    """Why a response's recorded settings differ from the calibrated ones (empty: they match).
+
+    Args:
+        record: the artifact's deployment record.
+        generation: ``response_metadata["generation"]`` of the response (None: the chat
+            model records no settings, so they cannot be verified).
+    """
+    if generation is None:
+        return [
+            "the response carries no generation settings (response_metadata['generation']), so "
+            "its prompt, token budget and decoding cannot be checked against the calibration"
+        ]
+    problems: list[str] = []
+    sys_hash = generation.get("system_prompt_sha256")
+    matches = [k for k, p in record.prompts.items() if p.system_prompt_sha256 == sys_hash]
+    if not matches:
+        known = {k: p.system_prompt for k, p in record.prompts.items()}
+        problems.append(
+            "the system prompt differs from every calibrated one "
+            f"({known}); prompt the model exactly as at calibration"
+        )
+    else:
+        budgets = {record.prompts[k].max_new_tokens for k in matches}
+        if generation.get("max_new_tokens") not in budgets:
+            problems.append(
+                f"max_new_tokens={generation.get('max_new_tokens')} but calibration used "
+                f"{sorted(budgets)}; a different budget changes the scores"
+            )
+    for key in DECODING_KEYS:
+        if key in record.decoding and _norm(generation.get(key)) != _norm(record.decoding[key]):
+            problems.append(
+                f"{key}={generation.get(key)!r} but calibration used {record.decoding[key]!r}"
+            )
+    template = generation.get("chat_template_sha256")
+    if template != record.chat_template_sha256:
+        problems.append("the tokenizer's chat template differs from the calibrated one")
+    return problems
+
+
+def _norm(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_norm(v) for v in value]
+    if value == []:
+        return None
+    return value
+
+
+def model_mismatches(artifact_fingerprint: str | None, models: Sequence[Any]) -> list[str]:
+    """Why chat models inside a guarded runnable differ from the calibrated model.
+
+    Every chat model is checked (fallbacks too): a fingerprint that differs, or a model
+    without one while the artifact has one (it cannot be verified).
+    """
+    if artifact_fingerprint is None:
+        return []
+    problems: list[str] = []
+    for model in models:
+        fp = getattr(model, "fingerprint", None)
+        if callable(fp):
+            fp = fp()
+        name = type(model).__name__
+        if fp is None:
+            problems.append(
+                f"chat model {name} has no fingerprint, so it cannot be verified to be the "
+                f"calibrated model {artifact_fingerprint!r}"
+            )
+        elif str(fp) != artifact_fingerprint:
+            problems.append(
+                f"chat model {name} is {str(fp)!r}, but this artifact was calibrated for "
+                f"{artifact_fingerprint!r}"
+            )
+    return problems

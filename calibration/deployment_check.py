@@ -1,0 +1,167 @@
+"""``abstain-guard evaluate --live``: run the guard exactly as deployed on the artifact's
+held-out questions and compare with what calibration stored.
+
+For every held-out question (the artifact's stored calibration and test ids) the guard chain
+from :func:`~abstain_guard.calibration.pipeline.load_guard_chain` — the recorded prompt,
+token budget and decoding, one question per call — generates, scores and decides. The
+report gives, per question, the live score beside the stored score (the artifact's
+calibration score, or for test questions the score of the cached answer replayed as
+calibration does) and whether the live tokens equal the cached ones; and overall the live
+participation beside the guaranteed band, and the accuracy of the answered questions (the
+live answers judged with the artifact's judge).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from abstain_guard.artifact import GuardArtifact
+from abstain_guard.calibration.evaluate import artifact_items
+from abstain_guard.calibration.pipeline import (
+    CalibrationConfig,
+    build_judges,
+    generate_answers,
+    judge_answers,
+    load_guard_chain,
+    load_model,
+    replay_as_deployed,
+    resolve_cache_dir,
+)
+from abstain_guard.calibration.store import RunStore
+
+__all__ = ["live_check", "summarize_live"]
+
+
+def _generated(message: Any) -> dict[str, Any]:
+    """The response metadata of the generated answer (the withheld one when abstaining)."""
+    meta = dict(message.response_metadata or {})
+    withheld = meta.get("withheld_response")
+    if withheld:
+        return dict(withheld.get("response_metadata") or {})
+    return meta
+
+
+def summarize_live(rows: list[dict[str, Any]], guarantee: dict[str, Any]) -> dict[str, Any]:
+    """Aggregate the per-question rows of :func:`live_check` (pure).
+
+    Returns participation (live and from the stored scores), accuracy when answered,
+    the median and max |live − stored| score, and the fraction of identical tokens.
+    """
+    scored = [r for r in rows if r["live_score"] is not None]
+    diffs = np.array([abs(r["live_score"] - r["stored_score"]) for r in scored])
+    answered = [r for r in rows if not r["abstained"]]
+    judged = [r for r in answered if r["correct"] is not None]
+    return {
+        "n": len(rows),
+        "participation_live": float(np.mean([not r["abstained"] for r in rows])),
+        "participation_stored": float(np.mean([r["stored_answers"] for r in rows])),
+        "guaranteed_interval": guarantee.get("participation_interval"),
+        "accuracy_when_answered_live": (
+            float(np.mean([r["correct"] for r in judged])) if judged else None
+        ),
+        "answered": len(answered),
+        "same_tokens": float(np.mean([r["same_tokens"] for r in rows])),
+        "same_decision": float(np.mean([r["stored_answers"] != r["abstained"] for r in rows])),
+        "abs_score_diff_median": float(np.median(diffs)) if diffs.size else None,
+        "abs_score_diff_max": float(diffs.max()) if diffs.size else None,
+        "unscorable": len(rows) - len(scored),
+    }
+
+
+def live_check(
+    artifact_path: str | Path,
+    *,
+    guard_config: Any = None,
+    model: Any = None,
+    out: str | Path | None = None,
+    limit: int | None = None,
+    judges: dict[str, Any] | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Run the deployed guard chain on the artifact's held-out questions.
+
+    Args:
+        artifact_path: the artifact directory.
+        guard_config: the :class:`GuardConfig` to deploy with (default participation 0.8).
+        model: an already loaded chat model (else loaded from the artifact's config).
+        out: if given, ``live.json`` is written there.
+        limit: only the first N held-out questions (calibration ones first).
+        judges: judges per question kind (default: the artifact's judge, cached).
+        progress: progress bar.
+
+    Returns:
+        ``{"summary": ..., "rows": [...], "guarantee": ...}``.
+    """
+    artifact = GuardArtifact.load(artifact_path)
+    cfg = CalibrationConfig(**artifact.metadata.get("config", {}))
+    if model is None:
+        model = load_model(cfg)
+    chain, guard, artifact = load_guard_chain(artifact_path, guard_config, model=model)
+    _, items, _ = artifact_items(artifact)
+    if limit is not None:
+        items = items[:limit]
+    cal_ids = list(artifact.metadata.get("calibration_ids", []))
+    stored_cal = dict(zip(cal_ids, artifact.scores.tolist(), strict=True))
+    cache_dir = Path(artifact.metadata.get("cache_dir") or resolve_cache_dir("guard", cfg))
+    store = RunStore(cache_dir / "run.sqlite")
+    fingerprint = str(getattr(model, "fingerprint", "unknown"))
+    cached = generate_answers(
+        model, items, store, cfg, fingerprint=fingerprint, progress=False, batch_size=1
+    )
+    test_items = [it for it in items if it.id not in stored_cal]
+    replayed = replay_as_deployed(artifact.scorer.prepare(model), test_items, cached, cfg)
+    stored = dict(stored_cal)
+    stored.update(
+        zip(
+            [it.id for it in test_items],
+            artifact.scorer.score_many(replayed).tolist(),
+            strict=True,
+        )
+    )
+    threshold = guard.threshold
+    live_answers: dict[str, dict[str, Any]] = {}
+    rows = []
+    for it in tqdm(items, desc="live", disable=not progress, unit="q"):
+        msg = chain.invoke({"question": it.prompt_text()})
+        info = msg.response_metadata["abstention"]
+        meta = _generated(msg)
+        withheld = msg.response_metadata.get("withheld_response") or {}
+        live_answers[it.id] = {"text": str(withheld.get("content", msg.content))}
+        rows.append(
+            {
+                "id": it.id,
+                "split": "calibration" if it.id in stored_cal else "test",
+                "question": it.question,
+                "answer": live_answers[it.id]["text"],
+                "live_score": info["score"],
+                "stored_score": stored[it.id],
+                "stored_answers": bool(stored[it.id] <= threshold),
+                "abstained": bool(info["abstained"]),
+                "same_tokens": list(meta.get("token_ids", []))
+                == list(cached[it.id]["metadata"]["token_ids"]),
+            }
+        )
+    if judges is None:
+        judges = build_judges(cfg, cache_dir / "judgments.sqlite")
+    verdicts = judge_answers(judges, items, live_answers, progress=False)
+    for row in rows:
+        row["correct"] = verdicts[row["id"]]["correct"]
+    rule = guard.decision_rule
+    result = {
+        "artifact": str(artifact_path),
+        "threshold": threshold,
+        "mode": rule.mode,
+        "target": rule.target,
+        "guarantee": rule.guarantee,
+        "summary": summarize_live(rows, rule.guarantee),
+        "rows": rows,
+    }
+    if out is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "live.json").write_text(json.dumps(result, indent=2, default=str))
+    return result

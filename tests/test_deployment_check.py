@@ -87,7 +87,7 @@ def test_live_scores_equal_stored_scores(
 def test_evaluation_uses_the_artifacts_ids_and_refuses_changed_data(
     calibrated: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    tmp, data = calibrated
+    tmp, _ = calibrated
     art = GuardArtifact.load(tmp / "geo")
     _, held, _ = artifact_items(art)
     assert [it.id for it in held] == art.metadata["calibration_ids"] + art.metadata["test_ids"]

@@ -16,6 +16,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 
 from abstain_guard import AbstentionMiddleware, GuardArtifact, GuardConfig, PerplexityScorer
+from abstain_guard.deployment import DeploymentRecord, PromptRecord
 from abstain_guard.errors import ArtifactMismatchError
 
 CONFIDENT = [-0.01, -0.02]
@@ -105,3 +106,47 @@ def test_middleware_from_artifact_path(artifact: GuardArtifact, tmp_path: Path) 
     path = artifact.save(tmp_path / "guard")
     mw = AbstentionMiddleware(path)
     assert mw.artifact.n == artifact.n and mw.config == GuardConfig()
+
+
+AGENT_PROMPT = "You answer questions about capitals."
+
+
+def _recorded_artifact(artifact: GuardArtifact, system_prompt: str) -> GuardArtifact:
+    record = DeploymentRecord(
+        model_fingerprint="m-1",
+        prompts={"open": PromptRecord(system_prompt=system_prompt, max_new_tokens=24)},
+    )
+    meta = {**artifact.metadata, "deployment": record.to_json()}
+    return GuardArtifact(artifact.scorer, artifact.scores, artifact.correct, "m-1", meta)
+
+
+def _agent_with(artifact: GuardArtifact, model: QueueChatModel, tools: list, **cfg: Any) -> Any:
+    mw = AbstentionMiddleware(artifact, config=GuardConfig(**cfg))
+    return create_agent(model, tools=tools, system_prompt=AGENT_PROMPT, middleware=[mw])
+
+
+def test_agent_system_prompt_and_tools_must_match_calibration(artifact: GuardArtifact) -> None:
+    ask = {"messages": [HumanMessage("Capital of Peru?")]}
+    other_prompt = _recorded_artifact(artifact, "Answer with only the answer.")
+    model = QueueChatModel(queue=[("Lima.", CONFIDENT, [])], fingerprint="m-1")
+    with pytest.raises(ArtifactMismatchError, match="system prompt"):
+        _agent_with(other_prompt, model, []).invoke(ask)
+    assert model.calls == 0  # refused before the model ran
+    same_prompt = _recorded_artifact(artifact, AGENT_PROMPT)
+    with pytest.raises(ArtifactMismatchError, match="capital_lookup"):
+        _agent_with(same_prompt, model, [capital_lookup]).invoke(ask)
+
+
+def test_agent_mismatch_opt_in_is_recorded(artifact: GuardArtifact) -> None:
+    ask = {"messages": [HumanMessage("Capital of Peru?")]}
+    model = QueueChatModel(queue=[("Lima.", CONFIDENT, [])], fingerprint="m-1")
+    art = _recorded_artifact(artifact, AGENT_PROMPT)
+    handler = CustomEvents()
+    result = _agent_with(art, model, [capital_lookup], on_mismatch="warn").invoke(
+        ask, config={"callbacks": [handler]}
+    )
+    warnings = result["messages"][-1].response_metadata["abstention"]["guarantee"]["warnings"]
+    assert any("agent request" in w and "capital_lookup" in w for w in warnings)
+    # the scripted model records no generation settings: that is reported too
+    assert any("cannot be checked" in w for w in warnings)
+    assert any("capital_lookup" in w for w in handler.events[0][1]["guarantee"]["warnings"])

@@ -27,6 +27,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         "scorer": args.scorer,
         "judge": args.judge,
         "cache_dir": args.cache_dir,
+        "system_prompt": args.system_prompt,
     }
     if args.config:
         config = CalibrationConfig.from_file(args.config, **overrides)
@@ -144,6 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--scorer", help="scorer for the guard (default: geometry)")
     cal.add_argument("--judge", help="judge name (default: lexical)")
     cal.add_argument("--cache-dir", help="run cache (default: '<out>.cache')")
+    cal.add_argument(
+        "--system-prompt",
+        help="the system prompt the deployment will run with (recorded in the artifact; the "
+        "guard refuses another one)",
+    )
     cal.add_argument("--quiet", action="store_true", help="no progress bars")
     cal.set_defaults(func=_calibrate)
 

@@ -28,7 +28,17 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy import stats
 
-from abstain_guard.calibration.metrics import auprc, auroc, check_labels, check_scores, prr
+from abstain_guard.calibration.metrics import (
+    INTERVAL_METRICS,
+    auprc,
+    auroc,
+    bootstrap_draws,
+    bootstrap_intervals,
+    check_labels,
+    check_scores,
+    percentile_interval,
+    prr,
+)
 from abstain_guard.errors import InsufficientDataError, InvalidInputError
 
 __all__ = [
@@ -384,9 +394,24 @@ def _check_nan_policy(nan_policy: str) -> None:
 
 
 def _within_group(
-    s: NDArray[np.float64], y: NDArray[np.int64], groups: NDArray[Any]
+    s: NDArray[np.float64],
+    y: NDArray[np.int64],
+    groups: NDArray[Any],
+    n_boot: int = 0,
+    confidence: float = 0.95,
+    seed: int = 0,
 ) -> dict[str, Any]:
+    """Within-type AUROC of scores ``s [n]``, labels ``y [n]``, question types ``groups [n]``.
+
+    With ``n_boot > 0`` each used group gets ``auroc_ci`` and the plain mean ``mean_auroc_ci``:
+    every bootstrap resample resamples the correct and the incorrect answers *within each
+    group* (group sizes and class counts kept), the mean over groups is taken per resample, and
+    its percentiles form the interval. Groups are resampled in sorted order from one
+    Generator seeded with ``seed``.
+    """
     per_group: dict[str, dict[str, Any]] = {}
+    draws: list[NDArray[np.float64]] = []
+    rng = np.random.default_rng(seed)
     skipped: dict[str, str] = {}
     has_group = np.array([v is not None for v in groups.tolist()], dtype=bool)
     names = groups.astype(str)
@@ -403,16 +428,26 @@ def _within_group(
         per_group[g] = {
             "auroc": auroc(s[mask], yg),
             "n": int(yg.size),
+            "n_correct": int(yg.sum()),
+            "n_incorrect": int(yg.size - yg.sum()),
             "accuracy": float(yg.mean()),
         }
+        if n_boot > 0:
+            d = bootstrap_draws(s[mask], yg, ("auroc",), n_boot=n_boot, seed=rng)["auroc"]
+            per_group[g]["auroc_ci"] = list(percentile_interval(d, confidence))
+            draws.append(d)
     aurocs = np.array([v["auroc"] for v in per_group.values()])
     sizes = np.array([v["n"] for v in per_group.values()], dtype=np.float64)
+    ci = list(percentile_interval(np.mean(draws, axis=0), confidence)) if draws else None
     return {
         "groups": per_group,
+        "n_correct": sum(v["n_correct"] for v in per_group.values()),
+        "n_incorrect": sum(v["n_incorrect"] for v in per_group.values()),
         "skipped_groups": skipped,
         "n_groups_used": len(per_group),
         "n_without_group": int((~has_group).sum()),
         "mean_auroc": float(aurocs.mean()) if aurocs.size else float("nan"),
+        "mean_auroc_ci": ci,
         "weighted_mean_auroc": (
             float((aurocs * sizes).sum() / sizes.sum()) if aurocs.size else float("nan")
         ),
@@ -424,6 +459,9 @@ def scorer_table(
     correct: ArrayLike,
     groups: ArrayLike | None = None,
     nan_policy: Literal["raise", "omit"] = "raise",
+    n_boot: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
 ) -> dict[str, dict[str, Any]]:
     """Ranking metrics of every scorer on the same labeled responses.
 
@@ -434,17 +472,28 @@ def scorer_table(
             ``--group-by`` field). Then each scorer's entry also has ``within_group``: AUROC
             inside every group that has both classes (one-class groups listed in
             ``skipped_groups`` with the reason), their plain ``mean_auroc`` (the within-type
-            figure) and the size-weighted mean.
+            figure) with its interval ``mean_auroc_ci``, the size-weighted mean (no interval),
+            and ``n_correct`` / ``n_incorrect`` of the groups used.
         nan_policy: ``"raise"`` on NaN scores, or ``"omit"`` to drop those responses for that
             scorer (the entry's ``n_omitted`` says how many); under ``"omit"`` a scorer left
             with too little data (e.g. all NaN, or one class) gets ``{"n", "n_omitted",
             "error"}`` instead of metrics.
+        n_boot: bootstrap resamples for the intervals (0: no intervals).
+        confidence: interval level.
+        seed: bootstrap seed. Scorers with the same responses get the same resamples (a
+            paired bootstrap), so their intervals move together.
 
     Returns:
-        scorer → ``{"auroc", "auprc", "auprc_incorrect", "prr", "n", "n_omitted", "accuracy"}``
-        (+ ``"within_group"`` when ``groups`` is given).
+        scorer → ``{"auroc", "auprc", "auprc_incorrect", "prr", "n", "n_omitted",
+        "n_correct", "n_incorrect", "accuracy"}``, with ``n_boot > 0`` also
+        ``"auroc_ci"``, ``"auprc_ci"``, ``"auprc_incorrect_ci"``, ``"prr_ci"``: ``[low, high]``
+        percentile bootstrap intervals, class-stratified (see
+        :func:`abstain_guard.calibration.metrics.bootstrap_draws`); + ``"within_group"`` when
+        ``groups`` is given (with ``mean_auroc_ci``, see :func:`_within_group`).
     """
     _check_nan_policy(nan_policy)
+    if int(n_boot) < 0:
+        raise InvalidInputError(f"n_boot must be 0 (no intervals) or more, got {n_boot}.")
     if not scores_by_scorer:
         raise InvalidInputError("scores_by_scorer is empty; pass at least one scorer's scores.")
     y = check_labels(correct)
@@ -467,9 +516,22 @@ def scorer_table(
             # Under 'omit' one broken scorer must not sink the whole table: record why.
             table[name] = {**counts, "error": str(exc)}
             continue
-        entry.update(counts, accuracy=float(y[keep].mean()))
+        n_correct = int(y[keep].sum())
+        entry.update(
+            counts,
+            n_correct=n_correct,
+            n_incorrect=counts["n"] - n_correct,
+            accuracy=float(y[keep].mean()),
+        )
+        if n_boot > 0:
+            intervals = bootstrap_intervals(
+                s[keep], y[keep], INTERVAL_METRICS, n_boot=n_boot, confidence=confidence, seed=seed
+            )
+            entry.update({f"{m}_ci": list(lo_hi) for m, lo_hi in intervals.items()})
         if g_arr is not None:
-            entry["within_group"] = _within_group(s[keep], y[keep], g_arr[keep])
+            entry["within_group"] = _within_group(
+                s[keep], y[keep], g_arr[keep], n_boot, confidence, seed
+            )
         table[name] = entry
     return table
 
@@ -756,10 +818,20 @@ def _scorer_entries(
     nan_policy: Literal["raise", "omit"],
     progress: bool,
     desc: str,
+    n_boot: int,
+    confidence: float,
 ) -> dict[str, dict[str, Any]]:
     from tqdm.auto import tqdm
 
-    table = scorer_table(scores_by_scorer, y, groups=groups, nan_policy=nan_policy)
+    table = scorer_table(
+        scores_by_scorer,
+        y,
+        groups=groups,
+        nan_policy=nan_policy,
+        n_boot=n_boot,
+        confidence=confidence,
+        seed=seed,
+    )
     for name in tqdm(list(scores_by_scorer), desc=desc, disable=not progress, leave=False):
         if "error" in table[name]:
             continue
@@ -791,6 +863,8 @@ def evaluate_dataset(
     seed: int = 0,
     nan_policy: Literal["raise", "omit"] = "raise",
     progress: bool = False,
+    n_boot: int = 2000,
+    confidence: float = 0.95,
 ) -> dict[str, Any]:
     """Everything the report shows for one data set, as a JSON-ready dict.
 
@@ -803,17 +877,22 @@ def evaluate_dataset(
         importance: optional permutation importance (Figure 9), see :func:`validate_importance`.
         calibrated_scores_by_scorer: optional scores of the calibrated baselines (appendix
             tables), evaluated exactly like the raw scorers.
-        levels, n_resplits, calibration_fraction, seed: the resplit simulation.
+        levels, n_resplits, calibration_fraction, seed: the resplit simulation (``seed`` also
+            seeds the bootstrap).
         nan_policy: see :func:`scorer_table`.
         progress: show a tqdm bar over scorers.
+        n_boot, confidence: bootstrap intervals of the ranking metrics (``n_boot=0``: none);
+            see :func:`scorer_table`.
 
     Returns:
-        ``{"name", "n", "n_correct", "accuracy", "levels", "scorers": {scorer: {"auroc",
-        "auprc", "auprc_incorrect", "prr", "n", "n_omitted", "accuracy",
-        "participation": {level_key: {...}}, "resplit": {...}}}, "calibrated_scorers":
-        {...} | None, "within_group": {scorer: {...}} | None, "n_groups": int | None,
-        "hypothesis": {...} | None, "importance": {...} | None}``. Participation summaries are
-        described in :func:`resplit_simulation`.
+        ``{"name", "n", "n_correct", "n_incorrect", "accuracy", "levels", "bootstrap",
+        "scorers": {scorer: {"auroc", "auroc_ci", "auprc", "auprc_ci", "auprc_incorrect",
+        "auprc_incorrect_ci", "prr", "prr_ci", "n", "n_omitted", "n_correct", "n_incorrect",
+        "accuracy", "participation": {level_key: {...}}, "resplit": {...}}},
+        "calibrated_scorers": {...} | None, "within_group": {scorer: {...}} | None,
+        "n_groups": int | None, "hypothesis": {...} | None, "importance": {...} | None}``.
+        ``bootstrap`` records how the intervals were made (``None`` when ``n_boot=0``).
+        Participation summaries are described in :func:`resplit_simulation`.
     """
     _check_nan_policy(nan_policy)
     y = check_labels(correct)
@@ -829,6 +908,8 @@ def evaluate_dataset(
         nan_policy,
         progress,
         f"{name}: scorers",
+        n_boot,
+        confidence,
     )
     calibrated = None
     if calibrated_scores_by_scorer:
@@ -843,6 +924,8 @@ def evaluate_dataset(
             nan_policy,
             progress,
             f"{name}: calibrated",
+            n_boot,
+            confidence,
         )
     within = None
     n_groups = None
@@ -858,8 +941,19 @@ def evaluate_dataset(
         "name": name,
         "n": int(y.size),
         "n_correct": int(y.sum()),
+        "n_incorrect": int(y.size - y.sum()),
         "accuracy": float(y.mean()),
         "levels": [level_key(v) for v in lv],
+        "bootstrap": (
+            {
+                "n_boot": int(n_boot),
+                "confidence": float(confidence),
+                "seed": seed,
+                "method": "percentile, resampling correct and incorrect answers separately",
+            }
+            if n_boot > 0
+            else None
+        ),
         "scorers": scorers,
         "calibrated_scorers": calibrated,
         "within_group": within,

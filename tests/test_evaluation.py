@@ -23,6 +23,7 @@ from abstain_guard.calibration.evaluation import (
     scorer_table,
     validate_importance,
 )
+from abstain_guard.calibration.metrics import auroc_interval, bootstrap_intervals
 from abstain_guard.errors import InsufficientDataError, InvalidInputError
 
 
@@ -341,3 +342,50 @@ def test_evaluate_dataset_layout() -> None:
         build_results([entry, entry])
     one = evaluate_scores({"g": s}, y, name="d", n_resplits=10)
     assert one["datasets"]["d"]["scorers"]["g"]["resplit"]["n_resplits"] == 10
+
+
+def test_intervals_and_counts_in_the_results() -> None:
+    s, y = _synthetic(120, seed=21)
+    rng = np.random.default_rng(3)
+    groups = rng.choice(["x", "y", "z"], size=120)
+    entry = evaluate_dataset(
+        "toy",
+        {"geometry": s, "noise": rng.normal(size=120)},
+        y,
+        groups=groups,
+        calibrated_scores_by_scorer={"noise": rng.normal(size=120)},
+        n_resplits=20,
+    )
+    assert entry["n_correct"] == int(y.sum()) and entry["n_incorrect"] == int((1 - y).sum())
+    assert entry["bootstrap"]["n_boot"] == 2000 and entry["bootstrap"]["confidence"] == 0.95
+    for sc in (*entry["scorers"].values(), *entry["calibrated_scorers"].values()):
+        assert sc["n_correct"] + sc["n_incorrect"] == sc["n"] == 120
+        for m in ("auroc", "auprc", "auprc_incorrect", "prr"):
+            lo, hi = sc[f"{m}_ci"]
+            assert lo <= sc[m] <= hi, m
+    geo = entry["scorers"]["geometry"]
+    assert tuple(geo["auroc_ci"]) == auroc_interval(s, y, seed=0)
+    assert geo["auroc_ci"][0] > 0.5  # a real signal: the interval excludes chance
+    wg = entry["within_group"]["geometry"]
+    lo, hi = wg["mean_auroc_ci"]
+    assert lo <= wg["mean_auroc"] <= hi
+    for g in wg["groups"].values():
+        assert g["auroc_ci"][0] <= g["auroc"] <= g["auroc_ci"][1]
+    assert wg["n_correct"] + wg["n_incorrect"] == sum(g["n"] for g in wg["groups"].values())
+    # The within-type interval is wider than the pooled one (each group has fewer answers).
+    assert hi - lo > geo["auroc_ci"][1] - geo["auroc_ci"][0]
+
+
+def test_intervals_can_be_switched_off_and_follow_nan_policy() -> None:
+    s, y = _synthetic(60, seed=22)
+    off = evaluate_dataset("d", {"s": s}, y, n_resplits=5, n_boot=0)
+    assert off["bootstrap"] is None and "auroc_ci" not in off["scorers"]["s"]
+    with_nan = s.copy()
+    with_nan[[1, 7]] = np.nan
+    on = evaluate_dataset("d", {"s": with_nan}, y, n_resplits=5, nan_policy="omit", n_boot=300)
+    sc = on["scorers"]["s"]
+    expected = bootstrap_intervals(with_nan, y, n_boot=300, nan_policy="omit")
+    assert {m: tuple(sc[f"{m}_ci"]) for m in expected} == expected
+    assert sc["n_correct"] + sc["n_incorrect"] == 58
+    with pytest.raises(InvalidInputError, match="n_boot"):
+        scorer_table({"s": s}, y, n_boot=-1)

@@ -11,12 +11,16 @@ import pytest
 
 from abstain_guard.calibration.evaluation import build_results, evaluate_dataset
 from abstain_guard.calibration.report import (
+    COUNTS_ROW,
     calibrated_table_markdown,
     guarantee_table_markdown,
+    headline_markdown,
     jsonable,
     results_table_markdown,
+    shortfalls,
     write_report,
 )
+from abstain_guard.cli import main
 from abstain_guard.errors import InvalidInputError
 
 
@@ -161,3 +165,134 @@ def test_jsonable_and_bad_input(tmp_path: Path) -> None:
     }
     with pytest.raises(InvalidInputError, match="datasets"):
         write_report({"scorers": {}}, tmp_path)
+
+
+# --- intervals, counts, bold rule, old results files -----------------------------------
+
+INTERVAL = re.compile(r"(\*\*)?-?\d\.\d\d(\*\*)? \[-?\d\.\d\d, -?\d\.\d\d\]")
+
+
+def _sc(auroc: float, ci: list[float] | None, n_correct: int = 10, n_incorrect: int = 30) -> dict:
+    entry = {
+        "auroc": auroc,
+        "n": n_correct + n_incorrect,
+        "n_correct": n_correct,
+        "n_incorrect": n_incorrect,
+        "accuracy": n_correct / (n_correct + n_incorrect),
+    }
+    if ci is not None:
+        entry["auroc_ci"] = ci
+    return entry
+
+
+def _doc(columns: dict[str, dict[str, dict]]) -> dict:
+    return {
+        "datasets": {
+            d: {
+                "name": d,
+                "n": 40,
+                "n_correct": 10,
+                "n_incorrect": 30,
+                "accuracy": 0.25,
+                "bootstrap": {"n_boot": 2000, "confidence": 0.95},
+                "scorers": scorers,
+            }
+            for d, scorers in columns.items()
+        }
+    }
+
+
+def _row(table: str, name: str) -> str:
+    return next(line for line in table.splitlines() if line.startswith(f"| {name} |"))
+
+
+def _cells(table: str, name: str) -> list[str]:
+    """The cells of a row, the scorer's name first."""
+    return _row(table, name).strip("| ").split(" | ")
+
+
+def test_bold_only_when_the_interval_lies_above_chance() -> None:
+    doc = _doc(
+        {
+            # best interval includes 0.5: no bold anywhere in the column
+            "includes": {"ours": _sc(0.62, [0.45, 0.78]), "other": _sc(0.55, [0.40, 0.70])},
+            # best interval above 0.5: bold, and only the number
+            "above": {"ours": _sc(0.81, [0.70, 0.90]), "other": _sc(0.60, [0.52, 0.68])},
+            # every interval wholly below 0.5 excludes chance but is a backwards ranking
+            "below": {"ours": _sc(0.30, [0.20, 0.40]), "other": _sc(0.35, [0.25, 0.45])},
+        }
+    )
+    table = results_table_markdown(doc, "auroc")
+    ours, other = _cells(table, "ours"), _cells(table, "other")
+    assert ours[1] == "0.62 [0.45, 0.78]" and "**" not in other[1]
+    assert ours[2] == "**0.81** [0.70, 0.90]" and other[2] == "0.60 [0.52, 0.68]"
+    assert "**" not in ours[3] and "**" not in other[3]
+    assert _row(table, COUNTS_ROW) == f"| {COUNTS_ROW} | 10 / 30 | 10 / 30 | 10 / 30 |"
+    assert table.strip().splitlines()[-1].startswith(f"| {COUNTS_ROW} |")  # the last row
+    lost = shortfalls(doc)
+    assert any("includes:" in line and "includes chance" in line for line in lost)
+    assert any("below:" in line and "other 0.35 [0.25, 0.45] above ours" in line for line in lost)
+    assert any("below:" in line and "lies below chance" in line for line in lost)
+    assert any("below: no score's interval lies above chance" in line for line in lost)
+    assert not any(line.startswith("- above:") for line in lost)
+
+
+def test_cells_on_other_answers_show_their_counts() -> None:
+    doc = _doc({"d": {"ours": _sc(0.8, [0.7, 0.9]), "few": _sc(0.7, [0.6, 0.8], 9, 28)}})
+    table = results_table_markdown(doc, "auroc")
+    assert _row(table, "few").endswith("0.70 [0.60, 0.80] (9 / 28) |")
+    assert "(" not in _row(table, "ours")
+
+
+def test_headline_in_report_and_headline_md(results: dict, tmp_path: Path) -> None:
+    path = write_report(results, tmp_path)
+    md = path.read_text(encoding="utf-8")
+    headline = (tmp_path / "headline.md").read_text(encoding="utf-8")
+    assert headline == headline_markdown(results) and headline in md
+    table = results_table_markdown(results, "auroc")
+    assert table in headline
+    for s in ("geometry", "perplexity"):
+        assert len(INTERVAL.findall(_row(table, s))) == 2
+    nq = results["datasets"]["NQ-open"]
+    assert f"| {nq['n_correct']} / {nq['n_incorrect']} |" in _row(table, COUNTS_ROW)
+    assert "95 % percentile bootstrap interval (2000 resamples" in headline
+    # Every ranking table carries intervals, the calibrated ones too.
+    for metric in ("auprc", "prr", "within_group_auroc"):
+        assert INTERVAL.search(_row(results_table_markdown(results, metric), "geometry"))
+    assert INTERVAL.search(calibrated_table_markdown(results, "auroc"))
+
+
+def _strip_new_fields(obj):
+    """A results document as written before intervals and n_incorrect existed."""
+    if isinstance(obj, dict):
+        return {
+            k: v if k == "hypothesis" else _strip_new_fields(v)  # its counts are not new
+            for k, v in obj.items()
+            if not k.endswith("_ci") and k not in ("n_incorrect", "bootstrap")
+        }
+    if isinstance(obj, list):
+        return [_strip_new_fields(v) for v in obj]
+    return obj
+
+
+def test_old_results_without_intervals_still_render(results: dict, tmp_path: Path) -> None:
+    new = json.loads(json.dumps(jsonable(results)))
+    old = _strip_new_fields(new)
+    old["datasets"]["NQ-open"]["name"] = "NQ-open (old)"
+    old_path, new_path = tmp_path / "old.json", tmp_path / "new.json"
+    old_path.write_text(json.dumps({**old, "datasets": {"a": old["datasets"]["NQ-open"]}}))
+    new_path.write_text(json.dumps({**new, "datasets": {"b": new["datasets"]["SciQ"]}}))
+    # The merged report (abstain-guard report --results old.json new.json).
+    assert main(["report", "--results", str(old_path), str(new_path), "--out", str(tmp_path)]) == 0
+    headline = (tmp_path / "headline.md").read_text(encoding="utf-8")
+    assert headline in (tmp_path / "report.md").read_text(encoding="utf-8")
+    geo = _cells(headline, "geometry")
+    assert re.fullmatch(r"\d\.\d\d", geo[1])  # old: point estimate only, never bold
+    assert INTERVAL.fullmatch(geo[2])  # new: with its interval
+    nq = results["datasets"]["NQ-open"]
+    assert f"| {nq['n_correct']} / {nq['n'] - nq['n_correct']} |" in _row(headline, COUNTS_ROW)
+    assert "No intervals for NQ-open (old)" in headline
+    # A document with no intervals at all renders too, without brackets or bold.
+    only_old = results_table_markdown(old, "auroc")
+    assert "[" not in only_old and "**" not in only_old
+    assert "No intervals" in headline_markdown(old)

@@ -57,6 +57,7 @@ from abstain_guard.calibration.judges_lexical import (
     LexicalJudge,
     NumericJudge,
     extract_final_number,
+    refusal_of,
     usable_aliases,
 )
 from abstain_guard.calibration.judges_text import (
@@ -90,6 +91,7 @@ __all__ = [
     "hedge_alternatives",
     "make_judge",
     "normalize_answer",
+    "refusal_of",
     "refusal_phrase",
     "summarize_judgments",
     "token_f1",
@@ -129,6 +131,8 @@ class SimilarityJudge(Judge):
     """
 
     name = "similarity"
+    #: 2: refusals are incorrect whatever their similarity ("I have no comment." to itself).
+    version: ClassVar[int] = 2
 
     def __init__(
         self,
@@ -159,7 +163,7 @@ class SimilarityJudge(Judge):
             model = DEFAULT_SIMILARITY_NAME
         else:
             model = str(self.model_path)
-        return {"model": model, "threshold": self.threshold}
+        return {"model": model, "threshold": self.threshold, "version": self.version}
 
     def _load(self) -> Any:
         with self._lock:
@@ -227,6 +231,9 @@ class SimilarityJudge(Judge):
             raise JudgeError(f"no gold answers for {question[:60]!r}")
         if not prediction.strip():
             return Judgment(False, 0.0, "empty prediction")
+        refused = _refused(golds, prediction)
+        if refused is not None:
+            return refused
         return self._verdict(self.scores([(prediction, golds)])[0], len(golds))
 
     def iter_judge_many(
@@ -244,14 +251,15 @@ class SimilarityJudge(Judge):
             for i, _p, golds in todo:
                 if not golds:
                     raise JudgeError(f"no gold answers for input {i}")
-            scorable = [(i, p, g) for i, p, g in todo if p.strip()]
+            refusals = {i: r for i, p, g in todo if p.strip() and (r := _refused(g, p))}
+            scorable = [(i, p, g) for i, p, g in todo if p.strip() and i not in refusals]
             values = self.scores([(p, g) for _, p, g in scorable]) if scorable else []
             by_index = {i: v for (i, _, _), v in zip(scorable, values, strict=True)}
             for i, _p, golds in todo:
                 if i in by_index:
                     yield i, self._verdict(by_index[i], len(golds))
                 else:
-                    yield i, Judgment(False, 0.0, "empty prediction")
+                    yield i, refusals.get(i) or Judgment(False, 0.0, "empty prediction")
 
 
 # --- LLM judges ---------------------------------------------------------------------------
@@ -372,7 +380,8 @@ class LLMJudge(Judge):
 
     name = "llm"
     concurrent = True
-    #: Bumped whenever reply parsing changes verdicts (2: cut-off JSON, negated verdict words).
+    #: Bumped whenever verdicts change (2: refusals are incorrect without asking the model; a
+    #: cut-off JSON reply is read by its field; negated verdict words are flipped).
     version: ClassVar[int] = 2
 
     def __init__(
@@ -452,6 +461,9 @@ class LLMJudge(Judge):
             if choices
             else ""
         )
+        refused = _refused(gold_answers, prediction)
+        if refused is not None:  # no need to ask the model
+            return refused
         inputs = {
             "question": question,
             "gold": " | ".join(gold_answers),
@@ -466,6 +478,14 @@ class LLMJudge(Judge):
             )
             return Judgment(None, None, f"no judgment after {self.retries} tries: {exc!r}"[:300])
         return Judgment(verdict.correct, float(verdict.correct), verdict.rationale or "")
+
+
+def _refused(gold_answers: Sequence[str], prediction: str) -> Judgment | None:
+    """The refusal verdict (incorrect, flagged) when the prediction refuses and names no gold
+    alias outside the refusal phrase (:func:`refusal_of`), else None. Every judge applies it
+    first, so a refusal is incorrect and counted whichever judge decides."""
+    phrase = refusal_of(prediction, gold_answers)
+    return None if phrase is None else Judgment(False, 0.0, f"refusal ({phrase!r})", refusal=True)
 
 
 def _with_retry(runnable: Any, retries: int, initial: float, maximum: float) -> Any:
@@ -545,9 +565,12 @@ class PaperPipelineJudge(Judge):
     the paper) and flipped to correct only if **all** say correct. A stage-2 judge that could
     not judge (None) makes the result None (excluded and counted), unless another stage-2
     judge already said incorrect — then no verdict could flip it and it stays incorrect.
+    A refusal (:func:`refusal_of`) is incorrect (flagged ``refusal``) before any stage runs.
     """
 
     name = "paper"
+    #: 2: a refusal is incorrect before any stage runs.
+    version: ClassVar[int] = 2
     concurrent = True
 
     def __init__(
@@ -570,6 +593,7 @@ class PaperPipelineJudge(Judge):
             "similarity": self.similarity.identity,
             "judges": "[" + ", ".join(j.identity for j in self.judges) + "]",
             "rewriter": None if self.rewriter is None else self.rewriter.identity,
+            "version": self.version,
         }
 
     def _statements(
@@ -611,11 +635,8 @@ class PaperPipelineJudge(Judge):
             for k, v in enumerate(verdicts)
         )
         if any(v.correct is False for v in verdicts):
-            return Judgment(
-                False,
-                stage1.score,
-                f"stage 1 rejected ({stage1.rationale}); stage 2 did not agree ({summary})",
-            )
+            why = f"stage 1 rejected ({stage1.rationale}); stage 2 did not agree ({summary})"
+            return Judgment(False, stage1.score, why)
         if any(v.correct is None for v in verdicts):
             return Judgment(None, stage1.score, f"stage 1 rejected; stage 2 incomplete ({summary})")
         return Judgment(
@@ -630,6 +651,9 @@ class PaperPipelineJudge(Judge):
         *,
         choices: Sequence[str] = (),
     ) -> Judgment:
+        refused = _refused(gold_answers, prediction)
+        if refused is not None:
+            return refused
         pred_s, gold_s, note = self._statements(question, gold_answers, prediction)
         first = self.similarity.judge(question, gold_s, pred_s, choices=choices)
         if first.correct:
@@ -639,11 +663,29 @@ class PaperPipelineJudge(Judge):
     def iter_judge_many(
         self, inputs: Sequence[JudgeInput], *, max_concurrency: int = 4
     ) -> Iterator[tuple[int, Judgment]]:
-        """Stage by stage: rewriting (concurrent), similarity (batched), stage 2 on the
-        rejections (concurrent); stage-1 acceptances are yielded as soon as they are known."""
+        """Refusals first, then stage by stage: rewriting (concurrent), similarity (batched),
+        stage 2 on the rejections (concurrent); stage-1 acceptances are yielded as soon as they
+        are known."""
+        unpacked = [_unpack(t) for t in inputs]
+        keep: list[int] = []
+        for i, (_q, gold, pred, _c) in enumerate(unpacked):
+            refused = _refused(gold, pred)
+            if refused is None:
+                keep.append(i)
+            else:
+                yield i, refused
+        for k, judgment in self._stages([unpacked[i] for i in keep], max_concurrency):
+            yield keep[k], judgment
+
+    def _stages(
+        self,
+        unpacked: list[tuple[str, tuple[str, ...], str, tuple[str, ...]]],
+        max_concurrency: int,
+    ) -> Iterator[tuple[int, Judgment]]:
         from langchain_core.runnables import RunnableLambda
 
-        unpacked = [_unpack(t) for t in inputs]
+        if not unpacked:
+            return
         config: Any = {"max_concurrency": max(1, max_concurrency)}
         if self.rewriter is not None:
             rewrite: Runnable[Any, tuple[str, list[str], str]] = RunnableLambda(

@@ -30,6 +30,7 @@ __all__ = [
     "LexicalJudge",
     "NumericJudge",
     "extract_final_number",
+    "refusal_of",
     "usable_aliases",
 ]
 
@@ -52,17 +53,20 @@ def usable_aliases(question: str, gold_answers: Sequence[str]) -> list[Alias]:
     return out
 
 
-def _refusal(prediction: str, aliases: Sequence[Sequence[str]]) -> Judgment | None:
-    """A refusal judgment when the prediction refuses and says nothing else that names a
-    gold alias (TruthfulQA's gold ``"I have no comment."`` is itself a refusal: it is never
-    named outside the refusal phrase)."""
+def refusal_of(prediction: str, gold_answers: Sequence[str]) -> str | None:
+    """The refusal phrase of a prediction that refuses and names no gold alias outside the
+    phrase, else None (TruthfulQA's gold ``"I have no comment."`` is itself a refusal: it is
+    never named outside the refusal phrase). Unusable aliases are ignored, nothing raises:
+    judges that do not match text (LLM judges) use it to flag their refusals."""
+    return _refusal([t for g in gold_answers if (t := alias_tokens(g)) is not None], prediction)
+
+
+def _refusal(aliases: Sequence[Sequence[str]], prediction: str) -> str | None:
     phrase = refusal_phrase(prediction)
     if phrase is None:
         return None
     rest = without_refusals(prediction)
-    if any(mentions_alias(rest, a) for a in aliases):
-        return None
-    return Judgment(False, 0.0, f"refusal ({phrase!r})", refusal=True)
+    return None if any(mentions_alias(rest, a) for a in aliases) else phrase
 
 
 class LexicalJudge(Judge):
@@ -140,9 +144,9 @@ class LexicalJudge(Judge):
         tokens = [t for _, t in aliases]
         if not answer_tokens(prediction):
             return Judgment(False, 0.0, "empty prediction")
-        refused = _refusal(prediction, tokens)
+        refused = _refusal(tokens, prediction)
         if refused is not None:
-            return refused
+            return Judgment(False, 0.0, f"refusal ({refused!r})", refusal=True)
         hedge = hedge_alternatives(prediction, tokens)
         if hedge:
             shown = " | ".join(hedge)[:160]

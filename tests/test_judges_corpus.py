@@ -14,8 +14,12 @@ version 2.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
 
 from abstain_guard.calibration.judge_cache import CachedJudge, JudgmentCache, content_key
 from abstain_guard.calibration.judges import (
@@ -23,7 +27,10 @@ from abstain_guard.calibration.judges import (
     Judge,
     Judgment,
     LexicalJudge,
+    LLMJudge,
     NumericJudge,
+    PaperPipelineJudge,
+    SimilarityJudge,
     summarize_judgments,
 )
 from abstain_guard.errors import DatasetError
@@ -299,3 +306,46 @@ def test_numeric_judge_flags_refusals_without_changing_verdicts() -> None:
     assert j.judge("q", ["18"], "I don't know.").refusal is True
     assert j.judge("q", ["18"], "The answer is 18.").correct is True
     assert j.judge("q", ["18"], "no idea, maybe 17").refusal is False  # it gave a number
+
+
+class _NeverCalled(Judge):
+    """A stage judge that fails the test if it is asked anything."""
+
+    name = "never"
+
+    def judge(self, question: str, gold_answers: Any, prediction: str, *, choices: Any = ()) -> Any:
+        raise AssertionError(f"asked to judge {prediction!r}")
+
+
+class _SayYes(BaseChatModel):
+    """A chat model that calls every answer correct and counts its calls."""
+
+    calls: int = 0
+
+    @property
+    def _llm_type(self) -> str:
+        return "say-yes"
+
+    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any) -> Any:
+        self.calls += 1
+        reply = AIMessage(content='{"correct": true, "rationale": "same"}')
+        return ChatResult(generations=[ChatGeneration(message=reply)])
+
+
+def test_model_based_judges_never_call_a_refusal_correct() -> None:
+    """The TruthfulQA failure in the LLM, similarity and paper judges: a refusal is incorrect
+    (flagged) before any model is asked, even when it equals the gold."""
+    item = (TQA, ["I have no comment."], "I have no comment.")
+    chat = _SayYes()
+    llm = LLMJudge(chat, retries=1)
+    j = llm.judge(*item)
+    assert j.refusal and j.correct is False and chat.calls == 0
+    assert llm.judge(PQ, ["Paris"], "Paris").correct is True and chat.calls == 1
+    similarity = SimilarityJudge()  # never loads its model: refusals are decided first
+    assert similarity.judge(*item).refusal
+    assert [j.refusal for j in similarity.judge_many([item, item], progress=False)] == [True] * 2
+    paper = PaperPipelineJudge(_NeverCalled(), [_NeverCalled()])
+    assert paper.judge(*item).refusal
+    out = paper.judge_many([item, (PQ, ["Paris"], "I don't know")], progress=False)
+    assert [j.refusal for j in out] == [True, True]
+    assert summarize_judgments(out)["refusals"] == 2

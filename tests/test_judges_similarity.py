@@ -80,7 +80,7 @@ def test_cross_encoder_path(tmp_path: Path) -> None:
 def test_identity_and_factory_do_not_load() -> None:
     judge = make_judge({"name": "similarity", "threshold": 0.7})
     assert isinstance(judge, SimilarityJudge) and judge._model is None
-    assert judge.identity == "similarity(model='all-MiniLM-L6-v2', threshold=0.7)"
+    assert judge.identity == "similarity(model='all-MiniLM-L6-v2', threshold=0.7, version=2)"
     assert SimilarityJudge().threshold == 0.8
 
 

@@ -8,8 +8,8 @@ Normalisation (:func:`answer_tokens`, :func:`normalize_answer`):
 * Punctuation *inside* a word joins it (``"U.S."`` → ``"us"``, ``"Eiffel-Tower"`` →
   ``"eiffeltower"``, ``"don't"`` → ``"dont"``, ``"AT&T"`` → ``"att"``); a comma between digit
   groups is dropped (``"1,000"`` → ``"1000"``) and a decimal point kept (``"2.5"``). Every
-  other punctuation character (quotes of any kind, slashes, dashes, brackets) separates
-  tokens and ends a *clause*.
+  other punctuation character (quotes of any kind, slashes, dashes, brackets) and symbol
+  (emoji, ``°``) separates tokens and ends a *clause*.
 * CJK ideographs and kana are one token each (those scripts do not separate words).
 * One leading article (``a``/``an``/``the``) is dropped — only at the very start, only when
   something remains, and not when what remains is a single letter (``"A B"``) or a lone
@@ -71,7 +71,9 @@ def _fold(text: str, *, casefold: bool = True) -> str:
 
 
 def _is_punct(ch: str) -> bool:
-    return ch in string.punctuation or unicodedata.category(ch).startswith("P")
+    """Punctuation, and symbols such as emoji and ``°`` (they separate tokens too)."""
+    cat = unicodedata.category(ch)
+    return ch in string.punctuation or cat.startswith("P") or cat == "So"
 
 
 def _is_cjk(ch: str) -> bool:

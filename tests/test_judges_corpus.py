@@ -168,6 +168,7 @@ CORPUS: list[Row] = [
      "CJK characters are tokens"),
     ("lexical", "Capital of Japan?", ("東京",), "京都", (), "incorrect",
      "CJK: the gold's characters must be in order"),
+    ("lexical", PQ, ("Paris",), "Paris🇫🇷", (), "correct", "an emoji separates tokens"),
     ("lexical", "What is the capital of Peru?", ("Lima",), "LIMA!!!", (), "correct",
      "case and trailing punctuation"),
     ("lexical", "Currency of the US?", ("U.S. dollar",), "US dollar", (), "correct",

@@ -1,4 +1,5 @@
-"""Time the vectorised conformal resplit simulation; print the timings as JSON.
+"""Time the vectorised conformal resplit simulation and the bootstrap AUROC interval;
+print the timings as JSON.
 
     .venv/bin/python bench/resplit_speed.py [--sizes 500 2000] [--resplits 1000] [--repeats 5]
 
@@ -18,6 +19,7 @@ import time
 import numpy as np
 
 from abstain_guard.calibration.evaluation import DEFAULT_LEVELS, resplit_simulation
+from abstain_guard.calibration.metrics import auroc_interval
 
 
 def main() -> None:
@@ -38,9 +40,15 @@ def main() -> None:
             t0 = time.perf_counter()
             resplit_simulation(scores, correct, n_resplits=args.resplits, seed=rep)
             times.append(time.perf_counter() - t0)
+        interval_times = []
+        for rep in range(args.repeats):
+            t0 = time.perf_counter()
+            auroc_interval(scores, correct, n_boot=2000, seed=rep)
+            interval_times.append(time.perf_counter() - t0)
         rows.append(
             {
                 "n": n,
+                "auroc_interval_b2000_median_s": statistics.median(interval_times),
                 "n_resplits": args.resplits,
                 "n_levels": len(DEFAULT_LEVELS),
                 "repeats": args.repeats,

@@ -35,6 +35,7 @@ from abstain_guard.calibration.datasets import (
     load_named_dataset,
     split_items,
 )
+from abstain_guard.calibration.judges_base import summarize_judgments
 from abstain_guard.calibration.prompting import (
     MAX_NEW_TOKENS,
     RENDERING,
@@ -125,6 +126,7 @@ class CalibrationSummary:
     scorer: str
     seconds: dict[str, float] = field(default_factory=dict)
     skipped_rows: int = 0
+    judgments: dict[str, int] = field(default_factory=dict)
 
     def to_text(self) -> str:
         """Human-readable multi-line summary."""
@@ -135,6 +137,7 @@ class CalibrationSummary:
             "split sizes   " + ", ".join(f"{k} {v}" for k, v in self.split_sizes.items()),
             "accuracy      " + ", ".join(f"{k} {v:.1%}" for k, v in self.accuracy.items()),
             f"excluded      {self.excluded_judgments} judgments could not be made",
+            "judgments     " + ", ".join(f"{k} {v}" for k, v in self.judgments.items()),
             f"scorer        {self.scorer}",
             "time          " + ", ".join(f"{k} {v:.0f}s" for k, v in self.seconds.items()),
         ]
@@ -308,7 +311,8 @@ def judge_answers(
     max_concurrency: int = 4,
     progress: bool = True,
 ) -> dict[str, dict[str, Any]]:
-    """Judgments ``{item.id: {"correct": bool|None, "score": float|None, "rationale": str}}``.
+    """Judgments ``{item.id: Judgment.to_json()}`` (``correct``: bool or None, ``score``,
+    ``rationale``, ``refusal``).
 
     ``judges`` maps a question kind (``"open"``, ``"choice"``, ``"numeric"``) to its judge
     (see :func:`build_judges`); caching lives in the judges (``CachedJudge``).
@@ -326,7 +330,7 @@ def judge_answers(
             inputs, max_concurrency=max_concurrency, progress=progress
         )
         for it, j in zip(subset, results, strict=True):
-            out[it.id] = {"correct": j.correct, "score": j.score, "rationale": j.rationale}
+            out[it.id] = j.to_json()
     return out
 
 
@@ -483,6 +487,7 @@ def calibrate(
         "split_sizes": {k: len(v) for k, v in labeled.items()},
         "accuracy": accuracy,
         "excluded_judgments": len(excluded),
+        "judgments": summarize_judgments(judgments.values()),
         "cache_dir": str(cache_dir),
         "test_ids": [it.id for it in labeled["test"]],
         "calibration_ids": [it.id for it in labeled["calibration"]],
@@ -508,6 +513,7 @@ def calibrate(
         scorer=cfg.scorer,
         seconds=timings,
         skipped_rows=skipped,
+        judgments=metadata["judgments"],
     )
     (cache_dir / "summary.json").write_text(_json_dumps(asdict(summary)))
     return summary

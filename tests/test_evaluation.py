@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 import warnings
 
 import numpy as np
@@ -156,13 +155,6 @@ def test_infinite_threshold_answers_everything() -> None:
     sim = resplit_simulation(s, y, levels=(0.9,), n_resplits=50)
     lv = sim["levels"]["0.9"]
     assert lv["threshold_infinite"] and lv["empirical_participation"] == 1.0
-
-
-def test_simulation_is_fast() -> None:
-    s, y = _synthetic(500, seed=12)
-    t0 = time.perf_counter()
-    resplit_simulation(s, y, n_resplits=1000)
-    assert time.perf_counter() - t0 < 3.0  # ~0.1 s alone; generous for a shared machine
 
 
 def test_simulation_errors() -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 from scipy.stats import norm
@@ -215,13 +213,6 @@ def test_interval_coverage_binormal() -> None:
         lo, hi = auroc_interval(u, y, n_boot=500, seed=rep)
         hits += lo <= true <= hi
     assert 0.90 <= hits / 200 <= 0.99
-
-
-def test_interval_is_fast() -> None:
-    u, y = _binormal(250, 250, 1.0, np.random.default_rng(4))
-    t0 = time.perf_counter()
-    auroc_interval(u, y, n_boot=2000)
-    assert time.perf_counter() - t0 < 1.0  # ~0.03–0.07 s; generous for a shared machine
 
 
 def test_unstratified_skips_single_class_resamples() -> None:

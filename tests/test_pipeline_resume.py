@@ -104,9 +104,7 @@ def test_calibrate_writes_an_artifact_the_guard_uses(tmp_path: Path, model: Any)
     with pytest.raises(ArtifactMismatchError, match="system prompt"):
         guard.invoke("What is item 3?")
     with pytest.raises(ArtifactMismatchError, match="max_new_tokens=7"):
-        guard.invoke(
-            [("system", "Answer."), ("human", "What is item 3?")], max_new_tokens=7
-        )
+        guard.invoke([("system", "Answer."), ("human", "What is item 3?")], max_new_tokens=7)
 
 
 def test_kill_and_resume_gives_the_same_artifact(tmp_path: Path, model: Any) -> None:

@@ -336,7 +336,12 @@ def evaluate(
         },
     )
     results["headline"] = {
-        e["name"]: {s: round(v["auroc"], 3) for s, v in e["scorers"].items()} for e in entries
+        e["name"]: {
+            s: {"auroc": round(v["auroc"], 3), "auroc_ci": v.get("auroc_ci")}
+            for s, v in e["scorers"].items()
+            if "auroc" in v
+        }
+        for e in entries
     }
     write_report(results, out)
     return results

@@ -23,7 +23,7 @@ ITEMS = [
     ("What is the capital of France?", ["Paris"], "Paris"),
     ("What is the capital of France?", ["Paris"], "Lyon"),
     ("What is the chemical symbol of gold?", ["Au"], "Its symbol is Au."),
-    ("On which continent is Kenya?", ["Africa"], "I don't know."),
+    ("On which continent is Kenya?", ["Africa"], "I don't know."),  # decided without the model
 ]
 
 
@@ -55,7 +55,8 @@ def test_llm_judge_with_the_embedded_model(judge_model: Any) -> None:
             assert "no judgment" in j.rationale
         else:
             assert j.score == float(j.correct)
-    assert any(j.correct is not None for j in out), [j.rationale for j in out]
+    assert any(j.correct is not None for j in out[:3]), [j.rationale for j in out]
+    assert out[3].refusal and out[3].correct is False
     # identities: stable across instances, tied to the model's generation settings
     assert LLMJudge(judge_model, retries=1).identity == judge.identity
     assert "SmolLM2" in judge.identity and "version=2" in judge.identity
@@ -71,9 +72,10 @@ def test_paper_pipeline_with_the_embedded_model(judge_model: Any) -> None:
     paper = build()
     out = paper.judge_many(ITEMS, max_concurrency=2, progress=False)
     assert len(out) == len(ITEMS)
-    for j in out:
+    for j in out[:3]:
         _check(j)
         assert "stage 1" in j.rationale
+    assert out[3].refusal and out[3].correct is False
     assert out[0].correct is True and "stage 1 accepted" in out[0].rationale  # identical texts
     assert build().identity == paper.identity
     assert "similarity(model='all-MiniLM-L6-v2'" in paper.identity

@@ -53,7 +53,7 @@ def _ask(args: argparse.Namespace) -> int:
     from abstain_guard.config import GuardConfig
 
     config = GuardConfig.from_file(args.config) if args.config else None
-    chain, _, _ = load_guard_chain(args.artifact, config)
+    chain, _, _ = load_guard_chain(args.artifact, config, kind=args.kind)
     for question in questions:
         msg = chain.invoke({"question": question})
         info = msg.response_metadata["abstention"]
@@ -156,6 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
     ask = sub.add_parser("ask", help="answer or abstain for questions")
     ask.add_argument("--artifact", default=str(DEFAULT_ARTIFACT), help="artifact directory")
     ask.add_argument("--config", help="guard config (YAML/TOML/JSON): mode, target")
+    ask.add_argument(
+        "--kind",
+        choices=["open", "choice", "numeric"],
+        help="question kind to prompt as (default: the artifact's only kind); choice "
+        "questions must list their lettered options",
+    )
     ask.add_argument("questions", nargs="*", help="questions (default: read stdin lines)")
     ask.set_defaults(func=_ask)
 

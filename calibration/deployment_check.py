@@ -101,8 +101,12 @@ def live_check(
     cfg = CalibrationConfig(**artifact.metadata.get("config", {}))
     if model is None:
         model = load_model(cfg)
-    chain, guard, artifact = load_guard_chain(artifact_path, guard_config, model=model)
     _, items, _ = artifact_items(artifact)
+    chains = {
+        kind: load_guard_chain(artifact_path, guard_config, model=model, kind=kind)[:2]
+        for kind in sorted({it.kind for it in items})
+    }
+    guard = next(iter(chains.values()))[1]
     if limit is not None:
         items = items[:limit]
     cal_ids = list(artifact.metadata.get("calibration_ids", []))
@@ -127,7 +131,7 @@ def live_check(
     live_answers: dict[str, dict[str, Any]] = {}
     rows = []
     for it in tqdm(items, desc="live", disable=not progress, unit="q"):
-        msg = chain.invoke({"question": it.prompt_text()})
+        msg = chains[it.kind][0].invoke({"question": it.prompt_text()})
         info = msg.response_metadata["abstention"]
         meta = _generated(msg)
         withheld = msg.response_metadata.get("withheld_response") or {}

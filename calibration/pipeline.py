@@ -36,6 +36,7 @@ from abstain_guard.calibration.datasets import (
     split_items,
 )
 from abstain_guard.calibration.judges_base import summarize_judgments
+from abstain_guard.calibration.judges_text import alias_tokens
 from abstain_guard.calibration.prompting import (
     MAX_NEW_TOKENS,
     RENDERING,
@@ -176,7 +177,15 @@ def load_items(
     elif named_spec(str(data)) is not None:
         name, root = named_spec(str(data))  # type: ignore[misc]
         items, report = load_named_dataset(name, root)
-        skipped = len(report.skipped)
+        items, bad = split_unjudgeable(items)
+        if bad:  # public data sets carry a few broken golds (NQ-open dev: "---", ")")
+            logger.warning(
+                "%s: skipped %d questions whose gold answers are empty or only articles (%s)",
+                data,
+                len(bad),
+                ", ".join(bad[:10]),
+            )
+        skipped = len(report.skipped) + len(bad)
     else:
         path = Path(data)
         if not path.exists():
@@ -193,11 +202,30 @@ def load_items(
             group_by=config.group_by,
         )
         skipped = len(report.skipped)
+    _, bad = split_unjudgeable(items)
+    if bad:
+        raise DatasetError(
+            f"{len(bad)} questions in {data} have gold answers that are empty or only articles "
+            f"('the', 'a'), so no answer could ever be judged correct: {', '.join(bad[:10])}. "
+            "Give them real gold answers or remove them."
+        )
     if config.limit is not None:
         items = items[: config.limit]
     if not items:
         raise DatasetError(f"No usable questions in {data}.")
     return items, skipped
+
+
+def split_unjudgeable(items: Sequence[QAItem]) -> tuple[list[QAItem], list[str]]:
+    """``(judgeable items, locations of the others)``: an open question whose gold aliases
+    are all empty or only articles can never be judged correct (``source:line`` or id)."""
+    good, bad = [], []
+    for it in items:
+        if it.kind == "open" and not any(alias_tokens(a) is not None for a in it.answers):
+            bad.append(f"{it.source}:{it.line}" if it.line else it.id)
+        else:
+            good.append(it)
+    return good, bad
 
 
 def check_split_sizes(splits: dict[str, list[QAItem]], participation: float) -> None:

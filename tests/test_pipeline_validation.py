@@ -98,3 +98,32 @@ def test_run_store_roundtrip_and_atomic_batches(tmp_path: Path) -> None:
     assert store.count("generation") == 2
     again = RunStore(tmp_path / "run.sqlite")
     assert again.get("generation", "k2") == {"text": "x"}
+
+
+def test_unjudgeable_gold_is_an_error_with_its_line(tmp_path: Path) -> None:
+    rows = [{"question": f"Question {i}?", "answer": f"a{i}"} for i in range(40)]
+    rows[6]["answer"] = "The"
+    rows[17]["answer"] = "---"
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    with pytest.raises(DatasetError, match=r"2 questions .*q\.jsonl:7, .*q\.jsonl:18"):
+        calibrate(path, tmp_path / "out", progress=False)
+    with pytest.raises(DatasetError, match="only articles"):
+        calibrate(
+            [*_items(39), QAItem(id="bad", question="Q?", answers=("the", ""))],
+            tmp_path / "out",
+            progress=False,
+        )
+
+
+def test_named_public_sets_drop_broken_golds_and_count_them(tmp_path: Path) -> None:
+    root = tmp_path / "nq"
+    root.mkdir()
+    rows = [{"question": f"question {i}", "answer": [f"a{i}"]} for i in range(30)]
+    rows[3]["answer"] = ["---"]
+    (root / "NQ-open.dev.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8"
+    )
+    items, skipped = pipeline.load_items(f"nq_open={root}", CalibrationConfig())
+    assert len(items) == 29 and skipped == 1
+    assert all(it.line != 4 for it in items)

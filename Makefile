@@ -38,6 +38,7 @@ default-guard: $(STAMP)
 	$(BIN)/abstain-guard calibrate --data builtin --out abstain_guard/default_guard \
 		--cache-dir runs/default_guard.cache
 	$(BIN)/abstain-guard evaluate --artifact abstain_guard/default_guard --out runs/report-builtin
+	$(BIN)/abstain-guard evaluate --artifact abstain_guard/default_guard --live --out runs/live-builtin
 
 # docs/results: one artifact per data set (calibrated on that data set with the default
 # settings), likelihood baselines on each, P(True) and attention score on the probe set too,
@@ -45,8 +46,8 @@ default-guard: $(STAMP)
 # --baselines (slow on CPU: several seconds per question).
 DATA ?= ../shared/data
 RESULTS_LIMIT ?= 500
-RESULT_SETS ?= triviaqa=$(DATA)/triviaqa_subset sciq=$(DATA)/sciq commonsenseqa=$(DATA)/commonsenseqa \
-               nq_open=$(DATA)/nq_open truthfulqa=$(DATA)/truthfulqa
+RESULT_SETS ?= triviaqa=$(DATA)/triviaqa_subset truthfulqa=$(DATA)/truthfulqa sciq=$(DATA)/sciq \
+               commonsenseqa=$(DATA)/commonsenseqa nq_open=$(DATA)/nq_open
 results: $(STAMP)
 	for spec in $(RESULT_SETS); do \
 		$(BIN)/abstain-guard calibrate --data $$spec --out runs/$${spec%%=*} --limit $(RESULTS_LIMIT) \

@@ -37,22 +37,7 @@ from abstain_guard.errors import ArtifactMismatchError, GuardError, InvalidInput
 from abstain_guard.runnables import find_chat_models
 from abstain_guard.tracing import arecord_decision, record_decision
 
-__all__ = ["AbstentionGuard", "AbstentionPolicy", "model_fingerprint_of"]
-
-
-def model_fingerprint_of(runnable: Any) -> str | None:
-    """The ``fingerprint`` of the last chat model inside ``runnable`` (None if absent).
-
-    For display only: the guard checks *every* chat model
-    (:meth:`AbstentionPolicy.check_models`).
-    """
-    models = find_chat_models(runnable)
-    if not models:
-        return None
-    fp = getattr(models[-1], "fingerprint", None)
-    if callable(fp):
-        fp = fp()
-    return None if fp is None else str(fp)
+__all__ = ["AbstentionGuard", "AbstentionPolicy"]
 
 
 def _as_config(config: GuardConfig | Mapping[str, Any] | None) -> GuardConfig:

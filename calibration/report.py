@@ -172,11 +172,20 @@ def _cell(entry: Mapping[str, Any] | None, metric: str) -> Cell | None:
     return Cell(v, _interval(entry, f"{key}_ci"), _chance(metric, entry), _counts(entry))
 
 
+MIN_CLASS_COUNT = 5
+"""Fewer correct (or incorrect) answers than this and no value is bolded: a stratified
+bootstrap keeps the class counts fixed, so with one correct answer it only resamples the
+incorrect ones and its interval looks narrow while the ranking rests on one answer."""
+
+
 def above_chance(cell: Cell) -> bool:
-    """Whether the cell's interval lies wholly above its chance level (no interval: False).
+    """Whether the cell's interval lies wholly above its chance level (no interval: False),
+    with at least :data:`MIN_CLASS_COUNT` answers of each class behind it.
 
     An interval wholly *below* chance also excludes chance, but it means a backwards ranking;
     it is not a win and is not bolded."""
+    if cell.counts is not None and min(cell.counts) < MIN_CLASS_COUNT:
+        return False
     return cell.ci is not None and cell.chance is not None and cell.ci[0] > cell.chance
 
 
@@ -299,8 +308,9 @@ def interval_note(results: Mapping[str, Any], metric: str = "auroc") -> str:
         what = "In brackets: percentile bootstrap interval (settings per data set in results.json)."
     text = (
         f"{what} **Bold**: the best value of its column, only where its interval lies wholly "
-        f"above {CHANCE_TEXT.get(metric, 'chance')}. Intervals are per score: two overlapping "
-        "intervals do not settle which of the two scores ranks better."
+        f"above {CHANCE_TEXT.get(metric, 'chance')} and at least {MIN_CLASS_COUNT} correct and "
+        f"{MIN_CLASS_COUNT} incorrect answers are behind it. Intervals are per score: two "
+        "overlapping intervals do not settle which of the two scores ranks better."
     )
     if old:
         text += (

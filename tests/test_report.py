@@ -296,3 +296,22 @@ def test_old_results_without_intervals_still_render(results: dict, tmp_path: Pat
     only_old = results_table_markdown(old, "auroc")
     assert "[" not in only_old and "**" not in only_old
     assert "No intervals" in headline_markdown(old)
+
+
+def test_no_bold_on_a_handful_of_correct_answers() -> None:
+    # one correct answer: the stratified interval is narrow, but the ranking rests on it alone
+    doc = _doc(
+        {
+            "one": {
+                "ours": _sc(0.94, [0.89, 0.98], 1, 99),
+                "other": _sc(0.89, [0.83, 0.95], 1, 99),
+            },
+            "five": {
+                "ours": _sc(0.94, [0.89, 0.98], 5, 95),
+                "other": _sc(0.89, [0.83, 0.95], 5, 95),
+            },
+        }
+    )
+    table = results_table_markdown(doc, "auroc")
+    assert "**" not in _cells(table, "ours")[1]
+    assert _cells(table, "ours")[2].startswith("**0.94** [0.89, 0.98]")

@@ -271,7 +271,13 @@ def results_table_markdown(
             if c is None:
                 cells.append("–")
                 continue
-            bold = round(c.value, digits) == best[d] and above_chance(c)
+            bold = (
+                round(c.value, digits) == best[d]
+                and above_chance(c)
+                and c.ci is not None
+                and c.chance is not None
+                and round(c.ci[0], digits) > c.chance  # no bold on a shown "[0.50, …]"
+            )
             text = format_cell(c, digits, bold)
             if c.counts is not None and col_counts[d] is not None and c.counts != col_counts[d]:
                 text += f" ({c.counts[0]} / {c.counts[1]})"

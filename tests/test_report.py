@@ -315,3 +315,9 @@ def test_no_bold_on_a_handful_of_correct_answers() -> None:
     table = results_table_markdown(doc, "auroc")
     assert "**" not in _cells(table, "ours")[1]
     assert _cells(table, "ours")[2].startswith("**0.94** [0.89, 0.98]")
+
+
+def test_no_bold_when_the_shown_interval_touches_chance() -> None:
+    doc = _doc({"d": {"ours": _sc(0.67, [0.5012, 0.83]), "other": _sc(0.60, [0.45, 0.75])}})
+    cell = _cells(results_table_markdown(doc, "auroc"), "ours")[1]
+    assert cell == "0.67 [0.50, 0.83]"

@@ -178,15 +178,22 @@ bootstrap keeps the class counts fixed, so with one correct answer it only resam
 incorrect ones and its interval looks narrow while the ranking rests on one answer."""
 
 
-def above_chance(cell: Cell) -> bool:
+def too_few(cell: Cell) -> bool:
+    """Fewer than :data:`MIN_CLASS_COUNT` correct or incorrect answers behind the cell."""
+    return cell.counts is not None and min(cell.counts) < MIN_CLASS_COUNT
+
+
+def above_chance(cell: Cell, digits: int | None = None) -> bool:
     """Whether the cell's interval lies wholly above its chance level (no interval: False),
-    with at least :data:`MIN_CLASS_COUNT` answers of each class behind it.
+    with at least :data:`MIN_CLASS_COUNT` answers of each class behind it; with ``digits``,
+    as shown (no win on an interval that reads ``[0.50, …]``).
 
     An interval wholly *below* chance also excludes chance, but it means a backwards ranking;
     it is not a win and is not bolded."""
-    if cell.counts is not None and min(cell.counts) < MIN_CLASS_COUNT:
+    if too_few(cell) or cell.ci is None or cell.chance is None:
         return False
-    return cell.ci is not None and cell.chance is not None and cell.ci[0] > cell.chance
+    low = cell.ci[0] if digits is None else round(cell.ci[0], digits)
+    return low > cell.chance
 
 
 def format_cell(cell: Cell, digits: int = 2, bold: bool = False) -> str:
@@ -271,13 +278,7 @@ def results_table_markdown(
             if c is None:
                 cells.append("–")
                 continue
-            bold = (
-                round(c.value, digits) == best[d]
-                and above_chance(c)
-                and c.ci is not None
-                and c.chance is not None
-                and round(c.ci[0], digits) > c.chance  # no bold on a shown "[0.50, …]"
-            )
+            bold = round(c.value, digits) == best[d] and above_chance(c, digits)
             text = format_cell(c, digits, bold)
             if c.counts is not None and col_counts[d] is not None and c.counts != col_counts[d]:
                 text += f" ({c.counts[0]} / {c.counts[1]})"
@@ -348,7 +349,18 @@ def shortfalls(results: Mapping[str, Any], ours: str | None = None, digits: int 
                 continue
             mine = grid.get((me, d))
             column = [c for s in scorers if (c := grid[s, d]) is not None]
-            if column and not any(above_chance(c) for c in column) and all(c.ci for c in column):
+            few = next((c.counts for c in column if too_few(c)), None)
+            if few is not None:
+                lines.append(
+                    f"- {d}{label}: only {few[0]} correct / {few[1]} incorrect answers held out: "
+                    "too few to rank scores (no value is bold, whatever its interval)."
+                )
+                continue
+            if (
+                column
+                and not any(above_chance(c, digits) for c in column)
+                and all(c.ci for c in column)
+            ):
                 lines.append(f"- {d}{label}: no score's interval lies above chance.")
             if mine is None:
                 lines.append(f"- {d}{label}: {me} not evaluated.")
@@ -364,7 +376,7 @@ def shortfalls(results: Mapping[str, Any], ours: str | None = None, digits: int 
                 lines.append(
                     f"- {d}{label}: {', '.join(better)} above {me} {format_cell(mine, digits)}."
                 )
-            if mine.chance is None or above_chance(mine):
+            if mine.chance is None or above_chance(mine, digits):
                 continue
             if mine.ci is not None:
                 where = "lies below" if mine.ci[1] < mine.chance else "includes"

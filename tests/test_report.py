@@ -321,3 +321,9 @@ def test_no_bold_when_the_shown_interval_touches_chance() -> None:
     doc = _doc({"d": {"ours": _sc(0.67, [0.5012, 0.83]), "other": _sc(0.60, [0.45, 0.75])}})
     cell = _cells(results_table_markdown(doc, "auroc"), "ours")[1]
     assert cell == "0.67 [0.50, 0.83]"
+
+
+def test_shortfalls_name_too_few_answers_not_chance() -> None:
+    doc = _doc({"one": {"ours": _sc(0.94, [0.89, 0.98], 1, 99)}})
+    (line,) = shortfalls(doc)
+    assert "only 1 correct / 99 incorrect" in line and "chance" not in line

@@ -103,7 +103,7 @@ def live_check(
         model = load_model(cfg)
     _, items, _ = artifact_items(artifact)
     chains = {
-        kind: load_guard_chain(artifact_path, guard_config, model=model, kind=kind)[:2]
+        kind: load_guard_chain(artifact, guard_config, model=model, kind=kind)[:2]
         for kind in sorted({it.kind for it in items})
     }
     guard = next(iter(chains.values()))[1]

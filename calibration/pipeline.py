@@ -680,13 +680,14 @@ def deployment_record(
 
 
 def load_guard_chain(
-    artifact_path: str | Path,
+    artifact_path: str | Path | Any,
     guard_config: Any = None,
     *,
     model: Any = None,
     kind: str | None = None,
 ) -> tuple[Any, Any, Any]:
-    """Load an artifact, its model and a guard; return ``(chain, guard, artifact)``.
+    """Load an artifact (a directory, or an already loaded :class:`GuardArtifact`), its
+    model and a guard; return ``(chain, guard, artifact)``.
 
     ``chain`` is ``prompt | guard`` built from the artifact's deployment record: it takes
     ``{"question": ...}`` and runs the recorded system prompt, token budget and decoding of
@@ -698,7 +699,11 @@ def load_guard_chain(
     from abstain_guard.config import GuardConfig
     from abstain_guard.guard import AbstentionGuard
 
-    artifact = GuardArtifact.load(artifact_path)
+    artifact = (
+        artifact_path
+        if isinstance(artifact_path, GuardArtifact)
+        else GuardArtifact.load(artifact_path)
+    )
     calib = CalibrationConfig(**artifact.metadata.get("config", {}))
     record = DeploymentRecord.from_metadata(artifact.metadata)
     if record is None:

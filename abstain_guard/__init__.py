@@ -22,7 +22,7 @@ from abstain_guard.artifact import DecisionRule, GuardArtifact
 from abstain_guard.config import GuardConfig
 from abstain_guard.default import default_artifact_path
 from abstain_guard.guard import AbstentionGuard, AbstentionPolicy
-from abstain_guard.scorers import (
+from abstain_guard.likelihood import (
     MaxSequenceProbabilityScorer,
     MeanTokenEntropyScorer,
     PerplexityScorer,

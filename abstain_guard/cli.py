@@ -19,7 +19,7 @@ DEFAULT_ARTIFACT = Path(__file__).with_name("default_guard")
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from abstain_guard.calibration.pipeline import CalibrationConfig, calibrate
+    from abstain_guard.calibration.build.pipeline import CalibrationConfig, calibrate
 
     overrides = {
         "limit": args.limit,
@@ -49,7 +49,7 @@ def _ask(args: argparse.Namespace) -> int:
     if not questions:
         print("No question given: pass questions as arguments or on stdin.", file=sys.stderr)
         return 2
-    from abstain_guard.calibration.pipeline import load_guard_chain
+    from abstain_guard.calibration.build.pipeline import load_guard_chain
     from abstain_guard.config import GuardConfig
 
     config = GuardConfig.from_file(args.config) if args.config else None
@@ -76,7 +76,7 @@ def _ask(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     if args.live:
         return _evaluate_live(args)
-    from abstain_guard.calibration.evaluate import evaluate
+    from abstain_guard.calibration.measure.evaluate import evaluate
 
     results = evaluate(
         args.artifact or [DEFAULT_ARTIFACT],
@@ -94,7 +94,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _evaluate_live(args: argparse.Namespace) -> int:
-    from abstain_guard.calibration.deployment_check import live_check
+    from abstain_guard.calibration.measure.deployment_check import live_check
     from abstain_guard.config import GuardConfig
 
     config = GuardConfig.from_file(args.config) if args.config else None
@@ -108,8 +108,8 @@ def _evaluate_live(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from abstain_guard.calibration.evaluation import build_results
-    from abstain_guard.calibration.report import write_report
+    from abstain_guard.calibration.measure.evaluation import build_results
+    from abstain_guard.calibration.measure.report import write_report
 
     entries, metadata = [], {}
     for path in args.results:
@@ -122,7 +122,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from abstain_guard.calibration.demo import run_demo
+    from abstain_guard.calibration.measure.demo import run_demo
 
     return run_demo(Path(args.artifact), out=Path(args.out), n_questions=args.questions)
 

@@ -96,17 +96,17 @@ class Scorer(ABC):
 
 
 _REGISTRY: dict[str, str | type[Scorer]] = {
-    "perplexity": "abstain_guard.scorers:PerplexityScorer",
-    "max_sequence_probability": "abstain_guard.scorers:MaxSequenceProbabilityScorer",
-    "mean_token_entropy": "abstain_guard.scorers:MeanTokenEntropyScorer",
-    "geometry": "abstain_guard.calibration.geometry_scorer:GeometryScorer",
-    "calibrated": "abstain_guard.calibration.baselines:CalibratedScorer",
+    "perplexity": "abstain_guard.likelihood:PerplexityScorer",
+    "max_sequence_probability": "abstain_guard.likelihood:MaxSequenceProbabilityScorer",
+    "mean_token_entropy": "abstain_guard.likelihood:MeanTokenEntropyScorer",
+    "geometry": "abstain_guard.calibration.inference.geometry:GeometryScorer",
+    "calibrated": "abstain_guard.calibration.inference.baselines:CalibratedScorer",
     # model-based baselines: from_state needs the chat model (``from_state(state, model=...)``)
-    "p_true": "abstain_guard.calibration.baselines:PTrueScorer",
-    "attention_score": "abstain_guard.calibration.baselines:AttentionScoreScorer",
-    "eigenscore": "abstain_guard.calibration.baselines:EigenScoreScorer",
-    "sar": "abstain_guard.calibration.baselines:SARScorer",
-    "semantic_entropy": "abstain_guard.calibration.baselines:SemanticEntropyScorer",
+    "p_true": "abstain_guard.calibration.inference.baselines:PTrueScorer",
+    "attention_score": "abstain_guard.calibration.inference.baselines:AttentionScoreScorer",
+    "eigenscore": "abstain_guard.calibration.inference.baselines:EigenScoreScorer",
+    "sar": "abstain_guard.calibration.inference.baselines:SARScorer",
+    "semantic_entropy": "abstain_guard.calibration.inference.baselines:SemanticEntropyScorer",
 }
 
 

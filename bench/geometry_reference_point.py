@@ -139,10 +139,10 @@ def main() -> None:
         return
 
     from abstain_guard.adapters import load_default_model
-    from abstain_guard.calibration import metrics
-    from abstain_guard.calibration.baselines import CalibratedScorer
-    from abstain_guard.calibration.geometry_scorer import GeometryScorer
-    from abstain_guard.scorers import (
+    from abstain_guard.calibration.inference.baselines import CalibratedScorer
+    from abstain_guard.calibration.inference.geometry import GeometryScorer
+    from abstain_guard.calibration.measure import metrics
+    from abstain_guard.likelihood import (
         MaxSequenceProbabilityScorer,
         MeanTokenEntropyScorer,
         PerplexityScorer,
@@ -175,13 +175,16 @@ def main() -> None:
         "mean_token_entropy": MeanTokenEntropyScorer(),
     }
     if args.baselines or args.samples:
-        from abstain_guard.calibration.baselines import AttentionScoreScorer, PTrueScorer
+        from abstain_guard.calibration.inference.baselines import AttentionScoreScorer, PTrueScorer
 
         baseline_scorers["p_true"] = PTrueScorer(model)
         baseline_scorers["attention_score"] = AttentionScoreScorer(model)
     if args.samples:
-        from abstain_guard.calibration.aux_models import SentenceSimilarity, SimilarityEquivalence
-        from abstain_guard.calibration.baselines import (
+        from abstain_guard.calibration.inference.aux_models import (
+            SentenceSimilarity,
+            SimilarityEquivalence,
+        )
+        from abstain_guard.calibration.inference.baselines import (
             EigenScoreScorer,
             SampleSource,
             SARScorer,
@@ -195,7 +198,7 @@ def main() -> None:
         baseline_scorers["semantic_entropy"] = SemanticEntropyScorer(
             model, judge=SimilarityEquivalence(sim, 0.9), samples=source
         )
-    from abstain_guard.calibration.baselines import score_many
+    from abstain_guard.calibration.inference.baselines import score_many
 
     t_b = time.perf_counter()
     base_scores = score_many(baseline_scorers, metas, progress=True)  # type: ignore[arg-type]
@@ -289,9 +292,11 @@ def baselines_only(args: argparse.Namespace) -> None:
     import torch
 
     from abstain_guard.adapters import load_default_model
-    from abstain_guard.calibration import metrics
-    from abstain_guard.calibration.aux_models import SentenceSimilarity, SimilarityEquivalence
-    from abstain_guard.calibration.baselines import (
+    from abstain_guard.calibration.inference.aux_models import (
+        SentenceSimilarity,
+        SimilarityEquivalence,
+    )
+    from abstain_guard.calibration.inference.baselines import (
         AttentionScoreScorer,
         EigenScoreScorer,
         PTrueScorer,
@@ -300,6 +305,7 @@ def baselines_only(args: argparse.Namespace) -> None:
         SemanticEntropyScorer,
         score_many,
     )
+    from abstain_guard.calibration.measure import metrics
 
     t0 = time.perf_counter()
     items = build_questions()

@@ -51,7 +51,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from langchain_core.prompts import ChatPromptTemplate
 
-from abstain_guard.calibration.judges import (
+from abstain_guard.calibration.build.judges import (
     Judge,
     Judgment,
     LexicalJudge,
@@ -76,7 +76,7 @@ FEW_SHOT = ChatPromptTemplate.from_messages(
 
 def answer(model: Any, items: list[Any], chunk: int = 20) -> list[str]:
     """The model's answers (true batched generation, in chunks)."""
-    from abstain_guard.calibration.prompting import build_messages
+    from abstain_guard.prompts import build_messages
 
     out: list[str] = []
     for start in range(0, len(items), chunk):
@@ -146,7 +146,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from abstain_guard.adapters import load_default_model
-    from abstain_guard.calibration.probe import builtin_probe_set
+    from abstain_guard.calibration.build.probe import builtin_probe_set
 
     timings: dict[str, float] = {}
     t = time.perf_counter()

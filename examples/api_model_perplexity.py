@@ -21,10 +21,10 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 
 from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig, PerplexityScorer
-from abstain_guard.calibration.datasets import split_items
-from abstain_guard.calibration.judges import LexicalJudge
-from abstain_guard.calibration.probe import builtin_probe_set
-from abstain_guard.calibration.prompting import build_messages, question_prompt
+from abstain_guard.calibration.build.datasets import split_items
+from abstain_guard.calibration.build.judges import LexicalJudge
+from abstain_guard.calibration.build.probe import builtin_probe_set
+from abstain_guard.prompts import build_messages, question_prompt
 
 
 class LogprobsOnlyChatModel(BaseChatModel):

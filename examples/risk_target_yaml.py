@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from abstain_guard import AbstentionGuard, GuardConfig, default_artifact_path
-from abstain_guard.calibration.prompting import question_prompt
+from abstain_guard.prompts import question_prompt
 
 CONFIG = Path(__file__).with_name("guard.yaml")
 

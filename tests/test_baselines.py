@@ -11,8 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from abstain_guard.calibration import metrics
-from abstain_guard.calibration.baselines import (
+from abstain_guard.calibration.inference.baselines import (
     AttentionScoreScorer,
     CalibratedScorer,
     EigenScoreScorer,
@@ -29,6 +28,7 @@ from abstain_guard.calibration.baselines import (
     semantic_entropy,
     token_sar,
 )
+from abstain_guard.calibration.measure import metrics
 from abstain_guard.errors import (
     ConfigError,
     InsufficientDataError,
@@ -36,7 +36,7 @@ from abstain_guard.errors import (
     NotFittedError,
     ScoringError,
 )
-from abstain_guard.scorers import PerplexityScorer
+from abstain_guard.likelihood import PerplexityScorer
 from abstain_guard.scoring import ScorerState, scorer_from_state
 
 # --- formulas --------------------------------------------------------------------------
@@ -206,7 +206,10 @@ def test_messages_without_prompt_ids_are_a_typed_error() -> None:
 def test_baselines_on_the_real_model(default_model) -> None:
     from langchain_core.messages import HumanMessage, SystemMessage
 
-    from abstain_guard.calibration.aux_models import SentenceSimilarity, SimilarityEquivalence
+    from abstain_guard.calibration.inference.aux_models import (
+        SentenceSimilarity,
+        SimilarityEquivalence,
+    )
 
     conv = [SystemMessage("Answer in a few words."), HumanMessage("What is the capital of Peru?")]
     msg = default_model.invoke(conv, max_new_tokens=8)
@@ -261,7 +264,7 @@ class _FakeChat:
 
 
 def test_chat_model_equivalence_asks_both_orders() -> None:
-    from abstain_guard.calibration.aux_models import ChatModelEquivalence
+    from abstain_guard.calibration.inference.aux_models import ChatModelEquivalence
 
     chat = _FakeChat()
     judge = ChatModelEquivalence(chat)
@@ -272,7 +275,10 @@ def test_chat_model_equivalence_asks_both_orders() -> None:
 
 
 def test_sentence_similarity_and_threshold_judge() -> None:
-    from abstain_guard.calibration.aux_models import SentenceSimilarity, SimilarityEquivalence
+    from abstain_guard.calibration.inference.aux_models import (
+        SentenceSimilarity,
+        SimilarityEquivalence,
+    )
 
     sim = SentenceSimilarity()
     m = sim.matrix(["The capital is Lima.", "Lima is the capital.", "I like bananas."])
@@ -288,7 +294,7 @@ def test_sentence_similarity_and_threshold_judge() -> None:
 
 
 def test_missing_similarity_model_is_a_typed_error(tmp_path) -> None:
-    from abstain_guard.calibration.aux_models import NLIEquivalence, SentenceSimilarity
+    from abstain_guard.calibration.inference.aux_models import NLIEquivalence, SentenceSimilarity
     from abstain_guard.errors import ModelNotFoundError
 
     with pytest.raises(ModelNotFoundError):

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from abstain_guard.calibration import pipeline
-from abstain_guard.calibration.evaluation import evaluate_scores
+from abstain_guard.calibration.build import pipeline
+from abstain_guard.calibration.measure.evaluation import evaluate_scores
 from abstain_guard.cli import main
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from abstain_guard.calibration.datasets import (
+from abstain_guard.calibration.build.datasets import (
     QAItem,
     load_dataset,
     load_named_dataset,

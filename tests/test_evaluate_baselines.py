@@ -6,8 +6,12 @@ import numpy as np
 import pytest
 from tiny_models import tiny_chat_model
 
-from abstain_guard.calibration.baselines import SampleSource
-from abstain_guard.calibration.evaluate import MODEL_BASELINES, _model_baseline, parse_baselines
+from abstain_guard.calibration.inference.baselines import SampleSource
+from abstain_guard.calibration.measure.evaluate import (
+    MODEL_BASELINES,
+    _model_baseline,
+    parse_baselines,
+)
 from abstain_guard.errors import ConfigError
 
 

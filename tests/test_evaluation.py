@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
-from abstain_guard.calibration.evaluation import (
+from abstain_guard.calibration.measure.evaluation import (
     DEFAULT_LEVELS,
     build_results,
     conformal_rank,
@@ -22,7 +22,7 @@ from abstain_guard.calibration.evaluation import (
     scorer_table,
     validate_importance,
 )
-from abstain_guard.calibration.metrics import auroc_interval, bootstrap_intervals
+from abstain_guard.calibration.measure.metrics import auroc_interval, bootstrap_intervals
 from abstain_guard.errors import InsufficientDataError, InvalidInputError
 
 

@@ -13,14 +13,14 @@ from sklearn.covariance import OAS, LedoitWolf
 
 from abstain_guard.adapters import ReferenceMeans, ReplayResult, TokenStates
 from abstain_guard.adapters.geometry import phi_from_states
-from abstain_guard.calibration import metrics
-from abstain_guard.calibration.geometry_scorer import (
+from abstain_guard.calibration.inference.geometry import (
     GeometryScorer,
     family_slices,
     fit_gaussian,
     response_uncertainty,
     token_block,
 )
+from abstain_guard.calibration.measure import metrics
 from abstain_guard.errors import (
     InsufficientDataError,
     InvalidInputError,

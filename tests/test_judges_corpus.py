@@ -21,8 +21,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 
-from abstain_guard.calibration.judge_cache import CachedJudge, JudgmentCache, content_key
-from abstain_guard.calibration.judges import (
+from abstain_guard.calibration.build.judges import (
     ChoiceJudge,
     Judge,
     Judgment,
@@ -33,6 +32,7 @@ from abstain_guard.calibration.judges import (
     SimilarityJudge,
     summarize_judgments,
 )
+from abstain_guard.calibration.build.judges.cache import CachedJudge, JudgmentCache, content_key
 from abstain_guard.errors import DatasetError
 
 PQ = "What is the capital of France?"

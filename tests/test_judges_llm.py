@@ -18,8 +18,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import Field, PrivateAttr
 
-from abstain_guard.calibration.judge_cache import CachedJudge, JudgmentCache, content_key
-from abstain_guard.calibration.judges import (
+from abstain_guard.calibration.build.judges import (
     Judge,
     Judgment,
     LexicalJudge,
@@ -30,6 +29,7 @@ from abstain_guard.calibration.judges import (
     make_judge,
     parse_verdict,
 )
+from abstain_guard.calibration.build.judges.cache import CachedJudge, JudgmentCache, content_key
 from abstain_guard.errors import JudgeError
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from abstain_guard.calibration.judges import (
+from abstain_guard.calibration.build.judges import (
     SimilarityJudge,
     default_similarity_model_path,
     make_judge,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from abstain_guard.calibration.metrics import (
+from abstain_guard.calibration.measure.metrics import (
     INTERVAL_METRICS,
     _resample_indices,
     auprc,

@@ -17,10 +17,10 @@ import pytest
 from tiny_models import tiny_chat_model
 
 from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig
-from abstain_guard.calibration.datasets import QAItem
-from abstain_guard.calibration.judge_cache import CachedJudge, JudgmentCache
-from abstain_guard.calibration.judges import Judge, Judgment
-from abstain_guard.calibration.pipeline import CalibrationConfig, calibrate, load_guard_chain
+from abstain_guard.calibration.build.datasets import QAItem
+from abstain_guard.calibration.build.judges import Judge, Judgment
+from abstain_guard.calibration.build.judges.cache import CachedJudge, JudgmentCache
+from abstain_guard.calibration.build.pipeline import CalibrationConfig, calibrate, load_guard_chain
 from abstain_guard.errors import ArtifactMismatchError
 
 

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from abstain_guard.calibration import pipeline
-from abstain_guard.calibration.datasets import QAItem
-from abstain_guard.calibration.pipeline import (
+from abstain_guard.calibration.build import pipeline
+from abstain_guard.calibration.build.datasets import QAItem
+from abstain_guard.calibration.build.pipeline import (
     CalibrationConfig,
     calibrate,
     check_split_sizes,
     min_calibration_size,
 )
-from abstain_guard.calibration.store import RunStore, content_key
+from abstain_guard.calibration.build.store import RunStore, content_key
 from abstain_guard.errors import ConfigError, DatasetError, InsufficientDataError, JudgeError
 
 

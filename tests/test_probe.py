@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 
-from abstain_guard.calibration.datasets import split_items
-from abstain_guard.calibration.judges import LexicalJudge
-from abstain_guard.calibration.probe import PROBE_RELATIONS, builtin_probe_set
+from abstain_guard.calibration.build.datasets import split_items
+from abstain_guard.calibration.build.judges import LexicalJudge
+from abstain_guard.calibration.build.probe import PROBE_RELATIONS, builtin_probe_set
 from abstain_guard.errors import InvalidInputError
 
 
@@ -79,7 +79,7 @@ def test_round_trip_and_stratified_split(probe) -> None:
 
 
 def test_no_gold_alias_leaks_into_its_question(probe) -> None:
-    from abstain_guard.calibration.judges import normalize_answer
+    from abstain_guard.calibration.build.judges import normalize_answer
 
     for it in probe:
         q = f" {normalize_answer(it.question)} "

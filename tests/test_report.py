@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from abstain_guard.calibration.evaluation import build_results, evaluate_dataset
-from abstain_guard.calibration.report import (
+from abstain_guard.calibration.measure.evaluation import build_results, evaluate_dataset
+from abstain_guard.calibration.measure.report import (
     COUNTS_ROW,
     calibrated_table_markdown,
     guarantee_table_markdown,

@@ -1,4 +1,4 @@
-"""Render evaluation results (:func:`abstain_guard.calibration.evaluation.build_results`) as
+"""Render evaluation results (:func:`abstain_guard.calibration.measure.evaluation.build_results`) as
 ``results.json`` (every number), PNG plots (matplotlib, Agg backend) and ``report.md``.
 
 Plots per data set, after the paper:

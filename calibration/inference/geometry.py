@@ -34,7 +34,7 @@ from scipy.linalg import solve_triangular
 from sklearn.covariance import OAS, LedoitWolf
 from sklearn.model_selection import train_test_split
 
-from abstain_guard.calibration import metrics
+from abstain_guard.calibration.measure import metrics
 from abstain_guard.errors import (
     InsufficientDataError,
     InvalidInputError,
@@ -161,8 +161,9 @@ def family_slices(num_layers: int) -> dict[str, slice]:
 
 
 def auroc_auprc(uncertainty: np.ndarray, correct: np.ndarray) -> tuple[float, float]:
-    """AUROC and AUPRC in the project's convention (:mod:`abstain_guard.calibration.metrics`:
-    AUROC for detecting incorrect answers, AUPRC of the confidence for correct ones)."""
+    """AUROC and AUPRC in the project's convention
+    (:mod:`abstain_guard.calibration.measure.metrics`: AUROC for detecting incorrect
+    answers, AUPRC of the confidence for correct ones)."""
     return float(metrics.auroc(uncertainty, correct)), float(metrics.auprc(uncertainty, correct))
 
 

@@ -1,6 +1,6 @@
 """Evaluation of uncertainty scorers: ranking metrics, the conformal resplit simulation, the
-paper's hypothesis checks, and the results layout that :mod:`abstain_guard.calibration.report`
-renders.
+paper's hypothesis checks, and the results layout that
+:mod:`abstain_guard.calibration.measure.report` renders.
 
 Everything here is pure numpy/scipy/scikit-learn on already computed scores; no model runs.
 
@@ -28,7 +28,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy import stats
 
-from abstain_guard.calibration.metrics import (
+from abstain_guard.calibration.measure.metrics import (
     INTERVAL_METRICS,
     auprc,
     auroc,
@@ -357,7 +357,7 @@ def resplit_simulation(
 
 def scorer_metrics(uncertainty: ArrayLike, correct: ArrayLike) -> dict[str, float]:
     """AUROC, AUPRC (paper: positive = correct), AUPRC with positive = incorrect, and PRR
-    (quality = correctness) of one scorer; see :mod:`abstain_guard.calibration.metrics`."""
+    (quality = correctness) of one scorer; see :mod:`abstain_guard.calibration.measure.metrics`."""
     return {
         "auroc": auroc(uncertainty, correct),
         "auprc": auprc(uncertainty, correct, positive="correct"),
@@ -488,8 +488,9 @@ def scorer_table(
         "n_correct", "n_incorrect", "accuracy"}``, with ``n_boot > 0`` also
         ``"auroc_ci"``, ``"auprc_ci"``, ``"auprc_incorrect_ci"``, ``"prr_ci"``: ``[low, high]``
         percentile bootstrap intervals, class-stratified (see
-        :func:`abstain_guard.calibration.metrics.bootstrap_draws`); + ``"within_group"`` when
-        ``groups`` is given (with ``mean_auroc_ci``, see :func:`_within_group`).
+        :func:`abstain_guard.calibration.measure.metrics.bootstrap_draws`);
+        + ``"within_group"`` when ``groups`` is given (with ``mean_auroc_ci``, see
+        :func:`_within_group`).
     """
     _check_nan_policy(nan_policy)
     if int(n_boot) < 0:
@@ -969,7 +970,7 @@ def build_results(
 ) -> dict[str, Any]:
     """Assemble :func:`evaluate_dataset` outputs into the results document
     ``{"schema_version", "metadata", "datasets": {name: entry}}`` that
-    :func:`abstain_guard.calibration.report.write_report` renders (``metadata``: free-form,
+    :func:`abstain_guard.calibration.measure.report.write_report` renders (``metadata``: free-form,
     e.g. model, commands, sizes)."""
     entries = list(datasets.values()) if isinstance(datasets, Mapping) else list(datasets)
     by_name: dict[str, Any] = {}

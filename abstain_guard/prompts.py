@@ -12,7 +12,7 @@ from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from langchain_core.prompts import ChatPromptTemplate
 
 if TYPE_CHECKING:
-    from abstain_guard.calibration.datasets import QAItem
+    from abstain_guard.calibration.build.datasets import QAItem
 
 SHORT_ANSWER_SYSTEM_PROMPT = (
     "Answer the question with only the answer: a name, a word or a short phrase, no explanation."

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from abstain_guard.calibration.datasets import QAItem, load_dataset, load_named_dataset
-from abstain_guard.calibration.pipeline import (
+from abstain_guard.calibration.build.datasets import QAItem, load_dataset, load_named_dataset
+from abstain_guard.calibration.build.pipeline import (
     CalibrationConfig,
     build_judges,
     generate_answers,
@@ -34,7 +34,7 @@ from abstain_guard.calibration.pipeline import (
     replay_as_deployed,
     resolve_cache_dir,
 )
-from abstain_guard.calibration.store import RunStore
+from abstain_guard.calibration.build.store import RunStore
 from abstain_guard.errors import ConfigError, DatasetError
 
 logger = logging.getLogger("abstain_guard.calibration")
@@ -106,7 +106,7 @@ def artifact_items(artifact: Any) -> tuple[str, list[QAItem], list[QAItem]]:
         DatasetError: the data no longer holds those questions, or its content changed
             since calibration (its hash differs).
     """
-    from abstain_guard.calibration.datasets import split_items
+    from abstain_guard.calibration.build.datasets import split_items
 
     meta = artifact.metadata
     cfg = CalibrationConfig(**meta.get("config", {}))
@@ -187,7 +187,7 @@ def collect_held_out(
 
 
 def _model_baseline(name: str, model: Any, samples: Any) -> Any:
-    from abstain_guard.calibration import baselines as b
+    from abstain_guard.calibration.inference import baselines as b
 
     if name == "p_true":
         return b.PTrueScorer(model)
@@ -198,7 +198,10 @@ def _model_baseline(name: str, model: Any, samples: Any) -> Any:
     if name == "sar":
         return b.SARScorer(model, samples=samples)
     if name == "semantic_entropy":
-        from abstain_guard.calibration.aux_models import SentenceSimilarity, SimilarityEquivalence
+        from abstain_guard.calibration.inference.aux_models import (
+            SentenceSimilarity,
+            SimilarityEquivalence,
+        )
 
         return b.SemanticEntropyScorer(
             model, judge=SimilarityEquivalence(SentenceSimilarity(), 0.8), samples=samples
@@ -225,7 +228,7 @@ def score_held_out(
     }
     samples = None
     if any(b in MODEL_BASELINES for b in baselines):
-        from abstain_guard.calibration.baselines import SampleSource
+        from abstain_guard.calibration.inference.baselines import SampleSource
 
         samples = SampleSource(model, num_samples=num_samples, max_new_tokens=24)
     for name in tqdm(baselines, desc="baselines", disable=not progress):
@@ -237,7 +240,7 @@ def score_held_out(
         scores[name] = np.asarray(scorer.score_many(held.metadata), dtype=np.float64)
     calibrated: dict[str, np.ndarray] = {}
     if held.train_metadata is not None and held.train_correct is not None:
-        from abstain_guard.calibration.baselines import CalibratedScorer
+        from abstain_guard.calibration.inference.baselines import CalibratedScorer
 
         for name in (b for b in baselines if b in LIKELIHOOD):
             cal = CalibratedScorer(scorer_class(name)())
@@ -283,8 +286,8 @@ def evaluate(
         entry: AUROC per data set and scorer.
     """
     from abstain_guard.artifact import GuardArtifact
-    from abstain_guard.calibration.evaluation import build_results, evaluate_dataset
-    from abstain_guard.calibration.report import write_report
+    from abstain_guard.calibration.measure.evaluation import build_results, evaluate_dataset
+    from abstain_guard.calibration.measure.report import write_report
 
     paths = [artifact] if isinstance(artifact, (str, Path)) else list(artifact)
     names = parse_baselines(baselines)

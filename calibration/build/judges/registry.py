@@ -21,13 +21,13 @@ Judges, from cheap to expensive:
 
 :func:`make_judge` builds any of them from a name or a config dict. Each judge has an
 ``identity`` string (name, parameters, model identity) that keys the on-disk cache
-(:mod:`abstain_guard.calibration.judge_cache`); rule-based judges carry a ``version`` in it,
+(:mod:`abstain_guard.calibration.build.judges.cache`); rule-based judges carry a ``version`` in it,
 bumped whenever their verdicts change. :func:`summarize_judgments` counts verdicts, no-verdicts
 and refusals.
 
-The interface lives in :mod:`~abstain_guard.calibration.judges_base`, the rule-based judges in
-:mod:`~abstain_guard.calibration.judges_lexical` and their text analysis in
-:mod:`~abstain_guard.calibration.judges_text`; everything is importable from here.
+The interface lives in :mod:`~abstain_guard.calibration.build.judges.base`, the rule-based judges in
+:mod:`~abstain_guard.calibration.build.judges.lexical` and their text analysis in
+:mod:`~abstain_guard.calibration.build.judges.text`; everything is importable from here.
 """
 
 from __future__ import annotations
@@ -45,14 +45,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, Field
 
-from abstain_guard.calibration.judges_base import (
+from abstain_guard.calibration.build.judges.base import (
     Judge,
     JudgeInput,
     Judgment,
     _unpack,
     summarize_judgments,
 )
-from abstain_guard.calibration.judges_lexical import (
+from abstain_guard.calibration.build.judges.lexical import (
     ChoiceJudge,
     LexicalJudge,
     NumericJudge,
@@ -60,7 +60,7 @@ from abstain_guard.calibration.judges_lexical import (
     refusal_of,
     usable_aliases,
 )
-from abstain_guard.calibration.judges_text import (
+from abstain_guard.calibration.build.judges.text import (
     REFUSAL_PATTERNS,
     hedge_alternatives,
     normalize_answer,
@@ -87,9 +87,11 @@ __all__ = [
     "SimilarityJudge",
     "StatementRewriter",
     "chat_model_identity",
+    "default_similarity_model_path",
     "extract_final_number",
     "hedge_alternatives",
     "make_judge",
+    "parse_verdict",
     "normalize_answer",
     "refusal_of",
     "refusal_phrase",

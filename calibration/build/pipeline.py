@@ -1,6 +1,6 @@
 """The resumable calibration pipeline behind ``abstain-guard calibrate``.
 
-Steps (each cached in a :class:`~abstain_guard.calibration.store.RunStore` next to the
+Steps (each cached in a :class:`~abstain_guard.calibration.build.store.RunStore` next to the
 output, so a killed run resumes where it stopped):
 
 1. load and validate the questions, the judge and the sizes — before any model is loaded;
@@ -28,16 +28,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tqdm.auto import tqdm
 
 from abstain_guard import conformal
-from abstain_guard.calibration.datasets import (
+from abstain_guard.calibration.build.datasets import (
     NAMED_DATASETS,
     QAItem,
     load_dataset,
     load_named_dataset,
     split_items,
 )
-from abstain_guard.calibration.judges_base import summarize_judgments
-from abstain_guard.calibration.judges_text import alias_tokens
-from abstain_guard.calibration.prompting import (
+from abstain_guard.calibration.build.judges.base import summarize_judgments
+from abstain_guard.calibration.build.judges.text import alias_tokens
+from abstain_guard.prompts import (
     MAX_NEW_TOKENS,
     RENDERING,
     build_messages,
@@ -46,7 +46,7 @@ from abstain_guard.calibration.prompting import (
     question_prompt,
     system_prompt_for,
 )
-from abstain_guard.calibration.store import RunStore, content_key
+from abstain_guard.calibration.build.store import RunStore, content_key
 from abstain_guard.deployment import DeploymentRecord, PromptRecord
 from abstain_guard.errors import CalibrationError, ConfigError, DatasetError, InsufficientDataError
 
@@ -170,7 +170,7 @@ def load_items(
         items = list(data)
         skipped = 0
     elif str(data) == "builtin":
-        from abstain_guard.calibration.probe import builtin_probe_set
+        from abstain_guard.calibration.build.probe import builtin_probe_set
 
         items = builtin_probe_set(seed=config.seed)
         skipped = 0
@@ -397,8 +397,8 @@ def build_judges(
     """One cached judge per question kind: the configured judge for open questions; the
     choice and numeric judges for multiple-choice and math questions (unless the config
     names one of those). Built and validated before any model is loaded."""
-    from abstain_guard.calibration.judge_cache import CachedJudge, JudgmentCache
-    from abstain_guard.calibration.judges import make_judge
+    from abstain_guard.calibration.build.judges.cache import CachedJudge, JudgmentCache
+    from abstain_guard.calibration.build.judges import make_judge
 
     configured = make_judge(config.judge, chat_models=chat_models)
     name = config.judge if isinstance(config.judge, str) else config.judge.get("name")

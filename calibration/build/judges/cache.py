@@ -7,7 +7,7 @@ it, and each new verdict is committed as soon as it arrives, so a run killed mid
 everything judged so far. Judgments that could not be made (``correct is None``) are not
 cached by default, so a later run retries them.
 
-Storage is the project's :class:`~abstain_guard.calibration.store.RunStore` (SQLite in WAL
+Storage is the project's :class:`~abstain_guard.calibration.build.store.RunStore` (SQLite in WAL
 mode, one transaction per write): a process killed mid-write leaves the database consistent
 (the unfinished transaction is rolled back on the next open).
 """
@@ -20,9 +20,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from abstain_guard.calibration.judges_base import Judge, JudgeInput, Judgment, _unpack
-from abstain_guard.calibration.store import RunStore
-from abstain_guard.calibration.store import content_key as store_key
+from abstain_guard.calibration.build.judges.base import Judge, JudgeInput, Judgment, _unpack
+from abstain_guard.calibration.build.store import RunStore
+from abstain_guard.calibration.build.store import content_key as store_key
 from abstain_guard.errors import JudgeError
 
 __all__ = ["CachedJudge", "JudgmentCache", "content_key"]
@@ -41,7 +41,7 @@ def content_key(
 
 class JudgmentCache:
     """Judgments keyed by ``(judge identity, content key)`` in a SQLite
-    :class:`~abstain_guard.calibration.store.RunStore` (one namespace per judge identity).
+    :class:`~abstain_guard.calibration.build.store.RunStore` (one namespace per judge identity).
 
     Args:
         path: the database file (created with its parent folders if missing).

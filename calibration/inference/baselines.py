@@ -4,7 +4,7 @@ Every scorer here returns **higher = more uncertain** and scores any message our
 ``GeometryChatModel`` produced: the prompt is rebuilt from
 ``response_metadata["prompt_token_ids"]`` and the answer from ``token_ids``. The three
 likelihood baselines (perplexity, maximum sequence probability, mean token entropy) read
-metadata only and live in :mod:`abstain_guard.scorers`; this module adds
+metadata only and live in :mod:`abstain_guard.likelihood`; this module adds
 
 * :class:`PTrueScorer` — P(True), the model judges its own answer;
 * :class:`SARScorer` — shifting attention to relevance over K sampled answers;
@@ -31,13 +31,13 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.special import logsumexp
 
-from abstain_guard.calibration.aux_models import (
+from abstain_guard.calibration.inference.aux_models import (
     ChatModelEquivalence,
     EquivalenceJudge,
     NLIEquivalence,
     SentenceSimilarity,
 )
-from abstain_guard.calibration.geometry_scorer import (
+from abstain_guard.calibration.inference.geometry import (
     DEFAULT_XGB_PARAMS,
     booster_from_bytes,
     booster_to_bytes,
@@ -889,7 +889,7 @@ def make_baselines(
 
     Semantic entropy is included only when ``judge`` or ``nli_model_path`` is given.
     """
-    from abstain_guard.scorers import (
+    from abstain_guard.likelihood import (
         MaxSequenceProbabilityScorer,
         MeanTokenEntropyScorer,
         PerplexityScorer,

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from abstain_guard.calibration.datasets import QAItem
+from abstain_guard.calibration.build.datasets import QAItem
 from abstain_guard.errors import InvalidInputError
 
 __all__ = ["PROBE_RELATIONS", "builtin_probe_set"]
@@ -311,7 +311,7 @@ def _without_leaked_aliases(item: QAItem) -> QAItem | None:
     the capital of Mexico?", "Australia" for "On which continent is Australia?"): an answer
     that merely repeats the question would match them. None when the main answer itself
     occurs in the question (the capital of San Marino, the currency of Sierra Leone)."""
-    from abstain_guard.calibration.judges import normalize_answer
+    from abstain_guard.calibration.build.judges import normalize_answer
 
     q = f" {normalize_answer(item.question)} "
 

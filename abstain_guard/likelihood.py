@@ -25,7 +25,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from abstain_guard.errors import ScoringError
-from abstain_guard.scoring import ResponseLike, Scorer, ScorerState, response_metadata_of
+from abstain_guard.metadata import ResponseLike, ResponseMetadata
+from abstain_guard.scoring import Scorer, ScorerState
 
 __all__ = [
     "MaxSequenceProbabilityScorer",
@@ -35,59 +36,13 @@ __all__ = [
 ]
 
 
-def _metadata(response: ResponseLike) -> Mapping[str, Any]:
-    try:
-        return response_metadata_of(response)
-    except Exception as exc:  # InvalidInputError -> ScoringError: the guard decides
-        raise ScoringError(str(exc)) from exc
-
-
-def _content_entries(meta: Mapping[str, Any]) -> Sequence[Any]:
-    logprobs = meta.get("logprobs")
-    if logprobs is None:
-        raise ScoringError(
-            "The response has no response_metadata['logprobs']. Ask the chat model for "
-            "logprobs (for OpenAI-style APIs: logprobs=True; local GeometryChatModel always "
-            "reports them)."
-        )
-    content = logprobs.get("content") if isinstance(logprobs, Mapping) else None
-    if not isinstance(content, Sequence) or isinstance(content, (str, bytes)):
-        raise ScoringError(
-            "response_metadata['logprobs'] must be {'content': [{'token', 'logprob', ...}]} "
-            f"(OpenAI style); got {type(logprobs).__name__} without a 'content' list."
-        )
-    if len(content) == 0:
-        raise ScoringError(
-            "The response has no generated tokens (empty logprobs content): an empty answer "
-            "cannot be scored."
-        )
-    return content
-
-
 def token_logprobs(response: ResponseLike) -> np.ndarray:
     """Per-token log-probabilities of the generated tokens, shape ``[N]`` (N ≥ 1).
-
-    Reads ``response_metadata["logprobs"]["content"][i]["logprob"]``.
 
     Raises:
         ScoringError: when logprobs are missing, empty, or not finite numbers.
     """
-    content = _content_entries(_metadata(response))
-    values = np.empty(len(content), dtype=np.float64)
-    for i, entry in enumerate(content):
-        lp = entry.get("logprob") if isinstance(entry, Mapping) else None
-        if isinstance(lp, bool) or not isinstance(lp, (int, float)):
-            raise ScoringError(
-                f"logprobs content entry {i} has no numeric 'logprob' (got {entry!r:.80})."
-            )
-        values[i] = float(lp)
-    if not np.isfinite(values).all() or (values > 1e-6).any():
-        bad = np.flatnonzero(~np.isfinite(values) | (values > 1e-6))[:5].tolist()
-        raise ScoringError(
-            f"logprobs at token positions {bad} are not finite log-probabilities (≤ 0); "
-            "the response cannot be scored."
-        )
-    return values
+    return ResponseMetadata.of(response).logprobs()
 
 
 class _StatelessScorer(Scorer):
@@ -178,15 +133,9 @@ class MeanTokenEntropyScorer(Scorer):
         self.top_logprobs_fallback = bool(top_logprobs_fallback)
 
     def score(self, response: ResponseLike) -> float:
-        meta = _metadata(response)
-        ent = meta.get("entropy")
-        if ent is not None:
-            try:
-                values = np.asarray(ent, dtype=np.float64)
-            except (TypeError, ValueError) as exc:
-                raise ScoringError(
-                    "response_metadata['entropy'] must be a list of numbers."
-                ) from exc
+        meta = ResponseMetadata.of(response)
+        values = meta.entropy()
+        if values is not None:
             if values.ndim != 1 or values.size == 0:
                 raise ScoringError(
                     "response_metadata['entropy'] must be a non-empty list with one entropy "
@@ -202,7 +151,7 @@ class MeanTokenEntropyScorer(Scorer):
                 "MeanTokenEntropyScorer(top_logprobs_fallback=True) to approximate them from "
                 "top_logprobs."
             )
-        content = _content_entries(meta)
+        content = meta.logprob_entries()
         return float(np.mean([_top_logprob_entropy(e, i) for i, e in enumerate(content)]))
 
     def get_state(self) -> ScorerState:

@@ -3,42 +3,27 @@
 A scorer maps one chat-model response to a float, **higher = more uncertain**. Its fitted
 state (if any) is a :class:`ScorerState`: JSON parameters, numpy arrays and raw files
 (for example an XGBoost UBJ model), which :class:`~abstain_guard.artifact.GuardArtifact`
-writes without pickle. Scorers are looked up by ``kind`` when an artifact is loaded.
+writes without pickle.
+
+The registry here is the one list of scorers: artifacts store a scorer's ``kind``, and the
+guard, ``calibrate``, ``evaluate``, the CLI and the docs read :func:`scorer_names` /
+:func:`scorer_spec`; :func:`build_scorer` is the one way to build a scorer by name.
 """
 
 from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from abstain_guard.errors import ArtifactSchemaError, InvalidInputError
+from abstain_guard.errors import ArtifactSchemaError, ConfigError
+from abstain_guard.metadata import ResponseLike
 
 JSONValue = Any
-
-ResponseLike = Any
-"""An ``AIMessage`` (or any object with ``response_metadata``) or a metadata mapping."""
-
-
-def response_metadata_of(response: ResponseLike) -> Mapping[str, Any]:
-    """Return the ``response_metadata`` mapping of a message, or the mapping itself.
-
-    Raises:
-        InvalidInputError: if ``response`` is neither a message nor a mapping.
-    """
-    if isinstance(response, Mapping):
-        return response
-    meta = getattr(response, "response_metadata", None)
-    if isinstance(meta, Mapping):
-        return meta
-    raise InvalidInputError(
-        f"Expected an AIMessage (or a response_metadata dict), got {type(response).__name__}. "
-        "Pass the message returned by the chat model."
-    )
 
 
 @dataclass
@@ -95,38 +80,163 @@ class Scorer(ABC):
         """Rebuild a scorer from :meth:`get_state`'s output."""
 
 
-_REGISTRY: dict[str, str | type[Scorer]] = {
-    "perplexity": "abstain_guard.likelihood:PerplexityScorer",
-    "max_sequence_probability": "abstain_guard.likelihood:MaxSequenceProbabilityScorer",
-    "mean_token_entropy": "abstain_guard.likelihood:MeanTokenEntropyScorer",
-    "geometry": "abstain_guard.calibration.inference.geometry:GeometryScorer",
-    "calibrated": "abstain_guard.calibration.inference.baselines:CalibratedScorer",
-    # model-based baselines: from_state needs the chat model (``from_state(state, model=...)``)
-    "p_true": "abstain_guard.calibration.inference.baselines:PTrueScorer",
-    "attention_score": "abstain_guard.calibration.inference.baselines:AttentionScoreScorer",
-    "eigenscore": "abstain_guard.calibration.inference.baselines:EigenScoreScorer",
-    "sar": "abstain_guard.calibration.inference.baselines:SARScorer",
-    "semantic_entropy": "abstain_guard.calibration.inference.baselines:SemanticEntropyScorer",
+ScorerInput = Literal["metadata", "model", "samples"]
+"""What a scorer reads: the response metadata only, the chat model too (a forward pass per
+response), or K sampled answers per prompt as well."""
+
+
+@dataclass(frozen=True)
+class ScorerSpec:
+    """One registered scorer.
+
+    Attributes:
+        kind: registry name, stored in artifacts (``ScorerState.kind``).
+        target: the class, or ``"module:Class"`` imported on first use (scorers that need
+            torch or xgboost live in the optional ``local`` extra, so core must not import
+            them eagerly).
+        family: ``"likelihood"``, ``"geometry"``, ``"model"`` (P(True), attention score),
+            ``"sampling"`` (SAR, semantic entropy, EigenScore), ``"calibrated"`` or
+            ``"custom"``.
+        reads: what :func:`build_scorer` must pass (see :data:`ScorerInput`).
+        fitted: ``True`` when the scorer is fitted on reference/train answers before the
+            conformal step (``calibrate`` generates those splits for it).
+        summary: one line for the CLI and docs.
+    """
+
+    kind: str
+    target: str | type[Scorer]
+    family: str
+    reads: ScorerInput = "metadata"
+    fitted: bool = False
+    summary: str = ""
+
+
+_LIKELIHOOD = "abstain_guard.likelihood"
+_INFERENCE = "abstain_guard.calibration.inference"
+
+_REGISTRY: dict[str, ScorerSpec] = {
+    spec.kind: spec
+    for spec in (
+        ScorerSpec(
+            "perplexity",
+            f"{_LIKELIHOOD}:PerplexityScorer",
+            "likelihood",
+            summary="exp(-mean token log-probability) (paper Eq. 1)",
+        ),
+        ScorerSpec(
+            "max_sequence_probability",
+            f"{_LIKELIHOOD}:MaxSequenceProbabilityScorer",
+            "likelihood",
+            summary="-sum of token log-probabilities",
+        ),
+        ScorerSpec(
+            "mean_token_entropy",
+            f"{_LIKELIHOOD}:MeanTokenEntropyScorer",
+            "likelihood",
+            summary="mean full-vocabulary token entropy",
+        ),
+        ScorerSpec(
+            "geometry",
+            f"{_INFERENCE}.geometry:GeometryScorer",
+            "geometry",
+            fitted=True,
+            summary="hidden-state geometry -> Mahalanobis -> XGBoost -> perplexity (paper 4.5)",
+        ),
+        ScorerSpec(
+            "calibrated",
+            f"{_INFERENCE}.calibrated:CalibratedScorer",
+            "calibrated",
+            fitted=True,
+            summary="XGBoost calibration of any one-dimensional score (paper appendix)",
+        ),
+        ScorerSpec(
+            "p_true",
+            f"{_INFERENCE}.p_true:PTrueScorer",
+            "model",
+            reads="model",
+            summary="-log p('True') when the model judges its own answer",
+        ),
+        ScorerSpec(
+            "attention_score",
+            f"{_INFERENCE}.attention:AttentionScoreScorer",
+            "model",
+            reads="model",
+            summary="LLM-Check attention log-determinant at layer L//2",
+        ),
+        ScorerSpec(
+            "eigenscore",
+            f"{_INFERENCE}.sampling:EigenScoreScorer",
+            "sampling",
+            reads="samples",
+            summary="log-determinant of K sampled answers' middle-layer embeddings",
+        ),
+        ScorerSpec(
+            "sar",
+            f"{_INFERENCE}.sampling:SARScorer",
+            "sampling",
+            reads="samples",
+            summary="shifting attention to relevance over K sampled answers",
+        ),
+        ScorerSpec(
+            "semantic_entropy",
+            f"{_INFERENCE}.sampling:SemanticEntropyScorer",
+            "sampling",
+            reads="samples",
+            summary="entropy over meaning classes of K sampled answers",
+        ),
+    )
 }
 
 
-def register_scorer(kind: str, cls: type[Scorer] | str) -> None:
-    """Register a scorer class (or ``"module:Class"`` path) under ``kind``."""
-    _REGISTRY[kind] = cls
+def register_scorer(
+    kind: str,
+    cls: type[Scorer] | str,
+    *,
+    family: str = "custom",
+    reads: ScorerInput = "metadata",
+    fitted: bool = False,
+    summary: str = "",
+) -> None:
+    """Register a scorer class (or ``"module:Class"`` path) under ``kind`` so artifacts
+    that store it can be loaded."""
+    _REGISTRY[kind] = ScorerSpec(kind, cls, family, reads, fitted, summary)
+
+
+def scorer_spec(kind: str) -> ScorerSpec:
+    """The registry entry of ``kind``.
+
+    Raises:
+        ArtifactSchemaError: if ``kind`` is not registered.
+    """
+    spec = _REGISTRY.get(kind)
+    if spec is None:
+        raise ArtifactSchemaError(
+            f"Unknown scorer kind {kind!r}; known kinds: {sorted(_REGISTRY)}. "
+            "Register custom scorers with abstain_guard.scoring.register_scorer before loading."
+        )
+    return spec
+
+
+def scorer_names(
+    *, family: str | Sequence[str] | None = None, fitted: bool | None = None
+) -> tuple[str, ...]:
+    """Registered kinds in registry order, optionally only some families / fitted ones."""
+    families = (family,) if isinstance(family, str) else family
+    return tuple(
+        s.kind
+        for s in _REGISTRY.values()
+        if (families is None or s.family in families) and (fitted is None or s.fitted == fitted)
+    )
 
 
 def scorer_class(kind: str) -> type[Scorer]:
     """Resolve a registered scorer kind to its class.
 
     Raises:
-        ArtifactSchemaError: if ``kind`` is not registered.
+        ArtifactSchemaError: if ``kind`` is not registered or its module cannot be imported.
     """
-    target = _REGISTRY.get(kind)
-    if target is None:
-        raise ArtifactSchemaError(
-            f"Unknown scorer kind {kind!r}; known kinds: {sorted(_REGISTRY)}. "
-            "Register custom scorers with abstain_guard.scoring.register_scorer before loading."
-        )
+    spec = scorer_spec(kind)
+    target = spec.target
     if isinstance(target, str):
         module_name, _, attr = target.partition(":")
         try:
@@ -136,10 +246,37 @@ def scorer_class(kind: str) -> type[Scorer]:
                 f"Scorer {kind!r} needs {module_name}, which could not be imported ({exc}). "
                 "Install the local extra: pip install 'abstain-guard[local]'."
             ) from exc
-        resolved = getattr(module, attr)
-        _REGISTRY[kind] = resolved
-        return resolved  # type: ignore[no-any-return]
+        resolved: type[Scorer] = getattr(module, attr)
+        _REGISTRY[kind] = replace(spec, target=resolved)
+        return resolved
     return target
+
+
+def build_scorer(kind: str, *, model: Any = None, samples: Any = None, **params: Any) -> Scorer:
+    """A new, unfitted scorer of ``kind``: the one way to build a scorer by name.
+
+    Args:
+        kind: a registered kind (:func:`scorer_names`).
+        model: the chat model, for scorers that read it (``reads`` ``"model"``/``"samples"``).
+        samples: a shared ``SampleSource`` for sampling scorers (built from ``model`` when
+            not given); scorers sharing one draw K samples once per prompt.
+        **params: constructor parameters of the scorer.
+
+    Raises:
+        ConfigError: ``kind`` needs the chat model and none was given.
+    """
+    spec = scorer_spec(kind)
+    cls = scorer_class(kind)
+    if spec.reads == "metadata":
+        return cls(**params)
+    if model is None:
+        raise ConfigError(
+            f"Scorer {kind!r} reads the chat model ({spec.summary}); pass model=... "
+            "(the GeometryChatModel that produced the responses)."
+        )
+    if spec.reads == "samples":
+        return cls(model, samples=samples, **params)  # type: ignore[call-arg]
+    return cls(model, **params)  # type: ignore[call-arg]
 
 
 def scorer_from_state(state: ScorerState) -> Scorer:

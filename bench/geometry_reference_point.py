@@ -26,12 +26,23 @@ import unicodedata
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 SYSTEM_PROMPT = "Answer the question with only the name, in as few words as possible."
+
+
+def score_many(scorers: dict, responses: list, progress: bool = False) -> dict[str, np.ndarray]:
+    """``{name: [n] scores}`` of every scorer (shared SampleSources draw samples once)."""
+    return {
+        name: np.asarray(
+            [sc.score(r) for r in tqdm(responses, desc=name, leave=False, disable=not progress)]
+        )
+        for name, sc in scorers.items()
+    }
 
 
 def fold(text: str) -> str:
@@ -139,9 +150,10 @@ def main() -> None:
         return
 
     from abstain_guard.adapters import load_default_model
-    from abstain_guard.calibration.inference.baselines import CalibratedScorer
+    from abstain_guard.calibration.inference import CalibratedScorer
     from abstain_guard.calibration.inference.geometry import GeometryScorer
     from abstain_guard.calibration.measure import metrics
+    from abstain_guard.calibration.measure.permutation_importance import permutation_importance
     from abstain_guard.likelihood import (
         MaxSequenceProbabilityScorer,
         MeanTokenEntropyScorer,
@@ -175,20 +187,20 @@ def main() -> None:
         "mean_token_entropy": MeanTokenEntropyScorer(),
     }
     if args.baselines or args.samples:
-        from abstain_guard.calibration.inference.baselines import AttentionScoreScorer, PTrueScorer
+        from abstain_guard.calibration.inference import AttentionScoreScorer, PTrueScorer
 
         baseline_scorers["p_true"] = PTrueScorer(model)
         baseline_scorers["attention_score"] = AttentionScoreScorer(model)
     if args.samples:
-        from abstain_guard.calibration.inference.aux_models import (
-            SentenceSimilarity,
-            SimilarityEquivalence,
-        )
-        from abstain_guard.calibration.inference.baselines import (
+        from abstain_guard.calibration.inference import (
             EigenScoreScorer,
             SampleSource,
             SARScorer,
             SemanticEntropyScorer,
+        )
+        from abstain_guard.calibration.inference.aux_models import (
+            SentenceSimilarity,
+            SimilarityEquivalence,
         )
 
         source = SampleSource(model, num_samples=args.samples, max_new_tokens=24)
@@ -198,8 +210,6 @@ def main() -> None:
         baseline_scorers["semantic_entropy"] = SemanticEntropyScorer(
             model, judge=SimilarityEquivalence(sim, 0.9), samples=source
         )
-    from abstain_guard.calibration.inference.baselines import score_many
-
     t_b = time.perf_counter()
     base_scores = score_many(baseline_scorers, metas, progress=True)  # type: ignore[arg-type]
     t_baselines = time.perf_counter() - t_b
@@ -223,8 +233,8 @@ def main() -> None:
             u = scorer.score_many([replays[i] for i in ev])
             results[name].append(metrics.auroc(u, labels[ev]))
             if name == "geometry":
-                imp = scorer.feature_importance(
-                    [replays[i] for i in ev], labels[ev], n_repeats=5, random_state=split
+                imp = permutation_importance(
+                    scorer, [replays[i] for i in ev], labels[ev], n_repeats=5, random_state=split
                 )
                 importance.append(imp.drops)
         for name, scores in base_scores.items():
@@ -292,18 +302,17 @@ def baselines_only(args: argparse.Namespace) -> None:
     import torch
 
     from abstain_guard.adapters import load_default_model
-    from abstain_guard.calibration.inference.aux_models import (
-        SentenceSimilarity,
-        SimilarityEquivalence,
-    )
-    from abstain_guard.calibration.inference.baselines import (
+    from abstain_guard.calibration.inference import (
         AttentionScoreScorer,
         EigenScoreScorer,
         PTrueScorer,
         SampleSource,
         SARScorer,
         SemanticEntropyScorer,
-        score_many,
+    )
+    from abstain_guard.calibration.inference.aux_models import (
+        SentenceSimilarity,
+        SimilarityEquivalence,
     )
     from abstain_guard.calibration.measure import metrics
 

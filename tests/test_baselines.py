@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from abstain_guard.calibration.inference.baselines import (
+from abstain_guard.calibration.inference import (
     AttentionScoreScorer,
     CalibratedScorer,
     EigenScoreScorer,
@@ -24,7 +24,6 @@ from abstain_guard.calibration.inference.baselines import (
     greedy_semantic_classes,
     question_from_prompt,
     sar,
-    score_many,
     semantic_entropy,
     token_sar,
 )
@@ -228,7 +227,7 @@ def test_baselines_on_the_real_model(default_model) -> None:
             default_model, judge=SimilarityEquivalence(sim, 0.9), samples=source
         ),
     }
-    scores = score_many(scorers, [msg, msg])
+    scores = {name: scorer.score_many([msg, msg]) for name, scorer in scorers.items()}
     for name, s in scores.items():
         assert s.shape == (2,) and np.all(np.isfinite(s)), name
         assert s[0] == pytest.approx(s[1]), name  # cached samples: same prompt, same score

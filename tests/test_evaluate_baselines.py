@@ -6,13 +6,14 @@ import numpy as np
 import pytest
 from tiny_models import tiny_chat_model
 
-from abstain_guard.calibration.inference.baselines import SampleSource
+from abstain_guard.calibration.inference import SampleSource
 from abstain_guard.calibration.measure.evaluate import (
+    BASELINE_PARAMS,
     MODEL_BASELINES,
-    _model_baseline,
     parse_baselines,
 )
 from abstain_guard.errors import ConfigError
+from abstain_guard.scoring import build_scorer
 
 
 def test_parse_baselines_sets_and_errors() -> None:
@@ -32,9 +33,12 @@ def test_every_model_baseline_is_built_and_cheap_ones_score() -> None:
     samples = SampleSource(model, num_samples=2, max_new_tokens=4)
     # P(True) needs "True" to be one token; the tiny model's tokenizer is per character
     with pytest.raises(ConfigError, match="single token"):
-        _model_baseline("p_true", model, samples)
+        build_scorer("p_true", model=model, samples=samples)
     names = [n for n in MODEL_BASELINES if n != "p_true"]
-    scorers = {name: _model_baseline(name, model, samples) for name in names}
+    scorers = {
+        name: build_scorer(name, model=model, samples=samples, **BASELINE_PARAMS.get(name, {}))
+        for name in names
+    }
     assert {s.kind for s in scorers.values()} == {
         "attention_score",
         "eigenscore",

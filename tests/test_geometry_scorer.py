@@ -13,14 +13,11 @@ from sklearn.covariance import OAS, LedoitWolf
 
 from abstain_guard.adapters import ReferenceMeans, ReplayResult, TokenStates
 from abstain_guard.adapters.geometry import phi_from_states
-from abstain_guard.calibration.inference.geometry import (
-    GeometryScorer,
-    family_slices,
-    fit_gaussian,
-    response_uncertainty,
-    token_block,
-)
+from abstain_guard.calibration.inference.calibrator import fit_gaussian, response_uncertainty
+from abstain_guard.calibration.inference.features import family_slices, token_block
+from abstain_guard.calibration.inference.geometry import GeometryScorer
 from abstain_guard.calibration.measure import metrics
+from abstain_guard.calibration.measure.permutation_importance import permutation_importance
 from abstain_guard.errors import (
     InsufficientDataError,
     InvalidInputError,
@@ -228,7 +225,7 @@ def test_token_block_layout() -> None:
 
 def test_feature_importance_finds_the_informative_family(fitted_omega) -> None:
     scorer, data = fitted_omega
-    imp = scorer.feature_importance([r for r, _ in data], [c for _, c in data], n_repeats=3)
+    imp = permutation_importance(scorer, [r for r, _ in data], [c for _, c in data], n_repeats=3)
     assert imp.auroc > 0.85
     assert imp.drops["omega"]["auroc_mean"] > 0.2
     for fam in ("theta", "phi_in", "phi_out"):

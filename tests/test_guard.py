@@ -23,8 +23,9 @@ from langchain_core.tracers.schemas import Run
 
 from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig, PerplexityScorer
 from abstain_guard.errors import ArtifactMismatchError, GuardError, ScoringError
+from abstain_guard.metadata import ResponseLike
 from abstain_guard.runnables import map_chat_models
-from abstain_guard.scoring import ResponseLike, Scorer, ScorerState, register_scorer
+from abstain_guard.scoring import Scorer, ScorerState, register_scorer
 
 KEYS = {"abstained", "score", "threshold", "scorer", "mode", "target", "guarantee"}
 

@@ -37,6 +37,9 @@ from abstain_guard.calibration.build.datasets import (
 )
 from abstain_guard.calibration.build.judges.base import summarize_judgments
 from abstain_guard.calibration.build.judges.text import alias_tokens
+from abstain_guard.calibration.build.store import RunStore, content_key
+from abstain_guard.deployment import DeploymentRecord, PromptRecord
+from abstain_guard.errors import CalibrationError, ConfigError, DatasetError, InsufficientDataError
 from abstain_guard.prompts import (
     MAX_NEW_TOKENS,
     RENDERING,
@@ -46,15 +49,13 @@ from abstain_guard.prompts import (
     question_prompt,
     system_prompt_for,
 )
-from abstain_guard.calibration.build.store import RunStore, content_key
-from abstain_guard.deployment import DeploymentRecord, PromptRecord
-from abstain_guard.errors import CalibrationError, ConfigError, DatasetError, InsufficientDataError
+from abstain_guard.scoring import build_scorer, scorer_names
 
 logger = logging.getLogger("abstain_guard.calibration")
 
 SPLITS = ("reference", "train", "calibration", "test")
-LIKELIHOOD_SCORERS = ("perplexity", "max_sequence_probability", "mean_token_entropy")
-FIT_SCORERS = ("geometry",)
+LIKELIHOOD_SCORERS = scorer_names(family="likelihood")
+FIT_SCORERS = scorer_names(family="geometry")
 LIKELIHOOD_METADATA = (
     "prompt_token_ids",
     "token_ids",
@@ -64,6 +65,8 @@ LIKELIHOOD_METADATA = (
     "generation",
 )
 KNOWN_SCORERS = LIKELIHOOD_SCORERS + FIT_SCORERS
+"""Scorers ``calibrate`` can build an artifact for: they read the metadata of one answer
+(the geometry scorer also reads the reference/train answers it is fitted on)."""
 
 
 class CalibrationConfig(BaseModel):
@@ -397,8 +400,8 @@ def build_judges(
     """One cached judge per question kind: the configured judge for open questions; the
     choice and numeric judges for multiple-choice and math questions (unless the config
     names one of those). Built and validated before any model is loaded."""
-    from abstain_guard.calibration.build.judges.cache import CachedJudge, JudgmentCache
     from abstain_guard.calibration.build.judges import make_judge
+    from abstain_guard.calibration.build.judges.cache import CachedJudge, JudgmentCache
 
     configured = make_judge(config.judge, chat_models=chat_models)
     name = config.judge if isinstance(config.judge, str) else config.judge.get("name")
@@ -412,9 +415,7 @@ def build_judges(
 
 
 def _make_scorer(config: CalibrationConfig) -> Any:
-    from abstain_guard.scoring import scorer_class
-
-    return scorer_class(config.scorer)(**config.scorer_params)
+    return build_scorer(config.scorer, **config.scorer_params)
 
 
 def calibrate(

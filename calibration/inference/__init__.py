@@ -1,3 +1,59 @@
-"""Scorers that run when the guard answers: the geometry scorer with its XGBoost
-calibrator, and the model-based baselines. The guard loads them from an artifact through
-the scorer registry (:mod:`abstain_guard.scoring`)."""
+"""Scorers that run when the guard answers.
+
+The guard loads them from an artifact through the scorer registry
+(:mod:`abstain_guard.scoring`); the likelihood scorers, which need no model, live in core
+(:mod:`abstain_guard.likelihood`). One module per family:
+
+* :mod:`.geometry` — the paper's geometry scorer; its inputs are read by :mod:`.features`
+  and its Gaussians / XGBoost model live in :mod:`.calibrator`;
+* :mod:`.calibrated` — the same XGBoost calibration on any one-dimensional score;
+* :mod:`.p_true`, :mod:`.attention` — scorers that run the model once per answer
+  (sharing :mod:`.model_access`);
+* :mod:`.sampling` — SAR, semantic entropy, EigenScore over K sampled answers;
+* :mod:`.aux_models` — the sentence-similarity and NLI models they use.
+"""
+
+from __future__ import annotations
+
+from abstain_guard.calibration.inference.attention import AttentionScoreScorer, attention_score
+from abstain_guard.calibration.inference.calibrated import CalibratedScorer
+from abstain_guard.calibration.inference.calibrator import fit_gaussian, response_uncertainty
+from abstain_guard.calibration.inference.features import FAMILIES, TokenBlock, token_block
+from abstain_guard.calibration.inference.geometry import GeometryScorer
+from abstain_guard.calibration.inference.model_access import question_from_prompt
+from abstain_guard.calibration.inference.p_true import PTRUE_PROMPT, PTrueScorer
+from abstain_guard.calibration.inference.sampling import (
+    EigenScoreScorer,
+    SampleSource,
+    SARScorer,
+    SemanticEntropyScorer,
+    eigenscore,
+    greedy_semantic_classes,
+    sar,
+    semantic_entropy,
+    token_sar,
+)
+
+__all__ = [
+    "FAMILIES",
+    "PTRUE_PROMPT",
+    "AttentionScoreScorer",
+    "CalibratedScorer",
+    "EigenScoreScorer",
+    "GeometryScorer",
+    "PTrueScorer",
+    "SARScorer",
+    "SampleSource",
+    "SemanticEntropyScorer",
+    "TokenBlock",
+    "attention_score",
+    "eigenscore",
+    "fit_gaussian",
+    "greedy_semantic_classes",
+    "question_from_prompt",
+    "response_uncertainty",
+    "sar",
+    "semantic_entropy",
+    "token_block",
+    "token_sar",
+]

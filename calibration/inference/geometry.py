@@ -23,393 +23,37 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-import xgboost as xgb
-from scipy.linalg import solve_triangular
-from sklearn.covariance import OAS, LedoitWolf
-from sklearn.model_selection import train_test_split
 
-from abstain_guard.calibration.measure import metrics
+from abstain_guard.adapters import ReferenceMeans
+from abstain_guard.calibration.inference.calibrator import (
+    DEFAULT_XGB_PARAMS,
+    CovarianceKind,
+    Gaussian,
+    booster_from_bytes,
+    booster_to_bytes,
+    fit_gaussian,
+    fit_xgb_calibrator,
+    response_uncertainty,
+)
+from abstain_guard.calibration.inference.features import TokenBlock, token_block
 from abstain_guard.errors import (
+    ArtifactSchemaError,
     InsufficientDataError,
     InvalidInputError,
     NotFittedError,
     ScoringError,
 )
-from abstain_guard.scoring import ResponseLike, Scorer, ScorerState, response_metadata_of
+from abstain_guard.metadata import ResponseLike
+from abstain_guard.runnables import map_chat_models
+from abstain_guard.scoring import Scorer, ScorerState
+
+__all__ = ["GeometryScorer", "LabeledResponses", "Variant"]
 
 Variant = Literal["paper", "raw"]
-CovarianceKind = Literal["ledoit_wolf", "oas"]
-
-FAMILIES: tuple[str, ...] = ("omega", "theta", "phi_in", "phi_out")
-"""The four geometry families, in token-vector order."""
-
-DEFAULT_XGB_PARAMS: dict[str, Any] = {
-    "objective": "binary:logistic",
-    "eval_metric": "logloss",
-    "max_depth": 3,
-    "eta": 0.05,
-    "subsample": 0.8,
-    "min_child_weight": 1.0,
-    "lambda": 1.0,
-    "tree_method": "hist",
-    "nthread": 2,
-}
-"""XGBoost parameters used when ``xgb_params`` is not given (merged with user values)."""
-
-PROB_FLOOR = 1e-6
-"""Calibrated confidences are clipped to ``[PROB_FLOOR, 1]`` before the log."""
-
-
-# --------------------------------------------------------------------------------------
-# pure math
-# --------------------------------------------------------------------------------------
-
-
-def response_uncertainty(token_confidences: np.ndarray, floor: float = PROB_FLOOR) -> float:
-    """Perplexity-style aggregate ``exp(−mean_t log clip(p̂_t, floor, 1))``.
-
-    Args:
-        token_confidences: ``[N]`` calibrated confidences, ``N ≥ 1``.
-
-    Raises:
-        ScoringError: for an empty array or a NaN confidence.
-    """
-    p = np.asarray(token_confidences, dtype=np.float64)
-    if p.size == 0:
-        raise ScoringError("Cannot aggregate zero token confidences (the response has no tokens).")
-    if not np.all(np.isfinite(p)):
-        raise ScoringError("A calibrated token confidence is NaN or infinite.")
-    p = np.clip(p, floor, 1.0)
-    return float(math.exp(-float(np.mean(np.log(p)))))
-
-
-@dataclass(frozen=True)
-class Gaussian:
-    """A Gaussian with a precomputed whitening matrix (``d(ν) = ‖(ν − mean) @ whiten‖``).
-
-    Attributes:
-        mean: ``[F]``.
-        whiten: ``[F, F]``, ``inv(chol(Σ)).T`` so that ``whiten @ whiten.T = Σ^{-1}``.
-    """
-
-    mean: np.ndarray
-    whiten: np.ndarray
-
-    def distance(self, x: np.ndarray) -> np.ndarray:
-        """Mahalanobis distances of rows ``x`` ``[n, F]`` → ``[n]``."""
-        z = (x - self.mean) @ self.whiten
-        return np.sqrt(np.einsum("ij,ij->i", z, z))
-
-
-def fit_gaussian(x: np.ndarray, covariance: CovarianceKind = "ledoit_wolf") -> Gaussian:
-    """Fit mean and shrinkage covariance to rows ``x`` ``[n, F]`` (``n ≥ 2``).
-
-    The covariance comes from scikit-learn's :class:`~sklearn.covariance.LedoitWolf` or
-    :class:`~sklearn.covariance.OAS`; if it is still numerically singular a jitter of
-    ``1e-9 · mean(diag)`` is added (reported nowhere else; it only happens with constant
-    columns and no shrinkage).
-
-    Raises:
-        InsufficientDataError: fewer than two rows.
-        InvalidInputError: NaN/inf values, or all rows identical (zero variance).
-    """
-    x = np.asarray(x, dtype=np.float64)
-    if x.ndim != 2 or x.shape[0] < 2:
-        raise InsufficientDataError(
-            f"Need at least 2 token vectors to fit a Gaussian, got shape {x.shape}. "
-            "Add more reference responses of this class."
-        )
-    if not np.all(np.isfinite(x)):
-        raise InvalidInputError(
-            "Token feature vectors contain NaN or infinite values (zero-norm hidden states?). "
-            "Check the model's geometry output."
-        )
-    variances = x.var(axis=0)
-    if float(variances.sum()) <= 0.0:
-        raise InvalidInputError(
-            "All token feature vectors are identical: a Gaussian cannot be fitted. "
-            "The reference responses carry no geometric variation; use more varied data."
-        )
-    estimator = LedoitWolf() if covariance == "ledoit_wolf" else OAS()
-    estimator.fit(x)
-    cov = np.asarray(estimator.covariance_, dtype=np.float64)
-    mean = np.asarray(estimator.location_, dtype=np.float64)
-    jitter = 1e-9 * float(np.mean(np.diag(cov)))
-    for _ in range(6):
-        try:
-            chol = np.linalg.cholesky(cov)
-            break
-        except np.linalg.LinAlgError:
-            cov = cov + jitter * np.eye(cov.shape[0])
-            jitter *= 100.0
-    else:  # pragma: no cover - only for pathological inputs
-        raise InvalidInputError("The feature covariance is singular even after regularization.")
-    whiten = solve_triangular(chol, np.eye(chol.shape[0]), lower=True).T
-    return Gaussian(mean=mean, whiten=np.ascontiguousarray(whiten))
-
-
-def family_slices(num_layers: int) -> dict[str, slice]:
-    """Column ranges of Ω, Θ, Φ^in, Φ^out in the ``8L−4`` token vector."""
-    k = 2 * num_layers - 1
-    return {name: slice(i * k, (i + 1) * k) for i, name in enumerate(FAMILIES)}
-
-
-def auroc_auprc(uncertainty: np.ndarray, correct: np.ndarray) -> tuple[float, float]:
-    """AUROC and AUPRC in the project's convention
-    (:mod:`abstain_guard.calibration.measure.metrics`: AUROC for detecting incorrect
-    answers, AUPRC of the confidence for correct ones)."""
-    return float(metrics.auroc(uncertainty, correct)), float(metrics.auprc(uncertainty, correct))
-
-
-# --------------------------------------------------------------------------------------
-# reading responses
-# --------------------------------------------------------------------------------------
-
-
-@dataclass
-class TokenBlock:
-    """Per-token inputs of one response.
-
-    Attributes:
-        geometry: ``[N, 8L−4]`` (Ω, Θ, Φ^in, Φ^out).
-        logprob: ``[N]`` log-probability of each generated token (EOS included when generated).
-        entropy: ``[N]`` full-vocabulary entropy (NaN where the message has none).
-    """
-
-    geometry: np.ndarray
-    logprob: np.ndarray
-    entropy: np.ndarray
-
-
-def _split_response(response: Any) -> tuple[Mapping[str, Any], Any]:
-    """``(metadata, states_or_None)`` of a ReplayResult, message or metadata mapping."""
-    if hasattr(response, "metadata") and hasattr(response, "states"):
-        meta = response.metadata
-        if not isinstance(meta, Mapping):
-            raise InvalidInputError("ReplayResult.metadata must be a mapping.")
-        return meta, response.states
-    return response_metadata_of(response), None
-
-
-def _as_numpy(x: Any) -> np.ndarray:
-    if hasattr(x, "detach"):
-        x = x.detach().to("cpu").float().numpy()
-    return np.asarray(x, dtype=np.float64)
-
-
-def _geometry_of(meta: Mapping[str, Any]) -> Mapping[str, Any]:
-    geometry = meta.get("geometry")
-    if not isinstance(geometry, Mapping):
-        raise ScoringError(
-            "The response carries no geometry (response_metadata['geometry'] is missing). "
-            "Generate it with a GeometryChatModel from abstain_guard.adapters."
-        )
-    return geometry
-
-
-def logprobs_of(meta: Mapping[str, Any]) -> np.ndarray:
-    """``[N]`` token log-probabilities from OpenAI-style ``logprobs.content``.
-
-    Raises:
-        ScoringError: when the message has no logprobs.
-    """
-    lp = meta.get("logprobs")
-    content = lp.get("content") if isinstance(lp, Mapping) else None
-    if content is None:
-        raise ScoringError(
-            "The response has no token logprobs (response_metadata['logprobs']['content'])."
-        )
-    return np.asarray([float(item["logprob"]) for item in content], dtype=np.float64)
-
-
-def token_block(
-    response: Any,
-    means: Any | None,
-    *,
-    require_states: bool = False,
-) -> TokenBlock:
-    """Assemble the per-token inputs of one response.
-
-    Φ comes from the response's hidden states and ``means`` when it has states, otherwise
-    from ``geometry['phi_in'/'phi_out']``.
-
-    Raises:
-        ScoringError: missing geometry, logprobs, Φ or states; inconsistent lengths;
-            NaN/inf features.
-    """
-    meta, states = _split_response(response)
-    geometry = _geometry_of(meta)
-    omega = np.asarray(geometry.get("omega"), dtype=np.float64)
-    theta = np.asarray(geometry.get("theta"), dtype=np.float64)
-    n = omega.shape[0] if omega.ndim == 2 else 0
-    logprob = logprobs_of(meta)
-    if states is not None and means is not None:
-        from abstain_guard.adapters.geometry import phi_from_states
-
-        post_attn = _as_numpy(states.post_attn)
-        post_mlp = _as_numpy(states.post_mlp)
-        phi_in = _as_numpy(
-            phi_from_states(post_attn, post_mlp, means.post_attn_in, means.post_mlp_in)
-        )
-        phi_out = _as_numpy(
-            phi_from_states(post_attn, post_mlp, means.post_attn_out, means.post_mlp_out)
-        )
-    elif require_states:
-        raise ScoringError(
-            "Reference responses need hidden states to fit the mean directions: pass "
-            "ReplayResults from model.replay(..., return_states=True)."
-        )
-    else:
-        if geometry.get("phi_in") is None or geometry.get("phi_out") is None:
-            raise ScoringError(
-                "The response carries no Φ^in/Φ^out. Score messages produced by the model "
-                "returned by scorer.prepare(model) (it calls model.with_reference(...)), or "
-                "pass a ReplayResult with states."
-            )
-        phi_in = np.asarray(geometry["phi_in"], dtype=np.float64)
-        phi_out = np.asarray(geometry["phi_out"], dtype=np.float64)
-    if n == 0 or logprob.shape[0] == 0:
-        raise ScoringError(
-            "The response has no generated tokens; nothing to score. (An answer that is only "
-            "an EOS token still has one token; a response with zero tokens has none.)"
-        )
-    parts = [omega, theta, phi_in, phi_out]
-    width = omega.shape[1]
-    if any(p.ndim != 2 or p.shape != (n, width) for p in parts) or logprob.shape[0] != n:
-        raise ScoringError(
-            "Inconsistent per-token shapes: omega "
-            f"{omega.shape}, theta {theta.shape}, phi_in {phi_in.shape}, phi_out {phi_out.shape}, "
-            f"logprobs {logprob.shape}. Each must have one row per generated token."
-        )
-    vec = np.concatenate(parts, axis=1)
-    if not np.all(np.isfinite(vec)) or not np.all(np.isfinite(logprob)):
-        raise ScoringError(
-            "Token features contain NaN or inf (a zero-norm hidden state makes an angle "
-            "undefined). This response cannot be scored by the geometry scorer."
-        )
-    ent = meta.get("entropy")
-    entropy = (
-        np.asarray(ent, dtype=np.float64)
-        if ent is not None and len(ent) == n
-        else np.full(n, np.nan, dtype=np.float64)
-    )
-    return TokenBlock(geometry=vec, logprob=logprob, entropy=entropy)
-
-
-# --------------------------------------------------------------------------------------
-# XGBoost helpers (shared with CalibratedScorer)
-# --------------------------------------------------------------------------------------
-
-
-def fit_xgb_calibrator(
-    x: np.ndarray,
-    y: np.ndarray,
-    groups: np.ndarray,
-    *,
-    params: Mapping[str, Any],
-    num_boost_round: int,
-    early_stopping_rounds: int,
-    validation_fraction: float,
-    random_state: int,
-) -> tuple[xgb.Booster, dict[str, Any]]:
-    """Train ``binary:logistic`` XGBoost on rows ``x`` ``[n, F]`` with labels ``y`` ``[n]``.
-
-    ``groups`` ``[n]`` names the response of each row; the early-stopping hold-out is a
-    stratified ``validation_fraction`` of *responses* (never tokens of one response on both
-    sides). With too few responses for a stratified hold-out (fewer than 2 of either class
-    in it) training runs the full ``num_boost_round`` rounds without early stopping, which
-    is recorded in the returned info.
-
-    Returns:
-        The booster (sliced to its best iteration) and a JSON-able info dict.
-
-    Raises:
-        InsufficientDataError: if ``y`` has a single class.
-    """
-    y = np.asarray(y, dtype=np.float64)
-    if np.unique(y).size < 2:
-        raise InsufficientDataError(
-            "The training split has only one class (all correct or all incorrect); the "
-            "calibrator needs both. Use a larger or more varied training split."
-        )
-    uniq, first = np.unique(groups, return_index=True)
-    group_labels = y[first]
-    info: dict[str, Any] = {"early_stopping": False}
-    train_idx = np.arange(len(y))
-    val_idx: np.ndarray | None = None
-    n_val = round(validation_fraction * len(uniq))
-    counts = np.bincount(group_labels.astype(int), minlength=2)
-    if validation_fraction > 0 and n_val >= 2 and counts.min() >= 4:
-        _, g_val = train_test_split(
-            uniq, test_size=n_val, stratify=group_labels, random_state=random_state
-        )
-        val_mask = np.isin(groups, g_val)
-        train_idx, val_idx = np.flatnonzero(~val_mask), np.flatnonzero(val_mask)
-    p = dict(params)
-    p.setdefault("seed", random_state)
-    dtrain = xgb.DMatrix(x[train_idx], label=y[train_idx])
-    if val_idx is not None and np.unique(y[val_idx]).size == 2:
-        dval = xgb.DMatrix(x[val_idx], label=y[val_idx])
-        booster = xgb.train(
-            p,
-            dtrain,
-            num_boost_round=num_boost_round,
-            evals=[(dval, "validation")],
-            early_stopping_rounds=early_stopping_rounds,
-            verbose_eval=False,
-        )
-        best = int(booster.best_iteration)
-        booster = booster[: best + 1]
-        info = {"early_stopping": True, "best_iteration": best}
-    else:
-        booster = xgb.train(p, dtrain, num_boost_round=num_boost_round, verbose_eval=False)
-        info["best_iteration"] = num_boost_round - 1
-    booster.set_param({"nthread": 1})
-    return booster, info
-
-
-def booster_to_bytes(booster: xgb.Booster) -> bytes:
-    """Serialize with XGBoost's own UBJSON format (no pickle)."""
-    return bytes(booster.save_raw("ubj"))
-
-
-def booster_from_bytes(raw: bytes) -> xgb.Booster:
-    """Load a booster written by :func:`booster_to_bytes`."""
-    booster = xgb.Booster()
-    booster.load_model(bytearray(raw))
-    booster.set_param({"nthread": 1})
-    return booster
-
-
-# --------------------------------------------------------------------------------------
-# the scorer
-# --------------------------------------------------------------------------------------
-
-
-@dataclass
-class FeatureImportance:
-    """Permutation ablation result (paper §5.3).
-
-    Attributes:
-        auroc: AUROC of the unpermuted scores; ``auprc`` likewise.
-        drops: per family, ``{"auroc_mean", "auroc_sd", "auprc_mean", "auprc_sd"}`` of the
-            drop (unpermuted − permuted) over ``n_repeats`` permutations.
-    """
-
-    auroc: float
-    auprc: float
-    drops: dict[str, dict[str, float]] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form."""
-        return {"auroc": self.auroc, "auprc": self.auprc, "drops": self.drops}
-
 
 LabeledResponses = Sequence[tuple[Any, bool]]
 
@@ -492,8 +136,6 @@ class GeometryScorer(Scorer):
             InvalidInputError: identical or NaN features.
             ScoringError: a response lacks what is needed (states, logprobs, geometry).
         """
-        from abstain_guard.adapters import ReferenceMeans
-
         ref = list(reference)
         correct_states = [r.states for r, c in ref if c and getattr(r, "states", None) is not None]
         incorrect_states = [
@@ -612,8 +254,16 @@ class GeometryScorer(Scorer):
 
     def score_many(self, responses: Sequence[ResponseLike]) -> np.ndarray:
         """Scores ``[n]``, with one XGBoost call for all tokens."""
+        return self.scores_of(self.token_blocks(responses))
+
+    def token_blocks(self, responses: Sequence[ResponseLike]) -> list[TokenBlock]:
+        """The per-token inputs of each response (Φ with this scorer's means)."""
         self._check_fitted()
-        blocks = [token_block(r, self.reference_means_) for r in responses]
+        return [token_block(r, self.reference_means_) for r in responses]
+
+    def scores_of(self, blocks: Sequence[TokenBlock]) -> np.ndarray:
+        """Scores ``[n]`` of per-token inputs (:meth:`token_blocks`), one XGBoost call."""
+        self._check_fitted()
         if not blocks:
             return np.zeros(0, dtype=np.float64)
         x = np.concatenate([self._calibrator_features(b) for b in blocks])
@@ -628,61 +278,12 @@ class GeometryScorer(Scorer):
         """Install the fitted means into every GeometryChatModel inside ``runnable`` (so the
         messages it produces carry Φ^in/Φ^out)."""
         self._check_fitted()
-        from abstain_guard.runnables import map_chat_models
-
         means = self.reference_means_
 
         def install(model: Any) -> Any:
             return model.with_reference(means) if hasattr(model, "with_reference") else model
 
         return map_chat_models(runnable, install)
-
-    # ---- analysis --------------------------------------------------------------------
-
-    def feature_importance(
-        self,
-        responses: Sequence[ResponseLike],
-        labels: Sequence[bool],
-        n_repeats: int = 5,
-        random_state: int = 0,
-    ) -> FeatureImportance:
-        """Permutation ablation: permute each of Ω, Θ, Φ^in, Φ^out across all tokens of
-        ``responses`` (rows of that family's block shuffled together) and report the drop
-        in AUROC/AUPRC (mean and sd over ``n_repeats``)."""
-        self._check_fitted()
-        correct = np.asarray(labels, dtype=bool)
-        if len(correct) != len(responses):
-            raise InvalidInputError("responses and labels must have the same length.")
-        blocks = [token_block(r, self.reference_means_) for r in responses]
-        bounds = np.cumsum([0] + [b.logprob.shape[0] for b in blocks])
-        geom = np.concatenate([b.geometry for b in blocks])
-        logprob = np.concatenate([b.logprob for b in blocks])
-        entropy = np.concatenate([b.entropy for b in blocks])
-
-        def scores_for(g: np.ndarray) -> np.ndarray:
-            p = self._predict(
-                self._calibrator_features(TokenBlock(geometry=g, logprob=logprob, entropy=entropy))
-            )
-            return np.asarray([response_uncertainty(p[a:b]) for a, b in itertools.pairwise(bounds)])
-
-        base_auroc, base_auprc = auroc_auprc(scores_for(geom), correct)
-        rng = np.random.default_rng(random_state)
-        result = FeatureImportance(auroc=base_auroc, auprc=base_auprc)
-        for fam, sl in family_slices(self.num_layers_).items():
-            d_roc, d_prc = [], []
-            for _ in range(n_repeats):
-                g = geom.copy()
-                g[:, sl] = geom[rng.permutation(geom.shape[0]), sl]
-                a, p = auroc_auprc(scores_for(g), correct)
-                d_roc.append(base_auroc - a)
-                d_prc.append(base_auprc - p)
-            result.drops[fam] = {
-                "auroc_mean": float(np.mean(d_roc)),
-                "auroc_sd": float(np.std(d_roc, ddof=1)) if n_repeats > 1 else 0.0,
-                "auprc_mean": float(np.mean(d_prc)),
-                "auprc_sd": float(np.std(d_prc, ddof=1)) if n_repeats > 1 else 0.0,
-            }
-        return result
 
     # ---- state -----------------------------------------------------------------------
 
@@ -725,8 +326,6 @@ class GeometryScorer(Scorer):
     @classmethod
     def from_state(cls, state: ScorerState) -> GeometryScorer:
         """Rebuild a fitted scorer from :meth:`get_state` output."""
-        from abstain_guard.adapters import ReferenceMeans
-
         p = dict(state.params)
         try:
             scorer = cls(
@@ -754,8 +353,6 @@ class GeometryScorer(Scorer):
                 )
             scorer.booster_ = booster_from_bytes(state.files["calibrator.ubj"])
         except KeyError as exc:
-            from abstain_guard.errors import ArtifactSchemaError
-
             raise ArtifactSchemaError(
                 f"Geometry scorer state is missing {exc}; the artifact is incomplete."
             ) from exc

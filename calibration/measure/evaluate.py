@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from abstain_guard.calibration.build.datasets import QAItem, load_dataset, load_named_dataset
 from abstain_guard.calibration.build.pipeline import (
@@ -35,12 +36,19 @@ from abstain_guard.calibration.build.pipeline import (
     resolve_cache_dir,
 )
 from abstain_guard.calibration.build.store import RunStore
+from abstain_guard.calibration.inference.calibrated import CalibratedScorer
+from abstain_guard.calibration.inference.geometry import GeometryScorer
+from abstain_guard.calibration.inference.sampling import SampleSource
+from abstain_guard.calibration.measure.permutation_importance import permutation_importance
 from abstain_guard.errors import ConfigError, DatasetError
+from abstain_guard.scoring import build_scorer, scorer_names
 
 logger = logging.getLogger("abstain_guard.calibration")
 
-LIKELIHOOD = ("perplexity", "max_sequence_probability", "mean_token_entropy")
-MODEL_BASELINES = ("p_true", "attention_score", "eigenscore", "sar", "semantic_entropy")
+LIKELIHOOD = scorer_names(family="likelihood")
+MODEL_BASELINES = scorer_names(family=("model", "sampling"))
+BASELINE_PARAMS: dict[str, dict[str, Any]] = {"semantic_entropy": {"judge": "similarity"}}
+"""Constructor parameters of baselines in ``evaluate`` (offline equivalence judge)."""
 
 
 @dataclass
@@ -186,29 +194,6 @@ def collect_held_out(
     return held
 
 
-def _model_baseline(name: str, model: Any, samples: Any) -> Any:
-    from abstain_guard.calibration.inference import baselines as b
-
-    if name == "p_true":
-        return b.PTrueScorer(model)
-    if name == "attention_score":
-        return b.AttentionScoreScorer(model)
-    if name == "eigenscore":
-        return b.EigenScoreScorer(model, samples=samples)
-    if name == "sar":
-        return b.SARScorer(model, samples=samples)
-    if name == "semantic_entropy":
-        from abstain_guard.calibration.inference.aux_models import (
-            SentenceSimilarity,
-            SimilarityEquivalence,
-        )
-
-        return b.SemanticEntropyScorer(
-            model, judge=SimilarityEquivalence(SentenceSimilarity(), 0.8), samples=samples
-        )
-    raise ConfigError(f"Unknown baseline {name!r}.")
-
-
 def score_held_out(
     held: HeldOut,
     artifact: Any,
@@ -219,31 +204,21 @@ def score_held_out(
     progress: bool = True,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Uncertainty scores of every scorer, and of the calibrated likelihood baselines."""
-    from tqdm.auto import tqdm
-
-    from abstain_guard.scoring import scorer_class
-
     scores: dict[str, np.ndarray] = {
         artifact.scorer.name: artifact.scorer.score_many(held.metadata)
     }
     samples = None
     if any(b in MODEL_BASELINES for b in baselines):
-        from abstain_guard.calibration.inference.baselines import SampleSource
-
         samples = SampleSource(model, num_samples=num_samples, max_new_tokens=24)
     for name in tqdm(baselines, desc="baselines", disable=not progress):
         if name in scores:
             continue
-        scorer = (
-            scorer_class(name)() if name in LIKELIHOOD else _model_baseline(name, model, samples)
-        )
+        scorer = build_scorer(name, model=model, samples=samples, **BASELINE_PARAMS.get(name, {}))
         scores[name] = np.asarray(scorer.score_many(held.metadata), dtype=np.float64)
     calibrated: dict[str, np.ndarray] = {}
     if held.train_metadata is not None and held.train_correct is not None:
-        from abstain_guard.calibration.inference.baselines import CalibratedScorer
-
         for name in (b for b in baselines if b in LIKELIHOOD):
-            cal = CalibratedScorer(scorer_class(name)())
+            cal = CalibratedScorer(build_scorer(name))
             cal.fit(list(zip(held.train_metadata, held.train_correct.tolist(), strict=True)))
             calibrated[cal.name] = np.asarray(cal.score_many(held.metadata), dtype=np.float64)
     return scores, calibrated
@@ -306,9 +281,9 @@ def evaluate(
             held, art, model, names, num_samples=num_samples, progress=progress
         )
         importance = None
-        if hasattr(art.scorer, "feature_importance"):
-            importance = art.scorer.feature_importance(
-                held.metadata, held.correct.tolist(), n_repeats=importance_repeats
+        if isinstance(art.scorer, GeometryScorer):
+            importance = permutation_importance(
+                art.scorer, held.metadata, held.correct.tolist(), n_repeats=importance_repeats
             ).to_dict()
         groups = [it.group for it in held.items]
         entry = evaluate_dataset(

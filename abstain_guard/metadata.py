@@ -1,0 +1,222 @@
+"""The one reader of a chat model's ``response_metadata``: what scorers and checks read.
+
+Every scorer, the guard's deployment checks and the calibration pipeline read a response
+through :class:`ResponseMetadata`, so the keys, their layout and the errors for a missing
+or malformed field live in one place. The keys (written by
+:class:`~abstain_guard.adapters.GeometryChatModel`; an API model writes ``logprobs`` only):
+
+================  ==================================================================
+key               content
+================  ==================================================================
+``logprobs``      OpenAI style ``{"content": [{"token", "logprob", "top_logprobs"}]}``
+``entropy``       ``[N]`` full-vocabulary entropy per generated token
+``token_ids``     ``[N]`` generated token ids (a final EOS included when generated)
+``prompt_token_ids``  the prompt's token ids
+``geometry``      ``{"omega": [N, 2L-1], "theta": [N, 2L-1], "phi_in"/"phi_out": [N, 2L-1]}``
+``generation``    the call's settings (:mod:`abstain_guard.deployment`)
+``replay_source`` ``"token_ids"`` or ``"text"`` for a replayed response
+================  ==================================================================
+
+Accessors for what a scorer needs raise :class:`~abstain_guard.errors.ScoringError` (the
+guard turns it into an abstention when it fails closed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from abstain_guard.errors import InvalidInputError, ScoringError
+
+__all__ = [
+    "ENTROPY",
+    "GENERATION",
+    "GEOMETRY",
+    "LOGPROBS",
+    "PROMPT_TOKEN_IDS",
+    "REPLAY_SOURCE",
+    "TOKEN_IDS",
+    "ResponseLike",
+    "ResponseMetadata",
+    "response_metadata_of",
+]
+
+LOGPROBS = "logprobs"
+ENTROPY = "entropy"
+TOKEN_IDS = "token_ids"
+PROMPT_TOKEN_IDS = "prompt_token_ids"
+GEOMETRY = "geometry"
+GENERATION = "generation"
+REPLAY_SOURCE = "replay_source"
+
+ResponseLike = Any
+"""An ``AIMessage`` (or any object with ``response_metadata``) or a metadata mapping."""
+
+_LOGPROB_TOLERANCE = 1e-6  # a log-probability above this is not one
+
+
+def response_metadata_of(response: ResponseLike) -> Mapping[str, Any]:
+    """The ``response_metadata`` mapping of a message, or the mapping itself.
+
+    Raises:
+        InvalidInputError: if ``response`` is neither a message nor a mapping.
+    """
+    if isinstance(response, Mapping):
+        return response
+    meta = getattr(response, "response_metadata", None)
+    if isinstance(meta, Mapping):
+        return meta
+    raise InvalidInputError(
+        f"Expected an AIMessage (or a response_metadata dict), got {type(response).__name__}. "
+        "Pass the message returned by the chat model."
+    )
+
+
+@dataclass(frozen=True)
+class ResponseMetadata:
+    """Typed, read-only view of one response's metadata.
+
+    Build it with :meth:`of`; the accessors validate what they return.
+    """
+
+    raw: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, response: ResponseLike) -> ResponseMetadata:
+        """View of a message, a ``ReplayResult`` (its ``metadata``) or a mapping.
+
+        Raises:
+            ScoringError: when ``response`` carries no metadata mapping.
+        """
+        if isinstance(response, ResponseMetadata):
+            return response
+        if not isinstance(response, Mapping) and isinstance(
+            getattr(response, "metadata", None), Mapping
+        ):
+            response = response.metadata
+        try:
+            return cls(response_metadata_of(response))
+        except InvalidInputError as exc:  # the guard decides what an unscorable answer means
+            raise ScoringError(str(exc)) from exc
+
+    # ---- likelihood --------------------------------------------------------------------
+
+    def logprob_entries(self) -> Sequence[Mapping[str, Any]]:
+        """The OpenAI-style ``logprobs["content"]`` entries, one per generated token.
+
+        Raises:
+            ScoringError: no logprobs, not a content list, or no generated tokens.
+        """
+        logprobs = self.raw.get(LOGPROBS)
+        if logprobs is None:
+            raise ScoringError(
+                "The response has no response_metadata['logprobs']. Ask the chat model for "
+                "logprobs (for OpenAI-style APIs: logprobs=True; local GeometryChatModel "
+                "always reports them)."
+            )
+        content = logprobs.get("content") if isinstance(logprobs, Mapping) else None
+        if not isinstance(content, Sequence) or isinstance(content, (str, bytes)):
+            raise ScoringError(
+                "response_metadata['logprobs'] must be {'content': [{'token', 'logprob', ...}]} "
+                f"(OpenAI style); got {type(logprobs).__name__} without a 'content' list."
+            )
+        if len(content) == 0:
+            raise ScoringError(
+                "The response has no generated tokens (empty logprobs content): an empty "
+                "answer cannot be scored."
+            )
+        return content
+
+    def logprobs(self) -> np.ndarray:
+        """Log-probabilities of the generated tokens, shape ``[N]`` (N ≥ 1).
+
+        Raises:
+            ScoringError: logprobs missing, empty, not numbers, not finite, or above 0.
+        """
+        content = self.logprob_entries()
+        values = np.empty(len(content), dtype=np.float64)
+        for i, entry in enumerate(content):
+            lp = entry.get("logprob") if isinstance(entry, Mapping) else None
+            if isinstance(lp, bool) or not isinstance(lp, (int, float)):
+                raise ScoringError(
+                    f"logprobs content entry {i} has no numeric 'logprob' (got {entry!r:.80})."
+                )
+            values[i] = float(lp)
+        bad_mask = ~np.isfinite(values) | (values > _LOGPROB_TOLERANCE)
+        if bad_mask.any():
+            bad = np.flatnonzero(bad_mask)[:5].tolist()
+            raise ScoringError(
+                f"logprobs at token positions {bad} are not finite log-probabilities (≤ 0); "
+                "the response cannot be scored."
+            )
+        return values
+
+    def entropy(self) -> np.ndarray | None:
+        """Full-vocabulary entropy per generated token ``[N]``, or ``None`` when absent.
+
+        Raises:
+            ScoringError: the entry is not a list of numbers.
+        """
+        ent = self.raw.get(ENTROPY)
+        if ent is None:
+            return None
+        try:
+            return np.asarray(ent, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise ScoringError("response_metadata['entropy'] must be a list of numbers.") from exc
+
+    # ---- tokens ------------------------------------------------------------------------
+
+    def token_ids(self) -> list[int]:
+        """Generated token ids ``[N]``.
+
+        Raises:
+            ScoringError: the response was not produced by a local ``GeometryChatModel``.
+        """
+        return self._ids(TOKEN_IDS)
+
+    def prompt_token_ids(self) -> list[int]:
+        """The prompt's token ids.
+
+        Raises:
+            ScoringError: the response was not produced by a local ``GeometryChatModel``.
+        """
+        return self._ids(PROMPT_TOKEN_IDS)
+
+    def _ids(self, key: str) -> list[int]:
+        ids = self.raw.get(key)
+        if ids is None:
+            raise ScoringError(
+                f"The response lacks response_metadata[{key!r}]; this scorer needs a message "
+                "produced by the GeometryChatModel (abstain_guard.adapters)."
+            )
+        return [int(t) for t in ids]
+
+    # ---- geometry and settings ---------------------------------------------------------
+
+    def geometry(self) -> Mapping[str, Any]:
+        """The per-token geometry mapping (``omega``, ``theta``, optionally ``phi_in/out``).
+
+        Raises:
+            ScoringError: the response carries no geometry.
+        """
+        geometry = self.raw.get(GEOMETRY)
+        if not isinstance(geometry, Mapping):
+            raise ScoringError(
+                "The response carries no geometry (response_metadata['geometry'] is missing). "
+                "Generate it with a GeometryChatModel from abstain_guard.adapters."
+            )
+        return geometry
+
+    def generation(self) -> Mapping[str, Any] | None:
+        """The settings the call ran with (budget, decoding, prompt hashes), if recorded."""
+        gen = self.raw.get(GENERATION)
+        return gen if isinstance(gen, Mapping) else None
+
+    def replay_source(self) -> str | None:
+        """``"token_ids"`` / ``"text"`` for a replayed response, else ``None``."""
+        src = self.raw.get(REPLAY_SOURCE)
+        return None if src is None else str(src)

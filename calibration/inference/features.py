@@ -1,0 +1,129 @@
+"""Reading one response's per-token inputs for the geometry scorer.
+
+The token vector is ``ν = (Ω, Θ, Φ^in, Φ^out) ∈ R^{8L−4}``. Ω and Θ come from the
+response's ``geometry``; Φ comes from hidden states and fitted reference means (a
+``ReplayResult`` with ``states``) or from ``geometry['phi_in'/'phi_out']`` written by a
+model that carries the scorer's means (``model.with_reference(...)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from abstain_guard.adapters.geometry import phi_from_states
+from abstain_guard.errors import InvalidInputError, ScoringError
+from abstain_guard.metadata import ResponseMetadata
+
+__all__ = ["FAMILIES", "TokenBlock", "family_slices", "token_block"]
+
+FAMILIES: tuple[str, ...] = ("omega", "theta", "phi_in", "phi_out")
+"""The four geometry families, in token-vector order."""
+
+
+def family_slices(num_layers: int) -> dict[str, slice]:
+    """Column ranges of Ω, Θ, Φ^in, Φ^out in the ``8L−4`` token vector."""
+    k = 2 * num_layers - 1
+    return {name: slice(i * k, (i + 1) * k) for i, name in enumerate(FAMILIES)}
+
+
+@dataclass
+class TokenBlock:
+    """Per-token inputs of one response.
+
+    Attributes:
+        geometry: ``[N, 8L−4]`` (Ω, Θ, Φ^in, Φ^out).
+        logprob: ``[N]`` log-probability of each generated token (EOS included when generated).
+        entropy: ``[N]`` full-vocabulary entropy (NaN where the message has none).
+    """
+
+    geometry: np.ndarray
+    logprob: np.ndarray
+    entropy: np.ndarray
+
+
+def _split_response(response: Any) -> tuple[ResponseMetadata, Any]:
+    """``(metadata, states_or_None)`` of a ReplayResult, message or metadata mapping."""
+    if hasattr(response, "metadata") and hasattr(response, "states"):
+        meta = response.metadata
+        if not isinstance(meta, Mapping):
+            raise InvalidInputError("ReplayResult.metadata must be a mapping.")
+        return ResponseMetadata(meta), response.states
+    return ResponseMetadata.of(response), None
+
+
+def _as_numpy(x: Any) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().to("cpu").float().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def token_block(
+    response: Any,
+    means: Any | None,
+    *,
+    require_states: bool = False,
+) -> TokenBlock:
+    """Assemble the per-token inputs of one response.
+
+    Φ comes from the response's hidden states and ``means`` when it has states, otherwise
+    from ``geometry['phi_in'/'phi_out']``.
+
+    Raises:
+        ScoringError: missing geometry, logprobs, Φ or states; inconsistent lengths;
+            NaN/inf features.
+    """
+    meta, states = _split_response(response)
+    geometry = meta.geometry()
+    omega = np.asarray(geometry.get("omega"), dtype=np.float64)
+    theta = np.asarray(geometry.get("theta"), dtype=np.float64)
+    n = omega.shape[0] if omega.ndim == 2 else 0
+    logprob = meta.logprobs()
+    if states is not None and means is not None:
+        post_attn = _as_numpy(states.post_attn)
+        post_mlp = _as_numpy(states.post_mlp)
+        phi_in = _as_numpy(
+            phi_from_states(post_attn, post_mlp, means.post_attn_in, means.post_mlp_in)
+        )
+        phi_out = _as_numpy(
+            phi_from_states(post_attn, post_mlp, means.post_attn_out, means.post_mlp_out)
+        )
+    elif require_states:
+        raise ScoringError(
+            "Reference responses need hidden states to fit the mean directions: pass "
+            "ReplayResults from model.replay(..., return_states=True)."
+        )
+    else:
+        if geometry.get("phi_in") is None or geometry.get("phi_out") is None:
+            raise ScoringError(
+                "The response carries no Φ^in/Φ^out. Score messages produced by the model "
+                "returned by scorer.prepare(model) (it calls model.with_reference(...)), or "
+                "pass a ReplayResult with states."
+            )
+        phi_in = np.asarray(geometry["phi_in"], dtype=np.float64)
+        phi_out = np.asarray(geometry["phi_out"], dtype=np.float64)
+    if n == 0 or logprob.shape[0] == 0:
+        raise ScoringError(
+            "The response has no generated tokens; nothing to score. (An answer that is only "
+            "an EOS token still has one token; a response with zero tokens has none.)"
+        )
+    parts = [omega, theta, phi_in, phi_out]
+    width = omega.shape[1]
+    if any(p.ndim != 2 or p.shape != (n, width) for p in parts) or logprob.shape[0] != n:
+        raise ScoringError(
+            "Inconsistent per-token shapes: omega "
+            f"{omega.shape}, theta {theta.shape}, phi_in {phi_in.shape}, phi_out {phi_out.shape}, "
+            f"logprobs {logprob.shape}. Each must have one row per generated token."
+        )
+    vec = np.concatenate(parts, axis=1)
+    if not np.all(np.isfinite(vec)) or not np.all(np.isfinite(logprob)):
+        raise ScoringError(
+            "Token features contain NaN or inf (a zero-norm hidden state makes an angle "
+            "undefined). This response cannot be scored by the geometry scorer."
+        )
+    ent = meta.entropy()
+    entropy = ent if ent is not None and ent.shape == (n,) else np.full(n, np.nan, dtype=np.float64)
+    return TokenBlock(geometry=vec, logprob=logprob, entropy=entropy)

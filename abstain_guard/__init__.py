@@ -18,8 +18,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from abstain_guard import conformal, errors
-from abstain_guard.artifact import DecisionRule, GuardArtifact
+from abstain_guard._version import __version__
+from abstain_guard.artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
+from abstain_guard.decision import DecisionRule
 from abstain_guard.default import default_artifact_path
 from abstain_guard.guard import AbstentionGuard, AbstentionPolicy
 from abstain_guard.likelihood import (
@@ -27,12 +29,19 @@ from abstain_guard.likelihood import (
     MeanTokenEntropyScorer,
     PerplexityScorer,
 )
-from abstain_guard.scoring import Scorer, ScorerState
+from abstain_guard.metadata import ResponseMetadata
+from abstain_guard.prompts import question_prompt
+from abstain_guard.scoring import (
+    Scorer,
+    ScorerState,
+    build_scorer,
+    register_scorer,
+    scorer_names,
+)
 
 if TYPE_CHECKING:
     from abstain_guard.middleware import AbstentionMiddleware as AbstentionMiddleware
 
-__version__ = "0.1.0"
 
 __all__ = [
     "AbstentionGuard",
@@ -43,12 +52,17 @@ __all__ = [
     "MaxSequenceProbabilityScorer",
     "MeanTokenEntropyScorer",
     "PerplexityScorer",
+    "ResponseMetadata",
     "Scorer",
     "ScorerState",
     "__version__",
+    "build_scorer",
     "conformal",
     "default_artifact_path",
     "errors",
+    "question_prompt",
+    "register_scorer",
+    "scorer_names",
 ]
 
 

@@ -25,14 +25,11 @@ import hashlib
 import io
 import json
 import logging
-import math
 import os
 import re
 import shutil
 import tempfile
-import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +37,9 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from abstain_guard import conformal
+from abstain_guard._version import __version__
 from abstain_guard.config import GuardConfig
+from abstain_guard.decision import DecisionRule, decision_rule
 from abstain_guard.errors import (
     AbstainGuardError,
     ArtifactError,
@@ -53,7 +52,7 @@ from abstain_guard.errors import (
 )
 from abstain_guard.scoring import Scorer, ScorerState, scorer_from_state
 
-__all__ = ["SCHEMA_VERSION", "DecisionRule", "GuardArtifact", "decision_rule"]
+__all__ = ["SCHEMA_VERSION", "GuardArtifact"]
 
 logger = logging.getLogger("abstain_guard")
 
@@ -65,128 +64,6 @@ SCORER_JSON = "scorer.json"
 SCORER_NPZ = "scorer.npz"
 _RESERVED = {MANIFEST, CALIBRATION, SCORER_JSON, SCORER_NPZ}
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-# --- decision rules ----------------------------------------------------------------------
-
-
-def _finite_or_none(x: float) -> float | None:
-    return float(x) if math.isfinite(x) else None
-
-
-@dataclass(frozen=True)
-class DecisionRule:
-    """How the guard decides: answer when ``score <= threshold``.
-
-    Attributes:
-        threshold: τ (``inf``: answer everything; ``-inf``: abstain on everything).
-        mode: ``"participation"`` or ``"risk"``.
-        target: 1−α (participation mode) or ε (risk mode).
-        guarantee: JSON-ready description of what is guaranteed (see docs/guarantees.md).
-    """
-
-    threshold: float
-    mode: str
-    target: float
-    guarantee: dict[str, Any] = field(default_factory=dict)
-
-    def answers(self, score: float) -> bool:
-        """True when a response with this score is answered (``score <= threshold``)."""
-        return bool(score <= self.threshold)
-
-
-def decision_rule(scores: ArrayLike, correct: ArrayLike, config: GuardConfig) -> DecisionRule:
-    """Compute the decision rule for ``config``'s target from calibration scores and labels."""
-    if config.mode == "risk":
-        assert config.risk_target is not None
-        with warnings.catch_warnings(record=True):
-            warnings.simplefilter("always", conformal.ConformalWarning)
-            res = conformal.risk_threshold(scores, correct, config.risk_target, config.delta)
-        for note in res.warnings:
-            logger.warning("abstain_guard risk threshold: %s", note)
-        guarantee: dict[str, Any] = {
-            "kind": "risk",
-            "statement": (
-                f"with probability >= {1 - res.delta:g} over the calibration set, the error "
-                f"rate among answered questions is <= {res.risk_target:g}"
-            ),
-            "risk_target": res.risk_target,
-            "delta": res.delta,
-            "confidence": 1.0 - res.delta,
-            "feasible": res.feasible,
-            "certified_bound": res.certified_bound,
-            "calibration_participation": res.participation,
-            "calibration_risk": res.empirical_risk,
-            "rank": res.rank,
-            "n": res.n,
-            "method": res.method,
-            "warnings": list(res.warnings),
-        }
-        return DecisionRule(res.threshold, "risk", res.risk_target, guarantee)
-
-    with warnings.catch_warnings(record=True):
-        warnings.simplefilter("always", conformal.ConformalWarning)
-        part = conformal.participation_threshold(scores, config.alpha)
-    notes = list(part.warnings)
-    threshold = part.threshold
-    if part.infinite:
-        need = conformal.min_calibration_size(config.alpha)
-        if config.on_infeasible == "raise":
-            raise InsufficientDataError(
-                f"Participation {part.participation:g} needs at least {need} calibration "
-                f"scores for a finite threshold (rank ⌈(1−α)(n+1)⌉ = {part.rank} > n = "
-                f"{part.n}). Calibrate on more questions, lower the participation target, or "
-                "set on_infeasible='answer_all' / 'abstain_all' to choose explicitly."
-            )
-        if config.on_infeasible == "abstain_all":
-            threshold = -math.inf
-            notes = [
-                f"rank {part.rank} > n = {part.n}: on_infeasible='abstain_all', the guard "
-                f"abstains on every question (needs n >= {need} for this target)."
-            ]
-    ties = conformal.ties_at_threshold(scores, threshold)
-    if ties > 1:
-        notes.append(
-            f"{ties} calibration scores equal the threshold {threshold:g}: with tied scores "
-            "participation can exceed the upper end of the guaranteed interval (a scorer "
-            "with continuous scores avoids this)."
-        )
-    guarantee = {
-        "kind": "participation",
-        "statement": (
-            f"P(answered) is in [{part.interval.lower:g}, {part.interval.upper:g}) for an "
-            "exchangeable test question"
-        ),
-        "participation": part.participation,
-        "alpha": part.alpha,
-        "participation_interval": [part.interval.lower, part.interval.upper],
-        "rank": part.rank,
-        "n": part.n,
-        "infinite_threshold": part.infinite,
-        "on_infeasible": config.on_infeasible if part.infinite else None,
-        "ties_at_threshold": ties,
-    }
-    try:
-        cb = conformal.conditional_correctness_bound(scores, correct, config.alpha)
-    except InsufficientDataError as exc:
-        notes.append(f"conditional-correctness bound unavailable: {exc}")
-        guarantee["conditional_correctness_bound"] = None
-    else:
-        notes.extend(n for n in cb.warnings if n not in notes)
-        guarantee.update(
-            {
-                "conditional_correctness_bound": cb.bound,
-                "coverage_correct": cb.coverage_correct,
-                "beta": cb.beta,
-                "sigma": _finite_or_none(cb.sigma),
-                "accuracy": cb.accuracy,
-                "c": cb.c,
-            }
-        )
-    guarantee["warnings"] = notes
-    for note in notes:
-        logger.warning("abstain_guard participation threshold: %s", note)
-    return DecisionRule(threshold, "participation", part.participation, guarantee)
 
 
 # --- helpers -----------------------------------------------------------------------------
@@ -386,8 +263,6 @@ class GuardArtifact:
         return files
 
     def _manifest(self, files: Mapping[str, bytes]) -> dict[str, Any]:
-        from abstain_guard import __version__
-
         manifest: dict[str, Any] = {
             "format": FORMAT_NAME,
             "schema_version": SCHEMA_VERSION,

@@ -13,9 +13,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from abstain_guard.config import GuardConfig
+from abstain_guard.default import DEFAULT_ARTIFACT_DIR
 from abstain_guard.errors import AbstainGuardError
-
-DEFAULT_ARTIFACT = Path(__file__).with_name("default_guard")
 
 
 def _calibrate(args: argparse.Namespace) -> int:
@@ -50,7 +50,6 @@ def _ask(args: argparse.Namespace) -> int:
         print("No question given: pass questions as arguments or on stdin.", file=sys.stderr)
         return 2
     from abstain_guard.calibration.build.pipeline import load_guard_chain
-    from abstain_guard.config import GuardConfig
 
     config = GuardConfig.from_file(args.config) if args.config else None
     chain, _, _ = load_guard_chain(args.artifact, config, kind=args.kind)
@@ -79,7 +78,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from abstain_guard.calibration.measure.evaluate import evaluate
 
     results = evaluate(
-        args.artifact or [DEFAULT_ARTIFACT],
+        args.artifact or [DEFAULT_ARTIFACT_DIR],
         out=args.out,
         data=args.data,
         group_by=args.group_by,
@@ -95,10 +94,9 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 def _evaluate_live(args: argparse.Namespace) -> int:
     from abstain_guard.calibration.measure.deployment_check import live_check
-    from abstain_guard.config import GuardConfig
 
     config = GuardConfig.from_file(args.config) if args.config else None
-    for artifact in args.artifact or [DEFAULT_ARTIFACT]:
+    for artifact in args.artifact or [DEFAULT_ARTIFACT_DIR]:
         result = live_check(
             artifact, guard_config=config, out=args.out, limit=args.limit, progress=not args.quiet
         )
@@ -154,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     cal.set_defaults(func=_calibrate)
 
     ask = sub.add_parser("ask", help="answer or abstain for questions")
-    ask.add_argument("--artifact", default=str(DEFAULT_ARTIFACT), help="artifact directory")
+    ask.add_argument("--artifact", default=str(DEFAULT_ARTIFACT_DIR), help="artifact directory")
     ask.add_argument("--config", help="guard config (YAML/TOML/JSON): mode, target")
     ask.add_argument(
         "--kind",
@@ -197,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=_report)
 
     demo = sub.add_parser("demo", help="the shipped default guard on held-out questions")
-    demo.add_argument("--artifact", default=str(DEFAULT_ARTIFACT), help="artifact directory")
+    demo.add_argument("--artifact", default=str(DEFAULT_ARTIFACT_DIR), help="artifact directory")
     demo.add_argument("--out", default="demo_report", help="where to write the report")
     demo.add_argument("--questions", type=int, default=12, help="how many questions to ask")
     demo.set_defaults(func=_demo)

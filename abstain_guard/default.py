@@ -6,7 +6,9 @@ from pathlib import Path
 
 from abstain_guard.errors import ArtifactNotFoundError
 
-_DEFAULT = Path(__file__).with_name("default_guard")
+DEFAULT_ARTIFACT_DIR = Path(__file__).with_name("default_guard")
+"""Where the shipped artifact lives inside the package (it may be missing from a build
+without it; :func:`default_artifact_path` checks)."""
 
 
 def default_artifact_path() -> Path:
@@ -16,10 +18,10 @@ def default_artifact_path() -> Path:
     Raises:
         ArtifactNotFoundError: if the package was installed without it.
     """
-    if not (_DEFAULT / "manifest.json").is_file():
+    if not (DEFAULT_ARTIFACT_DIR / "manifest.json").is_file():
         raise ArtifactNotFoundError(
-            f"The default guard artifact is missing from {_DEFAULT}. Rebuild it with "
+            f"The default guard artifact is missing from {DEFAULT_ARTIFACT_DIR}. Rebuild it with "
             "`make default-guard`, or calibrate your own: "
             "abstain-guard calibrate --data builtin --out guard/"
         )
-    return _DEFAULT
+    return DEFAULT_ARTIFACT_DIR

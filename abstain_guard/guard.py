@@ -25,8 +25,9 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableSerializa
 from langchain_core.runnables.config import run_in_executor
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
-from abstain_guard.artifact import DecisionRule, GuardArtifact
+from abstain_guard.artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
+from abstain_guard.decision import DecisionRule
 from abstain_guard.deployment import (
     GENERATION_KEY,
     DeploymentRecord,

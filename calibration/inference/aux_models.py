@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+import torch
+from langchain_core.messages import HumanMessage
 
 from abstain_guard.errors import ConfigError, ModelNotFoundError
 
@@ -60,6 +62,7 @@ class SentenceSimilarity:
         resolved = Path(path) if path is not None else default_similarity_model_path()
         if not resolved.exists():
             raise ModelNotFoundError(f"No sentence-similarity model at {resolved}.")
+        # lazy: sentence-transformers takes seconds to import; only similarity users need it
         from sentence_transformers import SentenceTransformer
 
         self.path = resolved
@@ -116,6 +119,7 @@ class NLIEquivalence:
         resolved = Path(path)
         if not resolved.exists():
             raise ModelNotFoundError(f"No NLI model at {resolved}.")
+        # lazy: transformers' auto classes are slow to import; only an NLI judge needs them
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(resolved), local_files_only=True)
@@ -131,8 +135,6 @@ class NLIEquivalence:
         self.entailment_id = labels["entailment"]
 
     def equivalent(self, question: str, a: str, b: str) -> bool:
-        import torch
-
         premise = [f"{question} {a}", f"{question} {b}"]
         hypothesis = [f"{question} {b}", f"{question} {a}"]
         enc = self.tokenizer(premise, hypothesis, return_tensors="pt", padding=True)
@@ -158,8 +160,6 @@ class ChatModelEquivalence:
         self.chat_model = chat_model
 
     def _says_yes(self, question: str, a: str, b: str) -> bool:
-        from langchain_core.messages import HumanMessage
-
         msg = self.chat_model.invoke([HumanMessage(self.PROMPT.format(q=question, a=a, b=b))])
         text = str(getattr(msg, "content", msg)).strip().lower()
         return text.startswith("yes")

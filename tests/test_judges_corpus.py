@@ -32,7 +32,7 @@ from abstain_guard.calibration.build.judges import (
     SimilarityJudge,
     summarize_judgments,
 )
-from abstain_guard.calibration.build.judges.cache import CachedJudge, JudgmentCache, content_key
+from abstain_guard.calibration.build.judges.cache import CachedJudge, JudgmentCache, judgment_key
 from abstain_guard.errors import DatasetError
 
 PQ = "What is the capital of France?"
@@ -269,11 +269,11 @@ def test_cached_verdicts_of_the_old_judge_are_not_reused(tmp_path: Path) -> None
     old_identity = "lexical(mode='containment')"  # the identity before version 2
     args = (PQ, ["Paris"], "Paris or Lyon")
     with JudgmentCache(tmp_path / "j.sqlite") as cache:
-        cache.put(old_identity, content_key(*args), Judgment(True, 1.0, "old inflated verdict"))
+        cache.put(old_identity, judgment_key(*args), Judgment(True, 1.0, "old inflated verdict"))
         cached = CachedJudge(LexicalJudge(), cache)
         j = cached.judge(*args)
         assert j.correct is False and cached.misses == 1 and cached.hits == 0
-        assert cache.get(cached.identity, content_key(*args)) == j  # stored under the new one
+        assert cache.get(cached.identity, judgment_key(*args)) == j  # stored under the new one
         assert cached.judge(*args) == j and cached.hits == 1
 
 

@@ -29,7 +29,7 @@ from abstain_guard.calibration.build.judges import (
     make_judge,
     parse_verdict,
 )
-from abstain_guard.calibration.build.judges.cache import CachedJudge, JudgmentCache, content_key
+from abstain_guard.calibration.build.judges.cache import CachedJudge, JudgmentCache, judgment_key
 from abstain_guard.errors import JudgeError
 
 
@@ -308,8 +308,7 @@ def test_pipeline_stage1_uses_the_batched_similarity() -> None:
             Encoder.calls += 1
             return np.array([[1.0, 0.0] if "Lima" in t else [0.0, 1.0] for t in texts])
 
-    sim = SimilarityJudge()
-    sim._model = Encoder()
+    sim = SimilarityJudge(encoder=Encoder())
     a, b = ScriptedChat(default=YES), ScriptedChat(default=YES)
     judge = PaperPipelineJudge(sim, judges=(_llm(a), _llm(b)))
     out = judge.judge_many(
@@ -341,11 +340,11 @@ def test_make_judge_builds_llm_and_paper_without_loading() -> None:
 # --- the cache -------------------------------------------------------------------------------
 
 
-def test_content_key() -> None:
-    k = content_key("q", ["a", "b"], "p")
-    assert k == content_key("q", ("a", "b"), "p")
-    assert k != content_key("q", ["b", "a"], "p")
-    assert k != content_key("q", ["a", "b"], "p", ("x", "y"))
+def test_judgment_key() -> None:
+    k = judgment_key("q", ["a", "b"], "p")
+    assert k == judgment_key("q", ("a", "b"), "p")
+    assert k != judgment_key("q", ["b", "a"], "p")
+    assert k != judgment_key("q", ["a", "b"], "p", ("x", "y"))
     assert len(k) == 64
 
 

@@ -7,11 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from abstain_guard.calibration.build.judges import (
-    SimilarityJudge,
-    default_similarity_model_path,
-    make_judge,
-)
+from abstain_guard.calibration.build.judges import SimilarityJudge, make_judge
 
 
 class FakeEncoder:
@@ -44,10 +40,8 @@ TABLE = {
 
 
 def _judge(threshold: float = 0.8) -> tuple[SimilarityJudge, FakeEncoder]:
-    judge = SimilarityJudge(threshold=threshold)
     enc = FakeEncoder(TABLE)
-    judge._model = enc  # the stand-in replaces the lazily loaded model
-    return judge, enc
+    return SimilarityJudge(threshold=threshold, encoder=enc), enc
 
 
 def test_similarity_max_over_aliases_and_threshold() -> None:
@@ -70,8 +64,11 @@ def test_similarity_judge_many_is_batched() -> None:
 
 
 def test_cross_encoder_path(tmp_path: Path) -> None:
-    judge = SimilarityJudge(cross_encoder_path=tmp_path, threshold=0.5)
-    judge._model = FakeCrossEncoder({("a", "x"): 0.2, ("a", "y"): 0.7})
+    judge = SimilarityJudge(
+        cross_encoder_path=tmp_path,
+        threshold=0.5,
+        encoder=FakeCrossEncoder({("a", "x"): 0.2, ("a", "y"): 0.7}),
+    )
     j = judge.judge("q", ["x", "y"], "a")
     assert j.correct is True and j.score == pytest.approx(0.7)
     assert "cross-encoder" in judge.identity
@@ -86,6 +83,9 @@ def test_identity_and_factory_do_not_load() -> None:
 
 @pytest.mark.slow
 def test_embedded_minilm_on_curated_cases() -> None:
+    # calibration.inference loads every scorer (torch): only this slow test needs it.
+    from abstain_guard.calibration.inference.aux_models import default_similarity_model_path
+
     if not (default_similarity_model_path() / "model.safetensors").is_file():
         pytest.skip("the embedded all-MiniLM-L6-v2 package is not installed")
     judge = SimilarityJudge()

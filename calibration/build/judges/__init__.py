@@ -1,11 +1,61 @@
 """Judges: decide whether a generated answer is correct (the calibration labels).
 
 Offline judges (:mod:`.text`, :mod:`.lexical`, :mod:`.similarity`) need no model call;
-LLM judges (:mod:`.llm`, :mod:`.paper`) ask a chat model. :func:`make_judge` builds any of
-them by name; :mod:`.cache` stores verdicts in the run cache.
+LLM judges (:mod:`.llm`, :mod:`.paper`) ask a chat model. The interface is in :mod:`.base`;
+:func:`make_judge` (:mod:`.registry`) builds any of them by name; :mod:`.cache` stores
+verdicts in the run cache.
 """
 
 from __future__ import annotations
 
-from abstain_guard.calibration.build.judges.registry import *  # noqa: F403
-from abstain_guard.calibration.build.judges.registry import __all__ as __all__
+from abstain_guard.calibration.build.judges.base import (
+    Judge,
+    JudgeInput,
+    Judgment,
+    summarize_judgments,
+)
+from abstain_guard.calibration.build.judges.lexical import (
+    ChoiceJudge,
+    LexicalJudge,
+    NumericJudge,
+    extract_final_number,
+    refusal_of,
+    usable_aliases,
+)
+from abstain_guard.calibration.build.judges.llm import LLMJudge, chat_model_identity, parse_verdict
+from abstain_guard.calibration.build.judges.paper import PaperPipelineJudge, StatementRewriter
+from abstain_guard.calibration.build.judges.registry import JUDGE_NAMES, make_judge
+from abstain_guard.calibration.build.judges.similarity import SimilarityJudge
+from abstain_guard.calibration.build.judges.text import (
+    REFUSAL_PATTERNS,
+    hedge_alternatives,
+    normalize_answer,
+    refusal_phrase,
+    token_f1,
+)
+
+__all__ = [
+    "JUDGE_NAMES",
+    "REFUSAL_PATTERNS",
+    "ChoiceJudge",
+    "Judge",
+    "JudgeInput",
+    "Judgment",
+    "LLMJudge",
+    "LexicalJudge",
+    "NumericJudge",
+    "PaperPipelineJudge",
+    "SimilarityJudge",
+    "StatementRewriter",
+    "chat_model_identity",
+    "extract_final_number",
+    "hedge_alternatives",
+    "make_judge",
+    "normalize_answer",
+    "parse_verdict",
+    "refusal_of",
+    "refusal_phrase",
+    "summarize_judgments",
+    "token_f1",
+    "usable_aliases",
+]

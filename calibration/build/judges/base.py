@@ -9,14 +9,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Union
+from typing import Any, ClassVar, Union
 
+from langchain_core.runnables import Runnable, RunnableLambda
 from tqdm.auto import tqdm
 
 from abstain_guard.errors import JudgeError
-
-if TYPE_CHECKING:
-    from langchain_core.runnables import Runnable
 
 __all__ = ["Judge", "JudgeInput", "Judgment", "summarize_judgments"]
 
@@ -157,7 +155,6 @@ class Judge(ABC):
             for i, (q, g, p, c) in enumerate(unpacked):
                 yield i, self.judge(q, g, p, choices=c)
             return
-        from langchain_core.runnables import RunnableLambda
 
         def one(t: tuple[str, tuple[str, ...], str, tuple[str, ...]]) -> Judgment:
             return self.judge(t[0], t[1], t[2], choices=t[3])

@@ -18,25 +18,22 @@ import sqlite3
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from abstain_guard.calibration.build.judges.base import Judge, JudgeInput, Judgment, _unpack
-from abstain_guard.calibration.build.store import RunStore
-from abstain_guard.calibration.build.store import content_key as store_key
+from abstain_guard.calibration.build.store import RunStore, content_key
 from abstain_guard.errors import JudgeError
 
-__all__ = ["CachedJudge", "JudgmentCache", "content_key"]
+__all__ = ["CachedJudge", "JudgmentCache", "judgment_key"]
 
 
-def content_key(
+def judgment_key(
     question: str, gold_answers: Sequence[str], prediction: str, choices: Sequence[str] = ()
 ) -> str:
-    """sha256 (hex) of ``[question, gold answers, prediction]`` as canonical JSON; the options
-    are appended only when there are some."""
-    parts: list[Any] = [question, list(gold_answers), prediction]
-    if choices:
-        parts.append(list(choices))
-    return store_key(*parts)
+    """The cache key of one judged answer: :func:`~abstain_guard.calibration.build.store.
+    content_key` of ``(question, gold answers, prediction)``, the options appended only when
+    there are some (so keys of open questions do not change with an empty option list)."""
+    options = (list(choices),) if choices else ()
+    return content_key(question, list(gold_answers), prediction, *options)
 
 
 class JudgmentCache:
@@ -134,7 +131,7 @@ class CachedJudge(Judge):
         *,
         choices: Sequence[str] = (),
     ) -> Judgment:
-        key = content_key(question, gold_answers, prediction, choices)
+        key = judgment_key(question, gold_answers, prediction, choices)
         found = self.cache.get(self.identity, key)
         if found is not None:
             with self._count_lock:
@@ -152,7 +149,7 @@ class CachedJudge(Judge):
         """Cached verdicts first, then the wrapped judge's ``iter_judge_many`` over the distinct
         misses (duplicates in ``inputs`` are judged once); each new verdict is stored at once."""
         unpacked = [_unpack(t) for t in inputs]
-        keys = [content_key(q, g, p, c) for q, g, p, c in unpacked]
+        keys = [judgment_key(q, g, p, c) for q, g, p, c in unpacked]
         cached = self.cache.get_many(self.identity, keys)
         first_of: dict[str, int] = {}
         positions: dict[str, list[int]] = {}

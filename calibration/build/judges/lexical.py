@@ -31,6 +31,7 @@ __all__ = [
     "NumericJudge",
     "extract_final_number",
     "refusal_of",
+    "refusal_verdict",
     "usable_aliases",
 ]
 
@@ -59,6 +60,14 @@ def refusal_of(prediction: str, gold_answers: Sequence[str]) -> str | None:
     never named outside the refusal phrase). Unusable aliases are ignored, nothing raises:
     judges that do not match text (LLM judges) use it to flag their refusals."""
     return _refusal([t for g in gold_answers if (t := alias_tokens(g)) is not None], prediction)
+
+
+def refusal_verdict(gold_answers: Sequence[str], prediction: str) -> Judgment | None:
+    """The refusal verdict (incorrect, flagged) when the prediction refuses and names no gold
+    alias outside the refusal phrase (:func:`refusal_of`), else None. Every judge applies it
+    first, so a refusal is incorrect and counted whichever judge decides."""
+    phrase = refusal_of(prediction, gold_answers)
+    return None if phrase is None else Judgment(False, 0.0, f"refusal ({phrase!r})", refusal=True)
 
 
 def _refusal(aliases: Sequence[Sequence[str]], prediction: str) -> str | None:
@@ -96,7 +105,8 @@ class LexicalJudge(Judge):
     * **Hedge** → incorrect: within one sentence, alternatives joined by ``or`` / ``/`` (with
       ``either``, and comma lists closed by ``or``: ``"Paris, Lyon or Nice"``, items of at most
       three tokens) of which one names a gold alias and another is a distinct non-empty
-      candidate naming none (:func:`~abstain_guard.calibration.build.judges.text.hedge_alternatives`).
+      candidate naming none
+      (:func:`~abstain_guard.calibration.build.judges.text.hedge_alternatives`).
       Extra words describing the gold (``"Paris, the capital of France"``) are no hedge,
       nor are alternatives that all name gold aliases, nor ``"more or less"`` / ``"whether or
       not"``. Not detected: a bare comma list without ``or`` (``"Paris, Lyon, Nice"`` cannot be
@@ -300,16 +310,6 @@ def _letter_mentions(prediction: str, n_options: int | None) -> dict[int, str]:
         if letter != "I" and not (letter == "A" and _ARTICLE_A.match(text, m.start())):
             add(letter, "a lone option letter")
     return found
-
-
-def _picked_letter(prediction: str, n_options: int | None) -> tuple[int | None, str]:
-    """The one option the prediction names by letter and which rule found it; ``(None, "")``
-    when it names none or several (see :func:`_letter_mentions`)."""
-    found = _letter_mentions(prediction, n_options)
-    if len(found) != 1:
-        return None, ""
-    [(index, how)] = found.items()
-    return index, how
 
 
 def _letters(indices: Sequence[int], sep: str = ", ") -> str:

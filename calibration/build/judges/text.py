@@ -265,13 +265,6 @@ def _pieces(sentence: str) -> list[_Piece]:
     return pieces
 
 
-def disjunctions(sentence: str) -> list[list[str]]:
-    """The runs of alternatives in one sentence: pieces joined by ``or`` or ``/``, extended
-    over comma-separated pieces of at most :data:`MAX_LIST_ITEM_TOKENS` tokens (``"Paris,
-    Lyon or Nice"``). A run without an ``or``/``/`` (``"Springfield, Illinois"``) is none."""
-    return [[sentence[p.start : p.end].strip() for p in run] for run in _runs(sentence)]
-
-
 def _runs(sentence: str) -> list[list[_Piece]]:
     pieces = _pieces(sentence)
     runs: list[list[_Piece]] = []

@@ -1,12 +1,26 @@
 """Local Hugging Face models as LangChain chat models with exact per-token geometry.
 
 Installed as ``abstain_guard.adapters``. Imports torch and transformers.
+
+Modules, in the order a call goes through them:
+
+* :mod:`.chat_model` - :class:`GeometryChatModel`, the LangChain surface;
+* :mod:`.loading` - offline loading, the default model, fingerprint, EOS / pad ids;
+* :mod:`.encoding` - LangChain messages to chat-template token ids, left-padded batches;
+* :mod:`.generation` - ``generate`` with capture, answers cut at EOS, ``AIMessage``;
+* :mod:`.replay` - teacher-forced replay of existing answers;
+* :mod:`.response_metadata` - the ``response_metadata`` both write;
+* :mod:`.capture` - :class:`~.capture.CaptureSession`, the per-token geometry in the
+  forward pass, with :mod:`.attention` (the registered attention function),
+  :mod:`.geometry_torch` (its torch math) and :mod:`.architectures` (where the hooks go);
+* :mod:`.geometry` - the NumPy definitions of the signals; :mod:`.types` - data containers.
 """
 
 from __future__ import annotations
 
 from .architectures import SUPPORTED_ARCHITECTURES
-from .chat_model import GeometryChatModel, default_model_path, load_default_model
+from .chat_model import GeometryChatModel, load_default_model
+from .loading import default_model_path, eos_token_ids
 from .types import ReferenceMeans, ReplayResult, TokenStates
 
 __all__ = [
@@ -16,5 +30,6 @@ __all__ = [
     "ReplayResult",
     "TokenStates",
     "default_model_path",
+    "eos_token_ids",
     "load_default_model",
 ]

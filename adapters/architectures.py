@@ -5,8 +5,8 @@ For every decoder layer l we need (DESIGN.md, "Where hooks go"):
 * the layer input e^{l-1} and output e^l (forward pre-hook / forward hook on the layer);
 * e~^l, the input of the module that starts the MLP block (``post_attention_layernorm``
   for Llama/Qwen2/Mistral, ``pre_feedforward_layernorm`` for Gemma-3, ``ln_2`` for GPT-2);
-* the per-head output projections ``W_O^h`` as ``[H, Dh, D]`` (so ``u = v_h @ W_O^h``)
-  and the output bias b_O (goes into the total, not into any part);
+* the per-head output projections ``W_O^h`` as ``[H, Dh, D]`` (so ``u = v_h @ W_O^h``);
+  the output bias b_O goes into the total, not into any part, so capture never reads it;
 * Gemma-3 only: the RMS norm applied to the attention output (frozen in the decomposition).
 """
 
@@ -40,8 +40,6 @@ class LayerSpec:
     mlp_input_module: nn.Module
     attn_out_norm: nn.Module | None
     wo_heads: torch.Tensor  # [H, Dh, D]
-    o_bias: torch.Tensor | None  # [D]
-    kv_index: torch.Tensor  # [H] -> KV head read by each query head
     num_heads: int
     num_kv_heads: int
     head_dim: int
@@ -78,11 +76,6 @@ def check_supported(config: object) -> str:
     return model_type
 
 
-def _kv_index(num_heads: int, num_kv_heads: int) -> torch.Tensor:
-    n_rep = num_heads // num_kv_heads
-    return torch.arange(num_heads) // n_rep
-
-
 def build_spec(model: Any) -> ArchitectureSpec:
     """Inspect a loaded causal LM and return its :class:`ArchitectureSpec`."""
     config: Any = model.config
@@ -103,8 +96,6 @@ def build_spec(model: Any) -> ArchitectureSpec:
                     mlp_input_module=block.ln_2,
                     attn_out_norm=None,
                     wo_heads=w.reshape(heads, head_dim, hidden),
-                    o_bias=block.attn.c_proj.bias.detach(),
-                    kv_index=_kv_index(heads, heads),
                     num_heads=heads,
                     num_kv_heads=heads,
                     head_dim=head_dim,
@@ -131,8 +122,6 @@ def build_spec(model: Any) -> ArchitectureSpec:
                     ),
                     attn_out_norm=layer.post_attention_layernorm if gemma else None,
                     wo_heads=w.t().reshape(heads, head_dim, hidden),
-                    o_bias=None if o_proj.bias is None else o_proj.bias.detach(),
-                    kv_index=_kv_index(heads, kv_heads),
                     num_heads=heads,
                     num_kv_heads=kv_heads,
                     head_dim=head_dim,

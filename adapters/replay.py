@@ -1,0 +1,200 @@
+"""Replay: teacher-forced features of existing answers, one forward pass per batch.
+
+Each (prompt, response) pair is left-padded into one batch with explicit position ids (so
+RoPE / absolute positions match generation); a :class:`~abstain_guard.adapters.capture.
+CaptureSession` without a value cache computes the features of the N rows that predict the
+response tokens. Replaying the exact generated ids of an answer reproduces its generation
+metadata (tests/test_adapters_exactness.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from abstain_guard.errors import ContextLengthError, InvalidInputError
+
+from .attention import capture_mode
+from .capture import CaptureSession, StepFeatures
+from .encoding import left_padded
+from .loading import LoadedModel, eos_token_ids, pad_token_id
+from .response_metadata import geometry_json, token_metadata
+from .types import ReferenceMeans, ReplayResult, TokenStates
+
+
+@dataclass
+class ReplayItem:
+    """One pair to replay: prompt ids, response ids and where the response came from
+    (``"text"``: tokenized text, ``"token_ids"``: exact ids; ``metadata["replay_source"]``)."""
+
+    prompt: list[int]
+    response: list[int]
+    source: str
+
+
+def replay_item(
+    loaded: LoadedModel, prompt: list[int], response: list[int], from_text: bool, add_eos: bool
+) -> ReplayItem:
+    """A :class:`ReplayItem`; a text response gets the first EOS id appended when
+    ``add_eos`` (a finished answer). Raises ContextLengthError when it does not fit."""
+    eos = eos_token_ids(loaded.hf_model, loaded.tokenizer)
+    ctx = loaded.spec.context_length
+    if from_text and add_eos and eos:
+        response = [*response, eos[0]]
+    if ctx and len(prompt) + len(response) > ctx:
+        raise ContextLengthError(
+            f"prompt ({len(prompt)}) + response ({len(response)}) tokens exceed the "
+            f"context window of {ctx}"
+        )
+    return ReplayItem(prompt, response, "text" if from_text else "token_ids")
+
+
+def replay_items(
+    loaded: LoadedModel,
+    items: Sequence[ReplayItem],
+    *,
+    model_name: str,
+    reference: ReferenceMeans | None,
+    capture_geometry: bool,
+    top_logprobs: int,
+    batch_size: int = 16,
+    return_states: bool = False,
+    progress: bool = False,
+) -> list[ReplayResult]:
+    """Replay ``items``, ``batch_size`` left-padded sequences per forward pass (a tqdm bar
+    over the batches with ``progress``). Holds ``loaded.lock`` while the model runs."""
+    if batch_size <= 0:
+        raise InvalidInputError(f"batch_size must be positive, got {batch_size}")
+    results: list[ReplayResult] = []
+    starts: Iterable[int] = range(0, len(items), batch_size)
+    if progress:
+        starts = tqdm(starts, desc="replay", unit="batch")
+    for start in starts:
+        results.extend(
+            _replay_chunk(
+                loaded,
+                items[start : start + batch_size],
+                model_name=model_name,
+                reference=reference,
+                capture_geometry=capture_geometry,
+                top_logprobs=top_logprobs,
+                return_states=return_states,
+            )
+        )
+    return results
+
+
+def _replay_chunk(
+    loaded: LoadedModel,
+    items: Sequence[ReplayItem],
+    *,
+    model_name: str,
+    reference: ReferenceMeans | None,
+    capture_geometry: bool,
+    top_logprobs: int,
+    return_states: bool,
+) -> list[ReplayResult]:
+    """One forward pass over ``items``; the rows of interest are the last ``n_max`` inputs
+    (``n_max`` = longest response), each response's features its last ``n`` of them."""
+    hf = loaded.hf_model
+    tokenizer = loaded.tokenizer
+    num_layers = loaded.spec.num_layers
+    device = next(hf.parameters()).device
+    b = len(items)
+    seqs = [it.prompt + it.response for it in items]
+    s = max(len(x) for x in seqs)
+    n_max = max(len(it.response) for it in items)
+    if n_max == 0:
+        return [
+            ReplayResult(
+                {
+                    **_empty_metadata(
+                        tokenizer, model_name, num_layers, it.prompt, capture_geometry
+                    ),
+                    "replay_source": it.source,
+                },
+                None,
+            )
+            for it in items
+        ]
+    ids, mask = left_padded(seqs, pad_token_id(hf, tokenizer))
+    pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    eos_ids = eos_token_ids(hf, tokenizer)
+    with loaded.lock:
+        session = (
+            CaptureSession(
+                loaded.spec,
+                batch_size=b,
+                max_len=s,
+                reference=reference,
+                keep_states=return_states,
+                cache_values=False,
+            )
+            if capture_geometry or return_states
+            else None
+        )
+        if session is not None:
+            session.set_rows(slice(s - 1 - n_max, s - 1))
+        with torch.inference_mode(), capture_mode(hf, session):
+            out = hf(
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                position_ids=pos.to(device),
+                use_cache=False,
+                logits_to_keep=n_max + 1,
+            )
+    logits = out.logits[:, :-1].float().cpu()  # [B, n_max, V] rows predicting tokens
+    step = session.steps[0] if session is not None else None
+    results = []
+    for i, it in enumerate(items):
+        prompt, resp = it.prompt, it.response
+        n = len(resp)
+        meta = token_metadata(
+            tokenizer, model_name, prompt, resp, logits[i, n_max - n :], "stop", top_logprobs
+        )
+        if not (resp and resp[-1] in eos_ids):
+            meta["finish_reason"] = "length"
+        meta["replay_source"] = it.source
+        states = None
+        if step is not None and capture_geometry:
+            geo = slice_step(step, i, n_max - n, n_max)
+            meta["geometry"] = geometry_json(num_layers, geo)
+        else:
+            meta["geometry"] = None
+        if return_states and step is not None:
+            assert step.post_attn is not None and step.post_mlp is not None
+            states = TokenStates(
+                post_attn=step.post_attn[i, n_max - n :].copy(),
+                post_mlp=step.post_mlp[i, n_max - n :].copy(),
+            )
+        results.append(ReplayResult(metadata=meta, states=states))
+    return results
+
+
+def _empty_metadata(
+    tokenizer: Any, model_name: str, num_layers: int, prompt: list[int], capture_geometry: bool
+) -> dict[str, Any]:
+    """Metadata of an empty response (no tokens to replay)."""
+    meta = token_metadata(tokenizer, model_name, prompt, [], torch.zeros((0, 1)), "stop", 0)
+    meta["geometry"] = geometry_json(num_layers, None) if capture_geometry else None
+    return meta
+
+
+def slice_step(step: StepFeatures, i: int, a: int, b: int) -> StepFeatures:
+    """Rows ``a:b`` of batch item ``i``: ``[b - a, 2L-1]`` arrays from ``[B, R, 2L-1]``."""
+
+    def sl(x: np.ndarray | None) -> np.ndarray | None:
+        return None if x is None else x[i, a:b]
+
+    omega = sl(step.omega)
+    theta = sl(step.theta)
+    assert omega is not None and theta is not None
+    return StepFeatures(omega, theta, sl(step.phi_in), sl(step.phi_out), None, None)
+
+
+__all__ = ["ReplayItem", "replay_item", "replay_items", "slice_step"]

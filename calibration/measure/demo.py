@@ -29,7 +29,7 @@ def pick_questions(items: list[Any], ids: list[str], n: int) -> list[Any]:
 def run_demo(artifact: Path, out: Path, n_questions: int = 12) -> int:
     """Ask held-out probe questions through the default guard, print and write a report."""
     from abstain_guard.calibration.build.judges import LexicalJudge
-    from abstain_guard.calibration.build.pipeline import load_guard_chain
+    from abstain_guard.chains import load_guard_chain
     from abstain_guard.calibration.build.probe import builtin_probe_set
 
     if not (artifact / "manifest.json").exists():

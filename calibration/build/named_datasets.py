@@ -1,0 +1,118 @@
+"""Readers for the public evaluation sets in their published formats: NQ-open, TruthfulQA,
+SciQ, GSM8K, CommonsenseQA and the TriviaQA subset (a folder or a file path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from abstain_guard.calibration.build.dataset_files import DatasetReport, load_dataset
+from abstain_guard.calibration.build.datasets import QAItem
+from abstain_guard.errors import DatasetError
+
+__all__ = ["NAMED_DATASETS", "load_named_dataset"]
+
+
+@dataclass(frozen=True)
+class _NamedFormat:
+    files: tuple[str, ...]  # candidate file names inside the folder, first found wins
+    options: Mapping[str, Any]
+    extra_aliases: str | None = None  # a second alias field (TruthfulQA "Correct Answers")
+
+
+NAMED_DATASETS: dict[str, _NamedFormat] = {
+    "nq_open": _NamedFormat(("NQ-open.dev.jsonl",), {"answers": "answer"}),
+    "truthfulqa": _NamedFormat(
+        ("TruthfulQA.csv",),
+        {"question": "Question", "answers": "Best Answer", "group_by": "Category"},
+        extra_aliases="Correct Answers",
+    ),
+    "sciq": _NamedFormat(("sciq_test.jsonl",), {"answers": "answer"}),
+    "gsm8k": _NamedFormat(("test.jsonl",), {"answers": "answer", "kind": "numeric"}),
+    "commonsenseqa": _NamedFormat(
+        ("dev_rand_split.jsonl",),
+        {
+            "question": "question.stem",
+            "answers": "answerKey",
+            "choices": "question.choices",
+            "kind": "choice",
+            "id_field": "id",
+        },
+    ),
+    "triviaqa": _NamedFormat(("triviaqa_test.jsonl",), {"answers": "answers", "id_field": "id"}),
+}
+
+
+def load_named_dataset(
+    name: str, root: str | Path, *, limit: int | None = None
+) -> tuple[list[QAItem], DatasetReport]:
+    """Read one of the public evaluation sets in its published format.
+
+    Names and what they read (``root`` is the data set's folder or one of its files):
+
+    * ``nq_open`` — ``NQ-open.dev.jsonl``: ``question``, ``answer`` (alias list).
+    * ``truthfulqa`` — ``TruthfulQA.csv``: ``Question``; gold = ``Best Answer`` followed by the
+      ``; ``-separated ``Correct Answers``; group = ``Category``.
+    * ``sciq`` — ``sciq_test.jsonl``: ``question``, ``answer``.
+    * ``gsm8k`` — ``test.jsonl``: gold = the number after ``####`` (``kind="numeric"``).
+    * ``commonsenseqa`` — ``dev_rand_split.jsonl``: ``question.stem`` with
+      ``question.choices``, gold = ``answerKey`` (``kind="choice"``).
+    * ``triviaqa`` — ``triviaqa_test.jsonl``: ``question``, ``answers`` (value + aliases).
+
+    Raises:
+        DatasetError: unknown name, or no matching file under ``root``.
+    """
+    key = name.lower().replace("-", "_")
+    fmt = NAMED_DATASETS.get(key)
+    if fmt is None:
+        raise DatasetError(
+            f"unknown data set name {name!r}; known names: {', '.join(sorted(NAMED_DATASETS))}"
+        )
+    r = Path(root)
+    if r.is_dir():
+        candidates = [r / f for f in fmt.files]
+        found = [c for c in candidates if c.is_file()]
+        if not found:
+            raise DatasetError(
+                f"{r} has none of {', '.join(fmt.files)} ({name}); pass the folder holding it "
+                "or the file itself"
+            )
+        path = found[0]
+    elif r.is_file():
+        path = r
+    else:
+        raise DatasetError(f"{r} does not exist; pass the {name} folder or file")
+    if fmt.extra_aliases is None:
+        return load_dataset(path, limit=limit, id_prefix=key, **fmt.options)
+    items, report = load_dataset(path, limit=limit, id_prefix=key, **fmt.options)
+    extra, _ = load_dataset(
+        path,
+        limit=limit,
+        question=fmt.options.get("question", "question"),
+        answers=fmt.extra_aliases,
+        answer_sep=";",
+    )
+    by_line = {it.line: it.answers for it in extra}
+    merged = []
+    for it in items:
+        aliases = list(it.answers)
+        for a in by_line.get(it.line, ()):
+            if a not in aliases:
+                aliases.append(a)
+        merged.append(
+            QAItem(
+                id=it.id,
+                question=it.question,
+                answers=tuple(aliases),
+                kind=it.kind,
+                choices=it.choices,
+                group=it.group,
+                popularity=it.popularity,
+                source=it.source,
+                line=it.line,
+            )
+        )
+    return merged, report

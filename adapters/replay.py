@@ -99,8 +99,9 @@ def _replay_chunk(
     top_logprobs: int,
     return_states: bool,
 ) -> list[ReplayResult]:
-    """One forward pass over ``items``; the rows of interest are the last ``n_max`` inputs
-    (``n_max`` = longest response), each response's features its last ``n`` of them."""
+    """One forward pass over ``items``. The rows of interest are the ``n_max`` positions
+    (longest response) before the last one, which predict response tokens; a response of
+    ``n`` tokens takes the last ``n`` of them."""
     hf = loaded.hf_model
     tokenizer = loaded.tokenizer
     num_layers = loaded.spec.num_layers
@@ -111,16 +112,7 @@ def _replay_chunk(
     n_max = max(len(it.response) for it in items)
     if n_max == 0:
         return [
-            ReplayResult(
-                {
-                    **_empty_metadata(
-                        tokenizer, model_name, num_layers, it.prompt, capture_geometry
-                    ),
-                    "replay_source": it.source,
-                },
-                None,
-            )
-            for it in items
+            _empty_result(tokenizer, model_name, num_layers, it, capture_geometry) for it in items
         ]
     ids, mask = left_padded(seqs, pad_token_id(hf, tokenizer))
     pos = (mask.cumsum(-1) - 1).clamp_min(0)
@@ -176,13 +168,13 @@ def _replay_chunk(
     return results
 
 
-def _empty_metadata(
-    tokenizer: Any, model_name: str, num_layers: int, prompt: list[int], capture_geometry: bool
-) -> dict[str, Any]:
-    """Metadata of an empty response (no tokens to replay)."""
-    meta = token_metadata(tokenizer, model_name, prompt, [], torch.zeros((0, 1)), "stop", 0)
+def _empty_result(
+    tokenizer: Any, model_name: str, num_layers: int, item: ReplayItem, capture_geometry: bool
+) -> ReplayResult:
+    """The result of an empty response (no tokens to replay, no forward pass)."""
+    meta = token_metadata(tokenizer, model_name, item.prompt, [], torch.zeros((0, 1)), "stop", 0)
     meta["geometry"] = geometry_json(num_layers, None) if capture_geometry else None
-    return meta
+    return ReplayResult({**meta, "replay_source": item.source}, None)
 
 
 def slice_step(step: StepFeatures, i: int, a: int, b: int) -> StepFeatures:

@@ -3,6 +3,7 @@ chat models (real ``BaseChatModel`` subclasses returning fixed replies)."""
 
 from __future__ import annotations
 
+import gc
 import re
 import sqlite3
 import threading
@@ -407,8 +408,6 @@ def test_cache_survives_an_interrupted_write(tmp_path: Path) -> None:
     lost = '{"correct": true, "score": 1.0, "rationale": "lost"}'
     raw.execute("INSERT INTO kv VALUES ('j', 'k2', ?)", [lost])
     del raw  # closed without COMMIT, like a killed process
-    import gc
-
     gc.collect()
     reopened = JudgmentCache(db)
     assert reopened.get("j", "k1") == Judgment(True, 1.0, "kept")

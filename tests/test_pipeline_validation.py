@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -72,8 +73,6 @@ def test_unknown_scorer_is_a_config_error() -> None:
 
 @pytest.mark.parametrize(("participation", "n"), [(0.5, 1), (0.8, 4), (0.9, 9), (0.95, 19)])
 def test_min_calibration_size_is_the_finite_threshold_boundary(participation, n) -> None:
-    import math
-
     assert min_calibration_size(participation) == n
     # n gives a finite rank, n - 1 does not
     assert math.ceil(participation * (n + 1) - 1e-9) <= n
@@ -97,7 +96,7 @@ def test_run_store_roundtrip_and_atomic_batches(tmp_path: Path) -> None:
     assert store.get_many("generation", [key, "missing"]) == {key: {"text": "hello"}}
     assert store.count("generation") == 2
     again = RunStore(tmp_path / "run.sqlite")
-    assert again.get("generation", "k2") == {"text": "x"}
+    assert again.get_many("generation", ["k2"]) == {"k2": {"text": "x"}}
 
 
 def test_unjudgeable_gold_is_an_error_with_its_line(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from abstain_guard.calibration.build.datasets import split_items
-from abstain_guard.calibration.build.judges import LexicalJudge
+from abstain_guard.calibration.build.judges import LexicalJudge, normalize_answer
 from abstain_guard.calibration.build.probe import PROBE_RELATIONS, builtin_probe_set
 from abstain_guard.errors import InvalidInputError
 
@@ -70,8 +70,7 @@ def test_relation_subset_and_errors() -> None:
         builtin_probe_set(relations=["rivers"])
 
 
-def test_round_trip_and_stratified_split(probe) -> None:
-    assert all(type(it).from_json(it.to_json()) == it for it in probe[:50])
+def test_stratified_split(probe) -> None:
     parts = split_items(probe, seed=0)
     assert sum(len(v) for v in parts.values()) == len(probe)
     for part in parts.values():
@@ -79,8 +78,6 @@ def test_round_trip_and_stratified_split(probe) -> None:
 
 
 def test_no_gold_alias_leaks_into_its_question(probe) -> None:
-    from abstain_guard.calibration.build.judges import normalize_answer
-
     for it in probe:
         q = f" {normalize_answer(it.question)} "
         assert not any(f" {normalize_answer(a)} " in q for a in it.answers), it

@@ -44,18 +44,6 @@ class DatasetReport:
     skipped: list[SkippedRow] = field(default_factory=list)
     limited: bool = False
 
-    def summary(self) -> str:
-        """One human-readable line, e.g.
-        ``"data.jsonl: 998 of 1000 rows loaded, 2 skipped (lines 4, 17)"``."""
-        text = f"{self.source}: {self.loaded} of {self.rows} rows loaded"
-        if self.skipped:
-            lines = ", ".join(str(s.line) for s in self.skipped[:10])
-            more = ", …" if len(self.skipped) > 10 else ""
-            text += f", {len(self.skipped)} skipped (lines {lines}{more})"
-        if self.limited:
-            text += " (stopped at the limit)"
-        return text
-
 
 # --- field access ------------------------------------------------------------------------
 

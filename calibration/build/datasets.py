@@ -1,6 +1,6 @@
 """Question-answer items for calibration and the seeded split.
 
-* :class:`QAItem` — one question with its gold answer aliases (immutable, JSON round-trip).
+* :class:`QAItem` — one question with its gold answer aliases (immutable, validated).
 * :func:`split_items` — the seeded reference/train/calibration/test split (5:3:1:1 by default),
   stratified by :attr:`QAItem.group` when items have one.
 
@@ -12,9 +12,9 @@ evaluation sets in their published formats).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Literal
 
 import numpy as np
 
@@ -87,40 +87,6 @@ class QAItem:
             return self.question
         options = "\n".join(f"{choice_letter(i)}) {c}" for i, c in enumerate(self.choices))
         return f"{self.question}\n{options}\nAnswer with the letter of the correct option."
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-serialisable dict (lists for tuples); inverse of :meth:`from_json`."""
-        return {
-            "id": self.id,
-            "question": self.question,
-            "answers": list(self.answers),
-            "kind": self.kind,
-            "choices": list(self.choices),
-            "group": self.group,
-            "popularity": self.popularity,
-            "source": self.source,
-            "line": self.line,
-        }
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> QAItem:
-        """Rebuild an item from :meth:`to_json` output."""
-        try:
-            return cls(
-                id=str(d["id"]),
-                question=str(d["question"]),
-                answers=tuple(str(a) for a in d["answers"]),
-                kind=cast(Kind, d.get("kind", "open")),
-                choices=tuple(str(c) for c in d.get("choices", ())),
-                group=d.get("group"),
-                popularity=None if d.get("popularity") is None else float(d["popularity"]),
-                source=str(d.get("source", "")),
-                line=None if d.get("line") is None else int(d["line"]),
-            )
-        except KeyError as exc:
-            raise InvalidInputError(
-                f"QAItem JSON lacks the field {exc}; got keys {sorted(d)}"
-            ) from exc
 
 
 # --- splitting ------------------------------------------------------------------------------

@@ -62,10 +62,6 @@ class RunStore:
             out.update((k, json.loads(v)) for k, v in rows)
         return out
 
-    def get(self, ns: str, key: str) -> Any | None:
-        """One value, or ``None``."""
-        return self.get_many(ns, [key]).get(key)
-
     def put_many(self, ns: str, items: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
         """Write several values atomically (all or none)."""
         pairs = items.items() if isinstance(items, Mapping) else items
@@ -73,10 +69,6 @@ class RunStore:
         conn = self._connect()
         with conn:
             conn.executemany("INSERT OR REPLACE INTO kv (ns, key, value) VALUES (?, ?, ?)", rows)
-
-    def put(self, ns: str, key: str, value: Any) -> None:
-        """Write one value."""
-        self.put_many(ns, [(key, value)])
 
     def count(self, ns: str | None = None) -> int:
         """Number of values in a namespace (in all namespaces when ``ns`` is None)."""

@@ -27,7 +27,7 @@ from abstain_guard.deployment import GENERATION_KEY, sha256_text
 from abstain_guard.errors import InvalidInputError, ModelError
 
 from .architectures import ArchitectureSpec
-from .encoding import ResponseLike, chat_dicts, prompt_ids, response_ids
+from .encoding import AnswerLike, chat_dicts, prompt_ids, response_ids
 from .generation import (
     GENERATION_OPTIONS,
     call_options,
@@ -224,7 +224,7 @@ class GeometryChatModel(BaseChatModel):
         return chat_dicts(messages, self.system_prompt)
 
     def encode_chat(
-        self, messages: Any, response_text: ResponseLike | None = None
+        self, messages: Any, response_text: AnswerLike | None = None
     ) -> tuple[list[int], list[int]]:
         """Token ids of the prompt (chat template + generation prompt, exactly what
         generation feeds) and of the response (no special tokens added)."""
@@ -387,7 +387,7 @@ class GeometryChatModel(BaseChatModel):
     # -- replay ------------------------------------------------------------------------------
 
     def replay(
-        self, messages: Any, response_text: ResponseLike, return_states: bool = False
+        self, messages: Any, response_text: AnswerLike, return_states: bool = False
     ) -> ReplayResult:
         """Teacher-forced features of an existing answer, in one forward pass.
 
@@ -399,7 +399,7 @@ class GeometryChatModel(BaseChatModel):
 
     def replay_batch(
         self,
-        items: Sequence[tuple[Any, ResponseLike]],
+        items: Sequence[tuple[Any, AnswerLike]],
         batch_size: int = 16,
         return_states: bool = False,
         progress: bool = False,

@@ -16,7 +16,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from abstain_guard.errors import InvalidInputError
 
 #: A response to replay: its text, or the exact generated token ids.
-ResponseLike = str | Sequence[int]
+AnswerLike = str | Sequence[int]
 
 
 def message_text(message: BaseMessage) -> str:
@@ -84,7 +84,7 @@ def prompt_ids(tokenizer: Any, dicts: list[dict[str, str]]) -> list[int]:
     return [int(t) for t in tokenizer(text)["input_ids"]]
 
 
-def response_ids(tokenizer: Any, response: ResponseLike) -> list[int]:
+def response_ids(tokenizer: Any, response: AnswerLike) -> list[int]:
     """Token ids of a response: a text is tokenized without special tokens, token ids are
     used as they are. Raises InvalidInputError for anything else."""
     if isinstance(response, str):
@@ -111,7 +111,7 @@ def left_padded(
 
 
 __all__ = [
-    "ResponseLike",
+    "AnswerLike",
     "chat_dicts",
     "left_padded",
     "message_text",

@@ -62,21 +62,6 @@ def question_from_prompt(tokenizer: Any, prompt_ids: Sequence[int]) -> str:
     return str(tokenizer.decode(list(prompt_ids), skip_special_tokens=True)).strip()
 
 
-def eos_ids(model: Any) -> set[int]:
-    """End-of-sequence token ids of a GeometryChatModel (generation config, config, tokenizer)."""
-    hf = model.hf_model
-    ids: set[int] = set()
-    for src in (getattr(hf, "generation_config", None), hf.config):
-        eos = getattr(src, "eos_token_id", None)
-        if isinstance(eos, int):
-            ids.add(eos)
-        elif isinstance(eos, (list, tuple)):
-            ids.update(int(e) for e in eos)
-    if model.tokenizer.eos_token_id is not None:
-        ids.add(int(model.tokenizer.eos_token_id))
-    return ids
-
-
 def right_padded(sequences: Sequence[Sequence[int]]) -> tuple[Any, Any, Any]:
     """Right-padded ``input_ids`` / ``attention_mask`` ``[n, max_len]`` and the index of each
     sequence's last token ``[n]`` (torch tensors)."""

@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from scipy.special import logsumexp
 
+from abstain_guard.adapters import eos_token_ids
+from abstain_guard.adapters.loading import pad_token_id
 from abstain_guard.calibration.inference.aux_models import (
     ChatModelEquivalence,
     EquivalenceJudge,
@@ -22,7 +24,6 @@ from abstain_guard.calibration.inference.aux_models import (
 )
 from abstain_guard.calibration.inference.model_access import (
     ModelScorer,
-    eos_ids,
     prompt_and_answer_ids,
     question_from_prompt,
     right_padded,
@@ -191,8 +192,8 @@ class SampleSource:
     def _generate(self, prompt: tuple[int, ...]) -> list[Sample]:
         hf = self.model.hf_model
         tok = self.model.tokenizer
-        eos = eos_ids(self.model)
-        pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
+        eos = set(eos_token_ids(hf, tok))
+        pad = pad_token_id(hf, tok)
         input_ids = torch.tensor([list(prompt)], dtype=torch.long)
         torch.manual_seed(self.seed + zlib.crc32(np.asarray(prompt, dtype=np.int64).tobytes()))
         with torch.no_grad():

@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from abstain_guard import conformal
 from abstain_guard._version import __version__
 from abstain_guard.config import GuardConfig
 from abstain_guard.decision import DecisionRule, decision_rule
@@ -51,6 +50,7 @@ from abstain_guard.errors import (
     InvalidInputError,
 )
 from abstain_guard.scoring import Scorer, ScorerState, scorer_from_state
+from abstain_guard.validation import check_labels, check_scores
 
 __all__ = ["SCHEMA_VERSION", "GuardArtifact"]
 
@@ -101,8 +101,8 @@ def _load_npz(data: bytes, name: str) -> dict[str, np.ndarray]:
 
 
 def _validate_calibration(scores: ArrayLike, correct: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
-    s = conformal._as_scores(scores)
-    c = conformal._as_correct(correct, s.size)
+    s = check_scores(scores)
+    c = check_labels(correct, s.size).astype(bool)
     return s, c
 
 

@@ -49,7 +49,7 @@ def _ask(args: argparse.Namespace) -> int:
     if not questions:
         print("No question given: pass questions as arguments or on stdin.", file=sys.stderr)
         return 2
-    from abstain_guard.chains import load_guard_chain
+    from abstain_guard.calibration.build.pipeline import load_guard_chain
 
     config = GuardConfig.from_file(args.config) if args.config else None
     chain, _, _ = load_guard_chain(args.artifact, config, kind=args.kind)
@@ -75,7 +75,7 @@ def _ask(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     if args.live:
         return _evaluate_live(args)
-    from abstain_guard.calibration.measure.evaluate import evaluate
+    from abstain_guard.calibration.measure.held_out import evaluate
 
     results = evaluate(
         args.artifact or [DEFAULT_ARTIFACT_DIR],
@@ -106,8 +106,8 @@ def _evaluate_live(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from abstain_guard.calibration.measure.evaluation import build_results
     from abstain_guard.calibration.measure.report import write_report
+    from abstain_guard.calibration.measure.results import build_results
 
     entries, metadata = [], {}
     for path in args.results:

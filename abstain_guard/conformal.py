@@ -2,13 +2,14 @@
 
 Conventions: a *score* is an uncertainty (higher = less reliable); the guard answers when
 ``score <= threshold`` and abstains otherwise. ``correct`` holds the calibration labels
-(1 = the model's answer was judged correct). All functions validate their inputs and raise
-typed errors from :mod:`abstain_guard.errors`; they never return NaN.
+(1 = the model's answer was judged correct). ``alpha`` is always the abstention budget α
+(the target participation is 1−α). All functions validate their inputs
+(:mod:`abstain_guard.validation`: finite scores, 0/1 labels) and raise typed errors from
+:mod:`abstain_guard.errors`; they never return NaN.
 
 Functions:
 
 * :func:`participation_threshold` - τ = the ⌈(1−α)(n+1)⌉-th smallest score (paper Eq. 3).
-* :func:`participation_thresholds_batch` - the same for many calibration sets at once.
 * :func:`participation_interval` - the participation guarantee ``[1−α, 1−α+1/(n+1))``.
 * :func:`conditional_correctness_bound` - the paper's Eq. (8)-(9), with all of its parts.
 * :func:`risk_threshold` - the largest threshold whose error among answered questions is
@@ -29,6 +30,7 @@ from numpy.typing import ArrayLike
 from scipy import stats
 
 from abstain_guard.errors import InsufficientDataError, InvalidInputError
+from abstain_guard.validation import check_labels, check_scores, require_both_classes
 
 __all__ = [
     "ConformalWarning",
@@ -40,7 +42,6 @@ __all__ = [
     "conformal_rank",
     "participation_interval",
     "participation_threshold",
-    "participation_thresholds_batch",
     "risk_threshold",
 ]
 
@@ -199,77 +200,34 @@ def _check_alpha(alpha: float) -> float:
     )
 
 
-def _as_scores(scores: ArrayLike, name: str = "scores") -> np.ndarray:
-    """Validate and return ``scores`` as a float64 array of shape ``[n]``."""
-    try:
-        arr = np.asarray(scores, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInputError(
-            f"{name} must be a 1-D sequence of numbers; could not convert it ({exc})."
-        ) from exc
-    if arr.ndim != 1:
-        raise InvalidInputError(
-            f"{name} must be 1-D (one score per calibration question), got shape {arr.shape}."
-        )
-    if arr.size == 0:
-        raise InsufficientDataError(
-            f"{name} is empty: the conformal threshold needs at least one calibration score."
-        )
-    bad = ~np.isfinite(arr)
-    if bad.any():
-        idx = np.flatnonzero(bad)[:5].tolist()
-        raise InvalidInputError(
-            f"{name} contains {int(bad.sum())} NaN or infinite value(s) (first at positions "
-            f"{idx}). Drop or re-score those calibration samples before calibrating."
-        )
-    return arr
-
-
-def _as_correct(correct: ArrayLike, n: int) -> np.ndarray:
-    """Validate and return binary labels as a bool array of shape ``[n]``."""
-    try:
-        arr = np.asarray(correct)
-    except (TypeError, ValueError) as exc:  # pragma: no cover - numpy accepts almost anything
-        raise InvalidInputError(f"correct must be a 1-D sequence of 0/1 labels ({exc}).") from exc
-    if arr.ndim != 1:
-        raise InvalidInputError(f"correct must be 1-D, got shape {arr.shape}.")
-    if arr.shape[0] != n:
-        raise InvalidInputError(
-            f"scores and correct must have the same length, got {n} scores and "
-            f"{arr.shape[0]} labels. Pass one label per calibration score."
-        )
-    if arr.dtype == np.bool_:
-        return arr.astype(bool)
-    try:
-        num = arr.astype(np.float64)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInputError(
-            f"correct must hold 0/1 (or True/False) labels, got dtype {arr.dtype}."
-        ) from exc
-    if not np.all((num == 0.0) | (num == 1.0)):
-        raise InvalidInputError(
-            "correct must hold only 0/1 (or True/False) labels; found other values "
-            f"{np.unique(num[(num != 0.0) & (num != 1.0)])[:5].tolist()}."
-        )
-    return num == 1.0
-
-
-def _require_both_classes(correct: np.ndarray) -> None:
-    c = int(correct.sum())
-    n = int(correct.size)
-    if c == 0 or c == n:
-        label = "correct" if c == n else "incorrect"
-        raise InsufficientDataError(
-            f"All {n} calibration labels are {label}; this needs both correct and incorrect "
-            "answers. Check the correctness judge, or calibrate on more (or harder) questions."
-        )
+def _calibration(scores: ArrayLike, correct: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """Validated calibration ``(scores [n] float64, correct [n] bool)`` with both classes."""
+    s = check_scores(scores)
+    j = check_labels(correct, s.size).astype(bool)
+    require_both_classes(
+        j,
+        what="The calibration",
+        hint="check the correctness judge, or calibrate on more (or harder) questions.",
+    )
+    return s, j
 
 
 # --- participation -----------------------------------------------------------------------
 
 
 def conformal_rank(alpha: float, n: int) -> int:
-    """k = ⌈(1−α)(n+1)⌉, the 1-based rank of the conformal threshold (may exceed n)."""
+    """k = ⌈(1−α)(n+1)⌉: the 1-based rank of the conformal threshold among ``n`` sorted
+    calibration scores; ``k > n`` means τ = +inf (answer everything).
+
+    Args:
+        alpha: the abstention budget α in (0, 1), *not* the participation: a caller holding a
+            participation target ``p = 1−α`` (the resplit simulation) passes ``1 − p``.
+        n: number of calibration scores, at least 1.
+
+    (1−α)(n+1) is rounded up with a relative slack of ``_RANK_RTOL``, so that float noise
+    (``(1 − 0.2)·10 = 8.000000000000002``, ``(1 − 0.3)·10 = 7.000000000000001``) does not
+    cost a whole rank.
+    """
     alpha = _check_alpha(alpha)
     if int(n) < 1:
         raise InsufficientDataError(f"n must be at least 1, got {n}.")
@@ -290,7 +248,7 @@ def ties_at_threshold(scores: ArrayLike, threshold: float) -> int:
     """How many calibration scores equal ``threshold`` exactly (0 for an infinite one)."""
     if not math.isfinite(threshold):
         return 0
-    return int(np.count_nonzero(_as_scores(scores) == threshold))
+    return int(np.count_nonzero(check_scores(scores) == threshold))
 
 
 def participation_interval(alpha: float, n: int) -> ParticipationInterval:
@@ -325,7 +283,7 @@ def participation_threshold(scores: ArrayLike, alpha: float) -> ParticipationThr
         ``inf``, ``infinite`` is True and a :class:`ConformalWarning` is issued.
     """
     alpha = _check_alpha(alpha)
-    s = _as_scores(scores)
+    s = check_scores(scores)
     n = int(s.size)
     k = conformal_rank(alpha, n)
     notes: tuple[str, ...] = ()
@@ -344,33 +302,6 @@ def participation_threshold(scores: ArrayLike, alpha: float) -> ParticipationThr
         infinite=k > n,
         warnings=notes,
     )
-
-
-def participation_thresholds_batch(scores_2d: ArrayLike, alpha: float) -> np.ndarray:
-    """τ for R calibration sets at once (for simulations).
-
-    Args:
-        scores_2d: shape ``[R, n]``, one calibration set per row, finite.
-        alpha: abstention budget in (0, 1).
-
-    Returns:
-        Thresholds, shape ``[R]`` (all ``inf`` when ⌈(1−α)(n+1)⌉ > n, with a warning).
-    """
-    alpha = _check_alpha(alpha)
-    arr = np.asarray(scores_2d, dtype=np.float64)
-    if arr.ndim != 2:
-        raise InvalidInputError(f"scores_2d must have shape [R, n], got {arr.shape}.")
-    if arr.shape[1] == 0:
-        raise InsufficientDataError("scores_2d has no columns: each row needs at least 1 score.")
-    if not np.isfinite(arr).all():
-        raise InvalidInputError("scores_2d contains NaN or infinite values; remove them first.")
-    n = int(arr.shape[1])
-    k = conformal_rank(alpha, n)
-    if k > n:
-        warnings.warn(_infinite_note(k, n, alpha), ConformalWarning, stacklevel=2)
-        return np.full(arr.shape[0], np.inf)
-    out: np.ndarray = np.partition(arr, k - 1, axis=1)[:, k - 1]
-    return out
 
 
 # --- conditional correctness ---------------------------------------------------------------
@@ -396,9 +327,7 @@ def conditional_correctness_bound(
         A :class:`CorrectnessBound` with every part of the bound.
     """
     alpha = _check_alpha(alpha)
-    s = _as_scores(scores)
-    j = _as_correct(correct, s.size)
-    _require_both_classes(j)
+    s, j = _calibration(scores, correct)
     n = int(s.size)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConformalWarning)
@@ -478,9 +407,7 @@ def risk_threshold(
     dlt = _check_unit_interval(
         delta, "delta", "delta is the allowed failure probability of the guarantee, e.g. 0.1."
     )
-    s = _as_scores(scores)
-    j = _as_correct(correct, s.size)
-    _require_both_classes(j)
+    s, j = _calibration(scores, correct)
     n = int(s.size)
     k_min = _min_rank(eps, dlt)
 

@@ -18,8 +18,8 @@ import time
 
 import numpy as np
 
-from abstain_guard.calibration.measure.evaluation import DEFAULT_LEVELS, resplit_simulation
 from abstain_guard.calibration.measure.metrics import auroc_interval
+from abstain_guard.calibration.measure.simulation import DEFAULT_LEVELS, resplit_simulation
 
 
 def main() -> None:

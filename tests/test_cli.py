@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from abstain_guard.calibration.build import pipeline
-from abstain_guard.calibration.measure.evaluation import evaluate_scores
+from abstain_guard.calibration.measure.results import evaluate_scores
 from abstain_guard.cli import main
 
 

@@ -7,7 +7,7 @@ import pytest
 from tiny_models import tiny_chat_model
 
 from abstain_guard.calibration.inference import SampleSource
-from abstain_guard.calibration.measure.evaluate import (
+from abstain_guard.calibration.measure.held_out import (
     BASELINE_PARAMS,
     MODEL_BASELINES,
     parse_baselines,

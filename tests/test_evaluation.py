@@ -8,21 +8,22 @@ import warnings
 import numpy as np
 import pytest
 
-from abstain_guard.calibration.measure.evaluation import (
-    DEFAULT_LEVELS,
+from abstain_guard import conformal
+from abstain_guard.calibration.measure.hypotheses import hypothesis_checks, validate_importance
+from abstain_guard.calibration.measure.metrics import auroc_interval, bootstrap_intervals
+from abstain_guard.calibration.measure.ranking import scorer_table
+from abstain_guard.calibration.measure.results import (
     build_results,
-    conformal_rank,
     evaluate_dataset,
     evaluate_scores,
-    hypothesis_checks,
+)
+from abstain_guard.calibration.measure.simulation import (
+    DEFAULT_LEVELS,
     level_key,
     resplit_arrays,
     resplit_permutations,
     resplit_simulation,
-    scorer_table,
-    validate_importance,
 )
-from abstain_guard.calibration.measure.metrics import auroc_interval, bootstrap_intervals
 from abstain_guard.errors import InsufficientDataError, InvalidInputError
 
 
@@ -53,10 +54,13 @@ def _paper_reference(cal_s, cal_y, test_s, test_y, level):
     return tau, part, cc, one_minus_beta, bound
 
 
-def test_conformal_rank_handles_float_noise() -> None:
-    assert conformal_rank(0.7, 9) == 7  # 0.7 * 10 = 7.000000000000001 in binary
-    assert conformal_rank(0.9, 250) == 226
-    assert conformal_rank(0.9, 5) == 6  # > n: threshold +inf
+def test_simulation_ranks_use_participation_levels() -> None:
+    # The simulation's levels are participation targets 1−α; its ranks are conformal_rank(α).
+    s, y = _synthetic(20, seed=2)
+    sim = resplit_simulation(s, y, levels=(0.7, 0.9), n_resplits=3)
+    assert sim["n_calibration"] == 10
+    assert sim["levels"]["0.7"]["calibration_rank"] == 8  # ⌈0.7 · 11⌉
+    assert sim["levels"]["0.9"]["calibration_rank"] == 10  # ⌈0.9 · 11⌉
 
 
 def test_level_key() -> None:
@@ -85,11 +89,11 @@ def test_vectorised_matches_paper_reference_loop() -> None:
 
 
 def test_vectorised_matches_core_conformal_functions() -> None:
-    conformal = pytest.importorskip("abstain_guard.conformal")
     s, y = _synthetic(41, seed=5)
     levels = (0.1, 0.3, 0.6, 0.9)
     arr = resplit_arrays(s, y, levels=levels, n_resplits=30, seed=3)
     perms = np.concatenate(list(resplit_permutations(41, 30, 3)))
+    ranks = resplit_simulation(s, y, levels=levels, n_resplits=1)["levels"]
     n_cal = arr.n_calibration
     checked = 0
     for r, perm in enumerate(perms):
@@ -105,7 +109,7 @@ def test_vectorised_matches_core_conformal_functions() -> None:
             assert arr.threshold[r, j] == thr.threshold
             assert arr.one_minus_beta[r, j] == pytest.approx(b.coverage_correct)
             assert arr.bound[r, j] == pytest.approx(b.bound)
-            assert conformal_rank(lv, n_cal) == thr.rank
+            assert ranks[level_key(lv)]["calibration_rank"] == thr.rank
             assert hi - lo == pytest.approx(1 / (n_cal + 1))
             checked += 1
     assert checked > 50

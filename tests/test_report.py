@@ -9,16 +9,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from abstain_guard.calibration.measure.evaluation import build_results, evaluate_dataset
 from abstain_guard.calibration.measure.report import (
+    guarantee_table_markdown,
+    jsonable,
+    write_report,
+)
+from abstain_guard.calibration.measure.results import build_results, evaluate_dataset
+from abstain_guard.calibration.measure.tables import (
     COUNTS_ROW,
     calibrated_table_markdown,
-    guarantee_table_markdown,
     headline_markdown,
-    jsonable,
     results_table_markdown,
     shortfalls,
-    write_report,
 )
 from abstain_guard.cli import main
 from abstain_guard.errors import InvalidInputError

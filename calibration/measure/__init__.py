@@ -1,3 +1,84 @@
 """Measuring an artifact: held-out evaluation against baselines, metrics with bootstrap
 intervals, the resplit simulation of the guarantee, the report, the demo and the live
-deployment check."""
+deployment check.
+
+Modules, from the commands down to the arithmetic:
+
+* :mod:`.held_out` — ``abstain-guard evaluate``: collect held-out answers, score them with
+  the artifact's scorer and the baselines, and write the report (:func:`evaluate`);
+* :mod:`.deployment_check` — ``abstain-guard evaluate --live``: the guard as deployed;
+* :mod:`.demo` — ``abstain-guard demo``;
+* :mod:`.permutation_importance` — permutation ablation of the geometry scorer;
+* :mod:`.results` — the results document (one entry per data set) that the report renders;
+* :mod:`.ranking` — ranking metrics per scorer, within-type AUROC;
+* :mod:`.simulation` — the conformal resplit simulation;
+* :mod:`.hypotheses` — the paper's hypothesis checks, the permutation-importance layout;
+* :mod:`.metrics` — AUROC, AUPRC, PRR and their bootstrap intervals;
+* :mod:`.report`, :mod:`.tables`, :mod:`.plots` — ``report.md``, its tables and figures.
+
+``measure`` sits on top: it imports ``build`` and ``inference``, which never import it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from abstain_guard.calibration.measure.hypotheses import hypothesis_checks, validate_importance
+from abstain_guard.calibration.measure.metrics import (
+    auprc,
+    auroc,
+    auroc_interval,
+    bootstrap_draws,
+    bootstrap_intervals,
+    percentile_interval,
+    prr,
+)
+from abstain_guard.calibration.measure.ranking import scorer_table
+from abstain_guard.calibration.measure.report import write_report
+from abstain_guard.calibration.measure.results import (
+    build_results,
+    evaluate_dataset,
+    evaluate_scores,
+)
+from abstain_guard.calibration.measure.simulation import resplit_simulation
+
+if TYPE_CHECKING:
+    from abstain_guard.calibration.measure.demo import run_demo
+    from abstain_guard.calibration.measure.deployment_check import live_check
+    from abstain_guard.calibration.measure.held_out import evaluate
+
+__all__ = [
+    "auprc",
+    "auroc",
+    "auroc_interval",
+    "bootstrap_draws",
+    "bootstrap_intervals",
+    "build_results",
+    "evaluate",
+    "evaluate_dataset",
+    "evaluate_scores",
+    "hypothesis_checks",
+    "live_check",
+    "percentile_interval",
+    "prr",
+    "resplit_simulation",
+    "run_demo",
+    "scorer_table",
+    "validate_importance",
+    "write_report",
+]
+
+# Lazy: the commands load models (torch, transformers) through build/ and inference/; importing
+# the metrics or writing a report from results.json must not pay for that.
+_COMMANDS = {
+    "evaluate": "abstain_guard.calibration.measure.held_out",
+    "live_check": "abstain_guard.calibration.measure.deployment_check",
+    "run_demo": "abstain_guard.calibration.measure.demo",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _COMMANDS:
+        return getattr(importlib.import_module(_COMMANDS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,6 +7,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from abstain_guard.calibration.build.judges import LexicalJudge
+from abstain_guard.calibration.build.pipeline import load_guard_chain
+from abstain_guard.calibration.build.probe import builtin_probe_set
 from abstain_guard.errors import ArtifactNotFoundError
 
 
@@ -28,10 +31,6 @@ def pick_questions(items: list[Any], ids: list[str], n: int) -> list[Any]:
 
 def run_demo(artifact: Path, out: Path, n_questions: int = 12) -> int:
     """Ask held-out probe questions through the default guard, print and write a report."""
-    from abstain_guard.calibration.build.judges import LexicalJudge
-    from abstain_guard.chains import load_guard_chain
-    from abstain_guard.calibration.build.probe import builtin_probe_set
-
     if not (artifact / "manifest.json").exists():
         raise ArtifactNotFoundError(
             f"No guard artifact at {artifact}. Build the default one with `make default-guard` "

@@ -35,6 +35,7 @@ from numpy.typing import ArrayLike, NDArray
 from sklearn.metrics import average_precision_score, roc_auc_score
 
 from abstain_guard.errors import InsufficientDataError, InvalidInputError
+from abstain_guard.validation import check_labels, check_scores, require_both_classes
 
 __all__ = [
     "INTERVAL_METRICS",
@@ -44,8 +45,7 @@ __all__ = [
     "auroc_interval",
     "bootstrap_draws",
     "bootstrap_intervals",
-    "check_labels",
-    "check_scores",
+    "check_nan_policy",
     "percentile_interval",
     "prr",
     "rejection_area",
@@ -53,70 +53,19 @@ __all__ = [
 ]
 
 
-def check_scores(uncertainty: ArrayLike, *, name: str = "uncertainty") -> NDArray[np.float64]:
-    """Validate a 1-D score vector ``[n]``; return it as float64 with ``±inf`` kept.
-
-    Raises:
-        InvalidInputError: not 1-D, not numeric, or containing NaN.
-        InsufficientDataError: empty.
-    """
-    try:
-        arr = np.asarray(uncertainty, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInputError(f"{name} must be a 1-D array of numbers ({exc}).") from exc
-    if arr.ndim != 1:
-        raise InvalidInputError(
-            f"{name} must be 1-D (one score per response); got shape {arr.shape}."
-        )
-    if arr.size == 0:
-        raise InsufficientDataError(f"{name} is empty; pass at least two scored responses.")
-    n_nan = int(np.isnan(arr).sum())
-    if n_nan:
-        raise InvalidInputError(
-            f"{name} contains {n_nan} NaN value(s) of {arr.size}; drop the responses the "
-            "scorer could not score (or fix the scorer) before computing metrics."
-        )
-    return arr
+def _uncertainty(uncertainty: ArrayLike, name: str = "uncertainty") -> NDArray[np.float64]:
+    """Validated ``uncertainty [n]`` as float64, ``±inf`` kept (a score only has to rank)."""
+    return check_scores(uncertainty, name=name, allow_inf=True)
 
 
-def check_labels(correct: ArrayLike, n: int | None = None) -> NDArray[np.int64]:
-    """Validate correctness labels ``[n]`` (bool or 0/1); return them as int64 0/1.
-
-    Raises:
-        InvalidInputError: not 1-D, values other than 0/1/True/False/NaN-free, or length
-            different from ``n``.
-        InsufficientDataError: empty.
-    """
-    try:
-        arr = np.asarray(correct, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInputError(f"correct must be a 1-D array of 0/1 labels ({exc}).") from exc
-    if arr.ndim != 1:
-        raise InvalidInputError(f"correct must be 1-D (one label per response); got {arr.shape}.")
-    if arr.size == 0:
-        raise InsufficientDataError("correct is empty; pass at least two labeled responses.")
-    if not np.all((arr == 0) | (arr == 1)):
-        bad = arr[~((arr == 0) | (arr == 1))][:3]
-        raise InvalidInputError(
-            f"correct must hold only 0/1 (or False/True); found e.g. {bad.tolist()}. "
-            "Threshold graded judgements into binary labels first."
-        )
-    if n is not None and arr.size != n:
-        raise InvalidInputError(
-            f"length mismatch: {n} scores but {arr.size} correctness labels; pass one label "
-            "per scored response, in the same order."
-        )
-    return arr.astype(np.int64)
+def check_nan_policy(nan_policy: str) -> None:
+    """Raise :class:`InvalidInputError` unless ``nan_policy`` is ``"raise"`` or ``"omit"``."""
+    if nan_policy not in ("raise", "omit"):
+        raise InvalidInputError(f"nan_policy must be 'raise' or 'omit', got {nan_policy!r}.")
 
 
 def _both_classes(labels: NDArray[np.int64], what: str) -> None:
-    n_pos = int(labels.sum())
-    if n_pos == 0 or n_pos == labels.size:
-        only = "correct" if n_pos else "incorrect"
-        raise InsufficientDataError(
-            f"{what} needs both correct and incorrect answers, but all {labels.size} are "
-            f"{only}; evaluate on a larger or more varied set."
-        )
+    require_both_classes(labels, what=what, hint="evaluate on a larger or more varied set.")
 
 
 def _finite_ranks(arr: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -141,7 +90,7 @@ def auroc(uncertainty: ArrayLike, correct: ArrayLike) -> float:
         InvalidInputError: NaN scores, non-binary labels, length mismatch.
         InsufficientDataError: empty input or only one class.
     """
-    u = check_scores(uncertainty)
+    u = _uncertainty(uncertainty)
     y = check_labels(correct, u.size)
     _both_classes(y, "AUROC")
     return float(roc_auc_score(1 - y, _finite_ranks(u)))
@@ -163,7 +112,7 @@ def auprc(
         InvalidInputError: NaN scores, non-binary labels, length mismatch, unknown ``positive``.
         InsufficientDataError: empty input or only one class.
     """
-    u = check_scores(uncertainty)
+    u = _uncertainty(uncertainty)
     y = check_labels(correct, u.size)
     _both_classes(y, "AUPRC")
     u = _finite_ranks(u)
@@ -175,7 +124,7 @@ def auprc(
 
 
 def _check_quality(quality: ArrayLike, n: int) -> NDArray[np.float64]:
-    q = check_scores(quality, name="quality")
+    q = _uncertainty(quality, name="quality")
     if not np.all(np.isfinite(q)):
         raise InvalidInputError("quality must be finite (e.g. 0/1 correctness or a 0–1 grade).")
     if q.size != n:
@@ -202,7 +151,7 @@ def rejection_curve(
         random tie-breaking (the kept quality within a tied block grows linearly), so the
         curve does not depend on the input order.
     """
-    u = check_scores(uncertainty)
+    u = _uncertainty(uncertainty)
     q = _check_quality(quality, u.size)
     n = u.size
     order = np.argsort(u, kind="stable")
@@ -252,7 +201,7 @@ def prr(uncertainty: ArrayLike, quality: ArrayLike, max_rejection: float = 1.0) 
         InvalidInputError: NaN, length mismatch, non-finite quality.
         InsufficientDataError: all qualities equal (oracle = random, the ratio is undefined).
     """
-    u = check_scores(uncertainty)
+    u = _uncertainty(uncertainty)
     q = _check_quality(quality, u.size)
     if np.ptp(q) == 0:
         raise InsufficientDataError(
@@ -278,18 +227,17 @@ def _paired(
 ) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
     """Validated ``(uncertainty [m], correct [m])``; under ``"omit"`` the pairs with a NaN
     score are dropped first (as ``evaluate_dataset(nan_policy="omit")`` does)."""
-    if nan_policy not in ("raise", "omit"):
-        raise InvalidInputError(f"nan_policy must be 'raise' or 'omit', got {nan_policy!r}.")
+    check_nan_policy(nan_policy)
     if nan_policy == "omit":
         try:
             arr = np.asarray(uncertainty, dtype=np.float64)
         except (TypeError, ValueError):
-            arr = None  # check_scores below raises the typed error
+            arr = None  # _uncertainty below raises the typed error
         if arr is not None and arr.ndim == 1:
             y = check_labels(correct, arr.size)
             keep = ~np.isnan(arr)
-            return check_scores(arr[keep]), y[keep]
-    u = check_scores(uncertainty)
+            return _uncertainty(arr[keep]), y[keep]
+    u = _uncertainty(uncertainty)
     return u, check_labels(correct, u.size)
 
 

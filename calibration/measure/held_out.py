@@ -22,18 +22,23 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from abstain_guard.calibration.build.dataset_files import load_dataset
-from abstain_guard.calibration.build.datasets import QAItem
-from abstain_guard.calibration.build.generation import generate_answers, replay_as_deployed
-from abstain_guard.calibration.build.named_datasets import load_named_dataset
+from abstain_guard.artifact import GuardArtifact
+from abstain_guard.calibration.build.datasets import (
+    QAItem,
+    load_dataset,
+    load_named_dataset,
+    split_items,
+)
 from abstain_guard.calibration.build.pipeline import (
     CalibrationConfig,
     build_judges,
+    generate_answers,
     items_digest,
     judge_answers,
     load_items,
     load_model,
     named_spec,
+    replay_as_deployed,
     resolve_cache_dir,
 )
 from abstain_guard.calibration.build.store import RunStore
@@ -41,6 +46,8 @@ from abstain_guard.calibration.inference.calibrated import CalibratedScorer
 from abstain_guard.calibration.inference.geometry import GeometryScorer
 from abstain_guard.calibration.inference.sampling import SampleSource
 from abstain_guard.calibration.measure.permutation_importance import permutation_importance
+from abstain_guard.calibration.measure.report import write_report
+from abstain_guard.calibration.measure.results import build_results, evaluate_dataset
 from abstain_guard.errors import ConfigError, DatasetError
 from abstain_guard.scoring import build_scorer, scorer_names
 
@@ -85,7 +92,9 @@ def parse_baselines(spec: str | Sequence[str]) -> list[str]:
     return names
 
 
-def read_data_spec(spec: str, *, group_by: str | None = None, limit: int | None = None):
+def read_data_spec(
+    spec: str, *, group_by: str | None = None, limit: int | None = None
+) -> tuple[str, list[QAItem]]:
     """Items from ``name=path`` (a named reader: nq_open, sciq, ...) or a JSONL/CSV path.
 
     Returns ``(name, items)``.
@@ -115,8 +124,6 @@ def artifact_items(artifact: Any) -> tuple[str, list[QAItem], list[QAItem]]:
         DatasetError: the data no longer holds those questions, or its content changed
             since calibration (its hash differs).
     """
-    from abstain_guard.calibration.build.datasets import split_items
-
     meta = artifact.metadata
     cfg = CalibrationConfig(**meta.get("config", {}))
     source = meta.get("data", "builtin")
@@ -261,10 +268,6 @@ def evaluate(
         The results document (also written to ``out/results.json``), with a ``headline``
         entry: AUROC per data set and scorer.
     """
-    from abstain_guard.artifact import GuardArtifact
-    from abstain_guard.calibration.measure.evaluation import build_results, evaluate_dataset
-    from abstain_guard.calibration.measure.report import write_report
-
     paths = [artifact] if isinstance(artifact, (str, Path)) else list(artifact)
     names = parse_baselines(baselines)
     arts = [GuardArtifact.load(p) for p in paths]

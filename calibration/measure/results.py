@@ -1,0 +1,221 @@
+"""The results document that :func:`abstain_guard.calibration.measure.report.write_report`
+renders: per data set, every scorer's ranking metrics and resplit simulation, within-type
+AUROC, hypothesis checks and permutation importance.
+
+``evaluate_dataset`` computes one data set's entry, ``build_results`` assembles entries into
+``{"schema_version", "metadata", "datasets"}``; ``evaluate_scores`` does both for one data set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from tqdm.auto import tqdm
+
+from abstain_guard.calibration.measure.hypotheses import hypothesis_checks, validate_importance
+from abstain_guard.calibration.measure.metrics import check_nan_policy
+from abstain_guard.calibration.measure.ranking import scorer_table, select_scored
+from abstain_guard.calibration.measure.simulation import (
+    DEFAULT_LEVELS,
+    check_levels,
+    level_key,
+    resplit_simulation,
+)
+from abstain_guard.errors import InvalidInputError
+from abstain_guard.validation import check_labels
+
+__all__ = ["SCHEMA_VERSION", "build_results", "evaluate_dataset", "evaluate_scores"]
+
+SCHEMA_VERSION = 1
+
+
+def _scorer_entries(
+    scores_by_scorer: Mapping[str, ArrayLike],
+    y: NDArray[np.int64],
+    groups: ArrayLike | None,
+    levels: Sequence[float],
+    n_resplits: int,
+    calibration_fraction: float,
+    seed: int,
+    nan_policy: Literal["raise", "omit"],
+    progress: bool,
+    desc: str,
+    n_boot: int,
+    confidence: float,
+) -> dict[str, dict[str, Any]]:
+    table = scorer_table(
+        scores_by_scorer,
+        y,
+        groups=groups,
+        nan_policy=nan_policy,
+        n_boot=n_boot,
+        confidence=confidence,
+        seed=seed,
+    )
+    for name in tqdm(list(scores_by_scorer), desc=desc, disable=not progress, leave=False):
+        if "error" in table[name]:
+            continue
+        s, keep = select_scored(name, scores_by_scorer[name], y, nan_policy)
+        sim = resplit_simulation(
+            s[keep],
+            y[keep],
+            levels=levels,
+            n_resplits=n_resplits,
+            calibration_fraction=calibration_fraction,
+            seed=seed,
+        )
+        table[name]["participation"] = sim.pop("levels")
+        table[name]["resplit"] = sim
+    return table
+
+
+def evaluate_dataset(
+    name: str,
+    scores_by_scorer: Mapping[str, ArrayLike],
+    correct: ArrayLike,
+    groups: ArrayLike | None = None,
+    geometries: Sequence[Mapping[str, Any] | None] | None = None,
+    importance: Any = None,
+    calibrated_scores_by_scorer: Mapping[str, ArrayLike] | None = None,
+    levels: Sequence[float] = DEFAULT_LEVELS,
+    n_resplits: int = 1000,
+    calibration_fraction: float = 0.5,
+    seed: int = 0,
+    nan_policy: Literal["raise", "omit"] = "raise",
+    progress: bool = False,
+    n_boot: int = 2000,
+    confidence: float = 0.95,
+) -> dict[str, Any]:
+    """Everything the report shows for one data set, as a JSON-ready dict.
+
+    Args:
+        name: the data set's name (a key of ``results["datasets"]``).
+        scores_by_scorer: scorer → ``[n]`` uncertainty scores of the *test* responses.
+        correct: ``[n]`` 0/1 labels of those responses.
+        groups: optional ``[n]`` question types → within-type AUROC.
+        geometries: optional ``[n]`` geometry dicts → hypothesis checks (Figure 8).
+        importance: optional permutation importance (Figure 9), see :func:`validate_importance`.
+        calibrated_scores_by_scorer: optional scores of the calibrated baselines (appendix
+            tables), evaluated exactly like the raw scorers.
+        levels, n_resplits, calibration_fraction, seed: the resplit simulation (``seed`` also
+            seeds the bootstrap).
+        nan_policy: see :func:`scorer_table`.
+        progress: show a tqdm bar over scorers.
+        n_boot, confidence: bootstrap intervals of the ranking metrics (``n_boot=0``: none);
+            see :func:`scorer_table`.
+
+    Returns:
+        ``{"name", "n", "n_correct", "n_incorrect", "accuracy", "levels", "bootstrap",
+        "scorers": {scorer: {"auroc", "auroc_ci", "auprc", "auprc_ci", "auprc_incorrect",
+        "auprc_incorrect_ci", "prr", "prr_ci", "n", "n_omitted", "n_correct", "n_incorrect",
+        "accuracy", "participation": {level_key: {...}}, "resplit": {...}}},
+        "calibrated_scorers": {...} | None, "within_group": {scorer: {...}} | None,
+        "n_groups": int | None, "hypothesis": {...} | None, "importance": {...} | None}``.
+        ``bootstrap`` records how the intervals were made (``None`` when ``n_boot=0``).
+        Participation summaries are described in :func:`resplit_simulation`.
+    """
+    check_nan_policy(nan_policy)
+    y = check_labels(correct)
+    lv = [float(v) for v in check_levels(levels)]
+    scorers = _scorer_entries(
+        scores_by_scorer,
+        y,
+        groups,
+        lv,
+        n_resplits,
+        calibration_fraction,
+        seed,
+        nan_policy,
+        progress,
+        f"{name}: scorers",
+        n_boot,
+        confidence,
+    )
+    calibrated = None
+    if calibrated_scores_by_scorer:
+        calibrated = _scorer_entries(
+            calibrated_scores_by_scorer,
+            y,
+            None,
+            lv,
+            n_resplits,
+            calibration_fraction,
+            seed,
+            nan_policy,
+            progress,
+            f"{name}: calibrated",
+            n_boot,
+            confidence,
+        )
+    within = None
+    n_groups = None
+    if groups is not None:
+        within = {
+            s: entry.pop("within_group") for s, entry in scorers.items() if "error" not in entry
+        }
+        n_groups = len({str(g) for g in np.asarray(groups, dtype=object).tolist() if g is not None})
+    hypothesis = None
+    if geometries is not None:
+        hypothesis = hypothesis_checks(geometries, y)
+    return {
+        "name": name,
+        "n": int(y.size),
+        "n_correct": int(y.sum()),
+        "n_incorrect": int(y.size - y.sum()),
+        "accuracy": float(y.mean()),
+        "levels": [level_key(v) for v in lv],
+        "bootstrap": (
+            {
+                "n_boot": int(n_boot),
+                "confidence": float(confidence),
+                "seed": seed,
+                "method": "percentile, resampling correct and incorrect answers separately",
+            }
+            if n_boot > 0
+            else None
+        ),
+        "scorers": scorers,
+        "calibrated_scorers": calibrated,
+        "within_group": within,
+        "n_groups": n_groups,
+        "hypothesis": hypothesis,
+        "importance": validate_importance(importance) if importance is not None else None,
+    }
+
+
+def build_results(
+    datasets: Mapping[str, Mapping[str, Any]] | Sequence[Mapping[str, Any]],
+    metadata: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Assemble :func:`evaluate_dataset` outputs into the results document
+    ``{"schema_version", "metadata", "datasets": {name: entry}}`` that
+    :func:`abstain_guard.calibration.measure.report.write_report` renders (``metadata``: free-form,
+    e.g. model, commands, sizes)."""
+    entries = list(datasets.values()) if isinstance(datasets, Mapping) else list(datasets)
+    by_name: dict[str, Any] = {}
+    for entry in entries:
+        if "name" not in entry or "scorers" not in entry:
+            raise InvalidInputError("each data set entry must come from evaluate_dataset().")
+        if entry["name"] in by_name:
+            raise InvalidInputError(f"data set {entry['name']!r} appears twice.")
+        by_name[entry["name"]] = dict(entry)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "metadata": dict(metadata or {}),
+        "datasets": by_name,
+    }
+
+
+def evaluate_scores(
+    scores_by_scorer: Mapping[str, ArrayLike],
+    correct: ArrayLike,
+    name: str = "dataset",
+    metadata: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """One-data-set shortcut: ``build_results([evaluate_dataset(name, ...)], metadata)``;
+    ``kwargs`` go to :func:`evaluate_dataset`."""
+    return build_results([evaluate_dataset(name, scores_by_scorer, correct, **kwargs)], metadata)

@@ -49,7 +49,7 @@ def _ask(args: argparse.Namespace) -> int:
     if not questions:
         print("No question given: pass questions as arguments or on stdin.", file=sys.stderr)
         return 2
-    from abstain_guard.calibration.build.pipeline import load_guard_chain
+    from abstain_guard.chains import load_guard_chain
 
     config = GuardConfig.from_file(args.config) if args.config else None
     chain, _, _ = load_guard_chain(args.artifact, config, kind=args.kind)

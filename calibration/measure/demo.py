@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from abstain_guard.calibration.build.judges import LexicalJudge
-from abstain_guard.calibration.build.pipeline import load_guard_chain
 from abstain_guard.calibration.build.probe import builtin_probe_set
+from abstain_guard.chains import load_guard_chain
 from abstain_guard.errors import ArtifactNotFoundError
 
 

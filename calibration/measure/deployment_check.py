@@ -2,7 +2,7 @@
 held-out questions and compare with what calibration stored.
 
 For every held-out question (the artifact's stored calibration and test ids) the guard chain
-from :func:`~abstain_guard.calibration.build.pipeline.load_guard_chain` — the recorded prompt,
+from :func:`~abstain_guard.chains.load_guard_chain` — the recorded prompt,
 token budget and decoding, one question per call — generates, scores and decides. The
 report gives, per question, the live score beside the stored score (the artifact's
 calibration score, or for test questions the score of the cached answer replayed as
@@ -21,18 +21,17 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from abstain_guard.artifact import GuardArtifact
+from abstain_guard.calibration.build.generation import generate_answers, replay_as_deployed
 from abstain_guard.calibration.build.pipeline import (
     CalibrationConfig,
     build_judges,
-    generate_answers,
     judge_answers,
-    load_guard_chain,
     load_model,
-    replay_as_deployed,
     resolve_cache_dir,
 )
 from abstain_guard.calibration.build.store import RunStore
 from abstain_guard.calibration.measure.held_out import artifact_items
+from abstain_guard.chains import load_guard_chain
 
 __all__ = ["live_check", "summarize_live"]
 

@@ -1,2 +1,33 @@
-"""Building an artifact: data sets, the built-in probe set, judges, the calibration pipeline
-and its run cache. Runs once, offline, before the guard is deployed."""
+"""Building an artifact, once, offline: data sets (:mod:`.datasets`, :mod:`.dataset_files`,
+:mod:`.named_datasets`), the built-in probe set (:mod:`.probe`), judges (:mod:`.judges`),
+the generation step (:mod:`.generation`), the pipeline (:mod:`.pipeline`, ``abstain-guard
+calibrate``) and its resumable run cache (:mod:`.store`)."""
+
+from __future__ import annotations
+
+from abstain_guard.calibration.build.dataset_files import DatasetReport, load_dataset
+from abstain_guard.calibration.build.datasets import QAItem, split_items
+from abstain_guard.calibration.build.judges import make_judge
+from abstain_guard.calibration.build.named_datasets import NAMED_DATASETS, load_named_dataset
+from abstain_guard.calibration.build.pipeline import (
+    CalibrationConfig,
+    CalibrationSummary,
+    calibrate,
+)
+from abstain_guard.calibration.build.probe import builtin_probe_set
+from abstain_guard.calibration.build.store import RunStore
+
+__all__ = [
+    "NAMED_DATASETS",
+    "CalibrationConfig",
+    "CalibrationSummary",
+    "DatasetReport",
+    "QAItem",
+    "RunStore",
+    "builtin_probe_set",
+    "calibrate",
+    "load_dataset",
+    "load_named_dataset",
+    "make_judge",
+    "split_items",
+]

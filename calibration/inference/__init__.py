@@ -15,24 +15,28 @@ The guard loads them from an artifact through the scorer registry
 
 from __future__ import annotations
 
-from abstain_guard.calibration.inference.attention import AttentionScoreScorer, attention_score
-from abstain_guard.calibration.inference.calibrated import CalibratedScorer
-from abstain_guard.calibration.inference.calibrator import fit_gaussian, response_uncertainty
-from abstain_guard.calibration.inference.features import FAMILIES, TokenBlock, token_block
-from abstain_guard.calibration.inference.geometry import GeometryScorer
-from abstain_guard.calibration.inference.model_access import question_from_prompt
-from abstain_guard.calibration.inference.p_true import PTRUE_PROMPT, PTrueScorer
-from abstain_guard.calibration.inference.sampling import (
-    EigenScoreScorer,
-    SampleSource,
-    SARScorer,
-    SemanticEntropyScorer,
-    eigenscore,
-    greedy_semantic_classes,
-    sar,
-    semantic_entropy,
-    token_sar,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from abstain_guard.calibration.inference.attention import AttentionScoreScorer, attention_score
+    from abstain_guard.calibration.inference.calibrated import CalibratedScorer
+    from abstain_guard.calibration.inference.calibrator import fit_gaussian, response_uncertainty
+    from abstain_guard.calibration.inference.features import FAMILIES, TokenBlock, token_block
+    from abstain_guard.calibration.inference.geometry import GeometryScorer
+    from abstain_guard.calibration.inference.model_access import question_from_prompt
+    from abstain_guard.calibration.inference.p_true import PTRUE_PROMPT, PTrueScorer
+    from abstain_guard.calibration.inference.sampling import (
+        EigenScoreScorer,
+        SampleSource,
+        SARScorer,
+        SemanticEntropyScorer,
+        eigenscore,
+        greedy_semantic_classes,
+        sar,
+        semantic_entropy,
+        token_sar,
+    )
 
 __all__ = [
     "FAMILIES",
@@ -57,3 +61,35 @@ __all__ = [
     "token_block",
     "token_sar",
 ]
+
+# Lazy: these modules import torch, transformers and xgboost. The guard imports one scorer
+# module through the registry, and build/ uses aux_models; neither should load every family.
+_HOME = {
+    "AttentionScoreScorer": "abstain_guard.calibration.inference.attention",
+    "attention_score": "abstain_guard.calibration.inference.attention",
+    "CalibratedScorer": "abstain_guard.calibration.inference.calibrated",
+    "fit_gaussian": "abstain_guard.calibration.inference.calibrator",
+    "response_uncertainty": "abstain_guard.calibration.inference.calibrator",
+    "FAMILIES": "abstain_guard.calibration.inference.features",
+    "TokenBlock": "abstain_guard.calibration.inference.features",
+    "token_block": "abstain_guard.calibration.inference.features",
+    "GeometryScorer": "abstain_guard.calibration.inference.geometry",
+    "question_from_prompt": "abstain_guard.calibration.inference.model_access",
+    "PTRUE_PROMPT": "abstain_guard.calibration.inference.p_true",
+    "PTrueScorer": "abstain_guard.calibration.inference.p_true",
+    "EigenScoreScorer": "abstain_guard.calibration.inference.sampling",
+    "SampleSource": "abstain_guard.calibration.inference.sampling",
+    "SARScorer": "abstain_guard.calibration.inference.sampling",
+    "SemanticEntropyScorer": "abstain_guard.calibration.inference.sampling",
+    "eigenscore": "abstain_guard.calibration.inference.sampling",
+    "greedy_semantic_classes": "abstain_guard.calibration.inference.sampling",
+    "sar": "abstain_guard.calibration.inference.sampling",
+    "semantic_entropy": "abstain_guard.calibration.inference.sampling",
+    "token_sar": "abstain_guard.calibration.inference.sampling",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME:
+        return getattr(importlib.import_module(_HOME[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

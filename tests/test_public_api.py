@@ -1,0 +1,101 @@
+"""Every public name resolves: package exports, the scorer registry, and each name README,
+docs and examples import or cite."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+from abstain_guard.scoring import scorer_class, scorer_names, scorer_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = (
+    "abstain_guard",
+    "abstain_guard.adapters",
+    "abstain_guard.calibration",
+    "abstain_guard.calibration.inference",
+    "abstain_guard.calibration.build",
+    "abstain_guard.calibration.build.judges",
+    "abstain_guard.calibration.measure",
+)
+DOCUMENTS = sorted(
+    [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "examples").glob("*.py")]
+)
+_FROM_IMPORT = re.compile(r"from (abstain_guard[\w.]*) import \(?([\w\s,]+?)\)?(?:\n\n|$|\n[^\s])")
+_DOTTED = re.compile(r"`(abstain_guard(?:\.\w+)+)`")
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_exported_name_resolves(package: str) -> None:
+    module = importlib.import_module(package)
+    exported = getattr(module, "__all__", None)
+    assert exported, f"{package} exports nothing (__all__ is empty or missing)"
+    missing = [name for name in exported if not hasattr(module, name)]
+    assert not missing, f"{package}.__all__ names that do not resolve: {missing}"
+
+
+def test_calibration_package_exports_its_entry_points() -> None:
+    from abstain_guard.calibration import CalibrationConfig, GeometryScorer, calibrate, evaluate
+
+    assert GeometryScorer.kind == "geometry"
+    assert callable(calibrate) and callable(evaluate)
+    assert CalibrationConfig().scorer == "geometry"
+
+
+@pytest.mark.parametrize("kind", scorer_names())
+def test_every_registered_scorer_resolves_to_its_class(kind: str) -> None:
+    cls = scorer_class(kind)
+    assert cls.kind == kind
+    assert scorer_spec(kind).family in {"likelihood", "geometry", "model", "sampling", "calibrated"}
+
+
+def _cited_names(text: str) -> list[tuple[str, str | None]]:
+    """``(module, name)`` for each ``from module import name`` and each dotted
+    ``abstain_guard.x.y`` reference in backticks (``name`` None: resolve the dotted path)."""
+    cited: list[tuple[str, str | None]] = []
+    for match in _FROM_IMPORT.finditer(text):
+        for name in match.group(2).replace("\n", " ").split(","):
+            name = name.split(" as ")[0].strip()
+            if name and name != "*":
+                cited.append((match.group(1), name))
+    cited.extend((dotted, None) for dotted in _DOTTED.findall(text))
+    return cited
+
+
+def _resolves(module: str, name: str | None) -> bool:
+    if name is not None:
+        return hasattr(importlib.import_module(module), name)
+    parts = module.split(".")
+    for cut in range(len(parts), 0, -1):  # longest importable prefix, then attributes
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_names_cited_in_docs_and_examples_resolve(document: Path) -> None:
+    cited = _cited_names(document.read_text(encoding="utf-8"))
+    broken = sorted({f"{m}:{n}" if n else m for m, n in cited if not _resolves(m, n)})
+    assert not broken, f"{document.name} cites names that do not exist: {broken}"
+
+
+def test_the_citation_scanner_finds_both_forms() -> None:
+    text = (
+        "```python\nfrom abstain_guard import (\n    AbstentionGuard,\n    Nope,\n)\n\n```\n"
+        "See `abstain_guard.conformal.risk_threshold` and `abstain_guard.nothing_here`.\n"
+    )
+    cited = _cited_names(text)
+    assert ("abstain_guard", "AbstentionGuard") in cited
+    assert not _resolves("abstain_guard", "Nope")
+    assert _resolves("abstain_guard.conformal.risk_threshold", None)
+    assert not _resolves("abstain_guard.nothing_here", None)

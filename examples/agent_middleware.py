@@ -31,7 +31,7 @@ def main(model: Any = None) -> list[Any]:
         ],
     )
     finals = []
-    for question in ["What is the capital of Spain?", "What is the capital of Kiribati?"]:
+    for question in ["What is the capital of Germany?", "What is the capital of Nauru?"]:
         state = agent.invoke({"messages": [{"role": "user", "content": question}]})
         final = state["messages"][-1]
         info = final.response_metadata["abstention"]

@@ -65,16 +65,19 @@ def calibrate_perplexity(api_model: BaseChatModel, n_questions: int = 120) -> Gu
 
 
 def main(model: Any = None, n_questions: int = 120) -> list[AIMessage]:
-    """Calibrate, then ask with a risk target; return the guarded messages."""
+    """Calibrate, then ask with a participation target; return the guarded messages.
+
+    Participation mode certifies the answer rate with a few dozen calibration answers; a
+    risk target (``mode="risk"``) certifies the error among answered questions but needs
+    many more (see docs/guarantees.md).
+    """
     if model is None:
         from abstain_guard.adapters import load_default_model
 
         model = load_default_model(max_new_tokens=24)  # as calibrated
     api_model = LogprobsOnlyChatModel(inner=model.bind(capture_geometry=False))
     artifact = calibrate_perplexity(api_model, n_questions)
-    guard = AbstentionGuard(
-        api_model, artifact=artifact, config=GuardConfig(mode="risk", risk_target=0.4, delta=0.2)
-    )
+    guard = AbstentionGuard(api_model, artifact=artifact, config=GuardConfig(participation=0.5))
     print(f"threshold {guard.threshold:.4g}; guarantee {guard.decision_rule.guarantee}")
     chain = question_prompt() | guard
     out = []

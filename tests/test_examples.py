@@ -10,6 +10,8 @@ from types import ModuleType
 import pytest
 from langchain_core.messages import AIMessage
 
+from abstain_guard import GuardConfig
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 pytestmark = pytest.mark.model
@@ -24,11 +26,24 @@ def _load(name: str) -> ModuleType:
     return module
 
 
+ABSTAIN = GuardConfig().abstain_message
+
+
+def _consistent(info: dict) -> None:
+    """A decision abstains exactly when its score is above its threshold."""
+    assert set(info) >= {"abstained", "score", "threshold", "scorer", "mode", "target"}
+    assert info["abstained"] == (info["score"] > info["threshold"])
+
+
 def test_lcel_chain(default_model) -> None:
     module = _load("lcel_chain")
     answers = module.main(default_model)
     assert len(answers) == len(module.QUESTIONS)
     assert all(isinstance(a, str) and a for a in answers)
+    # the chain runs through the guard: at participation 0.5 it withholds some answers
+    # (the abstention message) and passes others through
+    assert ABSTAIN in answers
+    assert any(a != ABSTAIN for a in answers)
 
 
 def test_risk_target_yaml(default_model) -> None:
@@ -36,9 +51,10 @@ def test_risk_target_yaml(default_model) -> None:
     rule = out["rule"]
     assert rule.mode == "risk"
     assert rule.target == pytest.approx(0.3)
+    assert rule.guarantee["feasible"] == (rule.threshold > float("-inf"))
     for info in out["decisions"].values():
         assert info["mode"] == "risk"
-        assert info["abstained"] == (info["score"] > info["threshold"])
+        _consistent(info)
 
 
 def test_trace_abstentions(default_model) -> None:
@@ -46,7 +62,9 @@ def test_trace_abstentions(default_model) -> None:
     assert len(seen["callback"]) == 2
     assert len(seen["events"]) == 1
     for d in seen["callback"] + seen["events"]:
-        assert set(d) >= {"abstained", "score", "threshold", "scorer", "mode", "target"}
+        _consistent(d)
+    # the handler sees an answer (Germany) and an abstention (Nauru), in either order
+    assert sorted(d["abstained"] for d in seen["callback"]) == [False, True]
 
 
 def test_agent_middleware(default_model) -> None:
@@ -55,8 +73,10 @@ def test_agent_middleware(default_model) -> None:
     for msg in finals:
         assert isinstance(msg, AIMessage)
         info = msg.response_metadata["abstention"]
-        if info["abstained"]:
-            assert msg.content == "I don't know."
+        _consistent(info)
+        assert (msg.content == ABSTAIN) == info["abstained"]
+    # the middleware ends one run with an answer and the other with an abstention
+    assert sorted(m.response_metadata["abstention"]["abstained"] for m in finals) == [False, True]
 
 
 def test_api_model_perplexity(default_model) -> None:
@@ -65,6 +85,8 @@ def test_api_model_perplexity(default_model) -> None:
     for msg in msgs:
         info = msg.response_metadata["abstention"]
         assert info["scorer"] == "perplexity"
+        _consistent(info)
+        assert (msg.content == ABSTAIN) == info["abstained"]
         assert "geometry" not in (msg.response_metadata.get("withheld_response") or {}).get(
             "response_metadata", {}
         )

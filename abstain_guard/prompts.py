@@ -6,13 +6,21 @@ calibration scores are exchangeable with what the guard sees for the same kind o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from langchain_core.prompts import ChatPromptTemplate
 
-if TYPE_CHECKING:
-    from abstain_guard.calibration.build.datasets import QAItem
+
+class Question(Protocol):
+    """What :func:`build_messages` reads of a question (``QAItem`` is one)."""
+
+    kind: str
+
+    def prompt_text(self) -> str:
+        """The user message: the question, with lettered options for ``kind="choice"``."""
+        ...
+
 
 SHORT_ANSWER_SYSTEM_PROMPT = (
     "Answer the question with only the answer: a name, a word or a short phrase, no explanation."
@@ -46,7 +54,7 @@ def max_new_tokens_for(kind: str, max_new_tokens: int | None = None) -> int:
     return int(max_new_tokens or MAX_NEW_TOKENS[kind])
 
 
-def build_messages(item: QAItem, system_prompt: str | None = None) -> list[BaseMessage]:
+def build_messages(item: Question, system_prompt: str | None = None) -> list[BaseMessage]:
     """Chat messages for one question: a system prompt for the kind, then the question.
 
     Multiple-choice questions list their lettered options (:meth:`QAItem.prompt_text`).

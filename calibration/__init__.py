@@ -21,8 +21,7 @@ Typical use::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from abstain_guard.calibration.build.dataset_files import load_dataset
 from abstain_guard.calibration.build.datasets import QAItem, split_items
@@ -34,6 +33,7 @@ from abstain_guard.calibration.build.pipeline import (
     calibrate,
 )
 from abstain_guard.calibration.build.probe import builtin_probe_set
+from abstain_guard.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from abstain_guard.calibration.inference.calibrated import CalibratedScorer
@@ -69,7 +69,4 @@ _HOME = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _HOME:
-        return getattr(importlib.import_module(_HOME[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _HOME)

@@ -15,8 +15,9 @@ The guard loads them from an artifact through the scorer registry
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from abstain_guard.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from abstain_guard.calibration.inference.attention import AttentionScoreScorer, attention_score
@@ -89,7 +90,4 @@ _HOME = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _HOME:
-        return getattr(importlib.import_module(_HOME[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _HOME)

@@ -95,12 +95,16 @@ class ModelScorer(Scorer):
     @classmethod
     def from_state(cls, state: ScorerState, model: Any = None, **kwargs: Any) -> Scorer:
         """Rebuild from configuration; the model (and any auxiliary model) must be given."""
+        cls._require_model(state, model)
+        return cls(model, **{**state.params, **kwargs})
+
+    @classmethod
+    def _require_model(cls, state: ScorerState, model: Any) -> None:
         if model is None:
             raise ConfigError(
                 f"Loading a {state.kind!r} scorer needs the chat model: "
                 f"{cls.__name__}.from_state(state, model=...)."
             )
-        return cls(model, **{**state.params, **kwargs})
 
     def _forward_last_logits(self, sequences: list[list[int]], batch_size: int = 16) -> np.ndarray:
         """Next-token log-probabilities after each sequence ``[n, V]`` (right-padded)."""

@@ -283,11 +283,7 @@ class _SamplingScorer(ModelScorer):
 
     @classmethod
     def from_state(cls, state: ScorerState, model: Any = None, **kwargs: Any) -> Scorer:
-        if model is None:
-            raise ConfigError(
-                f"Loading a {state.kind!r} scorer needs the chat model: "
-                f"{cls.__name__}.from_state(state, model=...)."
-            )
+        cls._require_model(state, model)
         p = dict(state.params)
         sample_keys = ("num_samples", "temperature", "top_k", "top_p", "max_new_tokens", "seed")
         source = kwargs.pop("samples", None) or SampleSource(

@@ -21,8 +21,7 @@ Modules, from the commands down to the arithmetic:
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from abstain_guard.calibration.measure.hypotheses import hypothesis_checks, validate_importance
 from abstain_guard.calibration.measure.metrics import (
@@ -42,6 +41,7 @@ from abstain_guard.calibration.measure.results import (
     evaluate_scores,
 )
 from abstain_guard.calibration.measure.simulation import resplit_simulation
+from abstain_guard.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from abstain_guard.calibration.measure.demo import run_demo
@@ -78,7 +78,4 @@ _COMMANDS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _COMMANDS:
-        return getattr(importlib.import_module(_COMMANDS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _COMMANDS)

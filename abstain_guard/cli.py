@@ -16,6 +16,7 @@ from pathlib import Path
 from abstain_guard.config import GuardConfig
 from abstain_guard.default import DEFAULT_ARTIFACT_DIR
 from abstain_guard.errors import AbstainGuardError
+from abstain_guard.scoring import scorer_names
 
 
 def _calibrate(args: argparse.Namespace) -> int:
@@ -140,7 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--config", help="calibration config (YAML/TOML/JSON)")
     cal.add_argument("--limit", type=int, help="use only the first N questions")
     cal.add_argument("--seed", type=int, help="split seed")
-    cal.add_argument("--scorer", help="scorer for the guard (default: geometry)")
+    cal.add_argument(
+        "--scorer",
+        help="scorer for the guard (default: geometry); one of "
+        + ", ".join(scorer_names(family=("likelihood", "geometry"))),
+    )
     cal.add_argument("--judge", help="judge name (default: lexical)")
     cal.add_argument("--cache-dir", help="run cache (default: '<out>.cache')")
     cal.add_argument(
@@ -175,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--baselines",
         default="likelihood",
-        help="'likelihood' (fast), 'all' (also sampling baselines) or a comma list",
+        help="'likelihood' (fast), 'all' (also model and sampling baselines), 'none', or a "
+        "comma list of: " + ", ".join(scorer_names(family=("likelihood", "model", "sampling"))),
     )
     ev.add_argument("--resplits", type=int, default=1000, help="random resplits")
     ev.add_argument("--limit", type=int, help="use only the first N questions of --data")

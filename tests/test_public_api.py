@@ -52,6 +52,12 @@ def test_every_registered_scorer_resolves_to_its_class(kind: str) -> None:
     assert scorer_spec(kind).family in {"likelihood", "geometry", "model", "sampling", "calibrated"}
 
 
+def test_the_scorer_page_names_every_registered_scorer() -> None:
+    page = (ROOT / "docs" / "baselines.md").read_text(encoding="utf-8")
+    missing = [kind for kind in scorer_names() if f"`{kind}`" not in page]
+    assert not missing, f"docs/baselines.md does not describe registered scorers {missing}"
+
+
 def _cited_names(text: str) -> list[tuple[str, str | None]]:
     """``(module, name)`` for each ``from module import name`` and each dotted
     ``abstain_guard.x.y`` reference in backticks (``name`` None: resolve the dotted path)."""

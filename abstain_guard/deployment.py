@@ -34,7 +34,6 @@ from abstain_guard.errors import ArtifactSchemaError
 
 __all__ = [
     "DECODING_KEYS",
-    "GENERATION_KEY",
     "DeploymentRecord",
     "PromptRecord",
     "generation_mismatches",
@@ -42,9 +41,6 @@ __all__ = [
     "sha256_text",
     "tools_sha256",
 ]
-
-GENERATION_KEY = "generation"
-"""``response_metadata`` key under which a chat model records the settings of one call."""
 
 DECODING_KEYS = ("temperature", "top_p", "top_k", "stop")
 """Decoding settings that must equal the calibrated ones."""

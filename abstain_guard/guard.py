@@ -29,12 +29,12 @@ from abstain_guard.artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
 from abstain_guard.decision import DecisionRule
 from abstain_guard.deployment import (
-    GENERATION_KEY,
     DeploymentRecord,
     generation_mismatches,
     model_mismatches,
 )
 from abstain_guard.errors import ArtifactMismatchError, GuardError, InvalidInputError, ScoringError
+from abstain_guard.metadata import ResponseMetadata
 from abstain_guard.runnables import find_chat_models
 from abstain_guard.tracing import arecord_decision, record_decision
 
@@ -121,7 +121,7 @@ class AbstentionPolicy:
         deployment record (none when the artifact has no record)."""
         if self.deployment is None or not isinstance(message, AIMessage):
             return []
-        generation = (message.response_metadata or {}).get(GENERATION_KEY)
+        generation = ResponseMetadata.of(message).generation()
         return self.mismatch(generation_mismatches(self.deployment, generation), "response")
 
     def _base(self, extra_warnings: list[str] | None = None) -> dict[str, Any]:

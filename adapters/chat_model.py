@@ -23,8 +23,9 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import ensure_config, get_config_list
 from pydantic import ConfigDict, Field, PrivateAttr
 
-from abstain_guard.deployment import GENERATION_KEY, sha256_text
+from abstain_guard.deployment import sha256_text
 from abstain_guard.errors import InvalidInputError, ModelError
+from abstain_guard.metadata import GENERATION
 
 from .architectures import ArchitectureSpec
 from .encoding import AnswerLike, chat_dicts, prompt_ids, response_ids
@@ -358,7 +359,7 @@ class GeometryChatModel(BaseChatModel):
             for p, g in zip(prompts, gen, strict=True)
         ]
         for conv, msg in zip(conversations, msgs, strict=True):
-            msg.response_metadata[GENERATION_KEY] = self._generation_record(conv, opts)
+            msg.response_metadata[GENERATION] = self._generation_record(conv, opts)
         return msgs
 
     @property

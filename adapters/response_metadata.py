@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from abstain_guard.metadata import ENTROPY, LOGPROBS, PROMPT_TOKEN_IDS, TOKEN_IDS
+
 from .capture import StepFeatures
 
 
@@ -63,11 +65,11 @@ def token_metadata(
     return {
         "model_name": model_name,
         "finish_reason": finish,
-        "prompt_token_ids": list(prompt),
-        "token_ids": list(ids),
+        PROMPT_TOKEN_IDS: list(prompt),
+        TOKEN_IDS: list(ids),
         "tokens": tokens,
-        "logprobs": {"content": content},
-        "entropy": [float(e) for e in entropy.tolist()],
+        LOGPROBS: {"content": content},
+        ENTROPY: [float(e) for e in entropy.tolist()],
     }
 
 

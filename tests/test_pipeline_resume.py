@@ -14,9 +14,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tiny_models import tiny_chat_model
+from pydantic import Field
+from tiny_models import char_tokenizer, tiny_chat_model, tiny_hf_model
 
 from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig
+from abstain_guard.adapters import GeometryChatModel
 from abstain_guard.calibration.build.datasets import QAItem
 from abstain_guard.calibration.build.judges import Judge, Judgment
 from abstain_guard.calibration.build.judges.cache import CachedJudge, JudgmentCache
@@ -53,6 +55,22 @@ ITEMS = [
 @pytest.fixture(scope="module")
 def model() -> Any:
     return tiny_chat_model("llama", seed=0)
+
+
+class CountingChatModel(GeometryChatModel):
+    """Counts ``batch`` calls (their sizes) and single generations (``_generate``, the
+    LangChain extension point every chat model implements)."""
+
+    batch_sizes: list[int] = Field(default_factory=list)
+    single_calls: int = 0
+
+    def batch(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        self.batch_sizes.append(len(inputs))
+        return super().batch(inputs, *args, **kwargs)
+
+    def _generate(self, *args: Any, **kwargs: Any) -> Any:
+        self.single_calls += 1
+        return super()._generate(*args, **kwargs)
 
 
 def _config(tmp: Path, name: str, scorer: str = "perplexity") -> CalibrationConfig:
@@ -139,40 +157,26 @@ def test_kill_and_resume_gives_the_same_artifact(tmp_path: Path, model: Any) -> 
     assert first_judge.calls == 0
     assert not (tmp_path / "run").exists()
 
-    # 2) killed during judging, after 25 verdicts
-    calls: list[int] = []
-    singles: list[int] = []
-    original_batch = type(model).batch
-    original_generate = type(model)._generate
-
-    def counting_batch(self, inputs, *args, **kwargs):
-        calls.append(len(inputs))
-        return original_batch(self, inputs, *args, **kwargs)
-
-    def counting_generate(self, *args, **kwargs):
-        singles.append(1)
-        return original_generate(self, *args, **kwargs)
-
-    type(model).batch = counting_batch  # type: ignore[method-assign]
-    type(model)._generate = counting_generate  # type: ignore[method-assign]
-    try:
-        second_judge = HashJudge(fail_after=25)
-        with pytest.raises(KeyboardInterrupt):
-            calibrate(
-                ITEMS,
-                tmp_path / "run",
-                config=cfg,
-                model=model,
-                judges=_judges(tmp_path, "run", second_judge),
-                progress=False,
-            )
-    finally:
-        type(model).batch = original_batch  # type: ignore[method-assign]
-        type(model)._generate = original_generate  # type: ignore[method-assign]
+    # 2) killed during judging, after 25 verdicts; a model that counts its calls (the same
+    # weights, so the same fingerprint and answers) shows what was generated again
+    counting = CountingChatModel.from_hf(tiny_hf_model("llama", 0), char_tokenizer())
+    counting.model_name = model.model_name
+    assert counting.fingerprint == model.fingerprint
+    second_judge = HashJudge(fail_after=25)
+    with pytest.raises(KeyboardInterrupt):
+        calibrate(
+            ITEMS,
+            tmp_path / "run",
+            config=cfg,
+            model=counting,
+            judges=_judges(tmp_path, "run", second_judge),
+            progress=False,
+        )
+    calls, singles = counting.batch_sizes, counting.single_calls
     # only the chunks not finished before the kill were generated again: 3 of the 6 batched
     # reference/train chunks were done; the 12 held-out questions are generated one by one
     assert sum(calls) == 48 - 3 * 8
-    assert len(singles) == 12
+    assert singles == 12
     assert second_judge.calls == 25
 
     # 3) resumed to the end: only the remaining verdicts are requested

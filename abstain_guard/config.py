@@ -99,10 +99,14 @@ class GuardConfig(BaseModel):
             ``"raise"`` (default: ArtifactMismatchError) or ``"warn"`` (go on, and record
             the mismatch in ``guarantee["warnings"]`` and the trace — the guarantee then no
             longer holds as stated).
-        on_infeasible: participation mode when ⌈(1−α)(n+1)⌉ > n (too few calibration
-            scores for a finite threshold): ``"raise"`` (default: InsufficientDataError
-            naming the smallest n that works), ``"answer_all"`` (τ = +∞, no upper bound on
-            participation) or ``"abstain_all"`` (τ = −∞).
+        on_infeasible: what to do when the calibration set cannot meet the target.
+            Participation mode, when ⌈(1−α)(n+1)⌉ > n (too few scores for a finite
+            threshold): ``"raise"`` (default: InsufficientDataError naming the smallest n
+            that works), ``"answer_all"`` (τ = +∞, no upper bound on participation) or
+            ``"abstain_all"`` (τ = −∞). Risk mode, when no threshold certifies
+            ``risk_target`` at ``delta``: ``"raise"`` (default: UncertifiableTargetError
+            naming the smallest certifiable risk target) or ``"abstain_all"`` (τ = −∞: the
+            guard abstains on every question, which trivially keeps the risk).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -131,6 +135,11 @@ class GuardConfig(BaseModel):
             raise ValueError(
                 "mode='risk' needs risk_target (the largest acceptable error rate among "
                 "answered questions, e.g. 0.2)"
+            )
+        if self.mode == "risk" and self.on_infeasible == "answer_all":
+            raise ValueError(
+                "on_infeasible='answer_all' cannot keep a risk target (answering everything "
+                "certifies nothing); use 'raise' or 'abstain_all' in risk mode"
             )
         return self
 

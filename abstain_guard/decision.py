@@ -14,7 +14,8 @@ from numpy.typing import ArrayLike
 
 from abstain_guard import conformal
 from abstain_guard.config import GuardConfig
-from abstain_guard.errors import InsufficientDataError
+from abstain_guard.errors import InsufficientDataError, UncertifiableTargetError
+from abstain_guard.frontier import smallest_certifiable_risk
 
 __all__ = ["DecisionRule", "decision_rule"]
 
@@ -46,6 +47,26 @@ class DecisionRule:
         return bool(score <= self.threshold)
 
 
+def _uncertifiable(
+    scores: ArrayLike, correct: ArrayLike, res: conformal.RiskThreshold
+) -> UncertifiableTargetError:
+    """The error for a risk target this calibration set cannot certify, naming the smallest
+    one it can at the same delta."""
+    smallest = smallest_certifiable_risk(scores, correct, res.delta)
+    can = (
+        f"the smallest risk_target it certifies at delta={res.delta:g} is {smallest:g}"
+        if smallest is not None
+        else f"it certifies no risk_target below 1 at delta={res.delta:g}"
+    )
+    return UncertifiableTargetError(
+        f"risk_target={res.risk_target:g} cannot be certified at delta={res.delta:g} from "
+        f"these {res.n} calibration answers: {can}. Raise risk_target or delta, calibrate on "
+        "more questions (abstain-guard evaluate prints the certifiable frontier), or set "
+        "on_infeasible='abstain_all' to deploy a guard that abstains on every question.",
+        smallest_risk_target=smallest,
+    )
+
+
 def decision_rule(scores: ArrayLike, correct: ArrayLike, config: GuardConfig) -> DecisionRule:
     """Compute the decision rule for ``config``'s target from calibration scores and labels."""
     if config.mode == "risk":
@@ -53,6 +74,8 @@ def decision_rule(scores: ArrayLike, correct: ArrayLike, config: GuardConfig) ->
         with warnings.catch_warnings(record=True):
             warnings.simplefilter("always", conformal.ConformalWarning)
             res = conformal.risk_threshold(scores, correct, config.risk_target, config.delta)
+        if not res.feasible and config.on_infeasible != "abstain_all":
+            raise _uncertifiable(scores, correct, res)
         for note in res.warnings:
             logger.warning("abstain_guard risk threshold: %s", note)
         guarantee: dict[str, Any] = {

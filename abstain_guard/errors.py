@@ -24,6 +24,19 @@ class InsufficientDataError(AbstainGuardError, ValueError):
     """Too few samples (or only one class) to compute what was asked for."""
 
 
+class UncertifiableTargetError(InsufficientDataError):
+    """A risk target below what the calibration data can certify (at that delta).
+
+    Attributes:
+        smallest_risk_target: the smallest risk target this calibration set certifies at
+            the requested delta (``None`` when it certifies none below 1).
+    """
+
+    def __init__(self, message: str, smallest_risk_target: float | None = None) -> None:
+        super().__init__(message)
+        self.smallest_risk_target = smallest_risk_target
+
+
 class NotFittedError(AbstainGuardError, RuntimeError):
     """A scorer or calibrator was used before ``fit`` was called."""
 

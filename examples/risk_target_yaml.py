@@ -5,6 +5,11 @@
 ``guard.yaml`` asks for at most 30 % wrong answers among the answered ones, with
 probability 1 - delta = 90 % over the calibration draw (Learn-then-Test). Changing the
 target re-thresholds from the scores stored in the artifact: no model run is needed.
+
+A target the calibration set cannot certify is refused with
+:class:`~abstain_guard.errors.UncertifiableTargetError`, which names the smallest target it
+can certify (``abstain-guard evaluate`` prints the whole frontier); this example then falls
+back to that one.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from abstain_guard import AbstentionGuard, GuardConfig, default_artifact_path
+from abstain_guard.errors import UncertifiableTargetError
 from abstain_guard.prompts import question_prompt
 
 CONFIG = Path(__file__).with_name("guard.yaml")
@@ -25,7 +31,14 @@ def main(model: Any = None) -> dict[str, Any]:
 
         model = load_default_model(max_new_tokens=24)  # as calibrated
     config = GuardConfig.from_file(CONFIG)
-    guard = AbstentionGuard.from_artifact(default_artifact_path(), model, config=config)
+    try:
+        guard = AbstentionGuard.from_artifact(default_artifact_path(), model, config=config)
+    except UncertifiableTargetError as exc:
+        print(f"refused: {exc}")
+        if exc.smallest_risk_target is None:
+            raise
+        config = config.model_copy(update={"risk_target": exc.smallest_risk_target})
+        guard = AbstentionGuard.from_artifact(default_artifact_path(), model, config=config)
     rule = guard.decision_rule
     print(f"mode={rule.mode} target={rule.target} threshold={rule.threshold:.4g}")
     print(f"guarantee: {rule.guarantee}")
@@ -39,7 +52,7 @@ def main(model: Any = None) -> dict[str, Any]:
             f"{question} -> {msg.content!r} (score {info['score']:.3f}, "
             f"{'abstained' if info['abstained'] else 'answered'})"
         )
-    return {"rule": rule, "decisions": infos}
+    return {"rule": rule, "config": config, "decisions": infos}
 
 
 if __name__ == "__main__":

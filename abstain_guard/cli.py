@@ -29,6 +29,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         "judge": args.judge,
         "cache_dir": args.cache_dir,
         "system_prompt": args.system_prompt,
+        "risk_target": args.risk_target,
+        "delta": args.delta,
     }
     if args.config:
         config = CalibrationConfig.from_file(args.config, **overrides)
@@ -153,6 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the system prompt the deployment will run with (recorded in the artifact; the "
         "guard refuses another one)",
     )
+    cal.add_argument(
+        "--risk-target",
+        type=float,
+        help="the risk target the deployment will ask for: warns before the model runs when "
+        "the calibration split is too small to certify it even with a perfect scorer",
+    )
+    cal.add_argument("--delta", type=float, help="delta of --risk-target (default 0.1)")
     cal.add_argument("--quiet", action="store_true", help="no progress bars")
     cal.set_defaults(func=_calibrate)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ from abstain_guard.calibration.build.pipeline import (
     min_calibration_size,
 )
 from abstain_guard.calibration.build.store import RunStore, content_key
+from abstain_guard.cli import main
+from abstain_guard.conformal import ConformalWarning
 from abstain_guard.errors import ConfigError, DatasetError, InsufficientDataError, JudgeError
 
 
@@ -83,7 +86,32 @@ def test_min_calibration_size_is_the_finite_threshold_boundary(participation, n)
 def test_check_split_sizes_message_says_how_many() -> None:
     splits = {"reference": _items(10), "train": _items(6), "calibration": _items(2), "test": []}
     with pytest.raises(InsufficientDataError, match="needs at least 4"):
-        check_split_sizes(splits, 0.8)
+        check_split_sizes(splits, CalibrationConfig(participation=0.8))
+
+
+def test_check_split_sizes_warns_when_no_scorer_could_certify_the_risk_target() -> None:
+    splits = {"reference": _items(10), "train": _items(6), "calibration": _items(20), "test": []}
+    with pytest.warns(ConformalWarning, match=r"too few to certify risk_target=0\.05"):
+        check_split_sizes(splits, CalibrationConfig(risk_target=0.05, delta=0.1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConformalWarning)
+        check_split_sizes(splits, CalibrationConfig(risk_target=0.5, delta=0.1))
+        check_split_sizes(splits, CalibrationConfig())
+
+
+def test_calibrate_cli_warns_before_loading_the_model(tmp_path: Path) -> None:
+    data = tmp_path / "qa.jsonl"
+    data.write_text(
+        "".join(f'{{"question": "Q{i}?", "answer": "A{i}"}}\n' for i in range(60)),
+        encoding="utf-8",
+    )
+    argv = ["calibrate", "--data", str(data), "--out", str(tmp_path / "g"), "--quiet"]
+    # the autouse fixture fails any model load: the warning must come first
+    with (
+        pytest.raises(AssertionError, match="model was loaded"),
+        pytest.warns(ConformalWarning, match="too few to certify"),
+    ):
+        main([*argv, "--risk-target", "0.05", "--delta", "0.1"])
 
 
 def test_run_store_roundtrip_and_atomic_batches(tmp_path: Path) -> None:

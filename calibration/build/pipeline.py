@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,7 +48,9 @@ from abstain_guard.calibration.build.probe import builtin_probe_set
 from abstain_guard.calibration.build.store import RunStore, content_key
 from abstain_guard.chains import load_chat_model
 from abstain_guard.config import read_config_file
+from abstain_guard.conformal import ConformalWarning
 from abstain_guard.errors import CalibrationError, ConfigError, DatasetError, InsufficientDataError
+from abstain_guard.frontier import perfect_scorer_certifies
 from abstain_guard.scoring import build_scorer, scorer_names
 
 logger = logging.getLogger("abstain_guard.calibration")
@@ -85,6 +88,10 @@ class CalibrationConfig(BaseModel):
     seed: int = 0
     limit: int | None = Field(None, gt=0)
     participation: float = Field(0.8, gt=0.0, lt=1.0, description="1-alpha checked for size")
+    risk_target: float | None = Field(
+        None, gt=0.0, lt=1.0, description="risk target the deployment will ask for (size check)"
+    )
+    delta: float = Field(0.1, gt=0.0, lt=1.0, description="delta of that risk target")
     cache_dir: str | None = Field(None, description="default: '<out>.cache' beside the output")
 
     @field_validator("scorer")
@@ -217,17 +224,31 @@ def split_unjudgeable(items: Sequence[QAItem]) -> tuple[list[QAItem], list[str]]
     return good, bad
 
 
-def check_split_sizes(splits: dict[str, list[QAItem]], participation: float) -> None:
-    """Fail before loading any model when a split is too small for the requested target."""
-    need = min_calibration_size(participation)
+def check_split_sizes(splits: dict[str, list[QAItem]], config: CalibrationConfig) -> None:
+    """Fail before loading any model when a split is too small for the participation
+    target; warn when the calibration split cannot certify ``config.risk_target`` even with
+    a perfect scorer."""
+    need = min_calibration_size(config.participation)
     n_cal = len(splits["calibration"])
+    total = sum(len(v) for v in splits.values())
+    ratios = ":".join(str(r) for r in config.ratios)
     if n_cal < need:
-        total = sum(len(v) for v in splits.values())
         raise InsufficientDataError(
-            f"The calibration split has {n_cal} questions ({total} in all, split 5:3:1:1), but "
-            f"participation {participation} needs at least {need} for a finite threshold. "
-            f"Use at least {need * 10} questions, or lower the participation target."
+            f"The calibration split has {n_cal} questions ({total} in all, split {ratios}), "
+            f"but participation {config.participation} needs at least {need} for a finite "
+            f"threshold. Use more questions, a larger calibration ratio, or lower the "
+            "participation target."
         )
+    eps = config.risk_target
+    if eps is not None and not perfect_scorer_certifies(n_cal, eps, config.delta):
+        note = (
+            f"The calibration split has {n_cal} questions ({total} in all, split {ratios}): "
+            f"too few to certify risk_target={eps:g} at delta={config.delta:g} even if every "
+            "answer but one were right and the scorer ranked them perfectly. Use more "
+            "questions or a larger calibration ratio, or aim for a larger risk target."
+        )
+        logger.warning(note)
+        warnings.warn(note, ConformalWarning, stacklevel=3)
     for name in ("reference", "train"):
         if len(splits[name]) < 4:
             raise InsufficientDataError(
@@ -348,7 +369,7 @@ def calibrate(
     t0 = _now()
     items, skipped = load_items(data, cfg)
     splits = split_items(items, seed=cfg.seed, ratios=cfg.ratios)
-    check_split_sizes(splits, cfg.participation)
+    check_split_sizes(splits, cfg)
     cache_dir = resolve_cache_dir(out, cfg)
     if judges is None:
         judges = build_judges(cfg, cache_dir / "judgments.sqlite", chat_models)

@@ -79,6 +79,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     if args.live:
         return _evaluate_live(args)
     from abstain_guard.calibration.measure.held_out import evaluate
+    from abstain_guard.calibration.measure.tables import frontier_markdown
 
     results = evaluate(
         args.artifact or [DEFAULT_ARTIFACT_DIR],
@@ -91,6 +92,10 @@ def _evaluate(args: argparse.Namespace) -> int:
         progress=not args.quiet,
     )
     print(json.dumps(results.get("headline", {}), indent=2))
+    for name, entry in results.get("datasets", {}).items():
+        if entry.get("frontier"):
+            print(f"\n{name}: certifiable risk targets (certified calibration participation)")
+            print(frontier_markdown(entry["frontier"]))
     print(f"report written to {Path(args.out) / 'report.md'}")
     return 0
 

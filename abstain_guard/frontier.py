@@ -14,6 +14,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -25,6 +26,7 @@ __all__ = [
     "FRONTIER_TARGETS",
     "FrontierPoint",
     "certifiable_frontier",
+    "frontier_document",
     "perfect_scorer_certifies",
     "smallest_certifiable_risk",
 ]
@@ -32,8 +34,8 @@ __all__ = [
 FRONTIER_DELTAS: tuple[float, ...] = (0.05, 0.1, 0.2)
 """δ values the report and ``evaluate`` show."""
 
-FRONTIER_TARGETS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 13))
-"""ε values the frontier table shows: 0.05, 0.10, …, 0.60."""
+FRONTIER_TARGETS: tuple[float, ...] = (*(round(0.05 * i, 2) for i in range(1, 13)), 0.7, 0.8, 0.9)
+"""ε values the frontier table shows: 0.05, 0.10, …, 0.60, 0.7, 0.8, 0.9."""
 
 _SEARCH_TARGETS: tuple[float, ...] = tuple(round(0.01 * i, 2) for i in range(1, 100))
 
@@ -105,3 +107,31 @@ def perfect_scorer_certifies(n: int, risk_target: float, delta: float) -> bool:
     correct = np.ones(n, dtype=bool)
     correct[-1] = False
     return _point(np.arange(n, dtype=np.float64), correct, risk_target, delta).feasible
+
+
+def frontier_document(
+    scores: ArrayLike,
+    correct: ArrayLike,
+    risk_targets: Sequence[float] = FRONTIER_TARGETS,
+    deltas: Sequence[float] = FRONTIER_DELTAS,
+) -> dict[str, Any]:
+    """The frontier as JSON: ``{"n", "risk_targets", "deltas", "participation": {δ: [p per
+    ε]}, "smallest": {δ: ε or None}, "method"}`` (δ keys as strings; participation 0 where
+    nothing is certified)."""
+    s = np.asarray(scores, dtype=np.float64)
+    c = np.asarray(correct)
+    points = certifiable_frontier(s, c, risk_targets, deltas)
+    by_delta: dict[str, list[float]] = {f"{d:g}": [] for d in deltas}
+    for p in points:
+        by_delta[f"{p.delta:g}"].append(p.participation if p.feasible else 0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", conformal.ConformalWarning)
+        method = conformal.risk_threshold(s, c, float(risk_targets[-1]), float(deltas[0])).method
+    return {
+        "n": int(s.size),
+        "risk_targets": [float(e) for e in risk_targets],
+        "deltas": [float(d) for d in deltas],
+        "participation": by_delta,
+        "smallest": {f"{d:g}": smallest_certifiable_risk(s, c, float(d)) for d in deltas},
+        "method": method,
+    }

@@ -18,12 +18,14 @@ from abstain_guard.calibration.measure.results import build_results, evaluate_da
 from abstain_guard.calibration.measure.tables import (
     COUNTS_ROW,
     calibrated_table_markdown,
+    frontier_markdown,
     headline_markdown,
     results_table_markdown,
     shortfalls,
 )
 from abstain_guard.cli import main
 from abstain_guard.errors import InvalidInputError
+from abstain_guard.frontier import frontier_document
 
 
 def _geometries(y: np.ndarray, rng: np.random.Generator, num_layers: int = 3) -> list[dict]:
@@ -329,3 +331,24 @@ def test_shortfalls_name_too_few_answers_not_chance() -> None:
     doc = _doc({"one": {"ours": _sc(0.94, [0.89, 0.98], 1, 99)}})
     (line,) = shortfalls(doc)
     assert "only 1 correct / 99 incorrect" in line and "chance" not in line
+
+
+def test_report_shows_the_certifiable_frontier(results: dict, tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    scores = rng.uniform(size=300)
+    correct = rng.uniform(size=300) < np.where(scores < 0.5, 0.92, 0.3)
+    frontier = frontier_document(scores, correct)
+    entry = dict(results["datasets"]["SciQ"], frontier=frontier)
+    doc = dict(results, datasets={**results["datasets"], "SciQ": entry})
+    md = write_report(doc, tmp_path).read_text(encoding="utf-8")
+    assert "SciQ: certifiable risk targets" in md
+    assert (tmp_path / "SciQ_frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = frontier_markdown(frontier)
+    assert table in md
+    smallest = frontier["smallest"]["0.1"]
+    assert smallest is not None and f"δ = 0.1: {smallest:.2f}" in table
+    # a row below the smallest certifiable target shows a dash at δ = 0.1
+    below = [e for e in frontier["risk_targets"] if e < smallest]
+    if below:
+        row = next(line for line in table.splitlines() if line.startswith(f"| {below[-1]:.2f} |"))
+        assert row.split("|")[2].strip() == "—"

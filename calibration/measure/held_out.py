@@ -45,6 +45,7 @@ from abstain_guard.calibration.measure.permutation_importance import permutation
 from abstain_guard.calibration.measure.report import write_report
 from abstain_guard.calibration.measure.results import build_results, evaluate_dataset
 from abstain_guard.errors import ConfigError, DatasetError
+from abstain_guard.frontier import frontier_document
 from abstain_guard.scoring import build_scorer, scorer_names
 
 logger = logging.getLogger("abstain_guard.calibration")
@@ -299,6 +300,7 @@ def evaluate(
             nan_policy="omit",
             progress=progress,
         )
+        entry["frontier"] = frontier_document(art.scores, art.correct)
         entry["artifact"] = str(path)
         entry["evaluated_on"] = data or "held-out calibration + test splits"
         entries.append(entry)

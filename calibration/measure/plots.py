@@ -192,3 +192,19 @@ def plot_importance(name: str, imp: Mapping[str, Any], path: Path) -> None:
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
     _save(fig, path, dpi=120)
+
+
+def plot_frontier(name: str, frontier: Mapping[str, Any], path: Path) -> None:
+    """Certified calibration participation vs risk target ε, one line per δ."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    eps = np.asarray(frontier["risk_targets"], dtype=np.float64)
+    for d, parts in frontier["participation"].items():
+        ax.plot(eps, np.asarray(parts, dtype=np.float64), marker="o", ms=3, label=f"δ = {d}")
+    ax.set_xlabel("risk target ε (max error among answered)")
+    ax.set_ylabel("certified participation")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f"{name}: certifiable frontier (n = {frontier['n']})")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    _save(fig, path)

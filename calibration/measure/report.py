@@ -20,6 +20,7 @@ import numpy as np
 from abstain_guard.calibration.measure.hypotheses import IMPORTANCE_FAMILIES
 from abstain_guard.calibration.measure.plots import (
     plot_conditional_correctness,
+    plot_frontier,
     plot_hypothesis,
     plot_importance,
     plot_participation,
@@ -29,6 +30,7 @@ from abstain_guard.calibration.measure.tables import (
     METRIC_LABELS,
     calibrated_table_markdown,
     check_results,
+    frontier_markdown,
     headline_markdown,
     interval_note,
     results_table_markdown,
@@ -291,6 +293,20 @@ def write_report(
                 f"![{d}: conditional correctness vs participation]({cc_png})",
                 "",
                 f"![{d}: empirical participation vs target]({part_png})",
+                "",
+            ]
+        if entry.get("frontier"):
+            png = f"{slug}_frontier.png"
+            plot_frontier(d, entry["frontier"], out / png)
+            md += [
+                f"### {d}: certifiable risk targets",
+                "",
+                "Risk mode certifies 'at most ε of the answered questions are wrong, with "
+                "probability ≥ 1−δ'. Certified participation on the artifact's calibration "
+                "answers:",
+                "",
+                frontier_markdown(entry["frontier"]),
+                f"![{d}: certifiable frontier]({png})",
                 "",
             ]
         for s, sc in (entry.get("scorers") or {}).items():

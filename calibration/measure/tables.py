@@ -392,3 +392,31 @@ def calibrated_table_markdown(
             cells.append(f"{format_cell(c, digits)}{arrow}")
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def frontier_markdown(frontier: Mapping[str, Any]) -> str:
+    """The certifiable frontier of one artifact (:func:`abstain_guard.frontier.
+    frontier_document`): certified calibration participation per risk target ε and δ, and
+    the smallest certifiable ε per δ."""
+    deltas = list(frontier["participation"])
+    lines = [
+        "| risk target ε | " + " | ".join(f"δ = {d}" for d in deltas) + " |",
+        "|---:|" + "---:|" * len(deltas),
+    ]
+    for i, eps in enumerate(frontier["risk_targets"]):
+        cells = []
+        for d in deltas:
+            p = float(frontier["participation"][d][i])
+            cells.append(f"{p:.2f}" if p > 0 else "—")
+        lines.append(f"| {eps:.2f} | " + " | ".join(cells) + " |")
+    smallest = [
+        f"δ = {d}: " + ("none below 1" if v is None else f"{float(v):.2f}")
+        for d, v in frontier["smallest"].items()
+    ]
+    lines += [
+        "",
+        f"Smallest certifiable ε ({frontier['n']} calibration answers, "
+        f"{frontier.get('method', '')}): " + "; ".join(smallest) + ". A dash: not certified "
+        "(the guard refuses that target unless on_infeasible='abstain_all').",
+    ]
+    return "\n".join(lines) + "\n"

@@ -217,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the shipped default guard on held-out questions")
     demo.add_argument("--artifact", default=str(DEFAULT_ARTIFACT_DIR), help="artifact directory")
     demo.add_argument("--out", default="demo_report", help="where to write the report")
-    demo.add_argument("--questions", type=int, default=12, help="how many questions to ask")
+    demo.add_argument("--questions", type=int, default=24, help="how many questions to ask")
     demo.set_defaults(func=_demo)
     return parser
 

@@ -48,7 +48,8 @@ def _generated(message: Any) -> dict[str, Any]:
 def summarize_live(rows: list[dict[str, Any]], guarantee: dict[str, Any]) -> dict[str, Any]:
     """Aggregate the per-question rows of :func:`live_check` (pure).
 
-    Returns participation (live and from the stored scores), accuracy when answered,
+    Returns participation (live and from the stored scores), accuracy and error when
+    answered (next to the risk target in risk mode),
     the median and max |live − stored| score, and the fraction of identical tokens.
     """
     scored = [r for r in rows if r["live_score"] is not None]
@@ -63,6 +64,10 @@ def summarize_live(rows: list[dict[str, Any]], guarantee: dict[str, Any]) -> dic
         "accuracy_when_answered_live": (
             float(np.mean([r["correct"] for r in judged])) if judged else None
         ),
+        "error_when_answered_live": (
+            1.0 - float(np.mean([r["correct"] for r in judged])) if judged else None
+        ),
+        "risk_target": guarantee.get("risk_target"),
         "answered": len(answered),
         "same_tokens": float(np.mean([r["same_tokens"] for r in rows])),
         "same_decision": float(np.mean([r["stored_answers"] != r["abstained"] for r in rows])),

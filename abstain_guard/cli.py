@@ -20,7 +20,8 @@ from abstain_guard.scoring import scorer_names
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from abstain_guard.calibration.build.pipeline import CalibrationConfig, calibrate
+    from abstain_guard.calibration.build.config import CalibrationConfig
+    from abstain_guard.calibration.build.pipeline import calibrate
 
     overrides = {
         "limit": args.limit,

@@ -23,15 +23,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from abstain_guard.calibration.build.config import CalibrationConfig
 from abstain_guard.calibration.build.dataset_files import load_dataset
 from abstain_guard.calibration.build.datasets import QAItem, split_items
 from abstain_guard.calibration.build.judges import Judge, Judgment, make_judge
 from abstain_guard.calibration.build.named_datasets import load_named_dataset
-from abstain_guard.calibration.build.pipeline import (
-    CalibrationConfig,
-    CalibrationSummary,
-    calibrate,
-)
+from abstain_guard.calibration.build.pipeline import CalibrationSummary, calibrate
 from abstain_guard.calibration.build.probe import builtin_probe_set
 from abstain_guard.lazy import lazy_attributes
 

@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 
 from abstain_guard.calibration.build import pipeline
+from abstain_guard.calibration.build.config import CalibrationConfig
 from abstain_guard.calibration.build.datasets import QAItem
-from abstain_guard.calibration.build.pipeline import (
-    CalibrationConfig,
-    calibrate,
+from abstain_guard.calibration.build.items import (
     check_split_sizes,
+    load_items,
     min_calibration_size,
 )
+from abstain_guard.calibration.build.pipeline import calibrate
 from abstain_guard.calibration.build.store import RunStore, content_key
 from abstain_guard.cli import main
 from abstain_guard.conformal import ConformalWarning
@@ -151,6 +152,6 @@ def test_named_public_sets_drop_broken_golds_and_count_them(tmp_path: Path) -> N
     (root / "NQ-open.dev.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8"
     )
-    items, skipped = pipeline.load_items(f"nq_open={root}", CalibrationConfig())
+    items, skipped = load_items(f"nq_open={root}", CalibrationConfig())
     assert len(items) == 29 and skipped == 1
     assert all(it.line != 4 for it in items)

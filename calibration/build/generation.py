@@ -10,10 +10,11 @@ sequence at a time to read the per-token signals the deployed guard computes liv
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tqdm.auto import tqdm
 
+from abstain_guard.calibration.build.config import CalibrationConfig
 from abstain_guard.calibration.build.datasets import QAItem
 from abstain_guard.calibration.build.store import RunStore, content_key
 from abstain_guard.deployment import DeploymentRecord, PromptRecord
@@ -25,9 +26,6 @@ from abstain_guard.prompts import (
     messages_to_json,
     system_prompt_for,
 )
-
-if TYPE_CHECKING:
-    from abstain_guard.calibration.build.pipeline import CalibrationConfig
 
 __all__ = [
     "HELD_OUT",

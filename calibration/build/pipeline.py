@@ -19,18 +19,15 @@ from __future__ import annotations
 import json
 import logging
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from abstain_guard import conformal
 from abstain_guard.artifact import GuardArtifact
-from abstain_guard.calibration.build.dataset_files import load_dataset
+from abstain_guard.calibration.build.config import FIT_SCORERS, CalibrationConfig
 from abstain_guard.calibration.build.datasets import SPLIT_NAMES, QAItem, split_items
 from abstain_guard.calibration.build.generation import (
     HELD_OUT,
@@ -39,77 +36,16 @@ from abstain_guard.calibration.build.generation import (
     generated_pairs,
     replay_as_deployed,
 )
+from abstain_guard.calibration.build.items import check_split_sizes, load_items
 from abstain_guard.calibration.build.judges.base import summarize_judgments
 from abstain_guard.calibration.build.judges.cache import CachedJudge, JudgmentCache
 from abstain_guard.calibration.build.judges.registry import make_judge
-from abstain_guard.calibration.build.judges.text import alias_tokens
-from abstain_guard.calibration.build.named_datasets import NAMED_DATASETS, load_named_dataset
-from abstain_guard.calibration.build.probe import builtin_probe_set
 from abstain_guard.calibration.build.store import RunStore, content_key
 from abstain_guard.chains import load_chat_model
-from abstain_guard.config import read_config_file
-from abstain_guard.conformal import ConformalWarning
-from abstain_guard.errors import CalibrationError, ConfigError, DatasetError, InsufficientDataError
-from abstain_guard.frontier import perfect_scorer_certifies
-from abstain_guard.scoring import build_scorer, scorer_names
+from abstain_guard.errors import CalibrationError
+from abstain_guard.scoring import build_scorer
 
 logger = logging.getLogger("abstain_guard.calibration")
-
-LIKELIHOOD_SCORERS = scorer_names(family="likelihood")
-FIT_SCORERS = scorer_names(family="geometry")
-KNOWN_SCORERS = LIKELIHOOD_SCORERS + FIT_SCORERS
-"""Scorers ``calibrate`` can build an artifact for: they read the metadata of one answer
-(the geometry scorer also reads the reference/train answers it is fitted on)."""
-
-
-class CalibrationConfig(BaseModel):
-    """Everything ``calibrate`` needs besides the data and the output directory.
-
-    Loaded from YAML/TOML/JSON with :meth:`from_file`; unknown keys are errors.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    model: str = Field("default", description='"default" (embedded SmolLM2) or a local HF folder')
-    gguf_file: str | None = Field(None, description="GGUF file name inside `model`, if any")
-    system_prompt: str | None = Field(None, description="overrides the per-kind system prompt")
-    max_new_tokens: int | None = Field(None, gt=0, description="None = per question kind")
-    batch_size: int = Field(8, gt=0, description="questions generated per batch")
-    replay_batch_size: int = Field(16, gt=0)
-    judge: str | dict[str, Any] = Field("lexical", description="judge name or spec")
-    scorer: str = Field("geometry", description="the scorer the guard will use")
-    scorer_params: dict[str, Any] = Field(default_factory=dict)
-    question: str = "question"
-    answers: str = "answer"
-    choices: str | None = None
-    kind: Literal["open", "choice", "numeric"] | None = None
-    group_by: str | None = None
-    ratios: tuple[int, int, int, int] = (5, 3, 1, 1)
-    seed: int = 0
-    limit: int | None = Field(None, gt=0)
-    participation: float = Field(0.8, gt=0.0, lt=1.0, description="1-alpha checked for size")
-    risk_target: float | None = Field(
-        None, gt=0.0, lt=1.0, description="risk target the deployment will ask for (size check)"
-    )
-    delta: float = Field(0.1, gt=0.0, lt=1.0, description="delta of that risk target")
-    cache_dir: str | None = Field(None, description="default: '<out>.cache' beside the output")
-
-    @field_validator("scorer")
-    @classmethod
-    def _known_scorer(cls, value: str) -> str:
-        if value not in KNOWN_SCORERS:
-            raise ValueError(f"unknown scorer {value!r}; choose one of {list(KNOWN_SCORERS)}")
-        return value
-
-    @classmethod
-    def from_file(cls, path: str | Path, **overrides: Any) -> CalibrationConfig:
-        """Read a YAML, TOML or JSON file; ``overrides`` (non-None) win over the file."""
-        data = dict(read_config_file(path))
-        data.update({k: v for k, v in overrides.items() if v is not None})
-        try:
-            return cls(**data)
-        except ValidationError as exc:
-            raise ConfigError(f"Invalid calibration config {path}: {exc}") from exc
 
 
 @dataclass
@@ -141,120 +77,6 @@ class CalibrationSummary:
             "time          " + ", ".join(f"{k} {v:.0f}s" for k, v in self.seconds.items()),
         ]
         return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- validation
-
-
-def min_calibration_size(participation: float) -> int:
-    """Smallest calibration split with a finite threshold at this participation target."""
-    return conformal.min_calibration_size(1.0 - participation)
-
-
-def named_spec(data: str) -> tuple[str, str] | None:
-    """``("sciq", "/data/sciq")`` for ``"sciq=/data/sciq"`` when the name is a known format."""
-    name, sep, root = data.partition("=")
-    if sep and name in NAMED_DATASETS:
-        return name, root
-    return None
-
-
-def load_items(
-    data: str | Path | Sequence[QAItem], config: CalibrationConfig
-) -> tuple[list[QAItem], int]:
-    """Questions from ``"builtin"``, ``"<name>=<path>"`` (a named reader such as
-    ``sciq=/data/sciq``), a JSONL/CSV file, or a list; returns (items, skipped row count)."""
-    if not isinstance(data, (str, Path)):
-        items = list(data)
-        skipped = 0
-    elif str(data) == "builtin":
-        items = builtin_probe_set(seed=config.seed)
-        skipped = 0
-    elif named_spec(str(data)) is not None:
-        name, root = named_spec(str(data))  # type: ignore[misc]
-        items, report = load_named_dataset(name, root)
-        items, bad = split_unjudgeable(items)
-        if bad:  # public data sets carry a few broken golds (NQ-open dev: "---", ")")
-            logger.warning(
-                "%s: skipped %d questions whose gold answers are empty or only articles (%s)",
-                data,
-                len(bad),
-                ", ".join(bad[:10]),
-            )
-        skipped = len(report.skipped) + len(bad)
-    else:
-        path = Path(data)
-        if not path.exists():
-            raise DatasetError(
-                f"Data file {path} does not exist. Pass a JSONL/CSV file with 'question' and "
-                "'answer' fields, or --data builtin for the built-in probe set."
-            )
-        items, report = load_dataset(
-            path,
-            question=config.question,
-            answers=config.answers,
-            choices=config.choices,
-            kind=config.kind,
-            group_by=config.group_by,
-        )
-        skipped = len(report.skipped)
-    _, bad = split_unjudgeable(items)
-    if bad:
-        raise DatasetError(
-            f"{len(bad)} questions in {data} have gold answers that are empty or only articles "
-            f"('the', 'a'), so no answer could ever be judged correct: {', '.join(bad[:10])}. "
-            "Give them real gold answers or remove them."
-        )
-    if config.limit is not None:
-        items = items[: config.limit]
-    if not items:
-        raise DatasetError(f"No usable questions in {data}.")
-    return items, skipped
-
-
-def split_unjudgeable(items: Sequence[QAItem]) -> tuple[list[QAItem], list[str]]:
-    """``(judgeable items, locations of the others)``: an open question whose gold aliases
-    are all empty or only articles can never be judged correct (``source:line`` or id)."""
-    good, bad = [], []
-    for it in items:
-        if it.kind == "open" and not any(alias_tokens(a) is not None for a in it.answers):
-            bad.append(f"{it.source}:{it.line}" if it.line else it.id)
-        else:
-            good.append(it)
-    return good, bad
-
-
-def check_split_sizes(splits: dict[str, list[QAItem]], config: CalibrationConfig) -> None:
-    """Fail before loading any model when a split is too small for the participation
-    target; warn when the calibration split cannot certify ``config.risk_target`` even with
-    a perfect scorer."""
-    need = min_calibration_size(config.participation)
-    n_cal = len(splits["calibration"])
-    total = sum(len(v) for v in splits.values())
-    ratios = ":".join(str(r) for r in config.ratios)
-    if n_cal < need:
-        raise InsufficientDataError(
-            f"The calibration split has {n_cal} questions ({total} in all, split {ratios}), "
-            f"but participation {config.participation} needs at least {need} for a finite "
-            f"threshold. Use more questions, a larger calibration ratio, or lower the "
-            "participation target."
-        )
-    eps = config.risk_target
-    if eps is not None and not perfect_scorer_certifies(n_cal, eps, config.delta):
-        note = (
-            f"The calibration split has {n_cal} questions ({total} in all, split {ratios}): "
-            f"too few to certify risk_target={eps:g} at delta={config.delta:g} even if every "
-            "answer but one were right and the scorer ranked them perfectly. Use more "
-            "questions or a larger calibration ratio, or aim for a larger risk target."
-        )
-        logger.warning(note)
-        warnings.warn(note, ConformalWarning, stacklevel=3)
-    for name in ("reference", "train"):
-        if len(splits[name]) < 4:
-            raise InsufficientDataError(
-                f"The {name} split has only {len(splits[name])} questions; the scorer needs "
-                "correct and incorrect answers in it. Use more questions."
-            )
 
 
 # --------------------------------------------------------------------------- steps

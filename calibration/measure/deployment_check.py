@@ -21,9 +21,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from abstain_guard.artifact import GuardArtifact
+from abstain_guard.calibration.build.config import CalibrationConfig
 from abstain_guard.calibration.build.generation import generate_answers, replay_as_deployed
 from abstain_guard.calibration.build.pipeline import (
-    CalibrationConfig,
     build_judges,
     judge_answers,
     load_model,

@@ -23,18 +23,17 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from abstain_guard.artifact import GuardArtifact
+from abstain_guard.calibration.build.config import CalibrationConfig
 from abstain_guard.calibration.build.dataset_files import load_dataset
 from abstain_guard.calibration.build.datasets import QAItem, split_items
 from abstain_guard.calibration.build.generation import generate_answers, replay_as_deployed
+from abstain_guard.calibration.build.items import load_items, named_spec
 from abstain_guard.calibration.build.named_datasets import load_named_dataset
 from abstain_guard.calibration.build.pipeline import (
-    CalibrationConfig,
     build_judges,
     items_digest,
     judge_answers,
-    load_items,
     load_model,
-    named_spec,
     resolve_cache_dir,
 )
 from abstain_guard.calibration.build.store import RunStore

@@ -1,0 +1,70 @@
+"""The settings of a calibration run (``abstain-guard calibrate --config``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from abstain_guard.config import read_config_file
+from abstain_guard.errors import ConfigError
+from abstain_guard.scoring import scorer_names
+
+__all__ = ["FIT_SCORERS", "KNOWN_SCORERS", "LIKELIHOOD_SCORERS", "CalibrationConfig"]
+
+LIKELIHOOD_SCORERS = scorer_names(family="likelihood")
+FIT_SCORERS = scorer_names(family="geometry")
+KNOWN_SCORERS = LIKELIHOOD_SCORERS + FIT_SCORERS
+"""Scorers ``calibrate`` can build an artifact for: they read the metadata of one answer
+(the geometry scorer also reads the reference/train answers it is fitted on)."""
+
+
+class CalibrationConfig(BaseModel):
+    """Everything ``calibrate`` needs besides the data and the output directory.
+
+    Loaded from YAML/TOML/JSON with :meth:`from_file`; unknown keys are errors.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field("default", description='"default" (embedded SmolLM2) or a local HF folder')
+    gguf_file: str | None = Field(None, description="GGUF file name inside `model`, if any")
+    system_prompt: str | None = Field(None, description="overrides the per-kind system prompt")
+    max_new_tokens: int | None = Field(None, gt=0, description="None = per question kind")
+    batch_size: int = Field(8, gt=0, description="questions generated per batch")
+    replay_batch_size: int = Field(16, gt=0)
+    judge: str | dict[str, Any] = Field("lexical", description="judge name or spec")
+    scorer: str = Field("geometry", description="the scorer the guard will use")
+    scorer_params: dict[str, Any] = Field(default_factory=dict)
+    question: str = "question"
+    answers: str = "answer"
+    choices: str | None = None
+    kind: Literal["open", "choice", "numeric"] | None = None
+    group_by: str | None = None
+    ratios: tuple[int, int, int, int] = (5, 3, 1, 1)
+    seed: int = 0
+    limit: int | None = Field(None, gt=0)
+    participation: float = Field(0.8, gt=0.0, lt=1.0, description="1-alpha checked for size")
+    risk_target: float | None = Field(
+        None, gt=0.0, lt=1.0, description="risk target the deployment will ask for (size check)"
+    )
+    delta: float = Field(0.1, gt=0.0, lt=1.0, description="delta of that risk target")
+    cache_dir: str | None = Field(None, description="default: '<out>.cache' beside the output")
+
+    @field_validator("scorer")
+    @classmethod
+    def _known_scorer(cls, value: str) -> str:
+        if value not in KNOWN_SCORERS:
+            raise ValueError(f"unknown scorer {value!r}; choose one of {list(KNOWN_SCORERS)}")
+        return value
+
+    @classmethod
+    def from_file(cls, path: str | Path, **overrides: Any) -> CalibrationConfig:
+        """Read a YAML, TOML or JSON file; ``overrides`` (non-None) win over the file."""
+        data = dict(read_config_file(path))
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return cls(**data)
+        except ValidationError as exc:
+            raise ConfigError(f"Invalid calibration config {path}: {exc}") from exc

@@ -13,7 +13,8 @@ Functions:
 * :func:`participation_interval` - the participation guarantee ``[1−α, 1−α+1/(n+1))``.
 * :func:`conditional_correctness_bound` - the paper's Eq. (8)-(9), with all of its parts.
 * :func:`risk_threshold` - the largest threshold whose error among answered questions is
-  ≤ ε with probability ≥ 1−δ (Learn-then-Test, fixed-sequence test, exact binomial tails).
+  ≤ ε with probability ≥ 1−δ (Learn-then-Test over ranks, exact binomial tails; the
+  procedures live in :mod:`abstain_guard.risk_control`).
 
 See ``docs/guarantees.md`` for the statements and their assumptions.
 """
@@ -29,6 +30,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats
 
+from abstain_guard import risk_control
 from abstain_guard.errors import InsufficientDataError, InvalidInputError
 from abstain_guard.validation import check_labels, check_scores, require_both_classes
 
@@ -152,14 +154,18 @@ class RiskThreshold:
         participation: K/n, the fraction answered on the calibration set.
         empirical_risk: errors among the K answered calibration samples / K
             (0.0 when infeasible).
-        certified_bound: the (1−δ) Clopper-Pearson upper bound on the risk at τ from the
-            tested statistic (≤ ε whenever feasible; 1.0 when infeasible).
-        p_value: the exact binomial p-value of the last rejected hypothesis (1.0 when
-            infeasible).
+        certified_bound: the (1−level) Clopper-Pearson upper bound on the risk at τ from
+            the tested statistic (≤ ε whenever feasible; 1.0 when infeasible).
+        p_value: the exact binomial p-value of the certifying test (1.0 when infeasible).
         feasible: whether a threshold was certified.
-        min_rank: the smallest rank whose test can reject at all (data-independent).
-        method: a short description of the procedure used.
+        min_rank: the smallest rank the procedure can certify, fixed before the labels are
+            read (the first chain start or grid rank; 0 when no rank ≤ n can be certified).
+        method: the procedure's name, a key of
+            :data:`abstain_guard.risk_control.RISK_METHODS`.
         warnings: notes about degenerate results.
+        level: the significance level the certifying test was run at (δ for one chain,
+            δ/s for one of s chains, δ/m on a Bonferroni grid, Holm's step level; 0.0
+            when infeasible). ``certified_bound`` is the (1−level) upper bound.
     """
 
     threshold: float
@@ -175,6 +181,7 @@ class RiskThreshold:
     min_rank: int
     method: str
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    level: float = 0.0
 
 
 # --- validation --------------------------------------------------------------------------
@@ -364,40 +371,48 @@ def conditional_correctness_bound(
 
 # --- risk control ------------------------------------------------------------------------
 
-_RISK_METHOD = "Learn-then-Test, fixed-sequence over ranks, exact binomial (Clopper-Pearson) tails"
-
 
 def _min_rank(risk_target: float, delta: float) -> int:
     """Smallest rank k whose test (k−1 trials, 0 errors) can reject: (1−ε)^(k−1) ≤ δ."""
-    x = math.log(delta) / math.log1p(-risk_target)
-    return 1 + max(0, math.ceil(x - 1e-12 * abs(x)))
+    return risk_control.min_rank(risk_target, delta)
 
 
 def risk_threshold(
-    scores: ArrayLike, correct: ArrayLike, risk_target: float, delta: float
+    scores: ArrayLike,
+    correct: ArrayLike,
+    risk_target: float,
+    delta: float,
+    method: str = risk_control.DEFAULT_RISK_METHOD,
 ) -> RiskThreshold:
     """The largest threshold whose error rate among answered questions is ≤ ε w.p. ≥ 1−δ.
 
-    Procedure (Learn-then-Test with a fixed-sequence test): sort the calibration scores
-    (ties: incorrect answers first); candidate k answers the k lowest scores, threshold
-    ``U_(k)``. Its null hypothesis "risk at U_(k) > ε" is tested with the exact binomial
-    p-value ``P(Binomial(k−1, ε) ≤ e_{k−1})``, where e_{k−1} is the number of errors among
-    the k−1 samples strictly below U_(k) (conditionally on U_(k) they are i.i.d. draws
-    from the answered region). Ranks are tested in increasing order, starting at the
-    first rank whose test can reject at all, and the procedure stops at the first rank
-    that is not rejected; the threshold is the last rejected one. Only ends of tie groups
-    are candidates. See ``docs/guarantees.md`` for the guarantee and its assumptions.
+    Learn-then-Test over ranks: sort the calibration scores (ties: incorrect answers
+    first); rank k answers the k lowest scores, threshold ``U_(k)``. Its null hypothesis
+    "risk at U_(k) > ε" is tested with the exact binomial p-value
+    ``P(Binomial(k−1, ε) ≤ e_k)``, e_k the errors among the k−1 answers strictly below
+    U_(k) (conditionally on U_(k) they are i.i.d. draws from the answered region). A
+    procedure fixed before the labels are read (``method``, see
+    :mod:`abstain_guard.risk_control` for each one and why it is valid) decides which ranks
+    are tested at which level; the threshold is the largest rejected rank. Only ends of tie
+    groups are candidates. See ``docs/guarantees.md`` for the guarantee, its assumptions
+    and the simulation that chose the default.
 
     Args:
         scores: calibration scores, shape ``[n]``.
         correct: calibration labels (0/1), shape ``[n]``; both classes must occur.
         risk_target: ε in (0, 1), the largest acceptable error rate among answered.
         delta: δ in (0, 1), the allowed failure probability of the certificate.
+        method: the procedure, a key of :data:`abstain_guard.risk_control.RISK_METHODS`;
+            ``"fixed_sequence"`` is the original one.
 
     Returns:
         A :class:`RiskThreshold`; when no threshold can be certified the threshold is
         ``-inf`` (abstain on everything), ``feasible`` is False and a
         :class:`ConformalWarning` is issued.
+
+    Raises:
+        InvalidInputError: ε or δ outside (0, 1), an unknown method, bad scores or labels.
+        InsufficientDataError: empty input or labels of one class only.
     """
     eps = _check_unit_interval(
         risk_target,
@@ -409,34 +424,26 @@ def risk_threshold(
     )
     s, j = _calibration(scores, correct)
     n = int(s.size)
-    k_min = _min_rank(eps, dlt)
+    plan = risk_control.plan_tests(method, eps, dlt, n)
 
     order = np.lexsort((j.astype(np.int8), s))  # by score, then incorrect (0) before correct
     s_sorted = s[order]
     err_sorted = (~j[order]).astype(np.int64)
-    cum_err = np.concatenate(([0], np.cumsum(err_sorted)))  # cum_err[i] = errors among first i
-    ks = np.arange(1, n + 1)
-    trials = ks - 1
-    errors = cum_err[trials]
-    p_values = np.ones(n)
-    testable = trials > 0
-    p_values[testable] = stats.binom.cdf(errors[testable], trials[testable], eps)
-    is_end = np.ones(n, dtype=bool)
-    is_end[:-1] = s_sorted[1:] > s_sorted[:-1]
-    candidates = np.flatnonzero(is_end & (ks >= k_min))  # 0-based indices into ks
+    p_values = risk_control.rank_p_values(err_sorted, eps)
+    rank, level = risk_control.select_rank(plan, p_values, risk_control.candidate_ranks(s_sorted))
+    k = int(rank)
 
-    last = -1
-    for idx in candidates:
-        if p_values[idx] <= dlt:
-            last = int(idx)
-        else:
-            break
-
-    if last < 0:
+    if k == 0:
+        start = (
+            f"the first test needs at least {plan.first_rank} samples and few errors among "
+            "the most confident"
+            if plan.ranks
+            else f"no test on {n} samples can reject (a perfect scorer needs at least "
+            f"{_min_rank(eps, dlt)})"
+        )
         note = (
             f"No threshold certifies an error rate ≤ {eps:g} among answered questions with "
-            f"confidence {1 - dlt:g} on these {n} calibration samples (the first test needs "
-            f"at least {k_min} samples and few errors among the most confident). The guard "
+            f"confidence {1 - dlt:g} on these {n} calibration samples ({start}). The guard "
             "will abstain on everything. Raise risk_target or delta, calibrate on more data, "
             "or use a better scorer."
         )
@@ -452,30 +459,34 @@ def risk_threshold(
             certified_bound=1.0,
             p_value=1.0,
             feasible=False,
-            min_rank=k_min,
-            method=_RISK_METHOD,
+            min_rank=plan.first_rank,
+            method=plan.method,
             warnings=(note,),
+            level=0.0,
         )
 
-    k = last + 1
-    e_tested = int(errors[last])
-    m_tested = int(trials[last])
-    if e_tested >= m_tested:  # pragma: no cover - cannot be rejected, kept for safety
+    errors_below = int(err_sorted[: k - 1].sum())
+    trials = k - 1
+    tested_level = float(level)
+    if errors_below >= trials:  # pragma: no cover - cannot be rejected, kept for safety
         cp_upper = 1.0
     else:
-        cp_upper = float(stats.beta.ppf(1.0 - dlt, e_tested + 1, m_tested - e_tested))
+        cp_upper = float(
+            stats.beta.ppf(1.0 - tested_level, errors_below + 1, trials - errors_below)
+        )
     return RiskThreshold(
-        threshold=float(s_sorted[last]),
+        threshold=float(s_sorted[k - 1]),
         rank=k,
         n=n,
         risk_target=eps,
         delta=dlt,
         participation=k / n,
-        empirical_risk=float(cum_err[k]) / k,
+        empirical_risk=float(err_sorted[:k].sum()) / k,
         certified_bound=cp_upper,
-        p_value=float(p_values[last]),
+        p_value=float(p_values[k - 1]),
         feasible=True,
-        min_rank=k_min,
-        method=_RISK_METHOD,
+        min_rank=plan.first_rank,
+        method=plan.method,
         warnings=(),
+        level=tested_level,
     )

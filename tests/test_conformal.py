@@ -13,6 +13,7 @@ from scipy import stats
 
 from abstain_guard import conformal
 from abstain_guard.errors import InsufficientDataError, InvalidInputError
+from abstain_guard.risk_control import RISK_METHODS
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
 alphas = st.floats(min_value=0.001, max_value=0.999)
@@ -136,26 +137,52 @@ def test_conditional_bound_matches_definition(data: tuple, alpha: float) -> None
     st.floats(min_value=0.01, max_value=0.5),
 )
 @settings(max_examples=80, deadline=None)
-def test_risk_threshold_certificate(data: tuple, eps: float, delta: float) -> None:
+def test_fixed_sequence_certificate(data: tuple, eps: float, delta: float) -> None:
+    """The original procedure, pinned by name: one chain from the first rank that can reject."""
     scores, correct = data
     n = scores.size
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", conformal.ConformalWarning)
-        res = conformal.risk_threshold(scores, correct, eps, delta)
-    assert res.n == n and res.min_rank >= 1
-    assert (1 - eps) ** (res.min_rank - 1) <= delta + 1e-12
-    assert (1 - eps) ** max(res.min_rank - 2, 0) > delta or res.min_rank == 1
+        res = conformal.risk_threshold(scores, correct, eps, delta, method="fixed_sequence")
+    assert res.n == n and res.method == "fixed_sequence"
+    k_min = conformal._min_rank(eps, delta)
+    assert (1 - eps) ** (k_min - 1) <= delta + 1e-12
+    assert (1 - eps) ** max(k_min - 2, 0) > delta or k_min == 1
+    assert res.min_rank == (k_min if k_min <= n else 0)
     if not res.feasible:
         assert res.threshold == -math.inf and res.rank == 0 and res.participation == 0.0
         assert res.warnings
         return
+    assert res.rank >= res.min_rank and res.level == delta
+
+
+@pytest.mark.parametrize("method", list(RISK_METHODS))
+@given(
+    data=labelled(min_size=5, max_size=200),
+    eps=st.floats(min_value=0.02, max_value=0.6),
+    delta=st.floats(min_value=0.01, max_value=0.5),
+)
+@settings(max_examples=40, deadline=None)
+def test_risk_threshold_certificate(method: str, data: tuple, eps: float, delta: float) -> None:
+    """Every procedure: the certified rank's exact binomial test rejects at the level it was
+    run at (≤ δ), and the Clopper-Pearson bound at that level is ≤ ε."""
+    scores, correct = data
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", conformal.ConformalWarning)
+        res = conformal.risk_threshold(scores, correct, eps, delta, method=method)
+    assert res.method == method and res.n == scores.size
+    if not res.feasible:
+        assert res.threshold == -math.inf and res.rank == 0 and res.participation == 0.0
+        assert res.warnings and res.level == 0.0 and res.certified_bound == 1.0
+        return
     tau = res.threshold
     assert tau in set(scores.tolist())
     answered = scores <= tau
-    assert res.rank == int(answered.sum()) >= res.min_rank
+    assert res.rank == int(answered.sum()) >= res.min_rank >= 1
     assert res.participation == pytest.approx(answered.mean())
     assert res.empirical_risk == pytest.approx(1 - correct[answered].mean())
-    assert res.p_value <= delta
+    assert 0.0 < res.level <= delta
+    assert res.p_value <= res.level
     assert res.certified_bound <= eps + 1e-9
     # the certificate is an exact binomial test on the k-1 samples below the k-th
     order = np.lexsort((correct.astype(int), scores))  # ties: incorrect first
@@ -163,15 +190,27 @@ def test_risk_threshold_certificate(data: tuple, eps: float, delta: float) -> No
     assert res.p_value == pytest.approx(stats.binom.cdf(errors_below, res.rank - 1, eps))
 
 
-@given(labelled(min_size=20, max_size=200), st.floats(0.05, 0.4), st.floats(0.01, 0.3))
-@settings(max_examples=50, deadline=None)
-def test_risk_threshold_monotone_in_targets(data: tuple, eps: float, delta: float) -> None:
+@pytest.mark.parametrize("method", [m for m in RISK_METHODS if m != "fixed_sequence_late"])
+@given(
+    data=labelled(min_size=20, max_size=200),
+    eps=st.floats(0.05, 0.4),
+    delta=st.floats(0.01, 0.3),
+)
+@settings(max_examples=30, deadline=None)
+def test_risk_threshold_monotone_in_targets(
+    method: str, data: tuple, eps: float, delta: float
+) -> None:
+    """A looser ε or δ never certifies fewer answers (the late start is the exception)."""
     scores, correct = data
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", conformal.ConformalWarning)
-        base = conformal.risk_threshold(scores, correct, eps, delta)
-        looser_eps = conformal.risk_threshold(scores, correct, min(eps * 1.5, 0.99), delta)
-        looser_delta = conformal.risk_threshold(scores, correct, eps, min(delta * 2, 0.99))
+        base = conformal.risk_threshold(scores, correct, eps, delta, method=method)
+        looser_eps = conformal.risk_threshold(
+            scores, correct, min(eps * 1.5, 0.99), delta, method=method
+        )
+        looser_delta = conformal.risk_threshold(
+            scores, correct, eps, min(delta * 2, 0.99), method=method
+        )
     assert looser_eps.rank >= base.rank
     assert looser_delta.rank >= base.rank
 

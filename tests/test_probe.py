@@ -2,28 +2,79 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import Counter
 
 import pytest
 
-from abstain_guard.calibration.build.datasets import split_items
+from abstain_guard.calibration.build.datasets import QAItem, split_items
 from abstain_guard.calibration.build.judges import LexicalJudge, normalize_answer
-from abstain_guard.calibration.build.probe import PROBE_RELATIONS, builtin_probe_set
+from abstain_guard.calibration.build.probe import (
+    PROBE_RELATIONS,
+    PROBE_RELATIONS_V1,
+    PROBE_RELATIONS_V2,
+    builtin_probe_set,
+)
 from abstain_guard.errors import InvalidInputError
+
+# The first release's probe set (1,077 items), pinned before the relations of issue 12 were
+# added: the shipped default guard stores its question ids and a digest of these items.
+V1_SIZE = 1077
+# sha256 of [[id, question, answers, group, popularity], ...] in the order of seed 0
+V1_SEED0_SHA256 = "250b2fdbd386e0bc833f7530306500990f0b2980536e13eb74a103ce4734d1ad"
+# sha256 of the sorted [[id, question, answers], ...] (any seed)
+V1_CONTENT_SHA256 = "ff9faffa7128c2d5981ab6696c667938e91ea3bf0ad863e27d767434a9780aa4"
+
+
+def _sha256(rows: list[list[object]]) -> str:
+    return hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest()
+
+
+def _ordered_rows(items: list[QAItem]) -> list[list[object]]:
+    return [[it.id, it.question, list(it.answers), it.group, it.popularity] for it in items]
+
+
+def _content_rows(items: list[QAItem]) -> list[list[object]]:
+    return sorted([[it.id, it.question, list(it.answers)] for it in items])
 
 
 @pytest.fixture(scope="module")
-def probe():
+def probe() -> list[QAItem]:
     return builtin_probe_set()
 
 
-def test_size_relations_and_unique_ids(probe) -> None:
+@pytest.fixture(scope="module")
+def v1() -> list[QAItem]:
+    return builtin_probe_set(relations=PROBE_RELATIONS_V1)
+
+
+def test_size_relations_and_unique_ids_and_questions(probe) -> None:
     counts = Counter(it.group for it in probe)
+    assert PROBE_RELATIONS == PROBE_RELATIONS_V1 + PROBE_RELATIONS_V2
     assert set(counts) == set(PROBE_RELATIONS)
-    assert 900 <= len(probe) <= 1300
+    assert len(probe) >= 3000
     assert counts["capital"] > 200 and counts["element_name"] == 118
+    assert counts["state_capital"] == 50 and counts["city_country"] > 1000
+    assert counts["country_of_capital"] > 200 and counts["city_state"] > 300
     assert len({it.id for it in probe}) == len(probe)
+    # a question asked twice could land in two splits; compare them as the judge reads text
+    assert len({normalize_answer(it.question) for it in probe}) == len(probe)
     assert all(it.kind == "open" and it.answers and it.question.endswith("?") for it in probe)
+    assert all(it.source.startswith("builtin:") for it in probe)
+
+
+def test_first_release_subset_is_unchanged(probe, v1) -> None:
+    assert len(v1) == V1_SIZE
+    assert _sha256(_ordered_rows(v1)) == V1_SEED0_SHA256
+    assert _sha256(_content_rows(builtin_probe_set(relations=PROBE_RELATIONS_V1, seed=3))) == (
+        V1_CONTENT_SHA256
+    )
+    # the relations' order in the argument does not matter
+    assert builtin_probe_set(relations=list(reversed(PROBE_RELATIONS_V1))) == v1
+    # the default holds every first-release item unchanged
+    by_id = {it.id: it for it in probe}
+    assert all(by_id[it.id] == it for it in v1)
 
 
 def test_deterministic_and_seeded_order(probe) -> None:
@@ -35,6 +86,7 @@ def test_deterministic_and_seeded_order(probe) -> None:
 
 def test_known_facts_and_aliases(probe) -> None:
     by_id = {it.id: it for it in probe}
+    by_question = {it.question: it for it in probe}
     peru = by_id["probe:capital:PE"]
     assert peru.question == "What is the capital of Peru?" and peru.answers[0] == "Lima"
     us = by_id["probe:currency:US"]
@@ -49,6 +101,50 @@ def test_known_facts_and_aliases(probe) -> None:
     assert judge.judge(us.question, us.answers, "It is the US dollar.").correct
     assert judge.judge(peru.question, peru.answers, "The capital is Cusco.").correct is False
 
+    leeds = by_question["In which country is the city Leeds?"]
+    assert leeds.answers[0] == "United Kingdom" and {"UK", "England"} <= set(leeds.answers)
+    assert judge.judge(leeds.question, leeds.answers, "Leeds is in England.").correct
+    houston = by_question["In which country is the city Houston?"]
+    assert judge.judge(houston.question, houston.answers, "USA").correct
+    paris = by_question["Which country has the capital Paris?"]
+    assert paris.answers[0] == "France" and "France's" in paris.answers
+    assert judge.judge(paris.question, paris.answers, "It is a French city.").correct
+    assert not judge.judge(paris.question, paris.answers, "It is in French Guiana.").correct
+    assert by_id["probe:country_of_capital:NL"].answers[0] == "Netherlands"
+    assert by_question["Which US state is Chicago in?"].answers == ("Illinois",)
+    assert by_question["Which US state is Portland in?"].answers == ("Oregon",)  # not Maine
+    albany = by_id["probe:state_capital:NY"]
+    assert albany.question == "What is the capital of the US state New York?"
+    assert albany.answers == ("Albany",)
+    # names beyond Latin-1 are asked in ASCII, Latin-1 accents stay
+    assert "In which country is the city Mazar-e Sharif?" in by_question
+    assert "In which country is the city São Paulo?" in by_question
+
+
+def test_ambiguous_and_leaking_names_are_not_asked(probe) -> None:
+    questions = {it.question for it in probe}
+    ids = {it.id for it in probe}
+    # Hyderabad: India 7.0 M, Pakistan 1.9 M; Kansas City: Missouri and Kansas
+    assert "In which country is the city Hyderabad?" not in questions
+    assert "Which US state is Kansas City in?" not in questions
+    # the answer is in the question
+    assert "Which US state is Oklahoma City in?" not in questions
+    assert "Which country has the capital Luxembourg?" not in questions
+    # Kingston: Jamaica and Norfolk Island; Basseterre and Basse-Terre read the same
+    assert "probe:country_of_capital:JM" not in ids
+    assert "probe:country_of_capital:KN" not in ids
+    # capitals are asked backwards, not as cities; territories' cities are not asked
+    assert "In which country is the city Paris?" not in questions
+    assert not any(it.id.startswith("probe:city_country:") and "San Juan" in it.question
+                   for it in probe)  # fmt: skip
+    # geonames lists Mandaluyong twice, once as "Mandaluyong City": one question
+    assert ("In which country is the city Mandaluyong?" in questions) != (
+        "In which country is the city Mandaluyong City?" in questions
+    )
+    # not a city: a numbered quarter, a province
+    assert "In which country is the city Sector 2?" not in questions
+    assert not any("Province" in q for q in questions)
+
 
 def test_popularity(probe) -> None:
     by_id = {it.id: it for it in probe}
@@ -60,12 +156,14 @@ def test_popularity(probe) -> None:
     # popularity varies within every relation, so known and unknown questions both occur
     for rel in PROBE_RELATIONS:
         pops = [it.popularity for it in probe if it.group == rel]
-        assert max(pops) - min(pops) > 1.5, rel
+        assert max(pops) - min(pops) > 1.0, rel
 
 
 def test_relation_subset_and_errors() -> None:
     caps = builtin_probe_set(relations=["capital"])
     assert {it.group for it in caps} == {"capital"}
+    states = builtin_probe_set(relations=["state_capital", "city_state"])
+    assert {it.group for it in states} == {"state_capital", "city_state"}
     with pytest.raises(InvalidInputError, match="choose from"):
         builtin_probe_set(relations=["rivers"])
 
@@ -85,3 +183,24 @@ def test_no_gold_alias_leaks_into_its_question(probe) -> None:
     assert "probe:capital:SM" not in ids  # San Marino's capital is San Marino
     assert "probe:capital:MX" in ids  # "Mexico City" stays, the alias "Mexico" does not
     assert "probe:element_symbol:49" not in ids  # indium's symbol "In" matches any "in"
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_the_default_model_knows_the_popular_new_questions(probe, default_model) -> None:
+    """The new relations are answerable and their aliases judge the model's answers: of the
+    ten most popular questions of each, the model gets some right (measured: 9, 10, 3 and 4
+    of 10)."""
+    from abstain_guard.prompts import build_messages
+
+    judge = LexicalJudge()
+    correct: dict[str, int] = {}
+    for rel in PROBE_RELATIONS_V2:
+        top = sorted((it for it in probe if it.group == rel), key=lambda it: -it.popularity)[:10]
+        answers = default_model.batch([build_messages(it) for it in top])
+        correct[rel] = sum(
+            bool(judge.judge(it.question, it.answers, str(msg.content)).correct)
+            for it, msg in zip(top, answers, strict=True)
+        )
+    assert all(n >= 1 for n in correct.values()), correct
+    assert 12 <= sum(correct.values()) <= 38, correct

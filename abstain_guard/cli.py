@@ -10,13 +10,64 @@ import argparse
 import json
 import logging
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from abstain_guard.config import GuardConfig
 from abstain_guard.default import DEFAULT_ARTIFACT_DIR
-from abstain_guard.errors import AbstainGuardError
+from abstain_guard.errors import (
+    AbstainGuardError,
+    ConfigError,
+    PreflightError,
+    ResultsFileError,
+)
 from abstain_guard.scoring import scorer_names
+
+
+def _guard_config(path: str | None) -> GuardConfig:
+    """The guard config: ``--config`` (if given), then ``ABSTAIN_GUARD_*`` variables on top."""
+    return GuardConfig.load(path)
+
+
+def _positive(value: int | None, option: str) -> None:
+    if value is not None and value < 1:
+        raise ConfigError(f"{option} must be a positive integer, got {value}.")
+
+
+def _check_out(out: str | Path) -> Path:
+    """A report directory: absent or a directory, under a writable one (only it is written)."""
+    from abstain_guard.calibration.build.preflight import check_writable_location
+
+    path = Path(out)
+    check_writable_location(path, "--out")
+    return path
+
+
+def _cache_dir(args: argparse.Namespace) -> Path:
+    """Where evaluate/--live keep answers and verdicts: ``--cache-dir`` if given, else
+    ``<out>/cache`` (never where an artifact's metadata points)."""
+    if args.cache_dir:
+        from abstain_guard.calibration.build.preflight import check_writable_location
+
+        check_writable_location(Path(args.cache_dir), "--cache-dir")
+        return Path(args.cache_dir)
+    return Path(args.out) / "cache"
+
+
+def _all_at_once(*checks: Any) -> None:
+    """Run every check; raise its error, or a PreflightError listing several."""
+    problems: list[AbstainGuardError] = []
+    for check in checks:
+        try:
+            check()
+        except AbstainGuardError as exc:
+            problems.append(exc)
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise PreflightError(problems)
 
 
 def _calibrate(args: argparse.Namespace) -> int:
@@ -32,6 +83,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         "system_prompt": args.system_prompt,
         "risk_target": args.risk_target,
         "delta": args.delta,
+        "skip_bad_rows": True if args.skip_bad_rows else None,
     }
     if args.config:
         config = CalibrationConfig.from_file(args.config, **overrides)
@@ -55,7 +107,7 @@ def _ask(args: argparse.Namespace) -> int:
         return 2
     from abstain_guard.chains import load_guard_chain
 
-    config = GuardConfig.from_file(args.config) if args.config else None
+    config = _guard_config(args.config)
     chain, _, _ = load_guard_chain(args.artifact, config, kind=args.kind)
     for question in questions:
         msg = chain.invoke({"question": question})
@@ -79,9 +131,17 @@ def _ask(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     if args.live:
         return _evaluate_live(args)
-    from abstain_guard.calibration.measure.held_out import evaluate
+    from abstain_guard.calibration.measure.held_out import evaluate, parse_baselines
     from abstain_guard.calibration.measure.tables import frontier_markdown
 
+    _all_at_once(
+        lambda: _check_out(args.out),
+        lambda: _cache_dir(args),
+        lambda: _positive(args.limit, "--limit"),
+        lambda: _positive(args.resplits, "--resplits"),
+        lambda: parse_baselines(args.baselines),
+        lambda: _artifacts_exist(args.artifact or [DEFAULT_ARTIFACT_DIR]),
+    )
     results = evaluate(
         args.artifact or [DEFAULT_ARTIFACT_DIR],
         out=args.out,
@@ -91,6 +151,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         n_resplits=args.resplits,
         limit=args.limit,
         progress=not args.quiet,
+        cache_dir=_cache_dir(args),
     )
     print(json.dumps(results.get("headline", {}), indent=2))
     for name, entry in results.get("datasets", {}).items():
@@ -104,8 +165,16 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _evaluate_live(args: argparse.Namespace) -> int:
     from abstain_guard.calibration.measure.deployment_check import live_check
 
-    config = GuardConfig.from_file(args.config) if args.config else None
-    for artifact in args.artifact or [DEFAULT_ARTIFACT_DIR]:
+    artifacts = args.artifact or [DEFAULT_ARTIFACT_DIR]
+    _all_at_once(
+        lambda: _check_out(args.out),
+        lambda: _cache_dir(args),
+        lambda: _positive(args.limit, "--limit"),
+        lambda: _guard_config(args.config),
+        lambda: _artifacts_exist(artifacts),
+    )
+    config = _guard_config(args.config)
+    for artifact in artifacts:
         result = live_check(
             artifact,
             guard_config=config,
@@ -113,19 +182,58 @@ def _evaluate_live(args: argparse.Namespace) -> int:
             limit=args.limit,
             progress=not args.quiet,
             split=args.split,
+            cache_dir=_cache_dir(args),
         )
         print(json.dumps({"artifact": str(artifact), **result["summary"]}, indent=2))
     print(f"per-question rows written to {Path(args.out) / 'live.json'}")
     return 0
 
 
+def _artifacts_exist(paths: Sequence[str | Path]) -> None:
+    from abstain_guard.errors import ArtifactNotFoundError
+
+    missing = [str(p) for p in paths if not (Path(p) / "manifest.json").is_file()]
+    if missing:
+        raise ArtifactNotFoundError(
+            f"No artifact at {', '.join(missing)} (no manifest.json). Pass --artifact with a "
+            "directory written by abstain-guard calibrate."
+        )
+
+
+def _read_results(path: str) -> dict[str, Any]:
+    """A ``results.json`` written by ``abstain-guard evaluate``."""
+    hint = "pass the results.json files that abstain-guard evaluate wrote into its --out"
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ResultsFileError(f"--results {path} does not exist; {hint}.") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ResultsFileError(f"--results {path} cannot be read ({exc}); {hint}.") from exc
+    except json.JSONDecodeError as exc:
+        raise ResultsFileError(
+            f"--results {path} is not one JSON document ({exc.msg} at line {exc.lineno}, "
+            f"column {exc.colno}; a JSONL file?); {hint}."
+        ) from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("datasets"), dict):
+        raise ResultsFileError(f"--results {path} has no 'datasets' mapping; {hint}.")
+    return doc
+
+
 def _report(args: argparse.Namespace) -> int:
     from abstain_guard.calibration.measure.report import write_report
     from abstain_guard.calibration.measure.results import build_results
 
+    docs: dict[str, dict[str, Any]] = {}
+
+    def read(path: str) -> None:
+        docs[path] = _read_results(path)
+
+    _all_at_once(
+        lambda: _check_out(args.out),
+        *[(lambda p=p: read(p)) for p in args.results],
+    )
     entries, metadata = [], {}
-    for path in args.results:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    for path, doc in docs.items():
         entries.extend(doc["datasets"].values())
         metadata[str(path)] = doc.get("metadata", {})
     report = write_report(build_results(entries, {"merged_from": metadata}), args.out)
@@ -136,7 +244,17 @@ def _report(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from abstain_guard.calibration.measure.demo import run_demo
 
-    return run_demo(Path(args.artifact), out=Path(args.out), n_questions=args.questions)
+    _all_at_once(
+        lambda: _check_out(args.out),
+        lambda: _positive(args.questions, "--questions"),
+        lambda: _guard_config(None),
+    )
+    return run_demo(
+        Path(args.artifact),
+        out=Path(args.out),
+        n_questions=args.questions,
+        guard_config=_guard_config(None),
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -146,6 +264,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Calibrate, run and evaluate a conformal abstention guard for an LLM.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log decisions")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the traceback of an error (also accepted after the command)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     cal = sub.add_parser("calibrate", help="generate, judge, fit the scorer, write an artifact")
@@ -173,6 +296,12 @@ def build_parser() -> argparse.ArgumentParser:
         "the calibration split is too small to certify it even with a perfect scorer",
     )
     cal.add_argument("--delta", type=float, help="delta of --risk-target (default 0.1)")
+    cal.add_argument(
+        "--skip-bad-rows",
+        action="store_true",
+        help="skip malformed rows, non-string answers, duplicate and over-long questions "
+        "(counted in the summary) instead of failing with their lines (config: skip_bad_rows)",
+    )
     cal.add_argument("--quiet", action="store_true", help="no progress bars")
     cal.set_defaults(func=_calibrate)
 
@@ -221,6 +350,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="--live: which of the artifact's held-out questions to run (test: never used for "
         "the threshold, an out-of-sample check of the realized error)",
     )
+    ev.add_argument(
+        "--cache-dir",
+        help="where answers and verdicts are cached (default: '<out>/cache'; pass the "
+        "calibration run's cache to reuse its answers)",
+    )
     ev.add_argument("--quiet", action="store_true", help="no progress bars")
     ev.set_defaults(func=_evaluate)
 
@@ -234,18 +368,31 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="demo_report", help="where to write the report")
     demo.add_argument("--questions", type=int, default=24, help="how many questions to ask")
     demo.set_defaults(func=_demo)
+    for sub_parser in (cal, ask, ev, rep, demo):
+        sub_parser.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+        )
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``abstain-guard`` script."""
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run a command; user mistakes raise their typed :class:`AbstainGuardError`."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s"
     )
+    return int(args.func(args))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``abstain-guard`` script: a user mistake prints one ``error:``
+    message and exits with 2 (``--debug``: with its traceback)."""
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        return int(args.func(args))
+        return run(args)
     except AbstainGuardError as exc:
+        if "--debug" in args[: args.index("--") if "--" in args else len(args)]:
+            traceback.print_exc()
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -113,6 +113,35 @@ class CalibrationError(AbstainGuardError):
     """The calibration pipeline cannot proceed (see the message for the step and the fix)."""
 
 
+# --- command line and run preflight ------------------------------------------------------
+
+
+class OutputPathError(ConfigError):
+    """An output or cache location cannot be used: it is a file, a non-empty directory that
+    is not an artifact, or under a directory that cannot be written."""
+
+
+class ResultsFileError(AbstainGuardError, ValueError):
+    """A file given as ``results.json`` (``abstain-guard report --results``) is not one written
+    by ``abstain-guard evaluate``."""
+
+
+class PreflightError(AbstainGuardError, ValueError):
+    """Several problems found before any model was loaded, reported together.
+
+    Attributes:
+        errors: the individual errors (each a typed :class:`AbstainGuardError`).
+    """
+
+    def __init__(self, errors: list[AbstainGuardError]) -> None:
+        self.errors = list(errors)
+        lines = "\n".join(f"  - {e}" for e in self.errors)
+        super().__init__(
+            f"{len(self.errors)} problems found before loading the model; fix them all and "
+            f"run again:\n{lines}"
+        )
+
+
 __all__ = [
     "AbstainGuardError",
     "ArtifactError",
@@ -131,6 +160,9 @@ __all__ = [
     "ModelError",
     "ModelNotFoundError",
     "NotFittedError",
+    "OutputPathError",
+    "PreflightError",
+    "ResultsFileError",
     "ScoringError",
     "UnsupportedArchitectureError",
 ]

@@ -33,7 +33,13 @@ from abstain_guard.deployment import (
     generation_mismatches,
     model_mismatches,
 )
-from abstain_guard.errors import ArtifactMismatchError, GuardError, InvalidInputError, ScoringError
+from abstain_guard.errors import (
+    ArtifactMismatchError,
+    ContextLengthError,
+    GuardError,
+    InvalidInputError,
+    ScoringError,
+)
 from abstain_guard.metadata import ResponseMetadata
 from abstain_guard.runnables import find_chat_models
 from abstain_guard.tracing import arecord_decision, record_decision
@@ -191,6 +197,16 @@ class AbstentionPolicy:
             return message.model_copy(update={"response_metadata": meta}), decision
         return self._abstention(message, decision), decision
 
+    def decide_unanswerable(self, exc: ContextLengthError) -> tuple[AIMessage, dict[str, Any]]:
+        """Abstain on an input the model cannot take (too long for its context window) when
+        ``on_error="abstain"``; with ``"raise"`` the error propagates."""
+        if self.config.on_error == "raise":
+            raise exc
+        decision = self._base()
+        reason = f"{type(exc).__name__}: {exc}"
+        decision.update(abstained=True, score=None, reason="input too long", error=reason)
+        return self._abstention(None, decision), decision
+
     def _abstention(self, message: Any, decision: dict[str, Any]) -> AIMessage:
         kwargs: dict[str, Any] = {}
         if isinstance(message, AIMessage):
@@ -332,8 +348,12 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
         config: RunnableConfig,
         **kwargs: Any,
     ) -> AIMessage:
-        output = self._prepared.invoke(input, config, **kwargs)
-        message, decision = self._policy.decide(output)
+        try:
+            output = self._prepared.invoke(input, config, **kwargs)
+        except ContextLengthError as exc:
+            message, decision = self._policy.decide_unanswerable(exc)
+        else:
+            message, decision = self._policy.decide(output)
         record_decision(decision, run_manager=run_manager, config=config)
         return message
 
@@ -344,8 +364,12 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
         config: RunnableConfig,
         **kwargs: Any,
     ) -> AIMessage:
-        output = await self._prepared.ainvoke(input, config, **kwargs)
-        message, decision = await run_in_executor(config, self._policy.decide, output)
+        try:
+            output = await self._prepared.ainvoke(input, config, **kwargs)
+        except ContextLengthError as exc:
+            message, decision = self._policy.decide_unanswerable(exc)
+        else:
+            message, decision = await run_in_executor(config, self._policy.decide, output)
         await arecord_decision(decision, run_manager=run_manager, config=config)
         return message
 

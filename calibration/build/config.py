@@ -43,7 +43,7 @@ class CalibrationConfig(BaseModel):
     kind: Literal["open", "choice", "numeric"] | None = None
     group_by: str | None = None
     ratios: tuple[int, int, int, int] = (5, 3, 1, 1)
-    seed: int = 0
+    seed: int = Field(0, ge=0, description="split seed (a non-negative integer)")
     limit: int | None = Field(None, gt=0)
     participation: float = Field(0.8, gt=0.0, lt=1.0, description="1-alpha checked for size")
     risk_target: float | None = Field(
@@ -51,6 +51,17 @@ class CalibrationConfig(BaseModel):
     )
     delta: float = Field(0.1, gt=0.0, lt=1.0, description="delta of that risk target")
     cache_dir: str | None = Field(None, description="default: '<out>.cache' beside the output")
+    skip_bad_rows: bool = Field(
+        False,
+        description="skip malformed rows, non-string answers and duplicate questions of a data "
+        "file (counted and reported) instead of failing with their lines",
+    )
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ConfigError(_format_errors(exc, sorted(type(self).model_fields))) from exc
 
     @field_validator("scorer")
     @classmethod
@@ -66,5 +77,18 @@ class CalibrationConfig(BaseModel):
         data.update({k: v for k, v in overrides.items() if v is not None})
         try:
             return cls(**data)
-        except ValidationError as exc:
-            raise ConfigError(f"Invalid calibration config {path}: {exc}") from exc
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
+
+
+def _format_errors(exc: ValidationError, valid: list[str]) -> str:
+    """Every problem of a pydantic error on one line each: what was wrong and what to do."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ())) or "<config>"
+        if err.get("type") == "extra_forbidden":
+            parts.append(f"unknown key {loc!r}; valid keys: {', '.join(valid)}")
+        else:
+            msg = str(err.get("msg", "")).removeprefix("Value error, ")
+            parts.append(f"{loc}: {msg} (got {err.get('input')!r})")
+    return "Invalid calibration config: " + "; ".join(parts) + "."

@@ -9,6 +9,7 @@ warning), never silently.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import math
@@ -43,6 +44,7 @@ class DatasetReport:
     loaded: int = 0
     skipped: list[SkippedRow] = field(default_factory=list)
     limited: bool = False
+    log: bool = field(default=True, repr=False, compare=False)
 
 
 # --- field access ------------------------------------------------------------------------
@@ -80,13 +82,47 @@ def _is_blank(value: Any) -> bool:
     return False
 
 
-def _as_aliases(value: Any, sep: str | None) -> tuple[str, ...]:
-    """Gold aliases from a string, a number, or a list of them; de-duplicated, order kept."""
+def _type_name(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, Mapping):
+        return "object"
     if isinstance(value, (list, tuple)):
+        return "list"
+    return type(value).__name__
+
+
+def _check_text(value: Any, what: str, *, numbers: bool = False) -> None:
+    """Raise ValueError unless ``value`` is a string (or a number where ``numbers``): a JSON
+    boolean, object or number would otherwise become a gold string such as ``"True"``."""
+    if isinstance(value, str):
+        return
+    if numbers and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return
+    hint = " (or set kind: numeric for numeric answers)" if isinstance(value, (int, float)) else ""
+    raise ValueError(
+        f"{what} is a JSON {_type_name(value)} ({str(value)[:40]!r}), not a string; write it "
+        f"as a string{hint}"
+    )
+
+
+def _as_aliases(value: Any, sep: str | None) -> tuple[str, ...]:
+    """Gold aliases from a string or a list of strings; de-duplicated, order kept.
+
+    Raises:
+        ValueError: an alias is a number, boolean, object or nested list.
+    """
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            if not _is_blank(v):
+                _check_text(v, "an answer alias")
         raw = [str(v) for v in value if not _is_blank(v)]
     elif sep is not None and isinstance(value, str):
         raw = value.split(sep)
     else:
+        _check_text(value, "the answer")
         raw = [str(value)]
     out: list[str] = []
     for alias in raw:
@@ -102,6 +138,7 @@ _GSM8K_FINAL = re.compile(r"####\s*(.+?)\s*$", re.S)
 def _numeric_gold(value: Any) -> str:
     """The gold number of a numeric answer: the text after the last ``####`` (GSM8K) or the
     value itself, without thousands separators or a trailing ``.0``."""
+    _check_text(value, "the answer", numbers=True)
     text = str(value).strip()
     m = _GSM8K_FINAL.search(text)
     if m:
@@ -130,6 +167,7 @@ def _choice_texts(value: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
             text, label = c, choice_letter(i)
         if _is_blank(text):
             raise ValueError(f"option {i + 1} has no text")
+        _check_text(text, f"option {i + 1}", numbers=True)
         labels.append(str(label).strip())
         texts.append(str(text).strip())
     return tuple(labels), tuple(texts)
@@ -139,6 +177,7 @@ def _choice_gold(value: Any, labels: Sequence[str], texts: Sequence[str]) -> tup
     """(letter, option text) of the gold option, given as a label, a 0-based index or the text."""
     if isinstance(value, (list, tuple)):
         value = value[0]
+    _check_text(value, "the gold option", numbers=True)
     if isinstance(value, int) and not isinstance(value, bool):
         index = value
     else:
@@ -161,20 +200,43 @@ def _choice_gold(value: Any, labels: Sequence[str], texts: Sequence[str]) -> tup
 # --- row sources ---------------------------------------------------------------------------
 
 
+def _read_text(path: Path) -> str:
+    """The file as text (UTF-8, an optional BOM dropped).
+
+    Raises:
+        DatasetError: the file cannot be read, or is not UTF-8 (naming the line and column
+            of the first bad byte).
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DatasetError(f"cannot read {path}: {exc}") from exc
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise DatasetError(
+            f"{path} line {line} is not valid UTF-8 (byte 0x{data[exc.start]:02x} at byte "
+            f"column {column}). Save the file as UTF-8, e.g. `iconv -f latin1 -t utf-8 "
+            f"{path.name} > fixed{path.suffix}`."
+        ) from exc
+
+
 def _iter_jsonl(path: Path, report: DatasetReport) -> Iterator[tuple[int, Any]]:
-    with path.open(encoding="utf-8-sig") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            report.rows += 1
-            try:
-                yield lineno, json.loads(raw)
-            except json.JSONDecodeError as exc:
-                _skip(report, lineno, f"invalid JSON ({exc.msg} at column {exc.colno})")
+    for lineno, raw in enumerate(_read_text(path).split("\n"), start=1):
+        raw = raw.rstrip("\r")  # the column of an error is then within the line
+        if not raw.strip():
+            continue
+        report.rows += 1
+        try:
+            yield lineno, json.loads(raw)
+        except json.JSONDecodeError as exc:
+            _skip(report, lineno, f"invalid JSON ({exc.msg} at column {exc.colno})")
 
 
 def _iter_csv(path: Path, report: DatasetReport, delimiter: str) -> Iterator[tuple[int, Any]]:
-    with path.open(encoding="utf-8-sig", newline="") as f:
+    with io.StringIO(_read_text(path), newline="") as f:
         reader = csv.DictReader(f, delimiter=delimiter)
         if reader.fieldnames is None:
             return
@@ -194,7 +256,8 @@ def _iter_csv(path: Path, report: DatasetReport, delimiter: str) -> Iterator[tup
 
 def _skip(report: DatasetReport, line: int, reason: str) -> None:
     report.skipped.append(SkippedRow(line, reason))
-    logger.warning("%s line %d skipped: %s", report.source, line, reason)
+    if report.log:
+        logger.warning("%s line %d skipped: %s", report.source, line, reason)
 
 
 def _rows(path: Path, report: DatasetReport) -> Iterator[tuple[int, Any]]:
@@ -234,13 +297,16 @@ def load_dataset(
     answer_sep: str | None = None,
     id_prefix: str | None = None,
     limit: int | None = None,
+    log_skipped: bool = True,
 ) -> tuple[list[QAItem], DatasetReport]:
     """Read QA items from a JSON Lines or CSV/TSV file.
 
     Args:
         path: the file (``.jsonl``/``.ndjson``/``.json`` lines, ``.csv``, ``.tsv``).
         question: field (dotted path) holding the question.
-        answers: field holding the gold answer: a string, a number or a list of aliases.
+        answers: field holding the gold answer: a string or a list of string aliases (a
+            number only for ``kind="numeric"``, or an option index for ``"choice"``; a
+            boolean or an object is a malformed row).
         choices: field holding the options (a list of strings or of ``{"label", "text"}``);
             makes the items ``kind="choice"``, the answer then being a label, index or text.
         kind: ``"open"``, ``"choice"`` or ``"numeric"``; default ``"choice"`` when ``choices``
@@ -252,13 +318,16 @@ def load_dataset(
         answer_sep: split string answers on this separator (e.g. ``"; "`` for TruthfulQA CSV).
         id_prefix: prefix of line-based ids (default: the file name without extension).
         limit: stop after this many loaded items.
+        log_skipped: log a warning per skipped row (callers that report the rows themselves
+            pass False).
 
     Returns:
         ``(items, report)``; rows without a question or answer, or with a malformed value, are
         skipped and listed in ``report.skipped`` with their line numbers (and logged).
 
     Raises:
-        DatasetError: the file is missing or unreadable, or no row could be used.
+        DatasetError: the file is missing or unreadable (not UTF-8: naming the line), or no
+            row could be used.
     """
     p = Path(path)
     if not p.is_file():
@@ -272,7 +341,7 @@ def load_dataset(
     item_kind: Kind = kind or ("choice" if choices else "open")
     if item_kind == "choice" and not choices:
         raise InvalidInputError("kind='choice' needs the `choices` field")
-    report = DatasetReport(source=str(p))
+    report = DatasetReport(source=str(p), log=log_skipped)
     items: list[QAItem] = []
     try:
         for lineno, row in _rows(p, report):
@@ -332,6 +401,9 @@ def _row_to_item(
     q = _get_path(row, question)
     if _is_blank(q):
         _skip(report, lineno, f"missing question (field {question!r})")
+        return None
+    if not isinstance(q, str):
+        _skip(report, lineno, f"the question (field {question!r}) is a JSON {_type_name(q)}")
         return None
     a = _get_path(row, answers)
     if _is_blank(a):

@@ -5,6 +5,7 @@ questions no judge could grade; and the split sizes the targets need."""
 from __future__ import annotations
 
 import logging
+import unicodedata
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +27,8 @@ __all__ = [
     "load_items",
     "min_calibration_size",
     "named_spec",
+    "question_key",
+    "split_duplicates",
     "split_unjudgeable",
 ]
 
@@ -90,8 +93,22 @@ def load_items(
             choices=config.choices,
             kind=config.kind,
             group_by=config.group_by,
+            log_skipped=False,
         )
-        skipped = len(report.skipped)
+        problems = [f"{path}:{s.line}: {s.reason}" for s in report.skipped]
+        items, duplicates = split_duplicates(items)
+        problems += duplicates
+        _reject_or_skip(problems, config, str(path))
+        skipped = len(problems)
+    if isinstance(data, (str, Path)) and named_spec(str(data)) is not None:
+        items, duplicates = split_duplicates(items)  # public sets: drop and count
+        if duplicates:
+            logger.warning("%s: skipped %d duplicate questions", data, len(duplicates))
+        skipped += len(duplicates)
+    elif not isinstance(data, (str, Path)) or str(data) in ("builtin", BUILTIN_V1):
+        items, duplicates = split_duplicates(items)
+        _reject_or_skip(duplicates, config, "the questions")
+        skipped += len(duplicates)
     _, bad = split_unjudgeable(items)
     if bad:
         raise DatasetError(
@@ -104,6 +121,64 @@ def load_items(
     if not items:
         raise DatasetError(f"No usable questions in {data}.")
     return items, skipped
+
+
+def question_key(item: QAItem) -> tuple[str, tuple[str, ...]]:
+    """What makes two questions the same: the text after Unicode (NFKC) normalisation,
+    case folding, collapsed spaces and trailing ``?.!`` dropped, plus the options."""
+    text = " ".join(unicodedata.normalize("NFKC", item.question).casefold().split())
+    options = tuple(" ".join(c.casefold().split()) for c in item.choices)
+    return text.rstrip(" ?.!"), options
+
+
+def split_duplicates(items: Sequence[QAItem]) -> tuple[list[QAItem], list[str]]:
+    """``(first occurrences, one message per repeat)``: a question asked twice (or an id used
+    twice) would land in two splits, and a question in both train and calibration breaks the
+    exchangeability the guarantee rests on."""
+
+    def where(it: QAItem) -> str:
+        return f"{it.source}:{it.line}" if it.line else repr(it.id)
+
+    seen: dict[tuple[str, tuple[str, ...]], QAItem] = {}
+    ids: dict[str, QAItem] = {}
+    good, bad = [], []
+    for it in items:
+        first = seen.get(question_key(it))
+        same_id = ids.get(it.id)
+        if first is not None:
+            at = f"line {first.line}" if first.line and first.source == it.source else where(first)
+            bad.append(
+                f"{where(it)}: duplicate question (same as {at} after normalising case and spaces)"
+            )
+        elif same_id is not None:
+            bad.append(f"{where(it)}: duplicate id {it.id!r} (also {where(same_id)})")
+        else:
+            seen[question_key(it)] = it
+            ids[it.id] = it
+            good.append(it)
+    return good, bad
+
+
+def _reject_or_skip(problems: list[str], config: CalibrationConfig, source: str) -> None:
+    """Raise DatasetError listing every bad row, unless ``config.skip_bad_rows``: then warn
+    with their count."""
+    if not problems:
+        return
+    if config.skip_bad_rows:
+        logger.warning(
+            "%s: skipped %d bad rows (skip_bad_rows): %s%s",
+            source,
+            len(problems),
+            "; ".join(problems[:5]),
+            " ..." if len(problems) > 5 else "",
+        )
+        return
+    shown = "\n".join(f"    {p}" for p in problems[:20])
+    more = f"\n    ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+    raise DatasetError(
+        f"{len(problems)} bad rows in {source}:\n{shown}{more}\n  Fix them, or pass "
+        "--skip-bad-rows (config key skip_bad_rows: true) to skip them."
+    )
 
 
 def split_unjudgeable(items: Sequence[QAItem]) -> tuple[list[QAItem], list[str]]:

@@ -28,7 +28,7 @@ import numpy as np
 
 from abstain_guard.artifact import GuardArtifact
 from abstain_guard.calibration.build.config import FIT_SCORERS, CalibrationConfig
-from abstain_guard.calibration.build.datasets import SPLIT_NAMES, QAItem, split_items
+from abstain_guard.calibration.build.datasets import SPLIT_NAMES, QAItem
 from abstain_guard.calibration.build.generation import (
     HELD_OUT,
     deployment_record,
@@ -36,10 +36,10 @@ from abstain_guard.calibration.build.generation import (
     generated_pairs,
     replay_as_deployed,
 )
-from abstain_guard.calibration.build.items import check_split_sizes, load_items
 from abstain_guard.calibration.build.judges.base import summarize_judgments
 from abstain_guard.calibration.build.judges.cache import CachedJudge, JudgmentCache
 from abstain_guard.calibration.build.judges.registry import make_judge
+from abstain_guard.calibration.build.preflight import preflight
 from abstain_guard.calibration.build.store import RunStore, content_key
 from abstain_guard.chains import load_chat_model
 from abstain_guard.errors import CalibrationError
@@ -182,22 +182,30 @@ def calibrate(
         on_generation_chunk: called after each generated chunk is stored (for tests).
 
     Raises:
-        DatasetError, InsufficientDataError, ConfigError, JudgeError: before any model
-            is loaded, when the data, sizes or judge spec are wrong.
+        DatasetError, InsufficientDataError, ConfigError, JudgeError, OutputPathError,
+            ModelNotFoundError: before any model is loaded or any file written, when the
+            data, sizes, judge spec, model or output locations are wrong; PreflightError
+            when several are (listing them all).
         CalibrationError: when labels end up one-class or the scorer cannot be fitted.
     """
     cfg = config or CalibrationConfig()
     timings: dict[str, float] = {}
     t0 = _now()
-    items, skipped = load_items(data, cfg)
-    splits = split_items(items, seed=cfg.seed, ratios=cfg.ratios)
-    check_split_sizes(splits, cfg)
     cache_dir = resolve_cache_dir(out, cfg)
+    # every cheap check (paths, model folder and context, judge, scorer_params, rows, lengths,
+    # split sizes) before anything is written or loaded, all problems reported together
+    items, skipped, splits = preflight(
+        data,
+        out,
+        cache_dir,
+        cfg,
+        check_model=model is None,
+        check_judge=judges is None,
+        chat_models=chat_models,
+    )
     if judges is None:
         judges = build_judges(cfg, cache_dir / "judgments.sqlite", chat_models)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    if cfg.scorer in FIT_SCORERS:
-        _make_scorer(cfg)  # validates scorer_params before the model loads
     store = RunStore(cache_dir / "run.sqlite")
 
     if model is None:

@@ -61,15 +61,19 @@ def _mode_summary(rows: list[dict[str, Any]], abstained_key: str) -> dict[str, A
     }
 
 
-def run_demo(artifact: Path, out: Path, n_questions: int = 24) -> int:
-    """Ask held-out probe questions through the default guard, print and write a report."""
+def run_demo(
+    artifact: Path, out: Path, n_questions: int = 24, guard_config: GuardConfig | None = None
+) -> int:
+    """Ask held-out probe questions through the default guard, print and write a report
+    (only under ``out``); ``guard_config``: the participation-mode config (default
+    :class:`GuardConfig`)."""
     if not (artifact / "manifest.json").exists():
         raise ArtifactNotFoundError(
             f"No guard artifact at {artifact}. Build the default one with `make default-guard` "
             "or calibrate your own: abstain-guard calibrate --data builtin --out guard/"
         )
     t0 = time.perf_counter()
-    chain, _, art = load_guard_chain(artifact)
+    chain, _, art = load_guard_chain(artifact, guard_config)
     print(f"loaded model and guard in {time.perf_counter() - t0:.1f}s")
     items = pick_questions(builtin_probe_set(), list(art.metadata.get("test_ids", [])), n_questions)
     judge = LexicalJudge()

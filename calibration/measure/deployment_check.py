@@ -14,6 +14,7 @@ live answers judged with the artifact's judge).
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,6 @@ from abstain_guard.calibration.build.pipeline import (
     build_judges,
     judge_answers,
     load_model,
-    resolve_cache_dir,
 )
 from abstain_guard.calibration.build.store import RunStore
 from abstain_guard.calibration.measure.held_out import artifact_items
@@ -88,6 +88,7 @@ def live_check(
     judges: dict[str, Any] | None = None,
     progress: bool = True,
     split: str = "held_out",
+    cache_dir: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run the deployed guard chain on the artifact's held-out questions.
 
@@ -102,6 +103,8 @@ def live_check(
             there is an out-of-sample check of a risk target).
         judges: judges per question kind (default: the artifact's judge, cached).
         progress: progress bar.
+        cache_dir: where the cached answers and verdicts live (default ``<out>/cache``, or a
+            temporary directory without ``out``); never the artifact's recorded cache.
 
     Returns:
         ``{"summary": ..., "rows": [...], "guarantee": ...}``.
@@ -125,7 +128,41 @@ def live_check(
     if limit is not None:
         items = items[:limit]
     stored_cal = dict(zip(cal_ids, artifact.scores.tolist(), strict=True))
-    cache_dir = Path(artifact.metadata.get("cache_dir") or resolve_cache_dir("guard", cfg))
+    with tempfile.TemporaryDirectory(prefix="abstain-guard-live-") as scratch:
+        if cache_dir is None:
+            cache_dir = Path(out) / "cache" if out is not None else Path(scratch)
+        return _run_live(
+            artifact,
+            artifact_path,
+            cfg,
+            model,
+            chains,
+            guard,
+            items,
+            stored_cal,
+            split,
+            Path(cache_dir),
+            judges,
+            out,
+            progress,
+        )
+
+
+def _run_live(
+    artifact: Any,
+    artifact_path: str | Path,
+    cfg: CalibrationConfig,
+    model: Any,
+    chains: dict[str, Any],
+    guard: Any,
+    items: list[Any],
+    stored_cal: dict[str, float],
+    split: str,
+    cache_dir: Path,
+    judges: dict[str, Any] | None,
+    out: str | Path | None,
+    progress: bool,
+) -> dict[str, Any]:
     store = RunStore(cache_dir / "run.sqlite")
     fingerprint = str(getattr(model, "fingerprint", "unknown"))
     cached = generate_answers(

@@ -34,7 +34,6 @@ from abstain_guard.calibration.build.pipeline import (
     items_digest,
     judge_answers,
     load_model,
-    resolve_cache_dir,
 )
 from abstain_guard.calibration.build.store import RunStore
 from abstain_guard.calibration.inference.calibrated import CalibratedScorer
@@ -121,7 +120,9 @@ def artifact_items(artifact: Any) -> tuple[str, list[QAItem], list[QAItem]]:
             since calibration (its hash differs).
     """
     meta = artifact.metadata
-    cfg = CalibrationConfig(**meta.get("config", {}))
+    # re-read as calibration read it; rows it skipped are skipped again (the content hash
+    # below proves the questions are the same)
+    cfg = CalibrationConfig(**{**meta.get("config", {}), "skip_bad_rows": True})
     source = meta.get("data", "builtin")
     items, _ = load_items(source, cfg)
     stored = meta.get("items_sha256")
@@ -157,14 +158,17 @@ def collect_held_out(
     group_by: str | None = None,
     limit: int | None = None,
     progress: bool = True,
+    cache_dir: str | Path,
 ) -> HeldOut:
-    """Answer (from cache where possible), judge and replay the held-out questions.
+    """Answer (from ``cache_dir`` where possible), judge and replay the held-out questions.
 
     Held-out answers are generated one question per call and replayed from their token ids
     one sequence at a time, exactly as calibration scored them and as the guard scores live.
+    ``cache_dir`` is where answers and verdicts are cached (never the artifact's recorded
+    cache: evaluating writes only where it is told to).
     """
     cfg = CalibrationConfig(**artifact.metadata.get("config", {}))
-    cache_dir = Path(artifact.metadata.get("cache_dir") or resolve_cache_dir("guard", cfg))
+    cache_dir = Path(cache_dir)
     store = RunStore(cache_dir / "run.sqlite")
     train: list[QAItem] = []
     if data is None:
@@ -246,6 +250,7 @@ def evaluate(
     seed: int = 0,
     progress: bool = True,
     model: Any = None,
+    cache_dir: str | Path | None = None,
 ) -> dict[str, Any]:
     """Evaluate one or more artifacts and write ``results.json``, plots and ``report.md``.
 
@@ -263,6 +268,8 @@ def evaluate(
         seed: resplit seed.
         progress: progress bars.
         model: an already loaded chat model to reuse.
+        cache_dir: where answers and verdicts are cached (default ``<out>/cache``; pass the
+            calibration run's cache to reuse its answers). Nothing is written elsewhere.
 
     Returns:
         The results document (also written to ``out/results.json``), with a ``headline``
@@ -279,7 +286,13 @@ def evaluate(
             model = load_model(cfg)
         art.check_fingerprint(getattr(model, "fingerprint", None))
         held = collect_held_out(
-            art, model, data=data, group_by=group_by, limit=limit, progress=progress
+            art,
+            model,
+            data=data,
+            group_by=group_by,
+            limit=limit,
+            progress=progress,
+            cache_dir=Path(cache_dir) if cache_dir is not None else Path(out) / "cache",
         )
         scores, calibrated = score_held_out(
             held, art, model, names, num_samples=num_samples, progress=progress

@@ -98,6 +98,14 @@ class ArtifactMismatchError(ArtifactError):
     """The artifact was calibrated for a different model (fingerprint mismatch) or scorer."""
 
 
+class ArtifactTooLargeError(ArtifactSchemaError):
+    """An artifact array would inflate past the load limit (``max_array_bytes``)."""
+
+
+class ArtifactWriteError(ArtifactError):
+    """An artifact could not be written (read-only or full disk, a concurrent writer, ...)."""
+
+
 # --- calibration -----------------------------------------------------------------------
 
 
@@ -111,6 +119,28 @@ class JudgeError(AbstainGuardError):
 
 class CalibrationError(AbstainGuardError):
     """The calibration pipeline cannot proceed (see the message for the step and the fix)."""
+
+
+class CalibrationLockedError(CalibrationError):
+    """Another calibration run holds the lock on the same output or cache directory.
+
+    Attributes:
+        pid: the process id recorded by the run holding the lock (``None`` if unreadable).
+        lock_path: the lock file.
+    """
+
+    def __init__(self, message: str, pid: int | None = None, lock_path: str = "") -> None:
+        super().__init__(message)
+        self.pid = pid
+        self.lock_path = lock_path
+
+
+class CacheError(CalibrationError):
+    """A run or judgment cache (SQLite) is not a database, is damaged, truncated or edited."""
+
+
+class JudgmentCacheError(CacheError, JudgeError):
+    """The judgment cache is damaged (also a :class:`JudgeError`, as it was before)."""
 
 
 # --- command line and run preflight ------------------------------------------------------
@@ -149,7 +179,11 @@ __all__ = [
     "ArtifactMismatchError",
     "ArtifactNotFoundError",
     "ArtifactSchemaError",
+    "ArtifactTooLargeError",
+    "ArtifactWriteError",
+    "CacheError",
     "CalibrationError",
+    "CalibrationLockedError",
     "ConfigError",
     "ContextLengthError",
     "DatasetError",
@@ -157,6 +191,7 @@ __all__ = [
     "InsufficientDataError",
     "InvalidInputError",
     "JudgeError",
+    "JudgmentCacheError",
     "ModelError",
     "ModelNotFoundError",
     "NotFittedError",

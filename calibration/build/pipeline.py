@@ -40,7 +40,7 @@ from abstain_guard.calibration.build.judges.base import summarize_judgments
 from abstain_guard.calibration.build.judges.cache import CachedJudge, JudgmentCache
 from abstain_guard.calibration.build.judges.registry import make_judge
 from abstain_guard.calibration.build.preflight import preflight
-from abstain_guard.calibration.build.store import RunStore, content_key
+from abstain_guard.calibration.build.store import RunStore, content_key, run_locks
 from abstain_guard.chains import load_chat_model
 from abstain_guard.errors import CalibrationError
 from abstain_guard.scoring import build_scorer
@@ -186,8 +186,38 @@ def calibrate(
             ModelNotFoundError: before any model is loaded or any file written, when the
             data, sizes, judge spec, model or output locations are wrong; PreflightError
             when several are (listing them all).
+        CalibrationLockedError: at once, when another run holds ``<out>.lock`` or
+            ``<cache_dir>.lock`` (the message names its PID).
+        CacheError: before any model is loaded, when a cache file is not SQLite, damaged,
+            truncated, or holds an edited value.
         CalibrationError: when labels end up one-class or the scorer cannot be fitted.
     """
+    cfg = config or CalibrationConfig()
+    with run_locks(out, resolve_cache_dir(out, cfg)):
+        return _calibrate(
+            data,
+            out,
+            config=cfg,
+            model=model,
+            judges=judges,
+            chat_models=chat_models,
+            progress=progress,
+            on_generation_chunk=on_generation_chunk,
+        )
+
+
+def _calibrate(
+    data: str | Path | Sequence[QAItem],
+    out: str | Path,
+    *,
+    config: CalibrationConfig | None = None,
+    model: Any = None,
+    judges: dict[str, Any] | None = None,
+    chat_models: dict[str, Any] | None = None,
+    progress: bool = True,
+    on_generation_chunk: Callable[[int], None] | None = None,
+) -> CalibrationSummary:
+    """:func:`calibrate`'s steps, run while its locks are held."""
     cfg = config or CalibrationConfig()
     timings: dict[str, float] = {}
     t0 = _now()

@@ -9,19 +9,23 @@ cached by default, so a later run retries them.
 
 Storage is the project's :class:`~abstain_guard.calibration.build.store.RunStore` (SQLite in WAL
 mode, one transaction per write): a process killed mid-write leaves the database consistent
-(the unfinished transaction is rolled back on the next open).
+(the unfinished transaction is rolled back on the next open). It also brings the store's
+integrity checks: a file that is not SQLite, is damaged, truncated to 0 bytes, or holds an
+edited verdict raises :class:`~abstain_guard.errors.CacheError` naming the file to delete; a
+verdict is never silently trusted nor silently dropped.
 """
 
 from __future__ import annotations
 
-import sqlite3
+import contextlib
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from abstain_guard.calibration.build.judges.base import Judge, JudgeInput, Judgment, _unpack
 from abstain_guard.calibration.build.store import RunStore, content_key
-from abstain_guard.errors import JudgeError
+from abstain_guard.errors import CacheError, JudgmentCacheError
 
 __all__ = ["CachedJudge", "JudgmentCache", "judgment_key"]
 
@@ -36,6 +40,17 @@ def judgment_key(
     return content_key(question, list(gold_answers), prediction, *options)
 
 
+@contextlib.contextmanager
+def _typed() -> Iterator[None]:
+    """Store errors as JudgmentCacheError (a CacheError that is also a JudgeError)."""
+    try:
+        yield
+    except JudgmentCacheError:
+        raise
+    except CacheError as exc:
+        raise JudgmentCacheError(str(exc)) from exc
+
+
 class JudgmentCache:
     """Judgments keyed by ``(judge identity, content key)`` in a SQLite
     :class:`~abstain_guard.calibration.build.store.RunStore` (one namespace per judge identity).
@@ -45,23 +60,29 @@ class JudgmentCache:
         timeout: seconds to wait for another process's write lock.
 
     Raises:
-        JudgeError: the file exists but is not a usable SQLite database.
+        JudgmentCacheError: (a CacheError and a JudgeError) the file is not SQLite, is damaged
+            or truncated (at open), or a verdict read from it was edited (at read).
     """
 
     def __init__(self, path: str | Path, *, timeout: float = 30.0) -> None:
         self.path = Path(path)
-        try:
+        with _typed():
             self._store = RunStore(self.path, timeout=timeout)
-        except sqlite3.DatabaseError as exc:
-            raise JudgeError(
-                f"the judgment cache {self.path} is not a usable SQLite database ({exc}); "
-                "delete it to start a fresh cache"
-            ) from exc
 
     def get_many(self, judge: str, keys: Sequence[str]) -> dict[str, Judgment]:
         """The cached judgments among ``keys`` for the judge identity ``judge``."""
-        found = self._store.get_many(judge, list(dict.fromkeys(keys)))
-        return {key: Judgment.from_json(value) for key, value in found.items()}
+        with _typed():
+            found = self._store.get_many(judge, list(dict.fromkeys(keys)))
+        return {key: self._judgment(judge, key, value) for key, value in found.items()}
+
+    def _judgment(self, judge: str, key: str, value: Any) -> Judgment:
+        try:
+            return Judgment.from_json(value)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise JudgmentCacheError(
+                f"The judgment cache {self.path} holds a malformed verdict for {judge}/{key} "
+                f"({exc}). To start a fresh cache, delete it: {self.path}."
+            ) from exc
 
     def get(self, judge: str, key: str) -> Judgment | None:
         """One cached judgment, or None."""
@@ -73,7 +94,8 @@ class JudgmentCache:
 
     def put_many(self, judge: str, items: Mapping[str, Judgment]) -> None:
         """Store several judgments in one transaction."""
-        self._store.put_many(judge, {key: j.to_json() for key, j in items.items()})
+        with _typed():
+            self._store.put_many(judge, {key: j.to_json() for key, j in items.items()})
 
     def __len__(self) -> int:
         return self._store.count()

@@ -193,9 +193,22 @@ def calibrate(
         CalibrationError: when labels end up one-class or the scorer cannot be fitted.
     """
     cfg = config or CalibrationConfig()
-    with run_locks(out, resolve_cache_dir(out, cfg)):
+    cache_dir = resolve_cache_dir(out, cfg)
+    # every cheap check (paths, model folder and context, judge, scorer_params, rows, lengths,
+    # split sizes) before anything is written (the locks too) or loaded, all problems at once
+    checked = preflight(
+        data,
+        out,
+        cache_dir,
+        cfg,
+        check_model=model is None,
+        check_judge=judges is None,
+        chat_models=chat_models,
+    )
+    with run_locks(out, cache_dir):
         return _calibrate(
             data,
+            checked,
             out,
             config=cfg,
             model=model,
@@ -208,6 +221,7 @@ def calibrate(
 
 def _calibrate(
     data: str | Path | Sequence[QAItem],
+    checked: tuple[list[QAItem], int, dict[str, list[QAItem]]],
     out: str | Path,
     *,
     config: CalibrationConfig | None = None,
@@ -217,22 +231,13 @@ def _calibrate(
     progress: bool = True,
     on_generation_chunk: Callable[[int], None] | None = None,
 ) -> CalibrationSummary:
-    """:func:`calibrate`'s steps, run while its locks are held."""
+    """:func:`calibrate`'s steps after its checks (``checked``: the items, the skipped row
+    count and the splits from :func:`preflight`), run while its locks are held."""
     cfg = config or CalibrationConfig()
     timings: dict[str, float] = {}
     t0 = _now()
     cache_dir = resolve_cache_dir(out, cfg)
-    # every cheap check (paths, model folder and context, judge, scorer_params, rows, lengths,
-    # split sizes) before anything is written or loaded, all problems reported together
-    items, skipped, splits = preflight(
-        data,
-        out,
-        cache_dir,
-        cfg,
-        check_model=model is None,
-        check_judge=judges is None,
-        chat_models=chat_models,
-    )
+    items, skipped, splits = checked
     if judges is None:
         judges = build_judges(cfg, cache_dir / "judgments.sqlite", chat_models)
     cache_dir.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ from abstain_guard.prompts import question_prompt
 
 QUESTIONS = [
     "What is the capital of France?",
-    "What is the capital of Burkina Faso?",
+    "Which chemical element has the atomic number 83?",
     "What is the currency of Japan called?",
     "What is the chemical symbol of the element tungsten?",
 ]

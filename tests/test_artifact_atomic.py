@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from abstain_guard import GuardArtifact, PerplexityScorer
+from abstain_guard import GuardArtifact, PerplexityScorer, artifact_files
 from abstain_guard import artifact as artifact_module
 from abstain_guard.errors import (
     AbstainGuardError,
@@ -51,7 +51,7 @@ def _no_exchange(a: Path, b: Path) -> bool:
 
 def _writer(path: str, writer: int, saves: int, exchange: bool, queue: Any) -> None:
     if not exchange:
-        artifact_module._exchange = _no_exchange  # type: ignore[assignment]
+        artifact_files._exchange = _no_exchange  # type: ignore[assignment]
     art = _artifact(writer)
     errors: list[str] = []
     for _ in range(saves):
@@ -210,7 +210,7 @@ def test_failure_while_publishing_removes_the_staging_folder(
     def broken(a: Path, b: Path) -> bool:
         raise OSError(errno.EIO, "I/O error")
 
-    monkeypatch.setattr(artifact_module, "_exchange", broken)
+    monkeypatch.setattr(artifact_files, "_exchange", broken)
     with pytest.raises(ArtifactWriteError, match="I/O error"):
         _artifact(2).save(tmp_path / "guard", overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["guard"]

@@ -16,6 +16,7 @@ import math
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -287,19 +288,32 @@ def _publish(tmp: Path, target: Path, overwrite: bool) -> None:
 
 
 def _check_target(target: Path, overwrite: bool) -> None:
-    if target.exists():
-        if not target.is_dir():
-            raise ArtifactError(f"{str(target)!r} exists and is not a directory.")
-        if any(target.iterdir()):
-            if not overwrite:
-                raise ArtifactError(
-                    f"{str(target)!r} already exists; pass overwrite=True to replace it."
-                )
-            if not (target / MANIFEST).is_file():
-                raise ArtifactError(
-                    f"{str(target)!r} is a non-empty directory without {MANIFEST}; refusing "
-                    "to replace something that is not an artifact."
-                )
+    """Refuse a target that is not (or may not be replaced by) an artifact.
+
+    Another writer may move ``target`` aside at any moment (the rename fallback of
+    ``_publish_by_renames``), so a path that vanishes between two checks counts as absent,
+    not as "not a directory" or "not an artifact".
+    """
+    try:
+        info = target.stat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(info.st_mode):
+        raise ArtifactError(f"{str(target)!r} exists and is not a directory.")
+    try:
+        empty = not any(target.iterdir())
+    except FileNotFoundError:
+        return
+    if empty:
+        return
+    if not overwrite:
+        raise ArtifactError(f"{str(target)!r} already exists; pass overwrite=True to replace it.")
+    manifest = target / MANIFEST
+    if not manifest.is_file() and target.exists() and not manifest.is_file():
+        raise ArtifactError(
+            f"{str(target)!r} is a non-empty directory without {MANIFEST}; refusing "
+            "to replace something that is not an artifact."
+        )
 
 
 def _write_error(target: Path, exc: OSError) -> ArtifactWriteError:

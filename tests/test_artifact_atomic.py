@@ -281,3 +281,24 @@ def test_limit_is_configurable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(artifact_module, "MAX_ARRAY_BYTES", 100)
     with pytest.raises(ArtifactTooLargeError):
         GuardArtifact.load(root)
+
+
+def test_a_target_moved_aside_mid_check_counts_as_absent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rename fallback moves the artifact aside for a moment; a concurrent save that
+    checks the target in that moment must not call it "not a directory"."""
+    target = tmp_path / "guard"
+    _artifact(1).save(target)
+    real_iterdir = Path.iterdir
+
+    def vanishing_iterdir(self: Path) -> Any:
+        if self == target:
+            os.rename(target, tmp_path / ".guard.old-moved")  # another writer, mid-check
+        return real_iterdir(self)
+
+    monkeypatch.setattr(Path, "iterdir", vanishing_iterdir)
+    artifact_files._check_target(target, overwrite=True)  # no error: the target is absent
+    monkeypatch.undo()
+    _artifact(2).save(target, overwrite=True)
+    assert GuardArtifact.load(target).metadata["writer"] == 2

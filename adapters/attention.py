@@ -68,10 +68,15 @@ def register_attention() -> str:
 def capture_mode(hf_model: Any, session: CaptureSession | None) -> Iterator[None]:
     """Switch the attention implementation and attach hooks for one call (undone after).
 
-    With ``session=None`` nothing changes (the model runs its own attention).
+    With ``session=None`` nothing changes (the model runs its own attention); a session that
+    reads no attention tensors (fast capture) only attaches its hooks.
     """
     if session is None:
         yield
+        return
+    if not session.needs_attention:
+        with session.attach():
+            yield
         return
     cfg = hf_model.config
     previous = cfg._attn_implementation

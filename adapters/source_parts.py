@@ -1,0 +1,220 @@
+"""Exact attention proximities ``C_Attn[T, s]`` without a per-source cache of ``u^h_s``.
+
+For a row of interest T of one layer (paper §4, DESIGN.md "Geometry, exactly") the parts are
+``a(T, s) = 1{s=T} e^{l-1}[T] + f ⊙ Σ_h A^h[T, s] u^h_s`` with ``u^h_s = W_O^h v^h_s`` (``f``:
+Gemma-3's frozen attention-output norm, else 1), and ``C_Attn[T, :]`` is the normalised L1
+proximity of the parts to ``z = e~^l[T]``. Only the numerators
+``n_s = |z|_1 - |z - a(T, s)|_1`` are needed (then ``C = max(0, n) / Σ max(0, n)``).
+
+Two exact ways to get them, both from the values ``v`` the KV cache already holds:
+
+* :func:`dense_numerators` materialises the parts, ``u`` recomputed from ``v`` in chunks of
+  source positions (memory: one chunk, not ``S·H·D``); cost ``O(S·D²)`` per call, shared by
+  all rows of a block (replay).
+* :func:`sparse_numerators` (a decode step): per coordinate d,
+  ``|z_d| - |z_d - a_d| = σ_d a_d - 2·max(0, σ_d a_d - |z_d|)`` with ``σ_d = sign(z_d)·f_d``,
+  so ``n_s`` is a linear term ``Σ_h A^h[T, s] (W_O^h σ)·v^h_s`` (cost ``O(S·H·Dh)``, like the
+  attention itself) minus corrections that can be non-zero only where
+  ``|f_d|·|a_{s,d}| > |z_d|``. As ``|a_{s,d}| <= β_s = Σ_h A^h[T, s] ‖u^h_s‖_∞`` (the
+  per-(source, head) max-norms are the only per-source memory, ``S·H`` numbers), source s
+  needs ``a_{s,d}`` only on the ``c_s`` coordinates with ``|z_d|/|f_d| < β_s``. Those are
+  computed exactly (few: a small attention weight gives a small β); nothing is approximated.
+
+Shapes: ``B`` batch, ``H`` query heads, ``H_kv`` KV heads (query head ``h = j·n_rep + r``
+reads KV head j), ``R`` rows, ``S`` sources, ``Dh`` head dim, ``D`` hidden size.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .geometry_torch import l1_distances
+
+#: Relative slack on the bound β (covers float32 rounding of the computed parts).
+BOUND_SLACK = 1e-3
+
+#: Tiers of the number of coordinates computed exactly per source (then all of D).
+_TIERS = (4, 16, 64, 192)
+
+
+def head_max_abs(
+    v: torch.Tensor, wo_kv: torch.Tensor, hidden: int, chunk: int = 256
+) -> torch.Tensor:
+    """``‖u^h_s‖_∞`` of source positions, ``u`` built ``chunk`` positions at a time.
+
+    ``v [B, H_kv, Q, Dh]``, ``wo_kv [H_kv, Dh, n_rep·D]`` -> ``[B, Q, H]`` (float32).
+    """
+    b, hkv, q, _ = v.shape
+    res = []
+    for a in range(0, q, chunk):
+        u = torch.matmul(v[:, :, a : a + chunk].float(), wo_kv)  # [B, H_kv, c, n_rep·D]
+        c = u.shape[2]
+        m = u.view(b, hkv, c, -1, hidden).abs().amax(-1)  # [B, H_kv, c, n_rep]
+        res.append(m.permute(0, 2, 1, 3).reshape(b, c, -1))
+    return res[0] if len(res) == 1 else torch.cat(res, dim=1)
+
+
+def self_parts(
+    probs: torch.Tensor,
+    v: torch.Tensor,
+    wo_kv: torch.Tensor,
+    e_self: torch.Tensor,
+    t_idx: torch.Tensor,
+    factor: torch.Tensor | None,
+) -> torch.Tensor:
+    """The part of each row's own position, ``e_self + f ⊙ Σ_h A^h[T, T] u^h_T``: ``[B, R, D]``.
+
+    ``probs [B, H, R, S]``, ``v [B, H_kv, S, Dh]``, ``e_self [B, R, D]``, ``t_idx [R]`` (own
+    position of each row in source coordinates), ``factor [B, R, D]`` or None.
+    """
+    b, h, r, _ = probs.shape
+    hkv = v.shape[1]
+    d = e_self.shape[-1]
+    u = torch.matmul(v[:, :, t_idx].float(), wo_kv).view(b, hkv, r, h // hkv, d)
+    p = probs[:, :, torch.arange(r, device=probs.device), t_idx]  # [B, H, R]
+    a = torch.einsum("bjqnd,bjnq->bqd", u, p.view(b, hkv, h // hkv, r))
+    if factor is not None:
+        a = a * factor
+    return a + e_self
+
+
+def dense_numerators(
+    probs: torch.Tensor,
+    v: torch.Tensor,
+    wo_kv: torch.Tensor,
+    z: torch.Tensor,
+    e_self: torch.Tensor,
+    t_idx: torch.Tensor,
+    factor: torch.Tensor | None,
+    max_chunk_elems: int = 1 << 22,
+) -> torch.Tensor:
+    """``|z|_1 - |z - a(T, s)|_1`` for every row and source: ``[B, R, S]``.
+
+    Parts are materialised for a chunk of sources at a time (``u`` recomputed from ``v``),
+    at most about ``max_chunk_elems`` numbers each. Arguments as in :func:`self_parts`,
+    ``z [B, R, D]``.
+    """
+    b, h, r, s = probs.shape
+    hkv = v.shape[1]
+    d = z.shape[-1]
+    chunk = max(1, max_chunk_elems // max(1, b * d * (h + r)))
+    pk = probs.view(b, hkv, h // hkv, r, s)
+    zn = z.abs().sum(-1, keepdim=True)
+    out = []
+    for a in range(0, s, chunk):
+        stop = min(s, a + chunk)
+        u = torch.matmul(v[:, :, a:stop].float(), wo_kv).view(b, hkv, stop - a, h // hkv, d)
+        parts = torch.einsum("bjcnd,bjnqc->bqcd", u, pk[..., a:stop])  # [B, R, c, D]
+        if factor is not None:
+            parts = parts * factor[:, :, None, :]
+        out.append(zn - l1_distances(z, parts))
+    num = out[0] if len(out) == 1 else torch.cat(out, dim=-1)
+    return _with_self(num, z, self_parts(probs, v, wo_kv, e_self, t_idx, factor), t_idx)
+
+
+def _with_self(
+    num: torch.Tensor, z: torch.Tensor, a_self: torch.Tensor, t_idx: torch.Tensor
+) -> torch.Tensor:
+    """``num [B, R, S]`` with each row's own source replaced by the numerator of ``a_self``."""
+    rows = torch.arange(num.shape[1], device=num.device)
+    own = z.abs().sum(-1) - (z - a_self).abs().sum(-1)  # [B, R]
+    num[:, rows, t_idx] = own
+    return num
+
+
+def sparse_numerators(
+    probs: torch.Tensor,
+    v: torch.Tensor,
+    unorm: torch.Tensor,
+    wo_kv: torch.Tensor,
+    z: torch.Tensor,
+    e_self: torch.Tensor,
+    t_idx: torch.Tensor,
+    factor: torch.Tensor | None,
+) -> torch.Tensor:
+    """Same as :func:`dense_numerators` (exactly), linear term plus sparse corrections.
+
+    ``unorm [B, S, H]``: ``‖u^h_s‖_∞`` of every source (:func:`head_max_abs`).
+    """
+    b, h, r, s = probs.shape
+    hkv, dh = v.shape[1], v.shape[3]
+    d = z.shape[-1]
+    sigma = torch.sign(z) if factor is None else torch.sign(z) * factor  # [B, R, D]
+    zabs = z.abs()
+    w4 = wo_kv.view(hkv, dh, h // hkv, d)
+    g = torch.einsum("jknd,bqd->bqjnk", w4, sigma)  # W_O^h σ: [B, R, H_kv, n_rep, Dh]
+    vg = torch.einsum("bjsk,bqjnk->bjnqs", v.float(), g).reshape(b, h, r, s)
+    num = (vg * probs).sum(1)  # linear term [B, R, S]
+    beta = torch.einsum("bhqs,bsh->bqs", probs, unorm) * (1.0 + BOUND_SLACK)
+    thr = zabs if factor is None else zabs / factor.abs()  # |f_d| = 0: inf, never needed
+    thr_sorted, perm = torch.sort(thr, dim=-1)
+    counts = torch.searchsorted(thr_sorted.contiguous(), beta.contiguous())  # [B, R, S]
+    rows = torch.arange(r, device=num.device)
+    counts[:, rows, t_idx] = 0
+    w_flat = wo_kv.view(hkv, dh, h // hkv, d).permute(0, 2, 1, 3).reshape(h * dh, d)
+    for bi in range(b):
+        for qi in range(r):
+            c = counts[bi, qi]
+            src = torch.nonzero(c).squeeze(-1)
+            if src.numel():
+                num[bi, qi, src] -= 2.0 * _corrections(
+                    probs[bi, :, qi, src],
+                    v[bi, :, src].float(),
+                    c[src],
+                    w_flat,
+                    sigma[bi, qi],
+                    zabs[bi, qi],
+                    perm[bi, qi],
+                )
+    return _with_self(num, z, self_parts(probs, v, wo_kv, e_self, t_idx, factor), t_idx)
+
+
+def _corrections(
+    p: torch.Tensor,
+    v: torch.Tensor,
+    counts: torch.Tensor,
+    w_flat: torch.Tensor,
+    sigma: torch.Tensor,
+    zabs: torch.Tensor,
+    perm: torch.Tensor,
+) -> torch.Tensor:
+    """``Σ_d max(0, σ_d a_{s,d} - |z_d|)`` over the first ``counts[s]`` coordinates of
+    ``perm`` (all others are 0), one row: ``p [H, n]``, ``v [H_kv, n, Dh]``, ``counts [n]``,
+    ``w_flat [H·Dh, D]``, ``sigma, zabs [D]``, ``perm [D]`` -> ``[n]``."""
+    h, n = p.shape
+    hkv, _, dh = v.shape
+    wv = (p.t().view(n, hkv, h // hkv, 1) * v.transpose(0, 1).unsqueeze(2)).reshape(n, h * dh)
+    out = torch.empty(n, device=p.device)
+    lo = 0
+    d = sigma.shape[0]
+    for k in (*_TIERS, d):
+        k = min(k, d)
+        sel = torch.nonzero((counts > lo) & (counts <= k)).squeeze(-1)
+        lo = k
+        if sel.numel() == 0:
+            continue
+        cols = perm[:k]
+        a = wv[sel] @ (w_flat if k == d else w_flat[:, cols])  # [n_k, k]
+        sg, za = (sigma, zabs) if k == d else (sigma[cols], zabs[cols])
+        out[sel] = (a * sg - za).clamp_min(0.0).sum(-1)
+        if lo >= d:
+            break
+    return out
+
+
+def proximity_from_numerators(num: torch.Tensor) -> torch.Tensor:
+    """Normalised L1 proximity from numerators ``[..., S]``: ``max(0, n) / Σ max(0, n)``
+    (all zeros where nothing is positive)."""
+    pos = num.clamp_min(0.0)
+    den = pos.sum(-1, keepdim=True)
+    return torch.where(den > 0, pos / den.clamp_min(1e-30), torch.zeros_like(pos))
+
+
+__all__ = [
+    "BOUND_SLACK",
+    "dense_numerators",
+    "head_max_abs",
+    "proximity_from_numerators",
+    "self_parts",
+    "sparse_numerators",
+]

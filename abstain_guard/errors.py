@@ -64,6 +64,11 @@ class ContextLengthError(ModelError, InvalidInputError):
     """The prompt (plus the requested new tokens) does not fit the model's context window."""
 
 
+class SchedulerFullError(ModelError, RuntimeError):
+    """A chat model's request queue is full: too many concurrent calls are waiting for the
+    model. Retry later, send fewer concurrent calls, or raise ``max_queue``."""
+
+
 # --- scoring and guarding --------------------------------------------------------------
 
 
@@ -198,6 +203,7 @@ __all__ = [
     "OutputPathError",
     "PreflightError",
     "ResultsFileError",
+    "SchedulerFullError",
     "ScoringError",
     "UnsupportedArchitectureError",
 ]

@@ -14,7 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from langchain_core.callbacks import CallbackManager, CallbackManagerForLLMRun
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForLLMRun,
+    CallbackManager,
+    CallbackManagerForLLMRun,
+)
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult, LLMResult
@@ -31,6 +35,8 @@ from .architectures import ArchitectureSpec
 from .encoding import AnswerLike, chat_dicts, prompt_ids, response_ids
 from .generation import (
     GENERATION_OPTIONS,
+    Generated,
+    agenerate_tokens,
     call_options,
     generate_tokens,
     generation_record,
@@ -48,7 +54,7 @@ from .loading import (
     wrap_model,
 )
 from .replay import replay_item, replay_items
-from .types import ReferenceMeans, ReplayResult
+from .types import ReferenceMeans, ReplayResult, TokenStates
 
 
 class GeometryChatModel(BaseChatModel):
@@ -60,8 +66,10 @@ class GeometryChatModel(BaseChatModel):
     "phi_out"}`` (each ``[N, 2L-1]``, interleaved dir/prop, radians; see docs/method.md).
 
     Build it with :func:`load_default_model`, :meth:`from_pretrained` or :meth:`from_hf`.
-    Calls on one model are serialised by a lock (capture state is per call), so the model
-    can be shared between threads.
+    The model can be shared between threads and asyncio tasks: concurrent calls are batched
+    into shared decode steps by the model's scheduler (at most ``max_batch_size`` answers at
+    once, ``max_queue`` more waiting, then SchedulerFullError), and each caller gets bitwise
+    the tokens, logprobs and geometry it gets alone (see :mod:`.scheduler`).
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -76,6 +84,12 @@ class GeometryChatModel(BaseChatModel):
     system_prompt: str | None = None
     capture_geometry: bool = True
     top_logprobs: int = 5
+    max_batch_size: int = Field(
+        default=8, ge=1, description="answers decoded together in one step (shared model)"
+    )
+    max_queue: int = Field(
+        default=64, ge=1, description="calls that may wait for the model before it refuses more"
+    )
     replay_add_eos: bool = Field(
         default=True, description="replay: append EOS to a text response (a finished answer)"
     )
@@ -251,6 +265,18 @@ class GeometryChatModel(BaseChatModel):
         (msg,) = self._generate_messages([messages], opts)
         return ChatResult(generations=[ChatGeneration(message=msg)])
 
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        """Awaits the scheduler (no executor thread per call), batched like ``_generate``."""
+        opts = self._options(stop, kwargs)
+        (msg,) = await self._agenerate_messages([messages], opts)
+        return ChatResult(generations=[ChatGeneration(message=msg)])
+
     def _stream(
         self,
         messages: list[BaseMessage],
@@ -296,7 +322,8 @@ class GeometryChatModel(BaseChatModel):
         return_exceptions: bool = False,
         **kwargs: Any,
     ) -> list[AIMessage]:  # type: ignore[override]
-        """True batched generation: all inputs are left-padded into one ``generate`` call."""
+        """Batched generation: all inputs go to the model's scheduler at once and share its
+        decode steps; each answer is bitwise the one ``invoke`` gives for that input."""
         if not inputs:
             return []
         configs = get_config_list(config, len(inputs))
@@ -352,8 +379,32 @@ class GeometryChatModel(BaseChatModel):
         self, conversations: Sequence[Sequence[BaseMessage]], opts: dict[str, Any]
     ) -> list[AIMessage]:
         prompts = [self.encode_chat(list(c))[0] for c in conversations]
-        max_new = new_token_budget(prompts, int(opts["max_new_tokens"]), self._spec.context_length)
-        gen = generate_tokens(self._s, prompts, max_new, opts, self._reference)
+        max_new = int(opts["max_new_tokens"])  # capped per prompt, as if alone
+        gen = generate_tokens(self._s, prompts, max_new, opts, self._reference, limits=self._limits)
+        return self._messages(conversations, prompts, gen, opts)
+
+    async def _agenerate_messages(
+        self, conversations: Sequence[Sequence[BaseMessage]], opts: dict[str, Any]
+    ) -> list[AIMessage]:
+        prompts = [self.encode_chat(list(c))[0] for c in conversations]
+        max_new = int(opts["max_new_tokens"])  # capped per prompt, as if alone
+        gen = await agenerate_tokens(
+            self._s, prompts, max_new, opts, self._reference, limits=self._limits
+        )
+        return self._messages(conversations, prompts, gen, opts)
+
+    @property
+    def _limits(self) -> dict[str, int]:
+        """Bounds of the shared scheduler (:mod:`.scheduler`)."""
+        return {"max_batch": self.max_batch_size, "max_queue": self.max_queue}
+
+    def _messages(
+        self,
+        conversations: Sequence[Sequence[BaseMessage]],
+        prompts: list[list[int]],
+        gen: list[Generated],
+        opts: dict[str, Any],
+    ) -> list[AIMessage]:
         msgs = [
             to_message(self.tokenizer, self.model_name, self.num_layers, p, g, opts)
             for p, g in zip(prompts, gen, strict=True)
@@ -361,6 +412,25 @@ class GeometryChatModel(BaseChatModel):
         for conv, msg in zip(conversations, msgs, strict=True):
             msg.response_metadata[GENERATION] = self._generation_record(conv, opts)
         return msgs
+
+    def generate_with_states(
+        self, inputs: Sequence[LanguageModelInput], **kwargs: Any
+    ) -> list[tuple[AIMessage, TokenStates | None]]:
+        """Generate for ``inputs`` in one left-padded batch, as :meth:`batch` does (geometry
+        always captured), and also return each answer's per-token states ``[N, L, D]``
+        (e~^l, e^l): what calibration needs to fit reference means without a replay. Runs
+        no callbacks; ``kwargs`` are generation options (``max_new_tokens``, ...)."""
+        conversations = [self._to_messages(x) for x in inputs]
+        opts = self._options(kwargs.pop("stop", None), {**kwargs, "capture_geometry": True})
+        prompts = [self.encode_chat(c)[0] for c in conversations]
+        max_new = new_token_budget(prompts, int(opts["max_new_tokens"]), self._spec.context_length)
+        gen = generate_tokens(self._s, prompts, max_new, opts, self._reference, keep_states=True)
+        out: list[tuple[AIMessage, TokenStates | None]] = []
+        for conv, prompt, g in zip(conversations, prompts, gen, strict=True):
+            msg = to_message(self.tokenizer, self.model_name, self.num_layers, prompt, g, opts)
+            msg.response_metadata[GENERATION] = self._generation_record(conv, opts)
+            out.append((msg, g.states))
+        return out
 
     @property
     def chat_template_sha256(self) -> str | None:

@@ -1,6 +1,7 @@
-"""Generation with capture: one left-padded ``hf_model.generate`` call with a
-:class:`~abstain_guard.adapters.capture.CaptureSession` attached, cut at EOS, turned into
-``AIMessage`` objects with the metadata of :mod:`.response_metadata`.
+"""Generation with capture: one request per prompt to the model's scheduler
+(:mod:`.scheduler`; concurrent calls share its decode steps, each answer bitwise what it is
+alone), the rows' capture steps stacked per answer, turned into ``AIMessage`` objects with
+the metadata of :mod:`.response_metadata`.
 
 The functions here take the :class:`~abstain_guard.adapters.loading.LoadedModel` and the
 call's options (a dict with the keys of :data:`GENERATION_OPTIONS` plus ``stop``, built by
@@ -10,9 +11,10 @@ them to LangChain.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,12 +26,12 @@ from langchain_core.messages.ai import UsageMetadata
 from abstain_guard.deployment import sha256_text
 from abstain_guard.errors import ContextLengthError, InvalidInputError
 
-from .attention import capture_mode
-from .capture import CaptureSession, StepFeatures
-from .encoding import left_padded
-from .loading import LoadedModel, eos_token_ids, pad_token_id
+from .batching import GenerationRequest, RowResult
+from .capture import StepFeatures
+from .loading import LoadedModel
 from .response_metadata import geometry_json, token_metadata
-from .types import ReferenceMeans
+from .scheduler import scheduler_for
+from .types import ReferenceMeans, TokenStates
 
 #: Options a call may override (``invoke(..., temperature=0.7)``); ``stop`` comes apart.
 GENERATION_OPTIONS = frozenset(
@@ -114,13 +116,72 @@ class Generated:
     """One generated answer, cut after its first EOS.
 
     ``logits [N, V]`` (float32, CPU) predicted ``token_ids [N]``; ``geometry`` holds
-    ``[N, 2L-1]`` arrays (None when capture was off).
+    ``[N, 2L-1]`` arrays (None when capture was off); ``states`` the per-token states
+    ``[N, L, D]`` (only with ``keep_states``).
     """
 
     token_ids: list[int]
     logits: torch.Tensor
     finish_reason: str
     geometry: StepFeatures | None
+    states: TokenStates | None = None
+
+
+def generation_requests(
+    loaded: LoadedModel,
+    prompts: list[list[int]],
+    max_new: int,
+    opts: Mapping[str, Any],
+    reference: ReferenceMeans | None,
+    keep_states: bool = False,
+) -> list[GenerationRequest]:
+    """One request per prompt, each with its own token budget (``max_new`` capped by the
+    context window for that prompt)."""
+    ctx = loaded.spec.context_length
+    return [
+        GenerationRequest(
+            prompt=list(p),
+            max_new=new_token_budget([p], max_new, ctx),
+            temperature=float(opts["temperature"]),
+            top_p=float(opts["top_p"]),
+            top_k=opts["top_k"],
+            seed=opts["seed"],
+            stop=list(opts["stop"]),
+            capture=bool(opts["capture_geometry"]) or keep_states,
+            reference=reference,
+            keep_states=keep_states,
+        )
+        for p in prompts
+    ]
+
+
+def to_generated(result: RowResult, keep_states: bool) -> Generated:
+    """The :class:`Generated` answer of one scheduler row."""
+    n = len(result.token_ids)
+    steps = result.steps
+    return Generated(
+        token_ids=result.token_ids,
+        logits=result.logits,
+        finish_reason=result.finish_reason,
+        geometry=stack_steps(steps, 0, n) if steps else None,
+        states=stack_states(steps, 0, n) if steps and keep_states else None,
+    )
+
+
+def submit_generation(
+    loaded: LoadedModel,
+    prompts: list[list[int]],
+    max_new: int,
+    opts: Mapping[str, Any],
+    reference: ReferenceMeans | None,
+    keep_states: bool = False,
+    limits: Mapping[str, int] | None = None,
+) -> list[Future[RowResult]]:
+    """Queue one request per prompt on the model's scheduler (:mod:`.scheduler`); raises
+    SchedulerFullError when its queue cannot take them. ``limits``: ``max_batch`` and
+    ``max_queue`` of the scheduler."""
+    requests = generation_requests(loaded, prompts, max_new, opts, reference, keep_states)
+    return scheduler_for(loaded, **dict(limits or {})).submit(requests)
 
 
 def generate_tokens(
@@ -129,80 +190,33 @@ def generate_tokens(
     max_new: int,
     opts: Mapping[str, Any],
     reference: ReferenceMeans | None,
+    keep_states: bool = False,
+    limits: Mapping[str, int] | None = None,
 ) -> list[Generated]:
-    """Generate for all ``prompts`` in one left-padded ``generate`` call (greedy when
-    ``opts["temperature"]`` is 0, else seeded sampling), capturing geometry when
-    ``opts["capture_geometry"]``. Holds ``loaded.lock`` while the model runs."""
-    hf = loaded.hf_model
-    tokenizer = loaded.tokenizer
-    device = next(hf.parameters()).device
-    b = len(prompts)
-    s0 = max(len(p) for p in prompts)
-    pad = pad_token_id(hf, tokenizer)
-    ids, mask = left_padded(prompts, pad)
-    eos = eos_token_ids(hf, tokenizer)
-    gen_kw = _generate_kwargs(opts, max_new, pad, eos, tokenizer)
-    capture = bool(opts["capture_geometry"])
-    with loaded.lock:
-        session = (
-            CaptureSession(loaded.spec, batch_size=b, max_len=s0 + max_new, reference=reference)
-            if capture
-            else None
-        )
-        seed = opts["seed"]
-        rng = torch.random.fork_rng(devices=[]) if seed is not None else nullcontext()
-        with rng, torch.inference_mode(), capture_mode(hf, session):
-            if seed is not None:
-                torch.manual_seed(int(seed))
-            out = hf.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **gen_kw)
-    new = out.sequences[:, s0:].cpu()
-    logits = torch.stack(list(out.logits), dim=1).float().cpu()  # [B, n, V]
-    steps = session.steps if session is not None else []
-    results = []
-    for i in range(b):
-        row = [int(t) for t in new[i]]
-        n, finish = _cut_at_eos(row, eos)
-        results.append(
-            Generated(
-                token_ids=row[:n],
-                logits=logits[i, :n],
-                finish_reason=finish,
-                geometry=stack_steps(steps, i, n) if steps else None,
-            )
-        )
-    return results
+    """Generate for every prompt (greedy when ``opts["temperature"]`` is 0, else seeded
+    sampling), capturing geometry when ``opts["capture_geometry"]`` (and the per-token states
+    with ``keep_states``, which calibration uses to fit reference means).
+
+    Each prompt is one request to the model's scheduler, batched with whatever else is
+    running; every answer is bitwise the one the prompt gets alone (see :mod:`.batching`).
+    """
+    futures = submit_generation(loaded, prompts, max_new, opts, reference, keep_states, limits)
+    return [to_generated(f.result(), keep_states) for f in futures]
 
 
-def _generate_kwargs(
-    opts: Mapping[str, Any], max_new: int, pad: int, eos: list[int], tokenizer: Any
-) -> dict[str, Any]:
-    """Keyword arguments of ``hf_model.generate`` for the call's options."""
-    temperature = float(opts["temperature"])
-    gen_kw: dict[str, Any] = {
-        "max_new_tokens": max_new,
-        "do_sample": temperature > 0,
-        "return_dict_in_generate": True,
-        "output_logits": True,
-        "pad_token_id": pad,
-        "eos_token_id": eos or None,
-    }
-    if temperature > 0:
-        gen_kw.update(
-            temperature=temperature, top_p=float(opts["top_p"]), top_k=int(opts["top_k"] or 0)
-        )
-    else:
-        gen_kw.update(temperature=None, top_p=None, top_k=None)
-    if opts["stop"]:
-        gen_kw.update(stop_strings=list(opts["stop"]), tokenizer=tokenizer)
-    return gen_kw
-
-
-def _cut_at_eos(row: list[int], eos: list[int]) -> tuple[int, str]:
-    """Length of ``row`` up to and including its first EOS, and the finish reason."""
-    for k, t in enumerate(row):
-        if t in eos:
-            return k + 1, "stop"
-    return len(row), "length"
+async def agenerate_tokens(
+    loaded: LoadedModel,
+    prompts: list[list[int]],
+    max_new: int,
+    opts: Mapping[str, Any],
+    reference: ReferenceMeans | None,
+    keep_states: bool = False,
+    limits: Mapping[str, int] | None = None,
+) -> list[Generated]:
+    """:func:`generate_tokens` for asyncio callers (awaits the scheduler's futures)."""
+    futures = submit_generation(loaded, prompts, max_new, opts, reference, keep_states, limits)
+    results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+    return [to_generated(r, keep_states) for r in results]
 
 
 def stack_steps(steps: list[StepFeatures], i: int, n: int) -> StepFeatures:
@@ -220,6 +234,18 @@ def stack_steps(steps: list[StepFeatures], i: int, n: int) -> StepFeatures:
     theta = cat("theta")
     assert omega is not None and theta is not None
     return StepFeatures(omega, theta, cat("phi_in"), cat("phi_out"), None, None)
+
+
+def stack_states(steps: list[StepFeatures], i: int, n: int) -> TokenStates | None:
+    """States ``[n, L, D]`` of batch item ``i`` for its first ``n`` steps (None when the
+    session kept none)."""
+    use = steps[:n]
+    if not use or use[0].post_attn is None or use[0].post_mlp is None:
+        return None
+    return TokenStates(
+        post_attn=np.concatenate([s.post_attn[i] for s in use], axis=0),  # type: ignore[index]
+        post_mlp=np.concatenate([s.post_mlp[i] for s in use], axis=0),  # type: ignore[index]
+    )
 
 
 def to_message(
@@ -271,11 +297,16 @@ def generation_record(
 __all__ = [
     "GENERATION_OPTIONS",
     "Generated",
+    "agenerate_tokens",
     "call_options",
     "generate_tokens",
     "generation_record",
+    "generation_requests",
     "new_token_budget",
+    "stack_states",
     "stack_steps",
+    "submit_generation",
+    "to_generated",
     "to_message",
     "validate_options",
 ]

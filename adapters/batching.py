@@ -1,0 +1,459 @@
+"""Step-level batching that gives every row exactly the numbers it would get alone.
+
+:class:`BatchEngine` runs the rows (answers being generated) of a
+:class:`~abstain_guard.adapters.scheduler.GenerationScheduler`:
+
+* **prefill**: each new row runs its prompt alone (batch 1, its own ``DynamicCache``, its
+  own :class:`~abstain_guard.adapters.capture.CaptureSession`), so the prompt pass never
+  depends on other rows;
+* **decode**: one forward per step for all active rows (one new token each). Everything
+  row-wise (embeddings, norms, linear layers, MLP, LM head) runs batched; attention runs per
+  row on that row's own unpadded cache (:func:`rows_attention`), and each row's capture
+  hooks see only that row's slice (:class:`HookMux`). The batch is padded with dummy rows
+  to at least :data:`MIN_DECODE_ROWS` rows: on CPU, BLAS computes a 1-row (or 2-3 row)
+  product with a different kernel than a larger one, so a row computed alone would differ in
+  the last bits from the same row computed among others; with every decode step at
+  ``>= MIN_DECODE_ROWS`` rows a row's results do not depend on how many other rows there
+  are, nor on where in the batch it sits (:func:`rows_are_independent` checks this on the
+  model's own weights and falls back to a fixed batch shape where it does not hold).
+
+Greedy and seeded sampling choose each row's token from that row's logits only (a
+per-row ``torch.Generator``), so batch composition never changes a row's tokens either.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AttentionInterface, DynamicCache
+from transformers.generation.logits_process import (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .attention import ACTIVE_SESSION, capture_mode, register_attention
+from .capture import CaptureSession, StepFeatures
+from .loading import LoadedModel, eos_token_ids, pad_token_id
+from .types import ReferenceMeans
+
+#: Attention implementation of batched decode steps (registered without a mask function, so
+#: transformers builds no batch mask: each row attends to all of its own cached positions).
+ROWS_ATTENTION = "abstain_guard_rows"
+
+#: Fewest rows a decode step runs with (dummy rows fill up): the smallest row count from which
+#: this machine's BLAS computes every row the same way whatever the batch size.
+MIN_DECODE_ROWS = 4
+
+_STEP: contextvars.ContextVar[_DecodeStep | None] = contextvars.ContextVar(
+    "abstain_guard_decode_step", default=None
+)
+
+
+@dataclass
+class GenerationRequest:
+    """One answer to generate: prompt ids, token budget and the call's options."""
+
+    prompt: list[int]
+    max_new: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    capture: bool = True
+    reference: ReferenceMeans | None = None
+    keep_states: bool = False
+
+
+@dataclass
+class RowResult:
+    """What one row produced: ``token_ids`` (cut after the first EOS), the raw ``logits``
+    ``[N, V]`` that predicted them, the finish reason and the capture steps (one per token)."""
+
+    token_ids: list[int]
+    logits: torch.Tensor
+    finish_reason: str
+    steps: list[StepFeatures]
+
+
+@dataclass
+class RowHook:
+    """A forward (pre-)hook a row's capture session registered, kept to be called on the
+    row's slice of a batched forward."""
+
+    module: nn.Module
+    kind: str  # "pre" or "post"
+    fn: Callable[..., Any]
+    with_kwargs: bool
+
+
+@dataclass
+class Row:
+    """An answer being generated: its cache, capture session, tokens and logits so far."""
+
+    request: GenerationRequest
+    cache: Any
+    session: CaptureSession | None
+    hooks: list[RowHook]
+    generator: torch.Generator | None
+    ids: list[int] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)
+    finish: str | None = None
+
+    @property
+    def position(self) -> int:
+        """Position of the newest token (the input of the next decode step)."""
+        return len(self.request.prompt) + len(self.ids) - 1
+
+    def result(self) -> RowResult:
+        """The finished row's result."""
+        steps = self.session.steps if self.session is not None else []
+        return RowResult(
+            token_ids=list(self.ids),
+            logits=torch.stack(self.logits).float(),
+            finish_reason=self.finish or "length",
+            steps=steps,
+        )
+
+
+# -- per-row attention and cache --------------------------------------------------------------
+
+
+class RowsCache:
+    """The one cache object a batched forward takes, backed by each row's own cache.
+
+    ``update`` appends each row's new key/value to that row's cache and keeps the row's full
+    (unpadded) keys/values for :func:`rows_attention`; dummy rows have no cache.
+    """
+
+    def __init__(self, caches: list[Any | None]) -> None:
+        self.caches = caches
+        self.current: dict[int, list[tuple[torch.Tensor, torch.Tensor] | None]] = {}
+
+    def update(
+        self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the rows' new states; return the batch's new states unchanged."""
+        self.current[layer_idx] = [
+            None if c is None else c.update(key[r : r + 1], value[r : r + 1], layer_idx)
+            for r, c in enumerate(self.caches)
+        ]
+        return key, value
+
+
+@dataclass
+class _DecodeStep:
+    cache: RowsCache
+    sessions: list[CaptureSession | None]
+
+
+def rows_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention of a batched decode step, one row at a time on the row's own cache (with the
+    row's capture session active, if any); dummy rows get zeros."""
+    step = _STEP.get()
+    if step is None:
+        raise RuntimeError(f"{ROWS_ATTENTION} attention used outside a batched decode step")
+    rows = step.cache.current[int(module.layer_idx)]  # type: ignore[arg-type]
+    geometry = ALL_ATTENTION_FUNCTIONS[register_attention()]
+    q_len, heads, dim = query.shape[2], query.shape[1], query.shape[3]
+    outs = []
+    for r, kv in enumerate(rows):
+        if kv is None:
+            outs.append(query.new_zeros((1, q_len, heads, dim)))
+            continue
+        session = step.sessions[r]
+        fn = geometry if session is not None else sdpa_attention_forward
+        token = ACTIVE_SESSION.set(session)
+        try:
+            out, _ = fn(module, query[r : r + 1], kv[0], kv[1], None, **kwargs)
+        finally:
+            ACTIVE_SESSION.reset(token)
+        outs.append(out)
+    return torch.cat(outs, dim=0), None
+
+
+_REGISTERED = False
+
+
+def register_rows_attention() -> str:
+    """Register :func:`rows_attention` (no mask function, on purpose; idempotent)."""
+    global _REGISTERED
+    if not _REGISTERED:
+        AttentionInterface.register(ROWS_ATTENTION, rows_attention)
+        _REGISTERED = True
+    return ROWS_ATTENTION
+
+
+# -- per-row capture hooks --------------------------------------------------------------------
+
+
+def _hook_ids(hf: nn.Module) -> list[tuple[nn.Module, set[int], set[int]]]:
+    return [(m, set(m._forward_pre_hooks), set(m._forward_hooks)) for m in hf.modules()]
+
+
+def _new_hooks(before: list[tuple[nn.Module, set[int], set[int]]]) -> list[RowHook]:
+    """The hooks registered since ``before`` (a :func:`_hook_ids` snapshot), in order."""
+    found = []
+    for m, pre, post in before:
+        for hid, fn in m._forward_pre_hooks.items():
+            if hid not in pre:
+                found.append(RowHook(m, "pre", fn, bool(m._forward_pre_hooks_with_kwargs.get(hid))))
+        for hid, fn in m._forward_hooks.items():
+            if hid not in post:
+                found.append(RowHook(m, "post", fn, bool(m._forward_hooks_with_kwargs.get(hid))))
+    return found
+
+
+def _row_slice(x: Any, r: int, batch: int) -> Any:
+    """Row ``r`` of every batch-major tensor in ``x`` (tuples, lists and dicts recursed)."""
+    if isinstance(x, torch.Tensor):
+        return x[r : r + 1] if x.dim() > 0 and x.shape[0] == batch else x
+    if isinstance(x, tuple):
+        return tuple(_row_slice(v, r, batch) for v in x)
+    if isinstance(x, list):
+        return [_row_slice(v, r, batch) for v in x]
+    if isinstance(x, dict):
+        return {k: _row_slice(v, r, batch) for k, v in x.items()}
+    return x
+
+
+class HookMux:
+    """Calls each row's capture hooks on that row's slice of a batched forward, with the
+    row's session active (so a session sees exactly what it sees in a batch-1 forward)."""
+
+    def __init__(
+        self, hooks: list[list[RowHook]], sessions: list[CaptureSession | None], batch: int
+    ) -> None:
+        self.batch = batch
+        self._table: dict[tuple[int, str], list[tuple[int, RowHook]]] = {}
+        self._modules: dict[tuple[int, str], nn.Module] = {}
+        for r, row_hooks in enumerate(hooks):
+            for h in row_hooks:
+                key = (id(h.module), h.kind)
+                self._table.setdefault(key, []).append((r, h))
+                self._modules[key] = h.module
+        self.sessions = sessions
+
+    def _call(self, key: tuple[int, str], module: nn.Module, args: tuple[Any, ...]) -> None:
+        for r, h in self._table[key]:
+            sliced = _row_slice(args, r, self.batch)
+            if not h.with_kwargs:
+                sliced = (sliced[0], *sliced[2:])  # drop kwargs
+            token = ACTIVE_SESSION.set(self.sessions[r])
+            try:
+                h.fn(module, *sliced)
+            finally:
+                ACTIVE_SESSION.reset(token)
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        """Register one dispatching hook per (module, kind) for the duration of the block."""
+        handles = []
+        try:
+            for key, module in self._modules.items():
+                if key[1] == "pre":
+                    handles.append(
+                        module.register_forward_pre_hook(
+                            lambda m, a, kw, key=key: self._call(key, m, (a, kw)),
+                            with_kwargs=True,
+                        )
+                    )
+                else:
+                    handles.append(
+                        module.register_forward_hook(
+                            lambda m, a, kw, out, key=key: self._call(key, m, (a, kw, out)),
+                            with_kwargs=True,
+                        )
+                    )
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+
+# -- token choice -----------------------------------------------------------------------------
+
+
+def choose_token(
+    logits: torch.Tensor, request: GenerationRequest, gen: torch.Generator | None
+) -> int:
+    """Greedy (temperature 0) or sampled next token from one row's raw logits ``[V]``
+    (temperature, top-k, top-p as transformers applies them)."""
+    if request.temperature <= 0:
+        return int(torch.argmax(logits))
+    scores = logits.float().unsqueeze(0)
+    scores = TemperatureLogitsWarper(float(request.temperature))(None, scores)  # type: ignore[arg-type]
+    if request.top_k:
+        scores = TopKLogitsWarper(int(request.top_k))(None, scores)  # type: ignore[arg-type]
+    if request.top_p < 1.0:
+        scores = TopPLogitsWarper(float(request.top_p))(None, scores)  # type: ignore[arg-type]
+    probs = torch.softmax(scores, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=gen)[0, 0])
+
+
+# -- the engine -------------------------------------------------------------------------------
+
+
+def rows_are_independent(weight: torch.Tensor, rows: int, max_rows: int) -> bool:
+    """Whether ``x @ weight.T`` gives every row bitwise the same result for every batch of
+    ``rows..max_rows`` rows, wherever the row sits (probed with random rows)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn((max_rows, weight.shape[1]), generator=gen, dtype=weight.dtype)
+    with torch.inference_mode():
+        ref = torch.nn.functional.linear(x[:rows], weight)
+        for m in range(rows, max_rows + 1):
+            out = torch.nn.functional.linear(x[:m], weight)
+            if not torch.equal(out[:rows], ref):
+                return False
+            flipped = torch.nn.functional.linear(x[:m].flip(0), weight).flip(0)
+            if not torch.equal(flipped, out):
+                return False
+    return True
+
+
+class BatchEngine:
+    """Prefills new rows one at a time and decodes all active rows one token per step.
+
+    Not thread-safe: the scheduler's worker drives it while holding the model lock.
+    """
+
+    def __init__(self, loaded: LoadedModel, max_rows: int) -> None:
+        self.loaded = loaded
+        self.max_rows = max_rows
+        self.active: list[Row] = []
+        self.widest = 0  # most real rows one decode step has run with (for tests, benchmarks)
+        hf = loaded.hf_model
+        self._eos = set(eos_token_ids(hf, loaded.tokenizer))
+        self._pad = pad_token_id(hf, loaded.tokenizer)
+        self._device = next(hf.parameters()).device
+        self._keep_one = "logits_to_keep" in inspect.signature(hf.forward).parameters
+        probe = next(m for m in hf.modules() if isinstance(m, nn.Linear)).weight.detach()
+        same = rows_are_independent(probe.cpu(), MIN_DECODE_ROWS, max(max_rows, MIN_DECODE_ROWS))
+        self.min_rows = MIN_DECODE_ROWS if same else max(max_rows, MIN_DECODE_ROWS)
+        register_rows_attention()
+
+    # -- rows ------------------------------------------------------------------------------
+
+    def start(self, request: GenerationRequest) -> Row | None:
+        """Prefill ``request`` alone and choose its first token; returns the row, finished
+        or still active (it is then in :attr:`active`)."""
+        hf = self.loaded.hf_model
+        session = (
+            CaptureSession(
+                self.loaded.spec,
+                batch_size=1,
+                max_len=len(request.prompt) + request.max_new,
+                reference=request.reference,
+                keep_states=request.keep_states,
+            )
+            if request.capture
+            else None
+        )
+        gen = None
+        if request.seed is not None:
+            gen = torch.Generator(device="cpu").manual_seed(int(request.seed))
+        row = Row(request, DynamicCache(config=hf.config), session, [], gen)
+        ids = torch.tensor([request.prompt], dtype=torch.long, device=self._device)
+        kw: dict[str, Any] = {"logits_to_keep": 1} if self._keep_one else {}
+        before = _hook_ids(hf) if session is not None else []
+        with torch.inference_mode(), capture_mode(hf, session):
+            row.hooks = _new_hooks(before) if session is not None else []
+            out = hf(input_ids=ids, past_key_values=row.cache, use_cache=True, **kw)
+        self._append(row, out.logits[0, -1])
+        if row.finish is None:
+            self.active.append(row)
+        return row
+
+    def _append(self, row: Row, logits: torch.Tensor) -> None:
+        """Choose the row's next token from ``logits`` and check whether the row is done."""
+        logits = logits.detach().float().cpu()
+        tok = choose_token(logits, row.request, row.generator)
+        row.ids.append(tok)
+        row.logits.append(logits)
+        if tok in self._eos:
+            row.finish = "stop"
+        elif len(row.ids) >= row.request.max_new or self._hit_stop(row):
+            row.finish = "length"
+
+    def _hit_stop(self, row: Row) -> bool:
+        stops = row.request.stop
+        if not stops:
+            return False
+        text = self.loaded.tokenizer.decode(row.ids, skip_special_tokens=True)
+        return any(s in text for s in stops)
+
+    # -- decode ----------------------------------------------------------------------------
+
+    def step(self) -> list[Row]:
+        """One decode step for every active row; returns the rows that finished."""
+        rows = self.active
+        if not rows:
+            return []
+        hf = self.loaded.hf_model
+        b = len(rows)
+        self.widest = max(self.widest, b)
+        bp = max(b, self.min_rows)
+        pad = bp - b
+        ids = [[r.ids[-1]] for r in rows] + [[self._pad]] * pad
+        pos = [[r.position] for r in rows] + [[0]] * pad
+        cache = RowsCache([r.cache for r in rows] + [None] * pad)
+        sessions = [r.session for r in rows] + [None] * pad
+        mux = HookMux([r.hooks for r in rows], sessions, bp)
+        token = _STEP.set(_DecodeStep(cache, sessions))
+        cfg = hf.config
+        previous = cfg._attn_implementation
+        cfg._attn_implementation = ROWS_ATTENTION
+        try:
+            with torch.inference_mode(), mux.installed():
+                out = hf(
+                    input_ids=torch.tensor(ids, dtype=torch.long, device=self._device),
+                    position_ids=torch.tensor(pos, dtype=torch.long, device=self._device),
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+        finally:
+            cfg._attn_implementation = previous
+            _STEP.reset(token)
+        for i, row in enumerate(rows):
+            self._append(row, out.logits[i, -1])
+        done = [r for r in rows if r.finish is not None]
+        self.active = [r for r in rows if r.finish is None]
+        return done
+
+    def drop_all(self) -> list[Row]:
+        """Remove and return every active row (after a failed step)."""
+        rows, self.active = self.active, []
+        return rows
+
+
+__all__ = [
+    "MIN_DECODE_ROWS",
+    "ROWS_ATTENTION",
+    "BatchEngine",
+    "GenerationRequest",
+    "HookMux",
+    "Row",
+    "RowResult",
+    "RowsCache",
+    "choose_token",
+    "register_rows_attention",
+    "rows_are_independent",
+    "rows_attention",
+]

@@ -1,0 +1,216 @@
+"""One scheduler per loaded model: concurrent callers share its forward passes.
+
+Callers (threads, asyncio tasks, :meth:`GeometryChatModel.batch`) submit
+:class:`~abstain_guard.adapters.batching.GenerationRequest` objects and get
+:class:`concurrent.futures.Future` objects back. One worker thread (started on demand, gone
+when idle) admits waiting requests into the running batch between decode steps (continuous,
+step-level batching; at most ``max_batch`` rows at once), prefills each new one alone and
+decodes all rows together, one token per step (:class:`~abstain_guard.adapters.batching.
+BatchEngine`). Requests wait in a queue of at most ``max_queue``; beyond that ``submit``
+raises :class:`~abstain_guard.errors.SchedulerFullError` at once.
+
+Exactness: a row's tokens, logits and geometry do not depend on the other rows (see
+:mod:`.batching`), so every caller gets bitwise what it gets alone.
+
+The worker holds the model's lock (``LoadedModel.lock``) for each prefill and decode step,
+so teacher-forced replay (which holds the same lock for a whole call) interleaves with
+generation between steps and never deadlocks with it. A thread that already holds the lock
+and generates runs its requests itself, inline, with the same engine (same numbers).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from abstain_guard.errors import SchedulerFullError
+
+from .batching import BatchEngine, GenerationRequest, Row, RowResult
+from .loading import LoadedModel
+
+#: Rows decoded together in one step (more wait in the queue).
+DEFAULT_MAX_BATCH = 8
+#: Requests that may wait for a place in the batch before ``submit`` refuses more.
+DEFAULT_MAX_QUEUE = 64
+
+
+@dataclass
+class _Pending:
+    request: GenerationRequest
+    future: Future[RowResult]
+
+
+class GenerationScheduler:
+    """Queue and worker of one loaded model (see the module docstring)."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+    ) -> None:
+        if max_batch < 1 or max_queue < 1:
+            raise ValueError("max_batch and max_queue must be positive")
+        self.loaded = loaded
+        self.max_batch = max_batch
+        self.max_queue = max_queue
+        self._cond = threading.Condition()
+        self._pending: deque[_Pending] = deque()
+        self._worker: threading.Thread | None = None
+        self._engine: BatchEngine | None = None
+        self._futures: dict[int, Future[RowResult]] = {}
+
+    # -- submitting ------------------------------------------------------------------------
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a place in the batch."""
+        with self._cond:
+            return len(self._pending)
+
+    @property
+    def widest_step(self) -> int:
+        """Most answers one decode step of the worker has run together so far."""
+        return self._engine.widest if self._engine is not None else 0
+
+    def submit(self, requests: Sequence[GenerationRequest]) -> list[Future[RowResult]]:
+        """Queue ``requests`` (all or none) and return one future per request.
+
+        Raises SchedulerFullError when the queue cannot take them all. A thread that holds
+        the model lock gets its requests run inline (the futures are already done).
+        """
+        pending = [_Pending(r, Future()) for r in requests]
+        if _owns(self.loaded.lock):
+            self._run_inline(pending)
+            return [p.future for p in pending]
+        with self._cond:
+            if len(self._pending) + len(pending) > self.max_queue:
+                raise SchedulerFullError(
+                    f"the model's request queue is full ({len(self._pending)} of "
+                    f"{self.max_queue} waiting, {len(pending)} more asked for). Retry later, "
+                    "send fewer concurrent calls, or raise the bound with "
+                    "GeometryChatModel(max_queue=...)."
+                )
+            self._pending.extend(pending)
+            if self._worker is None:
+                self._worker = threading.Thread(
+                    target=self._work, name="abstain-guard-scheduler", daemon=True
+                )
+                self._worker.start()
+            self._cond.notify_all()
+        return [p.future for p in pending]
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[RowResult]:
+        """Submit ``requests`` and wait for all of them."""
+        return [f.result() for f in self.submit(requests)]
+
+    # -- the worker ------------------------------------------------------------------------
+
+    def _engine_for_worker(self) -> BatchEngine:
+        if self._engine is None:
+            self._engine = BatchEngine(self.loaded, self.max_batch)
+        return self._engine
+
+    def _take(self, engine: BatchEngine) -> list[_Pending] | None:
+        """Requests to admit now; None when there is nothing left to do (worker exits)."""
+        with self._cond:
+            if not self._pending and not engine.active:
+                self._worker = None
+                return None
+            room = self.max_batch - len(engine.active)
+            return [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
+
+    def _work(self) -> None:
+        """Worker loop: admit, prefill, decode one step, resolve finished rows; repeat."""
+        with self.loaded.lock:
+            engine = self._engine_for_worker()
+        while (admit := self._take(engine)) is not None:
+            with self.loaded.lock:
+                self._admit(engine, admit)
+                try:
+                    done = engine.step()
+                except BaseException as exc:
+                    self._fail(engine.drop_all(), exc)
+                    continue
+            self._finish(done)
+
+    def _admit(self, engine: BatchEngine, admit: list[_Pending]) -> None:
+        """Prefill each admitted request; a failure is that caller's alone."""
+        for p in admit:
+            if not p.future.set_running_or_notify_cancel():
+                continue
+            try:
+                row = engine.start(p.request)
+            except BaseException as exc:
+                p.future.set_exception(exc)
+                continue
+            self._futures[id(row)] = p.future
+            if row is not None and row.finish is not None:
+                self._finish([row])
+
+    def _finish(self, rows: list[Row]) -> None:
+        for row in rows:
+            fut = self._futures.pop(id(row))
+            try:
+                fut.set_result(row.result())
+            except BaseException as exc:
+                fut.set_exception(exc)
+
+    def _fail(self, rows: list[Row], exc: BaseException) -> None:
+        for row in rows:
+            self._futures.pop(id(row)).set_exception(exc)
+
+    def _run_inline(self, pending: list[_Pending]) -> None:
+        """Run ``pending`` to completion in the calling thread (it holds the model lock)."""
+        engine = BatchEngine(self.loaded, self.max_batch)
+        saved, self._futures = self._futures, {}
+        try:
+            queue = deque(pending)
+            while queue or engine.active:
+                room = self.max_batch - len(engine.active)
+                self._admit(engine, [queue.popleft() for _ in range(min(room, len(queue)))])
+                try:
+                    self._finish(engine.step())
+                except BaseException as exc:
+                    self._fail(engine.drop_all(), exc)
+        finally:
+            self._futures = saved
+
+
+def _owns(lock: object) -> bool:
+    """Whether the calling thread holds ``lock`` (an RLock)."""
+    is_owned = getattr(lock, "_is_owned", None)
+    return bool(is_owned()) if callable(is_owned) else False
+
+
+_CREATE = threading.Lock()
+
+
+def scheduler_for(
+    loaded: LoadedModel, max_batch: int | None = None, max_queue: int | None = None
+) -> GenerationScheduler:
+    """The scheduler of ``loaded``, created on first use (bounds default to
+    :data:`DEFAULT_MAX_BATCH` and :data:`DEFAULT_MAX_QUEUE`); bounds given later replace
+    the current ones (``max_batch`` only up to the first one: the engine's batch shape is
+    fixed when it is built)."""
+    with _CREATE:
+        sched = loaded.scheduler
+        if not isinstance(sched, GenerationScheduler):
+            sched = GenerationScheduler(
+                loaded, max_batch or DEFAULT_MAX_BATCH, max_queue or DEFAULT_MAX_QUEUE
+            )
+            loaded.scheduler = sched
+            return sched
+        with sched._cond:
+            if max_queue is not None:
+                sched.max_queue = max(1, max_queue)
+            if max_batch is not None:
+                cap = sched._engine.max_rows if sched._engine is not None else max_batch
+                sched.max_batch = max(1, min(max_batch, cap))
+        return sched
+
+
+__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_MAX_QUEUE", "GenerationScheduler", "scheduler_for"]

@@ -1,0 +1,233 @@
+"""Concurrent callers share decode steps and still get bitwise their solo answers.
+
+Every comparison here is exact (``==`` on tokens, logprobs and geometry), not a tolerance:
+the scheduler's promise is that batch composition never changes a caller's numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import torch
+from tiny_models import tiny_chat_model
+
+from abstain_guard.adapters import GeometryChatModel, ReferenceMeans
+from abstain_guard.adapters.batching import MIN_DECODE_ROWS, rows_are_independent
+from abstain_guard.adapters.scheduler import GenerationScheduler, scheduler_for
+from abstain_guard.errors import AbstainGuardError, SchedulerFullError
+
+PROMPTS = [
+    "Hi",
+    "A much longer question about capitals, rivers and mountains?",
+    "Third one",
+    "x",
+    "What is the boiling point of water?",
+    "Name a prime number.",
+]
+
+
+def _same(a: Any, b: Any) -> None:
+    """Bitwise equality of two answers (text, tokens, logprobs, entropy, geometry)."""
+    ma, mb = a.response_metadata, b.response_metadata
+    assert a.content == b.content
+    for key in ("token_ids", "logprobs", "entropy", "geometry", "finish_reason"):
+        assert ma.get(key) == mb.get(key), key
+
+
+def _scheduler(model: GeometryChatModel) -> GenerationScheduler:
+    return scheduler_for(model._s)
+
+
+@contextmanager
+def _model_held(model: GeometryChatModel) -> Iterator[None]:
+    """Hold the model lock from another thread, so submitted calls queue up (deterministic
+    batching: the worker admits them all at once when the block ends)."""
+    got, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with model._s.lock:
+            got.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    got.wait(60)
+    try:
+        yield
+    finally:
+        release.set()
+        holder.join(60)
+
+
+def _wait_until(cond: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 60
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def _run_threads(model: GeometryChatModel, calls: list[Callable[[], Any]]) -> list[Any]:
+    """Run ``calls`` in threads that all queue before the model starts; results in order."""
+    out: list[Any] = [None] * len(calls)
+
+    def work(i: int) -> None:
+        out[i] = calls[i]()
+
+    sched = _scheduler(model)
+    with _model_held(model):
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(calls))]
+        for t in threads:
+            t.start()
+        _wait_until(lambda: sched.queued == len(calls))
+    for t in threads:
+        t.join(120)
+    return out
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "gpt2"])
+def test_threads_get_their_solo_answers(family: str) -> None:
+    model = tiny_chat_model(family, seed=3, max_new_tokens=12)
+    solo = [model.invoke(p) for p in PROMPTS]
+    got = _run_threads(model, [lambda p=p: model.invoke(p) for p in PROMPTS])
+    assert _scheduler(model).widest_step == len(PROMPTS)  # really decoded together
+    for a, b in zip(solo, got, strict=True):
+        _same(a, b)
+
+
+def test_mixed_options_in_one_batch_match_solo() -> None:
+    model = tiny_chat_model("qwen2", seed=1, max_new_tokens=10)
+    calls: list[dict[str, Any]] = [
+        {},
+        {"capture_geometry": False},
+        {"temperature": 1.0, "seed": 11},
+        {"temperature": 0.8, "top_k": 5, "top_p": 0.9, "seed": 5},
+        {"max_new_tokens": 3},
+        {"stop": ["e"]},
+    ]
+    solo = [model.invoke(p, **kw) for p, kw in zip(PROMPTS, calls, strict=True)]
+    got = _run_threads(
+        model,
+        [lambda p=p, kw=kw: model.invoke(p, **kw) for p, kw in zip(PROMPTS, calls, strict=True)],
+    )
+    for a, b in zip(solo, got, strict=True):
+        _same(a, b)
+    assert solo[1].response_metadata["geometry"] is None
+    assert len(solo[4].response_metadata["token_ids"]) <= 3
+
+
+def test_batch_and_asyncio_callers_match_solo() -> None:
+    model = tiny_chat_model("mistral", seed=2, max_new_tokens=10)
+    solo = [model.invoke(p) for p in PROMPTS]
+    for a, b in zip(solo, model.batch(PROMPTS), strict=True):
+        _same(a, b)
+
+    async def many() -> tuple[list[Any], list[Any]]:
+        gathered = await asyncio.gather(*(model.ainvoke(p) for p in PROMPTS))
+        return list(gathered), await model.abatch(PROMPTS)
+
+    gathered, abatched = asyncio.run(many())
+    for a, b, c in zip(solo, gathered, abatched, strict=True):
+        _same(a, b)
+        _same(a, c)
+
+
+def test_reference_means_and_states_match_solo() -> None:
+    model = tiny_chat_model("llama", seed=4, max_new_tokens=8)
+    corr = model.replay_batch([("Hi", "Hello"), ("Yo", "Sup")], return_states=True)
+    inc = model.replay_batch([("Hi", "Bye now")], return_states=True)
+    means = ReferenceMeans.from_states(
+        [r.states for r in corr if r.states], [r.states for r in inc if r.states]
+    )
+    ref = model.with_reference(means)
+    solo = [ref.invoke(p) for p in PROMPTS[:3]]
+    got = _run_threads(ref, [lambda p=p: ref.invoke(p) for p in PROMPTS[:3]])
+    for a, b in zip(solo, got, strict=True):
+        assert a.response_metadata["geometry"]["phi_in"] is not None
+        _same(a, b)
+
+
+def test_full_queue_raises_a_typed_error_and_queued_calls_finish() -> None:
+    model = tiny_chat_model("llama", seed=5, max_new_tokens=4, max_queue=2)
+    sched = _scheduler(model)
+    solo = model.invoke(PROMPTS[0])
+    results: list[Any] = []
+    with _model_held(model):
+        with pytest.raises(SchedulerFullError, match="queue is full") as info:
+            model.batch(PROMPTS[:3])  # all or none: 3 > 2
+        assert isinstance(info.value, AbstainGuardError)
+        threads = [
+            threading.Thread(target=lambda: results.append(model.invoke(PROMPTS[0])))
+            for _ in range(2)
+        ]
+        for t in threads:
+            t.start()
+        _wait_until(lambda: sched.queued == 2)
+        with pytest.raises(SchedulerFullError):
+            model.invoke(PROMPTS[1])
+    for t in threads:
+        t.join(60)
+    assert len(results) == 2
+    for msg in results:
+        _same(solo, msg)
+
+
+def test_replay_and_generation_interleave_without_deadlock() -> None:
+    model = tiny_chat_model("gemma3_text", seed=6, max_new_tokens=8)
+    solo = [model.invoke(p) for p in PROMPTS[:4]]
+    replays = [
+        model.replay(p, m.response_metadata["token_ids"])
+        for p, m in zip(PROMPTS[:4], solo, strict=True)
+    ]
+    calls: list[Callable[[], Any]] = []
+    for i in range(4):
+        calls.append(lambda i=i: model.invoke(PROMPTS[i]))
+        calls.append(lambda i=i: model.replay(PROMPTS[i], solo[i].response_metadata["token_ids"]))
+    out: list[Any] = [None] * len(calls)
+    threads = [
+        threading.Thread(target=lambda k=k: out.__setitem__(k, calls[k]())) for k in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert all(not t.is_alive() for t in threads), "deadlock"
+    for i in range(4):
+        _same(solo[i], out[2 * i])
+        assert out[2 * i + 1].metadata["geometry"] == replays[i].metadata["geometry"]
+
+
+def test_caller_holding_the_model_lock_runs_inline() -> None:
+    model = tiny_chat_model("qwen2", seed=7, max_new_tokens=6)
+    solo = model.invoke(PROMPTS[1])
+    with model._s.lock:
+        inline = model.invoke(PROMPTS[1])
+    _same(solo, inline)
+
+
+def test_decode_rows_are_independent_of_batch_size() -> None:
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn((48, 32), generator=gen)
+    assert rows_are_independent(weight, MIN_DECODE_ROWS, 12)
+
+
+@pytest.mark.model
+def test_default_model_concurrent_callers_match_solo(default_model: GeometryChatModel) -> None:
+    questions = [
+        "What is the capital of France?",
+        "Who wrote Hamlet?",
+        "What is 2+2?",
+        "Which ocean is the largest?",
+    ]
+    solo = [default_model.invoke(q, max_new_tokens=10) for q in questions]
+    got = _run_threads(
+        default_model, [lambda q=q: default_model.invoke(q, max_new_tokens=10) for q in questions]
+    )
+    assert _scheduler(default_model).widest_step >= len(questions)
+    for a, b in zip(solo, got, strict=True):
+        _same(a, b)

@@ -76,6 +76,11 @@ class ScoringError(AbstainGuardError):
     """A scorer could not score a response (missing logprobs or geometry, NaN features)."""
 
 
+class CaptureModeError(ScoringError):
+    """The response's geometry was captured in another mode ("full" / "fast") than the one
+    the scorer was fitted on; features of the two modes must never be mixed."""
+
+
 class GuardError(AbstainGuardError):
     """The guard could not reach a decision and is configured to raise (``on_error="raise"``)."""
 
@@ -189,6 +194,7 @@ __all__ = [
     "CacheError",
     "CalibrationError",
     "CalibrationLockedError",
+    "CaptureModeError",
     "ConfigError",
     "ContextLengthError",
     "DatasetError",

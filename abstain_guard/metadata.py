@@ -12,7 +12,9 @@ key               content
 ``entropy``       ``[N]`` full-vocabulary entropy per generated token
 ``token_ids``     ``[N]`` generated token ids (a final EOS included when generated)
 ``prompt_token_ids``  the prompt's token ids
-``geometry``      ``{"omega": [N, 2L-1], "theta": [N, 2L-1], "phi_in"/"phi_out": [N, 2L-1]}``
+``geometry``      ``{"capture", "omega": [N, 2L-1], "theta": [N, 2L-1], "phi_in"/"phi_out"}``
+                  (``capture`` "full"; "fast": ``omega`` None, ``omega_dir`` ``[N, L]``;
+                  absent in metadata written before the marker existed: "full")
 ``generation``    the call's settings (:mod:`abstain_guard.deployment`)
 ``replay_source`` ``"token_ids"`` or ``"text"`` for a replayed response
 ================  ==================================================================
@@ -29,12 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from abstain_guard.errors import InvalidInputError, ScoringError
+from abstain_guard.errors import CaptureModeError, InvalidInputError, ScoringError
 
 __all__ = [
     "ENTROPY",
     "GENERATION",
     "GEOMETRY",
+    "GEOMETRY_CAPTURE",
     "LOGPROBS",
     "PROMPT_TOKEN_IDS",
     "REPLAY_SOURCE",
@@ -49,6 +52,8 @@ ENTROPY = "entropy"
 TOKEN_IDS = "token_ids"
 PROMPT_TOKEN_IDS = "prompt_token_ids"
 GEOMETRY = "geometry"
+GEOMETRY_CAPTURE = "capture"  # key inside ``geometry``: "full" or "fast"
+CAPTURE_MODES = ("full", "fast")
 GENERATION = "generation"
 REPLAY_SOURCE = "replay_source"
 
@@ -197,11 +202,15 @@ class ResponseMetadata:
 
     # ---- geometry and settings ---------------------------------------------------------
 
-    def geometry(self) -> Mapping[str, Any]:
+    def geometry(self, capture: str | None = None) -> Mapping[str, Any]:
         """The per-token geometry mapping (``omega``, ``theta``, optionally ``phi_in/out``).
+
+        ``capture``: the mode the caller's features were fitted on ("full" or "fast"); a
+        response captured in the other mode is refused (None: any mode).
 
         Raises:
             ScoringError: the response carries no geometry.
+            CaptureModeError: ``capture`` is given and the response's mode differs.
         """
         geometry = self.raw.get(GEOMETRY)
         if not isinstance(geometry, Mapping):
@@ -209,7 +218,34 @@ class ResponseMetadata:
                 "The response carries no geometry (response_metadata['geometry'] is missing). "
                 "Generate it with a GeometryChatModel from abstain_guard.adapters."
             )
+        if capture is not None:
+            got = self.capture_mode()
+            if got != capture:
+                raise CaptureModeError(
+                    f"The response's geometry was captured with capture={got!r}, but this "
+                    f"scorer was fitted on capture={capture!r} features; the modes differ "
+                    f"(fast capture has no ω_prop). Generate with GeometryChatModel("
+                    f"capture={capture!r}) or use a scorer fitted on {got!r} features."
+                )
         return geometry
+
+    def capture_mode(self) -> str:
+        """The capture mode of the response's geometry: "full" or "fast" (metadata without
+        the marker predates fast capture: "full").
+
+        Raises:
+            ScoringError: no geometry, or an unknown mode.
+        """
+        geometry = self.raw.get(GEOMETRY)
+        if not isinstance(geometry, Mapping):
+            raise ScoringError("The response carries no geometry; it has no capture mode.")
+        mode = geometry.get(GEOMETRY_CAPTURE, "full")
+        if mode not in CAPTURE_MODES:
+            raise ScoringError(
+                f"response_metadata['geometry']['capture'] is {mode!r}; expected one of "
+                f"{CAPTURE_MODES}."
+            )
+        return str(mode)
 
     def generation(self) -> Mapping[str, Any] | None:
         """The settings the call ran with (budget, decoding, prompt hashes), if recorded."""

@@ -71,6 +71,7 @@ class GenerationRequest:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     capture: bool = True
+    capture_mode: str = "full"  # "full" or "fast" (CaptureSession's ``capture``)
     reference: ReferenceMeans | None = None
     keep_states: bool = False
 
@@ -351,7 +352,7 @@ class BatchEngine:
 
     # -- rows ------------------------------------------------------------------------------
 
-    def start(self, request: GenerationRequest) -> Row | None:
+    def start(self, request: GenerationRequest) -> Row:
         """Prefill ``request`` alone and choose its first token; returns the row, finished
         or still active (it is then in :attr:`active`)."""
         hf = self.loaded.hf_model
@@ -362,6 +363,7 @@ class BatchEngine:
                 max_len=len(request.prompt) + request.max_new,
                 reference=request.reference,
                 keep_states=request.keep_states,
+                capture=request.capture_mode,
             )
             if request.capture
             else None

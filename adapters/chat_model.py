@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from langchain_core.callbacks import (
@@ -83,6 +83,13 @@ class GeometryChatModel(BaseChatModel):
     seed: int | None = None
     system_prompt: str | None = None
     capture_geometry: bool = True
+    capture: Literal["full", "fast"] = Field(
+        default="full",
+        description=(
+            "geometry capture mode: 'full' (Ω, Θ, Φ; exact per-source attention parts) or "
+            "'fast' (Θ, Φ, ω_dir only; the attention kernel runs untouched; no ω_prop)"
+        ),
+    )
     top_logprobs: int = 5
     max_batch_size: int = Field(
         default=8, ge=1, description="answers decoded together in one step (shared model)"
@@ -252,7 +259,9 @@ class GeometryChatModel(BaseChatModel):
 
     def _options(self, stop: list[str] | None, kwargs: dict[str, Any]) -> dict[str, Any]:
         defaults = {k: getattr(self, k) for k in GENERATION_OPTIONS}
-        return call_options(defaults, self.stop, stop, kwargs)
+        opts = call_options(defaults, self.stop, stop, kwargs)
+        opts["capture"] = self.capture  # geometry capture mode (a model field, not per call)
+        return opts
 
     def _generate(
         self,
@@ -493,6 +502,7 @@ class GeometryChatModel(BaseChatModel):
             batch_size=batch_size,
             return_states=return_states,
             progress=progress,
+            capture=self.capture,
         )
 
 

@@ -148,6 +148,7 @@ def generation_requests(
             seed=opts["seed"],
             stop=list(opts["stop"]),
             capture=bool(opts["capture_geometry"]) or keep_states,
+            capture_mode=str(opts.get("capture", "full")),
             reference=reference,
             keep_states=keep_states,
         )
@@ -233,7 +234,9 @@ def stack_steps(steps: list[StepFeatures], i: int, n: int) -> StepFeatures:
     omega = cat("omega")
     theta = cat("theta")
     assert omega is not None and theta is not None
-    return StepFeatures(omega, theta, cat("phi_in"), cat("phi_out"), None, None)
+    return StepFeatures(
+        omega, theta, cat("phi_in"), cat("phi_out"), None, None, capture=use[0].capture
+    )
 
 
 def stack_states(steps: list[StepFeatures], i: int, n: int) -> TokenStates | None:

@@ -65,9 +65,11 @@ def replay_items(
     batch_size: int = 16,
     return_states: bool = False,
     progress: bool = False,
+    capture: str = "full",
 ) -> list[ReplayResult]:
     """Replay ``items``, ``batch_size`` left-padded sequences per forward pass (a tqdm bar
-    over the batches with ``progress``). Holds ``loaded.lock`` while the model runs."""
+    over the batches with ``progress``), geometry in ``capture`` mode ("full" or "fast").
+    Holds ``loaded.lock`` while the model runs."""
     if batch_size <= 0:
         raise InvalidInputError(f"batch_size must be positive, got {batch_size}")
     results: list[ReplayResult] = []
@@ -84,6 +86,7 @@ def replay_items(
                 capture_geometry=capture_geometry,
                 top_logprobs=top_logprobs,
                 return_states=return_states,
+                capture=capture,
             )
         )
     return results
@@ -98,6 +101,7 @@ def _replay_chunk(
     capture_geometry: bool,
     top_logprobs: int,
     return_states: bool,
+    capture: str = "full",
 ) -> list[ReplayResult]:
     """One forward pass over ``items``. The rows of interest are the ``n_max`` positions
     (longest response) before the last one, which predict response tokens; a response of
@@ -112,7 +116,8 @@ def _replay_chunk(
     n_max = max(len(it.response) for it in items)
     if n_max == 0:
         return [
-            _empty_result(tokenizer, model_name, num_layers, it, capture_geometry) for it in items
+            _empty_result(tokenizer, model_name, num_layers, it, capture_geometry, capture)
+            for it in items
         ]
     ids, mask = left_padded(seqs, pad_token_id(hf, tokenizer))
     pos = (mask.cumsum(-1) - 1).clamp_min(0)
@@ -126,6 +131,7 @@ def _replay_chunk(
                 reference=reference,
                 keep_states=return_states,
                 cache_values=False,
+                capture=capture,
             )
             if capture_geometry or return_states
             else None
@@ -169,11 +175,16 @@ def _replay_chunk(
 
 
 def _empty_result(
-    tokenizer: Any, model_name: str, num_layers: int, item: ReplayItem, capture_geometry: bool
+    tokenizer: Any,
+    model_name: str,
+    num_layers: int,
+    item: ReplayItem,
+    capture_geometry: bool,
+    capture: str,
 ) -> ReplayResult:
     """The result of an empty response (no tokens to replay, no forward pass)."""
     meta = token_metadata(tokenizer, model_name, item.prompt, [], torch.zeros((0, 1)), "stop", 0)
-    meta["geometry"] = geometry_json(num_layers, None) if capture_geometry else None
+    meta["geometry"] = geometry_json(num_layers, None, capture) if capture_geometry else None
     return ReplayResult({**meta, "replay_source": item.source}, None)
 
 
@@ -186,7 +197,9 @@ def slice_step(step: StepFeatures, i: int, a: int, b: int) -> StepFeatures:
     omega = sl(step.omega)
     theta = sl(step.theta)
     assert omega is not None and theta is not None
-    return StepFeatures(omega, theta, sl(step.phi_in), sl(step.phi_out), None, None)
+    return StepFeatures(
+        omega, theta, sl(step.phi_in), sl(step.phi_out), None, None, capture=step.capture
+    )
 
 
 __all__ = ["ReplayItem", "replay_item", "replay_items", "slice_step"]

@@ -5,7 +5,8 @@ Keys and layout (read back by :class:`abstain_guard.metadata.ResponseMetadata`):
     model_name, finish_reason ("stop" | "length"), prompt_token_ids, token_ids [N],
     tokens [N], logprobs = {"content": [{token, token_id, logprob, bytes, top_logprobs}]},
     entropy [N] (nats, full vocabulary),
-    geometry = {num_layers, omega, theta, phi_in, phi_out} (each [N, 2L-1] or None),
+    geometry = {capture, num_layers, omega, theta, phi_in, phi_out} (each [N, 2L-1] or
+        None; capture "full", or "fast": omega None and omega_dir [N, L] instead),
     generation (generation only: the call's settings), replay_source (replay only)
 
 :func:`token_metadata` writes everything but ``geometry``, ``generation`` and
@@ -19,7 +20,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from abstain_guard.metadata import ENTROPY, LOGPROBS, PROMPT_TOKEN_IDS, TOKEN_IDS
+from abstain_guard.metadata import (
+    ENTROPY,
+    GEOMETRY_CAPTURE,
+    LOGPROBS,
+    PROMPT_TOKEN_IDS,
+    TOKEN_IDS,
+)
 
 from .capture import StepFeatures
 
@@ -73,18 +80,37 @@ def token_metadata(
     }
 
 
-def geometry_json(num_layers: int, geo: StepFeatures | None) -> dict[str, Any]:
+def geometry_json(
+    num_layers: int, geo: StepFeatures | None, capture: str = "full"
+) -> dict[str, Any]:
     """``metadata["geometry"]``: the ``[N, 2L-1]`` arrays of ``geo`` as float lists
-    (``geo=None``: no tokens, empty ``omega``/``theta``)."""
+    (``geo=None``: no tokens, empty arrays), with the capture mode (``geo.capture`` when
+    given). Fast capture has no ω_prop: ``omega`` is None and ``omega_dir`` holds ω_dir
+    ``[N, L]``, so nothing can read it as Ω."""
 
     def lst(x: np.ndarray | None) -> list[list[float]] | None:
         return None if x is None else np.asarray(x, dtype=np.float64).tolist()
 
+    mode = geo.capture if geo is not None else capture
     if geo is None:
-        return {"num_layers": num_layers, "omega": [], "theta": [], "phi_in": None, "phi_out": None}
+        empty: dict[str, Any] = {"omega": None, "omega_dir": []} if mode == "fast" else {}
+        return {
+            GEOMETRY_CAPTURE: mode,
+            "num_layers": num_layers,
+            "omega": [],
+            "theta": [],
+            "phi_in": None,
+            "phi_out": None,
+            **empty,
+        }
+    if mode == "fast":
+        omega: dict[str, Any] = {"omega": None, "omega_dir": lst(geo.omega)}
+    else:
+        omega = {"omega": lst(geo.omega)}
     return {
+        GEOMETRY_CAPTURE: mode,
         "num_layers": num_layers,
-        "omega": lst(geo.omega),
+        **omega,
         "theta": lst(geo.theta),
         "phi_in": lst(geo.phi_in),
         "phi_out": lst(geo.phi_out),

@@ -75,9 +75,10 @@ def token_block(
     Raises:
         ScoringError: missing geometry, logprobs, Φ or states; inconsistent lengths;
             NaN/inf features.
+        CaptureModeError: the response was captured with ``capture="fast"``.
     """
     meta, states = _split_response(response)
-    geometry = meta.geometry()
+    geometry = meta.geometry(capture="full")  # Ω needs ω_prop: fast-capture responses refused
     omega = np.asarray(geometry.get("omega"), dtype=np.float64)
     theta = np.asarray(geometry.get("theta"), dtype=np.float64)
     n = omega.shape[0] if omega.ndim == 2 else 0

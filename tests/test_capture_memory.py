@@ -1,0 +1,219 @@
+"""Memory-bounded exact capture (adapters/source_parts.py) and the fast capture mode.
+
+The sparse (decode step) and source-chunked dense strategies must equal an independent
+float64 computation of the parts, and the full-matrix reference of
+tests/test_adapters_exactness.py on the tiny models of all five families, whichever strategy
+the session is forced to use. Fast capture must give the same Θ, Φ and ω_dir as full capture
+and be refused, with a typed error, by anything fitted on the other mode.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from test_adapters_exactness import PROMPT, reference_features, slow_reference
+from tiny_models import FAMILIES, tiny_chat_model
+
+import abstain_guard.adapters.capture as capture_module
+from abstain_guard.adapters import ReferenceMeans
+from abstain_guard.adapters.source_parts import (
+    dense_numerators,
+    head_max_abs,
+    proximity_from_numerators,
+    sparse_numerators,
+)
+from abstain_guard.errors import CaptureModeError, InvalidInputError
+from abstain_guard.metadata import ResponseMetadata
+
+STRATEGY_ROWS = {"sparse": 10**6, "dense": 0}  # SPARSE_MAX_ROWS forcing each strategy
+
+
+def _random_case(seed: int, gemma: bool) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(seed)
+    b, h, hkv, r, s, dh, d = 2, 6, 2, 3, 40, 8, 48
+    logits = torch.randn((b, h, r, s), generator=gen) * 3.0
+    return {
+        "probs": torch.softmax(logits, -1),
+        "v": torch.randn((b, hkv, s, dh), generator=gen),
+        "wo_kv": torch.randn((hkv, dh, (h // hkv) * d), generator=gen) * 0.3,
+        "z": torch.randn((b, r, d), generator=gen),
+        "e_self": torch.randn((b, r, d), generator=gen),
+        "t_idx": torch.tensor([30, 35, 39]),
+        "factor": torch.rand((b, r, d), generator=gen) + 0.2 if gemma else None,
+    }
+
+
+def _float64_numerators(c: dict[str, Any]) -> torch.Tensor:
+    """Every part materialised in float64: ``|z|_1 - |z - a(T, s)|_1``, ``[B, R, S]``."""
+    probs, v, wo_kv = c["probs"].double(), c["v"].double(), c["wo_kv"].double()
+    b, h, _, s = probs.shape
+    hkv, d = v.shape[1], c["z"].shape[-1]
+    u = torch.matmul(v, wo_kv).view(b, hkv, s, h // hkv, d).permute(0, 2, 1, 3, 4)
+    parts = torch.einsum("bhqs,bshd->bqsd", probs, u.reshape(b, s, h, d))
+    if c["factor"] is not None:
+        parts = parts * c["factor"].double()[:, :, None, :]
+    for q, t in enumerate(c["t_idx"].tolist()):
+        parts[:, q, t] += c["e_self"][:, q].double()
+    z = c["z"].double()
+    return z.abs().sum(-1, keepdim=True) - (z[:, :, None, :] - parts).abs().sum(-1)
+
+
+@pytest.mark.parametrize("gemma", [False, True])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sparse_and_chunked_numerators_equal_float64(seed: int, gemma: bool) -> None:
+    c = _random_case(seed, gemma)
+    ref = _float64_numerators(c)
+    args = (c["z"], c["e_self"], c["t_idx"], c["factor"])
+    dense = dense_numerators(c["probs"], c["v"], c["wo_kv"], *args, max_chunk_elems=3000)
+    norms = head_max_abs(c["v"], c["wo_kv"], c["z"].shape[-1], chunk=7)
+    sparse = sparse_numerators(c["probs"], c["v"], norms, c["wo_kv"], *args)
+    assert dense.shape == sparse.shape == ref.shape
+    np.testing.assert_allclose(dense.double(), ref, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(sparse.double(), ref, atol=1e-4, rtol=0)
+    # the corrections matter: the linear term alone is not the answer here
+    assert (ref.clamp_min(0) > 0).any() and (ref < 0).any()
+    prox = proximity_from_numerators(sparse)
+    np.testing.assert_allclose(prox.sum(-1).numpy(), 1.0, atol=1e-5)
+
+
+def test_sparse_needs_the_corrections() -> None:
+    """Without corrections (all bounds zero) the result differs: the test above can fail."""
+    c = _random_case(0, False)
+    args = (c["z"], c["e_self"], c["t_idx"], c["factor"])
+    zero = torch.zeros(c["probs"].shape[0], c["probs"].shape[-1], c["probs"].shape[1])
+    wrong = sparse_numerators(c["probs"], c["v"], zero, c["wo_kv"], *args)
+    assert (wrong.double() - _float64_numerators(c)).abs().max() > 1e-2
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request: pytest.FixtureRequest) -> dict[str, Any]:
+    fam = request.param
+    model = tiny_chat_model(fam, seed=3, max_new_tokens=14)
+    meta = model.invoke(PROMPT).response_metadata
+    ref = slow_reference(fam, 3, meta["prompt_token_ids"] + meta["token_ids"])
+    return {"family": fam, "model": model, "meta": meta, "ref": ref}
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGY_ROWS))
+def test_every_strategy_equals_reference(
+    family: dict[str, Any], strategy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Generation and replay with the session forced to one strategy (dense: recompute in
+    source chunks every step; sparse: also for the replay block) equal the float64
+    full-matrix reference and the default run."""
+    monkeypatch.setattr(capture_module, "SPARSE_MAX_ROWS", STRATEGY_ROWS[strategy])
+    model, meta = family["model"], family["meta"]
+    got = model.invoke(PROMPT).response_metadata
+    assert got["token_ids"] == meta["token_ids"]
+    n_prompt, n_new = len(meta["prompt_token_ids"]), len(meta["token_ids"])
+    rows = list(range(n_prompt - 1, n_prompt - 1 + n_new))
+    omega_ref, theta_ref = reference_features(family["ref"], rows)
+    replayed = model.replay(PROMPT, meta["token_ids"]).metadata
+    for m in (got, replayed):
+        np.testing.assert_allclose(np.asarray(m["geometry"]["omega"]), omega_ref, atol=1e-4)
+        np.testing.assert_allclose(np.asarray(m["geometry"]["theta"]), theta_ref, atol=1e-4)
+        np.testing.assert_allclose(
+            np.asarray(m["geometry"]["omega"]), np.asarray(meta["geometry"]["omega"]), atol=1e-4
+        )
+
+
+def test_session_memory_has_no_per_source_hidden_cache(family: dict[str, Any]) -> None:
+    """After a generation the session holds no tensor with a per-source hidden axis: its
+    buffers are C_MLP ``[L, B, S]`` and the max-norms ``[L, B, S, H]``."""
+    model = family["model"]
+    spec = model._spec
+    sessions: list[Any] = []
+    real = capture_module.CaptureSession.__init__
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, **kwargs)
+        sessions.append(self)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(capture_module.CaptureSession, "__init__", spy)
+        model.invoke(PROMPT)
+    assert sessions
+    heads = spec.layers[0].num_heads
+    for s in sessions:
+        bound = spec.num_layers * s.batch_size * s.max_len * (heads + 1)
+        held = sum(
+            v.numel()
+            for v in vars(s).values()
+            if isinstance(v, torch.Tensor) and v.is_floating_point()
+        )
+        held -= sum(w.numel() for w in s._wo_kv)
+        assert held <= bound, (held, bound)
+
+
+@pytest.fixture(scope="module")
+def means() -> ReferenceMeans:
+    rng = np.random.default_rng(0)
+    arrays = {
+        k: rng.normal(size=(3, 32))
+        for k in ("post_attn_in", "post_mlp_in", "post_attn_out", "post_mlp_out")
+    }
+    return ReferenceMeans(**arrays)
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_fast_capture_matches_full_where_defined(fam: str, means: ReferenceMeans) -> None:
+    full = tiny_chat_model(fam, seed=3, max_new_tokens=10).with_reference(means)
+    fast = full.model_copy(update={"capture": "fast"})
+    fast._shared = full._shared
+    a = full.invoke(PROMPT).response_metadata
+    b = fast.invoke(PROMPT).response_metadata
+    assert b["token_ids"] == a["token_ids"]
+    assert a["geometry"]["capture"] == "full" and b["geometry"]["capture"] == "fast"
+    assert b["geometry"]["omega"] is None
+    full_omega = np.asarray(a["geometry"]["omega"])
+    np.testing.assert_allclose(
+        np.asarray(b["geometry"]["omega_dir"]), full_omega[:, 0::2], atol=1e-5
+    )
+    for key in ("theta", "phi_in", "phi_out"):
+        np.testing.assert_allclose(
+            np.asarray(b["geometry"][key]), np.asarray(a["geometry"][key]), atol=1e-5
+        )
+    replayed = fast.replay(PROMPT, b["token_ids"]).metadata["geometry"]
+    assert replayed["capture"] == "fast" and replayed["omega"] is None
+    np.testing.assert_allclose(np.asarray(replayed["omega_dir"]), full_omega[:, 0::2], atol=1e-4)
+    np.testing.assert_allclose(
+        np.asarray(replayed["theta"]), np.asarray(a["geometry"]["theta"]), atol=1e-4
+    )
+
+
+def test_capture_mode_is_checked_by_the_metadata_reader() -> None:
+    model = tiny_chat_model("llama", seed=3, max_new_tokens=6)
+    fast = model.model_copy(update={"capture": "fast"})
+    fast._shared = model._shared
+    full_msg, fast_msg = model.invoke(PROMPT), fast.invoke(PROMPT)
+    assert ResponseMetadata.of(full_msg).capture_mode() == "full"
+    assert ResponseMetadata.of(fast_msg).capture_mode() == "fast"
+    with pytest.raises(CaptureModeError, match="capture='fast'"):
+        ResponseMetadata.of(fast_msg).geometry(capture="full")
+    with pytest.raises(CaptureModeError, match="capture='full'"):
+        ResponseMetadata.of(full_msg).geometry(capture="fast")
+    ResponseMetadata.of(full_msg).geometry(capture="full")
+    legacy = dict(full_msg.response_metadata)
+    legacy["geometry"] = {k: v for k, v in legacy["geometry"].items() if k != "capture"}
+    assert ResponseMetadata.of(legacy).capture_mode() == "full"
+
+
+def test_geometry_scorer_features_refuse_fast_capture() -> None:
+    from abstain_guard.calibration.inference.features import token_block
+
+    model = tiny_chat_model("qwen2", seed=3, max_new_tokens=6)
+    fast = model.model_copy(update={"capture": "fast"})
+    fast._shared = model._shared
+    with pytest.raises(CaptureModeError):
+        token_block(fast.invoke(PROMPT), None)
+
+
+def test_unknown_capture_mode_is_refused() -> None:
+    with pytest.raises(ValueError):
+        tiny_chat_model("llama", capture="approximate")
+    model = tiny_chat_model("llama")
+    with pytest.raises(InvalidInputError):
+        capture_module.CaptureSession(model._spec, batch_size=1, max_len=4, capture="x")

@@ -61,7 +61,6 @@ class GenerationScheduler:
         self._pending: deque[_Pending] = deque()
         self._worker: threading.Thread | None = None
         self._engine: BatchEngine | None = None
-        self._futures: dict[int, Future[RowResult]] = {}
 
     # -- submitting ------------------------------------------------------------------------
 
@@ -109,75 +108,89 @@ class GenerationScheduler:
 
     # -- the worker ------------------------------------------------------------------------
 
-    def _engine_for_worker(self) -> BatchEngine:
-        if self._engine is None:
-            self._engine = BatchEngine(self.loaded, self.max_batch)
-        return self._engine
-
-    def _take(self, engine: BatchEngine) -> list[_Pending] | None:
+    def _take(self, runner: _Runner) -> list[_Pending] | None:
         """Requests to admit now; None when there is nothing left to do (worker exits)."""
         with self._cond:
-            if not self._pending and not engine.active:
+            if not self._pending and not runner.engine.active:
                 self._worker = None
                 return None
-            room = self.max_batch - len(engine.active)
+            room = self.max_batch - len(runner.engine.active)
             return [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
 
     def _work(self) -> None:
-        """Worker loop: admit, prefill, decode one step, resolve finished rows; repeat."""
-        with self.loaded.lock:
-            engine = self._engine_for_worker()
-        while (admit := self._take(engine)) is not None:
+        """Worker loop: admit and prefill, decode one step, resolve finished rows; repeat.
+        On an unexpected failure every waiting caller gets the exception (never a hang)."""
+        runner: _Runner | None = None
+        try:
             with self.loaded.lock:
-                self._admit(engine, admit)
-                try:
-                    done = engine.step()
-                except BaseException as exc:
-                    self._fail(engine.drop_all(), exc)
-                    continue
-            self._finish(done)
+                if self._engine is None:
+                    self._engine = BatchEngine(self.loaded, self.max_batch)
+                runner = _Runner(self._engine)
+            while (admit := self._take(runner)) is not None:
+                with self.loaded.lock:
+                    done = runner.round(admit)
+                runner.finish(done)
+        except BaseException as exc:
+            with self._cond:
+                self._worker = None
+                waiting = list(self._pending)
+                self._pending.clear()
+            for p in waiting:
+                p.future.set_exception(exc)
+            if runner is not None:
+                runner.fail(runner.engine.drop_all(), exc)
+            raise
 
-    def _admit(self, engine: BatchEngine, admit: list[_Pending]) -> None:
-        """Prefill each admitted request; a failure is that caller's alone."""
+    def _run_inline(self, pending: list[_Pending]) -> None:
+        """Run ``pending`` to completion in the calling thread (it holds the model lock)."""
+        runner = _Runner(BatchEngine(self.loaded, self.max_batch))
+        queue = deque(pending)
+        while queue or runner.engine.active:
+            room = self.max_batch - len(runner.engine.active)
+            runner.finish(runner.round([queue.popleft() for _ in range(min(room, len(queue)))]))
+
+
+class _Runner:
+    """An engine and the futures of its rows (used by one thread at a time)."""
+
+    def __init__(self, engine: BatchEngine) -> None:
+        self.engine = engine
+        self.futures: dict[int, Future[RowResult]] = {}
+
+    def round(self, admit: list[_Pending]) -> list[Row]:
+        """Prefill ``admit`` (each failure is that caller's alone), then one decode step
+        (a failure goes to every active row); returns the finished rows."""
+        done: list[Row] = []
         for p in admit:
             if not p.future.set_running_or_notify_cancel():
                 continue
             try:
-                row = engine.start(p.request)
+                row = self.engine.start(p.request)
             except BaseException as exc:
                 p.future.set_exception(exc)
                 continue
-            self._futures[id(row)] = p.future
-            if row is not None and row.finish is not None:
-                self._finish([row])
+            self.futures[id(row)] = p.future
+            if row.finish is not None:
+                done.append(row)
+        try:
+            done.extend(self.engine.step())
+        except BaseException as exc:
+            self.fail(self.engine.drop_all(), exc)
+        return done
 
-    def _finish(self, rows: list[Row]) -> None:
+    def finish(self, rows: list[Row]) -> None:
+        """Hand each finished row's result to its caller."""
         for row in rows:
-            fut = self._futures.pop(id(row))
+            fut = self.futures.pop(id(row))
             try:
                 fut.set_result(row.result())
             except BaseException as exc:
                 fut.set_exception(exc)
 
-    def _fail(self, rows: list[Row], exc: BaseException) -> None:
+    def fail(self, rows: list[Row], exc: BaseException) -> None:
+        """Hand ``exc`` to the callers of ``rows``."""
         for row in rows:
-            self._futures.pop(id(row)).set_exception(exc)
-
-    def _run_inline(self, pending: list[_Pending]) -> None:
-        """Run ``pending`` to completion in the calling thread (it holds the model lock)."""
-        engine = BatchEngine(self.loaded, self.max_batch)
-        saved, self._futures = self._futures, {}
-        try:
-            queue = deque(pending)
-            while queue or engine.active:
-                room = self.max_batch - len(engine.active)
-                self._admit(engine, [queue.popleft() for _ in range(min(room, len(queue)))])
-                try:
-                    self._finish(engine.step())
-                except BaseException as exc:
-                    self._fail(engine.drop_all(), exc)
-        finally:
-            self._futures = saved
+            self.futures.pop(id(row)).set_exception(exc)
 
 
 def _owns(lock: object) -> bool:

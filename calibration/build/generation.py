@@ -9,9 +9,11 @@ sequence at a time to read the per-token signals the deployed guard computes liv
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from abstain_guard.calibration.build.config import CalibrationConfig
@@ -30,9 +32,12 @@ from abstain_guard.prompts import (
 __all__ = [
     "HELD_OUT",
     "LIKELIHOOD_METADATA",
+    "STATES_NS",
+    "Capture",
     "deployment_record",
     "generate_answers",
     "generated_pairs",
+    "means_digest",
     "replay_as_deployed",
 ]
 
@@ -45,6 +50,25 @@ LIKELIHOOD_METADATA = (
     "entropy",
     "generation",
 )
+
+
+#: What :func:`generate_answers` captures while generating: nothing (likelihood scorers),
+#: the geometry and per-token states (the reference split of a geometry scorer: its means are
+#: fitted on them), or the geometry with Φ computed online from fitted reference means.
+Capture = Literal["none", "states", "geometry"]
+
+#: Run-store namespace of the arrays captured with ``capture="states"`` (``omega``,
+#: ``theta`` ``[N, 2L-1]``, ``post_attn``, ``post_mlp`` ``[N, L, D]``), keyed like the answer.
+STATES_NS = "states"
+
+
+def means_digest(means: Any) -> str:
+    """sha256 of reference means' arrays (what a cached answer's Φ was computed with)."""
+    digest = hashlib.sha256()
+    for name, arr in sorted(means.to_arrays().items()):
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(arr, dtype=np.float64).tobytes())
+    return digest.hexdigest()
 
 
 def _gen_params(config: CalibrationConfig, item: QAItem) -> dict[str, Any]:
@@ -69,17 +93,25 @@ def generate_answers(
     progress: bool = True,
     on_chunk: Callable[[int], None] | None = None,
     batch_size: int | None = None,
+    capture: Capture = "none",
+    reference: Any = None,
 ) -> dict[str, dict[str, Any]]:
     """Greedy answers for ``items``, batched, cached per item in ``store``.
 
     Chunk boundaries are fixed by the order of ``items`` (not by what is already cached), so
     a resumed run feeds the model exactly the batches an uninterrupted run would. Returns
-    ``{item.id: {"text", "finish_reason", "metadata"}}`` where ``metadata`` holds the
+    ``{item.id: {"text", "finish_reason", "metadata", "key"}}`` where ``metadata`` holds the
     generation's token ids (what calibration replays: the exact tokens, EOS only when the
-    model produced it), OpenAI-style logprobs, entropies and generation settings (geometry
-    is not captured while generating). ``batch_size`` overrides ``config.batch_size``;
-    ``1`` generates each question alone, as the deployed guard does (cached apart from
-    batched answers).
+    model produced it), OpenAI-style logprobs, entropies and generation settings, and ``key``
+    is the answer's cache key. ``batch_size`` overrides ``config.batch_size``; ``1``
+    generates each question alone, as the deployed guard does (cached apart from batched
+    answers).
+
+    ``capture`` (see :data:`Capture`): with ``"states"`` the geometry and per-token states go
+    to ``store`` as arrays (namespace :data:`STATES_NS`, written before the answer's row);
+    with ``"geometry"`` the model carries ``reference`` (``model.with_reference``), so
+    ``metadata["geometry"]`` holds Ω, Θ and Φ, and the row records ``reference`` = the means'
+    digest. An answer already cached is never generated again, whatever it captured.
     """
     size = config.batch_size if batch_size is None else batch_size
     keys = {
@@ -95,6 +127,8 @@ def generate_answers(
     by_kind: dict[str, list[QAItem]] = {}
     for it in items:
         by_kind.setdefault(it.kind, []).append(it)
+    runner = model.with_reference(reference) if capture == "geometry" else model
+    digest = means_digest(reference) if capture == "geometry" else None
     bar = tqdm(total=len(items), desc="generating", disable=not progress, unit="q")
     bar.update(sum(1 for it in items if keys[it.id] in done))
     chunk_index = 0
@@ -104,28 +138,59 @@ def generate_answers(
             chunk_index += 1
             if all(keys[it.id] in done for it in chunk):
                 continue
-            runner = model.bind(**_gen_params(config, chunk[0]), capture_geometry=False)
             convs = [build_messages(it, config.system_prompt) for it in chunk]
-            outputs = runner.batch(convs) if size > 1 else [runner.invoke(convs[0])]
-            fresh = {
-                keys[it.id]: {
-                    "text": str(msg.content),
-                    "finish_reason": msg.response_metadata.get("finish_reason"),
-                    "metadata": {
-                        k: msg.response_metadata[k]
-                        for k in LIKELIHOOD_METADATA
-                        if k in msg.response_metadata
-                    },
-                }
-                for it, msg in zip(chunk, outputs, strict=True)
-            }
+            outputs = _generate_chunk(runner, convs, _gen_params(config, chunk[0]), capture)
+            fresh = {}
+            for it, (msg, states) in zip(chunk, outputs, strict=True):
+                if states is not None:
+                    store.put_arrays(STATES_NS, keys[it.id], _state_arrays(msg, states))
+                fresh[keys[it.id]] = _answer_row(msg, capture, digest)
             store.put_many("generation", fresh)
             done.update(fresh)
             bar.update(len(chunk))
             if on_chunk is not None:
                 on_chunk(chunk_index)
     bar.close()
-    return {it.id: done[keys[it.id]] for it in items}
+    return {it.id: {**done[keys[it.id]], "key": keys[it.id]} for it in items}
+
+
+def _generate_chunk(
+    model: Any, convs: list[Any], params: dict[str, Any], capture: Capture
+) -> list[tuple[Any, Any]]:
+    """``(message, states or None)`` per conversation: one batched call, or ``invoke`` for a
+    single question (as the deployed guard calls the model)."""
+    if capture == "states":
+        return list(model.generate_with_states(convs, **params))
+    runner = model.bind(**params, capture_geometry=capture == "geometry")
+    outputs = runner.batch(convs) if len(convs) > 1 else [runner.invoke(convs[0])]
+    return [(msg, None) for msg in outputs]
+
+
+def _answer_row(msg: Any, capture: Capture, digest: str | None) -> dict[str, Any]:
+    """The cached row of one answer: text, finish reason, the likelihood metadata and, with
+    ``capture="geometry"``, the geometry and the digest of the means its Φ used."""
+    meta = msg.response_metadata
+    row: dict[str, Any] = {
+        "text": str(msg.content),
+        "finish_reason": meta.get("finish_reason"),
+        "metadata": {k: meta[k] for k in LIKELIHOOD_METADATA if k in meta},
+    }
+    if capture == "geometry" and meta.get("geometry") is not None:
+        row["metadata"]["geometry"] = meta["geometry"]
+        row["reference"] = digest
+    return row
+
+
+def _state_arrays(msg: Any, states: Any) -> dict[str, np.ndarray]:
+    """What a reference answer keeps for fitting the means: Ω, Θ (float64, as in its
+    metadata) and the per-token states ``[N, L, D]`` (as captured)."""
+    geometry = msg.response_metadata["geometry"]
+    return {
+        "omega": np.asarray(geometry["omega"], dtype=np.float64),
+        "theta": np.asarray(geometry["theta"], dtype=np.float64),
+        "post_attn": np.asarray(states.post_attn),
+        "post_mlp": np.asarray(states.post_mlp),
+    }
 
 
 def generated_pairs(

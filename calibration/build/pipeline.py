@@ -6,10 +6,12 @@ output, so a killed run resumes where it stopped):
 1. load and validate the questions, the judge and the sizes — before any model is loaded;
 2. split them 5:3:1:1 into reference / train / calibration / test (seeded);
 3. generate an answer per question (batched, greedy; fixed chunk boundaries so a resumed run
-   produces exactly what an uninterrupted one would);
+   produces exactly what an uninterrupted one would; held-out questions one per call);
 4. judge each answer (cached per judge identity and content);
-5. replay the answers teacher-forced to read their per-token signals, fit the scorer on the
-   reference and train splits, score the calibration split;
+5. fit the scorer on the reference and train splits, score the calibration split. A geometry
+   scorer's inputs are captured while generating (reference split first, judged, its means
+   fitted, then the other splits with Φ online; see :mod:`.online_geometry`); answers not
+   generated that way are replayed teacher-forced;
 6. write a :class:`~abstain_guard.artifact.GuardArtifact` (fitted scorer, calibration scores
    and labels, model fingerprint, judge identity) that the guard loads.
 """
@@ -39,10 +41,16 @@ from abstain_guard.calibration.build.generation import (
 from abstain_guard.calibration.build.judges.base import summarize_judgments
 from abstain_guard.calibration.build.judges.cache import CachedJudge, JudgmentCache
 from abstain_guard.calibration.build.judges.registry import make_judge
+from abstain_guard.calibration.build.online_geometry import (
+    captures_geometry,
+    check_two_classes,
+    ensure_reference_arrays,
+    fit_captured,
+    fit_reference_means,
+)
 from abstain_guard.calibration.build.preflight import preflight
 from abstain_guard.calibration.build.store import RunStore, content_key, run_locks
 from abstain_guard.chains import load_chat_model
-from abstain_guard.errors import CalibrationError
 from abstain_guard.scoring import build_scorer
 
 logger = logging.getLogger("abstain_guard.calibration")
@@ -249,31 +257,14 @@ def _calibrate(
     timings["load"] = _now() - t0
 
     ordered = [it for name in SPLIT_NAMES for it in splits[name]]
-    t = _now()
-    answers: dict[str, dict[str, Any]] = {}
-    for names, size in ((("reference", "train"), None), (HELD_OUT, 1)):
-        answers.update(
-            generate_answers(
-                model,
-                [it for name in names for it in splits[name]],
-                store,
-                cfg,
-                fingerprint=fingerprint,
-                progress=progress,
-                on_chunk=on_generation_chunk,
-                batch_size=size,
-            )
-        )
-    timings["generate"] = _now() - t
-
-    t = _now()
-    judgments = judge_answers(judges, ordered, answers, progress=progress)
-    timings["judge"] = _now() - t
+    scorer = _make_scorer(cfg)
+    run = _Run(model, store, cfg, fingerprint, judges, progress, on_generation_chunk, timings)
+    if cfg.scorer in FIT_SCORERS and captures_geometry(scorer):
+        answers, judgments, means = run.generate_with_capture(splits)
+    else:
+        answers, judgments, means = run.generate_then_judge(splits, ordered), run.judgments, None
     excluded = [it.id for it in ordered if judgments[it.id]["correct"] is None]
-    labeled = {
-        name: [it for it in splits[name] if judgments[it.id]["correct"] is not None]
-        for name in SPLIT_NAMES
-    }
+    labeled = _labeled(splits, judgments)
     accuracy = {
         name: float(np.mean([judgments[it.id]["correct"] for it in labeled[name]]))
         if labeled[name]
@@ -282,7 +273,14 @@ def _calibrate(
     }
 
     t = _now()
-    scorer, cal_scores = fit_and_score(model, labeled, answers, judgments, cfg, progress=progress)
+    if means is not None:
+        scorer, cal_scores = fit_captured(
+            scorer, model, labeled, answers, judgments, cfg, means, store, progress=progress
+        )
+    else:
+        scorer, cal_scores = fit_and_score(
+            model, labeled, answers, judgments, cfg, progress=progress
+        )
     timings["fit"] = _now() - t
     cal_correct = np.array([bool(judgments[it.id]["correct"]) for it in labeled["calibration"]])
 
@@ -333,6 +331,92 @@ def _json_dumps(obj: Any) -> str:
     return json.dumps(obj, indent=2, default=str)
 
 
+def _labeled(
+    splits: dict[str, list[QAItem]], judgments: dict[str, dict[str, Any]]
+) -> dict[str, list[QAItem]]:
+    """Each split's items that were judged (a verdict that could not be made is dropped)."""
+    return {
+        name: [it for it in splits[name] if judgments[it.id]["correct"] is not None]
+        for name in splits
+    }
+
+
+@dataclass
+class _Run:
+    """The generation and judging steps of one run (what they share)."""
+
+    model: Any
+    store: RunStore
+    config: CalibrationConfig
+    fingerprint: str
+    judges: dict[str, Any]
+    progress: bool
+    on_chunk: Callable[[int], None] | None
+    timings: dict[str, float]
+    judgments: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def generate(
+        self, items: list[QAItem], size: int | None, capture: Any = "none", means: Any = None
+    ) -> dict[str, dict[str, Any]]:
+        """:func:`generate_answers` for ``items`` (timed under ``"generate"``)."""
+        t = _now()
+        answers = generate_answers(
+            self.model,
+            items,
+            self.store,
+            self.config,
+            fingerprint=self.fingerprint,
+            progress=self.progress,
+            on_chunk=self.on_chunk,
+            batch_size=size,
+            capture=capture,
+            reference=means,
+        )
+        self.timings["generate"] = self.timings.get("generate", 0.0) + _now() - t
+        return answers
+
+    def judge(self, items: list[QAItem], answers: dict[str, dict[str, Any]]) -> None:
+        """Judge ``items`` (timed under ``"judge"``); verdicts go to ``self.judgments``."""
+        t = _now()
+        self.judgments.update(judge_answers(self.judges, items, answers, progress=self.progress))
+        self.timings["judge"] = self.timings.get("judge", 0.0) + _now() - t
+
+    def generate_then_judge(
+        self, splits: dict[str, list[QAItem]], ordered: list[QAItem]
+    ) -> dict[str, dict[str, Any]]:
+        """Every answer without capture (reference and train batched, held-out one per
+        call), then every verdict."""
+        answers: dict[str, dict[str, Any]] = {}
+        for names, size in ((("reference", "train"), None), (HELD_OUT, 1)):
+            answers.update(self.generate([it for n in names for it in splits[n]], size))
+        self.judge(ordered, answers)
+        return answers
+
+    def generate_with_capture(
+        self, splits: dict[str, list[QAItem]]
+    ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], Any]:
+        """The reference split with states, judged, its means fitted; then train (batched)
+        and held-out (one per call) with Φ online. Returns answers, verdicts and means."""
+        reference = splits["reference"]
+        answers = self.generate(reference, None, "states")
+        self.judge(reference, answers)
+        labeled = _labeled({"reference": reference}, self.judgments)["reference"]
+        check_two_classes({"reference": labeled}, self.judgments, self.config)
+        t = _now()
+        ensure_reference_arrays(
+            self.model, labeled, answers, self.store, self.config, self.progress
+        )
+        means = fit_reference_means(labeled, answers, self.judgments, self.store)
+        self.timings["means"] = _now() - t
+        rest: list[QAItem] = []
+        for names, size in ((("train",), None), (HELD_OUT, 1)):
+            items = [it for n in names for it in splits[n]]
+            answers.update(self.generate(items, size, "geometry", means))
+            rest += items
+        self.judge(rest, answers)
+        return answers, self.judgments, means
+
+
 def fit_and_score(
     model: Any,
     labeled: dict[str, list[QAItem]],
@@ -342,16 +426,9 @@ def fit_and_score(
     *,
     progress: bool = True,
 ) -> tuple[Any, np.ndarray]:
-    """Fit the configured scorer on reference/train and score the calibration split."""
-    for name in ("reference", "train", "calibration"):
-        seen = {bool(judgments[it.id]["correct"]) for it in labeled[name]}
-        if name != "calibration" and len(seen) < 2 and config.scorer in FIT_SCORERS:
-            raise CalibrationError(
-                f"Every answer in the {name} split was judged "
-                f"{'correct' if True in seen else 'incorrect'}; the {config.scorer} scorer "
-                "needs both. Use questions the model sometimes gets right and sometimes wrong "
-                "(the built-in probe set is such a set for the default model)."
-            )
+    """Fit the configured scorer on reference/train and score the calibration split, reading
+    the geometry by replay (answers generated without capture)."""
+    check_two_classes(labeled, judgments, config)
 
     def pairs(name: str) -> list[tuple[Any, list[int]]]:
         return generated_pairs(labeled[name], answers, config)

@@ -21,6 +21,13 @@ Integrity: a cache is never silently trusted nor silently discarded.
   the file is marked as version 1, after which a row without a checksum is an error like an
   edited one.
 
+Arrays (per-token hidden states of reference answers, which a geometry scorer fits its means
+on) are too large for JSON rows: :meth:`RunStore.put_arrays` writes them as an ``.npz`` file
+beside the database (``<db>.arrays/<ns>/<key>.npz``) and a row ``{"file", "sha256", "bytes"}``
+whose checksum covers the file's; :meth:`RunStore.get_arrays` checks the file against it and
+loads it without pickle. The file is written (atomically) before its row, so a row always
+names a complete file; a file without a row is never read.
+
 :class:`RunLock` keeps one calibration per output: an exclusive ``flock`` on a lock file
 holding the owner's PID. The kernel releases it when its process dies, so a stale lock file
 (left by a killed run) is simply taken over; a live one makes the second run fail at once with
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import logging
 import os
@@ -40,6 +48,8 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from abstain_guard.errors import CacheError, CalibrationError, CalibrationLockedError
 
@@ -291,6 +301,78 @@ class RunStore:
                 )
         except sqlite3.Error as exc:
             raise _db_error(self.path, exc, "write to") from exc
+
+    # --- arrays beside the rows -----------------------------------------------------------
+
+    @property
+    def arrays_dir(self) -> Path:
+        """Where :meth:`put_arrays` writes its files (``<db>.arrays``)."""
+        return self.path.with_name(self.path.name + ".arrays")
+
+    def put_arrays(self, ns: str, key: str, arrays: Mapping[str, np.ndarray]) -> None:
+        """Store ``arrays`` (numeric, no pickle) under ``ns/key``: the ``.npz`` file first
+        (atomically), then its row (checksum of the file included).
+
+        Raises:
+            CacheError: the file or the row cannot be written.
+        """
+        buffer = io.BytesIO()
+        named: dict[str, Any] = {k: np.asarray(v) for k, v in arrays.items()}
+        np.savez(buffer, **named)
+        data = buffer.getvalue()
+        name = f"{ns}/{key}.npz"
+        target = self.arrays_dir / name
+        tmp = target.with_name(f".{target.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(data)
+            os.replace(tmp, target)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise CacheError(
+                f"Could not write {target} ({exc}). Check that the cache directory is writable "
+                "and the disk is not full, then run again."
+            ) from exc
+        digest = hashlib.sha256(data).hexdigest()
+        self.put_many(ns, {key: {"file": name, "sha256": digest, "bytes": len(data)}})
+
+    def get_arrays(self, ns: str, key: str) -> dict[str, np.ndarray] | None:
+        """The arrays stored under ``ns/key``, or None when there are none (no row, or its
+        file was deleted to save space).
+
+        Raises:
+            CacheError: the file does not match its checksum or is not a valid ``.npz``.
+        """
+        row = self.get_many(ns, [key]).get(key)
+        if not isinstance(row, Mapping) or not {"file", "sha256"} <= set(row):
+            return None
+        path = self.arrays_dir / str(row["file"])
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise CacheError(f"Could not read {path} ({exc}). {_delete_hint(self.path)}") from exc
+        if hashlib.sha256(data).hexdigest() != row["sha256"]:
+            raise CacheError(
+                f"The cache file {path} does not match its checksum (it was edited or damaged). "
+                f"Delete it (the run recomputes it) or the whole cache. {_delete_hint(self.path)}"
+            )
+        try:
+            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+                return {k: npz[k] for k in npz.files}
+        except (ValueError, OSError) as exc:
+            raise CacheError(f"The cache file {path} is not a valid .npz ({exc}).") from exc
+
+    def has_arrays(self, ns: str, keys: Sequence[str]) -> set[str]:
+        """The keys of ``keys`` whose arrays are stored (row present and file on disk)."""
+        rows = self.get_many(ns, keys)
+        return {
+            k
+            for k, row in rows.items()
+            if isinstance(row, Mapping) and (self.arrays_dir / str(row.get("file"))).is_file()
+        }
 
     def count(self, ns: str | None = None) -> int:
         """Number of values in a namespace (in all namespaces when ``ns`` is None)."""

@@ -121,14 +121,23 @@ class GeometryScorer(Scorer):
                 "an artifact first."
             )
 
-    def fit(self, reference: LabeledResponses, train: LabeledResponses) -> GeometryScorer:
+    def fit(
+        self,
+        reference: LabeledResponses,
+        train: LabeledResponses,
+        *,
+        reference_means: ReferenceMeans | None = None,
+    ) -> GeometryScorer:
         """Fit reference means, Gaussians and the XGBoost calibrator.
 
         Args:
             reference: ``(ReplayResult with states, correct)`` pairs.
             train: ``(response, correct)`` pairs; each response a ReplayResult with states
-                or a message whose geometry carries Φ computed with the means fitted here
-                (in practice: ReplayResults with states).
+                or a message whose geometry carries Φ computed with the means fitted here.
+            reference_means: the means, already fitted on the reference responses' states
+                (calibration streams them from its cache, one answer in memory at a time);
+                the reference responses then need no states: their geometry carries Φ
+                computed with these means.
 
         Raises:
             InsufficientDataError: too few correct/incorrect reference responses or tokens,
@@ -149,14 +158,19 @@ class GeometryScorer(Scorer):
                 f"least {self.min_reference_responses} of each are needed to fit the mean "
                 "directions and Gaussians. Use a larger reference split."
             )
-        if len(correct_states) != n_c or len(incorrect_states) != n_i:
+        if reference_means is None and (len(correct_states) != n_c or len(incorrect_states) != n_i):
             raise ScoringError(
                 "Every reference response must carry hidden states: pass ReplayResults from "
                 "model.replay(..., return_states=True)."
             )
-        means = ReferenceMeans.from_states(correct_states, incorrect_states)
+        means = (
+            reference_means
+            if reference_means is not None
+            else ReferenceMeans.from_states(correct_states, incorrect_states)
+        )
+        del correct_states, incorrect_states
         self.reference_means_ = means
-        ref_blocks = [token_block(r, means, require_states=True) for r, _ in ref]
+        ref_blocks = [token_block(r, means, require_states=reference_means is None) for r, _ in ref]
         width = ref_blocks[0].geometry.shape[1]
         if (width + 4) % 8 != 0:
             raise InvalidInputError(f"Token vectors of width {width} are not 8L−4 wide.")

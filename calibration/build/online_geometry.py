@@ -1,0 +1,271 @@
+"""Calibration without replay: the geometry scorer's inputs captured while generating.
+
+For a scorer fitted on hidden-state geometry (``scorer.fit`` accepts ``reference_means``),
+:func:`~abstain_guard.calibration.build.pipeline.calibrate`
+
+1. generates the reference split (batched) capturing Ω, Θ and the per-token states, which
+   go to the run cache as arrays beside the answer (``capture="states"``);
+2. judges it and fits the reference means streaming over those arrays, one answer in memory
+   at a time (:func:`fit_reference_means`);
+3. generates train (batched) and calibration / test (one question per call, as the deployed
+   guard does) with the means installed, so Φ is computed online and every calibration
+   score is what the guard computes live;
+4. fits the scorer on the reference answers (Φ from their states and the means,
+   :func:`reference_responses`) and the train answers, and scores the calibration answers.
+
+Answers that were not generated with capture here (a cache written by an older version or by
+a likelihood-scorer run, or geometry computed with other means) are replayed as before:
+reference answers with states (batched; their arrays are then cached), train answers
+batched, held-out answers one sequence per forward pass (:func:`answers_with_phi`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from abstain_guard.adapters import ReferenceMeans, TokenStates
+from abstain_guard.adapters.geometry import phi_from_states
+from abstain_guard.calibration.build.config import FIT_SCORERS, CalibrationConfig
+from abstain_guard.calibration.build.datasets import QAItem
+from abstain_guard.calibration.build.generation import (
+    STATES_NS,
+    generated_pairs,
+    means_digest,
+    replay_as_deployed,
+)
+from abstain_guard.calibration.build.store import RunStore
+from abstain_guard.errors import CalibrationError
+
+logger = logging.getLogger("abstain_guard.calibration")
+
+__all__ = [
+    "answers_with_phi",
+    "captures_geometry",
+    "check_two_classes",
+    "ensure_reference_arrays",
+    "fit_captured",
+    "fit_reference_means",
+    "reference_responses",
+]
+
+
+def captures_geometry(scorer: Any) -> bool:
+    """Whether ``scorer`` is fitted on means computed outside it (``fit(...,
+    reference_means=...)``), so calibration can capture its inputs while generating."""
+    fit = getattr(scorer, "fit", None)
+    if fit is None:
+        return False
+    try:
+        return "reference_means" in inspect.signature(fit).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def ensure_reference_arrays(
+    model: Any,
+    items: Sequence[QAItem],
+    answers: dict[str, dict[str, Any]],
+    store: RunStore,
+    config: CalibrationConfig,
+    progress: bool = False,
+) -> int:
+    """Make sure every reference answer has its arrays (Ω, Θ, states) in ``store``: those
+    generated without capture here are replayed with states, ``config.replay_batch_size``
+    per forward pass, and their arrays cached. Returns how many were replayed."""
+    have = store.has_arrays(STATES_NS, [answers[it.id]["key"] for it in items])
+    missing = [it for it in items if answers[it.id]["key"] not in have]
+    size = config.replay_batch_size
+    starts = range(0, len(missing), size)
+    for start in tqdm(starts, desc="replay (reference)", disable=not progress or not missing):
+        chunk = missing[start : start + size]
+        results = model.replay_batch(
+            generated_pairs(chunk, answers, config), batch_size=size, return_states=True
+        )
+        for it, res in zip(chunk, results, strict=True):
+            geometry = res.metadata.get("geometry") or {}
+            if res.states is None or not geometry.get("omega"):
+                raise CalibrationError(
+                    f"The replay of the reference answer {it.id!r} returned no geometry or "
+                    "states (an empty answer?). Delete the run cache and run again."
+                )
+            store.put_arrays(
+                STATES_NS,
+                answers[it.id]["key"],
+                {
+                    "omega": np.asarray(geometry["omega"], dtype=np.float64),
+                    "theta": np.asarray(geometry["theta"], dtype=np.float64),
+                    "post_attn": res.states.post_attn,
+                    "post_mlp": res.states.post_mlp,
+                },
+            )
+    return len(missing)
+
+
+def _arrays(store: RunStore, answer: dict[str, Any], item_id: str) -> dict[str, np.ndarray]:
+    arrays = store.get_arrays(STATES_NS, answer["key"])
+    if arrays is None:
+        raise CalibrationError(
+            f"The captured states of the reference answer {item_id!r} are missing from the "
+            "run cache (deleted during the run?). Run again: they are recomputed."
+        )
+    return arrays
+
+
+def fit_reference_means(
+    items: Sequence[QAItem],
+    answers: dict[str, dict[str, Any]],
+    judgments: dict[str, dict[str, Any]],
+    store: RunStore,
+) -> ReferenceMeans:
+    """Means of the states of correct (in) and incorrect (out) reference answers, read from
+    the run cache one answer at a time (``ReferenceMeans.from_states`` sums as it goes)."""
+
+    def states(correct: bool) -> Iterator[TokenStates]:
+        for it in items:
+            if bool(judgments[it.id]["correct"]) is correct:
+                arrays = _arrays(store, answers[it.id], it.id)
+                yield TokenStates(arrays["post_attn"], arrays["post_mlp"])
+
+    return ReferenceMeans.from_states(states(True), states(False))
+
+
+def reference_responses(
+    items: Sequence[QAItem],
+    answers: dict[str, dict[str, Any]],
+    store: RunStore,
+    means: ReferenceMeans,
+) -> list[dict[str, Any]]:
+    """Each reference answer's metadata as the scorer's fit reads it: Ω, Θ as captured and
+    Φ^in/Φ^out computed from its states and ``means`` in float64 — exactly what the scorer
+    computes from a ``ReplayResult`` with states. States are dropped answer by answer."""
+    out = []
+    for it in items:
+        arrays = _arrays(store, answers[it.id], it.id)
+        post_attn = np.asarray(arrays["post_attn"], dtype=np.float64)
+        post_mlp = np.asarray(arrays["post_mlp"], dtype=np.float64)
+        geometry = {
+            "num_layers": means.num_layers,
+            "omega": arrays["omega"],
+            "theta": arrays["theta"],
+            "phi_in": phi_from_states(post_attn, post_mlp, means.post_attn_in, means.post_mlp_in),
+            "phi_out": phi_from_states(
+                post_attn, post_mlp, means.post_attn_out, means.post_mlp_out
+            ),
+        }
+        out.append({**answers[it.id]["metadata"], "geometry": geometry})
+    return out
+
+
+def _has_phi(answer: dict[str, Any], digest: str) -> bool:
+    """Whether a cached answer's geometry carries Φ computed with the means of ``digest``."""
+    geometry = (answer.get("metadata") or {}).get("geometry")
+    return (
+        answer.get("reference") == digest
+        and isinstance(geometry, dict)
+        and geometry.get("phi_in") is not None
+    )
+
+
+def answers_with_phi(
+    model: Any,
+    items: Sequence[QAItem],
+    answers: dict[str, dict[str, Any]],
+    config: CalibrationConfig,
+    means: ReferenceMeans,
+    *,
+    batch_size: int,
+    progress: bool = False,
+) -> tuple[list[dict[str, Any]], int]:
+    """Metadata of ``items``' answers with Φ for ``means``, and how many were replayed.
+
+    The geometry captured while generating is used when its Φ was computed with these
+    means; the other answers are replayed with the means installed, ``batch_size``
+    sequences per forward pass (``1`` for held-out answers: one sequence per pass, as the
+    guard scores; see :func:`replay_as_deployed`).
+    """
+    digest = means_digest(means)
+    stale = [it for it in items if not _has_phi(answers[it.id], digest)]
+    replayed: dict[str, dict[str, Any]] = {}
+    if stale:
+        scoring = model.with_reference(means)
+        if batch_size == 1:
+            metas = replay_as_deployed(scoring, stale, answers, config, progress)
+        else:
+            pairs = generated_pairs(stale, answers, config)
+            results = scoring.replay_batch(pairs, batch_size=batch_size, progress=progress)
+            metas = [r.metadata for r in results]
+        replayed = {it.id: meta for it, meta in zip(stale, metas, strict=True)}
+    return [replayed.get(it.id) or answers[it.id]["metadata"] for it in items], len(stale)
+
+
+def check_two_classes(
+    labeled: dict[str, list[QAItem]],
+    judgments: dict[str, dict[str, Any]],
+    config: CalibrationConfig,
+) -> None:
+    """A fitted scorer needs correct and incorrect answers in its reference / train splits."""
+    for name in ("reference", "train"):
+        if name not in labeled or config.scorer not in FIT_SCORERS:
+            continue
+        seen = {bool(judgments[it.id]["correct"]) for it in labeled[name]}
+        if len(seen) < 2:
+            raise CalibrationError(
+                f"Every answer in the {name} split was judged "
+                f"{'correct' if True in seen else 'incorrect'}; the {config.scorer} scorer "
+                "needs both. Use questions the model sometimes gets right and sometimes wrong "
+                "(the built-in probe set is such a set for the default model)."
+            )
+
+
+def fit_captured(
+    scorer: Any,
+    model: Any,
+    labeled: dict[str, list[QAItem]],
+    answers: dict[str, dict[str, Any]],
+    judgments: dict[str, dict[str, Any]],
+    config: CalibrationConfig,
+    means: Any,
+    store: RunStore,
+    *,
+    progress: bool = True,
+) -> tuple[Any, np.ndarray]:
+    """Fit ``scorer`` on inputs captured while generating and score the calibration split.
+
+    Reference answers: Φ from their cached states and ``means``; train and calibration
+    answers: the geometry captured with ``means`` installed (answers generated otherwise are
+    replayed: train batched, calibration one sequence per pass). The calibration scores are
+    then what the deployed guard computes while generating.
+    """
+    check_two_classes(labeled, judgments, config)
+
+    def labels(name: str) -> list[bool]:
+        return [bool(judgments[it.id]["correct"]) for it in labeled[name]]
+
+    reference = reference_responses(labeled["reference"], answers, store, means)
+    train, n_train = answers_with_phi(
+        model,
+        labeled["train"],
+        answers,
+        config,
+        means,
+        batch_size=config.replay_batch_size,
+        progress=progress,
+    )
+    scorer.fit(
+        list(zip(reference, labels("reference"), strict=True)),
+        list(zip(train, labels("train"), strict=True)),
+        reference_means=means,
+    )
+    del reference, train
+    cal, n_cal = answers_with_phi(
+        model, labeled["calibration"], answers, config, means, batch_size=1, progress=progress
+    )
+    if n_train or n_cal:
+        logger.info("replayed %d train and %d calibration answers (no capture)", n_train, n_cal)
+    return scorer, np.asarray(scorer.score_many(cal), dtype=np.float64)

@@ -1,23 +1,32 @@
 """Overhead of geometry capture during generation on the default model (SmolLM2-135M, CPU).
 
-For prompt lengths 32 and 256 (tokens fed to the model, chat template included) and 32 new
-tokens, runs side by side, alternating, ``repeats`` times each:
+For prompt lengths 32, 256 and 2,048 (tokens fed to the model, chat template included) and
+32 new tokens, runs side by side, alternating, ``repeats`` times each:
 
-* plain:   ``hf_model.generate`` (greedy, sdpa, KV cache), forced to the same 32 tokens;
-* capture: ``GeometryChatModel.invoke`` (greedy) with geometry capture, logprobs, entropy
-  and the JSON metadata, i.e. the whole product path.
+* plain: ``hf_model.generate`` (greedy, sdpa, KV cache), forced to the same tokens;
+* full:  ``GeometryChatModel.invoke`` (greedy) with exact geometry capture (Ω, Θ), logprobs,
+  entropy and the JSON metadata, i.e. the whole product path;
+* fast:  the same with ``capture="fast"`` (Θ, ω_dir only; no per-source decomposition).
 
-It checks both produce the same tokens, reports median wall-clock times, the ratio
-capture / plain and the extra peak resident memory of capture (RSS sampled every ms, peak
-minus the RSS before the call, capture minus plain). The last line printed is one JSON
-object ``{"ratio_prompt32": ..., "ratio_prompt256": ..., "extra_peak_mem_mb": ...}``.
+It checks all produce the same tokens and reports median wall-clock times, the ratios
+capture / plain and the extra peak resident memory of capture at 2,048 tokens (RSS sampled
+every ms, peak minus the RSS before the call, capture minus plain). ``model_rss_mb`` is the
+resident memory the loaded model adds to the process. The last line printed is one JSON
+object::
 
-Run: ``.venv/bin/python bench/capture_overhead.py [--repeats 5]``
+    {"full": {"ratio_prompt32", "ratio_prompt256", "ratio_prompt2048",
+              "extra_peak_mem_mb_2048"},
+     "fast": {same keys}, "model_rss_mb": ...}
+
+(``fast`` values are null where the chat model has no fast capture mode.)
+
+Run: ``nice -n 5 .venv/bin/python bench/capture_overhead.py [--repeats 5] [--repeats-long 3]``
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -34,6 +43,7 @@ import torch
 from abstain_guard.adapters import GeometryChatModel, load_default_model
 
 NEW_TOKENS = 32
+PROMPT_LENGTHS = (32, 256, 2048)
 TEXT = (
     "Write a very long and detailed essay about the history of the Roman Empire, from the "
     "founding of the city to the fall of Constantinople, covering its emperors, wars, "
@@ -78,18 +88,22 @@ def user_text_for(model: GeometryChatModel, n_tokens: int) -> str:
     tok = model.tokenizer
     base = len(model.encode_chat("x")[0]) - len(tok("x", add_special_tokens=False)["input_ids"])
     need = n_tokens - base
-    ids = tok((TEXT * 20), add_special_tokens=False)["input_ids"]
+    reps = 1 + (4 * n_tokens) // max(1, len(tok(TEXT, add_special_tokens=False)["input_ids"]))
+    ids = tok((TEXT * reps), add_special_tokens=False)["input_ids"]
     for extra in range(0, 8):
         text = tok.decode(ids[: need + extra]).strip()
-        for cut in range(len(text), 0, -1):
-            if len(model.encode_chat(text[:cut])[0]) == n_tokens:
+        for cut in range(len(text), max(0, len(text) - 64), -1):
+            n = len(model.encode_chat(text[:cut])[0])
+            if n == n_tokens:
                 return text[:cut]
-            if len(model.encode_chat(text[:cut])[0]) < n_tokens:
+            if n < n_tokens:
                 break
     raise RuntimeError(f"could not build a prompt of exactly {n_tokens} tokens")
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
+    """Wall time, extra peak RSS (MB) and result of ``fn()``."""
+    gc.collect()
     with PeakRSS() as mem:
         t0 = time.perf_counter()
         out = fn()
@@ -97,60 +111,83 @@ def timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
     return dt, mem.extra_mb, out
 
 
+def capture_models(model: GeometryChatModel) -> dict[str, GeometryChatModel | None]:
+    """The full-mode model and its fast-mode copy (None where there is no fast mode)."""
+    fast = None
+    if "capture" in type(model).model_fields:
+        fast = model.model_copy(update={"capture": "fast"})
+        fast._shared = model._shared
+    return {"full": model, "fast": fast}
+
+
+def measure(
+    model: GeometryChatModel, n_prompt: int, repeats: int
+) -> dict[str, tuple[float, float]]:
+    """``{name: (median seconds, max extra peak MB)}`` for plain, full and fast."""
+    hf = model.hf_model
+    text = user_text_for(model, n_prompt)
+    prompt_ids = model.encode_chat(text)[0]
+    assert len(prompt_ids) == n_prompt
+    ids = torch.tensor([prompt_ids])
+    ref = model.invoke(text).response_metadata["token_ids"]  # warm-up; fixes the tokens
+    n_new = len(ref)
+
+    def plain() -> list[int]:
+        out = hf.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n_new,
+            min_new_tokens=n_new,
+            do_sample=False,
+            pad_token_id=model.tokenizer.pad_token_id,
+        )
+        return [int(t) for t in out[0, ids.shape[1] :]]
+
+    fns: dict[str, Callable[[], list[int]]] = {"plain": plain}
+    for name, m in capture_models(model).items():
+        if m is not None:
+            fns[name] = lambda m=m: list(m.invoke(text).response_metadata["token_ids"])
+            fns[name]()  # warm-up
+    plain()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    mems: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            dt, mb, toks = timed(fn)
+            if toks != ref:
+                raise RuntimeError(f"{name} produced different tokens: {toks} vs {ref}")
+            times[name].append(dt)
+            mems[name].append(mb)
+    res = {k: (statistics.median(times[k]), max(mems[k])) for k in fns}
+    line = " ".join(f"{k}={t * 1000:9.1f} ms (+{mb:7.1f} MB)" for k, (t, mb) in res.items())
+    ratios = " ".join(f"{k}/plain={res[k][0] / res['plain'][0]:.3f}" for k in res if k != "plain")
+    print(f"prompt={n_prompt:5d} new={n_new} {line} {ratios}", flush=True)
+    return res
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="repeats at 32 and 256 tokens")
+    parser.add_argument("--repeats-long", type=int, default=3, help="repeats at 2,048 tokens")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
+    gc.collect()
+    rss0 = _rss_bytes()
     model = load_default_model(max_new_tokens=NEW_TOKENS)
-    hf = model.hf_model
-    result: dict[str, float] = {}
-    extra_mem: list[float] = []
-    for n_prompt in (32, 256):
-        text = user_text_for(model, n_prompt)
-        prompt_ids = model.encode_chat(text)[0]
-        assert len(prompt_ids) == n_prompt
-        ids = torch.tensor([prompt_ids])
-        # warm-up; also fixes the reference tokens
-        ref = model.invoke(text).response_metadata["token_ids"]
-        n_new = len(ref)
-
-        def plain(ids: torch.Tensor = ids, n_new: int = n_new) -> list[int]:
-            out = hf.generate(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=n_new,
-                min_new_tokens=n_new,
-                do_sample=False,
-                pad_token_id=model.tokenizer.pad_token_id,
-            )
-            return [int(t) for t in out[0, ids.shape[1] :]]
-
-        def capture(text: str = text) -> list[int]:
-            return list(model.invoke(text).response_metadata["token_ids"])
-
-        plain()
-        times: dict[str, list[float]] = {"plain": [], "capture": []}
-        mems: dict[str, list[float]] = {"plain": [], "capture": []}
-        for _ in range(args.repeats):
-            for name, fn in (("plain", plain), ("capture", capture)):
-                dt, mb, toks = timed(fn)
-                if toks != ref:
-                    raise RuntimeError(f"{name} produced different tokens: {toks} vs {ref}")
-                times[name].append(dt)
-                mems[name].append(mb)
-        tp = statistics.median(times["plain"])
-        tc = statistics.median(times["capture"])
-        ratio = tc / tp
-        extra = max(mems["capture"]) - max(mems["plain"])
-        extra_mem.append(extra)
-        print(
-            f"prompt={n_prompt:4d} new={n_new} plain={tp * 1000:8.1f} ms "
-            f"capture={tc * 1000:8.1f} ms ratio={ratio:.3f} "
-            f"peak_rss plain={max(mems['plain']):.1f} MB capture={max(mems['capture']):.1f} MB"
-        )
-        result[f"ratio_prompt{n_prompt}"] = round(ratio, 4)
-    result["extra_peak_mem_mb"] = round(max(extra_mem), 1)
+    gc.collect()
+    model_rss_mb = (_rss_bytes() - rss0) / 2**20
+    result: dict[str, Any] = {"full": {}, "fast": {}}
+    for n_prompt in PROMPT_LENGTHS:
+        reps = args.repeats_long if n_prompt > 256 else args.repeats
+        res = measure(model, n_prompt, reps)
+        for mode in ("full", "fast"):
+            got = res.get(mode)
+            ratio = None if got is None else round(got[0] / res["plain"][0], 4)
+            result[mode][f"ratio_prompt{n_prompt}"] = ratio
+            if n_prompt == 2048:
+                extra = None if got is None else round(got[1] - res["plain"][1], 1)
+                result[mode]["extra_peak_mem_mb_2048"] = extra
+    result["model_rss_mb"] = round(model_rss_mb, 1)
     print(json.dumps(result))
 
 

@@ -14,11 +14,19 @@ from typing import Any
 
 import numpy as np
 
+from abstain_guard.adapters import ReferenceMeans
 from abstain_guard.adapters.geometry import phi_from_states
-from abstain_guard.errors import InvalidInputError, ScoringError
+from abstain_guard.errors import InsufficientDataError, InvalidInputError, ScoringError
 from abstain_guard.metadata import ResponseMetadata
 
-__all__ = ["FAMILIES", "TokenBlock", "family_slices", "token_block"]
+__all__ = [
+    "FAMILIES",
+    "ReferenceInputs",
+    "TokenBlock",
+    "family_slices",
+    "reference_inputs",
+    "token_block",
+]
 
 FAMILIES: tuple[str, ...] = ("omega", "theta", "phi_in", "phi_out")
 """The four geometry families, in token-vector order."""
@@ -128,3 +136,86 @@ def token_block(
     ent = meta.entropy()
     entropy = ent if ent is not None and ent.shape == (n,) else np.full(n, np.nan, dtype=np.float64)
     return TokenBlock(geometry=vec, logprob=logprob, entropy=entropy)
+
+
+@dataclass
+class ReferenceInputs:
+    """The reference split, read once for a geometry-family scorer's fit.
+
+    Attributes:
+        means: the reference mean directions Φ is measured against.
+        blocks: one :class:`TokenBlock` per reference response (Φ with ``means``).
+        labels: ``[n]`` bool, the responses' correctness.
+        num_layers: L, from the token-vector width ``8L−4``.
+    """
+
+    means: ReferenceMeans
+    blocks: list[TokenBlock]
+    labels: np.ndarray
+    num_layers: int
+
+    def counts(self) -> dict[str, list[int]]:
+        """``{"reference_responses": [correct, incorrect], "reference_tokens": [...]}``."""
+        sizes = np.asarray([b.logprob.size for b in self.blocks])
+        return {
+            "reference_responses": [int(self.labels.sum()), int((~self.labels).sum())],
+            "reference_tokens": [int(sizes[self.labels].sum()), int(sizes[~self.labels].sum())],
+        }
+
+    def tokens(self, correct: bool) -> np.ndarray:
+        """``[N, 8L−4]`` token vectors of the correct (or incorrect) reference responses."""
+        return np.concatenate(
+            [b.geometry for b, c in zip(self.blocks, self.labels, strict=True) if c == correct]
+        )
+
+
+def reference_inputs(
+    reference: Any,
+    *,
+    reference_means: ReferenceMeans | None = None,
+    min_responses: int = 2,
+) -> ReferenceInputs:
+    """Fit the reference means (unless given) and read every reference response's tokens.
+
+    Args:
+        reference: ``(response, correct)`` pairs; each response a ReplayResult with states
+            (the means are fitted from them) or, with ``reference_means``, any response
+            whose geometry carries Φ computed with those means.
+        reference_means: means already fitted on the reference states (calibration streams
+            them from its cache, one answer in memory at a time).
+        min_responses: the fewest correct and incorrect responses each.
+
+    Raises:
+        InsufficientDataError: too few correct or incorrect reference responses.
+        ScoringError: a reference response lacks states (when the means are fitted here),
+            geometry or log-probabilities.
+        InvalidInputError: token vectors that are not ``8L−4`` wide.
+    """
+    ref = list(reference)
+    labels = np.asarray([bool(c) for _, c in ref], dtype=bool)
+    n_c = int(labels.sum())
+    n_i = labels.size - n_c
+    if n_c < min_responses or n_i < min_responses:
+        raise InsufficientDataError(
+            f"The reference split has {n_c} correct and {n_i} incorrect responses; at "
+            f"least {min_responses} of each are needed to fit the mean directions and "
+            "Gaussians. Use a larger reference split."
+        )
+    means = reference_means
+    if means is None:
+        states = [getattr(r, "states", None) for r, _ in ref]
+        if any(s is None for s in states):
+            raise ScoringError(
+                "Every reference response must carry hidden states: pass ReplayResults from "
+                "model.replay(..., return_states=True)."
+            )
+        means = ReferenceMeans.from_states(
+            [s for s, c in zip(states, labels, strict=True) if c],
+            [s for s, c in zip(states, labels, strict=True) if not c],
+        )
+        del states
+    blocks = [token_block(r, means, require_states=reference_means is None) for r, _ in ref]
+    width = blocks[0].geometry.shape[1]
+    if (width + 4) % 8 != 0:
+        raise InvalidInputError(f"Token vectors of width {width} are not 8L−4 wide.")
+    return ReferenceInputs(means, blocks, labels, (width + 4) // 8)

@@ -39,10 +39,13 @@ from abstain_guard.calibration.inference.calibrator import (
     fit_xgb_calibrator,
     response_uncertainty,
 )
-from abstain_guard.calibration.inference.features import TokenBlock, token_block
+from abstain_guard.calibration.inference.features import (
+    TokenBlock,
+    reference_inputs,
+    token_block,
+)
 from abstain_guard.errors import (
     ArtifactSchemaError,
-    InsufficientDataError,
     InvalidInputError,
     NotFittedError,
     ScoringError,
@@ -145,46 +148,16 @@ class GeometryScorer(Scorer):
             InvalidInputError: identical or NaN features.
             ScoringError: a response lacks what is needed (states, logprobs, geometry).
         """
-        ref = list(reference)
-        correct_states = [r.states for r, c in ref if c and getattr(r, "states", None) is not None]
-        incorrect_states = [
-            r.states for r, c in ref if not c and getattr(r, "states", None) is not None
-        ]
-        n_c = sum(1 for _, c in ref if c)
-        n_i = len(ref) - n_c
-        if n_c < self.min_reference_responses or n_i < self.min_reference_responses:
-            raise InsufficientDataError(
-                f"The reference split has {n_c} correct and {n_i} incorrect responses; at "
-                f"least {self.min_reference_responses} of each are needed to fit the mean "
-                "directions and Gaussians. Use a larger reference split."
-            )
-        if reference_means is None and (len(correct_states) != n_c or len(incorrect_states) != n_i):
-            raise ScoringError(
-                "Every reference response must carry hidden states: pass ReplayResults from "
-                "model.replay(..., return_states=True)."
-            )
-        means = (
-            reference_means
-            if reference_means is not None
-            else ReferenceMeans.from_states(correct_states, incorrect_states)
+        ref = reference_inputs(
+            reference,
+            reference_means=reference_means,
+            min_responses=self.min_reference_responses,
         )
-        del correct_states, incorrect_states
-        self.reference_means_ = means
-        ref_blocks = [token_block(r, means, require_states=reference_means is None) for r, _ in ref]
-        width = ref_blocks[0].geometry.shape[1]
-        if (width + 4) % 8 != 0:
-            raise InvalidInputError(f"Token vectors of width {width} are not 8L−4 wide.")
-        self.num_layers_ = (width + 4) // 8
-        ref_labels = np.asarray([bool(c) for _, c in ref])
+        means = self.reference_means_ = ref.means
+        self.num_layers_ = ref.num_layers
         if self.variant == "paper":
-            x_c = np.concatenate(
-                [b.geometry for b, c in zip(ref_blocks, ref_labels, strict=True) if c]
-            )
-            x_i = np.concatenate(
-                [b.geometry for b, c in zip(ref_blocks, ref_labels, strict=True) if not c]
-            )
-            self.gaussian_corr_ = fit_gaussian(x_c, self.covariance)
-            self.gaussian_inc_ = fit_gaussian(x_i, self.covariance)
+            self.gaussian_corr_ = fit_gaussian(ref.tokens(correct=True), self.covariance)
+            self.gaussian_inc_ = fit_gaussian(ref.tokens(correct=False), self.covariance)
 
         tr = list(train)
         blocks = [token_block(r, means) for r, _ in tr]
@@ -211,15 +184,7 @@ class GeometryScorer(Scorer):
         )
         self.fit_info_ = {
             **info,
-            "reference_responses": [int(n_c), int(n_i)],
-            "reference_tokens": [
-                int(sum(b.logprob.size for b, c in zip(ref_blocks, ref_labels, strict=True) if c)),
-                int(
-                    sum(
-                        b.logprob.size for b, c in zip(ref_blocks, ref_labels, strict=True) if not c
-                    )
-                ),
-            ],
+            **ref.counts(),
             "train_responses": len(tr),
             "train_tokens": int(x.shape[0]),
         }

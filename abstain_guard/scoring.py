@@ -143,6 +143,14 @@ _REGISTRY: dict[str, ScorerSpec] = {
             summary="hidden-state geometry -> Mahalanobis -> XGBoost -> perplexity (paper 4.5)",
         ),
         ScorerSpec(
+            "geometry_plus",
+            f"{_INFERENCE}.geometry_plus:GeometryPlusScorer",
+            "geometry",
+            fitted=True,
+            summary="geometry distances + likelihood summarised per response -> logistic "
+            "model -> P(wrong)",
+        ),
+        ScorerSpec(
             "calibrated",
             f"{_INFERENCE}.calibrated:CalibratedScorer",
             "calibrated",

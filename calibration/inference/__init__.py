@@ -6,6 +6,8 @@ The guard loads them from an artifact through the scorer registry
 
 * :mod:`.geometry` — the paper's geometry scorer; its inputs are read by :mod:`.features`
   and its Gaussians / XGBoost model live in :mod:`.calibrator`;
+* :mod:`.geometry_plus` — the same inputs with the token likelihood, summarised per
+  response and judged by a logistic model fitted on train (``geometry_plus``);
 * :mod:`.calibrated` — the same XGBoost calibration on any one-dimensional score;
 * :mod:`.p_true`, :mod:`.attention` — scorers that run the model once per answer
   (sharing :mod:`.model_access`);
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
     from abstain_guard.calibration.inference.calibrator import fit_gaussian, response_uncertainty
     from abstain_guard.calibration.inference.features import FAMILIES, TokenBlock, token_block
     from abstain_guard.calibration.inference.geometry import GeometryScorer
+    from abstain_guard.calibration.inference.geometry_plus import GeometryPlusScorer
     from abstain_guard.calibration.inference.model_access import question_from_prompt
     from abstain_guard.calibration.inference.p_true import PTRUE_PROMPT, PTrueScorer
     from abstain_guard.calibration.inference.sampling import (
@@ -45,6 +48,7 @@ __all__ = [
     "AttentionScoreScorer",
     "CalibratedScorer",
     "EigenScoreScorer",
+    "GeometryPlusScorer",
     "GeometryScorer",
     "PTrueScorer",
     "SARScorer",
@@ -75,6 +79,7 @@ _HOME = {
     "TokenBlock": "abstain_guard.calibration.inference.features",
     "token_block": "abstain_guard.calibration.inference.features",
     "GeometryScorer": "abstain_guard.calibration.inference.geometry",
+    "GeometryPlusScorer": "abstain_guard.calibration.inference.geometry_plus",
     "question_from_prompt": "abstain_guard.calibration.inference.model_access",
     "PTRUE_PROMPT": "abstain_guard.calibration.inference.p_true",
     "PTrueScorer": "abstain_guard.calibration.inference.p_true",

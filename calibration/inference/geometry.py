@@ -40,6 +40,7 @@ from abstain_guard.calibration.inference.calibrator import (
     response_uncertainty,
 )
 from abstain_guard.calibration.inference.features import (
+    ReferenceInputs,
     TokenBlock,
     reference_inputs,
     token_block,
@@ -153,20 +154,27 @@ class GeometryScorer(Scorer):
             reference_means=reference_means,
             min_responses=self.min_reference_responses,
         )
-        means = self.reference_means_ = ref.means
+        tr = list(train)
+        blocks = [token_block(r, ref.means) for r, _ in tr]
+        return self.fit_blocks(ref, blocks, np.asarray([bool(c) for _, c in tr]))
+
+    def fit_blocks(
+        self, reference: ReferenceInputs, train_blocks: Sequence[TokenBlock], train_labels: Any
+    ) -> GeometryScorer:
+        """:meth:`fit` from inputs already read: the reference split
+        (:func:`.features.reference_inputs`) and the train split's token blocks with their
+        labels ``[n_train]`` (Φ with ``reference.means``). ``bench/within_type.py`` uses it."""
+        ref = reference
+        self.reference_means_ = ref.means
         self.num_layers_ = ref.num_layers
         if self.variant == "paper":
             self.gaussian_corr_ = fit_gaussian(ref.tokens(correct=True), self.covariance)
             self.gaussian_inc_ = fit_gaussian(ref.tokens(correct=False), self.covariance)
-
-        tr = list(train)
-        blocks = [token_block(r, means) for r, _ in tr]
+        blocks = list(train_blocks)
+        labels = np.asarray(train_labels, dtype=bool)
         x = np.concatenate([self._calibrator_features(b) for b in blocks])
         y = np.concatenate(
-            [
-                np.full(b.logprob.shape[0], float(bool(c)))
-                for b, (_, c) in zip(blocks, tr, strict=True)
-            ]
+            [np.full(b.logprob.shape[0], float(c)) for b, c in zip(blocks, labels, strict=True)]
         )
         groups = np.concatenate([np.full(b.logprob.shape[0], i) for i, b in enumerate(blocks)])
         if self.variant == "raw":
@@ -185,7 +193,7 @@ class GeometryScorer(Scorer):
         self.fit_info_ = {
             **info,
             **ref.counts(),
-            "train_responses": len(tr),
+            "train_responses": len(blocks),
             "train_tokens": int(x.shape[0]),
         }
         return self

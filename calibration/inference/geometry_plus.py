@@ -1,0 +1,379 @@
+"""``geometry_plus``: the paper's geometry signals and the token likelihood, judged per response.
+
+The paper's scorer (:mod:`.geometry`) turns every token into a calibrated confidence and
+averages log-confidences over the response, so one confidently wrong token among many
+confident ones barely moves the score, and nothing is learnt about how a response *as a
+whole* looks when it is wrong. ``geometry_plus`` keeps the paper's inputs — the token
+vector ν = (Ω, Θ, Φ^in, Φ^out) ∈ R^{8L−4} and its Mahalanobis distances to the Gaussians of
+correct and incorrect reference tokens (shrinkage covariance, fitted on the reference split
+exactly as the paper does) — and adds the token likelihood, then summarises each response
+by :data:`RESPONSE_FEATURES` (means, extremes and first-token values of the log-probability,
+the entropy and the distance margin ``d_inc − d_corr``, and the length) and fits a
+regularised logistic regression on the *train* split's responses (the regularisation
+strength chosen by stratified cross-validation on train, scored by AUROC). The score is the
+predicted probability that the response is wrong (higher = more uncertain).
+
+Nothing is fitted on the calibration split, so the conformal guarantee is untouched; the
+reference split fits the means and Gaussians, the train split the response model. Inputs
+are read exactly as for :class:`~.geometry.GeometryScorer` (full capture: Ω needs ω_prop).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+from scipy.special import expit
+from sklearn.linear_model import LogisticRegressionCV
+from sklearn.model_selection import StratifiedKFold
+
+from abstain_guard.adapters import ReferenceMeans
+from abstain_guard.calibration.inference.calibrator import CovarianceKind, Gaussian, fit_gaussian
+from abstain_guard.calibration.inference.features import (
+    ReferenceInputs,
+    TokenBlock,
+    reference_inputs,
+    token_block,
+)
+from abstain_guard.errors import (
+    ArtifactSchemaError,
+    InsufficientDataError,
+    InvalidInputError,
+    NotFittedError,
+    ScoringError,
+)
+from abstain_guard.metadata import ResponseLike
+from abstain_guard.runnables import map_chat_models
+from abstain_guard.scoring import Scorer, ScorerState
+
+__all__ = ["DEFAULT_CS", "RESPONSE_FEATURES", "GeometryPlusScorer", "response_features"]
+
+RESPONSE_FEATURES: tuple[str, ...] = (
+    "logprob_mean",
+    "logprob_min",
+    "logprob_first",
+    "entropy_mean",
+    "entropy_max",
+    "entropy_first",
+    "d_corr_mean",
+    "d_inc_mean",
+    "margin_mean",
+    "margin_min",
+    "margin_max",
+    "margin_first",
+    "log_tokens",
+)
+"""The response summary the logistic model reads, in column order. ``margin`` is
+``d_inc − d_corr`` per token (positive: the token looks more like correct reference tokens)."""
+
+DEFAULT_CS: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
+"""Inverse regularisation strengths the train-split cross-validation chooses from."""
+
+
+def response_features(block: TokenBlock, corr: Gaussian, inc: Gaussian) -> np.ndarray:
+    """One response's summary ``[len(RESPONSE_FEATURES)]`` from its token inputs.
+
+    Args:
+        block: ``geometry [N, 8L−4]``, ``logprob [N]``, ``entropy [N]`` of one response.
+        corr, inc: Gaussians of correct / incorrect reference tokens.
+
+    Raises:
+        ScoringError: the response carries no entropy (a message written without it).
+    """
+    lp = block.logprob
+    ent = block.entropy
+    if not np.all(np.isfinite(ent)):
+        raise ScoringError(
+            "The response carries no token entropies; geometry_plus needs them. Score "
+            "messages produced by GeometryChatModel (it writes response_metadata['entropy'])."
+        )
+    d_corr = corr.distance(block.geometry)
+    d_inc = inc.distance(block.geometry)
+    margin = d_inc - d_corr
+    return np.asarray(
+        [
+            lp.mean(),
+            lp.min(),
+            lp[0],
+            ent.mean(),
+            ent.max(),
+            ent[0],
+            d_corr.mean(),
+            d_inc.mean(),
+            margin.mean(),
+            margin.min(),
+            margin.max(),
+            margin[0],
+            np.log1p(lp.size),
+        ],
+        dtype=np.float64,
+    )
+
+
+class GeometryPlusScorer(Scorer):
+    """Geometry distances and likelihood summarised per response, logistic model on train.
+
+    Args:
+        covariance: shrinkage estimator of the reference Gaussians (``"ledoit_wolf"``/``"oas"``).
+        features: the columns of :data:`RESPONSE_FEATURES` the model reads (all by default;
+            a subset for ablations).
+        cs: inverse regularisation strengths; cross-validation on train picks one.
+        cv_folds: stratified folds of that cross-validation.
+        min_reference_responses: fewest correct and incorrect reference responses each.
+        random_state: seed of the cross-validation folds.
+
+    Fitted attributes: ``reference_means_``, ``num_layers_``, ``gaussian_corr_``,
+    ``gaussian_inc_``, ``feature_mean_`` / ``feature_scale_`` ``[F]`` (standardisation),
+    ``coef_`` ``[F]``, ``intercept_``, ``C_`` (the chosen strength), ``fit_info_``.
+    """
+
+    kind: ClassVar[str] = "geometry_plus"
+
+    def __init__(
+        self,
+        covariance: CovarianceKind = "ledoit_wolf",
+        features: Sequence[str] = RESPONSE_FEATURES,
+        cs: Sequence[float] = DEFAULT_CS,
+        cv_folds: int = 5,
+        min_reference_responses: int = 2,
+        random_state: int = 0,
+    ) -> None:
+        if covariance not in ("ledoit_wolf", "oas"):
+            raise InvalidInputError(
+                f"covariance must be 'ledoit_wolf' or 'oas', got {covariance!r}."
+            )
+        unknown = [f for f in features if f not in RESPONSE_FEATURES]
+        if unknown or not features:
+            raise InvalidInputError(
+                f"features must be a non-empty subset of {list(RESPONSE_FEATURES)}; "
+                f"unknown: {unknown}."
+            )
+        cs = tuple(float(c) for c in cs)
+        if not cs or any(not np.isfinite(c) or c <= 0 for c in cs):
+            raise InvalidInputError(f"cs must be positive finite numbers, got {cs!r}.")
+        if int(cv_folds) < 2:
+            raise InvalidInputError(f"cv_folds must be at least 2, got {cv_folds}.")
+        self.covariance: CovarianceKind = covariance
+        self.features = tuple(f for f in RESPONSE_FEATURES if f in set(features))
+        self.cs = cs
+        self.cv_folds = int(cv_folds)
+        self.min_reference_responses = int(min_reference_responses)
+        self.random_state = int(random_state)
+
+    # ---- fitting ---------------------------------------------------------------------
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "coef_"):
+            raise NotFittedError(
+                "GeometryPlusScorer is not fitted: call fit(reference, train) or load it "
+                "from an artifact first."
+            )
+
+    def fit(
+        self,
+        reference: Sequence[tuple[Any, bool]],
+        train: Sequence[tuple[Any, bool]],
+        *,
+        reference_means: ReferenceMeans | None = None,
+    ) -> GeometryPlusScorer:
+        """Fit means and Gaussians on ``reference``, the response model on ``train``.
+
+        Args:
+            reference: ``(ReplayResult with states, correct)`` pairs, or with
+                ``reference_means`` any responses whose geometry carries Φ with them.
+            train: ``(response, correct)`` pairs (Φ from states or from the geometry).
+            reference_means: means already fitted on the reference states.
+
+        Raises:
+            InsufficientDataError: too few reference responses of a class, or fewer than
+                ``cv_folds`` train responses of a class.
+            ScoringError / InvalidInputError: as :func:`.features.reference_inputs`.
+        """
+        ref = reference_inputs(
+            reference,
+            reference_means=reference_means,
+            min_responses=self.min_reference_responses,
+        )
+        tr = list(train)
+        blocks = [token_block(r, ref.means) for r, _ in tr]
+        return self.fit_blocks(ref, blocks, np.asarray([bool(c) for _, c in tr]))
+
+    def fit_blocks(
+        self, reference: ReferenceInputs, train_blocks: Sequence[TokenBlock], train_labels: Any
+    ) -> GeometryPlusScorer:
+        """:meth:`fit` from inputs already read: the reference split
+        (:func:`.features.reference_inputs`) and the train split's token blocks with their
+        labels ``[n_train]`` (Φ with ``reference.means``). ``bench/within_type.py`` uses it."""
+        y = np.asarray(train_labels, dtype=bool)
+        counts = np.bincount(y.astype(int), minlength=2)
+        if counts.min() < self.cv_folds:
+            raise InsufficientDataError(
+                f"The train split has {counts[1]} correct and {counts[0]} incorrect "
+                f"responses; geometry_plus needs at least {self.cv_folds} of each for its "
+                "cross-validation. Use a larger train split."
+            )
+        self.reference_means_ = reference.means
+        self.num_layers_ = reference.num_layers
+        self.gaussian_corr_ = fit_gaussian(reference.tokens(correct=True), self.covariance)
+        self.gaussian_inc_ = fit_gaussian(reference.tokens(correct=False), self.covariance)
+        x = self._features(train_blocks)
+        mean = x.mean(axis=0)
+        scale = x.std(axis=0)
+        scale[scale <= 0] = 1.0
+        model = LogisticRegressionCV(
+            Cs=list(self.cs),
+            cv=StratifiedKFold(self.cv_folds, shuffle=True, random_state=self.random_state),
+            scoring="roc_auc",
+            max_iter=10_000,
+        )
+        with warnings.catch_warnings():  # scikit-learn 1.8 announces 1.10 API changes
+            warnings.simplefilter("ignore", FutureWarning)
+            model.fit((x - mean) / scale, y)
+        self.feature_mean_ = mean
+        self.feature_scale_ = scale
+        self.coef_ = np.asarray(model.coef_[0], dtype=np.float64)
+        self.intercept_ = float(model.intercept_[0])
+        self.C_ = float(model.C_[0])
+        cv_auroc = np.asarray(next(iter(model.scores_.values())), dtype=np.float64)  # [folds, Cs]
+        self.fit_info_ = {
+            **reference.counts(),
+            "train_responses": [int(counts[1]), int(counts[0])],
+            "C": self.C_,
+            "cv_auroc_by_C": {
+                str(c): round(float(a), 4)
+                for c, a in zip(self.cs, cv_auroc.mean(axis=0), strict=True)
+            },
+        }
+        return self
+
+    def _features(self, blocks: Sequence[TokenBlock]) -> np.ndarray:
+        """``[n, F]`` response summaries (the chosen :attr:`features` columns)."""
+        columns = [RESPONSE_FEATURES.index(f) for f in self.features]
+        rows = [response_features(b, self.gaussian_corr_, self.gaussian_inc_) for b in blocks]
+        return np.stack(rows)[:, columns]
+
+    # ---- scoring ---------------------------------------------------------------------
+
+    def token_blocks(self, responses: Sequence[ResponseLike]) -> list[TokenBlock]:
+        """The per-token inputs of each response (Φ with this scorer's means)."""
+        self._check_fitted()
+        blocks = [token_block(r, self.reference_means_) for r in responses]
+        expected = 8 * self.num_layers_ - 4
+        for b in blocks:
+            if b.geometry.shape[1] != expected:
+                raise ScoringError(
+                    f"The response has token vectors of width {b.geometry.shape[1]} but the "
+                    f"scorer was fitted for L={self.num_layers_} layers ({expected}). Use the "
+                    "artifact calibrated for this model."
+                )
+        return blocks
+
+    def scores_of(self, blocks: Sequence[TokenBlock]) -> np.ndarray:
+        """P(wrong) ``[n]`` of responses given their token inputs."""
+        self._check_fitted()
+        if not blocks:
+            return np.zeros(0, dtype=np.float64)
+        z = (self._features(blocks) - self.feature_mean_) / self.feature_scale_
+        return np.asarray(expit(-(z @ self.coef_ + self.intercept_)), dtype=np.float64)
+
+    def score(self, response: ResponseLike) -> float:
+        """Predicted probability that ``response`` is wrong (higher = more uncertain)."""
+        return float(self.score_many([response])[0])
+
+    def score_many(self, responses: Sequence[ResponseLike]) -> np.ndarray:
+        """Scores ``[n]``."""
+        return self.scores_of(self.token_blocks(responses))
+
+    def prepare(self, runnable: Any) -> Any:
+        """Install the fitted means into every GeometryChatModel inside ``runnable``."""
+        self._check_fitted()
+        means = self.reference_means_
+
+        def install(model: Any) -> Any:
+            return model.with_reference(means) if hasattr(model, "with_reference") else model
+
+        return map_chat_models(runnable, install)
+
+    # ---- state -----------------------------------------------------------------------
+
+    def get_state(self) -> ScorerState:
+        """JSON params + arrays (means, Gaussians, standardisation, coefficients)."""
+        self._check_fitted()
+        params: dict[str, Any] = {
+            "covariance": self.covariance,
+            "cs": list(self.cs),
+            "cv_folds": self.cv_folds,
+            "min_reference_responses": self.min_reference_responses,
+            "random_state": self.random_state,
+            "num_layers": self.num_layers_,
+            "features": list(self.features),
+            "C": self.C_,
+            "intercept": self.intercept_,
+            "fit_info": self.fit_info_,
+        }
+        json.dumps(params)
+        arrays = {
+            f"reference_means.{k}": np.asarray(v)
+            for k, v in self.reference_means_.to_arrays().items()
+        }
+        arrays.update(
+            {
+                "gaussian_corr.mean": self.gaussian_corr_.mean,
+                "gaussian_corr.whiten": self.gaussian_corr_.whiten,
+                "gaussian_inc.mean": self.gaussian_inc_.mean,
+                "gaussian_inc.whiten": self.gaussian_inc_.whiten,
+                "feature_mean": self.feature_mean_,
+                "feature_scale": self.feature_scale_,
+                "coef": self.coef_,
+            }
+        )
+        return ScorerState(kind=self.kind, params=params, arrays=arrays)
+
+    @classmethod
+    def from_state(cls, state: ScorerState) -> GeometryPlusScorer:
+        """Rebuild a fitted scorer from :meth:`get_state` output."""
+        p = dict(state.params)
+        a = state.arrays
+        try:
+            unknown = [f for f in p["features"] if f not in RESPONSE_FEATURES]
+            if unknown:
+                raise ArtifactSchemaError(
+                    f"The geometry_plus state reads response features {unknown} this version "
+                    f"does not compute (it has {list(RESPONSE_FEATURES)}); recalibrate."
+                )
+            scorer = cls(
+                covariance=p["covariance"],
+                features=p["features"],
+                cs=p["cs"],
+                cv_folds=p["cv_folds"],
+                min_reference_responses=p["min_reference_responses"],
+                random_state=p["random_state"],
+            )
+            scorer.num_layers_ = int(p["num_layers"])
+            scorer.C_ = float(p["C"])
+            scorer.intercept_ = float(p["intercept"])
+            scorer.fit_info_ = dict(p.get("fit_info", {}))
+            prefix = "reference_means."
+            scorer.reference_means_ = ReferenceMeans.from_arrays(
+                {k[len(prefix) :]: v for k, v in a.items() if k.startswith(prefix)}
+            )
+            scorer.gaussian_corr_ = Gaussian(a["gaussian_corr.mean"], a["gaussian_corr.whiten"])
+            scorer.gaussian_inc_ = Gaussian(a["gaussian_inc.mean"], a["gaussian_inc.whiten"])
+            scorer.feature_mean_ = np.asarray(a["feature_mean"], dtype=np.float64)
+            scorer.feature_scale_ = np.asarray(a["feature_scale"], dtype=np.float64)
+            scorer.coef_ = np.asarray(a["coef"], dtype=np.float64)
+        except KeyError as exc:
+            raise ArtifactSchemaError(
+                f"geometry_plus scorer state is missing {exc}; the artifact is incomplete."
+            ) from exc
+        n_f = len(scorer.features)
+        if any(
+            v.shape != (n_f,) for v in (scorer.coef_, scorer.feature_mean_, scorer.feature_scale_)
+        ):
+            raise ArtifactSchemaError(
+                f"geometry_plus coefficients must have {n_f} entries; the artifact is corrupt."
+            )
+        return scorer

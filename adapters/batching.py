@@ -347,7 +347,13 @@ class BatchEngine:
         self._keep_one = "logits_to_keep" in inspect.signature(hf.forward).parameters
         probe = next(m for m in hf.modules() if isinstance(m, nn.Linear)).weight.detach()
         same = rows_are_independent(probe.cpu(), MIN_DECODE_ROWS, max(max_rows, MIN_DECODE_ROWS))
-        self.min_rows = MIN_DECODE_ROWS if same else max(max_rows, MIN_DECODE_ROWS)
+        # Rows independent of the batch from MIN_DECODE_ROWS on: decode all active rows in one
+        # forward padded to that many. Otherwise (e.g. several BLAS threads on small matrices)
+        # decode every row alone, unpadded: the same 1-row kernel solo and concurrent, so still
+        # exact, at a solo caller's cost (padding every step to max_rows made a lone caller
+        # pay for max_rows rows).
+        self.batched = same
+        self.min_rows = MIN_DECODE_ROWS if same else 1
         register_rows_attention()
 
     # -- rows ------------------------------------------------------------------------------
@@ -408,9 +414,18 @@ class BatchEngine:
         rows = self.active
         if not rows:
             return []
+        self.widest = max(self.widest, len(rows))
+        groups = [rows] if self.batched else [[r] for r in rows]
+        for group in groups:
+            self._step_rows(group)
+        done = [r for r in rows if r.finish is not None]
+        self.active = [r for r in rows if r.finish is None]
+        return done
+
+    def _step_rows(self, rows: list[Row]) -> None:
+        """One forward for ``rows`` (padded to :attr:`min_rows`), appending a token to each."""
         hf = self.loaded.hf_model
         b = len(rows)
-        self.widest = max(self.widest, b)
         bp = max(b, self.min_rows)
         pad = bp - b
         ids = [[r.ids[-1]] for r in rows] + [[self._pad]] * pad
@@ -435,9 +450,6 @@ class BatchEngine:
             _STEP.reset(token)
         for i, row in enumerate(rows):
             self._append(row, out.logits[i, -1])
-        done = [r for r in rows if r.finish is not None]
-        self.active = [r for r in rows if r.finish is None]
-        return done
 
     def drop_all(self) -> list[Row]:
         """Remove and return every active row (after a failed step)."""

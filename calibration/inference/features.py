@@ -18,12 +18,16 @@ from abstain_guard.adapters import ReferenceMeans
 from abstain_guard.adapters.geometry import phi_from_states
 from abstain_guard.errors import InsufficientDataError, InvalidInputError, ScoringError
 from abstain_guard.metadata import ResponseMetadata
+from abstain_guard.runnables import map_chat_models
 
 __all__ = [
     "FAMILIES",
     "ReferenceInputs",
     "TokenBlock",
     "family_slices",
+    "install_reference",
+    "means_from_state",
+    "means_state",
     "reference_inputs",
     "token_block",
 ]
@@ -219,3 +223,28 @@ def reference_inputs(
     if (width + 4) % 8 != 0:
         raise InvalidInputError(f"Token vectors of width {width} are not 8L−4 wide.")
     return ReferenceInputs(means, blocks, labels, (width + 4) // 8)
+
+
+_MEANS_PREFIX = "reference_means."
+
+
+def means_state(means: ReferenceMeans) -> dict[str, np.ndarray]:
+    """The means as named artifact arrays (``reference_means.<name>``)."""
+    return {f"{_MEANS_PREFIX}{k}": np.asarray(v) for k, v in means.to_arrays().items()}
+
+
+def means_from_state(arrays: Mapping[str, np.ndarray]) -> ReferenceMeans:
+    """The means stored by :func:`means_state` among a scorer state's arrays."""
+    return ReferenceMeans.from_arrays(
+        {k[len(_MEANS_PREFIX) :]: v for k, v in arrays.items() if k.startswith(_MEANS_PREFIX)}
+    )
+
+
+def install_reference(runnable: Any, means: ReferenceMeans) -> Any:
+    """``runnable`` with ``means`` installed into every GeometryChatModel inside it, so the
+    messages it produces carry Φ^in/Φ^out (a geometry-family scorer's ``prepare``)."""
+
+    def install(model: Any) -> Any:
+        return model.with_reference(means) if hasattr(model, "with_reference") else model
+
+    return map_chat_models(runnable, install)

@@ -42,6 +42,9 @@ from abstain_guard.calibration.inference.calibrator import (
 from abstain_guard.calibration.inference.features import (
     ReferenceInputs,
     TokenBlock,
+    install_reference,
+    means_from_state,
+    means_state,
     reference_inputs,
     token_block,
 )
@@ -52,7 +55,6 @@ from abstain_guard.errors import (
     ScoringError,
 )
 from abstain_guard.metadata import ResponseLike
-from abstain_guard.runnables import map_chat_models
 from abstain_guard.scoring import Scorer, ScorerState
 
 __all__ = ["GeometryScorer", "LabeledResponses", "Variant"]
@@ -265,12 +267,7 @@ class GeometryScorer(Scorer):
         """Install the fitted means into every GeometryChatModel inside ``runnable`` (so the
         messages it produces carry Φ^in/Φ^out)."""
         self._check_fitted()
-        means = self.reference_means_
-
-        def install(model: Any) -> Any:
-            return model.with_reference(means) if hasattr(model, "with_reference") else model
-
-        return map_chat_models(runnable, install)
+        return install_reference(runnable, self.reference_means_)
 
     # ---- state -----------------------------------------------------------------------
 
@@ -290,10 +287,7 @@ class GeometryScorer(Scorer):
             "fit_info": self.fit_info_,
         }
         json.dumps(params)  # fail early on a non-JSON xgb parameter
-        arrays = {
-            f"reference_means.{k}": np.asarray(v)
-            for k, v in self.reference_means_.to_arrays().items()
-        }
+        arrays = means_state(self.reference_means_)
         if self.variant == "paper":
             arrays.update(
                 {
@@ -327,10 +321,7 @@ class GeometryScorer(Scorer):
             )
             scorer.num_layers_ = int(p["num_layers"])
             scorer.fit_info_ = dict(p.get("fit_info", {}))
-            prefix = "reference_means."
-            scorer.reference_means_ = ReferenceMeans.from_arrays(
-                {k[len(prefix) :]: v for k, v in state.arrays.items() if k.startswith(prefix)}
-            )
+            scorer.reference_means_ = means_from_state(state.arrays)
             if scorer.variant == "paper":
                 scorer.gaussian_corr_ = Gaussian(
                     state.arrays["gaussian_corr.mean"], state.arrays["gaussian_corr.whiten"]

@@ -35,6 +35,9 @@ from abstain_guard.calibration.inference.calibrator import CovarianceKind, Gauss
 from abstain_guard.calibration.inference.features import (
     ReferenceInputs,
     TokenBlock,
+    install_reference,
+    means_from_state,
+    means_state,
     reference_inputs,
     token_block,
 )
@@ -46,7 +49,6 @@ from abstain_guard.errors import (
     ScoringError,
 )
 from abstain_guard.metadata import ResponseLike
-from abstain_guard.runnables import map_chat_models
 from abstain_guard.scoring import Scorer, ScorerState
 
 __all__ = ["DEFAULT_CS", "RESPONSE_FEATURES", "GeometryPlusScorer", "response_features"]
@@ -290,12 +292,7 @@ class GeometryPlusScorer(Scorer):
     def prepare(self, runnable: Any) -> Any:
         """Install the fitted means into every GeometryChatModel inside ``runnable``."""
         self._check_fitted()
-        means = self.reference_means_
-
-        def install(model: Any) -> Any:
-            return model.with_reference(means) if hasattr(model, "with_reference") else model
-
-        return map_chat_models(runnable, install)
+        return install_reference(runnable, self.reference_means_)
 
     # ---- state -----------------------------------------------------------------------
 
@@ -315,10 +312,7 @@ class GeometryPlusScorer(Scorer):
             "fit_info": self.fit_info_,
         }
         json.dumps(params)
-        arrays = {
-            f"reference_means.{k}": np.asarray(v)
-            for k, v in self.reference_means_.to_arrays().items()
-        }
+        arrays = means_state(self.reference_means_)
         arrays.update(
             {
                 "gaussian_corr.mean": self.gaussian_corr_.mean,
@@ -356,10 +350,7 @@ class GeometryPlusScorer(Scorer):
             scorer.C_ = float(p["C"])
             scorer.intercept_ = float(p["intercept"])
             scorer.fit_info_ = dict(p.get("fit_info", {}))
-            prefix = "reference_means."
-            scorer.reference_means_ = ReferenceMeans.from_arrays(
-                {k[len(prefix) :]: v for k, v in a.items() if k.startswith(prefix)}
-            )
+            scorer.reference_means_ = means_from_state(a)
             scorer.gaussian_corr_ = Gaussian(a["gaussian_corr.mean"], a["gaussian_corr.whiten"])
             scorer.gaussian_inc_ = Gaussian(a["gaussian_inc.mean"], a["gaussian_inc.whiten"])
             scorer.feature_mean_ = np.asarray(a["feature_mean"], dtype=np.float64)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextvars
 import inspect
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -54,6 +55,8 @@ ROWS_ATTENTION = "abstain_guard_rows"
 #: this machine's BLAS computes every row the same way whatever the batch size.
 MIN_DECODE_ROWS = 4
 
+_LOG = logging.getLogger(__name__)
+
 _STEP: contextvars.ContextVar[_DecodeStep | None] = contextvars.ContextVar(
     "abstain_guard_decode_step", default=None
 )
@@ -74,6 +77,9 @@ class GenerationRequest:
     capture_mode: str = "full"  # "full" or "fast" (CaptureSession's ``capture``)
     reference: ReferenceMeans | None = None
     keep_states: bool = False
+    #: Called with each new token id as soon as it is chosen (in the scheduler's thread; for
+    #: streaming). It must be quick and must not raise: an exception is logged and ignored.
+    on_token: Callable[[int], None] | None = None
 
 
 @dataclass
@@ -395,6 +401,11 @@ class BatchEngine:
         tok = choose_token(logits, row.request, row.generator)
         row.ids.append(tok)
         row.logits.append(logits)
+        if row.request.on_token is not None:
+            try:
+                row.request.on_token(tok)
+            except Exception:  # a streaming consumer's failure is not the generation's
+                _LOG.exception("on_token callback failed; generation goes on")
         if tok in self._eos:
             row.finish = "stop"
         elif len(row.ids) >= row.request.max_new or self._hit_stop(row):

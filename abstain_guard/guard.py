@@ -233,7 +233,12 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
 
     It composes in LCEL (``prompt | guard | StrOutputParser()``), supports ``invoke``,
     ``ainvoke``, ``batch``/``abatch`` (honouring ``max_concurrency``), and ``stream`` /
-    ``astream``, which buffer until the decision and then yield the one final message.
+    ``astream``, which stay buffered: they yield one message, the answer or the abstention,
+    after the decision, never a token of an answer before it is decided (the wrapped model
+    may stream token by token; the guard waits for its whole answer to score it). Note that
+    ``astream_events`` also reports the wrapped model's own run, whose
+    ``on_chat_model_stream`` events carry the undecided tokens; show users the guard's
+    output (or filter with ``exclude_types=["chat_model"]``), not those events.
 
     Args:
         runnable: a chat model or a chain ending in one. At construction it is passed

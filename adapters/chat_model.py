@@ -8,8 +8,10 @@ tokenizer, EOS ids, fingerprint), :mod:`.encoding` (messages to token ids),
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,15 +34,19 @@ from abstain_guard.errors import InvalidInputError, ModelError
 from abstain_guard.metadata import GENERATION
 
 from .architectures import ArchitectureSpec
+from .batching import RowResult
 from .encoding import AnswerLike, chat_dicts, prompt_ids, response_ids
 from .generation import (
     GENERATION_OPTIONS,
     Generated,
+    TokenCallback,
     agenerate_tokens,
     call_options,
     generate_tokens,
     generation_record,
     new_token_budget,
+    submit_generation,
+    to_generated,
     to_message,
     validate_options,
 )
@@ -54,6 +60,7 @@ from .loading import (
     wrap_model,
 )
 from .replay import replay_item, replay_items
+from .streaming import IncrementalText, async_token_channel, token_channel
 from .types import ReferenceMeans, ReplayResult, TokenStates
 
 
@@ -293,35 +300,86 @@ class GeometryChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        """Generates the whole answer (capture needs the full pass), then yields it token by
-        token; the last chunk carries response_metadata and usage_metadata."""
+        """Yields the answer's text as the scheduler generates it (only text that later
+        tokens cannot change: see :class:`.streaming.IncrementalText`), then one last chunk
+        (``chunk_position="last"``, no text) with the response_metadata (token ids, logprobs,
+        geometry) and usage_metadata. The chunks add up to exactly what ``invoke`` returns."""
         opts = self._options(stop, kwargs)
-        (msg,) = self._generate_messages([messages], opts)
-        meta = msg.response_metadata
-        ids = meta["token_ids"]
-        text = str(msg.content)
-        prev = ""
-        emitted = 0
-        for k in range(len(ids)):
-            cur = self.tokenizer.decode(ids[: k + 1], skip_special_tokens=True)
-            piece = cur[len(prev) :] if cur.startswith(prev) else ""
-            piece = piece[: max(0, len(text) - emitted)]
-            prev = cur
-            emitted += len(piece)
-            chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
-            if run_manager and piece:
-                run_manager.on_llm_new_token(piece, chunk=chunk)
+        prompt = self.encode_chat(messages)[0]
+        ids, future = token_channel(self._submitter(prompt, opts))
+        text = IncrementalText(self.tokenizer, opts["stop"])
+        for tok in ids:
+            if piece := text.push(tok):
+                chunk = _text_chunk(piece)
+                if run_manager:
+                    run_manager.on_llm_new_token(piece, chunk=chunk)
+                yield chunk
+        msg = self._finished(messages, prompt, future.result(), opts)
+        if rest := text.finish(str(msg.content)):
+            chunk = _text_chunk(rest)
+            if run_manager:
+                run_manager.on_llm_new_token(rest, chunk=chunk)
             yield chunk
-        if emitted < len(text):
-            yield ChatGenerationChunk(message=AIMessageChunk(content=text[emitted:]))
-        yield ChatGenerationChunk(
-            message=AIMessageChunk(
-                content="",
-                response_metadata=meta,
-                usage_metadata=msg.usage_metadata,
-                chunk_position="last",
+        yield _last_chunk(msg)
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        """:meth:`_stream` for asyncio: the scheduler's worker hands each token to the event
+        loop (no executor thread per call)."""
+        opts = self._options(stop, kwargs)
+        prompt = self.encode_chat(messages)[0]
+        ids, future = async_token_channel(self._submitter(prompt, opts))
+        text = IncrementalText(self.tokenizer, opts["stop"])
+        async for tok in ids:
+            if piece := text.push(tok):
+                chunk = _text_chunk(piece)
+                if run_manager:
+                    await run_manager.on_llm_new_token(piece, chunk=chunk)
+                yield chunk
+        result = await asyncio.wrap_future(future)
+        msg = self._finished(messages, prompt, result, opts)
+        if rest := text.finish(str(msg.content)):
+            chunk = _text_chunk(rest)
+            if run_manager:
+                await run_manager.on_llm_new_token(rest, chunk=chunk)
+            yield chunk
+        yield _last_chunk(msg)
+
+    def _submitter(
+        self, prompt: list[int], opts: dict[str, Any]
+    ) -> Callable[[TokenCallback], Future[RowResult]]:
+        """Queues one streamed request for ``prompt`` (as ``invoke`` would) when called with
+        its token callback."""
+
+        def submit(on_token: TokenCallback) -> Future[RowResult]:
+            (future,) = submit_generation(
+                self._s,
+                [prompt],
+                int(opts["max_new_tokens"]),
+                opts,
+                self._reference,
+                limits=self._limits,
+                on_tokens=[on_token],
             )
-        )
+            return future
+
+        return submit
+
+    def _finished(
+        self,
+        messages: Sequence[BaseMessage],
+        prompt: list[int],
+        result: RowResult,
+        opts: dict[str, Any],
+    ) -> AIMessage:
+        """The message ``invoke`` returns for this generated row."""
+        (msg,) = self._messages([messages], [prompt], [to_generated(result, False)], opts)
+        return msg
 
     def batch(
         self,
@@ -504,6 +562,22 @@ class GeometryChatModel(BaseChatModel):
             progress=progress,
             capture=self.capture,
         )
+
+
+def _text_chunk(text: str) -> ChatGenerationChunk:
+    return ChatGenerationChunk(message=AIMessageChunk(content=text))
+
+
+def _last_chunk(msg: AIMessage) -> ChatGenerationChunk:
+    """The stream's closing chunk: no text, the answer's metadata and usage."""
+    return ChatGenerationChunk(
+        message=AIMessageChunk(
+            content="",
+            response_metadata=msg.response_metadata,
+            usage_metadata=msg.usage_metadata,
+            chunk_position="last",
+        )
+    )
 
 
 def load_default_model(**options: Any) -> GeometryChatModel:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -111,6 +111,10 @@ def new_token_budget(prompts: Sequence[Sequence[int]], max_new: int, context_len
     return max_new
 
 
+#: Called with each token id as the scheduler chooses it (in its worker thread).
+TokenCallback = Callable[[int], None]
+
+
 @dataclass
 class Generated:
     """One generated answer, cut after its first EOS.
@@ -134,10 +138,17 @@ def generation_requests(
     opts: Mapping[str, Any],
     reference: ReferenceMeans | None,
     keep_states: bool = False,
+    on_tokens: Sequence[TokenCallback | None] | None = None,
 ) -> list[GenerationRequest]:
     """One request per prompt, each with its own token budget (``max_new`` capped by the
-    context window for that prompt)."""
+    context window for that prompt). ``on_tokens[i]`` (optional) is called in the
+    scheduler's thread with each token id of prompt ``i`` as it is chosen (streaming)."""
     ctx = loaded.spec.context_length
+    callbacks = list(on_tokens) if on_tokens is not None else [None] * len(prompts)
+    if len(callbacks) != len(prompts):
+        raise InvalidInputError(
+            f"{len(callbacks)} token callbacks for {len(prompts)} prompts; give one per prompt"
+        )
     return [
         GenerationRequest(
             prompt=list(p),
@@ -151,8 +162,9 @@ def generation_requests(
             capture_mode=str(opts.get("capture", "full")),
             reference=reference,
             keep_states=keep_states,
+            on_token=on_token,
         )
-        for p in prompts
+        for p, on_token in zip(prompts, callbacks, strict=True)
     ]
 
 
@@ -177,11 +189,14 @@ def submit_generation(
     reference: ReferenceMeans | None,
     keep_states: bool = False,
     limits: Mapping[str, int] | None = None,
+    on_tokens: Sequence[TokenCallback | None] | None = None,
 ) -> list[Future[RowResult]]:
     """Queue one request per prompt on the model's scheduler (:mod:`.scheduler`); raises
     SchedulerFullError when its queue cannot take them. ``limits``: ``max_batch`` and
-    ``max_queue`` of the scheduler."""
-    requests = generation_requests(loaded, prompts, max_new, opts, reference, keep_states)
+    ``max_queue`` of the scheduler; ``on_tokens``: see :func:`generation_requests`."""
+    requests = generation_requests(
+        loaded, prompts, max_new, opts, reference, keep_states, on_tokens
+    )
     return scheduler_for(loaded, **dict(limits or {})).submit(requests)
 
 
@@ -300,6 +315,7 @@ def generation_record(
 __all__ = [
     "GENERATION_OPTIONS",
     "Generated",
+    "TokenCallback",
     "agenerate_tokens",
     "call_options",
     "generate_tokens",

@@ -1,0 +1,140 @@
+"""Token streaming: turn token ids, as the scheduler chooses them, into text pieces whose
+concatenation is exactly the answer's final text.
+
+:class:`IncrementalText` decodes the ids seen so far (as :func:`.generation.to_message`
+does: ``skip_special_tokens=True``, cut at the first stop string) and releases only the
+part of that text that cannot change when more tokens come:
+
+* an incomplete multi-byte character (one token holding only some of its bytes) decodes to
+  U+FFFD; trailing U+FFFD characters are held back until the character is complete;
+* trailing whitespace is held back (tokenizers that clean up spaces drop the space before
+  punctuation once the punctuation arrives);
+* the last ``len(longest stop) - 1`` characters are held back while no stop string has
+  appeared (they may be the start of one); once one appears, the text ends before it.
+
+:func:`token_channel` and :func:`async_token_channel` carry the ids from the scheduler's
+worker thread (``GenerationRequest.on_token``) to the consuming thread or event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from abstain_guard.errors import ModelError
+
+__all__ = ["IncrementalText", "async_token_channel", "cut_at_stop", "token_channel"]
+
+REPLACEMENT = "\ufffd"
+
+
+def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    """``text`` cut before the earliest stop string, and whether one was found (the cut
+    :func:`.generation.to_message` applies)."""
+    positions = [p for p in (text.find(s) for s in stops) if p >= 0]
+    if not positions:
+        return text, False
+    return text[: min(positions)], True
+
+
+class IncrementalText:
+    """The stable text of a growing token sequence (see the module docstring).
+
+    ``push(token_id)`` returns the new text that is now final (often ``""``);
+    ``finish(final_text)`` returns the rest, checking that what was released is a prefix of
+    ``final_text`` (the answer's text as ``invoke`` returns it).
+    """
+
+    def __init__(self, tokenizer: Any, stops: Sequence[str] = ()) -> None:
+        self._tokenizer = tokenizer
+        self._stops = [s for s in stops if s]
+        self._hold = max((len(s) for s in self._stops), default=1) - 1
+        self._ids: list[int] = []
+        self._released = ""
+        self._stopped = False
+
+    @property
+    def released(self) -> str:
+        """The text released so far."""
+        return self._released
+
+    def push(self, token_id: int) -> str:
+        """Add one generated token; return the newly stable text."""
+        if self._stopped:
+            return ""
+        self._ids.append(int(token_id))
+        text = self._tokenizer.decode(self._ids, skip_special_tokens=True)
+        text, self._stopped = cut_at_stop(text, self._stops)
+        if not self._stopped:
+            text = text[: max(0, len(text) - self._hold)]
+            text = text.rstrip(REPLACEMENT).rstrip()
+        return self._release(text)
+
+    def _release(self, stable: str) -> str:
+        if len(stable) <= len(self._released) or not stable.startswith(self._released):
+            return ""
+        piece = stable[len(self._released) :]
+        self._released = stable
+        return piece
+
+    def finish(self, final_text: str) -> str:
+        """The text not yet released of ``final_text``; raises ModelError when the released
+        text is not a prefix of it (a tokenizer whose decoding rewrites earlier text)."""
+        if not final_text.startswith(self._released):
+            raise ModelError(
+                "streamed text is not a prefix of the decoded answer "
+                f"({self._released!r} vs {final_text!r}); this tokenizer's decoding rewrites "
+                "earlier text, use invoke() instead of stream()"
+            )
+        piece = final_text[len(self._released) :]
+        self._released = final_text
+        return piece
+
+
+_DONE = object()
+
+
+def token_channel(
+    submit: Callable[[Callable[[int], None]], Future[Any]],
+) -> tuple[Iterator[int], Future[Any]]:
+    """Submit a request whose token callback feeds a thread-safe queue.
+
+    ``submit(on_token)`` queues the request and returns its future. Returns an iterator
+    over the token ids as they are chosen (it ends when the future is done: the tokens are
+    all put before the result is set, in the same worker thread) and the future.
+    """
+    tokens: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    future = submit(tokens.put)
+    future.add_done_callback(lambda _f: tokens.put(_DONE))
+
+    def ids() -> Iterator[int]:
+        while (tok := tokens.get()) is not _DONE:
+            yield int(tok)
+
+    return ids(), future
+
+
+def async_token_channel(
+    submit: Callable[[Callable[[int], None]], Future[Any]],
+) -> tuple[AsyncIterator[int], Future[Any]]:
+    """:func:`token_channel` for a coroutine: the worker thread hands each id to the running
+    event loop (``loop.call_soon_threadsafe``), so the loop never blocks on the queue."""
+    loop = asyncio.get_running_loop()
+    tokens: asyncio.Queue[Any] = asyncio.Queue()
+
+    def put(item: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # a closed loop: the consumer is gone
+            loop.call_soon_threadsafe(tokens.put_nowait, item)
+
+    future = submit(put)
+    future.add_done_callback(lambda _f: put(_DONE))
+
+    async def ids() -> AsyncIterator[int]:
+        while (tok := await tokens.get()) is not _DONE:
+            yield int(tok)
+
+    return ids(), future

@@ -11,27 +11,38 @@ For each decision, :func:`record_decision` (and its async twin) writes:
    handlers receive in ``on_custom_event`` and ``astream_events(version="v2")`` yields as
    ``on_custom_event``;
 4. a stdlib ``logging`` record on the ``abstain_guard`` logger (INFO for a decision,
-   WARNING when scoring failed), with the decision under ``record.abstention``.
+   WARNING when scoring failed), with the decision under ``record.abstention``;
+5. when ``opentelemetry-api`` is installed (the ``otel`` extra), attributes
+   ``abstain_guard.*`` (:func:`otel_attributes`) and an ``abstention`` event with the same
+   attributes on the current OpenTelemetry span, if one is recording.
+
+Where no run manager is given (the agent middleware's hooks), the run in context - the
+LangGraph node running the hook - is the one annotated in step 1.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any
 from uuid import UUID
 
+from langchain_core.callbacks.base import BaseCallbackManager
 from langchain_core.callbacks.manager import adispatch_custom_event, dispatch_custom_event
 from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import var_child_runnable_config
 from langchain_core.tracers.base import BaseTracer
 
 __all__ = [
     "ABSTAINED_TAG",
     "ANSWERED_TAG",
     "EVENT_NAME",
+    "OTEL_PREFIX",
     "arecord_decision",
     "decision_tags",
+    "otel_attributes",
     "record_decision",
 ]
 
@@ -40,6 +51,11 @@ logger = logging.getLogger("abstain_guard")
 EVENT_NAME = "abstention"
 ABSTAINED_TAG = "abstained"
 ANSWERED_TAG = "answered"
+#: Prefix of the OpenTelemetry span attributes (``abstain_guard.abstained``, ...).
+OTEL_PREFIX = "abstain_guard."
+
+#: Decision fields that become span attributes as they are (when not None).
+_OTEL_FIELDS = ("abstained", "score", "threshold", "scorer", "mode", "target", "reason", "error")
 
 
 def decision_tags(decision: Mapping[str, Any]) -> list[str]:
@@ -101,13 +117,77 @@ def _log(decision: Mapping[str, Any]) -> None:
     )
 
 
+def _otel_value(value: Any) -> Any:
+    """``value`` as an OpenTelemetry attribute value (bool, int, float, str or a
+    tuple of one of them), or None when it is not one."""
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)) and value:
+        kinds = {type(v) for v in value}
+        if len(kinds) == 1 and kinds <= {bool, int, float, str}:
+            return tuple(value)
+        if kinds <= {int, float}:
+            return tuple(float(v) for v in value)
+    return None
+
+
+def otel_attributes(decision: Mapping[str, Any]) -> dict[str, Any]:
+    """The decision as flat OpenTelemetry attributes: ``abstain_guard.<field>`` for
+    abstained, score, threshold, scorer, mode, target, reason, error (None values left
+    out), ``abstain_guard.guarantee`` (the whole guarantee as JSON) and
+    ``abstain_guard.guarantee.<key>`` for each of its scalar or list-of-scalar entries."""
+    attrs: dict[str, Any] = {}
+    for name in _OTEL_FIELDS:
+        value = _otel_value(decision.get(name))
+        if value is not None:
+            attrs[OTEL_PREFIX + name] = value
+    guarantee = decision.get("guarantee")
+    if isinstance(guarantee, Mapping):
+        attrs[OTEL_PREFIX + "guarantee"] = json.dumps(dict(guarantee), default=str)
+        for key, item in guarantee.items():
+            value = _otel_value(item)
+            if value is not None:
+                attrs[f"{OTEL_PREFIX}guarantee.{key}"] = value
+    return attrs
+
+
+def _record_otel(decision: Mapping[str, Any]) -> None:
+    """Attributes and an ``abstention`` event on the current OpenTelemetry span (nothing
+    when opentelemetry-api is not installed or no span is recording)."""
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        return
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    try:
+        attrs = otel_attributes(decision)
+        span.set_attributes(attrs)
+        span.add_event(EVENT_NAME, attributes=attrs)
+    except Exception:  # pragma: no cover - never let tracing break a decision
+        logger.debug("Could not record the decision on the OpenTelemetry span", exc_info=True)
+
+
+def _context_run(run_manager: Any) -> tuple[Any, UUID | None]:
+    """``run_manager`` and its run id; without one, the callback manager of the run in
+    context (a LangGraph node, a runnable) and that run's id."""
+    if run_manager is not None:
+        return run_manager, getattr(run_manager, "run_id", None)
+    callbacks = (var_child_runnable_config.get() or {}).get("callbacks")
+    if isinstance(callbacks, BaseCallbackManager):
+        return callbacks, callbacks.parent_run_id
+    return None, None
+
+
 def record_decision(
     decision: Mapping[str, Any],
     *,
     run_manager: Any = None,
     config: RunnableConfig | None = None,
 ) -> None:
-    """Record one decision in run tags/metadata, LangSmith, a custom event and the log.
+    """Record one decision in run tags/metadata, LangSmith, a custom event, the log and
+    the current OpenTelemetry span.
 
     Args:
         decision: the ``abstention`` dict (abstained, score, threshold, ...).
@@ -115,12 +195,13 @@ def record_decision(
         config: the child config of the guard's run (custom events are dispatched with it;
             without one, the config in context is used, if any).
     """
-    run_id = getattr(run_manager, "run_id", None)
-    _annotate_runs(run_manager, run_id, decision)
+    manager, run_id = _context_run(run_manager)
+    _annotate_runs(manager, run_id, decision)
     try:
         dispatch_custom_event(EVENT_NAME, dict(decision), config=config)
     except RuntimeError:  # no parent run (called outside any runnable): nothing to notify
         logger.debug("abstention event not dispatched: no parent run")
+    _record_otel(decision)
     _log(decision)
 
 
@@ -131,10 +212,11 @@ async def arecord_decision(
     config: RunnableConfig | None = None,
 ) -> None:
     """Async twin of :func:`record_decision` (uses ``adispatch_custom_event``)."""
-    run_id = getattr(run_manager, "run_id", None)
-    _annotate_runs(run_manager, run_id, decision)
+    manager, run_id = _context_run(run_manager)
+    _annotate_runs(manager, run_id, decision)
     try:
         await adispatch_custom_event(EVENT_NAME, dict(decision), config=config)
     except RuntimeError:
         logger.debug("abstention event not dispatched: no parent run")
+    _record_otel(decision)
     _log(decision)

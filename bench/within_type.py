@@ -27,6 +27,7 @@ calibration and test splits:
 * with ``--resplits N``: the same selection, fits and point metrics on N random redraws of
   train / calibration / test (reference kept: it fitted the means), summarised per scorer
   (mean, sd, range) with the share of redraws where a gain reaches 0.05;
+* per question type: counts and AUROC of the main scorers (seed 0);
 * the scoring cost per response of ``geometry`` and ``geometry_plus`` from the token inputs
   (CPU time of ``scores_of`` on one response at a time; reading the message and computing Φ
   are the same for both and not included).
@@ -246,10 +247,8 @@ def within_type_gain(
         w_corr = rng.multinomial(n_corr, np.full(n_corr, 1 / n_corr), size=n_boot)
         deltas += np.einsum("bi,ij,bj->b", w_inc, diff, w_corr) / (n_inc * n_corr)
     deltas /= len(point)
-    return {
-        "delta": round(float(np.mean(point)), 3),
-        "ci": [round(float(v), 3) for v in np.percentile(deltas, [2.5, 97.5])],
-    }
+    ci = [float(v) for v in np.percentile(deltas, [2.5, 97.5])] if n_boot > 0 else None
+    return {"delta": round(float(np.mean(point)), 3), "ci": _rounded(ci)}
 
 
 def gains(
@@ -299,6 +298,10 @@ def _seed_rows(
     }
 
 
+def _rounded(interval: Sequence[float] | None) -> list[float] | None:
+    return None if interval is None else [round(v, 3) for v in interval]
+
+
 def report_split(
     data: dict[str, Any], split: str, by_name: dict[str, list[np.ndarray]], n_boot: int
 ) -> dict[str, Any]:
@@ -312,9 +315,9 @@ def report_split(
     for name, entry in table.items():
         row = {
             "auroc": round(entry["auroc"], 3),
-            "auroc_ci": [round(v, 3) for v in entry["auroc_ci"]],
+            "auroc_ci": _rounded(entry.get("auroc_ci")),
             "within_type_auroc": round(entry["within_group"]["mean_auroc"], 3),
-            "within_type_ci": [round(v, 3) for v in entry["within_group"]["mean_auroc_ci"]],
+            "within_type_ci": _rounded(entry["within_group"]["mean_auroc_ci"]),
             "n_correct": entry["n_correct"],
             "n_incorrect": entry["n_incorrect"],
             "types_used": entry["within_group"]["n_groups_used"],
@@ -325,7 +328,23 @@ def report_split(
             row.update(risk_summary(scores[name], y))
         out[name] = row
     out["gains"] = gains(scores, table, y, groups, n_boot)
+    out["per_type"] = per_type(table)
     return out
+
+
+def per_type(table: dict[str, Any]) -> dict[str, Any]:
+    """Per question type: counts and the AUROC of geometry, geometry_plus (shipped and
+    selected) and the likelihood baselines (types with both classes)."""
+    names = ("geometry", "geometry_plus", "geometry_plus (selected)", *BASELINES)
+    groups = table["geometry"]["within_group"]["groups"]
+    return {
+        g: {
+            "n_correct": v["n_correct"],
+            "n_incorrect": v["n_incorrect"],
+            **{n: round(table[n]["within_group"]["groups"][g]["auroc"], 3) for n in names},
+        }
+        for g, v in groups.items()
+    }
 
 
 def resplit(data: dict[str, Any], seed: int) -> dict[str, Any]:

@@ -83,3 +83,9 @@ def test_candidates_are_valid_feature_sets() -> None:
         assert f"-{family}" in wt.CANDIDATES
     for params in wt.CANDIDATES.values():
         GeometryPlusScorer(**params)  # raises on an unknown feature
+
+
+def test_gain_without_bootstrap_has_no_interval() -> None:
+    groups, y, rng = _data(3)
+    a = rng.normal(size=y.size)
+    assert wt.within_type_gain(a, -a, y, groups, n_boot=0, seed=0)["ci"] is None

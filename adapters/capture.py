@@ -41,17 +41,27 @@ from .attention import ACTIVE_SESSION, row_probabilities
 from .capture_features import CAPTURE_MODES, StepFeatures, block_features
 from .geometry_torch import mlp_proximity
 from .source_parts import (
+    cached_numerators,
     dense_numerators,
     head_max_abs,
+    new_parts,
     proximity_from_numerators,
     sparse_numerators,
 )
 from .types import ReferenceMeans
 
-#: Strategies for the attention parts: "auto" (sparse for blocks of at most
+#: Strategies for the attention parts (all exact): "auto" ("cached" for a generation whose
+#: ``u`` fits the memory budget; otherwise sparse for blocks of at most
 #: :data:`SPARSE_MAX_ROWS` rows over more than :data:`DENSE_MAX_SOURCES` sources, dense
-#: otherwise), "sparse", "dense".
-STRATEGIES = ("auto", "sparse", "dense")
+#: else), "cached" (keep ``u^h_s`` of every position: ``L·S·H·D`` floats; generation only),
+#: "sparse", "dense" (both keep nothing per source but bounds).
+STRATEGIES = ("auto", "cached", "sparse", "dense")
+#: Strategy of sessions that are not given one (tests force each strategy through it).
+DEFAULT_STRATEGY = "auto"
+#: Memory "auto" may spend per session on kept ``u`` (L·B·positions·H·D float32): 256 MiB is
+#: ~410 positions of the default model (30 layers, 9 heads, D = 576); longer generations
+#: (and larger models) use the bound-based strategies, whose extra memory is ``L·S·H``.
+CACHE_BUDGET_BYTES = 256 << 20
 SPARSE_MAX_ROWS = 4
 #: "auto" keeps the dense strategy for decode steps over at most this many source positions:
 #: on the default model at ~50 sources a 24-token answer took 4.1–4.6 s dense vs 6.0–7.7 s
@@ -87,8 +97,10 @@ class CaptureSession:
         cache_values: bool = True,
         max_chunk_elems: int = 1 << 22,
         capture: str = "full",
-        strategy: str = "auto",
+        strategy: str | None = None,
+        cache_budget_bytes: int | None = None,
     ) -> None:
+        strategy = DEFAULT_STRATEGY if strategy is None else strategy
         if capture not in CAPTURE_MODES:
             raise InvalidInputError(f"capture must be one of {CAPTURE_MODES}, got {capture!r}")
         if strategy not in STRATEGIES:
@@ -126,6 +138,16 @@ class CaptureSession:
             device=self.device,
         )
         self._unorm: torch.Tensor | None = None  # [L, B, max_len, H] (generation)
+        budget = CACHE_BUDGET_BYTES if cache_budget_bytes is None else cache_budget_bytes
+        layer = spec.layers[0]
+        need = 4 * self.num_layers * batch_size * max_len * layer.num_heads * spec.hidden_size
+        #: kept u^h_s of every position, [L, B, H, max_len, D] (strategy "cached"), else None
+        self._u: torch.Tensor | None = None
+        self.cached = (
+            full
+            and cache_values
+            and (strategy == "cached" or (strategy == "auto" and need <= budget))
+        )
         self.pos = 0
         self.steps: list[StepFeatures] = []
         self._rows: slice | None = None  # explicit rows for the next block (replay)
@@ -276,7 +298,14 @@ class CaptureSession:
         p_end = self.p0 + q_len
         src0 = p_end - s_k
         hidden = self.spec.hidden_size
-        if self.cache_values:
+        if self.cached:
+            if self._u is None:
+                dims = (self.num_layers, self.batch_size, query.shape[1], self.max_len, hidden)
+                self._u = torch.zeros(dims, dtype=torch.float32, device=self.device)
+            self._u[i, :, :, self.p0 : p_end] = new_parts(
+                value[:, :, s_k - q_len :], self._wo_kv[i], hidden
+            )
+        elif self.cache_values:
             if self._unorm is None:
                 shape = (self.num_layers, self.batch_size, self.max_len, query.shape[1])
                 self._unorm = torch.zeros(shape, dtype=torch.float32, device=self.device)
@@ -311,7 +340,10 @@ class CaptureSession:
             return
         # own position of each row in source coordinates
         t_idx = torch.arange(self.n_rows, device=z.device) + (self.p0 + rows.start - src0)
-        if self.sparse and norms is not None:
+        if self._u is not None:
+            u = self._u[i, :, :, src0 : src0 + s_k]  # [B, H, S_k, D]
+            num = cached_numerators(probs, u, z, e_self, t_idx, factor)
+        elif self.sparse and norms is not None:
             num = sparse_numerators(probs, values, norms, self._wo_kv[i], z, e_self, t_idx, factor)
         else:
             num = dense_numerators(

@@ -6,7 +6,12 @@ Gemma-3's frozen attention-output norm, else 1), and ``C_Attn[T, :]`` is the nor
 proximity of the parts to ``z = e~^l[T]``. Only the numerators
 ``n_s = |z|_1 - |z - a(T, s)|_1`` are needed (then ``C = max(0, n) / Σ max(0, n)``).
 
-Two exact ways to get them, both from the values ``v`` the KV cache already holds:
+Three exact ways to get them:
+
+* :func:`cached_numerators` (a generation whose ``u`` fits the capture memory budget): the
+  session keeps ``u^h_s`` of every position (``L·S·H·D`` numbers, computed once when the
+  position enters the cache) and a step costs ``O(S·H·D)`` per layer; otherwise, from the
+  values ``v`` the KV cache already holds:
 
 * :func:`dense_numerators` materialises the parts, ``u`` recomputed from ``v`` in chunks of
   source positions (memory: one chunk, not ``S·H·D``); cost ``O(S·D²)`` per call, shared by
@@ -76,6 +81,41 @@ def self_parts(
     if factor is not None:
         a = a * factor
     return a + e_self
+
+
+def new_parts(v: torch.Tensor, wo_kv: torch.Tensor, hidden: int) -> torch.Tensor:
+    """``u^h_s = W_O^h v^h_s`` of new positions, heads in query order (``h = j·n_rep + r``).
+
+    ``v [B, H_kv, Q, Dh]``, ``wo_kv [H_kv, Dh, n_rep·D]`` -> ``[B, H, Q, D]`` (float32).
+    """
+    b, hkv, q, _ = v.shape
+    u = torch.matmul(v.float(), wo_kv).view(b, hkv, q, -1, hidden)  # [B, H_kv, Q, n_rep, D]
+    return u.permute(0, 1, 3, 2, 4).reshape(b, -1, q, hidden)
+
+
+def cached_numerators(
+    probs: torch.Tensor,
+    u: torch.Tensor,
+    z: torch.Tensor,
+    e_self: torch.Tensor,
+    t_idx: torch.Tensor,
+    factor: torch.Tensor | None,
+) -> torch.Tensor:
+    """``|z|_1 - |z - a(T, s)|_1`` from the sources' kept ``u`` (:func:`new_parts`): ``[B, R, S]``.
+
+    ``probs [B, H, R, S]``, ``u [B, H, S, D]``, others as in :func:`self_parts`. The head sum
+    is an elementwise multiply-add (a batched ``[1, H] @ [H, D]`` product per source is
+    several times slower on CPU); the L1 distances are computed directly (small ``R``).
+    """
+    h = probs.shape[1]
+    parts = u[:, 0, None] * probs[:, 0, :, :, None]  # [B, R, S, D]
+    for k in range(1, h):
+        parts.addcmul_(u[:, k, None], probs[:, k, :, :, None])
+    if factor is not None:
+        parts = parts * factor[:, :, None, :]
+    rows = torch.arange(parts.shape[1], device=parts.device)
+    parts[:, rows, t_idx] += e_self
+    return z.abs().sum(-1, keepdim=True) - (z[:, :, None, :] - parts).abs().sum(-1)
 
 
 def dense_numerators(
@@ -212,8 +252,10 @@ def proximity_from_numerators(num: torch.Tensor) -> torch.Tensor:
 
 __all__ = [
     "BOUND_SLACK",
+    "cached_numerators",
     "dense_numerators",
     "head_max_abs",
+    "new_parts",
     "proximity_from_numerators",
     "self_parts",
     "sparse_numerators",

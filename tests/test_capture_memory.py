@@ -20,15 +20,17 @@ from tiny_models import FAMILIES, tiny_chat_model
 import abstain_guard.adapters.capture as capture_module
 from abstain_guard.adapters import ReferenceMeans
 from abstain_guard.adapters.source_parts import (
+    cached_numerators,
     dense_numerators,
     head_max_abs,
+    new_parts,
     proximity_from_numerators,
     sparse_numerators,
 )
 from abstain_guard.errors import CaptureModeError, InvalidInputError
 from abstain_guard.metadata import ResponseMetadata
 
-STRATEGY_ROWS = {"sparse": 10**6, "dense": 0}  # SPARSE_MAX_ROWS forcing each strategy
+STRATEGIES = ("cached", "dense", "sparse")
 
 
 def _random_case(seed: int, gemma: bool) -> dict[str, Any]:
@@ -70,9 +72,12 @@ def test_sparse_and_chunked_numerators_equal_float64(seed: int, gemma: bool) -> 
     dense = dense_numerators(c["probs"], c["v"], c["wo_kv"], *args, max_chunk_elems=3000)
     norms = head_max_abs(c["v"], c["wo_kv"], c["z"].shape[-1], chunk=7)
     sparse = sparse_numerators(c["probs"], c["v"], norms, c["wo_kv"], *args)
-    assert dense.shape == sparse.shape == ref.shape
+    u = torch.cat([new_parts(c["v"][:, :, a : a + 9], c["wo_kv"], 48) for a in range(0, 40, 9)], 2)
+    cached = cached_numerators(c["probs"], u, *args)
+    assert dense.shape == sparse.shape == cached.shape == ref.shape
     np.testing.assert_allclose(dense.double(), ref, atol=1e-4, rtol=0)
     np.testing.assert_allclose(sparse.double(), ref, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(cached.double(), ref, atol=1e-4, rtol=0)
     # the corrections matter: the linear term alone is not the answer here
     assert (ref.clamp_min(0) > 0).any() and (ref < 0).any()
     prox = proximity_from_numerators(sparse)
@@ -97,21 +102,33 @@ def family(request: pytest.FixtureRequest) -> dict[str, Any]:
     return {"family": fam, "model": model, "meta": meta, "ref": ref}
 
 
-@pytest.mark.parametrize("strategy", sorted(STRATEGY_ROWS))
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_every_strategy_equals_reference(
     family: dict[str, Any], strategy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Generation and replay with the session forced to one strategy (dense: recompute in
-    source chunks every step; sparse: also for the replay block) equal the float64
-    full-matrix reference and the default run."""
-    monkeypatch.setattr(capture_module, "SPARSE_MAX_ROWS", STRATEGY_ROWS[strategy])
+    """Generation and replay with the session forced to one strategy (cached: keep u of
+    every position; dense: recompute in source chunks every step; sparse: bounds and
+    corrections, also for the replay block) equal the float64 full-matrix reference and the
+    default run. (Replay keeps nothing across calls, so "cached" replays densely.)"""
+    monkeypatch.setattr(capture_module, "DEFAULT_STRATEGY", strategy)
+    used: list[tuple[bool, bool]] = []
+    real = capture_module.CaptureSession._on_post_attention
+
+    def spy(self: Any, i: int) -> None:
+        used.append((self._u is not None, bool(self.sparse)))
+        real(self, i)
+
+    monkeypatch.setattr(capture_module.CaptureSession, "_on_post_attention", spy)
     model, meta = family["model"], family["meta"]
     got = model.invoke(PROMPT).response_metadata
     assert got["token_ids"] == meta["token_ids"]
     n_prompt, n_new = len(meta["prompt_token_ids"]), len(meta["token_ids"])
     rows = list(range(n_prompt - 1, n_prompt - 1 + n_new))
     omega_ref, theta_ref = reference_features(family["ref"], rows)
+    generation_used = set(used)
     replayed = model.replay(PROMPT, meta["token_ids"]).metadata
+    expected = {"cached": (True, False), "dense": (False, False), "sparse": (False, True)}
+    assert generation_used == {expected[strategy]}  # the strategy really ran
     for m in (got, replayed):
         np.testing.assert_allclose(np.asarray(m["geometry"]["omega"]), omega_ref, atol=1e-4)
         np.testing.assert_allclose(np.asarray(m["geometry"]["theta"]), theta_ref, atol=1e-4)
@@ -120,9 +137,14 @@ def test_every_strategy_equals_reference(
         )
 
 
-def test_session_memory_has_no_per_source_hidden_cache(family: dict[str, Any]) -> None:
-    """After a generation the session holds no tensor with a per-source hidden axis: its
-    buffers are C_MLP ``[L, B, S]`` and the max-norms ``[L, B, S, H]``."""
+@pytest.mark.parametrize("budget", [0, 1 << 30])
+def test_session_memory_follows_the_budget(
+    family: dict[str, Any], budget: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over budget, a generation's session holds no tensor with a per-source hidden axis:
+    its buffers are C_MLP ``[L, B, S]`` and the max-norms ``[L, B, S, H]``; within budget
+    it keeps ``u`` (``[L, B, H, S, D]``) and gives the same numbers."""
+    monkeypatch.setattr(capture_module, "CACHE_BUDGET_BYTES", budget)
     model = family["model"]
     spec = model._spec
     sessions: list[Any] = []
@@ -134,11 +156,19 @@ def test_session_memory_has_no_per_source_hidden_cache(family: dict[str, Any]) -
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(capture_module.CaptureSession, "__init__", spy)
-        model.invoke(PROMPT)
+        got = model.invoke(PROMPT).response_metadata
+    assert got["token_ids"] == family["meta"]["token_ids"]
+    np.testing.assert_allclose(
+        np.asarray(got["geometry"]["omega"]),
+        np.asarray(family["meta"]["geometry"]["omega"]),
+        atol=1e-5,
+    )
     assert sessions
     heads = spec.layers[0].num_heads
     for s in sessions:
-        bound = spec.num_layers * s.batch_size * s.max_len * (heads + 1)
+        assert s.cached == (budget > 0)
+        extra = spec.hidden_size * heads if budget > 0 else 0
+        bound = spec.num_layers * s.batch_size * s.max_len * (heads + 1 + extra)
         held = sum(
             v.numel()
             for v in vars(s).values()

@@ -1,4 +1,4 @@
-"""``abstain-guard`` command line: calibrate, ask, evaluate, demo.
+"""``abstain-guard`` command line: calibrate, ask, evaluate, report, demo, serve.
 
 Heavy imports (torch, transformers, xgboost) happen inside the commands, so ``--help`` and
 configuration errors are instant.
@@ -257,6 +257,40 @@ def _demo(args: argparse.Namespace) -> int:
     )
 
 
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        from abstain_guard.serve.runner import serve
+        from abstain_guard.serve.service import GuardService
+    except ImportError as exc:
+        raise ConfigError(
+            f"abstain-guard serve needs the serve extra ({exc}); install it with "
+            "pip install 'abstain-guard[serve]'."
+        ) from exc
+    from abstain_guard.serve.schemas import RequestLimits
+
+    _all_at_once(
+        lambda: _artifacts_exist([args.artifact]),
+        lambda: _guard_config(args.config),
+        lambda: _positive(args.port, "--port"),
+        lambda: _positive(args.max_in_flight, "--max-in-flight"),
+    )
+    service = GuardService.from_artifact(
+        args.artifact,
+        _guard_config(args.config),
+        kind=args.kind,
+        model_name=args.model_name,
+        max_in_flight=args.max_in_flight,
+    )
+    serve(
+        service,
+        host=args.host,
+        port=args.port,
+        limits=RequestLimits(),
+        log_level="info" if args.verbose else "warning",
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for docs and tests)."""
     parser = argparse.ArgumentParser(
@@ -368,7 +402,27 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="demo_report", help="where to write the report")
     demo.add_argument("--questions", type=int, default=24, help="how many questions to ask")
     demo.set_defaults(func=_demo)
-    for sub_parser in (cal, ask, ev, rep, demo):
+
+    srv = sub.add_parser(
+        "serve", help="serve the guard as an OpenAI-compatible endpoint (serve extra)"
+    )
+    srv.add_argument("--artifact", default=str(DEFAULT_ARTIFACT_DIR), help="artifact directory")
+    srv.add_argument("--config", help="guard config (YAML/TOML/JSON): mode, target")
+    srv.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    srv.add_argument("--port", type=int, default=8000, help="port to listen on")
+    srv.add_argument(
+        "--kind",
+        choices=["open", "choice", "numeric"],
+        help="question kind to serve (default: the artifact's only kind)",
+    )
+    srv.add_argument("--model-name", default="abstain-guard", help="model id listed by /v1/models")
+    srv.add_argument(
+        "--max-in-flight",
+        type=int,
+        help="requests admitted at once, 429 beyond (default: the model's batch + queue)",
+    )
+    srv.set_defaults(func=_serve)
+    for sub_parser in (cal, ask, ev, rep, demo, srv):
         sub_parser.add_argument(
             "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
         )

@@ -1,0 +1,121 @@
+"""Run the app with uvicorn: in the foreground (``abstain-guard serve``) or on a background
+thread (:class:`ServerThread`: tests, notebooks, benchmarks).
+
+Shutdown is graceful: on SIGINT / SIGTERM (or :meth:`ServerThread.stop`) uvicorn stops
+accepting connections, the service answers new requests on open connections with 503, and
+the requests already admitted finish (up to ``graceful_s`` seconds).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from types import TracebackType
+
+import uvicorn
+
+from abstain_guard.serve.app import create_app
+from abstain_guard.serve.schemas import RequestLimits
+from abstain_guard.serve.service import GuardService
+
+__all__ = ["ServerThread", "free_port", "serve"]
+
+
+def _config(
+    service: GuardService,
+    host: str,
+    port: int,
+    limits: RequestLimits | None,
+    graceful_s: float,
+    log_level: str,
+) -> uvicorn.Config:
+    return uvicorn.Config(
+        create_app(service, limits),
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=int(graceful_s),
+        lifespan="on",
+    )
+
+
+def serve(
+    service: GuardService,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    limits: RequestLimits | None = None,
+    graceful_s: float = 60.0,
+    log_level: str = "info",
+) -> None:
+    """Serve ``service`` until SIGINT / SIGTERM (blocks)."""
+    uvicorn.Server(_config(service, host, port, limits, graceful_s, log_level)).run()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerThread:
+    """The server on a background thread, on a free loopback port by default::
+
+    with ServerThread(service) as server:
+        OpenAI(base_url=server.base_url, api_key="none")...
+    """
+
+    def __init__(
+        self,
+        service: GuardService,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        limits: RequestLimits | None = None,
+        graceful_s: float = 60.0,
+    ) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        config = _config(service, host, self.port, limits, graceful_s, "warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="abstain-guard-serve")
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port/v1``, what OpenAI clients take as ``base_url``."""
+        return f"http://{self.host}:{self.port}/v1"
+
+    def start(self, timeout_s: float = 30.0) -> ServerThread:
+        """Start serving; returns once the port accepts connections.
+
+        Raises:
+            RuntimeError: the server did not start within ``timeout_s``.
+        """
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"The server did not start on {self.host}:{self.port} within {timeout_s} "
+                    "s (port taken? see the log above)."
+                )
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout_s: float = 120.0) -> None:
+        """Shut down gracefully (admitted requests finish) and wait for the thread."""
+        self.server.should_exit = True
+        self.thread.join(timeout_s)
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -15,7 +15,9 @@ calibration and test splits:
 
 * overall AUROC with a class-stratified bootstrap interval and the correct/incorrect counts;
 * mean within-type AUROC (types = each answer's ``group``: the probe set's relation) with its
-  interval, over the types that have both classes;
+  interval, over the types that have both classes (and the mean weighted by type size, no
+  interval: a type with one correct answer weighs as much as one with hundreds in the plain
+  mean);
 * the error among the 15 % most confident calibration answers, and the calibration
   participation risk mode certifies at ε ∈ {0.30, 0.35, 0.40}, δ = 0.1 (the shipped
   procedure);
@@ -318,6 +320,7 @@ def report_split(
             "auroc_ci": _rounded(entry.get("auroc_ci")),
             "within_type_auroc": round(entry["within_group"]["mean_auroc"], 3),
             "within_type_ci": _rounded(entry["within_group"]["mean_auroc_ci"]),
+            "within_type_weighted": round(entry["within_group"]["weighted_mean_auroc"], 3),
             "n_correct": entry["n_correct"],
             "n_incorrect": entry["n_incorrect"],
             "types_used": entry["within_group"]["n_groups_used"],
@@ -356,6 +359,24 @@ def resplit(data: dict[str, Any], seed: int) -> dict[str, Any]:
     return {**data, "split": split}
 
 
+def _gain_points(table: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Within-type gains (plain and size-weighted mean) of the geometry_plus scorers over
+    geometry and over the best likelihood baseline by that same mean."""
+    out: dict[str, dict[str, float]] = {}
+    for key, kind in (
+        ("mean_auroc", "within-type gain"),
+        ("weighted_mean_auroc", "weighted within-type gain"),
+    ):
+        best = max(BASELINES, key=lambda n: table[n]["within_group"][key])
+        for name in ("geometry_plus", "geometry_plus (selected)"):
+            mine = table[name]["within_group"][key]
+            out.setdefault(kind, {})[f"{name} - geometry"] = (
+                mine - table["geometry"]["within_group"][key]
+            )
+            out[kind][f"{name} - best baseline"] = mine - table[best]["within_group"][key]
+    return out
+
+
 def resplit_summary(data: dict[str, Any], seeds: Sequence[int], folds: int) -> dict[str, Any]:
     """Point AUROC / within-type AUROC / gains on calibration and test over random resplits
     of train + calibration + test (selection on each resplit's train, as in :func:`main`)."""
@@ -375,20 +396,16 @@ def resplit_summary(data: dict[str, Any], seeds: Sequence[int], folds: int) -> d
                 **baseline_scores(blocks),
             }
             table = scorer_table(scores, y, groups=groups, n_boot=0)
-            best = max(BASELINES, key=lambda n: table[n]["within_group"]["mean_auroc"])
             for name, entry in table.items():
                 for key, v in (
                     ("auroc", entry["auroc"]),
                     ("within_type", entry["within_group"]["mean_auroc"]),
+                    ("within_type_weighted", entry["within_group"]["weighted_mean_auroc"]),
                 ):
                     values.setdefault(f"{split} {key}", {}).setdefault(name, []).append(v)
-            for name in ("geometry_plus", "geometry_plus (selected)"):
-                mine = table[name]["within_group"]["mean_auroc"]
-                for other, label in (("geometry", "geometry"), (best, "best baseline")):
-                    delta = mine - table[other]["within_group"]["mean_auroc"]
-                    values.setdefault(f"{split} within-type gain", {}).setdefault(
-                        f"{name} - {label}", []
-                    ).append(delta)
+            for kind, gains_by_name in _gain_points(table).items():
+                for name, delta in gains_by_name.items():
+                    values.setdefault(f"{split} {kind}", {}).setdefault(name, []).append(delta)
         print(f"resplit {seed}: chose {chosen!r}", flush=True)
     summary: dict[str, Any] = {"chosen": chosen_by_seed}
     for key, by_name in values.items():

@@ -143,6 +143,14 @@ _REGISTRY: dict[str, ScorerSpec] = {
             summary="hidden-state geometry -> Mahalanobis -> XGBoost -> perplexity (paper 4.5)",
         ),
         ScorerSpec(
+            "geometry_fast",
+            f"{_INFERENCE}.geometry_fast:GeometryFastScorer",
+            "geometry",
+            fitted=True,
+            summary="geometry on fast-capture features (omega_dir, theta, phi; no omega_prop); "
+            "deployed with capture='fast'",
+        ),
+        ScorerSpec(
             "geometry_plus",
             f"{_INFERENCE}.geometry_plus:GeometryPlusScorer",
             "geometry",

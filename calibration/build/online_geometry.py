@@ -8,8 +8,9 @@ For a scorer fitted on hidden-state geometry (``scorer.fit`` accepts ``reference
 2. judges it and fits the reference means streaming over those arrays, one answer in memory
    at a time (:func:`fit_reference_means`);
 3. generates train (batched) and calibration / test (one question per call, as the deployed
-   guard does) with the means installed, so Φ is computed online and every calibration
-   score is what the guard computes live;
+   guard does) with the means installed and in the scorer's capture mode
+   (:func:`scoring_model`: ``capture="fast"`` for ``geometry_fast``), so Φ is computed
+   online and every calibration score is what the guard computes live;
 4. fits the scorer on the reference answers (Φ from their states and the means,
    :func:`reference_responses`) and the train answers, and scores the calibration answers.
 
@@ -40,6 +41,7 @@ from abstain_guard.calibration.build.generation import (
     replay_as_deployed,
 )
 from abstain_guard.calibration.build.store import RunStore
+from abstain_guard.calibration.inference.features import with_capture
 from abstain_guard.errors import CalibrationError
 
 logger = logging.getLogger("abstain_guard.calibration")
@@ -52,6 +54,7 @@ __all__ = [
     "fit_captured",
     "fit_reference_means",
     "reference_responses",
+    "scoring_model",
 ]
 
 
@@ -65,6 +68,15 @@ def captures_geometry(scorer: Any) -> bool:
         return "reference_means" in inspect.signature(fit).parameters
     except (TypeError, ValueError):
         return False
+
+
+def scoring_model(model: Any, scorer: Any) -> Any:
+    """The model that generates (and replays) the train and held-out answers of ``scorer``:
+    ``model`` in the scorer's capture mode (``scorer.capture``; ``"fast"`` for
+    ``geometry_fast``), which is the mode the deployed guard runs (``scorer.prepare``), so
+    the stored calibration scores are the live ones. The reference split keeps ``model``
+    (full capture, with states); a fast scorer reads the ω_dir columns of its Ω."""
+    return with_capture(model, getattr(scorer, "capture", None))
 
 
 def ensure_reference_arrays(

@@ -6,6 +6,8 @@ The guard loads them from an artifact through the scorer registry
 
 * :mod:`.geometry` — the paper's geometry scorer; its inputs are read by :mod:`.features`
   and its Gaussians / XGBoost model live in :mod:`.calibrator`;
+* :mod:`.geometry_fast` — the same scorer on the features fast capture produces (ω_dir,
+  Θ, Φ; no ω_prop), deployed with ``capture="fast"`` (``geometry_fast``);
 * :mod:`.geometry_plus` — the same inputs with the token likelihood, summarised per
   response and judged by a logistic model fitted on train (``geometry_plus``);
 * :mod:`.calibrated` — the same XGBoost calibration on any one-dimensional score;
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     from abstain_guard.calibration.inference.calibrator import fit_gaussian, response_uncertainty
     from abstain_guard.calibration.inference.features import FAMILIES, TokenBlock, token_block
     from abstain_guard.calibration.inference.geometry import GeometryScorer
+    from abstain_guard.calibration.inference.geometry_fast import GeometryFastScorer
     from abstain_guard.calibration.inference.geometry_plus import GeometryPlusScorer
     from abstain_guard.calibration.inference.model_access import question_from_prompt
     from abstain_guard.calibration.inference.p_true import PTRUE_PROMPT, PTrueScorer
@@ -48,6 +51,7 @@ __all__ = [
     "AttentionScoreScorer",
     "CalibratedScorer",
     "EigenScoreScorer",
+    "GeometryFastScorer",
     "GeometryPlusScorer",
     "GeometryScorer",
     "PTrueScorer",
@@ -79,6 +83,7 @@ _HOME = {
     "TokenBlock": "abstain_guard.calibration.inference.features",
     "token_block": "abstain_guard.calibration.inference.features",
     "GeometryScorer": "abstain_guard.calibration.inference.geometry",
+    "GeometryFastScorer": "abstain_guard.calibration.inference.geometry_fast",
     "GeometryPlusScorer": "abstain_guard.calibration.inference.geometry_plus",
     "question_from_prompt": "abstain_guard.calibration.inference.model_access",
     "PTRUE_PROMPT": "abstain_guard.calibration.inference.p_true",

@@ -1,16 +1,19 @@
 """Reading one response's per-token inputs for the geometry scorer.
 
-The token vector is ``ν = (Ω, Θ, Φ^in, Φ^out) ∈ R^{8L−4}``. Ω and Θ come from the
-response's ``geometry``; Φ comes from hidden states and fitted reference means (a
-``ReplayResult`` with ``states``) or from ``geometry['phi_in'/'phi_out']`` written by a
-model that carries the scorer's means (``model.with_reference(...)``).
+The token vector is ``ν = (Ω, Θ, Φ^in, Φ^out) ∈ R^{8L−4}`` (``capture="full"``) or, for
+scorers fitted on what fast capture produces, ``ν_fast = (ω_dir, Θ, Φ^in, Φ^out) ∈
+R^{7L−3}`` (``capture="fast"``: no ω_prop). Ω and Θ come from the response's ``geometry``;
+Φ comes from hidden states and fitted reference means (a ``ReplayResult`` with ``states``)
+or from ``geometry['phi_in'/'phi_out']`` written by a model that carries the scorer's means
+(``model.with_reference(...)``). The fast vector is read from a fast-capture response
+(``omega_dir``) or from a full-capture one (its ω_dir columns, ``omega[:, 0::2]``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -22,24 +25,52 @@ from abstain_guard.runnables import map_chat_models
 
 __all__ = [
     "FAMILIES",
+    "CaptureMode",
     "ReferenceInputs",
     "TokenBlock",
     "family_slices",
+    "feature_width",
     "install_reference",
+    "layers_of_width",
     "means_from_state",
     "means_state",
     "reference_inputs",
     "token_block",
+    "with_capture",
 ]
 
 FAMILIES: tuple[str, ...] = ("omega", "theta", "phi_in", "phi_out")
-"""The four geometry families, in token-vector order."""
+"""The four geometry families, in token-vector order (with ``capture="fast"`` the first is
+ω_dir only)."""
+
+CaptureMode = Literal["full", "fast"]
+"""The features a scorer reads: ``"full"`` (Ω, Θ, Φ: ``8L−4`` per token) or ``"fast"``
+(ω_dir, Θ, Φ: ``7L−3``; what ``GeometryChatModel(capture="fast")`` produces)."""
 
 
-def family_slices(num_layers: int) -> dict[str, slice]:
-    """Column ranges of Ω, Θ, Φ^in, Φ^out in the ``8L−4`` token vector."""
+def _omega_width(num_layers: int, capture: CaptureMode) -> int:
+    return 2 * num_layers - 1 if capture == "full" else num_layers
+
+
+def feature_width(num_layers: int, capture: CaptureMode = "full") -> int:
+    """Width of the token vector: ``8L−4`` (full) or ``7L−3`` (fast)."""
+    return _omega_width(num_layers, capture) + 3 * (2 * num_layers - 1)
+
+
+def layers_of_width(width: int, capture: CaptureMode = "full") -> int | None:
+    """L such that :func:`feature_width` ``(L, capture) == width``, or None."""
+    shift, step = (4, 8) if capture == "full" else (3, 7)
+    return (width + shift) // step if (width + shift) % step == 0 else None
+
+
+def family_slices(num_layers: int, capture: CaptureMode = "full") -> dict[str, slice]:
+    """Column ranges of Ω (fast: ω_dir), Θ, Φ^in, Φ^out in the token vector."""
     k = 2 * num_layers - 1
-    return {name: slice(i * k, (i + 1) * k) for i, name in enumerate(FAMILIES)}
+    first = _omega_width(num_layers, capture)
+    out = {"omega": slice(0, first)}
+    for i, name in enumerate(FAMILIES[1:]):
+        out[name] = slice(first + i * k, first + (i + 1) * k)
+    return out
 
 
 @dataclass
@@ -47,7 +78,8 @@ class TokenBlock:
     """Per-token inputs of one response.
 
     Attributes:
-        geometry: ``[N, 8L−4]`` (Ω, Θ, Φ^in, Φ^out).
+        geometry: ``[N, 8L−4]`` (Ω, Θ, Φ^in, Φ^out), or ``[N, 7L−3]`` (ω_dir, Θ, Φ^in,
+            Φ^out) when read with ``capture="fast"``.
         logprob: ``[N]`` log-probability of each generated token (EOS included when generated).
         entropy: ``[N]`` full-vocabulary entropy (NaN where the message has none).
     """
@@ -73,25 +105,46 @@ def _as_numpy(x: Any) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
+def _omega_columns(meta: ResponseMetadata, capture: CaptureMode) -> np.ndarray:
+    """The response's Ω ``[N, 2L−1]`` (full) or ω_dir ``[N, L]`` (fast: ``omega_dir`` of a
+    fast-capture response, the even columns of a full-capture response's Ω).
+
+    Raises:
+        CaptureModeError: ``capture="full"`` and the response was captured fast (no ω_prop).
+    """
+    if capture == "full":
+        geometry = meta.geometry(capture="full")  # Ω needs ω_prop: fast responses refused
+        return np.asarray(geometry.get("omega"), dtype=np.float64)
+    geometry = meta.geometry()
+    if meta.capture_mode() == "fast":
+        return np.asarray(geometry.get("omega_dir"), dtype=np.float64)
+    omega = np.asarray(geometry.get("omega"), dtype=np.float64)
+    return omega[:, 0::2] if omega.ndim == 2 else omega
+
+
 def token_block(
     response: Any,
     means: Any | None,
     *,
     require_states: bool = False,
+    capture: CaptureMode = "full",
 ) -> TokenBlock:
     """Assemble the per-token inputs of one response.
 
     Φ comes from the response's hidden states and ``means`` when it has states, otherwise
-    from ``geometry['phi_in'/'phi_out']``.
+    from ``geometry['phi_in'/'phi_out']``. ``capture``: the features read — ``"full"``
+    (Ω, ``[N, 8L−4]``) or ``"fast"`` (ω_dir, ``[N, 7L−3]``; from a response of either
+    capture mode).
 
     Raises:
         ScoringError: missing geometry, logprobs, Φ or states; inconsistent lengths;
             NaN/inf features.
-        CaptureModeError: the response was captured with ``capture="fast"``.
+        CaptureModeError: ``capture="full"`` and the response was captured with
+            ``capture="fast"``.
     """
     meta, states = _split_response(response)
-    geometry = meta.geometry(capture="full")  # Ω needs ω_prop: fast-capture responses refused
-    omega = np.asarray(geometry.get("omega"), dtype=np.float64)
+    omega = _omega_columns(meta, capture)
+    geometry = meta.geometry()
     theta = np.asarray(geometry.get("theta"), dtype=np.float64)
     n = omega.shape[0] if omega.ndim == 2 else 0
     logprob = meta.logprobs()
@@ -124,8 +177,13 @@ def token_block(
             "an EOS token still has one token; a response with zero tokens has none.)"
         )
     parts = [omega, theta, phi_in, phi_out]
-    width = omega.shape[1]
-    if any(p.ndim != 2 or p.shape != (n, width) for p in parts) or logprob.shape[0] != n:
+    width = theta.shape[1] if theta.ndim == 2 else -1
+    omega_ok = omega.shape == (n, width if capture == "full" else (width + 1) // 2)
+    if (
+        not omega_ok
+        or any(p.ndim != 2 or p.shape != (n, width) for p in parts[1:])
+        or logprob.shape[0] != n
+    ):
         raise ScoringError(
             "Inconsistent per-token shapes: omega "
             f"{omega.shape}, theta {theta.shape}, phi_in {phi_in.shape}, phi_out {phi_out.shape}, "
@@ -150,7 +208,7 @@ class ReferenceInputs:
         means: the reference mean directions Φ is measured against.
         blocks: one :class:`TokenBlock` per reference response (Φ with ``means``).
         labels: ``[n]`` bool, the responses' correctness.
-        num_layers: L, from the token-vector width ``8L−4``.
+        num_layers: L, from the token-vector width (``8L−4`` full, ``7L−3`` fast).
     """
 
     means: ReferenceMeans
@@ -167,7 +225,7 @@ class ReferenceInputs:
         }
 
     def tokens(self, correct: bool) -> np.ndarray:
-        """``[N, 8L−4]`` token vectors of the correct (or incorrect) reference responses."""
+        """``[N, width]`` token vectors of the correct (or incorrect) reference responses."""
         return np.concatenate(
             [b.geometry for b, c in zip(self.blocks, self.labels, strict=True) if c == correct]
         )
@@ -178,6 +236,7 @@ def reference_inputs(
     *,
     reference_means: ReferenceMeans | None = None,
     min_responses: int = 2,
+    capture: CaptureMode = "full",
 ) -> ReferenceInputs:
     """Fit the reference means (unless given) and read every reference response's tokens.
 
@@ -188,12 +247,13 @@ def reference_inputs(
         reference_means: means already fitted on the reference states (calibration streams
             them from its cache, one answer in memory at a time).
         min_responses: the fewest correct and incorrect responses each.
+        capture: the features read (:func:`token_block`).
 
     Raises:
         InsufficientDataError: too few correct or incorrect reference responses.
         ScoringError: a reference response lacks states (when the means are fitted here),
             geometry or log-probabilities.
-        InvalidInputError: token vectors that are not ``8L−4`` wide.
+        InvalidInputError: token vectors that are not ``8L−4`` (fast: ``7L−3``) wide.
     """
     ref = list(reference)
     labels = np.asarray([bool(c) for _, c in ref], dtype=bool)
@@ -218,11 +278,16 @@ def reference_inputs(
             [s for s, c in zip(states, labels, strict=True) if not c],
         )
         del states
-    blocks = [token_block(r, means, require_states=reference_means is None) for r, _ in ref]
+    blocks = [
+        token_block(r, means, require_states=reference_means is None, capture=capture)
+        for r, _ in ref
+    ]
     width = blocks[0].geometry.shape[1]
-    if (width + 4) % 8 != 0:
-        raise InvalidInputError(f"Token vectors of width {width} are not 8L−4 wide.")
-    return ReferenceInputs(means, blocks, labels, (width + 4) // 8)
+    num_layers = layers_of_width(width, capture)
+    if num_layers is None:
+        wanted = "8L−4" if capture == "full" else "7L−3"
+        raise InvalidInputError(f"Token vectors of width {width} are not {wanted} wide.")
+    return ReferenceInputs(means, blocks, labels, num_layers)
 
 
 _MEANS_PREFIX = "reference_means."
@@ -240,11 +305,25 @@ def means_from_state(arrays: Mapping[str, np.ndarray]) -> ReferenceMeans:
     )
 
 
-def install_reference(runnable: Any, means: ReferenceMeans) -> Any:
+def with_capture(model: Any, capture: CaptureMode | None) -> Any:
+    """``model`` generating in capture mode ``capture`` (a shallow copy sharing the weights,
+    lock and scheduler when its mode differs; ``model`` itself when it has no ``capture``
+    field, already captures so, or ``capture`` is None)."""
+    if capture is None or getattr(model, "capture", capture) == capture:
+        return model
+    return model.model_copy(update={"capture": capture})
+
+
+def install_reference(
+    runnable: Any, means: ReferenceMeans, capture: CaptureMode | None = None
+) -> Any:
     """``runnable`` with ``means`` installed into every GeometryChatModel inside it, so the
-    messages it produces carry Φ^in/Φ^out (a geometry-family scorer's ``prepare``)."""
+    messages it produces carry Φ^in/Φ^out (a geometry-family scorer's ``prepare``); with
+    ``capture``, each such model also generates in that capture mode (:func:`with_capture`)."""
 
     def install(model: Any) -> Any:
-        return model.with_reference(means) if hasattr(model, "with_reference") else model
+        if not hasattr(model, "with_reference"):
+            return model
+        return with_capture(model, capture).with_reference(means)
 
     return map_chat_models(runnable, install)

@@ -40,8 +40,10 @@ from abstain_guard.calibration.inference.calibrator import (
     response_uncertainty,
 )
 from abstain_guard.calibration.inference.features import (
+    CaptureMode,
     ReferenceInputs,
     TokenBlock,
+    feature_width,
     install_reference,
     means_from_state,
     means_state,
@@ -85,6 +87,8 @@ class GeometryScorer(Scorer):
     """
 
     kind: ClassVar[str] = "geometry"
+    capture: ClassVar[CaptureMode] = "full"
+    """The token features read (:func:`.features.token_block`): ``"full"`` — Ω, Θ, Φ."""
 
     def __init__(
         self,
@@ -155,9 +159,10 @@ class GeometryScorer(Scorer):
             reference,
             reference_means=reference_means,
             min_responses=self.min_reference_responses,
+            capture=self.capture,
         )
         tr = list(train)
-        blocks = [token_block(r, ref.means) for r, _ in tr]
+        blocks = [token_block(r, ref.means, capture=self.capture) for r, _ in tr]
         return self.fit_blocks(ref, blocks, np.asarray([bool(c) for _, c in tr]))
 
     def fit_blocks(
@@ -225,11 +230,12 @@ class GeometryScorer(Scorer):
     def token_confidences(self, response: ResponseLike) -> np.ndarray:
         """Calibrated confidences ``p̂_t`` ``[N]`` of one response's tokens."""
         self._check_fitted()
-        block = token_block(response, self.reference_means_)
-        if self.num_layers_ * 8 - 4 != block.geometry.shape[1]:
+        block = token_block(response, self.reference_means_, capture=self.capture)
+        width = feature_width(self.num_layers_, self.capture)
+        if width != block.geometry.shape[1]:
             raise ScoringError(
                 f"The response has token vectors of width {block.geometry.shape[1]} but the "
-                f"scorer was fitted for L={self.num_layers_} layers ({8 * self.num_layers_ - 4})."
+                f"scorer was fitted for L={self.num_layers_} layers ({width})."
                 " Use the artifact calibrated for this model."
             )
         return self._predict(self._calibrator_features(block))
@@ -248,7 +254,7 @@ class GeometryScorer(Scorer):
     def token_blocks(self, responses: Sequence[ResponseLike]) -> list[TokenBlock]:
         """The per-token inputs of each response (Φ with this scorer's means)."""
         self._check_fitted()
-        return [token_block(r, self.reference_means_) for r in responses]
+        return [token_block(r, self.reference_means_, capture=self.capture) for r in responses]
 
     def scores_of(self, blocks: Sequence[TokenBlock]) -> np.ndarray:
         """Scores ``[n]`` of per-token inputs (:meth:`token_blocks`), one XGBoost call."""

@@ -320,7 +320,8 @@ def choose_token(
 
 def rows_are_independent(weight: torch.Tensor, rows: int, max_rows: int) -> bool:
     """Whether ``x @ weight.T`` gives every row bitwise the same result for every batch of
-    ``rows..max_rows`` rows, wherever the row sits (probed with random rows)."""
+    ``rows..max_rows`` rows, wherever the row sits (probed with random rows, with the calling
+    thread's BLAS thread count)."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn((max_rows, weight.shape[1]), generator=gen, dtype=weight.dtype)
     with torch.inference_mode():
@@ -335,13 +336,40 @@ def rows_are_independent(weight: torch.Tensor, rows: int, max_rows: int) -> bool
     return True
 
 
+@contextmanager
+def blas_threads(n: int | None) -> Iterator[None]:
+    """Run the block with ``n`` intra-op threads in the calling thread (None: unchanged).
+    The setting is per OS thread (OpenMP), so other threads are not affected."""
+    if n is None:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def model_rows_are_independent(hf: nn.Module, rows: int, max_rows: int) -> bool:
+    """:func:`rows_are_independent` for every distinct shape of the model's linear layers
+    (LM head included), on the model's own weights."""
+    seen: set[tuple[int, ...]] = set()
+    for m in hf.modules():
+        if isinstance(m, nn.Linear) and tuple(m.weight.shape) not in seen:
+            seen.add(tuple(m.weight.shape))
+            if not rows_are_independent(m.weight.detach().cpu().float(), rows, max_rows):
+                return False
+    return True
+
+
 class BatchEngine:
     """Prefills new rows one at a time and decodes all active rows one token per step.
 
     Not thread-safe: the scheduler's worker drives it while holding the model lock.
     """
 
-    def __init__(self, loaded: LoadedModel, max_rows: int) -> None:
+    def __init__(self, loaded: LoadedModel, max_rows: int, batch_decode: bool = False) -> None:
         self.loaded = loaded
         self.max_rows = max_rows
         self.active: list[Row] = []
@@ -351,13 +379,23 @@ class BatchEngine:
         self._pad = pad_token_id(hf, loaded.tokenizer)
         self._device = next(hf.parameters()).device
         self._keep_one = "logits_to_keep" in inspect.signature(hf.forward).parameters
+        top = max(max_rows, MIN_DECODE_ROWS)
         probe = next(m for m in hf.modules() if isinstance(m, nn.Linear)).weight.detach()
-        same = rows_are_independent(probe.cpu(), MIN_DECODE_ROWS, max(max_rows, MIN_DECODE_ROWS))
-        # Rows independent of the batch from MIN_DECODE_ROWS on: decode all active rows in one
-        # forward padded to that many. Otherwise (e.g. several BLAS threads on small matrices)
-        # decode every row alone, unpadded: the same 1-row kernel solo and concurrent, so still
-        # exact, at a solo caller's cost (padding every step to max_rows made a lone caller
-        # pay for max_rows rows).
+        # Where a row's numbers do not depend on the batch (from MIN_DECODE_ROWS rows on) with
+        # the current BLAS threads, decode all active rows in one forward padded to that many.
+        # Otherwise (e.g. several BLAS threads on small matrices, as on a 2-core CPU) decode
+        # every row alone, unpadded: the same 1-row kernel solo and concurrent, so still
+        # exact, at the lowest latency for a lone caller but with no concurrency gain -- or,
+        # with ``batch_decode``, decode steps run on one BLAS thread where that makes the rows
+        # independent: concurrent callers share each step (throughput), a lone caller pays
+        # for MIN_DECODE_ROWS rows on one thread (latency).
+        #: intra-op threads of decode steps (None: the process setting)
+        self.decode_threads: int | None = None
+        same = rows_are_independent(probe.cpu().float(), MIN_DECODE_ROWS, top)
+        if not same and batch_decode:
+            with blas_threads(1):
+                same = model_rows_are_independent(hf, MIN_DECODE_ROWS, top)
+            self.decode_threads = 1 if same else None
         self.batched = same
         self.min_rows = MIN_DECODE_ROWS if same else 1
         register_rows_attention()
@@ -449,7 +487,7 @@ class BatchEngine:
         previous = cfg._attn_implementation
         cfg._attn_implementation = ROWS_ATTENTION
         try:
-            with torch.inference_mode(), mux.installed():
+            with torch.inference_mode(), mux.installed(), blas_threads(self.decode_threads):
                 out = hf(
                     input_ids=torch.tensor(ids, dtype=torch.long, device=self._device),
                     position_ids=torch.tensor(pos, dtype=torch.long, device=self._device),
@@ -477,7 +515,9 @@ __all__ = [
     "Row",
     "RowResult",
     "RowsCache",
+    "blas_threads",
     "choose_token",
+    "model_rows_are_independent",
     "register_rows_attention",
     "rows_are_independent",
     "rows_attention",

@@ -51,12 +51,16 @@ class GenerationScheduler:
         loaded: LoadedModel,
         max_batch: int = DEFAULT_MAX_BATCH,
         max_queue: int = DEFAULT_MAX_QUEUE,
+        batch_decode: bool = False,
     ) -> None:
         if max_batch < 1 or max_queue < 1:
             raise ValueError("max_batch and max_queue must be positive")
         self.loaded = loaded
         self.max_batch = max_batch
         self.max_queue = max_queue
+        #: ask the engine for shared decode steps even where that needs one BLAS thread
+        #: (:class:`~.batching.BatchEngine`); fixed when the engine is built
+        self.batch_decode = batch_decode
         self._cond = threading.Condition()
         self._pending: deque[_Pending] = deque()
         self._worker: threading.Thread | None = None
@@ -124,7 +128,7 @@ class GenerationScheduler:
         try:
             with self.loaded.lock:
                 if self._engine is None:
-                    self._engine = BatchEngine(self.loaded, self.max_batch)
+                    self._engine = BatchEngine(self.loaded, self.max_batch, self.batch_decode)
                 runner = _Runner(self._engine)
             while (admit := self._take(runner)) is not None:
                 with self.loaded.lock:
@@ -143,7 +147,7 @@ class GenerationScheduler:
 
     def _run_inline(self, pending: list[_Pending]) -> None:
         """Run ``pending`` to completion in the calling thread (it holds the model lock)."""
-        runner = _Runner(BatchEngine(self.loaded, self.max_batch))
+        runner = _Runner(BatchEngine(self.loaded, self.max_batch, self.batch_decode))
         queue = deque(pending)
         while queue or runner.engine.active:
             room = self.max_batch - len(runner.engine.active)
@@ -203,20 +207,33 @@ _CREATE = threading.Lock()
 
 
 def scheduler_for(
-    loaded: LoadedModel, max_batch: int | None = None, max_queue: int | None = None
+    loaded: LoadedModel,
+    max_batch: int | None = None,
+    max_queue: int | None = None,
+    batch_decode: bool | None = None,
 ) -> GenerationScheduler:
     """The scheduler of ``loaded``, created on first use (bounds default to
-    :data:`DEFAULT_MAX_BATCH` and :data:`DEFAULT_MAX_QUEUE`); bounds given later replace
-    the current ones (``max_batch`` only up to the first one: the engine's batch shape is
-    fixed when it is built)."""
+    :data:`DEFAULT_MAX_BATCH` and :data:`DEFAULT_MAX_QUEUE`, ``batch_decode`` to False);
+    bounds given later replace the current ones (``max_batch`` only up to the first one: the
+    engine's batch shape is fixed when it is built). ``batch_decode`` is fixed at creation:
+    asking for the other setting later raises ValueError (the numbers would change in the
+    last bits between calls)."""
     with _CREATE:
         sched = loaded.scheduler
         if not isinstance(sched, GenerationScheduler):
             sched = GenerationScheduler(
-                loaded, max_batch or DEFAULT_MAX_BATCH, max_queue or DEFAULT_MAX_QUEUE
+                loaded,
+                max_batch or DEFAULT_MAX_BATCH,
+                max_queue or DEFAULT_MAX_QUEUE,
+                bool(batch_decode),
             )
             loaded.scheduler = sched
             return sched
+        if batch_decode is not None and batch_decode != sched.batch_decode:
+            raise ValueError(
+                f"this loaded model's scheduler runs with batch_decode={sched.batch_decode}; "
+                "one loaded model has one decode mode. Load the model again for the other."
+            )
         with sched._cond:
             if max_queue is not None:
                 sched.max_queue = max(1, max_queue)

@@ -18,7 +18,7 @@ import torch
 from tiny_models import tiny_chat_model
 
 from abstain_guard.adapters import GeometryChatModel, ReferenceMeans
-from abstain_guard.adapters.batching import MIN_DECODE_ROWS, rows_are_independent
+from abstain_guard.adapters.batching import MIN_DECODE_ROWS, blas_threads, rows_are_independent
 from abstain_guard.adapters.scheduler import GenerationScheduler, scheduler_for
 from abstain_guard.errors import AbstainGuardError, SchedulerFullError
 
@@ -240,3 +240,32 @@ def test_default_model_concurrent_callers_match_solo(default_model: GeometryChat
     assert _scheduler(default_model).widest_step >= len(questions)
     for a, b in zip(solo, got, strict=True):
         _same(a, b)
+
+
+def test_batch_decode_shares_steps_and_keeps_solo_answers() -> None:
+    """``batch_decode``: decode steps of concurrent callers run as one forward (on one BLAS
+    thread where that is what makes rows independent) and every caller still gets bitwise
+    its solo answer; one loaded model has one decode mode."""
+    model = tiny_chat_model("llama", seed=5, max_new_tokens=10)
+    sched = scheduler_for(model._s, batch_decode=True)
+    solo = [model.invoke(p) for p in PROMPTS]
+    engine = sched._engine
+    assert engine is not None and engine.batched and engine.min_rows == MIN_DECODE_ROWS
+    assert engine.decode_threads in (None, 1)
+    got = _run_threads(model, [lambda p=p: model.invoke(p) for p in PROMPTS])
+    for a, b in zip(solo, got, strict=True):
+        _same(a, b)
+    with pytest.raises(ValueError, match="one decode mode"):
+        scheduler_for(model._s, batch_decode=False)
+
+
+def test_blas_threads_is_per_thread_and_restored() -> None:
+    before = torch.get_num_threads()
+    seen: list[int] = []
+    with blas_threads(1):
+        seen.append(torch.get_num_threads())
+        other = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        other.start()
+        other.join()
+    assert seen[0] == 1
+    assert torch.get_num_threads() == before

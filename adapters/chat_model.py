@@ -104,6 +104,15 @@ class GeometryChatModel(BaseChatModel):
     max_queue: int = Field(
         default=64, ge=1, description="calls that may wait for the model before it refuses more"
     )
+    batch_decode: bool = Field(
+        default=False,
+        description=(
+            "decode concurrent callers' steps as one forward even where the CPU's BLAS then "
+            "needs one thread to keep rows independent: more answers/s under concurrency, a "
+            "lone call slower (it pays for 4 rows); numbers are exact either way but differ "
+            "in the last bits between the two settings, so calibrate and deploy with the same"
+        ),
+    )
     replay_add_eos: bool = Field(
         default=True, description="replay: append EOS to a text response (a finished answer)"
     )
@@ -461,9 +470,13 @@ class GeometryChatModel(BaseChatModel):
         return self._messages(conversations, prompts, gen, opts)
 
     @property
-    def _limits(self) -> dict[str, int]:
+    def _limits(self) -> dict[str, Any]:
         """Bounds of the shared scheduler (:mod:`.scheduler`)."""
-        return {"max_batch": self.max_batch_size, "max_queue": self.max_queue}
+        return {
+            "max_batch": self.max_batch_size,
+            "max_queue": self.max_queue,
+            "batch_decode": self.batch_decode,
+        }
 
     def _messages(
         self,

@@ -188,12 +188,13 @@ def submit_generation(
     opts: Mapping[str, Any],
     reference: ReferenceMeans | None,
     keep_states: bool = False,
-    limits: Mapping[str, int] | None = None,
+    limits: Mapping[str, Any] | None = None,
     on_tokens: Sequence[TokenCallback | None] | None = None,
 ) -> list[Future[RowResult]]:
     """Queue one request per prompt on the model's scheduler (:mod:`.scheduler`); raises
-    SchedulerFullError when its queue cannot take them. ``limits``: ``max_batch`` and
-    ``max_queue`` of the scheduler; ``on_tokens``: see :func:`generation_requests`."""
+    SchedulerFullError when its queue cannot take them. ``limits``: ``max_batch``,
+    ``max_queue`` and ``batch_decode`` of the scheduler; ``on_tokens``: see
+    :func:`generation_requests`."""
     requests = generation_requests(
         loaded, prompts, max_new, opts, reference, keep_states, on_tokens
     )
@@ -207,7 +208,7 @@ def generate_tokens(
     opts: Mapping[str, Any],
     reference: ReferenceMeans | None,
     keep_states: bool = False,
-    limits: Mapping[str, int] | None = None,
+    limits: Mapping[str, Any] | None = None,
 ) -> list[Generated]:
     """Generate for every prompt (greedy when ``opts["temperature"]`` is 0, else seeded
     sampling), capturing geometry when ``opts["capture_geometry"]`` (and the per-token states
@@ -227,7 +228,7 @@ async def agenerate_tokens(
     opts: Mapping[str, Any],
     reference: ReferenceMeans | None,
     keep_states: bool = False,
-    limits: Mapping[str, int] | None = None,
+    limits: Mapping[str, Any] | None = None,
 ) -> list[Generated]:
     """:func:`generate_tokens` for asyncio callers (awaits the scheduler's futures)."""
     futures = submit_generation(loaded, prompts, max_new, opts, reference, keep_states, limits)

@@ -435,7 +435,7 @@ class BatchEngine:
 
     def _append(self, row: Row, logits: torch.Tensor) -> None:
         """Choose the row's next token from ``logits`` and check whether the row is done."""
-        logits = logits.detach().float().cpu()
+        logits = logits.detach().to("cpu", torch.float32, copy=True)  # not a view of the step's
         tok = choose_token(logits, row.request, row.generator)
         row.ids.append(tok)
         row.logits.append(logits)

@@ -44,6 +44,7 @@ from .source_parts import (
     cached_numerators,
     dense_numerators,
     head_max_abs,
+    heads_by_query,
     new_parts,
     proximity_from_numerators,
     sparse_numerators,
@@ -125,6 +126,7 @@ class CaptureSession:
             .contiguous()
             for ls in spec.layers
         ]
+        self._w_flat: list[torch.Tensor | None] = [None] * len(spec.layers)  # sparse only
         self._ref: dict[str, torch.Tensor] | None = None
         if reference is not None:
             self._ref = {
@@ -236,7 +238,9 @@ class CaptureSession:
             if not self._active():
                 return
             post_attn = args[0]
-            self._et_rows.append(post_attn[:, self.rows].float())
+            # a copy: a view of the rows would keep the whole block's states alive until the
+            # block ends (2 x L x positions x D floats on a long prompt)
+            self._et_rows.append(post_attn[:, self.rows].to(torch.float32, copy=True))
             if self.needs_attention:
                 self._et_full = post_attn
                 self._on_post_attention(i)
@@ -248,7 +252,7 @@ class CaptureSession:
             if not self._active():
                 return
             out = output[0] if isinstance(output, tuple) else output
-            self._eo_rows.append(out[:, self.rows].float())
+            self._eo_rows.append(out[:, self.rows].to(torch.float32, copy=True))
             if self.needs_attention:
                 et_full = self._et_full
                 if et_full is None:
@@ -344,7 +348,11 @@ class CaptureSession:
             u = self._u[i, :, :, src0 : src0 + s_k]  # [B, H, S_k, D]
             num = cached_numerators(probs, u, z, e_self, t_idx, factor)
         elif self.sparse and norms is not None:
-            num = sparse_numerators(probs, values, norms, self._wo_kv[i], z, e_self, t_idx, factor)
+            if self._w_flat[i] is None:
+                self._w_flat[i] = heads_by_query(self._wo_kv[i], probs.shape[1])
+            num = sparse_numerators(
+                probs, values, norms, self._wo_kv[i], z, e_self, t_idx, factor, self._w_flat[i]
+            )
         else:
             num = dense_numerators(
                 probs, values, self._wo_kv[i], z, e_self, t_idx, factor, self.max_chunk_elems

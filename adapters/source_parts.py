@@ -42,6 +42,14 @@ BOUND_SLACK = 1e-3
 _TIERS = (4, 16, 64, 192)
 
 
+def heads_by_query(wo_kv: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """``W_O`` rows in query-head order: ``wo_kv [H_kv, Dh, n_rep·D]`` -> ``[H·Dh, D]``
+    (a copy; a session computes it once per layer)."""
+    hkv, dh, width = wo_kv.shape
+    d = width // (num_heads // hkv)
+    return wo_kv.view(hkv, dh, num_heads // hkv, d).permute(0, 2, 1, 3).reshape(num_heads * dh, d)
+
+
 def head_max_abs(
     v: torch.Tensor, wo_kv: torch.Tensor, hidden: int, chunk: int = 256
 ) -> torch.Tensor:
@@ -171,10 +179,12 @@ def sparse_numerators(
     e_self: torch.Tensor,
     t_idx: torch.Tensor,
     factor: torch.Tensor | None,
+    w_flat: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same as :func:`dense_numerators` (exactly), linear term plus sparse corrections.
 
-    ``unorm [B, S, H]``: ``‖u^h_s‖_∞`` of every source (:func:`head_max_abs`).
+    ``unorm [B, S, H]``: ``‖u^h_s‖_∞`` of every source (:func:`head_max_abs`); ``w_flat``:
+    :func:`heads_by_query` of ``wo_kv`` if already at hand.
     """
     b, h, r, s = probs.shape
     hkv, dh = v.shape[1], v.shape[3]
@@ -191,7 +201,8 @@ def sparse_numerators(
     counts = torch.searchsorted(thr_sorted.contiguous(), beta.contiguous())  # [B, R, S]
     rows = torch.arange(r, device=num.device)
     counts[:, rows, t_idx] = 0
-    w_flat = wo_kv.view(hkv, dh, h // hkv, d).permute(0, 2, 1, 3).reshape(h * dh, d)
+    if w_flat is None:
+        w_flat = heads_by_query(wo_kv, h)
     for bi in range(b):
         for qi in range(r):
             c = counts[bi, qi]
@@ -255,6 +266,7 @@ __all__ = [
     "cached_numerators",
     "dense_numerators",
     "head_max_abs",
+    "heads_by_query",
     "new_parts",
     "proximity_from_numerators",
     "self_parts",

@@ -28,7 +28,8 @@ calibration and test splits:
   class-stratified within-type resamples for both scorers);
 * with ``--resplits N``: the same selection, fits and point metrics on N random redraws of
   train / calibration / test (reference kept: it fitted the means), summarised per scorer
-  (mean, sd, range) with the share of redraws where a gain reaches 0.05;
+  (mean, sd, range; AUROC, within-type AUROC, error among the 15 % most confident,
+  participation certified at ε = 0.35) with the share of redraws where a gain reaches 0.05;
 * per question type: counts and AUROC of the main scorers (seed 0);
 * the scoring cost per response of ``geometry`` and ``geometry_plus`` from the token inputs
   (CPU time of ``scores_of`` on one response at a time; reading the message and computing Φ
@@ -397,10 +398,13 @@ def resplit_summary(data: dict[str, Any], seeds: Sequence[int], folds: int) -> d
             }
             table = scorer_table(scores, y, groups=groups, n_boot=0)
             for name, entry in table.items():
+                risk = risk_summary(scores[name], y)
                 for key, v in (
                     ("auroc", entry["auroc"]),
                     ("within_type", entry["within_group"]["mean_auroc"]),
                     ("within_type_weighted", entry["within_group"]["weighted_mean_auroc"]),
+                    ("error_top15", risk["error_top15"]),
+                    ("certified_0.35", risk["certified_participation"]["0.35"]),
                 ):
                     values.setdefault(f"{split} {key}", {}).setdefault(name, []).append(v)
             for kind, gains_by_name in _gain_points(table).items():

@@ -37,6 +37,7 @@ from abstain_guard.calibration.inference.features import (
 from abstain_guard.calibration.inference.geometry import GeometryScorer
 from abstain_guard.calibration.inference.geometry_fast import GeometryFastScorer
 from abstain_guard.calibration.measure import metrics
+from abstain_guard.calibration.measure.permutation_importance import permutation_importance
 from abstain_guard.chains import load_guard_chain
 from abstain_guard.errors import CaptureModeError, ScoringError
 from abstain_guard.metadata import ResponseMetadata
@@ -190,8 +191,8 @@ def test_fast_capture_features_equal_the_fast_subset_of_full_capture(fam: str) -
 
 
 def test_prepare_runs_every_chat_model_in_fast_capture(fitted: Any) -> None:
-    scorer, _ = fitted
     model = tiny_chat_model("llama", seed=0)
+    scorer = GeometryFastScorer.from_state(fitted[0].get_state())  # the fixture stays as is
     scorer.reference_means_ = _random_means(model, 1)
     prepared = scorer.prepare(model)
     assert prepared.capture == "fast" and model.capture == "full"
@@ -266,3 +267,11 @@ def test_the_benchmark_reads_the_columns_the_scorer_reads() -> None:
     np.testing.assert_array_equal(
         converted.geometry, token_block(r, means, capture="fast").geometry
     )
+
+
+def test_permutation_importance_uses_the_fast_layout(fitted: Any) -> None:
+    scorer, data = fitted
+    imp = permutation_importance(scorer, [r for r, _ in data], [c for _, c in data], n_repeats=3)
+    assert imp.drops["omega"]["auroc_mean"] > 0.2
+    for fam in ("theta", "phi_in", "phi_out"):
+        assert abs(imp.drops[fam]["auroc_mean"]) < 0.1

@@ -76,7 +76,7 @@ def permutation_importance(
     base_auroc, base_auprc = aurocs(geom)
     rng = np.random.default_rng(random_state)
     result = FeatureImportance(auroc=base_auroc, auprc=base_auprc)
-    for fam, sl in family_slices(scorer.num_layers_).items():
+    for fam, sl in family_slices(scorer.num_layers_, getattr(scorer, "capture", "full")).items():
         d_roc, d_prc = [], []
         for _ in range(n_repeats):
             g = geom.copy()

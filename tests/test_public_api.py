@@ -20,6 +20,7 @@ PACKAGES = (
     "abstain_guard.calibration.build",
     "abstain_guard.calibration.build.judges",
     "abstain_guard.calibration.measure",
+    "abstain_guard.serve",
 )
 DOCUMENTS = sorted(
     [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "examples").glob("*.py")]

@@ -45,7 +45,7 @@ def test_a_well_formed_request_parses() -> None:
         (_body(max_tokens=0), 400, "max_tokens"),
         (_body(top_logprobs=50), 400, "top_logprobs"),
         (json.dumps({"messages": [{"content": "no role"}]}).encode(), 400, "role"),
-        (b" " * 2001, 413, "at most 2000"),
+        (b" " * 2001, 413, "over 2000 bytes"),
         (json.dumps({"messages": [{"role": "user", "content": "x" * 101}]}).encode(), 400, "101"),
         (json.dumps({"messages": [{"role": "user", "content": "q"}] * 4}).encode(), 400, "4 mes"),
     ],

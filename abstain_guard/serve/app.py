@@ -32,6 +32,9 @@ __all__ = ["create_app"]
 
 logger = logging.getLogger("abstain_guard.serve")
 
+ROUTES = frozenset({"/v1/chat/completions", "/v1/models", "/healthz", "/metrics"})
+"""Paths counted by name in the metrics (any other is ``other``: bounded labels)."""
+
 
 def _refusal(exc: RequestRefused) -> JSONResponse:
     headers = {}
@@ -77,7 +80,8 @@ def create_app(service: GuardService, limits: RequestLimits | None = None) -> Fa
     @app.middleware("http")
     async def count_requests(request: Request, call_next):  # type: ignore[no-untyped-def]
         response = await call_next(request)
-        metrics.requests.labels(request.url.path, str(response.status_code)).inc()
+        path = request.url.path if request.url.path in ROUTES else "other"
+        metrics.requests.labels(path, str(response.status_code)).inc()
         return response
 
     @app.post("/v1/chat/completions")

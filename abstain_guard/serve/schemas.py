@@ -178,8 +178,8 @@ def parse_request(body: bytes, limits: RequestLimits) -> ChatCompletionRequest:
     """
     if len(body) > limits.max_body_bytes:
         raise RequestRefused(
-            f"The request body has {len(body)} bytes; this server accepts at most "
-            f"{limits.max_body_bytes}. Send a shorter question.",
+            f"The request body is over {limits.max_body_bytes} bytes, the most this server "
+            "accepts. Send a shorter question.",
             status=413,
         )
     try:

@@ -1,11 +1,11 @@
 """Load test of ``abstain-guard serve`` (the shipped default guard, CPU).
 
 Starts the server in a subprocess on a free loopback port, waits for ``/healthz``, measures
-a solo request (the median of three, one at a time), then drives it with a bounded asyncio
-client: ``--requests`` requests, ``--concurrency`` at once, alternating non-streamed and
-streamed, every ``--malformed-every``-th one malformed (a budget other than the calibrated
-one, a conversation, a body that is not JSON, no messages). Then it stops the server with
-SIGTERM (graceful shutdown) and prints one JSON line::
+a solo request (the median over the question set, asked one at a time), then drives it with
+a bounded asyncio client: ``--requests`` requests, ``--concurrency`` at once, alternating
+non-streamed and streamed, every ``--malformed-every``-th one malformed (in turn: a budget
+other than the calibrated one, a conversation, a body that is not JSON, no messages). Then it
+stops the server with SIGTERM (graceful shutdown) and prints one JSON line::
 
     {"requests", "concurrency", "wall_s", "throughput_rps", "p50_s", "p95_s", "solo_s",
      "p95_over_solo", "errors": {kind: count}, "well_formed", "decided",
@@ -142,7 +142,7 @@ async def well_formed(
 
 async def malformed(client: httpx.AsyncClient, url: str, i: int) -> tuple[str, int]:
     """One malformed request: (its kind, the HTTP status)."""
-    name, body = MALFORMED[i % len(MALFORMED)]
+    name, body = MALFORMED[i % len(MALFORMED)]  # i: the count of malformed ones so far
     if isinstance(body, bytes):
         r = await client.post(url, content=body, headers={"content-type": "application/json"})
     else:
@@ -153,7 +153,7 @@ async def malformed(client: httpx.AsyncClient, url: str, i: int) -> tuple[str, i
 async def drive(args: argparse.Namespace, root: str, client: httpx.AsyncClient) -> dict[str, Any]:
     """Solo latency, then the bounded load; the measurements."""
     url = f"{root}/v1/chat/completions"
-    solo = [(await well_formed(client, url, QUESTIONS[k], False))[1] for k in range(3)]
+    solo = [(await well_formed(client, url, q, False))[1] for q in QUESTIONS]
     gate = asyncio.Semaphore(args.concurrency)
     deadline = time.monotonic() + args.deadline_s
     results: list[tuple[str, float, bool | None]] = []
@@ -166,7 +166,7 @@ async def drive(args: argparse.Namespace, root: str, client: httpx.AsyncClient) 
             if time.monotonic() > deadline:
                 skipped += 1
             elif i % args.malformed_every == args.malformed_every - 1:
-                bad.append(await malformed(client, url, i))
+                bad.append(await malformed(client, url, i // args.malformed_every))
             else:
                 question = QUESTIONS[i % len(QUESTIONS)]
                 results.append(await well_formed(client, url, question, stream=i % 2 == 1))

@@ -275,3 +275,36 @@ def test_permutation_importance_uses_the_fast_layout(fitted: Any) -> None:
     assert imp.drops["omega"]["auroc_mean"] > 0.2
     for fam in ("theta", "phi_in", "phi_out"):
         assert abs(imp.drops[fam]["auroc_mean"]) < 0.1
+
+
+@pytest.mark.model
+def test_real_model_fast_guard_answers_like_full_capture(default_model: Any) -> None:
+    """On the embedded model: the prepared (fast-capture) model gives the same tokens as full
+    capture, and its fast features equal the full ones' ω_dir/Θ/Φ columns to float32
+    rounding, so the two captures score an answer alike."""
+    from langchain_core.messages import HumanMessage, SystemMessage
+
+    items = [
+        ([SystemMessage("Answer in a few words."), HumanMessage(q)], a)
+        for q, a in (
+            ("What is the capital of France?", "Paris"),
+            ("What is the capital of Japan?", "Tokyo"),
+            ("What is the capital of France?", "Lyon"),
+            ("What is the capital of Japan?", "Osaka"),
+        )
+    ]
+    replays = default_model.replay_batch(items, return_states=True)
+    pairs = list(zip(replays, [True, True, False, False], strict=True))
+    scorer = GeometryFastScorer(num_boost_round=10).fit(pairs, pairs)
+    fast = scorer.prepare(default_model)
+    full = default_model.with_reference(scorer.reference_means_)
+    assert fast.capture == "fast" and full.capture == "full"
+    a = full.invoke(items[0][0], max_new_tokens=8)
+    b = fast.invoke(items[0][0], max_new_tokens=8)
+    assert a.response_metadata["token_ids"] == b.response_metadata["token_ids"]
+    from_full = token_block(a, scorer.reference_means_, capture="fast").geometry
+    from_fast = token_block(b, scorer.reference_means_, capture="fast").geometry
+    diff = float(np.max(np.abs(from_full - from_fast)))
+    print("real model, fast vs full capture features, max abs difference:", diff)
+    assert diff <= 1e-4
+    assert scorer.score(b) == pytest.approx(scorer.score(a), abs=1e-3)

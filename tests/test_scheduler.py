@@ -246,9 +246,10 @@ def test_batch_decode_shares_steps_and_keeps_solo_answers() -> None:
     """``batch_decode``: decode steps of concurrent callers run as one forward (on one BLAS
     thread where that is what makes rows independent) and every caller still gets bitwise
     its solo answer; one loaded model has one decode mode."""
-    model = tiny_chat_model("llama", seed=5, max_new_tokens=10)
-    sched = scheduler_for(model._s, batch_decode=True)
+    model = tiny_chat_model("llama", seed=5, max_new_tokens=10, batch_decode=True)
     solo = [model.invoke(p) for p in PROMPTS]
+    sched = _scheduler(model)
+    assert sched.batch_decode
     engine = sched._engine
     assert engine is not None and engine.batched and engine.min_rows == MIN_DECODE_ROWS
     assert engine.decode_threads in (None, 1)
@@ -257,6 +258,10 @@ def test_batch_decode_shares_steps_and_keeps_solo_answers() -> None:
         _same(a, b)
     with pytest.raises(ValueError, match="one decode mode"):
         scheduler_for(model._s, batch_decode=False)
+    other = model.model_copy(update={"batch_decode": False})
+    other._shared = model._shared
+    with pytest.raises(ValueError, match="one decode mode"):
+        other.invoke(PROMPTS[0])
 
 
 def test_blas_threads_is_per_thread_and_restored() -> None:

@@ -22,7 +22,7 @@ from langchain_core.callbacks import (
     CallbackManagerForLLMRun,
 )
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult, LLMResult
 from langchain_core.prompt_values import PromptValue
 from langchain_core.runnables import RunnableConfig
@@ -60,7 +60,13 @@ from .loading import (
     wrap_model,
 )
 from .replay import replay_item, replay_items
-from .streaming import IncrementalText, async_token_channel, token_channel
+from .streaming import (
+    IncrementalText,
+    async_token_channel,
+    last_chunk,
+    text_chunk,
+    token_channel,
+)
 from .types import ReferenceMeans, ReplayResult, TokenStates
 
 
@@ -319,17 +325,17 @@ class GeometryChatModel(BaseChatModel):
         text = IncrementalText(self.tokenizer, opts["stop"])
         for tok in ids:
             if piece := text.push(tok):
-                chunk = _text_chunk(piece)
+                chunk = text_chunk(piece)
                 if run_manager:
                     run_manager.on_llm_new_token(piece, chunk=chunk)
                 yield chunk
         msg = self._finished(messages, prompt, future.result(), opts)
         if rest := text.finish(str(msg.content)):
-            chunk = _text_chunk(rest)
+            chunk = text_chunk(rest)
             if run_manager:
                 run_manager.on_llm_new_token(rest, chunk=chunk)
             yield chunk
-        yield _last_chunk(msg)
+        yield last_chunk(msg)
 
     async def _astream(
         self,
@@ -346,18 +352,18 @@ class GeometryChatModel(BaseChatModel):
         text = IncrementalText(self.tokenizer, opts["stop"])
         async for tok in ids:
             if piece := text.push(tok):
-                chunk = _text_chunk(piece)
+                chunk = text_chunk(piece)
                 if run_manager:
                     await run_manager.on_llm_new_token(piece, chunk=chunk)
                 yield chunk
         result = await asyncio.wrap_future(future)
         msg = self._finished(messages, prompt, result, opts)
         if rest := text.finish(str(msg.content)):
-            chunk = _text_chunk(rest)
+            chunk = text_chunk(rest)
             if run_manager:
                 await run_manager.on_llm_new_token(rest, chunk=chunk)
             yield chunk
-        yield _last_chunk(msg)
+        yield last_chunk(msg)
 
     def _submitter(
         self, prompt: list[int], opts: dict[str, Any]
@@ -575,22 +581,6 @@ class GeometryChatModel(BaseChatModel):
             progress=progress,
             capture=self.capture,
         )
-
-
-def _text_chunk(text: str) -> ChatGenerationChunk:
-    return ChatGenerationChunk(message=AIMessageChunk(content=text))
-
-
-def _last_chunk(msg: AIMessage) -> ChatGenerationChunk:
-    """The stream's closing chunk: no text, the answer's metadata and usage."""
-    return ChatGenerationChunk(
-        message=AIMessageChunk(
-            content="",
-            response_metadata=msg.response_metadata,
-            usage_metadata=msg.usage_metadata,
-            chunk_position="last",
-        )
-    )
 
 
 def load_default_model(**options: Any) -> GeometryChatModel:

@@ -25,9 +25,19 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from langchain_core.messages import AIMessage, AIMessageChunk
+from langchain_core.outputs import ChatGenerationChunk
+
 from abstain_guard.errors import ModelError
 
-__all__ = ["IncrementalText", "async_token_channel", "cut_at_stop", "token_channel"]
+__all__ = [
+    "IncrementalText",
+    "async_token_channel",
+    "cut_at_stop",
+    "last_chunk",
+    "text_chunk",
+    "token_channel",
+]
 
 REPLACEMENT = "\ufffd"
 
@@ -138,3 +148,20 @@ def async_token_channel(
             yield int(tok)
 
     return ids(), future
+
+
+def text_chunk(text: str) -> ChatGenerationChunk:
+    """A stream chunk carrying ``text`` only."""
+    return ChatGenerationChunk(message=AIMessageChunk(content=text))
+
+
+def last_chunk(msg: AIMessage) -> ChatGenerationChunk:
+    """The stream's closing chunk: no text, the answer's metadata and usage."""
+    return ChatGenerationChunk(
+        message=AIMessageChunk(
+            content="",
+            response_metadata=msg.response_metadata,
+            usage_metadata=msg.usage_metadata,
+            chunk_position="last",
+        )
+    )

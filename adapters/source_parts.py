@@ -53,17 +53,15 @@ def heads_by_query(wo_kv: torch.Tensor, num_heads: int) -> torch.Tensor:
 def head_max_abs(
     v: torch.Tensor, wo_kv: torch.Tensor, hidden: int, chunk: int = 256
 ) -> torch.Tensor:
-    """``‖u^h_s‖_∞`` of source positions, ``u`` built ``chunk`` positions at a time.
+    """``‖u^h_s‖_∞`` of source positions, ``u`` built ``chunk`` positions at a time
+    (:func:`new_parts`).
 
     ``v [B, H_kv, Q, Dh]``, ``wo_kv [H_kv, Dh, n_rep·D]`` -> ``[B, Q, H]`` (float32).
     """
-    b, hkv, q, _ = v.shape
-    res = []
-    for a in range(0, q, chunk):
-        u = torch.matmul(v[:, :, a : a + chunk].float(), wo_kv)  # [B, H_kv, c, n_rep·D]
-        c = u.shape[2]
-        m = u.view(b, hkv, c, -1, hidden).abs().amax(-1)  # [B, H_kv, c, n_rep]
-        res.append(m.permute(0, 2, 1, 3).reshape(b, c, -1))
+    res = [
+        new_parts(v[:, :, a : a + chunk], wo_kv, hidden).abs().amax(-1).transpose(1, 2)
+        for a in range(0, v.shape[2], chunk)
+    ]
     return res[0] if len(res) == 1 else torch.cat(res, dim=1)
 
 

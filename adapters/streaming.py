@@ -80,8 +80,11 @@ class IncrementalText:
         text = self._tokenizer.decode(self._ids, skip_special_tokens=True)
         text, self._stopped = cut_at_stop(text, self._stops)
         if not self._stopped:
-            text = text[: max(0, len(text) - self._hold)]
+            # first drop what later tokens may still change (a partial character, trailing
+            # spaces), then hold back the tail a stop string could begin in: a stop that
+            # begins in released text then lies wholly in text already seen
             text = text.rstrip(REPLACEMENT).rstrip()
+            text = text[: max(0, len(text) - self._hold)]
         return self._release(text)
 
     def _release(self, stable: str) -> str:

@@ -22,19 +22,26 @@ __all__ = ["load_chat_model", "load_guard_chain"]
 
 
 def load_chat_model(
-    model: str = "default", *, gguf_file: str | None = None, max_new_tokens: int | None = None
+    model: str = "default",
+    *,
+    gguf_file: str | None = None,
+    max_new_tokens: int | None = None,
+    batch_decode: bool = False,
 ) -> Any:
     """The chat model ``model`` names (``"default"`` = embedded SmolLM2, else a local Hugging
     Face folder, with ``gguf_file`` inside it if given), generating at most ``max_new_tokens``
     (default: as many tokens as open questions get at calibration; the guarantee assumes the
-    same generation settings)."""
+    same generation settings), in decode mode ``batch_decode`` (the same as at calibration:
+    the two modes differ in the last bits)."""
     # The adapters import torch and transformers; core must import without them.
     from abstain_guard.adapters import GeometryChatModel, load_default_model
 
     budget = max_new_tokens or MAX_NEW_TOKENS["open"]
     if model == "default":
-        return load_default_model(max_new_tokens=budget)
-    return GeometryChatModel.from_pretrained(model, gguf_file=gguf_file, max_new_tokens=budget)
+        return load_default_model(max_new_tokens=budget, batch_decode=batch_decode)
+    return GeometryChatModel.from_pretrained(
+        model, gguf_file=gguf_file, max_new_tokens=budget, batch_decode=batch_decode
+    )
 
 
 def load_guard_chain(
@@ -73,6 +80,7 @@ def load_guard_chain(
             settings.get("model", "default"),
             gguf_file=settings.get("gguf_file"),
             max_new_tokens=settings.get("max_new_tokens"),
+            batch_decode=bool(record.decoding.get("batch_decode", False)),
         )
     runnable = model.bind(max_new_tokens=prompt.max_new_tokens)
     guard = AbstentionGuard(runnable, artifact=artifact, config=guard_config or GuardConfig())

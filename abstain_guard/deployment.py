@@ -42,7 +42,7 @@ __all__ = [
     "tools_sha256",
 ]
 
-DECODING_KEYS = ("temperature", "top_p", "top_k", "stop")
+DECODING_KEYS = ("temperature", "top_p", "top_k", "stop", "batch_decode")
 """Decoding settings that must equal the calibrated ones."""
 
 
@@ -88,7 +88,8 @@ class DeploymentRecord(BaseModel):
     Attributes:
         model_fingerprint: the chat model's fingerprint (None: unknown).
         chat_template_sha256: hash of the tokenizer's chat template (None: no template).
-        decoding: temperature, top_p, top_k, stop as used at calibration.
+        decoding: temperature, top_p, top_k, stop and the decode mode (``batch_decode``)
+            as used at calibration.
         prompts: one :class:`PromptRecord` per question kind (``"open"``, ``"choice"``, ...).
         tools: tool schemas the model was offered (agents), or None.
     """

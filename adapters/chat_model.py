@@ -530,7 +530,7 @@ class GeometryChatModel(BaseChatModel):
         """The settings of one call, for the guard's exchangeability check
         (:func:`abstain_guard.deployment.generation_mismatches`)."""
         dicts = self._chat_dicts(list(conversation))
-        return generation_record(dicts, opts, self.chat_template_sha256)
+        return generation_record(dicts, opts, self.chat_template_sha256, self.batch_decode)
 
     def decoding_settings(self) -> dict[str, Any]:
         """Decoding settings as the generation record states them (for calibration)."""
@@ -539,6 +539,7 @@ class GeometryChatModel(BaseChatModel):
             "top_p": float(self.top_p),
             "top_k": self.top_k,
             "stop": list(self.stop or []),
+            "batch_decode": bool(self.batch_decode),
         }
 
     # -- replay ------------------------------------------------------------------------------

@@ -297,10 +297,14 @@ def to_message(
 
 
 def generation_record(
-    dicts: list[dict[str, str]], opts: Mapping[str, Any], chat_template_sha256: str | None
+    dicts: list[dict[str, str]],
+    opts: Mapping[str, Any],
+    chat_template_sha256: str | None,
+    batch_decode: bool = False,
 ) -> dict[str, Any]:
     """The settings of one call (``metadata["generation"]``), for the guard's
-    exchangeability check (:func:`abstain_guard.deployment.generation_mismatches`)."""
+    exchangeability check (:func:`abstain_guard.deployment.generation_mismatches`);
+    ``batch_decode``: the loaded model's decode mode (it changes the last bits)."""
     system = "\n".join(d["content"] for d in dicts if d["role"] == "system") or None
     return {
         "max_new_tokens": int(opts["max_new_tokens"]),
@@ -308,6 +312,7 @@ def generation_record(
         "top_p": float(opts["top_p"]),
         "top_k": opts["top_k"],
         "stop": list(opts["stop"]),
+        "batch_decode": bool(batch_decode),
         "system_prompt_sha256": sha256_text(system),
         "chat_template_sha256": chat_template_sha256,
     }

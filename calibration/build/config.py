@@ -33,6 +33,12 @@ class CalibrationConfig(BaseModel):
     system_prompt: str | None = Field(None, description="overrides the per-kind system prompt")
     max_new_tokens: int | None = Field(None, gt=0, description="None = per question kind")
     batch_size: int = Field(8, gt=0, description="questions generated per batch")
+    batch_decode: bool = Field(
+        False,
+        description="load the model with batch_decode (GeometryChatModel): held-out questions "
+        "then share decode steps, each answer still bitwise its solo one (faster calibration); "
+        "the guard is then deployed in the same mode (recorded, loaded and checked)",
+    )
     replay_batch_size: int = Field(16, gt=0)
     judge: str | dict[str, Any] = Field("lexical", description="judge name or spec")
     scorer: str = Field("geometry", description="the scorer the guard will use")

@@ -76,10 +76,12 @@ def _gen_params(config: CalibrationConfig, item: QAItem) -> dict[str, Any]:
 
 
 #: Splits whose answers are scored for the guarantee (calibration) or measured (test): they
-#: are generated one question per call, exactly as the deployed guard generates, and scored
-#: by replaying their generated token ids one sequence at a time (no padding), so their
-#: scores equal what the guard computes live. Reference and train answers only fit the
-#: scorer and are generated in batches.
+#: are generated as the deployed guard generates -- one question per call, or, on a model
+#: loaded with ``batch_decode``, ``batch_size`` questions through its scheduler, each answer
+#: bitwise the one its own call gives -- and scored live (or by replaying their generated
+#: token ids one sequence at a time, no padding), so their scores equal what the guard
+#: computes live. Reference and train answers only fit the scorer and are generated in
+#: batches.
 HELD_OUT = ("calibration", "test")
 
 
@@ -104,8 +106,11 @@ def generate_answers(
     generation's token ids (what calibration replays: the exact tokens, EOS only when the
     model produced it), OpenAI-style logprobs, entropies and generation settings, and ``key``
     is the answer's cache key. ``batch_size`` overrides ``config.batch_size``; ``1``
-    generates each question alone, as the deployed guard does (cached apart from batched
-    answers).
+    generates each question as its own call would, as the deployed guard does (cached apart
+    from batched answers): alone, or -- on a model with ``batch_decode``, whose scheduler
+    gives every call of a batch bitwise its solo answer -- ``config.batch_size`` calls at a
+    time sharing decode steps. Answers of the two decode modes are cached apart (their last
+    bits differ).
 
     ``capture`` (see :data:`Capture`): with ``"states"`` the geometry and per-token states go
     to ``store`` as arrays (namespace :data:`STATES_NS`, written before the answer's row);
@@ -114,12 +119,17 @@ def generate_answers(
     digest. An answer already cached is never generated again, whatever it captured.
     """
     size = config.batch_size if batch_size is None else batch_size
+    alone = size == 1
+    shared_steps = bool(getattr(model, "batch_decode", False))
+    mode = {"decode": "batched"} if shared_steps else {}
+    if alone and shared_steps:
+        size = config.batch_size
     keys = {
         it.id: content_key(
             "gen",
             fingerprint,
             messages_to_json(build_messages(it, config.system_prompt)),
-            {**_gen_params(config, it), "alone": size == 1},
+            {**_gen_params(config, it), "alone": alone, **mode},
         )
         for it in items
     }

@@ -142,7 +142,10 @@ def load_model(config: CalibrationConfig) -> Any:
     most as many tokens as open questions got at calibration (the guarantee assumes the same
     generation settings)."""
     return load_chat_model(
-        config.model, gguf_file=config.gguf_file, max_new_tokens=config.max_new_tokens
+        config.model,
+        gguf_file=config.gguf_file,
+        max_new_tokens=config.max_new_tokens,
+        batch_decode=config.batch_decode,
     )
 
 

@@ -510,7 +510,9 @@ class GeometryChatModel(BaseChatModel):
         opts = self._options(kwargs.pop("stop", None), {**kwargs, "capture_geometry": True})
         prompts = [self.encode_chat(c)[0] for c in conversations]
         max_new = new_token_budget(prompts, int(opts["max_new_tokens"]), self._spec.context_length)
-        gen = generate_tokens(self._s, prompts, max_new, opts, self._reference, keep_states=True)
+        gen = generate_tokens(
+            self._s, prompts, max_new, opts, self._reference, keep_states=True, limits=self._limits
+        )
         out: list[tuple[AIMessage, TokenStates | None]] = []
         for conv, prompt, g in zip(conversations, prompts, gen, strict=True):
             msg = to_message(self.tokenizer, self.model_name, self.num_layers, prompt, g, opts)

@@ -7,7 +7,7 @@ non-streamed and streamed, every ``--malformed-every``-th one malformed (in turn
 other than the calibrated one, a conversation, a body that is not JSON, no messages). Then it
 stops the server with SIGTERM (graceful shutdown) and prints one JSON line::
 
-    {"requests", "concurrency", "wall_s", "throughput_rps", "p50_s", "p95_s", "solo_s",
+    {"artifact", "requests", "concurrency", "wall_s", "throughput_rps", "p50_s", "p95_s", "solo_s",
      "p95_over_solo", "errors": {kind: count}, "well_formed", "decided",
      "every_well_formed_decided", "malformed", "malformed_all_4xx", "abstained",
      "malformed_statuses", "stopped_early", "server_exit_code", "server_stopped_cleanly"}
@@ -75,11 +75,13 @@ def _free_port() -> int:
     return free_port()
 
 
-def start_server(port: int) -> subprocess.Popen[bytes]:
-    """``abstain-guard serve`` on ``port`` (the shipped guard) in a subprocess."""
+def start_server(port: int, artifact: str | None = None) -> subprocess.Popen[bytes]:
+    """``abstain-guard serve`` on ``port`` (``artifact``, default the shipped guard) in a
+    subprocess."""
     exe = Path(sys.executable).with_name("abstain-guard")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.Popen([str(exe), "serve", "--port", str(port)], env=env)
+    extra = [] if artifact is None else ["--artifact", artifact]
+    return subprocess.Popen([str(exe), "serve", "--port", str(port), *extra], env=env)
 
 
 async def wait_ready(client: httpx.AsyncClient, root: str, proc: subprocess.Popen[bytes]) -> None:
@@ -189,6 +191,7 @@ def summarize(
     ok = sorted(t for kind, t, _ in results if kind == "ok")
     p95 = ok[max(0, round(0.95 * len(ok)) - 1)] if ok else float("nan")
     return {
+        "artifact": args.artifact or "default",
         "requests": args.requests,
         "concurrency": args.concurrency,
         "wall_s": round(wall, 2),
@@ -212,7 +215,7 @@ def summarize(
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     port = _free_port()
     root = f"http://127.0.0.1:{port}"
-    proc = start_server(port)
+    proc = start_server(port, args.artifact)
     try:
         limits = httpx.Limits(max_connections=args.concurrency + 2)
         async with httpx.AsyncClient(timeout=300, limits=limits) as client:
@@ -233,6 +236,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--artifact",
+        default=None,
+        help="guard to serve (default: the shipped one); served in the decode mode it records",
+    )
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--malformed-every", type=int, default=10)

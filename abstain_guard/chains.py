@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from abstain_guard.artifact import GuardArtifact
+from abstain_guard.chat_models import ChatModelSpec, bind_budget
 from abstain_guard.config import GuardConfig
 from abstain_guard.deployment import DeploymentRecord
 from abstain_guard.errors import CalibrationError
@@ -22,7 +23,7 @@ __all__ = ["load_chat_model", "load_guard_chain"]
 
 
 def load_chat_model(
-    model: str = "default",
+    model: str | ChatModelSpec = "default",
     *,
     gguf_file: str | None = None,
     max_new_tokens: int | None = None,
@@ -32,7 +33,11 @@ def load_chat_model(
     Face folder, with ``gguf_file`` inside it if given), generating at most ``max_new_tokens``
     (default: as many tokens as open questions get at calibration; the guarantee assumes the
     same generation settings), in decode mode ``batch_decode`` (the same as at calibration:
-    the two modes differ in the last bits)."""
+    the two modes differ in the last bits). A :class:`ChatModelSpec` (an API chat model)
+    is built from its name or class and kwargs, asking for logprobs; its budget is bound
+    per call (:func:`~abstain_guard.chat_models.bind_budget`)."""
+    if isinstance(model, ChatModelSpec):
+        return model.build()
     # The adapters import torch and transformers; core must import without them.
     from abstain_guard.adapters import GeometryChatModel, load_default_model
 
@@ -59,7 +64,11 @@ def load_guard_chain(
     question kind ``kind`` (default: the artifact's only kind), which the guarantee needs
     (exchangeability). For ``kind="choice"`` the question must already list its lettered
     options. Without ``model``, the model the artifact was calibrated with is loaded
-    (:func:`load_chat_model`).
+    (:func:`load_chat_model`); for an API chat model it is built from the recorded spec
+    (secrets were not recorded: the provider's key comes from the environment), or pass
+    the API model built as at calibration (``model=ChatOpenAI(..., logprobs=True)``: the
+    guard compares its class and settings with the recorded ones). An API model gets the
+    budget as ``max_tokens``.
     """
     artifact = (
         artifact_path
@@ -74,6 +83,8 @@ def load_guard_chain(
             "are unknown. Re-run calibrate to rebuild it."
         )
     kind_name, prompt = record.kind(kind)
+    if model is None and record.chat_model is not None:
+        model = record.chat_model.spec.build()
     if model is None:
         settings = artifact.metadata.get("config", {})
         model = load_chat_model(
@@ -82,6 +93,9 @@ def load_guard_chain(
             max_new_tokens=settings.get("max_new_tokens"),
             batch_decode=bool(record.decoding.get("batch_decode", False)),
         )
-    runnable = model.bind(max_new_tokens=prompt.max_new_tokens)
+    if record.chat_model is None:
+        runnable = model.bind(max_new_tokens=prompt.max_new_tokens)
+    else:
+        runnable = bind_budget(model, prompt.max_new_tokens)
     guard = AbstentionGuard(runnable, artifact=artifact, config=guard_config or GuardConfig())
     return question_prompt(prompt.system_prompt, kind_name) | guard, guard, artifact

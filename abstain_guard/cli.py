@@ -260,7 +260,6 @@ def _demo(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     try:
         from abstain_guard.serve.runner import serve
-        from abstain_guard.serve.service import GuardService
     except ImportError as exc:
         raise ConfigError(
             f"abstain-guard serve needs the serve extra ({exc}); install it with "
@@ -268,19 +267,7 @@ def _serve(args: argparse.Namespace) -> int:
         ) from exc
     from abstain_guard.serve.schemas import RequestLimits
 
-    _all_at_once(
-        lambda: _artifacts_exist([args.artifact]),
-        lambda: _guard_config(args.config),
-        lambda: _positive(args.port, "--port"),
-        lambda: _positive(args.max_in_flight, "--max-in-flight"),
-    )
-    service = GuardService.from_artifact(
-        args.artifact,
-        _guard_config(args.config),
-        kind=args.kind,
-        model_name=args.model_name,
-        max_in_flight=args.max_in_flight,
-    )
+    service = _model_service(args) if args.no_guard else _guard_service(args)
     serve(
         service,
         host=args.host,
@@ -289,6 +276,58 @@ def _serve(args: argparse.Namespace) -> int:
         log_level="info" if args.verbose else "warning",
     )
     return 0
+
+
+def _guard_service(args: argparse.Namespace) -> Any:
+    """The guard of ``--artifact`` (default: the shipped one), checked before loading."""
+    from abstain_guard.serve.service import GuardService
+
+    artifact = args.artifact or str(DEFAULT_ARTIFACT_DIR)
+    local_only = [f for f in ("model", "gguf_file", "max_tokens") if getattr(args, f) is not None]
+    _all_at_once(
+        lambda: _no_options(local_only, "only with --no-guard (a guard runs its artifact's"),
+        lambda: _artifacts_exist([artifact]),
+        lambda: _guard_config(args.config),
+        lambda: _positive(args.port, "--port"),
+        lambda: _positive(args.max_in_flight, "--max-in-flight"),
+    )
+    return GuardService.from_artifact(
+        artifact,
+        _guard_config(args.config),
+        kind=args.kind,
+        model_name=args.model_name,
+        max_in_flight=args.max_in_flight,
+    )
+
+
+def _model_service(args: argparse.Namespace) -> Any:
+    """The raw model of ``--model`` without a guard (``--no-guard``)."""
+    from abstain_guard.chains import load_chat_model
+    from abstain_guard.serve.passthrough import ModelService
+
+    guard_only = [f for f in ("artifact", "config", "kind") if getattr(args, f) is not None]
+    _all_at_once(
+        lambda: _no_options(guard_only, "not with --no-guard (no guard runs: it serves the"),
+        lambda: _positive(args.port, "--port"),
+        lambda: _positive(args.max_in_flight, "--max-in-flight"),
+        lambda: _positive(args.max_tokens, "--max-tokens"),
+    )
+    max_tokens = args.max_tokens or 256
+    model = load_chat_model(
+        args.model or "default", gguf_file=args.gguf_file, max_new_tokens=max_tokens
+    )
+    return ModelService(
+        model,
+        model_name=args.model_name,
+        max_tokens=max_tokens,
+        max_in_flight=args.max_in_flight,
+    )
+
+
+def _no_options(names: list[str], why: str) -> None:
+    if names:
+        flags = ", ".join("--" + n.replace("_", "-") for n in names)
+        raise ConfigError(f"{flags}: {why} model).")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -406,8 +445,23 @@ def build_parser() -> argparse.ArgumentParser:
     srv = sub.add_parser(
         "serve", help="serve the guard as an OpenAI-compatible endpoint (serve extra)"
     )
-    srv.add_argument("--artifact", default=str(DEFAULT_ARTIFACT_DIR), help="artifact directory")
+    srv.add_argument("--artifact", help="artifact directory (default: the shipped guard)")
     srv.add_argument("--config", help="guard config (YAML/TOML/JSON): mode, target")
+    srv.add_argument(
+        "--no-guard",
+        action="store_true",
+        help="serve the raw --model with OpenAI logprobs and no guard (a stand-in API model "
+        "to calibrate a perplexity guard on)",
+    )
+    srv.add_argument(
+        "--model", help="with --no-guard: 'default' (embedded SmolLM2) or a local HF folder"
+    )
+    srv.add_argument("--gguf-file", help="with --no-guard: GGUF file inside --model")
+    srv.add_argument(
+        "--max-tokens",
+        type=int,
+        help="with --no-guard: the most new tokens a request may ask for (default 256)",
+    )
     srv.add_argument("--host", default="127.0.0.1", help="address to listen on")
     srv.add_argument("--port", type=int, default=8000, help="port to listen on")
     srv.add_argument(

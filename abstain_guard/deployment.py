@@ -14,7 +14,11 @@ What is compared (pure functions, no model needed):
 * per response: system-prompt hash → which calibrated question kind it is, then that kind's
   ``max_new_tokens``, the decoding settings and the chat-template hash;
 * per chat model: ``fingerprint`` (a model without one cannot be verified);
-* per agent call (middleware): the system prompt and the tool schemas.
+* per agent call (middleware): the system prompt and the tool schemas;
+* an API chat model (calibrated on a :class:`~abstain_guard.chat_models.ChatModelSpec`): its
+  class and settings when the guard is built, each answer's length against the budget; its
+  prompt and budget per call cannot be read from its responses and are listed as unverified
+  in every decision (``guarantee["unverified"]``).
 
 A mismatch is an :class:`~abstain_guard.errors.ArtifactMismatchError` unless the guard's
 config sets ``on_mismatch="warn"``; then it is recorded in ``guarantee["warnings"]`` and in
@@ -30,12 +34,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from abstain_guard.chat_models import ChatModelRecord, identity_mismatches
 from abstain_guard.errors import ArtifactSchemaError
 
 __all__ = [
+    "API_UNVERIFIED",
     "DECODING_KEYS",
     "DeploymentRecord",
     "PromptRecord",
+    "api_response_mismatches",
     "generation_mismatches",
     "model_mismatches",
     "sha256_text",
@@ -92,6 +99,8 @@ class DeploymentRecord(BaseModel):
             as used at calibration.
         prompts: one :class:`PromptRecord` per question kind (``"open"``, ``"choice"``, ...).
         tools: tool schemas the model was offered (agents), or None.
+        chat_model: the API chat model calibrated on (spec without secrets, class,
+            settings), or None for a local model (:mod:`abstain_guard.chat_models`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -101,6 +110,7 @@ class DeploymentRecord(BaseModel):
     decoding: dict[str, Any] = Field(default_factory=dict)
     prompts: dict[str, PromptRecord] = Field(default_factory=dict)
     tools: list[dict[str, Any]] | None = None
+    chat_model: ChatModelRecord | None = None
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any]) -> DeploymentRecord | None:
@@ -198,11 +208,42 @@ def _norm(value: Any) -> Any:
     return value
 
 
-def model_mismatches(artifact_fingerprint: str | None, models: Sequence[Any]) -> list[str]:
+def api_response_mismatches(record: DeploymentRecord, metadata: Mapping[str, Any]) -> list[str]:
+    """What can be checked of a response from an API chat model (which records no
+    generation settings): it generated no more tokens than the calibrated budget allows.
+    Its prompt cannot be checked from the response (see :data:`API_UNVERIFIED`)."""
+    budgets = [p.max_new_tokens for p in record.prompts.values()]
+    logprobs = metadata.get("logprobs")
+    content = logprobs.get("content") if isinstance(logprobs, Mapping) else None
+    n = len(content) if isinstance(content, list) else None
+    if n is None or not budgets or n <= max(budgets):
+        return []
+    return [
+        f"the response has {n} tokens but calibration's budget was {max(budgets)}; call the "
+        "model with the recorded max_tokens (load_guard_chain binds it)"
+    ]
+
+
+API_UNVERIFIED = (
+    "the system prompt and token budget of each call to the API chat model: its responses "
+    "record no generation settings, so only the model's class and settings and each "
+    "answer's length are checked; send every question through load_guard_chain's chain "
+    "(the recorded prompt, max_tokens bound)"
+)
+"""What a guard around an API chat model cannot verify (``guarantee["unverified"]``)."""
+
+
+def model_mismatches(
+    artifact_fingerprint: str | None,
+    models: Sequence[Any],
+    chat_model: ChatModelRecord | None = None,
+) -> list[str]:
     """Why chat models inside a guarded runnable differ from the calibrated model.
 
     Every chat model is checked (fallbacks too): a fingerprint that differs, or a model
-    without one while the artifact has one (it cannot be verified).
+    without one while the artifact has one (it cannot be verified). A model without a
+    fingerprint of its own (an API chat model) is compared with ``chat_model``, the API
+    model the artifact was calibrated on, when there is one: class and settings.
     """
     if artifact_fingerprint is None:
         return []
@@ -212,7 +253,9 @@ def model_mismatches(artifact_fingerprint: str | None, models: Sequence[Any]) ->
         if callable(fp):
             fp = fp()
         name = type(model).__name__
-        if fp is None:
+        if fp is None and chat_model is not None:
+            problems.extend(identity_mismatches(chat_model, model))
+        elif fp is None:
             problems.append(
                 f"chat model {name} has no fingerprint, so it cannot be verified to be the "
                 f"calibrated model {artifact_fingerprint!r}"

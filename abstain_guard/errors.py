@@ -145,6 +145,11 @@ class CalibrationLockedError(CalibrationError):
         self.lock_path = lock_path
 
 
+class LogprobsMissingError(CalibrationError):
+    """An API chat model answered a calibration question without per-token logprobs, which
+    the likelihood scorers read (the message names the question and the option to set)."""
+
+
 class CacheError(CalibrationError):
     """A run or judgment cache (SQLite) is not a database, is damaged, truncated or edited."""
 
@@ -203,6 +208,7 @@ __all__ = [
     "InvalidInputError",
     "JudgeError",
     "JudgmentCacheError",
+    "LogprobsMissingError",
     "ModelError",
     "ModelNotFoundError",
     "NotFittedError",

@@ -29,7 +29,9 @@ from abstain_guard.artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
 from abstain_guard.decision import DecisionRule
 from abstain_guard.deployment import (
+    API_UNVERIFIED,
     DeploymentRecord,
+    api_response_mismatches,
     generation_mismatches,
     model_mismatches,
 )
@@ -117,7 +119,10 @@ class AbstentionPolicy:
         """Check every chat model inside ``runnable`` (fallbacks too) against the artifact's
         model fingerprint; in ``on_mismatch="warn"`` mode the problems are kept and added to
         every decision's ``guarantee["warnings"]``."""
-        problems = model_mismatches(self.artifact.model_fingerprint, find_chat_models(runnable))
+        api = self.deployment.chat_model if self.deployment is not None else None
+        problems = model_mismatches(
+            self.artifact.model_fingerprint, find_chat_models(runnable), chat_model=api
+        )
         for note in self.mismatch(problems, "model"):
             if note not in self._standing_warnings:
                 self._standing_warnings.append(note)
@@ -128,13 +133,19 @@ class AbstentionPolicy:
         if self.deployment is None or not isinstance(message, AIMessage):
             return []
         generation = ResponseMetadata.of(message).generation()
-        return self.mismatch(generation_mismatches(self.deployment, generation), "response")
+        if generation is None and self.deployment.chat_model is not None:
+            problems = api_response_mismatches(self.deployment, message.response_metadata)
+        else:
+            problems = generation_mismatches(self.deployment, generation)
+        return self.mismatch(problems, "response")
 
     def _base(self, extra_warnings: list[str] | None = None) -> dict[str, Any]:
         guarantee = self.rule.guarantee
         extra = self._standing_warnings + list(extra_warnings or [])
         if extra:
             guarantee = {**guarantee, "warnings": [*guarantee.get("warnings", []), *extra]}
+        if self.deployment is not None and self.deployment.chat_model is not None:
+            guarantee = {**guarantee, "unverified": [API_UNVERIFIED]}
         return {
             "scorer": self.artifact.scorer.name,
             "threshold": self.rule.threshold,

@@ -8,6 +8,7 @@ See ``docs/serving.md``.
 from __future__ import annotations
 
 from abstain_guard.serve.app import create_app
+from abstain_guard.serve.passthrough import ModelService
 from abstain_guard.serve.runner import ServerThread, serve
 from abstain_guard.serve.schemas import RequestLimits, RequestRefused
 from abstain_guard.serve.service import GuardedAnswer, GuardService
@@ -15,6 +16,7 @@ from abstain_guard.serve.service import GuardedAnswer, GuardService
 __all__ = [
     "GuardService",
     "GuardedAnswer",
+    "ModelService",
     "RequestLimits",
     "RequestRefused",
     "ServerThread",

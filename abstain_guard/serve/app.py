@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -25,6 +26,7 @@ from abstain_guard.serve.openai_format import (
     new_completion_id,
     sse_chunks,
 )
+from abstain_guard.serve.passthrough import ModelService
 from abstain_guard.serve.schemas import RequestLimits, RequestRefused, parse_request
 from abstain_guard.serve.service import GuardService
 
@@ -60,9 +62,12 @@ async def _read_body(request: Request, limits: RequestLimits) -> bytes:
     return bytes(body)
 
 
-def create_app(service: GuardService, limits: RequestLimits | None = None) -> FastAPI:
-    """The app serving ``service`` within ``limits``. On shutdown the service stops
-    admitting requests (503) while uvicorn lets the admitted ones finish."""
+def create_app(
+    service: GuardService | ModelService, limits: RequestLimits | None = None
+) -> FastAPI:
+    """The app serving ``service`` (the guard, or the raw model without one) within
+    ``limits``. On shutdown the service stops admitting requests (503) while uvicorn lets
+    the admitted ones finish."""
     limits = limits or RequestLimits()
     metrics = ServerMetrics(service)
 
@@ -89,7 +94,7 @@ def create_app(service: GuardService, limits: RequestLimits | None = None) -> Fa
         start = time.perf_counter()
         try:
             parsed = parse_request(await _read_body(request, limits), limits)
-            question = service.question(parsed)
+            question: Any = service.question(parsed)
             service.admit()
             answer = await service.answer(question)
         except RequestRefused as exc:
@@ -99,7 +104,8 @@ def create_app(service: GuardService, limits: RequestLimits | None = None) -> Fa
             return _refusal(
                 RequestRefused(f"{type(exc).__name__}: {exc}", status=500, kind="server_error")
             )
-        metrics.decided(answer.abstained, time.perf_counter() - start, parsed.stream)
+        decided = answer.abstained if answer.decision else None  # None: no guard
+        metrics.decided(decided, time.perf_counter() - start, parsed.stream)
         logprobs = (parsed.top_logprobs or 0) if parsed.logprobs else None
         completion_id = new_completion_id()
         headers = decision_headers(answer)

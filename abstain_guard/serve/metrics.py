@@ -7,7 +7,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from abstain_guard.serve.service import GuardService
+from abstain_guard.serve.service import Admission
 
 __all__ = ["CONTENT_TYPE_LATEST", "ServerMetrics"]
 
@@ -17,7 +17,7 @@ LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
 class ServerMetrics:
     """The server's metrics; :meth:`render` gives the Prometheus text exposition."""
 
-    def __init__(self, service: GuardService) -> None:
+    def __init__(self, service: Admission) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "abstain_guard_requests",
@@ -52,9 +52,11 @@ class ServerMetrics:
         )
         depth.set_function(lambda: max(0, service.in_flight - batch))
 
-    def decided(self, abstained: bool, seconds: float, stream: bool) -> None:
-        """Count one decision and its latency."""
-        self.decisions.labels("abstained" if abstained else "answered").inc()
+    def decided(self, abstained: bool | None, seconds: float, stream: bool) -> None:
+        """Count one decision (None: answered without a guard, not counted) and its
+        latency."""
+        if abstained is not None:
+            self.decisions.labels("abstained" if abstained else "answered").inc()
         self.latency.labels("true" if stream else "false").observe(seconds)
 
     def render(self) -> bytes:

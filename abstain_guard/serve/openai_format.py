@@ -41,8 +41,10 @@ def decision_of(answer: GuardedAnswer) -> dict[str, Any]:
 
 def decision_headers(answer: GuardedAnswer) -> dict[str, str]:
     """``X-Abstain-Guard-*`` headers: abstained, score, threshold, mode, target and the
-    guarantee (compact JSON)."""
+    guarantee (compact JSON); none without a guard."""
     d = answer.decision
+    if not d:
+        return {}
     score = d.get("score")
     return {
         "X-Abstain-Guard-Abstained": "true" if answer.abstained else "false",
@@ -88,21 +90,22 @@ def _usage(answer: GuardedAnswer) -> dict[str, int]:
 def completion_body(
     answer: GuardedAnswer, *, completion_id: str, model: str, logprobs: int | None
 ) -> dict[str, Any]:
-    """The ``chat.completion`` object (``logprobs``: alternatives per token, None: off)."""
+    """The ``chat.completion`` object (``logprobs``: alternatives per token, None: off);
+    the choice's ``abstention`` field only when a guard decided."""
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": {"role": "assistant", "content": answer.content, "refusal": None},
+        "logprobs": None if logprobs is None else openai_logprobs(answer, logprobs),
+        "finish_reason": answer.finish_reason,
+    }
+    if answer.decision:
+        choice["abstention"] = decision_of(answer)
     return {
         "id": completion_id,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": answer.content, "refusal": None},
-                "logprobs": None if logprobs is None else openai_logprobs(answer, logprobs),
-                "finish_reason": answer.finish_reason,
-                "abstention": decision_of(answer),
-            }
-        ],
+        "choices": [choice],
         "usage": _usage(answer),
     }
 
@@ -157,17 +160,10 @@ def sse_chunks(
             "finish_reason": None,
         },
     )
-    yield _chunk(
-        completion_id,
-        model,
-        created,
-        {
-            "delta": {},
-            "logprobs": None,
-            "finish_reason": answer.finish_reason,
-            "abstention": decision_of(answer),
-        },
-    )
+    last: dict[str, Any] = {"delta": {}, "logprobs": None, "finish_reason": answer.finish_reason}
+    if answer.decision:
+        last["abstention"] = decision_of(answer)
+    yield _chunk(completion_id, model, created, last)
     if include_usage:
         yield _chunk(completion_id, model, created, None, usage=_usage(answer))
     yield "data: [DONE]\n\n"

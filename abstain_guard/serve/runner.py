@@ -16,6 +16,7 @@ from types import TracebackType
 import uvicorn
 
 from abstain_guard.serve.app import create_app
+from abstain_guard.serve.passthrough import ModelService
 from abstain_guard.serve.schemas import RequestLimits
 from abstain_guard.serve.service import GuardService
 
@@ -23,7 +24,7 @@ __all__ = ["ServerThread", "free_port", "serve"]
 
 
 def _config(
-    service: GuardService,
+    service: GuardService | ModelService,
     host: str,
     port: int,
     limits: RequestLimits | None,
@@ -41,7 +42,7 @@ def _config(
 
 
 def serve(
-    service: GuardService,
+    service: GuardService | ModelService,
     *,
     host: str = "127.0.0.1",
     port: int = 8000,
@@ -69,7 +70,7 @@ class ServerThread:
 
     def __init__(
         self,
-        service: GuardService,
+        service: GuardService | ModelService,
         *,
         host: str = "127.0.0.1",
         port: int | None = None,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from abstain_guard.chat_models import ChatModelSpec, is_secret
 from abstain_guard.config import read_config_file
 from abstain_guard.errors import ConfigError
 from abstain_guard.scoring import scorer_names
@@ -28,7 +30,12 @@ class CalibrationConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model: str = Field("default", description='"default" (embedded SmolLM2) or a local HF folder')
+    model: str | ChatModelSpec = Field(
+        "default",
+        description='"default" (embedded SmolLM2), a local HF folder, or an API chat model '
+        "{chat_model: 'openai:gpt-4o-mini' | class_path: 'module:Class', kwargs: {...}} "
+        "(likelihood scorers only; secret kwargs are never stored)",
+    )
     gguf_file: str | None = Field(None, description="GGUF file name inside `model`, if any")
     system_prompt: str | None = Field(None, description="overrides the per-kind system prompt")
     max_new_tokens: int | None = Field(None, gt=0, description="None = per question kind")
@@ -69,6 +76,25 @@ class CalibrationConfig(BaseModel):
         except ValidationError as exc:
             raise ConfigError(_format_errors(exc, sorted(type(self).model_fields))) from exc
 
+    @field_validator("model", mode="before")
+    @classmethod
+    def _chat_model_spec(cls, value: Any) -> Any:
+        if not isinstance(value, Mapping):
+            return value
+        try:
+            return ChatModelSpec.model_validate(dict(value))
+        except ValidationError as exc:
+            problems = [
+                f"unknown key {'.'.join(map(str, e['loc']))!r}"
+                if e["type"] == "extra_forbidden"
+                else str(e["msg"]).removeprefix("Value error, ")
+                for e in exc.errors()
+            ]
+            raise ValueError(
+                "an API chat model is {chat_model: <init_chat_model name> | class_path: "
+                "<module:Class>, kwargs: {...}}: " + "; ".join(problems)
+            ) from None
+
     @field_validator("scorer")
     @classmethod
     def _known_scorer(cls, value: str) -> str:
@@ -87,6 +113,13 @@ class CalibrationConfig(BaseModel):
             raise ConfigError(f"{path}: {exc}") from exc
 
 
+def _redacted(value: Any) -> Any:
+    """``value`` with secret-looking keys' values hidden (error messages quote inputs)."""
+    if isinstance(value, Mapping):
+        return {k: "***" if is_secret(str(k)) else _redacted(v) for k, v in value.items()}
+    return value
+
+
 def _format_errors(exc: ValidationError, valid: list[str]) -> str:
     """Every problem of a pydantic error on one line each: what was wrong and what to do."""
     parts = []
@@ -96,5 +129,5 @@ def _format_errors(exc: ValidationError, valid: list[str]) -> str:
             parts.append(f"unknown key {loc!r}; valid keys: {', '.join(valid)}")
         else:
             msg = str(err.get("msg", "")).removeprefix("Value error, ")
-            parts.append(f"{loc}: {msg} (got {err.get('input')!r})")
+            parts.append(f"{loc}: {msg} (got {_redacted(err.get('input'))!r})")
     return "Invalid calibration config: " + "; ".join(parts) + "."

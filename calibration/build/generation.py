@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from abstain_guard.calibration.build.config import CalibrationConfig
 from abstain_guard.calibration.build.datasets import QAItem
 from abstain_guard.calibration.build.store import RunStore, content_key
+from abstain_guard.chat_models import ChatModelRecord, ChatModelSpec
 from abstain_guard.deployment import DeploymentRecord, PromptRecord
 from abstain_guard.errors import CalibrationError
 from abstain_guard.prompts import (
@@ -118,6 +119,18 @@ def generate_answers(
     ``metadata["geometry"]`` holds Ω, Θ and Φ, and the row records ``reference`` = the means'
     digest. An answer already cached is never generated again, whatever it captured.
     """
+    if isinstance(config.model, ChatModelSpec):  # an API model: asked as deployed, no capture
+        from abstain_guard.calibration.build.api_generation import generate_api_answers
+
+        return generate_api_answers(
+            model,
+            items,
+            store,
+            config,
+            fingerprint=fingerprint,
+            progress=progress,
+            on_chunk=on_chunk,
+        )
     size = config.batch_size if batch_size is None else batch_size
     alone = size == 1
     shared_steps = bool(getattr(model, "batch_decode", False))
@@ -257,10 +270,16 @@ def deployment_record(
 ) -> DeploymentRecord:
     """What the deployed guard must run to be exchangeable with this calibration: the model
     fingerprint, chat template, decoding, and per question kind the system prompt, token
-    budget and user-message rendering."""
+    budget and user-message rendering; for an API chat model its spec (no secrets), class
+    and settings."""
     settings = getattr(model, "decoding_settings", None)
     fingerprint = getattr(model, "fingerprint", None)
+    api = None
+    if isinstance(config.model, ChatModelSpec):
+        api = ChatModelRecord.of(config.model, model)
+        fingerprint = api.fingerprint
     return DeploymentRecord(
+        chat_model=api,
         model_fingerprint=None if fingerprint is None else str(fingerprint),
         chat_template_sha256=getattr(model, "chat_template_sha256", None),
         decoding=settings() if callable(settings) else {},

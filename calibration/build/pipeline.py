@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from abstain_guard.artifact import GuardArtifact
+from abstain_guard.calibration.build.api_generation import score_api_answers
 from abstain_guard.calibration.build.config import FIT_SCORERS, CalibrationConfig
 from abstain_guard.calibration.build.datasets import SPLIT_NAMES, QAItem
 from abstain_guard.calibration.build.generation import (
@@ -52,6 +53,7 @@ from abstain_guard.calibration.build.online_geometry import (
 from abstain_guard.calibration.build.preflight import preflight
 from abstain_guard.calibration.build.store import RunStore, content_key, run_locks
 from abstain_guard.chains import load_chat_model
+from abstain_guard.chat_models import ChatModelSpec, chat_model_fingerprint
 from abstain_guard.scoring import build_scorer
 
 logger = logging.getLogger("abstain_guard.calibration")
@@ -258,6 +260,8 @@ def _calibrate(
     if model is None:
         model = load_model(cfg)
     fingerprint = str(getattr(model, "fingerprint", "unknown"))
+    if isinstance(cfg.model, ChatModelSpec):  # an API model: its class and settings
+        fingerprint = chat_model_fingerprint(model)
     timings["load"] = _now() - t0
 
     ordered = [it for name in SPLIT_NAMES for it in splits[name]]
@@ -440,8 +444,12 @@ def fit_and_score(
     progress: bool = True,
 ) -> tuple[Any, np.ndarray]:
     """Fit the configured scorer on reference/train and score the calibration split, reading
-    the geometry by replay (answers generated without capture)."""
+    the geometry by replay (answers generated without capture). An API model's answers are
+    scored from their own metadata (what the live guard reads; no replay)."""
     check_two_classes(labeled, judgments, config)
+    if isinstance(config.model, ChatModelSpec):
+        scorer = _make_scorer(config)
+        return scorer, score_api_answers(scorer, labeled["calibration"], answers)
 
     def pairs(name: str) -> list[tuple[Any, list[int]]]:
         return generated_pairs(labeled[name], answers, config)

@@ -5,6 +5,9 @@
   be a file nor inside ``out``;
 * the model: the folder (and GGUF file) exists, and its context window (read from
   ``config.json``, or known for the embedded model) leaves room for ``max_new_tokens``;
+* an API chat model (a :class:`~abstain_guard.chat_models.ChatModelSpec`): a likelihood
+  scorer (geometry scorers read the model's hidden states: they need a local model), no
+  ``gguf_file`` nor ``batch_decode``, and the model builds from its kwargs (no request sent);
 * the judge spec and ``scorer_params`` (nothing loaded);
 * the questions (:func:`~abstain_guard.calibration.build.items.load_items`: malformed rows,
   non-string answers, duplicates), their length against the context window (a character cap:
@@ -25,9 +28,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from abstain_guard.calibration.build.config import CalibrationConfig
+from abstain_guard.calibration.build.config import LIKELIHOOD_SCORERS, CalibrationConfig
 from abstain_guard.calibration.build.datasets import QAItem, split_items
 from abstain_guard.calibration.build.items import check_split_sizes, load_items
+from abstain_guard.chat_models import ChatModelSpec
 from abstain_guard.errors import (
     AbstainGuardError,
     ConfigError,
@@ -42,6 +46,7 @@ __all__ = [
     "CHARS_PER_TOKEN",
     "DEFAULT_CONTEXT_LENGTH",
     "PROMPT_OVERHEAD_TOKENS",
+    "check_api_model",
     "check_output_dir",
     "check_question_lengths",
     "check_writable_location",
@@ -147,6 +152,8 @@ def model_context_length(config: CalibrationConfig) -> int | None:
         ModelNotFoundError: the model folder, its GGUF file or its ``config.json`` is missing,
             or the embedded default model is not installed.
     """
+    if isinstance(config.model, ChatModelSpec):
+        return None
     if config.model == "default":
         spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
         places = list(spec.submodule_search_locations or []) if spec is not None else []
@@ -184,6 +191,42 @@ def model_context_length(config: CalibrationConfig) -> int | None:
             if isinstance(value, int) and value > 0:
                 return value
     return None
+
+
+def check_api_model(config: CalibrationConfig, *, build: bool = True) -> None:
+    """An API chat model is calibrated for a likelihood scorer, without local-model options,
+    and (``build``) builds from its kwargs (nothing is sent to it).
+
+    Raises:
+        ConfigError: a geometry scorer, ``gguf_file`` or ``batch_decode`` with an API model,
+            or the model cannot be built.
+    """
+    spec = config.model
+    if not isinstance(spec, ChatModelSpec):
+        return
+    if config.scorer not in LIKELIHOOD_SCORERS:
+        raise ConfigError(
+            f"scorer {config.scorer!r} reads the model's hidden states, which the API chat "
+            f"model {spec.label} does not expose; use a likelihood scorer "
+            f"({', '.join(LIKELIHOOD_SCORERS)}) with it, or set model to 'default' or a "
+            "local Hugging Face folder."
+        )
+    if config.scorer == "mean_token_entropy" and not config.scorer_params.get(
+        "top_logprobs_fallback"
+    ):
+        raise ConfigError(
+            f"scorer 'mean_token_entropy' reads full-vocabulary entropies, which the API chat "
+            f"model {spec.label} does not report; set scorer_params: {{top_logprobs_fallback: "
+            "true}} (and top_logprobs in model.kwargs), or use perplexity."
+        )
+    local = [k for k in ("gguf_file", "batch_decode") if getattr(config, k)]
+    if local:
+        raise ConfigError(
+            f"{' and '.join(local)} apply to local models only, not to the API chat model "
+            f"{spec.label}; remove them from the config."
+        )
+    if build:
+        spec.build()
 
 
 def _budgets(config: CalibrationConfig, kinds: Sequence[str]) -> dict[str, int]:
@@ -281,6 +324,7 @@ def preflight(
     attempt(lambda: check_output_dir(out_path))
     attempt(lambda: check_cache_dir(cache_dir, out_path))
     context = attempt(lambda: model_context_length(config)) if check_model else None
+    attempt(lambda: check_api_model(config, build=check_model))
     try:
         check_token_budget(config, context)
     except ConfigError as exc:

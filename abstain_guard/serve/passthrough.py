@@ -1,0 +1,159 @@
+"""``abstain-guard serve --no-guard``: the raw model behind the same endpoint, no guard.
+
+An OpenAI-compatible stand-in for an API model: every request is answered by the local chat
+model with OpenAI-style logprobs (when asked), nothing withheld and no decision attached. A
+perplexity guard calibrated on it as an API chat model (``ChatOpenAI(base_url=...)``, see
+docs/serving.md) then runs the way a guard around a hosted API would.
+
+Without a guard there is no calibrated prompt or budget to protect, so a request may carry a
+conversation, its own system prompt and ``max_tokens`` (up to the server's limit); size
+limits, roles, overload (429 / 503 with ``Retry-After``) and metrics are as for the guard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+
+from abstain_guard.errors import InvalidInputError, SchedulerFullError
+from abstain_guard.serve.schemas import ChatCompletionRequest, RequestRefused
+from abstain_guard.serve.service import Admission, GuardedAnswer, answer_of
+
+__all__ = ["ModelCall", "ModelService"]
+
+_ROLES = {"system": SystemMessage, "developer": SystemMessage, "user": HumanMessage}
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """One request as the model runs it: the messages and the call options."""
+
+    messages: list[BaseMessage]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class ModelService(Admission):
+    """The raw chat model, answering OpenAI requests with logprobs and no guard.
+
+    Args:
+        model: a local chat model (``GeometryChatModel``).
+        model_name: the id ``/v1/models`` lists and responses carry.
+        max_tokens: the most new tokens a request may ask for, and what it gets when it
+            names no ``max_tokens``.
+        max_in_flight: requests admitted at once (default: the model's batch plus queue).
+        retry_after_s: the ``Retry-After`` an overloaded server sends.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        model_name: str = "abstain-guard",
+        max_tokens: int = 256,
+        max_in_flight: int | None = None,
+        retry_after_s: int = 1,
+    ) -> None:
+        self.chat_model = model
+        self.model = model.bind(capture_geometry=False)
+        self.model_name = model_name
+        self.max_tokens = int(max_tokens)
+        batch = int(getattr(model, "max_batch_size", 8))
+        queue = int(getattr(model, "max_queue", 64))
+        self.max_in_flight = max_in_flight or batch + queue
+        self.retry_after_s = retry_after_s
+        self.in_flight = 0
+        self.draining = False
+
+    @property
+    def top_logprobs_available(self) -> int:
+        """Alternatives per token the model records (``top_logprobs`` may not ask more)."""
+        return int(getattr(self.chat_model, "top_logprobs", 0) or 0)
+
+    def question(self, request: ChatCompletionRequest) -> ModelCall:
+        """The messages and options of ``request``.
+
+        Raises:
+            RequestRefused: roles other than system / developer / user / assistant, no user
+                message, a budget over the server's limit, or options the model lacks.
+        """
+        messages: list[BaseMessage] = []
+        for m in request.messages:
+            if m.role == "assistant":
+                messages.append(AIMessage(content=m.text()))
+            elif m.role in _ROLES:
+                messages.append(_ROLES[m.role](content=m.text()))
+            else:
+                raise RequestRefused(
+                    f"Messages with role {m.role!r} are not accepted; use system, developer, "
+                    "user and assistant messages (no tools).",
+                    param="messages",
+                )
+        if not any(m.role == "user" for m in request.messages):
+            raise RequestRefused("The request has no user message; send one.", param="messages")
+        return ModelCall(messages, self._options(request))
+
+    def _options(self, request: ChatCompletionRequest) -> dict[str, Any]:
+        budget = request.token_budget or self.max_tokens
+        if budget > self.max_tokens:
+            param = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
+            raise RequestRefused(
+                f"{param}={budget}, but this server generates at most {self.max_tokens} "
+                f"tokens per answer; send at most {self.max_tokens}.",
+                param=param,
+            )
+        unsupported = {
+            "n": request.n not in (None, 1),
+            "frequency_penalty": request.frequency_penalty not in (None, 0),
+            "presence_penalty": request.presence_penalty not in (None, 0),
+            "logit_bias": bool(request.logit_bias),
+            "tools": bool(request.tools),
+            "response_format": (request.response_format or {}).get("type", "text") != "text",
+        }
+        for param, bad in unsupported.items():
+            if bad:
+                raise RequestRefused(f"{param} is not supported; omit it.", param=param)
+        if (request.top_logprobs or 0) > self.top_logprobs_available:
+            raise RequestRefused(
+                f"top_logprobs={request.top_logprobs}, but the model records "
+                f"{self.top_logprobs_available} alternatives per token; ask for at most that "
+                "many.",
+                param="top_logprobs",
+            )
+        options: dict[str, Any] = {"max_new_tokens": int(budget)}
+        for name in ("temperature", "top_p", "seed"):
+            if getattr(request, name) is not None:
+                options[name] = getattr(request, name)
+        if request.stop:
+            options["stop"] = [request.stop] if isinstance(request.stop, str) else request.stop
+        return options
+
+    async def answer(self, call: ModelCall) -> GuardedAnswer:
+        """The model's answer to ``call`` (a place must have been taken with :meth:`admit`;
+        it is given back here).
+
+        Raises:
+            RequestRefused: 400 for input the model cannot take (too long for its context,
+                options out of range), 503 when its queue is full.
+        """
+        try:
+            message = await self.model.ainvoke(call.messages, **call.options)
+        except SchedulerFullError as exc:
+            raise self.queue_full(exc) from exc
+        except InvalidInputError as exc:  # ContextLengthError too
+            raise RequestRefused(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            self.in_flight -= 1
+        return answer_of(message)
+
+    def describe(self) -> dict[str, Any]:
+        """What ``/healthz`` reports: no guard, the budget limit and the load."""
+        return {
+            "status": "draining" if self.draining else "ok",
+            "model": self.model_name,
+            "guard": None,
+            "max_tokens": self.max_tokens,
+            "in_flight": self.in_flight,
+            "max_in_flight": self.max_in_flight,
+        }

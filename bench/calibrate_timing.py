@@ -21,6 +21,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,8 +42,11 @@ def _override(text: str) -> tuple[str, Any]:
     return key, yaml.safe_load(value)
 
 
-def run(limit: int, config: Path, overrides: dict[str, Any], label: str) -> dict[str, Any]:
-    """One calibrate run in a fresh folder; its wall time and summary."""
+def run(
+    limit: int, config: Path, overrides: dict[str, Any], label: str, keep: Path | None = None
+) -> dict[str, Any]:
+    """One calibrate run in a fresh folder; its wall time and summary (the artifact copied to
+    ``keep`` if given)."""
     settings = {**yaml.safe_load(config.read_text()), **overrides, "limit": limit}
     with tempfile.TemporaryDirectory(prefix="calibrate_timing_") as tmp:
         cfg = Path(tmp) / "config.yaml"
@@ -68,6 +72,8 @@ def run(limit: int, config: Path, overrides: dict[str, Any], label: str) -> dict
         summary = json.loads((cache / "summary.json").read_text())
         with np.load(out / "calibration.npz") as cal:
             digest = hashlib.sha256(np.ascontiguousarray(cal["scores"]).tobytes()).hexdigest()
+        if keep is not None:
+            shutil.copytree(out, keep)
     return {
         "label": label,
         "limit": limit,
@@ -85,8 +91,9 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "default_guard.yaml")
     parser.add_argument("--set", type=_override, action="append", default=[], dest="overrides")
     parser.add_argument("--label", default="run")
+    parser.add_argument("--keep", type=Path, default=None, help="copy the artifact here")
     args = parser.parse_args()
-    result = run(args.limit, args.config, dict(args.overrides), args.label)
+    result = run(args.limit, args.config, dict(args.overrides), args.label, args.keep)
     print(json.dumps(result))
 
 

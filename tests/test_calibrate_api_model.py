@@ -1,0 +1,155 @@
+"""``calibrate`` on an API chat model, end to end and without fakes: ``langchain_openai``'s
+``ChatOpenAI`` against ``abstain-guard serve --no-guard`` (the embedded model behind the
+OpenAI endpoint on a free loopback port, logprobs on), a perplexity guard calibrated on it,
+then deployed around the same ``ChatOpenAI``: its live scores are the stored ones."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from abstain_guard import GuardArtifact, GuardConfig
+from abstain_guard.calibration.build.config import CalibrationConfig
+from abstain_guard.calibration.build.pipeline import calibrate
+from abstain_guard.calibration.build.probe import builtin_probe_set
+from abstain_guard.chains import load_guard_chain
+from abstain_guard.errors import ArtifactMismatchError, LogprobsMissingError
+from abstain_guard.serve.passthrough import ModelService
+from abstain_guard.serve.runner import ServerThread
+
+pytestmark = [pytest.mark.model, pytest.mark.slow]
+
+openai = pytest.importorskip("openai")
+langchain_openai = pytest.importorskip("langchain_openai")
+
+SECRET = "sk-calibration-key-never-written"
+ITEMS = [it for it in builtin_probe_set(relations=("capital", "currency"))][:40]
+
+
+@pytest.fixture(scope="module")
+def server(default_model: Any) -> Any:
+    with ServerThread(ModelService(default_model, model_name="smollm2", max_tokens=64)) as srv:
+        yield srv
+
+
+def _kwargs(server: ServerThread, **extra: Any) -> dict[str, Any]:
+    return {"model": "smollm2", "base_url": server.base_url, "max_retries": 0, **extra}
+
+
+def _config(server: ServerThread, tmp: Path, **kwargs: Any) -> CalibrationConfig:
+    return CalibrationConfig(
+        model={"class_path": "langchain_openai:ChatOpenAI", "kwargs": _kwargs(server, **kwargs)},
+        scorer="perplexity",
+        max_new_tokens=12,
+        batch_size=4,
+        ratios=(1, 1, 4, 1),
+        participation=0.5,
+        cache_dir=str(tmp / "run.cache"),
+    )
+
+
+def _answered(server: ServerThread) -> float:
+    text = httpx.get(server.base_url.removesuffix("/v1") + "/metrics").text
+    found = re.search(
+        r'abstain_guard_requests_total\{path="/v1/chat/completions",status="200"\} (\S+)', text
+    )
+    return float(found.group(1)) if found else 0.0
+
+
+def test_the_raw_model_answers_with_logprobs_and_no_decision(server: ServerThread) -> None:
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model="smollm2",
+        messages=[
+            {"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": "What is the capital of France?"},
+        ],
+        max_tokens=8,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    choice = raw.parse().choices[0]
+    assert choice.message.content
+    assert 1 <= len(choice.logprobs.content) <= 8
+    assert all(t.logprob <= 0.0 and len(t.top_logprobs) == 2 for t in choice.logprobs.content)
+    assert "abstention" not in (choice.model_extra or {})
+    assert not any(h.startswith("x-abstain-guard") for h in raw.headers)
+    with pytest.raises(openai.BadRequestError, match="at most 64"):
+        client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=65
+        )
+    with pytest.raises(openai.BadRequestError, match="role 'tool'"):
+        client.chat.completions.create(
+            model="smollm2",
+            messages=[
+                {"role": "user", "content": "Hi"},
+                {"role": "tool", "content": "x", "tool_call_id": "1"},
+            ],
+        )
+
+
+def test_a_guard_calibrated_on_the_api_model_scores_live_as_stored(
+    server: ServerThread, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = _config(server, tmp_path, api_key=SECRET)
+    summary = calibrate(ITEMS, tmp_path / "guard", config=cfg, progress=False)
+    art = GuardArtifact.load(tmp_path / "guard")
+    n = summary.split_sizes["calibration"]
+    assert n >= 20 and art.scores.shape == (n,)
+    record = art.metadata["deployment"]
+    assert record["chat_model"]["spec"]["kwargs"] == _kwargs(server)  # no api_key
+    assert record["chat_model"]["settings"]["logprobs"] is True  # asked for
+    assert art.model_fingerprint == record["model_fingerprint"]
+    assert art.model_fingerprint.startswith("chat_model:")
+    written = [*Path(tmp_path / "guard").rglob("*"), *Path(tmp_path / "run.cache").rglob("*")]
+    assert not [p for p in written if p.is_file() and SECRET.encode() in p.read_bytes()]
+
+    # deployed around the same ChatOpenAI (built by the user, another key): live = stored
+    chat = langchain_openai.ChatOpenAI(**_kwargs(server), api_key="deploy-key", logprobs=True)
+    chain, guard, _ = load_guard_chain(art, GuardConfig(participation=0.5), model=chat)
+    by_id = {it.id: it for it in ITEMS}
+    cal = [by_id[i] for i in art.metadata["calibration_ids"]]
+    decisions = [
+        chain.invoke({"question": it.prompt_text()}).response_metadata["abstention"] for it in cal
+    ]
+    live = np.array([d["score"] for d in decisions])
+    assert np.array_equal(live, art.scores)
+    threshold = guard.threshold
+    assert all(d["abstained"] == (d["score"] > threshold) for d in decisions)
+    assert any(d["abstained"] for d in decisions) and not all(d["abstained"] for d in decisions)
+    assert decisions[0]["guarantee"]["warnings"] == []
+    assert "system prompt" in decisions[0]["guarantee"]["unverified"][0]
+
+    # rebuilt from the recorded spec alone (the key from the environment)
+    monkeypatch.setenv("OPENAI_API_KEY", "from-the-environment")
+    rebuilt, _, _ = load_guard_chain(tmp_path / "guard", GuardConfig(participation=0.5))
+    again = rebuilt.invoke({"question": cal[0].prompt_text()})
+    assert again.response_metadata["abstention"]["score"] == art.scores[0]
+
+    # another setting than calibrated is refused before any request
+    hotter = langchain_openai.ChatOpenAI(
+        **_kwargs(server), api_key="k", logprobs=True, temperature=0.7
+    )
+    with pytest.raises(ArtifactMismatchError, match=r"temperature=0\.7 \(calibrated: None\)"):
+        load_guard_chain(art, GuardConfig(participation=0.5), model=hotter)
+
+    # a second run on the same cache sends nothing and writes the same scores
+    before = _answered(server)
+    calibrate(ITEMS, tmp_path / "again", config=cfg, progress=False)
+    assert _answered(server) == before
+    assert np.array_equal(GuardArtifact.load(tmp_path / "again").scores, art.scores)
+
+
+def test_an_api_model_without_logprobs_is_a_typed_error_naming_the_question(
+    server: ServerThread, tmp_path: Path
+) -> None:
+    cfg = _config(server, tmp_path, api_key="k", logprobs=False)
+    with pytest.raises(LogprobsMissingError, match="logprobs: true") as info:
+        calibrate(ITEMS, tmp_path / "guard", config=cfg, progress=False)
+    assert re.search(r"question '[^']+' \(", str(info.value))
+    assert not (tmp_path / "guard").exists()

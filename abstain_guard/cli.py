@@ -84,6 +84,10 @@ def _calibrate(args: argparse.Namespace) -> int:
         "risk_target": args.risk_target,
         "delta": args.delta,
         "skip_bad_rows": True if args.skip_bad_rows else None,
+        "executor": args.executor,
+        "ray_address": args.address,
+        "replicas": args.replicas,
+        "gpus_per_replica": args.gpus_per_replica,
     }
     if args.config:
         config = CalibrationConfig.from_file(args.config, **overrides)
@@ -374,6 +378,21 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip malformed rows, non-string answers, duplicate and over-long questions "
         "(counted in the summary) instead of failing with their lines (config: skip_bad_rows)",
+    )
+    cal.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        help="generate and judge in this process (default) or on Ray actors, one model "
+        "replica each (needs the ray extra; docs/scale-out.md)",
+    )
+    cal.add_argument(
+        "--address",
+        help="with --executor ray: the cluster to join ('auto' = the one `ray start` runs "
+        "here, 'ray://host:10001'); default: start a local one",
+    )
+    cal.add_argument("--replicas", type=int, help="with --executor ray: model replicas (1)")
+    cal.add_argument(
+        "--gpus-per-replica", type=float, help="with --executor ray: GPUs per replica (0)"
     )
     cal.add_argument("--quiet", action="store_true", help="no progress bars")
     cal.set_defaults(func=_calibrate)

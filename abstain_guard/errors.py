@@ -150,6 +150,28 @@ class LogprobsMissingError(CalibrationError):
     the likelihood scorers read (the message names the question and the option to set)."""
 
 
+class DistributedChunkError(CalibrationError):
+    """Chunks of a ``calibrate --executor ray`` run kept failing on the Ray workers (after
+    Ray's restarts and retries); everything else the run finished is cached.
+
+    Attributes:
+        failures: ``(what, question ids, cause)`` per failed chunk.
+    """
+
+    def __init__(self, failures: list[tuple[str, list[str], str]]) -> None:
+        self.failures = failures
+        parts = [
+            f"{what} (questions {', '.join(ids[:8])}{' ...' if len(ids) > 8 else ''}): {cause}"
+            for what, ids, cause in failures
+        ]
+        super().__init__(
+            f"{len(failures)} chunks failed on the Ray workers after retries: "
+            + "; ".join(parts)
+            + ". Everything else is cached: fix the cause (worker memory, a node without the "
+            "model files) and run the same command again; only these chunks are redone."
+        )
+
+
 class CacheError(CalibrationError):
     """A run or judgment cache (SQLite) is not a database, is damaged, truncated or edited."""
 
@@ -203,6 +225,7 @@ __all__ = [
     "ConfigError",
     "ContextLengthError",
     "DatasetError",
+    "DistributedChunkError",
     "GuardError",
     "InsufficientDataError",
     "InvalidInputError",

@@ -64,6 +64,23 @@ class CalibrationConfig(BaseModel):
     )
     delta: float = Field(0.1, gt=0.0, lt=1.0, description="delta of that risk target")
     cache_dir: str | None = Field(None, description="default: '<out>.cache' beside the output")
+    executor: Literal["local", "ray"] = Field(
+        "local",
+        description="where answers are generated and judged: this process, or Ray actors "
+        "(one model replica each; docs/scale-out.md; needs the ray extra)",
+    )
+    ray_address: str | None = Field(
+        None, description='Ray cluster to join ("auto", "ray://host:10001"); None starts one'
+    )
+    replicas: int = Field(1, gt=0, description="model replicas (Ray actors) with --executor ray")
+    gpus_per_replica: float = Field(0.0, ge=0.0, description="GPUs each Ray replica reserves")
+    cpus_per_replica: float = Field(1.0, ge=0.0, description="CPUs each Ray replica reserves")
+    threads_per_replica: int | None = Field(
+        None,
+        gt=0,
+        description="torch threads of each Ray replica (None: the driver's count, so CPU "
+        "answers are bitwise the local run's)",
+    )
     skip_bad_rows: bool = Field(
         False,
         description="skip malformed rows, non-string answers and duplicate questions of a data "

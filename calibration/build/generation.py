@@ -35,8 +35,10 @@ __all__ = [
     "LIKELIHOOD_METADATA",
     "STATES_NS",
     "Capture",
+    "ChunkAnswer",
     "deployment_record",
     "generate_answers",
+    "generate_chunk",
     "generated_pairs",
     "means_digest",
     "replay_as_deployed",
@@ -98,6 +100,7 @@ def generate_answers(
     batch_size: int | None = None,
     capture: Capture = "none",
     reference: Any = None,
+    executor: Any = None,
 ) -> dict[str, dict[str, Any]]:
     """Greedy answers for ``items``, batched, cached per item in ``store``.
 
@@ -118,6 +121,11 @@ def generate_answers(
     with ``"geometry"`` the model carries ``reference`` (``model.with_reference``), so
     ``metadata["geometry"]`` holds Ω, Θ and Φ, and the row records ``reference`` = the means'
     digest. An answer already cached is never generated again, whatever it captured.
+
+    ``executor`` (e.g. :class:`~.executors.RayExecutor`) generates the chunks not yet cached
+    elsewhere (``executor.generate(todo, capture=, reference=, on_done=)``, ``todo`` a list
+    of ``(chunk index, items)``); each finished chunk comes back here and is stored, so the
+    cache, the keys and the chunk boundaries are the same as a local run's.
     """
     if isinstance(config.model, ChatModelSpec):  # an API model: asked as deployed, no capture
         from abstain_guard.calibration.build.api_generation import generate_api_answers
@@ -152,31 +160,66 @@ def generate_answers(
     by_kind: dict[str, list[QAItem]] = {}
     for it in items:
         by_kind.setdefault(it.kind, []).append(it)
-    runner = model.with_reference(reference) if capture == "geometry" else model
-    digest = means_digest(reference) if capture == "geometry" else None
     bar = tqdm(total=len(items), desc="generating", disable=not progress, unit="q")
     bar.update(sum(1 for it in items if keys[it.id] in done))
+    todo: list[tuple[int, list[QAItem]]] = []
     chunk_index = 0
     for kind_items in by_kind.values():
         for start in range(0, len(kind_items), size):
             chunk = kind_items[start : start + size]
             chunk_index += 1
-            if all(keys[it.id] in done for it in chunk):
-                continue
-            convs = [build_messages(it, config.system_prompt) for it in chunk]
-            outputs = _generate_chunk(runner, convs, _gen_params(config, chunk[0]), capture)
-            fresh = {}
-            for it, (msg, states) in zip(chunk, outputs, strict=True):
-                if states is not None:
-                    store.put_arrays(STATES_NS, keys[it.id], _state_arrays(msg, states))
-                fresh[keys[it.id]] = _answer_row(msg, capture, digest)
-            store.put_many("generation", fresh)
-            done.update(fresh)
-            bar.update(len(chunk))
-            if on_chunk is not None:
-                on_chunk(chunk_index)
+            if not all(keys[it.id] in done for it in chunk):
+                todo.append((chunk_index, chunk))
+
+    def store_chunk(index: int, chunk: list[QAItem], outputs: list[ChunkAnswer]) -> None:
+        fresh = {}
+        for it, (row, arrays) in zip(chunk, outputs, strict=True):
+            if arrays is not None:
+                store.put_arrays(STATES_NS, keys[it.id], arrays)
+            fresh[keys[it.id]] = row
+        store.put_many("generation", fresh)
+        done.update(fresh)
+        bar.update(len(chunk))
+        if on_chunk is not None:
+            on_chunk(index)
+
+    if executor is not None and todo:
+        executor.generate(todo, capture=capture, reference=reference, on_done=store_chunk)
+    elif todo:
+        runner = model.with_reference(reference) if capture == "geometry" else model
+        digest = means_digest(reference) if capture == "geometry" else None
+        for index, chunk in todo:
+            store_chunk(index, chunk, generate_chunk(runner, chunk, config, capture, digest))
     bar.close()
     return {it.id: {**done[keys[it.id]], "key": keys[it.id]} for it in items}
+
+
+#: One generated answer: its cache row, and with ``capture="states"`` its arrays (Ω, Θ
+#: ``[N, 2L-1]``, ``post_attn``, ``post_mlp`` ``[N, L, D]``), else None.
+ChunkAnswer = tuple[dict[str, Any], "dict[str, np.ndarray] | None"]
+
+
+def generate_chunk(
+    runner: Any,
+    chunk: Sequence[QAItem],
+    config: CalibrationConfig,
+    capture: Capture,
+    digest: str | None,
+) -> list[ChunkAnswer]:
+    """Generate one chunk of questions (all of one kind) with ``runner`` (the model, with
+    the reference means installed for ``capture="geometry"``; ``digest`` their
+    :func:`means_digest`): one batched call, or ``invoke`` for a single question. Pure: it
+    writes nothing, so a remote worker can run it and send the rows back
+    (:mod:`.executors`)."""
+    convs = [build_messages(it, config.system_prompt) for it in chunk]
+    outputs = _generate_chunk(runner, convs, _gen_params(config, chunk[0]), capture)
+    return [
+        (
+            _answer_row(msg, capture, digest),
+            None if states is None else _state_arrays(msg, states),
+        )
+        for msg, states in outputs
+    ]
 
 
 def _generate_chunk(

@@ -182,6 +182,7 @@ def calibrate(
     chat_models: dict[str, Any] | None = None,
     progress: bool = True,
     on_generation_chunk: Callable[[int], None] | None = None,
+    executor: Any = None,
 ) -> CalibrationSummary:
     """Generate, judge, split, fit the scorer and write a :class:`GuardArtifact` to ``out``.
 
@@ -194,6 +195,9 @@ def calibrate(
         chat_models: named LangChain chat models that LLM judges in the config refer to.
         progress: show progress bars.
         on_generation_chunk: called after each generated chunk is stored (for tests).
+        executor: an already started :class:`~.executors.RayExecutor` (else, with
+            ``config.executor == "ray"``, one is started here and shut down at the end):
+            generation and judging run on its replicas, the rest here.
 
     Raises:
         DatasetError, InsufficientDataError, ConfigError, JudgeError, OutputPathError,
@@ -205,6 +209,7 @@ def calibrate(
         CacheError: before any model is loaded, when a cache file is not SQLite, damaged,
             truncated, or holds an edited value.
         CalibrationError: when labels end up one-class or the scorer cannot be fitted.
+        DistributedChunkError: chunks kept failing on the Ray workers (the rest is cached).
     """
     cfg = config or CalibrationConfig()
     cache_dir = resolve_cache_dir(out, cfg)
@@ -220,17 +225,27 @@ def calibrate(
         chat_models=chat_models,
     )
     with run_locks(out, cache_dir):
-        return _calibrate(
-            data,
-            checked,
-            out,
-            config=cfg,
-            model=model,
-            judges=judges,
-            chat_models=chat_models,
-            progress=progress,
-            on_generation_chunk=on_generation_chunk,
-        )
+        started = None
+        if executor is None and cfg.executor == "ray" and model is None:
+            from abstain_guard.calibration.build.executors import RayExecutor
+
+            executor = started = RayExecutor.start(cfg)
+        try:
+            return _calibrate(
+                data,
+                checked,
+                out,
+                config=cfg,
+                model=model,
+                judges=judges,
+                chat_models=chat_models,
+                progress=progress,
+                on_generation_chunk=on_generation_chunk,
+                executor=executor,
+            )
+        finally:
+            if started is not None:
+                started.shutdown()
 
 
 def _calibrate(
@@ -244,6 +259,7 @@ def _calibrate(
     chat_models: dict[str, Any] | None = None,
     progress: bool = True,
     on_generation_chunk: Callable[[int], None] | None = None,
+    executor: Any = None,
 ) -> CalibrationSummary:
     """:func:`calibrate`'s steps after its checks (``checked``: the items, the skipped row
     count and the splits from :func:`preflight`), run while its locks are held."""
@@ -254,11 +270,15 @@ def _calibrate(
     items, skipped, splits = checked
     if judges is None:
         judges = build_judges(cfg, cache_dir / "judgments.sqlite", chat_models)
+        if executor is not None and chat_models is None:
+            from abstain_guard.calibration.build.executors import distribute_judges
+
+            distribute_judges(judges, cfg, executor)
     cache_dir.mkdir(parents=True, exist_ok=True)
     store = RunStore(cache_dir / "run.sqlite")
 
     if model is None:
-        model = load_model(cfg)
+        model = executor.driver_model(cfg) if executor is not None else load_model(cfg)
     fingerprint = str(getattr(model, "fingerprint", "unknown"))
     if isinstance(cfg.model, ChatModelSpec):  # an API model: its class and settings
         fingerprint = chat_model_fingerprint(model)
@@ -267,6 +287,7 @@ def _calibrate(
     ordered = [it for name in SPLIT_NAMES for it in splits[name]]
     scorer = _make_scorer(cfg)
     run = _Run(model, store, cfg, fingerprint, judges, progress, on_generation_chunk, timings)
+    run.executor, run.capture_mode = executor, getattr(scorer, "capture", None)
     held_model = scoring_model(model, scorer)
     if cfg.scorer in FIT_SCORERS and captures_geometry(scorer):
         answers, judgments, means = run.generate_with_capture(splits, held_model)
@@ -363,6 +384,8 @@ class _Run:
     on_chunk: Callable[[int], None] | None
     timings: dict[str, float]
     judgments: dict[str, dict[str, Any]] = field(default_factory=dict)
+    executor: Any = None  # a RayExecutor: generate on its replicas
+    capture_mode: Any = None  # the scorer's capture mode (what ``held_model`` runs in)
 
     def generate(
         self,
@@ -386,6 +409,9 @@ class _Run:
             batch_size=size,
             capture=capture,
             reference=means,
+            executor=None
+            if self.executor is None
+            else self.executor.with_capture_mode(None if model is None else self.capture_mode),
         )
         self.timings["generate"] = self.timings.get("generate", 0.0) + _now() - t
         return answers

@@ -47,6 +47,7 @@ __all__ = [
     "DEFAULT_CONTEXT_LENGTH",
     "PROMPT_OVERHEAD_TOKENS",
     "check_api_model",
+    "check_executor",
     "check_output_dir",
     "check_question_lengths",
     "check_writable_location",
@@ -294,6 +295,36 @@ def _scorer_params(config: CalibrationConfig) -> None:
         ) from exc
 
 
+def check_executor(config: CalibrationConfig) -> None:
+    """Ray settings only with ``executor: ray``, and Ray installed when it is asked for.
+
+    Raises:
+        ConfigError: what was wrong and what to do.
+    """
+    if config.executor == "local":
+        given = [
+            flag
+            for flag, value in (
+                ("--address", config.ray_address is not None),
+                ("--replicas", config.replicas != 1),
+                ("--gpus-per-replica", config.gpus_per_replica != 0.0),
+                ("threads_per_replica", config.threads_per_replica is not None),
+            )
+            if value
+        ]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)} only apply to --executor ray; add --executor ray "
+                "(config: executor: ray) or drop them."
+            )
+        return
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError(
+            "--executor ray needs Ray, which is not installed; install the extra with "
+            "pip install 'abstain-guard[ray]', or use --executor local."
+        )
+
+
 def preflight(
     data: str | Path | Sequence[QAItem],
     out: str | Path,
@@ -335,6 +366,7 @@ def preflight(
 
         attempt(lambda: make_judge(config.judge, chat_models=chat_models))
     attempt(lambda: _scorer_params(config))
+    attempt(lambda: check_executor(config))
     loaded = attempt(lambda: load_items(data, config))
     items: list[QAItem] = []
     skipped = 0

@@ -1,0 +1,111 @@
+"""Answers per second of ``calibrate --executor ray`` generation with 1 and 2 local replicas.
+
+    flock /tmp/model.lock python bench/ray_throughput.py --questions 48
+
+For each replica count, a fresh local Ray cluster (``--cpus`` CPUs) starts that many replicas
+of the embedded model (each with the driver's torch thread count, as ``calibrate`` does, so
+the answers are bitwise the local run's), waits until they are loaded, then generates the
+first ``--questions`` built-in probe questions through
+:meth:`~abstain_guard.calibration.build.executors.RayExecutor.generate` in the chunks a local
+run uses (``batch_size`` questions, one kind per chunk; no capture, as train / held-out
+generation without means). Model loading is timed apart. Also checks that both runs gave the
+same answers (token ids). Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import time
+from typing import Any
+
+from abstain_guard.calibration.build.config import CalibrationConfig
+from abstain_guard.calibration.build.datasets import QAItem
+from abstain_guard.calibration.build.executors import RayExecutor, local_threads
+from abstain_guard.calibration.build.probe import builtin_probe_set
+
+
+def _chunks(items: list[QAItem], size: int) -> list[tuple[int, list[QAItem]]]:
+    by_kind: dict[str, list[QAItem]] = {}
+    for it in items:
+        by_kind.setdefault(it.kind, []).append(it)
+    out = []
+    for kind_items in by_kind.values():
+        for start in range(0, len(kind_items), size):
+            out.append((len(out) + 1, kind_items[start : start + size]))
+    return out
+
+
+def run(replicas: int, items: list[QAItem], args: argparse.Namespace) -> dict[str, Any]:
+    """Start ``replicas`` replicas on a fresh local cluster and time generating ``items``."""
+    import ray
+
+    ray.init(
+        num_cpus=args.cpus,
+        include_dashboard=False,
+        object_store_memory=200 * 1024**2,
+        _temp_dir=f"/tmp/agray-bench-{os.getpid()}",
+        log_to_driver=False,
+    )
+    try:
+        config = CalibrationConfig(
+            executor="ray",
+            replicas=replicas,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+        )
+        t = time.perf_counter()
+        executor = RayExecutor.start(config)
+        load_s = time.perf_counter() - t
+        rows: dict[str, Any] = {}
+
+        def done(index: int, chunk: list[QAItem], outputs: list[Any]) -> None:
+            for it, (row, _) in zip(chunk, outputs, strict=True):
+                rows[it.id] = row["metadata"]["token_ids"]
+
+        t = time.perf_counter()
+        executor.generate(
+            _chunks(items, args.batch_size), capture="none", reference=None, on_done=done
+        )
+        seconds = time.perf_counter() - t
+        executor.shutdown()
+    finally:
+        ray.shutdown()
+    digest = hashlib.sha256(json.dumps([rows[it.id] for it in items]).encode()).hexdigest()
+    return {
+        "answers_per_s": round(len(items) / seconds, 3),
+        "seconds": round(seconds, 1),
+        "load_s": round(load_s, 1),
+        "token_ids_sha256": digest[:16],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--questions", type=int, default=48)
+    parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--cpus", type=int, default=2)
+    args = parser.parse_args()
+    items = builtin_probe_set()[: args.questions]
+    results = {str(n): run(n, items, args) for n in (1, 2)}
+    print(
+        json.dumps(
+            {
+                "bench": "ray_throughput",
+                "questions": len(items),
+                "max_new_tokens": args.max_new_tokens,
+                "batch_size": args.batch_size,
+                "cpus": args.cpus,
+                "torch_threads_per_replica": local_threads(),
+                "replicas": results,
+                "same_answers": len({r["token_ids_sha256"] for r in results.values()}) == 1,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,428 @@
+"""``calibrate --executor ray``: generation (with capture) and judging on Ray actors.
+
+One :class:`_Replica` actor holds one copy of the model (``--replicas N``, ``--gpus-per-replica
+G``). The driver keeps everything else: the run cache (:class:`~.store.RunStore`), the chunk
+plan, the judgments cache, fitting and thresholding. :func:`~.generation.generate_answers`
+hands the chunks not yet cached to :meth:`RayExecutor.generate`; each actor runs
+:func:`~.generation.generate_chunk` (the same function a local run calls) and sends back only
+the rows -- answer text, token ids, logprobs, entropies, geometry features Ω/Θ/Φ -- and, for
+the reference split of a geometry scorer, the per-token states its means are fitted on. The
+driver stores each chunk as it arrives, so a killed driver or a lost worker resumes from what
+is cached. Judging: :class:`RayJudge` sends the verdicts not yet cached to the actors.
+
+Numerics: a greedy answer is the same whatever process generates it only if the BLAS kernels
+split their sums the same way; CPU results depend on torch's intra-op thread count (checked
+on this machine: 1 and 2 threads give different logprobs). Every actor therefore runs with
+the driver's ``torch.get_num_threads()`` (or ``threads_per_replica``), and chunk boundaries,
+batch composition and decode mode are the local run's: the artifact equals the local one.
+
+Failures: an actor whose process dies is restarted by Ray (``max_restarts``) and its
+in-flight chunk retried (``max_task_retries``). A chunk that still fails is set aside; the
+other chunks go on and are cached; then the run stops with
+:class:`~abstain_guard.errors.DistributedChunkError` naming the failed chunks' question ids.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from abstain_guard.calibration.build.config import CalibrationConfig
+from abstain_guard.calibration.build.datasets import QAItem
+from abstain_guard.calibration.build.generation import Capture, ChunkAnswer
+from abstain_guard.calibration.build.judges.base import Judge, Judgment
+from abstain_guard.errors import ConfigError, DistributedChunkError
+
+logger = logging.getLogger("abstain_guard.calibration")
+
+__all__ = ["JUDGE_CHUNK", "RayExecutor", "RayJudge", "import_ray", "local_threads"]
+
+#: Answers judged per remote call.
+JUDGE_CHUNK = 64
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or a ConfigError saying how to install the extra."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError(
+            f"--executor ray needs Ray ({exc}); install the extra with "
+            "pip install 'abstain-guard[ray]', or use --executor local."
+        ) from exc
+    return ray
+
+
+def local_threads() -> int:
+    """torch's intra-op thread count in this process: what a local run computes with."""
+    import torch
+
+    return int(torch.get_num_threads())
+
+
+class _Replica:
+    """One model replica (a Ray actor): generates chunks and judges answers."""
+
+    def __init__(self, config: dict[str, Any], threads: int) -> None:
+        import torch
+
+        from abstain_guard.calibration.build.pipeline import load_model
+
+        torch.set_num_threads(threads)
+        self.config = CalibrationConfig(**config)
+        self.model = load_model(self.config)
+        self.judges: dict[str, Judge] = {}
+
+    def info(self) -> dict[str, Any]:
+        """What the driver records about the model, and this worker's PID and threads."""
+        import torch
+
+        settings = getattr(self.model, "decoding_settings", None)
+        return {
+            "fingerprint": str(getattr(self.model, "fingerprint", "unknown")),
+            "chat_template_sha256": getattr(self.model, "chat_template_sha256", None),
+            "decoding": settings() if callable(settings) else {},
+            "batch_decode": bool(getattr(self.model, "batch_decode", False)),
+            "capture": getattr(self.model, "capture", None),
+            "pid": os.getpid(),
+            "threads": torch.get_num_threads(),
+        }
+
+    def generate(
+        self,
+        chunk: list[QAItem],
+        capture: Capture,
+        capture_mode: str | None,
+        reference: Any,
+        digest: str | None,
+    ) -> list[ChunkAnswer]:
+        """:func:`~.generation.generate_chunk` on this replica (in ``capture_mode``; with
+        ``reference`` means installed for ``capture="geometry"``)."""
+        from abstain_guard.calibration.build.generation import generate_chunk
+        from abstain_guard.calibration.inference.features import with_capture
+
+        runner = with_capture(self.model, capture_mode)  # type: ignore[arg-type]
+        if capture == "geometry":
+            runner = runner.with_reference(reference)
+        return generate_chunk(runner, chunk, self.config, capture, digest)
+
+    def judge(self, spec: Any, identity: str, inputs: list[Any]) -> list[dict[str, Any]]:
+        """Verdicts (``Judgment.to_json()``) of the judge ``spec`` on ``inputs``."""
+        from abstain_guard.calibration.build.judges.registry import make_judge
+
+        key = repr(spec)
+        if key not in self.judges:
+            self.judges[key] = make_judge(spec)
+        judge = self.judges[key]
+        if judge.identity != identity:
+            raise ConfigError(
+                f"The judge built on a Ray worker is {judge.identity}, the driver's is "
+                f"{identity}: install the same abstain_guard version on every node."
+            )
+        return [j.to_json() for j in judge.judge_many(inputs, progress=False)]
+
+
+@dataclass
+class _Job:
+    """One unit of remote work: its question ids (for the report), how to submit it to an
+    actor, and what to do with its result."""
+
+    label: str
+    ids: list[str]
+    submit: Callable[[Any], Any]
+    done: Callable[[Any], None]
+
+
+@dataclass
+class RayExecutor:
+    """Model replicas on a Ray cluster (see the module docstring).
+
+    Create with :meth:`start`; use as the ``executor`` of
+    :func:`~.pipeline.calibrate`; :meth:`shutdown` when done (``calibrate`` does it for an
+    executor it started).
+    """
+
+    ray: Any
+    actors: list[Any]
+    infos: list[dict[str, Any]]
+    capture_mode: str | None = None
+    owns_ray: bool = False
+    _busy: set[int] = field(default_factory=set)
+
+    @classmethod
+    def start(
+        cls,
+        config: CalibrationConfig,
+        *,
+        threads: int | None = None,
+        max_restarts: int = 3,
+        max_task_retries: int = 3,
+    ) -> RayExecutor:
+        """Connect to (or start) Ray and start ``config.replicas`` model replicas.
+
+        Uses the running Ray session when there is one, else ``ray.init(address=
+        config.ray_address)`` (None starts a local cluster; ``"auto"`` joins the one
+        ``ray start`` runs here; ``ray://host:10001`` a remote one). Each replica reserves
+        ``config.cpus_per_replica`` CPUs and ``config.gpus_per_replica`` GPUs and computes
+        with ``threads`` torch threads (default: ``config.threads_per_replica``, else this
+        process's count, as the local run would).
+        """
+        ray = import_ray()
+        owns = False
+        if not ray.is_initialized():
+            ray.init(address=config.ray_address, include_dashboard=False, log_to_driver=False)
+            owns = True
+        n_threads = threads or config.threads_per_replica or local_threads()
+        remote = ray.remote(
+            num_cpus=config.cpus_per_replica,
+            num_gpus=config.gpus_per_replica,
+            max_restarts=max_restarts,
+            max_task_retries=max_task_retries,
+        )(_Replica)
+        payload = config.model_dump(mode="json")
+        actors = [remote.remote(payload, n_threads) for _ in range(config.replicas)]
+        try:
+            infos = ray.get([a.info.remote() for a in actors])
+        except Exception:
+            for actor in actors:
+                ray.kill(actor)
+            if owns:
+                ray.shutdown()
+            raise
+        fingerprints = {i["fingerprint"] for i in infos}
+        if len(fingerprints) > 1:
+            raise ConfigError(
+                f"The Ray replicas loaded different models ({sorted(fingerprints)}): every "
+                "node must hold the same model files."
+            )
+        return cls(ray=ray, actors=actors, infos=infos, owns_ray=owns)
+
+    def with_capture_mode(self, capture_mode: str | None) -> RayExecutor:
+        """The same replicas generating in ``capture_mode`` (``with_capture``; the held-out
+        and train splits run in the scorer's mode, as the local run's ``held_model``)."""
+        return dataclasses.replace(self, capture_mode=capture_mode)
+
+    def worker_pids(self, *, busy: bool = False) -> list[int]:
+        """The PIDs of the replicas' worker processes (as last seen); with ``busy``, only of
+        those working on a chunk now."""
+        slots = sorted(self._busy) if busy else range(len(self.infos))
+        return [int(self.infos[i]["pid"]) for i in slots]
+
+    def driver_model(self, config: CalibrationConfig) -> _DriverModel:
+        """A stand-in for the model on the driver (see :class:`_DriverModel`)."""
+        return _DriverModel(dict(self.infos[0]), config)
+
+    # --- work -----------------------------------------------------------------------
+
+    def generate(
+        self,
+        todo: Sequence[tuple[int, list[QAItem]]],
+        *,
+        capture: Capture,
+        reference: Any,
+        on_done: Callable[[int, list[QAItem], list[ChunkAnswer]], None],
+    ) -> None:
+        """Generate each ``(index, chunk)`` on a replica; ``on_done`` stores it on the driver
+        as it arrives.
+
+        Raises:
+            DistributedChunkError: some chunks failed after Ray's retries (the others are
+                stored).
+        """
+        from abstain_guard.calibration.build.generation import means_digest
+
+        digest = means_digest(reference) if capture == "geometry" else None
+        ref = self.ray.put(reference) if reference is not None else None
+        mode = self.capture_mode
+        jobs = []
+        for index, chunk in todo:
+
+            def submit(actor: Any, chunk: list[QAItem] = chunk) -> Any:
+                return actor.generate.remote(chunk, capture, mode, ref, digest)
+
+            def done(result: Any, index: int = index, chunk: list[QAItem] = chunk) -> None:
+                on_done(index, chunk, result)
+
+            jobs.append(_Job(f"chunk {index}", [it.id for it in chunk], submit, done))
+        self._run(jobs)
+
+    def judge(self, spec: Any, identity: str, inputs: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+        """``(index, Judgment)`` for ``inputs``, judged on the replicas in chunks of
+        :data:`JUDGE_CHUNK` (yielded after all are back)."""
+        out: list[tuple[int, Any]] = []
+        jobs = []
+        for start in range(0, len(inputs), JUDGE_CHUNK):
+            part = list(inputs[start : start + JUDGE_CHUNK])
+
+            def submit(actor: Any, part: list[Any] = part) -> Any:
+                return actor.judge.remote(spec, identity, part)
+
+            def done(result: Any, start: int = start) -> None:
+                out.extend((start + i, Judgment.from_json(j)) for i, j in enumerate(result))
+
+            label = f"judging answers {start}-{start + len(part) - 1}"
+            jobs.append(_Job(label, [str(p[0])[:60] for p in part], submit, done))
+        self._run(jobs)
+        yield from out
+
+    def _run(self, jobs: list[_Job]) -> None:
+        """Every job on the first free replica; failed jobs (after Ray's retries) are set
+        aside while the rest go on, then reported together."""
+        ray = self.ray
+        pending = deque(jobs)
+        free = list(range(len(self.actors)))
+        flying: dict[Any, tuple[_Job, int]] = {}
+        failed: list[tuple[_Job, str]] = []
+        while pending or flying:
+            while free and pending:
+                slot = free.pop(0)
+                job = pending.popleft()
+                flying[job.submit(self.actors[slot])] = (job, slot)
+                self._busy.add(slot)
+            if not flying:  # no replica left alive
+                failed.extend((job, "no replica left alive") for job in pending)
+                break
+            ready, _ = ray.wait(list(flying), num_returns=1)
+            job, slot = flying.pop(ready[0])
+            self._busy.discard(slot)
+            try:
+                result = ray.get(ready[0])
+            except Exception as exc:  # RayActorError, RayTaskError, WorkerCrashedError
+                logger.warning("%s failed on replica %d after retries: %s", job.label, slot, exc)
+                failed.append((job, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"))
+                if self._alive(slot):
+                    free.append(slot)
+                continue
+            job.done(result)
+            free.append(slot)
+        if failed:
+            raise DistributedChunkError(
+                [(job.label, job.ids, cause) for job, cause in failed],
+            )
+
+    def _alive(self, slot: int) -> bool:
+        """Whether replica ``slot`` answers (restarted by Ray if its process died); its PID
+        is refreshed."""
+        try:
+            self.infos[slot] = self.ray.get(self.actors[slot].info.remote(), timeout=900)
+        except Exception as exc:
+            logger.warning("replica %d is gone (%s); the others go on", slot, exc)
+            return False
+        return True
+
+    def shutdown(self) -> None:
+        """Stop the replicas (and the local Ray this executor started)."""
+        for actor in self.actors:
+            with contextlib.suppress(Exception):  # already gone
+                self.ray.kill(actor)
+        self.actors = []
+        if self.owns_ray:
+            self.ray.shutdown()
+
+
+class RayJudge(Judge):
+    """A judge whose verdicts are made on the Ray replicas (``make_judge(spec)`` there).
+
+    Wrapped by the driver's ``CachedJudge`` as the local judge was (same identity, same
+    cache), so only verdicts not yet cached go out.
+    """
+
+    def __init__(self, local: Judge, spec: Any, executor: RayExecutor) -> None:
+        self.local = local
+        self.spec = spec
+        self.executor = executor
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.local.name
+
+    @property
+    def identity(self) -> str:
+        return self.local.identity
+
+    def judge(
+        self,
+        question: str,
+        gold_answers: Sequence[str],
+        prediction: str,
+        *,
+        choices: Sequence[str] = (),
+    ) -> Judgment:
+        ((_, verdict),) = self.iter_judge_many([(question, gold_answers, prediction, choices)])
+        return verdict  # type: ignore[no-any-return]
+
+    def iter_judge_many(
+        self, inputs: Sequence[Any], *, max_concurrency: int = 4
+    ) -> Iterator[tuple[int, Judgment]]:
+        yield from self.executor.judge(self.spec, self.identity, list(inputs))
+
+
+def judge_specs(config: CalibrationConfig) -> dict[str, Any]:
+    """The judge spec per question kind, as :func:`~.pipeline.build_judges` builds them."""
+    name = config.judge if isinstance(config.judge, str) else config.judge.get("name")
+    specs: dict[str, Any] = {"open": config.judge, "choice": config.judge, "numeric": config.judge}
+    if name not in ("choice", "numeric"):
+        specs["choice"], specs["numeric"] = "choice", "numeric"
+    return specs
+
+
+def distribute_judges(
+    judges: dict[str, Any], config: CalibrationConfig, executor: RayExecutor
+) -> None:
+    """Make each cached judge of :func:`~.pipeline.build_judges` judge on the replicas (in
+    place: the wrapped judge becomes a :class:`RayJudge` with the same identity)."""
+    for kind, spec in judge_specs(config).items():
+        cached = judges.get(kind)
+        if cached is not None and hasattr(cached, "inner"):
+            cached.inner = RayJudge(cached.inner, spec, executor)
+
+
+class _DriverModel:
+    """The model as the driver sees it under ``--executor ray``: the fingerprint, chat
+    template, decoding settings and decode mode reported by a replica (what the artifact
+    records), without loading the weights. Anything else (replaying answers cached without
+    capture, which only older caches or likelihood scorers need) loads the model here on
+    first use."""
+
+    def __init__(
+        self, info: dict[str, Any], config: CalibrationConfig, update: dict[str, Any] | None = None
+    ) -> None:
+        self._info = info
+        self._config = config
+        self._update = update or {}
+        self._model: Any = None
+        self.fingerprint = info["fingerprint"]
+        self.chat_template_sha256 = info["chat_template_sha256"]
+        self.batch_decode = info["batch_decode"]
+        self.capture = info["capture"]
+
+    def decoding_settings(self) -> dict[str, Any]:
+        """The decoding settings a replica reported."""
+        return dict(self._info["decoding"])
+
+    def model_copy(self, *, update: dict[str, Any]) -> _DriverModel:
+        """A stand-in for ``model.model_copy(update=...)`` (``with_capture``), still unloaded."""
+        info = {**self._info, **{k: v for k, v in update.items() if k == "capture"}}
+        return _DriverModel(info, self._config, {**self._update, **update})
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if self._model is None:
+            from abstain_guard.calibration.build.pipeline import load_model
+
+            t = time.perf_counter()
+            model = load_model(self._config)
+            self._model = model.model_copy(update=self._update) if self._update else model
+            logger.info(
+                "loaded the model on the driver to replay answers (%.0fs)",
+                time.perf_counter() - t,
+            )
+        return getattr(self._model, name)

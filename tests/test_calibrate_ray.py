@@ -1,0 +1,140 @@
+"""``calibrate --executor ray``: a local Ray cluster (2 CPUs) with 2 replicas of the embedded
+model calibrates 60 built-in probe questions and writes the artifact the local run writes
+(scores, labels, threshold), also when one worker process is killed mid-run.
+
+The replicas compute with the driver's torch thread count (1 and 2 threads give different
+logprobs on this machine), so every answer is bitwise the local one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import ray
+
+from abstain_guard import GuardArtifact, GuardConfig
+from abstain_guard.calibration.build.config import CalibrationConfig
+from abstain_guard.calibration.build.executors import RayExecutor
+from abstain_guard.calibration.build.pipeline import calibrate
+from abstain_guard.calibration.build.preflight import check_executor
+from abstain_guard.calibration.build.probe import builtin_probe_set
+from abstain_guard.cli import build_parser
+from abstain_guard.errors import ConfigError, DistributedChunkError
+
+ITEMS = builtin_probe_set()[:60]
+SETTINGS: dict[str, Any] = {"max_new_tokens": 8, "batch_size": 8}
+
+
+def _config(tmp: Path, name: str, **extra: Any) -> CalibrationConfig:
+    return CalibrationConfig(cache_dir=str(tmp / f"{name}.cache"), **SETTINGS, **extra)
+
+
+def _same_artifact(a: Path, b: Path) -> None:
+    left, right = GuardArtifact.load(a), GuardArtifact.load(b)
+    np.testing.assert_array_equal(left.scores, right.scores)
+    np.testing.assert_array_equal(left.correct, right.correct)
+    assert left.metadata["calibration_ids"] == right.metadata["calibration_ids"]
+    for cfg in (GuardConfig(participation=0.8), GuardConfig(participation=0.5)):
+        assert left.decision_rule(cfg).threshold == right.decision_rule(cfg).threshold
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference: the same questions calibrated in this process."""
+    tmp = tmp_path_factory.mktemp("local")
+    calibrate(ITEMS, tmp / "guard", config=_config(tmp, "guard"), progress=False)
+    return tmp / "guard"
+
+
+@pytest.fixture(scope="module")
+def executor() -> Any:
+    """A local Ray cluster with 2 CPUs and 2 replicas of the embedded model (one each)."""
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=200 * 1024**2,
+        _temp_dir=f"/tmp/agray-{os.getpid()}",
+        log_to_driver=False,
+    )
+    ex = RayExecutor.start(CalibrationConfig(executor="ray", replicas=2, **SETTINGS))
+    yield ex
+    ex.shutdown()
+    ray.shutdown()
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_ray_run_writes_the_local_artifact(
+    local_run: Path, executor: RayExecutor, tmp_path: Path
+) -> None:
+    cfg = _config(tmp_path, "guard", executor="ray", replicas=2)
+    chunks: list[int] = []
+    calibrate(
+        ITEMS,
+        tmp_path / "guard",
+        config=cfg,
+        executor=executor,
+        progress=False,
+        on_generation_chunk=chunks.append,
+    )
+    _same_artifact(local_run, tmp_path / "guard")
+    # every chunk came back through the replicas, both of which worked
+    assert len(chunks) == len(set(chunks)) > 2
+    assert all(i["threads"] == executor.infos[0]["threads"] for i in executor.infos)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_a_killed_worker_is_restarted_and_the_artifact_is_the_same(
+    local_run: Path, executor: RayExecutor, tmp_path: Path
+) -> None:
+    killed: list[int] = []
+
+    def kill_one(index: int) -> None:
+        busy = executor.worker_pids(busy=True)
+        if not killed and busy:
+            os.kill(busy[0], signal.SIGKILL)  # mid-chunk: it is generating one now
+            killed.append(busy[0])
+
+    calibrate(
+        ITEMS,
+        tmp_path / "guard",
+        config=_config(tmp_path, "guard", executor="ray", replicas=2),
+        executor=executor,
+        progress=False,
+        on_generation_chunk=kill_one,
+    )
+    assert killed
+    pids = ray.get([a.info.remote() for a in executor.actors])
+    assert killed[0] not in [p["pid"] for p in pids]  # Ray restarted that replica
+    _same_artifact(local_run, tmp_path / "guard")
+
+
+def test_ray_settings_need_the_ray_executor() -> None:
+    with pytest.raises(ConfigError, match="--replicas only apply to --executor ray"):
+        check_executor(CalibrationConfig(replicas=2))
+    check_executor(CalibrationConfig(executor="ray", replicas=2, gpus_per_replica=1))
+
+
+def test_cli_executor_flags_reach_the_config() -> None:
+    ray_flags = ["--executor", "ray", "--address", "auto", "--replicas", "4"]
+    args = build_parser().parse_args(
+        ["calibrate", "--data", "builtin", "--out", "x", *ray_flags, "--gpus-per-replica", "1"]
+    )
+    assert (args.executor, args.address, args.replicas, args.gpus_per_replica) == (
+        "ray",
+        "auto",
+        4,
+        1.0,
+    )
+
+
+def test_failed_chunks_are_reported_with_their_question_ids() -> None:
+    err = DistributedChunkError([("chunk 3", ["q1", "q2"], "RayActorError: died")])
+    assert "chunk 3 (questions q1, q2): RayActorError" in str(err)
+    assert "run the same command again" in str(err)

@@ -1,6 +1,6 @@
 """Answers per second of ``calibrate --executor ray`` generation with 1 and 2 local replicas.
 
-    flock /tmp/model.lock python bench/ray_throughput.py --questions 48
+    flock /tmp/model.lock python bench/ray_throughput.py --questions 40
 
 For each replica count, a fresh local Ray cluster (``--cpus`` CPUs) starts that many replicas
 of the embedded model (each with the driver's torch thread count, as ``calibrate`` does, so
@@ -84,8 +84,8 @@ def run(replicas: int, items: list[QAItem], args: argparse.Namespace) -> dict[st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--questions", type=int, default=48)
-    parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument("--questions", type=int, default=40)
+    parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--cpus", type=int, default=2)
     args = parser.parse_args()

@@ -57,6 +57,13 @@ MIN_DECODE_ROWS = 4
 
 _LOG = logging.getLogger(__name__)
 
+
+class GenerationCancelled(Exception):
+    """Raised by a request's ``on_token`` callback to stop its row: the caller went away
+    (e.g. a streaming consumer that stopped reading). The row finishes at once with
+    ``finish_reason="cancelled"`` and frees its place in the batch."""
+
+
 _STEP: contextvars.ContextVar[_DecodeStep | None] = contextvars.ContextVar(
     "abstain_guard_decode_step", default=None
 )
@@ -78,7 +85,8 @@ class GenerationRequest:
     reference: ReferenceMeans | None = None
     keep_states: bool = False
     #: Called with each new token id as soon as it is chosen (in the scheduler's thread; for
-    #: streaming). It must be quick and must not raise: an exception is logged and ignored.
+    #: streaming). It must be quick; raising :class:`GenerationCancelled` stops the row, any
+    #: other exception is logged and ignored.
     on_token: Callable[[int], None] | None = None
 
 
@@ -374,6 +382,7 @@ class BatchEngine:
         self.max_rows = max_rows
         self.active: list[Row] = []
         self.widest = 0  # most real rows one decode step has run with (for tests, benchmarks)
+        self.cancelled = 0  # rows stopped by their caller (GenerationCancelled)
         hf = loaded.hf_model
         self._eos = set(eos_token_ids(hf, loaded.tokenizer))
         self._pad = pad_token_id(hf, loaded.tokenizer)
@@ -442,6 +451,10 @@ class BatchEngine:
         if row.request.on_token is not None:
             try:
                 row.request.on_token(tok)
+            except GenerationCancelled:
+                row.finish = "cancelled"
+                self.cancelled += 1
+                return
             except Exception:  # a streaming consumer's failure is not the generation's
                 _LOG.exception("on_token callback failed; generation goes on")
         if tok in self._eos:
@@ -510,6 +523,7 @@ __all__ = [
     "MIN_DECODE_ROWS",
     "ROWS_ATTENTION",
     "BatchEngine",
+    "GenerationCancelled",
     "GenerationRequest",
     "HookMux",
     "Row",

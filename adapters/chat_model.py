@@ -9,6 +9,7 @@ tokenizer, EOS ids, fingerprint), :mod:`.encoding` (messages to token ids),
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import Future
@@ -323,12 +324,13 @@ class GeometryChatModel(BaseChatModel):
         prompt = self.encode_chat(messages)[0]
         ids, future = token_channel(self._submitter(prompt, opts))
         text = IncrementalText(self.tokenizer, opts["stop"])
-        for tok in ids:
-            if piece := text.push(tok):
-                chunk = text_chunk(piece)
-                if run_manager:
-                    run_manager.on_llm_new_token(piece, chunk=chunk)
-                yield chunk
+        with contextlib.closing(ids):  # a consumer that stops reading cancels the request
+            for tok in ids:
+                if piece := text.push(tok):
+                    chunk = text_chunk(piece)
+                    if run_manager:
+                        run_manager.on_llm_new_token(piece, chunk=chunk)
+                    yield chunk
         msg = self._finished(messages, prompt, future.result(), opts)
         if rest := text.finish(str(msg.content)):
             chunk = text_chunk(rest)
@@ -350,12 +352,13 @@ class GeometryChatModel(BaseChatModel):
         prompt = self.encode_chat(messages)[0]
         ids, future = async_token_channel(self._submitter(prompt, opts))
         text = IncrementalText(self.tokenizer, opts["stop"])
-        async for tok in ids:
-            if piece := text.push(tok):
-                chunk = text_chunk(piece)
-                if run_manager:
-                    await run_manager.on_llm_new_token(piece, chunk=chunk)
-                yield chunk
+        async with contextlib.aclosing(ids):  # a consumer that stops cancels the request
+            async for tok in ids:
+                if piece := text.push(tok):
+                    chunk = text_chunk(piece)
+                    if run_manager:
+                        await run_manager.on_llm_new_token(piece, chunk=chunk)
+                    yield chunk
         result = await asyncio.wrap_future(future)
         msg = self._finished(messages, prompt, result, opts)
         if rest := text.finish(str(msg.content)):

@@ -21,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+import threading
+from collections.abc import AsyncGenerator, Callable, Generator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -29,6 +30,8 @@ from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_core.outputs import ChatGenerationChunk
 
 from abstain_guard.errors import ModelError
+
+from .batching import GenerationCancelled
 
 __all__ = [
     "IncrementalText",
@@ -113,42 +116,69 @@ _DONE = object()
 
 def token_channel(
     submit: Callable[[Callable[[int], None]], Future[Any]],
-) -> tuple[Iterator[int], Future[Any]]:
+) -> tuple[Generator[int, None, None], Future[Any]]:
     """Submit a request whose token callback feeds a thread-safe queue.
 
     ``submit(on_token)`` queues the request and returns its future. Returns an iterator
     over the token ids as they are chosen (it ends when the future is done: the tokens are
-    all put before the result is set, in the same worker thread) and the future.
+    all put before the result is set, in the same worker thread) and the future. Closing
+    the iterator before the end (the consumer went away) cancels the request: a queued one
+    never starts, a running one stops at its next token (:class:`.GenerationCancelled`).
     """
     tokens: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    future = submit(tokens.put)
+    gone = threading.Event()
+
+    def put(tok: int) -> None:
+        if gone.is_set():
+            raise GenerationCancelled
+        tokens.put(tok)
+
+    future = submit(put)
     future.add_done_callback(lambda _f: tokens.put(_DONE))
 
-    def ids() -> Iterator[int]:
-        while (tok := tokens.get()) is not _DONE:
-            yield int(tok)
+    def ids() -> Generator[int, None, None]:
+        try:
+            while (tok := tokens.get()) is not _DONE:
+                yield int(tok)
+        finally:
+            _cancel(future, gone)
 
     return ids(), future
 
 
+def _cancel(future: Future[Any], gone: threading.Event) -> None:
+    """Stop ``future``'s request if it is not done: unqueue it, or flag the running row."""
+    if not future.done() and not future.cancel():
+        gone.set()
+
+
 def async_token_channel(
     submit: Callable[[Callable[[int], None]], Future[Any]],
-) -> tuple[AsyncIterator[int], Future[Any]]:
+) -> tuple[AsyncGenerator[int, None], Future[Any]]:
     """:func:`token_channel` for a coroutine: the worker thread hands each id to the running
     event loop (``loop.call_soon_threadsafe``), so the loop never blocks on the queue."""
     loop = asyncio.get_running_loop()
     tokens: asyncio.Queue[Any] = asyncio.Queue()
+    gone = threading.Event()
 
     def put(item: Any) -> None:
         with contextlib.suppress(RuntimeError):  # a closed loop: the consumer is gone
             loop.call_soon_threadsafe(tokens.put_nowait, item)
 
-    future = submit(put)
+    def put_token(tok: int) -> None:
+        if gone.is_set():
+            raise GenerationCancelled
+        put(tok)
+
+    future = submit(put_token)
     future.add_done_callback(lambda _f: put(_DONE))
 
-    async def ids() -> AsyncIterator[int]:
-        while (tok := await tokens.get()) is not _DONE:
-            yield int(tok)
+    async def ids() -> AsyncGenerator[int, None]:
+        try:
+            while (tok := await tokens.get()) is not _DONE:
+                yield int(tok)
+        finally:
+            _cancel(future, gone)
 
     return ids(), future
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -145,6 +146,48 @@ def test_first_chunk_arrives_while_the_row_is_generating(
     assert first_text and reference.content.startswith(first_text)
     assert 1 <= tokens_then < n_tokens
     _check_stream(chunks, reference)
+
+
+def _cancelled_rows(model: GeometryChatModel) -> int:
+    engine = scheduler_for(model._s)._engine
+    return engine.cancelled if engine is not None else 0
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_a_consumer_that_stops_reading_cancels_the_generation(
+    model: GeometryChatModel, reference: AIMessage, api: str
+) -> None:
+    """Closing the stream after its first chunk stops the row at its next token instead of
+    decoding the rest of the budget for nobody; the model then answers as before."""
+    before = _cancelled_rows(model)
+    gate = DecodeGate(model)
+    try:
+        if api == "sync":
+            stream = model.stream(QUESTION)
+            first = next(stream)
+            assert gate.waiting.wait(gate.limit)  # the worker is inside the next decode step
+            stream.close()
+        else:
+
+            async def main() -> AIMessageChunk:
+                stream = model.astream(QUESTION)
+                chunk = await stream.__anext__()
+                assert gate.waiting.wait(gate.limit)
+                await stream.aclose()  # type: ignore[attr-defined]
+                return chunk
+
+            first = asyncio.run(main())
+    finally:
+        gate.opened.set()
+        gate.close()
+    assert not gate.timed_out
+    assert str(first.content) and str(reference.content).startswith(str(first.content))
+    deadline = time.monotonic() + 10
+    while _active_rows(model) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not _active_rows(model)
+    assert _cancelled_rows(model) == before + 1
+    assert model.invoke(QUESTION).response_metadata == reference.response_metadata
 
 
 def test_astream_events_reports_each_token(model: GeometryChatModel, reference: AIMessage) -> None:

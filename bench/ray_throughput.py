@@ -9,7 +9,8 @@ first ``--questions`` built-in probe questions through
 :meth:`~abstain_guard.calibration.build.executors.RayExecutor.generate` in the chunks a local
 run uses (``batch_size`` questions, one kind per chunk; no capture, as train / held-out
 generation without means). Model loading is timed apart. Also checks that both runs gave the
-same answers (token ids). Prints one JSON line.
+same answers (token ids), and, as the baseline, times the same chunks generated in this
+process without Ray (what ``--executor local`` does). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any
 from abstain_guard.calibration.build.config import CalibrationConfig
 from abstain_guard.calibration.build.datasets import QAItem
 from abstain_guard.calibration.build.executors import RayExecutor, local_threads
+from abstain_guard.calibration.build.generation import generate_chunk
+from abstain_guard.calibration.build.pipeline import load_model
 from abstain_guard.calibration.build.probe import builtin_probe_set
 
 
@@ -82,6 +85,28 @@ def run(replicas: int, items: list[QAItem], args: argparse.Namespace) -> dict[st
     }
 
 
+def run_local(items: list[QAItem], args: argparse.Namespace) -> dict[str, Any]:
+    """The same chunks through :func:`generate_chunk` in this process (no Ray)."""
+    config = CalibrationConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+    t = time.perf_counter()
+    model = load_model(config)
+    load_s = time.perf_counter() - t
+    rows: dict[str, Any] = {}
+    t = time.perf_counter()
+    for _, chunk in _chunks(items, args.batch_size):
+        outputs = generate_chunk(model, chunk, config, "none", None)
+        for it, (row, _) in zip(chunk, outputs, strict=True):
+            rows[it.id] = row["metadata"]["token_ids"]
+    seconds = time.perf_counter() - t
+    digest = hashlib.sha256(json.dumps([rows[it.id] for it in items]).encode()).hexdigest()
+    return {
+        "answers_per_s": round(len(items) / seconds, 3),
+        "seconds": round(seconds, 1),
+        "load_s": round(load_s, 1),
+        "token_ids_sha256": digest[:16],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--questions", type=int, default=40)
@@ -90,6 +115,7 @@ def main() -> None:
     parser.add_argument("--cpus", type=int, default=2)
     args = parser.parse_args()
     items = builtin_probe_set()[: args.questions]
+    local = run_local(items, args)
     results = {str(n): run(n, items, args) for n in (1, 2)}
     print(
         json.dumps(
@@ -100,8 +126,13 @@ def main() -> None:
                 "batch_size": args.batch_size,
                 "cpus": args.cpus,
                 "torch_threads_per_replica": local_threads(),
+                "local": local,
                 "replicas": results,
-                "same_answers": len({r["token_ids_sha256"] for r in results.values()}) == 1,
+                "ratio_2_over_1": round(
+                    results["2"]["answers_per_s"] / results["1"]["answers_per_s"], 3
+                ),
+                "same_answers": len({r["token_ids_sha256"] for r in [local, *results.values()]})
+                == 1,
             }
         )
     )

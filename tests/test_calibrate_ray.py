@@ -8,6 +8,7 @@ logprobs on this machine), so every answer is bitwise the local one.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 from pathlib import Path
@@ -61,8 +62,8 @@ def local_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def executor() -> Any:
-    """A local Ray cluster with 2 CPUs and 2 replicas of the embedded model (one each)."""
+def ray_cluster() -> Any:
+    """A local Ray cluster with 2 CPUs."""
     ray.init(
         num_cpus=2,
         include_dashboard=False,
@@ -70,10 +71,16 @@ def executor() -> Any:
         _temp_dir=f"/tmp/agray-{os.getpid()}",
         log_to_driver=False,
     )
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def executor(ray_cluster: Any) -> Any:
+    """2 replicas of the embedded model on the local cluster (one CPU each)."""
     ex = RayExecutor.start(CalibrationConfig(executor="ray", replicas=2, **SETTINGS))
     yield ex
     ex.shutdown()
-    ray.shutdown()
 
 
 @pytest.mark.model
@@ -143,7 +150,35 @@ def test_cli_executor_flags_reach_the_config() -> None:
     )
 
 
-def test_failed_chunks_are_reported_with_their_question_ids() -> None:
-    err = DistributedChunkError([("chunk 3", ["q1", "q2"], "RayActorError: died")])
-    assert "chunk 3 (questions q1, q2): RayActorError" in str(err)
-    assert "run the same command again" in str(err)
+def test_a_chunk_that_keeps_failing_is_reported_and_the_others_are_stored(
+    ray_cluster: Any,
+) -> None:
+    class _PickyReplica:  # defined here: Ray ships it by value (tests/ is not importable there)
+        """A replica stand-in without a model: answers every chunk but one holding "bad"."""
+
+        def info(self) -> dict[str, Any]:
+            return {"pid": os.getpid()}
+
+        def generate(self, chunk: list[Any], *args: Any) -> list[str]:
+            if any(it.id == "bad" for it in chunk):
+                raise RuntimeError("this chunk always fails")
+            return [it.id for it in chunk]
+
+    actors = [ray.remote(num_cpus=0)(_PickyReplica).remote() for _ in range(2)]
+    ex = RayExecutor(ray=ray, actors=actors, infos=ray.get([a.info.remote() for a in actors]))
+    items = [dataclasses.replace(it, id=f"q{i}") for i, it in enumerate(ITEMS[:6])]
+    items[3] = dataclasses.replace(items[3], id="bad")
+    todo = [(1, items[:2]), (2, items[2:4]), (3, items[4:])]
+    stored: dict[int, list[str]] = {}
+    with pytest.raises(DistributedChunkError) as caught:
+        ex.generate(
+            todo,
+            capture="none",
+            reference=None,
+            on_done=lambda index, chunk, rows: stored.update({index: rows}),
+        )
+    assert stored == {1: ["q0", "q1"], 3: ["q4", "q5"]}  # the others went on and were stored
+    message = str(caught.value)
+    assert "chunk 2 (questions q2, bad)" in message and "this chunk always fails" in message
+    assert "run the same command again" in message
+    ex.shutdown()

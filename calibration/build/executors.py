@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -127,6 +128,19 @@ class _Replica:
                 f"{identity}: install the same abstain_guard version on every node."
             )
         return [j.to_json() for j in judge.judge_many(inputs, progress=False)]
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def failure_cause(exc: BaseException) -> str:
+    """One line saying why a remote call failed: the exception raised on the worker (Ray
+    wraps it in a ``RayTaskError`` whose own text is a traceback header), else the Ray
+    error itself (a dead actor, a lost worker)."""
+    cause = getattr(exc, "cause", None)
+    err = cause if isinstance(cause, BaseException) else exc
+    lines = [ln.strip() for ln in _ANSI.sub("", str(err)).splitlines() if ln.strip()]
+    return f"{type(err).__name__}: {lines[0][:200] if lines else '(no message)'}"
 
 
 @dataclass
@@ -296,7 +310,7 @@ class RayExecutor:
                 result = ray.get(ready[0])
             except Exception as exc:  # RayActorError, RayTaskError, WorkerCrashedError
                 logger.warning("%s failed on replica %d after retries: %s", job.label, slot, exc)
-                failed.append((job, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"))
+                failed.append((job, failure_cause(exc)))
                 if self._alive(slot):
                     free.append(slot)
                 continue

@@ -131,6 +131,7 @@ def test_an_api_answer_longer_than_the_budget_is_a_mismatch() -> None:
         ({"scorer": "mean_token_entropy"}, "top_logprobs_fallback"),
         ({"scorer": "perplexity", "batch_decode": True}, "batch_decode apply to local"),
         ({"scorer": "perplexity", "gguf_file": "x.gguf"}, "gguf_file apply to local"),
+        ({"scorer": "perplexity", "executor": "ray"}, "use --executor local"),
     ],
 )
 def test_preflight_refuses_what_an_api_model_cannot_do(

@@ -199,8 +199,8 @@ def check_api_model(config: CalibrationConfig, *, build: bool = True) -> None:
     and (``build``) builds from its kwargs (nothing is sent to it).
 
     Raises:
-        ConfigError: a geometry scorer, ``gguf_file`` or ``batch_decode`` with an API model,
-            or the model cannot be built.
+        ConfigError: a geometry scorer, ``gguf_file``, ``batch_decode`` or ``--executor
+            ray`` with an API model, or the model cannot be built.
     """
     spec = config.model
     if not isinstance(spec, ChatModelSpec):
@@ -225,6 +225,12 @@ def check_api_model(config: CalibrationConfig, *, build: bool = True) -> None:
         raise ConfigError(
             f"{' and '.join(local)} apply to local models only, not to the API chat model "
             f"{spec.label}; remove them from the config."
+        )
+    if config.executor != "local":
+        raise ConfigError(
+            f"--executor {config.executor} runs replicas of a local model; the API chat model "
+            f"{spec.label} is called from this process (its provider does the scaling): use "
+            "--executor local."
         )
     if build:
         spec.build()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,22 @@ SETTINGS: dict[str, Any] = {"max_new_tokens": 16, "batch_size": 8}
 
 def _config(tmp: Path, name: str, **extra: Any) -> CalibrationConfig:
     return CalibrationConfig(cache_dir=str(tmp / f"{name}.cache"), **SETTINGS, **extra)
+
+
+def _generations(cache: Path) -> dict[str, str]:
+    """Every stored answer of a run (text, token ids, logprobs, entropies, geometry
+    features), by cache key, as stored."""
+    with sqlite3.connect(cache / "run.sqlite") as conn:
+        return dict(conn.execute("SELECT key, value FROM kv WHERE ns = 'generation'"))
+
+
+def _same_answers(a: Path, b: Path) -> None:
+    """Bitwise the same stored answers (the scores alone could hide last-bit differences:
+    the geometry scorer's trees are piecewise constant)."""
+    left, right = _generations(a), _generations(b)
+    assert left.keys() == right.keys() and len(left) == len(ITEMS)
+    different = [k for k in left if left[k] != right[k]]
+    assert not different, f"{len(different)} of {len(left)} stored answers differ"
 
 
 def _same_artifact(a: Path, b: Path) -> None:
@@ -99,6 +116,7 @@ def test_ray_run_writes_the_local_artifact(
         on_generation_chunk=chunks.append,
     )
     _same_artifact(local_run, tmp_path / "guard")
+    _same_answers(local_run.parent / "guard.cache", tmp_path / "guard.cache")
     # the local run's chunks, each generated on a replica and stored here
     assert sorted(chunks) == sorted(LOCAL_CHUNKS) and len(chunks) > 2
     assert all(i["threads"] == executor.infos[0]["threads"] for i in executor.infos)
@@ -129,6 +147,7 @@ def test_a_killed_worker_is_restarted_and_the_artifact_is_the_same(
     pids = ray.get([a.info.remote() for a in executor.actors])
     assert killed[0] not in [p["pid"] for p in pids]  # Ray restarted that replica
     _same_artifact(local_run, tmp_path / "guard")
+    _same_answers(local_run.parent / "guard.cache", tmp_path / "guard.cache")
 
 
 def test_ray_settings_need_the_ray_executor() -> None:

@@ -68,6 +68,23 @@ def local_threads() -> int:
     return int(torch.get_num_threads())
 
 
+def replica_thread_env(threads: int) -> dict[str, str]:
+    """The thread environment of a replica's process: what this process computes with.
+
+    Ray starts workers with ``OMP_NUM_THREADS`` set to their CPU reservation (1 by default).
+    ``torch.set_num_threads`` only sets the calling thread, and the model generates on the
+    scheduler's own thread, whose BLAS (MKL) thread count falls back to that variable. With
+    one BLAS thread a decode row's numbers do not depend on the batch, so the engine shares
+    decode steps and the numbers differ from a 2-thread local run in the last bits
+    (logprobs by ~1e-6). So the replica gets ``threads`` in ``OMP_NUM_THREADS`` and this
+    process's ``MKL_NUM_THREADS`` (if set), as the driver computes.
+    """
+    env = {"OMP_NUM_THREADS": str(threads)}
+    if "MKL_NUM_THREADS" in os.environ:
+        env["MKL_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"]
+    return env
+
+
 class _Replica:
     """One model replica (a Ray actor): generates chunks and judges answers."""
 
@@ -199,6 +216,7 @@ class RayExecutor:
             num_gpus=config.gpus_per_replica,
             max_restarts=max_restarts,
             max_task_retries=max_task_retries,
+            runtime_env={"env_vars": replica_thread_env(n_threads)},
         )(_Replica)
         payload = config.model_dump(mode="json")
         actors = [remote.remote(payload, n_threads) for _ in range(config.replicas)]

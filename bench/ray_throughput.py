@@ -25,20 +25,22 @@ from typing import Any
 from abstain_guard.calibration.build.config import CalibrationConfig
 from abstain_guard.calibration.build.datasets import QAItem
 from abstain_guard.calibration.build.executors import RayExecutor, local_threads
-from abstain_guard.calibration.build.generation import generate_chunk
+from abstain_guard.calibration.build.generation import generate_chunk, plan_chunks
 from abstain_guard.calibration.build.pipeline import load_model
 from abstain_guard.calibration.build.probe import builtin_probe_set
 
 
-def _chunks(items: list[QAItem], size: int) -> list[tuple[int, list[QAItem]]]:
-    by_kind: dict[str, list[QAItem]] = {}
-    for it in items:
-        by_kind.setdefault(it.kind, []).append(it)
-    out = []
-    for kind_items in by_kind.values():
-        for start in range(0, len(kind_items), size):
-            out.append((len(out) + 1, kind_items[start : start + size]))
-    return out
+def _timing(
+    items: list[QAItem], token_ids: dict[str, Any], seconds: float, load_s: float
+) -> dict[str, Any]:
+    """One run's figures, with a digest of its answers' token ids (in ``items`` order)."""
+    digest = hashlib.sha256(json.dumps([token_ids[it.id] for it in items]).encode()).hexdigest()
+    return {
+        "answers_per_s": round(len(items) / seconds, 3),
+        "seconds": round(seconds, 1),
+        "load_s": round(load_s, 1),
+        "token_ids_sha256": digest[:16],
+    }
 
 
 def run(replicas: int, items: list[QAItem], args: argparse.Namespace) -> dict[str, Any]:
@@ -70,19 +72,13 @@ def run(replicas: int, items: list[QAItem], args: argparse.Namespace) -> dict[st
 
         t = time.perf_counter()
         executor.generate(
-            _chunks(items, args.batch_size), capture="none", reference=None, on_done=done
+            plan_chunks(items, args.batch_size), capture="none", reference=None, on_done=done
         )
         seconds = time.perf_counter() - t
         executor.shutdown()
     finally:
         ray.shutdown()
-    digest = hashlib.sha256(json.dumps([rows[it.id] for it in items]).encode()).hexdigest()
-    return {
-        "answers_per_s": round(len(items) / seconds, 3),
-        "seconds": round(seconds, 1),
-        "load_s": round(load_s, 1),
-        "token_ids_sha256": digest[:16],
-    }
+    return _timing(items, rows, seconds, load_s)
 
 
 def run_local(items: list[QAItem], args: argparse.Namespace) -> dict[str, Any]:
@@ -93,18 +89,11 @@ def run_local(items: list[QAItem], args: argparse.Namespace) -> dict[str, Any]:
     load_s = time.perf_counter() - t
     rows: dict[str, Any] = {}
     t = time.perf_counter()
-    for _, chunk in _chunks(items, args.batch_size):
+    for _, chunk in plan_chunks(items, args.batch_size):
         outputs = generate_chunk(model, chunk, config, "none", None)
         for it, (row, _) in zip(chunk, outputs, strict=True):
             rows[it.id] = row["metadata"]["token_ids"]
-    seconds = time.perf_counter() - t
-    digest = hashlib.sha256(json.dumps([rows[it.id] for it in items]).encode()).hexdigest()
-    return {
-        "answers_per_s": round(len(items) / seconds, 3),
-        "seconds": round(seconds, 1),
-        "load_s": round(load_s, 1),
-        "token_ids_sha256": digest[:16],
-    }
+    return _timing(items, rows, time.perf_counter() - t, load_s)
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from abstain_guard.calibration.build.config import CalibrationConfig
 from abstain_guard.calibration.build.datasets import QAItem
+from abstain_guard.calibration.build.generation import plan_chunks
 from abstain_guard.calibration.build.store import RunStore, content_key
 from abstain_guard.chat_models import ChatModelSpec, bind_budget
 from abstain_guard.errors import CalibrationError, LogprobsMissingError, ScoringError
@@ -104,43 +105,37 @@ def generate_api_answers(
         kind: question_prompt(config.system_prompt, kind) | bind_budget(model, budget)
         for kind, budget in budgets.items()
     }
-    by_kind: dict[str, list[QAItem]] = {}
-    for it in items:
-        by_kind.setdefault(it.kind, []).append(it)
     bar = tqdm(total=len(items), desc="asking", disable=not progress, unit="q")
     bar.update(sum(1 for it in items if keys[it.id] in done))
-    size, chunk_index = config.batch_size, 0
-    for kind, kind_items in by_kind.items():
-        for start in range(0, len(kind_items), size):
-            chunk = kind_items[start : start + size]
-            chunk_index += 1
-            todo = [it for it in chunk if keys[it.id] not in done]
-            if not todo:
-                continue
-            outputs = chains[kind].batch(
-                [{"question": it.prompt_text()} for it in todo],
-                config={"max_concurrency": size},
-                return_exceptions=True,
-            )
-            fresh, failed = {}, []
-            for it, out in zip(todo, outputs, strict=True):
-                if isinstance(out, BaseException):
-                    failed.append((it, out))
-                else:
-                    fresh[keys[it.id]] = api_answer_row(it, out, config)
-            store.put_many("generation", fresh)
-            done.update(fresh)
-            bar.update(len(fresh))
-            if failed:
-                it, exc = failed[0]
-                raise CalibrationError(
-                    f"The API chat model {_label(config)} failed on {len(failed)} questions, "
-                    f"the first {it.id!r}: {type(exc).__name__}: {exc}. The answers received "
-                    "are cached; fix the cause (server, key, rate limit) and run again to "
-                    "send only the rest."
-                ) from exc
-            if on_chunk is not None:
-                on_chunk(chunk_index)
+    size = config.batch_size
+    for chunk_index, chunk in plan_chunks(items, size):
+        todo = [it for it in chunk if keys[it.id] not in done]
+        if not todo:
+            continue
+        outputs = chains[chunk[0].kind].batch(
+            [{"question": it.prompt_text()} for it in todo],
+            config={"max_concurrency": size},
+            return_exceptions=True,
+        )
+        fresh, failed = {}, []
+        for it, out in zip(todo, outputs, strict=True):
+            if isinstance(out, BaseException):
+                failed.append((it, out))
+            else:
+                fresh[keys[it.id]] = api_answer_row(it, out, config)
+        store.put_many("generation", fresh)
+        done.update(fresh)
+        bar.update(len(fresh))
+        if failed:
+            it, exc = failed[0]
+            raise CalibrationError(
+                f"The API chat model {_label(config)} failed on {len(failed)} questions, "
+                f"the first {it.id!r}: {type(exc).__name__}: {exc}. The answers received "
+                "are cached; fix the cause (server, key, rate limit) and run again to "
+                "send only the rest."
+            ) from exc
+        if on_chunk is not None:
+            on_chunk(chunk_index)
     bar.close()
     return {it.id: {**done[keys[it.id]], "key": keys[it.id]} for it in items}
 

@@ -88,6 +88,21 @@ def _gen_params(config: CalibrationConfig, item: QAItem) -> dict[str, Any]:
 HELD_OUT = ("calibration", "test")
 
 
+def plan_chunks(items: Sequence[QAItem], size: int) -> list[tuple[int, list[QAItem]]]:
+    """The chunks a run generates: ``(index, questions)``, at most ``size`` questions of one
+    kind each, kinds in order of first appearance, indices from 1. Fixed by the order of
+    ``items`` alone, so a resumed run (or a Ray run) has the same chunks as the first."""
+    by_kind: dict[str, list[QAItem]] = {}
+    for it in items:
+        by_kind.setdefault(it.kind, []).append(it)
+    chunks = [
+        kind_items[start : start + size]
+        for kind_items in by_kind.values()
+        for start in range(0, len(kind_items), size)
+    ]
+    return list(enumerate(chunks, start=1))
+
+
 def generate_answers(
     model: Any,
     items: Sequence[QAItem],
@@ -157,19 +172,13 @@ def generate_answers(
         for it in items
     }
     done = store.get_many("generation", list(keys.values()))
-    by_kind: dict[str, list[QAItem]] = {}
-    for it in items:
-        by_kind.setdefault(it.kind, []).append(it)
     bar = tqdm(total=len(items), desc="generating", disable=not progress, unit="q")
     bar.update(sum(1 for it in items if keys[it.id] in done))
-    todo: list[tuple[int, list[QAItem]]] = []
-    chunk_index = 0
-    for kind_items in by_kind.values():
-        for start in range(0, len(kind_items), size):
-            chunk = kind_items[start : start + size]
-            chunk_index += 1
-            if not all(keys[it.id] in done for it in chunk):
-                todo.append((chunk_index, chunk))
+    todo = [
+        (index, chunk)
+        for index, chunk in plan_chunks(items, size)
+        if not all(keys[it.id] in done for it in chunk)
+    ]
 
     def store_chunk(index: int, chunk: list[QAItem], outputs: list[ChunkAnswer]) -> None:
         fresh = {}

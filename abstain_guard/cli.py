@@ -38,7 +38,7 @@ def _positive(value: int | None, option: str) -> None:
 
 def _check_out(out: str | Path) -> Path:
     """A report directory: absent or a directory, under a writable one (only it is written)."""
-    from abstain_guard.calibration.build.preflight import check_writable_location
+    from abstain_guard.calibration.building.preflight import check_writable_location
 
     path = Path(out)
     check_writable_location(path, "--out")
@@ -49,7 +49,7 @@ def _cache_dir(args: argparse.Namespace) -> Path:
     """Where evaluate/--live keep answers and verdicts: ``--cache-dir`` if given, else
     ``<out>/cache`` (never where an artifact's metadata points)."""
     if args.cache_dir:
-        from abstain_guard.calibration.build.preflight import check_writable_location
+        from abstain_guard.calibration.building.preflight import check_writable_location
 
         check_writable_location(Path(args.cache_dir), "--cache-dir")
         return Path(args.cache_dir)
@@ -71,8 +71,8 @@ def _all_at_once(*checks: Any) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from abstain_guard.calibration.build.config import CalibrationConfig
-    from abstain_guard.calibration.build.pipeline import calibrate
+    from abstain_guard.calibration.building.config import CalibrationConfig
+    from abstain_guard.calibration.building.pipeline import calibrate
 
     overrides = {
         "limit": args.limit,
@@ -252,12 +252,17 @@ def _demo(args: argparse.Namespace) -> int:
         lambda: _check_out(args.out),
         lambda: _positive(args.questions, "--questions"),
         lambda: _guard_config(None),
+        lambda: GuardConfig.from_dict(
+            {"mode": "risk", "risk_target": args.risk_target, "delta": args.delta}
+        ),
     )
     return run_demo(
         Path(args.artifact),
         out=Path(args.out),
         n_questions=args.questions,
         guard_config=_guard_config(None),
+        risk_target=args.risk_target,
+        delta=args.delta,
     )
 
 
@@ -459,6 +464,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--artifact", default=str(DEFAULT_ARTIFACT_DIR), help="artifact directory")
     demo.add_argument("--out", default="demo_report", help="where to write the report")
     demo.add_argument("--questions", type=int, default=24, help="how many questions to ask")
+    demo.add_argument(
+        "--risk-target",
+        type=float,
+        default=0.35,
+        help="ε of the risk mode the demo leads with (at most this share of answers wrong)",
+    )
+    demo.add_argument("--delta", type=float, default=0.1, help="δ of the risk mode")
     demo.set_defaults(func=_demo)
 
     srv = sub.add_parser(

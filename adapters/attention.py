@@ -2,19 +2,23 @@
 
 Attention probabilities are obtained through a function registered with transformers'
 ``AttentionInterface`` (with the matching ``AttentionMaskInterface`` entry). Outside an
-active :class:`~abstain_guard.adapters.capture.CaptureSession` in the calling context it is
-exactly ``sdpa``; inside one, the fused sdpa kernel still produces the layer output and the
-session also receives the real query/key/value tensors (after RoPE and q/k norms) with the
-real mask and scaling, from which :func:`row_probabilities` computes explicit
-probabilities for the rows of interest only.
+active session in the calling context it is exactly ``sdpa``; inside one, the fused sdpa
+kernel still produces the layer output and the session also receives the real
+query/key/value tensors (after RoPE and q/k norms) with the real mask and scaling, from which
+it computes explicit probabilities for the rows of interest only
+(:func:`~abstain_guard.adapters.geometry_torch.row_probabilities`).
+
+This module is the one home of the active-session state (:data:`ACTIVE_SESSION`); it knows
+a session only by the :class:`AttentionObserver` protocol, so imports run one way:
+``capture`` and ``batching`` import this module, never the reverse.
 """
 
 from __future__ import annotations
 
 import contextvars
 from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -22,15 +26,43 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-if TYPE_CHECKING:  # capture.py imports this module at run time
-    from .capture import CaptureSession
+
+class AttentionObserver(Protocol):
+    """What the attention function needs of a capture session
+    (:class:`~abstain_guard.adapters.capture.CaptureSession` is one)."""
+
+    @property
+    def needs_attention(self) -> bool:
+        """Whether the session reads attention tensors (full capture) or only states."""
+        ...
+
+    def owns(self, module: nn.Module) -> bool:
+        """Whether ``module`` is an attention module this session captures."""
+        ...
+
+    def on_attention(
+        self,
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None,
+        scaling: float | torch.Tensor | None,
+    ) -> None:
+        """Receive the real query/key/value tensors, mask and scaling of one layer call."""
+        ...
+
+    def attach(self) -> AbstractContextManager[Any]:
+        """Install the session's hooks and activate it in this context (undone on exit)."""
+        ...
+
 
 #: Name under which the capturing attention function is registered in transformers.
 ATTENTION_NAME = "abstain_guard_geometry"
 
 #: The session capturing in the calling context (a context variable, so threads and tasks
 #: that share a model never see each other's session).
-ACTIVE_SESSION: contextvars.ContextVar[CaptureSession | None] = contextvars.ContextVar(
+ACTIVE_SESSION: contextvars.ContextVar[AttentionObserver | None] = contextvars.ContextVar(
     "abstain_guard_capture_session", default=None
 )
 
@@ -65,7 +97,7 @@ def register_attention() -> str:
 
 
 @contextmanager
-def capture_mode(hf_model: Any, session: CaptureSession | None) -> Iterator[None]:
+def capture_mode(hf_model: Any, session: AttentionObserver | None) -> Iterator[None]:
     """Switch the attention implementation and attach hooks for one call (undone after).
 
     With ``session=None`` nothing changes (the model runs its own attention); a session that
@@ -88,46 +120,10 @@ def capture_mode(hf_model: Any, session: CaptureSession | None) -> Iterator[None
         cfg._attn_implementation = previous
 
 
-def row_probabilities(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    mask: torch.Tensor | None,
-    scaling: float | torch.Tensor | None,
-    rows: slice,
-    q_len: int,
-) -> torch.Tensor:
-    """Attention probabilities of the query rows ``rows``, ``[..., H, R, S_k]`` (float32).
-
-    ``query [..., H, Q, Dh]``, ``key [..., H_kv, S_k, Dh]``; leading dims broadcast. ``mask``
-    is the model's mask (bool or additive); without one, the block of ``q_len`` new
-    positions is masked causally. A fully masked row (padding) comes out as NaN.
-    """
-    *lead, h, _, dh = query.shape
-    hkv, s_k = key.shape[-3], key.shape[-2]
-    n_rep = h // hkv
-    r = rows.stop - rows.start
-    q_rows = query[..., rows, :].float()
-    scores = torch.matmul(
-        q_rows.reshape(*lead, hkv, n_rep * r, dh), key.float().transpose(-1, -2)
-    ).view(*lead, h, r, s_k)
-    scores = scores * (scaling if scaling is not None else dh**-0.5)
-    if mask is not None:
-        m = mask[..., rows, :]
-        if m.dtype == torch.bool:
-            scores = scores.masked_fill(~m, float("-inf"))
-        else:
-            scores = scores + m.float()
-    elif q_len > 1:
-        q_pos = torch.arange(rows.start, rows.stop, device=scores.device)
-        k_pos = torch.arange(s_k, device=scores.device) - (s_k - q_len)
-        scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
-    return torch.softmax(scores, dim=-1)
-
-
 __all__ = [
     "ACTIVE_SESSION",
     "ATTENTION_NAME",
+    "AttentionObserver",
     "capture_mode",
     "register_attention",
-    "row_probabilities",
 ]

@@ -37,9 +37,9 @@ from torch import nn
 from abstain_guard.errors import InvalidInputError
 
 from .architectures import ArchitectureSpec
-from .attention import ACTIVE_SESSION, row_probabilities
+from .attention import ACTIVE_SESSION
 from .capture_features import CAPTURE_MODES, StepFeatures, block_features
-from .geometry_torch import mlp_proximity
+from .geometry_torch import mlp_proximity, row_probabilities
 from .source_parts import (
     cached_numerators,
     dense_numerators,
@@ -292,7 +292,7 @@ class CaptureSession:
         key: torch.Tensor,
         value: torch.Tensor,
         mask: torch.Tensor | None,
-        scaling: float | None,
+        scaling: float | torch.Tensor | None,
     ) -> None:
         """Keep the values and the probabilities of the rows of interest for this layer
         (and, in generation, the max-norms of the new positions' ``u``)."""

@@ -57,4 +57,46 @@ def mlp_proximity(post_attn: torch.Tensor, post_mlp: torch.Tensor) -> torch.Tens
     return torch.where(den > 0, num_m / den.clamp_min(_ZERO), torch.zeros_like(den))
 
 
-__all__ = ["l1_distances", "mlp_proximity", "torch_angles", "torch_proximity"]
+def row_probabilities(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float | torch.Tensor | None,
+    rows: slice,
+    q_len: int,
+) -> torch.Tensor:
+    """Attention probabilities of the query rows ``rows``, ``[..., H, R, S_k]`` (float32).
+
+    ``query [..., H, Q, Dh]``, ``key [..., H_kv, S_k, Dh]``; leading dims broadcast. ``mask``
+    is the model's mask (bool or additive); without one, the block of ``q_len`` new
+    positions is masked causally. A fully masked row (padding) comes out as NaN.
+    """
+    *lead, h, _, dh = query.shape
+    hkv, s_k = key.shape[-3], key.shape[-2]
+    n_rep = h // hkv
+    r = rows.stop - rows.start
+    q_rows = query[..., rows, :].float()
+    scores = torch.matmul(
+        q_rows.reshape(*lead, hkv, n_rep * r, dh), key.float().transpose(-1, -2)
+    ).view(*lead, h, r, s_k)
+    scores = scores * (scaling if scaling is not None else dh**-0.5)
+    if mask is not None:
+        m = mask[..., rows, :]
+        if m.dtype == torch.bool:
+            scores = scores.masked_fill(~m, float("-inf"))
+        else:
+            scores = scores + m.float()
+    elif q_len > 1:
+        q_pos = torch.arange(rows.start, rows.stop, device=scores.device)
+        k_pos = torch.arange(s_k, device=scores.device) - (s_k - q_len)
+        scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
+__all__ = [
+    "l1_distances",
+    "mlp_proximity",
+    "row_probabilities",
+    "torch_angles",
+    "torch_proximity",
+]

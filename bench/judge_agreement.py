@@ -51,14 +51,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from langchain_core.prompts import ChatPromptTemplate
 
-from abstain_guard.calibration.build.judges import (
+from abstain_guard.calibration.building.judges import (
     Judge,
     Judgment,
     LexicalJudge,
     LLMJudge,
     summarize_judgments,
 )
-from abstain_guard.calibration.build.probe import builtin_probe_set
+from abstain_guard.calibration.building.probe import builtin_probe_set
 from abstain_guard.prompts import build_messages
 
 #: A few-shot grading prompt that also suits base models (the last turn is the verdict).

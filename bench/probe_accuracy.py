@@ -47,9 +47,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np
 
-from abstain_guard.calibration.build.datasets import QAItem
-from abstain_guard.calibration.build.judges import LexicalJudge
-from abstain_guard.calibration.build.probe import PROBE_RELATIONS_V2, builtin_probe_set
+from abstain_guard.calibration.building.datasets import QAItem
+from abstain_guard.calibration.building.judges import LexicalJudge
+from abstain_guard.calibration.building.probe import PROBE_RELATIONS_V2, builtin_probe_set
 from abstain_guard.prompts import build_messages
 
 

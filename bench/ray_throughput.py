@@ -6,7 +6,7 @@ For each replica count, a fresh local Ray cluster (``--cpus`` CPUs) starts that 
 of the embedded model (each with the driver's torch thread count, as ``calibrate`` does, so
 the answers are bitwise the local run's), waits until they are loaded, then generates the
 first ``--questions`` built-in probe questions through
-:meth:`~abstain_guard.calibration.build.executors.RayExecutor.generate` in the chunks a local
+:meth:`~abstain_guard.calibration.building.executors.RayExecutor.generate` in the chunks a local
 run uses (``batch_size`` questions, one kind per chunk; no capture, as train / held-out
 generation without means). Model loading is timed apart. Also checks that both runs gave the
 same answers (token ids), and, as the baseline, times the same chunks generated in this
@@ -22,12 +22,12 @@ import os
 import time
 from typing import Any
 
-from abstain_guard.calibration.build.config import CalibrationConfig
-from abstain_guard.calibration.build.datasets import QAItem
-from abstain_guard.calibration.build.executors import RayExecutor, local_threads
-from abstain_guard.calibration.build.generation import generate_chunk, plan_chunks
-from abstain_guard.calibration.build.pipeline import load_model
-from abstain_guard.calibration.build.probe import builtin_probe_set
+from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.datasets import QAItem
+from abstain_guard.calibration.building.executors import RayExecutor, local_threads
+from abstain_guard.calibration.building.generation import generate_chunk, plan_chunks
+from abstain_guard.calibration.building.pipeline import load_model
+from abstain_guard.calibration.building.probe import builtin_probe_set
 
 
 def _timing(

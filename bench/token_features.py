@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 
 from abstain_guard import GuardArtifact
-from abstain_guard.calibration.build.config import CalibrationConfig
-from abstain_guard.calibration.build.generation import generate_answers, generated_pairs
-from abstain_guard.calibration.build.pipeline import build_judges, judge_answers, load_model
-from abstain_guard.calibration.build.preflight import preflight
-from abstain_guard.calibration.build.store import RunStore
+from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.generation import generate_answers, generated_pairs
+from abstain_guard.calibration.building.pipeline import build_judges, judge_answers, load_model
+from abstain_guard.calibration.building.preflight import preflight
+from abstain_guard.calibration.building.store import RunStore
 from abstain_guard.calibration.inference.features import token_block
 from abstain_guard.metadata import ResponseMetadata
 

@@ -4,13 +4,13 @@ Three parts, named for when their code runs:
 
 * :mod:`.inference` — scorers the guard runs on every answer (geometry scorer, its XGBoost
   calibrator, the model-based baselines), loaded from an artifact by the scorer registry;
-* :mod:`.build` — building an artifact once, offline: data sets, the built-in probe set,
+* :mod:`.building` — building an artifact once, offline: data sets, the built-in probe set,
   judges, the calibration pipeline and its run cache (``abstain-guard calibrate``);
 * :mod:`.measure` — measuring an artifact: held-out evaluation against baselines, metrics
   with bootstrap intervals, the resplit simulation, the report, the demo and the live
   deployment check (``abstain-guard evaluate``, ``report``, ``demo``).
 
-``measure`` imports ``build`` and ``inference``; ``build`` imports ``inference`` only to fit
+``measure`` imports ``building`` and ``inference``; ``building`` imports ``inference`` only to fit
 a scorer; ``inference`` imports neither. See ``docs/architecture.md``.
 
 Typical use::
@@ -23,13 +23,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from abstain_guard.calibration.build.config import CalibrationConfig
-from abstain_guard.calibration.build.dataset_files import load_dataset
-from abstain_guard.calibration.build.datasets import QAItem, split_items
-from abstain_guard.calibration.build.judges import Judge, Judgment, make_judge
-from abstain_guard.calibration.build.named_datasets import load_named_dataset
-from abstain_guard.calibration.build.pipeline import CalibrationSummary, calibrate
-from abstain_guard.calibration.build.probe import builtin_probe_set
+from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.dataset_files import load_dataset
+from abstain_guard.calibration.building.datasets import QAItem, split_items
+from abstain_guard.calibration.building.judges import Judge, Judgment, make_judge
+from abstain_guard.calibration.building.named_datasets import load_named_dataset
+from abstain_guard.calibration.building.pipeline import CalibrationSummary, calibrate
+from abstain_guard.calibration.building.probe import builtin_probe_set
 from abstain_guard.lazy import lazy_attributes
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ import pytest
 import abstain_guard.chains
 from abstain_guard import cli
 from abstain_guard.artifact import GuardArtifact
-from abstain_guard.calibration.build import pipeline, preflight
+from abstain_guard.calibration.building import pipeline, preflight
 from abstain_guard.calibration.measure import deployment_check, held_out
 from abstain_guard.errors import (
     ConfigError,

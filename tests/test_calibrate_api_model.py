@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from abstain_guard import GuardArtifact, GuardConfig
-from abstain_guard.calibration.build.config import CalibrationConfig
-from abstain_guard.calibration.build.pipeline import calibrate
-from abstain_guard.calibration.build.probe import builtin_probe_set
+from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.pipeline import calibrate
+from abstain_guard.calibration.building.probe import builtin_probe_set
 from abstain_guard.chains import load_guard_chain
 from abstain_guard.errors import ArtifactMismatchError, LogprobsMissingError
 from abstain_guard.serve.passthrough import ModelService

@@ -19,7 +19,7 @@ from tiny_models import tiny_chat_model
 
 from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.adapters.scheduler import scheduler_for
-from abstain_guard.calibration.build.pipeline import calibrate
+from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.chains import load_guard_chain
 from abstain_guard.deployment import DeploymentRecord
 from abstain_guard.errors import ArtifactMismatchError

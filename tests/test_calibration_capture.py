@@ -21,18 +21,18 @@ from tiny_models import char_tokenizer, tiny_chat_model, tiny_hf_model
 
 from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.adapters import GeometryChatModel
-from abstain_guard.calibration.build.generation import (
+from abstain_guard.calibration.building.generation import (
     STATES_NS,
     generate_answers,
     generated_pairs,
     means_digest,
 )
-from abstain_guard.calibration.build.online_geometry import (
+from abstain_guard.calibration.building.online_geometry import (
     fit_reference_means,
     reference_responses,
 )
-from abstain_guard.calibration.build.pipeline import calibrate
-from abstain_guard.calibration.build.store import RunStore
+from abstain_guard.calibration.building.pipeline import calibrate
+from abstain_guard.calibration.building.store import RunStore
 from abstain_guard.calibration.inference.features import token_block
 from abstain_guard.chains import load_guard_chain
 from abstain_guard.errors import CacheError

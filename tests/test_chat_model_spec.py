@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from abstain_guard.calibration.build.config import CalibrationConfig
-from abstain_guard.calibration.build.pipeline import calibrate
+from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.chat_models import (
     ChatModelRecord,
     ChatModelSpec,

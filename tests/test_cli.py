@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from abstain_guard.calibration.build import pipeline
+from abstain_guard.calibration.building import pipeline
 from abstain_guard.calibration.measure.results import evaluate_scores
 from abstain_guard.cli import main
 

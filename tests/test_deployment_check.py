@@ -17,7 +17,7 @@ from test_pipeline_resume import ITEMS, HashJudge, _config, _judges
 from tiny_models import tiny_chat_model
 
 from abstain_guard import GuardArtifact, GuardConfig
-from abstain_guard.calibration.build.pipeline import calibrate
+from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.measure.deployment_check import live_check
 from abstain_guard.calibration.measure.held_out import artifact_items
 from abstain_guard.errors import DatasetError

@@ -26,7 +26,7 @@ from tiny_models import FAMILIES, tiny_chat_model
 
 from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.adapters import ReferenceMeans, ReplayResult
-from abstain_guard.calibration.build.pipeline import calibrate
+from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.inference.features import (
     family_slices,
     feature_width,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from abstain_guard.calibration.build.judges import (
+from abstain_guard.calibration.building.judges import (
     JUDGE_NAMES,
     ChoiceJudge,
     Judgment,

@@ -21,7 +21,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 
-from abstain_guard.calibration.build.judges import (
+from abstain_guard.calibration.building.judges import (
     ChoiceJudge,
     Judge,
     Judgment,
@@ -32,7 +32,7 @@ from abstain_guard.calibration.build.judges import (
     SimilarityJudge,
     summarize_judgments,
 )
-from abstain_guard.calibration.build.judges.cache import CachedJudge, JudgmentCache, judgment_key
+from abstain_guard.calibration.building.judges.cache import CachedJudge, JudgmentCache, judgment_key
 from abstain_guard.errors import DatasetError
 
 PQ = "What is the capital of France?"

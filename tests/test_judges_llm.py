@@ -19,7 +19,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import Field, PrivateAttr
 
-from abstain_guard.calibration.build.judges import (
+from abstain_guard.calibration.building.judges import (
     Judge,
     Judgment,
     LexicalJudge,
@@ -30,7 +30,7 @@ from abstain_guard.calibration.build.judges import (
     make_judge,
     parse_verdict,
 )
-from abstain_guard.calibration.build.judges.cache import CachedJudge, JudgmentCache, judgment_key
+from abstain_guard.calibration.building.judges.cache import CachedJudge, JudgmentCache, judgment_key
 from abstain_guard.errors import JudgeError
 
 

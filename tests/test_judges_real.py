@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from abstain_guard.calibration.build.judges import (
+from abstain_guard.calibration.building.judges import (
     Judgment,
     LLMJudge,
     PaperPipelineJudge,

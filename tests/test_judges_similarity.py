@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from abstain_guard.calibration.build.judges import SimilarityJudge, make_judge
+from abstain_guard.calibration.building.judges import SimilarityJudge, make_judge
 
 
 class FakeEncoder:

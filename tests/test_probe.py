@@ -8,9 +8,9 @@ from collections import Counter
 
 import pytest
 
-from abstain_guard.calibration.build.datasets import QAItem, split_items
-from abstain_guard.calibration.build.judges import LexicalJudge, normalize_answer
-from abstain_guard.calibration.build.probe import (
+from abstain_guard.calibration.building.datasets import QAItem, split_items
+from abstain_guard.calibration.building.judges import LexicalJudge, normalize_answer
+from abstain_guard.calibration.building.probe import (
     PROBE_RELATIONS,
     PROBE_RELATIONS_V1,
     PROBE_RELATIONS_V2,

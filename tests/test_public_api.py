@@ -17,8 +17,8 @@ PACKAGES = (
     "abstain_guard.adapters",
     "abstain_guard.calibration",
     "abstain_guard.calibration.inference",
-    "abstain_guard.calibration.build",
-    "abstain_guard.calibration.build.judges",
+    "abstain_guard.calibration.building",
+    "abstain_guard.calibration.building.judges",
     "abstain_guard.calibration.measure",
     "abstain_guard.serve",
 )

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from abstain_guard.calibration.build import pipeline
-from abstain_guard.calibration.build.config import CalibrationConfig
-from abstain_guard.calibration.build.datasets import QAItem
-from abstain_guard.calibration.build.judges import Judge, Judgment
-from abstain_guard.calibration.build.judges.cache import CachedJudge, JudgmentCache
-from abstain_guard.calibration.build.pipeline import calibrate
-from abstain_guard.calibration.build.store import RunLock, RunStore, run_locks
+from abstain_guard.calibration.building import pipeline
+from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.datasets import QAItem
+from abstain_guard.calibration.building.judges import Judge, Judgment
+from abstain_guard.calibration.building.judges.cache import CachedJudge, JudgmentCache
+from abstain_guard.calibration.building.pipeline import calibrate
+from abstain_guard.calibration.building.store import RunLock, RunStore, run_locks
 from abstain_guard.errors import CacheError, CalibrationError, CalibrationLockedError
 
 

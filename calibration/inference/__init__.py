@@ -72,7 +72,7 @@ __all__ = [
 ]
 
 # Lazy: these modules import torch, transformers and xgboost. The guard imports one scorer
-# module through the registry, and build/ uses aux_models; neither should load every family.
+# module through the registry, and building/ uses aux_models; neither should load every family.
 _HOME = {
     "AttentionScoreScorer": "abstain_guard.calibration.inference.attention",
     "attention_score": "abstain_guard.calibration.inference.attention",

@@ -16,7 +16,7 @@ Modules, from the commands down to the arithmetic:
 * :mod:`.metrics` — AUROC, AUPRC, PRR and their bootstrap intervals;
 * :mod:`.report`, :mod:`.tables`, :mod:`.plots` — ``report.md``, its tables and figures.
 
-``measure`` sits on top: it imports ``build`` and ``inference``, which never import it.
+``measure`` sits on top: it imports ``building`` and ``inference``, which never import it.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ __all__ = [
     "write_report",
 ]
 
-# Lazy: the commands load models (torch, transformers) through build/ and inference/; importing
+# Lazy: the commands load models (torch, transformers) through building/ and inference/; importing
 # the metrics or writing a report from results.json must not pay for that.
 _COMMANDS = {
     "evaluate": "abstain_guard.calibration.measure.held_out",

@@ -1,4 +1,8 @@
-"""``abstain-guard demo``: the shipped default guard on held-out questions."""
+"""``abstain-guard demo``: the shipped default guard on held-out questions.
+
+Leads with risk mode (what the guard is for: at most ε of answered questions wrong, with
+probability 1−δ), shows participation mode on the same answers, and ends with a summary
+table beside the model without the guard."""
 
 from __future__ import annotations
 
@@ -8,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from abstain_guard.artifact import GuardArtifact
-from abstain_guard.calibration.build.judges import LexicalJudge
-from abstain_guard.calibration.build.probe import builtin_probe_set
+from abstain_guard.calibration.building.judges import LexicalJudge
+from abstain_guard.calibration.building.probe import builtin_probe_set
 from abstain_guard.chains import load_guard_chain
 from abstain_guard.config import GuardConfig
 from abstain_guard.decision import DecisionRule
-from abstain_guard.errors import ArtifactNotFoundError
+from abstain_guard.errors import ArtifactNotFoundError, UncertifiableTargetError
 from abstain_guard.frontier import smallest_certifiable_risk
 
 
@@ -33,21 +37,37 @@ def pick_questions(items: list[Any], ids: list[str], n: int) -> list[Any]:
     return picked
 
 
+RISK_TARGET = 0.35
+"""ε of the demo's risk mode: the target the shipped guard is calibrated for
+(``configs/default_guard_risk.yaml``), certified with about a quarter of questions answered."""
+
 RISK_DELTA = 0.1
 """δ of the demo's risk mode."""
 
 
-def _risk_rule(artifact: GuardArtifact) -> DecisionRule:
-    """Risk mode at the smallest risk target the artifact certifies at :data:`RISK_DELTA`
-    (abstain on everything when it certifies none)."""
-    smallest = smallest_certifiable_risk(artifact.scores, artifact.correct, RISK_DELTA)
+def risk_config(artifact: GuardArtifact, risk_target: float, delta: float) -> GuardConfig:
+    """Risk mode at ``risk_target`` when the artifact certifies it at ``delta``; otherwise at
+    the smallest target it does certify (abstain on everything when it certifies none)."""
+    wanted = GuardConfig(mode="risk", risk_target=risk_target, delta=delta)
+    if conformal_feasible(artifact, wanted):
+        return wanted
+    smallest = smallest_certifiable_risk(artifact.scores, artifact.correct, delta)
     if smallest is None:
-        return artifact.decision_rule(
-            GuardConfig(
-                mode="risk", risk_target=0.99, delta=RISK_DELTA, on_infeasible="abstain_all"
-            )
-        )
-    return artifact.decision_rule(GuardConfig(mode="risk", risk_target=smallest, delta=RISK_DELTA))
+        return GuardConfig(mode="risk", risk_target=0.99, delta=delta, on_infeasible="abstain_all")
+    print(
+        f"note: this artifact does not certify risk_target={risk_target:g} at delta={delta:g}; "
+        f"the demo uses the smallest target it certifies, {smallest:g}"
+    )
+    return GuardConfig(mode="risk", risk_target=smallest, delta=delta)
+
+
+def conformal_feasible(artifact: GuardArtifact, config: GuardConfig) -> bool:
+    """Whether the artifact's calibration set certifies ``config``'s risk target."""
+    try:
+        artifact.decision_rule(config)
+    except UncertifiableTargetError:
+        return False
+    return True
 
 
 def _mode_summary(rows: list[dict[str, Any]], abstained_key: str) -> dict[str, Any]:
@@ -61,23 +81,68 @@ def _mode_summary(rows: list[dict[str, Any]], abstained_key: str) -> dict[str, A
     }
 
 
+def _target_text(rule: DecisionRule) -> str:
+    """The target of a rule in words: ``error ≤ 0.35 (δ 0.1)`` / ``answer 80 %``."""
+    if rule.mode == "risk":
+        delta = rule.guarantee.get("delta")
+        return f"error ≤ {rule.target:g}" + (f" (δ {delta:g})" if delta is not None else "")
+    band = rule.guarantee.get("participation_interval")
+    if isinstance(band, list | tuple) and len(band) == 2:
+        return f"answer {100 * band[0]:.1f}–{100 * band[1]:.1f} %"
+    return f"answer {100 * rule.target:.0f} %"
+
+
+def summary_table(summary: dict[str, Any]) -> list[str]:
+    """The closing table: risk mode, participation mode, and the model without the guard
+    (mode, answered, right among answered, target)."""
+    asked = summary["asked"]
+    lines = [
+        f"{'mode':<15} {'answered':>9}  {'right among answered':<22} target",
+    ]
+    for mode in ("risk", "participation"):
+        m = summary[mode]
+        right = (
+            f"{m['correct_when_answered']}/{m['answered']} ({1 - m['error_when_answered']:.2f})"
+            if m["answered"]
+            else "n/a"
+        )
+        lines.append(f"{mode:<15} {m['answered']:>6}/{asked:<2}  {right:<22} {m['target']}")
+    right_all = summary["correct_overall"]
+    lines.append(
+        f"{'without guard':<15} {asked:>6}/{asked:<2}  "
+        f"{f'{right_all}/{asked} ({right_all / max(1, asked):.2f})':<22} —"
+    )
+    return lines
+
+
 def run_demo(
-    artifact: Path, out: Path, n_questions: int = 24, guard_config: GuardConfig | None = None
+    artifact: Path,
+    out: Path,
+    n_questions: int = 24,
+    guard_config: GuardConfig | None = None,
+    risk_target: float = RISK_TARGET,
+    delta: float = RISK_DELTA,
 ) -> int:
-    """Ask held-out probe questions through the default guard, print and write a report
-    (only under ``out``); ``guard_config``: the participation-mode config (default
-    :class:`GuardConfig`)."""
+    """Ask held-out probe questions through the default guard in risk mode (the guard's
+    purpose: at most ``risk_target`` of answered questions wrong), show participation mode
+    on the same answers, print and write a report (only under ``out``).
+
+    ``guard_config``: the participation-mode config (default :class:`GuardConfig`). Every
+    number printed is computed here; none is typed in.
+    """
     if not (artifact / "manifest.json").exists():
         raise ArtifactNotFoundError(
             f"No guard artifact at {artifact}. Build the default one with `make default-guard` "
             "or calibrate your own: abstain-guard calibrate --data builtin --out guard/"
         )
     t0 = time.perf_counter()
-    chain, _, art = load_guard_chain(artifact, guard_config)
+    art = GuardArtifact.load(artifact)
+    risk_cfg = risk_config(art, risk_target, delta)
+    chain, _, art = load_guard_chain(artifact, risk_cfg)
     print(f"loaded model and guard in {time.perf_counter() - t0:.1f}s")
+    part_rule = art.decision_rule(guard_config or GuardConfig())
     items = pick_questions(builtin_probe_set(), list(art.metadata.get("test_ids", [])), n_questions)
     judge = LexicalJudge()
-    risk_rule = _risk_rule(art)
     rows = []
     t1 = time.perf_counter()
     messages = chain.batch([{"question": it.question} for it in items])
@@ -94,52 +159,59 @@ def run_demo(
                 "answer": answer,
                 "gold": list(it.answers)[:3],
                 "correct": verdict.correct,
-                "abstained": bool(info["abstained"]),
-                "risk_abstained": score is None or not risk_rule.answers(score),
+                "risk_abstained": bool(info["abstained"]),
+                "abstained": score is None or not part_rule.answers(score),
                 "score": score,
-                "threshold": float(info["threshold"]),
+                "risk_threshold": float(info["threshold"]),
+                "threshold": part_rule.threshold,
                 "returned": str(msg.content),
             }
         )
     seconds = time.perf_counter() - t1
-    info0 = messages[0].response_metadata["abstention"] if messages else {}
+    risk_info = messages[0].response_metadata["abstention"] if messages else {}
+    risk_rule = art.decision_rule(risk_cfg)
     print(
-        f"\nparticipation mode: target={info0.get('target')} "
-        f"threshold={info0.get('threshold', float('nan')):.4g}"
+        f"\nrisk mode: risk_target={risk_rule.target:g} delta={risk_cfg.delta:g} "
+        f"threshold={risk_rule.threshold:.4g}"
     )
-    print(f"guarantee: {info0.get('guarantee', {}).get('statement')}")
+    print(f"guarantee: {risk_rule.guarantee.get('statement')}")
     print(
-        f"risk mode: risk_target={risk_rule.target:g} (the smallest this artifact certifies at "
-        f"delta={RISK_DELTA:g}) threshold={risk_rule.threshold:.4g}"
+        f"participation mode (same answers): target={part_rule.target:g} "
+        f"threshold={part_rule.threshold:.4g}"
     )
-    print(f"guarantee: {risk_rule.guarantee.get('statement')}\n")
+    print(f"guarantee: {part_rule.guarantee.get('statement')}\n")
+    print("risk    | particip. | score  judged  question")
     for row in rows:
-        part = "ABSTAIN" if row["abstained"] else "ANSWER "
         risk = "ABSTAIN" if row["risk_abstained"] else "ANSWER "
+        part = "ABSTAIN" if row["abstained"] else "ANSWER "
         truth = {True: "right", False: "wrong", None: "?"}[row["correct"]]
-        print(f"{part} | {risk} score={row['score']:.3f}  [{truth:5}] {row['question']}")
+        shown = "  n/a" if row["score"] is None else f"{row['score']:.3f}"
+        print(f"{risk} | {part}   | {shown}  [{truth:5}] {row['question']}")
         print(f"        model said: {row['answer']!r}   returned: {row['returned']!r}")
     summary: dict[str, Any] = {
         "asked": len(rows),
-        "participation": _mode_summary(rows, "abstained"),
         "risk": {
             **_mode_summary(rows, "risk_abstained"),
             "risk_target": risk_rule.target,
-            "delta": RISK_DELTA,
+            "delta": risk_cfg.delta,
+            "target": _target_text(risk_rule),
+        },
+        "participation": {
+            **_mode_summary(rows, "abstained"),
+            "participation_target": part_rule.target,
+            "target": _target_text(part_rule),
         },
         "correct_overall": sum(bool(r["correct"]) for r in rows),
         "seconds_per_question": seconds / max(1, len(rows)),
     }
-    for mode in ("participation", "risk"):
-        m = summary[mode]
-        error = "n/a" if m["error_when_answered"] is None else f"{m['error_when_answered']:.2f}"
-        target = f" (target ≤ {risk_rule.target:g})" if mode == "risk" else ""
-        print(
-            f"{mode} mode: answered {m['answered']}/{len(rows)}, {m['correct_when_answered']} "
-            f"of them right; error among answered {error}{target}"
-        )
-    print(f"without the guard {summary['correct_overall']}/{len(rows)} would be right.")
-    write_demo_report(out, rows, summary, info0, art.metadata)
+    print()
+    for line in summary_table(summary):
+        print(line)
+    print(
+        f"\n{len(rows)} questions in {seconds:.1f}s; the targets hold over the calibration "
+        "draw, not on every 24 questions (docs/guarantees.md)."
+    )
+    write_demo_report(out, rows, summary, risk_info, art.metadata)
     print(f"report: {out / 'report.md'}")
     return 0
 
@@ -160,30 +232,26 @@ def write_demo_report(
         "calibration": {k: metadata.get(k) for k in ("split_sizes", "accuracy", "judge")},
     }
     (out / "results.json").write_text(json.dumps(payload, indent=2, default=str))
-    part, risk = summary["participation"], summary["risk"]
     lines = [
         "# abstain-guard demo",
         "",
-        f"Scorer `{guard_info.get('scorer')}` on {summary['asked']} held-out questions, in both "
-        "modes:",
+        f"Scorer `{guard_info.get('scorer')}` on {summary['asked']} held-out questions: risk "
+        "mode (the guard deployed), and participation mode on the same answers.",
         "",
-        f"- participation mode (target {guard_info.get('target')}): answered "
-        f"{part['answered']}, {part['correct_when_answered']} right;",
-        f"- risk mode (risk_target {risk['risk_target']:g}, delta {risk['delta']:g}: the "
-        f"smallest target this artifact certifies): answered {risk['answered']}, "
-        f"{risk['correct_when_answered']} right, error among answered "
-        + ("n/a" if risk["error_when_answered"] is None else f"{risk['error_when_answered']:.2f}")
-        + ".",
+        "```",
+        *summary_table(summary),
+        "```",
         "",
-        "| participation mode | risk mode | score | judged | question | model answer |",
+        "| risk mode | participation mode | score | judged | question | model answer |",
         "|---|---|---:|---|---|---|",
     ]
     for r in rows:
         decision = "abstain" if r["abstained"] else "answer"
         risk_decision = "abstain" if r["risk_abstained"] else "answer"
         truth = {True: "right", False: "wrong", None: "?"}[r["correct"]]
+        shown = "n/a" if r["score"] is None else f"{r['score']:.3f}"
         lines.append(
-            f"| {decision} | {risk_decision} | {r['score']:.3f} | {truth} | {r['question']} "
+            f"| {risk_decision} | {decision} | {shown} | {truth} | {r['question']} "
             f"| {r['answer']} |"
         )
     (out / "report.md").write_text("\n".join(lines) + "\n")

@@ -22,14 +22,14 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from abstain_guard.artifact import GuardArtifact
-from abstain_guard.calibration.build.config import CalibrationConfig
-from abstain_guard.calibration.build.generation import generate_answers, replay_as_deployed
-from abstain_guard.calibration.build.pipeline import (
+from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.generation import generate_answers, replay_as_deployed
+from abstain_guard.calibration.building.pipeline import (
     build_judges,
     judge_answers,
     load_model,
 )
-from abstain_guard.calibration.build.store import RunStore
+from abstain_guard.calibration.building.store import RunStore
 from abstain_guard.calibration.measure.held_out import artifact_items
 from abstain_guard.chains import load_guard_chain
 from abstain_guard.errors import ConfigError

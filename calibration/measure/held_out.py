@@ -23,19 +23,19 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from abstain_guard.artifact import GuardArtifact
-from abstain_guard.calibration.build.config import CalibrationConfig
-from abstain_guard.calibration.build.dataset_files import load_dataset
-from abstain_guard.calibration.build.datasets import QAItem, split_items
-from abstain_guard.calibration.build.generation import generate_answers, replay_as_deployed
-from abstain_guard.calibration.build.items import BUILTIN_V1, load_items, named_spec
-from abstain_guard.calibration.build.named_datasets import load_named_dataset
-from abstain_guard.calibration.build.pipeline import (
+from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.dataset_files import load_dataset
+from abstain_guard.calibration.building.datasets import QAItem, split_items
+from abstain_guard.calibration.building.generation import generate_answers, replay_as_deployed
+from abstain_guard.calibration.building.items import BUILTIN_V1, load_items, named_spec
+from abstain_guard.calibration.building.named_datasets import load_named_dataset
+from abstain_guard.calibration.building.pipeline import (
     build_judges,
     items_digest,
     judge_answers,
     load_model,
 )
-from abstain_guard.calibration.build.store import RunStore
+from abstain_guard.calibration.building.store import RunStore
 from abstain_guard.calibration.inference.calibrated import CalibratedScorer
 from abstain_guard.calibration.inference.geometry import GeometryScorer
 from abstain_guard.calibration.inference.sampling import SampleSource

@@ -1,6 +1,6 @@
 """A small durable key-value store (SQLite) for resumable calibration runs, and the run lock.
 
-Every expensive step of :func:`~abstain_guard.calibration.build.pipeline.calibrate` writes its
+Every expensive step of :func:`~abstain_guard.calibration.building.pipeline.calibrate` writes its
 results here in transactions, so a run killed at any point and started again with the same
 command resumes without repeating finished work and without duplicates.
 

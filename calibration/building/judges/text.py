@@ -18,7 +18,7 @@ Normalisation (:func:`answer_tokens`, :func:`normalize_answer`):
 * Number words are not digits: ``"two"`` does not match ``"2"`` (data sets list such aliases;
   the LLM judges handle the rest).
 
-Everything here is re-exported by :mod:`abstain_guard.calibration.build.judges`.
+Everything here is re-exported by :mod:`abstain_guard.calibration.building.judges`.
 """
 
 from __future__ import annotations

@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from abstain_guard import conformal
-from abstain_guard.calibration.build.config import CalibrationConfig
-from abstain_guard.calibration.build.dataset_files import load_dataset
-from abstain_guard.calibration.build.datasets import QAItem
-from abstain_guard.calibration.build.judges.text import alias_tokens
-from abstain_guard.calibration.build.named_datasets import NAMED_DATASETS, load_named_dataset
-from abstain_guard.calibration.build.probe import PROBE_RELATIONS_V1, builtin_probe_set
+from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.dataset_files import load_dataset
+from abstain_guard.calibration.building.datasets import QAItem
+from abstain_guard.calibration.building.judges.text import alias_tokens
+from abstain_guard.calibration.building.named_datasets import NAMED_DATASETS, load_named_dataset
+from abstain_guard.calibration.building.probe import PROBE_RELATIONS_V1, builtin_probe_set
 from abstain_guard.conformal import ConformalWarning
 from abstain_guard.errors import DatasetError, InsufficientDataError
 from abstain_guard.frontier import perfect_scorer_certifies

@@ -1,7 +1,7 @@
 """Calibration without replay: the geometry scorer's inputs captured while generating.
 
 For a scorer fitted on hidden-state geometry (``scorer.fit`` accepts ``reference_means``),
-:func:`~abstain_guard.calibration.build.pipeline.calibrate`
+:func:`~abstain_guard.calibration.building.pipeline.calibrate`
 
 1. generates the reference split (batched) capturing Ω, Θ and the per-token states, which
    go to the run cache as arrays beside the answer (``capture="states"``);
@@ -32,15 +32,15 @@ from tqdm.auto import tqdm
 
 from abstain_guard.adapters import ReferenceMeans, TokenStates
 from abstain_guard.adapters.geometry import phi_from_states
-from abstain_guard.calibration.build.config import FIT_SCORERS, CalibrationConfig
-from abstain_guard.calibration.build.datasets import QAItem
-from abstain_guard.calibration.build.generation import (
+from abstain_guard.calibration.building.config import FIT_SCORERS, CalibrationConfig
+from abstain_guard.calibration.building.datasets import QAItem
+from abstain_guard.calibration.building.generation import (
     STATES_NS,
     generated_pairs,
     means_digest,
     replay_as_deployed,
 )
-from abstain_guard.calibration.build.store import RunStore
+from abstain_guard.calibration.building.store import RunStore
 from abstain_guard.calibration.inference.features import with_capture
 from abstain_guard.errors import CalibrationError
 

@@ -1,7 +1,7 @@
 """Rule-based judges: :class:`LexicalJudge` (open questions), :class:`NumericJudge` (math) and
 :class:`ChoiceJudge` (multiple choice). Text analysis lives in
-:mod:`abstain_guard.calibration.build.judges.text`; everything here is re-exported by
-:mod:`abstain_guard.calibration.build.judges`.
+:mod:`abstain_guard.calibration.building.judges.text`; everything here is re-exported by
+:mod:`abstain_guard.calibration.building.judges`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import re
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
-from abstain_guard.calibration.build.judges.base import Judge, Judgment
-from abstain_guard.calibration.build.judges.text import (
+from abstain_guard.calibration.building.judges.base import Judge, Judgment
+from abstain_guard.calibration.building.judges.text import (
     _contains_tokens,
     alias_tokens,
     answer_tokens,
@@ -80,7 +80,7 @@ def _refusal(aliases: Sequence[Sequence[str]], prediction: str) -> str | None:
 
 class LexicalJudge(Judge):
     """Normalised whole-token matching against every gold alias (see
-    :mod:`~abstain_guard.calibration.build.judges.text` for the normalisation: accents and case
+    :mod:`~abstain_guard.calibration.building.judges.text` for the normalisation: accents and case
     folded, one leading article dropped, articles inside an alias kept — ``"Vitamin A"`` never
     matches ``"Vitamin C"``).
 
@@ -97,16 +97,16 @@ class LexicalJudge(Judge):
 
     * **Empty prediction** → incorrect.
     * **Refusal** → incorrect with ``Judgment.refusal=True``: the prediction contains a phrase
-      of :data:`~abstain_guard.calibration.build.judges.text.REFUSAL_PATTERNS` ("I don't know", "no
-      comment", "I cannot answer", "I'm not sure", "unknown", "there is no answer", ...) and
-      names no gold alias outside it. This holds when the gold is itself a refusal
+      of :data:`~abstain_guard.calibration.building.judges.text.REFUSAL_PATTERNS` ("I don't
+      know", "no comment", "I cannot answer", "I'm not sure", "unknown", "there is no
+      answer", ...) and names no gold alias outside it. This holds when the gold is itself a refusal
       (TruthfulQA's "I have no comment."). An answer given despite a doubt ("I'm not sure, but
       it's Paris") is judged as an answer.
     * **Hedge** → incorrect: within one sentence, alternatives joined by ``or`` / ``/`` (with
       ``either``, and comma lists closed by ``or``: ``"Paris, Lyon or Nice"``, items of at most
       three tokens) of which one names a gold alias and another is a distinct non-empty
       candidate naming none
-      (:func:`~abstain_guard.calibration.build.judges.text.hedge_alternatives`).
+      (:func:`~abstain_guard.calibration.building.judges.text.hedge_alternatives`).
       Extra words describing the gold (``"Paris, the capital of France"``) are no hedge,
       nor are alternatives that all name gold aliases, nor ``"more or less"`` / ``"whether or
       not"``. Not detected: a bare comma list without ``or`` (``"Paris, Lyon, Nice"`` cannot be

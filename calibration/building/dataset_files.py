@@ -1,7 +1,7 @@
 """Reading QA items from a JSON Lines or CSV/TSV file with a field mapping.
 
 :func:`load_dataset` maps fields (dotted paths such as ``"question.stem"``) to
-:class:`~abstain_guard.calibration.build.datasets.QAItem`; rows without a question or an answer
+:class:`~abstain_guard.calibration.building.datasets.QAItem`; rows without a question or an answer
 are skipped and *reported* with their line numbers in :class:`DatasetReport` (and a logging
 warning), never silently.
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from abstain_guard.calibration.build.datasets import KINDS, Kind, QAItem, choice_letter
+from abstain_guard.calibration.building.datasets import KINDS, Kind, QAItem, choice_letter
 from abstain_guard.errors import DatasetError, InvalidInputError
 
 __all__ = ["DatasetReport", "SkippedRow", "load_dataset"]

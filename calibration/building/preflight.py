@@ -9,7 +9,7 @@
   scorer (geometry scorers read the model's hidden states: they need a local model), no
   ``gguf_file`` nor ``batch_decode``, and the model builds from its kwargs (no request sent);
 * the judge spec and ``scorer_params`` (nothing loaded);
-* the questions (:func:`~abstain_guard.calibration.build.items.load_items`: malformed rows,
+* the questions (:func:`~abstain_guard.calibration.building.items.load_items`: malformed rows,
   non-string answers, duplicates), their length against the context window (a character cap:
   :data:`CHARS_PER_TOKEN` characters per token of room), and the split sizes.
 
@@ -28,9 +28,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from abstain_guard.calibration.build.config import LIKELIHOOD_SCORERS, CalibrationConfig
-from abstain_guard.calibration.build.datasets import QAItem, split_items
-from abstain_guard.calibration.build.items import check_split_sizes, load_items
+from abstain_guard.calibration.building.config import LIKELIHOOD_SCORERS, CalibrationConfig
+from abstain_guard.calibration.building.datasets import QAItem, split_items
+from abstain_guard.calibration.building.items import check_split_sizes, load_items
 from abstain_guard.chat_models import ChatModelSpec
 from abstain_guard.errors import (
     AbstainGuardError,
@@ -368,7 +368,7 @@ def preflight(
         problems.append(exc)
         context = None  # every question would be too long: say it once
     if check_judge:
-        from abstain_guard.calibration.build.judges.registry import make_judge
+        from abstain_guard.calibration.building.judges.registry import make_judge
 
         attempt(lambda: make_judge(config.judge, chat_models=chat_models))
     attempt(lambda: _scorer_params(config))

@@ -21,7 +21,7 @@ Judges, from cheap to expensive:
   flip them only if both agree.
 
 Each judge has an ``identity`` string (name, parameters, model identity) that keys the
-on-disk cache (:mod:`abstain_guard.calibration.build.judges.cache`); rule-based judges carry a
+on-disk cache (:mod:`abstain_guard.calibration.building.judges.cache`); rule-based judges carry a
 ``version`` in it, bumped whenever their verdicts change.
 """
 
@@ -32,11 +32,15 @@ from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 
-from abstain_guard.calibration.build.judges.base import Judge
-from abstain_guard.calibration.build.judges.lexical import ChoiceJudge, LexicalJudge, NumericJudge
-from abstain_guard.calibration.build.judges.llm import LLMJudge
-from abstain_guard.calibration.build.judges.paper import PaperPipelineJudge, StatementRewriter
-from abstain_guard.calibration.build.judges.similarity import SimilarityJudge
+from abstain_guard.calibration.building.judges.base import Judge
+from abstain_guard.calibration.building.judges.lexical import (
+    ChoiceJudge,
+    LexicalJudge,
+    NumericJudge,
+)
+from abstain_guard.calibration.building.judges.llm import LLMJudge
+from abstain_guard.calibration.building.judges.paper import PaperPipelineJudge, StatementRewriter
+from abstain_guard.calibration.building.judges.similarity import SimilarityJudge
 from abstain_guard.errors import JudgeError
 
 __all__ = ["JUDGE_NAMES", "make_judge"]

@@ -66,9 +66,9 @@ from typing import Any
 
 import numpy as np
 
-from abstain_guard.calibration.build.datasets import QAItem
-from abstain_guard.calibration.build.judges.text import normalize_answer
-from abstain_guard.calibration.build.probe_relations import PROBE_RELATIONS_V2, relation_items
+from abstain_guard.calibration.building.datasets import QAItem
+from abstain_guard.calibration.building.judges.text import normalize_answer
+from abstain_guard.calibration.building.probe_relations import PROBE_RELATIONS_V2, relation_items
 from abstain_guard.errors import InvalidInputError
 
 __all__ = ["PROBE_RELATIONS", "PROBE_RELATIONS_V1", "PROBE_RELATIONS_V2", "builtin_probe_set"]

@@ -8,13 +8,13 @@ verdicts in the run cache.
 
 from __future__ import annotations
 
-from abstain_guard.calibration.build.judges.base import (
+from abstain_guard.calibration.building.judges.base import (
     Judge,
     JudgeInput,
     Judgment,
     summarize_judgments,
 )
-from abstain_guard.calibration.build.judges.lexical import (
+from abstain_guard.calibration.building.judges.lexical import (
     ChoiceJudge,
     LexicalJudge,
     NumericJudge,
@@ -22,11 +22,15 @@ from abstain_guard.calibration.build.judges.lexical import (
     refusal_of,
     usable_aliases,
 )
-from abstain_guard.calibration.build.judges.llm import LLMJudge, chat_model_identity, parse_verdict
-from abstain_guard.calibration.build.judges.paper import PaperPipelineJudge, StatementRewriter
-from abstain_guard.calibration.build.judges.registry import JUDGE_NAMES, make_judge
-from abstain_guard.calibration.build.judges.similarity import SimilarityJudge
-from abstain_guard.calibration.build.judges.text import (
+from abstain_guard.calibration.building.judges.llm import (
+    LLMJudge,
+    chat_model_identity,
+    parse_verdict,
+)
+from abstain_guard.calibration.building.judges.paper import PaperPipelineJudge, StatementRewriter
+from abstain_guard.calibration.building.judges.registry import JUDGE_NAMES, make_judge
+from abstain_guard.calibration.building.judges.similarity import SimilarityJudge
+from abstain_guard.calibration.building.judges.text import (
     REFUSAL_PATTERNS,
     hedge_alternatives,
     normalize_answer,

@@ -5,14 +5,14 @@ calibrate``) and its resumable run cache (:mod:`.store`)."""
 
 from __future__ import annotations
 
-from abstain_guard.calibration.build.config import CalibrationConfig
-from abstain_guard.calibration.build.dataset_files import DatasetReport, load_dataset
-from abstain_guard.calibration.build.datasets import QAItem, split_items
-from abstain_guard.calibration.build.judges import make_judge
-from abstain_guard.calibration.build.named_datasets import NAMED_DATASETS, load_named_dataset
-from abstain_guard.calibration.build.pipeline import CalibrationSummary, calibrate
-from abstain_guard.calibration.build.probe import builtin_probe_set
-from abstain_guard.calibration.build.store import RunStore
+from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.dataset_files import DatasetReport, load_dataset
+from abstain_guard.calibration.building.datasets import QAItem, split_items
+from abstain_guard.calibration.building.judges import make_judge
+from abstain_guard.calibration.building.named_datasets import NAMED_DATASETS, load_named_dataset
+from abstain_guard.calibration.building.pipeline import CalibrationSummary, calibrate
+from abstain_guard.calibration.building.probe import builtin_probe_set
+from abstain_guard.calibration.building.store import RunStore
 
 __all__ = [
     "NAMED_DATASETS",

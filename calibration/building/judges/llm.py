@@ -18,8 +18,8 @@ from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import Runnable, RunnableLambda
 from pydantic import BaseModel, Field
 
-from abstain_guard.calibration.build.judges.base import Judge, Judgment
-from abstain_guard.calibration.build.judges.lexical import refusal_verdict
+from abstain_guard.calibration.building.judges.base import Judge, Judgment
+from abstain_guard.calibration.building.judges.lexical import refusal_verdict
 from abstain_guard.errors import JudgeError
 
 __all__ = [

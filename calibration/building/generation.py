@@ -16,9 +16,9 @@ from typing import Any, Literal
 import numpy as np
 from tqdm.auto import tqdm
 
-from abstain_guard.calibration.build.config import CalibrationConfig
-from abstain_guard.calibration.build.datasets import QAItem
-from abstain_guard.calibration.build.store import RunStore, content_key
+from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.datasets import QAItem
+from abstain_guard.calibration.building.store import RunStore, content_key
 from abstain_guard.chat_models import ChatModelRecord, ChatModelSpec
 from abstain_guard.deployment import DeploymentRecord, PromptRecord
 from abstain_guard.errors import CalibrationError
@@ -143,7 +143,7 @@ def generate_answers(
     cache, the keys and the chunk boundaries are the same as a local run's.
     """
     if isinstance(config.model, ChatModelSpec):  # an API model: asked as deployed, no capture
-        from abstain_guard.calibration.build.api_generation import generate_api_answers
+        from abstain_guard.calibration.building.api_generation import generate_api_answers
 
         return generate_api_answers(
             model,

@@ -4,9 +4,9 @@
 * :func:`split_items` — the seeded reference/train/calibration/test split (5:3:1:1 by default),
   stratified by :attr:`QAItem.group` when items have one.
 
-Readers: :func:`~abstain_guard.calibration.build.dataset_files.load_dataset` (JSON Lines or
+Readers: :func:`~abstain_guard.calibration.building.dataset_files.load_dataset` (JSON Lines or
 CSV/TSV with a field mapping) and
-:func:`~abstain_guard.calibration.build.named_datasets.load_named_dataset` (the public
+:func:`~abstain_guard.calibration.building.named_datasets.load_named_dataset` (the public
 evaluation sets in their published formats).
 """
 

@@ -7,7 +7,7 @@ it, and each new verdict is committed as soon as it arrives, so a run killed mid
 everything judged so far. Judgments that could not be made (``correct is None``) are not
 cached by default, so a later run retries them.
 
-Storage is the project's :class:`~abstain_guard.calibration.build.store.RunStore` (SQLite in WAL
+Storage is the project's :class:`~abstain_guard.calibration.building.store.RunStore` (SQLite in WAL
 mode, one transaction per write): a process killed mid-write leaves the database consistent
 (the unfinished transaction is rolled back on the next open). It also brings the store's
 integrity checks: a file that is not SQLite, is damaged, truncated to 0 bytes, or holds an
@@ -23,8 +23,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from abstain_guard.calibration.build.judges.base import Judge, JudgeInput, Judgment, _unpack
-from abstain_guard.calibration.build.store import RunStore, content_key
+from abstain_guard.calibration.building.judges.base import Judge, JudgeInput, Judgment, _unpack
+from abstain_guard.calibration.building.store import RunStore, content_key
 from abstain_guard.errors import CacheError, JudgmentCacheError
 
 __all__ = ["CachedJudge", "JudgmentCache", "judgment_key"]
@@ -33,7 +33,7 @@ __all__ = ["CachedJudge", "JudgmentCache", "judgment_key"]
 def judgment_key(
     question: str, gold_answers: Sequence[str], prediction: str, choices: Sequence[str] = ()
 ) -> str:
-    """The cache key of one judged answer: :func:`~abstain_guard.calibration.build.store.
+    """The cache key of one judged answer: :func:`~abstain_guard.calibration.building.store.
     content_key` of ``(question, gold answers, prediction)``, the options appended only when
     there are some (so keys of open questions do not change with an empty option list)."""
     options = (list(choices),) if choices else ()
@@ -53,7 +53,7 @@ def _typed() -> Iterator[None]:
 
 class JudgmentCache:
     """Judgments keyed by ``(judge identity, content key)`` in a SQLite
-    :class:`~abstain_guard.calibration.build.store.RunStore` (one namespace per judge identity).
+    :class:`~abstain_guard.calibration.building.store.RunStore` (one namespace per judge identity).
 
     Args:
         path: the database file (created with its parent folders if missing).

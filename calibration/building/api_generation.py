@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from abstain_guard.calibration.build.config import CalibrationConfig
-from abstain_guard.calibration.build.datasets import QAItem
-from abstain_guard.calibration.build.generation import plan_chunks
-from abstain_guard.calibration.build.store import RunStore, content_key
+from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.datasets import QAItem
+from abstain_guard.calibration.building.generation import plan_chunks
+from abstain_guard.calibration.building.store import RunStore, content_key
 from abstain_guard.chat_models import ChatModelSpec, bind_budget
 from abstain_guard.errors import CalibrationError, LogprobsMissingError, ScoringError
 from abstain_guard.prompts import (

@@ -11,8 +11,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from abstain_guard.calibration.build.judges.base import Judge, JudgeInput, Judgment, _unpack
-from abstain_guard.calibration.build.judges.lexical import refusal_verdict
+from abstain_guard.calibration.building.judges.base import Judge, JudgeInput, Judgment, _unpack
+from abstain_guard.calibration.building.judges.lexical import refusal_verdict
 from abstain_guard.errors import JudgeError
 
 __all__ = ["DEFAULT_SIMILARITY_NAME", "SimilarityJudge"]

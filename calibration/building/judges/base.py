@@ -1,7 +1,8 @@
 """The judge interface: :class:`Judgment` (one verdict), :class:`Judge` (the base class every
 judge derives from) and :func:`summarize_judgments` (counts for a run's summary).
 
-Everything here is re-exported by :mod:`abstain_guard.calibration.build.judges`; import from there.
+Everything here is re-exported by :mod:`abstain_guard.calibration.building.judges`; import
+from there.
 """
 
 from __future__ import annotations

@@ -35,10 +35,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from abstain_guard.calibration.build.config import CalibrationConfig
-from abstain_guard.calibration.build.datasets import QAItem
-from abstain_guard.calibration.build.generation import Capture, ChunkAnswer
-from abstain_guard.calibration.build.judges.base import Judge, Judgment
+from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.datasets import QAItem
+from abstain_guard.calibration.building.generation import Capture, ChunkAnswer
+from abstain_guard.calibration.building.judges.base import Judge, Judgment
 from abstain_guard.errors import ConfigError, DistributedChunkError
 
 logger = logging.getLogger("abstain_guard.calibration")
@@ -91,7 +91,7 @@ class _Replica:
     def __init__(self, config: dict[str, Any], threads: int) -> None:
         import torch
 
-        from abstain_guard.calibration.build.pipeline import load_model
+        from abstain_guard.calibration.building.pipeline import load_model
 
         torch.set_num_threads(threads)
         self.config = CalibrationConfig(**config)
@@ -123,7 +123,7 @@ class _Replica:
     ) -> list[ChunkAnswer]:
         """:func:`~.generation.generate_chunk` on this replica (in ``capture_mode``; with
         ``reference`` means installed for ``capture="geometry"``)."""
-        from abstain_guard.calibration.build.generation import generate_chunk
+        from abstain_guard.calibration.building.generation import generate_chunk
         from abstain_guard.calibration.inference.features import with_capture
 
         runner = with_capture(self.model, capture_mode)  # type: ignore[arg-type]
@@ -133,7 +133,7 @@ class _Replica:
 
     def judge(self, spec: Any, identity: str, inputs: list[Any]) -> list[dict[str, Any]]:
         """Verdicts (``Judgment.to_json()``) of the judge ``spec`` on ``inputs``."""
-        from abstain_guard.calibration.build.judges.registry import make_judge
+        from abstain_guard.calibration.building.judges.registry import make_judge
 
         key = repr(spec)
         if key not in self.judges:
@@ -268,7 +268,7 @@ class RayExecutor:
             DistributedChunkError: some chunks failed after Ray's retries (the others are
                 stored).
         """
-        from abstain_guard.calibration.build.generation import means_digest
+        from abstain_guard.calibration.building.generation import means_digest
 
         digest = means_digest(reference) if capture == "geometry" else None
         ref = self.ray.put(reference) if reference is not None else None
@@ -448,7 +448,7 @@ class _DriverModel:
         if name.startswith("_"):
             raise AttributeError(name)
         if self._model is None:
-            from abstain_guard.calibration.build.pipeline import load_model
+            from abstain_guard.calibration.building.pipeline import load_model
 
             t = time.perf_counter()
             model = load_model(self._config)

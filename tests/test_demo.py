@@ -1,0 +1,57 @@
+"""The demo's decision rules and closing table (no model: the shipped artifact's stored
+calibration scores decide which risk target the demo can lead with)."""
+
+from __future__ import annotations
+
+from abstain_guard import GuardArtifact, GuardConfig, default_artifact_path
+from abstain_guard.calibration.measure.demo import RISK_TARGET, risk_config, summary_table
+from abstain_guard.frontier import smallest_certifiable_risk
+
+
+def test_demo_leads_with_the_risk_target_the_shipped_guard_certifies():
+    art = GuardArtifact.load(default_artifact_path())
+    cfg = risk_config(art, RISK_TARGET, 0.1)
+    assert (cfg.mode, cfg.risk_target, cfg.delta) == ("risk", RISK_TARGET, 0.1)
+    rule = art.decision_rule(cfg)
+    answered = float((art.scores <= rule.threshold).mean())
+    assert answered >= 0.2, "ε = 0.35 should certify useful participation on the shipped guard"
+
+
+def test_an_uncertifiable_target_falls_back_to_the_smallest_certified_one(capsys):
+    art = GuardArtifact.load(default_artifact_path())
+    cfg = risk_config(art, 0.01, 0.1)
+    assert cfg.risk_target == smallest_certifiable_risk(art.scores, art.correct, 0.1)
+    assert cfg.risk_target is not None and cfg.risk_target > 0.01
+    assert "does not certify risk_target=0.01" in capsys.readouterr().out
+    art.decision_rule(cfg)  # certifiable: no error
+
+
+def test_summary_table_has_risk_participation_and_no_guard_rows():
+    summary = {
+        "asked": 24,
+        "risk": {
+            "answered": 6,
+            "correct_when_answered": 4,
+            "error_when_answered": 1 / 3,
+            "target": "error ≤ 0.35 (δ 0.1)",
+        },
+        "participation": {
+            "answered": 0,
+            "correct_when_answered": 0,
+            "error_when_answered": None,
+            "target": "answer 80.0–80.1 %",
+        },
+        "correct_overall": 6,
+    }
+    header, risk, part, bare = summary_table(summary)
+    assert header.split()[:2] == ["mode", "answered"]
+    assert risk.split()[:3] == ["risk", "6/24", "4/6"] and "(0.67)" in risk
+    assert "error ≤ 0.35" in risk
+    assert part.split()[:3] == ["participation", "0/24", "n/a"]
+    assert bare.startswith("without guard") and "6/24 (0.25)" in bare
+
+
+def test_default_participation_config_is_what_the_demo_shows_second():
+    art = GuardArtifact.load(default_artifact_path())
+    rule = art.decision_rule(GuardConfig())
+    assert rule.mode == "participation" and rule.target == 0.8

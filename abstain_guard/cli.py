@@ -88,6 +88,9 @@ def _calibrate(args: argparse.Namespace) -> int:
         "ray_address": args.address,
         "replicas": args.replicas,
         "gpus_per_replica": args.gpus_per_replica,
+        "agent": args.agent,
+        "agent_step_limit": args.agent_step_limit,
+        "max_new_tokens": args.max_new_tokens,
     }
     if args.config:
         config = CalibrationConfig.from_file(args.config, **overrides)
@@ -398,6 +401,17 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--replicas", type=int, help="with --executor ray: model replicas (1)")
     cal.add_argument(
         "--gpus-per-replica", type=float, help="with --executor ray: GPUs per replica (0)"
+    )
+    cal.add_argument(
+        "--agent",
+        help="'package.module:factory': calibrate the LangChain agent factory(model) returns, "
+        "run as deployed on every question (tools, system prompt, middleware; no guard)",
+    )
+    cal.add_argument(
+        "--agent-step-limit", type=int, help="LangGraph recursion_limit of each agent run (12)"
+    )
+    cal.add_argument(
+        "--max-new-tokens", type=int, help="token budget of every model call (default: per kind)"
     )
     cal.add_argument("--quiet", action="store_true", help="no progress bars")
     cal.set_defaults(func=_calibrate)

@@ -40,6 +40,7 @@ from abstain_guard.errors import ArtifactSchemaError
 __all__ = [
     "API_UNVERIFIED",
     "DECODING_KEYS",
+    "AgentRecord",
     "DeploymentRecord",
     "PromptRecord",
     "api_response_mismatches",
@@ -89,6 +90,39 @@ class PromptRecord(BaseModel):
         return sha256_text(self.system_prompt)
 
 
+class AgentRecord(BaseModel):
+    """How an agent was run at calibration (``abstain-guard calibrate --agent``): what the
+    guarantee of its final answers depends on besides the model and the prompt.
+
+    Attributes:
+        factory: ``"package.module:function"`` that built the agent from the model.
+        system_prompt: the system message the agent's model calls carried (None: none).
+        step_limit: LangGraph's ``recursion_limit`` each run had (every model call and every
+            tool round is one step); a run that reaches it ends without a final answer.
+        tool_call_format: how tools were offered and calls parsed
+            (:mod:`abstain_guard.adapters.tools`: ``"hermes"``, ``"llama3"``, ``"mistral"``,
+            ``"prompted"``), None for an API chat model (its provider parses calls).
+        tool_prompt_sha256: hash of the tool block added to the system prompt (the
+            ``"prompted"`` format), else None.
+        final_tool_choice: the ``tool_choice`` of the model calls that wrote final answers.
+        conversations: calibrated on conversations (rows with earlier messages).
+        runs: what the calibration runs looked like: ``n``, ``final_answers``,
+            ``without_final_answer`` (count per reason), ``tool_calls`` (mean, max and a
+            histogram of calls per run), ``tool_errors`` and ``invalid_tool_calls``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    factory: str
+    system_prompt: str | None = None
+    step_limit: int = Field(gt=0)
+    tool_call_format: str | None = None
+    tool_prompt_sha256: str | None = None
+    final_tool_choice: str | None = None
+    conversations: bool = False
+    runs: dict[str, Any] = Field(default_factory=dict)
+
+
 class DeploymentRecord(BaseModel):
     """The generation settings an artifact was calibrated with (``metadata["deployment"]``).
 
@@ -101,6 +135,7 @@ class DeploymentRecord(BaseModel):
         tools: tool schemas the model was offered (agents), or None.
         chat_model: the API chat model calibrated on (spec without secrets, class,
             settings), or None for a local model (:mod:`abstain_guard.chat_models`).
+        agent: how the agent was run (:class:`AgentRecord`), None for a chain or a model.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -111,6 +146,7 @@ class DeploymentRecord(BaseModel):
     prompts: dict[str, PromptRecord] = Field(default_factory=dict)
     tools: list[dict[str, Any]] | None = None
     chat_model: ChatModelRecord | None = None
+    agent: AgentRecord | None = None
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any]) -> DeploymentRecord | None:
@@ -197,7 +233,38 @@ def generation_mismatches(
     template = generation.get("chat_template_sha256")
     if template != record.chat_template_sha256:
         problems.append("the tokenizer's chat template differs from the calibrated one")
+    return problems + tool_mismatches(record, generation)
+
+
+def tool_mismatches(record: DeploymentRecord, generation: Mapping[str, Any]) -> list[str]:
+    """Why the tools a response was generated with differ from the calibrated ones: the
+    schemas offered (by hash), and for an agent the tool-call format and the prompted tool
+    block. A response without tool keys (a model that records none) offered no tools."""
+    problems: list[str] = []
+    offered = generation.get("tools_sha256")
+    if offered != record.tools_sha256:
+        calibrated = [_schema_name(t) for t in record.tools or []]
+        problems.append(
+            "the response was generated with other tools than calibration offered "
+            f"(calibrated: {calibrated or 'no tools'}); bind the calibrated tools"
+            if offered is not None
+            else f"the response was generated without tools but calibration offered {calibrated}"
+        )
+    agent = record.agent
+    if agent is not None and offered is not None:
+        fmt = generation.get("tool_call_format")
+        if agent.tool_call_format is not None and fmt != agent.tool_call_format:
+            problems.append(
+                f"tool_call_format={fmt!r} but calibration used {agent.tool_call_format!r}"
+            )
+        if generation.get("tool_prompt_sha256") != agent.tool_prompt_sha256:
+            problems.append("the tool block in the system prompt differs from the calibrated one")
     return problems
+
+
+def _schema_name(schema: Mapping[str, Any]) -> str:
+    """The tool name of an OpenAI-format schema."""
+    return str((schema.get("function") or {}).get("name", schema.get("name", "?")))
 
 
 def _norm(value: Any) -> Any:

@@ -13,7 +13,14 @@ Needs the optional ``agents`` extra (``pip install 'abstain-guard[agents]'``, i.
 After each model call (``after_model``), a final answer - an AI message without tool
 calls - is scored. An unreliable one is replaced (same message id) by the abstention
 message and the run jumps to the end; a reliable one is kept, annotated with
-``response_metadata["abstention"]``. Intermediate tool-calling messages are not judged.
+``response_metadata["abstention"]``. Intermediate tool-calling messages are not judged;
+every decision says how many tool steps preceded the answer in this turn
+(``tool_steps``: tool results since the user's last message).
+
+An agent with tools keeps the guarantee when its artifact was built by
+``abstain-guard calibrate --agent`` from the same agent (docs/agents.md): the artifact
+records its system prompt, tool schemas, tool-call format and step limit, and every model
+call is checked against them.
 The model is passed through ``artifact.scorer.prepare`` (``wrap_model_call``), so scorers
 that need the model to compute extra signals work here as in :class:`AbstentionGuard`.
 """
@@ -34,7 +41,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from abstain_guard.artifact import GuardArtifact
@@ -110,10 +117,15 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
             )
         schemas = [convert_to_openai_tool(t) for t in request.tools or []]
         if tools_sha256(schemas) != record.tools_sha256:
+            how = (
+                f"calibrate this agent with `abstain-guard calibrate --agent` "
+                f"(this artifact's agent: {record.agent.factory})"
+                if record.agent is not None
+                else "calibrate the agent as deployed with `abstain-guard calibrate --agent`"
+            )
             problems.append(
                 f"the agent offers tools {[_tool_name(t) for t in schemas]} but calibration "
-                f"offered {[_tool_name(t) for t in record.tools or []]}; pass the same tool "
-                "schemas to calibrate"
+                f"offered {[_tool_name(t) for t in record.tools or []] or 'no tools'}; {how}"
             )
         return self.policy.mismatch(problems, "agent request")
 
@@ -165,6 +177,7 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         if last is None:
             return None
         message, decision = self.policy.decide(last, _request_notes(last))
+        decision["tool_steps"] = _tool_steps(state)
         record_decision(decision)
         return self._update(message, decision)
 
@@ -175,11 +188,22 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         if last is None:
             return None
         message, decision = self.policy.decide(last, _request_notes(last))
+        decision["tool_steps"] = _tool_steps(state)
         await arecord_decision(decision)
         return self._update(message, decision)
 
 
 _NOTES_KEY = "abstention_request_warnings"
+
+
+def _tool_steps(state: Any) -> int:
+    """Tool results in the run's messages since the user's last message."""
+    count = 0
+    for message in reversed(state.get("messages") or []):
+        if isinstance(message, HumanMessage):
+            break
+        count += isinstance(message, ToolMessage)
+    return count
 
 
 def _tool_name(schema: Mapping[str, Any]) -> str:

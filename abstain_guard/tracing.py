@@ -55,7 +55,17 @@ ANSWERED_TAG = "answered"
 OTEL_PREFIX = "abstain_guard."
 
 #: Decision fields that become span attributes as they are (when not None).
-_OTEL_FIELDS = ("abstained", "score", "threshold", "scorer", "mode", "target", "reason", "error")
+_OTEL_FIELDS = (
+    "abstained",
+    "score",
+    "threshold",
+    "scorer",
+    "mode",
+    "target",
+    "reason",
+    "error",
+    "tool_steps",
+)
 
 
 def decision_tags(decision: Mapping[str, Any]) -> list[str]:

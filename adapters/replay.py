@@ -202,4 +202,39 @@ def slice_step(step: StepFeatures, i: int, a: int, b: int) -> StepFeatures:
     )
 
 
-__all__ = ["ReplayItem", "replay_item", "replay_items", "slice_step"]
+def replay_token_ids(
+    model: Any,
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+    *,
+    batch_size: int = 16,
+    return_states: bool = False,
+    progress: bool = False,
+) -> list[ReplayResult]:
+    """Replay exact ``(prompt ids, response ids)`` pairs on a ``GeometryChatModel`` with its
+    settings (reference means, capture mode, top logprobs).
+
+    For answers whose prompt cannot be rebuilt from a question alone — an agent's final
+    answer, written after tool schemas, tool results or a forced-call prefill — the prompt
+    ids the model generated from (``response_metadata["prompt_token_ids"]``) are replayed as
+    they are, so the features equal the generation's.
+    """
+    loaded = model._s
+    items = [
+        replay_item(loaded, [int(t) for t in p], [int(t) for t in r], False, False)
+        for p, r in pairs
+    ]
+    return replay_items(
+        loaded,
+        items,
+        model_name=model.model_name,
+        reference=model.reference,
+        capture_geometry=model.capture_geometry,
+        top_logprobs=model.top_logprobs,
+        batch_size=batch_size,
+        return_states=return_states,
+        progress=progress,
+        capture=model.capture,
+    )
+
+
+__all__ = ["ReplayItem", "replay_item", "replay_items", "replay_token_ids", "slice_step"]

@@ -47,6 +47,14 @@ class CalibrationConfig(BaseModel):
         "the guard is then deployed in the same mode (recorded, loaded and checked)",
     )
     replay_batch_size: int = Field(16, gt=0)
+    agent: str | None = Field(
+        None,
+        description="'package.module:factory': factory(model) returns the LangChain agent as "
+        "deployed (without the guard); calibrate runs it on every question (docs/agents.md)",
+    )
+    agent_step_limit: int = Field(
+        12, gt=1, description="LangGraph recursion_limit of each agent run (model + tool steps)"
+    )
     judge: str | dict[str, Any] = Field("lexical", description="judge name or spec")
     scorer: str = Field("geometry", description="the scorer the guard will use")
     scorer_params: dict[str, Any] = Field(default_factory=dict)

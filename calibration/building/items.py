@@ -52,10 +52,20 @@ def named_spec(data: str) -> tuple[str, str] | None:
     return None
 
 
+def builtin_relations(data: str) -> list[str] | None:
+    """``["capital", "currency"]`` for ``"builtin:capital,currency"`` (some relations of the
+    probe set), else None."""
+    name, sep, rest = data.partition(":")
+    if name != "builtin" or not sep:
+        return None
+    return [r.strip() for r in rest.split(",") if r.strip()]
+
+
 def load_items(
     data: str | Path | Sequence[QAItem], config: CalibrationConfig
 ) -> tuple[list[QAItem], int]:
-    """Questions from ``"builtin"`` (``"builtin-v1"``: the first release's 1,077),
+    """Questions from ``"builtin"`` (``"builtin-v1"``: the first release's 1,077;
+    ``"builtin:capital,currency"``: those relations),
     ``"<name>=<path>"`` (a named reader such as ``sciq=/data/sciq``), a JSONL/CSV file, or a
     list; returns (items, skipped row count)."""
     if not isinstance(data, (str, Path)):
@@ -66,6 +76,9 @@ def load_items(
         skipped = 0
     elif str(data) == BUILTIN_V1:
         items = builtin_probe_set(relations=PROBE_RELATIONS_V1, seed=config.seed)
+        skipped = 0
+    elif (relations := builtin_relations(str(data))) is not None:
+        items = builtin_probe_set(relations=relations, seed=config.seed)
         skipped = 0
     elif named_spec(str(data)) is not None:
         name, root = named_spec(str(data))  # type: ignore[misc]
@@ -105,7 +118,11 @@ def load_items(
         if duplicates:
             logger.warning("%s: skipped %d duplicate questions", data, len(duplicates))
         skipped += len(duplicates)
-    elif not isinstance(data, (str, Path)) or str(data) in ("builtin", BUILTIN_V1):
+    elif (
+        not isinstance(data, (str, Path))
+        or str(data) in ("builtin", BUILTIN_V1)
+        or builtin_relations(str(data)) is not None
+    ):
         items, duplicates = split_duplicates(items)
         _reject_or_skip(duplicates, config, "the questions")
         skipped += len(duplicates)

@@ -29,6 +29,10 @@ from typing import Any
 import numpy as np
 
 from abstain_guard.artifact import GuardArtifact
+from abstain_guard.calibration.building.agent_calibration import (
+    agent_deployment_record,
+    calibrate_agent_splits,
+)
 from abstain_guard.calibration.building.api_generation import score_api_answers
 from abstain_guard.calibration.building.config import FIT_SCORERS, CalibrationConfig
 from abstain_guard.calibration.building.datasets import SPLIT_NAMES, QAItem
@@ -288,8 +292,15 @@ def _calibrate(
     scorer = _make_scorer(cfg)
     run = _Run(model, store, cfg, fingerprint, judges, progress, on_generation_chunk, timings)
     run.executor, run.capture_mode = executor, getattr(scorer, "capture", None)
-    held_model = scoring_model(model, scorer)
-    if cfg.scorer in FIT_SCORERS and captures_geometry(scorer):
+    deployment = None
+    if cfg.agent:  # the user's agent, run as deployed (agent_calibration.py)
+        t = _now()
+        answers, scorer, cal_scores = calibrate_agent_splits(run, splits, scorer, cfg)
+        judgments = run.judgments
+        timings["agent runs"] = _now() - t - timings.get("judge", 0.0)
+        deployment = agent_deployment_record(model, cfg, items, list(answers.values()))
+    elif cfg.scorer in FIT_SCORERS and captures_geometry(scorer):
+        held_model = scoring_model(model, scorer)
         answers, judgments, means = run.generate_with_capture(splits, held_model)
     else:
         answers, judgments, means = run.generate_then_judge(splits, ordered), run.judgments, None
@@ -303,7 +314,9 @@ def _calibrate(
     }
 
     t = _now()
-    if means is not None:
+    if deployment is not None:
+        pass  # fitted and scored while the agent ran
+    elif means is not None:
         scorer, cal_scores = fit_captured(
             scorer, held_model, labeled, answers, judgments, cfg, means, store, progress=progress
         )
@@ -315,9 +328,7 @@ def _calibrate(
     cal_correct = np.array([bool(judgments[it.id]["correct"]) for it in labeled["calibration"]])
 
     metadata = {
-        "data": "builtin"
-        if isinstance(data, str) and data == "builtin"
-        else str(data)
+        "data": str(data)
         if isinstance(data, (str, Path))
         else "python",
         "judge": {k: getattr(j, "identity", type(j).__name__) for k, j in judges.items()},
@@ -330,7 +341,7 @@ def _calibrate(
         "test_ids": [it.id for it in labeled["test"]],
         "calibration_ids": [it.id for it in labeled["calibration"]],
         "items_sha256": items_digest(items),
-        "deployment": deployment_record(model, cfg, items).to_json(),
+        "deployment": (deployment or deployment_record(model, cfg, items)).to_json(),
     }
     artifact = GuardArtifact.from_calibration(
         scorer=scorer,

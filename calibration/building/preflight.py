@@ -301,6 +301,24 @@ def _scorer_params(config: CalibrationConfig) -> None:
         ) from exc
 
 
+def check_agent(config: CalibrationConfig) -> None:
+    """``agent`` names an importable factory; agent runs stay in this process.
+
+    Raises:
+        ConfigError: what was wrong and what to do.
+    """
+    if config.agent is None:
+        return
+    from abstain_guard.calibration.building.agents import load_agent_factory
+
+    load_agent_factory(config.agent)
+    if config.executor == "ray":
+        raise ConfigError(
+            "--agent runs the agent in this process (its tools are your code, run per "
+            "question); --executor ray distributes chain generation only. Drop --executor ray."
+        )
+
+
 def check_executor(config: CalibrationConfig) -> None:
     """Ray settings only with ``executor: ray``, and Ray installed when it is asked for.
 
@@ -373,6 +391,7 @@ def preflight(
         attempt(lambda: make_judge(config.judge, chat_models=chat_models))
     attempt(lambda: _scorer_params(config))
     attempt(lambda: check_executor(config))
+    attempt(lambda: check_agent(config))
     loaded = attempt(lambda: load_items(data, config))
     items: list[QAItem] = []
     skipped = 0

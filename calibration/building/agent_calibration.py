@@ -1,0 +1,202 @@
+"""The calibration steps of ``calibrate --agent``: run the agent as deployed, judge its final
+answers, fit the scorer, score the calibration split as the middleware will.
+
+1. reference and train questions: the agent runs with the plain model; the final answers'
+   features come from a replay of the exact ids the model generated from and produced
+   (``prompt_token_ids`` + ``token_ids``: tool schemas, tool results and any forced-call
+   prefill included), and the scorer is fitted on them;
+2. calibration and test questions: the agent is built again around
+   ``scorer.prepare(model)`` — the model :class:`~abstain_guard.middleware.AbstentionMiddleware`
+   puts in the agent's model calls — and runs; each final answer is scored from the
+   message the model returned, the object the middleware scores live.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from abstain_guard.calibration.building.agents import (
+    has_final_answer,
+    load_agent_factory,
+    offered_once,
+    run_agents,
+    runs_summary,
+)
+from abstain_guard.calibration.building.config import FIT_SCORERS, CalibrationConfig
+from abstain_guard.calibration.building.datasets import QAItem
+from abstain_guard.calibration.building.generation import HELD_OUT, means_digest
+from abstain_guard.calibration.building.online_geometry import check_two_classes
+from abstain_guard.deployment import AgentRecord, DeploymentRecord, PromptRecord, sha256_text
+from abstain_guard.errors import CalibrationError
+
+__all__ = ["agent_deployment_record", "calibrate_agent_splits"]
+
+
+def _no_answer_judgment(row: Mapping[str, Any]) -> dict[str, Any]:
+    reason = (row.get("agent") or {}).get("reason")
+    return {
+        "correct": None,
+        "score": None,
+        "rationale": f"agent run without a final answer ({reason})",
+        "refusal": False,
+    }
+
+
+def _judge_runs(run: Any, items: Sequence[QAItem], rows: dict[str, dict[str, Any]]) -> None:
+    """Judge the final answers (``run.judge``); a run without one gets no verdict."""
+    answered = [it for it in items if has_final_answer(rows[it.id])]
+    run.judge(answered, rows)
+    for it in items:
+        if not has_final_answer(rows[it.id]):
+            run.judgments[it.id] = _no_answer_judgment(rows[it.id])
+
+
+def _labeled(items: Sequence[QAItem], judgments: dict[str, dict[str, Any]]) -> list[QAItem]:
+    return [it for it in items if judgments[it.id]["correct"] is not None]
+
+
+def _id_pairs(items: Sequence[QAItem], rows: dict[str, dict[str, Any]]) -> list[Any]:
+    pairs = []
+    for it in items:
+        meta = rows[it.id].get("metadata") or {}
+        if meta.get("prompt_token_ids") is None or meta.get("token_ids") is None:
+            raise CalibrationError(
+                f"The final answer to {it.id!r} carries no prompt/response token ids; the "
+                "agent's model must be a GeometryChatModel (or an API model with a "
+                "likelihood scorer)."
+            )
+        pairs.append((meta["prompt_token_ids"], meta["token_ids"]))
+    return pairs
+
+
+def calibrate_agent_splits(
+    run: Any, splits: dict[str, list[QAItem]], scorer: Any, config: CalibrationConfig
+) -> tuple[dict[str, dict[str, Any]], Any, np.ndarray]:
+    """Run, judge, fit and score (module docstring). ``run`` is the pipeline's ``_Run``
+    (model, store, judges, fingerprint). Returns the cached rows per question id, the fitted
+    scorer and the calibration split's scores (its labeled items in order)."""
+    from abstain_guard.adapters.replay import replay_token_ids
+
+    assert config.agent is not None
+    factory = load_agent_factory(config.agent)
+    model, store = run.model, run.store
+    base = [run.fingerprint, config.agent]
+    fit_items = [*splits["reference"], *splits["train"]]
+    rows = run_agents(
+        factory(model),
+        fit_items,
+        store,
+        key_parts=[*base, "plain"],
+        step_limit=config.agent_step_limit,
+        progress=run.progress,
+        desc="agent runs (fit)",
+    )
+    _judge_runs(run, fit_items, rows)
+    labeled = {n: _labeled(splits[n], run.judgments) for n in ("reference", "train")}
+    check_two_classes(labeled, run.judgments, config)
+    if config.scorer in FIT_SCORERS:
+        fitted = {
+            n: replay_token_ids(
+                model,
+                _id_pairs(labeled[n], rows),
+                batch_size=config.replay_batch_size,
+                return_states=True,
+                progress=run.progress,
+            )
+            for n in ("reference", "train")
+        }
+        scorer.fit(
+            *[
+                list(
+                    zip(
+                        fitted[n],
+                        [bool(run.judgments[it.id]["correct"]) for it in labeled[n]],
+                        strict=True,
+                    )
+                )
+                for n in ("reference", "train")
+            ]
+        )
+    prepared = scorer.prepare(model)
+    reference = getattr(prepared, "reference", None)
+    held = [it for name in HELD_OUT for it in splits[name]]
+    rows.update(
+        run_agents(
+            factory(prepared),
+            held,
+            store,
+            key_parts=[
+                *base,
+                "as deployed",
+                getattr(prepared, "capture", None),
+                None if reference is None else means_digest(reference),
+            ],
+            step_limit=config.agent_step_limit,
+            progress=run.progress,
+            desc="agent runs (held out)",
+        )
+    )
+    _judge_runs(run, held, rows)
+    calibration = _labeled(splits["calibration"], run.judgments)
+    scores = scorer.score_many([rows[it.id]["metadata"] for it in calibration])
+    return rows, scorer, np.asarray(scores, dtype=np.float64)
+
+
+def agent_deployment_record(
+    model: Any,
+    config: CalibrationConfig,
+    items: Sequence[QAItem],
+    rows: Sequence[Mapping[str, Any]],
+) -> DeploymentRecord:
+    """The deployment record of an agent calibration: the model, decoding and chat template
+    as for a chain; the system prompt, tools and budget the agent's model calls carried; and
+    the :class:`AgentRecord` (factory, step limit, tool-call format, what the runs did)."""
+    offered = offered_once(rows)
+    generation = next(
+        (
+            (row.get("metadata") or {}).get("generation") or {}
+            for row in rows
+            if has_final_answer(row)
+        ),
+        {},
+    )
+    budget = generation.get("max_new_tokens") or getattr(model, "max_new_tokens", None)
+    if not budget:
+        raise CalibrationError("no agent run ended with a final answer; nothing to calibrate")
+    settings = getattr(model, "decoding_settings", None)
+    system = offered["system_prompt"]
+    agent = AgentRecord(
+        factory=str(config.agent),
+        system_prompt=system,
+        step_limit=config.agent_step_limit,
+        tool_call_format=generation.get("tool_call_format"),
+        tool_prompt_sha256=generation.get("tool_prompt_sha256"),
+        final_tool_choice=offered["final_tool_choice"],
+        conversations=any(getattr(it, "history", ()) for it in items),
+        runs=runs_summary(rows),
+    )
+    if generation and generation.get("system_prompt_sha256") != sha256_text(system):
+        raise CalibrationError(
+            "the final answers' recorded system prompt is not the one the agent's calls "
+            "carried; the agent changes its prompt between calls"
+        )
+    return DeploymentRecord(
+        model_fingerprint=None
+        if getattr(model, "fingerprint", None) is None
+        else str(model.fingerprint),
+        chat_template_sha256=getattr(model, "chat_template_sha256", None),
+        decoding=settings() if callable(settings) else {},
+        prompts={
+            kind: PromptRecord(
+                system_prompt=system,
+                max_new_tokens=int(budget),
+                rendering="agent input: {question}",
+            )
+            for kind in sorted({it.kind for it in items})
+        },
+        tools=offered["tools"],
+        agent=agent,
+    )

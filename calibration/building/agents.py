@@ -1,0 +1,352 @@
+"""Running a user's agent on calibration questions, exactly as it will be deployed.
+
+``abstain-guard calibrate --agent package.module:factory`` calls ``factory(model)`` for the
+LangChain v1 agent (``create_agent``: tools, system prompt, other middleware; without the
+guard) and runs the whole agent on each question. Its final answer — the last AI message
+without tool calls — is judged, and scored from the message the agent's own model call
+returned, which is what :class:`~abstain_guard.middleware.AbstentionMiddleware` scores live:
+the same messages in the context (tool results included), the same tokens, the same geometry.
+
+A run that ends without a final answer (the step limit, an exception in a tool or in the
+model, a last message that still calls a tool) is recorded with its reason and counted in
+the artifact's :class:`~abstain_guard.deployment.AgentRecord`; it has no score, so it is not
+in the calibration set (docs/guarantees.md: what the guarantee covers for agents).
+
+Each run is cached per question in the run store (namespace :data:`AGENT_NS`) as soon as it
+ends, so a killed calibration resumes with the runs it has not done yet.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from tqdm.auto import tqdm
+
+from abstain_guard.calibration.building.datasets import QAItem
+from abstain_guard.calibration.building.generation import LIKELIHOOD_METADATA
+from abstain_guard.calibration.building.store import RunStore, content_key
+from abstain_guard.deployment import tools_sha256
+from abstain_guard.errors import CalibrationError, ConfigError
+
+__all__ = [
+    "AGENT_NS",
+    "AgentRun",
+    "OfferRecorder",
+    "agent_inputs",
+    "load_agent_factory",
+    "run_agent",
+    "run_agents",
+    "runs_summary",
+]
+
+#: Run-store namespace of cached agent runs.
+AGENT_NS = "agent_runs"
+
+#: Why a run ended (``AgentRun.reason``).
+FINAL_ANSWER = "final_answer"
+
+
+def load_agent_factory(spec: str) -> Callable[[Any], Any]:
+    """The function ``"package.module:factory"`` names (imported, not called; the working
+    directory is importable, so ``examples.country_agent:build_agent`` works from the root).
+
+    Raises:
+        ConfigError: the spec is not ``module:function``, the module cannot be imported, or
+            it has no such callable.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(
+            f"agent={spec!r} is not 'package.module:factory'; name the function that takes "
+            "the chat model and returns the agent (e.g. 'my_app.agents:build_agent')."
+        )
+    if os.getcwd() not in sys.path:  # as uvicorn does: modules of the working directory
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(
+            f"agent={spec!r}: cannot import {module_name!r} ({exc}); is it on PYTHONPATH?"
+        ) from exc
+    factory: Any = module
+    for part in attr.split("."):
+        factory = getattr(factory, part, None)
+        if factory is None:
+            raise ConfigError(f"agent={spec!r}: {module_name!r} has no attribute {attr!r}.")
+    if not callable(factory):
+        raise ConfigError(f"agent={spec!r} is not callable ({type(factory).__name__}).")
+    return factory  # type: ignore[no-any-return]
+
+
+class OfferRecorder(BaseCallbackHandler):
+    """Records what each chat-model call of a run was offered: the system message text, the
+    tool schemas and ``tool_choice`` (from the call's invocation parameters: what was bound
+    to the model, hence what it saw)."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def on_chat_model_start(
+        self,
+        serialized: dict[str, Any],
+        messages: list[list[BaseMessage]],
+        *,
+        run_id: UUID,
+        invocation_params: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        params = invocation_params or {}
+        for conversation in messages:
+            first = conversation[0] if conversation else None
+            system = str(first.text) if isinstance(first, SystemMessage) else None
+            tools = params.get("tools") or None
+            self.calls.append(
+                {
+                    "system_prompt": system,
+                    "tools": json.loads(json.dumps(tools, default=str)) if tools else None,
+                    "tool_choice": _choice_name(params.get("tool_choice")),
+                }
+            )
+
+
+def _choice_name(choice: Any) -> str | None:
+    """``tool_choice`` as a plain name: None, ``"auto"``, ``"any"``, ``"none"`` or a tool."""
+    if choice is None or isinstance(choice, str):
+        return {"required": "any"}.get(choice, choice) if isinstance(choice, str) else None
+    if isinstance(choice, Mapping):
+        fn = choice.get("function")
+        if isinstance(fn, Mapping) and fn.get("name"):
+            return str(fn["name"])
+        return str(choice.get("type", "?"))
+    return str(choice)
+
+
+@dataclass
+class AgentRun:
+    """One agent run on one question.
+
+    Attributes:
+        final: the final answer (an AI message without tool calls), or None.
+        reason: :data:`FINAL_ANSWER`, ``"step_limit"``, ``"no_final_answer"`` (the run
+            ended on a message that is not a final answer) or ``"error: <Type>: ..."``.
+        messages: the run's messages after the input (AI messages with their tool calls,
+            tool results), as JSON (role, content, tool calls, tool name, status).
+        offered: what each model call was offered (:class:`OfferRecorder`).
+    """
+
+    final: AIMessage | None
+    reason: str
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    offered: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def tool_calls(self) -> int:
+        """Tool calls the model made in this run (parsed ones)."""
+        return sum(len(m.get("tool_calls") or []) for m in self.messages if m["role"] == "ai")
+
+    @property
+    def invalid_tool_calls(self) -> int:
+        """Malformed tool calls the model wrote in this run."""
+        return sum(
+            len(m.get("invalid_tool_calls") or []) for m in self.messages if m["role"] == "ai"
+        )
+
+    @property
+    def tool_errors(self) -> int:
+        """Tool results with ``status="error"`` (a tool that raised, handled by the agent)."""
+        return sum(1 for m in self.messages if m["role"] == "tool" and m.get("status") == "error")
+
+    @property
+    def model_calls(self) -> int:
+        """Model calls in this run."""
+        return sum(1 for m in self.messages if m["role"] == "ai")
+
+
+def _message_json(m: BaseMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": m.type, "content": m.text if m.content else ""}
+    if isinstance(m, AIMessage):
+        out["tool_calls"] = [
+            {"name": c["name"], "args": c["args"], "id": c.get("id")} for c in m.tool_calls
+        ]
+        out["invalid_tool_calls"] = [
+            {"name": c.get("name"), "args": c.get("args"), "error": c.get("error")}
+            for c in m.invalid_tool_calls
+        ]
+    if isinstance(m, ToolMessage):
+        out.update(name=m.name, tool_call_id=m.tool_call_id, status=m.status)
+    return out
+
+
+def agent_inputs(item: QAItem) -> list[BaseMessage]:
+    """The input messages of one calibration question: its earlier turns (a conversation
+    row), then the question as the user's message (multiple-choice options included)."""
+    history = [_history_message(h) for h in getattr(item, "history", ()) or ()]
+    return [*history, HumanMessage(content=item.prompt_text())]
+
+
+def _history_message(turn: Mapping[str, Any]) -> BaseMessage:
+    role, content = str(turn.get("role", "")), str(turn.get("content", ""))
+    if role in ("user", "human"):
+        return HumanMessage(content=content)
+    if role in ("assistant", "ai"):
+        return AIMessage(content=content)
+    if role == "system":
+        return SystemMessage(content=content)
+    raise CalibrationError(f"a conversation turn has role {role!r}; use 'user' or 'assistant'")
+
+
+def run_agent(agent: Any, inputs: Sequence[BaseMessage], step_limit: int) -> AgentRun:
+    """Run ``agent`` on ``inputs`` with LangGraph's ``recursion_limit=step_limit``; never
+    raises for what happens inside the run (it becomes the run's ``reason``)."""
+    recorder = OfferRecorder()
+    config = {"recursion_limit": step_limit, "callbacks": [recorder]}
+    try:
+        state = agent.invoke({"messages": list(inputs)}, config=config)
+    except Exception as exc:  # the run failed: record why, go on with the next question
+        name = type(exc).__name__
+        reason = "step_limit" if name == "GraphRecursionError" else f"error: {name}: {exc}"
+        return AgentRun(None, reason[:500], [], recorder.calls)
+    messages = list(state.get("messages", []))[len(inputs) :]
+    as_json = [_message_json(m) for m in messages]
+    last = messages[-1] if messages else None
+    if isinstance(last, AIMessage) and not last.tool_calls and not last.invalid_tool_calls:
+        return AgentRun(last, FINAL_ANSWER, as_json, recorder.calls)
+    return AgentRun(None, "no_final_answer", as_json, recorder.calls)
+
+
+def run_row(run: AgentRun) -> dict[str, Any]:
+    """The cached row of one run: the final answer like a generated answer's row (text,
+    finish reason, the scorers' metadata incl. geometry) plus the run's record."""
+    meta = run.final.response_metadata if run.final is not None else {}
+    keys = (*LIKELIHOOD_METADATA, "geometry")
+    return {
+        "text": str(run.final.text) if run.final is not None else "",
+        "finish_reason": meta.get("finish_reason"),
+        "metadata": {k: meta[k] for k in keys if meta.get(k) is not None},
+        "agent": {
+            "reason": run.reason,
+            "messages": run.messages,
+            "offered": run.offered,
+            "tool_calls": run.tool_calls,
+            "invalid_tool_calls": run.invalid_tool_calls,
+            "tool_errors": run.tool_errors,
+            "model_calls": run.model_calls,
+        },
+    }
+
+
+def run_agents(
+    agent: Any,
+    items: Sequence[QAItem],
+    store: RunStore,
+    *,
+    key_parts: Sequence[Any],
+    step_limit: int,
+    progress: bool = True,
+    desc: str = "agent runs",
+) -> dict[str, dict[str, Any]]:
+    """One cached run per question: ``{item.id: row}`` (:func:`run_row`, plus ``"key"``).
+
+    A run already in ``store`` under the same key (``key_parts``: model fingerprint, agent
+    factory, step limit, what the model carries) is not run again; every new run is stored
+    as soon as it ends.
+    """
+    keys = {
+        it.id: content_key(
+            "agent", *key_parts, step_limit, [_message_json(m) for m in agent_inputs(it)]
+        )
+        for it in items
+    }
+    done = store.get_many(AGENT_NS, list(keys.values()))
+    bar = tqdm(total=len(items), desc=desc, disable=not progress, unit="q")
+    bar.update(sum(1 for it in items if keys[it.id] in done))
+    for it in items:
+        if keys[it.id] in done:
+            continue
+        row = run_row(run_agent(agent, agent_inputs(it), step_limit))
+        store.put_many(AGENT_NS, {keys[it.id]: row})
+        done[keys[it.id]] = row
+        bar.update(1)
+    bar.close()
+    return {it.id: {**done[keys[it.id]], "key": keys[it.id]} for it in items}
+
+
+def has_final_answer(row: Mapping[str, Any]) -> bool:
+    """Whether a cached run ended with a final answer (one that can be judged and scored)."""
+    return bool((row.get("agent") or {}).get("reason") == FINAL_ANSWER)
+
+
+def offered_once(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The system prompt, tool schemas and final-answer ``tool_choice`` every run offered.
+
+    Raises:
+        CalibrationError: model calls were offered different system prompts or tools (a
+            guarantee needs one fixed setting to compare deployments with).
+    """
+    systems, tools, finals = {}, {}, set()
+    for row in rows:
+        agent = row.get("agent") or {}
+        calls = agent.get("offered") or []
+        for call in calls:
+            systems[json.dumps(call.get("system_prompt"))] = call.get("system_prompt")
+            tools[tools_sha256(call.get("tools"))] = call.get("tools")
+        if has_final_answer(row) and calls:
+            finals.add(calls[-1].get("tool_choice"))
+    if len(systems) > 1:
+        raise CalibrationError(
+            f"the agent's model calls carried {len(systems)} different system prompts "
+            f"({sorted(str(s)[:60] for s in systems.values())}); the guard compares a deployed "
+            "agent with one calibrated prompt, so give the agent a fixed system prompt"
+        )
+    if len(tools) > 1:
+        raise CalibrationError(
+            f"the agent's model calls were offered {len(tools)} different tool lists; the "
+            "guard compares a deployed agent with one calibrated list, so offer the same "
+            "tools on every call (use tool_choice to force or forbid calls)"
+        )
+    return {
+        "system_prompt": next(iter(systems.values()), None),
+        "tools": next(iter(tools.values()), None),
+        "final_tool_choice": sorted(map(str, finals))[0] if len(finals) == 1 else None,
+    }
+
+
+def runs_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What the calibration runs looked like (``AgentRecord.runs``): run count, final
+    answers, runs without one per reason, tool calls per run (mean, max, histogram), tool
+    errors, malformed calls and model calls."""
+    agents = [row.get("agent") or {} for row in rows]
+    reasons: dict[str, int] = {}
+    for a in agents:
+        reason = str(a.get("reason"))
+        if reason != FINAL_ANSWER:
+            key = reason.split(":")[0] + (":" + reason.split(":")[1] if ":" in reason else "")
+            reasons[key] = reasons.get(key, 0) + 1
+    calls = [int(a.get("tool_calls", 0)) for a in agents]
+    histogram: dict[str, int] = {}
+    for c in calls:
+        histogram[str(c)] = histogram.get(str(c), 0) + 1
+    n = len(agents)
+    return {
+        "n": n,
+        "final_answers": sum(1 for a in agents if a.get("reason") == FINAL_ANSWER),
+        "without_final_answer": reasons,
+        "tool_calls": {
+            "mean": (sum(calls) / n) if n else 0.0,
+            "max": max(calls, default=0),
+            "runs_with_a_call": sum(1 for c in calls if c > 0),
+            "histogram": dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))),
+        },
+        "invalid_tool_calls": sum(int(a.get("invalid_tool_calls", 0)) for a in agents),
+        "tool_errors": sum(int(a.get("tool_errors", 0)) for a in agents),
+        "model_calls": sum(int(a.get("model_calls", 0)) for a in agents),
+    }

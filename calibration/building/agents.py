@@ -189,12 +189,12 @@ def _message_json(m: BaseMessage) -> dict[str, Any]:
 def agent_inputs(item: QAItem) -> list[BaseMessage]:
     """The input messages of one calibration question: its earlier turns (a conversation
     row), then the question as the user's message (multiple-choice options included)."""
-    history = [_history_message(h) for h in getattr(item, "history", ()) or ()]
+    history = [_history_message(role, text) for role, text in getattr(item, "history", ())]
     return [*history, HumanMessage(content=item.prompt_text())]
 
 
-def _history_message(turn: Mapping[str, Any]) -> BaseMessage:
-    role, content = str(turn.get("role", "")), str(turn.get("content", ""))
+def _history_message(role: str, content: str) -> BaseMessage:
+    """One earlier turn ``(role, content)`` of a conversation row as a message."""
     if role in ("user", "human"):
         return HumanMessage(content=content)
     if role in ("assistant", "ai"):

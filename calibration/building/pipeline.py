@@ -328,9 +328,7 @@ def _calibrate(
     cal_correct = np.array([bool(judgments[it.id]["correct"]) for it in labeled["calibration"]])
 
     metadata = {
-        "data": str(data)
-        if isinstance(data, (str, Path))
-        else "python",
+        "data": str(data) if isinstance(data, (str, Path)) else "python",
         "judge": {k: getattr(j, "identity", type(j).__name__) for k, j in judges.items()},
         "config": cfg.model_dump(mode="json"),
         "split_sizes": {k: len(v) for k, v in labeled.items()},

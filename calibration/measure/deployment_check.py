@@ -32,6 +32,7 @@ from abstain_guard.calibration.building.pipeline import (
 from abstain_guard.calibration.building.store import RunStore
 from abstain_guard.calibration.measure.held_out import artifact_items
 from abstain_guard.chains import load_guard_chain
+from abstain_guard.deployment import DeploymentRecord
 from abstain_guard.errors import ConfigError
 
 __all__ = ["live_check", "summarize_live"]
@@ -53,7 +54,7 @@ def summarize_live(rows: list[dict[str, Any]], guarantee: dict[str, Any]) -> dic
     answered (next to the risk target in risk mode),
     the median and max |live − stored| score, and the fraction of identical tokens.
     """
-    scored = [r for r in rows if r["live_score"] is not None]
+    scored = [r for r in rows if r["live_score"] is not None and r["stored_score"] is not None]
     diffs = np.array([abs(r["live_score"] - r["stored_score"]) for r in scored])
     answered = [r for r in rows if not r["abstained"]]
     judged = [r for r in answered if r["correct"] is not None]
@@ -114,6 +115,23 @@ def live_check(
     if model is None:
         model = load_model(cfg)
     _, items, _ = artifact_items(artifact)
+    record = DeploymentRecord.from_metadata(artifact.metadata)
+    if record is not None and record.agent is not None:
+        return _live_agent(
+            artifact,
+            artifact_path,
+            cfg,
+            record,
+            model,
+            guard_config,
+            items,
+            out=out,
+            limit=limit,
+            judges=judges,
+            progress=progress,
+            split=split,
+            cache_dir=cache_dir,
+        )
     chains = {
         kind: load_guard_chain(artifact, guard_config, model=model, kind=kind)[:2]
         for kind in sorted({it.kind for it in items})
@@ -146,6 +164,84 @@ def live_check(
             out,
             progress,
         )
+
+
+def _select(
+    artifact: Any, items: list[Any], split: str, limit: int | None
+) -> tuple[list[Any], dict[str, float]]:
+    """The held-out items of ``split`` (first ``limit``) and the stored calibration scores."""
+    cal_ids = list(artifact.metadata.get("calibration_ids", []))
+    if split not in ("held_out", "calibration", "test"):
+        raise ConfigError(f"split must be 'held_out', 'calibration' or 'test', got {split!r}.")
+    if split != "held_out":
+        wanted = set(cal_ids)
+        items = [it for it in items if (it.id in wanted) == (split == "calibration")]
+    if limit is not None:
+        items = items[:limit]
+    return items, dict(zip(cal_ids, artifact.scores.tolist(), strict=True))
+
+
+def _live_agent(
+    artifact: Any,
+    artifact_path: str | Path,
+    cfg: CalibrationConfig,
+    record: DeploymentRecord,
+    model: Any,
+    guard_config: Any,
+    items: list[Any],
+    *,
+    out: str | Path | None,
+    limit: int | None,
+    judges: dict[str, Any] | None,
+    progress: bool,
+    split: str,
+    cache_dir: str | Path | None,
+) -> dict[str, Any]:
+    """:func:`live_check` for an agent artifact (:mod:`.agent_live`)."""
+    from abstain_guard.calibration.measure.agent_live import agent_live_rows
+
+    items, stored_cal = _select(artifact, items, split, limit)
+    with tempfile.TemporaryDirectory(prefix="abstain-guard-live-") as scratch:
+        where = (
+            Path(cache_dir)
+            if cache_dir is not None
+            else (Path(out) / "cache" if out is not None else Path(scratch))
+        )
+        rows, policy, guarded_by = agent_live_rows(
+            artifact,
+            cfg,
+            record,
+            model,
+            guard_config,
+            items,
+            stored_cal,
+            where,
+            judges,
+            progress,
+        )
+    answered = [r for r in rows if not r.get("no_final_answer")]
+    rule = policy.rule
+    summary: dict[str, Any] = summarize_live(answered, rule.guarantee) if answered else {"n": 0}
+    summary["runs_without_final_answer"] = len(rows) - len(answered)
+    summary["guarded_by"] = guarded_by
+    summary["tool_steps_mean"] = (
+        sum(r["tool_steps"] for r in answered) / len(answered) if answered else None
+    )
+    result = {
+        "artifact": str(artifact_path),
+        "split": split,
+        "agent": record.agent.model_dump(mode="json") if record.agent else None,
+        "threshold": rule.threshold,
+        "mode": rule.mode,
+        "target": rule.target,
+        "guarantee": rule.guarantee,
+        "summary": summary,
+        "rows": rows,
+    }
+    if out is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "live.json").write_text(json.dumps(result, indent=2, default=str))
+    return result
 
 
 def _run_live(

@@ -1,0 +1,166 @@
+"""``abstain-guard evaluate --live`` for an artifact built by ``calibrate --agent``: run the
+agent as deployed, guarded, on the held-out questions and compare with calibration.
+
+The agent comes from the recorded factory. When the factory takes a ``middleware``
+argument (``factory(model, middleware=[...])``, as in ``examples/country_agent.py``), the
+guard goes in as :class:`~abstain_guard.middleware.AbstentionMiddleware` — exactly the
+deployed agent. Otherwise the unguarded agent runs on the model the middleware would use
+(``scorer.prepare(model)``) and the guard's policy decides on its final answer; the report
+says which (``guarded_by``).
+
+Per question: the live score beside the stored one (the artifact's calibration score; for
+test questions the score of the same agent's cached unguarded run), whether the final
+answer's tokens equal the unguarded run's, the tool steps; overall the live participation
+beside the band, and the realized error among answered (the final answers judged with the
+artifact's judge).
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from abstain_guard.calibration.building.agents import (
+    agent_inputs,
+    has_final_answer,
+    load_agent_factory,
+    run_agent,
+    run_agents,
+)
+from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.generation import means_digest
+from abstain_guard.calibration.building.pipeline import build_judges, judge_answers
+from abstain_guard.calibration.building.store import RunStore
+from abstain_guard.deployment import DeploymentRecord
+from abstain_guard.guard import AbstentionPolicy
+
+__all__ = ["agent_live_rows", "takes_middleware"]
+
+
+def takes_middleware(factory: Any) -> bool:
+    """Whether ``factory`` accepts a ``middleware`` argument (so the guard can be added)."""
+    try:
+        return "middleware" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _final_meta(message: Any) -> dict[str, Any]:
+    meta = dict(message.response_metadata or {})
+    withheld = meta.get("withheld_response")
+    return dict(withheld.get("response_metadata") or {}) if withheld else meta
+
+
+def agent_live_rows(
+    artifact: Any,
+    cfg: CalibrationConfig,
+    record: DeploymentRecord,
+    model: Any,
+    guard_config: Any,
+    items: list[Any],
+    stored_cal: dict[str, float],
+    cache_dir: Path,
+    judges: dict[str, Any] | None,
+    progress: bool,
+) -> tuple[list[dict[str, Any]], AbstentionPolicy, str]:
+    """Rows of the live check for an agent artifact (see the module docstring), the policy
+    that decided, and how the guard was put in (``"middleware"`` or ``"policy"``)."""
+    from abstain_guard.middleware import AbstentionMiddleware
+
+    assert record.agent is not None
+    factory = load_agent_factory(record.agent.factory)
+    step_limit = record.agent.step_limit
+    prepared = artifact.scorer.prepare(model)
+    reference = getattr(prepared, "reference", None)
+    store = RunStore(cache_dir / "run.sqlite")
+    fingerprint = str(getattr(model, "fingerprint", "unknown"))
+    unguarded = run_agents(
+        factory(prepared),
+        items,
+        store,
+        key_parts=[
+            fingerprint,
+            record.agent.factory,
+            "as deployed",
+            getattr(prepared, "capture", None),
+            None if reference is None else means_digest(reference),
+        ],
+        step_limit=step_limit,
+        progress=False,
+    )
+    test_items = [it for it in items if it.id not in stored_cal]
+    stored: dict[str, float | None] = dict(stored_cal)
+    for it in test_items:
+        row = unguarded[it.id]
+        stored[it.id] = (
+            float(artifact.scorer.score(row["metadata"])) if has_final_answer(row) else None
+        )
+    if takes_middleware(factory):
+        middleware = AbstentionMiddleware(artifact, config=guard_config)
+        policy, guarded_by = middleware.policy, "middleware"
+        agent = factory(model, middleware=[middleware])
+    else:
+        policy, guarded_by = AbstentionPolicy(artifact, guard_config), "policy"
+        agent = factory(prepared)
+    rows: list[dict[str, Any]] = []
+    answers: dict[str, dict[str, Any]] = {}
+    for it in tqdm(items, desc="live agent", disable=not progress, unit="q"):
+        run = run_agent(agent, agent_inputs(it), step_limit)
+        final = run.final
+        if final is not None and guarded_by == "policy":
+            final, _ = policy.decide(final)
+        if final is None:  # no final answer: nothing to gate (counted, not scored)
+            rows.append(_no_answer_row(it, run.reason, stored_cal, stored))
+            continue
+        info = final.response_metadata["abstention"]
+        meta = _final_meta(final)
+        withheld = final.response_metadata.get("withheld_response") or {}
+        answers[it.id] = {"text": str(withheld.get("content", final.content))}
+        cached = unguarded[it.id].get("metadata") or {}
+        kept = stored[it.id]
+        rows.append(
+            {
+                "id": it.id,
+                "split": "calibration" if it.id in stored_cal else "test",
+                "question": it.question,
+                "answer": answers[it.id]["text"],
+                "live_score": info["score"],
+                "stored_score": stored[it.id],
+                "stored_answers": kept is not None and bool(kept <= policy.rule.threshold),
+                "abstained": bool(info["abstained"]),
+                "same_tokens": list(meta.get("token_ids", [])) == list(cached.get("token_ids", [])),
+                "tool_steps": sum(1 for m in run.messages if m["role"] == "tool"),
+                "tool_calls": run.tool_calls,
+                "reason": run.reason,
+            }
+        )
+    if judges is None:
+        judges = build_judges(cfg, cache_dir / "judgments.sqlite")
+    judged = [it for it in items if it.id in answers]
+    verdicts = judge_answers(judges, judged, answers, progress=False)
+    for row in rows:
+        row["correct"] = verdicts[row["id"]]["correct"] if row["id"] in verdicts else None
+    return rows, policy, guarded_by
+
+
+def _no_answer_row(
+    item: Any, reason: str, stored_cal: dict[str, float], stored: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "id": item.id,
+        "split": "calibration" if item.id in stored_cal else "test",
+        "question": item.question,
+        "answer": None,
+        "live_score": None,
+        "stored_score": stored.get(item.id),
+        "stored_answers": False,
+        "abstained": True,
+        "same_tokens": False,
+        "tool_steps": None,
+        "tool_calls": None,
+        "reason": reason,
+        "no_final_answer": True,
+    }

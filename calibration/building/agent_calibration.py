@@ -85,14 +85,17 @@ def calibrate_agent_splits(
     model, store = run.model, run.store
     base = [run.fingerprint, config.agent]
     fit_items = [*splits["reference"], *splits["train"]]
+    executor = run.executor
+    remote = {"executor": executor, "factory": config.agent}
     rows = run_agents(
-        factory(model),
+        None if executor is not None else factory(model),
         fit_items,
         store,
         key_parts=[*base, "plain"],
         step_limit=config.agent_step_limit,
         progress=run.progress,
         desc="agent runs (fit)",
+        **remote,
     )
     _judge_runs(run, fit_items, rows)
     labeled = {n: _labeled(splits[n], run.judgments) for n in ("reference", "train")}
@@ -105,6 +108,12 @@ def calibrate_agent_splits(
                 batch_size=config.replay_batch_size,
                 return_states=True,
                 progress=run.progress,
+            )
+            if executor is None
+            else executor.replay_token_ids(
+                _id_pairs(labeled[n], rows),
+                batch_size=config.replay_batch_size,
+                return_states=True,
             )
             for n in ("reference", "train")
         }
@@ -120,23 +129,25 @@ def calibrate_agent_splits(
                 for n in ("reference", "train")
             ]
         )
-    prepared = scorer.prepare(model)
-    reference = getattr(prepared, "reference", None)
+    prepared = scorer.prepare(model) if executor is None else None
+    reference = getattr(scorer, "reference_means_", None)
     held = [it for name in HELD_OUT for it in splits[name]]
     rows.update(
         run_agents(
-            factory(prepared),
+            None if executor is not None else factory(prepared),
             held,
             store,
             key_parts=[
                 *base,
                 "as deployed",
-                getattr(prepared, "capture", None),
+                getattr(scorer, "capture", None),
                 None if reference is None else means_digest(reference),
             ],
             step_limit=config.agent_step_limit,
             progress=run.progress,
             desc="agent runs (held out)",
+            scorer=scorer,
+            **remote,
         )
     )
     _judge_runs(run, held, rows)

@@ -253,12 +253,17 @@ def run_agents(
     step_limit: int,
     progress: bool = True,
     desc: str = "agent runs",
+    executor: Any = None,
+    factory: str | None = None,
+    scorer: Any = None,
 ) -> dict[str, dict[str, Any]]:
     """One cached run per question: ``{item.id: row}`` (:func:`run_row`, plus ``"key"``).
 
     A run already in ``store`` under the same key (``key_parts``: model fingerprint, agent
     factory, step limit, what the model carries) is not run again; every new run is stored
-    as soon as it ends.
+    as soon as it ends. With ``executor`` (a :class:`~.executors.RayExecutor`) the runs go to
+    its replicas, which build the agent themselves from ``factory`` around their model
+    (prepared by ``scorer`` when given); ``agent`` is then not run here.
     """
     keys = {
         it.id: content_key(
@@ -269,13 +274,22 @@ def run_agents(
     done = store.get_many(AGENT_NS, list(keys.values()))
     bar = tqdm(total=len(items), desc=desc, disable=not progress, unit="q")
     bar.update(sum(1 for it in items if keys[it.id] in done))
-    for it in items:
-        if keys[it.id] in done:
-            continue
-        row = run_row(run_agent(agent, agent_inputs(it), step_limit))
+
+    def keep(it: QAItem, row: dict[str, Any]) -> None:
         store.put_many(AGENT_NS, {keys[it.id]: row})
         done[keys[it.id]] = row
         bar.update(1)
+
+    todo = [it for it in items if keys[it.id] not in done]
+    if executor is not None and todo:
+        if factory is None:
+            raise CalibrationError("agent runs on Ray need the factory's 'module:function'")
+        executor.run_agents(
+            todo, factory=factory, scorer=scorer, step_limit=step_limit, on_done=keep
+        )
+    for it in todo:
+        if executor is None:
+            keep(it, run_row(run_agent(agent, agent_inputs(it), step_limit)))
     bar.close()
     return {it.id: {**done[keys[it.id]], "key": keys[it.id]} for it in items}
 

@@ -43,10 +43,12 @@ from abstain_guard.errors import ConfigError, DistributedChunkError
 
 logger = logging.getLogger("abstain_guard.calibration")
 
-__all__ = ["JUDGE_CHUNK", "RayExecutor", "RayJudge", "import_ray", "local_threads"]
+__all__ = ["AGENT_CHUNK", "JUDGE_CHUNK", "RayExecutor", "RayJudge", "import_ray", "local_threads"]
 
 #: Answers judged per remote call.
 JUDGE_CHUNK = 64
+#: Questions per remote call of agent runs (each run is several model calls).
+AGENT_CHUNK = 4
 
 
 def import_ray() -> Any:
@@ -130,6 +132,33 @@ class _Replica:
         if capture == "geometry":
             runner = runner.with_reference(reference)
         return generate_chunk(runner, chunk, self.config, capture, digest)
+
+    def run_agents(
+        self, chunk: list[QAItem], factory: str, scorer: Any, step_limit: int
+    ) -> list[dict[str, Any]]:
+        """The cached rows (:func:`~.agents.run_row`) of the agent ``factory`` builds around
+        this replica's model — prepared by ``scorer`` when given, as the middleware
+        prepares it — run on each question of ``chunk``."""
+        from abstain_guard.calibration.building.agents import (
+            agent_inputs,
+            load_agent_factory,
+            run_agent,
+            run_row,
+        )
+
+        model = self.model if scorer is None else scorer.prepare(self.model)
+        agent = load_agent_factory(factory)(model)
+        return [run_row(run_agent(agent, agent_inputs(it), step_limit)) for it in chunk]
+
+    def replay_token_ids(
+        self, pairs: list[tuple[list[int], list[int]]], batch_size: int, return_states: bool
+    ) -> list[Any]:
+        """:func:`~abstain_guard.adapters.replay.replay_token_ids` on this replica."""
+        from abstain_guard.adapters.replay import replay_token_ids
+
+        return replay_token_ids(
+            self.model, pairs, batch_size=batch_size, return_states=return_states
+        )
 
     def judge(self, spec: Any, identity: str, inputs: list[Any]) -> list[dict[str, Any]]:
         """Verdicts (``Judgment.to_json()``) of the judge ``spec`` on ``inputs``."""
@@ -284,6 +313,65 @@ class RayExecutor:
 
             jobs.append(_Job(f"chunk {index}", [it.id for it in chunk], submit, done))
         self._run(jobs)
+
+    def run_agents(
+        self,
+        todo: Sequence[QAItem],
+        *,
+        factory: str,
+        scorer: Any,
+        step_limit: int,
+        on_done: Callable[[QAItem, dict[str, Any]], None],
+    ) -> None:
+        """Run the agent on each question of ``todo`` on the replicas (chunks of
+        :data:`AGENT_CHUNK`); ``on_done`` stores each row on the driver as its chunk arrives.
+
+        Raises:
+            DistributedChunkError: some chunks failed after Ray's retries (the others are
+                stored).
+        """
+        ref = self.ray.put(scorer) if scorer is not None else None
+        jobs = []
+        for start in range(0, len(todo), AGENT_CHUNK):
+            chunk = list(todo[start : start + AGENT_CHUNK])
+
+            def submit(actor: Any, chunk: list[QAItem] = chunk) -> Any:
+                return actor.run_agents.remote(chunk, factory, ref, step_limit)
+
+            def done(result: Any, chunk: list[QAItem] = chunk) -> None:
+                for it, row in zip(chunk, result, strict=True):
+                    on_done(it, row)
+
+            label = f"agent runs {start + 1}-{start + len(chunk)}"
+            jobs.append(_Job(label, [it.id for it in chunk], submit, done))
+        self._run(jobs)
+
+    def replay_token_ids(
+        self,
+        pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+        *,
+        batch_size: int = 16,
+        return_states: bool = False,
+    ) -> list[Any]:
+        """Replay exact ``(prompt ids, response ids)`` pairs on the replicas, in order (the
+        driver never loads the model)."""
+        out: dict[int, list[Any]] = {}
+        jobs = []
+        for start in range(0, len(pairs), batch_size):
+            part = [
+                ([int(t) for t in p], [int(t) for t in r])
+                for p, r in pairs[start : start + batch_size]
+            ]
+
+            def submit(actor: Any, part: list[Any] = part) -> Any:
+                return actor.replay_token_ids.remote(part, batch_size, return_states)
+
+            def done(result: Any, start: int = start) -> None:
+                out[start] = list(result)
+
+            jobs.append(_Job(f"replay {start + 1}-{start + len(part)}", [], submit, done))
+        self._run(jobs)
+        return [r for start in sorted(out) for r in out[start]]
 
     def judge(self, spec: Any, identity: str, inputs: Sequence[Any]) -> Iterator[tuple[int, Any]]:
         """``(index, Judgment)`` for ``inputs``, judged on the replicas in chunks of

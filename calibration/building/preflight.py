@@ -302,7 +302,7 @@ def _scorer_params(config: CalibrationConfig) -> None:
 
 
 def check_agent(config: CalibrationConfig) -> None:
-    """``agent`` names an importable factory; agent runs stay in this process.
+    """``agent`` names an importable factory (checked before any model loads).
 
     Raises:
         ConfigError: what was wrong and what to do.
@@ -312,11 +312,6 @@ def check_agent(config: CalibrationConfig) -> None:
     from abstain_guard.calibration.building.agents import load_agent_factory
 
     load_agent_factory(config.agent)
-    if config.executor == "ray":
-        raise ConfigError(
-            "--agent runs the agent in this process (its tools are your code, run per "
-            "question); --executor ray distributes chain generation only. Drop --executor ray."
-        )
 
 
 def check_executor(config: CalibrationConfig) -> None:

@@ -26,8 +26,10 @@ from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult, LLMResult
 from langchain_core.prompt_values import PromptValue
-from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import ensure_config, get_config_list
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from abstain_guard.deployment import sha256_text
@@ -36,7 +38,7 @@ from abstain_guard.metadata import GENERATION
 
 from .architectures import ArchitectureSpec
 from .batching import RowResult
-from .encoding import AnswerLike, chat_dicts, prompt_ids, response_ids
+from .encoding import AnswerLike, ToolRendering, chat_dicts, prompt_ids, response_ids
 from .generation import (
     GENERATION_OPTIONS,
     Generated,
@@ -64,9 +66,23 @@ from .replay import replay_item, replay_items
 from .streaming import (
     IncrementalText,
     async_token_channel,
+    cut_at_stop,
     last_chunk,
+    reply_chunks,
     text_chunk,
     token_channel,
+)
+from .tools import (
+    ToolSetup,
+    decode_keeping,
+    detect_tool_call_format,
+    normalize_tool_choice,
+    parse_tool_calls,
+    run_seed,
+    schema_name,
+    template_has_tool_role,
+    tool_setup,
+    with_tool_calls,
 )
 from .types import ReferenceMeans, ReplayResult, TokenStates
 
@@ -84,6 +100,10 @@ class GeometryChatModel(BaseChatModel):
     into shared decode steps by the model's scheduler (at most ``max_batch_size`` answers at
     once, ``max_queue`` more waiting, then SchedulerFullError), and each caller gets bitwise
     the tokens, logprobs and geometry it gets alone (see :mod:`.scheduler`).
+
+    Tools: :meth:`bind_tools` (``create_agent`` uses it). The call format comes from the
+    chat template (:attr:`tool_call_format`, see :mod:`.tools`); the answer's calls are
+    parsed into ``tool_calls`` / ``invalid_tool_calls``; geometry is captured as always.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -265,18 +285,101 @@ class GeometryChatModel(BaseChatModel):
             return list(messages)
         return self._convert_input(messages).to_messages()
 
-    def _chat_dicts(self, messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
+    def _chat_dicts(self, messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
+        """The plain dicts (no tool rendering): what the generation record reads."""
         return chat_dicts(messages, self.system_prompt)
 
+    @property
+    def _template(self) -> str | None:
+        template = getattr(self.tokenizer, "chat_template", None)
+        return template if isinstance(template, str) else None
+
+    def _rendering(self, setup: ToolSetup | None) -> ToolRendering:
+        """How this template shows tool calls, results and (prompted) the tool block."""
+        return ToolRendering(
+            format=setup.format if setup is not None else self.tool_call_format,
+            tool_role=template_has_tool_role(self._template),
+            block=setup.prompt_block if setup is not None else None,
+        )
+
+    def _prompt(self, messages: Sequence[BaseMessage], setup: ToolSetup | None) -> list[int]:
+        """Prompt ids: the rendered conversation with the generation prompt, then the
+        forced call's opening (:func:`.tools.tool_prefill`) when ``setup`` forces one."""
+        dicts = chat_dicts(messages, self.system_prompt, self._rendering(setup))
+        ids = prompt_ids(self.tokenizer, dicts, setup.template_tools if setup else None)
+        if setup is not None and setup.prefill:
+            prefill = self.tokenizer(setup.prefill, add_special_tokens=False)["input_ids"]
+            ids.extend(int(t) for t in prefill)
+        return ids
+
     def encode_chat(
-        self, messages: Any, response_text: AnswerLike | None = None
+        self,
+        messages: Any,
+        response_text: AnswerLike | None = None,
+        *,
+        tools: Sequence[Any] | None = None,
+        tool_choice: Any = None,
     ) -> tuple[list[int], list[int]]:
         """Token ids of the prompt (chat template + generation prompt, exactly what
-        generation feeds) and of the response (no special tokens added)."""
-        prompt = prompt_ids(self.tokenizer, self._chat_dicts(self._to_messages(messages)))
+        generation feeds, with ``tools`` / ``tool_choice`` as :meth:`bind_tools` takes them)
+        and of the response (no special tokens added)."""
+        setup = tool_setup(tools, tool_choice, self.tool_call_format)
+        prompt = self._prompt(self._to_messages(messages), setup)
         if response_text is None:
             return prompt, []
         return prompt, response_ids(self.tokenizer, response_text)
+
+    # -- tools -------------------------------------------------------------------------------
+
+    @property
+    def tool_call_format(self) -> str:
+        """The tool-call format of the chat template (:func:`.tools.detect_tool_call_format`:
+        "hermes", "llama3", "mistral", or "prompted" for templates that take no tools)."""
+        return detect_tool_call_format(self._template)
+
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: str | dict[str, Any] | bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """This model with ``tools`` (OpenAI-format schemas via ``convert_to_openai_tool``)
+        bound to every call. ``tool_choice``: None/"none"/"auto" (the model decides), "any"
+        or "required" (some tool), a tool name or ``{"type": "function", "function":
+        {"name": ...}}`` (that tool); a forced call is begun in the prompt. ``strict`` and
+        ``parallel_tool_calls`` are accepted and ignored; other ``kwargs`` are generation
+        options bound with them."""
+        kwargs.pop("strict", None)
+        kwargs.pop("parallel_tool_calls", None)
+        schemas = [convert_to_openai_tool(t) for t in tools]
+        choice = normalize_tool_choice(tool_choice, [schema_name(s) for s in schemas])
+        return self.bind(tools=schemas, tool_choice=choice, **kwargs)
+
+    def _settings(
+        self, stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> tuple[dict[str, Any], ToolSetup | None]:
+        """The call's generation options and its tools (``tools`` / ``tool_choice`` are
+        taken out of ``kwargs`` first: they are not generation options)."""
+        rest = dict(kwargs)
+        tools, choice = rest.pop("tools", None), rest.pop("tool_choice", None)
+        return self._options(stop, rest), tool_setup(tools, choice, self.tool_call_format)
+
+    def _with_calls(
+        self,
+        msg: AIMessage,
+        prompt: list[int],
+        gen: Generated,
+        opts: dict[str, Any],
+        setup: ToolSetup | None,
+    ) -> AIMessage:
+        """``msg`` with the tool calls of its answer (as it is without tools)."""
+        if setup is None:
+            return msg
+        decoded = decode_keeping(self.tokenizer, gen.token_ids, setup.spec.markers)
+        text = setup.prefill + cut_at_stop(decoded, opts["stop"])[0]
+        seed = run_seed(prompt, gen.token_ids)
+        return with_tool_calls(msg, parse_tool_calls(text, setup.format, setup.names, seed))
 
     # -- generation --------------------------------------------------------------------------
 
@@ -293,8 +396,8 @@ class GeometryChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        opts = self._options(stop, kwargs)
-        (msg,) = self._generate_messages([messages], opts)
+        opts, setup = self._settings(stop, kwargs)
+        (msg,) = self._generate_messages([messages], opts, setup)
         return ChatResult(generations=[ChatGeneration(message=msg)])
 
     async def _agenerate(
@@ -305,8 +408,8 @@ class GeometryChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         """Awaits the scheduler (no executor thread per call), batched like ``_generate``."""
-        opts = self._options(stop, kwargs)
-        (msg,) = await self._agenerate_messages([messages], opts)
+        opts, setup = self._settings(stop, kwargs)
+        (msg,) = await self._agenerate_messages([messages], opts, setup)
         return ChatResult(generations=[ChatGeneration(message=msg)])
 
     def _stream(
@@ -319,25 +422,27 @@ class GeometryChatModel(BaseChatModel):
         """Yields the answer's text as the scheduler generates it (only text that later
         tokens cannot change: see :class:`.streaming.IncrementalText`), then one last chunk
         (``chunk_position="last"``, no text) with the response_metadata (token ids, logprobs,
-        geometry) and usage_metadata. The chunks add up to exactly what ``invoke`` returns."""
-        opts = self._options(stop, kwargs)
-        prompt = self.encode_chat(messages)[0]
+        geometry) and usage_metadata. The chunks add up to exactly what ``invoke`` returns.
+
+        With tools bound, the text is held back (it may be a call) and the answer comes at
+        the end: its content, then one ``tool_call_chunks`` chunk per call
+        (:func:`.streaming.reply_chunks`), then the last chunk."""
+        opts, setup = self._settings(stop, kwargs)
+        prompt = self._prompt(messages, setup)
         ids, future = token_channel(self._submitter(prompt, opts))
-        text = IncrementalText(self.tokenizer, opts["stop"])
+        text = IncrementalText(self.tokenizer, opts["stop"]) if setup is None else None
         with contextlib.closing(ids):  # a consumer that stops reading cancels the request
             for tok in ids:
-                if piece := text.push(tok):
+                if text is not None and (piece := text.push(tok)):
                     chunk = text_chunk(piece)
                     if run_manager:
                         run_manager.on_llm_new_token(piece, chunk=chunk)
                     yield chunk
-        msg = self._finished(messages, prompt, future.result(), opts)
-        if rest := text.finish(str(msg.content)):
-            chunk = text_chunk(rest)
+        msg = self._finished(messages, prompt, future.result(), opts, setup)
+        for chunk in self._closing_chunks(msg, text):
             if run_manager:
-                run_manager.on_llm_new_token(rest, chunk=chunk)
+                run_manager.on_llm_new_token(str(chunk.message.content), chunk=chunk)
             yield chunk
-        yield last_chunk(msg)
 
     async def _astream(
         self,
@@ -348,25 +453,34 @@ class GeometryChatModel(BaseChatModel):
     ) -> AsyncIterator[ChatGenerationChunk]:
         """:meth:`_stream` for asyncio: the scheduler's worker hands each token to the event
         loop (no executor thread per call)."""
-        opts = self._options(stop, kwargs)
-        prompt = self.encode_chat(messages)[0]
+        opts, setup = self._settings(stop, kwargs)
+        prompt = self._prompt(messages, setup)
         ids, future = async_token_channel(self._submitter(prompt, opts))
-        text = IncrementalText(self.tokenizer, opts["stop"])
+        text = IncrementalText(self.tokenizer, opts["stop"]) if setup is None else None
         async with contextlib.aclosing(ids):  # a consumer that stops cancels the request
             async for tok in ids:
-                if piece := text.push(tok):
+                if text is not None and (piece := text.push(tok)):
                     chunk = text_chunk(piece)
                     if run_manager:
                         await run_manager.on_llm_new_token(piece, chunk=chunk)
                     yield chunk
         result = await asyncio.wrap_future(future)
-        msg = self._finished(messages, prompt, result, opts)
-        if rest := text.finish(str(msg.content)):
-            chunk = text_chunk(rest)
+        msg = self._finished(messages, prompt, result, opts, setup)
+        for chunk in self._closing_chunks(msg, text):
             if run_manager:
-                await run_manager.on_llm_new_token(rest, chunk=chunk)
+                await run_manager.on_llm_new_token(str(chunk.message.content), chunk=chunk)
             yield chunk
-        yield last_chunk(msg)
+
+    @staticmethod
+    def _closing_chunks(msg: AIMessage, text: IncrementalText | None) -> list[ChatGenerationChunk]:
+        """The chunks after the token stream: the text not yet released (``text``; without
+        tools) or the whole reply with its tool calls, then the metadata chunk."""
+        if text is None:
+            chunks = reply_chunks(msg)
+        else:
+            rest = text.finish(str(msg.content))
+            chunks = [text_chunk(rest)] if rest else []
+        return [*chunks, last_chunk(msg)]
 
     def _submitter(
         self, prompt: list[int], opts: dict[str, Any]
@@ -394,9 +508,11 @@ class GeometryChatModel(BaseChatModel):
         prompt: list[int],
         result: RowResult,
         opts: dict[str, Any],
+        setup: ToolSetup | None,
     ) -> AIMessage:
         """The message ``invoke`` returns for this generated row."""
-        (msg,) = self._messages([messages], [prompt], [to_generated(result, False)], opts)
+        gen = [to_generated(result, False)]
+        (msg,) = self._messages([messages], [prompt], gen, opts, setup)
         return msg
 
     def batch(
@@ -424,7 +540,7 @@ class GeometryChatModel(BaseChatModel):
                     raise
                 conv.append(None)
                 errors.append(exc)
-        opts = self._options(stop, kwargs)
+        opts, setup = self._settings(stop, kwargs)
         good = [i for i, c in enumerate(conv) if c is not None]
         managers = []
         for i in good:
@@ -447,7 +563,8 @@ class GeometryChatModel(BaseChatModel):
             )
             managers.append(rm)
         try:
-            msgs = self._generate_messages([conv[i] for i in good], opts)  # type: ignore[misc]
+            convs = [conv[i] for i in good]
+            msgs = self._generate_messages(convs, opts, setup)  # type: ignore[arg-type]
         except Exception as exc:
             for rm in managers:
                 rm.on_llm_error(exc)
@@ -461,22 +578,28 @@ class GeometryChatModel(BaseChatModel):
         return results
 
     def _generate_messages(
-        self, conversations: Sequence[Sequence[BaseMessage]], opts: dict[str, Any]
+        self,
+        conversations: Sequence[Sequence[BaseMessage]],
+        opts: dict[str, Any],
+        setup: ToolSetup | None = None,
     ) -> list[AIMessage]:
-        prompts = [self.encode_chat(list(c))[0] for c in conversations]
+        prompts = [self._prompt(self._to_messages(list(c)), setup) for c in conversations]
         max_new = int(opts["max_new_tokens"])  # capped per prompt, as if alone
         gen = generate_tokens(self._s, prompts, max_new, opts, self._reference, limits=self._limits)
-        return self._messages(conversations, prompts, gen, opts)
+        return self._messages(conversations, prompts, gen, opts, setup)
 
     async def _agenerate_messages(
-        self, conversations: Sequence[Sequence[BaseMessage]], opts: dict[str, Any]
+        self,
+        conversations: Sequence[Sequence[BaseMessage]],
+        opts: dict[str, Any],
+        setup: ToolSetup | None = None,
     ) -> list[AIMessage]:
-        prompts = [self.encode_chat(list(c))[0] for c in conversations]
+        prompts = [self._prompt(self._to_messages(list(c)), setup) for c in conversations]
         max_new = int(opts["max_new_tokens"])  # capped per prompt, as if alone
         gen = await agenerate_tokens(
             self._s, prompts, max_new, opts, self._reference, limits=self._limits
         )
-        return self._messages(conversations, prompts, gen, opts)
+        return self._messages(conversations, prompts, gen, opts, setup)
 
     @property
     def _limits(self) -> dict[str, Any]:
@@ -493,13 +616,14 @@ class GeometryChatModel(BaseChatModel):
         prompts: list[list[int]],
         gen: list[Generated],
         opts: dict[str, Any],
+        setup: ToolSetup | None = None,
     ) -> list[AIMessage]:
-        msgs = [
-            to_message(self.tokenizer, self.model_name, self.num_layers, p, g, opts)
-            for p, g in zip(prompts, gen, strict=True)
-        ]
-        for conv, msg in zip(conversations, msgs, strict=True):
-            msg.response_metadata[GENERATION] = self._generation_record(conv, opts)
+        msgs = []
+        for conv, p, g in zip(conversations, prompts, gen, strict=True):
+            msg = to_message(self.tokenizer, self.model_name, self.num_layers, p, g, opts)
+            msg = self._with_calls(msg, p, g, opts, setup)
+            msg.response_metadata[GENERATION] = self._generation_record(conv, opts, setup)
+            msgs.append(msg)
         return msgs
 
     def generate_with_states(
@@ -510,8 +634,9 @@ class GeometryChatModel(BaseChatModel):
         (e~^l, e^l): what calibration needs to fit reference means without a replay. Runs
         no callbacks; ``kwargs`` are generation options (``max_new_tokens``, ...)."""
         conversations = [self._to_messages(x) for x in inputs]
-        opts = self._options(kwargs.pop("stop", None), {**kwargs, "capture_geometry": True})
-        prompts = [self.encode_chat(c)[0] for c in conversations]
+        stop = kwargs.pop("stop", None)
+        opts, setup = self._settings(stop, {**kwargs, "capture_geometry": True})
+        prompts = [self._prompt(c, setup) for c in conversations]
         max_new = new_token_budget(prompts, int(opts["max_new_tokens"]), self._spec.context_length)
         gen = generate_tokens(
             self._s, prompts, max_new, opts, self._reference, keep_states=True, limits=self._limits
@@ -519,7 +644,8 @@ class GeometryChatModel(BaseChatModel):
         out: list[tuple[AIMessage, TokenStates | None]] = []
         for conv, prompt, g in zip(conversations, prompts, gen, strict=True):
             msg = to_message(self.tokenizer, self.model_name, self.num_layers, prompt, g, opts)
-            msg.response_metadata[GENERATION] = self._generation_record(conv, opts)
+            msg = self._with_calls(msg, prompt, g, opts, setup)
+            msg.response_metadata[GENERATION] = self._generation_record(conv, opts, setup)
             out.append((msg, g.states))
         return out
 
@@ -530,12 +656,16 @@ class GeometryChatModel(BaseChatModel):
         return sha256_text(template) if isinstance(template, str) else None
 
     def _generation_record(
-        self, conversation: Sequence[BaseMessage], opts: dict[str, Any]
+        self,
+        conversation: Sequence[BaseMessage],
+        opts: dict[str, Any],
+        setup: ToolSetup | None = None,
     ) -> dict[str, Any]:
         """The settings of one call, for the guard's exchangeability check
-        (:func:`abstain_guard.deployment.generation_mismatches`)."""
-        dicts = self._chat_dicts(list(conversation))
-        return generation_record(dicts, opts, self.chat_template_sha256, self.batch_decode)
+        (:func:`abstain_guard.deployment.generation_mismatches`); the system prompt hash is
+        that of the user's system prompt (without the prompted tool block)."""
+        dicts = self._chat_dicts(self._to_messages(list(conversation)))
+        return generation_record(dicts, opts, self.chat_template_sha256, self.batch_decode, setup)
 
     def decoding_settings(self) -> dict[str, Any]:
         """Decoding settings as the generation record states them (for calibration)."""
@@ -550,15 +680,27 @@ class GeometryChatModel(BaseChatModel):
     # -- replay ------------------------------------------------------------------------------
 
     def replay(
-        self, messages: Any, response_text: AnswerLike, return_states: bool = False
+        self,
+        messages: Any,
+        response_text: AnswerLike,
+        return_states: bool = False,
+        *,
+        tools: Sequence[Any] | None = None,
+        tool_choice: Any = None,
     ) -> ReplayResult:
         """Teacher-forced features of an existing answer, in one forward pass.
 
         ``response_text`` is the answer text (EOS appended when ``replay_add_eos``, as for a
         finished generation) or the exact generated token ids
-        (``msg.response_metadata["token_ids"]``, used as they are).
+        (``msg.response_metadata["token_ids"]``, used as they are). ``tools`` /
+        ``tool_choice``: those the answer was generated with (they change the prompt).
         """
-        return self.replay_batch([(messages, response_text)], return_states=return_states)[0]
+        return self.replay_batch(
+            [(messages, response_text)],
+            return_states=return_states,
+            tools=tools,
+            tool_choice=tool_choice,
+        )[0]
 
     def replay_batch(
         self,
@@ -566,13 +708,18 @@ class GeometryChatModel(BaseChatModel):
         batch_size: int = 16,
         return_states: bool = False,
         progress: bool = False,
+        *,
+        tools: Sequence[Any] | None = None,
+        tool_choice: Any = None,
     ) -> list[ReplayResult]:
         """:meth:`replay` for many pairs, ``batch_size`` left-padded sequences per forward."""
         if batch_size <= 0:
             raise InvalidInputError(f"batch_size must be positive, got {batch_size}")
         encoded = []
         for messages, response in items:
-            prompt, resp = self.encode_chat(messages, response)
+            prompt, resp = self.encode_chat(
+                messages, response, tools=tools, tool_choice=tool_choice
+            )
             from_text = isinstance(response, str)
             encoded.append(replay_item(self._s, prompt, resp, from_text, self.replay_add_eos))
         return replay_items(

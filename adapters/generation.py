@@ -31,6 +31,7 @@ from .capture import StepFeatures
 from .loading import LoadedModel
 from .response_metadata import geometry_json, token_metadata
 from .scheduler import scheduler_for
+from .tools import NO_TOOLS_RECORD, ToolSetup
 from .types import ReferenceMeans, TokenStates
 
 #: Options a call may override (``invoke(..., temperature=0.7)``); ``stop`` comes apart.
@@ -297,14 +298,20 @@ def to_message(
 
 
 def generation_record(
-    dicts: list[dict[str, str]],
+    dicts: list[dict[str, Any]],
     opts: Mapping[str, Any],
     chat_template_sha256: str | None,
     batch_decode: bool = False,
+    tools: ToolSetup | None = None,
 ) -> dict[str, Any]:
     """The settings of one call (``metadata["generation"]``), for the guard's
     exchangeability check (:func:`abstain_guard.deployment.generation_mismatches`);
-    ``batch_decode``: the loaded model's decode mode (it changes the last bits)."""
+    ``batch_decode``: the loaded model's decode mode (it changes the last bits).
+
+    ``dicts`` are the conversation without the prompted tool block, so
+    ``system_prompt_sha256`` hashes the user's system prompt only. The tool keys
+    (``tools_sha256``, ``tool_choice``, ``tool_call_format``, ``tool_prompt_sha256``, see
+    :meth:`.tools.ToolSetup.record`) are None without ``tools``."""
     system = "\n".join(d["content"] for d in dicts if d["role"] == "system") or None
     return {
         "max_new_tokens": int(opts["max_new_tokens"]),
@@ -315,6 +322,7 @@ def generation_record(
         "batch_decode": bool(batch_decode),
         "system_prompt_sha256": sha256_text(system),
         "chat_template_sha256": chat_template_sha256,
+        **(tools.record() if tools is not None else NO_TOOLS_RECORD),
     }
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import queue
 import threading
 from collections.abc import AsyncGenerator, Callable, Generator, Sequence
@@ -27,6 +28,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from langchain_core.messages import AIMessage, AIMessageChunk
+from langchain_core.messages.tool import ToolCallChunk, tool_call_chunk
 from langchain_core.outputs import ChatGenerationChunk
 
 from abstain_guard.errors import ModelError
@@ -38,8 +40,10 @@ __all__ = [
     "async_token_channel",
     "cut_at_stop",
     "last_chunk",
+    "reply_chunks",
     "text_chunk",
     "token_channel",
+    "tool_call_chunks",
 ]
 
 REPLACEMENT = "\ufffd"
@@ -198,3 +202,37 @@ def last_chunk(msg: AIMessage) -> ChatGenerationChunk:
             chunk_position="last",
         )
     )
+
+
+def tool_call_chunks(message: AIMessage) -> list[ToolCallChunk]:
+    """The calls of ``message`` as stream chunks ``{"name", "args" (JSON text), "id",
+    "index"}``: valid calls first (args: their JSON), then invalid ones (args: their raw
+    text as a JSON string, so that summed chunks still read them as invalid)."""
+    chunks = [
+        tool_call_chunk(name=c["name"], args=json.dumps(c["args"]), id=c["id"], index=i)
+        for i, c in enumerate(message.tool_calls)
+    ]
+    start = len(chunks)
+    chunks.extend(
+        tool_call_chunk(
+            name=c.get("name"), args=json.dumps(c.get("args")), id=c.get("id"), index=start + i
+        )
+        for i, c in enumerate(message.invalid_tool_calls)
+    )
+    return chunks
+
+
+def reply_chunks(message: AIMessage) -> list[ChatGenerationChunk]:
+    """The stream chunks of an answer read for tool calls: its content (if any), then one
+    chunk per call (:func:`tool_call_chunks`). With the stream's last (metadata) chunk they
+    add up to ``message``: the same content and ``tool_calls``; the same
+    ``invalid_tool_calls`` (name, id) except that LangChain gives summed chunks no error
+    and their args stay JSON-quoted (``json.loads(args)`` is the raw text)."""
+    out = []
+    if message.content:
+        out.append(ChatGenerationChunk(message=AIMessageChunk(content=message.content)))
+    out.extend(
+        ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[c]))
+        for c in tool_call_chunks(message)
+    )
+    return out

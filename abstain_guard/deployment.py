@@ -44,6 +44,8 @@ __all__ = [
     "DeploymentRecord",
     "PromptRecord",
     "api_response_mismatches",
+    "conversation_mismatches",
+    "conversation_refusal",
     "generation_mismatches",
     "model_mismatches",
     "sha256_text",
@@ -136,6 +138,9 @@ class DeploymentRecord(BaseModel):
         chat_model: the API chat model calibrated on (spec without secrets, class,
             settings), or None for a local model (:mod:`abstain_guard.chat_models`).
         agent: how the agent was run (:class:`AgentRecord`), None for a chain or a model.
+        conversations: calibrated on conversations (some rows carried earlier turns, which
+            the prompt put between the system prompt and the question); False: on single
+            questions, so a response whose prompt carried earlier messages is refused.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -147,6 +152,7 @@ class DeploymentRecord(BaseModel):
     tools: list[dict[str, Any]] | None = None
     chat_model: ChatModelRecord | None = None
     agent: AgentRecord | None = None
+    conversations: bool = False
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any]) -> DeploymentRecord | None:
@@ -233,7 +239,35 @@ def generation_mismatches(
     template = generation.get("chat_template_sha256")
     if template != record.chat_template_sha256:
         problems.append("the tokenizer's chat template differs from the calibrated one")
-    return problems + tool_mismatches(record, generation)
+    return (
+        problems + conversation_mismatches(record, generation) + tool_mismatches(record, generation)
+    )
+
+
+def conversation_mismatches(record: DeploymentRecord, generation: Mapping[str, Any]) -> list[str]:
+    """Why a response's prompt is not of a calibrated shape: it carried earlier messages
+    (``history_messages``: non-system messages before the last user message, tool-call
+    turns included) but the artifact was calibrated on single questions. A response that
+    records no count (an older model) cannot be checked here."""
+    earlier = generation.get("history_messages")
+    if not earlier or record.conversations:
+        return []
+    return [conversation_refusal(int(earlier))]
+
+
+#: Where the data format of conversation rows is documented (named in refusals).
+CONVERSATIONS_DOC = "docs/agents.md (conversations)"
+
+
+def conversation_refusal(earlier: int) -> str:
+    """The refusal of a prompt with ``earlier`` messages before its question by an artifact
+    calibrated on single questions, saying how to calibrate on conversations."""
+    return (
+        f"this artifact was calibrated on single questions; this request carries {earlier} "
+        f"earlier message{'s' if earlier != 1 else ''} before its question: calibrate on "
+        "conversations (data rows with a 'history' list of earlier user/assistant turns and "
+        f"a 'conversation_id'; see {CONVERSATIONS_DOC}), or send one question at a time"
+    )
 
 
 def tool_mismatches(record: DeploymentRecord, generation: Mapping[str, Any]) -> list[str]:

@@ -6,10 +6,13 @@ calibration scores are exchangeable with what the guard sees for the same kind o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
-from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
-from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
+
+from abstain_guard.errors import InvalidInputError
 
 
 class Question(Protocol):
@@ -54,13 +57,41 @@ def max_new_tokens_for(kind: str, max_new_tokens: int | None = None) -> int:
     return int(max_new_tokens or MAX_NEW_TOKENS[kind])
 
 
-def build_messages(item: Question, system_prompt: str | None = None) -> list[BaseMessage]:
-    """Chat messages for one question: a system prompt for the kind, then the question.
+#: Roles of the earlier turns of a conversation row (``QAItem.history``), in the order a
+#: conversation alternates them.
+HISTORY_ROLES: tuple[str, str] = ("user", "assistant")
 
-    Multiple-choice questions list their lettered options (:meth:`QAItem.prompt_text`).
+
+def history_messages(history: Sequence[Sequence[str]]) -> list[BaseMessage]:
+    """The earlier turns ``(role, content)`` of a conversation as chat messages: ``"user"``
+    → :class:`HumanMessage`, ``"assistant"`` → :class:`AIMessage`.
+
+    Raises:
+        InvalidInputError: a turn has another role.
+    """
+    out: list[BaseMessage] = []
+    for role, content in history:
+        if role == HISTORY_ROLES[0]:
+            out.append(HumanMessage(content=content))
+        elif role == HISTORY_ROLES[1]:
+            out.append(AIMessage(content=content))
+        else:
+            raise InvalidInputError(
+                f"a conversation turn has role {role!r}; use {' or '.join(HISTORY_ROLES)}"
+            )
+    return out
+
+
+def build_messages(item: Question, system_prompt: str | None = None) -> list[BaseMessage]:
+    """Chat messages for one question: a system prompt for the kind, the earlier turns of
+    its conversation (``item.history``, if it has any), then the question.
+
+    Multiple-choice questions list their lettered options (:meth:`QAItem.prompt_text`). A
+    question without history gets exactly ``[system, question]``.
     """
     system = system_prompt_for(item.kind, system_prompt)
-    return [SystemMessage(content=system), HumanMessage(content=item.prompt_text())]
+    history = history_messages(getattr(item, "history", ()) or ())
+    return [SystemMessage(content=system), *history, HumanMessage(content=item.prompt_text())]
 
 
 def messages_to_json(messages: list[BaseMessage]) -> list[dict[str, str]]:
@@ -77,7 +108,16 @@ def question_prompt(system_prompt: str | None = None, kind: str = "open") -> Cha
         chain.invoke({"question": "What is the capital of Peru?"})
 
     For ``kind="choice"`` pass the question already followed by its lettered options
-    (:meth:`QAItem.prompt_text`).
+    (:meth:`QAItem.prompt_text`). A guard calibrated on conversations takes the earlier
+    turns as an optional ``history`` list of messages (:func:`history_messages`), placed
+    between the system prompt and the question as :func:`build_messages` does; without it
+    the messages are exactly ``[system, question]``.
     """
     system = system_prompt_for(kind, system_prompt).replace("{", "{{").replace("}", "}}")
-    return ChatPromptTemplate.from_messages([("system", system), ("human", "{question}")])
+    return ChatPromptTemplate.from_messages(
+        [
+            ("system", system),
+            MessagesPlaceholder("history", optional=True),
+            ("human", "{question}"),
+        ]
+    )

@@ -311,8 +311,12 @@ def generation_record(
     ``dicts`` are the conversation without the prompted tool block, so
     ``system_prompt_sha256`` hashes the user's system prompt only. The tool keys
     (``tools_sha256``, ``tool_choice``, ``tool_call_format``, ``tool_prompt_sha256``, see
-    :meth:`.tools.ToolSetup.record`) are None without ``tools``."""
+    :meth:`.tools.ToolSetup.record`) are None without ``tools``. ``history_messages``: the
+    non-system messages before the last user message (earlier turns, tool-call turns
+    included; 0 for a single question)."""
     system = "\n".join(d["content"] for d in dicts if d["role"] == "system") or None
+    users = [i for i, d in enumerate(dicts) if d["role"] == "user"]
+    earlier = sum(1 for d in dicts[: users[-1] if users else 0] if d["role"] != "system")
     return {
         "max_new_tokens": int(opts["max_new_tokens"]),
         "temperature": float(opts["temperature"]),
@@ -322,6 +326,7 @@ def generation_record(
         "batch_decode": bool(batch_decode),
         "system_prompt_sha256": sha256_text(system),
         "chat_template_sha256": chat_template_sha256,
+        "history_messages": earlier,
         **(tools.record() if tools is not None else NO_TOOLS_RECORD),
     }
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from abstain_guard.calibration.building.conversations import conversation_fields
 from abstain_guard.calibration.building.datasets import KINDS, Kind, QAItem, choice_letter
 from abstain_guard.errors import DatasetError, InvalidInputError
 
@@ -68,6 +69,12 @@ def _get_path(row: Any, path: str) -> Any:
         else:
             return _MISSING
     return value
+
+
+def _field(row: Any, path: str) -> Any:
+    """:func:`_get_path`, with None for a missing field."""
+    value = _get_path(row, path)
+    return None if value is _MISSING else value
 
 
 def _is_blank(value: Any) -> bool:
@@ -298,6 +305,8 @@ def load_dataset(
     id_prefix: str | None = None,
     limit: int | None = None,
     log_skipped: bool = True,
+    history: str | None = "history",
+    conversation_id: str | None = "conversation_id",
 ) -> tuple[list[QAItem], DatasetReport]:
     """Read QA items from a JSON Lines or CSV/TSV file.
 
@@ -320,6 +329,12 @@ def load_dataset(
         limit: stop after this many loaded items.
         log_skipped: log a warning per skipped row (callers that report the rows themselves
             pass False).
+        history: field holding the earlier turns of a conversation row (a list of
+            ``{"role": "user" | "assistant", "content"}``; in CSV/TSV that list as a JSON
+            string); the row's question is the next user turn. None: no history field.
+            See :mod:`~abstain_guard.calibration.building.conversations`.
+        conversation_id: field naming the conversation a row belongs to (rows sharing it
+            stay in one split); a row without one is a conversation of its own.
 
     Returns:
         ``(items, report)``; rows without a question or answer, or with a malformed value, are
@@ -363,6 +378,8 @@ def load_dataset(
                 popularity=popularity,
                 answer_sep=answer_sep,
                 id_prefix=id_prefix or p.stem,
+                history=history,
+                conversation_id=conversation_id,
             )
             if item is not None:
                 items.append(item)
@@ -394,6 +411,8 @@ def _row_to_item(
     popularity: str | None,
     answer_sep: str | None,
     id_prefix: str,
+    history: str | None = None,
+    conversation_id: str | None = None,
 ) -> QAItem | None:
     if not isinstance(row, Mapping):
         _skip(report, lineno, f"row is a {type(row).__name__}, not an object")
@@ -430,6 +449,15 @@ def _row_to_item(
     if not aliases:
         _skip(report, lineno, f"missing answer (field {answers!r})")
         return None
+    try:
+        turns, conversation = conversation_fields(
+            {f: _field(row, f) for f in (history, conversation_id) if f is not None},
+            history,
+            conversation_id,
+        )
+    except ValueError as exc:
+        _skip(report, lineno, str(exc))
+        return None
     item_id = f"{id_prefix}:{lineno}"
     if id_field is not None:
         raw_id = _get_path(row, id_field)
@@ -456,4 +484,6 @@ def _row_to_item(
         popularity=pop,
         source=str(path),
         line=lineno,
+        history=turns,
+        conversation=conversation,
     )

@@ -2,7 +2,8 @@
 
 * :class:`QAItem` — one question with its gold answer aliases (immutable, validated).
 * :func:`split_items` — the seeded reference/train/calibration/test split (5:3:1:1 by default),
-  stratified by :attr:`QAItem.group` when items have one.
+  stratified by :attr:`QAItem.group` when items have one, keeping the rows of one
+  conversation (:attr:`QAItem.conversation`) in one split.
 
 Readers: :func:`~abstain_guard.calibration.building.dataset_files.load_dataset` (JSON Lines or
 CSV/TSV with a field mapping) and
@@ -18,6 +19,11 @@ from typing import Literal
 
 import numpy as np
 
+from abstain_guard.calibration.building.conversations import (
+    History,
+    conversation_units,
+    history_problem,
+)
 from abstain_guard.errors import InvalidInputError
 
 __all__ = [
@@ -58,6 +64,11 @@ class QAItem:
         popularity: a popularity proxy (e.g. log10 population of the country asked about).
         source: where the item came from (file path or ``"builtin"``).
         line: the 1-based line of the row in ``source`` (the first line of a CSV record).
+        history: the earlier turns of the conversation the question ends, as ``(role,
+            content)`` pairs (roles ``"user"`` / ``"assistant"``, alternating from the user,
+            ending with the assistant's reply); empty for a single question.
+        conversation: the conversation the row belongs to (rows sharing it stay in one
+            split); None: the row is a conversation of its own.
     """
 
     id: str
@@ -69,6 +80,8 @@ class QAItem:
     popularity: float | None = None
     source: str = ""
     line: int | None = None
+    history: History = ()
+    conversation: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -79,6 +92,12 @@ class QAItem:
             raise InvalidInputError(f"QAItem {self.id!r} has no gold answer")
         if self.kind == "choice" and not self.choices:
             raise InvalidInputError(f"QAItem {self.id!r} is a choice question without choices")
+        if self.history:
+            history = tuple(tuple(turn) for turn in self.history)
+            object.__setattr__(self, "history", history)
+            problem = history_problem(history)
+            if problem is not None:
+                raise InvalidInputError(f"QAItem {self.id!r}: {problem}")
 
     def prompt_text(self) -> str:
         """The question as shown to a model: for choice questions followed by lettered options
@@ -103,6 +122,12 @@ def split_items(
     items, shuffled, get evenly spaced positions in [0, 1) with a random offset; all items are
     ordered by position and cut at the ratio boundaries.
 
+    Conversations are split, never turns: the rows sharing a :attr:`QAItem.conversation`
+    are one unit (stratified by its first row's group) that goes, whole and in input order,
+    to the split holding the middle of its rows in the cut order, so a conversation's
+    earlier turns can never inform the scorer about a calibration or test row. Rows without
+    a conversation are units of one, which gives exactly the item-wise split.
+
     Raises:
         InvalidInputError: ``ratios`` is not four non-negative numbers with a positive sum.
     """
@@ -113,22 +138,30 @@ def split_items(
             f"with a positive sum, got {list(ratios)}"
         )
     n = len(items)
+    units = conversation_units([it.conversation for it in items])
+    ordered = _unit_order(items, units, seed)
+    bounds = np.rint(np.cumsum(r) / r.sum() * n).astype(int)
+    bounds[-1] = n
+    sizes = np.asarray([len(units[u]) for u in ordered], dtype=float)
+    middle = np.cumsum(sizes) - sizes / 2
+    part = np.searchsorted(bounds, middle, side="right")
+    out: dict[str, list[QAItem]] = {name: [] for name in SPLIT_NAMES}
+    for u, p in zip(ordered, part, strict=True):
+        out[SPLIT_NAMES[int(p)]].extend(items[i] for i in units[u])
+    return out
+
+
+def _unit_order(items: Sequence[QAItem], units: list[list[int]], seed: int) -> np.ndarray:
+    """The seeded, group-stratified order in which the units are cut into splits."""
     rng = np.random.default_rng(seed)
     groups: dict[str | None, list[int]] = {}
-    for i, it in enumerate(items):
-        groups.setdefault(it.group, []).append(i)
-    position = np.empty(n, dtype=float)
+    for u, rows in enumerate(units):
+        groups.setdefault(items[rows[0]].group, []).append(u)
+    position = np.empty(len(units), dtype=float)
     for key in sorted(groups, key=lambda g: (g is not None, g or "")):
         idx = np.asarray(groups[key])
         order = rng.permutation(len(idx))
         offset = rng.random()
         position[idx[order]] = (np.arange(len(idx)) + offset) / len(idx)
-    tiebreak = rng.random(n)
-    ordered = np.lexsort((tiebreak, position))
-    bounds = np.rint(np.cumsum(r) / r.sum() * n).astype(int)
-    bounds[-1] = n
-    starts = np.concatenate([[0], bounds[:-1]])
-    return {
-        name: [items[i] for i in ordered[s:e]]
-        for name, s, e in zip(SPLIT_NAMES, starts, bounds, strict=True)
-    }
+    tiebreak = rng.random(len(units))
+    return np.lexsort((tiebreak, position))

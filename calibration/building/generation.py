@@ -324,8 +324,9 @@ def deployment_record(
 ) -> DeploymentRecord:
     """What the deployed guard must run to be exchangeable with this calibration: the model
     fingerprint, chat template, decoding, and per question kind the system prompt, token
-    budget and user-message rendering; for an API chat model its spec (no secrets), class
-    and settings."""
+    budget and user-message rendering; whether any question carried earlier turns
+    (``conversations``); for an API chat model its spec (no secrets), class and
+    settings."""
     settings = getattr(model, "decoding_settings", None)
     fingerprint = getattr(model, "fingerprint", None)
     api = None
@@ -345,4 +346,5 @@ def deployment_record(
             )
             for kind in sorted({it.kind for it in items})
         },
+        conversations=any(it.history for it in items),
     )

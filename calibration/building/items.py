@@ -140,11 +140,15 @@ def load_items(
     return items, skipped
 
 
-def question_key(item: QAItem) -> tuple[str, tuple[str, ...]]:
+def question_key(item: QAItem) -> tuple[object, ...]:
     """What makes two questions the same: the text after Unicode (NFKC) normalisation,
-    case folding, collapsed spaces and trailing ``?.!`` dropped, plus the options."""
+    case folding, collapsed spaces and trailing ``?.!`` dropped, plus the options, plus the
+    earlier turns for a conversation row (one follow-up question asked after different
+    turns is a different question)."""
     text = " ".join(unicodedata.normalize("NFKC", item.question).casefold().split())
     options = tuple(" ".join(c.casefold().split()) for c in item.choices)
+    if item.history:
+        return text.rstrip(" ?.!"), options, item.history
     return text.rstrip(" ?.!"), options
 
 
@@ -156,7 +160,7 @@ def split_duplicates(items: Sequence[QAItem]) -> tuple[list[QAItem], list[str]]:
     def where(it: QAItem) -> str:
         return f"{it.source}:{it.line}" if it.line else repr(it.id)
 
-    seen: dict[tuple[str, tuple[str, ...]], QAItem] = {}
+    seen: dict[tuple[object, ...], QAItem] = {}
     ids: dict[str, QAItem] = {}
     good, bad = [], []
     for it in items:

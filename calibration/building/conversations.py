@@ -1,0 +1,217 @@
+"""Conversation rows: earlier turns before a calibration question, checked and grouped.
+
+A multi-turn calibration row carries the earlier messages of its conversation, then the
+final question (the row's ``question``) and its gold answer. In a data file:
+
+* JSON Lines: ``"history": [{"role": "user", "content": "..."}, {"role": "assistant",
+  "content": "..."}, ...]``; in a CSV/TSV file the same list as a JSON string in the
+  ``history`` column;
+* ``"conversation_id"`` (optional): rows of one conversation share it, so the split keeps
+  them together (:func:`~abstain_guard.calibration.building.datasets.split_items`); a row
+  without one is a conversation of its own.
+
+The earlier turns alternate ``user`` / ``assistant``, start with the user and end with the
+assistant's reply (the row's question is the next user turn). The system prompt is the
+calibration's (``system_prompt`` in the config), never a turn of the history; tool calls are
+not history turns (an agent calibrates them by running, ``calibrate --agent``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from abstain_guard.prompts import HISTORY_ROLES
+
+__all__ = [
+    "History",
+    "check_history",
+    "conversation_fields",
+    "conversation_units",
+    "history_problem",
+    "parse_conversation_id",
+    "parse_history",
+]
+
+#: Earlier turns of a conversation row: ``(role, content)`` pairs, role ``"user"`` or
+#: ``"assistant"``.
+History = tuple[tuple[str, str], ...]
+
+_FORMAT = '[{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}]'
+
+
+def history_problem(history: Sequence[Sequence[str]]) -> str | None:
+    """What is wrong with ``history`` (``(role, content)`` pairs) and what to do, or None.
+
+    Rules: roles ``"user"`` / ``"assistant"`` only, non-blank string contents, turns that
+    alternate starting with the user and ending with the assistant's reply.
+    """
+    expected = HISTORY_ROLES[0]
+    for i, turn in enumerate(history, start=1):
+        if not isinstance(turn, (tuple, list)) or len(turn) != 2:
+            return f"history turn {i} is not a (role, content) pair"
+        role, content = turn
+        if role not in HISTORY_ROLES:
+            return _role_problem(i, role)
+        if not isinstance(content, str) or not content.strip():
+            return f"history turn {i} ({role}) has no content; give every turn its text"
+        if role != expected:
+            return (
+                f"history turn {i} is a {role!r} turn where a {expected!r} turn belongs: "
+                "turns must alternate user / assistant, starting with the user (merge "
+                "consecutive turns of one speaker)"
+            )
+        expected = HISTORY_ROLES[1] if role == HISTORY_ROLES[0] else HISTORY_ROLES[0]
+    if history and expected != HISTORY_ROLES[0]:
+        return (
+            "the history ends with a user turn; its last turn must be the assistant's reply "
+            "(the row's question is the next user turn): add the reply, or move that text "
+            "into the question"
+        )
+    return None
+
+
+def _role_problem(index: int, role: Any) -> str:
+    """Why ``role`` cannot be a history turn's role, and what to write instead."""
+    if role == "system":
+        return (
+            f"history turn {index} is a system message; the system prompt is the "
+            "calibration's (config key system_prompt), not a turn: drop it from the history"
+        )
+    if role == "tool":
+        return (
+            f"history turn {index} is a tool result; tool calls are calibrated by running the "
+            "agent (calibrate --agent), not written into the history: drop it"
+        )
+    return f"history turn {index} has role {role!r}; use 'user' or 'assistant'"
+
+
+def check_history(history: Sequence[Sequence[str]]) -> None:
+    """Raise ValueError (the message says what to do) unless ``history`` is well-formed
+    (:func:`history_problem`)."""
+    problem = history_problem(history)
+    if problem is not None:
+        raise ValueError(problem)
+
+
+def _type_name(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, Mapping):
+        return "object"
+    if isinstance(value, (list, tuple)):
+        return "list"
+    return type(value).__name__
+
+
+def _turn(value: Any, index: int) -> tuple[str, str]:
+    """One ``{"role", "content"}`` object as a ``(role, content)`` pair.
+
+    Raises:
+        ValueError: not an object, a missing or non-string role or content, tool calls.
+    """
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"history turn {index} is a JSON {_type_name(value)}, not an object; write each "
+            'turn as {"role": "user" | "assistant", "content": "..."}'
+        )
+    if value.get("tool_calls"):
+        raise ValueError(_role_problem(index, "tool"))
+    role, content = value.get("role"), value.get("content")
+    if not isinstance(role, str):
+        raise ValueError(f"history turn {index} has no role; give it 'user' or 'assistant'")
+    if content is not None and not isinstance(content, str):
+        raise ValueError(
+            f"history turn {index} has a JSON {_type_name(content)} as content; write the "
+            "text as a string"
+        )
+    return role, content or ""
+
+
+def parse_history(value: Any) -> History:
+    """The earlier turns of a row from its ``history`` field: a JSON list of ``{"role",
+    "content"}`` objects, or (CSV/TSV) a string holding one. A missing, null, empty
+    string or empty list is no history.
+
+    Raises:
+        ValueError: the value is not such a list, or the turns break a rule of
+            :func:`history_problem` (the message names the turn and what to do).
+    """
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return ()
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"history is not valid JSON ({exc.msg} at column {exc.colno}); write it as "
+                f"{_FORMAT}"
+            ) from exc
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(
+            f"history is a JSON {_type_name(value)}, not a list of turns; write it as {_FORMAT}"
+        )
+    history = tuple(_turn(turn, i) for i, turn in enumerate(value, start=1))
+    check_history(history)
+    return history
+
+
+def parse_conversation_id(value: Any) -> str | None:
+    """A row's conversation id (a string or an integer) as a string; None when missing.
+
+    Raises:
+        ValueError: a boolean, a float, an object or a list.
+    """
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise ValueError(
+        f"conversation_id is a JSON {_type_name(value)}; write it as a string (or an integer)"
+    )
+
+
+def conversation_fields(
+    values: Mapping[str, Any], history: str | None, conversation_id: str | None
+) -> tuple[History, str | None]:
+    """A row's earlier turns and conversation id from ``values`` (field name → value as
+    read; a missing field is absent or None).
+
+    Raises:
+        ValueError: either field is malformed (the message names the field and the fix).
+    """
+    turns: History = ()
+    conversation = None
+    if history is not None:
+        value = values.get(history)
+        try:
+            turns = parse_history(value)
+        except ValueError as exc:
+            raise ValueError(f"field {history!r}: {exc}") from exc
+    if conversation_id is not None:
+        try:
+            conversation = parse_conversation_id(values.get(conversation_id))
+        except ValueError as exc:
+            raise ValueError(f"field {conversation_id!r}: {exc}") from exc
+    return turns, conversation
+
+
+def conversation_units(conversations: Sequence[str | None]) -> list[list[int]]:
+    """Indices of the rows of each conversation, conversations in order of first appearance
+    and rows in input order; a row without a conversation (None) is one of its own."""
+    units: list[list[int]] = []
+    where: dict[str, int] = {}
+    for i, conversation in enumerate(conversations):
+        if conversation is None:
+            units.append([i])
+        elif conversation in where:
+            units[where[conversation]].append(i)
+        else:
+            where[conversation] = len(units)
+            units.append([i])
+    return units

@@ -2,6 +2,8 @@
 
 The prompt ids are exactly what generation feeds the model (chat template with the
 generation prompt), so replaying ``prompt_token_ids + token_ids`` reproduces a generation.
+AI tool calls and tool results are written the template's way (:class:`ToolRendering`, the
+formats of :mod:`.tools`); conversations without them give the plain role/content dicts.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tool calling for local chat models: formats, detection, rendering, prefill and parsing.
+"""Tool calling for local chat models: formats, detection, prefill and parsing.
 
 A chat template either takes a ``tools`` list (Qwen2/2.5, Llama 3.1+, Mistral, ...) or does
 not (SmolLM2, the embedded model). One registry, :data:`FORMATS`, holds how each family
@@ -15,9 +15,12 @@ writes a call:
   are read like hermes. Tool results go into a user message
   ``<tool_response>\\n{content}\\n</tool_response>`` when the template has no tool role.
 
-Everything here is a pure function of its arguments (a tokenizer is only read). A call
-that cannot be read (bad JSON, no name, an unknown tool, arguments that are not an object)
-becomes an ``invalid_tool_calls`` entry, never an exception.
+A call forced by ``tool_choice`` is begun in the prompt (:func:`tool_prefill`); the text
+read for calls is that opening plus the generated text. Everything here is a pure function
+of its arguments (a tokenizer is only read). A call that cannot be read (bad JSON, no name,
+an unknown tool, arguments that are not an object) becomes an ``invalid_tool_calls`` entry,
+never an exception. Messages are rendered by :mod:`.encoding` (``chat_dicts`` with a
+``ToolRendering``), tool calls streamed by :func:`.streaming.reply_chunks`.
 """
 
 from __future__ import annotations
@@ -166,18 +169,19 @@ def split_llama3(text: str) -> tuple[str, list[Found]]:
     calls: list[Found] = []
     i = 0
     while True:
-        while i < len(body) and (body[i].isspace() or body[i] == ";"):
-            i += 1
-        if i >= len(body):
+        j = i  # i: the end of the last call; j: the start of the next one
+        while j < len(body) and (body[j].isspace() or body[j] == ";"):
+            j += 1
+        if j >= len(body):
             return before, calls
         try:
-            obj, after = _decode_at(body, i)
+            obj, after = _decode_at(body, j)
         except ValueError as exc:
-            if calls and body[i] != "{":
+            if calls and body[j] != "{":  # text after the calls
                 return before + body[i:], calls
-            calls.append(bad_json(body[i:].strip(), exc))
+            calls.append(bad_json(body[j:].strip(), exc))
             return before, calls
-        calls.append(found_from_object(obj, body[i:after].strip(), ("parameters", "arguments")))
+        calls.append(found_from_object(obj, body[j:after].strip(), ("parameters", "arguments")))
         i = after
 
 
@@ -291,34 +295,42 @@ def template_has_tool_role(template: str | None) -> bool:
 
 # -- the tools of one call -------------------------------------------------------------------
 
-PROMPTED_HEADER = (
-    "# Tools\n\n"
-    "You can call the following tools. Each line is one tool as JSON: its name, what it "
-    "does and its parameters (a JSON Schema).\n\n"
-)
+PROMPTED_HEADER = "You can use the following tools:\n"
 PROMPTED_FOOTER = (
-    "\n\nTo call a tool, answer with exactly:\n"
-    + _OPEN
-    + '\n{"name": "<tool name>", "arguments": {<the arguments as a JSON object>}}\n'
-    + _CLOSE
-    + "\n(one such block per call). If no tool is needed, answer directly."
+    "\n\nTo use a tool, reply with a tool call whose arguments are values taken from the "
+    "question, like:\n{example}\nIf no tool is needed, answer directly."
 )
 
 
 def prompted_tool_block(schemas: Sequence[Mapping[str, Any]]) -> str:
-    """The system-prompt text of the prompted fallback: :data:`PROMPTED_HEADER`, one JSON
-    line ``{"name", "description", "parameters"}`` per tool (in order), then
-    :data:`PROMPTED_FOOTER`. ``schemas`` are in OpenAI format."""
+    """The system-prompt text of the prompted fallback (a pure function of ``schemas``, in
+    OpenAI format, in order)::
+
+        You can use the following tools:
+        - <name>: <description>
+          Parameters (JSON Schema): <parameters as JSON>
+        ...
+
+        To use a tool, reply with a tool call whose arguments are values taken from the
+        question, like:
+        <tool_call>
+        {"name": "<first tool>", "arguments": {"<param>": "<<param>>", ...}}
+        </tool_call>
+        If no tool is needed, answer directly.
+
+    (the example names the first tool and its parameters, as :func:`prompted_call_text`
+    writes a call; the second paragraph is one line)."""
     lines = []
     for schema in schemas:
         fn = schema.get("function", schema)
-        entry = {
-            "name": fn.get("name"),
-            "description": fn.get("description", ""),
-            "parameters": fn.get("parameters", {}),
-        }
-        lines.append(json.dumps(entry, ensure_ascii=False))
-    return PROMPTED_HEADER + "\n".join(lines) + PROMPTED_FOOTER
+        params = json.dumps(fn.get("parameters", {}), ensure_ascii=False)
+        lines.append(
+            f"- {fn.get('name')}: {fn.get('description', '')}\n  Parameters (JSON Schema): {params}"
+        )
+    first = schemas[0].get("function", schemas[0]) if schemas else {}
+    props = first.get("parameters", {}).get("properties", {})
+    example = prompted_call_text(str(first.get("name", "")), {k: f"<{k}>" for k in props})
+    return PROMPTED_HEADER + "\n".join(lines) + PROMPTED_FOOTER.format(example=example)
 
 
 def prompted_call_text(name: str, args: Mapping[str, Any]) -> str:
@@ -524,14 +536,18 @@ __all__ = [
     "ParsedReply",
     "ToolCallFormat",
     "ToolSetup",
+    "call_id",
     "decode_keeping",
     "detect_tool_call_format",
     "normalize_tool_choice",
     "parse_tool_calls",
     "prompted_call_text",
     "prompted_tool_block",
+    "run_seed",
+    "schema_name",
     "template_has_tool_role",
     "tool_call_format",
     "tool_prefill",
     "tool_setup",
+    "with_tool_calls",
 ]

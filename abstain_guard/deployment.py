@@ -172,6 +172,12 @@ class DeploymentRecord(BaseModel):
             ) from exc
 
     @property
+    def calibrated_on_conversations(self) -> bool:
+        """Whether calibration had rows with earlier turns (``conversations``, or an agent
+        calibrated on conversations)."""
+        return self.conversations or (self.agent is not None and self.agent.conversations)
+
+    @property
     def tools_sha256(self) -> str | None:
         """Hash of the recorded tool schemas (None when calibrated without tools)."""
         return tools_sha256(self.tools)
@@ -250,7 +256,7 @@ def conversation_mismatches(record: DeploymentRecord, generation: Mapping[str, A
     turns included) but the artifact was calibrated on single questions. A response that
     records no count (an older model) cannot be checked here."""
     earlier = generation.get("history_messages")
-    if not earlier or record.conversations:
+    if not earlier or record.calibrated_on_conversations:
         return []
     return [conversation_refusal(int(earlier))]
 

@@ -336,6 +336,12 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
         return self._policy.rule.threshold
 
     @property
+    def policy(self) -> AbstentionPolicy:
+        """The decision policy (scoring, deployment checks), e.g. to decide a message the
+        caller generated itself (``serve`` with tools: only final answers are decided)."""
+        return self._policy
+
+    @property
     def bound_runnable(self) -> Runnable[Any, Any]:
         """The runnable that actually runs (after ``scorer.prepare``)."""
         return self._prepared

@@ -4,14 +4,18 @@ port (uvicorn on a thread, the session's shared model)."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
 
 import httpx
 import pytest
+from langchain_core.messages import AIMessage, HumanMessage
 
-from abstain_guard import GuardConfig, default_artifact_path
+from abstain_guard import GuardArtifact, GuardConfig, default_artifact_path
+from abstain_guard.errors import ArtifactMismatchError
+from abstain_guard.serve.passthrough import ModelService
 from abstain_guard.serve.runner import ServerThread
 from abstain_guard.serve.service import GuardService
 
@@ -117,7 +121,7 @@ def test_chat_openai_invoke_and_stream(server: ServerThread, in_process: Any) ->
 
 
 def test_malformed_requests_are_4xx_with_a_reason(client: Any, server: ServerThread) -> None:
-    with pytest.raises(openai.BadRequestError, match="one question"):
+    with pytest.raises(openai.BadRequestError, match="calibrated on single questions"):
         client.chat.completions.create(
             model="abstain-guard",
             messages=[*_ask(), {"role": "assistant", "content": "Paris"}, *_ask(OTHER)],
@@ -201,3 +205,89 @@ def test_shutdown_finishes_the_request_in_flight(service: GuardService) -> None:
     asker.join(120)
     assert result["response"].status_code == 200
     assert "abstention" in result["response"].json()["choices"][0]
+
+
+EARLIER = [
+    {"role": "user", "content": "Tell me about France."},
+    {"role": "assistant", "content": "France is a country in Western Europe."},
+]
+
+
+def test_a_conversation_is_served_only_by_a_guard_calibrated_on_conversations(
+    default_model: Any, service: GuardService
+) -> None:
+    """The shipped guard (single questions) refuses earlier turns, in the server and in its
+    own response check (the model records ``history_messages``); the same guard marked as
+    calibrated on conversations serves them, live score = its in-process chain's."""
+    history = [HumanMessage(EARLIER[0]["content"]), AIMessage(EARLIER[1]["content"])]
+    with pytest.raises(ArtifactMismatchError, match="carries 2 earlier messages"):
+        service.chain.invoke({"question": QUESTION, "history": history})
+    shipped = GuardArtifact.load(default_artifact_path())
+    deployment = {**shipped.metadata["deployment"], "conversations": True}
+    marked = GuardArtifact(
+        shipped.scorer,
+        shipped.scores,
+        shipped.correct,
+        shipped.model_fingerprint,
+        {**shipped.metadata, "deployment": deployment},
+    )
+    conversations = GuardService.from_artifact(
+        marked, GuardConfig(participation=0.8), model=default_model
+    )
+    in_process = conversations.chain.invoke({"question": QUESTION, "history": history})
+    assert not in_process.response_metadata["abstention"]["guarantee"].get("warnings")
+    generated = in_process.response_metadata.get("withheld_response", {}).get(
+        "response_metadata", in_process.response_metadata
+    )
+    assert generated["generation"]["history_messages"] == 2
+    with ServerThread(conversations) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+        choice = client.chat.completions.create(
+            model="abstain-guard", messages=[*EARLIER, *_ask()]
+        ).choices[0]
+    decision = choice.model_extra["abstention"]
+    assert decision["score"] == in_process.response_metadata["abstention"]["score"]
+    assert choice.message.content == in_process.content
+
+
+def test_the_passthrough_binds_tools_on_the_embedded_model(default_model: Any) -> None:
+    """``serve --no-guard`` with OpenAI tools: a forced call comes back as ``tool_calls``
+    (the embedded model's prompted tool format), with logprobs; a tool result is answered."""
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "capital_lookup",
+                "description": "The capital city of a country.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"country": {"type": "string"}},
+                    "required": ["country"],
+                },
+            },
+        }
+    ]
+    ask = [{"role": "user", "content": "What is the capital of Peru? Use the tool."}]
+    with ServerThread(ModelService(default_model, max_tokens=48)) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+        choice = client.chat.completions.create(
+            model="abstain-guard",
+            messages=ask,
+            tools=tools,
+            tool_choice="required",
+            max_tokens=48,
+            logprobs=True,
+        ).choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.logprobs.content
+        (call,) = choice.message.tool_calls
+        assert call.function.name == "capital_lookup"
+        assert "country" in json.loads(call.function.arguments)
+        result = {"role": "tool", "tool_call_id": call.id, "content": "Lima"}
+        follow_up = client.chat.completions.create(
+            model="abstain-guard",
+            messages=[*ask, choice.message.model_dump(exclude_none=True), result],
+            tools=tools,
+            max_tokens=48,
+        ).choices[0]
+    assert follow_up.finish_reason in ("stop", "length", "tool_calls")
+    assert follow_up.message.content or follow_up.message.tool_calls

@@ -36,6 +36,8 @@ def new_completion_id() -> str:
 def decision_of(answer: GuardedAnswer) -> dict[str, Any]:
     """The decision as the response shows it (JSON-safe)."""
     shown = {k: answer.decision.get(k) for k in (*DECISION_FIELDS, "reason", "error")}
+    if "tool_steps" in answer.decision:  # tool results before this final answer
+        shown["tool_steps"] = answer.decision["tool_steps"]
     return dict(json_safe(shown))
 
 
@@ -91,10 +93,15 @@ def completion_body(
     answer: GuardedAnswer, *, completion_id: str, model: str, logprobs: int | None
 ) -> dict[str, Any]:
     """The ``chat.completion`` object (``logprobs``: alternatives per token, None: off);
-    the choice's ``abstention`` field only when a guard decided."""
+    the choice's ``abstention`` field only when a guard decided; ``message.tool_calls``
+    (and ``finish_reason: "tool_calls"``) when the model called tools."""
+    message: dict[str, Any] = {"role": "assistant", "content": answer.content, "refusal": None}
+    if answer.tool_calls:
+        message["content"] = answer.content or None
+        message["tool_calls"] = answer.tool_calls
     choice: dict[str, Any] = {
         "index": 0,
-        "message": {"role": "assistant", "content": answer.content, "refusal": None},
+        "message": message,
         "logprobs": None if logprobs is None else openai_logprobs(answer, logprobs),
         "finish_reason": answer.finish_reason,
     }
@@ -138,7 +145,8 @@ def sse_chunks(
     include_usage: bool,
 ) -> Iterator[str]:
     """A decided answer as server-sent events: the role, the content (with its logprobs),
-    the finish reason with the decision, an optional usage chunk, then ``data: [DONE]``.
+    the tool calls if any (one delta, each call whole, with its ``index``), the finish
+    reason with the decision, an optional usage chunk, then ``data: [DONE]``.
 
     The guard's semantics are buffered: nothing is released before the decision, so the
     content comes in one chunk once the answer has been scored.
@@ -160,6 +168,14 @@ def sse_chunks(
             "finish_reason": None,
         },
     )
+    if answer.tool_calls:
+        calls = [{"index": i, **call} for i, call in enumerate(answer.tool_calls)]
+        yield _chunk(
+            completion_id,
+            model,
+            created,
+            {"delta": {"tool_calls": calls}, "logprobs": None, "finish_reason": None},
+        )
     last: dict[str, Any] = {"delta": {}, "logprobs": None, "finish_reason": answer.finish_reason}
     if answer.decision:
         last["abstention"] = decision_of(answer)

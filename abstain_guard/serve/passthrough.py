@@ -6,8 +6,12 @@ perplexity guard calibrated on it as an API chat model (``ChatOpenAI(base_url=..
 docs/serving.md) then runs the way a guard around a hosted API would.
 
 Without a guard there is no calibrated prompt or budget to protect, so a request may carry a
-conversation, its own system prompt and ``max_tokens`` (up to the server's limit); size
-limits, roles, overload (429 / 503 with ``Retry-After``) and metrics are as for the guard.
+conversation, its own system prompt and ``max_tokens`` (up to the server's limit), and
+OpenAI ``tools`` / ``tool_choice``: they are bound on the model (``bind_tools``), its calls
+come back as ``message.tool_calls`` (``finish_reason: "tool_calls"``), and assistant tool
+calls and ``tool`` results in the conversation render in the model's tool format, so an
+API chat model pointed here (``ChatOpenAI(base_url=...)``) can run a tool-calling agent.
+Size limits, overload (429 / 503 with ``Retry-After``) and metrics are as for the guard.
 """
 
 from __future__ import annotations
@@ -15,23 +19,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages import BaseMessage
 
 from abstain_guard.errors import InvalidInputError, SchedulerFullError
+from abstain_guard.serve.conversation import to_messages, tool_choice_name
+from abstain_guard.serve.guard_rules import request_tools
 from abstain_guard.serve.schemas import ChatCompletionRequest, RequestRefused
 from abstain_guard.serve.service import Admission, GuardedAnswer, answer_of
 
 __all__ = ["ModelCall", "ModelService"]
 
-_ROLES = {"system": SystemMessage, "developer": SystemMessage, "user": HumanMessage}
-
 
 @dataclass(frozen=True)
 class ModelCall:
-    """One request as the model runs it: the messages and the call options."""
+    """One request as the model runs it: the messages, the call options, the tools (OpenAI
+    format) and the model with them and their ``tool_choice`` bound (None: no tools)."""
 
     messages: list[BaseMessage]
     options: dict[str, Any] = field(default_factory=dict)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    runnable: Any = None
 
 
 class ModelService(Admission):
@@ -72,27 +79,35 @@ class ModelService(Admission):
         return int(getattr(self.chat_model, "top_logprobs", 0) or 0)
 
     def question(self, request: ChatCompletionRequest) -> ModelCall:
-        """The messages and options of ``request``.
+        """The messages, options and tools of ``request``.
 
         Raises:
-            RequestRefused: roles other than system / developer / user / assistant, no user
+            RequestRefused: an unknown role, a malformed tool call or tool result, no user
                 message, a budget over the server's limit, or options the model lacks.
         """
-        messages: list[BaseMessage] = []
-        for m in request.messages:
-            if m.role == "assistant":
-                messages.append(AIMessage(content=m.text()))
-            elif m.role in _ROLES:
-                messages.append(_ROLES[m.role](content=m.text()))
-            else:
-                raise RequestRefused(
-                    f"Messages with role {m.role!r} are not accepted; use system, developer, "
-                    "user and assistant messages (no tools).",
-                    param="messages",
-                )
+        messages = to_messages(request.messages)
         if not any(m.role == "user" for m in request.messages):
             raise RequestRefused("The request has no user message; send one.", param="messages")
-        return ModelCall(messages, self._options(request))
+        tools = request_tools(request)
+        choice = request.tool_choice
+        if not tools and tool_choice_name(choice) not in (None, "none", "auto"):
+            raise RequestRefused(f"tool_choice={choice!r} needs tools; send them.", param="tools")
+        options = self._options(request)
+        return ModelCall(messages, options, tools, self._with_tools(tools, choice))
+
+    def _with_tools(self, tools: list[dict[str, Any]], choice: Any) -> Any:
+        """The model with ``tools`` and ``choice`` bound (None without tools).
+
+        Raises:
+            RequestRefused: the model cannot call tools, or ``choice`` names no tool.
+        """
+        if not tools:
+            return None
+        try:
+            bound = self.chat_model.bind_tools(tools, tool_choice=choice)
+        except (NotImplementedError, InvalidInputError) as exc:
+            raise RequestRefused(f"tools cannot be bound: {exc}", param="tool_choice") from exc
+        return bound.bind(capture_geometry=False)
 
     def _options(self, request: ChatCompletionRequest) -> dict[str, Any]:
         budget = request.token_budget or self.max_tokens
@@ -108,7 +123,6 @@ class ModelService(Admission):
             "frequency_penalty": request.frequency_penalty not in (None, 0),
             "presence_penalty": request.presence_penalty not in (None, 0),
             "logit_bias": bool(request.logit_bias),
-            "tools": bool(request.tools),
             "response_format": (request.response_format or {}).get("type", "text") != "text",
         }
         for param, bad in unsupported.items():
@@ -137,8 +151,9 @@ class ModelService(Admission):
             RequestRefused: 400 for input the model cannot take (too long for its context,
                 options out of range), 503 when its queue is full.
         """
+        model = self.model if call.runnable is None else call.runnable
         try:
-            message = await self.model.ainvoke(call.messages, **call.options)
+            message = await model.ainvoke(call.messages, **call.options)
         except SchedulerFullError as exc:
             raise self.queue_full(exc) from exc
         except InvalidInputError as exc:  # ContextLengthError too

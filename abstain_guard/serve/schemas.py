@@ -17,9 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 __all__ = [
     "ChatCompletionRequest",
     "ChatMessageIn",
+    "FunctionCallIn",
     "RequestLimits",
     "RequestRefused",
     "StreamOptions",
+    "ToolCallIn",
     "parse_request",
 ]
 
@@ -82,14 +84,38 @@ class TextPart(BaseModel):
     text: str | None = None
 
 
+class FunctionCallIn(BaseModel):
+    """The function of a tool call an assistant message made: its name and arguments (a
+    JSON string, as OpenAI sends them, or an object)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCallIn(BaseModel):
+    """One tool call of an earlier assistant message (OpenAI format)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    type: str = "function"
+    function: FunctionCallIn
+
+
 class ChatMessageIn(BaseModel):
     """One message of the conversation (its role is checked against the calibrated prompt
-    later, with a message that says which roles are accepted)."""
+    later, with a message that says which roles are accepted): ``tool_calls`` of an
+    assistant message, ``tool_call_id`` (and ``name``) of a ``tool`` result."""
 
     model_config = ConfigDict(extra="ignore")
 
     role: str
     content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
     def text(self) -> str:
         """The content as text (text parts joined).
@@ -144,6 +170,8 @@ class ChatCompletionRequest(BaseModel):
     presence_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
 
     @property

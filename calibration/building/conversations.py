@@ -22,7 +22,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from abstain_guard.prompts import HISTORY_ROLES
+from abstain_guard.prompts import history_problem, history_role_problem
 
 __all__ = [
     "History",
@@ -39,52 +39,6 @@ __all__ = [
 History = tuple[tuple[str, str], ...]
 
 _FORMAT = '[{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}]'
-
-
-def history_problem(history: Sequence[Sequence[str]]) -> str | None:
-    """What is wrong with ``history`` (``(role, content)`` pairs) and what to do, or None.
-
-    Rules: roles ``"user"`` / ``"assistant"`` only, non-blank string contents, turns that
-    alternate starting with the user and ending with the assistant's reply.
-    """
-    expected = HISTORY_ROLES[0]
-    for i, turn in enumerate(history, start=1):
-        if not isinstance(turn, (tuple, list)) or len(turn) != 2:
-            return f"history turn {i} is not a (role, content) pair"
-        role, content = turn
-        if role not in HISTORY_ROLES:
-            return _role_problem(i, role)
-        if not isinstance(content, str) or not content.strip():
-            return f"history turn {i} ({role}) has no content; give every turn its text"
-        if role != expected:
-            return (
-                f"history turn {i} is a {role!r} turn where a {expected!r} turn belongs: "
-                "turns must alternate user / assistant, starting with the user (merge "
-                "consecutive turns of one speaker)"
-            )
-        expected = HISTORY_ROLES[1] if role == HISTORY_ROLES[0] else HISTORY_ROLES[0]
-    if history and expected != HISTORY_ROLES[0]:
-        return (
-            "the history ends with a user turn; its last turn must be the assistant's reply "
-            "(the row's question is the next user turn): add the reply, or move that text "
-            "into the question"
-        )
-    return None
-
-
-def _role_problem(index: int, role: Any) -> str:
-    """Why ``role`` cannot be a history turn's role, and what to write instead."""
-    if role == "system":
-        return (
-            f"history turn {index} is a system message; the system prompt is the "
-            "calibration's (config key system_prompt), not a turn: drop it from the history"
-        )
-    if role == "tool":
-        return (
-            f"history turn {index} is a tool result; tool calls are calibrated by running the "
-            "agent (calibrate --agent), not written into the history: drop it"
-        )
-    return f"history turn {index} has role {role!r}; use 'user' or 'assistant'"
 
 
 def check_history(history: Sequence[Sequence[str]]) -> None:
@@ -119,7 +73,7 @@ def _turn(value: Any, index: int) -> tuple[str, str]:
             'turn as {"role": "user" | "assistant", "content": "..."}'
         )
     if value.get("tool_calls"):
-        raise ValueError(_role_problem(index, "tool"))
+        raise ValueError(history_role_problem(index, "tool"))
     role, content = value.get("role"), value.get("content")
     if not isinstance(role, str):
         raise ValueError(f"history turn {index} has no role; give it 'user' or 'assistant'")

@@ -1,0 +1,155 @@
+"""What a request may carry, given what the served artifact was calibrated on.
+
+The guarantee covers answers produced the way calibration produced them, so the server
+refuses (400, saying what was calibrated and what to do) a request that would be run
+otherwise:
+
+* ``tools``: exactly the calibrated tool schemas (compared by
+  :func:`~abstain_guard.deployment.tools_sha256`), none for an artifact calibrated without;
+  ``tool_choice``: the one the final answers were calibrated with (``auto`` when none);
+* earlier turns before the question: only an artifact calibrated on conversations
+  (:attr:`~abstain_guard.deployment.DeploymentRecord.calibrated_on_conversations`), in the
+  calibrated shape (alternating user / assistant turns);
+* assistant tool calls and tool results: only an artifact calibrated on an agent; after the
+  question only the agent's steps may follow, ending with tool results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.utils.function_calling import convert_to_openai_tool
+
+from abstain_guard.deployment import DeploymentRecord, conversation_refusal, tools_sha256
+from abstain_guard.prompts import history_problem
+from abstain_guard.serve.conversation import Turns, is_tool_turn, tool_choice_name
+from abstain_guard.serve.schemas import ChatCompletionRequest, RequestRefused
+
+__all__ = ["check_tools", "check_turns", "request_tools", "tool_name"]
+
+#: How to calibrate an agent with its tools (named in refusals).
+CALIBRATE_AGENT = "calibrate the agent as deployed with `abstain-guard calibrate --agent`"
+
+
+def tool_name(schema: Mapping[str, Any]) -> str:
+    """The tool name of an OpenAI-format schema."""
+    return str((schema.get("function") or {}).get("name", schema.get("name", "?")))
+
+
+def request_tools(request: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """The request's tools in OpenAI format (as a chat model's ``bind_tools`` records them).
+
+    Raises:
+        RequestRefused: a tool that is not a function schema.
+    """
+    tools = []
+    for i, tool in enumerate(request.tools or []):
+        try:
+            tools.append(convert_to_openai_tool(tool))
+        except (TypeError, ValueError, KeyError) as exc:
+            raise RequestRefused(
+                f"tools.{i} is not a function tool schema ({exc}); send "
+                '{"type": "function", "function": {"name", "description", "parameters"}}.',
+                param=f"tools.{i}",
+            ) from exc
+    return tools
+
+
+def check_tools(record: DeploymentRecord, request: ChatCompletionRequest) -> str | None:
+    """Check the request's ``tools`` and ``tool_choice`` against the calibration; return
+    the ``tool_choice`` to bind (None: the model decides).
+
+    Raises:
+        RequestRefused: other tools than the calibrated ones (or tools where calibration
+            had none, or none where it had some), or another ``tool_choice``.
+    """
+    calibrated = [tool_name(t) for t in record.tools or []]
+    offered = request_tools(request)
+    if tools_sha256(offered) != record.tools_sha256:
+        if not calibrated:
+            message = (
+                "tools are not accepted: this guard was calibrated without tools, on "
+                f"questions answered directly. Omit tools, or {CALIBRATE_AGENT}."
+            )
+        elif not offered:
+            message = (
+                f"This guard was calibrated with the tools {calibrated} (an agent); send "
+                "exactly those tool schemas with every request (GET /healthz lists them)."
+            )
+        else:
+            message = (
+                f"The tools {[tool_name(t) for t in offered]} differ from the ones this guard "
+                f"was calibrated with: {calibrated}. Send exactly the calibrated schemas "
+                f"(same names, descriptions and parameters), or {CALIBRATE_AGENT} with these."
+            )
+        raise RequestRefused(message, param="tools", code="tools_not_calibrated")
+    return _tool_choice(record, request)
+
+
+def _tool_choice(record: DeploymentRecord, request: ChatCompletionRequest) -> str | None:
+    """The ``tool_choice`` to bind: the calibrated final one; a request may name it (or
+    ``auto`` when the model decided at calibration) or omit it.
+
+    Raises:
+        RequestRefused: ``tool_choice`` without tools, or another one than calibrated.
+    """
+    asked = tool_choice_name(request.tool_choice)
+    if not record.tools:
+        if asked not in (None, "none", "auto"):
+            raise RequestRefused(
+                f"tool_choice={asked!r} needs tools, and this guard was calibrated without "
+                "tools; omit tool_choice.",
+                param="tool_choice",
+            )
+        return None
+    final = record.agent.final_tool_choice if record.agent is not None else None
+    calibrated = None if final in (None, "auto") else final
+    if asked is not None and (None if asked == "auto" else asked) != calibrated:
+        raise RequestRefused(
+            f"tool_choice={asked!r}, but this guard's final answers were calibrated with "
+            f"tool_choice={calibrated or 'auto'!r}; omit tool_choice.",
+            param="tool_choice",
+        )
+    return calibrated
+
+
+def check_turns(record: DeploymentRecord, turns: Turns) -> None:
+    """Check the conversation's shape against the calibration.
+
+    Raises:
+        RequestRefused: earlier turns for an artifact calibrated on single questions (or in
+            a shape calibration never had), tool calls or results for one not calibrated on
+            an agent, or steps after the question that are not tool calls and results.
+    """
+    if turns.tool_turns and (record.agent is None or not record.tools):
+        raise RequestRefused(
+            "Assistant tool calls and tool results are accepted only by a guard calibrated "
+            "on an agent with its tools; this one was calibrated on questions answered "
+            f"directly. Send the question alone, or {CALIBRATE_AGENT}.",
+            param="messages",
+        )
+    if turns.steps:
+        last = turns.steps[-1]
+        if not all(is_tool_turn(m) for m in turns.steps) or not isinstance(last, ToolMessage):
+            raise RequestRefused(
+                "After the question only the assistant's tool calls and their results may "
+                "follow, ending with a tool result: end the messages with the question or "
+                "with tool results.",
+                param="messages",
+            )
+    if not turns.history:
+        return
+    if not record.calibrated_on_conversations:
+        refusal = conversation_refusal(len(turns.history))
+        raise RequestRefused(refusal[0].upper() + refusal[1:] + ".", param="messages")
+    said = [m for m in turns.history if not is_tool_turn(m)]
+    pairs = [("user" if isinstance(m, HumanMessage) else "assistant", m.text) for m in said]
+    problem = history_problem(pairs)
+    if problem is not None or not all(isinstance(m, (HumanMessage, AIMessage)) for m in said):
+        raise RequestRefused(
+            "The earlier turns are not in the shape this guard was calibrated on "
+            f"(user / assistant turns alternating, ending with the assistant): {problem}.",
+            param="messages",
+        )

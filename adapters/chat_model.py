@@ -363,6 +363,7 @@ class GeometryChatModel(BaseChatModel):
         taken out of ``kwargs`` first: they are not generation options)."""
         rest = dict(kwargs)
         tools, choice = rest.pop("tools", None), rest.pop("tool_choice", None)
+        rest.pop("ls_structured_output_format", None)  # tracing hint of with_structured_output
         return self._options(stop, rest), tool_setup(tools, choice, self.tool_call_format)
 
     def _with_calls(
@@ -443,6 +444,7 @@ class GeometryChatModel(BaseChatModel):
             if run_manager:
                 run_manager.on_llm_new_token(str(chunk.message.content), chunk=chunk)
             yield chunk
+        yield last_chunk(msg)
 
     async def _astream(
         self,
@@ -470,17 +472,16 @@ class GeometryChatModel(BaseChatModel):
             if run_manager:
                 await run_manager.on_llm_new_token(str(chunk.message.content), chunk=chunk)
             yield chunk
+        yield last_chunk(msg)
 
     @staticmethod
     def _closing_chunks(msg: AIMessage, text: IncrementalText | None) -> list[ChatGenerationChunk]:
-        """The chunks after the token stream: the text not yet released (``text``; without
-        tools) or the whole reply with its tool calls, then the metadata chunk."""
+        """The chunks after the token stream, before the metadata chunk: the text not yet
+        released (``text``; without tools) or the whole reply with its tool calls."""
         if text is None:
-            chunks = reply_chunks(msg)
-        else:
-            rest = text.finish(str(msg.content))
-            chunks = [text_chunk(rest)] if rest else []
-        return [*chunks, last_chunk(msg)]
+            return reply_chunks(msg)
+        rest = text.finish(str(msg.content))
+        return [text_chunk(rest)] if rest else []
 
     def _submitter(
         self, prompt: list[int], opts: dict[str, Any]

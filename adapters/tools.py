@@ -248,7 +248,9 @@ class ToolCallFormat:
 
 
 FORMATS: dict[str, ToolCallFormat] = {
-    HERMES: ToolCallFormat(HERMES, True, split_hermes, _OPEN + '\n{"name": "', markers=(_OPEN,)),
+    HERMES: ToolCallFormat(
+        HERMES, True, split_hermes, _OPEN + '\n{"name": "', markers=(_OPEN, _CLOSE)
+    ),
     LLAMA3: ToolCallFormat(
         LLAMA3, True, split_llama3, '{"name": "', "parameters", markers=(_PYTHON_TAG,)
     ),
@@ -260,7 +262,9 @@ FORMATS: dict[str, ToolCallFormat] = {
         markers=(_MISTRAL_TAG, _MISTRAL_ARGS),
         short_ids=True,
     ),
-    PROMPTED: ToolCallFormat(PROMPTED, False, split_hermes, _OPEN + '\n{"name": "'),
+    PROMPTED: ToolCallFormat(
+        PROMPTED, False, split_hermes, _OPEN + '\n{"name": "', markers=(_OPEN, _CLOSE)
+    ),
 }
 """Every tool-call format, by name."""
 

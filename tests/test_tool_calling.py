@@ -815,6 +815,24 @@ def test_an_agent_round_trip_on_a_scripted_tiny_model(tiny: dict[str, GeometryCh
     assert answer.response_metadata["generation"]["tools_sha256"] == tools_sha256([SCHEMA])
 
 
+def test_structured_output_through_tool_calling(tiny: dict[str, GeometryChatModel]) -> None:
+    """with_structured_output (LangChain's default: bind_tools with tool_choice="any") works
+    through invoke and batch."""
+    from pydantic import BaseModel
+
+    class Capital(BaseModel):
+        """The capital of a country."""
+
+        country: str
+        capital: str
+
+    model = _with_template(tiny["llama"], HERMES)
+    structured = model.with_structured_output(Capital)
+    with scripted(model, 'Capital", "arguments": {"country": "Peru", "capital": "Lima"}}'):
+        assert structured.invoke(QUESTION) == Capital(country="Peru", capital="Lima")
+        assert structured.batch([QUESTION]) == [Capital(country="Peru", capital="Lima")]
+
+
 # -- the real embedded model -----------------------------------------------------------------
 
 

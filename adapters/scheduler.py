@@ -20,7 +20,9 @@ and generates runs its requests itself, inline, with the same engine (same numbe
 
 from __future__ import annotations
 
+import atexit
 import threading
+import weakref
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -102,6 +104,7 @@ class GenerationScheduler:
                 self._worker = threading.Thread(
                     target=self._work, name="abstain-guard-scheduler", daemon=True
                 )
+                _WORKERS.add(self._worker)
                 self._worker.start()
             self._cond.notify_all()
         return [p.future for p in pending]
@@ -195,6 +198,21 @@ class _Runner:
         """Hand ``exc`` to the callers of ``rows``."""
         for row in rows:
             self.futures.pop(id(row)).set_exception(exc)
+
+
+#: Scheduler workers started in this process (see :func:`_join_workers`).
+_WORKERS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+
+@atexit.register
+def _join_workers(timeout: float = 30.0) -> None:
+    """At interpreter exit, let each worker finish what it is doing (it exits by itself once
+    its queue is empty). A daemon worker still inside a torch call when the interpreter
+    tears torch's thread pools down aborts the process ("terminate called without an active
+    exception", exit code 134) after the program's own work succeeded."""
+    for worker in list(_WORKERS):
+        if worker is not threading.current_thread():
+            worker.join(timeout)
 
 
 def _owns(lock: object) -> bool:

@@ -135,7 +135,9 @@ class AgentRun:
     """One agent run on one question.
 
     Attributes:
-        final: the final answer (an AI message without tool calls), or None.
+        final: the final answer (an AI message without parsed tool calls: the message
+            :class:`~abstain_guard.middleware.AbstentionMiddleware` gates live, which may
+            carry malformed calls in ``invalid_tool_calls``), or None.
         reason: :data:`FINAL_ANSWER`, ``"step_limit"``, ``"no_final_answer"`` (the run
             ended on a message that is not a final answer) or ``"error: <Type>: ..."``.
         messages: the run's messages after the input (AI messages with their tool calls,
@@ -218,7 +220,9 @@ def run_agent(agent: Any, inputs: Sequence[BaseMessage], step_limit: int) -> Age
     messages = list(state.get("messages", []))[len(inputs) :]
     as_json = [_message_json(m) for m in messages]
     last = messages[-1] if messages else None
-    if isinstance(last, AIMessage) and not last.tool_calls and not last.invalid_tool_calls:
+    if isinstance(last, AIMessage) and not last.tool_calls:
+        # what the middleware gates live: an AI message without (parsed) tool calls, even one
+        # whose only content was a malformed call (it reaches the user as it is)
         return AgentRun(last, FINAL_ANSWER, as_json, recorder.calls)
     return AgentRun(None, "no_final_answer", as_json, recorder.calls)
 
@@ -330,7 +334,7 @@ def offered_once(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {
         "system_prompt": next(iter(systems.values()), None),
         "tools": next(iter(tools.values()), None),
-        "final_tool_choice": sorted(map(str, finals))[0] if len(finals) == 1 else None,
+        "final_tool_choice": next(iter(finals)) if len(finals) == 1 else None,
     }
 
 

@@ -364,7 +364,10 @@ class GeometryChatModel(BaseChatModel):
         rest = dict(kwargs)
         tools, choice = rest.pop("tools", None), rest.pop("tool_choice", None)
         rest.pop("ls_structured_output_format", None)  # tracing hint of with_structured_output
-        return self._options(stop, rest), tool_setup(tools, choice, self.tool_call_format)
+        opts = self._options(stop, rest)
+        setup = tool_setup(tools, choice, self.tool_call_format)
+        opts["end_markers"] = list(setup.end_markers) if setup is not None else []
+        return opts, setup
 
     def _with_calls(
         self,

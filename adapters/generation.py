@@ -158,7 +158,7 @@ def generation_requests(
             top_p=float(opts["top_p"]),
             top_k=opts["top_k"],
             seed=opts["seed"],
-            stop=list(opts["stop"]),
+            stop=[*opts["stop"], *opts.get("end_markers", ())],
             capture=bool(opts["capture_geometry"]) or keep_states,
             capture_mode=str(opts.get("capture", "full")),
             reference=reference,
@@ -286,6 +286,8 @@ def to_message(
         if pos >= 0:
             text = text[:pos]
             finish = "stop"
+    if any(m in text for m in opts.get("end_markers", ())):
+        finish = "stop"  # a complete call in the prompted format: kept, not cut
     meta = token_metadata(
         tokenizer, model_name, prompt, ids, gen.logits, finish, int(opts["top_logprobs"])
     )

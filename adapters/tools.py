@@ -415,6 +415,14 @@ class ToolSetup:
         """See :func:`tool_prefill`."""
         return tool_prefill(self.format, self.choice)
 
+    @property
+    def end_markers(self) -> tuple[str, ...]:
+        """Text after which generation ends (the text is kept): ``</tool_call>`` in the
+        prompted format, whose models know no end-of-call token of their own — one call
+        per model turn, and no tokens spent on what a small model writes after it.
+        Template formats end with the model's own EOS (parallel calls stay possible)."""
+        return ("</tool_call>",) if self.format == "prompted" else ()
+
     def record(self) -> dict[str, Any]:
         """The generation-record keys of tool calling (see :data:`NO_TOOLS_RECORD`)."""
         return {

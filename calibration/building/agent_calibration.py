@@ -210,4 +210,5 @@ def agent_deployment_record(
         },
         tools=offered["tools"],
         agent=agent,
+        conversations=agent.conversations,
     )

@@ -36,6 +36,7 @@ from abstain_guard.calibration.building.generation import LIKELIHOOD_METADATA
 from abstain_guard.calibration.building.store import RunStore, content_key
 from abstain_guard.deployment import tools_sha256
 from abstain_guard.errors import CalibrationError, ConfigError
+from abstain_guard.prompts import history_messages
 
 __all__ = [
     "AGENT_NS",
@@ -191,19 +192,7 @@ def _message_json(m: BaseMessage) -> dict[str, Any]:
 def agent_inputs(item: QAItem) -> list[BaseMessage]:
     """The input messages of one calibration question: its earlier turns (a conversation
     row), then the question as the user's message (multiple-choice options included)."""
-    history = [_history_message(role, text) for role, text in getattr(item, "history", ())]
-    return [*history, HumanMessage(content=item.prompt_text())]
-
-
-def _history_message(role: str, content: str) -> BaseMessage:
-    """One earlier turn ``(role, content)`` of a conversation row as a message."""
-    if role in ("user", "human"):
-        return HumanMessage(content=content)
-    if role in ("assistant", "ai"):
-        return AIMessage(content=content)
-    if role == "system":
-        return SystemMessage(content=content)
-    raise CalibrationError(f"a conversation turn has role {role!r}; use 'user' or 'assistant'")
+    return [*history_messages(item.history), HumanMessage(content=item.prompt_text())]
 
 
 def run_agent(agent: Any, inputs: Sequence[BaseMessage], step_limit: int) -> AgentRun:

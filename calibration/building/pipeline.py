@@ -513,8 +513,17 @@ def fit_and_score(
 
 
 def items_digest(items: Sequence[QAItem]) -> str:
-    """Content hash of the questions a run used (ids, texts, golds, choices, kinds)."""
+    """Content hash of the questions a run used (ids, texts, golds, choices, kinds; the
+    history and conversation of conversation rows — single questions hash as before)."""
     return content_key(
         "items",
-        [[it.id, it.question, list(it.answers), list(it.choices), it.kind] for it in items],
+        [
+            [it.id, it.question, list(it.answers), list(it.choices), it.kind]
+            + (
+                [[list(t) for t in it.history], it.conversation]
+                if it.history or it.conversation
+                else []
+            )
+            for it in items
+        ],
     )

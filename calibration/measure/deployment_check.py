@@ -34,6 +34,7 @@ from abstain_guard.calibration.measure.held_out import artifact_items
 from abstain_guard.chains import load_guard_chain
 from abstain_guard.deployment import DeploymentRecord
 from abstain_guard.errors import ConfigError
+from abstain_guard.prompts import history_messages
 
 __all__ = ["live_check", "summarize_live"]
 
@@ -278,7 +279,10 @@ def _run_live(
     live_answers: dict[str, dict[str, Any]] = {}
     rows = []
     for it in tqdm(items, desc="live", disable=not progress, unit="q"):
-        msg = chains[it.kind][0].invoke({"question": it.prompt_text()})
+        inputs: dict[str, Any] = {"question": it.prompt_text()}
+        if it.history:  # a conversation row: the earlier turns, as calibration sent them
+            inputs["history"] = history_messages(it.history)
+        msg = chains[it.kind][0].invoke(inputs)
         info = msg.response_metadata["abstention"]
         meta = _generated(msg)
         withheld = msg.response_metadata.get("withheld_response") or {}

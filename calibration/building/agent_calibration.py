@@ -29,6 +29,7 @@ from abstain_guard.calibration.building.config import FIT_SCORERS, CalibrationCo
 from abstain_guard.calibration.building.datasets import QAItem
 from abstain_guard.calibration.building.generation import HELD_OUT, means_digest
 from abstain_guard.calibration.building.online_geometry import check_two_classes
+from abstain_guard.chat_models import ChatModelRecord, ChatModelSpec
 from abstain_guard.deployment import AgentRecord, DeploymentRecord, PromptRecord, sha256_text
 from abstain_guard.errors import CalibrationError
 
@@ -174,8 +175,19 @@ def agent_deployment_record(
         ),
         {},
     )
-    budget = generation.get("max_new_tokens") or getattr(model, "max_new_tokens", None)
-    if not budget:
+    api = None
+    if isinstance(config.model, ChatModelSpec):  # an API chat model: its class and settings
+        api = ChatModelRecord.of(config.model, model)
+        budget = getattr(model, "max_tokens", None) or config.max_new_tokens
+        if not budget:
+            raise CalibrationError(
+                "an agent on an API chat model needs its token budget in the model's own "
+                "settings: add max_tokens to the model's kwargs (or max_new_tokens to the "
+                "config), so that the deployed agent's model can be checked against it"
+            )
+    else:
+        budget = generation.get("max_new_tokens") or getattr(model, "max_new_tokens", None)
+    if not any(has_final_answer(row) for row in rows):
         raise CalibrationError("no agent run ended with a final answer; nothing to calibrate")
     settings = getattr(model, "decoding_settings", None)
     system = offered["system_prompt"]
@@ -194,10 +206,10 @@ def agent_deployment_record(
             "the final answers' recorded system prompt is not the one the agent's calls "
             "carried; the agent changes its prompt between calls"
         )
+    fingerprint = api.fingerprint if api is not None else getattr(model, "fingerprint", None)
     return DeploymentRecord(
-        model_fingerprint=None
-        if getattr(model, "fingerprint", None) is None
-        else str(model.fingerprint),
+        chat_model=api,
+        model_fingerprint=None if fingerprint is None else str(fingerprint),
         chat_template_sha256=getattr(model, "chat_template_sha256", None),
         decoding=settings() if callable(settings) else {},
         prompts={

@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.model, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
 FACTORY = "examples.country_agent:build_forced_agent"
 DATA = "builtin:capital,currency,continent"
-ITEMS = builtin_probe_set(relations=("capital", "currency", "continent"))[:16]
+ITEMS = builtin_probe_set(relations=("capital", "currency", "continent"))[:10]
 BUDGET = 32
 
 
@@ -79,7 +79,7 @@ def calibrated(agent_model: Any, example: Any, tmp_path_factory: pytest.TempPath
         agent_step_limit=6,
         scorer="perplexity",
         max_new_tokens=BUDGET,
-        ratios=(1, 1, 1, 1),
+        ratios=(1, 1, 6, 2),
         participation=0.5,
         cache_dir=str(tmp / "run.cache"),
         limit=len(ITEMS),

@@ -164,3 +164,10 @@ def test_builtin_v1_is_the_first_release_of_the_probe_set() -> None:
     current, _ = load_items("builtin", CalibrationConfig())
     assert len(first) == 1077 and len(current) > 3000
     assert {it.id for it in first} < {it.id for it in current}
+
+
+def test_small_reference_and_train_splits_only_matter_to_a_fitted_scorer() -> None:
+    splits = {"reference": _items(1), "train": _items(1), "calibration": _items(6), "test": []}
+    with pytest.raises(InsufficientDataError, match="reference split has only 1"):
+        check_split_sizes(splits, CalibrationConfig(participation=0.5, scorer="geometry"))
+    check_split_sizes(splits, CalibrationConfig(participation=0.5, scorer="perplexity"))

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from abstain_guard import conformal
-from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.config import FIT_SCORERS, CalibrationConfig
 from abstain_guard.calibration.building.dataset_files import load_dataset
 from abstain_guard.calibration.building.datasets import QAItem
 from abstain_guard.calibration.building.judges.text import alias_tokens
@@ -239,6 +239,8 @@ def check_split_sizes(splits: dict[str, list[QAItem]], config: CalibrationConfig
         )
         logger.warning(note)
         warnings.warn(note, ConformalWarning, stacklevel=3)
+    if config.scorer not in FIT_SCORERS:  # a likelihood scorer fits nothing on them
+        return
     for name in ("reference", "train"):
         if len(splits[name]) < 4:
             raise InsufficientDataError(

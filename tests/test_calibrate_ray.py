@@ -201,3 +201,40 @@ def test_a_chunk_that_keeps_failing_is_reported_and_the_others_are_stored(
     assert "chunk 2 (questions q2, bad)" in message and "this chunk always fails" in message
     assert "run the same command again" in message
     ex.shutdown()
+
+
+def _agent_runs(cache: Path) -> dict[str, str]:
+    with sqlite3.connect(cache / "run.sqlite") as conn:
+        return dict(conn.execute("SELECT key, value FROM kv WHERE ns = 'agent_runs'"))
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_agent_runs_on_ray_replicas_are_the_local_ones(
+    executor: RayExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``calibrate --agent --executor ray``: the replicas build the agent from its factory
+    and run the questions; every stored run (messages, tool calls, final answer's ids and
+    logprobs) is bitwise the local run's, and so is the artifact."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # examples/ is importable
+    items = builtin_probe_set(relations=("capital", "currency", "continent"))[:6]
+    agent = {
+        "agent": "examples.country_agent:build_forced_agent",
+        "agent_step_limit": 6,
+        "scorer": "perplexity",
+        "ratios": (1, 1, 3, 1),
+        "participation": 0.5,
+    }
+    calibrate(items, tmp_path / "local", config=_config(tmp_path, "local", **agent), progress=False)
+    calibrate(
+        items,
+        tmp_path / "ray",
+        config=_config(tmp_path, "ray", executor="ray", replicas=2, **agent),
+        executor=executor,
+        progress=False,
+    )
+    local, remote = _agent_runs(tmp_path / "local.cache"), _agent_runs(tmp_path / "ray.cache")
+    assert local.keys() == remote.keys() and len(local) == len(items)
+    assert [k for k in local if local[k] != remote[k]] == []
+    left, right = GuardArtifact.load(tmp_path / "local"), GuardArtifact.load(tmp_path / "ray")
+    np.testing.assert_array_equal(left.scores, right.scores)

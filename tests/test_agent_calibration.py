@@ -195,3 +195,12 @@ def test_the_trace_shows_the_tool_step_and_the_decision(
     assert any(r.run_type == "tool" and r.name == "country_facts" for r in runs)
     (node,) = [r for r in runs if {"abstained", "answered"} & set(r.tags or [])]
     assert node.extra["metadata"][EVENT_NAME]["tool_steps"] == decision["tool_steps"]
+
+
+def test_the_example_deploys_the_calibrated_agent(
+    calibrated: Any, agent_model: Any, example: Any
+) -> None:
+    tmp, _, _ = calibrated
+    (final,) = example.main(str(tmp / "guard"), model=agent_model, questions=[ITEMS[1].question])
+    info = final.response_metadata["abstention"]
+    assert info["tool_steps"] >= 1 and info["abstained"] == (info["score"] > info["threshold"])

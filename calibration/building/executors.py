@@ -8,7 +8,8 @@ hands the chunks not yet cached to :meth:`RayExecutor.generate`; each actor runs
 the rows -- answer text, token ids, logprobs, entropies, geometry features Ω/Θ/Φ -- and, for
 the reference split of a geometry scorer, the per-token states its means are fitted on. The
 driver stores each chunk as it arrives, so a killed driver or a lost worker resumes from what
-is cached. Judging: :class:`RayJudge` sends the verdicts not yet cached to the actors.
+is cached. Judging: :class:`~.ray_judges.RayJudge` sends the verdicts not yet cached to the
+actors.
 
 Numerics: a greedy answer is the same whatever process generates it only if the BLAS kernels
 split their sums the same way; CPU results depend on torch's intra-op thread count (checked
@@ -43,7 +44,7 @@ from abstain_guard.errors import ConfigError, DistributedChunkError
 
 logger = logging.getLogger("abstain_guard.calibration")
 
-__all__ = ["AGENT_CHUNK", "JUDGE_CHUNK", "RayExecutor", "RayJudge", "import_ray", "local_threads"]
+__all__ = ["AGENT_CHUNK", "JUDGE_CHUNK", "RayExecutor", "import_ray", "local_threads"]
 
 #: Answers judged per remote call.
 JUDGE_CHUNK = 64
@@ -445,63 +446,6 @@ class RayExecutor:
         self.actors = []
         if self.owns_ray:
             self.ray.shutdown()
-
-
-class RayJudge(Judge):
-    """A judge whose verdicts are made on the Ray replicas (``make_judge(spec)`` there).
-
-    Wrapped by the driver's ``CachedJudge`` as the local judge was (same identity, same
-    cache), so only verdicts not yet cached go out.
-    """
-
-    def __init__(self, local: Judge, spec: Any, executor: RayExecutor) -> None:
-        self.local = local
-        self.spec = spec
-        self.executor = executor
-
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return self.local.name
-
-    @property
-    def identity(self) -> str:
-        return self.local.identity
-
-    def judge(
-        self,
-        question: str,
-        gold_answers: Sequence[str],
-        prediction: str,
-        *,
-        choices: Sequence[str] = (),
-    ) -> Judgment:
-        ((_, verdict),) = self.iter_judge_many([(question, gold_answers, prediction, choices)])
-        return verdict  # type: ignore[no-any-return]
-
-    def iter_judge_many(
-        self, inputs: Sequence[Any], *, max_concurrency: int = 4
-    ) -> Iterator[tuple[int, Judgment]]:
-        yield from self.executor.judge(self.spec, self.identity, list(inputs))
-
-
-def judge_specs(config: CalibrationConfig) -> dict[str, Any]:
-    """The judge spec per question kind, as :func:`~.pipeline.build_judges` builds them."""
-    name = config.judge if isinstance(config.judge, str) else config.judge.get("name")
-    specs: dict[str, Any] = {"open": config.judge, "choice": config.judge, "numeric": config.judge}
-    if name not in ("choice", "numeric"):
-        specs["choice"], specs["numeric"] = "choice", "numeric"
-    return specs
-
-
-def distribute_judges(
-    judges: dict[str, Any], config: CalibrationConfig, executor: RayExecutor
-) -> None:
-    """Make each cached judge of :func:`~.pipeline.build_judges` judge on the replicas (in
-    place: the wrapped judge becomes a :class:`RayJudge` with the same identity)."""
-    for kind, spec in judge_specs(config).items():
-        cached = judges.get(kind)
-        if cached is not None and hasattr(cached, "inner"):
-            cached.inner = RayJudge(cached.inner, spec, executor)
 
 
 class _DriverModel:

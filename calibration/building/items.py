@@ -17,6 +17,7 @@ from abstain_guard.calibration.building.datasets import QAItem
 from abstain_guard.calibration.building.judges.text import alias_tokens
 from abstain_guard.calibration.building.named_datasets import NAMED_DATASETS, load_named_dataset
 from abstain_guard.calibration.building.probe import PROBE_RELATIONS_V1, builtin_probe_set
+from abstain_guard.calibration.building.store import content_key
 from abstain_guard.conformal import ConformalWarning
 from abstain_guard.errors import DatasetError, InsufficientDataError
 from abstain_guard.frontier import perfect_scorer_certifies
@@ -247,3 +248,20 @@ def check_split_sizes(splits: dict[str, list[QAItem]], config: CalibrationConfig
                 f"The {name} split has only {len(splits[name])} questions; the scorer needs "
                 "correct and incorrect answers in it. Use more questions."
             )
+
+
+def items_digest(items: Sequence[QAItem]) -> str:
+    """Content hash of the questions a run used (ids, texts, golds, choices, kinds; the
+    history and conversation of conversation rows — single questions hash as before)."""
+    return content_key(
+        "items",
+        [
+            [it.id, it.question, list(it.answers), list(it.choices), it.kind]
+            + (
+                [[list(t) for t in it.history], it.conversation]
+                if it.history or it.conversation
+                else []
+            )
+            for it in items
+        ],
+    )

@@ -43,6 +43,7 @@ from abstain_guard.calibration.building.generation import (
     generated_pairs,
     replay_as_deployed,
 )
+from abstain_guard.calibration.building.items import items_digest
 from abstain_guard.calibration.building.judges.base import summarize_judgments
 from abstain_guard.calibration.building.judges.cache import CachedJudge, JudgmentCache
 from abstain_guard.calibration.building.judges.registry import make_judge
@@ -55,7 +56,7 @@ from abstain_guard.calibration.building.online_geometry import (
     scoring_model,
 )
 from abstain_guard.calibration.building.preflight import preflight
-from abstain_guard.calibration.building.store import RunStore, content_key, run_locks
+from abstain_guard.calibration.building.store import RunStore, run_locks
 from abstain_guard.chains import load_chat_model
 from abstain_guard.chat_models import ChatModelSpec, chat_model_fingerprint
 from abstain_guard.scoring import build_scorer
@@ -275,7 +276,7 @@ def _calibrate(
     if judges is None:
         judges = build_judges(cfg, cache_dir / "judgments.sqlite", chat_models)
         if executor is not None and chat_models is None:
-            from abstain_guard.calibration.building.executors import distribute_judges
+            from abstain_guard.calibration.building.ray_judges import distribute_judges
 
             distribute_judges(judges, cfg, executor)
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -510,20 +511,3 @@ def fit_and_score(
     cal = replay_as_deployed(scoring_model, labeled["calibration"], answers, config, progress)
     scores = scorer.score_many(cal)
     return scorer, np.asarray(scores, dtype=np.float64)
-
-
-def items_digest(items: Sequence[QAItem]) -> str:
-    """Content hash of the questions a run used (ids, texts, golds, choices, kinds; the
-    history and conversation of conversation rows — single questions hash as before)."""
-    return content_key(
-        "items",
-        [
-            [it.id, it.question, list(it.answers), list(it.choices), it.kind]
-            + (
-                [[list(t) for t in it.history], it.conversation]
-                if it.history or it.conversation
-                else []
-            )
-            for it in items
-        ],
-    )

@@ -27,11 +27,15 @@ from abstain_guard.calibration.building.config import CalibrationConfig
 from abstain_guard.calibration.building.dataset_files import load_dataset
 from abstain_guard.calibration.building.datasets import QAItem, split_items
 from abstain_guard.calibration.building.generation import generate_answers, replay_as_deployed
-from abstain_guard.calibration.building.items import BUILTIN_V1, load_items, named_spec
+from abstain_guard.calibration.building.items import (
+    BUILTIN_V1,
+    items_digest,
+    load_items,
+    named_spec,
+)
 from abstain_guard.calibration.building.named_datasets import load_named_dataset
 from abstain_guard.calibration.building.pipeline import (
     build_judges,
-    items_digest,
     judge_answers,
     load_model,
 )

@@ -140,7 +140,9 @@ class LLMJudge(Judge):
     The prompt (``prompt``: a ``ChatPromptTemplate`` with the variables ``question``, ``gold``,
     ``prediction`` and ``options``; default: :data:`DEFAULT_JUDGE_SYSTEM` /
     :data:`DEFAULT_JUDGE_HUMAN`) asks for ``{"correct": bool, "rationale": str}``. When the
-    model supports ``with_structured_output`` the :class:`Verdict` schema is used; otherwise,
+    model supports ``with_structured_output`` the :class:`Verdict` schema is used (not, by
+    default, for a local model whose template has no tools: ``tool_call_format ==
+    "prompted"``); otherwise,
     or when the structured reply does not parse, the text reply is parsed
     (:func:`parse_verdict`). API errors and unparseable replies are retried ``retries`` times
     with exponential backoff (``Runnable.with_retry``); still failing → ``Judgment(None, …)``.
@@ -173,6 +175,10 @@ class LLMJudge(Judge):
         self.backoff_max = backoff_max
         model: Any = chat_model
         self.structured = False
+        if structured is None and getattr(chat_model, "tool_call_format", None) == "prompted":
+            # a local model whose chat template knows no tools: structured output would be a
+            # forced call through the prompted tool block, worse than a text verdict
+            structured = False
         if structured is not False:
             try:
                 model = chat_model.with_structured_output(Verdict, include_raw=True)

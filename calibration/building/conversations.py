@@ -30,6 +30,7 @@ __all__ = [
     "conversation_fields",
     "conversation_units",
     "history_problem",
+    "json_type_name",
     "parse_conversation_id",
     "parse_history",
 ]
@@ -49,7 +50,9 @@ def check_history(history: Sequence[Sequence[str]]) -> None:
         raise ValueError(problem)
 
 
-def _type_name(value: Any) -> str:
+def json_type_name(value: Any) -> str:
+    """The JSON type of a parsed value, for error messages (``"boolean"``, ``"number"``,
+    ``"object"``, ``"list"``, else the Python type's name)."""
     if isinstance(value, bool):
         return "boolean"
     if isinstance(value, (int, float)):
@@ -69,7 +72,7 @@ def _turn(value: Any, index: int) -> tuple[str, str]:
     """
     if not isinstance(value, Mapping):
         raise ValueError(
-            f"history turn {index} is a JSON {_type_name(value)}, not an object; write each "
+            f"history turn {index} is a JSON {json_type_name(value)}, not an object; write each "
             'turn as {"role": "user" | "assistant", "content": "..."}'
         )
     if value.get("tool_calls"):
@@ -79,7 +82,7 @@ def _turn(value: Any, index: int) -> tuple[str, str]:
         raise ValueError(f"history turn {index} has no role; give it 'user' or 'assistant'")
     if content is not None and not isinstance(content, str):
         raise ValueError(
-            f"history turn {index} has a JSON {_type_name(content)} as content; write the "
+            f"history turn {index} has a JSON {json_type_name(content)} as content; write the "
             "text as a string"
         )
     return role, content or ""
@@ -106,7 +109,7 @@ def parse_history(value: Any) -> History:
             ) from exc
     if not isinstance(value, (list, tuple)):
         raise ValueError(
-            f"history is a JSON {_type_name(value)}, not a list of turns; write it as {_FORMAT}"
+            f"history is a JSON {json_type_name(value)}, not a list of turns; write it as {_FORMAT}"
         )
     history = tuple(_turn(turn, i) for i, turn in enumerate(value, start=1))
     check_history(history)
@@ -126,7 +129,7 @@ def parse_conversation_id(value: Any) -> str | None:
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     raise ValueError(
-        f"conversation_id is a JSON {_type_name(value)}; write it as a string (or an integer)"
+        f"conversation_id is a JSON {json_type_name(value)}; write it as a string (or an integer)"
     )
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from abstain_guard.calibration.building.conversations import conversation_fields
+from abstain_guard.calibration.building.conversations import conversation_fields, json_type_name
 from abstain_guard.calibration.building.datasets import KINDS, Kind, QAItem, choice_letter
 from abstain_guard.errors import DatasetError, InvalidInputError
 
@@ -89,18 +89,6 @@ def _is_blank(value: Any) -> bool:
     return False
 
 
-def _type_name(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    if isinstance(value, Mapping):
-        return "object"
-    if isinstance(value, (list, tuple)):
-        return "list"
-    return type(value).__name__
-
-
 def _check_text(value: Any, what: str, *, numbers: bool = False) -> None:
     """Raise ValueError unless ``value`` is a string (or a number where ``numbers``): a JSON
     boolean, object or number would otherwise become a gold string such as ``"True"``."""
@@ -110,7 +98,7 @@ def _check_text(value: Any, what: str, *, numbers: bool = False) -> None:
         return
     hint = " (or set kind: numeric for numeric answers)" if isinstance(value, (int, float)) else ""
     raise ValueError(
-        f"{what} is a JSON {_type_name(value)} ({str(value)[:40]!r}), not a string; write it "
+        f"{what} is a JSON {json_type_name(value)} ({str(value)[:40]!r}), not a string; write it "
         f"as a string{hint}"
     )
 
@@ -422,7 +410,7 @@ def _row_to_item(
         _skip(report, lineno, f"missing question (field {question!r})")
         return None
     if not isinstance(q, str):
-        _skip(report, lineno, f"the question (field {question!r}) is a JSON {_type_name(q)}")
+        _skip(report, lineno, f"the question (field {question!r}) is a JSON {json_type_name(q)}")
         return None
     a = _get_path(row, answers)
     if _is_blank(a):

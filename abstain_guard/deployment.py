@@ -40,12 +40,14 @@ from abstain_guard.errors import ArtifactSchemaError
 __all__ = [
     "API_UNVERIFIED",
     "DECODING_KEYS",
+    "NUMERICS_KEYS",
     "AgentRecord",
     "DeploymentRecord",
     "PromptRecord",
     "api_response_mismatches",
     "conversation_mismatches",
     "conversation_refusal",
+    "dtype_mismatches",
     "generation_mismatches",
     "model_mismatches",
     "sha256_text",
@@ -54,6 +56,12 @@ __all__ = [
 
 DECODING_KEYS = ("temperature", "top_p", "top_k", "stop", "batch_decode")
 """Decoding settings that must equal the calibrated ones."""
+
+NUMERICS_KEYS = ("dtype", "device_type")
+"""How the model's numbers were computed (``decoding`` and the generation record): the
+weights' dtype (``"float32"``, ``"bfloat16"``, ...) and the device type (``"cpu"``,
+``"cuda"``). A response in another dtype than calibration's is refused
+(:func:`dtype_mismatches`); the device type is recorded for the record's reader."""
 
 
 def sha256_text(text: str | None) -> str | None:
@@ -132,7 +140,8 @@ class DeploymentRecord(BaseModel):
         model_fingerprint: the chat model's fingerprint (None: unknown).
         chat_template_sha256: hash of the tokenizer's chat template (None: no template).
         decoding: temperature, top_p, top_k, stop and the decode mode (``batch_decode``)
-            as used at calibration.
+            as used at calibration, and the model's ``dtype`` and ``device_type``
+            (:data:`NUMERICS_KEYS`; absent from records written before they were recorded).
         prompts: one :class:`PromptRecord` per question kind (``"open"``, ``"choice"``, ...).
         tools: tool schemas the model was offered (agents), or None.
         chat_model: the API chat model calibrated on (spec without secrets, class,
@@ -242,12 +251,32 @@ def generation_mismatches(
             problems.append(
                 f"{key}={generation.get(key)!r} but calibration used {record.decoding[key]!r}"
             )
+    problems.extend(dtype_mismatches(record, generation))
     template = generation.get("chat_template_sha256")
     if template != record.chat_template_sha256:
         problems.append("the tokenizer's chat template differs from the calibrated one")
     return (
         problems + conversation_mismatches(record, generation) + tool_mismatches(record, generation)
     )
+
+
+def dtype_mismatches(record: DeploymentRecord, generation: Mapping[str, Any]) -> list[str]:
+    """A response generated with the weights in another dtype than at calibration (its
+    geometry and log-probabilities differ by far more than the last bits, so the calibrated
+    threshold does not hold). Not checked for a record without a dtype (written before
+    dtypes were recorded)."""
+    calibrated = record.decoding.get("dtype")
+    if calibrated is None:
+        return []
+    got = generation.get("dtype")
+    if got == calibrated:
+        return []
+    return [
+        f"dtype={got!r} but calibration used {calibrated!r}: the response was generated with "
+        f"the model in {got or 'an unrecorded dtype'} and the guard was calibrated on "
+        f"{calibrated}; load the model with dtype=torch.{calibrated} (as at calibration) or "
+        f"calibrate again in {got or 'the dtype you deploy'}"
+    ]
 
 
 def conversation_mismatches(record: DeploymentRecord, generation: Mapping[str, Any]) -> list[str]:

@@ -63,6 +63,7 @@ from .loading import (
     wrap_model,
 )
 from .replay import replay_item, replay_items
+from .response_metadata import numerics_record
 from .streaming import (
     IncrementalText,
     async_token_channel,
@@ -669,7 +670,8 @@ class GeometryChatModel(BaseChatModel):
         (:func:`abstain_guard.deployment.generation_mismatches`); the system prompt hash is
         that of the user's system prompt (without the prompted tool block)."""
         dicts = self._chat_dicts(self._to_messages(list(conversation)))
-        return generation_record(dicts, opts, self.chat_template_sha256, self.batch_decode, setup)
+        record = generation_record(dicts, opts, self.chat_template_sha256, self.batch_decode, setup)
+        return {**record, **numerics_record(self.hf_model)}
 
     def decoding_settings(self) -> dict[str, Any]:
         """Decoding settings as the generation record states them (for calibration)."""
@@ -679,6 +681,7 @@ class GeometryChatModel(BaseChatModel):
             "top_k": self.top_k,
             "stop": list(self.stop or []),
             "batch_decode": bool(self.batch_decode),
+            **numerics_record(self.hf_model),
         }
 
     # -- replay ------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ Keys and layout (read back by :class:`abstain_guard.metadata.ResponseMetadata`):
     entropy [N] (nats, full vocabulary),
     geometry = {capture, num_layers, omega, theta, phi_in, phi_out} (each [N, 2L-1] or
         None; capture "full", or "fast": omega None and omega_dir [N, L] instead),
-    generation (generation only: the call's settings), replay_source (replay only)
+    generation (generation only: the call's settings, with the model's dtype and device
+        type from :func:`numerics_record`), replay_source (replay only)
 
 :func:`token_metadata` writes everything but ``geometry``, ``generation`` and
 ``replay_source``, which the caller adds.
@@ -80,6 +81,18 @@ def token_metadata(
     }
 
 
+def numerics_record(hf_model: Any) -> dict[str, str]:
+    """How a loaded model computes: ``{"dtype": "bfloat16", "device_type": "cuda"}`` (the
+    dtype of its floating-point weights without the ``torch.`` prefix; the device type of
+    its first parameter, the same for every part of a model split with ``device_map``
+    across GPUs). Goes into the generation record and the calibration's deployment record
+    (:data:`abstain_guard.deployment.NUMERICS_KEYS`)."""
+    first = next((p for p in hf_model.parameters() if p.dtype.is_floating_point), None)
+    dtype = torch.float32 if first is None else first.dtype
+    device = torch.device("cpu") if first is None else first.device
+    return {"dtype": str(dtype).removeprefix("torch."), "device_type": device.type}
+
+
 def geometry_json(
     num_layers: int, geo: StepFeatures | None, capture: str = "full"
 ) -> dict[str, Any]:
@@ -117,4 +130,4 @@ def geometry_json(
     }
 
 
-__all__ = ["geometry_json", "token_metadata"]
+__all__ = ["geometry_json", "numerics_record", "token_metadata"]

@@ -209,6 +209,29 @@ class PreflightError(AbstainGuardError, ValueError):
         )
 
 
+# --- monitoring and feedback ---------------------------------------------------------------
+
+
+class FeedbackError(AbstainGuardError, ValueError):
+    """Feedback the monitor refuses (base class)."""
+
+
+class UnknownRunError(FeedbackError, KeyError):
+    """Feedback names a run id the monitor never recorded (or dropped as too old)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class DuplicateFeedbackError(FeedbackError):
+    """Feedback for a run id that already has feedback: each decision is labeled once."""
+
+
+class MonitorLogError(AbstainGuardError, ValueError):
+    """A monitor log (``GuardMonitor.write_log`` / ``log_path``) is malformed, or belongs to
+    another artifact than the one it is used with."""
+
+
 __all__ = [
     "AbstainGuardError",
     "ArtifactError",
@@ -226,6 +249,8 @@ __all__ = [
     "ContextLengthError",
     "DatasetError",
     "DistributedChunkError",
+    "DuplicateFeedbackError",
+    "FeedbackError",
     "GuardError",
     "InsufficientDataError",
     "InvalidInputError",
@@ -234,11 +259,13 @@ __all__ = [
     "LogprobsMissingError",
     "ModelError",
     "ModelNotFoundError",
+    "MonitorLogError",
     "NotFittedError",
     "OutputPathError",
     "PreflightError",
     "ResultsFileError",
     "SchedulerFullError",
     "ScoringError",
+    "UnknownRunError",
     "UnsupportedArchitectureError",
 ]

@@ -1,4 +1,5 @@
-"""``abstain-guard`` command line: calibrate, ask, evaluate, report, demo, serve.
+"""``abstain-guard`` command line: calibrate, ask, evaluate, report, demo, serve,
+recalibrate.
 
 Heavy imports (torch, transformers, xgboost) happen inside the commands, so ``--help`` and
 configuration errors are instant.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -269,6 +271,25 @@ def _demo(args: argparse.Namespace) -> int:
     )
 
 
+def _recalibrate(args: argparse.Namespace) -> int:
+    from abstain_guard.calibration.building.recalibrate import recalibrate
+
+    _all_at_once(
+        lambda: _artifacts_exist([args.artifact]),
+        lambda: _positive(args.last, "--last"),
+    )
+    summary = recalibrate(
+        args.artifact,
+        args.feedback,
+        args.out,
+        pool=args.pool,
+        last=args.last,
+        overwrite=args.overwrite,
+    )
+    print(summary.to_text())
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     try:
         from abstain_guard.serve.runner import serve
@@ -280,14 +301,25 @@ def _serve(args: argparse.Namespace) -> int:
     from abstain_guard.serve.schemas import RequestLimits
 
     service = _model_service(args) if args.no_guard else _guard_service(args)
+    monitor = None
+    if not args.no_guard:
+        from abstain_guard.serve.app import service_monitor
+
+        monitor = service_monitor(service, log_path=args.monitor_log)
     serve(
         service,
         host=args.host,
         port=args.port,
         limits=RequestLimits(),
         log_level="info" if args.verbose else "warning",
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        monitor=monitor,
     )
     return 0
+
+
+#: The environment variable ``serve`` reads its API key from (``--api-key`` wins).
+API_KEY_ENV = "ABSTAIN_GUARD_API_KEY"
 
 
 def _guard_service(args: argparse.Namespace) -> Any:
@@ -317,7 +349,9 @@ def _model_service(args: argparse.Namespace) -> Any:
     from abstain_guard.chains import load_chat_model
     from abstain_guard.serve.passthrough import ModelService
 
-    guard_only = [f for f in ("artifact", "config", "kind") if getattr(args, f) is not None]
+    guard_only = [
+        f for f in ("artifact", "config", "kind", "monitor_log") if getattr(args, f) is not None
+    ]
     _all_at_once(
         lambda: _no_options(guard_only, "not with --no-guard (no guard runs: it serves the"),
         lambda: _positive(args.port, "--port"),
@@ -520,8 +554,41 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="requests admitted at once, 429 beyond (default: the model's batch + queue)",
     )
+    srv.add_argument(
+        "--api-key",
+        help="require 'Authorization: Bearer <key>' on /v1/* (default: $ABSTAIN_GUARD_API_KEY); "
+        "without one, a server listening beyond loopback refuses /v1/feedback",
+    )
+    srv.add_argument(
+        "--monitor-log",
+        help="append every decision, feedback and drift alarm to this JSONL file (the "
+        "--feedback of abstain-guard recalibrate)",
+    )
     srv.set_defaults(func=_serve)
-    for sub_parser in (cal, ask, ev, rep, demo, srv):
+
+    rec = sub.add_parser(
+        "recalibrate",
+        help="a new artifact from labeled live decisions in a monitor log (no model run)",
+    )
+    rec.add_argument("--artifact", required=True, help="the artifact that served the traffic")
+    rec.add_argument(
+        "--feedback",
+        required=True,
+        help="monitor log (JSONL, serve --monitor-log or GuardMonitor): decisions + feedback",
+    )
+    rec.add_argument("--out", required=True, help="artifact directory to write")
+    rec.add_argument(
+        "--last", type=int, help="only the most recent N labeled decisions (after a shift)"
+    )
+    rec.add_argument(
+        "--pool",
+        action="store_true",
+        help="keep the old calibration set too (only valid when old and live questions are "
+        "exchangeable: refused after a drift alarm or when the scores differ)",
+    )
+    rec.add_argument("--overwrite", action="store_true", help="replace an artifact at --out")
+    rec.set_defaults(func=_recalibrate)
+    for sub_parser in (cal, ask, ev, rep, demo, srv, rec):
         sub_parser.add_argument(
             "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
         )

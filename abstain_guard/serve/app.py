@@ -1,5 +1,18 @@
-"""The FastAPI app: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /healthz``,
-``GET /metrics``.
+"""The FastAPI app: ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /v1/feedback``,
+``GET /v1/monitor``, ``GET /healthz``, ``GET /metrics``.
+
+Every guard decision is fed to the server's :class:`~abstain_guard.monitor.GuardMonitor`
+under its completion id (the response's ``id``); ``POST /v1/feedback`` with ``{"id":
+"chatcmpl-...", "correct": true}`` labels it (404 for an id the server never answered, 409
+for one already labeled), ``GET /v1/monitor`` returns the monitor's state and ``/metrics``
+its alarms and e-values. Feedback only feeds the monitor: nothing a client sends changes the
+served threshold (recalibrate and restart to change it).
+
+Authentication (as vLLM and other OpenAI-compatible servers do): with an API key
+(``--api-key`` or ``ABSTAIN_GUARD_API_KEY``) every ``/v1/*`` route needs ``Authorization:
+Bearer <key>`` (401 otherwise); ``/healthz`` and ``/metrics`` stay open. Feedback changes
+what the operator will do with the guard, so a server listening beyond loopback refuses it
+(403) unless it has a key.
 
 Every refusal is OpenAI's error format with a status that says whose fault it is: 400 (the
 request would run the guard otherwise than calibrated, or is malformed), 413 (too large),
@@ -9,6 +22,7 @@ is decided before its first byte, so errors are statuses, not broken streams.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -17,8 +31,10 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
 
-from abstain_guard.errors import AbstainGuardError
+from abstain_guard.errors import AbstainGuardError, DuplicateFeedbackError, UnknownRunError
+from abstain_guard.monitor import GuardMonitor
 from abstain_guard.serve.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from abstain_guard.serve.openai_format import (
     completion_body,
@@ -28,13 +44,15 @@ from abstain_guard.serve.openai_format import (
 )
 from abstain_guard.serve.passthrough import ModelService
 from abstain_guard.serve.schemas import RequestLimits, RequestRefused, parse_request
-from abstain_guard.serve.service import GuardService
+from abstain_guard.serve.service import GuardService, json_safe
 
 __all__ = ["create_app"]
 
 logger = logging.getLogger("abstain_guard.serve")
 
-ROUTES = frozenset({"/v1/chat/completions", "/v1/models", "/healthz", "/metrics"})
+ROUTES = frozenset(
+    {"/v1/chat/completions", "/v1/models", "/v1/feedback", "/v1/monitor", "/healthz", "/metrics"}
+)
 """Paths counted by name in the metrics (any other is ``other``: bounded labels)."""
 
 
@@ -62,14 +80,53 @@ async def _read_body(request: Request, limits: RequestLimits) -> bytes:
     return bytes(body)
 
 
+class FeedbackRequest(BaseModel):
+    """``POST /v1/feedback``: the completion id and whether its answer was right (for an
+    abstention: whether the withheld answer was). Other fields are refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    correct: StrictBool
+
+
+def _authorized(request: Request, api_key: str | None) -> bool:
+    if api_key is None:
+        return True
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip(), api_key)
+
+
+def service_monitor(service: GuardService | ModelService, **options: Any) -> GuardMonitor | None:
+    """A monitor fitted on ``service``'s guard (its artifact and config); None without one."""
+    if not isinstance(service, GuardService):
+        return None
+    guard = service.guard
+    return GuardMonitor(**options).fit_artifact(guard.artifact, guard.config)
+
+
 def create_app(
-    service: GuardService | ModelService, limits: RequestLimits | None = None
+    service: GuardService | ModelService,
+    limits: RequestLimits | None = None,
+    *,
+    api_key: str | None = None,
+    loopback: bool = True,
+    monitor: GuardMonitor | None = None,
 ) -> FastAPI:
     """The app serving ``service`` (the guard, or the raw model without one) within
     ``limits``. On shutdown the service stops admitting requests (503) while uvicorn lets
-    the admitted ones finish."""
+    the admitted ones finish.
+
+    Args:
+        api_key: the key ``/v1/*`` requests must send as ``Authorization: Bearer``.
+        loopback: whether the server listens on loopback only; beyond it, feedback needs
+            ``api_key``.
+        monitor: the guard's monitor (default: a new one, :func:`service_monitor`).
+    """
     limits = limits or RequestLimits()
-    metrics = ServerMetrics(service)
+    monitor = monitor if monitor is not None else service_monitor(service)
+    metrics = ServerMetrics(service, monitor)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -81,10 +138,23 @@ def create_app(
     app = FastAPI(title="abstain-guard", lifespan=lifespan)
     app.state.service = service
     app.state.metrics = metrics
+    app.state.monitor = monitor
 
     @app.middleware("http")
     async def count_requests(request: Request, call_next):  # type: ignore[no-untyped-def]
-        response = await call_next(request)
+        if request.url.path.startswith("/v1/") and not _authorized(request, api_key):
+            response: Response = _refusal(
+                RequestRefused(
+                    "Missing or wrong API key: send 'Authorization: Bearer <key>' with the key "
+                    "the server was started with (--api-key / ABSTAIN_GUARD_API_KEY).",
+                    status=401,
+                    kind="authentication_error",
+                    code="invalid_api_key",
+                )
+            )
+            response.headers["WWW-Authenticate"] = "Bearer"
+        else:
+            response = await call_next(request)
         path = request.url.path if request.url.path in ROUTES else "other"
         metrics.requests.labels(path, str(response.status_code)).inc()
         return response
@@ -108,6 +178,8 @@ def create_app(
         metrics.decided(decided, time.perf_counter() - start, parsed.stream)
         logprobs = (parsed.top_logprobs or 0) if parsed.logprobs else None
         completion_id = new_completion_id()
+        if monitor is not None and answer.decision:  # a tool call is not a decision
+            monitor.observe(answer.decision, run_id=completion_id)
         headers = decision_headers(answer)
         if parsed.stream:
             chunks = sse_chunks(
@@ -122,6 +194,60 @@ def create_app(
             answer, completion_id=completion_id, model=service.model_name, logprobs=logprobs
         )
         return JSONResponse(body, headers=headers)
+
+    @app.post("/v1/feedback")
+    async def feedback(request: Request) -> JSONResponse:
+        try:
+            if api_key is None and not loopback:
+                raise RequestRefused(
+                    "Feedback is refused: this server listens beyond loopback without an API "
+                    "key. Restart it with --api-key (or ABSTAIN_GUARD_API_KEY) and send "
+                    "'Authorization: Bearer <key>'.",
+                    status=403,
+                    kind="permission_error",
+                )
+            if monitor is None:
+                raise RequestRefused(
+                    "This server runs no guard (--no-guard): there are no decisions to label.",
+                    status=404,
+                    kind="not_found_error",
+                )
+            body = await _read_body(request, limits)
+            try:
+                fb = FeedbackRequest.model_validate_json(body)
+            except ValidationError as exc:
+                raise RequestRefused(
+                    'Invalid feedback: send {"id": "<completion id>", "correct": true|false} '
+                    f"and nothing else ({exc.error_count()} problem(s): "
+                    f"{exc.errors()[0].get('msg')} at {exc.errors()[0].get('loc')}).",
+                ) from exc
+            try:
+                record = monitor.record_feedback(fb.id, fb.correct)
+            except UnknownRunError as exc:
+                raise RequestRefused(str(exc), status=404, param="id", code="unknown_id") from exc
+            except DuplicateFeedbackError as exc:
+                raise RequestRefused(str(exc), status=409, param="id", code="duplicate") from exc
+        except RequestRefused as exc:
+            return _refusal(exc)
+        state = monitor.state()
+        return JSONResponse(
+            {
+                "id": record.run_id,
+                "correct": record.correct,
+                "abstained": record.abstained,
+                "in_risk_test": not record.abstained and state["tests"]["risk"] is not None,
+                "alarm": state["alarm"],
+            }
+        )
+
+    @app.get("/v1/monitor")
+    async def monitor_state() -> JSONResponse:
+        if monitor is None:
+            return _refusal(
+                RequestRefused("This server runs no guard (--no-guard).", status=404,
+                               kind="not_found_error")
+            )  # fmt: skip
+        return JSONResponse(json_safe(monitor.state()))
 
     @app.get("/v1/models")
     async def models() -> dict[str, object]:

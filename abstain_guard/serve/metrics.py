@@ -1,24 +1,103 @@
 """Prometheus metrics of one server (its own registry, so several apps in one process —
 tests — do not share counters): requests by path and status, decisions, chat completion
-latency, requests in flight and waiting for the model."""
+latency, requests in flight and waiting for the model, and the drift monitor's state
+(``abstain_guard_monitor_*``, read from the monitor at each scrape)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from collections.abc import Iterator
+from typing import Any
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from abstain_guard.monitor import GuardMonitor
 from abstain_guard.serve.service import Admission
 
-__all__ = ["CONTENT_TYPE_LATEST", "ServerMetrics"]
+__all__ = ["CONTENT_TYPE_LATEST", "MonitorCollector", "ServerMetrics"]
 
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
+
+
+class MonitorCollector(Collector):
+    """The monitor's state as gauges, computed at scrape time:
+
+    * ``abstain_guard_monitor_alarm{test}``: 1 once the test alarmed (it stays 1);
+    * ``abstain_guard_monitor_e_value{test}`` and ``..._alarm_threshold{test}``: the evidence
+      against the guarantee and the value that raises the alarm;
+    * ``abstain_guard_monitor_answered_rate``, ``..._expected_participation`` (k/(n+1), what
+      exchangeable traffic is answered at) and ``..._band{bound}`` (participation mode);
+    * ``abstain_guard_monitor_decisions``, ``..._feedback{kind}`` and ``..._error_rate``.
+    """
+
+    def __init__(self, monitor: GuardMonitor) -> None:
+        self.monitor = monitor
+
+    def collect(self) -> Iterator[Any]:
+        state = self.monitor.state()
+        alarm = GaugeMetricFamily(
+            "abstain_guard_monitor_alarm", "1 once a monitor test alarmed.", labels=["test"]
+        )
+        value = GaugeMetricFamily(
+            "abstain_guard_monitor_e_value",
+            "E-value against the guarantee (alarm at the threshold).",
+            labels=["test"],
+        )
+        threshold = GaugeMetricFamily(
+            "abstain_guard_monitor_alarm_threshold", "E-value that alarms.", labels=["test"]
+        )
+        for test, entry in state["tests"].items():
+            if entry is None:
+                continue
+            alarm.add_metric([test], float(entry["alarm"]))
+            value.add_metric([test], float(entry["e_value"]))
+            threshold.add_metric([test], float(entry["threshold"]))
+        yield from (alarm, value, threshold)
+        yield GaugeMetricFamily(
+            "abstain_guard_monitor_decisions", "Decisions observed.", value=state["decisions"]
+        )
+        rate = state["answered_rate"]
+        yield GaugeMetricFamily(
+            "abstain_guard_monitor_answered_rate",
+            "Live answered rate.",
+            value=float("nan") if rate is None else rate,
+        )
+        yield GaugeMetricFamily(
+            "abstain_guard_monitor_expected_participation",
+            "Answered rate of traffic exchangeable with calibration, k/(n+1).",
+            value=state["expected_participation"],
+        )
+        if state["band"] is not None:
+            band = GaugeMetricFamily(
+                "abstain_guard_monitor_band", "Guaranteed participation band.", labels=["bound"]
+            )
+            band.add_metric(["lower"], float(state["band"][0]))
+            band.add_metric(["upper"], float(state["band"][1]))
+            yield band
+        fb = state["feedback"]
+        counts = GaugeMetricFamily(
+            "abstain_guard_monitor_feedback", "Feedback received.", labels=["kind"]
+        )
+        for kind in ("answered", "abstained", "errors"):
+            counts.add_metric([kind], float(fb[kind]))
+        yield counts
+        error = fb["error_rate"]
+        yield GaugeMetricFamily(
+            "abstain_guard_monitor_error_rate",
+            "Error rate among answered questions with feedback.",
+            value=float("nan") if error is None else error,
+        )
 
 
 class ServerMetrics:
     """The server's metrics; :meth:`render` gives the Prometheus text exposition."""
 
-    def __init__(self, service: Admission) -> None:
+    def __init__(self, service: Admission, monitor: GuardMonitor | None = None) -> None:
         self.registry = CollectorRegistry()
+        if monitor is not None:
+            self.registry.register(MonitorCollector(monitor))
         self.requests = Counter(
             "abstain_guard_requests",
             "HTTP requests by path and status code.",

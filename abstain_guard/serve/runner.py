@@ -8,6 +8,7 @@ the requests already admitted finish (up to ``graceful_s`` seconds).
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import threading
 import time
@@ -15,12 +16,24 @@ from types import TracebackType
 
 import uvicorn
 
+from abstain_guard.monitor import GuardMonitor
 from abstain_guard.serve.app import create_app
 from abstain_guard.serve.passthrough import ModelService
 from abstain_guard.serve.schemas import RequestLimits
 from abstain_guard.serve.service import GuardService
 
-__all__ = ["ServerThread", "free_port", "serve"]
+__all__ = ["ServerThread", "free_port", "is_loopback", "serve"]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (``127.0.0.0/8``, ``::1``, ``localhost``);
+    ``0.0.0.0`` and every other address listen beyond this machine."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _config(
@@ -30,9 +43,12 @@ def _config(
     limits: RequestLimits | None,
     graceful_s: float,
     log_level: str,
+    api_key: str | None = None,
+    monitor: GuardMonitor | None = None,
 ) -> uvicorn.Config:
+    app = create_app(service, limits, api_key=api_key, loopback=is_loopback(host), monitor=monitor)
     return uvicorn.Config(
-        create_app(service, limits),
+        app,
         host=host,
         port=port,
         log_level=log_level,
@@ -49,9 +65,13 @@ def serve(
     limits: RequestLimits | None = None,
     graceful_s: float = 60.0,
     log_level: str = "info",
+    api_key: str | None = None,
+    monitor: GuardMonitor | None = None,
 ) -> None:
-    """Serve ``service`` until SIGINT / SIGTERM (blocks)."""
-    uvicorn.Server(_config(service, host, port, limits, graceful_s, log_level)).run()
+    """Serve ``service`` until SIGINT / SIGTERM (blocks); ``api_key`` and ``monitor`` as in
+    :func:`~abstain_guard.serve.app.create_app`."""
+    config = _config(service, host, port, limits, graceful_s, log_level, api_key, monitor)
+    uvicorn.Server(config).run()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -76,10 +96,12 @@ class ServerThread:
         port: int | None = None,
         limits: RequestLimits | None = None,
         graceful_s: float = 60.0,
+        api_key: str | None = None,
+        monitor: GuardMonitor | None = None,
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
-        config = _config(service, host, self.port, limits, graceful_s, "warning")
+        config = _config(service, host, self.port, limits, graceful_s, "warning", api_key, monitor)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="abstain-guard-serve")
 

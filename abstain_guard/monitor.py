@@ -456,5 +456,5 @@ class GuardMonitor:
         self._fitted()
         target = Path(path)
         with open(target, "w", encoding="utf-8") as fh:
-            write_events(fh, self._header(), self.records())
+            write_events(fh, self._header(), self.records(), [asdict(a) for a in self.alarms])
         return target

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -45,7 +45,14 @@ def json_default(value: Any) -> Any:
     raise TypeError(f"not JSON-serializable: {type(value).__name__}")
 
 
-def write_events(fh: IO[str], header: Mapping[str, Any], records: list[MonitorRecord]) -> None:
+def write_events(
+    fh: IO[str],
+    header: Mapping[str, Any],
+    records: list[MonitorRecord],
+    alarms: Sequence[Mapping[str, Any]] = (),
+) -> None:
+    """Write a whole log: the ``start`` header, each decision (and its feedback), then the
+    alarms raised."""
     fh.write(json.dumps({"event": "start", **header}, default=json_default) + "\n")
     for rec in records:
         fh.write(json.dumps({"event": "decision", **asdict(rec)}, default=json_default) + "\n")
@@ -53,10 +60,13 @@ def write_events(fh: IO[str], header: Mapping[str, Any], records: list[MonitorRe
             feedback = {"event": "feedback", "run_id": rec.run_id, "correct": rec.correct,
                         "time": rec.feedback_time}  # fmt: skip
             fh.write(json.dumps(feedback) + "\n")
+    for alarm in alarms:
+        fh.write(json.dumps({"event": "alarm", **alarm}, default=json_default) + "\n")
 
 
 def read_log(path: str | Path) -> tuple[dict[str, Any], list[MonitorRecord]]:
-    """The header and the decisions (feedback joined) of a monitor log.
+    """The header (with the log's ``alarms``) and the decisions (feedback joined) of a
+    monitor log.
 
     A log appended across restarts holds several ``start`` headers; they must name the
     same calibration set (one artifact), and the decisions are returned in file order.
@@ -110,6 +120,10 @@ def read_log(path: str | Path) -> tuple[dict[str, Any], list[MonitorRecord]]:
                 )
             labeled.correct = bool(event.get("correct"))
             labeled.feedback_time = event.get("time")
+        elif kind == "alarm":
+            header.setdefault("alarms", []).append(event)
+        else:
+            raise MonitorLogError(f"{where}: unknown event {kind!r}.")
     if header is None:
         raise MonitorLogError(f"{p} has no start header: not a monitor log.")
     return header, list(records.values())

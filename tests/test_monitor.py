@@ -39,9 +39,7 @@ def _message(score: float) -> AIMessage:
 @pytest.fixture(scope="module")
 def artifact() -> GuardArtifact:
     scores, correct = _population(np.random.default_rng(0), 400)
-    return GuardArtifact.from_calibration(
-        scorer=PerplexityScorer(), scores=scores, correct=correct
-    )
+    return GuardArtifact.from_calibration(scorer=PerplexityScorer(), scores=scores, correct=correct)
 
 
 def _feed(monitor: GuardMonitor, policy: AbstentionPolicy, scores, correct=None) -> list[str]:
@@ -98,7 +96,7 @@ def test_a_shift_alarms_in_the_log_otel_callback_and_state(
     policy = AbstentionPolicy(artifact, RISK)
     raised: list[Alarm] = []
     monitor = GuardMonitor(seed=3, on_alarm=raised.append).fit_artifact(artifact, RISK)
-    scores, correct = _population(np.random.default_rng(4), 300, a=5.0, b=2.0)
+    scores, _ = _population(np.random.default_rng(4), 300, a=5.0, b=2.0)
     with caplog.at_level(logging.WARNING, "abstain_guard"), tracer.start_as_current_span("app"):
         _feed(monitor, policy, scores)
     tests = [a.test for a in raised]

@@ -23,7 +23,9 @@ CONFIG = GuardConfig(participation=0.8)
 BAND = (0.8, 0.8 + 1 / 401)  # n = 400 live calibration answers
 
 
-def _population(rng: np.random.Generator, size: int, shifted: bool) -> tuple[np.ndarray, np.ndarray]:
+def _population(
+    rng: np.random.Generator, size: int, shifted: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """Perplexities in [1, 3]: calibration traffic Beta(2, 5), shifted traffic Beta(4, 2)
     (less certain answers); P(correct) = 1 − (s − 1)/2."""
     a, b = (4.0, 2.0) if shifted else (2.0, 5.0)
@@ -111,7 +113,7 @@ def test_pooling_after_an_alarm_is_refused(old_artifact: Path, tmp_path: Path) -
     monitor = GuardMonitor(seed=0, log_path=log).fit_artifact(old, CONFIG)
     scores, correct = _population(np.random.default_rng(5), 300, shifted=True)
     _serve(AbstentionPolicy(old, CONFIG), monitor, scores, correct)
-    with pytest.raises(InsufficientDataError, match="exchangeable.*drop --pool"):
+    with pytest.raises(InsufficientDataError, match=r"exchangeable.*drop --pool"):
         recalibrate(old_artifact, log, tmp_path / "pooled", pool=True)
 
 

@@ -85,7 +85,7 @@ def test_feedback_labels_each_decision_once(served: Any) -> None:
 
 
 def test_clients_cannot_move_the_threshold_and_alarms_reach_metrics(served: Any) -> None:
-    server, monitor, service = served
+    server, _, service = served
     client = openai.OpenAI(base_url=server.base_url, api_key=KEY, max_retries=0)
     threshold = service.guard.threshold
     sneaky = {"id": "x", "correct": False, "threshold": 1e9, "risk_target": 0.99}

@@ -43,6 +43,7 @@ from abstain_guard.errors import (
     ScoringError,
 )
 from abstain_guard.metadata import ResponseMetadata
+from abstain_guard.monitor import GuardMonitor, calibration_sha256
 from abstain_guard.runnables import find_chat_models
 from abstain_guard.tracing import arecord_decision, record_decision
 
@@ -74,6 +75,24 @@ def _withheld(message: Any) -> dict[str, Any]:
             out["tool_calls"] = list(tool_calls)
         return out
     return {"content": repr(message)[:2000], "type": type(message).__name__}
+
+
+def _fit_monitor(
+    monitor: GuardMonitor | None, artifact: GuardArtifact, config: GuardConfig
+) -> None:
+    """Fit ``monitor`` on the artifact and config unless it is fitted (then it must have been
+    fitted on this artifact's calibration set)."""
+    if monitor is None:
+        return
+    if not isinstance(monitor, GuardMonitor):
+        raise InvalidInputError(f"monitor must be a GuardMonitor, got {type(monitor).__name__}.")
+    if not hasattr(monitor, "rule_"):
+        monitor.fit_artifact(artifact, config)
+    elif monitor.source_.get("calibration_sha256") != calibration_sha256(artifact.scores):
+        raise ArtifactMismatchError(
+            "The monitor was fitted on another artifact's calibration set; pass an unfitted "
+            "GuardMonitor (the guard fits it) or fit it with fit_artifact(artifact, config)."
+        )
 
 
 class AbstentionPolicy:
@@ -258,6 +277,9 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
         artifact: the :class:`GuardArtifact` from calibration.
         config: a :class:`GuardConfig` (or a mapping of its fields); defaults to
             participation 0.8.
+        monitor: a :class:`~abstain_guard.monitor.GuardMonitor` fed every decision (fitted
+            here on the artifact and config when it is not yet); each decision then carries
+            ``run_id``, the key of ``monitor.record_feedback``.
 
     Raises:
         ArtifactMismatchError: a chat model inside ``runnable`` (any of them, fallbacks
@@ -271,6 +293,7 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
     runnable: Runnable[Any, Any]
     artifact: GuardArtifact
     config: GuardConfig = GuardConfig()
+    monitor: GuardMonitor | None = None
 
     _prepared: Runnable[Any, Any] = PrivateAttr()
     _policy: AbstentionPolicy = PrivateAttr()
@@ -296,6 +319,7 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
 
     def model_post_init(self, context: Any, /) -> None:
         self._policy = AbstentionPolicy(self.artifact, self.config)
+        _fit_monitor(self.monitor, self.artifact, self.config)
         prepared = self.artifact.scorer.prepare(self.runnable)
         if not isinstance(prepared, Runnable):
             raise InvalidInputError(
@@ -363,6 +387,11 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
 
     # --- running ------------------------------------------------------------------------
 
+    def _observe(self, decision: dict[str, Any], run_manager: Any) -> None:
+        if self.monitor is not None:
+            run_id = str(run_manager.run_id) if run_manager is not None else None
+            decision["run_id"] = self.monitor.observe(decision, run_id=run_id)
+
     def _run(
         self,
         input: Any,
@@ -376,6 +405,7 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
             message, decision = self._policy.decide_unanswerable(exc)
         else:
             message, decision = self._policy.decide(output)
+        self._observe(decision, run_manager)
         record_decision(decision, run_manager=run_manager, config=config)
         return message
 
@@ -392,6 +422,7 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
             message, decision = self._policy.decide_unanswerable(exc)
         else:
             message, decision = await run_in_executor(config, self._policy.decide, output)
+        self._observe(decision, run_manager)
         await arecord_decision(decision, run_manager=run_manager, config=config)
         return message
 

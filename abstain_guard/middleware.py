@@ -47,7 +47,8 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from abstain_guard.artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
 from abstain_guard.deployment import sha256_text, tools_sha256
-from abstain_guard.guard import AbstentionPolicy
+from abstain_guard.guard import AbstentionPolicy, _fit_monitor
+from abstain_guard.monitor import GuardMonitor
 from abstain_guard.tracing import arecord_decision, record_decision
 
 __all__ = ["AbstentionMiddleware"]
@@ -59,17 +60,23 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
     Args:
         artifact: a :class:`GuardArtifact` or the path of an artifact directory.
         config: a :class:`GuardConfig` (or mapping); defaults to participation 0.8.
+        monitor: a :class:`~abstain_guard.monitor.GuardMonitor` fed every final-answer
+            decision (fitted here when it is not yet); the decision's ``run_id`` (the
+            message id) is the key of ``monitor.record_feedback``.
     """
 
     def __init__(
         self,
         artifact: GuardArtifact | str | os.PathLike[str],
         config: GuardConfig | Mapping[str, Any] | None = None,
+        monitor: GuardMonitor | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(artifact, GuardArtifact):
             artifact = GuardArtifact.load(artifact)
         self.policy = AbstentionPolicy(artifact, config)  # type: ignore[arg-type]
+        self.monitor = monitor
+        _fit_monitor(monitor, self.policy.artifact, self.policy.config)
         self._prepared: dict[int, tuple[BaseChatModel, BaseChatModel]] = {}
 
     @property
@@ -170,6 +177,10 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
             update["jump_to"] = "end"
         return update
 
+    def _observe(self, decision: dict[str, Any], message: AIMessage) -> None:
+        if self.monitor is not None:
+            decision["run_id"] = self.monitor.observe(decision, run_id=message.id)
+
     @hook_config(can_jump_to=["end"])
     def after_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
         """Score the final answer; abstain (and end the run) when it is unreliable."""
@@ -178,6 +189,7 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
             return None
         message, decision = self.policy.decide(last, _request_notes(last))
         decision["tool_steps"] = _tool_steps(state)
+        self._observe(decision, last)
         record_decision(decision)
         return self._update(message, decision)
 
@@ -189,6 +201,7 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
             return None
         message, decision = self.policy.decide(last, _request_notes(last))
         decision["tool_steps"] = _tool_steps(state)
+        self._observe(decision, last)
         await arecord_decision(decision)
         return self._update(message, decision)
 

@@ -4,6 +4,7 @@ feedback is taken once per known decision; its log round-trips."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -17,6 +18,7 @@ from langchain_core.messages import AIMessage
 
 from abstain_guard import AbstentionPolicy, GuardArtifact, GuardConfig, PerplexityScorer
 from abstain_guard.errors import (
+    ArtifactMismatchError,
     DuplicateFeedbackError,
     InvalidInputError,
     NotFittedError,
@@ -163,3 +165,47 @@ def test_log_path_and_write_log_round_trip(artifact: GuardArtifact, tmp_path: Pa
     assert {a["test"] for a in header["alarms"]} == {a.test for a in monitor.alarms}
     labeled = [r for r in appended if r.correct is not None]
     assert len(labeled) == monitor.state()["feedback"]["n"]
+
+
+def test_the_guard_feeds_its_monitor_and_decisions_carry_run_ids(artifact: GuardArtifact) -> None:
+    from _core_fakes import ScriptedChatModel
+
+    from abstain_guard import AbstentionGuard
+
+    script = {"easy": ("Paris", [-0.01]), "hard": ("Lima is it", [-2.0, -1.5, -2.5])}
+    monitor = GuardMonitor(seed=0, risk_target=0.2)
+    guard = AbstentionGuard(ScriptedChatModel(script=script), artifact=artifact, monitor=monitor)
+    easy, hard = guard.batch(["easy", "hard"])
+    later = asyncio.run(guard.ainvoke("easy"))
+    ids = [m.response_metadata["abstention"]["run_id"] for m in (easy, hard, later)]
+    records = {r.run_id: r for r in monitor.records()}  # batch runs concurrently: any order
+    assert set(records) == set(ids) and len(records) == 3
+    assert [records[i].abstained for i in ids] == [False, True, False]
+    monitor.record_feedback(ids[0], correct=True)
+    assert monitor.state()["tests"]["risk"]["n"] == 1
+    other = GuardMonitor().fit_artifact(
+        GuardArtifact(PerplexityScorer(), artifact.scores[:100], artifact.correct[:100])
+    )
+    with pytest.raises(ArtifactMismatchError, match="another artifact"):
+        AbstentionGuard(ScriptedChatModel(), artifact=artifact, monitor=other)
+
+
+def test_the_agent_middleware_feeds_its_monitor(artifact: GuardArtifact) -> None:
+    pytest.importorskip("langchain.agents")
+    from _core_fakes import QueueChatModel
+    from langchain.agents import create_agent
+    from langchain_core.messages import HumanMessage
+
+    from abstain_guard import AbstentionMiddleware
+
+    monitor = GuardMonitor(seed=0)
+    model = QueueChatModel(queue=[("Lima.", [-0.01, -0.02], []), ("Quito.", [-2.0, -2.5], [])])
+    agent = create_agent(model, middleware=[AbstentionMiddleware(artifact, monitor=monitor)])
+    finals = [
+        agent.invoke({"messages": [HumanMessage("Capital of Peru?")]})["messages"][-1]
+        for _ in range(2)
+    ]
+    decisions = [m.response_metadata["abstention"] for m in finals]
+    assert [d["abstained"] for d in decisions] == [False, True]
+    assert [r.run_id for r in monitor.records()] == [d["run_id"] for d in decisions]
+    assert decisions[1]["run_id"] == finals[1].id  # the replaced message keeps the id

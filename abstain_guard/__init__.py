@@ -30,6 +30,7 @@ from abstain_guard.likelihood import (
     PerplexityScorer,
 )
 from abstain_guard.metadata import ResponseMetadata
+from abstain_guard.monitor import GuardMonitor
 from abstain_guard.prompts import question_prompt
 from abstain_guard.scoring import (
     Scorer,
@@ -49,6 +50,7 @@ __all__ = [
     "DecisionRule",
     "GuardArtifact",
     "GuardConfig",
+    "GuardMonitor",
     "MaxSequenceProbabilityScorer",
     "MeanTokenEntropyScorer",
     "PerplexityScorer",

@@ -27,7 +27,7 @@ was needed: the correctness of withheld answers is unseen unless a caller labels
 feedback is stored for recalibration but not tested).
 
 An alarm is: a WARNING log record on the ``abstain_guard`` logger, an OpenTelemetry event
-``abstain_guard.drift_alarm`` (on the current span, or a span of its own), ``on_alarm``
+``drift_alarm`` (on the current span, or a span of its own), ``on_alarm``
 callbacks, the :attr:`GuardMonitor.alarms` list and the ``alarm`` flag of
 :meth:`GuardMonitor.state` (``serve`` exports them in ``/metrics``). The monitor never
 changes the threshold: recalibrate (``abstain-guard recalibrate``) and redeploy.
@@ -110,11 +110,11 @@ def _record_otel(alarm: Alarm) -> None:
     try:
         span = trace.get_current_span()
         if span.is_recording():
-            span.add_event("abstain_guard.drift_alarm", attributes=attrs)
+            span.add_event("drift_alarm", attributes=attrs)
             return
         tracer = trace.get_tracer("abstain_guard")
-        with tracer.start_as_current_span("abstain_guard.drift_alarm") as own:
-            own.add_event("abstain_guard.drift_alarm", attributes=attrs)
+        with tracer.start_as_current_span("drift_alarm") as own:
+            own.add_event("drift_alarm", attributes=attrs)
     except Exception:  # pragma: no cover - never let tracing break a decision
         logger.debug("Could not record the alarm on OpenTelemetry", exc_info=True)
 

@@ -108,7 +108,7 @@ def test_a_shift_alarms_in_the_log_otel_callback_and_state(
     warned = [r for r in caplog.records if "drift alarm" in r.getMessage()]
     assert len(warned) == len(raised) and warned[0].levelno == logging.WARNING
     (span,) = exporter.get_finished_spans()
-    events = [e for e in span.events if e.name == "abstain_guard.drift_alarm"]
+    events = [e for e in span.events if e.name == "drift_alarm"]
     assert [e.attributes["abstain_guard.alarm.test"] for e in events] == tests
     state = monitor.state()
     assert state["alarm"] and state["tests"]["participation"]["alarm"]

@@ -27,7 +27,7 @@ def load_chat_model(
     *,
     gguf_file: str | None = None,
     max_new_tokens: int | None = None,
-    batch_decode: bool = False,
+    batch_decode: bool = True,
 ) -> Any:
     """The chat model ``model`` names (``"default"`` = embedded SmolLM2, else a local Hugging
     Face folder, with ``gguf_file`` inside it if given), generating at most ``max_new_tokens``

@@ -54,8 +54,10 @@ __all__ = [
     "tools_sha256",
 ]
 
-DECODING_KEYS = ("temperature", "top_p", "top_k", "stop", "batch_decode")
-"""Decoding settings that must equal the calibrated ones."""
+DECODING_KEYS = ("temperature", "top_p", "top_k", "stop", "batch_decode", "decode_path")
+"""Decoding settings that must equal the calibrated ones. ``decode_path`` is the path the
+engine took (shared decode steps or rows alone, BLAS threads inside a step, padding; see
+:mod:`abstain_guard.adapters.threads`): two paths differ in the last bits of every score."""
 
 NUMERICS_KEYS = ("dtype", "device_type")
 """How the model's numbers were computed (``decoding`` and the generation record): the
@@ -248,6 +250,9 @@ def generation_mismatches(
             )
     for key in DECODING_KEYS:
         if key in record.decoding and _norm(generation.get(key)) != _norm(record.decoding[key]):
+            if key == "decode_path":
+                problems.append(decode_path_problem(generation.get(key), record.decoding[key]))
+                continue
             problems.append(
                 f"{key}={generation.get(key)!r} but calibration used {record.decoding[key]!r}"
             )
@@ -258,6 +263,28 @@ def generation_mismatches(
     return (
         problems + conversation_mismatches(record, generation) + tool_mismatches(record, generation)
     )
+
+
+def decode_path_problem(got: Any, calibrated: Any) -> str:
+    """Why a response decoded on path ``got`` is refused by a guard calibrated on path
+    ``calibrated`` (records of :meth:`abstain_guard.adapters.threads.DecodePath.record`)."""
+    return (
+        f"decode_path={got!r} but calibration used {calibrated!r}: the response was decoded "
+        f"with {_describe_path(got)}, the guard was calibrated with {_describe_path(calibrated)}; "
+        "the two differ in the last bits of every score. Load the model with the calibrated "
+        "batch_decode on the same library version, or calibrate again on this path"
+    )
+
+
+def _describe_path(record: Any) -> str:
+    if isinstance(record, Mapping) and record.get("steps") == "shared":
+        return (
+            f"shared decode steps on {record.get('threads')} BLAS thread(s), padded to "
+            f"{record.get('min_rows')} rows"
+        )
+    if isinstance(record, Mapping) and record.get("steps") == "alone":
+        return f"each row decoded alone on {record.get('threads')} BLAS thread(s)"
+    return "an unrecorded decode path" if record is None else repr(record)
 
 
 def dtype_mismatches(record: DeploymentRecord, generation: Mapping[str, Any]) -> list[str]:

@@ -45,15 +45,12 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .attention import ACTIVE_SESSION, capture_mode, register_attention
 from .capture import CaptureSession, StepFeatures
 from .loading import LoadedModel, eos_token_ids, pad_token_id
+from .threads import DecodePath, blas_threads, choose_decode_path, prefill_threads
 from .types import ReferenceMeans
 
 #: Attention implementation of batched decode steps (registered without a mask function, so
 #: transformers builds no batch mask: each row attends to all of its own cached positions).
 ROWS_ATTENTION = "abstain_guard_rows"
-
-#: Fewest rows a decode step runs with (dummy rows fill up): the smallest row count from which
-#: this machine's BLAS computes every row the same way whatever the batch size.
-MIN_DECODE_ROWS = 4
 
 _LOG = logging.getLogger(__name__)
 
@@ -99,6 +96,8 @@ class RowResult:
     logits: torch.Tensor
     finish_reason: str
     steps: list[StepFeatures]
+    #: the engine's :class:`~.threads.DecodePath` as recorded (:meth:`DecodePath.record`)
+    decode_path: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -124,6 +123,7 @@ class Row:
     ids: list[int] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)
     finish: str | None = None
+    path: DecodePath | None = None
 
     @property
     def position(self) -> int:
@@ -138,6 +138,7 @@ class Row:
             logits=torch.stack(self.logits).float(),
             finish_reason=self.finish or "length",
             steps=steps,
+            decode_path=self.path.record() if self.path is not None else {},
         )
 
 
@@ -326,58 +327,13 @@ def choose_token(
 # -- the engine -------------------------------------------------------------------------------
 
 
-def rows_are_independent(weight: torch.Tensor, rows: int, max_rows: int) -> bool:
-    """Whether ``x @ weight.T`` gives every row bitwise the same result for every batch of
-    ``rows..max_rows`` rows, wherever the row sits (probed with random rows, with the calling
-    thread's BLAS thread count)."""
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn((max_rows, weight.shape[1]), generator=gen, dtype=weight.dtype)
-    with torch.inference_mode():
-        ref = torch.nn.functional.linear(x[:rows], weight)
-        for m in range(rows, max_rows + 1):
-            out = torch.nn.functional.linear(x[:m], weight)
-            if not torch.equal(out[:rows], ref):
-                return False
-            flipped = torch.nn.functional.linear(x[:m].flip(0), weight).flip(0)
-            if not torch.equal(flipped, out):
-                return False
-    return True
-
-
-@contextmanager
-def blas_threads(n: int | None) -> Iterator[None]:
-    """Run the block with ``n`` intra-op threads in the calling thread (None: unchanged).
-    The setting is per OS thread (OpenMP), so other threads are not affected."""
-    if n is None:
-        yield
-        return
-    previous = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
-def model_rows_are_independent(hf: nn.Module, rows: int, max_rows: int) -> bool:
-    """:func:`rows_are_independent` for every distinct shape of the model's linear layers
-    (LM head included), on the model's own weights."""
-    seen: set[tuple[int, ...]] = set()
-    for m in hf.modules():
-        if isinstance(m, nn.Linear) and tuple(m.weight.shape) not in seen:
-            seen.add(tuple(m.weight.shape))
-            if not rows_are_independent(m.weight.detach().cpu().float(), rows, max_rows):
-                return False
-    return True
-
-
 class BatchEngine:
     """Prefills new rows one at a time and decodes all active rows one token per step.
 
     Not thread-safe: the scheduler's worker drives it while holding the model lock.
     """
 
-    def __init__(self, loaded: LoadedModel, max_rows: int, batch_decode: bool = False) -> None:
+    def __init__(self, loaded: LoadedModel, max_rows: int, batch_decode: bool = True) -> None:
         self.loaded = loaded
         self.max_rows = max_rows
         self.active: list[Row] = []
@@ -388,25 +344,12 @@ class BatchEngine:
         self._pad = pad_token_id(hf, loaded.tokenizer)
         self._device = next(hf.parameters()).device
         self._keep_one = "logits_to_keep" in inspect.signature(hf.forward).parameters
-        top = max(max_rows, MIN_DECODE_ROWS)
-        probe = next(m for m in hf.modules() if isinstance(m, nn.Linear)).weight.detach()
-        # Where a row's numbers do not depend on the batch (from MIN_DECODE_ROWS rows on) with
-        # the current BLAS threads, decode all active rows in one forward padded to that many.
-        # Otherwise (e.g. several BLAS threads on small matrices, as on a 2-core CPU) decode
-        # every row alone, unpadded: the same 1-row kernel solo and concurrent, so still
-        # exact, at the lowest latency for a lone caller but with no concurrency gain -- or,
-        # with ``batch_decode``, decode steps run on one BLAS thread where that makes the rows
-        # independent: concurrent callers share each step (throughput), a lone caller pays
-        # for MIN_DECODE_ROWS rows on one thread (latency).
-        #: intra-op threads of decode steps (None: the process setting)
-        self.decode_threads: int | None = None
-        same = rows_are_independent(probe.cpu().float(), MIN_DECODE_ROWS, top)
-        if not same and batch_decode:
-            with blas_threads(1):
-                same = model_rows_are_independent(hf, MIN_DECODE_ROWS, top)
-            self.decode_threads = 1 if same else None
-        self.batched = same
-        self.min_rows = MIN_DECODE_ROWS if same else 1
+        #: how decode steps run (:mod:`.threads`): shared steps on one BLAS thread where the
+        #: model's weights make rows independent there (and ``batch_decode`` asks for it),
+        #: else each row alone; recorded in every row's result
+        self.path: DecodePath = choose_decode_path(hf, batch_decode, max_rows)
+        #: BLAS threads of prompt passes (their numbers do not depend on it)
+        self.prefill_threads = prefill_threads()
         register_rows_attention()
 
     # -- rows ------------------------------------------------------------------------------
@@ -430,11 +373,11 @@ class BatchEngine:
         gen = None
         if request.seed is not None:
             gen = torch.Generator(device="cpu").manual_seed(int(request.seed))
-        row = Row(request, DynamicCache(config=hf.config), session, [], gen)
+        row = Row(request, DynamicCache(config=hf.config), session, [], gen, path=self.path)
         ids = torch.tensor([request.prompt], dtype=torch.long, device=self._device)
         kw: dict[str, Any] = {"logits_to_keep": 1} if self._keep_one else {}
         before = _hook_ids(hf) if session is not None else []
-        with torch.inference_mode(), capture_mode(hf, session):
+        with torch.inference_mode(), capture_mode(hf, session), blas_threads(self.prefill_threads):
             row.hooks = _new_hooks(before) if session is not None else []
             out = hf(input_ids=ids, past_key_values=row.cache, use_cache=True, **kw)
         self._append(row, out.logits[0, -1])
@@ -477,7 +420,7 @@ class BatchEngine:
         if not rows:
             return []
         self.widest = max(self.widest, len(rows))
-        groups = [rows] if self.batched else [[r] for r in rows]
+        groups = [rows] if self.path.steps == "shared" else [[r] for r in rows]
         for group in groups:
             self._step_rows(group)
         done = [r for r in rows if r.finish is not None]
@@ -485,10 +428,10 @@ class BatchEngine:
         return done
 
     def _step_rows(self, rows: list[Row]) -> None:
-        """One forward for ``rows`` (padded to :attr:`min_rows`), appending a token to each."""
+        """One forward for ``rows`` (padded to the path's ``min_rows``), a token for each."""
         hf = self.loaded.hf_model
         b = len(rows)
-        bp = max(b, self.min_rows)
+        bp = max(b, self.path.min_rows)
         pad = bp - b
         ids = [[r.ids[-1]] for r in rows] + [[self._pad]] * pad
         pos = [[r.position] for r in rows] + [[0]] * pad
@@ -500,7 +443,7 @@ class BatchEngine:
         previous = cfg._attn_implementation
         cfg._attn_implementation = ROWS_ATTENTION
         try:
-            with torch.inference_mode(), mux.installed(), blas_threads(self.decode_threads):
+            with torch.inference_mode(), mux.installed(), blas_threads(self.path.threads):
                 out = hf(
                     input_ids=torch.tensor(ids, dtype=torch.long, device=self._device),
                     position_ids=torch.tensor(pos, dtype=torch.long, device=self._device),
@@ -520,7 +463,6 @@ class BatchEngine:
 
 
 __all__ = [
-    "MIN_DECODE_ROWS",
     "ROWS_ATTENTION",
     "BatchEngine",
     "GenerationCancelled",
@@ -529,10 +471,7 @@ __all__ = [
     "Row",
     "RowResult",
     "RowsCache",
-    "blas_threads",
     "choose_token",
-    "model_rows_are_independent",
     "register_rows_attention",
-    "rows_are_independent",
     "rows_attention",
 ]

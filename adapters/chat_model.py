@@ -73,6 +73,7 @@ from .streaming import (
     text_chunk,
     token_channel,
 )
+from .threads import choose_decode_path
 from .tools import (
     ToolSetup,
     decode_keeping,
@@ -133,12 +134,14 @@ class GeometryChatModel(BaseChatModel):
         default=64, ge=1, description="calls that may wait for the model before it refuses more"
     )
     batch_decode: bool = Field(
-        default=False,
+        default=True,
         description=(
-            "decode concurrent callers' steps as one forward even where the CPU's BLAS then "
-            "needs one thread to keep rows independent: more answers/s under concurrency, a "
-            "lone call slower (it pays for 4 rows); numbers are exact either way but differ "
-            "in the last bits between the two settings, so calibrate and deploy with the same"
+            "share decode steps between concurrent callers (one forward on one BLAS thread, "
+            "padded to 4 rows) where the model's weights keep rows independent there: "
+            "several answers/s under concurrency, exact for every caller. False: decode each "
+            "answer alone (lower latency for a lone caller, no gain under concurrency). The "
+            "two give numbers that differ in the last bits: the path taken is recorded "
+            "(decode_path) and a guard refuses responses decoded on another path"
         ),
     )
     replay_add_eos: bool = Field(
@@ -627,7 +630,9 @@ class GeometryChatModel(BaseChatModel):
         for conv, p, g in zip(conversations, prompts, gen, strict=True):
             msg = to_message(self.tokenizer, self.model_name, self.num_layers, p, g, opts)
             msg = self._with_calls(msg, p, g, opts, setup)
-            msg.response_metadata[GENERATION] = self._generation_record(conv, opts, setup)
+            msg.response_metadata[GENERATION] = self._generation_record(
+                conv, opts, setup, g.decode_path
+            )
             msgs.append(msg)
         return msgs
 
@@ -650,7 +655,9 @@ class GeometryChatModel(BaseChatModel):
         for conv, prompt, g in zip(conversations, prompts, gen, strict=True):
             msg = to_message(self.tokenizer, self.model_name, self.num_layers, prompt, g, opts)
             msg = self._with_calls(msg, prompt, g, opts, setup)
-            msg.response_metadata[GENERATION] = self._generation_record(conv, opts, setup)
+            msg.response_metadata[GENERATION] = self._generation_record(
+                conv, opts, setup, g.decode_path
+            )
             out.append((msg, g.states))
         return out
 
@@ -665,12 +672,15 @@ class GeometryChatModel(BaseChatModel):
         conversation: Sequence[BaseMessage],
         opts: dict[str, Any],
         setup: ToolSetup | None = None,
+        decode_path: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The settings of one call, for the guard's exchangeability check
         (:func:`abstain_guard.deployment.generation_mismatches`); the system prompt hash is
         that of the user's system prompt (without the prompted tool block)."""
         dicts = self._chat_dicts(self._to_messages(list(conversation)))
-        record = generation_record(dicts, opts, self.chat_template_sha256, self.batch_decode, setup)
+        record = generation_record(
+            dicts, opts, self.chat_template_sha256, self.batch_decode, setup, decode_path
+        )
         return {**record, **numerics_record(self.hf_model)}
 
     def decoding_settings(self) -> dict[str, Any]:
@@ -681,8 +691,14 @@ class GeometryChatModel(BaseChatModel):
             "top_k": self.top_k,
             "stop": list(self.stop or []),
             "batch_decode": bool(self.batch_decode),
+            "decode_path": self.decode_path(),
             **numerics_record(self.hf_model),
         }
+
+    def decode_path(self) -> dict[str, Any]:
+        """The decode path this model's engine takes (:func:`.threads.choose_decode_path`,
+        the function the engine itself calls), as its responses record it."""
+        return choose_decode_path(self.hf_model, self.batch_decode, self.max_batch_size).record()
 
     # -- replay ------------------------------------------------------------------------------
 

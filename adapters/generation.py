@@ -15,7 +15,7 @@ import asyncio
 import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -130,6 +130,8 @@ class Generated:
     finish_reason: str
     geometry: StepFeatures | None
     states: TokenStates | None = None
+    #: the decode path the engine took (:meth:`.threads.DecodePath.record`)
+    decode_path: dict[str, Any] = field(default_factory=dict)
 
 
 def generation_requests(
@@ -179,6 +181,7 @@ def to_generated(result: RowResult, keep_states: bool) -> Generated:
         finish_reason=result.finish_reason,
         geometry=stack_steps(steps, 0, n) if steps else None,
         states=stack_states(steps, 0, n) if steps and keep_states else None,
+        decode_path=dict(result.decode_path),
     )
 
 
@@ -305,10 +308,12 @@ def generation_record(
     chat_template_sha256: str | None,
     batch_decode: bool = False,
     tools: ToolSetup | None = None,
+    decode_path: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The settings of one call (``metadata["generation"]``), for the guard's
     exchangeability check (:func:`abstain_guard.deployment.generation_mismatches`);
-    ``batch_decode``: the loaded model's decode mode (it changes the last bits).
+    ``batch_decode``: the decode mode asked for; ``decode_path``: the path the engine took
+    (:meth:`.threads.DecodePath.record`; it changes the last bits).
 
     ``dicts`` are the conversation without the prompted tool block, so
     ``system_prompt_sha256`` hashes the user's system prompt only. The tool keys
@@ -326,6 +331,7 @@ def generation_record(
         "top_k": opts["top_k"],
         "stop": list(opts["stop"]),
         "batch_decode": bool(batch_decode),
+        "decode_path": dict(decode_path) if decode_path is not None else None,
         "system_prompt_sha256": sha256_text(system),
         "chat_template_sha256": chat_template_sha256,
         "history_messages": earlier,

@@ -53,7 +53,7 @@ class GenerationScheduler:
         loaded: LoadedModel,
         max_batch: int = DEFAULT_MAX_BATCH,
         max_queue: int = DEFAULT_MAX_QUEUE,
-        batch_decode: bool = False,
+        batch_decode: bool = True,
     ) -> None:
         if max_batch < 1 or max_queue < 1:
             raise ValueError("max_batch and max_queue must be positive")
@@ -231,7 +231,7 @@ def scheduler_for(
     batch_decode: bool | None = None,
 ) -> GenerationScheduler:
     """The scheduler of ``loaded``, created on first use (bounds default to
-    :data:`DEFAULT_MAX_BATCH` and :data:`DEFAULT_MAX_QUEUE`, ``batch_decode`` to False);
+    :data:`DEFAULT_MAX_BATCH` and :data:`DEFAULT_MAX_QUEUE`, ``batch_decode`` to True);
     bounds given later replace the current ones (``max_batch`` only up to the first one: the
     engine's batch shape is fixed when it is built). ``batch_decode`` is fixed at creation:
     asking for the other setting later raises ValueError (the numbers would change in the
@@ -243,7 +243,7 @@ def scheduler_for(
                 loaded,
                 max_batch or DEFAULT_MAX_BATCH,
                 max_queue or DEFAULT_MAX_QUEUE,
-                bool(batch_decode),
+                True if batch_decode is None else bool(batch_decode),
             )
             loaded.scheduler = sched
             return sched

@@ -1,6 +1,7 @@
-"""Calibrating on a model loaded with ``batch_decode``: held-out questions share decode steps
-through the scheduler, every answer is bitwise the one its own call gives, the decode mode
-is recorded in the artifact, and the guard refuses to run in the other mode.
+"""Calibrating on a model loaded with ``batch_decode`` (the default): held-out questions share
+decode steps through the scheduler, every answer is bitwise the one its own call gives, the
+decode path the engine took is recorded in every answer and in the artifact, and the guard
+refuses responses decoded on another path, naming both.
 
 Tiny random-weight model, content-hash judge (see ``test_pipeline_resume``).
 """
@@ -61,8 +62,11 @@ def test_the_decode_mode_is_recorded_and_keys_the_cache(batched_run: tuple[Path,
     art = GuardArtifact.load(tmp / "guard")
     record = DeploymentRecord.from_metadata(art.metadata)
     assert record is not None and record.decoding["batch_decode"] is True
+    shared = {"steps": "shared", "threads": 1, "min_rows": 4}
+    assert record.decoding["decode_path"] == shared
     rows = _generation_rows(tmp / "guard.cache")
     assert rows and all(r["metadata"]["generation"]["batch_decode"] is True for r in rows)
+    assert all(r["metadata"]["generation"]["decode_path"] == shared for r in rows)
 
 
 def test_live_scores_equal_stored_in_the_same_mode(batched_run: tuple[Path, Any]) -> None:
@@ -79,12 +83,18 @@ def test_live_scores_equal_stored_in_the_same_mode(batched_run: tuple[Path, Any]
     np.testing.assert_array_equal(np.asarray(live), art.scores)
 
 
-def test_the_other_decode_mode_is_refused(batched_run: tuple[Path, Any]) -> None:
+def test_the_other_decode_path_is_refused(batched_run: tuple[Path, Any]) -> None:
+    """A response decoded on another path (each row alone) is an ArtifactMismatchError that
+    names the response's path and the calibrated one."""
     tmp, _ = batched_run
-    rows_alone = tiny_chat_model("llama", seed=0)  # same weights, default decode mode
+    rows_alone = tiny_chat_model("llama", seed=0, batch_decode=False)  # same weights
     chain, _, _ = load_guard_chain(tmp / "guard", GuardConfig(participation=0.5), model=rows_alone)
-    with pytest.raises(ArtifactMismatchError, match="batch_decode=False but calibration"):
+    with pytest.raises(ArtifactMismatchError) as err:
         chain.invoke({"question": ITEMS[0].question})
+    message = str(err.value)
+    assert "decode_path={'steps': 'alone'" in message
+    assert "each row decoded alone on 1 BLAS thread(s)" in message
+    assert "shared decode steps on 1 BLAS thread(s), padded to 4 rows" in message
 
 
 def test_rows_alone_calibration_keys_apart_from_batch_decode(
@@ -98,12 +108,13 @@ def test_rows_alone_calibration_keys_apart_from_batch_decode(
         ITEMS,
         tmp_path / "alone",
         config=cfg,
-        model=tiny_chat_model("llama", seed=0),
+        model=tiny_chat_model("llama", seed=0, batch_decode=False),
         judges=_judges(tmp, "guard", HashJudge()),
         progress=False,
     )
     record = DeploymentRecord.from_metadata(GuardArtifact.load(tmp_path / "alone").metadata)
     assert record is not None and record.decoding["batch_decode"] is False
+    assert record.decoding["decode_path"] == {"steps": "alone", "threads": 1, "min_rows": 1}
     modes = [
         r["metadata"]["generation"]["batch_decode"] for r in _generation_rows(tmp / "guard.cache")
     ]

@@ -18,7 +18,7 @@ import torch
 from tiny_models import tiny_chat_model
 
 from abstain_guard.adapters import GeometryChatModel, ReferenceMeans
-from abstain_guard.adapters.batching import MIN_DECODE_ROWS, blas_threads, rows_are_independent
+from abstain_guard.adapters.threads import MIN_DECODE_ROWS, blas_threads, rows_are_independent
 from abstain_guard.adapters.scheduler import GenerationScheduler, scheduler_for
 from abstain_guard.errors import AbstainGuardError, SchedulerFullError
 
@@ -251,8 +251,8 @@ def test_batch_decode_shares_steps_and_keeps_solo_answers() -> None:
     sched = _scheduler(model)
     assert sched.batch_decode
     engine = sched._engine
-    assert engine is not None and engine.batched and engine.min_rows == MIN_DECODE_ROWS
-    assert engine.decode_threads in (None, 1)
+    assert engine is not None and engine.path.steps == "shared"
+    assert engine.path.min_rows == MIN_DECODE_ROWS and engine.path.threads == 1
     got = _run_threads(model, [lambda p=p: model.invoke(p) for p in PROMPTS])
     for a, b in zip(solo, got, strict=True):
         _same(a, b)

@@ -41,10 +41,10 @@ class CalibrationConfig(BaseModel):
     max_new_tokens: int | None = Field(None, gt=0, description="None = per question kind")
     batch_size: int = Field(8, gt=0, description="questions generated per batch")
     batch_decode: bool = Field(
-        False,
-        description="load the model with batch_decode (GeometryChatModel): held-out questions "
-        "then share decode steps, each answer still bitwise its solo one (faster calibration); "
-        "the guard is then deployed in the same mode (recorded, loaded and checked)",
+        True,
+        description="share decode steps between the questions of a batch (GeometryChatModel "
+        "batch_decode, the default): each answer still bitwise its solo one on that path; "
+        "false decodes every answer alone. The path is recorded and checked at deployment",
     )
     replay_batch_size: int = Field(16, gt=0)
     agent: str | None = Field(

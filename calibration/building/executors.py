@@ -72,17 +72,17 @@ def local_threads() -> int:
 
 
 def replica_thread_env(threads: int) -> dict[str, str]:
-    """The thread environment of a replica's process: what this process computes with.
+    """The thread environment of a replica's process.
 
-    Ray starts workers with ``OMP_NUM_THREADS`` set to their CPU reservation (1 by default).
-    ``torch.set_num_threads`` only sets the calling thread, and the model generates on the
-    scheduler's own thread, whose BLAS (MKL) thread count falls back to that variable. With
-    one BLAS thread a decode row's numbers do not depend on the batch, so the engine shares
-    decode steps and the numbers differ from a 2-thread local run in the last bits
-    (logprobs by ~1e-6). So the replica gets ``threads`` in ``OMP_NUM_THREADS`` and this
-    process's ``MKL_NUM_THREADS`` (if set), as the driver computes.
+    The engine sets the threads of decode steps itself (:mod:`abstain_guard.adapters.
+    threads`), whatever the environment says, so the replica's numbers are the driver's.
+    The environment only sizes the replica's pools to its reservation: ``threads`` in
+    ``OMP_NUM_THREADS`` (Ray would set its CPU reservation) and as the prefill threads
+    (``ABSTAIN_GUARD_PREFILL_THREADS``), and this process's ``MKL_NUM_THREADS`` if set.
     """
-    env = {"OMP_NUM_THREADS": str(threads)}
+    from abstain_guard.adapters.threads import PREFILL_THREADS_ENV
+
+    env = {"OMP_NUM_THREADS": str(threads), PREFILL_THREADS_ENV: str(threads)}
     if "MKL_NUM_THREADS" in os.environ:
         env["MKL_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"]
     return env

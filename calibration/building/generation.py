@@ -103,6 +103,14 @@ def plan_chunks(items: Sequence[QAItem], size: int) -> list[tuple[int, list[QAIt
     return list(enumerate(chunks, start=1))
 
 
+def decode_path_of(model: Any) -> dict[str, Any] | None:
+    """The decode path ``model`` generates on, as its decoding settings record it (None for
+    models that record none, e.g. API chat models)."""
+    settings = getattr(model, "decoding_settings", None)
+    path = settings().get("decode_path") if callable(settings) else None
+    return dict(path) if isinstance(path, dict) else None
+
+
 def generate_answers(
     model: Any,
     items: Sequence[QAItem],
@@ -128,7 +136,7 @@ def generate_answers(
     generates each question as its own call would, as the deployed guard does (cached apart
     from batched answers): alone, or -- on a model with ``batch_decode``, whose scheduler
     gives every call of a batch bitwise its solo answer -- ``config.batch_size`` calls at a
-    time sharing decode steps. Answers of the two decode modes are cached apart (their last
+    time sharing decode steps. Answers of different decode paths are cached apart (their last
     bits differ).
 
     ``capture`` (see :data:`Capture`): with ``"states"`` the geometry and per-token states go
@@ -156,8 +164,9 @@ def generate_answers(
         )
     size = config.batch_size if batch_size is None else batch_size
     alone = size == 1
-    shared_steps = bool(getattr(model, "batch_decode", False))
-    mode = {"decode": "batched"} if shared_steps else {}
+    path = decode_path_of(model)
+    shared_steps = path is not None and path.get("steps") == "shared"
+    mode = {"decode_path": path} if path else {}
     if alone and shared_steps:
         # the scheduler gives each call of a batch bitwise its solo answer; more than one
         # model batch per chunk was slower (445 s vs 395 s for calibrate on 300 questions)

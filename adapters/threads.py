@@ -1,0 +1,172 @@
+"""The decode path: which BLAS thread counts and batch shapes the engine runs, set by the
+library itself (never by ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``), and recorded.
+
+On CPU, a matrix product's last bits depend on the BLAS kernel, and the kernel depends on the
+number of rows and the number of threads. Two facts, measured on SmolLM2-135M on a 2-core
+x86 machine (``bench/decode_path.py``):
+
+* with **one** BLAS thread, every row of ``x @ W.T`` is bitwise the same for every batch of
+  4 to 8+ rows wherever the row sits; 1 to 3 rows use other kernels. With two threads no
+  batch size gives that (the split between threads depends on the batch).
+* a decode step of one row costs about the same on one thread as on two (it is bound by
+  reading the weights and by Python, not by arithmetic), while a prompt pass (prefill, many
+  tokens) is ~1.6× faster on two threads, and its numbers were the same on one and two
+  threads (bench/decode_path.py checks this on the model it runs).
+
+So the library runs **decode steps on one thread** in every process and **prefill on all the
+CPUs the process may use**. Decode steps are *shared* between concurrent rows (one forward,
+padded to :data:`MIN_DECODE_ROWS` rows) where the model's own weights show rows to be
+independent on one thread, and run each row *alone* otherwise. The path is part of each
+response's generation record (:meth:`DecodePath.record`) and of the calibration record;
+the guard refuses a response decoded on another path than calibration's.
+
+More cores: decode stays on one thread per step (a step is too small to split exactly), and
+throughput comes from more rows per step; prefill uses every CPU of the process (its
+numbers are the same on any thread count, so this choice is recorded but not checked).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+from weakref import WeakKeyDictionary
+
+import torch
+from torch import nn
+
+#: Fewest rows a shared decode step runs with (dummy rows fill up): the smallest row count
+#: from which one-thread BLAS computes every row the same way whatever the batch size.
+MIN_DECODE_ROWS = 4
+
+#: BLAS threads inside every decode step (shared or alone).
+DECODE_THREADS = 1
+
+#: Environment variable that caps the threads of prompt passes (prefill, replay); by default
+#: every CPU the process may run on. Not ``OMP_NUM_THREADS``: that one is set by Ray and
+#: others for their own reasons, and must not change which numbers the library computes.
+PREFILL_THREADS_ENV = "ABSTAIN_GUARD_PREFILL_THREADS"
+
+
+@dataclass(frozen=True)
+class DecodePath:
+    """How the engine decodes: ``steps`` ``"shared"`` (concurrent rows in one forward,
+    padded to ``min_rows``) or ``"alone"`` (each row its own forward, ``min_rows`` 1), with
+    ``threads`` BLAS threads inside each step. Two paths give numbers that differ in the last
+    bits, so a guard is only valid on the path it was calibrated on."""
+
+    steps: Literal["shared", "alone"]
+    threads: int
+    min_rows: int
+
+    def record(self) -> dict[str, Any]:
+        """The path as it appears in generation and deployment records."""
+        return {"steps": self.steps, "threads": self.threads, "min_rows": self.min_rows}
+
+
+@contextmanager
+def blas_threads(n: int | None) -> Iterator[None]:
+    """Run the block with ``n`` intra-op threads in the calling thread (None: unchanged)."""
+    if n is None:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def process_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+def prefill_threads() -> int:
+    """Threads of prompt passes: :data:`PREFILL_THREADS_ENV` if set (a positive integer),
+    else every CPU of the process (:func:`process_cpus`)."""
+    raw = os.environ.get(PREFILL_THREADS_ENV)
+    if raw is None or raw.strip() == "":
+        return process_cpus()
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"{PREFILL_THREADS_ENV}={raw!r}: give a positive number of threads")
+    return n
+
+
+def rows_are_independent(weight: torch.Tensor, rows: int, max_rows: int) -> bool:
+    """Whether ``x @ weight.T`` gives every row bitwise the same result for every batch of
+    ``rows..max_rows`` rows, wherever the row sits (probed with random rows, with the calling
+    thread's BLAS thread count). ``weight``: ``[out, in]``."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn((max_rows, weight.shape[1]), generator=gen, dtype=weight.dtype)
+    with torch.inference_mode():
+        ref = torch.nn.functional.linear(x[:rows], weight)
+        for m in range(rows, max_rows + 1):
+            out = torch.nn.functional.linear(x[:m], weight)
+            if not torch.equal(out[:rows], ref):
+                return False
+            flipped = torch.nn.functional.linear(x[:m].flip(0), weight).flip(0)
+            if not torch.equal(flipped, out):
+                return False
+    return True
+
+
+def model_rows_are_independent(hf: nn.Module, rows: int, max_rows: int) -> bool:
+    """:func:`rows_are_independent` for every distinct shape of the model's linear layers
+    (LM head included), on the model's own weights (in their dtype, on the CPU)."""
+    seen: set[tuple[int, ...]] = set()
+    for m in hf.modules():
+        if isinstance(m, nn.Linear) and tuple(m.weight.shape) not in seen:
+            seen.add(tuple(m.weight.shape))
+            if not rows_are_independent(m.weight.detach().cpu(), rows, max_rows):
+                return False
+    return True
+
+
+_PATHS: WeakKeyDictionary[nn.Module, dict[tuple[bool, int], DecodePath]] = WeakKeyDictionary()
+
+
+def choose_decode_path(hf: nn.Module, shared: bool, max_rows: int) -> DecodePath:
+    """The path the engine takes for ``hf``: shared steps on :data:`DECODE_THREADS` threads
+    padded to :data:`MIN_DECODE_ROWS` when ``shared`` is asked for and the model's weights
+    show rows to be independent there (CPU only: GPU kernels are not probed and decode each
+    row alone); otherwise each row alone. Probed once per model and setting."""
+    top = max(max_rows, MIN_DECODE_ROWS)
+    cached = _PATHS.setdefault(hf, {})
+    key = (shared, top)
+    if key not in cached:
+        device = next(hf.parameters()).device
+        ok = False
+        if shared and device.type == "cpu":
+            with blas_threads(DECODE_THREADS):
+                ok = model_rows_are_independent(hf, MIN_DECODE_ROWS, top)
+        cached[key] = (
+            DecodePath("shared", DECODE_THREADS, MIN_DECODE_ROWS)
+            if ok
+            else DecodePath("alone", DECODE_THREADS, 1)
+        )
+    return cached[key]
+
+
+__all__ = [
+    "DECODE_THREADS",
+    "MIN_DECODE_ROWS",
+    "PREFILL_THREADS_ENV",
+    "DecodePath",
+    "blas_threads",
+    "choose_decode_path",
+    "model_rows_are_independent",
+    "prefill_threads",
+    "process_cpus",
+    "rows_are_independent",
+]

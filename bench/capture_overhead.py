@@ -1,24 +1,27 @@
 """Overhead of geometry capture during generation on the default model (SmolLM2-135M, CPU).
 
 For prompt lengths 32, 256 and 2,048 (tokens fed to the model, chat template included) and
-32 new tokens, runs side by side, alternating, ``repeats`` times each:
+32 new tokens, runs side by side, interleaved (plain, engine, full, fast, then again),
+``--repeats`` times each (default 5):
 
-* plain: ``hf_model.generate`` (greedy, sdpa, KV cache), forced to the same tokens;
-* full:  ``GeometryChatModel.invoke`` (greedy) with exact geometry capture (Ω, Θ), logprobs,
+* plain:  ``hf_model.generate`` (greedy, sdpa, KV cache), forced to the same tokens;
+* engine: ``GeometryChatModel.invoke`` without capture (``capture_geometry=False``): the
+  library's own decode path (shared steps on one thread, padded to 4 rows, by default);
+* full:   ``GeometryChatModel.invoke`` (greedy) with exact geometry capture (Ω, Θ), logprobs,
   entropy and the JSON metadata, i.e. the whole product path;
-* fast:  the same with ``capture="fast"`` (Θ, ω_dir only; no per-source decomposition).
+* fast:   the same with ``capture="fast"`` (Θ, ω_dir only; no per-source decomposition).
 
-It checks all produce the same tokens and reports median wall-clock times, the ratios
-capture / plain and the extra peak resident memory of capture at 2,048 tokens (RSS sampled
-every ms, peak minus the RSS before the call, capture minus plain). ``model_rss_mb`` is the
-resident memory the loaded model adds to the process. The last line printed is one JSON
-object::
+It checks all produce the same tokens. Every ratio is taken per repeat (that repeat's time
+over that repeat's plain time) and reported as median and min-max spread; ``over_engine``
+is capture over the engine without capture (the cost of capture alone, on the same decode
+path). ``extra_peak_mem_mb_2048`` is the extra peak resident memory over plain at 2,048
+tokens (RSS sampled every ms), ``model_rss_mb`` the resident memory the loaded model adds.
+The last line printed is one JSON object::
 
-    {"full": {"ratio_prompt32", "ratio_prompt256", "ratio_prompt2048",
-              "extra_peak_mem_mb_2048"},
-     "fast": {same keys}, "model_rss_mb": ...}
-
-(``fast`` values are null where the chat model has no fast capture mode.)
+    {"full": {"ratio_prompt32": {"median", "min", "max"}, "over_engine_prompt32": {...}, ...,
+              "extra_peak_mem_mb_2048": {...}},
+     "fast": {...}, "engine": {"ratio_prompt32": {...}, ...}, "plain_seconds": {...},
+     "model_rss_mb": ..., "repeats": {...}}
 
 Run: ``nice -n 5 .venv/bin/python bench/capture_overhead.py [--repeats 5] [--repeats-long 3]``
 """
@@ -120,10 +123,12 @@ def capture_models(model: GeometryChatModel) -> dict[str, GeometryChatModel | No
     return {"full": model, "fast": fast}
 
 
-def measure(
-    model: GeometryChatModel, n_prompt: int, repeats: int
-) -> dict[str, tuple[float, float]]:
-    """``{name: (median seconds, max extra peak MB)}`` for plain, full and fast."""
+def measure(model: GeometryChatModel, n_prompt: int, repeats: int) -> dict[str, Any]:
+    """Interleaved repeats of plain, engine, full and fast at ``n_prompt`` prompt tokens.
+
+    Returns ``{"seconds": {name: [s, ...]}, "extra_mb": {name: [MB, ...]}}``, one entry per
+    repeat; the ratios are taken per repeat (capture time over the plain time of the same
+    repeat), so a slow spell of the machine affects both sides of a ratio alike."""
     hf = model.hf_model
     text = user_text_for(model, n_prompt)
     prompt_ids = model.encode_chat(text)[0]
@@ -143,12 +148,16 @@ def measure(
         )
         return [int(t) for t in out[0, ids.shape[1] :]]
 
-    fns: dict[str, Callable[[], list[int]]] = {"plain": plain}
+    engine = model.model_copy(update={"capture_geometry": False})
+    fns: dict[str, Callable[[], list[int]]] = {
+        "plain": plain,
+        "engine": lambda: list(engine.invoke(text).response_metadata["token_ids"]),
+    }
     for name, m in capture_models(model).items():
         if m is not None:
             fns[name] = lambda m=m: list(m.invoke(text).response_metadata["token_ids"])
-            fns[name]()  # warm-up
-    plain()
+    for fn in fns.values():
+        fn()  # warm-up
     times: dict[str, list[float]] = {k: [] for k in fns}
     mems: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
@@ -158,17 +167,24 @@ def measure(
                 raise RuntimeError(f"{name} produced different tokens: {toks} vs {ref}")
             times[name].append(dt)
             mems[name].append(mb)
-    res = {k: (statistics.median(times[k]), max(mems[k])) for k in fns}
-    line = " ".join(f"{k}={t * 1000:9.1f} ms (+{mb:7.1f} MB)" for k, (t, mb) in res.items())
-    ratios = " ".join(f"{k}/plain={res[k][0] / res['plain'][0]:.3f}" for k in res if k != "plain")
-    print(f"prompt={n_prompt:5d} new={n_new} {line} {ratios}", flush=True)
-    return res
+    line = " ".join(f"{k}={statistics.median(v) * 1000:8.1f} ms" for k, v in times.items())
+    print(f"prompt={n_prompt:5d} new={n_new} {line}", flush=True)
+    return {"seconds": times, "extra_mb": mems}
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Median, min and max of ``values`` (rounded)."""
+    return {
+        "median": round(statistics.median(values), 4),
+        "min": round(min(values), 4),
+        "max": round(max(values), 4),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="repeats at 32 and 256 tokens")
-    parser.add_argument("--repeats-long", type=int, default=3, help="repeats at 2,048 tokens")
+    parser.add_argument("--repeats-long", type=int, default=5, help="repeats at 2,048 tokens")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     gc.collect()
@@ -176,18 +192,26 @@ def main() -> None:
     model = load_default_model(max_new_tokens=NEW_TOKENS)
     gc.collect()
     model_rss_mb = (_rss_bytes() - rss0) / 2**20
-    result: dict[str, Any] = {"full": {}, "fast": {}}
+    result: dict[str, Any] = {"full": {}, "fast": {}, "engine": {}}
     for n_prompt in PROMPT_LENGTHS:
         reps = args.repeats_long if n_prompt > 256 else args.repeats
         res = measure(model, n_prompt, reps)
-        for mode in ("full", "fast"):
-            got = res.get(mode)
-            ratio = None if got is None else round(got[0] / res["plain"][0], 4)
-            result[mode][f"ratio_prompt{n_prompt}"] = ratio
+        secs, mems = res["seconds"], res["extra_mb"]
+        for mode in ("full", "fast", "engine"):
+            if mode not in secs:
+                result[mode][f"ratio_prompt{n_prompt}"] = None
+                continue
+            ratios = [a / b for a, b in zip(secs[mode], secs["plain"], strict=True)]
+            result[mode][f"ratio_prompt{n_prompt}"] = spread(ratios)
+            if mode != "engine":  # capture over the same engine without capture
+                own = [a / b for a, b in zip(secs[mode], secs["engine"], strict=True)]
+                result[mode][f"over_engine_prompt{n_prompt}"] = spread(own)
             if n_prompt == 2048:
-                extra = None if got is None else round(got[1] - res["plain"][1], 1)
-                result[mode]["extra_peak_mem_mb_2048"] = extra
+                extra = [a - b for a, b in zip(mems[mode], mems["plain"], strict=True)]
+                result[mode]["extra_peak_mem_mb_2048"] = spread(extra)
+        result.setdefault("plain_seconds", {})[f"prompt{n_prompt}"] = spread(secs["plain"])
     result["model_rss_mb"] = round(model_rss_mb, 1)
+    result["repeats"] = {"short": args.repeats, "long": args.repeats_long}
     print(json.dumps(result))
 
 

@@ -10,11 +10,12 @@ arrive, which would inflate false alarms).
   calibration scores. Smoothed conformal p-values of each live score among *all earlier
   scores* (calibration, then the live ones before it) are independent and uniform when the
   whole sequence is exchangeable (Vovk, Gammerman & Shafer, *Algorithmic Learning in a
-  Random World*, 2005, Thm. 8.2 / 2nd ed. 2022 §8.1); Vovk's Simple Jumper betting
-  martingale turns them into a test martingale (ALRW §7.1; Vovk, "Testing randomness
-  online", Statistical Science 2021). The p-values must use the growing history: ranks
-  among the fixed calibration set alone are dependent through it, and a martingale on them
-  would eventually alarm on exchangeable traffic.
+  Random World*, 2005 / 2nd ed. 2022, on testing exchangeability online); the Simple Jumper
+  betting martingale turns them into a test martingale (Vovk, "Testing randomness online",
+  Statistical Science 36(4), 2021; Vovk et al., "Retrain or not retrain: conformal test
+  martingales for change-point detection", COPA 2021). The p-values must use the growing
+  history: ranks among the fixed calibration set alone are dependent through it, and a
+  martingale on them would eventually alarm on exchangeable traffic.
 * :class:`ParticipationEProcess` — the answered rate against the guaranteed band. With τ the
   k-th smallest of n calibration scores, exchangeability makes the live answered indicators
   a Pólya urn: ``P(answered_t | past) = (k + a_{t-1}) / (n + t)`` (a: answered so far),

@@ -14,8 +14,9 @@ arrive, which would inflate false alarms).
   betting martingale turns them into a test martingale (Vovk, "Testing randomness online",
   Statistical Science 36(4), 2021; Vovk et al., "Retrain or not retrain: conformal test
   martingales for change-point detection", COPA 2021). The p-values must use the growing
-  history: ranks among the fixed calibration set alone are dependent through it, and a
-  martingale on them would eventually alarm on exchangeable traffic.
+  history: ranks among the fixed calibration set alone are dependent through it (given the
+  calibration set they are not uniform), so a product of bets on them is not a test
+  martingale, and a bettor that learns their law would alarm on exchangeable traffic.
 * :class:`ParticipationEProcess` — the answered rate against the guaranteed band. With τ the
   k-th smallest of n calibration scores, exchangeability makes the live answered indicators
   a Pólya urn: ``P(answered_t | past) = (k + a_{t-1}) / (n + t)`` (a: answered so far),

@@ -1,13 +1,24 @@
 """Where the residual-stream quantities live in each supported transformers family.
 
-For every decoder layer l we need (DESIGN.md, "Where hooks go"):
+For every decoder layer l we need (DESIGN.md, "Where hooks go"; per family in
+docs/method.md, "Supported families"):
 
 * the layer input e^{l-1} and output e^l (forward pre-hook / forward hook on the layer);
 * e~^l, the input of the module that starts the MLP block (``post_attention_layernorm``
-  for Llama/Qwen2/Mistral, ``pre_feedforward_layernorm`` for Gemma-3, ``ln_2`` for GPT-2);
-* the per-head output projections ``W_O^h`` as ``[H, Dh, D]`` (so ``u = v_h @ W_O^h``);
-  the output bias b_O goes into the total, not into any part, so capture never reads it;
-* Gemma-3 only: the RMS norm applied to the attention output (frozen in the decomposition).
+  for most families, ``pre_feedforward_layernorm`` for Gemma-2/3, the MLP itself for OLMo-2,
+  which has no pre-MLP norm, ``ln_2`` for GPT-2);
+* the per-head output projections ``W_O^h`` as ``[H, Dh, D]`` (so ``u = v_h @ W_O^h``),
+  times Granite's ``residual_multiplier`` (the attention output enters the residual stream
+  scaled by it); the output bias b_O goes into the total, not into any part, so capture
+  never reads it;
+* Gemma-2/3 and OLMo-2: the RMS norm applied to the attention output (frozen in the
+  decomposition), with its weight offset (Gemma scales by ``1 + w``, OLMo-2 by ``w``).
+
+Everything that changes only the attention *weights* (QK-norm, NoPE layers, sliding windows,
+logit soft-capping, attention sinks, Granite's ``attention_multiplier``) reaches capture
+through the real query/key tensors, mask and keyword arguments of the attention call
+(:mod:`.attention`); the MLP (dense or mixture-of-experts) is only ever seen through its
+input e~^l and the layer output e^l.
 """
 
 from __future__ import annotations
@@ -27,7 +38,21 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "mistral": "Mistral",
     "gemma3_text": "Gemma-3 (text)",
     "gpt2": "GPT-2",
+    "qwen3": "Qwen3 (dense)",
+    "qwen3_moe": "Qwen3-MoE",
+    "smollm3": "SmolLM3",
+    "gemma2": "Gemma-2",
+    "phi3": "Phi-3 / Phi-3.5 / Phi-4-mini",
+    "olmo2": "OLMo-2",
+    "granite": "Granite 3 (dense)",
+    "gpt_oss": "gpt-oss",
 }
+
+#: Families whose attention output is RMS-normalised before it joins the residual stream,
+#: and the offset of that norm's weight (Gemma: ``1 + w``; OLMo-2: ``w``).
+ATTENTION_OUTPUT_NORM: dict[str, float] = {"gemma3_text": 1.0, "gemma2": 1.0, "olmo2": 0.0}
+#: Families whose MLP block starts with ``pre_feedforward_layernorm`` (sandwich norms).
+_PRE_FEEDFORWARD = ("gemma3_text", "gemma2")
 
 
 @dataclass
@@ -39,10 +64,17 @@ class LayerSpec:
     attn: nn.Module
     mlp_input_module: nn.Module
     attn_out_norm: nn.Module | None
-    wo_heads: torch.Tensor  # [H, Dh, D]
+    wo_heads: torch.Tensor  # [H, Dh, D], residual multiplier included
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    #: offset of the attention-output norm's weight (``offset + w``; unused without a norm)
+    attn_out_norm_offset: float = 1.0
+
+    @property
+    def device(self) -> torch.device:
+        """Where this layer's weights (and so its capture tensors) live."""
+        return self.wo_heads.device
 
 
 @dataclass
@@ -103,32 +135,19 @@ def build_spec(model: Any) -> ArchitectureSpec:
             )
         ctx = int(config.n_positions)
     else:
-        blocks = model.model.layers
         hidden = int(config.hidden_size)
-        heads = int(config.num_attention_heads)
-        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-        head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
-        for i, layer in enumerate(blocks):
-            o_proj = layer.self_attn.o_proj
-            w = o_proj.weight.detach()  # Linear: [D, H*Dh], y = x W^T + b
-            gemma = model_type == "gemma3_text"
-            layers.append(
-                LayerSpec(
-                    index=i,
-                    layer=layer,
-                    attn=layer.self_attn,
-                    mlp_input_module=(
-                        layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm
-                    ),
-                    attn_out_norm=layer.post_attention_layernorm if gemma else None,
-                    wo_heads=w.t().reshape(heads, head_dim, hidden),
-                    num_heads=heads,
-                    num_kv_heads=kv_heads,
-                    head_dim=head_dim,
-                )
-            )
+        layers = [
+            _decoder_layer(model_type, config, i, layer)
+            for i, layer in enumerate(model.model.layers)
+        ]
         ctx = int(getattr(config, "max_position_embeddings", 0) or 0)
     for spec in layers:
+        if spec.wo_heads.device.type == "meta":
+            raise UnsupportedArchitectureError(
+                f"layer {spec.index}'s weights are offloaded (device 'meta'); geometry capture "
+                "needs every layer on a device: load with a device_map that places all layers "
+                "on GPUs or the CPU (no disk offload)"
+            )
         if getattr(spec.attn, "layer_idx", spec.index) != spec.index:
             raise UnsupportedArchitectureError(
                 f"layer {spec.index} has attention layer_idx={spec.attn.layer_idx}; "
@@ -139,10 +158,54 @@ def build_spec(model: Any) -> ArchitectureSpec:
     )
 
 
+def _decoder_layer(model_type: str, config: Any, i: int, layer: nn.Module) -> LayerSpec:
+    """The :class:`LayerSpec` of decoder layer ``i`` of a ``model.model.layers`` family."""
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    hidden = int(config.hidden_size)
+    head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+    attn: Any = layer.self_attn
+    w = attn.o_proj.weight.detach()  # Linear: [D, H*Dh], y = x W^T + b
+    multiplier = (
+        float(getattr(config, "residual_multiplier", 1.0)) if model_type == "granite" else 1.0
+    )
+    if multiplier != 1.0:
+        w = w * multiplier  # a copy: e~ = e + r * o_proj(attn), so u^h = r W_O^h v^h
+    mods: Any = layer
+    if model_type in _PRE_FEEDFORWARD:
+        mlp_in = mods.pre_feedforward_layernorm
+    elif model_type == "olmo2":
+        mlp_in = mods.mlp  # no pre-MLP norm: the MLP reads e~ itself
+    else:
+        mlp_in = mods.post_attention_layernorm
+    offset = ATTENTION_OUTPUT_NORM.get(model_type)
+    return LayerSpec(
+        index=i,
+        layer=layer,
+        attn=attn,
+        mlp_input_module=mlp_in,
+        attn_out_norm=mods.post_attention_layernorm if offset is not None else None,
+        wo_heads=w.t().reshape(heads, head_dim, hidden),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        attn_out_norm_offset=1.0 if offset is None else offset,
+    )
+
+
+def supported_models_markdown() -> str:
+    """The README's list of supported families, one bullet per registry entry."""
+    return "\n".join(
+        f"- {name} (`model_type` `{key}`)" for key, name in SUPPORTED_ARCHITECTURES.items()
+    )
+
+
 __all__ = [
+    "ATTENTION_OUTPUT_NORM",
     "SUPPORTED_ARCHITECTURES",
     "ArchitectureSpec",
     "LayerSpec",
     "build_spec",
     "check_supported",
+    "supported_models_markdown",
 ]

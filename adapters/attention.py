@@ -2,11 +2,17 @@
 
 Attention probabilities are obtained through a function registered with transformers'
 ``AttentionInterface`` (with the matching ``AttentionMaskInterface`` entry). Outside an
-active session in the calling context it is exactly ``sdpa``; inside one, the fused sdpa
-kernel still produces the layer output and the session also receives the real
-query/key/value tensors (after RoPE and q/k norms) with the real mask and scaling, from which
-it computes explicit probabilities for the rows of interest only
-(:func:`~abstain_guard.adapters.geometry_torch.row_probabilities`).
+active session in the calling context it is exactly the model's own attention; inside one,
+that same kernel still produces the layer output and the session also receives the real
+query/key/value tensors (after RoPE and q/k norms) with the real mask, scaling, logit
+soft-cap and sinks, from which it computes explicit probabilities for the rows of interest
+only (:func:`~abstain_guard.adapters.geometry_torch.row_probabilities`).
+
+The model's own attention is ``sdpa``, except for a model loaded with ``eager`` attention
+(its mask is then additive: :data:`ATTENTION_NAME_EAGER` is registered with the eager mask)
+and for the families sdpa cannot run at all -- Gemma-2's logit soft-capping (``softcap``)
+and gpt-oss's attention sinks (``s_aux``) -- which run the ``eager_attention_forward`` of
+their own modeling module.
 
 This module is the one home of the active-session state (:data:`ACTIVE_SESSION`); it knows
 a session only by the :class:`AttentionObserver` protocol, so imports run one way:
@@ -16,6 +22,7 @@ a session only by the :class:`AttentionObserver` protocol, so imports run one wa
 from __future__ import annotations
 
 import contextvars
+import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
@@ -24,7 +31,7 @@ import torch
 from torch import nn
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
 
 class AttentionObserver(Protocol):
@@ -48,8 +55,11 @@ class AttentionObserver(Protocol):
         value: torch.Tensor,
         mask: torch.Tensor | None,
         scaling: float | torch.Tensor | None,
+        softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
-        """Receive the real query/key/value tensors, mask and scaling of one layer call."""
+        """Receive the real query/key/value tensors, mask, scaling, logit soft-cap and sink
+        logits of one layer call."""
         ...
 
     def attach(self) -> AbstractContextManager[Any]:
@@ -57,14 +67,54 @@ class AttentionObserver(Protocol):
         ...
 
 
-#: Name under which the capturing attention function is registered in transformers.
+#: Name under which the capturing attention function is registered in transformers (with
+#: sdpa's boolean mask), and the name for models whose own attention is eager (additive mask).
 ATTENTION_NAME = "abstain_guard_geometry"
+ATTENTION_NAME_EAGER = "abstain_guard_geometry_eager"
 
 #: The session capturing in the calling context (a context variable, so threads and tasks
 #: that share a model never see each other's session).
 ACTIVE_SESSION: contextvars.ContextVar[AttentionObserver | None] = contextvars.ContextVar(
     "abstain_guard_capture_session", default=None
 )
+
+
+def _eager_function(module: nn.Module) -> Any:
+    """The ``eager_attention_forward`` of ``module``'s own modeling module."""
+    fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if fn is None:
+        raise RuntimeError(
+            f"{type(module).__name__} needs eager attention but its module has no "
+            "eager_attention_forward"
+        )
+    return fn
+
+
+def native_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, Any]:
+    """The model's own attention output: its modeling module's eager attention where sdpa
+    cannot compute it (logit soft-capping, attention sinks) or where the mask is additive
+    (a model loaded with ``eager``), else sdpa."""
+    eager = kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None
+    if attention_mask is not None and attention_mask.dtype != torch.bool:
+        eager = True
+    if not eager:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if attention_mask is None and query.shape[2] > 1:
+        raise RuntimeError(
+            f"eager attention of {type(module).__name__} over {query.shape[2]} new positions "
+            "got no mask; capture_mode registers the eager mask for such models"
+        )
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        lowest = torch.finfo(query.dtype).min
+        attention_mask = torch.where(attention_mask, 0.0, lowest).to(query.dtype)
+    return _eager_function(module)(module, query, key, value, attention_mask, **kwargs)  # type: ignore[no-any-return]
 
 
 def _geometry_attention(
@@ -75,25 +125,39 @@ def _geometry_attention(
     attention_mask: torch.Tensor | None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """sdpa, plus explicit probabilities for the rows of interest when a session is active."""
+    """The model's own attention, plus explicit probabilities for the rows of interest when
+    a session is active."""
     session = ACTIVE_SESSION.get()
-    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    out, _ = native_attention(module, query, key, value, attention_mask, **kwargs)
     if session is not None and session.owns(module):
-        session.on_attention(module, query, key, value, attention_mask, kwargs.get("scaling"))
+        session.on_attention(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            kwargs.get("scaling"),
+            softcap=kwargs.get("softcap"),
+            sinks=kwargs.get("s_aux"),
+        )
     return out, None
 
 
 _REGISTERED = False
 
 
-def register_attention() -> str:
-    """Register the capturing attention function and its mask function (idempotent)."""
+def register_attention(eager: bool = False) -> str:
+    """Register the capturing attention function under :data:`ATTENTION_NAME` (sdpa mask)
+    and :data:`ATTENTION_NAME_EAGER` (eager mask), idempotent; returns the name for a model
+    whose own attention is eager (``eager``) or not."""
     global _REGISTERED
     if not _REGISTERED:
         AttentionInterface.register(ATTENTION_NAME, _geometry_attention)
         AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+        AttentionInterface.register(ATTENTION_NAME_EAGER, _geometry_attention)
+        AttentionMaskInterface.register(ATTENTION_NAME_EAGER, eager_mask)
         _REGISTERED = True
-    return ATTENTION_NAME
+    return ATTENTION_NAME_EAGER if eager else ATTENTION_NAME
 
 
 @contextmanager
@@ -112,7 +176,7 @@ def capture_mode(hf_model: Any, session: AttentionObserver | None) -> Iterator[N
         return
     cfg = hf_model.config
     previous = cfg._attn_implementation
-    cfg._attn_implementation = register_attention()
+    cfg._attn_implementation = register_attention(eager=previous == "eager")
     try:
         with session.attach():
             yield
@@ -123,7 +187,9 @@ def capture_mode(hf_model: Any, session: AttentionObserver | None) -> Iterator[N
 __all__ = [
     "ACTIVE_SESSION",
     "ATTENTION_NAME",
+    "ATTENTION_NAME_EAGER",
     "AttentionObserver",
     "capture_mode",
+    "native_attention",
     "register_attention",
 ]

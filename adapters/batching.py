@@ -39,10 +39,9 @@ from transformers.generation.logits_process import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .attention import ACTIVE_SESSION, capture_mode, register_attention
+from .attention import ACTIVE_SESSION, capture_mode, native_attention, register_attention
 from .capture import CaptureSession, StepFeatures
 from .loading import LoadedModel, eos_token_ids, pad_token_id
 from .threads import DecodePath, blas_threads, choose_decode_path, prefill_threads
@@ -195,7 +194,7 @@ def rows_attention(
             outs.append(query.new_zeros((1, q_len, heads, dim)))
             continue
         session = step.sessions[r]
-        fn = geometry if session is not None else sdpa_attention_forward
+        fn = geometry if session is not None else native_attention  # eager where sdpa can't
         token = ACTIVE_SESSION.set(session)
         try:
             out, _ = fn(module, query[r : r + 1], kv[0], kv[1], None, **kwargs)

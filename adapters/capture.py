@@ -9,10 +9,11 @@ positions T whose forward pass predicts a generated token) it computes, per laye
   ``a(T, s) = 1{s=T} e^{l-1}[T] + Σ_h A^h[T, s] W_O^h v^h_s``, exactly, from the values the
   KV cache already holds (:mod:`.source_parts`: sparse corrections in a decode step,
   source-chunked parts for a block of many rows), with probabilities for the rows of
-  interest only computed from the real query/key tensors (the fused sdpa kernel still
-  produces the layer output); Gemma-3's attention-output RMS norm is applied to the parts
-  with its scalar frozen at the value of the real forward. Extra memory per sequence:
-  ``C_MLP`` (``L·S``) and the max-norms ``‖u^h_s‖_∞`` (``L·S·H``), plus one chunk;
+  interest only computed from the real query/key tensors (the model's own attention kernel
+  still produces the layer output); Gemma-2/3's and OLMo-2's attention-output RMS norm is
+  applied to the parts with its scalar frozen at the value of the real forward. Extra
+  memory per sequence: ``C_MLP`` (``L·S``) and the max-norms ``‖u^h_s‖_∞`` (``L·S·H``),
+  plus one chunk;
 * ``C_MLP^l[s, s]`` (normalised L1 proximity), hence ω_dir, ω_prop;
 * θ_dir, θ_prop and, with reference means, φ^in/φ^out (dir and prop), optionally the
   states e~^l[T], e^l[T] (:mod:`.capture_features`).
@@ -20,9 +21,16 @@ positions T whose forward pass predicts a generated token) it computes, per laye
 ``capture="fast"`` keeps only the rows' states, so it computes Θ, Φ and ω_dir (no ω_prop)
 and leaves the attention implementation alone (:func:`.attention.capture_mode`).
 
-Attention probabilities come from the attention function of :mod:`.attention` (exactly
-``sdpa`` outside an active session). Hooks are registered for the duration of one session
-only (see :meth:`CaptureSession.attach`).
+Attention probabilities come from the attention function of :mod:`.attention` (exactly the
+model's own attention outside an active session). Hooks are registered for the duration of
+one session only (see :meth:`CaptureSession.attach`).
+
+Numerics and devices: whatever the model's dtype (float32, bfloat16, float16), every
+capture quantity is accumulated in float32 (states, ``u``, probabilities, proximities,
+angles). Per-layer tensors (``C_MLP``, kept ``u``, max-norms, the parts) live on their
+layer's device, so a model split across GPUs (``device_map``) never gathers them; only the
+rows' per-token states go to the first layer's device, where the features are assembled
+before they go to the CPU (:mod:`.capture_features`).
 """
 
 from __future__ import annotations
@@ -116,7 +124,10 @@ class CaptureSession:
         self.strategy = strategy
         self.num_layers = spec.num_layers
         self._attn_ids = {id(ls.attn): ls.index for ls in spec.layers}
-        self.device = spec.layers[0].wo_heads.device
+        #: where the rows' states are gathered and the features assembled (the first layer's
+        #: device); every per-layer tensor stays on its own layer's device
+        self.device = spec.layers[0].device
+        self._devices = [ls.device for ls in spec.layers]
         # W_O grouped by KV head: [H_kv, Dh, n_rep * D], so u = v @ W needs no head repeat
         self._wo_kv = [
             ls.wo_heads.reshape(ls.num_kv_heads, ls.num_heads // ls.num_kv_heads, ls.head_dim, -1)
@@ -134,17 +145,18 @@ class CaptureSession:
                 for k, v in reference.to_arrays().items()
             }
         full = capture == "full"
-        self._cmlp = torch.zeros(
-            (self.num_layers if full else 0, batch_size, max_len),
-            dtype=torch.float32,
-            device=self.device,
-        )
-        self._unorm: torch.Tensor | None = None  # [L, B, max_len, H] (generation)
+        #: C_MLP^l[s, s] of every position, per layer [B, max_len] (full capture)
+        self._cmlp = [
+            torch.zeros((batch_size, max_len), dtype=torch.float32, device=dev)
+            for dev in (self._devices if full else [])
+        ]
+        #: max-norms ‖u^h_s‖_∞ per layer, [B, max_len, H] (generation without kept u)
+        self._unorm: list[torch.Tensor | None] = [None] * self.num_layers
         budget = CACHE_BUDGET_BYTES if cache_budget_bytes is None else cache_budget_bytes
         layer = spec.layers[0]
         need = 4 * self.num_layers * batch_size * max_len * layer.num_heads * spec.hidden_size
-        #: kept u^h_s of every position, [L, B, H, max_len, D] (strategy "cached"), else None
-        self._u: torch.Tensor | None = None
+        #: kept u^h_s of every position per layer, [B, H, max_len, D] (strategy "cached")
+        self._u: list[torch.Tensor | None] = [None] * self.num_layers
         self.cached = (
             full
             and cache_values
@@ -240,7 +252,9 @@ class CaptureSession:
             post_attn = args[0]
             # a copy: a view of the rows would keep the whole block's states alive until the
             # block ends (2 x L x positions x D floats on a long prompt)
-            self._et_rows.append(post_attn[:, self.rows].to(torch.float32, copy=True))
+            self._et_rows.append(
+                post_attn[:, self.rows].to(device=self.device, dtype=torch.float32, copy=True)
+            )
             if self.needs_attention:
                 self._et_full = post_attn
                 self._on_post_attention(i)
@@ -252,13 +266,15 @@ class CaptureSession:
             if not self._active():
                 return
             out = output[0] if isinstance(output, tuple) else output
-            self._eo_rows.append(out[:, self.rows].to(torch.float32, copy=True))
+            self._eo_rows.append(
+                out[:, self.rows].to(device=self.device, dtype=torch.float32, copy=True)
+            )
             if self.needs_attention:
                 et_full = self._et_full
                 if et_full is None:
                     raise RuntimeError(f"geometry capture lost track of layer {i}")
                 cm = torch.nan_to_num(mlp_proximity(et_full.float(), out.float()), nan=0.0)
-                self._cmlp[i, :, self.p0 : self.p0 + self.q_len] = cm  # [B, Q]
+                self._cmlp[i][:, self.p0 : self.p0 + self.q_len] = cm  # [B, Q]
             if i == self.num_layers - 1:
                 self._finish_block()
 
@@ -293,9 +309,12 @@ class CaptureSession:
         value: torch.Tensor,
         mask: torch.Tensor | None,
         scaling: float | torch.Tensor | None,
+        softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         """Keep the values and the probabilities of the rows of interest for this layer
-        (and, in generation, the max-norms of the new positions' ``u``)."""
+        (and, in generation, the max-norms of the new positions' ``u``); ``softcap`` and
+        ``sinks`` as in :func:`.geometry_torch.row_probabilities`."""
         i = self._attn_ids[id(module)]
         q_len = query.shape[2]
         s_k = key.shape[2]
@@ -303,25 +322,27 @@ class CaptureSession:
         src0 = p_end - s_k
         hidden = self.spec.hidden_size
         if self.cached:
-            if self._u is None:
-                dims = (self.num_layers, self.batch_size, query.shape[1], self.max_len, hidden)
-                self._u = torch.zeros(dims, dtype=torch.float32, device=self.device)
-            self._u[i, :, :, self.p0 : p_end] = new_parts(
-                value[:, :, s_k - q_len :], self._wo_kv[i], hidden
-            )
+            u = self._u[i]
+            if u is None:
+                dims = (self.batch_size, query.shape[1], self.max_len, hidden)
+                u = self._u[i] = torch.zeros(dims, dtype=torch.float32, device=value.device)
+            u[:, :, self.p0 : p_end] = new_parts(value[:, :, s_k - q_len :], self._wo_kv[i], hidden)
         elif self.cache_values:
-            if self._unorm is None:
-                shape = (self.num_layers, self.batch_size, self.max_len, query.shape[1])
-                self._unorm = torch.zeros(shape, dtype=torch.float32, device=self.device)
+            unorm = self._unorm[i]
+            if unorm is None:
+                shape = (self.batch_size, self.max_len, query.shape[1])
+                unorm = self._unorm[i] = torch.zeros(
+                    shape, dtype=torch.float32, device=value.device
+                )
             new = value[:, :, s_k - q_len :]
-            self._unorm[i, :, self.p0 : p_end] = head_max_abs(new, self._wo_kv[i], hidden)
-            self._norms[i] = self._unorm[i, :, src0:p_end]
+            unorm[:, self.p0 : p_end] = head_max_abs(new, self._wo_kv[i], hidden)
+            self._norms[i] = unorm[:, src0:p_end]
         else:
             if src0 != self.p0:
                 raise RuntimeError("replay capture expects one block without a KV cache")
             if self.sparse:
                 self._norms[i] = head_max_abs(value, self._wo_kv[i], hidden)
-        probs = row_probabilities(query, key, mask, scaling, self.rows, q_len)
+        probs = row_probabilities(query, key, mask, scaling, self.rows, q_len, softcap, sinks)
         self._probs[i] = torch.nan_to_num(probs, nan=0.0)  # fully masked (padding) rows
         self._values[i] = value
         self._src0[i] = src0
@@ -344,8 +365,9 @@ class CaptureSession:
             return
         # own position of each row in source coordinates
         t_idx = torch.arange(self.n_rows, device=z.device) + (self.p0 + rows.start - src0)
-        if self._u is not None:
-            u = self._u[i, :, :, src0 : src0 + s_k]  # [B, H, S_k, D]
+        kept = self._u[i]
+        if kept is not None:
+            u = kept[:, :, src0 : src0 + s_k]  # [B, H, S_k, D]
             num = cached_numerators(probs, u, z, e_self, t_idx, factor)
         elif self.sparse and norms is not None:
             if self._w_flat[i] is None:
@@ -358,14 +380,16 @@ class CaptureSession:
                 probs, values, self._wo_kv[i], z, e_self, t_idx, factor, self.max_chunk_elems
             )
         c_attn = proximity_from_numerators(num)  # [B, R, S_k]
-        cm_prev = self._cmlp[i - 1, :, src0 : src0 + s_k]  # [B, S_k]
+        cm_prev = self._cmlp[i - 1][:, src0 : src0 + s_k].to(z.device)  # [B, S_k]
         total = torch.matmul(c_attn, cm_prev.unsqueeze(-1)).squeeze(-1)  # [B, R]
         ar = torch.arange(self.n_rows, device=z.device)
-        self._prop.append(total - c_attn[:, ar, t_idx] * cm_prev[:, t_idx])
+        self._prop.append((total - c_attn[:, ar, t_idx] * cm_prev[:, t_idx]).to(self.device))
 
     def _norm_factor(self, i: int) -> torch.Tensor | None:
-        """Gemma-3: the attention-output norm's frozen per-row factor ``[B, R, D]``."""
-        norm = self.spec.layers[i].attn_out_norm
+        """Gemma-2/3, OLMo-2: the attention-output norm's frozen per-row factor
+        ``rsqrt(mean(o²) + eps) · (offset + w)``, ``[B, R, D]``."""
+        layer = self.spec.layers[i]
+        norm = layer.attn_out_norm
         if norm is None:
             return None
         o = self._attn_out[i]
@@ -375,7 +399,8 @@ class CaptureSession:
         o_rows = o[:, self.rows].float()
         eps = float(getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-6)))
         weight = torch.as_tensor(norm.weight).float()
-        return torch.rsqrt(o_rows.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight)
+        scale = layer.attn_out_norm_offset + weight
+        return torch.rsqrt(o_rows.pow(2).mean(-1, keepdim=True) + eps) * scale
 
     def _finish_block(self) -> None:
         et = torch.stack(self._et_rows)  # [L, B, R, D]

@@ -64,12 +64,18 @@ def row_probabilities(
     scaling: float | torch.Tensor | None,
     rows: slice,
     q_len: int,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention probabilities of the query rows ``rows``, ``[..., H, R, S_k]`` (float32).
 
     ``query [..., H, Q, Dh]``, ``key [..., H_kv, S_k, Dh]``; leading dims broadcast. ``mask``
     is the model's mask (bool or additive); without one, the block of ``q_len`` new
-    positions is masked causally. A fully masked row (padding) comes out as NaN.
+    positions is masked causally. A fully masked row (padding) comes out as NaN (all zeros
+    with sinks). ``softcap``: Gemma-2's attention logit soft-capping, ``c·tanh(x / c)`` of
+    the scaled scores before the mask. ``sinks [H]``: gpt-oss's per-head sink logits, one
+    extra column of the softmax that is then dropped, so a row sums to less than 1 over the
+    tokens (the sink takes the rest of the mass and contributes nothing to the output).
     """
     *lead, h, _, dh = query.shape
     hkv, s_k = key.shape[-3], key.shape[-2]
@@ -80,6 +86,8 @@ def row_probabilities(
         q_rows.reshape(*lead, hkv, n_rep * r, dh), key.float().transpose(-1, -2)
     ).view(*lead, h, r, s_k)
     scores = scores * (scaling if scaling is not None else dh**-0.5)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
         m = mask[..., rows, :]
         if m.dtype == torch.bool:
@@ -90,7 +98,10 @@ def row_probabilities(
         q_pos = torch.arange(rows.start, rows.stop, device=scores.device)
         k_pos = torch.arange(s_k, device=scores.device) - (s_k - q_len)
         scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
-    return torch.softmax(scores, dim=-1)
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    sink = sinks.float().reshape(h, 1, 1).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
 
 
 __all__ = [

@@ -1,9 +1,13 @@
 """Exactness of geometry capture on tiny random-weight models of every supported family.
 
 The reference here is written independently of adapters/capture.py: an *eager* copy of the
-model with ``output_attentions=True`` gives the full attention matrices; the value vectors
-are recomputed from the input-norm output and the module weights; every part ``a(t, s)`` is
-materialised for all (t, s) in float64, then the full C_Attn / C_MLP matrices, Ω and Θ.
+model with ``output_attentions=True`` gives the full attention matrices (soft-capped for
+Gemma-2; without the sink column for gpt-oss, so rows sum to less than 1); the value vectors
+are recomputed from the attention module's input and its weights (``v_proj``, the value
+slice of Phi-3's fused ``qkv_proj``, GPT-2's ``c_attn``); every part ``a(t, s)`` is
+materialised for all (t, s) in float64 -- scaled by Granite's residual multiplier, through
+the frozen attention-output norm of Gemma-2/3 (``1 + w``) and OLMo-2 (``w``) -- then the
+full C_Attn / C_MLP matrices, Ω and Θ.
 """
 
 from __future__ import annotations
@@ -34,25 +38,41 @@ def _angle(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def _modules(model: Any, family: str, i: int) -> dict[str, Any]:
     if family == "gpt2":
         blk = model.transformer.h[i]
-        return {"layer": blk, "in_norm": blk.ln_1, "mlp_in": blk.ln_2, "attn": blk.attn}
+        return {"layer": blk, "mlp_in": blk.ln_2, "attn": blk.attn}
     layer = model.model.layers[i]
-    gemma = family == "gemma3_text"
+    sandwich = family in ("gemma3_text", "gemma2")
+    mlp_in = layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm
     return {
         "layer": layer,
-        "in_norm": layer.input_layernorm,
-        "mlp_in": layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm,
+        "mlp_in": layer.mlp if family == "olmo2" else mlp_in,
         "attn": layer.self_attn,
-        "out_norm": layer.post_attention_layernorm if gemma else None,
+        "out_norm": layer.post_attention_layernorm if sandwich or family == "olmo2" else None,
+        "norm_offset": 0.0 if family == "olmo2" else 1.0,
     }
 
 
-def slow_reference(family: str, seed: int, ids: list[int]) -> dict[str, Any]:
-    """Full-matrix reference on an eager model with identical weights.
+def _values(family: str, cfg: Any, attn: Any, xh: torch.Tensor) -> torch.Tensor:
+    """Value vectors ``[T, H_kv·Dh]`` (float64) from the attention module's input ``xh``."""
+    if family == "gpt2":
+        d = cfg.n_embd
+        return xh @ attn.c_attn.weight.double()[:, 2 * d :] + attn.c_attn.bias.double()[2 * d :]
+    if family == "phi3":
+        width = cfg.num_key_value_heads * attn.head_dim
+        return xh @ attn.qkv_proj.weight.double()[-width:].T  # [q | k | v] rows
+    v = xh @ attn.v_proj.weight.double().T
+    return v if attn.v_proj.bias is None else v + attn.v_proj.bias.double()
+
+
+def slow_reference(
+    family: str, seed: int, ids: list[int], dtype: torch.dtype = torch.float32
+) -> dict[str, Any]:
+    """Full-matrix reference on an eager model with identical weights (in ``dtype``:
+    float64 gives the exact reference of a half-precision model's weights).
 
     Returns per layer: parts [T, T, D], e_in, e_tilde, e_out [T, D], the output bias term
     and C_Attn [T, T], C_MLP [T].
     """
-    model = tiny_hf_model(family, seed, attn_implementation="eager")
+    model = tiny_hf_model(family, seed, attn_implementation="eager", dtype=dtype)
     cfg = model.config
     n_layers = cfg.num_hidden_layers if family != "gpt2" else cfg.n_layer
     grabbed: dict[tuple[str, int], torch.Tensor] = {}
@@ -66,8 +86,8 @@ def slow_reference(family: str, seed: int, ids: list[int]) -> dict[str, Any]:
         def post(mod: Any, args: Any, out: Any, i: int = i) -> None:
             grabbed[("e_out", i)] = (out[0] if isinstance(out, tuple) else out).detach()
 
-        def xhat(mod: Any, args: Any, out: Any, i: int = i) -> None:
-            grabbed[("xhat", i)] = out.detach()
+        def xhat(mod: Any, args: Any, kwargs: Any, i: int = i) -> None:
+            grabbed[("xhat", i)] = (args[0] if args else kwargs["hidden_states"]).detach()
 
         def et(mod: Any, args: Any, i: int = i) -> None:
             grabbed[("e_tilde", i)] = args[0].detach()
@@ -77,7 +97,7 @@ def slow_reference(family: str, seed: int, ids: list[int]) -> dict[str, Any]:
 
         handles.append(mods["layer"].register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(mods["layer"].register_forward_hook(post))
-        handles.append(mods["in_norm"].register_forward_hook(xhat))
+        handles.append(mods["attn"].register_forward_pre_hook(xhat, with_kwargs=True))
         handles.append(mods["mlp_in"].register_forward_pre_hook(et))
         if mods.get("out_norm") is not None:
             handles.append(mods["out_norm"].register_forward_pre_hook(attn_out))
@@ -92,22 +112,19 @@ def slow_reference(family: str, seed: int, ids: list[int]) -> dict[str, Any]:
         mods = _modules(model, family, i)
         attn = mods["attn"]
         A = out.attentions[i][0].double().numpy()  # [H, T, T]
-        xh = grabbed[("xhat", i)][0].double()
+        v = _values(family, cfg, attn, grabbed[("xhat", i)][0].double())
         if family == "gpt2":
-            d = cfg.n_embd
-            w_qkv = attn.c_attn.weight.double()  # Conv1D [D, 3D]
-            b_qkv = attn.c_attn.bias.double()
-            v = xh @ w_qkv[:, 2 * d :] + b_qkv[2 * d :]
             w_o = attn.c_proj.weight.double().T  # [D, H*Dh]
             b_o = attn.c_proj.bias.double()
             heads, kv_heads = cfg.n_head, cfg.n_head
         else:
-            v = xh @ attn.v_proj.weight.double().T
-            if attn.v_proj.bias is not None:
-                v = v + attn.v_proj.bias.double()
             w_o = attn.o_proj.weight.double()
             b_o = None if attn.o_proj.bias is None else attn.o_proj.bias.double()
             heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        # Granite: e~ = e + r * o_proj(attention)
+        r_mult = float(cfg.residual_multiplier) if family == "granite" else 1.0
+        w_o = w_o * r_mult
+        b_o = None if b_o is None else b_o * r_mult
         t_len = v.shape[0]
         dh = w_o.shape[1] // heads
         v = v.reshape(t_len, kv_heads, dh).numpy()
@@ -125,8 +142,9 @@ def slow_reference(family: str, seed: int, ids: list[int]) -> dict[str, Any]:
         if mods.get("out_norm") is not None:
             norm = mods["out_norm"]
             o = grabbed[("o", i)][0].double().numpy()
-            factor = (1.0 + norm.weight.double().numpy()) / np.sqrt(
-                (o**2).mean(-1, keepdims=True) + norm.eps
+            eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
+            factor = (mods["norm_offset"] + norm.weight.double().numpy()) / np.sqrt(
+                (o**2).mean(-1, keepdims=True) + eps
             )
             parts = parts * factor[:, None, :]
             bias_term = bias_term * factor
@@ -204,7 +222,7 @@ def test_capture_equals_full_matrix_reference(family_run: dict[str, Any]) -> Non
 def test_sliding_window_is_shorter_than_sequence(family_run: dict[str, Any]) -> None:
     cfg = family_run["model"].hf_model.config
     window = getattr(cfg, "sliding_window", None)
-    if family_run["family"] in ("mistral", "gemma3_text"):
+    if family_run["family"] in ("mistral", "gemma3_text", "gemma2", "gpt_oss"):
         meta = family_run["meta"]
         assert window is not None
         assert len(meta["prompt_token_ids"]) + len(meta["token_ids"]) > 2 * window

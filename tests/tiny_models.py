@@ -24,7 +24,35 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
-FAMILIES = ("llama", "qwen2", "mistral", "gemma3_text", "gpt2")
+FAMILIES = (
+    "llama",
+    "qwen2",
+    "mistral",
+    "gemma3_text",
+    "gpt2",
+    "qwen3",
+    "qwen3_moe",
+    "smollm3",
+    "gemma2",
+    "phi3",
+    "olmo2",
+    "granite",
+    "gpt_oss",
+)
+
+#: Families whose attention sdpa cannot compute (logit soft-capping, attention sinks).
+EAGER_FAMILIES = ("gemma2", "gpt_oss")
+
+#: Tiny sizes shared by the Llama-like families: 3 layers, hidden 32, 4 query / 2 KV heads.
+_LLAMA_LIKE: dict[str, Any] = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": CONTEXT,
+    "tie_word_embeddings": False,
+}
 
 
 def char_tokenizer() -> Any:
@@ -103,6 +131,65 @@ def tiny_config(family: str) -> Any:
             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
             **common,
         )
+    if family == "qwen3":  # QK-norm (per head), explicit head_dim != hidden / heads
+        return tf.Qwen3Config(**{**_LLAMA_LIKE, "head_dim": 16}, **common)
+    if family == "qwen3_moe":  # QK-norm; layer 1 dense (mlp_only_layers), others 4 experts
+        return tf.Qwen3MoeConfig(
+            **{**_LLAMA_LIKE, "head_dim": 8},
+            moe_intermediate_size=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            mlp_only_layers=[1],
+            **common,
+        )
+    if family == "smollm3":  # layer 1 has no RoPE (NoPE)
+        return tf.SmolLM3Config(**_LLAMA_LIKE, no_rope_layers=[1, 0, 1], **common)
+    if family == "gemma2":  # sandwich norms, attention and final logit soft-capping
+        return tf.Gemma2Config(
+            **{**_LLAMA_LIKE, "tie_word_embeddings": True},
+            head_dim=8,
+            query_pre_attn_scalar=8,
+            attn_logit_softcapping=2.0,  # small enough that tanh bends the random scores
+            final_logit_softcapping=3.0,
+            sliding_window=10,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            **common,
+        )
+    if family == "phi3":  # fused qkv_proj and gate_up_proj, partial rotary
+        return tf.Phi3Config(
+            **{**_LLAMA_LIKE, "num_key_value_heads": 1},
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5,
+            },
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attention_dropout=0.0,
+            **common,
+        )
+    if family == "olmo2":  # no pre-norms; post-attention / post-MLP norms; QK-norm
+        return tf.Olmo2Config(**_LLAMA_LIKE, **common)
+    if family == "granite":  # embedding / attention / residual multipliers, logit scaling
+        return tf.GraniteConfig(
+            **_LLAMA_LIKE,
+            embedding_multiplier=3.0,
+            attention_multiplier=0.5,
+            residual_multiplier=0.6,
+            logits_scaling=2.0,
+            **common,
+        )
+    if family == "gpt_oss":  # attention sinks, sliding windows, MoE MLP
+        return tf.GptOssConfig(
+            **{**_LLAMA_LIKE, "head_dim": 8},
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=10,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            **common,
+        )
     if family == "gpt2":
         return tf.GPT2Config(
             n_embd=32,
@@ -117,11 +204,20 @@ def tiny_config(family: str) -> Any:
     raise ValueError(f"unknown family {family!r}; choose from {FAMILIES}")
 
 
-def tiny_hf_model(family: str, seed: int = 0, attn_implementation: str = "sdpa") -> Any:
-    """A random-weight fp32 causal LM of ``family`` with weights large enough that the
-    attention is far from uniform (std 0.3 for matrices, 1 +- 0.3 for norm scales)."""
+def tiny_hf_model(
+    family: str,
+    seed: int = 0,
+    attn_implementation: str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Any:
+    """A random-weight causal LM of ``family`` with weights large enough that the attention
+    is far from uniform (std 0.3 for matrices, 1 +- 0.3 for norm scales, 1 +- 0.3 for
+    gpt-oss's sink logits), drawn in float32 and then cast to ``dtype``.
+    ``attn_implementation``: default ``sdpa``, ``eager`` where sdpa cannot run."""
     torch.manual_seed(seed)
     cfg = tiny_config(family)
+    if attn_implementation is None:
+        attn_implementation = "eager" if family in EAGER_FAMILIES else "sdpa"
     model = tf.AutoModelForCausalLM.from_config(
         cfg, dtype=torch.float32, attn_implementation=attn_implementation
     )
@@ -129,8 +225,10 @@ def tiny_hf_model(family: str, seed: int = 0, attn_implementation: str = "sdpa")
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen) * 0.3
-            if "norm" in name or name.split(".")[-2].startswith("ln"):
-                if family == "gemma3_text":
+            if name.endswith("sinks"):
+                p.copy_(1.0 + noise)  # logits comparable to the scores: the sink takes mass
+            elif "norm" in name or name.split(".")[-2].startswith("ln"):
+                if family in ("gemma3_text", "gemma2"):
                     p.copy_(noise)  # Gemma scales by (1 + w)
                 elif name.endswith("weight"):
                     p.copy_(1.0 + noise)
@@ -138,10 +236,15 @@ def tiny_hf_model(family: str, seed: int = 0, attn_implementation: str = "sdpa")
                     p.copy_(noise)
             else:
                 p.copy_(noise)
-    return model.eval()
+        if family == "gpt_oss":  # EOS logit 0: seed 3's answer would end after 3 tokens
+            model.lm_head.weight[cfg.eos_token_id] = 0.0
+    return model.to(dtype).eval()
 
 
-def tiny_chat_model(family: str, seed: int = 0, **options: Any) -> GeometryChatModel:
+def tiny_chat_model(
+    family: str, seed: int = 0, dtype: torch.dtype = torch.float32, **options: Any
+) -> GeometryChatModel:
     """A GeometryChatModel around :func:`tiny_hf_model` and :func:`char_tokenizer`."""
     options.setdefault("model_name", f"tiny-{family}")
-    return GeometryChatModel.from_hf(tiny_hf_model(family, seed), char_tokenizer(), **options)
+    hf = tiny_hf_model(family, seed, dtype=dtype)
+    return GeometryChatModel.from_hf(hf, char_tokenizer(), **options)

@@ -182,14 +182,16 @@ class GeometryChatModel(BaseChatModel):
         gguf_file: str | None = None,
         dtype: torch.dtype = torch.float32,
         device: str = "cpu",
+        device_map: str | dict[str, Any] | None = None,
         **options: Any,
     ) -> GeometryChatModel:
-        """Load a local Hugging Face folder (or a folder holding ``gguf_file``), offline.
+        """Load a local Hugging Face folder (or a folder holding ``gguf_file``), offline;
+        ``dtype``, ``device`` and ``device_map`` as in :func:`.loading.load_pretrained`.
 
         Raises ModelNotFoundError when ``path`` is not a local folder (hub ids would need the
         network) and UnsupportedArchitectureError for families capture does not support.
         """
-        hf_model, tokenizer = load_pretrained(path, gguf_file, dtype, device)
+        hf_model, tokenizer = load_pretrained(path, gguf_file, dtype, device, device_map)
         options.setdefault(
             "model_name", gguf_file.removesuffix(".gguf") if gguf_file else Path(path).name
         )

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from abstain_guard.errors import ModelNotFoundError
+from abstain_guard.errors import InvalidInputError, ModelNotFoundError
 
 from .architectures import ArchitectureSpec, build_spec, check_supported
 from .attention import register_attention
@@ -67,13 +67,30 @@ def load_pretrained(
     gguf_file: str | None = None,
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
+    device_map: str | dict[str, Any] | None = None,
 ) -> tuple[Any, Any]:
     """``(hf_model, tokenizer)`` from a local Hugging Face folder (or ``gguf_file`` in it).
 
-    Offline only: sets ``HF_HUB_OFFLINE=1`` unless already set. Raises ModelNotFoundError
-    when ``path`` is not a local folder (hub ids would need the network) or the files cannot
-    be read, and UnsupportedArchitectureError for families capture does not support.
+    ``dtype``: the weights' dtype (``torch.bfloat16`` / ``torch.float16`` for half
+    precision; capture accumulates in float32 whatever it is). ``device``: where the whole
+    model goes (``"cuda"``, ``"cuda:1"``, ``"cpu"``), or ``device_map`` (``"auto"`` or a
+    module -> device dict, as transformers takes it) to split it across GPUs; every layer
+    must land on a device (no disk offload). Offline only: sets ``HF_HUB_OFFLINE=1`` unless
+    already set. Raises ModelNotFoundError when ``path`` is not a local folder (hub ids would
+    need the network) or the files cannot be read, InvalidInputError for a non-floating
+    ``dtype`` or both ``device`` (other than the CPU default) and ``device_map``, and
+    UnsupportedArchitectureError for families capture does not support.
     """
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise InvalidInputError(
+            f"dtype must be a floating torch dtype (torch.float32, torch.bfloat16, "
+            f"torch.float16), got {dtype!r}"
+        )
+    if device_map is not None and device != "cpu":
+        raise InvalidInputError(
+            f"give device={device!r} or device_map={device_map!r}, not both: device puts the "
+            "whole model on one device, device_map splits it"
+        )
     folder = Path(path)
     if not folder.is_dir():
         raise ModelNotFoundError(
@@ -95,10 +112,13 @@ def load_pretrained(
     check_supported(config)
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, **kw)
+        if device_map is not None:
+            kw["device_map"] = device_map
         hf_model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kw)
     except OSError as exc:
         raise ModelNotFoundError(f"cannot load the model in {str(folder)!r}: {exc}") from exc
-    hf_model.to(device)  # type: ignore[arg-type]
+    if device_map is None:
+        hf_model.to(device)  # type: ignore[arg-type]
     return hf_model, tokenizer
 
 
@@ -121,7 +141,10 @@ def model_fingerprint(hf_model: Any) -> str:
 
     Config keys that vary with how the model was loaded (path, dtype, attention
     implementation, transformers version) are left out; of each parameter, up to 4096
-    evenly spaced values rounded to 6 decimals are hashed.
+    evenly spaced values rounded to 6 decimals are hashed (in float32 on the CPU, so the
+    same checkpoint hashes the same on any device). The dtype is not part of the
+    fingerprint: it is part of the deployment record (``decoding["dtype"]``), which refuses
+    a response generated in another dtype than calibration's.
     """
     cfg = hf_model.config.to_dict()
     volatile = {

@@ -64,15 +64,21 @@ def _values(family: str, cfg: Any, attn: Any, xh: torch.Tensor) -> torch.Tensor:
 
 
 def slow_reference(
-    family: str, seed: int, ids: list[int], dtype: torch.dtype = torch.float32
+    family: str, seed: int, ids: list[int], weights_dtype: torch.dtype | None = None
 ) -> dict[str, Any]:
-    """Full-matrix reference on an eager model with identical weights (in ``dtype``:
-    float64 gives the exact reference of a half-precision model's weights).
+    """Full-matrix reference on an eager model with identical weights (float32; with
+    ``weights_dtype``, the weights rounded to that dtype as a half-precision model holds
+    them, and the whole reference forward in float64).
 
     Returns per layer: parts [T, T, D], e_in, e_tilde, e_out [T, D], the output bias term
     and C_Attn [T, T], C_MLP [T].
     """
-    model = tiny_hf_model(family, seed, attn_implementation="eager", dtype=dtype)
+    if weights_dtype is None:
+        model = tiny_hf_model(family, seed, attn_implementation="eager")
+    else:
+        model = tiny_hf_model(family, seed, "eager", dtype=weights_dtype).to(torch.float64)
+        if getattr(model.config, "_experts_implementation", None) is not None:
+            model.config._experts_implementation = "eager"  # grouped_mm has no float64
     cfg = model.config
     n_layers = cfg.num_hidden_layers if family != "gpt2" else cfg.n_layer
     grabbed: dict[tuple[str, int], torch.Tensor] = {}

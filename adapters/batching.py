@@ -236,17 +236,23 @@ def _new_hooks(before: list[tuple[nn.Module, set[int], set[int]]]) -> list[RowHo
     return found
 
 
-def _row_slice(x: Any, r: int, batch: int) -> Any:
-    """Row ``r`` of every batch-major tensor in ``x`` (tuples, lists and dicts recursed)."""
+def _split_rows(x: Any, batch: int) -> list[Any]:
+    """``x`` per row: ``batch`` items, item ``r`` with row ``r`` of every batch-major tensor
+    in ``x`` (a ``[1, ...]`` view; tuples, lists and dicts recursed; anything else shared).
+    One pass over ``x`` for all rows (a decode step calls this per module and hook kind)."""
     if isinstance(x, torch.Tensor):
-        return x[r : r + 1] if x.dim() > 0 and x.shape[0] == batch else x
-    if isinstance(x, tuple):
-        return tuple(_row_slice(v, r, batch) for v in x)
-    if isinstance(x, list):
-        return [_row_slice(v, r, batch) for v in x]
+        if x.dim() > 0 and x.shape[0] == batch:
+            return list(x.split(1))
+        return [x] * batch
+    if isinstance(x, tuple | list):
+        parts = [_split_rows(v, batch) for v in x]
+        kind = tuple if isinstance(x, tuple) else list
+        return [kind(p[r] for p in parts) for r in range(batch)]
     if isinstance(x, dict):
-        return {k: _row_slice(v, r, batch) for k, v in x.items()}
-    return x
+        keys = list(x)
+        values = [_split_rows(x[k], batch) for k in keys]
+        return [dict(zip(keys, (v[r] for v in values), strict=True)) for r in range(batch)]
+    return [x] * batch
 
 
 class HookMux:
@@ -267,10 +273,18 @@ class HookMux:
         self.sessions = sessions
 
     def _call(self, key: tuple[int, str], module: nn.Module, args: tuple[Any, ...]) -> None:
-        for r, h in self._table[key]:
-            sliced = _row_slice(args, r, self.batch)
-            if not h.with_kwargs:
-                sliced = (sliced[0], *sliced[2:])  # drop kwargs
+        """``args``: ``(args, kwargs)`` of a pre-hook or ``(args, kwargs, output)`` of a
+        forward hook; kwargs are split per row only when a hook takes them."""
+        hooks = self._table[key]
+        positional = _split_rows(args[0], self.batch)
+        output = _split_rows(args[2], self.batch) if len(args) > 2 else None
+        kwargs = _split_rows(args[1], self.batch) if any(h.with_kwargs for _, h in hooks) else None
+        for r, h in hooks:
+            sliced: tuple[Any, ...] = (positional[r],)
+            if h.with_kwargs and kwargs is not None:
+                sliced += (kwargs[r],)
+            if output is not None:
+                sliced += (output[r],)
             token = ACTIVE_SESSION.set(self.sessions[r])
             try:
                 h.fn(module, *sliced)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from test_adapters_exactness import PROMPT, reference_features, slow_reference
+from test_scheduler import PROMPTS, _run_threads, _same
 from tiny_models import FAMILIES, char_tokenizer, tiny_chat_model, tiny_hf_model
 
 import abstain_guard.adapters.architectures as arch
@@ -65,6 +66,17 @@ def test_capture_leaves_the_models_own_tokens_alone(family: str) -> None:
     )
     hf_ids = out[0, prompt.shape[1] :].tolist()
     assert hf_ids[: len(meta["token_ids"])] == meta["token_ids"]
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_concurrent_calls_on_a_mixture_of_experts_get_their_solo_answers(family: str) -> None:
+    """An expert's product holds the rows routed to it, so MoE models never share decode
+    steps (``threads.model_rows_are_independent``): concurrent calls stay bitwise solo."""
+    model = tiny_chat_model(family, seed=3, max_new_tokens=8, batch_decode=True)
+    solo = [model.invoke(p) for p in PROMPTS]
+    got = _run_threads(model, [lambda p=p: model.invoke(p) for p in PROMPTS])
+    for a, b in zip(solo, got, strict=True):
+        _same(a, b)
 
 
 def _ablated_error(family: str, monkeypatch: pytest.MonkeyPatch) -> float:

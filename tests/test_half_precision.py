@@ -4,13 +4,22 @@ a bfloat16 / float16 model (float32 accumulators) against the float64 reference.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
 from test_adapters_exactness import PROMPT, reference_features, slow_reference
 from tiny_models import FAMILIES, tiny_chat_model
 
-from abstain_guard.deployment import DeploymentRecord, dtype_mismatches, generation_mismatches
+from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig, PerplexityScorer
+from abstain_guard.deployment import (
+    DeploymentRecord,
+    PromptRecord,
+    dtype_mismatches,
+    generation_mismatches,
+)
+from abstain_guard.errors import ArtifactMismatchError
 
 RECORD = DeploymentRecord(decoding={"temperature": 0.0, "dtype": "bfloat16", "device_type": "cpu"})
 
@@ -104,3 +113,33 @@ def test_float16_capture_is_within_the_measured_tolerance(family: str) -> None:
     tol = TOLERANCE[torch.float16]
     np.testing.assert_allclose(np.asarray(meta["geometry"]["omega"]), omega_ref, atol=tol)
     np.testing.assert_allclose(np.asarray(meta["geometry"]["theta"]), theta_ref, atol=tol)
+
+
+def _guard(model: Any, calibrated_dtype: str) -> AbstentionGuard:
+    """A guard whose artifact says it was calibrated on ``model`` in ``calibrated_dtype``."""
+    record = DeploymentRecord(
+        model_fingerprint=model.fingerprint,
+        chat_template_sha256=model.chat_template_sha256,
+        decoding={**model.decoding_settings(), "dtype": calibrated_dtype},
+        prompts={"open": PromptRecord(system_prompt=None, max_new_tokens=3)},
+    )
+    scores = np.linspace(0.0, 1.0, 20)
+    artifact = GuardArtifact.from_calibration(
+        scorer=PerplexityScorer(),
+        scores=scores,
+        correct=np.arange(20) % 2 == 0,
+        model_fingerprint=model.fingerprint,
+        metadata={"deployment": record.to_json()},
+    )
+    return AbstentionGuard(
+        model.bind(max_new_tokens=3), artifact=artifact, config=GuardConfig(participation=0.5)
+    )
+
+
+def test_a_guard_refuses_a_response_generated_in_another_dtype() -> None:
+    model = tiny_chat_model("llama", seed=0, dtype=torch.bfloat16)
+    _guard(model, "bfloat16").invoke("Hi?")  # the calibrated dtype: no mismatch
+    with pytest.raises(
+        ArtifactMismatchError, match="dtype='bfloat16' but calibration used 'float32'"
+    ):
+        _guard(model, "float32").invoke("Hi?")

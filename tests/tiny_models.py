@@ -43,16 +43,20 @@ FAMILIES = (
 #: Families whose attention sdpa cannot compute (logit soft-capping, attention sinks).
 EAGER_FAMILIES = ("gemma2", "gpt_oss")
 
-#: Tiny sizes shared by the Llama-like families: 3 layers, hidden 32, 4 query / 2 KV heads.
-_LLAMA_LIKE: dict[str, Any] = {
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": CONTEXT,
-    "tie_word_embeddings": False,
-}
+
+def _llama_like(**changes: Any) -> dict[str, Any]:
+    """Tiny sizes shared by the Llama-like families: 3 layers, hidden 32, 4 query / 2 KV
+    heads, context :data:`CONTEXT` (read at call time: tests may patch it)."""
+    return {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": CONTEXT,
+        "tie_word_embeddings": False,
+        **changes,
+    }
 
 
 def char_tokenizer() -> Any:
@@ -132,10 +136,10 @@ def tiny_config(family: str) -> Any:
             **common,
         )
     if family == "qwen3":  # QK-norm (per head), explicit head_dim != hidden / heads
-        return tf.Qwen3Config(**{**_LLAMA_LIKE, "head_dim": 16}, **common)
+        return tf.Qwen3Config(**_llama_like(head_dim=16), **common)
     if family == "qwen3_moe":  # QK-norm; layer 1 dense (mlp_only_layers), others 4 experts
         return tf.Qwen3MoeConfig(
-            **{**_LLAMA_LIKE, "head_dim": 8},
+            **_llama_like(head_dim=8),
             moe_intermediate_size=16,
             num_experts=4,
             num_experts_per_tok=2,
@@ -144,10 +148,10 @@ def tiny_config(family: str) -> Any:
             **common,
         )
     if family == "smollm3":  # layer 1 has no RoPE (NoPE)
-        return tf.SmolLM3Config(**_LLAMA_LIKE, no_rope_layers=[1, 0, 1], **common)
+        return tf.SmolLM3Config(**_llama_like(), no_rope_layers=[1, 0, 1], **common)
     if family == "gemma2":  # sandwich norms, attention and final logit soft-capping
         return tf.Gemma2Config(
-            **{**_LLAMA_LIKE, "tie_word_embeddings": True},
+            **_llama_like(tie_word_embeddings=True),
             head_dim=8,
             query_pre_attn_scalar=8,
             attn_logit_softcapping=2.0,  # small enough that tanh bends the random scores
@@ -158,7 +162,7 @@ def tiny_config(family: str) -> Any:
         )
     if family == "phi3":  # fused qkv_proj and gate_up_proj, partial rotary
         return tf.Phi3Config(
-            **{**_LLAMA_LIKE, "num_key_value_heads": 1},
+            **_llama_like(num_key_value_heads=1),
             rope_parameters={
                 "rope_type": "default",
                 "rope_theta": 10000.0,
@@ -170,10 +174,10 @@ def tiny_config(family: str) -> Any:
             **common,
         )
     if family == "olmo2":  # no pre-norms; post-attention / post-MLP norms; QK-norm
-        return tf.Olmo2Config(**_LLAMA_LIKE, **common)
+        return tf.Olmo2Config(**_llama_like(), **common)
     if family == "granite":  # embedding / attention / residual multipliers, logit scaling
         return tf.GraniteConfig(
-            **_LLAMA_LIKE,
+            **_llama_like(),
             embedding_multiplier=3.0,
             attention_multiplier=0.5,
             residual_multiplier=0.6,
@@ -182,7 +186,7 @@ def tiny_config(family: str) -> Any:
         )
     if family == "gpt_oss":  # attention sinks, sliding windows, MoE MLP
         return tf.GptOssConfig(
-            **{**_LLAMA_LIKE, "head_dim": 8},
+            **_llama_like(head_dim=8),
             num_local_experts=4,
             num_experts_per_tok=2,
             sliding_window=10,

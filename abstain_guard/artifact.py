@@ -7,7 +7,9 @@ and free JSON metadata. On disk it is a directory::
     manifest.json      schema_version, created, model_fingerprint, scorer kind,
                        sha256 checksums and sizes of every other file, metadata,
                        and manifest_sha256 (a checksum of the manifest itself)
-    calibration.npz    scores [n] float64, correct [n] bool   (allow_pickle=False)
+    calibration.npz    scores [n] float64, correct [n] bool   (allow_pickle=False),
+                       and groups [n] unicode when calibration recorded each answer's
+                       group (per-group rules, :mod:`abstain_guard.groups`)
     scorer.json        ScorerState kind, params, names of its arrays and files
     scorer.npz         ScorerState arrays                      (allow_pickle=False)
     <raw files>        ScorerState files, e.g. calibrator.ubj (XGBoost)
@@ -57,6 +59,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from numpy.typing import ArrayLike
 
 from abstain_guard._version import __version__
@@ -94,6 +97,7 @@ from abstain_guard.errors import (
     InsufficientDataError,
     InvalidInputError,
 )
+from abstain_guard.groups import GroupRules, check_groups, group_rules, require_groups
 from abstain_guard.scoring import Scorer, ScorerState, scorer_from_state
 
 __all__ = ["MAX_ARRAY_BYTES", "SCHEMA_VERSION", "GuardArtifact"]
@@ -116,6 +120,7 @@ class GuardArtifact:
         correct: calibration labels, shape ``[n]`` (bool).
         model_fingerprint: identity of the model the scores came from (or None).
         metadata: free JSON dict (judge identity, data set, split sizes, ...).
+        groups: the group of each calibration answer, shape ``[n]`` (str), or None.
         created: ISO-8601 UTC creation time.
         schema_version: the on-disk schema version.
         path: where it was loaded from or last saved to (None for an in-memory artifact).
@@ -129,6 +134,7 @@ class GuardArtifact:
         model_fingerprint: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         created: str | None = None,
+        groups: ArrayLike | None = None,
     ) -> None:
         if not isinstance(scorer, Scorer):
             raise InvalidInputError(
@@ -138,6 +144,9 @@ class GuardArtifact:
         self.scores, self.correct = _validate_calibration(scores, correct)
         self.scores.setflags(write=False)
         self.correct.setflags(write=False)
+        self.groups = None if groups is None else check_groups(groups, self.scores.size)
+        if self.groups is not None:
+            self.groups.setflags(write=False)
         if model_fingerprint is not None and not isinstance(model_fingerprint, str):
             raise InvalidInputError("model_fingerprint must be a string or None.")
         self.model_fingerprint = model_fingerprint
@@ -148,6 +157,7 @@ class GuardArtifact:
         self.schema_version = SCHEMA_VERSION
         self.path: Path | None = None
         self._rules: dict[tuple[Any, ...], DecisionRule] = {}
+        self._group_rules: dict[tuple[Any, ...], GroupRules] = {}
 
     @classmethod
     def from_calibration(
@@ -158,6 +168,7 @@ class GuardArtifact:
         correct: ArrayLike,
         model_fingerprint: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        groups: ArrayLike | None = None,
     ) -> GuardArtifact:
         """Create an artifact from a fitted scorer and its calibration scores and labels.
 
@@ -167,8 +178,17 @@ class GuardArtifact:
             correct: calibration labels (0/1 or bool), shape ``[n]``.
             model_fingerprint: identity of the chat model (checked by the guard).
             metadata: free JSON metadata stored in the manifest.
+            groups: the group of each calibration answer (e.g. the probe relation), shape
+                ``[n]``; needed for per-group rules (``GuardConfig(group_by=...)``).
         """
-        return cls(scorer, scores, correct, model_fingerprint=model_fingerprint, metadata=metadata)
+        return cls(
+            scorer,
+            scores,
+            correct,
+            model_fingerprint=model_fingerprint,
+            metadata=metadata,
+            groups=groups,
+        )
 
     @property
     def n(self) -> int:
@@ -199,6 +219,33 @@ class GuardArtifact:
             rule = decision_rule(self.scores, self.correct, cfg)
             self._rules[key] = rule
         return rule
+
+    def group_rules(self, config: GuardConfig) -> GroupRules:
+        """Each calibration group's rule for ``config`` (``config.group_by`` set), from the
+        stored scores, labels and groups (:func:`abstain_guard.groups.group_rules`).
+
+        Raises:
+            ArtifactMismatchError: the artifact records no calibration groups.
+            InsufficientDataError: a group is too small and ``group_fallback="raise"``.
+        """
+        groups = require_groups(self.groups, config)
+        key = (
+            config.mode,
+            config.participation,
+            config.risk_target,
+            config.delta,
+            config.on_infeasible,
+            tuple(sorted((config.group_targets or {}).items())),
+            config.group_delta,
+            config.group_fallback,
+            config.unknown_group,
+        )
+        rules = self._group_rules.get(key)
+        if rules is None:
+            pooled = self.decision_rule(config)
+            rules = group_rules(self.scores, self.correct, groups, config, pooled=pooled)
+            self._group_rules[key] = rules
+        return rules
 
     def check_fingerprint(self, fingerprint: str | None) -> None:
         """Raise ArtifactMismatchError when both fingerprints are set and differ."""
@@ -239,8 +286,11 @@ class GuardArtifact:
             "arrays": sorted(state.arrays),
             "files": sorted(state.files),
         }
+        calibration = {"scores": self.scores, "correct": self.correct}
+        if self.groups is not None:
+            calibration["groups"] = self.groups
         files: dict[str, bytes] = {
-            CALIBRATION: _npz_bytes({"scores": self.scores, "correct": self.correct}),
+            CALIBRATION: _npz_bytes(calibration),
             SCORER_JSON: json.dumps(scorer_json, indent=2, sort_keys=True).encode(),
             SCORER_NPZ: _npz_bytes(state.arrays),
         }
@@ -262,6 +312,9 @@ class GuardArtifact:
             "sizes": {name: len(data) for name, data in sorted(files.items())},
             "metadata": self.metadata,
         }
+        if self.groups is not None:
+            names, counts = np.unique(self.groups, return_counts=True)
+            manifest["groups"] = {str(k): int(v) for k, v in zip(names, counts, strict=True)}
         manifest["manifest_sha256"] = _sha256(_canonical(manifest))
         return manifest
 
@@ -346,9 +399,10 @@ class GuardArtifact:
             raise ArtifactSchemaError("manifest model_fingerprint must be a string or null.")
 
         calib = _load_npz(data[CALIBRATION], CALIBRATION, limit)
-        if set(calib) != {"scores", "correct"}:
+        if set(calib) not in ({"scores", "correct"}, {"scores", "correct", "groups"}):
             raise ArtifactSchemaError(
-                f"{CALIBRATION} must hold exactly 'scores' and 'correct', has {sorted(calib)}."
+                f"{CALIBRATION} must hold 'scores' and 'correct' (and optionally 'groups'), "
+                f"has {sorted(calib)}."
             )
         try:
             scorer_json = _parse_json(data[SCORER_JSON], SCORER_JSON)
@@ -401,6 +455,7 @@ class GuardArtifact:
                 model_fingerprint=fingerprint,
                 metadata=metadata,
                 created=manifest.get("created"),
+                groups=calib.get("groups"),
             )
         except (InvalidInputError, InsufficientDataError) as exc:
             raise ArtifactSchemaError(f"Invalid calibration data in the artifact: {exc}") from exc

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -107,6 +107,24 @@ class GuardConfig(BaseModel):
             ``risk_target`` at ``delta``: ``"raise"`` (default: UncertifiableTargetError
             naming the smallest certifiable risk target) or ``"abstain_all"`` (τ = −∞: the
             guard abstains on every question, which trivially keeps the risk).
+        group_by: per-group guarantees (``docs/guarantees.md``, "Per-group guarantees"):
+            ``None`` (default: one pooled rule), the name of the input's group key (read
+            from a mapping input, else from the run's ``metadata``; ``serve`` reads the
+            request's ``metadata``), or a function of the input returning the group name.
+            The artifact must record each calibration answer's group.
+        group_targets: a per-group target overriding ``participation`` (participation mode)
+            or ``risk_target`` (risk mode) for the groups it names.
+        group_delta: how δ is shared in risk mode: ``"per_group"`` (each group's certificate
+            holds with probability ≥ 1−δ) or ``"union"`` (δ/G per group: all G groups'
+            certificates hold together with probability ≥ 1−δ).
+        group_fallback: a calibration group too small for its target (participation: a
+            finite threshold needs more answers; risk: no threshold certifies its ε):
+            ``"raise"`` (default: InsufficientDataError naming the groups), ``"pooled"``
+            (the pooled rule, with a warning in every decision: no per-group guarantee) or
+            ``"abstain"`` (abstain on every question of the group).
+        unknown_group: a question whose group is missing or was not in calibration:
+            ``"abstain"`` (default, fail closed) or ``"pooled"`` (the pooled rule, with a
+            warning in the decision).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -120,6 +138,11 @@ class GuardConfig(BaseModel):
     scorer: str | None = None
     on_mismatch: Literal["raise", "warn"] = "raise"
     on_infeasible: Literal["raise", "answer_all", "abstain_all"] = "raise"
+    group_by: str | Callable[[Any], Any] | None = None
+    group_targets: dict[str, float] | None = None
+    group_delta: Literal["per_group", "union"] = "per_group"
+    group_fallback: Literal["raise", "pooled", "abstain"] = "raise"
+    unknown_group: Literal["abstain", "pooled"] = "abstain"
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -141,6 +164,16 @@ class GuardConfig(BaseModel):
                 "on_infeasible='answer_all' cannot keep a risk target (answering everything "
                 "certifies nothing); use 'raise' or 'abstain_all' in risk mode"
             )
+        if isinstance(self.group_by, str) and not self.group_by.strip():
+            raise ValueError("group_by must name a key of the input (or be a function or None)")
+        for group, value in (self.group_targets or {}).items():
+            if not 0.0 < float(value) < 1.0:
+                raise ValueError(
+                    f"group_targets[{group!r}] = {value!r} must lie strictly between 0 and 1 "
+                    "(a participation 1-alpha, or a risk target epsilon in risk mode)"
+                )
+        if self.group_targets and self.group_by is None:
+            raise ValueError("group_targets needs group_by (where each question's group is)")
         return self
 
     # --- derived -------------------------------------------------------------------------
@@ -157,6 +190,10 @@ class GuardConfig(BaseModel):
             assert self.risk_target is not None
             return self.risk_target
         return self.participation
+
+    def group_target(self, group: str) -> float:
+        """The target of ``group``: its ``group_targets`` entry, else :attr:`target`."""
+        return float((self.group_targets or {}).get(group, self.target))
 
     # --- loading -------------------------------------------------------------------------
 
@@ -246,8 +283,23 @@ class GuardConfig(BaseModel):
 def _normalise_env(values: dict[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, raw in values.items():
-        if key in ("risk_target", "scorer") and raw.strip() == "":
+        if key in ("risk_target", "scorer", "group_by") and raw.strip() == "":
             out[key] = None
+        elif key == "group_targets":
+            out[key] = _json_mapping(raw, key)
         else:
             out[key] = raw
     return out
+
+
+def _json_mapping(raw: str, key: str) -> Any:
+    """An environment variable holding a JSON object (``{"capital": 0.9}``); empty: None."""
+    if not raw.strip():
+        return None
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{ENV_PREFIX}{key.upper()} must be a JSON object such as "
+            f"'{{\"capital\": 0.9}}', got {raw!r}: {exc}"
+        ) from exc

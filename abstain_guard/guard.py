@@ -11,6 +11,7 @@ recorded in traces (see :mod:`abstain_guard.tracing`).
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 from collections.abc import Mapping
@@ -42,12 +43,15 @@ from abstain_guard.errors import (
     InvalidInputError,
     ScoringError,
 )
+from abstain_guard.groups import GroupRules, resolve_group
 from abstain_guard.metadata import ResponseMetadata
 from abstain_guard.monitor import GuardMonitor, calibration_sha256
 from abstain_guard.runnables import find_chat_models
 from abstain_guard.tracing import arecord_decision, record_decision
 
 __all__ = ["AbstentionGuard", "AbstentionPolicy"]
+
+logger = logging.getLogger("abstain_guard")
 
 
 def _as_config(config: GuardConfig | Mapping[str, Any] | None) -> GuardConfig:
@@ -112,6 +116,9 @@ class AbstentionPolicy:
         self.artifact = artifact
         self.config = _as_config(config)
         self.rule: DecisionRule = artifact.decision_rule(self.config)
+        self.groups: GroupRules | None = (
+            artifact.group_rules(self.config) if self.config.group_by is not None else None
+        )
         self.deployment: DeploymentRecord | None = DeploymentRecord.from_metadata(artifact.metadata)
         self._standing_warnings: list[str] = []
 
@@ -158,8 +165,37 @@ class AbstentionPolicy:
             problems = generation_mismatches(self.deployment, generation)
         return self.mismatch(problems, "response")
 
-    def _base(self, extra_warnings: list[str] | None = None) -> dict[str, Any]:
-        guarantee = self.rule.guarantee
+    def group_of(self, input: Any, metadata: Mapping[str, Any] | None = None) -> str | None:
+        """The group of a question (``config.group_by`` applied to the guard's input, or the
+        run metadata); None without ``group_by`` or when the input has no group.
+
+        Raises:
+            GuardError: the ``group_by`` function failed and ``on_error="raise"`` (with
+                ``"abstain"`` the question is treated as of an unknown group).
+        """
+        if self.config.group_by is None:
+            return None
+        try:
+            return resolve_group(self.config.group_by, input, metadata)
+        except Exception as exc:
+            reason = f"group_by could not find the question's group ({type(exc).__name__}: {exc})"
+            if self.config.on_error == "raise":
+                raise GuardError(f"{reason}. Fix group_by, or set on_error='abstain'.") from exc
+            logger.warning("abstain_guard: %s; the group is unknown", reason)
+            return None
+
+    def _rule(self, group: str | None) -> tuple[DecisionRule, dict[str, Any]]:
+        """The rule for a question of ``group`` and the decision's group fields."""
+        if self.groups is None:
+            return self.rule, {}
+        rule, kind = self.groups.rule_for(group)
+        return rule, {"group": group, "group_rule": kind}
+
+    def _base(
+        self, extra_warnings: list[str] | None = None, rule: DecisionRule | None = None
+    ) -> dict[str, Any]:
+        rule = rule or self.rule
+        guarantee = rule.guarantee
         extra = self._standing_warnings + list(extra_warnings or [])
         if extra:
             guarantee = {**guarantee, "warnings": [*guarantee.get("warnings", []), *extra]}
@@ -167,9 +203,9 @@ class AbstentionPolicy:
             guarantee = {**guarantee, "unverified": [API_UNVERIFIED]}
         return {
             "scorer": self.artifact.scorer.name,
-            "threshold": self.rule.threshold,
-            "mode": self.rule.mode,
-            "target": self.rule.target,
+            "threshold": rule.threshold,
+            "mode": rule.mode,
+            "target": rule.target,
             "guarantee": guarantee,
         }
 
@@ -190,19 +226,24 @@ class AbstentionPolicy:
         return score
 
     def decide(
-        self, message: Any, warnings: list[str] | None = None
+        self, message: Any, warnings: list[str] | None = None, group: str | None = None
     ) -> tuple[AIMessage, dict[str, Any]]:
         """Score ``message`` and return ``(output message, decision dict)``.
 
         ``warnings`` (deployment mismatches found upstream, ``on_mismatch="warn"``) are added
-        to the decision's ``guarantee["warnings"]``.
+        to the decision's ``guarantee["warnings"]``. With ``config.group_by`` the rule is
+        ``group``'s (:meth:`group_of`; None: an unknown group, ``config.unknown_group``) and
+        the decision records ``group`` and ``group_rule`` (``"group"``, ``"pooled"`` or
+        ``"abstain"``).
 
         Raises:
             GuardError: when scoring fails and ``config.on_error == "raise"``.
             ArtifactMismatchError: the response was generated with other settings than the
                 artifact was calibrated with (``config.on_mismatch == "raise"``).
         """
-        decision = self._base([*(warnings or []), *self.response_warnings(message)])
+        rule, group_fields = self._rule(group)
+        decision = self._base([*(warnings or []), *self.response_warnings(message)], rule)
+        decision.update(group_fields)
         try:
             score = self.score(message)
         except Exception as exc:
@@ -214,25 +255,31 @@ class AbstentionPolicy:
                 ) from exc
             decision.update(abstained=True, score=None, reason="scoring failed", error=reason)
             return self._abstention(message, decision), decision
-        answered = self.rule.answers(score)
+        answered = rule.answers(score)
         decision.update(
             abstained=not answered,
             score=score,
             reason="score <= threshold" if answered else "score > threshold",
             error=None,
         )
+        if group_fields.get("group_rule") == "abstain":
+            decision["reason"] = "group without a rule: abstain"
         if answered:
             assert isinstance(message, AIMessage)
             meta = {**(message.response_metadata or {}), "abstention": decision}
             return message.model_copy(update={"response_metadata": meta}), decision
         return self._abstention(message, decision), decision
 
-    def decide_unanswerable(self, exc: ContextLengthError) -> tuple[AIMessage, dict[str, Any]]:
+    def decide_unanswerable(
+        self, exc: ContextLengthError, group: str | None = None
+    ) -> tuple[AIMessage, dict[str, Any]]:
         """Abstain on an input the model cannot take (too long for its context window) when
         ``on_error="abstain"``; with ``"raise"`` the error propagates."""
         if self.config.on_error == "raise":
             raise exc
-        decision = self._base()
+        rule, group_fields = self._rule(group)
+        decision = self._base(rule=rule)
+        decision.update(group_fields)
         reason = f"{type(exc).__name__}: {exc}"
         decision.update(abstained=True, score=None, reason="input too long", error=reason)
         return self._abstention(None, decision), decision
@@ -381,9 +428,10 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
     def get_input_schema(self, config: RunnableConfig | None = None) -> type[BaseModel]:
         return self.runnable.get_input_schema(config)  # type: ignore[return-value]
 
-    def decide(self, message: Any) -> AIMessage:
-        """Apply the decision to an existing message (no run, no trace entries)."""
-        return self._policy.decide(message)[0]
+    def decide(self, message: Any, group: str | None = None) -> AIMessage:
+        """Apply the decision to an existing message (no run, no trace entries); with
+        ``config.group_by``, ``group`` is the question's group."""
+        return self._policy.decide(message, group=group)[0]
 
     # --- running ------------------------------------------------------------------------
 
@@ -399,12 +447,13 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
         config: RunnableConfig,
         **kwargs: Any,
     ) -> AIMessage:
+        group = self._policy.group_of(input, config.get("metadata"))
         try:
             output = self._prepared.invoke(input, config, **kwargs)
         except ContextLengthError as exc:
-            message, decision = self._policy.decide_unanswerable(exc)
+            message, decision = self._policy.decide_unanswerable(exc, group)
         else:
-            message, decision = self._policy.decide(output)
+            message, decision = self._policy.decide(output, group=group)
         self._observe(decision, run_manager)
         record_decision(decision, run_manager=run_manager, config=config)
         return message
@@ -416,12 +465,15 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
         config: RunnableConfig,
         **kwargs: Any,
     ) -> AIMessage:
+        group = self._policy.group_of(input, config.get("metadata"))
         try:
             output = await self._prepared.ainvoke(input, config, **kwargs)
         except ContextLengthError as exc:
-            message, decision = self._policy.decide_unanswerable(exc)
+            message, decision = self._policy.decide_unanswerable(exc, group)
         else:
-            message, decision = await run_in_executor(config, self._policy.decide, output)
+            message, decision = await run_in_executor(
+                config, self._policy.decide, output, None, group
+            )
         self._observe(decision, run_manager)
         await arecord_decision(decision, run_manager=run_manager, config=config)
         return message

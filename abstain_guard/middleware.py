@@ -15,7 +15,9 @@ calls - is scored. An unreliable one is replaced (same message id) by the absten
 message and the run jumps to the end; a reliable one is kept, annotated with
 ``response_metadata["abstention"]``. Intermediate tool-calling messages are not judged;
 every decision says how many tool steps preceded the answer in this turn
-(``tool_steps``: tool results since the user's last message).
+(``tool_steps``: tool results since the user's last message). With
+``GuardConfig(group_by="key")`` the question's group is the agent state's ``key``, else the
+run metadata's or a mapping ``runtime.context``'s (a ``group_by`` function gets the state).
 
 An agent with tools keeps the guarantee when its artifact was built by
 ``abstain-guard calibrate --agent`` from the same agent (docs/agents.md): the artifact
@@ -34,6 +36,7 @@ from typing import Any
 try:
     from langchain.agents.middleware import AgentMiddleware, hook_config
     from langchain.agents.middleware.types import ModelRequest, ModelResponse
+    from langgraph.config import get_config
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
         "AbstentionMiddleware needs LangChain v1 agents (the 'agents' extra): "
@@ -187,7 +190,8 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         last = self._final_answer(state)
         if last is None:
             return None
-        message, decision = self.policy.decide(last, _request_notes(last))
+        group = self.policy.group_of(state, _run_metadata(runtime))
+        message, decision = self.policy.decide(last, _request_notes(last), group)
         decision["tool_steps"] = _tool_steps(state)
         self._observe(decision, last)
         record_decision(decision)
@@ -199,7 +203,8 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         last = self._final_answer(state)
         if last is None:
             return None
-        message, decision = self.policy.decide(last, _request_notes(last))
+        group = self.policy.group_of(state, _run_metadata(runtime))
+        message, decision = self.policy.decide(last, _request_notes(last), group)
         decision["tool_steps"] = _tool_steps(state)
         self._observe(decision, last)
         await arecord_decision(decision)
@@ -207,6 +212,20 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
 
 
 _NOTES_KEY = "abstention_request_warnings"
+
+
+def _run_metadata(runtime: Any) -> dict[str, Any]:
+    """Where a ``group_by`` key is looked up after the agent state: the run's ``metadata``
+    (``agent.invoke(..., config={"metadata": {...}})``), then a mapping ``runtime.context``
+    on top."""
+    try:
+        metadata = dict(get_config().get("metadata") or {})
+    except RuntimeError:  # not inside a graph run (a direct call of the hook)
+        metadata = {}
+    context = getattr(runtime, "context", None)
+    if isinstance(context, Mapping):
+        metadata.update(context)
+    return metadata
 
 
 def _tool_steps(state: Any) -> int:

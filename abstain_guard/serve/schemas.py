@@ -148,8 +148,9 @@ class StreamOptions(BaseModel):
 class ChatCompletionRequest(BaseModel):
     """The fields of OpenAI's chat completion request the server reads. Fields that would
     change how the answer is generated (budget, decoding, tools) are checked against the
-    calibration by the service; other unknown fields (``user``, ``metadata``, ...) are
-    ignored."""
+    calibration by the service; other unknown fields (``user``, ...) are ignored.
+    ``metadata`` (string values) carries the question's group for a guard with
+    ``group_by="<key>"``."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -173,6 +174,7 @@ class ChatCompletionRequest(BaseModel):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
+    metadata: dict[str, str] | None = None
 
     @property
     def token_budget(self) -> int | None:

@@ -103,12 +103,15 @@ class GuardCall:
         steps: an agent's tool calls and tool results after the question.
         tool_choice: the ``tool_choice`` bound with the calibrated tools (None: the model
             decides).
+        metadata: the request's ``metadata`` (OpenAI's field), where a guard with
+            ``group_by="<key>"`` finds the question's group (run metadata of the chain).
     """
 
     question: str
     history: list[BaseMessage] = field(default_factory=list)
     steps: list[BaseMessage] = field(default_factory=list)
     tool_choice: str | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
 
     def inputs(self) -> dict[str, Any]:
         """What the guard's prompt takes: ``question``, and ``history`` when there is one
@@ -252,7 +255,9 @@ class GuardService(Admission):
                     param="messages",
                 )
         check_turns(self.record, turns)
-        return GuardCall(turns.question, turns.history, turns.steps, tool_choice)
+        return GuardCall(
+            turns.question, turns.history, turns.steps, tool_choice, dict(request.metadata or {})
+        )
 
     def _check_generation(self, request: ChatCompletionRequest) -> None:
         budget = request.token_budget
@@ -314,7 +319,9 @@ class GuardService(Admission):
             if self.record.tools:
                 message = await self._tool_step(call)
             else:
-                message = await self.chain.ainvoke(call.inputs())
+                message = await self.chain.ainvoke(
+                    call.inputs(), config={"metadata": dict(call.metadata)}
+                )
         except SchedulerFullError as exc:
             raise self.queue_full(exc) from exc
         finally:
@@ -335,14 +342,15 @@ class GuardService(Admission):
         prompt = await self.prompt_template.ainvoke(call.inputs())
         messages = [*prompt.to_messages(), *call.steps]
         policy = self.guard.policy
+        group = policy.group_of(call.inputs(), call.metadata)
         try:
             reply = await self._tool_model(call.tool_choice).ainvoke(messages)
         except ContextLengthError as exc:
-            message, decision = policy.decide_unanswerable(exc)
+            message, decision = policy.decide_unanswerable(exc, group)
         else:
             if isinstance(reply, AIMessage) and reply.tool_calls:
                 return reply
-            message, decision = await asyncio.to_thread(policy.decide, reply)
+            message, decision = await asyncio.to_thread(policy.decide, reply, None, group)
         decision["tool_steps"] = sum(isinstance(m, ToolMessage) for m in call.steps)
         await arecord_decision(decision)
         return message
@@ -360,8 +368,22 @@ class GuardService(Admission):
             "mode": rule.mode,
             "target": rule.target,
             "threshold": json_number(rule.threshold),
+            **self._groups(),
             "in_flight": self.in_flight,
             "max_in_flight": self.max_in_flight,
+        }
+
+    def _groups(self) -> dict[str, Any]:
+        """Per-group rules in force (a guard with ``group_by``): key, and each group's rule
+        kind, threshold and calibration size."""
+        groups = self.guard.policy.groups
+        if groups is None:
+            return {}
+        return {
+            "group_by": str(
+                getattr(self.guard.config.group_by, "__name__", self.guard.config.group_by)
+            ),
+            "groups": json_safe(groups.summary()),
         }
 
 

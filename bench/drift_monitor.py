@@ -17,8 +17,10 @@ scores: ``probe_fresh`` (probe questions calibration never saw: exchangeable, th
 ``sciq``, ``truthfulqa`` (other question types) and ``swapped`` (the probe questions
 answered by a noised SmolLM2). Each pool is fed to a monitor fitted on the shipped
 artifact in R random orders; the delay is the number of queries until the first alarm of
-each test (inf: none within the pool). The risk test runs in risk mode (ε = 0.35, δ = 0.1,
-the demo's target) on the artifact judge's verdicts of the answered questions.
+each test (inf: none within the pool). Feedback is the artifact judge's verdict of each
+answered question (every answered question labeled). Participation mode (0.8) with the
+feedback test at ε = 0.75 (calibration answers are wrong 64.8 % of the time when answered),
+and risk mode (ε = 0.35, δ = 0.1, the demo's target).
 
 Run (about 4 minutes on 2 cores)::
 
@@ -45,6 +47,10 @@ from abstain_guard.drift import wilson_interval
 from abstain_guard.monitor import GuardMonitor
 
 PART = GuardConfig(participation=0.8)
+#: The risk tolerance the participation-mode monitor tests feedback against: the shipped
+#: guard's calibration answers are wrong 64.8 % of the time when answered (769 answered),
+#: so an operator who accepts up to 75 % sets risk_target=0.75.
+PART_EPS = 0.75
 RISK = GuardConfig(mode="risk", risk_target=0.35, delta=0.1)
 TESTS = ("exchangeability", "participation", "risk")
 
@@ -101,14 +107,20 @@ def false_alarms(reps: int, horizon: int, a: float, eps: float) -> list[dict[str
 
 
 def _delays(
-    art: GuardArtifact, rows: list[dict[str, Any]], config: GuardConfig, reps: int, seed: int
+    art: GuardArtifact,
+    rows: list[dict[str, Any]],
+    config: GuardConfig,
+    reps: int,
+    seed: int,
+    risk_target: float | None = None,
 ) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     rule = art.decision_rule(config)
     first: dict[str, list[float]] = {t: [] for t in (*TESTS, "any")}
     for r in range(reps):
         order = rng.permutation(len(rows))
-        monitor = GuardMonitor(false_alarm=0.01, seed=seed * 10_000 + r).fit(art.scores, rule)
+        monitor = GuardMonitor(false_alarm=0.01, risk_target=risk_target, seed=seed * 10_000 + r)
+        monitor.fit(art.scores, rule)
         at: dict[str, float] = {}
         for t, i in enumerate(order, 1):
             row = rows[i]
@@ -125,7 +137,7 @@ def _delays(
     summary = {}
     for test, values in first.items():
         v = np.asarray(values)
-        if test == "risk" and rule.mode != "risk":
+        if test == "risk" and rule.mode != "risk" and risk_target is None:
             continue
         found = v[np.isfinite(v)]
         summary[test] = {
@@ -156,7 +168,7 @@ def real_shifts(path: Path, reps: int) -> dict[str, Any]:
                 sum(r["correct"] is not None for r in answered),
             ),
             "mean_score": float(np.mean([r["score"] for r in rows])),
-            "participation_mode": _delays(art, rows, PART, reps, seed=1),
+            "participation_mode": _delays(art, rows, PART, reps, seed=1, risk_target=PART_EPS),
             "risk_mode": _delays(art, rows, RISK, reps, seed=2),
         }
         if "noise" in pool:

@@ -353,3 +353,33 @@ def test_group_rules_are_valid_in_simulation(config: dict[str, object]) -> None:
     else:
         hard = cell["groups"]["hard"]
         assert hard["pooled_mean_participation"] < 0.7 < hard["mean_participation"]
+
+
+# --- calibrate records the groups --------------------------------------------------------------
+
+
+def test_calibrate_records_each_calibration_answers_group(tmp_path: Path) -> None:
+    from test_pipeline_resume import ITEMS, HashJudge, _config, _judges
+    from tiny_models import tiny_chat_model
+
+    from abstain_guard.calibration.building.pipeline import calibrate, calibration_groups
+
+    calibrate(
+        ITEMS,
+        tmp_path / "guard",
+        config=_config(tmp_path, "guard"),
+        model=tiny_chat_model("llama", seed=0),
+        judges=_judges(tmp_path, "guard", HashJudge()),
+        progress=False,
+    )
+    art = GuardArtifact.load(tmp_path / "guard")
+    by_id = {it.id: it.group for it in ITEMS}
+    assert art.groups is not None
+    assert list(art.groups) == [by_id[i] for i in art.metadata["calibration_ids"]]
+    rules = art.group_rules(GuardConfig(group_by="g", participation=0.5, group_fallback="pooled"))
+    assert set(rules.rules) == {"g0", "g1"}
+
+    assert calibration_groups(ITEMS[:3]) == ["g0", "g1", "g0"]
+    plain = [it.__class__(id=it.id, question=it.question, answers=it.answers) for it in ITEMS[:3]]
+    assert calibration_groups(plain) is None
+    assert calibration_groups([*plain[:1], *ITEMS[1:3]]) is None  # partial: not stored

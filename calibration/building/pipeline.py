@@ -327,6 +327,7 @@ def _calibrate(
         )
     timings["fit"] = _now() - t
     cal_correct = np.array([bool(judgments[it.id]["correct"]) for it in labeled["calibration"]])
+    cal_groups = calibration_groups(labeled["calibration"])
 
     metadata = {
         "data": str(data) if isinstance(data, (str, Path)) else "python",
@@ -348,6 +349,7 @@ def _calibrate(
         correct=cal_correct,
         model_fingerprint=fingerprint,
         metadata=metadata,
+        groups=cal_groups,
     )
     artifact.save(out, overwrite=True)
     timings["total"] = _now() - t0
@@ -365,6 +367,27 @@ def _calibrate(
     )
     (cache_dir / "summary.json").write_text(_json_dumps(asdict(summary)))
     return summary
+
+
+def calibration_groups(items: Sequence[QAItem]) -> list[str] | None:
+    """Each calibration answer's group (the probe relation, or the data's ``group_by``
+    field), stored in the artifact for per-group rules; None when no item has one. Items
+    without a group among items with one: not stored, with a warning naming how many."""
+    groups = [it.group for it in items]
+    if all(g is None for g in groups):
+        return None
+    missing = sum(g is None for g in groups)
+    if missing:
+        logger.warning(
+            "%d of %d calibration questions have no group (%s empty): the artifact records "
+            "no groups, so per-group rules (GuardConfig(group_by=...)) are unavailable. Give "
+            "every row a group to record them.",
+            missing,
+            len(groups),
+            "the group_by field",
+        )
+        return None
+    return [str(g) for g in groups]
 
 
 def _json_dumps(obj: Any) -> str:

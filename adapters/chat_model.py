@@ -8,26 +8,21 @@ tokenizer, EOS ids, fingerprint), :mod:`.encoding` (messages to token ids),
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from concurrent.futures import Future
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from langchain_core.callbacks import (
     AsyncCallbackManagerForLLMRun,
-    CallbackManager,
     CallbackManagerForLLMRun,
 )
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessage, BaseMessage
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult, LLMResult
+from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.prompt_values import PromptValue
-from langchain_core.runnables import Runnable, RunnableConfig
-from langchain_core.runnables.config import ensure_config, get_config_list
+from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, PrivateAttr
@@ -37,19 +32,17 @@ from abstain_guard.errors import InvalidInputError, ModelError
 from abstain_guard.metadata import GENERATION
 
 from .architectures import ArchitectureSpec
-from .batching import RowResult
+from .chat_batch import BatchMixin
+from .chat_replay import ReplayMixin
+from .chat_streaming import StreamingMixin
 from .encoding import AnswerLike, ToolRendering, chat_dicts, prompt_ids, response_ids
 from .generation import (
     GENERATION_OPTIONS,
     Generated,
-    TokenCallback,
     agenerate_tokens,
     call_options,
     generate_tokens,
     generation_record,
-    new_token_budget,
-    submit_generation,
-    to_generated,
     to_message,
     validate_options,
 )
@@ -62,16 +55,9 @@ from .loading import (
     model_fingerprint,
     wrap_model,
 )
-from .replay import replay_item, replay_items
 from .response_metadata import numerics_record
 from .streaming import (
-    IncrementalText,
-    async_token_channel,
     cut_at_stop,
-    last_chunk,
-    reply_chunks,
-    text_chunk,
-    token_channel,
 )
 from .threads import choose_decode_path
 from .tools import (
@@ -86,10 +72,10 @@ from .tools import (
     tool_setup,
     with_tool_calls,
 )
-from .types import ReferenceMeans, ReplayResult, TokenStates
+from .types import ReferenceMeans
 
 
-class GeometryChatModel(BaseChatModel):
+class GeometryChatModel(StreamingMixin, BatchMixin, ReplayMixin, BaseChatModel):
     """A local causal LM (Llama, Qwen2, Mistral, Gemma-3, GPT-2) as a LangChain chat model.
 
     Every ``AIMessage.response_metadata`` carries ``model_name``, ``finish_reason``,
@@ -422,171 +408,6 @@ class GeometryChatModel(BaseChatModel):
         (msg,) = await self._agenerate_messages([messages], opts, setup)
         return ChatResult(generations=[ChatGeneration(message=msg)])
 
-    def _stream(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> Iterator[ChatGenerationChunk]:
-        """Yields the answer's text as the scheduler generates it (only text that later
-        tokens cannot change: see :class:`.streaming.IncrementalText`), then one last chunk
-        (``chunk_position="last"``, no text) with the response_metadata (token ids, logprobs,
-        geometry) and usage_metadata. The chunks add up to exactly what ``invoke`` returns.
-
-        With tools bound, the text is held back (it may be a call) and the answer comes at
-        the end: its content, then one ``tool_call_chunks`` chunk per call
-        (:func:`.streaming.reply_chunks`), then the last chunk."""
-        opts, setup = self._settings(stop, kwargs)
-        prompt = self._prompt(messages, setup)
-        ids, future = token_channel(self._submitter(prompt, opts))
-        text = IncrementalText(self.tokenizer, opts["stop"]) if setup is None else None
-        with contextlib.closing(ids):  # a consumer that stops reading cancels the request
-            for tok in ids:
-                if text is not None and (piece := text.push(tok)):
-                    chunk = text_chunk(piece)
-                    if run_manager:
-                        run_manager.on_llm_new_token(piece, chunk=chunk)
-                    yield chunk
-        msg = self._finished(messages, prompt, future.result(), opts, setup)
-        for chunk in self._closing_chunks(msg, text):
-            if run_manager:
-                run_manager.on_llm_new_token(str(chunk.message.content), chunk=chunk)
-            yield chunk
-        yield last_chunk(msg)
-
-    async def _astream(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> AsyncIterator[ChatGenerationChunk]:
-        """:meth:`_stream` for asyncio: the scheduler's worker hands each token to the event
-        loop (no executor thread per call)."""
-        opts, setup = self._settings(stop, kwargs)
-        prompt = self._prompt(messages, setup)
-        ids, future = async_token_channel(self._submitter(prompt, opts))
-        text = IncrementalText(self.tokenizer, opts["stop"]) if setup is None else None
-        async with contextlib.aclosing(ids):  # a consumer that stops cancels the request
-            async for tok in ids:
-                if text is not None and (piece := text.push(tok)):
-                    chunk = text_chunk(piece)
-                    if run_manager:
-                        await run_manager.on_llm_new_token(piece, chunk=chunk)
-                    yield chunk
-        result = await asyncio.wrap_future(future)
-        msg = self._finished(messages, prompt, result, opts, setup)
-        for chunk in self._closing_chunks(msg, text):
-            if run_manager:
-                await run_manager.on_llm_new_token(str(chunk.message.content), chunk=chunk)
-            yield chunk
-        yield last_chunk(msg)
-
-    @staticmethod
-    def _closing_chunks(msg: AIMessage, text: IncrementalText | None) -> list[ChatGenerationChunk]:
-        """The chunks after the token stream, before the metadata chunk: the text not yet
-        released (``text``; without tools) or the whole reply with its tool calls."""
-        if text is None:
-            return reply_chunks(msg)
-        rest = text.finish(str(msg.content))
-        return [text_chunk(rest)] if rest else []
-
-    def _submitter(
-        self, prompt: list[int], opts: dict[str, Any]
-    ) -> Callable[[TokenCallback], Future[RowResult]]:
-        """Queues one streamed request for ``prompt`` (as ``invoke`` would) when called with
-        its token callback."""
-
-        def submit(on_token: TokenCallback) -> Future[RowResult]:
-            (future,) = submit_generation(
-                self._s,
-                [prompt],
-                int(opts["max_new_tokens"]),
-                opts,
-                self._reference,
-                limits=self._limits,
-                on_tokens=[on_token],
-            )
-            return future
-
-        return submit
-
-    def _finished(
-        self,
-        messages: Sequence[BaseMessage],
-        prompt: list[int],
-        result: RowResult,
-        opts: dict[str, Any],
-        setup: ToolSetup | None,
-    ) -> AIMessage:
-        """The message ``invoke`` returns for this generated row."""
-        gen = [to_generated(result, False)]
-        (msg,) = self._messages([messages], [prompt], gen, opts, setup)
-        return msg
-
-    def batch(
-        self,
-        inputs: list[LanguageModelInput],
-        config: RunnableConfig | list[RunnableConfig] | None = None,
-        *,
-        return_exceptions: bool = False,
-        **kwargs: Any,
-    ) -> list[AIMessage]:  # type: ignore[override]
-        """Batched generation: all inputs go to the model's scheduler at once and share its
-        decode steps; each answer is bitwise the one ``invoke`` gives for that input."""
-        if not inputs:
-            return []
-        configs = get_config_list(config, len(inputs))
-        stop = kwargs.pop("stop", None)
-        conv: list[list[BaseMessage] | None] = []
-        errors: list[BaseException | None] = []
-        for item in inputs:
-            try:
-                conv.append(self._to_messages(item))
-                errors.append(None)
-            except Exception as exc:
-                if not return_exceptions:
-                    raise
-                conv.append(None)
-                errors.append(exc)
-        opts, setup = self._settings(stop, kwargs)
-        good = [i for i, c in enumerate(conv) if c is not None]
-        managers = []
-        for i in good:
-            cfg = ensure_config(configs[i])
-            cm = CallbackManager.configure(
-                cfg.get("callbacks"),
-                self.callbacks,
-                self.verbose,
-                cfg.get("tags"),
-                self.tags,
-                cfg.get("metadata"),
-                self.metadata,
-            )
-            (rm,) = cm.on_chat_model_start(
-                self._serialized,
-                [conv[i]],  # type: ignore[list-item]
-                invocation_params=self._identifying_params,
-                name=cfg.get("run_name"),
-                run_id=cfg.pop("run_id", None),
-            )
-            managers.append(rm)
-        try:
-            convs = [conv[i] for i in good]
-            msgs = self._generate_messages(convs, opts, setup)  # type: ignore[arg-type]
-        except Exception as exc:
-            for rm in managers:
-                rm.on_llm_error(exc)
-            if not return_exceptions:
-                raise
-            return [exc for _ in inputs]  # type: ignore[misc]
-        results: list[Any] = list(errors)
-        for i, m, rm in zip(good, msgs, managers, strict=True):
-            rm.on_llm_end(LLMResult(generations=[[ChatGeneration(message=m)]]))
-            results[i] = m
-        return results
-
     def _generate_messages(
         self,
         conversations: Sequence[Sequence[BaseMessage]],
@@ -638,31 +459,6 @@ class GeometryChatModel(BaseChatModel):
             msgs.append(msg)
         return msgs
 
-    def generate_with_states(
-        self, inputs: Sequence[LanguageModelInput], **kwargs: Any
-    ) -> list[tuple[AIMessage, TokenStates | None]]:
-        """Generate for ``inputs`` in one left-padded batch, as :meth:`batch` does (geometry
-        always captured), and also return each answer's per-token states ``[N, L, D]``
-        (e~^l, e^l): what calibration needs to fit reference means without a replay. Runs
-        no callbacks; ``kwargs`` are generation options (``max_new_tokens``, ...)."""
-        conversations = [self._to_messages(x) for x in inputs]
-        stop = kwargs.pop("stop", None)
-        opts, setup = self._settings(stop, {**kwargs, "capture_geometry": True})
-        prompts = [self._prompt(c, setup) for c in conversations]
-        max_new = new_token_budget(prompts, int(opts["max_new_tokens"]), self._spec.context_length)
-        gen = generate_tokens(
-            self._s, prompts, max_new, opts, self._reference, keep_states=True, limits=self._limits
-        )
-        out: list[tuple[AIMessage, TokenStates | None]] = []
-        for conv, prompt, g in zip(conversations, prompts, gen, strict=True):
-            msg = to_message(self.tokenizer, self.model_name, self.num_layers, prompt, g, opts)
-            msg = self._with_calls(msg, prompt, g, opts, setup)
-            msg.response_metadata[GENERATION] = self._generation_record(
-                conv, opts, setup, g.decode_path
-            )
-            out.append((msg, g.states))
-        return out
-
     @property
     def chat_template_sha256(self) -> str | None:
         """Hash of the tokenizer's chat template (None when it has none)."""
@@ -701,64 +497,6 @@ class GeometryChatModel(BaseChatModel):
         """The decode path this model's engine takes (:func:`.threads.choose_decode_path`,
         the function the engine itself calls), as its responses record it."""
         return choose_decode_path(self.hf_model, self.batch_decode, self.max_batch_size).record()
-
-    # -- replay ------------------------------------------------------------------------------
-
-    def replay(
-        self,
-        messages: Any,
-        response_text: AnswerLike,
-        return_states: bool = False,
-        *,
-        tools: Sequence[Any] | None = None,
-        tool_choice: Any = None,
-    ) -> ReplayResult:
-        """Teacher-forced features of an existing answer, in one forward pass.
-
-        ``response_text`` is the answer text (EOS appended when ``replay_add_eos``, as for a
-        finished generation) or the exact generated token ids
-        (``msg.response_metadata["token_ids"]``, used as they are). ``tools`` /
-        ``tool_choice``: those the answer was generated with (they change the prompt).
-        """
-        return self.replay_batch(
-            [(messages, response_text)],
-            return_states=return_states,
-            tools=tools,
-            tool_choice=tool_choice,
-        )[0]
-
-    def replay_batch(
-        self,
-        items: Sequence[tuple[Any, AnswerLike]],
-        batch_size: int = 16,
-        return_states: bool = False,
-        progress: bool = False,
-        *,
-        tools: Sequence[Any] | None = None,
-        tool_choice: Any = None,
-    ) -> list[ReplayResult]:
-        """:meth:`replay` for many pairs, ``batch_size`` left-padded sequences per forward."""
-        if batch_size <= 0:
-            raise InvalidInputError(f"batch_size must be positive, got {batch_size}")
-        encoded = []
-        for messages, response in items:
-            prompt, resp = self.encode_chat(
-                messages, response, tools=tools, tool_choice=tool_choice
-            )
-            from_text = isinstance(response, str)
-            encoded.append(replay_item(self._s, prompt, resp, from_text, self.replay_add_eos))
-        return replay_items(
-            self._s,
-            encoded,
-            model_name=self.model_name,
-            reference=self._reference,
-            capture_geometry=self.capture_geometry,
-            top_logprobs=self.top_logprobs,
-            batch_size=batch_size,
-            return_states=return_states,
-            progress=progress,
-            capture=self.capture,
-        )
 
 
 def load_default_model(**options: Any) -> GeometryChatModel:

@@ -1,0 +1,98 @@
+"""Teacher-forced replay of :class:`~.chat_model.GeometryChatModel` (``replay``,
+``replay_batch``): the features of an existing answer in one forward pass (:mod:`.replay`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from abstain_guard.errors import InvalidInputError
+
+from .encoding import AnswerLike
+from .loading import LoadedModel
+from .replay import replay_item, replay_items
+from .types import ReferenceMeans, ReplayResult
+
+
+class ReplayMixin:
+    """``replay`` and ``replay_batch`` of the chat model."""
+
+    if TYPE_CHECKING:  # provided by GeometryChatModel
+        model_name: str
+        capture_geometry: bool
+        top_logprobs: int
+        capture: str
+        replay_add_eos: bool
+        _reference: ReferenceMeans | None
+
+        @property
+        def _s(self) -> LoadedModel: ...
+
+        def encode_chat(
+            self,
+            messages: Any,
+            response_text: AnswerLike | None = None,
+            *,
+            tools: Sequence[Any] | None = None,
+            tool_choice: Any = None,
+        ) -> tuple[list[int], list[int]]: ...
+
+    def replay(
+        self,
+        messages: Any,
+        response_text: AnswerLike,
+        return_states: bool = False,
+        *,
+        tools: Sequence[Any] | None = None,
+        tool_choice: Any = None,
+    ) -> ReplayResult:
+        """Teacher-forced features of an existing answer, in one forward pass.
+
+        ``response_text`` is the answer text (EOS appended when ``replay_add_eos``, as for a
+        finished generation) or the exact generated token ids
+        (``msg.response_metadata["token_ids"]``, used as they are). ``tools`` /
+        ``tool_choice``: those the answer was generated with (they change the prompt).
+        """
+        return self.replay_batch(
+            [(messages, response_text)],
+            return_states=return_states,
+            tools=tools,
+            tool_choice=tool_choice,
+        )[0]
+
+    def replay_batch(
+        self,
+        items: Sequence[tuple[Any, AnswerLike]],
+        batch_size: int = 16,
+        return_states: bool = False,
+        progress: bool = False,
+        *,
+        tools: Sequence[Any] | None = None,
+        tool_choice: Any = None,
+    ) -> list[ReplayResult]:
+        """:meth:`replay` for many pairs, ``batch_size`` left-padded sequences per forward."""
+        if batch_size <= 0:
+            raise InvalidInputError(f"batch_size must be positive, got {batch_size}")
+        encoded = []
+        for messages, response in items:
+            prompt, resp = self.encode_chat(
+                messages, response, tools=tools, tool_choice=tool_choice
+            )
+            from_text = isinstance(response, str)
+            encoded.append(replay_item(self._s, prompt, resp, from_text, self.replay_add_eos))
+        return replay_items(
+            self._s,
+            encoded,
+            model_name=self.model_name,
+            reference=self._reference,
+            capture_geometry=self.capture_geometry,
+            top_logprobs=self.top_logprobs,
+            batch_size=batch_size,
+            return_states=return_states,
+            progress=progress,
+            capture=self.capture,
+        )
+
+
+__all__ = ["ReplayMixin"]

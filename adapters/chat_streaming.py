@@ -1,0 +1,170 @@
+"""Streaming of :class:`~.chat_model.GeometryChatModel` (``stream``, ``astream``): the
+scheduler hands each token to a channel as it is chosen, and only text later tokens cannot
+change is released (:mod:`.streaming`); the last chunk carries the metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.outputs import ChatGenerationChunk
+
+from .batching import RowResult
+from .generation import Generated, TokenCallback, submit_generation, to_generated
+from .loading import LoadedModel
+from .streaming import (
+    IncrementalText,
+    async_token_channel,
+    last_chunk,
+    reply_chunks,
+    text_chunk,
+    token_channel,
+)
+from .tools import ToolSetup
+from .types import ReferenceMeans
+
+
+class StreamingMixin:
+    """``_stream`` / ``_astream`` of the chat model (see the module docstring)."""
+
+    if TYPE_CHECKING:  # provided by GeometryChatModel
+
+        @property
+        def tokenizer(self) -> Any: ...
+
+        @property
+        def _s(self) -> LoadedModel: ...
+
+        @property
+        def _limits(self) -> dict[str, Any]: ...
+
+        _reference: ReferenceMeans | None
+
+        def _settings(
+            self, stop: list[str] | None, kwargs: dict[str, Any]
+        ) -> tuple[dict[str, Any], ToolSetup | None]: ...
+
+        def _prompt(
+            self, messages: Sequence[BaseMessage], setup: ToolSetup | None
+        ) -> list[int]: ...
+
+        def _messages(
+            self,
+            conversations: Sequence[Sequence[BaseMessage]],
+            prompts: list[list[int]],
+            gen: list[Generated],
+            opts: dict[str, Any],
+            setup: ToolSetup | None = None,
+        ) -> list[AIMessage]: ...
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        """Yields the answer's text as the scheduler generates it (only text that later
+        tokens cannot change: see :class:`.streaming.IncrementalText`), then one last chunk
+        (``chunk_position="last"``, no text) with the response_metadata (token ids, logprobs,
+        geometry) and usage_metadata. The chunks add up to exactly what ``invoke`` returns.
+
+        With tools bound, the text is held back (it may be a call) and the answer comes at
+        the end: its content, then one ``tool_call_chunks`` chunk per call
+        (:func:`.streaming.reply_chunks`), then the last chunk."""
+        opts, setup = self._settings(stop, kwargs)
+        prompt = self._prompt(messages, setup)
+        ids, future = token_channel(self._submitter(prompt, opts))
+        text = IncrementalText(self.tokenizer, opts["stop"]) if setup is None else None
+        with contextlib.closing(ids):  # a consumer that stops reading cancels the request
+            for tok in ids:
+                if text is not None and (piece := text.push(tok)):
+                    chunk = text_chunk(piece)
+                    if run_manager:
+                        run_manager.on_llm_new_token(piece, chunk=chunk)
+                    yield chunk
+        msg = self._finished(messages, prompt, future.result(), opts, setup)
+        for chunk in self._closing_chunks(msg, text):
+            if run_manager:
+                run_manager.on_llm_new_token(str(chunk.message.content), chunk=chunk)
+            yield chunk
+        yield last_chunk(msg)
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        """:meth:`_stream` for asyncio: the scheduler's worker hands each token to the event
+        loop (no executor thread per call)."""
+        opts, setup = self._settings(stop, kwargs)
+        prompt = self._prompt(messages, setup)
+        ids, future = async_token_channel(self._submitter(prompt, opts))
+        text = IncrementalText(self.tokenizer, opts["stop"]) if setup is None else None
+        async with contextlib.aclosing(ids):  # a consumer that stops cancels the request
+            async for tok in ids:
+                if text is not None and (piece := text.push(tok)):
+                    chunk = text_chunk(piece)
+                    if run_manager:
+                        await run_manager.on_llm_new_token(piece, chunk=chunk)
+                    yield chunk
+        result = await asyncio.wrap_future(future)
+        msg = self._finished(messages, prompt, result, opts, setup)
+        for chunk in self._closing_chunks(msg, text):
+            if run_manager:
+                await run_manager.on_llm_new_token(str(chunk.message.content), chunk=chunk)
+            yield chunk
+        yield last_chunk(msg)
+
+    @staticmethod
+    def _closing_chunks(msg: AIMessage, text: IncrementalText | None) -> list[ChatGenerationChunk]:
+        """The chunks after the token stream, before the metadata chunk: the text not yet
+        released (``text``; without tools) or the whole reply with its tool calls."""
+        if text is None:
+            return reply_chunks(msg)
+        rest = text.finish(str(msg.content))
+        return [text_chunk(rest)] if rest else []
+
+    def _submitter(
+        self, prompt: list[int], opts: dict[str, Any]
+    ) -> Callable[[TokenCallback], Future[RowResult]]:
+        """Queues one streamed request for ``prompt`` (as ``invoke`` would) when called with
+        its token callback."""
+
+        def submit(on_token: TokenCallback) -> Future[RowResult]:
+            (future,) = submit_generation(
+                self._s,
+                [prompt],
+                int(opts["max_new_tokens"]),
+                opts,
+                self._reference,
+                limits=self._limits,
+                on_tokens=[on_token],
+            )
+            return future
+
+        return submit
+
+    def _finished(
+        self,
+        messages: Sequence[BaseMessage],
+        prompt: list[int],
+        result: RowResult,
+        opts: dict[str, Any],
+        setup: ToolSetup | None,
+    ) -> AIMessage:
+        """The message ``invoke`` returns for this generated row."""
+        gen = [to_generated(result, False)]
+        (msg,) = self._messages([messages], [prompt], gen, opts, setup)
+        return msg
+
+
+__all__ = ["StreamingMixin"]

@@ -383,3 +383,22 @@ def test_calibrate_records_each_calibration_answers_group(tmp_path: Path) -> Non
     plain = [it.__class__(id=it.id, question=it.question, answers=it.answers) for it in ITEMS[:3]]
     assert calibration_groups(plain) is None
     assert calibration_groups([*plain[:1], *ITEMS[1:3]]) is None  # partial: not stored
+
+
+def test_evaluate_report_shows_pooled_and_group_rules_per_group(tmp_path: Path) -> None:
+    from abstain_guard.calibration.measure.group_report import group_tables
+    from abstain_guard.calibration.measure.report import write_report
+    from abstain_guard.calibration.measure.results import evaluate_scores
+
+    s, j, g = _data()
+    results = evaluate_scores({"perplexity": s}, j, name="toy", n_resplits=20, n_boot=0)
+    tables = group_tables(s, j, [*g[:-1], None], participation=0.8, risk_target=0.35)
+    assert set(tables) == {"participation 0.8", "risk 0.35 at delta 0.1"}
+    part = tables["participation 0.8"]
+    assert part["per_group"]["all"]["n"] == s.size - 1  # the answer without a group is left out
+    # group b's scores sit above group a's: pooled answers a more often than its target
+    assert part["pooled"]["groups"]["a"]["participation"] > 0.9
+    assert abs(part["per_group"]["groups"]["a"]["participation"] - 0.8) < 0.06
+    results["datasets"]["toy"]["groups"] = tables
+    report = write_report(results, tmp_path).read_text()
+    assert "## Per-group guarantees" in report and "| a | 300 |" in report

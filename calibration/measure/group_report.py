@@ -100,10 +100,11 @@ def group_tables(
     seed: int = 0,
 ) -> dict[str, Any]:
     """The per-group tables ``evaluate`` reports: participation ``1−α`` and, when given,
-    risk ``ε`` at ``δ`` (answers with a non-finite score are left out)."""
+    risk ``ε`` at ``δ`` (answers with a non-finite score or no group are left out)."""
     s = np.asarray(scores, dtype=np.float64)
-    keep = np.isfinite(s)
-    args = (s[keep], np.asarray(correct)[keep], np.asarray(groups).astype(str)[keep])
+    g = np.asarray(groups, dtype=object)
+    keep = np.isfinite(s) & np.array([x is not None for x in g.tolist()], dtype=bool)
+    args = (s[keep], np.asarray(correct)[keep], g[keep].astype(str))
     out: dict[str, Any] = {}
     configs = {f"participation {participation:g}": GuardConfig(participation=participation)}
     if risk_target is not None:

@@ -43,6 +43,7 @@ from abstain_guard.calibration.building.store import RunStore
 from abstain_guard.calibration.inference.calibrated import CalibratedScorer
 from abstain_guard.calibration.inference.geometry import GeometryScorer
 from abstain_guard.calibration.inference.sampling import SampleSource
+from abstain_guard.calibration.measure.group_report import group_tables
 from abstain_guard.calibration.measure.permutation_importance import permutation_importance
 from abstain_guard.calibration.measure.report import write_report
 from abstain_guard.calibration.measure.results import build_results, evaluate_dataset
@@ -323,6 +324,16 @@ def evaluate(
         entry["frontier"] = frontier_document(art.scores, art.correct)
         entry["artifact"] = str(path)
         entry["evaluated_on"] = data or "held-out calibration + test splits"
+        if entry.get("n_groups"):  # pooled vs per-group rule, per group (group_report.py)
+            entry["groups"] = group_tables(
+                scores[art.scorer.name],
+                held.correct,
+                groups,
+                cfg.participation,
+                cfg.risk_target,
+                cfg.delta,
+                seed=seed,
+            )
         entries.append(entry)
     results = build_results(
         entries,

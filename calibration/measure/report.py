@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from abstain_guard.calibration.measure.group_report import groups_markdown
 from abstain_guard.calibration.measure.hypotheses import IMPORTANCE_FAMILIES
 from abstain_guard.calibration.measure.plots import (
     plot_conditional_correctness,
@@ -233,6 +234,18 @@ def write_report(
         "",
         guarantee_table_markdown(results),
     ]
+    with_groups = {name: e["groups"] for name, e in datasets.items() if e.get("groups")}
+    if with_groups:
+        md += [
+            "## Per-group guarantees",
+            "",
+            "What the pooled rule and the per-group rule (`GuardConfig(group_by=...)`, "
+            "docs/guarantees.md) do to each question type: every held-out answer decided by "
+            "rules calibrated on the other folds; 95 % Wilson intervals and counts.",
+            "",
+        ]
+        for name, tables in with_groups.items():
+            md += [f"### {name}", "", groups_markdown(tables)]
     hyp_rows = _hypothesis_rows(datasets)
     if hyp_rows:
         md += [

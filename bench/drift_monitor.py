@@ -8,8 +8,10 @@ live scores i.i.d. from the population (exchangeable by construction), fits
 feeds the live scores; feedback is drawn as errors with probability exactly ε on answered
 questions (the boundary of the risk test's null). Ville's inequality bounds each label-free
 test's false alarms by a/2 and their union by a; the risk test's by a. For contrast, the
-same streams are checked with a fixed-sample test repeated after every question (a two-sided
-z-test of the answered count against 1−α at level a: what the monitor avoids).
+same streams are checked with a fixed-sample test (a two-sided z-test of the answered count
+against 1−α at level a) repeated after every question from the 30th, and once at the end:
+the first is what an anytime-valid test avoids, the second shows what ignoring the
+calibration draw costs by itself (one calibration set's participation is Beta(k, n+1−k)).
 
 Part 2 — detection delay on real shifts (needs ``runs/drift_scores.json`` from
 ``bench/drift_collect.py``, which ran the shipped guard as deployed). Pools of 200 live
@@ -84,6 +86,9 @@ def _null_rep(
     out = {test: test in fired for test in TESTS}
     out["label_free_any"] = out["exchangeability"] or out["participation"]
     out["naive_repeated_z"] = naive
+    # the same z-test once, after the last question: what ignoring the calibration draw
+    # alone costs (the participation of one calibration set is Beta(k, n+1-k), not 1−α)
+    out["naive_final_z"] = abs(answered - q * horizon) / math.sqrt(q * (1 - q) * horizon) > z_crit
     return out
 
 
@@ -96,7 +101,7 @@ def false_alarms(reps: int, horizon: int, a: float, eps: float) -> list[dict[str
             start = time.perf_counter()
             results = [_null_rep(population, n, horizon, a, eps, seed) for seed in range(reps)]
             row: dict[str, Any] = {"population": name, "n_calibration": n, "horizon": horizon}
-            for key in (*TESTS, "label_free_any", "naive_repeated_z"):
+            for key in (*TESTS, "label_free_any", "naive_repeated_z", "naive_final_z"):
                 row[key] = _rate(sum(r[key] for r in results), reps)
             row["bounds"] = {"exchangeability": a / 2, "participation": a / 2,
                              "label_free_any": a, "risk": a}  # fmt: skip

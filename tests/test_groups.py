@@ -402,3 +402,48 @@ def test_evaluate_report_shows_pooled_and_group_rules_per_group(tmp_path: Path) 
     results["datasets"]["toy"]["groups"] = tables
     report = write_report(results, tmp_path).read_text()
     assert "## Per-group guarantees" in report and "| a | 300 |" in report
+
+
+# --- serve: the group comes from the request's metadata -----------------------------------------
+
+
+def test_serve_takes_the_group_from_the_request_metadata() -> None:
+    pytest.importorskip("fastapi")
+    import httpx
+    from _serve_fakes import artifact as serve_artifact
+
+    from abstain_guard.serve.runner import ServerThread
+    from abstain_guard.serve.service import GuardService
+
+    base = serve_artifact()  # "Lima" has perplexity 1.05
+    g = np.where(np.arange(120) < 60, "a", "b")
+    scores = np.concatenate([base.scores, np.linspace(0.5, 1.0, 60)])  # b: 1.05 is too high
+    correct = np.concatenate([base.correct, base.correct])
+    art = GuardArtifact(base.scorer, scores, correct, "m-1", metadata=base.metadata, groups=g)
+    service = GuardService(
+        *_chain_and_guard(art, GuardConfig(group_by="relation", participation=0.8))
+    )
+    with ServerThread(service) as server:
+
+        def ask(**extra: object) -> str:
+            body = {"messages": [{"role": "user", "content": "Capital of Peru?"}], **extra}
+            reply = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=30)
+            assert reply.status_code == 200, reply.text
+            return str(reply.json()["choices"][0]["message"]["content"])
+
+        assert ask(metadata={"relation": "a"}) == "Lima"
+        assert ask(metadata={"relation": "b"}) == "I don't know."
+        assert ask() == "I don't know."  # no group: unknown_group="abstain"
+        health = httpx.get(f"{server.base_url.removesuffix('/v1')}/healthz", timeout=30).json()
+        assert health["group_by"] == "relation" and set(health["groups"]) == {"a", "b"}
+
+
+def _chain_and_guard(art: GuardArtifact, config: GuardConfig) -> tuple[object, ...]:
+    from _serve_fakes import ToolScriptModel
+
+    from abstain_guard.chains import load_guard_chain
+    from abstain_guard.deployment import DeploymentRecord
+
+    chain, guard, loaded = load_guard_chain(art, config, model=ToolScriptModel())
+    record = DeploymentRecord.from_metadata(loaded.metadata)
+    return chain, guard, record

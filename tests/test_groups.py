@@ -447,3 +447,35 @@ def _chain_and_guard(art: GuardArtifact, config: GuardConfig) -> tuple[object, .
     chain, guard, loaded = load_guard_chain(art, config, model=ToolScriptModel())
     record = DeploymentRecord.from_metadata(loaded.metadata)
     return chain, guard, record
+
+
+# --- the agent middleware: the group from the run metadata or a state function ----------
+
+
+def test_middleware_applies_the_group_rule() -> None:
+    pytest.importorskip("langchain.agents")
+    from _core_fakes import QueueChatModel
+    from langchain.agents import create_agent
+    from langchain_core.messages import HumanMessage
+
+    from abstain_guard import AbstentionMiddleware
+
+    art = _artifact(None)  # group a: perplexities 1-1.5, group b: 5-9
+    unsure = [-2.0, -2.0]  # perplexity e^2 = 7.39
+
+    def run(metadata: dict[str, str] | None, **cfg: object) -> dict[str, object]:
+        model = QueueChatModel(queue=[("Quito.", unsure, [])], fingerprint="m-1")
+        mw = AbstentionMiddleware(art, config=GuardConfig(**cfg))  # type: ignore[arg-type]
+        agent = create_agent(model, tools=[], middleware=[mw])
+        config = {"metadata": metadata} if metadata else None
+        result = agent.invoke({"messages": [HumanMessage("Capital of Peru?")]}, config=config)
+        return result["messages"][-1].response_metadata["abstention"]  # type: ignore[no-any-return]
+
+    b = run({"tenant": "b"}, group_by="tenant")
+    assert b["abstained"] is False and b["group"] == "b" and b["group_rule"] == "group"
+    a = run({"tenant": "a"}, group_by="tenant")
+    assert a["abstained"] is True and a["group"] == "a"
+    state_fn = run(None, group_by=lambda state: "b" if state.get("messages") else None)
+    assert state_fn["abstained"] is False and state_fn["group"] == "b"
+    unknown = run(None, group_by="tenant")
+    assert unknown["abstained"] is True and unknown["group_rule"] == "abstain"

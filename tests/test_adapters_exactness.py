@@ -12,6 +12,7 @@ full C_Attn / C_MLP matrices, Ω and Θ.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -190,15 +191,20 @@ def reference_features(ref: dict[str, Any], rows: list[int]) -> tuple[np.ndarray
     return omega, theta
 
 
+@functools.cache
+def family_case(family: str) -> dict[str, Any]:
+    """The tiny model of ``family`` (seed 3), its answer to PROMPT (14 new tokens at most)
+    and the full-matrix reference of prompt + answer; built once per session (this module
+    and tests/test_capture_memory.py share it)."""
+    model = tiny_chat_model(family, seed=3, max_new_tokens=14)
+    meta = model.invoke(PROMPT).response_metadata
+    ref = slow_reference(family, 3, meta["prompt_token_ids"] + meta["token_ids"])
+    return {"family": family, "model": model, "meta": meta, "ref": ref}
+
+
 @pytest.fixture(scope="module", params=FAMILIES)
 def family_run(request: pytest.FixtureRequest) -> dict[str, Any]:
-    family = request.param
-    model = tiny_chat_model(family, seed=3, max_new_tokens=14)
-    msg = model.invoke(PROMPT)
-    meta = msg.response_metadata
-    ids = meta["prompt_token_ids"] + meta["token_ids"]
-    ref = slow_reference(family, 3, ids)
-    return {"family": family, "model": model, "meta": meta, "ref": ref}
+    return family_case(request.param)
 
 
 def test_parts_sum_to_post_attention_state(family_run: dict[str, Any]) -> None:

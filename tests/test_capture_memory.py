@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from test_adapters_exactness import PROMPT, reference_features, slow_reference
+from test_adapters_exactness import PROMPT, family_case, reference_features
 from tiny_models import FAMILIES, tiny_chat_model
 
 import abstain_guard.adapters.capture as capture_module
@@ -95,11 +95,7 @@ def test_sparse_needs_the_corrections() -> None:
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def family(request: pytest.FixtureRequest) -> dict[str, Any]:
-    fam = request.param
-    model = tiny_chat_model(fam, seed=3, max_new_tokens=14)
-    meta = model.invoke(PROMPT).response_metadata
-    ref = slow_reference(fam, 3, meta["prompt_token_ids"] + meta["token_ids"])
-    return {"family": fam, "model": model, "meta": meta, "ref": ref}
+    return family_case(request.param)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -50,6 +50,7 @@ from abstain_guard.conformal import min_calibration_size
 from abstain_guard.decision import DecisionRule, decision_rule
 from abstain_guard.errors import (
     ArtifactMismatchError,
+    GuardError,
     InsufficientDataError,
     InvalidInputError,
     UncertifiableTargetError,
@@ -59,6 +60,7 @@ from abstain_guard.frontier import smallest_certifiable_risk
 __all__ = [
     "GroupRules",
     "check_groups",
+    "group_of",
     "group_rates",
     "group_rules",
     "resolve_group",
@@ -116,6 +118,28 @@ def resolve_group(
         return None
     text = str(value)
     return text if text.strip() else None
+
+
+def group_of(
+    config: GuardConfig, input: Any, metadata: Mapping[str, Any] | None = None
+) -> str | None:
+    """The group of one question under ``config.group_by`` (None without it, or when the
+    input has no group); a ``group_by`` that fails gives None (an unknown group) with a
+    warning.
+
+    Raises:
+        GuardError: the ``group_by`` lookup failed and ``config.on_error == "raise"``.
+    """
+    if config.group_by is None:
+        return None
+    try:
+        return resolve_group(config.group_by, input, metadata)
+    except Exception as exc:
+        reason = f"group_by could not find the question's group ({type(exc).__name__}: {exc})"
+        if config.on_error == "raise":
+            raise GuardError(f"{reason}. Fix group_by, or set on_error='abstain'.") from exc
+        logger.warning("abstain_guard: %s; the group is unknown", reason)
+        return None
 
 
 @dataclass(frozen=True)

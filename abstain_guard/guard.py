@@ -11,7 +11,6 @@ recorded in traces (see :mod:`abstain_guard.tracing`).
 from __future__ import annotations
 
 import functools
-import logging
 import math
 import os
 from collections.abc import Mapping
@@ -43,15 +42,13 @@ from abstain_guard.errors import (
     InvalidInputError,
     ScoringError,
 )
-from abstain_guard.groups import GroupRules, resolve_group
+from abstain_guard.groups import GroupRules, group_of
 from abstain_guard.metadata import ResponseMetadata
 from abstain_guard.monitor import GuardMonitor, calibration_sha256
 from abstain_guard.runnables import find_chat_models
 from abstain_guard.tracing import arecord_decision, record_decision
 
 __all__ = ["AbstentionGuard", "AbstentionPolicy"]
-
-logger = logging.getLogger("abstain_guard")
 
 
 def _as_config(config: GuardConfig | Mapping[str, Any] | None) -> GuardConfig:
@@ -166,23 +163,9 @@ class AbstentionPolicy:
         return self.mismatch(problems, "response")
 
     def group_of(self, input: Any, metadata: Mapping[str, Any] | None = None) -> str | None:
-        """The group of a question (``config.group_by`` applied to the guard's input, or the
-        run metadata); None without ``group_by`` or when the input has no group.
-
-        Raises:
-            GuardError: the ``group_by`` function failed and ``on_error="raise"`` (with
-                ``"abstain"`` the question is treated as of an unknown group).
-        """
-        if self.config.group_by is None:
-            return None
-        try:
-            return resolve_group(self.config.group_by, input, metadata)
-        except Exception as exc:
-            reason = f"group_by could not find the question's group ({type(exc).__name__}: {exc})"
-            if self.config.on_error == "raise":
-                raise GuardError(f"{reason}. Fix group_by, or set on_error='abstain'.") from exc
-            logger.warning("abstain_guard: %s; the group is unknown", reason)
-            return None
+        """The question's group (:func:`abstain_guard.groups.group_of`); None without
+        ``group_by``. Raises GuardError when ``group_by`` fails and ``on_error="raise"``."""
+        return group_of(self.config, input, metadata)
 
     def _rule(self, group: str | None) -> tuple[DecisionRule, dict[str, Any]]:
         """The rule for a question of ``group`` and the decision's group fields."""

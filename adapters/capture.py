@@ -356,7 +356,9 @@ class CaptureSession:
             raise RuntimeError(f"geometry capture lost track of layer {i}; was a hook skipped?")
         self._probs[i] = self._values[i] = self._e_in[i] = None  # nothing kept per layer
         z = post_attn[:, rows].float()  # [B, R, D]
-        e_self = e_in[:, rows].float()
+        # the layer's input as its pre-hook saw it: with a device_map split, before
+        # accelerate moved it to this layer's device
+        e_self = e_in[:, rows].to(device=z.device, dtype=torch.float32)
         src0 = self._src0[i]
         s_k = probs.shape[-1]
         factor = self._norm_factor(i)

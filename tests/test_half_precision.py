@@ -13,6 +13,7 @@ from test_adapters_exactness import PROMPT, reference_features, slow_reference
 from tiny_models import FAMILIES, tiny_chat_model
 
 from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig, PerplexityScorer
+from abstain_guard.calibration.building.generation import numerics_key
 from abstain_guard.deployment import (
     DeploymentRecord,
     PromptRecord,
@@ -143,3 +144,12 @@ def test_a_guard_refuses_a_response_generated_in_another_dtype() -> None:
         ArtifactMismatchError, match="dtype='bfloat16' but calibration used 'float32'"
     ):
         _guard(model, "float32").invoke("Hi?")
+
+
+def test_the_generation_cache_keys_answers_of_a_half_precision_model_apart() -> None:
+    """Calibration caches answers by model fingerprint, which leaves the dtype out: a
+    bfloat16 run's keys carry its dtype, float32 keys are those of earlier runs."""
+    assert numerics_key(tiny_chat_model("llama", seed=0, dtype=torch.bfloat16)) == {
+        "dtype": "bfloat16"
+    }
+    assert numerics_key(tiny_chat_model("llama", seed=0)) == {}

@@ -111,6 +111,15 @@ def decode_path_of(model: Any) -> dict[str, Any] | None:
     return dict(path) if isinstance(path, dict) else None
 
 
+def numerics_key(model: Any) -> dict[str, str]:
+    """The model's dtype for the generation cache key, when it is not float32 (float32 keys
+    stay as they were): the fingerprint leaves the dtype out, and answers generated in
+    another dtype than the run's must not be reused."""
+    settings = getattr(model, "decoding_settings", None)
+    dtype = settings().get("dtype") if callable(settings) else None
+    return {} if dtype in (None, "float32") else {"dtype": str(dtype)}
+
+
 def generate_answers(
     model: Any,
     items: Sequence[QAItem],
@@ -167,6 +176,7 @@ def generate_answers(
     path = decode_path_of(model)
     shared_steps = path is not None and path.get("steps") == "shared"
     mode = {"decode_path": path} if path else {}
+    mode.update(numerics_key(model))
     if alone and shared_steps:
         # the scheduler gives each call of a batch bitwise its solo answer; more than one
         # model batch per chunk was slower (445 s vs 395 s for calibrate on 300 questions)

@@ -26,9 +26,10 @@ from abstain_guard.adapters import GeometryChatModel
 from abstain_guard.adapters.architectures import (
     SUPPORTED_ARCHITECTURES,
     LayerSpec,
+    build_spec,
     supported_models_markdown,
 )
-from abstain_guard.errors import InvalidInputError
+from abstain_guard.errors import InvalidInputError, UnsupportedArchitectureError
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -221,3 +222,12 @@ def test_split_across_gpus_every_layer_keeps_its_tensors(
     np.testing.assert_allclose(
         np.asarray(meta["geometry"]["omega"]), np.asarray(cpu["geometry"]["omega"]), atol=1e-4
     )
+
+
+def test_a_layer_offloaded_to_disk_is_refused() -> None:
+    """Weights on the ``meta`` device (a device_map that offloads to disk) cannot be read
+    by capture: refused with the fix."""
+    model = tiny_hf_model("qwen3", 3)
+    model.model.layers[1].self_attn.o_proj.to("meta")
+    with pytest.raises(UnsupportedArchitectureError, match="offloaded"):
+        build_spec(model)

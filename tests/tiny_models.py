@@ -160,7 +160,7 @@ def tiny_config(family: str) -> Any:
             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
             **common,
         )
-    if family == "phi3":  # fused qkv_proj and gate_up_proj, partial rotary
+    if family == "phi3":  # fused qkv_proj and gate_up_proj, partial rotary, sliding window
         return tf.Phi3Config(
             **_llama_like(num_key_value_heads=1),
             rope_parameters={
@@ -168,6 +168,7 @@ def tiny_config(family: str) -> Any:
                 "rope_theta": 10000.0,
                 "partial_rotary_factor": 0.5,
             },
+            sliding_window=12,  # as Phi-3-mini's 2,047, shorter than the sequences
             resid_pdrop=0.0,
             embd_pdrop=0.0,
             attention_dropout=0.0,

@@ -124,9 +124,9 @@ def rows_are_independent(weight: torch.Tensor, rows: int, max_rows: int) -> bool
 def model_rows_are_independent(hf: nn.Module, rows: int, max_rows: int) -> bool:
     """:func:`rows_are_independent` for every distinct shape of the model's linear layers
     (LM head included), on the model's own weights (in their dtype, on the CPU). Never for
-    a mixture of experts (stacked 3-D expert weights): an expert's product holds the rows
+    a mixture of experts (stacked expert weights, 3-D or more): an expert's product holds the rows
     routed to it, so a row's last bits depend on the other rows of the step."""
-    if any(p.dim() == 3 for p in hf.parameters()):
+    if any(p.dim() >= 3 for p in hf.parameters()):
         return False
     seen: set[tuple[int, ...]] = set()
     for m in hf.modules():

@@ -28,7 +28,7 @@ calibration answers (no model run): each fold is decided by the pooled and by th
 rule calibrated on the other four folds; per relation, answered / questions and wrong /
 answered with 95 % Wilson intervals (``abstain_guard.groups.group_rates``).
 
-Run (about 4 minutes on 2 cores)::
+Run (212 s on 2 cores; the output of the last run is bench/group_guarantees.json)::
 
     flock /tmp/heavy.lock .venv/bin/python bench/group_guarantees.py > bench/group_guarantees.json
 """

@@ -93,7 +93,12 @@ def main() -> None:
     parser.add_argument("--out", default="runs/drift_scores.json")
     parser.add_argument("--n", type=int, default=300, help="questions per pool")
     parser.add_argument("--noise", type=float, default=0.3)
-    parser.add_argument("--pools", default="probe_fresh,sciq,truthfulqa,swapped")
+    parser.add_argument(
+        "--pools",
+        default="probe_fresh,sciq,truthfulqa,swapped",
+        help="comma list; 'sciq+200': the n SciQ questions after the first 200 (more of the "
+        "same pool)",
+    )
     args = parser.parse_args()
 
     from abstain_guard.calibration.building.judges.registry import make_judge
@@ -120,9 +125,11 @@ def main() -> None:
                 chain, _, _ = load_guard_chain(DEFAULT_ARTIFACT_DIR)
             if name == "probe_fresh":
                 items = probe
-            else:
-                items, _ = load_named_dataset(name, DATA / name)
-                order = np.random.default_rng(0).permutation(len(items))[: args.n]
+            else:  # "sciq", or "sciq+200": the next n questions of the same seeded order
+                base, _, start = name.partition("+")
+                items, _ = load_named_dataset(base, DATA / base)
+                first = int(start or 0)
+                order = np.random.default_rng(0).permutation(len(items))[first : first + args.n]
                 items = [items[i] for i in order]
         rows = _pool(chain, items, judge, name)
         result["pools"][name] = {"n": len(rows), "rows": rows}

@@ -159,7 +159,11 @@ def real_shifts(path: Path, reps: int) -> dict[str, Any]:
     data = json.loads(path.read_text())
     art = GuardArtifact.load(DEFAULT_ARTIFACT_DIR)
     out: dict[str, Any] = {}
-    for name, pool in data["pools"].items():
+    pools: dict[str, dict[str, Any]] = {}
+    for name, pool in data["pools"].items():  # "sciq+200" extends "sciq"
+        merged = pools.setdefault(name.partition("+")[0], {**pool, "rows": []})
+        merged["rows"] = merged["rows"] + pool["rows"]
+    for name, pool in pools.items():
         rows = [r for r in pool["rows"] if r["score"] is not None]
         part_rule = art.decision_rule(PART)
         answered = [r for r in rows if r["score"] <= part_rule.threshold]

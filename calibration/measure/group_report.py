@@ -133,9 +133,11 @@ def groups_markdown(tables: Mapping[str, Any]) -> str:
     participation and error among answered, with 95 % Wilson intervals and counts."""
     md: list[str] = []
     for name, table in tables.items():
+        caption = table.get("caption") or (
+            f"{table['folds']}-fold cross-fitted; rule kinds per fold in `results.json`"
+        )
         md += [
-            f"**{name}** ({table['folds']}-fold cross-fitted; rule kinds per fold in "
-            "`results.json`)",
+            f"**{name}** ({caption})",
             "",
             "| group | n | accuracy | answered, pooled rule | answered, group rule "
             "| error among answered, pooled | error among answered, group |",

@@ -47,15 +47,16 @@ def _check_out(out: str | Path) -> Path:
     return path
 
 
-def _cache_dir(args: argparse.Namespace) -> Path:
-    """Where evaluate/--live keep answers and verdicts: ``--cache-dir`` if given, else
-    ``<out>/cache`` (never where an artifact's metadata points)."""
+def _cache_dir(args: argparse.Namespace) -> Path | None:
+    """Where evaluate/--live keep answers and verdicts: ``--cache-dir`` if given (checked),
+    else None: ``<out>/cache``, over the calibration run's cache read-only unless
+    ``--no-reuse-calibration-cache`` (nothing is ever written where an artifact points)."""
     if args.cache_dir:
         from abstain_guard.calibration.building.preflight import check_writable_location
 
         check_writable_location(Path(args.cache_dir), "--cache-dir")
         return Path(args.cache_dir)
-    return Path(args.out) / "cache"
+    return None
 
 
 def _all_at_once(*checks: Any) -> None:
@@ -161,6 +162,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         limit=args.limit,
         progress=not args.quiet,
         cache_dir=_cache_dir(args),
+        reuse_calibration_cache=not args.no_reuse_calibration_cache,
     )
     print(json.dumps(results.get("headline", {}), indent=2))
     for name, entry in results.get("datasets", {}).items():
@@ -192,6 +194,7 @@ def _evaluate_live(args: argparse.Namespace) -> int:
             progress=not args.quiet,
             split=args.split,
             cache_dir=_cache_dir(args),
+            reuse_calibration_cache=not args.no_reuse_calibration_cache,
         )
         print(json.dumps({"artifact": str(artifact), **result["summary"]}, indent=2))
     print(f"per-question rows written to {Path(args.out) / 'live.json'}")
@@ -497,8 +500,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument(
         "--cache-dir",
-        help="where answers and verdicts are cached (default: '<out>/cache'; pass the "
-        "calibration run's cache to reuse its answers)",
+        help="where answers and verdicts are cached, read and written; only this cache is "
+        "used (default: '<out>/cache', over the calibration run's cache read-only)",
+    )
+    ev.add_argument(
+        "--no-reuse-calibration-cache",
+        action="store_true",
+        help="do not read the answers and verdicts of the artifact's calibration cache (by "
+        "default they are reused read-only, so evaluating right after calibrating generates "
+        "nothing calibration generated; new entries go under --out only)",
     )
     ev.add_argument("--quiet", action="store_true", help="no progress bars")
     ev.set_defaults(func=_evaluate)

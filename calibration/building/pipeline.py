@@ -157,11 +157,16 @@ def load_model(config: CalibrationConfig) -> Any:
 
 
 def build_judges(
-    config: CalibrationConfig, cache_path: Path, chat_models: dict[str, Any] | None = None
+    config: CalibrationConfig,
+    cache_path: Path,
+    chat_models: dict[str, Any] | None = None,
+    *,
+    read_from: Sequence[RunStore] = (),
 ) -> dict[str, Any]:
     """One cached judge per question kind: the configured judge for open questions; the
     choice and numeric judges for multiple-choice and math questions (unless the config
-    names one of those). Built and validated before any model is loaded."""
+    names one of those). Built and validated before any model is loaded. ``read_from``:
+    read-only judgment stores whose verdicts are reused (new ones go to ``cache_path``)."""
     configured = make_judge(config.judge, chat_models=chat_models)
     name = config.judge if isinstance(config.judge, str) else config.judge.get("name")
     by_kind = {"open": configured, "choice": configured, "numeric": configured}
@@ -169,7 +174,7 @@ def build_judges(
         by_kind["choice"] = make_judge("choice")
         by_kind["numeric"] = make_judge("numeric")
     cache_path.parent.mkdir(parents=True, exist_ok=True)
-    cache = JudgmentCache(cache_path)
+    cache = JudgmentCache(cache_path, read_from=read_from)
     return {kind: CachedJudge(judge, cache) for kind, judge in by_kind.items()}
 
 

@@ -28,10 +28,15 @@ whose checksum covers the file's; :meth:`RunStore.get_arrays` checks the file ag
 loads it without pickle. The file is written (atomically) before its row, so a row always
 names a complete file; a file without a row is never read.
 
-:class:`RunLock` keeps one calibration per output: an exclusive ``flock`` on a lock file
-holding the owner's PID. The kernel releases it when its process dies, so a stale lock file
-(left by a killed run) is simply taken over; a live one makes the second run fail at once with
-:class:`~abstain_guard.errors.CalibrationLockedError` naming the other run's PID.
+Read-only stores and layers: ``RunStore(path, read_only=True)`` opens an existing cache
+without writing anything there -- no schema, no journal files, no adoption of old rows
+(SQLite ``immutable=1``: rows still only in a write-ahead log are not seen) -- and refuses
+writes. :class:`LayeredStore` is a writable store that also reads such stores below it: a
+value missing in its own file is looked up there, every write goes to its own file only.
+``evaluate`` reads the calibration run's cache this way (its keys are content keys, so a
+value found below is exactly the one it would have written).
+
+:class:`RunLock` (in :mod:`.run_lock`, re-exported here) keeps one calibration per output.
 """
 
 from __future__ import annotations
@@ -44,14 +49,26 @@ import logging
 import os
 import sqlite3
 import threading
+import urllib.parse
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from abstain_guard.errors import CacheError, CalibrationError, CalibrationLockedError
+from abstain_guard.calibration.building.run_lock import RunLock, lock_holder, run_locks
+from abstain_guard.errors import CacheError
+
+__all__ = [
+    "LayeredStore",
+    "RunLock",
+    "RunStore",
+    "content_key",
+    "lock_holder",
+    "row_digest",
+    "run_locks",
+]
 
 logger = logging.getLogger("abstain_guard.calibration")
 
@@ -106,22 +123,25 @@ class RunStore:
 
     Args:
         path: the database file; its parent directory is created.
+        timeout: seconds to wait for another process's write lock.
+        read_only: open an existing file without writing anything next to it or in it;
+            writes raise :class:`~abstain_guard.errors.CacheError`.
 
     Raises:
-        CacheError: the file is not SQLite, is damaged or truncated, or cannot be opened.
+        CacheError: the file is not SQLite, is damaged or truncated, or cannot be opened;
+            read-only: it does not exist or was written before row checksums.
     """
 
-    def __init__(self, path: str | Path, *, timeout: float = 60.0) -> None:
+    def __init__(self, path: str | Path, *, timeout: float = 60.0, read_only: bool = False) -> None:
         self.path = Path(path)
         self.timeout = timeout
+        self.read_only = read_only
         self._local = threading.local()
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise CacheError(
-                f"Could not create the cache folder {self.path.parent} ({exc}). Choose a "
-                "writable cache directory."
-            ) from exc
+        if read_only:
+            if not self.path.is_file():
+                raise CacheError(f"The cache {self.path} does not exist (opened read-only).")
+        else:
+            self._make_parent()
         if not self.path.exists():
             self._create()
         elif self.path.stat().st_size == 0:
@@ -138,6 +158,15 @@ class RunStore:
             raise
 
     # --- opening -----------------------------------------------------------------------
+
+    def _make_parent(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CacheError(
+                f"Could not create the cache folder {self.path.parent} ({exc}). Choose a "
+                "writable cache directory."
+            ) from exc
 
     def _create(self) -> None:
         """Write a complete empty cache beside the target, then link it into place (so a
@@ -173,11 +202,22 @@ class RunStore:
     def _connect(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
+            if self.read_only:
+                conn = sqlite3.connect(self._read_only_uri(), uri=True, timeout=self.timeout)
+                self._local.conn = conn
+                return conn
             conn = sqlite3.connect(self.path, timeout=self.timeout)
             self._local.conn = conn
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
         return conn
+
+    def _read_only_uri(self) -> str:
+        """``immutable=1``: SQLite reads the file as it is, takes no lock and creates no
+        ``-wal``/``-shm`` file. Rows still only in a write-ahead log beside it (its writer was
+        killed, or is still open) are not seen; a page left half-checkpointed reads as damage
+        (a CacheError), never as another row (each row is checked against its checksum)."""
+        return f"file:{urllib.parse.quote(str(self.path.absolute()))}?immutable=1"
 
     def _check(self, conn: sqlite3.Connection) -> None:
         problems = [str(row[0]) for row in conn.execute("PRAGMA quick_check(5)").fetchall()]
@@ -190,6 +230,13 @@ class RunStore:
         if self._user_version(conn) == SCHEMA_VERSION:
             self._check_columns(conn)
             return
+        if self.read_only:
+            raise CacheError(
+                f"The cache {self.path} was written before cache checksums (format version "
+                f"{self._user_version(conn)}): its rows cannot be verified without writing to it, "
+                "so it is not read here. Open it once with a run that may write it (calibrate "
+                "with this --cache-dir) to adopt it."
+            )
         conn.execute("BEGIN IMMEDIATE")  # one process migrates; the others then see version 1
         try:
             adopted = self._adopt(conn) if self._user_version(conn) != SCHEMA_VERSION else 0
@@ -265,6 +312,10 @@ class RunStore:
         Raises:
             CacheError: a value was edited or damaged, or the file cannot be read.
         """
+        return self._get_own(ns, keys)
+
+    def _get_own(self, ns: str, keys: Sequence[str]) -> dict[str, Any]:
+        """:meth:`get_many` of this file alone (never a layer below it)."""
         out: dict[str, Any] = {}
         conn = self._connect()
         for start in range(0, len(keys), 500):
@@ -283,6 +334,7 @@ class RunStore:
 
     def put_many(self, ns: str, items: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
         """Write several values atomically (all or none), each with its checksum."""
+        self._check_writable()
         pairs = items.items() if isinstance(items, Mapping) else items
         rows: list[tuple[str, str, str]] = []
         sums: list[tuple[str, str, str]] = []
@@ -302,6 +354,12 @@ class RunStore:
         except sqlite3.Error as exc:
             raise _db_error(self.path, exc, "write to") from exc
 
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise CacheError(
+                f"The cache {self.path} was opened read-only; nothing may be written to it."
+            )
+
     # --- arrays beside the rows -----------------------------------------------------------
 
     @property
@@ -316,6 +374,7 @@ class RunStore:
         Raises:
             CacheError: the file or the row cannot be written.
         """
+        self._check_writable()
         buffer = io.BytesIO()
         named: dict[str, Any] = {k: np.asarray(v) for k, v in arrays.items()}
         np.savez(buffer, **named)
@@ -344,7 +403,7 @@ class RunStore:
         Raises:
             CacheError: the file does not match its checksum or is not a valid ``.npz``.
         """
-        row = self.get_many(ns, [key]).get(key)
+        row = self._get_own(ns, [key]).get(key)
         if not isinstance(row, Mapping) or not {"file", "sha256"} <= set(row):
             return None
         path = self.arrays_dir / str(row["file"])
@@ -367,7 +426,7 @@ class RunStore:
 
     def has_arrays(self, ns: str, keys: Sequence[str]) -> set[str]:
         """The keys of ``keys`` whose arrays are stored (row present and file on disk)."""
-        rows = self.get_many(ns, keys)
+        rows = self._get_own(ns, keys)
         return {
             k
             for k, row in rows.items()
@@ -394,109 +453,66 @@ class RunStore:
             self._local.conn = None
 
 
-# --- one run per output ------------------------------------------------------------------
+class LayeredStore(RunStore):
+    """A writable :class:`RunStore` at ``path`` that also reads the read-only stores of
+    ``read_from`` (e.g. the calibration run's cache, under ``evaluate``).
 
+    A value missing in its own file is looked up in ``read_from``, in order; every write goes
+    to its own file only. Keys are content keys (model fingerprint, prompt, generation
+    settings), so a value found below is exactly the one this run would have written. A store
+    below that fails a read (an edited or damaged row: :class:`~abstain_guard.errors.
+    CacheError`) is not read again, with a warning; its values are then made anew.
 
-def _read_pid(path: Path) -> int | None:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
-
-
-class RunLock:
-    """An exclusive, non-blocking lock on ``path`` (``fcntl.flock``), holding our PID.
-
-    Use as a context manager. Acquiring fails at once with
-    :class:`~abstain_guard.errors.CalibrationLockedError` when a live process holds it; a lock
-    file left by a dead process holds no lock and is taken over. Released (and the file
-    removed) on exit, whatever the exit (exception, KeyboardInterrupt).
-
-    Args:
-        path: the lock file (its parent is created).
-        what: what the lock protects, for the error message (e.g. ``"the artifact runs/x"``).
+    Attributes:
+        reused: per namespace, how many values were served from the stores below.
     """
 
-    def __init__(self, path: str | Path, what: str) -> None:
-        self.path = Path(path)
-        self.what = what
-        self._fd: int | None = None
+    def __init__(
+        self, path: str | Path, *, read_from: Sequence[RunStore], timeout: float = 60.0
+    ) -> None:
+        super().__init__(path, timeout=timeout)
+        self.read_from = list(read_from)
+        self.reused: dict[str, int] = {}
 
-    def acquire(self) -> None:
-        """Take the lock or raise CalibrationLockedError / CalibrationError."""
-        import fcntl  # POSIX only; imported here so the module imports everywhere
+    def get_many(self, ns: str, keys: Sequence[str]) -> dict[str, Any]:
+        """Values for ``keys``: this file's, then those of the stores below for the rest."""
+        out = self._get_own(ns, keys)
+        for lower in list(self.read_from):
+            missing = [k for k in keys if k not in out]
+            if not missing:
+                break
+            found = self._from(lower, lower.get_many, ns, missing) or {}
+            out.update(found)
+            self.reused[ns] = self.reused.get(ns, 0) + len(found)
+        return out
 
+    def get_arrays(self, ns: str, key: str) -> dict[str, np.ndarray] | None:
+        """This file's arrays under ``ns/key``, else the first store below that has them."""
+        own = super().get_arrays(ns, key)
+        for lower in list(self.read_from):
+            if own is not None:
+                break
+            own = self._from(lower, lower.get_arrays, ns, key)
+        return own
+
+    def has_arrays(self, ns: str, keys: Sequence[str]) -> set[str]:
+        """The keys whose arrays are stored here or in a store below."""
+        found = super().has_arrays(ns, keys)
+        for lower in list(self.read_from):
+            found |= self._from(lower, lower.has_arrays, ns, keys) or set()
+        return found
+
+    def _from(self, lower: RunStore, read: Callable[..., Any], *args: Any) -> Any:
+        """``read(*args)`` of ``lower``; on a CacheError, drop ``lower`` (warned), give None."""
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            for _ in range(10):
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    raise self._locked_error() from None
-                if self._is_current(fd):
-                    os.ftruncate(fd, 0)
-                    os.write(fd, f"{os.getpid()}\n".encode())
-                    self._fd = fd
-                    return
-                os.close(fd)  # the holder removed the file as we opened it: try again
-        except OSError as exc:
-            raise CalibrationError(
-                f"Could not create the lock file {self.path} ({exc}). The output and cache "
-                "directories must be writable."
-            ) from exc
-        raise CalibrationError(f"Could not take the lock {self.path}; run again.")
+            return read(*args)
+        except CacheError as exc:
+            logger.warning("Not reading %s any more (values are made anew): %s", lower.path, exc)
+            self.read_from.remove(lower)
+            return None
 
-    def _is_current(self, fd: int) -> bool:
-        try:
-            on_disk = os.stat(self.path)
-        except FileNotFoundError:
-            return False
-        mine = os.fstat(fd)
-        return (mine.st_dev, mine.st_ino) == (on_disk.st_dev, on_disk.st_ino)
-
-    def _locked_error(self) -> CalibrationLockedError:
-        pid = _read_pid(self.path)
-        who = f"PID {pid}" if pid is not None else "another process (PID not yet recorded)"
-        return CalibrationLockedError(
-            f"Another calibration ({who}) is already running on {self.what} (lock "
-            f"{self.path}). Wait for it to finish or stop it, or choose another --out / "
-            "--cache-dir.",
-            pid=pid,
-            lock_path=str(self.path),
-        )
-
-    def release(self) -> None:
-        """Remove the lock file and release the lock (no-op when not held)."""
-        fd, self._fd = self._fd, None
-        if fd is None:
-            return
-        with contextlib.suppress(OSError):
-            if self._is_current(fd):
-                self.path.unlink()
-        os.close(fd)  # closing the descriptor releases the flock
-
-    def __enter__(self) -> RunLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-def _lock_path(path: str | Path) -> Path:
-    target = Path(path).absolute()
-    return target.with_name(target.name + ".lock")
-
-
-@contextlib.contextmanager
-def run_locks(out: str | Path, cache_dir: str | Path) -> Iterator[None]:
-    """Hold the locks of one calibration run: ``<out>.lock`` beside the artifact and
-    ``<cache_dir>.lock`` beside the cache directory (a second run on either fails fast).
-    Both files are removed on exit; nothing is created inside the cache directory."""
-    out_lock = RunLock(_lock_path(out), f"the artifact {out}")
-    cache_lock = RunLock(_lock_path(cache_dir), f"the cache {cache_dir}")
-    with out_lock, cache_lock:
-        yield
+    def close(self) -> None:
+        """Close this thread's connections (its own and those of the stores below)."""
+        super().close()
+        for lower in self.read_from:
+            lower.close()

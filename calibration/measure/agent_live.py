@@ -18,7 +18,6 @@ artifact's judge).
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -33,7 +32,7 @@ from abstain_guard.calibration.building.agents import (
 from abstain_guard.calibration.building.config import CalibrationConfig
 from abstain_guard.calibration.building.generation import means_digest
 from abstain_guard.calibration.building.pipeline import build_judges, judge_answers
-from abstain_guard.calibration.building.store import RunStore
+from abstain_guard.calibration.measure.cache_reuse import EvaluateCache
 from abstain_guard.deployment import DeploymentRecord
 from abstain_guard.guard import AbstentionPolicy
 
@@ -62,12 +61,14 @@ def agent_live_rows(
     guard_config: Any,
     items: list[Any],
     stored_cal: dict[str, float],
-    cache_dir: Path,
+    cache: EvaluateCache,
     judges: dict[str, Any] | None,
     progress: bool,
 ) -> tuple[list[dict[str, Any]], AbstentionPolicy, str]:
     """Rows of the live check for an agent artifact (see the module docstring), the policy
-    that decided, and how the guard was put in (``"middleware"`` or ``"policy"``)."""
+    that decided, and how the guard was put in (``"middleware"`` or ``"policy"``). Cached
+    runs and verdicts are read from ``cache`` (and the calibration cache below it, if any)
+    and new ones written to ``cache.directory``."""
     from abstain_guard.middleware import AbstentionMiddleware
 
     assert record.agent is not None
@@ -75,7 +76,7 @@ def agent_live_rows(
     step_limit = record.agent.step_limit
     prepared = artifact.scorer.prepare(model)
     reference = getattr(prepared, "reference", None)
-    store = RunStore(cache_dir / "run.sqlite")
+    store = cache.run_store()
     fingerprint = str(getattr(model, "fingerprint", "unknown"))
     unguarded = run_agents(
         factory(prepared),
@@ -138,11 +139,12 @@ def agent_live_rows(
             }
         )
     if judges is None:
-        judges = build_judges(cfg, cache_dir / "judgments.sqlite")
+        judges = build_judges(cfg, cache.directory / "judgments.sqlite", read_from=cache.judgments)
     judged = [it for it in items if it.id in answers]
     verdicts = judge_answers(judges, judged, answers, progress=False)
     for row in rows:
         row["correct"] = verdicts[row["id"]]["correct"] if row["id"] in verdicts else None
+    cache.log_reuse(store, judges)
     return rows, policy, guarded_by
 
 

@@ -29,7 +29,7 @@ from abstain_guard.calibration.building.pipeline import (
     judge_answers,
     load_model,
 )
-from abstain_guard.calibration.building.store import RunStore
+from abstain_guard.calibration.measure.cache_reuse import EvaluateCache, evaluate_cache
 from abstain_guard.calibration.measure.held_out import artifact_items
 from abstain_guard.chains import load_guard_chain
 from abstain_guard.deployment import DeploymentRecord
@@ -91,6 +91,7 @@ def live_check(
     progress: bool = True,
     split: str = "held_out",
     cache_dir: str | Path | None = None,
+    reuse_calibration_cache: bool = True,
 ) -> dict[str, Any]:
     """Run the deployed guard chain on the artifact's held-out questions.
 
@@ -105,8 +106,11 @@ def live_check(
             there is an out-of-sample check of a risk target).
         judges: judges per question kind (default: the artifact's judge, cached).
         progress: progress bar.
-        cache_dir: where the cached answers and verdicts live (default ``<out>/cache``, or a
-            temporary directory without ``out``); never the artifact's recorded cache.
+        cache_dir: where the cached answers and verdicts live, read and written (default
+            ``<out>/cache``, or a temporary directory without ``out``).
+        reuse_calibration_cache: without ``cache_dir``, also read the answers and verdicts
+            of the artifact's calibration cache, read-only (:mod:`.cache_reuse`; never
+            written).
 
     Returns:
         ``{"summary": ..., "rows": [...], "guarantee": ...}``.
@@ -132,6 +136,7 @@ def live_check(
             progress=progress,
             split=split,
             cache_dir=cache_dir,
+            reuse=reuse_calibration_cache,
         )
     chains = {
         kind: load_guard_chain(artifact, guard_config, model=model, kind=kind)[:2]
@@ -148,8 +153,9 @@ def live_check(
         items = items[:limit]
     stored_cal = dict(zip(cal_ids, artifact.scores.tolist(), strict=True))
     with tempfile.TemporaryDirectory(prefix="abstain-guard-live-") as scratch:
-        if cache_dir is None:
-            cache_dir = Path(out) / "cache" if out is not None else Path(scratch)
+        cache = _live_cache(
+            artifact, artifact_path, cache_dir, out, scratch, reuse=reuse_calibration_cache
+        )
         return _run_live(
             artifact,
             artifact_path,
@@ -160,11 +166,28 @@ def live_check(
             items,
             stored_cal,
             split,
-            Path(cache_dir),
+            cache,
             judges,
             out,
             progress,
         )
+
+
+def _live_cache(
+    artifact: Any,
+    artifact_path: str | Path,
+    cache_dir: str | Path | None,
+    out: str | Path | None,
+    scratch: str,
+    *,
+    reuse: bool,
+) -> EvaluateCache:
+    """``cache_dir`` alone if given; else ``<out>/cache`` (or ``scratch``) over the
+    calibration cache (read-only) when ``reuse``."""
+    if cache_dir is not None:
+        return EvaluateCache(Path(cache_dir))
+    where = Path(out) / "cache" if out is not None else Path(scratch)
+    return evaluate_cache(where, artifact, artifact_path, reuse=reuse)
 
 
 def _select(
@@ -197,17 +220,14 @@ def _live_agent(
     progress: bool,
     split: str,
     cache_dir: str | Path | None,
+    reuse: bool,
 ) -> dict[str, Any]:
     """:func:`live_check` for an agent artifact (:mod:`.agent_live`)."""
     from abstain_guard.calibration.measure.agent_live import agent_live_rows
 
     items, stored_cal = _select(artifact, items, split, limit)
     with tempfile.TemporaryDirectory(prefix="abstain-guard-live-") as scratch:
-        where = (
-            Path(cache_dir)
-            if cache_dir is not None
-            else (Path(out) / "cache" if out is not None else Path(scratch))
-        )
+        where = _live_cache(artifact, artifact_path, cache_dir, out, scratch, reuse=reuse)
         rows, policy, guarded_by = agent_live_rows(
             artifact,
             cfg,
@@ -255,12 +275,12 @@ def _run_live(
     items: list[Any],
     stored_cal: dict[str, float],
     split: str,
-    cache_dir: Path,
+    cache: EvaluateCache,
     judges: dict[str, Any] | None,
     out: str | Path | None,
     progress: bool,
 ) -> dict[str, Any]:
-    store = RunStore(cache_dir / "run.sqlite")
+    store = cache.run_store()
     fingerprint = str(getattr(model, "fingerprint", "unknown"))
     cached = generate_answers(
         model, items, store, cfg, fingerprint=fingerprint, progress=False, batch_size=1
@@ -302,8 +322,9 @@ def _run_live(
             }
         )
     if judges is None:
-        judges = build_judges(cfg, cache_dir / "judgments.sqlite")
+        judges = build_judges(cfg, cache.directory / "judgments.sqlite", read_from=cache.judgments)
     verdicts = judge_answers(judges, items, live_answers, progress=False)
+    cache.log_reuse(store, judges)
     for row in rows:
         row["correct"] = verdicts[row["id"]]["correct"]
     rule = guard.decision_rule

@@ -4,7 +4,9 @@ baselines, run the resplit simulation, and write the report.
 Which answers are evaluated:
 
 * without ``data``: the artifact's own run — its calibration and test splits (never used to
-  fit the scorer), read from the run's cache (answers and judgments are not recomputed);
+  fit the scorer); by default their answers and verdicts are read from the calibration run's
+  cache, read-only (:mod:`.cache_reuse`: evaluating right after calibrating generates nothing
+  calibration already generated; new entries go to the evaluation's cache only);
 * with ``data``: another labeled file, answered by the same model and judged with the
   artifact's judge (choice and math questions with the choice / numeric judges). It is never
   used for fitting.
@@ -39,10 +41,10 @@ from abstain_guard.calibration.building.pipeline import (
     judge_answers,
     load_model,
 )
-from abstain_guard.calibration.building.store import RunStore
 from abstain_guard.calibration.inference.calibrated import CalibratedScorer
 from abstain_guard.calibration.inference.geometry import GeometryScorer
 from abstain_guard.calibration.inference.sampling import SampleSource
+from abstain_guard.calibration.measure.cache_reuse import EvaluateCache, evaluate_cache
 from abstain_guard.calibration.measure.group_report import group_tables
 from abstain_guard.calibration.measure.permutation_importance import permutation_importance
 from abstain_guard.calibration.measure.report import write_report
@@ -163,18 +165,19 @@ def collect_held_out(
     group_by: str | None = None,
     limit: int | None = None,
     progress: bool = True,
-    cache_dir: str | Path,
+    cache: EvaluateCache,
+    judges: dict[str, Any] | None = None,
 ) -> HeldOut:
-    """Answer (from ``cache_dir`` where possible), judge and replay the held-out questions.
+    """Answer (from ``cache`` where possible), judge and replay the held-out questions.
 
     Held-out answers are generated one question per call and replayed from their token ids
     one sequence at a time, exactly as calibration scored them and as the guard scores live.
-    ``cache_dir`` is where answers and verdicts are cached (never the artifact's recorded
-    cache: evaluating writes only where it is told to).
+    ``cache`` is where answers and verdicts are cached (written in ``cache.directory`` only;
+    the calibration cache below it, if any, is only read). ``judges``: judges per question
+    kind (default: the artifact's judge, cached there).
     """
     cfg = CalibrationConfig(**artifact.metadata.get("config", {}))
-    cache_dir = Path(cache_dir)
-    store = RunStore(cache_dir / "run.sqlite")
+    store = cache.run_store()
     train: list[QAItem] = []
     if data is None:
         name, pool, train = artifact_items(artifact)
@@ -188,8 +191,10 @@ def collect_held_out(
     answers.update(
         generate_answers(model, train, store, cfg, fingerprint=fingerprint, progress=progress)
     )
-    judges = build_judges(cfg, cache_dir / "judgments.sqlite")
+    if judges is None:
+        judges = build_judges(cfg, cache.directory / "judgments.sqlite", read_from=cache.judgments)
     judgments = judge_answers(judges, everything, answers, progress=progress)
+    cache.log_reuse(store, judges)
     pool = [it for it in pool if judgments[it.id]["correct"] is not None]
     train = [it for it in train if judgments[it.id]["correct"] is not None]
     scoring_model = artifact.scorer.prepare(model)
@@ -256,6 +261,8 @@ def evaluate(
     progress: bool = True,
     model: Any = None,
     cache_dir: str | Path | None = None,
+    reuse_calibration_cache: bool = True,
+    judges: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate one or more artifacts and write ``results.json``, plots and ``report.md``.
 
@@ -273,8 +280,12 @@ def evaluate(
         seed: resplit seed.
         progress: progress bars.
         model: an already loaded chat model to reuse.
-        cache_dir: where answers and verdicts are cached (default ``<out>/cache``; pass the
-            calibration run's cache to reuse its answers). Nothing is written elsewhere.
+        cache_dir: where answers and verdicts are cached, read and written (default
+            ``<out>/cache``). Nothing is written elsewhere.
+        reuse_calibration_cache: without ``cache_dir``, also read the answers and verdicts
+            of the artifact's calibration cache, read-only (:mod:`.cache_reuse`); a cache
+            that is gone or cannot be read is skipped with a log line.
+        judges: judges per question kind (default: the artifact's judge, cached).
 
     Returns:
         The results document (also written to ``out/results.json``), with a ``headline``
@@ -297,7 +308,10 @@ def evaluate(
             group_by=group_by,
             limit=limit,
             progress=progress,
-            cache_dir=Path(cache_dir) if cache_dir is not None else Path(out) / "cache",
+            cache=EvaluateCache(Path(cache_dir))
+            if cache_dir is not None
+            else evaluate_cache(Path(out) / "cache", art, path, reuse=reuse_calibration_cache),
+            judges=judges,
         )
         scores, calibrated = score_held_out(
             held, art, model, names, num_samples=num_samples, progress=progress

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from abstain_guard.calibration.building.judges.base import Judge, JudgeInput, Judgment, _unpack
-from abstain_guard.calibration.building.store import RunStore, content_key
+from abstain_guard.calibration.building.store import LayeredStore, RunStore, content_key
 from abstain_guard.errors import CacheError, JudgmentCacheError
 
 __all__ = ["CachedJudge", "JudgmentCache", "judgment_key"]
@@ -58,16 +58,26 @@ class JudgmentCache:
     Args:
         path: the database file (created with its parent folders if missing).
         timeout: seconds to wait for another process's write lock.
+        read_from: read-only stores (:class:`~abstain_guard.calibration.building.store.
+            RunStore` with ``read_only=True``, e.g. the calibration run's judgments under
+            ``evaluate``) whose verdicts are reused when this file has none; new verdicts are
+            written to ``path`` only.
 
     Raises:
         JudgmentCacheError: (a CacheError and a JudgeError) the file is not SQLite, is damaged
             or truncated (at open), or a verdict read from it was edited (at read).
     """
 
-    def __init__(self, path: str | Path, *, timeout: float = 30.0) -> None:
+    def __init__(
+        self, path: str | Path, *, timeout: float = 30.0, read_from: Sequence[RunStore] = ()
+    ) -> None:
         self.path = Path(path)
         with _typed():
-            self._store = RunStore(self.path, timeout=timeout)
+            self._store = (
+                LayeredStore(self.path, read_from=read_from, timeout=timeout)
+                if read_from
+                else RunStore(self.path, timeout=timeout)
+            )
 
     def get_many(self, judge: str, keys: Sequence[str]) -> dict[str, Judgment]:
         """The cached judgments among ``keys`` for the judge identity ``judge``."""
@@ -99,6 +109,11 @@ class JudgmentCache:
 
     def __len__(self) -> int:
         return self._store.count()
+
+    @property
+    def reused(self) -> int:
+        """How many verdicts were read from the ``read_from`` stores so far."""
+        return sum(getattr(self._store, "reused", {}).values())
 
     def count(self, judge: str) -> int:
         """How many judgments are cached for one judge identity."""

@@ -86,7 +86,7 @@ def agent_live_rows(
             fingerprint,
             record.agent.factory,
             "as deployed",
-            getattr(prepared, "capture", None),
+            getattr(artifact.scorer, "capture", None),  # as calibration keys its runs
             None if reference is None else means_digest(reference),
         ],
         step_limit=step_limit,

@@ -479,3 +479,17 @@ def test_middleware_applies_the_group_rule() -> None:
     assert state_fn["abstained"] is False and state_fn["group"] == "b"
     unknown = run(None, group_by="tenant")
     assert unknown["abstained"] is True and unknown["group_rule"] == "abstain"
+
+
+def test_the_shipped_guard_records_its_relations() -> None:
+    """README's per-group example runs on the shipped guard: its artifact must keep the
+    relation of each calibration answer (``calibrate`` records it; ``probe:<relation>:<key>``
+    ids say which)."""
+    from abstain_guard import default_artifact_path
+
+    art = GuardArtifact.load(default_artifact_path())
+    assert art.groups is not None, "re-save the shipped guard with its groups (docs/guarantees.md)"
+    relations = [i.split(":")[1] for i in art.metadata["calibration_ids"]]
+    assert list(art.groups) == relations
+    rules = art.group_rules(GuardConfig(group_by="relation", group_targets={"capital": 0.9}))
+    assert len(rules.rules) == 10 and set(rules.kinds.values()) == {"group"}

@@ -155,7 +155,7 @@ def _delays(
     return summary
 
 
-def real_shifts(path: Path, reps: int) -> dict[str, Any]:
+def real_shifts(path: Path, reps: int, only: str | None = None) -> dict[str, Any]:
     data = json.loads(path.read_text())
     art = GuardArtifact.load(DEFAULT_ARTIFACT_DIR)
     out: dict[str, Any] = {}
@@ -164,6 +164,8 @@ def real_shifts(path: Path, reps: int) -> dict[str, Any]:
         merged = pools.setdefault(name.partition("+")[0], {**pool, "rows": []})
         merged["rows"] = merged["rows"] + pool["rows"]
     for name, pool in pools.items():
+        if only is not None and name != only:
+            continue
         rows = [r for r in pool["rows"] if r["score"] is not None]
         part_rule = art.decision_rule(PART)
         answered = [r for r in rows if r["score"] <= part_rule.threshold]
@@ -208,6 +210,7 @@ def main() -> None:
     parser.add_argument("--scores", default="runs/drift_scores.json")
     parser.add_argument("--delay-reps", type=int, default=500)
     parser.add_argument("--skip", choices=("simulation", "real"), default=None)
+    parser.add_argument("--only", help="real shifts: this pool only (e.g. sciq)")
     args = parser.parse_args()
     logging.getLogger("abstain_guard").setLevel(logging.ERROR)  # ties, alarms: expected here
     result: dict[str, Any] = {"settings": vars(args)}
@@ -218,7 +221,7 @@ def main() -> None:
     if args.skip != "real":
         path = Path(args.scores)
         result["real_shifts"] = (
-            real_shifts(path, args.delay_reps) if path.is_file() else f"{path} missing"
+            real_shifts(path, args.delay_reps, args.only) if path.is_file() else f"{path} missing"
         )
     print(json.dumps(result, indent=1))
 

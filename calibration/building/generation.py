@@ -175,7 +175,7 @@ def generate_answers(
     alone = size == 1
     path = decode_path_of(model)
     shared_steps = path is not None and path.get("steps") == "shared"
-    mode = {"decode_path": path} if path else {}
+    mode: dict[str, Any] = {"decode_path": path} if path else {}
     mode.update(numerics_key(model))
     if alone and shared_steps:
         # the scheduler gives each call of a batch bitwise its solo answer; more than one

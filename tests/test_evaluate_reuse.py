@@ -251,3 +251,17 @@ def test_a_cache_without_checksums_is_not_read_read_only(tmp_path: Path) -> None
     with pytest.raises(CacheError, match="before cache checksums"):
         RunStore(tmp_path / "old.sqlite", read_only=True)
     assert (tmp_path / "old.sqlite").read_bytes() == before
+
+
+def test_rows_still_in_a_write_ahead_log_are_read_from_a_snapshot(tmp_path: Path) -> None:
+    """A writer still open (or killed) leaves rows in ``run.sqlite-wal``: they are read from a
+    private copy, and the cache's files (log and index included) stay byte-identical."""
+    writer = RunStore(tmp_path / "cal" / "run.sqlite")
+    writer.put_many("generation", {"a": {"text": "x"}})  # committed, not yet checkpointed
+    assert (tmp_path / "cal" / "run.sqlite-wal").stat().st_size > 0
+    before = _snapshot(tmp_path / "cal")
+    read_only = RunStore(tmp_path / "cal" / "run.sqlite", read_only=True)
+    assert read_only.get_many("generation", ["a"]) == {"a": {"text": "x"}}
+    read_only.close()
+    assert _snapshot(tmp_path / "cal") == before
+    writer.close()

@@ -30,9 +30,10 @@ names a complete file; a file without a row is never read.
 
 Read-only stores and layers: ``RunStore(path, read_only=True)`` opens an existing cache
 without writing anything there -- no schema, no journal files, no adoption of old rows
-(SQLite ``immutable=1``: rows still only in a write-ahead log are not seen) -- and refuses
-writes. :class:`LayeredStore` is a writable store that also reads such stores below it: a
-value missing in its own file is looked up there, every write goes to its own file only.
+(SQLite ``immutable=1``; with a write-ahead log beside it, a private snapshot of both) --
+and refuses writes. :class:`LayeredStore` is a writable store that also reads such stores
+below it: a value missing in its own file is looked up there, every write goes to its own
+file only.
 ``evaluate`` reads the calibration run's cache this way (its keys are content keys, so a
 value found below is exactly the one it would have written).
 
@@ -47,7 +48,9 @@ import io
 import json
 import logging
 import os
+import shutil
 import sqlite3
+import tempfile
 import threading
 import urllib.parse
 import uuid
@@ -136,6 +139,7 @@ class RunStore:
         self.path = Path(path)
         self.timeout = timeout
         self.read_only = read_only
+        self._snapshot_dir: tempfile.TemporaryDirectory[str] | None = None
         self._local = threading.local()
         if read_only:
             if not self.path.is_file():
@@ -214,10 +218,26 @@ class RunStore:
 
     def _read_only_uri(self) -> str:
         """``immutable=1``: SQLite reads the file as it is, takes no lock and creates no
-        ``-wal``/``-shm`` file. Rows still only in a write-ahead log beside it (its writer was
-        killed, or is still open) are not seen; a page left half-checkpointed reads as damage
-        (a CacheError), never as another row (each row is checked against its checksum)."""
-        return f"file:{urllib.parse.quote(str(self.path.absolute()))}?immutable=1"
+        ``-wal``/``-shm`` file. When a write-ahead log is beside it (its writer is still open,
+        or was killed), the file and its log are first copied to a temporary snapshot, which
+        is opened instead: its rows are read too and the cache itself is still never touched.
+        A page left half-written reads as damage (a CacheError), never as another row (each
+        row is checked against its checksum)."""
+        target = self.path
+        wal = self.path.with_name(self.path.name + "-wal")
+        if wal.is_file() and wal.stat().st_size > 0:
+            target = self._snapshot(wal)
+        mode = "mode=ro" if target != self.path else "immutable=1"
+        return f"file:{urllib.parse.quote(str(target.absolute()))}?{mode}"
+
+    def _snapshot(self, wal: Path) -> Path:
+        """A private copy of the file and its write-ahead log (made once per store)."""
+        if self._snapshot_dir is None:
+            self._snapshot_dir = tempfile.TemporaryDirectory(prefix="abstain-guard-cache-")
+            copy = Path(self._snapshot_dir.name) / self.path.name
+            shutil.copyfile(self.path, copy)
+            shutil.copyfile(wal, copy.with_name(copy.name + "-wal"))
+        return Path(self._snapshot_dir.name) / self.path.name
 
     def _check(self, conn: sqlite3.Connection) -> None:
         problems = [str(row[0]) for row in conn.execute("PRAGMA quick_check(5)").fetchall()]

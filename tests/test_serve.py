@@ -184,6 +184,10 @@ def test_healthz_models_and_metrics(server: ServerThread, client: Any) -> None:
     assert sum(decided) >= 1
     assert "abstain_guard_chat_completion_seconds_bucket" in text
     assert "abstain_guard_queue_depth" in text
+    # the drift monitor saw the decisions (the shipped guard: participation 0.8, n = 960)
+    monitored = [line for line in text.splitlines() if line.startswith("abstain_guard_monitor")]
+    assert f"abstain_guard_monitor_decisions {sum(decided)}" in monitored
+    assert 'abstain_guard_monitor_band{bound="lower"} 0.8' in monitored
 
 
 def test_shutdown_finishes_the_request_in_flight(service: GuardService) -> None:

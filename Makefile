@@ -37,13 +37,11 @@ default-guard: $(STAMP)
 	rm -rf abstain_guard/default_guard
 	$(BIN)/abstain-guard calibrate --data builtin --out abstain_guard/default_guard \
 		--config configs/default_guard.yaml --cache-dir runs/default_guard.cache
-	$(BIN)/abstain-guard evaluate --artifact abstain_guard/default_guard --out runs/report-builtin \
-		--cache-dir runs/default_guard.cache
+	$(BIN)/abstain-guard evaluate --artifact abstain_guard/default_guard --out runs/report-builtin
 	$(BIN)/abstain-guard evaluate --artifact abstain_guard/default_guard --live --limit 300 \
-		--out runs/live-builtin --cache-dir runs/default_guard.cache
+		--out runs/live-builtin
 	$(BIN)/abstain-guard evaluate --artifact abstain_guard/default_guard --live --split test \
-		--config configs/default_guard_risk.yaml --out runs/live-builtin-risk \
-		--cache-dir runs/default_guard.cache
+		--config configs/default_guard_risk.yaml --out runs/live-builtin-risk
 
 # docs/results: one artifact per data set (calibrated on that data set with the default
 # settings), likelihood baselines on each, P(True) and attention score on the probe set too,

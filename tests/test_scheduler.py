@@ -18,8 +18,8 @@ import torch
 from tiny_models import tiny_chat_model
 
 from abstain_guard.adapters import GeometryChatModel, ReferenceMeans
-from abstain_guard.adapters.threads import MIN_DECODE_ROWS, blas_threads, rows_are_independent
 from abstain_guard.adapters.scheduler import GenerationScheduler, scheduler_for
+from abstain_guard.adapters.threads import MIN_DECODE_ROWS, blas_threads, rows_are_independent
 from abstain_guard.errors import AbstainGuardError, SchedulerFullError
 
 PROMPTS = [

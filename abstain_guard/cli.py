@@ -1,5 +1,5 @@
 """``abstain-guard`` command line: calibrate, ask, evaluate, report, demo, serve,
-recalibrate.
+recalibrate (``serve`` lives in :mod:`.cli_serve`, the shared checks in :mod:`.cli_checks`).
 
 Heavy imports (torch, transformers, xgboost) happen inside the commands, so ``--help`` and
 configuration errors are instant.
@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -21,21 +20,12 @@ from abstain_guard.config import GuardConfig
 from abstain_guard.default import DEFAULT_ARTIFACT_DIR
 from abstain_guard.errors import (
     AbstainGuardError,
-    ConfigError,
-    PreflightError,
     ResultsFileError,
 )
 from abstain_guard.scoring import scorer_names
 
-
-def _guard_config(path: str | None) -> GuardConfig:
-    """The guard config: ``--config`` (if given), then ``ABSTAIN_GUARD_*`` variables on top."""
-    return GuardConfig.load(path)
-
-
-def _positive(value: int | None, option: str) -> None:
-    if value is not None and value < 1:
-        raise ConfigError(f"{option} must be a positive integer, got {value}.")
+from .cli_checks import all_at_once, artifacts_exist, guard_config, positive
+from .cli_serve import add_serve_parser
 
 
 def _check_out(out: str | Path) -> Path:
@@ -57,20 +47,6 @@ def _cache_dir(args: argparse.Namespace) -> Path | None:
         check_writable_location(Path(args.cache_dir), "--cache-dir")
         return Path(args.cache_dir)
     return None
-
-
-def _all_at_once(*checks: Any) -> None:
-    """Run every check; raise its error, or a PreflightError listing several."""
-    problems: list[AbstainGuardError] = []
-    for check in checks:
-        try:
-            check()
-        except AbstainGuardError as exc:
-            problems.append(exc)
-    if len(problems) == 1:
-        raise problems[0]
-    if problems:
-        raise PreflightError(problems)
 
 
 def _calibrate(args: argparse.Namespace) -> int:
@@ -117,7 +93,7 @@ def _ask(args: argparse.Namespace) -> int:
         return 2
     from abstain_guard.chains import load_guard_chain
 
-    config = _guard_config(args.config)
+    config = guard_config(args.config)
     chain, _, _ = load_guard_chain(args.artifact, config, kind=args.kind)
     for question in questions:
         msg = chain.invoke({"question": question})
@@ -144,13 +120,13 @@ def _evaluate(args: argparse.Namespace) -> int:
     from abstain_guard.calibration.measure.held_out import evaluate, parse_baselines
     from abstain_guard.calibration.measure.tables import frontier_markdown
 
-    _all_at_once(
+    all_at_once(
         lambda: _check_out(args.out),
         lambda: _cache_dir(args),
-        lambda: _positive(args.limit, "--limit"),
-        lambda: _positive(args.resplits, "--resplits"),
+        lambda: positive(args.limit, "--limit"),
+        lambda: positive(args.resplits, "--resplits"),
         lambda: parse_baselines(args.baselines),
-        lambda: _artifacts_exist(args.artifact or [DEFAULT_ARTIFACT_DIR]),
+        lambda: artifacts_exist(args.artifact or [DEFAULT_ARTIFACT_DIR]),
     )
     results = evaluate(
         args.artifact or [DEFAULT_ARTIFACT_DIR],
@@ -177,14 +153,14 @@ def _evaluate_live(args: argparse.Namespace) -> int:
     from abstain_guard.calibration.measure.deployment_check import live_check
 
     artifacts = args.artifact or [DEFAULT_ARTIFACT_DIR]
-    _all_at_once(
+    all_at_once(
         lambda: _check_out(args.out),
         lambda: _cache_dir(args),
-        lambda: _positive(args.limit, "--limit"),
-        lambda: _guard_config(args.config),
-        lambda: _artifacts_exist(artifacts),
+        lambda: positive(args.limit, "--limit"),
+        lambda: guard_config(args.config),
+        lambda: artifacts_exist(artifacts),
     )
-    config = _guard_config(args.config)
+    config = guard_config(args.config)
     for artifact in artifacts:
         result = live_check(
             artifact,
@@ -199,17 +175,6 @@ def _evaluate_live(args: argparse.Namespace) -> int:
         print(json.dumps({"artifact": str(artifact), **result["summary"]}, indent=2))
     print(f"per-question rows written to {Path(args.out) / 'live.json'}")
     return 0
-
-
-def _artifacts_exist(paths: Sequence[str | Path]) -> None:
-    from abstain_guard.errors import ArtifactNotFoundError
-
-    missing = [str(p) for p in paths if not (Path(p) / "manifest.json").is_file()]
-    if missing:
-        raise ArtifactNotFoundError(
-            f"No artifact at {', '.join(missing)} (no manifest.json). Pass --artifact with a "
-            "directory written by abstain-guard calibrate."
-        )
 
 
 def _read_results(path: str) -> dict[str, Any]:
@@ -240,7 +205,7 @@ def _report(args: argparse.Namespace) -> int:
     def read(path: str) -> None:
         docs[path] = _read_results(path)
 
-    _all_at_once(
+    all_at_once(
         lambda: _check_out(args.out),
         *[(lambda p=p: read(p)) for p in args.results],
     )
@@ -256,10 +221,10 @@ def _report(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from abstain_guard.calibration.measure.demo import run_demo
 
-    _all_at_once(
+    all_at_once(
         lambda: _check_out(args.out),
-        lambda: _positive(args.questions, "--questions"),
-        lambda: _guard_config(None),
+        lambda: positive(args.questions, "--questions"),
+        lambda: guard_config(None),
         lambda: GuardConfig.from_dict(
             {"mode": "risk", "risk_target": args.risk_target, "delta": args.delta}
         ),
@@ -268,7 +233,7 @@ def _demo(args: argparse.Namespace) -> int:
         Path(args.artifact),
         out=Path(args.out),
         n_questions=args.questions,
-        guard_config=_guard_config(None),
+        guard_config=guard_config(None),
         risk_target=args.risk_target,
         delta=args.delta,
     )
@@ -277,9 +242,9 @@ def _demo(args: argparse.Namespace) -> int:
 def _recalibrate(args: argparse.Namespace) -> int:
     from abstain_guard.calibration.building.recalibrate import recalibrate
 
-    _all_at_once(
-        lambda: _artifacts_exist([args.artifact]),
-        lambda: _positive(args.last, "--last"),
+    all_at_once(
+        lambda: artifacts_exist([args.artifact]),
+        lambda: positive(args.last, "--last"),
     )
     summary = recalibrate(
         args.artifact,
@@ -291,92 +256,6 @@ def _recalibrate(args: argparse.Namespace) -> int:
     )
     print(summary.to_text())
     return 0
-
-
-def _serve(args: argparse.Namespace) -> int:
-    try:
-        from abstain_guard.serve.runner import serve
-    except ImportError as exc:
-        raise ConfigError(
-            f"abstain-guard serve needs the serve extra ({exc}); install it with "
-            "pip install 'abstain-guard[serve]'."
-        ) from exc
-    from abstain_guard.serve.schemas import RequestLimits
-
-    service = _model_service(args) if args.no_guard else _guard_service(args)
-    monitor = None
-    if not args.no_guard:
-        from abstain_guard.serve.app import service_monitor
-
-        monitor = service_monitor(service, log_path=args.monitor_log)
-    serve(
-        service,
-        host=args.host,
-        port=args.port,
-        limits=RequestLimits(),
-        log_level="info" if args.verbose else "warning",
-        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-        monitor=monitor,
-    )
-    return 0
-
-
-#: The environment variable ``serve`` reads its API key from (``--api-key`` wins).
-API_KEY_ENV = "ABSTAIN_GUARD_API_KEY"
-
-
-def _guard_service(args: argparse.Namespace) -> Any:
-    """The guard of ``--artifact`` (default: the shipped one), checked before loading."""
-    from abstain_guard.serve.service import GuardService
-
-    artifact = args.artifact or str(DEFAULT_ARTIFACT_DIR)
-    local_only = [f for f in ("model", "gguf_file", "max_tokens") if getattr(args, f) is not None]
-    _all_at_once(
-        lambda: _no_options(local_only, "only with --no-guard (a guard runs its artifact's"),
-        lambda: _artifacts_exist([artifact]),
-        lambda: _guard_config(args.config),
-        lambda: _positive(args.port, "--port"),
-        lambda: _positive(args.max_in_flight, "--max-in-flight"),
-    )
-    return GuardService.from_artifact(
-        artifact,
-        _guard_config(args.config),
-        kind=args.kind,
-        model_name=args.model_name,
-        max_in_flight=args.max_in_flight,
-    )
-
-
-def _model_service(args: argparse.Namespace) -> Any:
-    """The raw model of ``--model`` without a guard (``--no-guard``)."""
-    from abstain_guard.chains import load_chat_model
-    from abstain_guard.serve.passthrough import ModelService
-
-    guard_only = [
-        f for f in ("artifact", "config", "kind", "monitor_log") if getattr(args, f) is not None
-    ]
-    _all_at_once(
-        lambda: _no_options(guard_only, "not with --no-guard (no guard runs: it serves the"),
-        lambda: _positive(args.port, "--port"),
-        lambda: _positive(args.max_in_flight, "--max-in-flight"),
-        lambda: _positive(args.max_tokens, "--max-tokens"),
-    )
-    max_tokens = args.max_tokens or 256
-    model = load_chat_model(
-        args.model or "default", gguf_file=args.gguf_file, max_new_tokens=max_tokens
-    )
-    return ModelService(
-        model,
-        model_name=args.model_name,
-        max_tokens=max_tokens,
-        max_in_flight=args.max_in_flight,
-    )
-
-
-def _no_options(names: list[str], why: str) -> None:
-    if names:
-        flags = ", ".join("--" + n.replace("_", "-") for n in names)
-        raise ConfigError(f"{flags}: {why} model).")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -531,51 +410,6 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--delta", type=float, default=0.1, help="δ of the risk mode")
     demo.set_defaults(func=_demo)
 
-    srv = sub.add_parser(
-        "serve", help="serve the guard as an OpenAI-compatible endpoint (serve extra)"
-    )
-    srv.add_argument("--artifact", help="artifact directory (default: the shipped guard)")
-    srv.add_argument("--config", help="guard config (YAML/TOML/JSON): mode, target")
-    srv.add_argument(
-        "--no-guard",
-        action="store_true",
-        help="serve the raw --model with OpenAI logprobs and no guard (a stand-in API model "
-        "to calibrate a perplexity guard on)",
-    )
-    srv.add_argument(
-        "--model", help="with --no-guard: 'default' (embedded SmolLM2) or a local HF folder"
-    )
-    srv.add_argument("--gguf-file", help="with --no-guard: GGUF file inside --model")
-    srv.add_argument(
-        "--max-tokens",
-        type=int,
-        help="with --no-guard: the most new tokens a request may ask for (default 256)",
-    )
-    srv.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    srv.add_argument("--port", type=int, default=8000, help="port to listen on")
-    srv.add_argument(
-        "--kind",
-        choices=["open", "choice", "numeric"],
-        help="question kind to serve (default: the artifact's only kind)",
-    )
-    srv.add_argument("--model-name", default="abstain-guard", help="model id listed by /v1/models")
-    srv.add_argument(
-        "--max-in-flight",
-        type=int,
-        help="requests admitted at once, 429 beyond (default: the model's batch + queue)",
-    )
-    srv.add_argument(
-        "--api-key",
-        help="require 'Authorization: Bearer <key>' on /v1/* (default: $ABSTAIN_GUARD_API_KEY); "
-        "without one, a server listening beyond loopback refuses /v1/feedback",
-    )
-    srv.add_argument(
-        "--monitor-log",
-        help="append every decision, feedback and drift alarm to this JSONL file (the "
-        "--feedback of abstain-guard recalibrate)",
-    )
-    srv.set_defaults(func=_serve)
-
     rec = sub.add_parser(
         "recalibrate",
         help="a new artifact from labeled live decisions in a monitor log (no model run)",
@@ -598,6 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rec.add_argument("--overwrite", action="store_true", help="replace an artifact at --out")
     rec.set_defaults(func=_recalibrate)
+    srv = add_serve_parser(sub)
     for sub_parser in (cal, ask, ev, rep, demo, srv, rec):
         sub_parser.add_argument(
             "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS

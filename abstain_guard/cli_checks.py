@@ -1,0 +1,52 @@
+"""Checks the ``abstain-guard`` commands share (:mod:`.cli`, :mod:`.cli_serve`): each raises
+its typed error, and :func:`all_at_once` reports several at once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from abstain_guard.config import GuardConfig
+from abstain_guard.errors import (
+    AbstainGuardError,
+    ArtifactNotFoundError,
+    ConfigError,
+    PreflightError,
+)
+
+
+def guard_config(path: str | None) -> GuardConfig:
+    """The guard config: ``--config`` (if given), then ``ABSTAIN_GUARD_*`` variables on top."""
+    return GuardConfig.load(path)
+
+
+def positive(value: int | None, option: str) -> None:
+    if value is not None and value < 1:
+        raise ConfigError(f"{option} must be a positive integer, got {value}.")
+
+
+def all_at_once(*checks: Callable[[], Any]) -> None:
+    """Run every check; raise its error, or a PreflightError listing several."""
+    problems: list[AbstainGuardError] = []
+    for check in checks:
+        try:
+            check()
+        except AbstainGuardError as exc:
+            problems.append(exc)
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise PreflightError(problems)
+
+
+def artifacts_exist(paths: Sequence[str | Path]) -> None:
+    missing = [str(p) for p in paths if not (Path(p) / "manifest.json").is_file()]
+    if missing:
+        raise ArtifactNotFoundError(
+            f"No artifact at {', '.join(missing)} (no manifest.json). Pass --artifact with a "
+            "directory written by abstain-guard calibrate."
+        )
+
+
+__all__ = ["all_at_once", "artifacts_exist", "guard_config", "positive"]

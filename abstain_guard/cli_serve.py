@@ -1,0 +1,151 @@
+"""``abstain-guard serve``: the guard (or, with ``--no-guard``, the raw model) as an
+OpenAI-compatible endpoint (the serve extra; imported inside the command)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from abstain_guard.default import DEFAULT_ARTIFACT_DIR
+from abstain_guard.errors import ConfigError
+
+from .cli_checks import all_at_once, artifacts_exist, guard_config, positive
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        from abstain_guard.serve.runner import serve
+    except ImportError as exc:
+        raise ConfigError(
+            f"abstain-guard serve needs the serve extra ({exc}); install it with "
+            "pip install 'abstain-guard[serve]'."
+        ) from exc
+    from abstain_guard.serve.schemas import RequestLimits
+
+    service = _model_service(args) if args.no_guard else _guard_service(args)
+    monitor = None
+    if not args.no_guard:
+        from abstain_guard.serve.app import service_monitor
+
+        monitor = service_monitor(service, log_path=args.monitor_log)
+    serve(
+        service,
+        host=args.host,
+        port=args.port,
+        limits=RequestLimits(),
+        log_level="info" if args.verbose else "warning",
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        monitor=monitor,
+    )
+    return 0
+
+
+#: The environment variable ``serve`` reads its API key from (``--api-key`` wins).
+API_KEY_ENV = "ABSTAIN_GUARD_API_KEY"
+
+
+def _guard_service(args: argparse.Namespace) -> Any:
+    """The guard of ``--artifact`` (default: the shipped one), checked before loading."""
+    from abstain_guard.serve.service import GuardService
+
+    artifact = args.artifact or str(DEFAULT_ARTIFACT_DIR)
+    local_only = [f for f in ("model", "gguf_file", "max_tokens") if getattr(args, f) is not None]
+    all_at_once(
+        lambda: _no_options(local_only, "only with --no-guard (a guard runs its artifact's"),
+        lambda: artifacts_exist([artifact]),
+        lambda: guard_config(args.config),
+        lambda: positive(args.port, "--port"),
+        lambda: positive(args.max_in_flight, "--max-in-flight"),
+    )
+    return GuardService.from_artifact(
+        artifact,
+        guard_config(args.config),
+        kind=args.kind,
+        model_name=args.model_name,
+        max_in_flight=args.max_in_flight,
+    )
+
+
+def _model_service(args: argparse.Namespace) -> Any:
+    """The raw model of ``--model`` without a guard (``--no-guard``)."""
+    from abstain_guard.chains import load_chat_model
+    from abstain_guard.serve.passthrough import ModelService
+
+    guard_only = [
+        f for f in ("artifact", "config", "kind", "monitor_log") if getattr(args, f) is not None
+    ]
+    all_at_once(
+        lambda: _no_options(guard_only, "not with --no-guard (no guard runs: it serves the"),
+        lambda: positive(args.port, "--port"),
+        lambda: positive(args.max_in_flight, "--max-in-flight"),
+        lambda: positive(args.max_tokens, "--max-tokens"),
+    )
+    max_tokens = args.max_tokens or 256
+    model = load_chat_model(
+        args.model or "default", gguf_file=args.gguf_file, max_new_tokens=max_tokens
+    )
+    return ModelService(
+        model,
+        model_name=args.model_name,
+        max_tokens=max_tokens,
+        max_in_flight=args.max_in_flight,
+    )
+
+
+def _no_options(names: list[str], why: str) -> None:
+    if names:
+        flags = ", ".join("--" + n.replace("_", "-") for n in names)
+        raise ConfigError(f"{flags}: {why} model).")
+
+
+def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add the ``serve`` command to the subparsers ``sub``; returns its parser."""
+    srv = sub.add_parser(
+        "serve", help="serve the guard as an OpenAI-compatible endpoint (serve extra)"
+    )
+    srv.add_argument("--artifact", help="artifact directory (default: the shipped guard)")
+    srv.add_argument("--config", help="guard config (YAML/TOML/JSON): mode, target")
+    srv.add_argument(
+        "--no-guard",
+        action="store_true",
+        help="serve the raw --model with OpenAI logprobs and no guard (a stand-in API model "
+        "to calibrate a perplexity guard on)",
+    )
+    srv.add_argument(
+        "--model", help="with --no-guard: 'default' (embedded SmolLM2) or a local HF folder"
+    )
+    srv.add_argument("--gguf-file", help="with --no-guard: GGUF file inside --model")
+    srv.add_argument(
+        "--max-tokens",
+        type=int,
+        help="with --no-guard: the most new tokens a request may ask for (default 256)",
+    )
+    srv.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    srv.add_argument("--port", type=int, default=8000, help="port to listen on")
+    srv.add_argument(
+        "--kind",
+        choices=["open", "choice", "numeric"],
+        help="question kind to serve (default: the artifact's only kind)",
+    )
+    srv.add_argument("--model-name", default="abstain-guard", help="model id listed by /v1/models")
+    srv.add_argument(
+        "--max-in-flight",
+        type=int,
+        help="requests admitted at once, 429 beyond (default: the model's batch + queue)",
+    )
+    srv.add_argument(
+        "--api-key",
+        help="require 'Authorization: Bearer <key>' on /v1/* (default: $ABSTAIN_GUARD_API_KEY); "
+        "without one, a server listening beyond loopback refuses /v1/feedback",
+    )
+    srv.add_argument(
+        "--monitor-log",
+        help="append every decision, feedback and drift alarm to this JSONL file (the "
+        "--feedback of abstain-guard recalibrate)",
+    )
+    srv.set_defaults(func=_serve)
+    return srv
+
+
+__all__ = ["API_KEY_ENV", "add_serve_parser"]

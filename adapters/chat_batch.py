@@ -18,45 +18,16 @@ from langchain_core.runnables.config import ensure_config, get_config_list
 from abstain_guard.metadata import GENERATION
 
 from .architectures import ArchitectureSpec
+from .chat_host import ChatHost
 from .generation import Generated, generate_tokens, new_token_budget, to_message
-from .loading import LoadedModel
 from .tools import ToolSetup
-from .types import ReferenceMeans, TokenStates
+from .types import TokenStates
 
 
-class BatchMixin:
+class BatchMixin(ChatHost):
     """``batch`` and ``generate_with_states`` of the chat model."""
 
-    if TYPE_CHECKING:  # provided by GeometryChatModel
-
-        @property
-        def tokenizer(self) -> Any: ...
-
-        @property
-        def _s(self) -> LoadedModel: ...
-
-        @property
-        def _limits(self) -> dict[str, Any]: ...
-
-        _reference: ReferenceMeans | None
-
-        def _settings(
-            self, stop: list[str] | None, kwargs: dict[str, Any]
-        ) -> tuple[dict[str, Any], ToolSetup | None]: ...
-
-        def _prompt(
-            self, messages: Sequence[BaseMessage], setup: ToolSetup | None
-        ) -> list[int]: ...
-
-        def _messages(
-            self,
-            conversations: Sequence[Sequence[BaseMessage]],
-            prompts: list[list[int]],
-            gen: list[Generated],
-            opts: dict[str, Any],
-            setup: ToolSetup | None = None,
-        ) -> list[AIMessage]: ...
-
+    if TYPE_CHECKING:  # provided by GeometryChatModel (besides ChatHost's)
         model_name: str
         callbacks: Any
         verbose: bool

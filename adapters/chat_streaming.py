@@ -9,15 +9,15 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk
 
 from .batching import RowResult
-from .generation import Generated, TokenCallback, submit_generation, to_generated
-from .loading import LoadedModel
+from .chat_host import ChatHost
+from .generation import TokenCallback, submit_generation, to_generated
 from .streaming import (
     IncrementalText,
     async_token_channel,
@@ -27,41 +27,10 @@ from .streaming import (
     token_channel,
 )
 from .tools import ToolSetup
-from .types import ReferenceMeans
 
 
-class StreamingMixin:
+class StreamingMixin(ChatHost):
     """``_stream`` / ``_astream`` of the chat model (see the module docstring)."""
-
-    if TYPE_CHECKING:  # provided by GeometryChatModel
-
-        @property
-        def tokenizer(self) -> Any: ...
-
-        @property
-        def _s(self) -> LoadedModel: ...
-
-        @property
-        def _limits(self) -> dict[str, Any]: ...
-
-        _reference: ReferenceMeans | None
-
-        def _settings(
-            self, stop: list[str] | None, kwargs: dict[str, Any]
-        ) -> tuple[dict[str, Any], ToolSetup | None]: ...
-
-        def _prompt(
-            self, messages: Sequence[BaseMessage], setup: ToolSetup | None
-        ) -> list[int]: ...
-
-        def _messages(
-            self,
-            conversations: Sequence[Sequence[BaseMessage]],
-            prompts: list[list[int]],
-            gen: list[Generated],
-            opts: dict[str, Any],
-            setup: ToolSetup | None = None,
-        ) -> list[AIMessage]: ...
 
     def _stream(
         self,

@@ -1,0 +1,51 @@
+"""What the chat model's mixins (:mod:`.chat_streaming`, :mod:`.chat_batch`) use of
+:class:`~.chat_model.GeometryChatModel`, declared once for the type checker."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.messages import AIMessage, BaseMessage
+
+from .generation import Generated
+from .loading import LoadedModel
+from .tools import ToolSetup
+from .types import ReferenceMeans
+
+
+class ChatHost:
+    """Base of the chat model's mixins: the members they call, provided by the model."""
+
+    if TYPE_CHECKING:  # provided by GeometryChatModel
+
+        @property
+        def tokenizer(self) -> Any: ...
+
+        @property
+        def _s(self) -> LoadedModel: ...
+
+        @property
+        def _limits(self) -> dict[str, Any]: ...
+
+        _reference: ReferenceMeans | None
+
+        def _settings(
+            self, stop: list[str] | None, kwargs: dict[str, Any]
+        ) -> tuple[dict[str, Any], ToolSetup | None]: ...
+
+        def _prompt(
+            self, messages: Sequence[BaseMessage], setup: ToolSetup | None
+        ) -> list[int]: ...
+
+        def _messages(
+            self,
+            conversations: Sequence[Sequence[BaseMessage]],
+            prompts: list[list[int]],
+            gen: list[Generated],
+            opts: dict[str, Any],
+            setup: ToolSetup | None = None,
+        ) -> list[AIMessage]: ...
+
+
+__all__ = ["ChatHost"]

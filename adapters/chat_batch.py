@@ -15,11 +15,9 @@ from langchain_core.outputs import ChatGeneration, LLMResult
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import ensure_config, get_config_list
 
-from abstain_guard.metadata import GENERATION
-
 from .architectures import ArchitectureSpec
 from .chat_host import ChatHost
-from .generation import Generated, generate_tokens, new_token_budget, to_message
+from .generation import generate_tokens, new_token_budget
 from .tools import ToolSetup
 from .types import TokenStates
 
@@ -28,7 +26,6 @@ class BatchMixin(ChatHost):
     """``batch`` and ``generate_with_states`` of the chat model."""
 
     if TYPE_CHECKING:  # provided by GeometryChatModel (besides ChatHost's)
-        model_name: str
         callbacks: Any
         verbose: bool
         tags: list[str] | None
@@ -43,9 +40,6 @@ class BatchMixin(ChatHost):
         @property
         def _spec(self) -> ArchitectureSpec: ...
 
-        @property
-        def num_layers(self) -> int: ...
-
         def _to_messages(self, messages: Any) -> list[BaseMessage]: ...
 
         def _generate_messages(
@@ -54,23 +48,6 @@ class BatchMixin(ChatHost):
             opts: dict[str, Any],
             setup: ToolSetup | None = None,
         ) -> list[AIMessage]: ...
-
-        def _with_calls(
-            self,
-            msg: AIMessage,
-            prompt: list[int],
-            gen: Generated,
-            opts: dict[str, Any],
-            setup: ToolSetup | None,
-        ) -> AIMessage: ...
-
-        def _generation_record(
-            self,
-            conversation: Sequence[BaseMessage],
-            opts: dict[str, Any],
-            setup: ToolSetup | None = None,
-            decode_path: dict[str, Any] | None = None,
-        ) -> dict[str, Any]: ...
 
     def batch(
         self,
@@ -149,15 +126,8 @@ class BatchMixin(ChatHost):
         gen = generate_tokens(
             self._s, prompts, max_new, opts, self._reference, keep_states=True, limits=self._limits
         )
-        out: list[tuple[AIMessage, TokenStates | None]] = []
-        for conv, prompt, g in zip(conversations, prompts, gen, strict=True):
-            msg = to_message(self.tokenizer, self.model_name, self.num_layers, prompt, g, opts)
-            msg = self._with_calls(msg, prompt, g, opts, setup)
-            msg.response_metadata[GENERATION] = self._generation_record(
-                conv, opts, setup, g.decode_path
-            )
-            out.append((msg, g.states))
-        return out
+        msgs = self._messages(conversations, prompts, gen, opts, setup)
+        return [(msg, g.states) for msg, g in zip(msgs, gen, strict=True)]
 
 
 __all__ = ["BatchMixin"]

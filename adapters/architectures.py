@@ -23,7 +23,7 @@ input e~^l and the layer output e^l.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -85,11 +85,53 @@ class ArchitectureSpec:
     layers: list[LayerSpec]
     hidden_size: int
     context_length: int
+    _wo_kv: list[torch.Tensor] | None = field(default=None, init=False, repr=False, compare=False)
+    _wo_kv_all: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def num_layers(self) -> int:
         """L."""
         return len(self.layers)
+
+    @property
+    def stackable(self) -> bool:
+        """Whether every layer has the same head layout on the same device, so capture may
+        stack per-layer tensors on a leading ``[L]`` axis."""
+        first = self.layers[0]
+        return all(
+            (ls.device, ls.num_heads, ls.num_kv_heads, ls.head_dim)
+            == (first.device, first.num_heads, first.num_kv_heads, first.head_dim)
+            for ls in self.layers
+        )
+
+    def wo_by_kv_head(self) -> list[torch.Tensor]:
+        """Per layer, ``W_O`` grouped by KV head, ``[H_kv, Dh, n_rep·D]`` float32, so that
+        ``u = v @ W`` needs no head repeat (computed once per model; views of one
+        ``[L, H_kv, Dh, n_rep·D]`` tensor when :attr:`stackable`)."""
+        if self._wo_kv is None:
+            per_layer = [
+                ls.wo_heads.reshape(
+                    ls.num_kv_heads, ls.num_heads // ls.num_kv_heads, ls.head_dim, -1
+                )
+                .permute(0, 2, 1, 3)
+                .reshape(ls.num_kv_heads, ls.head_dim, -1)
+                .float()
+                for ls in self.layers
+            ]
+            if self.stackable:
+                self._wo_kv_all = torch.stack(per_layer)
+                self._wo_kv = list(self._wo_kv_all)
+            else:
+                self._wo_kv = [w.contiguous() for w in per_layer]
+        return self._wo_kv
+
+    def stacked_wo_by_kv_head(self) -> torch.Tensor:
+        """:meth:`wo_by_kv_head` of every layer, ``[L, H_kv, Dh, n_rep·D]`` (stackable
+        models only)."""
+        self.wo_by_kv_head()
+        if self._wo_kv_all is None:
+            raise RuntimeError("the layers of this model cannot be stacked (see stackable)")
+        return self._wo_kv_all
 
 
 def _unsupported(model_type: str) -> UnsupportedArchitectureError:

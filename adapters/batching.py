@@ -27,7 +27,7 @@ import contextvars
 import inspect
 import logging
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .attention import ACTIVE_SESSION, capture_mode, native_attention, register_attention
 from .capture import CaptureSession, StepFeatures
+from .decode_step import DecodeStepCapture
 from .loading import LoadedModel, eos_token_ids, pad_token_id
 from .threads import DecodePath, blas_threads, choose_decode_path, prefill_threads
 from .types import ReferenceMeans
@@ -169,7 +170,10 @@ class RowsCache:
 @dataclass
 class _DecodeStep:
     cache: RowsCache
+    #: per row, the session whose per-layer hooks capture it (None: no capture, or captured
+    #: by ``capture`` at the end of the step)
     sessions: list[CaptureSession | None]
+    capture: DecodeStepCapture | None = None
 
 
 def rows_attention(
@@ -201,6 +205,9 @@ def rows_attention(
         finally:
             ACTIVE_SESSION.reset(token)
         outs.append(out)
+    if step.capture is not None:
+        keys = [None if kv is None else kv[0] for kv in rows]
+        step.capture.on_attention(module, query, value, keys, kwargs)
     return torch.cat(outs, dim=0), None
 
 
@@ -449,20 +456,42 @@ class BatchEngine:
         ids = [[r.ids[-1]] for r in rows] + [[self._pad]] * pad
         pos = [[r.position] for r in rows] + [[0]] * pad
         cache = RowsCache([r.cache for r in rows] + [None] * pad)
-        sessions = [r.session for r in rows] + [None] * pad
-        mux = HookMux([r.hooks for r in rows], sessions, bp)
-        token = _STEP.set(_DecodeStep(cache, sessions))
+        # rows captured at the end of the step for all layers at once, and the others (long
+        # contexts, layers on several devices) by their sessions' per-layer hooks
+        deferred = [
+            r.session if r.session is not None and r.session.defers_decode() else None for r in rows
+        ] + [None] * pad
+        hooked = [r.session if d is None else None for r, d in zip(rows, deferred, strict=False)]
+        hooked += [None] * pad
+        mux = HookMux(
+            [r.hooks if d is None else [] for r, d in zip(rows, deferred, strict=False)],
+            hooked,
+            bp,
+        )
+        capture = (
+            DecodeStepCapture(self.loaded.spec, deferred)
+            if any(d is not None for d in deferred)
+            else None
+        )
+        token = _STEP.set(_DecodeStep(cache, hooked, capture))
         cfg = hf.config
         previous = cfg._attn_implementation
         cfg._attn_implementation = ROWS_ATTENTION
         try:
-            with torch.inference_mode(), mux.installed(), blas_threads(self.path.threads):
+            with (
+                torch.inference_mode(),
+                mux.installed(),
+                capture.installed() if capture is not None else nullcontext(),
+                blas_threads(self.path.threads),
+            ):
                 out = hf(
                     input_ids=torch.tensor(ids, dtype=torch.long, device=self._device),
                     position_ids=torch.tensor(pos, dtype=torch.long, device=self._device),
                     past_key_values=cache,
                     use_cache=True,
                 )
+                if capture is not None:
+                    capture.finish()
         finally:
             cfg._attn_implementation = previous
             _STEP.reset(token)

@@ -47,6 +47,7 @@ from abstain_guard.errors import InvalidInputError
 from .architectures import ArchitectureSpec
 from .attention import ACTIVE_SESSION
 from .capture_features import CAPTURE_MODES, StepFeatures, block_features
+from .decode_step import DecodeInputs, decode_features
 from .geometry_torch import mlp_proximity, row_probabilities
 from .source_parts import (
     cached_numerators,
@@ -129,14 +130,11 @@ class CaptureSession:
         self.device = spec.layers[0].device
         self._devices = [ls.device for ls in spec.layers]
         # W_O grouped by KV head: [H_kv, Dh, n_rep * D], so u = v @ W needs no head repeat
-        self._wo_kv = [
-            ls.wo_heads.reshape(ls.num_kv_heads, ls.num_heads // ls.num_kv_heads, ls.head_dim, -1)
-            .permute(0, 2, 1, 3)
-            .reshape(ls.num_kv_heads, ls.head_dim, -1)
-            .float()
-            .contiguous()
-            for ls in spec.layers
-        ]
+        self._wo_kv = spec.wo_by_kv_head()
+        #: layers stacked on a leading axis (:attr:`ArchitectureSpec.stackable`): C_MLP and
+        #: kept u are views of one tensor each, and decode steps are captured for all layers
+        #: at once (:meth:`decode_step`)
+        self._stacked = spec.stackable
         self._w_flat: list[torch.Tensor | None] = [None] * len(spec.layers)  # sparse only
         self._ref: dict[str, torch.Tensor] | None = None
         if reference is not None:
@@ -146,10 +144,17 @@ class CaptureSession:
             }
         full = capture == "full"
         #: C_MLP^l[s, s] of every position, per layer [B, max_len] (full capture)
-        self._cmlp = [
-            torch.zeros((batch_size, max_len), dtype=torch.float32, device=dev)
-            for dev in (self._devices if full else [])
-        ]
+        self._cmlp_all: torch.Tensor | None = None
+        if full and self._stacked:
+            self._cmlp_all = torch.zeros(
+                (self.num_layers, batch_size, max_len), dtype=torch.float32, device=self.device
+            )
+            self._cmlp = list(self._cmlp_all)
+        else:
+            self._cmlp = [
+                torch.zeros((batch_size, max_len), dtype=torch.float32, device=dev)
+                for dev in (self._devices if full else [])
+            ]
         #: max-norms ‖u^h_s‖_∞ per layer, [B, max_len, H] (generation without kept u)
         self._unorm: list[torch.Tensor | None] = [None] * self.num_layers
         budget = CACHE_BUDGET_BYTES if cache_budget_bytes is None else cache_budget_bytes
@@ -157,6 +162,8 @@ class CaptureSession:
         need = 4 * self.num_layers * batch_size * max_len * layer.num_heads * spec.hidden_size
         #: kept u^h_s of every position per layer, [B, H, max_len, D] (strategy "cached")
         self._u: list[torch.Tensor | None] = [None] * self.num_layers
+        self._u_all: torch.Tensor | None = None  # [L, B, H, max_len, D] when stacked
+        self._norms_stacked: tuple[torch.Tensor, torch.Tensor] | None = None
         self.cached = (
             full
             and cache_values
@@ -324,8 +331,7 @@ class CaptureSession:
         if self.cached:
             u = self._u[i]
             if u is None:
-                dims = (self.batch_size, query.shape[1], self.max_len, hidden)
-                u = self._u[i] = torch.zeros(dims, dtype=torch.float32, device=value.device)
+                u = self._u[i] = self._new_u(i, query.shape[1], value.device)
             u[:, :, self.p0 : p_end] = new_parts(value[:, :, s_k - q_len :], self._wo_kv[i], hidden)
         elif self.cache_values:
             unorm = self._unorm[i]
@@ -346,6 +352,73 @@ class CaptureSession:
         self._probs[i] = torch.nan_to_num(probs, nan=0.0)  # fully masked (padding) rows
         self._values[i] = value
         self._src0[i] = src0
+
+    def _new_u(self, i: int, heads: int, device: torch.device) -> torch.Tensor:
+        """Zeroed kept parts of layer ``i``, ``[B, H, max_len, D]`` (a view of one tensor for
+        all layers when stacked)."""
+        dims = (self.batch_size, heads, self.max_len, self.spec.hidden_size)
+        if not self._stacked:
+            return torch.zeros(dims, dtype=torch.float32, device=device)
+        if self._u_all is None:
+            self._u_all = torch.zeros(
+                (self.num_layers, *dims), dtype=torch.float32, device=self.device
+            )
+            self._u = list(self._u_all)
+        return self._u_all[i]
+
+    # -- decode steps, all layers at once ----------------------------------------------------
+
+    def defers_decode(self) -> bool:
+        """Whether a decode step of this session is captured at its end for all layers at once
+        (:mod:`.decode_step`): fast capture, or full capture that keeps ``u`` (strategy
+        "cached") on stackable layers; otherwise the per-layer hooks run."""
+        if self.batch_size != 1 or self._rows is not None:
+            return False
+        if self.capture == "fast":
+            return True
+        return self.cached and self._stacked
+
+    def decode_step(self, inputs: DecodeInputs) -> None:
+        """Capture the decode step that adds position :attr:`pos` from the step's tensors
+        (one row, layers stacked), exactly what the per-layer hooks compute."""
+        if self.pos + 1 > self.max_len:
+            raise RuntimeError(
+                f"capture session sized for {self.max_len} positions received position "
+                f"{self.pos + 1}"
+            )
+        full = self.needs_attention
+        norm = None
+        if full and self.spec.layers[0].attn_out_norm is not None:
+            if self._norms_stacked is None:
+                self._norms_stacked = self._stacked_norm()
+            norm = self._norms_stacked
+        if full and self._u_all is None:
+            self._new_u(0, self.spec.layers[0].num_heads, self.device)
+        self.steps.append(
+            decode_features(
+                inputs,
+                pos=self.pos,
+                full=full,
+                u=self._u_all,
+                cmlp=self._cmlp_all,
+                wo_kv=self.spec.stacked_wo_by_kv_head() if full else None,
+                norm=norm,
+                reference=self._ref,
+                keep_states=self.keep_states,
+            )
+        )
+        self.pos += 1
+
+    def _stacked_norm(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention-output norms' ``(offset + w [L, 1, D], eps [L, 1, 1])``."""
+        scales, eps = [], []
+        for layer in self.spec.layers:
+            norm = layer.attn_out_norm
+            assert norm is not None
+            eps.append(float(getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-6))))
+            scales.append(layer.attn_out_norm_offset + torch.as_tensor(norm.weight).float())
+        eps_t = torch.tensor(eps, dtype=torch.float32, device=self.device).view(-1, 1, 1)
+        return torch.stack(scales).unsqueeze(1), eps_t
 
     def _on_post_attention(self, i: int) -> None:
         """``C_Attn^l`` of the rows, hence ω_prop^{l-1} (with ``C_MLP^{l-1}``)."""

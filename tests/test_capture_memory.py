@@ -173,7 +173,9 @@ def test_session_memory_follows_the_budget(
             for t in (v if isinstance(v, list) else [v])
             if isinstance(t, torch.Tensor) and t.is_floating_point()
         ]
-        held = sum(t.numel() for t in tensors)
+        # numbers held: each storage once (per-layer lists may be views of one stacked tensor)
+        storages = {t.untyped_storage().data_ptr(): t for t in tensors}
+        held = sum(t.untyped_storage().nbytes() // t.element_size() for t in storages.values())
         assert held <= bound, (held, bound)
         assert held >= spec.num_layers * s.batch_size * s.max_len  # C_MLP at least: counted
 

@@ -19,3 +19,17 @@ def default_model():
     from abstain_guard.adapters import load_default_model
 
     return load_default_model(max_new_tokens=24)
+
+
+@pytest.fixture(scope="session")
+def default_model_with(default_model):
+    """``default_model_with(max_new_tokens=16)``: the session model with other settings on
+    the same loaded weights -- what ``load_default_model(**settings)`` (or a calibration
+    config naming the default model) loads, without loading it again."""
+
+    def make(**settings):
+        model = default_model.model_copy(update=settings)
+        model._shared = default_model._shared  # the same loaded weights
+        return model
+
+    return make

@@ -70,13 +70,20 @@ LOCAL_CHUNKS: list[int] = []
 
 
 @pytest.fixture(scope="module")
-def local_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def local_model(default_model_with: Any) -> Any:
+    """The model a local run of ``SETTINGS`` loads (the session's weights, not loaded again)."""
+    return default_model_with(max_new_tokens=SETTINGS["max_new_tokens"])
+
+
+@pytest.fixture(scope="module")
+def local_run(local_model: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The reference: the same questions calibrated in this process."""
     tmp = tmp_path_factory.mktemp("local")
     calibrate(
         ITEMS,
         tmp / "guard",
         config=_config(tmp, "guard"),
+        model=local_model,
         progress=False,
         on_generation_chunk=LOCAL_CHUNKS.append,
     )
@@ -216,7 +223,10 @@ def _agent_runs(cache: Path) -> dict[str, str]:
 @pytest.mark.model
 @pytest.mark.slow
 def test_agent_runs_on_ray_replicas_are_the_local_ones(
-    executor: RayExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    default_model_with: Any,
+    executor: RayExecutor,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``calibrate --agent --executor ray``: the replicas build the agent from its factory
     and run the questions; every stored run (messages, tool calls, final answer's ids and
@@ -230,7 +240,9 @@ def test_agent_runs_on_ray_replicas_are_the_local_ones(
         "ratios": (1, 1, 1, 1),
         "participation": 0.5,
     }
-    calibrate(items, tmp_path / "local", config=_config(tmp_path, "local", **agent), progress=False)
+    local = _config(tmp_path, "local", **agent)
+    model = default_model_with(max_new_tokens=SETTINGS["max_new_tokens"])  # as loaded there
+    calibrate(items, tmp_path / "local", config=local, model=model, progress=False)
     calibrate(
         items,
         tmp_path / "ray",

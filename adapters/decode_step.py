@@ -22,10 +22,10 @@ or whose layers live on several devices, keep the per-layer hooks
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -35,8 +35,20 @@ from .capture_features import StepFeatures, block_features
 from .geometry_torch import mlp_proximity, row_probabilities
 from .source_parts import cached_numerators, proximity_from_numerators
 
-if TYPE_CHECKING:
-    from .capture import CaptureSession
+
+class DecodeSession(Protocol):
+    """What a decode step needs of a capture session
+    (:class:`~abstain_guard.adapters.capture.CaptureSession` is one; this module does not
+    import it: the session imports this module)."""
+
+    @property
+    def needs_attention(self) -> bool:
+        """Whether the session captures the attention parts (full capture)."""
+        ...
+
+    def decode_step(self, inputs: DecodeInputs) -> None:
+        """Capture the step from one row's tensors."""
+        ...
 
 
 @dataclass
@@ -101,7 +113,7 @@ class DecodeStepCapture:
     row without capture, or a row whose session keeps its per-layer hooks).
     """
 
-    def __init__(self, spec: ArchitectureSpec, sessions: list[CaptureSession | None]) -> None:
+    def __init__(self, spec: ArchitectureSpec, sessions: Sequence[DecodeSession | None]) -> None:
         self.spec = spec
         self.sessions = sessions
         self.full = any(s is not None and s.needs_attention for s in sessions)
@@ -290,4 +302,10 @@ def decode_features(
     return block_features(et.unsqueeze(1), eo.unsqueeze(1), prop, reference, keep_states)
 
 
-__all__ = ["DecodeInputs", "DecodeStepCapture", "decode_features", "norm_factors"]
+__all__ = [
+    "DecodeInputs",
+    "DecodeSession",
+    "DecodeStepCapture",
+    "decode_features",
+    "norm_factors",
+]

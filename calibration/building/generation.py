@@ -10,7 +10,9 @@ sequence at a time to read the per-token signals the deployed guard computes liv
 from __future__ import annotations
 
 import hashlib
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal
 
 import numpy as np
@@ -101,6 +103,14 @@ def plan_chunks(items: Sequence[QAItem], size: int) -> list[tuple[int, list[QAIt
         for start in range(0, len(kind_items), size)
     ]
     return list(enumerate(chunks, start=1))
+
+
+#: Chunks in flight at once on a model that shares decode steps: the next chunk's questions
+#: wait in the model's scheduler and take the places of the rows that finish, so decode steps
+#: stay full to the end of a chunk and prompt passes interleave with them (every answer is
+#: bitwise its solo answer on that path, so the answers do not change). Chunks are still
+#: stored whole and in order, so a resumed run loses at most this many chunks.
+PIPELINED_CHUNKS = 2
 
 
 def decode_path_of(model: Any) -> dict[str, Any] | None:
@@ -216,8 +226,21 @@ def generate_answers(
     elif todo:
         runner = model.with_reference(reference) if capture == "geometry" else model
         digest = means_digest(reference) if capture == "geometry" else None
-        for index, chunk in todo:
-            store_chunk(index, chunk, generate_chunk(runner, chunk, config, capture, digest))
+        window = PIPELINED_CHUNKS if shared_steps else 1
+        pool = ThreadPoolExecutor(max_workers=window, thread_name_prefix="chunk")
+        running: deque[tuple[int, list[QAItem], Future[list[ChunkAnswer]]]] = deque()
+        try:
+            for index, chunk in todo:
+                job = pool.submit(generate_chunk, runner, chunk, config, capture, digest)
+                running.append((index, chunk, job))
+                if len(running) >= window:
+                    first, items_, job = running.popleft()
+                    store_chunk(first, items_, job.result())
+            while running:
+                first, items_, job = running.popleft()
+                store_chunk(first, items_, job.result())
+        finally:  # on an error or a kill, the chunk already running finishes, unstored
+            pool.shutdown(wait=True, cancel_futures=True)
     bar.close()
     return {it.id: {**done[keys[it.id]], "key": keys[it.id]} for it in items}
 

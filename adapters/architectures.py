@@ -93,6 +93,15 @@ class ArchitectureSpec:
         """L."""
         return len(self.layers)
 
+    def capture_modules(self) -> list[nn.Module]:
+        """Every module a capture hooks (layers, MLP inputs, attention-output norms)."""
+        found: list[nn.Module] = []
+        for ls in self.layers:
+            found += [ls.layer, ls.mlp_input_module]
+            if ls.attn_out_norm is not None:
+                found.append(ls.attn_out_norm)
+        return found
+
     @property
     def stackable(self) -> bool:
         """Whether every layer has the same head layout on the same device, so capture may

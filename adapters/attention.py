@@ -14,6 +14,11 @@ and for the families sdpa cannot run at all -- Gemma-2's logit soft-capping (``s
 and gpt-oss's attention sinks (``s_aux``) -- which run the ``eager_attention_forward`` of
 their own modeling module.
 
+Which attention a forward runs is chosen per calling context (thread or asyncio task) with
+:func:`attention_implementation`, never by assigning ``config._attn_implementation``: the
+engine runs forwards of one model in several threads at once (one per CPU), and an
+assignment would switch the attention of the other threads' forwards too.
+
 This module is the one home of the active-session state (:data:`ACTIVE_SESSION`); it knows
 a session only by the :class:`AttentionObserver` protocol, so imports run one way:
 ``capture`` and ``batching`` import this module, never the reverse.
@@ -29,7 +34,7 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
-from transformers import AttentionInterface
+from transformers import AttentionInterface, PretrainedConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
@@ -77,6 +82,73 @@ ATTENTION_NAME_EAGER = "abstain_guard_geometry_eager"
 ACTIVE_SESSION: contextvars.ContextVar[AttentionObserver | None] = contextvars.ContextVar(
     "abstain_guard_capture_session", default=None
 )
+
+
+#: Attention implementation chosen in the calling context, by ``id`` of a model's config
+#: objects (see :func:`attention_implementation`).
+_CHOSEN: contextvars.ContextVar[dict[int, str] | None] = contextvars.ContextVar(
+    "abstain_guard_attention_implementation", default=None
+)
+
+
+def _chosen_getter(base: property) -> property:
+    """``PretrainedConfig._attn_implementation`` that first asks :data:`_CHOSEN`."""
+
+    def fget(self: PretrainedConfig) -> Any:
+        chosen = _CHOSEN.get()
+        if chosen:
+            name = chosen.get(id(self))
+            if name is not None:
+                return name
+        return base.fget(self) if base.fget is not None else None
+
+    fget.__wrapped__ = base.fget  # type: ignore[attr-defined]
+    return property(fget, base.fset, base.fdel, base.__doc__)
+
+
+def _install_chosen_getter() -> None:
+    """Let the calling context choose a config's attention implementation (idempotent).
+    transformers' attention modules and mask builders read ``config._attn_implementation``
+    at every forward; its getter now returns the implementation chosen in the calling
+    context for that config object, and the config's own value everywhere else (so nothing
+    changes for code that never calls :func:`attention_implementation`)."""
+    base = PretrainedConfig.__dict__["_attn_implementation"]
+    if getattr(base.fget, "__wrapped__", None) is None:
+        PretrainedConfig._attn_implementation = _chosen_getter(base)  # type: ignore[method-assign,assignment]
+
+
+def _configs(config: Any) -> list[Any]:
+    """``config`` and its sub-configs (recursively): every config an attention module of
+    the model may hold."""
+    found = [config]
+    for key in getattr(config, "sub_configs", {}) or {}:
+        sub = getattr(config, key, None)
+        if isinstance(sub, PretrainedConfig):
+            found.extend(_configs(sub))
+    return found
+
+
+@contextmanager
+def attention_implementation(hf_model: Any, name: str) -> Iterator[None]:
+    """Run ``hf_model``'s forwards in this context (thread or task) with the attention
+    registered as ``name``; forwards of the same model in other threads keep theirs.
+
+    Raises RuntimeError for a config class that defines its own ``_attn_implementation``
+    property (the choice could not reach it)."""
+    _install_chosen_getter()
+    configs = _configs(hf_model.config)
+    for c in configs:
+        prop = getattr(type(c), "_attn_implementation", None)
+        if not isinstance(prop, property) or getattr(prop.fget, "__wrapped__", None) is None:
+            raise RuntimeError(
+                f"{type(c).__name__} defines its own _attn_implementation; the engine cannot "
+                "choose its attention per thread"
+            )
+    token = _CHOSEN.set({**(_CHOSEN.get() or {}), **{id(c): name for c in configs}})
+    try:
+        yield
+    finally:
+        _CHOSEN.reset(token)
 
 
 def _eager_function(module: nn.Module) -> Any:
@@ -174,14 +246,9 @@ def capture_mode(hf_model: Any, session: AttentionObserver | None) -> Iterator[N
         with session.attach():
             yield
         return
-    cfg = hf_model.config
-    previous = cfg._attn_implementation
-    cfg._attn_implementation = register_attention(eager=previous == "eager")
-    try:
-        with session.attach():
-            yield
-    finally:
-        cfg._attn_implementation = previous
+    name = register_attention(eager=hf_model.config._attn_implementation == "eager")
+    with attention_implementation(hf_model, name), session.attach():
+        yield
 
 
 __all__ = [
@@ -189,6 +256,7 @@ __all__ = [
     "ATTENTION_NAME",
     "ATTENTION_NAME_EAGER",
     "AttentionObserver",
+    "attention_implementation",
     "capture_mode",
     "native_attention",
     "register_attention",

@@ -41,11 +41,18 @@ from transformers.generation.logits_process import (
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .attention import ACTIVE_SESSION, capture_mode, native_attention, register_attention
+from .attention import (
+    ACTIVE_SESSION,
+    attention_implementation,
+    capture_mode,
+    native_attention,
+    register_attention,
+)
 from .capture import CaptureSession, StepFeatures
 from .decode_step import DecodeStepCapture
+from .hook_routes import Hook, routed
 from .loading import LoadedModel, eos_token_ids, pad_token_id
-from .threads import DecodePath, blas_threads, choose_decode_path, prefill_threads
+from .threads import DECODE_THREADS, DecodePath, blas_threads, choose_decode_path
 from .types import ReferenceMeans
 
 #: Attention implementation of batched decode steps (registered without a mask function, so
@@ -226,21 +233,9 @@ def register_rows_attention() -> str:
 # -- per-row capture hooks --------------------------------------------------------------------
 
 
-def _hook_ids(hf: nn.Module) -> list[tuple[nn.Module, set[int], set[int]]]:
-    return [(m, set(m._forward_pre_hooks), set(m._forward_hooks)) for m in hf.modules()]
-
-
-def _new_hooks(before: list[tuple[nn.Module, set[int], set[int]]]) -> list[RowHook]:
-    """The hooks registered since ``before`` (a :func:`_hook_ids` snapshot), in order."""
-    found = []
-    for m, pre, post in before:
-        for hid, fn in m._forward_pre_hooks.items():
-            if hid not in pre:
-                found.append(RowHook(m, "pre", fn, bool(m._forward_pre_hooks_with_kwargs.get(hid))))
-        for hid, fn in m._forward_hooks.items():
-            if hid not in post:
-                found.append(RowHook(m, "post", fn, bool(m._forward_hooks_with_kwargs.get(hid))))
-    return found
+def _row_hooks(session: CaptureSession) -> list[RowHook]:
+    """The hooks ``session`` registered for its prompt pass (see ``CaptureSession.hooks``)."""
+    return [RowHook(m, kind, fn, with_kwargs) for m, kind, fn, with_kwargs in session.hooks]
 
 
 def _split_rows(x: Any, batch: int) -> list[Any]:
@@ -300,28 +295,24 @@ class HookMux:
 
     @contextmanager
     def installed(self) -> Iterator[None]:
-        """Register one dispatching hook per (module, kind) for the duration of the block."""
-        handles = []
-        try:
-            for key, module in self._modules.items():
-                if key[1] == "pre":
-                    handles.append(
-                        module.register_forward_pre_hook(
-                            lambda m, a, kw, key=key: self._call(key, m, (a, kw)),
-                            with_kwargs=True,
-                        )
+        """Route one dispatching hook per (module, kind) to the forward in this context."""
+        hooks: list[Hook] = []
+        for key, module in self._modules.items():
+            if key[1] == "pre":
+                hooks.append(
+                    (module, "pre", lambda m, a, kw, key=key: self._call(key, m, (a, kw)), True)
+                )
+            else:
+                hooks.append(
+                    (
+                        module,
+                        "post",
+                        lambda m, a, kw, out, key=key: self._call(key, m, (a, kw, out)),
+                        True,
                     )
-                else:
-                    handles.append(
-                        module.register_forward_hook(
-                            lambda m, a, kw, out, key=key: self._call(key, m, (a, kw, out)),
-                            with_kwargs=True,
-                        )
-                    )
+                )
+        with routed(hooks):
             yield
-        finally:
-            for h in handles:
-                h.remove()
 
 
 # -- token choice -----------------------------------------------------------------------------
@@ -350,7 +341,8 @@ def choose_token(
 class BatchEngine:
     """Prefills new rows one at a time and decodes all active rows one token per step.
 
-    Not thread-safe: the scheduler's worker drives it while holding the model lock.
+    Not thread-safe: one scheduler worker drives it (holding the model lock shared); other
+    engines of the same model may run their forwards at the same time in other threads.
     """
 
     def __init__(self, loaded: LoadedModel, max_rows: int, batch_decode: bool = True) -> None:
@@ -368,15 +360,14 @@ class BatchEngine:
         #: model's weights make rows independent there (and ``batch_decode`` asks for it),
         #: else each row alone; recorded in every row's result
         self.path: DecodePath = choose_decode_path(hf, batch_decode, max_rows)
-        #: BLAS threads of prompt passes (their numbers do not depend on it)
-        self.prefill_threads = prefill_threads()
         register_rows_attention()
 
     # -- rows ------------------------------------------------------------------------------
 
     def start(self, request: GenerationRequest) -> Row:
-        """Prefill ``request`` alone and choose its first token; returns the row, finished
-        or still active (it is then in :attr:`active`)."""
+        """Prefill ``request`` alone (on :data:`~.threads.DECODE_THREADS` BLAS threads, like
+        every forward) and choose its first token; returns the row, finished or still active
+        (it is then in :attr:`active`)."""
         hf = self.loaded.hf_model
         session = (
             CaptureSession(
@@ -396,9 +387,12 @@ class BatchEngine:
         row = Row(request, DynamicCache(config=hf.config), session, [], gen, path=self.path)
         ids = torch.tensor([request.prompt], dtype=torch.long, device=self._device)
         kw: dict[str, Any] = {"logits_to_keep": 1} if self._keep_one else {}
-        before = _hook_ids(hf) if session is not None else []
-        with torch.inference_mode(), capture_mode(hf, session), blas_threads(self.prefill_threads):
-            row.hooks = _new_hooks(before) if session is not None else []
+        with (
+            torch.inference_mode(),
+            capture_mode(hf, session),
+            blas_threads(DECODE_THREADS),
+        ):
+            row.hooks = _row_hooks(session) if session is not None else []
             out = hf(input_ids=ids, past_key_values=row.cache, use_cache=True, **kw)
         self._append(row, out.logits[0, -1])
         if row.finish is None:
@@ -474,12 +468,10 @@ class BatchEngine:
             else None
         )
         token = _STEP.set(_DecodeStep(cache, hooked, capture))
-        cfg = hf.config
-        previous = cfg._attn_implementation
-        cfg._attn_implementation = ROWS_ATTENTION
         try:
             with (
                 torch.inference_mode(),
+                attention_implementation(hf, ROWS_ATTENTION),
                 mux.installed(),
                 capture.installed() if capture is not None else nullcontext(),
                 blas_threads(self.path.threads),
@@ -493,7 +485,6 @@ class BatchEngine:
                 if capture is not None:
                     capture.finish()
         finally:
-            cfg._attn_implementation = previous
             _STEP.reset(token)
         for i, row in enumerate(rows):
             self._append(row, out.logits[i, -1])

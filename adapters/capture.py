@@ -49,6 +49,7 @@ from .attention import ACTIVE_SESSION
 from .capture_features import CAPTURE_MODES, StepFeatures, block_features
 from .decode_step import DecodeInputs, decode_features
 from .geometry_torch import mlp_proximity, row_probabilities
+from .hook_routes import install_routes, routed
 from .source_parts import (
     cached_numerators,
     dense_numerators,
@@ -115,6 +116,7 @@ class CaptureSession:
             raise InvalidInputError(f"capture must be one of {CAPTURE_MODES}, got {capture!r}")
         if strategy not in STRATEGIES:
             raise InvalidInputError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        install_routes(spec.capture_modules())  # no-op for a model from wrap_model
         self.spec = spec
         self.max_len = max_len
         self.batch_size = batch_size
@@ -172,7 +174,9 @@ class CaptureSession:
         self.pos = 0
         self.steps: list[StepFeatures] = []
         self._rows: slice | None = None  # explicit rows for the next block (replay)
-        self._handles: list[Any] = []
+        #: the hooks :meth:`attach` registers, as ``(module, "pre" | "post", fn, with_kwargs)``
+        #: (the engine calls them on the row's slice of later batched decode steps)
+        self.hooks: list[tuple[nn.Module, str, Any, bool]] = []
         self._reset_step()
 
     @property
@@ -205,27 +209,22 @@ class CaptureSession:
 
     @contextmanager
     def attach(self) -> Iterator[CaptureSession]:
-        """Install the hooks and activate the session in this context; always undone."""
+        """Route the hooks to forwards of this context and activate the session here;
+        always undone (:mod:`.hook_routes`)."""
         token = ACTIVE_SESSION.set(self)
+        hooks: list[tuple[nn.Module, str, Any, bool]] = []
+        for ls in self.spec.layers:
+            i = ls.index
+            hooks.append((ls.layer, "pre", self._make_layer_pre(i), True))
+            hooks.append((ls.mlp_input_module, "pre", self._make_mlp_in(i), False))
+            if ls.attn_out_norm is not None and self.needs_attention:
+                hooks.append((ls.attn_out_norm, "pre", self._make_attn_out(i), False))
+            hooks.append((ls.layer, "post", self._make_layer_post(i), False))
+        self.hooks = hooks
         try:
-            for ls in self.spec.layers:
-                i = ls.index
-                self._handles.append(
-                    ls.layer.register_forward_pre_hook(self._make_layer_pre(i), with_kwargs=True)
-                )
-                self._handles.append(
-                    ls.mlp_input_module.register_forward_pre_hook(self._make_mlp_in(i))
-                )
-                if ls.attn_out_norm is not None and self.needs_attention:
-                    self._handles.append(
-                        ls.attn_out_norm.register_forward_pre_hook(self._make_attn_out(i))
-                    )
-                self._handles.append(ls.layer.register_forward_hook(self._make_layer_post(i)))
-            yield self
+            with routed(hooks):
+                yield self
         finally:
-            for h in self._handles:
-                h.remove()
-            self._handles.clear()
             ACTIVE_SESSION.reset(token)
 
     # -- hooks ----------------------------------------------------------------------------

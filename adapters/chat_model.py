@@ -59,7 +59,7 @@ from .response_metadata import numerics_record
 from .streaming import (
     cut_at_stop,
 )
-from .threads import choose_decode_path
+from .threads import choose_decode_path, engine_workers
 from .tools import (
     ToolSetup,
     decode_keeping,
@@ -497,6 +497,13 @@ class GeometryChatModel(StreamingMixin, BatchMixin, ReplayMixin, BaseChatModel):
         """The decode path this model's engine takes (:func:`.threads.choose_decode_path`,
         the function the engine itself calls), as its responses record it."""
         return choose_decode_path(self.hf_model, self.batch_decode, self.max_batch_size).record()
+
+    def engine_workers(self) -> int:
+        """Engines this model's scheduler runs side by side (:func:`.threads.engine_workers`:
+        one per CPU of the process on a CPU model); each decodes up to ``max_batch_size``
+        rows per step."""
+        sched = self._s.scheduler
+        return int(sched.workers) if sched is not None else engine_workers(self.hf_model)
 
 
 def load_default_model(**options: Any) -> GeometryChatModel:

@@ -33,6 +33,7 @@ from torch import nn
 from .architectures import ArchitectureSpec
 from .capture_features import StepFeatures, block_features
 from .geometry_torch import mlp_proximity, row_probabilities
+from .hook_routes import Hook, routed
 from .source_parts import cached_numerators, proximity_from_numerators
 
 
@@ -153,13 +154,12 @@ class DecodeStepCapture:
 
     @contextmanager
     def installed(self) -> Iterator[DecodeStepCapture]:
-        """Register one reference-keeping hook per module for the forward in this context."""
-        handles = []
+        """Route one reference-keeping hook per module to the forward in this context."""
 
         def keep(store: list[torch.Tensor | None], i: int, post: bool = False) -> Any:
             if post:
 
-                def hook_post(module: nn.Module, args: Any, output: Any) -> None:
+                def hook_post(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
                     store[i] = output[0] if isinstance(output, tuple) else output
 
                 return hook_post
@@ -169,28 +169,16 @@ class DecodeStepCapture:
 
             return hook_pre
 
-        try:
-            for ls in self.spec.layers:
-                i = ls.index
-                handles.append(
-                    ls.layer.register_forward_pre_hook(keep(self.layer_in, i), with_kwargs=True)
-                )
-                handles.append(
-                    ls.mlp_input_module.register_forward_pre_hook(
-                        keep(self.post_attn, i), with_kwargs=True
-                    )
-                )
-                if ls.attn_out_norm is not None and self.full:
-                    handles.append(
-                        ls.attn_out_norm.register_forward_pre_hook(
-                            keep(self.attn_out, i), with_kwargs=True
-                        )
-                    )
-                handles.append(ls.layer.register_forward_hook(keep(self.post_mlp, i, post=True)))
+        hooks: list[Hook] = []
+        for ls in self.spec.layers:
+            i = ls.index
+            hooks.append((ls.layer, "pre", keep(self.layer_in, i), True))
+            hooks.append((ls.mlp_input_module, "pre", keep(self.post_attn, i), True))
+            if ls.attn_out_norm is not None and self.full:
+                hooks.append((ls.attn_out_norm, "pre", keep(self.attn_out, i), True))
+            hooks.append((ls.layer, "post", keep(self.post_mlp, i, post=True), True))
+        with routed(hooks):
             yield self
-        finally:
-            for h in handles:
-                h.remove()
 
     # -- per row ----------------------------------------------------------------------------
 

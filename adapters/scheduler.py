@@ -2,20 +2,24 @@
 
 Callers (threads, asyncio tasks, :meth:`GeometryChatModel.batch`) submit
 :class:`~abstain_guard.adapters.batching.GenerationRequest` objects and get
-:class:`concurrent.futures.Future` objects back. One worker thread (started on demand, gone
-when idle) admits waiting requests into the running batch between decode steps (continuous,
-step-level batching; at most ``max_batch`` rows at once), prefills each new one alone and
-decodes all rows together, one token per step (:class:`~abstain_guard.adapters.batching.
-BatchEngine`). Requests wait in a queue of at most ``max_queue``; beyond that ``submit``
-raises :class:`~abstain_guard.errors.SchedulerFullError` at once.
+:class:`concurrent.futures.Future` objects back. Worker threads -- one per engine,
+:func:`~.threads.engine_workers` of them (one per CPU on a CPU model), started on demand and
+gone when idle -- each admit their fair share of the waiting requests into their own running
+batch between decode steps (continuous, step-level batching; at most ``max_batch`` rows per
+engine), prefill each new one alone and decode their rows together, one token per step
+(:class:`~abstain_guard.adapters.batching.BatchEngine`). The engines run their forwards on
+the same weights at the same time, each on one BLAS thread (:mod:`.threads`). Requests wait
+in a queue of at most ``max_queue``; beyond that ``submit`` raises
+:class:`~abstain_guard.errors.SchedulerFullError` at once.
 
-Exactness: a row's tokens, logits and geometry do not depend on the other rows (see
-:mod:`.batching`), so every caller gets bitwise what it gets alone.
+Exactness: a row's tokens, logits and geometry do not depend on the other rows nor on the
+engine that runs it (see :mod:`.batching`), so every caller gets bitwise what it gets alone.
 
-The worker holds the model's lock (``LoadedModel.lock``) for each prefill and decode step,
-so teacher-forced replay (which holds the same lock for a whole call) interleaves with
-generation between steps and never deadlocks with it. A thread that already holds the lock
-and generates runs its requests itself, inline, with the same engine (same numbers).
+The workers hold the model's lock (``LoadedModel.lock``) *shared* for each round of
+prefill and decode step, so teacher-forced replay (which holds it alone for a whole call)
+interleaves with generation between rounds and never deadlocks with it. A thread that
+already holds the lock and generates runs its requests itself, inline, with an engine of
+the same path (same numbers).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import atexit
 import threading
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -32,6 +36,7 @@ from abstain_guard.errors import SchedulerFullError
 
 from .batching import BatchEngine, GenerationRequest, Row, RowResult
 from .loading import LoadedModel
+from .threads import engine_workers
 
 #: Rows decoded together in one step (more wait in the queue).
 DEFAULT_MAX_BATCH = 8
@@ -46,7 +51,7 @@ class _Pending:
 
 
 class GenerationScheduler:
-    """Queue and worker of one loaded model (see the module docstring)."""
+    """Queue and workers of one loaded model (see the module docstring)."""
 
     def __init__(
         self,
@@ -54,32 +59,44 @@ class GenerationScheduler:
         max_batch: int = DEFAULT_MAX_BATCH,
         max_queue: int = DEFAULT_MAX_QUEUE,
         batch_decode: bool = True,
+        workers: int | None = None,
     ) -> None:
         if max_batch < 1 or max_queue < 1:
             raise ValueError("max_batch and max_queue must be positive")
         self.loaded = loaded
         self.max_batch = max_batch
         self.max_queue = max_queue
-        #: ask the engine for shared decode steps even where that needs one BLAS thread
-        #: (:class:`~.batching.BatchEngine`); fixed when the engine is built
+        #: ask the engines for shared decode steps even where that needs one BLAS thread
+        #: (:class:`~.batching.BatchEngine`); fixed when the engines are built
         self.batch_decode = batch_decode
+        #: engines run side by side, each in its own worker thread with its own rows
+        #: (:func:`~.threads.engine_workers`: one per CPU of the process on a CPU model)
+        self.workers = workers if workers is not None else engine_workers(loaded.hf_model)
+        if self.workers < 1:
+            raise ValueError("workers must be positive")
         self._cond = threading.Condition()
         self._pending: deque[_Pending] = deque()
-        self._worker: threading.Thread | None = None
-        self._engine: BatchEngine | None = None
+        self._running: list[threading.Thread | None] = [None] * self.workers
+        self._engines: list[BatchEngine | None] = [None] * self.workers
+        self._widest = 0
 
     # -- submitting ------------------------------------------------------------------------
 
     @property
     def queued(self) -> int:
-        """Requests waiting for a place in the batch."""
+        """Requests waiting for a place in a batch."""
         with self._cond:
             return len(self._pending)
 
     @property
     def widest_step(self) -> int:
-        """Most answers one decode step of the worker has run together so far."""
-        return self._engine.widest if self._engine is not None else 0
+        """Most answers decoded at the same time so far (all engines together)."""
+        return self._widest
+
+    @property
+    def engines(self) -> list[BatchEngine]:
+        """The engines built so far (one per worker that has run)."""
+        return [e for e in self._engines if e is not None]
 
     def submit(self, requests: Sequence[GenerationRequest]) -> list[Future[RowResult]]:
         """Queue ``requests`` (all or none) and return one future per request.
@@ -100,12 +117,17 @@ class GenerationScheduler:
                     "GeometryChatModel(max_queue=...)."
                 )
             self._pending.extend(pending)
-            if self._worker is None:
-                self._worker = threading.Thread(
-                    target=self._work, name="abstain-guard-scheduler", daemon=True
-                )
-                _WORKERS.add(self._worker)
-                self._worker.start()
+            for slot in range(min(self.workers, len(self._pending))):
+                if self._running[slot] is None:
+                    worker = threading.Thread(
+                        target=self._work,
+                        args=(slot,),
+                        name=f"abstain-guard-engine-{slot}",
+                        daemon=True,
+                    )
+                    self._running[slot] = worker
+                    _WORKERS.add(worker)
+                    worker.start()
             self._cond.notify_all()
         return [p.future for p in pending]
 
@@ -113,33 +135,44 @@ class GenerationScheduler:
         """Submit ``requests`` and wait for all of them."""
         return [f.result() for f in self.submit(requests)]
 
-    # -- the worker ------------------------------------------------------------------------
+    # -- the workers -----------------------------------------------------------------------
 
-    def _take(self, runner: _Runner) -> list[_Pending] | None:
-        """Requests to admit now; None when there is nothing left to do (worker exits)."""
+    def _take(self, slot: int, runner: _Runner) -> list[_Pending] | None:
+        """Requests worker ``slot`` admits now (its fair share of the rows in flight, at
+        least one when it has none); None when it has nothing left to do (it exits)."""
         with self._cond:
-            if not self._pending and not runner.engine.active:
-                self._worker = None
+            own = len(runner.engine.active)
+            if not self._pending and not own:
+                self._running[slot] = None
                 return None
-            room = self.max_batch - len(runner.engine.active)
-            return [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
+            flying = sum(len(e.active) for e in self.engines) + len(self._pending)
+            share = -(-flying // self.workers) - own
+            room = self.max_batch - own
+            take = min(room, len(self._pending), max(share, 0 if own else 1))
+            return [self._pending.popleft() for _ in range(take)]
 
-    def _work(self) -> None:
+    def _note_width(self) -> None:
+        self._widest = max(self._widest, sum(len(e.active) for e in self.engines))
+
+    def _work(self, slot: int) -> None:
         """Worker loop: admit and prefill, decode one step, resolve finished rows; repeat.
-        On an unexpected failure every waiting caller gets the exception (never a hang)."""
+        On an unexpected failure its own rows and every waiting caller get the exception
+        (never a hang); the other workers go on with their rows."""
         runner: _Runner | None = None
         try:
-            with self.loaded.lock:
-                if self._engine is None:
-                    self._engine = BatchEngine(self.loaded, self.max_batch, self.batch_decode)
-                runner = _Runner(self._engine)
-            while (admit := self._take(runner)) is not None:
-                with self.loaded.lock:
+            with self.loaded.lock:  # the first build probes the weights (decode path)
+                engine = self._engines[slot]
+                if engine is None:
+                    engine = BatchEngine(self.loaded, self.max_batch, self.batch_decode)
+                    self._engines[slot] = engine
+            runner = _Runner(engine, self._note_width)
+            while (admit := self._take(slot, runner)) is not None:
+                with self.loaded.lock.shared():
                     done = runner.round(admit)
                 runner.finish(done)
         except BaseException as exc:
             with self._cond:
-                self._worker = None
+                self._running[slot] = None
                 waiting = list(self._pending)
                 self._pending.clear()
             for p in waiting:
@@ -160,9 +193,10 @@ class GenerationScheduler:
 class _Runner:
     """An engine and the futures of its rows (used by one thread at a time)."""
 
-    def __init__(self, engine: BatchEngine) -> None:
+    def __init__(self, engine: BatchEngine, before_step: Callable[[], None] | None = None) -> None:
         self.engine = engine
         self.futures: dict[int, Future[RowResult]] = {}
+        self._before_step = before_step
 
     def round(self, admit: list[_Pending]) -> list[Row]:
         """Prefill ``admit`` (each failure is that caller's alone), then one decode step
@@ -179,6 +213,8 @@ class _Runner:
             self.futures[id(row)] = p.future
             if row.finish is not None:
                 done.append(row)
+        if self._before_step is not None:
+            self._before_step()
         try:
             done.extend(self.engine.step())
         except BaseException as exc:
@@ -256,7 +292,8 @@ def scheduler_for(
             if max_queue is not None:
                 sched.max_queue = max(1, max_queue)
             if max_batch is not None:
-                cap = sched._engine.max_rows if sched._engine is not None else max_batch
+                built = sched.engines
+                cap = built[0].max_rows if built else max_batch
                 sched.max_batch = max(1, min(max_batch, cap))
         return sched
 

@@ -9,20 +9,26 @@ x86 machine (``bench/decode_path.py``):
   4 to 8+ rows wherever the row sits; 1 to 3 rows use other kernels. With two threads no
   batch size gives that (the split between threads depends on the batch).
 * a decode step of one row costs about the same on one thread as on two (it is bound by
-  reading the weights and by Python, not by arithmetic), while a prompt pass (prefill, many
-  tokens) is ~1.6× faster on two threads, and its numbers were the same on one and two
-  threads (bench/decode_path.py checks this on the model it runs).
+  reading the weights and by Python, not by arithmetic); a prompt pass (prefill, many
+  tokens) is ~1.6x faster on two threads, but its last bits may depend on the thread count
+  (they do on some tiny test models), so a guard would hold only on machines with the
+  calibration machine's core count.
 
-So the library runs **decode steps on one thread** in every process and **prefill on all the
-CPUs the process may use**. Decode steps are *shared* between concurrent rows (one forward,
-padded to :data:`MIN_DECODE_ROWS` rows) where the model's own weights show rows to be
-independent on one thread, and run each row *alone* otherwise. The path is part of each
-response's generation record (:meth:`DecodePath.record`) and of the calibration record;
-the guard refuses a response decoded on another path than calibration's.
+So the library runs **every forward on one BLAS thread** (:data:`DECODE_THREADS`: prompt
+passes, decode steps, replay) in every process, whatever the machine, and gets its
+parallelism from **engines side by side**: the scheduler runs one engine per CPU of the
+process (:func:`engine_workers`), each in its own thread with its own rows, on the same
+weights (two engines on this 2-core machine decode 1.75x the rows per second of one). A row's
+numbers do not depend on the engine, the other rows or the machine's core count. Decode steps
+are *shared* between an engine's concurrent rows (one forward, padded to
+:data:`MIN_DECODE_ROWS` rows) where the model's own weights show rows to be independent on one
+thread, and run each row *alone* otherwise. The path is part of each response's generation
+record (:meth:`DecodePath.record`) and of the calibration record; the guard refuses a
+response decoded on another path than calibration's.
 
-More cores: decode stays on one thread per step (a step is too small to split exactly), and
-throughput comes from more rows per step; prefill uses every CPU of the process (its
-numbers are the same on any thread count, so this choice is recorded but not checked).
+More cores: one engine per core, each decoding up to ``max_batch`` rows per step; what a
+lone request pays is a prompt pass on one thread (~1.6x the two-thread time on a long
+prompt).
 """
 
 from __future__ import annotations
@@ -41,13 +47,14 @@ from torch import nn
 #: from which one-thread BLAS computes every row the same way whatever the batch size.
 MIN_DECODE_ROWS = 4
 
-#: BLAS threads inside every decode step (shared or alone).
+#: BLAS threads inside every forward of the library: decode steps (shared or alone), prompt
+#: passes and replay.
 DECODE_THREADS = 1
 
-#: Environment variable that caps the threads of prompt passes (prefill, replay); by default
-#: every CPU the process may run on. Not ``OMP_NUM_THREADS``: that one is set by Ray and
-#: others for their own reasons, and must not change which numbers the library computes.
-PREFILL_THREADS_ENV = "ABSTAIN_GUARD_PREFILL_THREADS"
+
+#: Environment variable that caps the engines the scheduler runs side by side on a CPU model
+#: (default: one per CPU of the process, :func:`engine_workers`).
+ENGINE_WORKERS_ENV = "ABSTAIN_GUARD_ENGINE_WORKERS"
 
 
 @dataclass(frozen=True)
@@ -88,19 +95,29 @@ def process_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def prefill_threads() -> int:
-    """Threads of prompt passes: :data:`PREFILL_THREADS_ENV` if set (a positive integer),
-    else every CPU of the process (:func:`process_cpus`)."""
-    raw = os.environ.get(PREFILL_THREADS_ENV)
+def _positive_env(name: str) -> int | None:
+    raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
-        return process_cpus()
+        return None
     try:
         n = int(raw)
     except ValueError:
         n = 0
     if n < 1:
-        raise ValueError(f"{PREFILL_THREADS_ENV}={raw!r}: give a positive number of threads")
+        raise ValueError(f"{name}={raw!r}: give a positive number")
     return n
+
+
+def engine_workers(hf: nn.Module) -> int:
+    """Engines the scheduler runs side by side for ``hf``, each in its own thread with its
+    own rows: on the CPU one per CPU of the process (:data:`ENGINE_WORKERS_ENV` caps it),
+    each decoding on :data:`DECODE_THREADS` thread; on an accelerator one (its kernels do
+    not gain from a second host thread). A row's numbers do not depend on the engine it
+    runs in (decode steps are row-independent on one thread), so this is not recorded."""
+    device = next(hf.parameters()).device
+    if device.type != "cpu":
+        return 1
+    return _positive_env(ENGINE_WORKERS_ENV) or process_cpus()
 
 
 def rows_are_independent(weight: torch.Tensor, rows: int, max_rows: int) -> bool:
@@ -164,13 +181,13 @@ def choose_decode_path(hf: nn.Module, shared: bool, max_rows: int) -> DecodePath
 
 __all__ = [
     "DECODE_THREADS",
+    "ENGINE_WORKERS_ENV",
     "MIN_DECODE_ROWS",
-    "PREFILL_THREADS_ENV",
     "DecodePath",
     "blas_threads",
     "choose_decode_path",
+    "engine_workers",
     "model_rows_are_independent",
-    "prefill_threads",
     "process_cpus",
     "rows_are_independent",
 ]

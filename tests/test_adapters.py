@@ -34,6 +34,7 @@ from abstain_guard.adapters.geometry import (
     phi_from_states,
     theta_from_states,
 )
+from abstain_guard.adapters.hook_routes import _ROUTES
 from abstain_guard.errors import (
     ContextLengthError,
     InsufficientDataError,
@@ -205,11 +206,15 @@ def test_capture_can_be_switched_off(tiny: GeometryChatModel) -> None:
 def test_hooks_do_not_leak(tiny: GeometryChatModel) -> None:
     hf = tiny.hf_model
     before = hf.config._attn_implementation
+    hooks = {id(m): (dict(m._forward_pre_hooks), dict(m._forward_hooks)) for m in hf.modules()}
     tiny.invoke("Hi")
     tiny.replay("Hi", "Hello")
     assert hf.config._attn_implementation == before
+    # only the routing hooks wrap_model installed (one pre, one post per captured module)
     for mod in hf.modules():
-        assert not mod._forward_hooks and not mod._forward_pre_hooks
+        assert (dict(mod._forward_pre_hooks), dict(mod._forward_hooks)) == hooks[id(mod)]
+        assert len(mod._forward_pre_hooks) <= 1 and len(mod._forward_hooks) <= 1
+    assert _ROUTES.get() is None  # and nothing is routed to them after the calls
 
 
 def test_two_threads_get_their_own_features() -> None:

@@ -21,11 +21,11 @@ import torch
 from tiny_models import tiny_chat_model
 
 from abstain_guard.adapters.threads import (
+    ENGINE_WORKERS_ENV,
     MIN_DECODE_ROWS,
-    PREFILL_THREADS_ENV,
     DecodePath,
     choose_decode_path,
-    prefill_threads,
+    engine_workers,
     process_cpus,
 )
 from abstain_guard.deployment import decode_path_problem
@@ -59,7 +59,6 @@ def _answer(meta: dict[str, Any]) -> dict[str, Any]:
 def test_one_blas_thread_in_the_environment_changes_nothing(default_model: Any) -> None:
     here = _answer(default_model.invoke(QUESTION, max_new_tokens=8).response_metadata)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    env.pop(PREFILL_THREADS_ENV, None)
     out = subprocess.run(
         [sys.executable, "-c", _CHILD, QUESTION],
         env=env,
@@ -89,17 +88,16 @@ def test_the_path_is_chosen_from_the_weights_not_the_thread_setting() -> None:
     assert msg.response_metadata["generation"]["decode_path"] == model.decode_path()
 
 
-def test_prefill_threads_follow_the_library_setting_not_omp(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_engines_follow_the_library_setting_not_omp(monkeypatch: pytest.MonkeyPatch) -> None:
+    hf = torch.nn.Linear(2, 2)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    monkeypatch.delenv(PREFILL_THREADS_ENV, raising=False)
-    assert prefill_threads() == process_cpus()
-    monkeypatch.setenv(PREFILL_THREADS_ENV, "3")
-    assert prefill_threads() == 3
-    monkeypatch.setenv(PREFILL_THREADS_ENV, "zero")
-    with pytest.raises(ValueError, match=PREFILL_THREADS_ENV):
-        prefill_threads()
+    monkeypatch.delenv(ENGINE_WORKERS_ENV, raising=False)
+    assert engine_workers(hf) == process_cpus()
+    monkeypatch.setenv(ENGINE_WORKERS_ENV, "3")
+    assert engine_workers(hf) == 3
+    monkeypatch.setenv(ENGINE_WORKERS_ENV, "zero")
+    with pytest.raises(ValueError, match=ENGINE_WORKERS_ENV):
+        engine_workers(hf)
 
 
 def test_the_refusal_names_both_paths() -> None:

@@ -250,7 +250,7 @@ def test_batch_decode_shares_steps_and_keeps_solo_answers() -> None:
     solo = [model.invoke(p) for p in PROMPTS]
     sched = _scheduler(model)
     assert sched.batch_decode
-    engine = sched._engine
+    engine = sched.engines[0]
     assert engine is not None and engine.path.steps == "shared"
     assert engine.path.min_rows == MIN_DECODE_ROWS and engine.path.threads == 1
     got = _run_threads(model, [lambda p=p: model.invoke(p) for p in PROMPTS])

@@ -98,8 +98,7 @@ class DecodeGate:
 
 
 def _active_rows(model: GeometryChatModel) -> list[Any]:
-    engine = scheduler_for(model._s)._engine
-    return list(engine.active) if engine is not None else []
+    return [r for e in scheduler_for(model._s).engines for r in e.active]
 
 
 @pytest.mark.parametrize("api", ["sync", "async"])
@@ -149,8 +148,7 @@ def test_first_chunk_arrives_while_the_row_is_generating(
 
 
 def _cancelled_rows(model: GeometryChatModel) -> int:
-    engine = scheduler_for(model._s)._engine
-    return engine.cancelled if engine is not None else 0
+    return sum(e.cancelled for e in scheduler_for(model._s).engines)
 
 
 @pytest.mark.parametrize("api", ["sync", "async"])

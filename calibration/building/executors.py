@@ -77,12 +77,13 @@ def replica_thread_env(threads: int) -> dict[str, str]:
     The engine sets the threads of decode steps itself (:mod:`abstain_guard.adapters.
     threads`), whatever the environment says, so the replica's numbers are the driver's.
     The environment only sizes the replica's pools to its reservation: ``threads`` in
-    ``OMP_NUM_THREADS`` (Ray would set its CPU reservation) and as the prefill threads
-    (``ABSTAIN_GUARD_PREFILL_THREADS``), and this process's ``MKL_NUM_THREADS`` if set.
+    ``OMP_NUM_THREADS`` (Ray would set its CPU reservation) and as the engines the replica
+    runs side by side (``ABSTAIN_GUARD_ENGINE_WORKERS``), and this process's
+    ``MKL_NUM_THREADS`` if set.
     """
-    from abstain_guard.adapters.threads import PREFILL_THREADS_ENV
+    from abstain_guard.adapters.threads import ENGINE_WORKERS_ENV
 
-    env = {"OMP_NUM_THREADS": str(threads), PREFILL_THREADS_ENV: str(threads)}
+    env = {"OMP_NUM_THREADS": str(threads), ENGINE_WORKERS_ENV: str(threads)}
     if "MKL_NUM_THREADS" in os.environ:
         env["MKL_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"]
     return env

@@ -105,11 +105,12 @@ def plan_chunks(items: Sequence[QAItem], size: int) -> list[tuple[int, list[QAIt
     return list(enumerate(chunks, start=1))
 
 
-#: Chunks in flight at once on a model that shares decode steps: the next chunk's questions
-#: wait in the model's scheduler and take the places of the rows that finish, so decode steps
-#: stay full to the end of a chunk and prompt passes interleave with them (every answer is
-#: bitwise its solo answer on that path, so the answers do not change). Chunks are still
-#: stored whole and in order, so a resumed run loses at most this many chunks.
+#: Chunks in flight at once per engine of a model that shares decode steps (one per engine
+#: otherwise): the next chunk's questions wait in the model's scheduler and take the places
+#: of the rows that finish, so decode steps stay full to the end of a chunk and prompt passes
+#: interleave with them (every answer is bitwise its solo answer on that path, whatever the
+#: engine, so the answers do not change). Chunks are still stored whole and in order, so a
+#: resumed run loses at most the chunks in flight.
 PIPELINED_CHUNKS = 2
 
 
@@ -226,7 +227,10 @@ def generate_answers(
     elif todo:
         runner = model.with_reference(reference) if capture == "geometry" else model
         digest = means_digest(reference) if capture == "geometry" else None
-        window = PIPELINED_CHUNKS if shared_steps else 1
+        engines = getattr(runner, "engine_workers", None)
+        window = (PIPELINED_CHUNKS if shared_steps else 1) * (
+            int(engines()) if callable(engines) else 1
+        )
         pool = ThreadPoolExecutor(max_workers=window, thread_name_prefix="chunk")
         running: deque[tuple[int, list[QAItem], Future[list[ChunkAnswer]]]] = deque()
         try:

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from abstain_guard.adapters.attention import attention_implementation
 from abstain_guard.calibration.inference.model_access import ModelScorer, prompt_and_answer_ids
 from abstain_guard.errors import InvalidInputError
 from abstain_guard.metadata import ResponseLike
@@ -48,13 +49,8 @@ class AttentionScoreScorer(ModelScorer):
         prompt, answer = prompt_and_answer_ids(response)
         layer = self.layer if self.layer is not None else int(hf.config.num_hidden_layers // 2)
         ids = torch.tensor([prompt + answer], dtype=torch.long)
-        previous = hf.config._attn_implementation
-        hf.config._attn_implementation = "eager"
-        try:
-            with torch.no_grad():
-                out = hf(input_ids=ids, output_attentions=True)
-        finally:
-            hf.config._attn_implementation = previous
+        with torch.no_grad(), attention_implementation(hf, "eager"):
+            out = hf(input_ids=ids, output_attentions=True)
         attn = out.attentions[layer][0]
         return attn.diagonal(dim1=-2, dim2=-1).float().numpy().astype(np.float64)
 

@@ -8,10 +8,14 @@ other than the calibrated one, a conversation, a body that is not JSON, no messa
 stops the server with SIGTERM (graceful shutdown) and prints one JSON line::
 
     {"artifact", "requests", "concurrency", "wall_s", "throughput_rps", "p50_s", "p95_s", "solo_s",
-     "p95_over_solo", "errors": {kind: count}, "well_formed", "decided",
+     "p95_over_solo", "solo_range_s", "p95_over_own_solo", "errors": {kind: count},
+     "well_formed", "decided",
      "every_well_formed_decided", "malformed", "malformed_all_4xx", "abstained",
      "malformed_statuses", "stopped_early", "server_exit_code", "server_stopped_cleanly"}
 
+``p95_over_solo`` is the target's measure (p95 over the median solo latency);
+``p95_over_own_solo`` is the p95 of each request's latency over the solo latency of its own
+question (answers differ in length, so the first mixes question lengths into the tail).
 ``errors`` counts well-formed requests that got no decision, by kind (HTTP status or
 exception); ``throughput_rps`` counts decided requests per second of the load phase;
 latencies are of well-formed requests, from sending to the last byte.
@@ -155,10 +159,10 @@ async def malformed(client: httpx.AsyncClient, url: str, i: int) -> tuple[str, i
 async def drive(args: argparse.Namespace, root: str, client: httpx.AsyncClient) -> dict[str, Any]:
     """Solo latency, then the bounded load; the measurements."""
     url = f"{root}/v1/chat/completions"
-    solo = [(await well_formed(client, url, q, False))[1] for q in QUESTIONS]
+    solo = {q: (await well_formed(client, url, q, False))[1] for q in QUESTIONS}
     gate = asyncio.Semaphore(args.concurrency)
     deadline = time.monotonic() + args.deadline_s
-    results: list[tuple[str, float, bool | None]] = []
+    results: list[tuple[str, float, bool | None, str]] = []
     bad: list[tuple[str, int]] = []
     skipped = 0
 
@@ -171,25 +175,33 @@ async def drive(args: argparse.Namespace, root: str, client: httpx.AsyncClient) 
                 bad.append(await malformed(client, url, i // args.malformed_every))
             else:
                 question = QUESTIONS[i % len(QUESTIONS)]
-                results.append(await well_formed(client, url, question, stream=i % 2 == 1))
+                out = await well_formed(client, url, question, stream=i % 2 == 1)
+                results.append((*out, question))
 
     start = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(args.requests)))
     wall = time.perf_counter() - start
-    return summarize(args, results, bad, wall, statistics.median(solo), skipped)
+    return summarize(args, results, bad, wall, solo, skipped)
+
+
+def _p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, round(0.95 * len(ordered)) - 1)] if ordered else float("nan")
 
 
 def summarize(
     args: argparse.Namespace,
-    results: list[tuple[str, float, bool | None]],
+    results: list[tuple[str, float, bool | None, str]],
     bad: list[tuple[str, int]],
     wall: float,
-    solo: float,
+    solos: dict[str, float],
     skipped: int,
 ) -> dict[str, Any]:
     """The JSON line's fields."""
-    ok = sorted(t for kind, t, _ in results if kind == "ok")
-    p95 = ok[max(0, round(0.95 * len(ok)) - 1)] if ok else float("nan")
+    ok = sorted(t for kind, t, _, _ in results if kind == "ok")
+    p95 = _p95(ok)
+    solo = statistics.median(solos.values())
+    own = [t / solos[q] for kind, t, _, q in results if kind == "ok"]
     return {
         "artifact": args.artifact or "default",
         "requests": args.requests,
@@ -200,11 +212,13 @@ def summarize(
         "p95_s": round(p95, 3),
         "solo_s": round(solo, 3),
         "p95_over_solo": round(p95 / solo, 2),
-        "errors": dict(Counter(kind for kind, _, _ in results if kind != "ok")),
+        "solo_range_s": [round(min(solos.values()), 3), round(max(solos.values()), 3)],
+        "p95_over_own_solo": round(_p95(own), 2),
+        "errors": dict(Counter(kind for kind, _, _, _ in results if kind != "ok")),
         "well_formed": len(results),
         "decided": len(ok),
         "every_well_formed_decided": len(ok) == len(results),
-        "abstained": sum(1 for kind, _, a in results if kind == "ok" and a),
+        "abstained": sum(1 for kind, _, a, _ in results if kind == "ok" and a),
         "malformed": len(bad),
         "malformed_all_4xx": all(400 <= status < 500 for _, status in bad),
         "malformed_statuses": dict(Counter(f"{n}:{s}" for n, s in bad)),

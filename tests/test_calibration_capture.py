@@ -21,6 +21,7 @@ from tiny_models import char_tokenizer, tiny_chat_model, tiny_hf_model
 
 from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.adapters import GeometryChatModel
+from abstain_guard.adapters.scheduler import GenerationScheduler
 from abstain_guard.calibration.building.generation import (
     PIPELINED_CHUNKS,
     STATES_NS,
@@ -80,6 +81,10 @@ class CountingChatModel(GeometryChatModel):
 def _counting() -> CountingChatModel:
     model = CountingChatModel.from_hf(tiny_hf_model("llama", 0), char_tokenizer())
     model.model_name = tiny_chat_model("llama", seed=0).model_name
+    # one engine, so the chunks in flight at a kill (PIPELINED_CHUNKS per engine) do not
+    # depend on the machine's CPUs
+    model._s.scheduler = GenerationScheduler(model._s, workers=1)
+    assert model.engine_workers() == 1
     return model
 
 
@@ -209,7 +214,7 @@ def test_geometry_run_killed_twice_resumes_byte_identically(tmp_path: Path, mode
             progress=False,
             on_generation_chunk=kill_at(2),
         )
-    # the third chunk was in flight (PIPELINED_CHUNKS = 2): generated, not stored
+    # the third chunk was in flight (PIPELINED_CHUNKS = 2, one engine): generated, not stored
     assert PIPELINED_CHUNKS == 2
     assert counting.calls["states"] == [8, 8, 8]
     # 2) killed in the train split (3 chunks), after its first chunk: only the missing

@@ -113,6 +113,11 @@ def plan_chunks(items: Sequence[QAItem], size: int) -> list[tuple[int, list[QAIt
 #: resumed run loses at most the chunks in flight.
 PIPELINED_CHUNKS = 2
 
+#: Rows each engine decodes per step while calibrating (the deployed model's default is
+#: 8): per-row decode cost falls with more rows (64 answers of 24 tokens on two engines:
+#: 30.3 s with 8, 26.6 s with 16), and a row's numbers do not depend on the rows beside it.
+CALIBRATION_ROWS_PER_STEP = 16
+
 
 def decode_path_of(model: Any) -> dict[str, Any] | None:
     """The decode path ``model`` generates on, as its decoding settings record it (None for
@@ -228,9 +233,9 @@ def generate_answers(
         runner = model.with_reference(reference) if capture == "geometry" else model
         digest = means_digest(reference) if capture == "geometry" else None
         engines = getattr(runner, "engine_workers", None)
-        window = (PIPELINED_CHUNKS if shared_steps else 1) * (
-            int(engines()) if callable(engines) else 1
-        )
+        rows = int(getattr(runner, "max_batch_size", size) or size)
+        per_engine = PIPELINED_CHUNKS * -(-rows // size) if shared_steps else 1
+        window = per_engine * (int(engines()) if callable(engines) else 1)
         pool = ThreadPoolExecutor(max_workers=window, thread_name_prefix="chunk")
         running: deque[tuple[int, list[QAItem], Future[list[ChunkAnswer]]]] = deque()
         try:

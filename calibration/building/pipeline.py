@@ -37,6 +37,7 @@ from abstain_guard.calibration.building.api_generation import score_api_answers
 from abstain_guard.calibration.building.config import FIT_SCORERS, CalibrationConfig
 from abstain_guard.calibration.building.datasets import SPLIT_NAMES, QAItem
 from abstain_guard.calibration.building.generation import (
+    CALIBRATION_ROWS_PER_STEP,
     HELD_OUT,
     deployment_record,
     generate_answers,
@@ -148,12 +149,16 @@ def load_model(config: CalibrationConfig) -> Any:
     """The chat model named by the config (``"default"`` = embedded SmolLM2), generating at
     most as many tokens as open questions got at calibration (the guarantee assumes the same
     generation settings)."""
-    return load_chat_model(
+    model = load_chat_model(
         config.model,
         gguf_file=config.gguf_file,
         max_new_tokens=config.max_new_tokens,
         batch_decode=config.batch_decode,
     )
+    if isinstance(getattr(model, "max_batch_size", None), int):
+        # more rows per decode step than deployed: same numbers per row, cheaper per row
+        model.max_batch_size = max(model.max_batch_size, CALIBRATION_ROWS_PER_STEP)
+    return model
 
 
 def build_judges(

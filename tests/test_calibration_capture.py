@@ -25,6 +25,7 @@ from abstain_guard.adapters.scheduler import GenerationScheduler
 from abstain_guard.calibration.building.generation import (
     PIPELINED_CHUNKS,
     STATES_NS,
+    chunks_in_flight,
     generate_answers,
     generated_pairs,
     means_digest,
@@ -308,3 +309,11 @@ def test_arrays_beside_the_cache_are_checksummed(tmp_path: Path) -> None:
     path.unlink()  # deleted to save space: absent, recomputed by the next run
     assert store.get_arrays("states", "k1") is None
     assert store.has_arrays("states", ["k1"]) == set()
+
+
+def test_chunks_in_flight_keep_every_engine_full() -> None:
+    assert chunks_in_flight(True, 8, 8, 1) == PIPELINED_CHUNKS
+    assert chunks_in_flight(True, 16, 8, 2) == PIPELINED_CHUNKS * 2 * 2
+    assert chunks_in_flight(True, 4, 8, 2) == PIPELINED_CHUNKS * 2  # a chunk fills a step
+    assert chunks_in_flight(False, 16, 8, 2) == 2  # rows alone: one chunk per engine
+    assert chunks_in_flight(False, 16, 8, 0) == 1

@@ -119,6 +119,15 @@ PIPELINED_CHUNKS = 2
 CALIBRATION_ROWS_PER_STEP = 16
 
 
+def chunks_in_flight(shared_steps: bool, rows_per_step: int, chunk: int, engines: int) -> int:
+    """Chunks of ``chunk`` questions generated at once: :data:`PIPELINED_CHUNKS` per
+    ``chunk`` rows of each engine's decode step when steps are shared (so every engine's
+    steps stay full and its queue holds the next questions), else one per engine."""
+    if not shared_steps:
+        return max(1, engines)
+    return PIPELINED_CHUNKS * -(-max(rows_per_step, chunk) // chunk) * max(1, engines)
+
+
 def decode_path_of(model: Any) -> dict[str, Any] | None:
     """The decode path ``model`` generates on, as its decoding settings record it (None for
     models that record none, e.g. API chat models)."""
@@ -233,9 +242,12 @@ def generate_answers(
         runner = model.with_reference(reference) if capture == "geometry" else model
         digest = means_digest(reference) if capture == "geometry" else None
         engines = getattr(runner, "engine_workers", None)
-        rows = int(getattr(runner, "max_batch_size", size) or size)
-        per_engine = PIPELINED_CHUNKS * -(-rows // size) if shared_steps else 1
-        window = per_engine * (int(engines()) if callable(engines) else 1)
+        window = chunks_in_flight(
+            shared_steps,
+            int(getattr(runner, "max_batch_size", size) or size),
+            size,
+            int(engines()) if callable(engines) else 1,
+        )
         pool = ThreadPoolExecutor(max_workers=window, thread_name_prefix="chunk")
         running: deque[tuple[int, list[QAItem], Future[list[ChunkAnswer]]]] = deque()
         try:

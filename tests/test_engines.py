@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from tiny_models import tiny_chat_model
@@ -20,6 +21,7 @@ from abstain_guard.adapters.attention import attention_implementation
 from abstain_guard.adapters.hook_routes import install_routes, is_routed, routed
 from abstain_guard.adapters.loading import ModelLock
 from abstain_guard.adapters.scheduler import GenerationScheduler
+from abstain_guard.adapters.threads import ENGINE_WORKERS_ENV
 
 PROMPTS = [
     "Hi",
@@ -144,3 +146,23 @@ def test_model_lock_shares_among_engines_and_excludes_replay() -> None:
     with lock, lock, lock.shared():  # the exclusive holder re-enters, shared or not
         assert lock._is_owned()
     assert not lock._is_owned()
+
+
+def test_replay_batches_side_by_side_match_one_after_the_other(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = tiny_chat_model("llama", seed=4)
+    pairs = [(p[:12], f"Answer {i}.") for i, p in enumerate(PROMPTS)]
+    monkeypatch.setenv(ENGINE_WORKERS_ENV, "1")
+    alone = model.replay_batch(pairs, batch_size=2, return_states=True)
+    monkeypatch.setenv(ENGINE_WORKERS_ENV, "2")
+    both = model.replay_batch(pairs, batch_size=2, return_states=True)
+    assert len(both) == len(pairs)
+    for a, b in zip(alone, both, strict=True):
+        assert a.metadata == b.metadata
+        assert a.states is not None and b.states is not None
+        assert np.array_equal(a.states.post_attn, b.states.post_attn)
+        assert np.array_equal(a.states.post_mlp, b.states.post_mlp)
+    with model._s.lock:  # the thread holding the lock alone replays in its own thread
+        again = model.replay_batch(pairs[:4], batch_size=2)
+    assert [r.metadata for r in again] == [r.metadata for r in model.replay_batch(pairs[:4], 2)]

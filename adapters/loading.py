@@ -94,8 +94,9 @@ class ModelLock:
         self.release()
 
     def _is_owned(self) -> bool:
-        """Whether the calling thread holds the lock exclusively."""
-        return self._owner == threading.get_ident()
+        """Whether the calling thread holds the lock, alone or shared (a generation it asks
+        for then runs inline: waiting for another thread could deadlock)."""
+        return self._owner == threading.get_ident() or getattr(self._mine, "shared", 0) > 0
 
     @contextmanager
     def shared(self) -> Iterator[None]:

@@ -127,8 +127,11 @@ def test_model_lock_shares_among_engines_and_excludes_replay() -> None:
         t.join(10)
     assert order == ["engine", "engine"]
 
-    with lock.shared(), pytest.raises(RuntimeError, match="alone"):
-        lock.acquire()  # would deadlock: refused instead
+    with lock.shared():
+        assert lock._is_owned()  # a generation asked for here runs inline
+        with pytest.raises(RuntimeError, match="alone"):
+            lock.acquire()  # would deadlock: refused instead
+    assert not lock._is_owned()
 
     entered = threading.Event()
 

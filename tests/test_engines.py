@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from tiny_models import tiny_chat_model
+from tiny_models import CONCURRENT_PROMPTS, assert_same_answer, tiny_chat_model
 
 from abstain_guard.adapters import GeometryChatModel
 from abstain_guard.adapters.attention import attention_implementation
@@ -23,23 +22,7 @@ from abstain_guard.adapters.loading import ModelLock
 from abstain_guard.adapters.scheduler import GenerationScheduler
 from abstain_guard.adapters.threads import ENGINE_WORKERS_ENV
 
-PROMPTS = [
-    "Hi",
-    "A much longer question about capitals, rivers and mountains?",
-    "Third one",
-    "x",
-    "What is the boiling point of water?",
-    "Name a prime number.",
-    "Seven",
-    "The eighth prompt is here.",
-]
-
-
-def _same(a: Any, b: Any) -> None:
-    ma, mb = a.response_metadata, b.response_metadata
-    assert a.content == b.content
-    for key in ("token_ids", "logprobs", "entropy", "geometry", "finish_reason"):
-        assert ma.get(key) == mb.get(key), key
+PROMPTS = [*CONCURRENT_PROMPTS, "Seven", "The eighth prompt is here."]
 
 
 def _two_engines(model: GeometryChatModel) -> GenerationScheduler:
@@ -57,7 +40,7 @@ def test_two_engines_give_every_caller_its_solo_answer(family: str, capture: str
     assert len(sched.engines) == 2 and all(e.widest > 0 for e in sched.engines)
     assert sched.widest_step > max(e.widest for e in sched.engines)  # really side by side
     for a, b in zip(solo, got, strict=True):
-        _same(a, b)
+        assert_same_answer(a, b)
 
 
 def test_attention_is_chosen_per_thread() -> None:

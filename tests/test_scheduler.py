@@ -15,29 +15,14 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_models import tiny_chat_model
+from tiny_models import CONCURRENT_PROMPTS, assert_same_answer, tiny_chat_model
 
 from abstain_guard.adapters import GeometryChatModel, ReferenceMeans
 from abstain_guard.adapters.scheduler import GenerationScheduler, scheduler_for
 from abstain_guard.adapters.threads import MIN_DECODE_ROWS, blas_threads, rows_are_independent
 from abstain_guard.errors import AbstainGuardError, SchedulerFullError
 
-PROMPTS = [
-    "Hi",
-    "A much longer question about capitals, rivers and mountains?",
-    "Third one",
-    "x",
-    "What is the boiling point of water?",
-    "Name a prime number.",
-]
-
-
-def _same(a: Any, b: Any) -> None:
-    """Bitwise equality of two answers (text, tokens, logprobs, entropy, geometry)."""
-    ma, mb = a.response_metadata, b.response_metadata
-    assert a.content == b.content
-    for key in ("token_ids", "logprobs", "entropy", "geometry", "finish_reason"):
-        assert ma.get(key) == mb.get(key), key
+PROMPTS = CONCURRENT_PROMPTS
 
 
 def _scheduler(model: GeometryChatModel) -> GenerationScheduler:
@@ -97,7 +82,7 @@ def test_threads_get_their_solo_answers(family: str) -> None:
     got = _run_threads(model, [lambda p=p: model.invoke(p) for p in PROMPTS])
     assert _scheduler(model).widest_step == len(PROMPTS)  # really decoded together
     for a, b in zip(solo, got, strict=True):
-        _same(a, b)
+        assert_same_answer(a, b)
 
 
 def test_mixed_options_in_one_batch_match_solo() -> None:
@@ -116,7 +101,7 @@ def test_mixed_options_in_one_batch_match_solo() -> None:
         [lambda p=p, kw=kw: model.invoke(p, **kw) for p, kw in zip(PROMPTS, calls, strict=True)],
     )
     for a, b in zip(solo, got, strict=True):
-        _same(a, b)
+        assert_same_answer(a, b)
     assert solo[1].response_metadata["geometry"] is None
     assert len(solo[4].response_metadata["token_ids"]) <= 3
 
@@ -125,7 +110,7 @@ def test_batch_and_asyncio_callers_match_solo() -> None:
     model = tiny_chat_model("mistral", seed=2, max_new_tokens=10)
     solo = [model.invoke(p) for p in PROMPTS]
     for a, b in zip(solo, model.batch(PROMPTS), strict=True):
-        _same(a, b)
+        assert_same_answer(a, b)
 
     async def many() -> tuple[list[Any], list[Any]]:
         gathered = await asyncio.gather(*(model.ainvoke(p) for p in PROMPTS))
@@ -133,8 +118,8 @@ def test_batch_and_asyncio_callers_match_solo() -> None:
 
     gathered, abatched = asyncio.run(many())
     for a, b, c in zip(solo, gathered, abatched, strict=True):
-        _same(a, b)
-        _same(a, c)
+        assert_same_answer(a, b)
+        assert_same_answer(a, c)
 
 
 def test_reference_means_and_states_match_solo() -> None:
@@ -149,7 +134,7 @@ def test_reference_means_and_states_match_solo() -> None:
     got = _run_threads(ref, [lambda p=p: ref.invoke(p) for p in PROMPTS[:3]])
     for a, b in zip(solo, got, strict=True):
         assert a.response_metadata["geometry"]["phi_in"] is not None
-        _same(a, b)
+        assert_same_answer(a, b)
 
 
 def test_full_queue_raises_a_typed_error_and_queued_calls_finish() -> None:
@@ -174,7 +159,7 @@ def test_full_queue_raises_a_typed_error_and_queued_calls_finish() -> None:
         t.join(60)
     assert len(results) == 2
     for msg in results:
-        _same(solo, msg)
+        assert_same_answer(solo, msg)
 
 
 def test_replay_and_generation_interleave_without_deadlock() -> None:
@@ -198,7 +183,7 @@ def test_replay_and_generation_interleave_without_deadlock() -> None:
         t.join(120)
     assert all(not t.is_alive() for t in threads), "deadlock"
     for i in range(4):
-        _same(solo[i], out[2 * i])
+        assert_same_answer(solo[i], out[2 * i])
         assert out[2 * i + 1].metadata["geometry"] == replays[i].metadata["geometry"]
 
 
@@ -207,7 +192,7 @@ def test_caller_holding_the_model_lock_runs_inline() -> None:
     solo = model.invoke(PROMPTS[1])
     with model._s.lock:
         inline = model.invoke(PROMPTS[1])
-    _same(solo, inline)
+    assert_same_answer(solo, inline)
 
 
 def test_decode_rows_are_independent_of_batch_size() -> None:
@@ -239,7 +224,7 @@ def test_default_model_concurrent_callers_match_solo(default_model: GeometryChat
     )
     assert _scheduler(default_model).widest_step >= len(questions)
     for a, b in zip(solo, got, strict=True):
-        _same(a, b)
+        assert_same_answer(a, b)
 
 
 def test_batch_decode_shares_steps_and_keeps_solo_answers() -> None:
@@ -255,7 +240,7 @@ def test_batch_decode_shares_steps_and_keeps_solo_answers() -> None:
     assert engine.path.min_rows == MIN_DECODE_ROWS and engine.path.threads == 1
     got = _run_threads(model, [lambda p=p: model.invoke(p) for p in PROMPTS])
     for a, b in zip(solo, got, strict=True):
-        _same(a, b)
+        assert_same_answer(a, b)
     with pytest.raises(ValueError, match="one decode mode"):
         scheduler_for(model._s, batch_decode=False)
     other = model.model_copy(update={"batch_decode": False})

@@ -253,3 +253,22 @@ def tiny_chat_model(
     options.setdefault("model_name", f"tiny-{family}")
     hf = tiny_hf_model(family, seed, dtype=dtype)
     return GeometryChatModel.from_hf(hf, char_tokenizer(), **options)
+
+
+#: Prompts of different lengths for concurrent callers of a tiny chat model.
+CONCURRENT_PROMPTS = [
+    "Hi",
+    "A much longer question about capitals, rivers and mountains?",
+    "Third one",
+    "x",
+    "What is the boiling point of water?",
+    "Name a prime number.",
+]
+
+
+def assert_same_answer(a: Any, b: Any) -> None:
+    """Bitwise equality of two answers (text, tokens, logprobs, entropy, geometry)."""
+    ma, mb = a.response_metadata, b.response_metadata
+    assert a.content == b.content
+    for key in ("token_ids", "logprobs", "entropy", "geometry", "finish_reason"):
+        assert ma.get(key) == mb.get(key), key

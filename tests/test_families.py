@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 from test_adapters_exactness import PROMPT, reference_features, slow_reference
-from test_scheduler import PROMPTS, _run_threads, _same
-from tiny_models import FAMILIES, char_tokenizer, tiny_chat_model, tiny_hf_model
+from test_scheduler import PROMPTS, _run_threads
+from tiny_models import FAMILIES, assert_same_answer, char_tokenizer, tiny_chat_model, tiny_hf_model
 
 import abstain_guard.adapters.architectures as arch
 import abstain_guard.adapters.capture as capture_module
@@ -77,7 +77,7 @@ def test_concurrent_calls_on_a_mixture_of_experts_get_their_solo_answers(family:
     solo = [model.invoke(p) for p in PROMPTS]
     got = _run_threads(model, [lambda p=p: model.invoke(p) for p in PROMPTS])
     for a, b in zip(solo, got, strict=True):
-        _same(a, b)
+        assert_same_answer(a, b)
 
 
 def _ablated_error(family: str, monkeypatch: pytest.MonkeyPatch) -> float:

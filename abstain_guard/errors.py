@@ -232,6 +232,16 @@ class MonitorLogError(AbstainGuardError, ValueError):
     another artifact than the one it is used with."""
 
 
+# --- warnings --------------------------------------------------------------------------
+
+
+class KernelMismatchWarning(UserWarning):
+    """A guarded response was computed on other CPU / GPU kernels than the calibration
+    (:mod:`abstain_guard.kernels`): its score may differ from what calibration would have
+    stored in its last bits. Given once per guard, with the stated tolerance and the number
+    of calibration scores close enough to the threshold to flip."""
+
+
 __all__ = [
     "AbstainGuardError",
     "ArtifactError",
@@ -256,6 +266,7 @@ __all__ = [
     "InvalidInputError",
     "JudgeError",
     "JudgmentCacheError",
+    "KernelMismatchWarning",
     "LogprobsMissingError",
     "ModelError",
     "ModelNotFoundError",

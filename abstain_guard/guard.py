@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,13 +41,15 @@ from abstain_guard.errors import (
     ContextLengthError,
     GuardError,
     InvalidInputError,
+    KernelMismatchWarning,
     ScoringError,
 )
 from abstain_guard.groups import GroupRules, group_of
+from abstain_guard.kernels import kernel_differences, kernel_note
 from abstain_guard.metadata import ResponseMetadata
 from abstain_guard.monitor import GuardMonitor, calibration_sha256
 from abstain_guard.runnables import find_chat_models
-from abstain_guard.tracing import arecord_decision, record_decision
+from abstain_guard.tracing import arecord_decision, logger, record_decision
 
 __all__ = ["AbstentionGuard", "AbstentionPolicy"]
 
@@ -118,6 +121,7 @@ class AbstentionPolicy:
         )
         self.deployment: DeploymentRecord | None = DeploymentRecord.from_metadata(artifact.metadata)
         self._standing_warnings: list[str] = []
+        self._kernel_notes: set[str] = set()
 
     def mismatch(self, problems: list[str], where: str) -> list[str]:
         """Raise (``on_mismatch="raise"``) or return the problems as warnings.
@@ -160,7 +164,26 @@ class AbstentionPolicy:
             problems = api_response_mismatches(self.deployment, message.response_metadata)
         else:
             problems = generation_mismatches(self.deployment, generation)
-        return self.mismatch(problems, "response")
+        return self.mismatch(problems, "response") + self.kernel_warnings(generation)
+
+    def kernel_warnings(self, generation: Mapping[str, Any] | None) -> list[str]:
+        """The kernel note when ``generation`` was computed on other kernels than the
+        calibration (:mod:`abstain_guard.kernels`): not a refusal, since the score moves only
+        in its last bits, but a :class:`~abstain_guard.errors.KernelMismatchWarning` and a log
+        record the first time, and a note in every such decision."""
+        if self.deployment is None or generation is None:
+            return []
+        differences = kernel_differences(
+            generation.get("kernels"), self.deployment.decoding.get("kernels")
+        )
+        if not differences:
+            return []
+        note = kernel_note(differences, self.artifact.scores, self.rule.threshold)
+        if note not in self._kernel_notes:
+            self._kernel_notes.add(note)
+            warnings.warn(note, KernelMismatchWarning, stacklevel=2)
+            logger.warning(note)
+        return [note]
 
     def group_of(self, input: Any, metadata: Mapping[str, Any] | None = None) -> str | None:
         """The question's group (:func:`abstain_guard.groups.group_of`); None without

@@ -20,6 +20,10 @@ Modules, in the order a call goes through them:
 
 from __future__ import annotations
 
+# isort: off
+from . import kernel_env  # noqa: F401  (first: asks for portable CPU kernels before torch computes)
+
+# isort: on
 from .architectures import SUPPORTED_ARCHITECTURES
 from .chat_model import GeometryChatModel, load_default_model
 from .loading import default_model_path, eos_token_ids

@@ -30,6 +30,7 @@ from abstain_guard.metadata import (
 )
 
 from .capture import StepFeatures
+from .kernels import kernel_facts
 
 
 def token_metadata(
@@ -81,16 +82,22 @@ def token_metadata(
     }
 
 
-def numerics_record(hf_model: Any) -> dict[str, str]:
-    """How a loaded model computes: ``{"dtype": "bfloat16", "device_type": "cuda"}`` (the
+def numerics_record(hf_model: Any) -> dict[str, Any]:
+    """How a loaded model computes: ``{"dtype": "bfloat16", "device_type": "cuda",
+    "kernels": {...}}`` (the
     dtype of its floating-point weights without the ``torch.`` prefix; the device type of
     its first parameter, the same for every part of a model split with ``device_map``
     across GPUs). Goes into the generation record and the calibration's deployment record
-    (:data:`abstain_guard.deployment.NUMERICS_KEYS`)."""
+    (:data:`abstain_guard.deployment.NUMERICS_KEYS`); ``kernels``: the kernel facts of this
+    process for that device (:func:`.kernels.kernel_facts`)."""
     first = next((p for p in hf_model.parameters() if p.dtype.is_floating_point), None)
     dtype = torch.float32 if first is None else first.dtype
     device = torch.device("cpu") if first is None else first.device
-    return {"dtype": str(dtype).removeprefix("torch."), "device_type": device.type}
+    return {
+        "dtype": str(dtype).removeprefix("torch."),
+        "device_type": device.type,
+        "kernels": kernel_facts(device),
+    }
 
 
 def geometry_json(

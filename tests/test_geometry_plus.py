@@ -115,6 +115,17 @@ def test_fit_blocks_equals_fit() -> None:
     np.testing.assert_array_equal(a.score_many(data), b.score_many(data))
 
 
+def test_a_response_scored_alone_gets_bitwise_its_score_in_a_batch() -> None:
+    """Calibration scores its answers as one batch, the guard one at a time: the bits must
+    match on any kernel, so the logit is a row-wise reduction (numpy's per-row sum), not a
+    matrix-vector product whose BLAS kernel depends on the row count."""
+    scorer = GeometryPlusScorer().fit(_split(1, 40, "theta"), _split(2, 60, "theta"))
+    data = [r for r, _ in _split(3, 37, "theta")]
+    batch = scorer.score_many(data)
+    alone = np.array([scorer.score(r) for r in data])
+    assert np.array_equal(batch, alone), np.abs(batch - alone).max()
+
+
 def test_state_round_trip_and_artifact(tmp_path: Path) -> None:
     scorer = GeometryPlusScorer(features=RESPONSE_FEATURES[:-1])
     scorer.fit(_split(1, 40, "omega"), _split(2, 60, "omega"))

@@ -13,6 +13,7 @@ from test_adapters_exactness import PROMPT, reference_features, slow_reference
 from tiny_models import FAMILIES, tiny_chat_model
 
 from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig, PerplexityScorer
+from abstain_guard.adapters.kernels import kernel_facts
 from abstain_guard.calibration.building.generation import numerics_key
 from abstain_guard.deployment import (
     DeploymentRecord,
@@ -21,6 +22,7 @@ from abstain_guard.deployment import (
     generation_mismatches,
 )
 from abstain_guard.errors import ArtifactMismatchError
+from abstain_guard.kernels import bit_deciding
 
 RECORD = DeploymentRecord(decoding={"temperature": 0.0, "dtype": "bfloat16", "device_type": "cpu"})
 
@@ -148,9 +150,12 @@ def test_a_guard_refuses_a_response_generated_in_another_dtype() -> None:
 
 
 def test_the_generation_cache_keys_answers_of_a_half_precision_model_apart() -> None:
-    """Calibration caches answers by model fingerprint, which leaves the dtype out: a
-    bfloat16 run's keys carry its dtype, float32 keys are those of earlier runs."""
-    assert numerics_key(tiny_chat_model("llama", seed=0, dtype=torch.bfloat16)) == {
-        "dtype": "bfloat16"
-    }
-    assert numerics_key(tiny_chat_model("llama", seed=0)) == {}
+    """Calibration caches answers by model fingerprint, which leaves the dtype and the
+    kernels out: a bfloat16 run's keys carry its dtype, float32 keys none; both carry the
+    bit-deciding kernel facts of this process (answers from other kernels are not reused)."""
+    half = numerics_key(tiny_chat_model("llama", seed=0, dtype=torch.bfloat16))
+    full = numerics_key(tiny_chat_model("llama", seed=0))
+    assert half["dtype"] == "bfloat16"
+    assert "dtype" not in full
+    assert full["kernels"] == half["kernels"] == bit_deciding(kernel_facts("cpu"))
+    assert full["kernels"]["aten_capability"] == torch.backends.cpu.get_cpu_capability()

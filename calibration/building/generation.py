@@ -24,6 +24,7 @@ from abstain_guard.calibration.building.store import RunStore, content_key
 from abstain_guard.chat_models import ChatModelRecord, ChatModelSpec
 from abstain_guard.deployment import DeploymentRecord, PromptRecord
 from abstain_guard.errors import CalibrationError
+from abstain_guard.kernels import bit_deciding
 from abstain_guard.prompts import (
     RENDERING,
     build_messages,
@@ -136,13 +137,17 @@ def decode_path_of(model: Any) -> dict[str, Any] | None:
     return dict(path) if isinstance(path, dict) else None
 
 
-def numerics_key(model: Any) -> dict[str, str]:
-    """The model's dtype for the generation cache key, when it is not float32 (float32 keys
-    stay as they were): the fingerprint leaves the dtype out, and answers generated in
-    another dtype than the run's must not be reused."""
+def numerics_key(model: Any) -> dict[str, Any]:
+    """The model's dtype (when it is not float32) and the kernel facts that decide the last
+    bits (:func:`abstain_guard.kernels.bit_deciding`) for the generation cache key: the
+    fingerprint leaves both out, and answers generated in another dtype or on other kernels
+    than the run's must not be reused (their scores differ)."""
     settings = getattr(model, "decoding_settings", None)
-    dtype = settings().get("dtype") if callable(settings) else None
-    return {} if dtype in (None, "float32") else {"dtype": str(dtype)}
+    record = settings() if callable(settings) else {}
+    dtype = record.get("dtype")
+    key: dict[str, Any] = {} if dtype in (None, "float32") else {"dtype": str(dtype)}
+    kernels = bit_deciding(record.get("kernels"))
+    return {**key, "kernels": kernels} if kernels else key
 
 
 def generate_answers(

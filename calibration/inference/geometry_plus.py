@@ -279,7 +279,11 @@ class GeometryPlusScorer(Scorer):
         if not blocks:
             return np.zeros(0, dtype=np.float64)
         z = (self._features(blocks) - self.feature_mean_) / self.feature_scale_
-        return np.asarray(expit(-(z @ self.coef_ + self.intercept_)), dtype=np.float64)
+        # a row-wise reduction (not ``z @ coef``, whose BLAS kernel depends on the row count):
+        # a response scored alone gets bitwise the score it gets in a batch, so the guard's
+        # live score equals the one calibration stored for the same answer
+        logit = (z * self.coef_).sum(axis=1) + self.intercept_
+        return np.asarray(expit(-logit), dtype=np.float64)
 
     def score(self, response: ResponseLike) -> float:
         """Predicted probability that ``response`` is wrong (higher = more uncertain)."""

@@ -34,9 +34,10 @@ from abstain_guard.calibration.measure.held_out import artifact_items
 from abstain_guard.chains import load_guard_chain
 from abstain_guard.deployment import DeploymentRecord
 from abstain_guard.errors import ConfigError
+from abstain_guard.kernels import bit_deciding, kernel_differences, near_threshold
 from abstain_guard.prompts import history_messages
 
-__all__ = ["live_check", "summarize_live"]
+__all__ = ["kernel_summary", "live_check", "summarize_live"]
 
 
 def _generated(message: Any) -> dict[str, Any]:
@@ -77,6 +78,37 @@ def summarize_live(rows: list[dict[str, Any]], guarantee: dict[str, Any]) -> dic
         "abs_score_diff_median": float(np.median(diffs)) if diffs.size else None,
         "abs_score_diff_max": float(diffs.max()) if diffs.size else None,
         "unscorable": len(rows) - len(scored),
+    }
+
+
+def kernel_summary(
+    calibrated: dict[str, Any] | None,
+    live: dict[str, Any] | None,
+    rows: list[dict[str, Any]],
+    scores: np.ndarray,
+    threshold: float,
+) -> dict[str, Any]:
+    """The kernels part of the live summary (pure): the bit-deciding kernel facts of the
+    calibration and of this run (:func:`abstain_guard.kernels.bit_deciding`), how they
+    differ, the measured max |live − stored| score over ``rows``, and how many of the
+    calibration ``scores`` ``[n]`` lie within that distance of ``threshold`` (the decisions
+    that move could flip)."""
+    diffs = [
+        abs(r["live_score"] - r["stored_score"])
+        for r in rows
+        if r["live_score"] is not None and r["stored_score"] is not None
+    ]
+    measured = max(diffs) if diffs else None
+    differences = kernel_differences(live, calibrated)
+    return {
+        "calibration": bit_deciding(calibrated),
+        "live": bit_deciding(live),
+        "same": not differences,
+        "differences": differences,
+        "abs_score_diff_max": measured,
+        "calibration_scores_near_threshold": (
+            near_threshold(scores, threshold, measured) if measured is not None else None
+        ),
     }
 
 
@@ -335,10 +367,31 @@ def _run_live(
         "mode": rule.mode,
         "target": rule.target,
         "guarantee": rule.guarantee,
-        "summary": summarize_live(rows, rule.guarantee),
+        "summary": {
+            **summarize_live(rows, rule.guarantee),
+            "kernels": kernel_summary(
+                _recorded_kernels(artifact),
+                _model_kernels(model),
+                rows,
+                artifact.scores,
+                threshold,
+            ),
+        },
         "rows": rows,
     }
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "live.json").write_text(json.dumps(result, indent=2, default=str))
     return result
+
+
+def _recorded_kernels(artifact: Any) -> dict[str, Any] | None:
+    """The kernel facts the artifact's calibration recorded (None: none recorded)."""
+    record = DeploymentRecord.from_metadata(artifact.metadata)
+    return record.decoding.get("kernels") if record is not None else None
+
+
+def _model_kernels(model: Any) -> dict[str, Any] | None:
+    """The kernel facts ``model`` generates with in this process (None: it records none)."""
+    settings = getattr(model, "decoding_settings", None)
+    return settings().get("kernels") if callable(settings) else None

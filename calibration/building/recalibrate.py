@@ -1,31 +1,49 @@
-"""``abstain-guard recalibrate``: a new artifact from labeled live decisions, no model run.
+"""``abstain-guard recalibrate``: a new artifact from live decisions, no model run.
 
 The monitor log (:mod:`abstain_guard.monitor_log`) holds every live decision's score, computed
-by the artifact's own scorer on the deployed model's answers, and the feedback labels. Those
-(score, correct) pairs are calibration data for the *same* scorer: the new artifact keeps the
-old scorer, model fingerprint and deployment record and replaces the calibration set, so the
-guard re-thresholds on the live traffic. What the guarantee then needs:
+by the artifact's own scorer on the deployed model's answers, its group, and the feedback
+labels. Those scores (and labels) are calibration data for the *same* scorer: the new
+artifact keeps the old scorer, model fingerprint and deployment record and replaces the
+calibration set, so the guard re-thresholds on the live traffic. What the guarantee needs:
 
-* **Labels from a score-blind sample.** The conformal threshold is valid for future traffic
-  exchangeable with the calibration set. Labels only for answered questions are a sample
-  selected by the old threshold (every score below it): a threshold computed from them
-  answers far fewer questions than its target. Label a random sample of *all* decisions
-  (for an abstention, judge its withheld answer: ``response_metadata["withheld_response"]``).
-  The command refuses a log whose labeling rate differs between answered and abstained
-  decisions (Fisher's exact test, p < 0.01), and says why.
+* **Participation mode needs no labels.** Its threshold τ is a quantile of the scores alone,
+  so it is taken from *all* scored decisions of the window, labeled or not, and no selection
+  of the labels can bias it. The artifact format holds a label per calibration answer: an
+  unlabeled decision is stored as incorrect and counted in ``calibration_source`` (the
+  stored accuracy, and the conditional-correctness bound computed from it, are then lower
+  bounds; a risk-mode rule from such an artifact is conservative, never optimistic).
+* **Risk mode: labels from a score-blind sample.** The risk threshold is computed from the
+  labeled decisions only, and is valid for future traffic exchangeable with them. Labels
+  only for answered questions are a sample selected by the old threshold (every score below
+  it): a threshold computed from them answers far fewer or far worse questions than its
+  target. Label a random sample of *all* decisions (for an abstention, judge its withheld
+  answer: ``response_metadata["withheld_response"]``). The command refuses a window where
+  withheld decisions exist and none of them is labeled, and a window where the labeled
+  decisions' scores differ from the unlabeled ones' (two-sided Mann–Whitney rank test at
+  ``check_level``, default 0.01): whether a decision was labeled must not depend on its score.
 * **Recent traffic only.** After a drift alarm, calibrate on decisions after the shift
-  (``--last N``: the most recent N labeled decisions), not on a mix of before and after.
-* **Pooling** (``--pool``: old calibration set + live labels) is valid only when the old
+  (``last=N``: the most recent N labeled decisions in risk mode, the most recent N scored
+  decisions in participation mode), not on a mix of before and after.
+* **Pooling** (``pool``: old calibration set + live decisions) is valid only when the old
   calibration questions and the live ones are exchangeable with each other and with future
   traffic — the same distribution, e.g. growing a small calibration set with live labels
   while no alarm fired. After a shift the old set is from another distribution and pooling
-  breaks the guarantee. The command refuses ``--pool`` when the log recorded a drift alarm or
+  breaks the guarantee. The command refuses ``pool`` when the log recorded a drift alarm or
   the live scores differ from the old calibration scores (two-sample Kolmogorov–Smirnov,
-  p < 0.01). Not rejecting is not proof of exchangeability: pool only when nothing changed.
+  p < ``check_level``). Not rejecting is not proof of exchangeability: pool only when nothing
+  changed.
+* **Groups.** Each decision's group (``GuardConfig(group_by=...)``) is kept, so a per-group
+  deployment runs on the new artifact; decisions without a group are left out of a grouped
+  calibration set (counted in ``calibration_source``).
 
-The new artifact's metadata ``calibration_source`` records where its calibration set came
-from: the old artifact (path, creation time, calibration checksum), the log (path, sha256,
-decision and label counts, time span, the run ids used) and whether it was pooled.
+The mode is the logged rule's (the log's ``start`` header) unless ``mode`` is given. The new
+artifact's metadata records its provenance: ``calibration_source`` where its calibration set
+came from (labels from monitor feedback; the log's path, sha256, decision, window and label
+counts, time span and run ids; mode, checks, pooling, groups) and ``recalibrated_from`` the
+old artifact (path, creation time, calibration checksum) with its whole metadata — the data
+set, judge, split and calibration config that described the *old* calibration set. Only the
+deployment record and the model-loading settings of ``config`` stay at the top level: they
+still describe how the deployed answers are produced.
 """
 
 from __future__ import annotations
@@ -34,7 +52,7 @@ import datetime as _dt
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from scipy import stats
@@ -44,76 +62,339 @@ from abstain_guard.errors import InsufficientDataError, InvalidInputError, Monit
 from abstain_guard.monitor import calibration_sha256
 from abstain_guard.monitor_log import MonitorRecord, read_log
 
-__all__ = ["RecalibrationSummary", "recalibrate"]
+__all__ = ["CHECK_LEVEL", "RecalibrationSummary", "pool_check", "recalibrate", "selection_check"]
 
-#: Significance of the checks that refuse a selected sample or an invalid pool.
+Mode = Literal["participation", "risk"]
+
+#: Default significance level of the checks that refuse a selected sample or an invalid pool.
 CHECK_LEVEL = 0.01
-#: Old-calibration metadata that does not describe the new calibration set.
-_OLD_CALIBRATION_KEYS = ("calibration_ids", "test_ids", "split_sizes", "accuracy", "judgments")
+#: Settings of the old ``config`` metadata that load the deployed model (read by
+#: :func:`abstain_guard.chains.load_guard_chain`); they stay true for the new artifact. The
+#: rest of ``config`` (data, judge, splits, targets) described the old calibration set.
+_MODEL_CONFIG_KEYS = (
+    "model",
+    "gguf_file",
+    "max_new_tokens",
+    "batch_decode",
+    "agent",
+    "agent_step_limit",
+)
+#: Old metadata that stays at the top level: how the deployed answers are generated.
+_DEPLOYMENT_KEYS = ("deployment",)
 
 
 @dataclass(frozen=True)
 class RecalibrationSummary:
-    """What :func:`recalibrate` wrote."""
+    """What :func:`recalibrate` wrote.
+
+    Attributes:
+        out: the new artifact's directory.
+        n_live: live decisions in the new calibration set.
+        n_labeled: how many of them have feedback (all of them in risk mode).
+        n_old: old calibration answers kept (``pool``), else 0.
+        pooled: whether the old calibration set was kept.
+        mode: ``"participation"`` (τ from every scored decision) or ``"risk"`` (labeled only).
+        accuracy: accuracy of the labeled answers of the new set (None without labels).
+        source: the new artifact's ``calibration_source`` metadata.
+    """
 
     out: Path
     n_live: int
+    n_labeled: int
     n_old: int
     pooled: bool
-    accuracy: float
+    mode: str
+    accuracy: float | None
     source: dict[str, Any]
 
     def to_text(self) -> str:
         """One paragraph for the command line."""
         pooled = f" pooled with {self.n_old} old calibration answers" if self.pooled else ""
+        accuracy = "no labels" if self.accuracy is None else f"accuracy {self.accuracy:.3f}"
+        unlabeled = self.n_live - self.n_labeled
+        note = (
+            f" {unlabeled} unlabeled decisions are stored as incorrect (a participation "
+            "threshold uses the scores only)."
+            if unlabeled
+            else ""
+        )
         return (
-            f"recalibrated artifact written to {self.out}: {self.n_live} labeled live "
-            f"decisions{pooled} (n = {self.n_live + self.n_old}, accuracy "
-            f"{self.accuracy:.3f}); its calibration_source records where they came from."
+            f"recalibrated artifact written to {self.out} ({self.mode} mode): {self.n_live} live "
+            f"decisions, {self.n_labeled} labeled{pooled} (n = {self.n_live + self.n_old}, "
+            f"{accuracy} among the labeled); its calibration_source and recalibrated_from "
+            f"metadata record where they came from.{note}"
         )
 
 
-def selection_check(records: list[MonitorRecord]) -> dict[str, Any]:
-    """Fisher's exact test of "whether a decision was labeled does not depend on whether it
-    was answered" over ``records`` (all scored decisions of the window)."""
-    table = np.zeros((2, 2), dtype=int)
-    for r in records:
-        table[int(r.abstained), int(r.correct is None)] += 1
-    labeled_answered, labeled_abstained = int(table[0, 0]), int(table[1, 0])
-    p_value = float(stats.fisher_exact(table).pvalue) if table.sum() else 1.0
-    return {
-        "labeled_answered": labeled_answered,
-        "answered": int(table[0].sum()),
-        "labeled_abstained": labeled_abstained,
-        "abstained": int(table[1].sum()),
-        "fisher_p_value": p_value,
-        "passed": p_value >= CHECK_LEVEL,
+def _check_level(level: float) -> float:
+    """``level`` as a float in (0, 1).
+
+    Raises:
+        InvalidInputError: it is not.
+    """
+    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+        raise InvalidInputError(
+            f"check_level must be a significance level in (0, 1) such as 0.01, got {level!r}."
+        )
+    return float(level)
+
+
+def rank_test(labeled: np.ndarray, unlabeled: np.ndarray) -> float:
+    """p-value of the two-sided Mann–Whitney U test of "labeled and unlabeled decisions have
+    the same score distribution" (1.0 when either side is empty: nothing to compare)."""
+    if labeled.size == 0 or unlabeled.size == 0:
+        return 1.0
+    return float(stats.mannwhitneyu(labeled, unlabeled, alternative="two-sided").pvalue)
+
+
+def selection_check(records: list[MonitorRecord], level: float = CHECK_LEVEL) -> dict[str, Any]:
+    """Evidence that the labels over ``records`` (the scored decisions of the window) are a
+    score-selected sample: withheld decisions exist but none is labeled, or the labeled
+    decisions' scores differ from the unlabeled ones' (:func:`rank_test`, p < ``level``).
+
+    Returns the counts, the rank test's p-value, ``level``, ``passed`` and, when it did not
+    pass, ``reason``.
+    """
+    level = _check_level(level)
+    answered = [r for r in records if not r.abstained]
+    withheld = [r for r in records if r.abstained]
+    labeled = np.array([r.score for r in records if r.correct is not None], dtype=float)
+    unlabeled = np.array([r.score for r in records if r.correct is None], dtype=float)
+    check: dict[str, Any] = {
+        "labeled_answered": sum(r.correct is not None for r in answered),
+        "answered": len(answered),
+        "labeled_abstained": sum(r.correct is not None for r in withheld),
+        "abstained": len(withheld),
+        "rank_test": "Mann-Whitney U, two-sided: labeled vs unlabeled scores",
+        "rank_p_value": rank_test(labeled, unlabeled),
+        "level": level,
     }
+    if withheld and not check["labeled_abstained"]:
+        check["reason"] = f"none of the {len(withheld)} withheld decisions is labeled"
+    elif check["rank_p_value"] < level:
+        check["reason"] = (
+            f"the labeled decisions' scores (median {np.median(labeled):.4g}) differ from the "
+            f"unlabeled ones' (median {np.median(unlabeled):.4g}): Mann-Whitney p = "
+            f"{check['rank_p_value']:.2g} < {level:g}"
+        )
+    check["passed"] = "reason" not in check
+    return check
 
 
-def pool_check(old: np.ndarray, live: np.ndarray, alarms: list[dict[str, Any]]) -> dict[str, Any]:
-    """Evidence against pooling: the log's drift alarms and a two-sample KS test."""
+def pool_check(
+    old: np.ndarray, live: np.ndarray, alarms: list[dict[str, Any]], level: float = CHECK_LEVEL
+) -> dict[str, Any]:
+    """Evidence against pooling: the log's drift alarms and a two-sample KS test at ``level``."""
     ks = stats.ks_2samp(old, live)
     return {
         "ks_statistic": float(ks.statistic),
         "ks_p_value": float(ks.pvalue),
+        "level": level,
         "alarms": [a.get("test") for a in alarms],
-        "passed": float(ks.pvalue) >= CHECK_LEVEL and not alarms,
+        "passed": float(ks.pvalue) >= level and not alarms,
     }
 
 
-def _window(records: list[MonitorRecord], last: int | None) -> list[MonitorRecord]:
-    """The scored decisions from the first of the ``last`` most recent labeled ones on (all
-    scored decisions when ``last`` is None)."""
+def _window(records: list[MonitorRecord], last: int | None, mode: Mode) -> list[MonitorRecord]:
+    """The scored decisions from the first of the ``last`` most recent counted ones on
+    (labeled ones in risk mode, every scored one in participation mode); all scored
+    decisions when ``last`` is None."""
     scored = [r for r in records if r.score is not None]
     if last is None:
         return scored
     if last < 1:
         raise InvalidInputError(f"--last must be a positive integer, got {last}.")
+    if mode == "participation":
+        return scored[-last:]
     labeled_at = [i for i, r in enumerate(scored) if r.correct is not None]
     if not labeled_at:
         return []
     return scored[labeled_at[max(0, len(labeled_at) - last)] :]
+
+
+def _mode(mode: str | None, header: dict[str, Any]) -> Mode:
+    """The recalibration mode: ``mode``, else the logged rule's, else ``"risk"`` (the
+    label-based mode, whose checks refuse what the other would accept).
+
+    Raises:
+        InvalidInputError: ``mode`` is neither ``"participation"`` nor ``"risk"``.
+    """
+    chosen = mode if mode is not None else header.get("rule", {}).get("mode", "risk")
+    if chosen == "participation":
+        return "participation"
+    if chosen == "risk":
+        return "risk"
+    raise InvalidInputError(f"mode must be 'participation' or 'risk', got {chosen!r}.")
+
+
+def _check_log(
+    old: GuardArtifact, artifact: str | Path, feedback: str | Path, header: dict[str, Any]
+) -> None:
+    """Refuse a log written by a guard with another calibration set than ``old``'s."""
+    logged = header.get("source", {}).get("calibration_sha256")
+    if logged != calibration_sha256(old.scores):
+        raise MonitorLogError(
+            f"The monitor log {feedback} was written by a guard with another calibration set "
+            f"than {artifact} (calibration sha256 {logged} vs {calibration_sha256(old.scores)}); "
+            "its scores come from another scorer or artifact. Recalibrate the artifact that "
+            "served the logged traffic."
+        )
+
+
+def _calibration_records(
+    window: list[MonitorRecord], mode: Mode, feedback: str | Path, last: int | None, level: float
+) -> tuple[list[MonitorRecord], dict[str, Any] | None]:
+    """The window's decisions the new calibration set takes (every one in participation
+    mode, the labeled ones in risk mode) and the selection check (risk mode only).
+
+    Raises:
+        InsufficientDataError: nothing to calibrate on, or (risk mode) no labels or labels
+            from a score-selected sample.
+    """
+    among = f" among the last {last}" if last else ""
+    if mode == "participation":
+        if not window:
+            raise InsufficientDataError(
+                f"The monitor log {feedback} has no scored decisions{among}: nothing to take "
+                "a participation threshold from. Serve traffic with the monitor logging first."
+            )
+        return window, None
+    labeled = [r for r in window if r.correct is not None]
+    if not labeled:
+        raise InsufficientDataError(
+            f"The monitor log {feedback} has no labeled decisions with a score{among}. A "
+            "risk-mode threshold needs labels: send feedback (monitor.record_feedback or POST "
+            "/v1/feedback) for a random sample of all decisions first."
+        )
+    selection = selection_check(window, level)
+    if not selection["passed"]:
+        raise InsufficientDataError(
+            f"The labeled decisions are not a score-blind sample: {selection['reason']} "
+            f"({selection['labeled_answered']} of {selection['answered']} answered and "
+            f"{selection['labeled_abstained']} of {selection['abstained']} withheld decisions "
+            "have feedback). A risk threshold from labels chosen by their score does not hold "
+            "on new traffic. Label a random sample of all decisions, abstentions included "
+            "(judge the withheld answer), then run again; or recalibrate in participation "
+            "mode, which needs no labels."
+        )
+    return labeled, selection
+
+
+def _grouped(
+    records: list[MonitorRecord],
+) -> tuple[list[MonitorRecord], list[str] | None, int]:
+    """The records a grouped calibration set keeps, their groups and how many were left out
+    for having no group; ``records``, None and 0 when no decision has a group."""
+    named = [r for r in records if isinstance(r.group, str) and r.group.strip()]
+    if not named:
+        return records, None, 0
+    return named, [str(r.group) for r in named], len(records) - len(named)
+
+
+def _old_provenance(old: GuardArtifact, artifact: str | Path) -> dict[str, Any]:
+    """Where the old artifact came from: its identity and its whole metadata."""
+    return {
+        "artifact": str(artifact),
+        "created": old.created,
+        "model_fingerprint": old.model_fingerprint,
+        "n_calibration": old.n,
+        "calibration_sha256": calibration_sha256(old.scores),
+        "metadata": dict(old.metadata),
+    }
+
+
+def _new_metadata(
+    old: GuardArtifact, artifact: str | Path, source: dict[str, Any]
+) -> dict[str, Any]:
+    """The new artifact's metadata: the deployment record and the model-loading part of
+    ``config`` (still true), ``calibration_source`` and the old provenance under
+    ``recalibrated_from``."""
+    metadata = {k: old.metadata[k] for k in _DEPLOYMENT_KEYS if k in old.metadata}
+    config = old.metadata.get("config")
+    if isinstance(config, dict):
+        metadata["config"] = {k: config[k] for k in _MODEL_CONFIG_KEYS if k in config}
+    metadata["calibration_source"] = source
+    metadata["recalibrated_from"] = _old_provenance(old, artifact)
+    return metadata
+
+
+def _feedback_source(
+    feedback: str | Path,
+    records: list[MonitorRecord],
+    window: list[MonitorRecord],
+    live: list[MonitorRecord],
+    last: int | None,
+) -> dict[str, Any]:
+    """Where the live part of the calibration set came from: the log and its counts."""
+    return {
+        "log": str(feedback),
+        "sha256": hashlib.sha256(Path(feedback).read_bytes()).hexdigest(),
+        "decisions": len(records),
+        "window": len(window),
+        "last": last,
+        "used": len(live),
+        "labeled": sum(r.correct is not None for r in live),
+        "unlabeled_stored_as_incorrect": sum(r.correct is None for r in live),
+        "first_time": live[0].time,
+        "last_time": live[-1].time,
+        "run_ids": [r.run_id for r in live],
+        "label_source": "monitor feedback",
+    }
+
+
+def _pool(
+    old: GuardArtifact,
+    live: np.ndarray,
+    header: dict[str, Any],
+    level: float,
+) -> dict[str, Any]:
+    """The pool check, or a refusal that says why.
+
+    Raises:
+        InsufficientDataError: the log recorded alarms or the KS test rejects.
+    """
+    check = pool_check(old.scores, live, header.get("alarms", []), level)
+    if not check["passed"]:
+        why = (
+            f"the log recorded drift alarms ({', '.join(map(str, check['alarms']))})"
+            if check["alarms"]
+            else f"the live scores differ from the calibration scores (KS p = "
+            f"{check['ks_p_value']:.2g} < {level:g})"
+        )
+        raise InsufficientDataError(
+            f"Pooling needs the old calibration questions and the live ones to be "
+            f"exchangeable, but {why}. Recalibrate on the live feedback alone (drop --pool)."
+        )
+    return check
+
+
+def _pooled_groups(
+    old: GuardArtifact, live_groups: list[str] | None, pool: bool
+) -> list[str] | None:
+    """The new set's groups: the live ones, after the old set's when pooled (None when
+    either side has none: a grouped set needs a group for every answer)."""
+    if live_groups is None or not pool:
+        return live_groups
+    if old.groups is None:
+        return None
+    return [*old.groups.tolist(), *live_groups]
+
+
+def _arrays(
+    old: GuardArtifact, live: list[MonitorRecord], pool: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The new set's scores, labels (an unlabeled decision stored as incorrect) and which
+    entries carry a label; the old calibration set first when ``pool``."""
+    scores = np.array([r.score for r in live], dtype=float)
+    correct = np.array([r.correct is True for r in live], dtype=bool)
+    labeled = np.array([r.correct is not None for r in live], dtype=bool)
+    if not pool:
+        return scores, correct, labeled
+    return (
+        np.concatenate([old.scores, scores]),
+        np.concatenate([old.correct, correct]),
+        np.concatenate([np.ones(old.n, dtype=bool), labeled]),
+    )
 
 
 def recalibrate(
@@ -124,103 +405,68 @@ def recalibrate(
     pool: bool = False,
     last: int | None = None,
     overwrite: bool = False,
+    mode: Mode | None = None,
+    check_level: float = CHECK_LEVEL,
 ) -> RecalibrationSummary:
-    """Build a new artifact at ``out`` from the labeled decisions in the monitor log
-    ``feedback`` of the guard running ``artifact`` (see the module docstring).
+    """Build a new artifact at ``out`` from the decisions in the monitor log ``feedback``
+    of the guard running ``artifact`` (see the module docstring).
+
+    Args:
+        artifact: the artifact that served the logged traffic.
+        feedback: its monitor log (decisions and feedback).
+        out: the new artifact's directory.
+        pool: keep the old calibration set too (refused where it is not exchangeable).
+        last: only the most recent N decisions (labeled ones in risk mode).
+        overwrite: replace an artifact at ``out``.
+        mode: ``"participation"`` (τ from every scored decision, no labels needed) or
+            ``"risk"`` (the labeled decisions, checked for selection); default the logged
+            rule's mode.
+        check_level: significance level of the selection and pooling tests (default 0.01).
 
     Raises:
         MonitorLogError: the log is malformed or belongs to another artifact.
-        InsufficientDataError: no labeled decisions, or the labels are a selected sample, or
-            ``pool`` was asked where the old and live questions are not exchangeable.
+        InvalidInputError: ``last``, ``mode`` or ``check_level`` is out of range.
+        InsufficientDataError: nothing to calibrate on, no labels in risk mode, labels from
+            a score-selected sample, or ``pool`` where old and live questions are not
+            exchangeable.
     """
+    level = _check_level(check_level)
     old = GuardArtifact.load(artifact)
     header, records = read_log(feedback)
-    logged = header.get("source", {}).get("calibration_sha256")
-    if logged != calibration_sha256(old.scores):
-        raise MonitorLogError(
-            f"The monitor log {feedback} was written by a guard with another calibration set "
-            f"than {artifact} (calibration sha256 {logged} vs {calibration_sha256(old.scores)}); "
-            "its scores come from another scorer or artifact. Recalibrate the artifact that "
-            "served the logged traffic."
-        )
-    window = _window(records, last)
-    labeled = [r for r in window if r.correct is not None]
-    if not labeled:
-        raise InsufficientDataError(
-            f"The monitor log {feedback} has no labeled decisions with a score"
-            + (f" among the last {last}" if last else "")
-            + ". Send feedback (monitor.record_feedback or POST /v1/feedback) for a random "
-            "sample of decisions first."
-        )
-    selection = selection_check(window)
-    if not selection["passed"]:
-        raise InsufficientDataError(
-            f"The labeled decisions are not a score-blind sample: {selection['labeled_answered']}"
-            f" of {selection['answered']} answered decisions have feedback but "
-            f"{selection['labeled_abstained']} of {selection['abstained']} abstained ones "
-            f"(Fisher p = {selection['fisher_p_value']:.2g}). A threshold from labels chosen by "
-            "the old threshold does not hold on new traffic. Label a random sample of all "
-            "decisions, abstentions included (judge the withheld answer), then run again."
-        )
-    scores = np.array([r.score for r in labeled], dtype=float)
-    correct = np.array([bool(r.correct) for r in labeled])
-    check = None
-    if pool:
-        check = pool_check(old.scores, scores, header.get("alarms", []))
-        if not check["passed"]:
-            why = (
-                f"the log recorded drift alarms ({', '.join(check['alarms'])})"
-                if check["alarms"]
-                else f"the live scores differ from the calibration scores (KS p = "
-                f"{check['ks_p_value']:.2g})"
-            )
-            raise InsufficientDataError(
-                f"Pooling needs the old calibration questions and the live ones to be "
-                f"exchangeable, but {why}. Recalibrate on the live feedback alone (drop --pool)."
-            )
-        scores = np.concatenate([old.scores, scores])
-        correct = np.concatenate([old.correct, correct])
-    log_bytes = Path(feedback).read_bytes()
+    _check_log(old, artifact, feedback, header)
+    chosen = _mode(mode, header)
+    window = _window(records, last, chosen)
+    taken, selection = _calibration_records(window, chosen, feedback, last, level)
+    live, live_groups, ungrouped = _grouped(taken)
+    check = _pool(old, _arrays(old, live, pool=False)[0], header, level) if pool else None
+    groups = _pooled_groups(old, live_groups, pool)
     source = {
         "kind": "live_feedback+calibration" if pool else "live_feedback",
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "recalibrated_from": {
-            "artifact": str(artifact),
-            "created": old.created,
-            "n_calibration": old.n,
-            "calibration_sha256": calibration_sha256(old.scores),
-        },
-        "feedback": {
-            "log": str(feedback),
-            "sha256": hashlib.sha256(log_bytes).hexdigest(),
-            "decisions": len(records),
-            "window": len(window),
-            "labeled": len(labeled),
-            "last": last,
-            "first_time": labeled[0].time,
-            "last_time": labeled[-1].time,
-            "run_ids": [r.run_id for r in labeled],
-            "label_source": "monitor feedback",
-        },
+        "mode": chosen,
+        "labels": "monitor feedback",
+        "feedback": _feedback_source(feedback, records, window, live, last),
         "pooled": pool,
         "selection_check": selection,
         "pool_check": check,
+        "groups": {"kept": groups is not None, "left_out_without_group": ungrouped},
     }
-    metadata = {k: v for k, v in old.metadata.items() if k not in _OLD_CALIBRATION_KEYS}
-    metadata["calibration_source"] = source
+    scores, correct, labeled = _arrays(old, live, pool)
     new = GuardArtifact.from_calibration(
         scorer=old.scorer,
         scores=scores,
         correct=correct,
         model_fingerprint=old.model_fingerprint,
-        metadata=metadata,
+        metadata=_new_metadata(old, artifact, source),
+        groups=groups,
     )
-    path = new.save(out, overwrite=overwrite)
     return RecalibrationSummary(
-        out=path,
-        n_live=len(labeled),
+        out=new.save(out, overwrite=overwrite),
+        n_live=len(live),
+        n_labeled=int(labeled.sum()) - (old.n if pool else 0),
         n_old=old.n if pool else 0,
         pooled=pool,
-        accuracy=float(correct.mean()),
+        mode=chosen,
+        accuracy=float(correct[labeled].mean()) if labeled.any() else None,
         source=source,
     )

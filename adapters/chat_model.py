@@ -65,7 +65,6 @@ from .tools import (
     decode_keeping,
     detect_tool_call_format,
     normalize_tool_choice,
-    parse_tool_calls,
     run_seed,
     schema_name,
     template_has_tool_role,
@@ -337,11 +336,13 @@ class GeometryChatModel(StreamingMixin, BatchMixin, ReplayMixin, BaseChatModel):
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, AIMessage]:
         """This model with ``tools`` (OpenAI-format schemas via ``convert_to_openai_tool``)
-        bound to every call. ``tool_choice``: None/"none"/"auto" (the model decides), "any"
-        or "required" (some tool), a tool name or ``{"type": "function", "function":
-        {"name": ...}}`` (that tool); a forced call is begun in the prompt. ``strict`` and
-        ``parallel_tool_calls`` are accepted and ignored; other ``kwargs`` are generation
-        options bound with them."""
+        bound to every call. ``tool_choice``: None/"auto" (the model decides), "none" (no
+        call: the reply is text), "any" or "required" (some tool), a tool name or
+        ``{"type": "function", "function": {"name": ...}}`` (that tool); a forced call is
+        begun in the prompt. Calls whose arguments do not validate against their tool's
+        schema come back in ``invalid_tool_calls`` (:func:`.tools.tool_args_error`).
+        ``strict`` and ``parallel_tool_calls`` are accepted and ignored; other ``kwargs``
+        are generation options bound with them."""
         kwargs.pop("strict", None)
         kwargs.pop("parallel_tool_calls", None)
         schemas = [convert_to_openai_tool(t) for t in tools]
@@ -375,7 +376,7 @@ class GeometryChatModel(StreamingMixin, BatchMixin, ReplayMixin, BaseChatModel):
         decoded = decode_keeping(self.tokenizer, gen.token_ids, setup.spec.markers)
         text = setup.prefill + cut_at_stop(decoded, opts["stop"])[0]
         seed = run_seed(prompt, gen.token_ids)
-        return with_tool_calls(msg, parse_tool_calls(text, setup.format, setup.names, seed))
+        return with_tool_calls(msg, setup.read(text, seed))
 
     # -- generation --------------------------------------------------------------------------
 

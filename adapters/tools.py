@@ -16,15 +16,19 @@ writes a call:
   ``<tool_response>\\n{content}\\n</tool_response>`` when the template has no tool role.
 
 A call forced by ``tool_choice`` is begun in the prompt (:func:`tool_prefill`); the text
-read for calls is that opening plus the generated text. Everything here is a pure function
-of its arguments (a tokenizer is only read). A call that cannot be read (bad JSON, no name,
-an unknown tool, arguments that are not an object) becomes an ``invalid_tool_calls`` entry,
+read for calls is that opening plus the generated text; with ``tool_choice="none"`` it is
+not read for calls at all (OpenAI's "none": the tools stay in the prompt, no call is taken).
+Everything here is a pure function of its arguments (a tokenizer is only read). A call that
+cannot be read or is not a valid call (bad JSON, no name, an unknown tool, arguments that are
+not an object or do not validate against the tool's JSON Schema, :func:`tool_args_error`)
+becomes an ``invalid_tool_calls`` entry with its ``error``, as LangChain's own parsers do,
 never an exception. Messages are rendered by :mod:`.encoding` (``chat_dicts`` with a
 ``ToolRendering``), tool calls streamed by :func:`.streaming.reply_chunks`.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -33,12 +37,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jsonschema
 from langchain_core.messages import AIMessage
 from langchain_core.messages.tool import InvalidToolCall, ToolCall, invalid_tool_call, tool_call
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from abstain_guard.deployment import sha256_text, tools_sha256
 from abstain_guard.errors import InvalidInputError
+from abstain_guard.tool_choice import AUTO, KEYWORDS, NONE, tool_choice_name
 
 HERMES, LLAMA3, MISTRAL, PROMPTED = "hermes", "llama3", "mistral", "prompted"
 
@@ -349,20 +355,12 @@ def schema_name(schema: Mapping[str, Any]) -> str:
 
 
 def normalize_tool_choice(choice: Any, names: Sequence[str]) -> str | None:
-    """``None``/``"none"`` → None, ``"auto"`` → "auto", ``"any"``/``"required"``/True →
-    "any", a tool name or ``{"type": "function", "function": {"name": ...}}`` (or
-    ``{"name": ...}``) → that name. Raises InvalidInputError for anything else."""
-    if choice is None or choice == "none" or choice is False:
-        return None
-    if choice is True or choice in ("any", "required"):
-        return "any"
-    if choice == "auto":
-        return "auto"
-    if isinstance(choice, Mapping):
-        inner = choice.get("function", choice)
-        choice = inner.get("name") if isinstance(inner, Mapping) else None
-    if isinstance(choice, str) and choice in names:
-        return choice
+    """``choice`` read by :func:`abstain_guard.tool_choice.tool_choice_name` (None, "auto",
+    "none", "any" or a tool name; ``"required"``/True → "any", False → "none"), a name
+    checked against the bound tools ``names``. Raises InvalidInputError for anything else."""
+    name = tool_choice_name(choice)
+    if name is None or name in KEYWORDS or name in names:
+        return name
     raise InvalidInputError(
         f"tool_choice {choice!r} is not 'auto', 'any', 'required', 'none' or one of the bound "
         f"tools {sorted(names)}"
@@ -372,8 +370,8 @@ def normalize_tool_choice(choice: Any, names: Sequence[str]) -> str | None:
 def tool_prefill(fmt: str, choice: str | None) -> str:
     """The opening of a call appended after the generation prompt when ``choice`` forces
     one: "any" → the format's opening up to the tool name; a tool name → up to its
-    arguments; None/"auto" → ""."""
-    if choice in (None, "auto"):
+    arguments; None/"auto"/"none" → ""."""
+    if choice in (None, AUTO, NONE):
         return ""
     spec = tool_call_format(fmt)
     if choice == "any":
@@ -423,6 +421,14 @@ class ToolSetup:
         Template formats end with the model's own EOS (parallel calls stay possible)."""
         return ("</tool_call>",) if self.format == "prompted" else ()
 
+    def read(self, text: str, seed: str | None = None) -> ParsedReply:
+        """The reply ``text`` (prefill included) read for calls against these tools: names
+        and arguments checked (:func:`parse_tool_calls` with the schemas); with
+        ``tool_choice="none"`` the reply is text, never read for calls."""
+        if self.choice == NONE:
+            return ParsedReply(text, [], [])
+        return parse_tool_calls(text, self.format, self.names, seed, schemas=self.schemas)
+
     def record(self) -> dict[str, Any]:
         """The generation-record keys of tool calling (see :data:`NO_TOOLS_RECORD`)."""
         return {
@@ -442,15 +448,80 @@ NO_TOOLS_RECORD: dict[str, Any] = {
 """The tool keys of a generation record without tools."""
 
 
+# -- arguments against the tool's schema -----------------------------------------------------
+
+#: Keywords by which a parameters schema says what it does with arguments it does not list.
+_OPEN_KEYWORDS = ("additionalProperties", "unevaluatedProperties", "patternProperties")
+
+
+def tool_parameters(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON Schema a call's arguments must satisfy: the tool's ``parameters`` (an object
+    with no properties when it has none), closed to arguments it does not declare
+    (``additionalProperties: false``) unless it says itself what to do with them. A
+    model that invents an argument has not called the tool it was shown."""
+    fn = schema.get("function", schema)
+    params = dict(fn.get("parameters") or {"type": "object", "properties": {}})
+    if not any(key in params for key in _OPEN_KEYWORDS):
+        params["additionalProperties"] = False
+    return params
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(parameters_json: str) -> Any:
+    """A jsonschema validator of one parameters schema (given as canonical JSON, the cache
+    key); the dialect is the schema's ``$schema`` (draft 2020-12 without one).
+
+    Raises:
+        jsonschema.SchemaError: the schema is not valid JSON Schema.
+    """
+    parameters = json.loads(parameters_json)
+    cls = jsonschema.validators.validator_for(parameters)
+    cls.check_schema(parameters)
+    return cls(parameters)
+
+
+def _schema_validator(schema: Mapping[str, Any]) -> Any:
+    """The validator of ``schema``'s closed parameters (:func:`tool_parameters`).
+
+    Raises:
+        InvalidInputError: the tool's parameters are not valid JSON Schema.
+    """
+    parameters = tool_parameters(schema)
+    try:
+        return _validator(json.dumps(parameters, sort_keys=True, ensure_ascii=False))
+    except jsonschema.SchemaError as exc:
+        raise InvalidInputError(
+            f"the parameters of tool {schema_name(schema)!r} are not valid JSON Schema: "
+            f"{exc.message}"
+        ) from exc
+
+
+def tool_args_error(schema: Mapping[str, Any], args: Mapping[str, Any]) -> str | None:
+    """Why ``args`` do not validate against the tool ``schema`` (OpenAI format; see
+    :func:`tool_parameters`), or None when they do. The one check of a call's arguments,
+    whoever generated it (calibration, an agent, the server)."""
+    error = jsonschema.exceptions.best_match(_schema_validator(schema).iter_errors(dict(args)))
+    if error is None:
+        return None
+    where = "/".join(str(part) for part in error.absolute_path)
+    at = f" (at {where})" if where else ""
+    return (
+        f"the arguments of {schema_name(schema)!r} do not match its parameters schema: "
+        f"{error.message}{at}"
+    )
+
+
 def tool_setup(tools: Sequence[Any] | None, choice: Any, fmt: str) -> ToolSetup | None:
     """The :class:`ToolSetup` of a call (None without tools). ``tools`` are anything
     :func:`convert_to_openai_tool` takes. Raises InvalidInputError for a forcing
     ``tool_choice`` without tools or one naming no bound tool."""
     if not tools:
-        if choice not in (None, False, "none", "auto"):
+        if tool_choice_name(choice) not in (None, AUTO, NONE):
             raise InvalidInputError(f"tool_choice={choice!r} needs tools; bind some first")
         return None
     schemas = tuple(convert_to_openai_tool(t) for t in tools)
+    for schema in schemas:
+        _schema_validator(schema)  # a schema no call could be checked against: refused now
     names = [schema_name(s) for s in schemas]
     return ToolSetup(schemas, normalize_tool_choice(choice, names), fmt)
 
@@ -506,14 +577,22 @@ class ParsedReply:
 
 
 def parse_tool_calls(
-    text: str, fmt: str, names: Sequence[str], seed: str | None = None
+    text: str,
+    fmt: str,
+    names: Sequence[str],
+    seed: str | None = None,
+    *,
+    schemas: Sequence[Mapping[str, Any]] = (),
 ) -> ParsedReply:
-    """Read ``text`` in format ``fmt``; a call naming no tool in ``names`` is invalid.
-    Never raises for a malformed reply."""
+    """Read ``text`` in format ``fmt``; a call naming no tool in ``names`` is invalid, and
+    so is one whose arguments do not validate against its tool's schema in ``schemas``
+    (:func:`tool_args_error`; a tool without a schema there is not checked). Never raises
+    for a malformed reply."""
     spec = tool_call_format(fmt)
     outside, found = spec.split(text)
     if not found:
         return ParsedReply(text, [], [])
+    by_name = {schema_name(s): s for s in schemas}
     calls: list[ToolCall] = []
     invalid: list[InvalidToolCall] = []
     for i, f in enumerate(found):
@@ -521,10 +600,12 @@ def parse_tool_calls(
         error = f.error
         if error is None and f.name not in names:
             error = f"unknown tool {f.name!r}; the bound tools are {sorted(names)}"
+        if error is None and f.name in by_name and f.args is not None:
+            error = tool_args_error(by_name[f.name], f.args)
         if error is None and f.name is not None and f.args is not None:
             calls.append(tool_call(name=f.name, args=f.args, id=cid))
         else:
-            # a readable call naming no bound tool keeps its arguments' JSON as args
+            # a readable call that is not valid keeps its arguments' JSON as args
             raw = f.raw if f.args is None else json.dumps(f.args, ensure_ascii=False)
             invalid.append(invalid_tool_call(name=f.name, args=raw, id=cid, error=error))
     return ParsedReply(outside.strip(), calls, invalid)
@@ -558,7 +639,9 @@ __all__ = [
     "run_seed",
     "schema_name",
     "template_has_tool_role",
+    "tool_args_error",
     "tool_call_format",
+    "tool_parameters",
     "tool_prefill",
     "tool_setup",
     "with_tool_calls",

@@ -138,3 +138,21 @@ def test_loopback_without_a_key_takes_feedback_and_no_guard_has_none() -> None:
     with TestClient(create_app(raw)) as client:
         assert client.post("/v1/feedback", json={"id": "x", "correct": True}).status_code == 404
         assert "abstain_guard_monitor" not in client.get("/metrics").text
+
+
+def test_a_non_ascii_bearer_token_is_a_401_and_a_non_ascii_key_works() -> None:
+    """Tokens are compared as bytes: a token with non-ASCII bytes is wrong (401, not a 500),
+    and a key with non-ASCII characters, sent as its UTF-8 bytes, is right."""
+    app = create_app(_service(), api_key=KEY)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        for token in ("clé", "sk-test-kéy", "\u2603"):
+            headers = {"Authorization": f"Bearer {token}".encode()}
+            response = client.get("/v1/models", headers=headers)
+            assert response.status_code == 401, (token, response.text)
+            assert response.json()["error"]["code"] == "invalid_api_key"
+    unicode_key = "sk-clé-\u2603"
+    with TestClient(create_app(_service(), api_key=unicode_key)) as client:
+        right = {"Authorization": f"Bearer {unicode_key}".encode()}
+        assert client.get("/v1/models", headers=right).status_code == 200
+        short = {"Authorization": b"Bearer sk-cl"}
+        assert client.get("/v1/models", headers=short).status_code == 401

@@ -45,6 +45,7 @@ from abstain_guard.adapters.tools import (
     prompted_tool_block,
     run_seed,
     template_has_tool_role,
+    tool_args_error,
     tool_prefill,
 )
 from abstain_guard.deployment import sha256_text, tools_sha256
@@ -321,7 +322,8 @@ def test_prompted_calls_parse_in_every_format_without_exception(fmt: str) -> Non
 
 def test_normalize_tool_choice() -> None:
     assert normalize_tool_choice(None, NAMES) is None
-    assert normalize_tool_choice("none", NAMES) is None
+    assert normalize_tool_choice("none", NAMES) == "none"
+    assert normalize_tool_choice(False, NAMES) == "none"
     assert normalize_tool_choice("auto", NAMES) == "auto"
     assert normalize_tool_choice("any", NAMES) == "any"
     assert normalize_tool_choice("required", NAMES) == "any"
@@ -333,6 +335,115 @@ def test_normalize_tool_choice() -> None:
         normalize_tool_choice("search", NAMES)
     with pytest.raises(InvalidInputError):
         normalize_tool_choice({"type": "function", "function": {"name": "search"}}, NAMES)
+
+
+CHOICES: list[Any] = [
+    None,
+    "none",
+    False,
+    "auto",
+    "any",
+    "required",
+    True,
+    "add",
+    {"type": "function", "function": {"name": "add"}},
+    {"type": "tool", "name": "add"},
+    {"type": "any"},
+    {"type": "none"},
+]
+
+
+def _recorded_choice(choice: Any) -> Any:
+    """What agent calibration records as a model call's ``tool_choice``."""
+    from uuid import uuid4
+
+    from abstain_guard.calibration.building.agents import OfferRecorder
+
+    recorder = OfferRecorder()
+    params = {"tools": [SCHEMA], "tool_choice": choice}
+    recorder.on_chat_model_start({}, [[HumanMessage(QUESTION)]], run_id=uuid4(),
+                                 invocation_params=params)  # fmt: skip
+    return recorder.calls[0]["tool_choice"]
+
+
+@pytest.mark.parametrize("choice", CHOICES, ids=repr)
+def test_one_reading_of_tool_choice_everywhere(choice: Any) -> None:
+    """The local model (applies it), agent calibration (records it) and the server (compares
+    a request's with the calibrated one) read a tool_choice the same way: one function."""
+    from abstain_guard.serve.conversation import requested_tool_choice
+    from abstain_guard.tool_choice import tool_choice_name
+
+    applied = normalize_tool_choice(choice, NAMES)
+    assert applied == tool_choice_name(choice) == _recorded_choice(choice)
+    assert applied == requested_tool_choice(choice)
+
+
+def test_an_unreadable_tool_choice_is_refused_by_the_model_and_the_server() -> None:
+    from abstain_guard.serve.conversation import requested_tool_choice
+    from abstain_guard.serve.schemas import RequestRefused
+
+    for bad in ({"type": "function"}, 3, ""):
+        with pytest.raises(InvalidInputError):
+            normalize_tool_choice(bad, NAMES)
+        with pytest.raises(RequestRefused) as refused:
+            requested_tool_choice(bad)
+        assert refused.value.status == 400 and refused.value.param == "tool_choice"
+
+
+# -- arguments against the tool's schema ------------------------------------------------------
+
+
+def test_arguments_that_do_not_validate_are_invalid_calls() -> None:
+    """As LangChain's parsers do: a call whose arguments do not validate against its tool's
+    JSON Schema is an InvalidToolCall with an error; an argument the tool does not declare
+    counts (the embedded model's ``{"country": "Pepón", "type": "string"}``)."""
+    schemas = [SCHEMA, convert_to_openai_tool(add)]
+    cases = {
+        '{"country": "Pepón", "type": "string"}': "'type' was unexpected",
+        '{"country": 3}': "3 is not of type 'string' (at country)",
+        "{}": "'country' is a required property",
+    }
+    for args, error in cases.items():
+        text = prompted_call_text("lookup_country", json.loads(args))
+        reply = parse_tool_calls(text, PROMPTED, NAMES, "seed", schemas=schemas)
+        assert reply.tool_calls == [], args
+        [bad] = reply.invalid_tool_calls
+        assert bad["name"] == "lookup_country" and json.loads(bad["args"]) == json.loads(args)
+        assert bad["error"] is not None and error in bad["error"], bad["error"]
+        assert bad["id"] == call_id("seed", 0)
+    good = prompted_call_text("lookup_country", {"country": "Peru"})
+    reply = parse_tool_calls(good, PROMPTED, NAMES, "seed", schemas=schemas)
+    assert [c["args"] for c in reply.tool_calls] == [{"country": "Peru"}]
+    assert not reply.invalid_tool_calls
+    assert tool_args_error(convert_to_openai_tool(add), {"a": 1, "b": 2}) is None
+    assert "'x' is not of type 'integer'" in str(tool_args_error(schemas[1], {"a": "x", "b": 2}))
+
+
+def test_a_schema_that_allows_more_arguments_is_followed() -> None:
+    open_schema = {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}},
+                           "additionalProperties": True},
+        },
+    }  # fmt: skip
+    assert tool_args_error(open_schema, {"q": "x", "lang": "en"}) is None
+    no_params = {"type": "function", "function": {"name": "now"}}
+    assert tool_args_error(no_params, {}) is None
+    assert "unexpected" in str(tool_args_error(no_params, {"tz": "UTC"}))
+
+
+def test_a_tool_whose_schema_is_not_json_schema_is_refused_when_bound(
+    tiny: dict[str, GeometryChatModel],
+) -> None:
+    broken = {
+        "type": "function",
+        "function": {"name": "broken", "parameters": {"type": "object", "properties": 3}},
+    }
+    model = _with_template(tiny["llama"], HERMES)
+    with pytest.raises(InvalidInputError, match="not valid JSON Schema"):
+        model.bind_tools([broken]).invoke(QUESTION)
 
 
 @pytest.mark.parametrize(
@@ -801,6 +912,55 @@ def test_a_forced_call_completed_by_the_model_is_parsed(
     )
 
 
+def test_tool_choice_none_reads_no_call(tiny: dict[str, GeometryChatModel]) -> None:
+    """``tool_choice="none"`` (OpenAI's meaning): the tools stay in the prompt, a call the
+    model writes anyway is text, and the record says "none" (not the "auto" of a bare
+    bind)."""
+    model = _with_template(tiny["llama"], HERMES)
+    call = WELL_FORMED[HERMES]
+    with scripted(model, call):
+        none = model.bind_tools([lookup_country], tool_choice="none").invoke(QUESTION)
+        auto = model.bind_tools([lookup_country]).invoke(QUESTION)
+    assert none.tool_calls == [] and none.invalid_tool_calls == []
+    assert none.content == call
+    assert none.response_metadata["generation"]["tool_choice"] == "none"
+    assert "lookup_country" in _decoded_prompt(model, none)  # the tools are still shown
+    assert [c["name"] for c in auto.tool_calls] == ["lookup_country"]
+    assert auto.response_metadata["generation"]["tool_choice"] is None
+
+
+def test_an_invalid_call_is_the_same_in_calibration_and_live(
+    tiny: dict[str, GeometryChatModel],
+) -> None:
+    """A call with an argument the tool does not declare is an invalid tool call on the
+    model itself, so an agent run (calibration) and a bound model (live, serve) both get
+    it, with one error, and the agent never runs the tool."""
+    from langchain.agents import create_agent
+
+    from abstain_guard.calibration.building.agents import run_agent
+
+    ran: list[str] = []
+
+    @tool
+    def lookup_capital(country: str) -> str:
+        """The capital city of a country."""
+        ran.append(country)
+        return "Lima"
+
+    model = _with_template(tiny["qwen2"], HERMES)
+    invented = prompted_call_text("lookup_capital", {"country": "Pepón", "type": "string"})
+    with scripted(model, invented):
+        live = model.bind_tools([lookup_capital]).invoke(QUESTION)
+    with scripted(model, invented):
+        run = run_agent(create_agent(model, tools=[lookup_capital]), [HumanMessage(QUESTION)], 8)
+    assert live.tool_calls == [] and len(live.invalid_tool_calls) == 1
+    error = live.invalid_tool_calls[0]["error"]
+    assert error is not None and "'type' was unexpected" in error
+    assert run.final is not None and run.final.tool_calls == []
+    assert run.final.invalid_tool_calls == live.invalid_tool_calls
+    assert (run.tool_calls, run.invalid_tool_calls, ran) == (0, 1, [])
+
+
 def test_an_agent_round_trip_on_a_scripted_tiny_model(tiny: dict[str, GeometryChatModel]) -> None:
     """create_agent: the model calls lookup_country, the tool runs, its result is rendered
     into the next prompt the template's way, and the model answers."""
@@ -852,7 +1012,9 @@ def forced(default_model: GeometryChatModel) -> tuple[Any, AIMessage]:
 @pytest.mark.slow
 def test_real_model_forced_call(default_model: GeometryChatModel, forced: Any) -> None:
     """SmolLM2's template takes no tools: the prompted fallback. Forced to call
-    lookup_country, it writes a call that parses with that name."""
+    lookup_country, it writes a call that parses with that name; its arguments are checked
+    against the tool's schema (this model adds one the tool does not have, ``{"country":
+    "Pepón", "type": "string"}``: an invalid call, with the schema's error)."""
     assert default_model.tool_call_format == PROMPTED
     plain = default_model.tokenizer.apply_chat_template(
         [{"role": "user", "content": QUESTION}], add_generation_prompt=True, tokenize=True
@@ -862,7 +1024,10 @@ def test_real_model_forced_call(default_model: GeometryChatModel, forced: Any) -
     _, msg = forced
     calls = msg.tool_calls + msg.invalid_tool_calls
     assert calls and calls[0]["name"] == "lookup_country"
-    assert msg.tool_calls, msg.invalid_tool_calls  # a valid call (its args may be poor)
+    for call in msg.tool_calls:  # a valid call's arguments validate (they may be poor)
+        assert tool_args_error(SCHEMA, call["args"]) is None
+    for bad in msg.invalid_tool_calls:
+        assert bad["error"] == tool_args_error(SCHEMA, json.loads(str(bad["args"])))
     record = msg.response_metadata["generation"]
     assert record["tool_call_format"] == PROMPTED and record["tool_choice"] == "lookup_country"
     assert record["tool_prompt_sha256"] == sha256_text(prompted_tool_block([SCHEMA]))

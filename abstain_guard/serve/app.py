@@ -2,7 +2,9 @@
 ``GET /v1/monitor``, ``GET /healthz``, ``GET /metrics``.
 
 Every guard decision is fed to the server's :class:`~abstain_guard.monitor.GuardMonitor`
-under its completion id (the response's ``id``); ``POST /v1/feedback`` with ``{"id":
+under its completion id (the response's ``id``), in the order the requests were admitted,
+not the order they finished (:mod:`abstain_guard.serve.arrival`: a short answer overtakes a
+long one, and length goes with the score); ``POST /v1/feedback`` with ``{"id":
 "chatcmpl-...", "correct": true}`` labels it (404 for an id the server never answered, 409
 for one already labeled), ``GET /v1/monitor`` returns the monitor's state and ``/metrics``
 its alarms and e-values. Feedback only feeds the monitor: nothing a client sends changes the
@@ -35,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
 
 from abstain_guard.errors import AbstainGuardError, DuplicateFeedbackError, UnknownRunError
 from abstain_guard.monitor import GuardMonitor
+from abstain_guard.serve.arrival import ArrivalOrder
 from abstain_guard.serve.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from abstain_guard.serve.openai_format import (
     completion_body,
@@ -91,11 +94,17 @@ class FeedbackRequest(BaseModel):
 
 
 def _authorized(request: Request, api_key: str | None) -> bool:
+    """Whether ``request`` carries ``Authorization: Bearer <api_key>`` (always, without a key).
+
+    The comparison is on bytes, in constant time: the header as it came over the wire
+    (Starlette decodes header bytes as latin-1, so encoding back gives them exactly) against
+    the key's UTF-8 bytes. A token with any byte at all is a yes or a no, never an error."""
     if api_key is None:
         return True
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip(), api_key)
+    sent = token.strip().encode("latin-1", errors="replace")
+    return scheme.lower() == "bearer" and hmac.compare_digest(sent, api_key.encode("utf-8"))
 
 
 def service_monitor(service: GuardService | ModelService, **options: Any) -> GuardMonitor | None:
@@ -127,6 +136,9 @@ def create_app(
     limits = limits or RequestLimits()
     monitor = monitor if monitor is not None else service_monitor(service)
     metrics = ServerMetrics(service, monitor)
+    arrival = None
+    if monitor is not None:  # decisions reach it in admission order
+        arrival = ArrivalOrder(lambda decision, rid: monitor.observe(decision, run_id=rid))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -139,6 +151,7 @@ def create_app(
     app.state.service = service
     app.state.metrics = metrics
     app.state.monitor = monitor
+    app.state.arrival = arrival
 
     @app.middleware("http")
     async def count_requests(request: Request, call_next):  # type: ignore[no-untyped-def]
@@ -162,11 +175,16 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         start = time.perf_counter()
+        ticket: int | None = None
         try:
             parsed = parse_request(await _read_body(request, limits), limits)
             question: Any = service.question(parsed)
             service.admit()
+            ticket = arrival.admit() if arrival is not None else None  # no await between
             answer = await service.answer(question)
+            completion_id = new_completion_id()
+            if arrival is not None and ticket is not None:  # a tool call is not a decision
+                arrival.finish(ticket, completion_id, answer.decision or None)
         except RequestRefused as exc:
             return _refusal(exc)
         except AbstainGuardError as exc:  # the guard failed (on_error="raise", a mismatch)
@@ -174,12 +192,12 @@ def create_app(
             return _refusal(
                 RequestRefused(f"{type(exc).__name__}: {exc}", status=500, kind="server_error")
             )
+        finally:  # ended without a decision (refused, failed, cancelled): give up the place
+            if arrival is not None and ticket is not None:
+                arrival.finish(ticket)  # no-op when it already finished above
         decided = answer.abstained if answer.decision else None  # None: no guard
         metrics.decided(decided, time.perf_counter() - start, parsed.stream)
         logprobs = (parsed.top_logprobs or 0) if parsed.logprobs else None
-        completion_id = new_completion_id()
-        if monitor is not None and answer.decision:  # a tool call is not a decision
-            monitor.observe(answer.decision, run_id=completion_id)
         headers = decision_headers(answer)
         if parsed.stream:
             chunks = sse_chunks(
@@ -221,6 +239,8 @@ def create_app(
                     f"and nothing else ({exc.error_count()} problem(s): "
                     f"{exc.errors()[0].get('msg')} at {exc.errors()[0].get('loc')}).",
                 ) from exc
+            if arrival is not None:  # a decision held behind an earlier request: wait for it
+                await arrival.wait_fed(fb.id)
             try:
                 record = monitor.record_feedback(fb.id, fb.correct)
             except UnknownRunError as exc:

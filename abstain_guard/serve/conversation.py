@@ -24,17 +24,19 @@ from langchain_core.messages import (
     ToolMessage,
 )
 
+from abstain_guard.errors import InvalidInputError
 from abstain_guard.serve.schemas import ChatMessageIn, RequestRefused
+from abstain_guard.tool_choice import tool_choice_name
 
 __all__ = [
     "SYSTEM_ROLES",
     "Turns",
     "is_tool_turn",
     "openai_tool_calls",
+    "requested_tool_choice",
     "split_turns",
     "to_message",
     "to_messages",
-    "tool_choice_name",
 ]
 
 #: Roles of the system prompt (``developer`` is OpenAI's newer name for it).
@@ -183,19 +185,18 @@ def split_turns(messages: Sequence[ChatMessageIn]) -> Turns:
     return Turns(system=system, history=rest[:last], question=question, steps=rest[last + 1 :])
 
 
-def tool_choice_name(choice: Any) -> str | None:
-    """``tool_choice`` as a plain name: None, ``"auto"``, ``"none"``, ``"any"``
-    (``"required"``) or a tool's name (``{"type": "function", "function": {"name"}}``)."""
-    if choice is None:
-        return None
-    if isinstance(choice, str):
-        return "any" if choice == "required" else choice
-    if isinstance(choice, dict):
-        function = choice.get("function")
-        if isinstance(function, dict) and function.get("name"):
-            return str(function["name"])
-        return str(choice.get("type", "?"))
-    return str(choice)
+def requested_tool_choice(choice: Any) -> str | None:
+    """A request's ``tool_choice`` read by :func:`abstain_guard.tool_choice.tool_choice_name`
+    (None, ``"auto"``, ``"none"``, ``"any"`` or a tool's name), the reading the local chat
+    model applies and agent calibration records.
+
+    Raises:
+        RequestRefused: a ``tool_choice`` that is none of these (400).
+    """
+    try:
+        return tool_choice_name(choice)
+    except InvalidInputError as exc:
+        raise RequestRefused(str(exc), param="tool_choice") from exc
 
 
 def openai_tool_calls(message: AIMessage) -> list[dict[str, Any]]:

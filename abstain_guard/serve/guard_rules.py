@@ -24,8 +24,9 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from abstain_guard.deployment import DeploymentRecord, conversation_refusal, tools_sha256
 from abstain_guard.prompts import history_problem
-from abstain_guard.serve.conversation import Turns, is_tool_turn, tool_choice_name
+from abstain_guard.serve.conversation import Turns, is_tool_turn, requested_tool_choice
 from abstain_guard.serve.schemas import ChatCompletionRequest, RequestRefused
+from abstain_guard.tool_choice import AUTO, NONE
 
 __all__ = ["check_tools", "check_turns", "request_tools", "tool_name"]
 
@@ -95,9 +96,9 @@ def _tool_choice(record: DeploymentRecord, request: ChatCompletionRequest) -> st
     Raises:
         RequestRefused: ``tool_choice`` without tools, or another one than calibrated.
     """
-    asked = tool_choice_name(request.tool_choice)
+    asked = requested_tool_choice(request.tool_choice)
     if not record.tools:
-        if asked not in (None, "none", "auto"):
+        if asked not in (None, NONE, AUTO):
             raise RequestRefused(
                 f"tool_choice={asked!r} needs tools, and this guard was calibrated without "
                 "tools; omit tool_choice.",
@@ -105,8 +106,8 @@ def _tool_choice(record: DeploymentRecord, request: ChatCompletionRequest) -> st
             )
         return None
     final = record.agent.final_tool_choice if record.agent is not None else None
-    calibrated = None if final in (None, "auto") else final
-    if asked is not None and (None if asked == "auto" else asked) != calibrated:
+    calibrated = None if final in (None, AUTO) else final
+    if asked is not None and (None if asked == AUTO else asked) != calibrated:
         raise RequestRefused(
             f"tool_choice={asked!r}, but this guard's final answers were calibrated with "
             f"tool_choice={calibrated or 'auto'!r}; omit tool_choice.",

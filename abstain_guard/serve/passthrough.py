@@ -22,10 +22,11 @@ from typing import Any
 from langchain_core.messages import BaseMessage
 
 from abstain_guard.errors import InvalidInputError, SchedulerFullError
-from abstain_guard.serve.conversation import to_messages, tool_choice_name
+from abstain_guard.serve.conversation import requested_tool_choice, to_messages
 from abstain_guard.serve.guard_rules import request_tools
 from abstain_guard.serve.schemas import ChatCompletionRequest, RequestRefused
 from abstain_guard.serve.service import Admission, GuardedAnswer, answer_of
+from abstain_guard.tool_choice import AUTO, NONE
 
 __all__ = ["ModelCall", "ModelService"]
 
@@ -90,7 +91,7 @@ class ModelService(Admission):
             raise RequestRefused("The request has no user message; send one.", param="messages")
         tools = request_tools(request)
         choice = request.tool_choice
-        if not tools and tool_choice_name(choice) not in (None, "none", "auto"):
+        if not tools and requested_tool_choice(choice) not in (None, NONE, AUTO):
             raise RequestRefused(f"tool_choice={choice!r} needs tools; send them.", param="tools")
         options = self._options(request)
         return ModelCall(messages, options, tools, self._with_tools(tools, choice))

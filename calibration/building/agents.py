@@ -35,8 +35,9 @@ from abstain_guard.calibration.building.datasets import QAItem
 from abstain_guard.calibration.building.generation import LIKELIHOOD_METADATA
 from abstain_guard.calibration.building.store import RunStore, content_key
 from abstain_guard.deployment import tools_sha256
-from abstain_guard.errors import CalibrationError, ConfigError
+from abstain_guard.errors import CalibrationError, ConfigError, InvalidInputError
 from abstain_guard.prompts import history_messages
+from abstain_guard.tool_choice import tool_choice_name
 
 __all__ = [
     "AGENT_NS",
@@ -120,15 +121,13 @@ class OfferRecorder(BaseCallbackHandler):
 
 
 def _choice_name(choice: Any) -> str | None:
-    """``tool_choice`` as a plain name: None, ``"auto"``, ``"any"``, ``"none"`` or a tool."""
-    if choice is None or isinstance(choice, str):
-        return {"required": "any"}.get(choice, choice) if isinstance(choice, str) else None
-    if isinstance(choice, Mapping):
-        fn = choice.get("function")
-        if isinstance(fn, Mapping) and fn.get("name"):
-            return str(fn["name"])
-        return str(choice.get("type", "?"))
-    return str(choice)
+    """``tool_choice`` as :func:`abstain_guard.tool_choice.tool_choice_name` reads it (the
+    reading the local chat model applies and the server compares); one it cannot read is
+    recorded as its ``repr``, which matches no request."""
+    try:
+        return tool_choice_name(choice)
+    except InvalidInputError:
+        return repr(choice)
 
 
 @dataclass

@@ -1,0 +1,124 @@
+"""Decisions handed to the monitor in the order their requests were admitted.
+
+Requests finish in another order than they arrive: a short answer overtakes a long one, and
+answer length goes with the score, so feeding the monitor in completion order would show it
+a reordered, score-dependent sequence instead of the traffic as it came. The server numbers
+each request when it admits it (:meth:`ArrivalOrder.admit`) and hands its outcome back when
+it ends (:meth:`ArrivalOrder.finish`); a decision is passed on only once every request
+admitted before it has ended.
+
+Every admitted request ends exactly once: with its decision, or with none (a tool call, a
+refusal after admission, an error, a client that went away: the handler's ``finally``). A
+request that ends without a decision gives up its place and the ones after it go on, so a
+failed or aborted request never holds the sequence; what waits is at most the requests
+admitted before it that are still running (at most the server's ``max_in_flight``).
+
+The HTTP answer does not wait for the monitor: a decision held behind an earlier request is
+already in the client's hands. Feedback on it waits (:meth:`ArrivalOrder.wait_fed`) until it
+has been fed, so its id is never unknown to the monitor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ArrivalOrder", "Feed"]
+
+logger = logging.getLogger("abstain_guard.serve")
+
+#: What receives each decision, in admission order: ``feed(decision, run_id)``.
+Feed = Callable[[Mapping[str, Any], str], Any]
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """How one admitted request ended: its decision and id, or nothing to feed."""
+
+    run_id: str | None = None
+    decision: Mapping[str, Any] | None = None
+
+
+class ArrivalOrder:
+    """Feeds decisions to ``feed`` in the order their requests were admitted.
+
+    :meth:`finish` and :meth:`wait_fed` run on the server's event loop (the waits are
+    asyncio events); the counters are locked, and decisions are fed one call at a time.
+
+    Args:
+        feed: called with ``(decision, run_id)`` for each decision, in admission order
+            (an exception it raises is logged; the decisions after it are still fed).
+    """
+
+    def __init__(self, feed: Feed) -> None:
+        self._feed = feed
+        self._lock = threading.Lock()
+        self._feeding = threading.Lock()  # held while taking outcomes off and feeding them
+        self._issued = 0  # tickets handed out: the next one is this number
+        self._next = 0  # the earliest ticket not yet passed on
+        self._ended: dict[int, _Outcome] = {}  # tickets that ended out of turn
+        self._held: dict[str, asyncio.Event] = {}  # run ids ended but not yet fed
+
+    def admit(self) -> int:
+        """The next number in admission order (call when the request is admitted)."""
+        with self._lock:
+            ticket = self._issued
+            self._issued += 1
+            return ticket
+
+    @property
+    def waiting(self) -> int:
+        """Requests that ended but wait for an earlier one before being passed on."""
+        with self._lock:
+            return len(self._ended)
+
+    def finish(
+        self, ticket: int, run_id: str | None = None, decision: Mapping[str, Any] | None = None
+    ) -> None:
+        """End request ``ticket``: with ``decision`` under ``run_id``, or (either None) with
+        nothing to feed. Only the first call per ticket counts, so a handler may call it
+        again in its ``finally`` to release a place it did not fill."""
+        outcome = _Outcome(run_id, decision) if run_id is not None and decision else _Outcome()
+        with self._feeding:
+            with self._lock:
+                if ticket < self._next or ticket >= self._issued or ticket in self._ended:
+                    return
+                self._ended[ticket] = outcome
+                if outcome.run_id is not None and ticket != self._next:
+                    self._held[outcome.run_id] = asyncio.Event()
+                ready = self._pop_ready()
+            self._pass_on(ready)
+
+    def _pop_ready(self) -> list[_Outcome]:
+        """The outcomes now in turn, taken off (call holding the lock)."""
+        ready = []
+        while self._next in self._ended:
+            ready.append(self._ended.pop(self._next))
+            self._next += 1
+        return ready
+
+    def _pass_on(self, ready: list[_Outcome]) -> None:
+        """Feed ``ready``'s decisions in order (outside the counters' lock: the feed may
+        take its own)."""
+        for outcome in ready:
+            if outcome.run_id is None or outcome.decision is None:
+                continue
+            try:
+                self._feed(outcome.decision, outcome.run_id)
+            except Exception:  # one bad feed must not stop the ones after it
+                logger.exception("feeding decision %s to the monitor failed", outcome.run_id)
+            with self._lock:
+                event = self._held.pop(outcome.run_id, None)
+            if event is not None:
+                event.set()
+
+    async def wait_fed(self, run_id: str) -> None:
+        """Return once ``run_id``'s decision has been fed (at once for an id not held)."""
+        with self._lock:
+            event = self._held.get(run_id)
+        if event is not None:
+            await event.wait()

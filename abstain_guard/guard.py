@@ -81,6 +81,11 @@ def _withheld(message: Any) -> dict[str, Any]:
     return {"content": repr(message)[:2000], "type": type(message).__name__}
 
 
+#: Kernel notes already given as a warning in this process
+#: (:meth:`AbstentionPolicy.kernel_warnings`).
+_KERNEL_NOTES_GIVEN: set[str] = set()
+
+
 def _fit_monitor(
     monitor: GuardMonitor | None, artifact: GuardArtifact, config: GuardConfig
 ) -> None:
@@ -121,7 +126,6 @@ class AbstentionPolicy:
         )
         self.deployment: DeploymentRecord | None = DeploymentRecord.from_metadata(artifact.metadata)
         self._standing_warnings: list[str] = []
-        self._kernel_notes: set[str] = set()
 
     def mismatch(self, problems: list[str], where: str) -> list[str]:
         """Raise (``on_mismatch="raise"``) or return the problems as warnings.
@@ -170,7 +174,7 @@ class AbstentionPolicy:
         """The kernel note when ``generation`` was computed on other kernels than the
         calibration (:mod:`abstain_guard.kernels`): not a refusal, since the score moves only
         in its last bits, but a :class:`~abstain_guard.errors.KernelMismatchWarning` and a log
-        record the first time, and a note in every such decision."""
+        record the first time in the process, and a note in every such decision."""
         if self.deployment is None or generation is None:
             return []
         differences = kernel_differences(
@@ -179,8 +183,8 @@ class AbstentionPolicy:
         if not differences:
             return []
         note = kernel_note(differences, self.artifact.scores, self.rule.threshold)
-        if note not in self._kernel_notes:
-            self._kernel_notes.add(note)
+        if note not in _KERNEL_NOTES_GIVEN:  # once per process, however many guards
+            _KERNEL_NOTES_GIVEN.add(note)
             warnings.warn(note, KernelMismatchWarning, stacklevel=2)
             logger.warning(note)
         return [note]

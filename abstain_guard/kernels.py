@@ -74,8 +74,8 @@ def bit_deciding(facts: Mapping[str, Any] | None) -> dict[str, Any]:
     """The kernel facts that decide the last bits of a forward (empty for None).
 
     Always: torch version, device type, ATen capability, BLAS and MKL branch. On the CPU
-    under an MKL branch that is not fixed (:data:`FIXED_MKL_BRANCHES`): the CPU vendor and
-    model too. On an accelerator: its name."""
+    under an MKL branch that is not fixed (:data:`FIXED_MKL_BRANCHES`): the CPU vendor,
+    model and vector extensions too (MKL dispatches on them). On an accelerator: its name."""
     if not facts:
         return {}
     out: dict[str, Any] = {
@@ -85,7 +85,11 @@ def bit_deciding(facts: Mapping[str, Any] | None) -> dict[str, Any]:
     if facts.get("device_type") == "cpu":
         if facts.get("mkl_branch") not in FIXED_MKL_BRANCHES:
             cpu = facts.get("cpu") or {}
-            out["cpu"] = {"vendor": cpu.get("vendor"), "model": cpu.get("model")}
+            out["cpu"] = {
+                "vendor": cpu.get("vendor"),
+                "model": cpu.get("model"),
+                "isa": cpu.get("isa"),
+            }
     else:
         out["device_name"] = facts.get("device_name")
     return out

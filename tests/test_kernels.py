@@ -37,7 +37,7 @@ HERE = {
     "blas": "mkl 2024.2",
     "mkl_branch": "AUTO",
     "onednn": {"version": "3.12.0", "enabled": True},
-    "env": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"},
+    "env": {"ATEN_CPU_CAPABILITY": "avx2"},
 }
 
 
@@ -52,18 +52,22 @@ def test_the_process_records_the_kernels_it_runs() -> None:
     assert facts["aten_capability"] == torch.backends.cpu.get_cpu_capability()
     assert facts["torch"] == torch.__version__
     assert facts["mkl_branch"] == mkl_branch()
-    if is_x86_64() and torch.backends.mkl.is_available():
-        for key, value in PORTABLE_KERNEL_ENV.items():
+    if is_x86_64():
+        for key in PORTABLE_KERNEL_ENV:
             assert key in facts["env"], key
-            if facts["env"][key] == value:  # not overridden by the user's environment
-                assert facts["mkl_branch" if key == "MKL_CBWR" else "aten_capability"] in (
-                    "AVX2",
-                    "AUTO",  # MKL on a non-Intel CPU runs its AUTO branch for AVX2
-                )
+        if facts["env"]["ATEN_CPU_CAPABILITY"] == "avx2" and "avx2" in facts["cpu"]["isa"]:
+            assert facts["aten_capability"] == "AVX2"
 
 
 def test_bit_deciding_facts_name_the_cpu_only_where_mkl_lets_it_decide() -> None:
-    assert bit_deciding(HERE)["cpu"] == {"vendor": "AuthenticAMD", "model": "AMD EPYC"}
+    assert bit_deciding(HERE)["cpu"] == {
+        "vendor": "AuthenticAMD",
+        "model": "AMD EPYC",
+        "isa": ["avx2", "fma"],
+    }
+    # the same CPU model string with AVX-512 is another CPU for MKL's dispatch
+    avx512 = _with(cpu={**HERE["cpu"], "isa": ["avx2", "fma", "avx512f"]})  # type: ignore[dict-item]
+    assert kernel_differences(avx512, HERE)[0].startswith("cpu:")
     fixed = bit_deciding(_with(mkl_branch="AVX2"))
     assert "cpu" not in fixed and fixed["mkl_branch"] == "AVX2"
     gpu = bit_deciding(_with(device_type="cuda", device_name="NVIDIA H100"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
 from abstain_guard.default import DEFAULT_ARTIFACT_DIR
@@ -24,11 +25,7 @@ def _serve(args: argparse.Namespace) -> int:
     from abstain_guard.serve.schemas import RequestLimits
 
     service = _model_service(args) if args.no_guard else _guard_service(args)
-    monitor = None
-    if not args.no_guard:
-        from abstain_guard.serve.app import service_monitor
-
-        monitor = service_monitor(service, log_path=args.monitor_log)
+    monitor = None if args.no_guard else _serve_monitor(service, args.monitor_log)
     serve(
         service,
         host=args.host,
@@ -39,6 +36,40 @@ def _serve(args: argparse.Namespace) -> int:
         monitor=monitor,
     )
     return 0
+
+
+def _serve_monitor(service: Any, log_path: str | None) -> Any:
+    """The drift monitor ``serve`` feeds (a fitted ``GuardMonitor``; None without a guard).
+
+    With ``--monitor-log`` naming an existing log, the monitor resumes it (its decisions and
+    feedback replayed: the tests go on, feedback for decisions from before the restart is
+    taken) and says so on stderr; without one it says that a restart starts the tests afresh.
+
+    Raises:
+        MonitorLogError: the log cannot be resumed (another artifact, rule or setting).
+    """
+    from abstain_guard.serve.app import service_monitor
+
+    monitor = service_monitor(service, log_path=log_path)
+    if monitor is None:
+        return None
+    resumed = monitor.state()["resumed"]
+    if resumed is not None:
+        print(
+            f"abstain-guard serve: the drift monitor resumed {log_path} ({resumed['decisions']} "
+            f"decisions, {resumed['feedback']} feedback, {resumed['alarms']} alarms): its "
+            "tests go on, and their false-alarm bound holds over the whole log.",
+            file=sys.stderr,
+        )
+    elif log_path is None:
+        print(
+            "abstain-guard serve: no --monitor-log: the drift monitor keeps its tests in memory "
+            "only, so a restart starts them afresh (each restart spends another false-alarm "
+            "budget) and forgets the decisions feedback can label. Pass --monitor-log to "
+            "resume them.",
+            file=sys.stderr,
+        )
+    return monitor
 
 
 #: The environment variable ``serve`` reads its API key from (``--api-key`` wins).
@@ -142,7 +173,8 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     srv.add_argument(
         "--monitor-log",
         help="append every decision, feedback and drift alarm to this JSONL file (the "
-        "--feedback of abstain-guard recalibrate)",
+        "--feedback of abstain-guard recalibrate); an existing one is resumed: the monitor's "
+        "tests go on across restarts",
     )
     srv.set_defaults(func=_serve)
     return srv

@@ -1,4 +1,5 @@
-"""Anytime-valid tests that a deployed guard's guarantee still holds (pure numpy).
+"""Anytime-valid tests that a deployed guard's guarantee still holds (numpy; the history
+of scores in a ``sortedcontainers.SortedList``).
 
 Three sequential tests, each a nonnegative (super)martingale with initial value 1 under its
 null hypothesis, so by Ville's inequality ``P(sup_t M_t >= 1/a) <= a``: an alarm raised
@@ -25,7 +26,12 @@ arrive, which would inflate false alarms).
   few hundred calibration answers, so comparing a live rate's confidence interval with the
   band would alarm on exchangeable traffic; betting against the urn's predictions does not.
   Ties with calibration scores are broken by a uniform mark per score (fixed for the
-  calibration scores), which makes the order strict and the urn exact.
+  calibration scores), which makes the order strict; the urn is then exact when k is fixed
+  before the data are seen (participation mode: k = ⌈(1−α)(n+1)⌉, passed as ``rank``).
+  Counting k = #{calibration <= τ} instead makes k depend on the calibration scores where
+  they tie at τ, and the urn's frequencies are off (``tests/test_monitor_math.py`` measures
+  it). In risk mode k is chosen from the calibration labels and scores, so the urn is an
+  approximation there.
 * :class:`RiskEProcess` — feedback: is the error rate among answered questions above ε?
   Under ``H0: E[error_i | past] <= ε`` every bet ``1 + λ(error_i − ε)`` with
   ``0 <= λ <= 1/ε`` has conditional mean ≤ 1, so their product is a test supermartingale
@@ -37,8 +43,8 @@ Why not a library. MAPIE 1.6 (``mapie.exchangeability_testing``) computes the fi
 (``OnlineMartingaleTest.compute_p_value`` + ``update_simple_jumper_martingale``) and a risk
 monitor (``RiskMonitoring``: a Hoeffding bound on a reference risk, then a conjugate-mixture
 empirical-Bernstein confidence sequence from ``confseq``). It is a dev dependency only (it
-pulls scikit-learn into a core that must stay numpy + scipy), its martingale test needs a
-MAPIE estimator and (X, y) to compute conformity scores where we already have scores, keeps
+pulls scikit-learn into a core of numpy, scipy and sortedcontainers), its martingale test
+needs a MAPIE estimator and (X, y) to compute conformity scores where we already have scores, keeps
 its history as a Python list (O(N) per p-value), and ``RiskMonitoring`` recomputes its bound
 over the whole history at every update (O(t) root finds), estimates its threshold from a
 reference set where ours is the guaranteed ε, and spends the level four ways (a/2 for the
@@ -53,9 +59,11 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
+from statistics import NormalDist
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+from sortedcontainers import SortedList
 
 from abstain_guard.errors import InvalidInputError
 
@@ -77,16 +85,24 @@ BET_FRACTIONS = (0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7)
 JUMPER_EXPERTS = (-1.0, 0.0, 1.0)
 
 
+def _bisect(history: Sequence[float], score: float) -> tuple[int, int]:
+    """``(#{h < score}, #{h <= score})`` in a sorted ``history``: O(log N) (a SortedList
+    bisects its own index; generic bisection would index it O(log N) times)."""
+    if isinstance(history, SortedList):
+        return int(history.bisect_left(score)), int(history.bisect_right(score))
+    return bisect.bisect_left(history, score), bisect.bisect_right(history, score)
+
+
 def smoothed_p_value(score: float, history: Sequence[float], u: float) -> float:
-    """The smoothed conformal p-value of ``score`` among ``history`` (sorted ascending).
+    """The smoothed conformal p-value of ``score`` among ``history`` (sorted ascending: a
+    list or a :class:`sortedcontainers.SortedList`).
 
     ``p = (#{h > score} + u · (#{h = score} + 1)) / (N + 1)`` with N = len(history) and
     ``u`` uniform on [0, 1) (MAPIE's ``OnlineMartingaleTest.compute_p_value`` formula).
     Small p: the score is larger (more uncertain) than the history. O(log N).
     """
     n = len(history)
-    lo = bisect.bisect_left(history, score)
-    hi = bisect.bisect_right(history, score)
+    lo, hi = _bisect(history, score)
     return float(((n - hi) + u * ((hi - lo) + 1)) / (n + 1.0))
 
 
@@ -102,16 +118,25 @@ def jumper_update(capital: NDArray[np.float64], p: float, jump: float) -> NDArra
     return mixed * (1.0 + np.asarray(JUMPER_EXPERTS) * (p - 0.5))
 
 
-def wilson_interval(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float] | None:
-    """The Wilson score interval of ``k`` successes in ``n`` trials (95 % by default);
-    None when n = 0."""
+def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float] | None:
+    """The two-sided Wilson score interval of ``k`` successes in ``n`` trials at
+    ``confidence``; None when ``n == 0``.
+
+    The project's one Wilson interval (the monitor's rates, :func:`abstain_guard.groups.
+    group_rates`, the benches). Newcombe's (1998) form, as scipy's
+    ``binomtest(k, n).proportion_ci(method="wilson")`` computes it (equal to float precision,
+    checked in ``tests/test_monitor_math.py``) without building a test object per call.
+    """
     if n <= 0:
         return None
-    phat = k / n
-    denom = 1.0 + z * z / n
-    centre = (phat + z * z / (2 * n)) / denom
-    half = z * math.sqrt(phat * (1 - phat) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    z = NormalDist().inv_cdf(0.5 + 0.5 * confidence)
+    p = k / n
+    denom = 2.0 * (n + z * z)
+    centre = (2.0 * n * p + z * z) / denom
+    delta = z / denom * math.sqrt(4.0 * n * p * (1.0 - p) + z * z)
+    lo = 0.0 if k == 0 else centre - delta
+    hi = 1.0 if k == n else centre + delta
+    return float(lo), float(hi)
 
 
 class ConformalTestMartingale:
@@ -123,9 +148,13 @@ class ConformalTestMartingale:
         rng: draws the smoothing uniforms.
 
     Attributes:
+        history: every score so far, calibration then live, sorted (a
+            :class:`sortedcontainers.SortedList`: O(log N) to rank and to insert). It grows
+            by one float per live score, about 40 bytes (``docs/guarantees.md``, measured):
+            valid p-values need the rank among *all* earlier scores.
         value: the martingale's current value (1 before any live score).
         peak: its running maximum (what the alarm compares with 1/a).
-        p_values: the live p-values so far, in order.
+        seen: live scores so far.
     """
 
     def __init__(
@@ -134,18 +163,13 @@ class ConformalTestMartingale:
         if not 0.0 < jump < 1.0:
             raise InvalidInputError(f"jump must lie in (0, 1), got {jump!r}.")
         ref = np.asarray(reference, dtype=float).reshape(-1)
-        self.history: list[float] = sorted(ref.tolist())
+        self.history = SortedList(ref.tolist())
         self.jump = float(jump)
         self.rng = rng if rng is not None else np.random.default_rng()
         self.capital = np.full(len(JUMPER_EXPERTS), 1.0 / len(JUMPER_EXPERTS))
         self.value = 1.0
         self.peak = 1.0
-        self.p_values: list[float] = []
-
-    @property
-    def seen(self) -> int:
-        """Live scores so far."""
-        return len(self.p_values)
+        self.seen = 0
 
     def update(self, score: float) -> float:
         """Add one live score; return its p-value (the martingale moves to ``value``)."""
@@ -153,8 +177,8 @@ class ConformalTestMartingale:
         self.capital = jumper_update(self.capital, p, self.jump)
         self.value = float(self.capital.sum())
         self.peak = max(self.peak, self.value)
-        bisect.insort(self.history, float(score))
-        self.p_values.append(p)
+        self.history.add(float(score))
+        self.seen += 1
         return p
 
 
@@ -164,10 +188,12 @@ class ParticipationEProcess:
     Args:
         reference: calibration scores ``[n]``.
         threshold: τ; a live score is "answered" when it ranks below the k-th calibration
-            score, k = #{reference <= τ} (ties broken by uniform marks; k = n+1 for τ = +inf).
+            score (ties broken by uniform marks; k = n+1 for τ = +inf, 0 for τ = −inf).
         rng: draws the tie-breaking marks.
         fractions: the mixed constant bets (fractions of the largest safe bet), each used
             upwards (more answered than predicted) and downwards.
+        rank: k when the rule fixes it before seeing the scores (participation mode:
+            ⌈(1−α)(n+1)⌉; the urn is then exact, ties included); None: k = #{reference <= τ}.
 
     Attributes:
         k, n: the urn's start (k answered of n+1 slots).
@@ -181,14 +207,14 @@ class ParticipationEProcess:
         threshold: float,
         rng: np.random.Generator | None = None,
         fractions: Sequence[float] = BET_FRACTIONS,
+        rank: int | None = None,
     ) -> None:
         ref = np.asarray(reference, dtype=float).reshape(-1)
         self.rng = rng if rng is not None else np.random.default_rng()
         marks = self.rng.uniform(size=ref.size)
         self._pairs = sorted(zip(ref.tolist(), marks.tolist(), strict=True))
         self.n = int(ref.size)
-        # τ = +inf answers every score: k = n+1 slots of n+1 (the urn then never bets)
-        self.k = self.n + 1 if threshold == math.inf else int(np.sum(ref <= threshold))
+        self.k = _urn_start(ref, threshold, rank)
         f = np.asarray(fractions, dtype=float)
         self._fractions = np.concatenate([f, -f])
         self._wealth = np.full(self._fractions.size, 1.0 / self._fractions.size)
@@ -222,6 +248,19 @@ class ParticipationEProcess:
         self.value = float(self._wealth.sum())
         self.peak = max(self.peak, self.value)
         return a
+
+
+def _urn_start(ref: NDArray[np.float64], threshold: float, rank: int | None) -> int:
+    """k, the urn's answered slots of n+1, for calibration scores ``ref`` ``[n]``: n+1 for
+    τ = +inf and 0 for τ = −inf (the urn then never bets), else ``rank`` when the rule fixed
+    it (clipped to [0, n+1]), else #{ref <= τ}."""
+    if threshold == math.inf:
+        return int(ref.size) + 1
+    if threshold == -math.inf:
+        return 0
+    if rank is not None:
+        return min(max(int(rank), 0), int(ref.size) + 1)
+    return int(np.sum(ref <= threshold))
 
 
 class RiskEProcess:

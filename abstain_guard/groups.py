@@ -43,11 +43,11 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy import stats
 
 from abstain_guard.config import GuardConfig
 from abstain_guard.conformal import min_calibration_size
 from abstain_guard.decision import DecisionRule, decision_rule
+from abstain_guard.drift import wilson_interval
 from abstain_guard.errors import (
     ArtifactMismatchError,
     GuardError,
@@ -374,15 +374,6 @@ def require_groups(groups: NDArray[np.str_] | None, config: GuardConfig) -> NDAr
 
 
 # --- reporting --------------------------------------------------------------------------
-
-
-def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float] | None:
-    """The Wilson score interval of ``k`` successes in ``n`` trials (scipy's
-    ``binomtest(...).proportion_ci(method="wilson")``); None when ``n == 0``."""
-    if n <= 0:
-        return None
-    ci = stats.binomtest(int(k), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
-    return float(ci.low), float(ci.high)
 
 
 def group_rates(groups: ArrayLike, answered: ArrayLike, correct: ArrayLike) -> dict[str, Any]:

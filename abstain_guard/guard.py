@@ -47,7 +47,8 @@ from abstain_guard.errors import (
 from abstain_guard.groups import GroupRules, group_of
 from abstain_guard.kernels import kernel_differences, kernel_note
 from abstain_guard.metadata import ResponseMetadata
-from abstain_guard.monitor import GuardMonitor, calibration_sha256
+from abstain_guard.monitor import GuardMonitor
+from abstain_guard.monitor_binding import fit_monitor
 from abstain_guard.runnables import find_chat_models
 from abstain_guard.tracing import arecord_decision, logger, record_decision
 
@@ -84,24 +85,6 @@ def _withheld(message: Any) -> dict[str, Any]:
 #: Kernel notes already given as a warning in this process
 #: (:meth:`AbstentionPolicy.kernel_warnings`).
 _KERNEL_NOTES_GIVEN: set[str] = set()
-
-
-def _fit_monitor(
-    monitor: GuardMonitor | None, artifact: GuardArtifact, config: GuardConfig
-) -> None:
-    """Fit ``monitor`` on the artifact and config unless it is fitted (then it must have been
-    fitted on this artifact's calibration set)."""
-    if monitor is None:
-        return
-    if not isinstance(monitor, GuardMonitor):
-        raise InvalidInputError(f"monitor must be a GuardMonitor, got {type(monitor).__name__}.")
-    if not hasattr(monitor, "rule_"):
-        monitor.fit_artifact(artifact, config)
-    elif monitor.source_.get("calibration_sha256") != calibration_sha256(artifact.scores):
-        raise ArtifactMismatchError(
-            "The monitor was fitted on another artifact's calibration set; pass an unfitted "
-            "GuardMonitor (the guard fits it) or fit it with fit_artifact(artifact, config)."
-        )
 
 
 class AbstentionPolicy:
@@ -376,7 +359,7 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
 
     def model_post_init(self, context: Any, /) -> None:
         self._policy = AbstentionPolicy(self.artifact, self.config)
-        _fit_monitor(self.monitor, self.artifact, self.config)
+        fit_monitor(self.monitor, self.artifact, self.config)
         prepared = self.artifact.scorer.prepare(self.runnable)
         if not isinstance(prepared, Runnable):
             raise InvalidInputError(

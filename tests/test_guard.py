@@ -24,6 +24,7 @@ from langchain_core.tracers.schemas import Run
 from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig, PerplexityScorer
 from abstain_guard.errors import ArtifactMismatchError, GuardError, ScoringError
 from abstain_guard.metadata import ResponseLike
+from abstain_guard.monitor import GuardMonitor
 from abstain_guard.runnables import map_chat_models
 from abstain_guard.scoring import Scorer, ScorerState, register_scorer
 
@@ -387,3 +388,41 @@ def test_core_import_needs_no_local_extra_and_no_langchain_agents() -> None:
         "    raise AssertionError('expected ImportError')\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_a_monitor_fitted_for_another_rule_is_refused(
+    model: ScriptedChatModel, artifact: GuardArtifact
+) -> None:
+    """Same calibration set, another rule: the monitor's tests would watch a threshold and
+    target the guard does not use (only the calibration checksum was compared before)."""
+    monitor = GuardMonitor(seed=0).fit_artifact(artifact, GuardConfig(participation=0.8))
+    with pytest.raises(ArtifactMismatchError, match="another decision rule"):
+        AbstentionGuard(
+            model, artifact=artifact, config=GuardConfig(participation=0.9), monitor=monitor
+        )
+    # the rule it was fitted for is accepted
+    AbstentionGuard(
+        model, artifact=artifact, config=GuardConfig(participation=0.8), monitor=monitor
+    )
+
+
+def test_a_pooled_monitor_under_per_group_rules_is_refused(model: ScriptedChatModel) -> None:
+    rng = np.random.default_rng(1)
+    scores = rng.uniform(1.0, 3.0, size=400)
+    groups = np.array(["a", "b"] * 200)
+    art = GuardArtifact.from_calibration(
+        scorer=PerplexityScorer(),
+        scores=scores,
+        correct=rng.uniform(size=400) > (scores - 1.0) / 2.0,
+        model_fingerprint="m-1",
+        groups=groups,
+    )
+    grouped = GuardConfig(participation=0.8, group_by="tenant", group_targets={"a": 0.6})
+    pooled = GuardMonitor(seed=0).fit_artifact(art, GuardConfig(participation=0.8))
+    with pytest.raises(ArtifactMismatchError, match="pooled rules"):
+        AbstentionGuard(model, artifact=art, config=grouped, monitor=pooled)
+    other = GuardMonitor(seed=0).fit_artifact(
+        art, GuardConfig(participation=0.8, group_by="tenant", group_targets={"a": 0.7})
+    )
+    with pytest.raises(ArtifactMismatchError, match="group 'a'"):
+        AbstentionGuard(model, artifact=art, config=grouped, monitor=other)

@@ -24,9 +24,14 @@ try:  # Python 3.11+
 except ImportError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-__all__ = ["ENV_PREFIX", "GuardConfig", "read_config_file"]
+__all__ = ["ENV_PREFIX", "PROCESS_ENV", "GuardConfig", "read_config_file"]
 
 ENV_PREFIX = "ABSTAIN_GUARD_"
+
+#: ``ABSTAIN_GUARD_*`` variables that set up the process, not the guard's config (the local
+#: model's engines and CPU kernels, :mod:`abstain_guard.adapters.threads` and
+#: :mod:`abstain_guard.adapters.kernel_env`): ``from_env`` leaves them alone.
+PROCESS_ENV = ("ABSTAIN_GUARD_ENGINE_WORKERS", "ABSTAIN_GUARD_NATIVE_KERNELS")
 
 
 def read_config_file(path: str | os.PathLike[str]) -> Mapping[str, Any]:
@@ -230,13 +235,13 @@ class GuardConfig(BaseModel):
 
         Raises:
             ConfigError: for a ``PREFIX*`` variable that names no field (unless listed in
-                ``ignore``, by its full name).
+                ``ignore``, by its full name, or one of :data:`PROCESS_ENV`).
         """
         env = os.environ if environ is None else environ
         fields = sorted(cls.model_fields)
         values: dict[str, str] = {}
         for name, raw in env.items():
-            if not name.startswith(prefix) or name in ignore:
+            if not name.startswith(prefix) or name in ignore or name in PROCESS_ENV:
                 continue
             key = name[len(prefix) :].lower()
             if key not in cls.model_fields:

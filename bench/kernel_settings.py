@@ -8,6 +8,8 @@ every repeat times every setting back to back:
 * ``native``: nothing forced (``ABSTAIN_GUARD_NATIVE_KERNELS=1``): what torch picks here;
 * ``aten_default``: ATen's scalar kernels (``ATEN_CPU_CAPABILITY=default``), a stand-in for
   "another machine's ATen";
+* ``mkl_avx2``: MKL's reproducibility on with the ``AVX2`` branch (``MKL_CBWR=AVX2``: the
+  same bits on every Intel CPU with AVX2; MKL runs its ``AUTO`` branch on other vendors');
 * ``mkl_compatible``: MKL's ``COMPATIBLE`` branch, the only one MKL keeps equal across CPU
   vendors.
 
@@ -18,7 +20,8 @@ ratios to ``portable``; ``rows_independent`` (shared decode steps possible); and
 of the shipped guard's first ``--answers`` calibration answers through the deployed chain
 (``on_mismatch="warn"``): max |Δ| to the stored scores and to ``portable``'s.
 
-Run: ``flock /tmp/heavy.lock .venv/bin/python bench/kernel_settings.py``
+Run: ``flock /tmp/heavy.lock .venv/bin/python bench/kernel_settings.py`` (``--settings
+portable,mkl_avx2`` for some of them; ``portable`` always runs, it is the reference).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ SETTINGS: dict[str, dict[str, str]] = {
     "portable": {},
     "native": {"ABSTAIN_GUARD_NATIVE_KERNELS": "1"},
     "aten_default": {"ATEN_CPU_CAPABILITY": "default"},
+    "mkl_avx2": {"MKL_CBWR": "AVX2"},
     "mkl_compatible": {"MKL_CBWR": "COMPATIBLE"},
 }
 
@@ -155,6 +159,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--answers", type=int, default=8)
+    parser.add_argument("--settings", default=",".join(SETTINGS))
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -163,8 +168,12 @@ def main() -> None:
     from abstain_guard import GuardArtifact, default_artifact_path
 
     stored = GuardArtifact.load(default_artifact_path()).scores[: args.answers].tolist()
-    workers = {name: _start(name) for name in SETTINGS}
-    times: dict[str, dict[str, list[float]]] = {n: {} for n in SETTINGS}
+    names = [
+        "portable",
+        *(n for n in args.settings.split(",") if n in SETTINGS and n != "portable"),
+    ]
+    workers = {name: _start(name) for name in names}
+    times: dict[str, dict[str, list[float]]] = {n: {} for n in names}
     try:
         for _ in range(args.repeats):
             for name, proc in workers.items():
@@ -180,7 +189,7 @@ def main() -> None:
             proc.kill()
     base = {k: statistics.median(v) for k, v in times["portable"].items()}
     result: dict[str, Any] = {"repeats": args.repeats, "answers": args.answers, "settings": {}}
-    for name in SETTINGS:
+    for name in names:
         result["settings"][name] = {
             "env": SETTINGS[name],
             **facts[name],

@@ -109,6 +109,16 @@ def test_from_env_unknown_variable() -> None:
     assert cfg == GuardConfig()
 
 
+def test_the_process_variables_of_the_library_are_not_config_fields() -> None:
+    """Engines and CPU kernels are set up by ``ABSTAIN_GUARD_*`` variables the library itself
+    reads: a deployment that sets them must still read its config from the environment."""
+    from abstain_guard.adapters.kernel_env import NATIVE_KERNELS_ENV
+    from abstain_guard.adapters.threads import ENGINE_WORKERS_ENV
+
+    env = {ENGINE_WORKERS_ENV: "2", NATIVE_KERNELS_ENV: "1", "ABSTAIN_GUARD_PARTICIPATION": "0.9"}
+    assert GuardConfig.from_env(env).participation == 0.9
+
+
 def test_env_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "g.yaml").write_text("participation: 0.7\nabstain_message: Pass.\n")
     monkeypatch.setenv("ABSTAIN_GUARD_PARTICIPATION", "0.95")

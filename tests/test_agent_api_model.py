@@ -78,11 +78,13 @@ def test_an_api_model_agent_calibrates_and_deploys_with_live_equal_to_stored(
     agent = example.build_forced_agent(chat, middleware=[guard])
     by_id = {it.id: it for it in ITEMS}
     stored = dict(zip(art.metadata["calibration_ids"], art.scores.tolist(), strict=True))
-    checked = 0
-    for item_id, score in list(stored.items())[:3]:
+    steps = []
+    for item_id, score in stored.items():
         state = agent.invoke({"messages": [HumanMessage(by_id[item_id].prompt_text())]})
         decision = state["messages"][-1].response_metadata["abstention"]
         assert decision["score"] == pytest.approx(score, abs=1e-6)
-        assert decision["tool_steps"] >= 1
-        checked += 1
-    assert checked == min(3, len(stored))
+        steps.append(decision["tool_steps"])
+    assert len(steps) == len(stored)
+    # a forced call whose arguments do not validate against the tool's schema is no call
+    # (the server does not pass it on), so that run has no tool step, live as in calibration
+    assert any(n >= 1 for n in steps), steps

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from abstain_guard.calibration.building.config import CalibrationConfig
-from abstain_guard.calibration.building.executors import RayExecutor
-from abstain_guard.calibration.building.judges.base import Judge, Judgment
+from .calibration_config import CalibrationConfig
+from .executors import RayExecutor
+from .judges.base import Judge, Judgment
 
 __all__ = ["RayJudge", "distribute_judges", "judge_specs"]
 

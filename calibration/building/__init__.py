@@ -1,7 +1,8 @@
 """Building an artifact, once, offline: data sets (:mod:`.datasets`, :mod:`.dataset_files`,
 :mod:`.named_datasets`), the built-in probe set (:mod:`.probe`), judges (:mod:`.judges`),
-the generation step (:mod:`.answers`), the pipeline (:mod:`.pipeline`, ``abstain-guard
-calibrate``) and its resumable run cache (:mod:`.store`)."""
+the generation step (:mod:`.answers`), judging and labels (:mod:`.judging`), the model
+(:mod:`.models`), the pipeline (:mod:`.pipeline`, ``abstain-guard calibrate``; its settings in
+:mod:`.calibration_config`) and its resumable run cache (:mod:`.store`)."""
 
 from __future__ import annotations
 

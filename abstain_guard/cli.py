@@ -50,7 +50,7 @@ def _cache_dir(args: argparse.Namespace) -> Path | None:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from abstain_guard.calibration.building.config import CalibrationConfig
+    from abstain_guard.calibration.building.calibration_config import CalibrationConfig
     from abstain_guard.calibration.building.pipeline import calibrate
 
     overrides = {

@@ -18,7 +18,10 @@ from abstain_guard.errors import InvalidInputError
 class Question(Protocol):
     """What :func:`build_messages` reads of a question (``QAItem`` is one)."""
 
-    kind: str
+    @property
+    def kind(self) -> str:
+        """``"open"``, ``"choice"`` or ``"numeric"``."""
+        ...
 
     def prompt_text(self) -> str:
         """The user message: the question, with lettered options for ``kind="choice"``."""

@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from abstain_guard import GuardArtifact, GuardConfig, default_artifact_path
-from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.calibration_config import CalibrationConfig
 from abstain_guard.calibration.building.items import load_items
 from abstain_guard.calibration.building.judges.registry import make_judge
 from abstain_guard.calibration.measure.group_report import groups_markdown

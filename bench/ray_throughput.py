@@ -22,11 +22,11 @@ import os
 import time
 from typing import Any
 
-from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.answers import generate_chunk, plan_chunks
+from abstain_guard.calibration.building.calibration_config import CalibrationConfig
 from abstain_guard.calibration.building.datasets import QAItem
 from abstain_guard.calibration.building.executors import RayExecutor, local_threads
-from abstain_guard.calibration.building.generation import generate_chunk, plan_chunks
-from abstain_guard.calibration.building.pipeline import load_model
+from abstain_guard.calibration.building.models import load_model
 from abstain_guard.calibration.building.probe import builtin_probe_set
 
 

@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from abstain_guard import GuardArtifact
-from abstain_guard.calibration.building.config import CalibrationConfig
-from abstain_guard.calibration.building.generation import generate_answers, generated_pairs
-from abstain_guard.calibration.building.pipeline import build_judges, judge_answers, load_model
+from abstain_guard.calibration.building.answers import generate_answers, generated_pairs
+from abstain_guard.calibration.building.calibration_config import CalibrationConfig
+from abstain_guard.calibration.building.judging import build_judges, judge_answers
+from abstain_guard.calibration.building.models import load_model
 from abstain_guard.calibration.building.preflight import preflight
 from abstain_guard.calibration.building.store import RunStore
 from abstain_guard.calibration.inference.features import token_block
@@ -99,7 +100,7 @@ def main() -> None:
         )
     }
     for name in SPLITS:
-        its = [it for it in splits[name] if judgments[it.id]["correct"] is not None]
+        its = [it for it in splits[name] if judgments[it.id].correct is not None]
         pairs = generated_pairs(its, answers, cfg)
         for a in range(0, len(its), args.chunk):
             results = model.replay_batch(
@@ -114,7 +115,7 @@ def main() -> None:
                 rows["margin"].append(_margins(meta))
                 rows["split"].append(name)
                 rows["group"].append(it.group or "")
-                rows["correct"].append(bool(judgments[it.id]["correct"]))
+                rows["correct"].append(bool(judgments[it.id].correct))
                 rows["id"].append(it.id)
                 rows["question"].append(it.question)
                 rows["text"].append(answers[it.id]["text"])

@@ -15,7 +15,7 @@ a scorer; ``inference`` imports neither. See ``docs/architecture.md``.
 
 Typical use::
 
-    from abstain_guard.calibration import CalibrationConfig, calibrate
+    from . import CalibrationConfig, calibrate
     summary = calibrate("builtin", "guard/", config=CalibrationConfig(limit=600))
 """
 
@@ -23,20 +23,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from abstain_guard.calibration.building.config import CalibrationConfig
-from abstain_guard.calibration.building.dataset_files import load_dataset
-from abstain_guard.calibration.building.datasets import QAItem, split_items
-from abstain_guard.calibration.building.judges import Judge, Judgment, make_judge
-from abstain_guard.calibration.building.named_datasets import load_named_dataset
-from abstain_guard.calibration.building.pipeline import CalibrationSummary, calibrate
-from abstain_guard.calibration.building.probe import builtin_probe_set
 from abstain_guard.lazy import lazy_attributes
+
+from .building.calibration_config import CalibrationConfig
+from .building.dataset_files import load_dataset
+from .building.datasets import QAItem, split_items
+from .building.judges import Judge, Judgment, make_judge
+from .building.named_datasets import load_named_dataset
+from .building.pipeline import CalibrationSummary, calibrate
+from .building.probe import builtin_probe_set
 
 if TYPE_CHECKING:
     from abstain_guard.calibration.inference.calibrated import CalibratedScorer
     from abstain_guard.calibration.inference.geometry import GeometryScorer
-    from abstain_guard.calibration.measure.deployment_check import live_check
-    from abstain_guard.calibration.measure.held_out import evaluate
+
+    from .measure.deployment_check import live_check
+    from .measure.held_out import evaluate
 
 __all__ = [
     "CalibratedScorer",

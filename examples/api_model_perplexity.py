@@ -25,7 +25,7 @@ from typing import Any
 from langchain_core.messages import AIMessage
 
 from abstain_guard import GuardConfig
-from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.calibration_config import CalibrationConfig
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.building.probe import builtin_probe_set
 from abstain_guard.chains import load_guard_chain

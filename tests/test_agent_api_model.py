@@ -13,7 +13,7 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from abstain_guard import AbstentionMiddleware, GuardArtifact, GuardConfig
-from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.calibration_config import CalibrationConfig
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.building.probe import builtin_probe_set
 from abstain_guard.deployment import DeploymentRecord

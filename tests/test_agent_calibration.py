@@ -23,7 +23,7 @@ from langchain_core.tracers.schemas import Run
 
 from abstain_guard import AbstentionMiddleware, GuardArtifact, GuardConfig
 from abstain_guard.calibration.building import agents as agents_module
-from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.calibration_config import CalibrationConfig
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.building.probe import builtin_probe_set
 from abstain_guard.calibration.building.store import RunStore

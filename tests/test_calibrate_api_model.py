@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from abstain_guard import GuardArtifact, GuardConfig
-from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.calibration_config import CalibrationConfig
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.building.probe import builtin_probe_set
 from abstain_guard.chains import load_guard_chain

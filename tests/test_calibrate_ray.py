@@ -20,7 +20,7 @@ import pytest
 import ray
 
 from abstain_guard import GuardArtifact, GuardConfig
-from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.calibration_config import CalibrationConfig
 from abstain_guard.calibration.building.executors import RayExecutor
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.building.preflight import check_executor

@@ -22,7 +22,7 @@ from tiny_models import char_tokenizer, tiny_chat_model, tiny_hf_model
 from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.adapters import GeometryChatModel
 from abstain_guard.adapters.scheduler import GenerationScheduler
-from abstain_guard.calibration.building.generation import (
+from abstain_guard.calibration.building.answers import (
     PIPELINED_CHUNKS,
     STATES_NS,
     chunks_in_flight,

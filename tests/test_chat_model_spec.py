@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.calibration_config import CalibrationConfig
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.chat_models import (
     ChatModelRecord,

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
-from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.answers import deployment_record
+from abstain_guard.calibration.building.calibration_config import CalibrationConfig
 from abstain_guard.calibration.building.conversations import conversation_units, parse_history
 from abstain_guard.calibration.building.dataset_files import load_dataset
 from abstain_guard.calibration.building.datasets import QAItem, split_items
-from abstain_guard.calibration.building.generation import deployment_record
 from abstain_guard.calibration.building.items import load_items, question_key
 from abstain_guard.calibration.building.probe import builtin_probe_set
 from abstain_guard.calibration.building.store import content_key

@@ -14,7 +14,7 @@ from tiny_models import FAMILIES, tiny_chat_model
 
 from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig, PerplexityScorer
 from abstain_guard.adapters.kernels import kernel_facts
-from abstain_guard.calibration.building.generation import numerics_key
+from abstain_guard.calibration.building.answers import numerics_key
 from abstain_guard.deployment import (
     DeploymentRecord,
     PromptRecord,

@@ -19,7 +19,7 @@ from tiny_models import char_tokenizer, tiny_chat_model, tiny_hf_model
 
 from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig
 from abstain_guard.adapters import GeometryChatModel
-from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.calibration_config import CalibrationConfig
 from abstain_guard.calibration.building.datasets import QAItem
 from abstain_guard.calibration.building.judges import Judge, Judgment
 from abstain_guard.calibration.building.judges.cache import CachedJudge, JudgmentCache

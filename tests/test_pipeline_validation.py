@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from abstain_guard.calibration.building import pipeline
-from abstain_guard.calibration.building.config import CalibrationConfig
+from abstain_guard.calibration.building.calibration_config import CalibrationConfig
 from abstain_guard.calibration.building.datasets import QAItem
 from abstain_guard.calibration.building.items import (
     check_split_sizes,

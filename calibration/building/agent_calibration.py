@@ -14,39 +14,59 @@ answers, fit the scorer, score the calibration split as the middleware will.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from abstain_guard.calibration.building.agents import (
+from abstain_guard.chat_models import ChatModelRecord, ChatModelSpec
+from abstain_guard.deployment import AgentRecord, DeploymentRecord, PromptRecord, sha256_text
+from abstain_guard.errors import CalibrationError
+
+from .agents import (
     has_final_answer,
     load_agent_factory,
     offered_once,
     run_agents,
     runs_summary,
 )
-from abstain_guard.calibration.building.config import FIT_SCORERS, CalibrationConfig
-from abstain_guard.calibration.building.datasets import QAItem
-from abstain_guard.calibration.building.generation import HELD_OUT, means_digest
-from abstain_guard.calibration.building.online_geometry import check_two_classes
-from abstain_guard.chat_models import ChatModelRecord, ChatModelSpec
-from abstain_guard.deployment import AgentRecord, DeploymentRecord, PromptRecord, sha256_text
-from abstain_guard.errors import CalibrationError
+from .answers import HELD_OUT, AnswerRow, AnswerRows, means_digest
+from .calibration_config import FIT_SCORERS, CalibrationConfig
+from .datasets import QAItem
+from .judges.base import Judgment
+from .judging import Verdicts, check_two_classes, labeled_items, labels
+from .store import RunStore
 
-__all__ = ["agent_deployment_record", "calibrate_agent_splits"]
+__all__ = ["AgentCalibrationRun", "agent_deployment_record", "calibrate_agent_splits"]
 
 
-def _no_answer_judgment(row: Mapping[str, Any]) -> dict[str, Any]:
+class AgentCalibrationRun(Protocol):
+    """What agent calibration uses of the pipeline's run (``pipeline._Run`` is one): the
+    model and its fingerprint, the run cache, the executor (a :class:`~.executors.RayExecutor`
+    or None), the progress switch, and the judging step with the verdicts it collects."""
+
+    model: Any
+    store: RunStore
+    fingerprint: str
+    progress: bool
+    executor: Any
+    judgments: Verdicts
+
+    def judge(self, items: Sequence[QAItem], answers: AnswerRows) -> None:
+        """Judge ``items``' answers; the verdicts go to :attr:`judgments`."""
+        ...
+
+
+def _no_answer_judgment(row: AnswerRow) -> Judgment:
     reason = (row.get("agent") or {}).get("reason")
-    return {
-        "correct": None,
-        "score": None,
-        "rationale": f"agent run without a final answer ({reason})",
-        "refusal": False,
-    }
+    return Judgment(
+        correct=None,
+        score=None,
+        rationale=f"agent run without a final answer ({reason})",
+        refusal=False,
+    )
 
 
-def _judge_runs(run: Any, items: Sequence[QAItem], rows: dict[str, dict[str, Any]]) -> None:
+def _judge_runs(run: AgentCalibrationRun, items: Sequence[QAItem], rows: AnswerRows) -> None:
     """Judge the final answers (``run.judge``); a run without one gets no verdict."""
     answered = [it for it in items if has_final_answer(rows[it.id])]
     run.judge(answered, rows)
@@ -55,11 +75,7 @@ def _judge_runs(run: Any, items: Sequence[QAItem], rows: dict[str, dict[str, Any
             run.judgments[it.id] = _no_answer_judgment(rows[it.id])
 
 
-def _labeled(items: Sequence[QAItem], judgments: dict[str, dict[str, Any]]) -> list[QAItem]:
-    return [it for it in items if judgments[it.id]["correct"] is not None]
-
-
-def _id_pairs(items: Sequence[QAItem], rows: dict[str, dict[str, Any]]) -> list[Any]:
+def _id_pairs(items: Sequence[QAItem], rows: AnswerRows) -> list[Any]:
     pairs = []
     for it in items:
         meta = rows[it.id].get("metadata") or {}
@@ -74,11 +90,15 @@ def _id_pairs(items: Sequence[QAItem], rows: dict[str, dict[str, Any]]) -> list[
 
 
 def calibrate_agent_splits(
-    run: Any, splits: dict[str, list[QAItem]], scorer: Any, config: CalibrationConfig
-) -> tuple[dict[str, dict[str, Any]], Any, np.ndarray]:
-    """Run, judge, fit and score (module docstring). ``run`` is the pipeline's ``_Run``
-    (model, store, judges, fingerprint). Returns the cached rows per question id, the fitted
-    scorer and the calibration split's scores (its labeled items in order)."""
+    run: AgentCalibrationRun,
+    splits: dict[str, list[QAItem]],
+    scorer: Any,
+    config: CalibrationConfig,
+) -> tuple[AnswerRows, Any, np.ndarray]:
+    """Run, judge, fit and score (module docstring). ``run``: the pipeline's run (model,
+    store, fingerprint, executor, its judging step; :class:`AgentCalibrationRun`). Returns
+    the cached rows per question id, the fitted scorer and the calibration split's scores
+    (its labeled items in order)."""
     from abstain_guard.adapters.replay import replay_token_ids
 
     assert config.agent is not None
@@ -99,7 +119,7 @@ def calibrate_agent_splits(
         **remote,
     )
     _judge_runs(run, fit_items, rows)
-    labeled = {n: _labeled(splits[n], run.judgments) for n in ("reference", "train")}
+    labeled = {n: labeled_items(splits[n], run.judgments) for n in ("reference", "train")}
     check_two_classes(labeled, run.judgments, config)
     if config.scorer in FIT_SCORERS:
         fitted = {
@@ -120,13 +140,7 @@ def calibrate_agent_splits(
         }
         scorer.fit(
             *[
-                list(
-                    zip(
-                        fitted[n],
-                        [bool(run.judgments[it.id]["correct"]) for it in labeled[n]],
-                        strict=True,
-                    )
-                )
+                list(zip(fitted[n], labels(labeled[n], run.judgments), strict=True))
                 for n in ("reference", "train")
             ]
         )
@@ -152,7 +166,7 @@ def calibrate_agent_splits(
         )
     )
     _judge_runs(run, held, rows)
-    calibration = _labeled(splits["calibration"], run.judgments)
+    calibration = labeled_items(splits["calibration"], run.judgments)
     scores = scorer.score_many([rows[it.id]["metadata"] for it in calibration])
     return rows, scorer, np.asarray(scores, dtype=np.float64)
 
@@ -178,7 +192,7 @@ def agent_deployment_record(
     api = None
     if isinstance(config.model, ChatModelSpec):  # an API chat model: its class and settings
         api = ChatModelRecord.of(config.model, model)
-        budget = getattr(model, "max_tokens", None) or config.max_new_tokens
+        budget: Any = getattr(model, "max_tokens", None) or config.max_new_tokens
         if not budget:
             raise CalibrationError(
                 "an agent on an API chat model needs its token budget in the model's own "

@@ -24,20 +24,21 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from tqdm.auto import tqdm
 
-from abstain_guard.calibration.building.datasets import QAItem
-from abstain_guard.calibration.building.generation import LIKELIHOOD_METADATA
-from abstain_guard.calibration.building.store import RunStore, content_key
 from abstain_guard.deployment import tools_sha256
 from abstain_guard.errors import CalibrationError, ConfigError, InvalidInputError
 from abstain_guard.prompts import history_messages
 from abstain_guard.tool_choice import tool_choice_name
+
+from .answers import LIKELIHOOD_METADATA, AnswerRow, AnswerRows
+from .datasets import QAItem
+from .store import RunStore, content_key
 
 __all__ = [
     "AGENT_NS",
@@ -57,7 +58,7 @@ AGENT_NS = "agent_runs"
 FINAL_ANSWER = "final_answer"
 
 
-def load_agent_factory(spec: str) -> Callable[[Any], Any]:
+def load_agent_factory(spec: str) -> Callable[..., Any]:
     """The function ``"package.module:factory"`` names (imported, not called; the working
     directory is importable, so ``examples.country_agent:build_agent`` works from the root).
 
@@ -215,7 +216,7 @@ def run_agent(agent: Any, inputs: Sequence[BaseMessage], step_limit: int) -> Age
     return AgentRun(None, "no_final_answer", as_json, recorder.calls)
 
 
-def run_row(run: AgentRun) -> dict[str, Any]:
+def run_row(run: AgentRun) -> AnswerRow:
     """The cached row of one run: the final answer like a generated answer's row (text,
     finish reason, the scorers' metadata incl. geometry) plus the run's record."""
     meta = run.final.response_metadata if run.final is not None else {}
@@ -248,7 +249,7 @@ def run_agents(
     executor: Any = None,
     factory: str | None = None,
     scorer: Any = None,
-) -> dict[str, dict[str, Any]]:
+) -> AnswerRows:
     """One cached run per question: ``{item.id: row}`` (:func:`run_row`, plus ``"key"``).
 
     A run already in ``store`` under the same key (``key_parts``: model fingerprint, agent
@@ -267,7 +268,7 @@ def run_agents(
     bar = tqdm(total=len(items), desc=desc, disable=not progress, unit="q")
     bar.update(sum(1 for it in items if keys[it.id] in done))
 
-    def keep(it: QAItem, row: dict[str, Any]) -> None:
+    def keep(it: QAItem, row: AnswerRow) -> None:
         store.put_many(AGENT_NS, {keys[it.id]: row})
         done[keys[it.id]] = row
         bar.update(1)
@@ -283,7 +284,7 @@ def run_agents(
         if executor is None:
             keep(it, run_row(run_agent(agent, agent_inputs(it), step_limit)))
     bar.close()
-    return {it.id: {**done[keys[it.id]], "key": keys[it.id]} for it in items}
+    return {it.id: cast(AnswerRow, {**done[keys[it.id]], "key": keys[it.id]}) for it in items}
 
 
 def has_final_answer(row: Mapping[str, Any]) -> bool:

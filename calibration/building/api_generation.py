@@ -15,15 +15,11 @@ run sends only the questions not yet answered.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from abstain_guard.calibration.building.config import CalibrationConfig
-from abstain_guard.calibration.building.datasets import QAItem
-from abstain_guard.calibration.building.generation import plan_chunks
-from abstain_guard.calibration.building.store import RunStore, content_key
 from abstain_guard.chat_models import ChatModelSpec, bind_budget
 from abstain_guard.errors import CalibrationError, LogprobsMissingError, ScoringError
 from abstain_guard.prompts import (
@@ -32,6 +28,11 @@ from abstain_guard.prompts import (
     messages_to_json,
     question_prompt,
 )
+
+from .answers import AnswerRow, AnswerRows, plan_chunks
+from .calibration_config import CalibrationConfig
+from .datasets import QAItem
+from .store import RunStore, content_key
 
 __all__ = ["api_answer_row", "generate_api_answers", "score_api_answers"]
 
@@ -43,7 +44,7 @@ def _label(config: CalibrationConfig) -> str:
     return config.model.label if isinstance(config.model, ChatModelSpec) else str(config.model)
 
 
-def api_answer_row(item: QAItem, message: Any, config: CalibrationConfig) -> dict[str, Any]:
+def api_answer_row(item: QAItem, message: Any, config: CalibrationConfig) -> AnswerRow:
     """The cached row of one answer (text, finish reason, logprobs).
 
     Raises:
@@ -78,7 +79,7 @@ def generate_api_answers(
     fingerprint: str,
     progress: bool = True,
     on_chunk: Callable[[int], None] | None = None,
-) -> dict[str, dict[str, Any]]:
+) -> AnswerRows:
     """Answers of ``model`` (an API chat model) to ``items``, as the deployed guard asks
     them: ``{item.id: {"text", "finish_reason", "metadata", "key"}}``.
 
@@ -137,12 +138,10 @@ def generate_api_answers(
         if on_chunk is not None:
             on_chunk(chunk_index)
     bar.close()
-    return {it.id: {**done[keys[it.id]], "key": keys[it.id]} for it in items}
+    return {it.id: cast(AnswerRow, {**done[keys[it.id]], "key": keys[it.id]}) for it in items}
 
 
-def score_api_answers(
-    scorer: Any, items: Sequence[QAItem], answers: dict[str, dict[str, Any]]
-) -> np.ndarray:
+def score_api_answers(scorer: Any, items: Sequence[QAItem], answers: AnswerRows) -> np.ndarray:
     """``scorer``'s score of each item's cached answer metadata: what the live guard computes
     from the same response (no replay).
 

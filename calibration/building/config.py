@@ -1,158 +1,21 @@
-"""The settings of a calibration run (``abstain-guard calibrate --config``)."""
+"""Deprecated: renamed :mod:`.calibration_config` (``abstain_guard/config.py`` holds the
+guard's own config). Import :class:`CalibrationConfig` from ``abstain_guard.calibration``."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any, Literal
+import warnings
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from . import calibration_config as _renamed
 
-from abstain_guard.chat_models import ChatModelSpec, is_secret
-from abstain_guard.config import read_config_file
-from abstain_guard.errors import ConfigError
-from abstain_guard.scoring import scorer_names
-
-__all__ = ["FIT_SCORERS", "KNOWN_SCORERS", "LIKELIHOOD_SCORERS", "CalibrationConfig"]
-
-LIKELIHOOD_SCORERS = scorer_names(family="likelihood")
-FIT_SCORERS = scorer_names(family="geometry")
-KNOWN_SCORERS = LIKELIHOOD_SCORERS + FIT_SCORERS
-"""Scorers ``calibrate`` can build an artifact for: they read the metadata of one answer
-(the geometry scorer also reads the reference/train answers it is fitted on)."""
+warnings.warn(
+    "abstain_guard.calibration.building.config is deprecated and will be removed in the next "
+    "release; import CalibrationConfig from abstain_guard.calibration (the module is now "
+    "abstain_guard.calibration.building.calibration_config)",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
 
-class CalibrationConfig(BaseModel):
-    """Everything ``calibrate`` needs besides the data and the output directory.
-
-    Loaded from YAML/TOML/JSON with :meth:`from_file`; unknown keys are errors.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    model: str | ChatModelSpec = Field(
-        "default",
-        description='"default" (embedded SmolLM2), a local HF folder, or an API chat model '
-        "{chat_model: 'openai:gpt-4o-mini' | class_path: 'module:Class', kwargs: {...}} "
-        "(likelihood scorers only; secret kwargs are never stored)",
-    )
-    gguf_file: str | None = Field(None, description="GGUF file name inside `model`, if any")
-    system_prompt: str | None = Field(None, description="overrides the per-kind system prompt")
-    max_new_tokens: int | None = Field(None, gt=0, description="None = per question kind")
-    batch_size: int = Field(8, gt=0, description="questions generated per batch")
-    batch_decode: bool = Field(
-        True,
-        description="share decode steps between the questions of a batch (GeometryChatModel "
-        "batch_decode, the default): each answer still bitwise its solo one on that path; "
-        "false decodes every answer alone. The path is recorded and checked at deployment",
-    )
-    replay_batch_size: int = Field(16, gt=0)
-    agent: str | None = Field(
-        None,
-        description="'package.module:factory': factory(model) returns the LangChain agent as "
-        "deployed (without the guard); calibrate runs it on every question (docs/agents.md)",
-    )
-    agent_step_limit: int = Field(
-        12, gt=1, description="LangGraph recursion_limit of each agent run (model + tool steps)"
-    )
-    judge: str | dict[str, Any] = Field("lexical", description="judge name or spec")
-    scorer: str = Field("geometry", description="the scorer the guard will use")
-    scorer_params: dict[str, Any] = Field(default_factory=dict)
-    question: str = "question"
-    answers: str = "answer"
-    choices: str | None = None
-    kind: Literal["open", "choice", "numeric"] | None = None
-    group_by: str | None = None
-    ratios: tuple[int, int, int, int] = (5, 3, 1, 1)
-    seed: int = Field(0, ge=0, description="split seed (a non-negative integer)")
-    limit: int | None = Field(None, gt=0)
-    participation: float = Field(0.8, gt=0.0, lt=1.0, description="1-alpha checked for size")
-    risk_target: float | None = Field(
-        None, gt=0.0, lt=1.0, description="risk target the deployment will ask for (size check)"
-    )
-    delta: float = Field(0.1, gt=0.0, lt=1.0, description="delta of that risk target")
-    cache_dir: str | None = Field(None, description="default: '<out>.cache' beside the output")
-    executor: Literal["local", "ray"] = Field(
-        "local",
-        description="where answers are generated and judged: this process, or Ray actors "
-        "(one model replica each; docs/scale-out.md; needs the ray extra)",
-    )
-    ray_address: str | None = Field(
-        None, description='Ray cluster to join ("auto", "ray://host:10001"); None starts one'
-    )
-    replicas: int = Field(1, gt=0, description="model replicas (Ray actors) with --executor ray")
-    gpus_per_replica: float = Field(0.0, ge=0.0, description="GPUs each Ray replica reserves")
-    cpus_per_replica: float = Field(1.0, ge=0.0, description="CPUs each Ray replica reserves")
-    threads_per_replica: int | None = Field(
-        None,
-        gt=0,
-        description="torch threads of each Ray replica (None: the driver's count, so CPU "
-        "answers are bitwise the local run's)",
-    )
-    skip_bad_rows: bool = Field(
-        False,
-        description="skip malformed rows, non-string answers and duplicate questions of a data "
-        "file (counted and reported) instead of failing with their lines",
-    )
-
-    def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise ConfigError(_format_errors(exc, sorted(type(self).model_fields))) from exc
-
-    @field_validator("model", mode="before")
-    @classmethod
-    def _chat_model_spec(cls, value: Any) -> Any:
-        if not isinstance(value, Mapping):
-            return value
-        try:
-            return ChatModelSpec.model_validate(dict(value))
-        except ValidationError as exc:
-            problems = [
-                f"unknown key {'.'.join(map(str, e['loc']))!r}"
-                if e["type"] == "extra_forbidden"
-                else str(e["msg"]).removeprefix("Value error, ")
-                for e in exc.errors()
-            ]
-            raise ValueError(
-                "an API chat model is {chat_model: <init_chat_model name> | class_path: "
-                "<module:Class>, kwargs: {...}}: " + "; ".join(problems)
-            ) from None
-
-    @field_validator("scorer")
-    @classmethod
-    def _known_scorer(cls, value: str) -> str:
-        if value not in KNOWN_SCORERS:
-            raise ValueError(f"unknown scorer {value!r}; choose one of {list(KNOWN_SCORERS)}")
-        return value
-
-    @classmethod
-    def from_file(cls, path: str | Path, **overrides: Any) -> CalibrationConfig:
-        """Read a YAML, TOML or JSON file; ``overrides`` (non-None) win over the file."""
-        data = dict(read_config_file(path))
-        data.update({k: v for k, v in overrides.items() if v is not None})
-        try:
-            return cls(**data)
-        except ConfigError as exc:
-            raise ConfigError(f"{path}: {exc}") from exc
-
-
-def _redacted(value: Any) -> Any:
-    """``value`` with secret-looking keys' values hidden (error messages quote inputs)."""
-    if isinstance(value, Mapping):
-        return {k: "***" if is_secret(str(k)) else _redacted(v) for k, v in value.items()}
-    return value
-
-
-def _format_errors(exc: ValidationError, valid: list[str]) -> str:
-    """Every problem of a pydantic error on one line each: what was wrong and what to do."""
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err.get("loc", ())) or "<config>"
-        if err.get("type") == "extra_forbidden":
-            parts.append(f"unknown key {loc!r}; valid keys: {', '.join(valid)}")
-        else:
-            msg = str(err.get("msg", "")).removeprefix("Value error, ")
-            parts.append(f"{loc}: {msg} (got {_redacted(err.get('input'))!r})")
-    return "Invalid calibration config: " + "; ".join(parts) + "."
+def __getattr__(name: str) -> Any:
+    return getattr(_renamed, name)

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from abstain_guard.calibration.building.conversations import conversation_fields, json_type_name
-from abstain_guard.calibration.building.datasets import KINDS, Kind, QAItem, choice_letter
 from abstain_guard.errors import DatasetError, InvalidInputError
+
+from .conversations import conversation_fields, json_type_name
+from .datasets import KINDS, Kind, QAItem, choice_letter
 
 __all__ = ["DatasetReport", "SkippedRow", "load_dataset"]
 

@@ -19,12 +19,13 @@ from typing import Literal
 
 import numpy as np
 
-from abstain_guard.calibration.building.conversations import (
+from abstain_guard.errors import InvalidInputError
+
+from .conversations import (
     History,
     conversation_units,
     history_problem,
 )
-from abstain_guard.errors import InvalidInputError
 
 __all__ = [
     "KINDS",

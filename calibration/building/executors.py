@@ -2,9 +2,9 @@
 
 One :class:`_Replica` actor holds one copy of the model (``--replicas N``, ``--gpus-per-replica
 G``). The driver keeps everything else: the run cache (:class:`~.store.RunStore`), the chunk
-plan, the judgments cache, fitting and thresholding. :func:`~.generation.generate_answers`
+plan, the judgments cache, fitting and thresholding. :func:`~.answers.generate_answers`
 hands the chunks not yet cached to :meth:`RayExecutor.generate`; each actor runs
-:func:`~.generation.generate_chunk` (the same function a local run calls) and sends back only
+:func:`~.answers.generate_chunk` (the same function a local run calls) and sends back only
 the rows -- answer text, token ids, logprobs, entropies, geometry features Ω/Θ/Φ -- and, for
 the reference split of a geometry scorer, the per-token states its means are fitted on. The
 driver stores each chunk as it arrives, so a killed driver or a lost worker resumes from what
@@ -36,11 +36,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from abstain_guard.calibration.building.config import CalibrationConfig
-from abstain_guard.calibration.building.datasets import QAItem
-from abstain_guard.calibration.building.generation import Capture, ChunkAnswer
-from abstain_guard.calibration.building.judges.base import Judge, Judgment
 from abstain_guard.errors import ConfigError, DistributedChunkError
+
+from .answers import AnswerRow, Capture, ChunkAnswer
+from .calibration_config import CalibrationConfig
+from .datasets import QAItem
+from .judges.base import Judge, Judgment
 
 logger = logging.getLogger("abstain_guard.calibration")
 
@@ -95,7 +96,7 @@ class _Replica:
     def __init__(self, config: dict[str, Any], threads: int) -> None:
         import torch
 
-        from abstain_guard.calibration.building.pipeline import load_model
+        from .models import load_model
 
         torch.set_num_threads(threads)
         self.config = CalibrationConfig(**config)
@@ -125,10 +126,11 @@ class _Replica:
         reference: Any,
         digest: str | None,
     ) -> list[ChunkAnswer]:
-        """:func:`~.generation.generate_chunk` on this replica (in ``capture_mode``; with
+        """:func:`~.answers.generate_chunk` on this replica (in ``capture_mode``; with
         ``reference`` means installed for ``capture="geometry"``)."""
-        from abstain_guard.calibration.building.generation import generate_chunk
         from abstain_guard.calibration.inference.features import with_capture
+
+        from .answers import generate_chunk
 
         runner = with_capture(self.model, capture_mode)  # type: ignore[arg-type]
         if capture == "geometry":
@@ -137,11 +139,11 @@ class _Replica:
 
     def run_agents(
         self, chunk: list[QAItem], factory: str, scorer: Any, step_limit: int
-    ) -> list[dict[str, Any]]:
+    ) -> list[AnswerRow]:
         """The cached rows (:func:`~.agents.run_row`) of the agent ``factory`` builds around
         this replica's model — prepared by ``scorer`` when given, as the middleware
         prepares it — run on each question of ``chunk``."""
-        from abstain_guard.calibration.building.agents import (
+        from .agents import (
             agent_inputs,
             load_agent_factory,
             run_agent,
@@ -164,7 +166,7 @@ class _Replica:
 
     def judge(self, spec: Any, identity: str, inputs: list[Any]) -> list[dict[str, Any]]:
         """Verdicts (``Judgment.to_json()``) of the judge ``spec`` on ``inputs``."""
-        from abstain_guard.calibration.building.judges.registry import make_judge
+        from .judges.registry import make_judge
 
         key = repr(spec)
         if key not in self.judges:
@@ -299,7 +301,7 @@ class RayExecutor:
             DistributedChunkError: some chunks failed after Ray's retries (the others are
                 stored).
         """
-        from abstain_guard.calibration.building.generation import means_digest
+        from .answers import means_digest
 
         digest = means_digest(reference) if capture == "geometry" else None
         ref = self.ray.put(reference) if reference is not None else None
@@ -481,7 +483,7 @@ class _DriverModel:
         if name.startswith("_"):
             raise AttributeError(name)
         if self._model is None:
-            from abstain_guard.calibration.building.pipeline import load_model
+            from .models import load_model
 
             t = time.perf_counter()
             model = load_model(self._config)

@@ -11,16 +11,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from abstain_guard import conformal
-from abstain_guard.calibration.building.config import FIT_SCORERS, CalibrationConfig
-from abstain_guard.calibration.building.dataset_files import load_dataset
-from abstain_guard.calibration.building.datasets import QAItem
-from abstain_guard.calibration.building.judges.text import alias_tokens
-from abstain_guard.calibration.building.named_datasets import NAMED_DATASETS, load_named_dataset
-from abstain_guard.calibration.building.probe import PROBE_RELATIONS_V1, builtin_probe_set
-from abstain_guard.calibration.building.store import content_key
 from abstain_guard.conformal import ConformalWarning
 from abstain_guard.errors import DatasetError, InsufficientDataError
 from abstain_guard.frontier import perfect_scorer_certifies
+
+from .calibration_config import FIT_SCORERS, CalibrationConfig
+from .dataset_files import load_dataset
+from .datasets import QAItem
+from .judges.text import alias_tokens
+from .named_datasets import NAMED_DATASETS, load_named_dataset
+from .probe import PROBE_RELATIONS_V1, builtin_probe_set
+from .store import content_key
 
 __all__ = [
     "BUILTIN_V1",

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from abstain_guard.calibration.building.dataset_files import DatasetReport, load_dataset
-from abstain_guard.calibration.building.datasets import QAItem
 from abstain_guard.errors import DatasetError
+
+from .dataset_files import DatasetReport, load_dataset
+from .datasets import QAItem
 
 __all__ = ["NAMED_DATASETS", "load_named_dataset"]
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,24 +32,27 @@ from tqdm.auto import tqdm
 
 from abstain_guard.adapters import ReferenceMeans, TokenStates
 from abstain_guard.adapters.geometry import phi_from_states
-from abstain_guard.calibration.building.config import FIT_SCORERS, CalibrationConfig
-from abstain_guard.calibration.building.datasets import QAItem
-from abstain_guard.calibration.building.generation import (
+from abstain_guard.calibration.inference.features import with_capture
+from abstain_guard.errors import CalibrationError
+
+from .answers import (
     STATES_NS,
+    AnswerRow,
+    AnswerRows,
     generated_pairs,
     means_digest,
     replay_as_deployed,
 )
-from abstain_guard.calibration.building.store import RunStore
-from abstain_guard.calibration.inference.features import with_capture
-from abstain_guard.errors import CalibrationError
+from .calibration_config import CalibrationConfig
+from .datasets import QAItem
+from .judging import VerdictLike, Verdicts, check_two_classes, is_correct, labels
+from .store import RunStore
 
 logger = logging.getLogger("abstain_guard.calibration")
 
 __all__ = [
     "answers_with_phi",
     "captures_geometry",
-    "check_two_classes",
     "ensure_reference_arrays",
     "fit_captured",
     "fit_reference_means",
@@ -82,7 +85,7 @@ def scoring_model(model: Any, scorer: Any) -> Any:
 def ensure_reference_arrays(
     model: Any,
     items: Sequence[QAItem],
-    answers: dict[str, dict[str, Any]],
+    answers: AnswerRows,
     store: RunStore,
     config: CalibrationConfig,
     progress: bool = False,
@@ -119,7 +122,7 @@ def ensure_reference_arrays(
     return len(missing)
 
 
-def _arrays(store: RunStore, answer: dict[str, Any], item_id: str) -> dict[str, np.ndarray]:
+def _arrays(store: RunStore, answer: AnswerRow, item_id: str) -> dict[str, np.ndarray]:
     arrays = store.get_arrays(STATES_NS, answer["key"])
     if arrays is None:
         raise CalibrationError(
@@ -131,8 +134,8 @@ def _arrays(store: RunStore, answer: dict[str, Any], item_id: str) -> dict[str, 
 
 def fit_reference_means(
     items: Sequence[QAItem],
-    answers: dict[str, dict[str, Any]],
-    judgments: dict[str, dict[str, Any]],
+    answers: AnswerRows,
+    judgments: Mapping[str, VerdictLike],
     store: RunStore,
 ) -> ReferenceMeans:
     """Means of the states of correct (in) and incorrect (out) reference answers, read from
@@ -140,7 +143,7 @@ def fit_reference_means(
 
     def states(correct: bool) -> Iterator[TokenStates]:
         for it in items:
-            if bool(judgments[it.id]["correct"]) is correct:
+            if bool(is_correct(judgments[it.id])) is correct:
                 arrays = _arrays(store, answers[it.id], it.id)
                 yield TokenStates(arrays["post_attn"], arrays["post_mlp"])
 
@@ -149,7 +152,7 @@ def fit_reference_means(
 
 def reference_responses(
     items: Sequence[QAItem],
-    answers: dict[str, dict[str, Any]],
+    answers: AnswerRows,
     store: RunStore,
     means: ReferenceMeans,
 ) -> list[dict[str, Any]]:
@@ -174,7 +177,7 @@ def reference_responses(
     return out
 
 
-def _has_phi(answer: dict[str, Any], digest: str) -> bool:
+def _has_phi(answer: AnswerRow, digest: str) -> bool:
     """Whether a cached answer's geometry carries Φ computed with the means of ``digest``."""
     geometry = (answer.get("metadata") or {}).get("geometry")
     return (
@@ -187,7 +190,7 @@ def _has_phi(answer: dict[str, Any], digest: str) -> bool:
 def answers_with_phi(
     model: Any,
     items: Sequence[QAItem],
-    answers: dict[str, dict[str, Any]],
+    answers: AnswerRows,
     config: CalibrationConfig,
     means: ReferenceMeans,
     *,
@@ -216,31 +219,12 @@ def answers_with_phi(
     return [replayed.get(it.id) or answers[it.id]["metadata"] for it in items], len(stale)
 
 
-def check_two_classes(
-    labeled: dict[str, list[QAItem]],
-    judgments: dict[str, dict[str, Any]],
-    config: CalibrationConfig,
-) -> None:
-    """A fitted scorer needs correct and incorrect answers in its reference / train splits."""
-    for name in ("reference", "train"):
-        if name not in labeled or config.scorer not in FIT_SCORERS:
-            continue
-        seen = {bool(judgments[it.id]["correct"]) for it in labeled[name]}
-        if len(seen) < 2:
-            raise CalibrationError(
-                f"Every answer in the {name} split was judged "
-                f"{'correct' if True in seen else 'incorrect'}; the {config.scorer} scorer "
-                "needs both. Use questions the model sometimes gets right and sometimes wrong "
-                "(the built-in probe set is such a set for the default model)."
-            )
-
-
 def fit_captured(
     scorer: Any,
     model: Any,
     labeled: dict[str, list[QAItem]],
-    answers: dict[str, dict[str, Any]],
-    judgments: dict[str, dict[str, Any]],
+    answers: AnswerRows,
+    judgments: Verdicts,
     config: CalibrationConfig,
     means: Any,
     store: RunStore,
@@ -256,8 +240,8 @@ def fit_captured(
     """
     check_two_classes(labeled, judgments, config)
 
-    def labels(name: str) -> list[bool]:
-        return [bool(judgments[it.id]["correct"]) for it in labeled[name]]
+    def split_labels(name: str) -> list[bool]:
+        return labels(labeled[name], judgments)
 
     reference = reference_responses(labeled["reference"], answers, store, means)
     train, n_train = answers_with_phi(
@@ -270,8 +254,8 @@ def fit_captured(
         progress=progress,
     )
     scorer.fit(
-        list(zip(reference, labels("reference"), strict=True)),
-        list(zip(train, labels("train"), strict=True)),
+        list(zip(reference, split_labels("reference"), strict=True)),
+        list(zip(train, split_labels("train"), strict=True)),
         reference_means=means,
     )
     del reference, train

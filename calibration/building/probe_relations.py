@@ -43,7 +43,7 @@ import unicodedata
 from collections import defaultdict
 from typing import Any
 
-from abstain_guard.calibration.building.datasets import QAItem
+from .datasets import QAItem
 
 __all__ = [
     "PROBE_RELATIONS_V2",

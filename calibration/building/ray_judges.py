@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from abstain_guard.calibration.building.config import CalibrationConfig
-from abstain_guard.calibration.building.executors import RayExecutor
-from abstain_guard.calibration.building.judges.base import Judge, Judgment
+from .calibration_config import CalibrationConfig
+from .executors import RayExecutor
+from .judges.base import Judge, Judgment
 
 __all__ = ["RayJudge", "distribute_judges", "judge_specs"]
 
@@ -52,7 +52,7 @@ class RayJudge(Judge):
 
 
 def judge_specs(config: CalibrationConfig) -> dict[str, Any]:
-    """The judge spec per question kind, as :func:`~.pipeline.build_judges` builds them."""
+    """The judge spec per question kind, as :func:`~.judging.build_judges` builds them."""
     name = config.judge if isinstance(config.judge, str) else config.judge.get("name")
     specs: dict[str, Any] = {"open": config.judge, "choice": config.judge, "numeric": config.judge}
     if name not in ("choice", "numeric"):
@@ -63,7 +63,7 @@ def judge_specs(config: CalibrationConfig) -> dict[str, Any]:
 def distribute_judges(
     judges: dict[str, Any], config: CalibrationConfig, executor: RayExecutor
 ) -> None:
-    """Make each cached judge of :func:`~.pipeline.build_judges` judge on the replicas (in
+    """Make each cached judge of :func:`~.judging.build_judges` judge on the replicas (in
     place: the wrapped judge becomes a :class:`RayJudge` with the same identity)."""
     for kind, spec in judge_specs(config).items():
         cached = judges.get(kind)

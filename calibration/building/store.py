@@ -60,8 +60,9 @@ from typing import Any
 
 import numpy as np
 
-from abstain_guard.calibration.building.run_lock import RunLock, lock_holder, run_locks
 from abstain_guard.errors import CacheError
+
+from .run_lock import RunLock, lock_holder, run_locks
 
 __all__ = [
     "LayeredStore",

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from abstain_guard.calibration.measure.hypotheses import hypothesis_checks, validate_importance
-from abstain_guard.calibration.measure.metrics import (
+from abstain_guard.lazy import lazy_attributes
+
+from .hypotheses import hypothesis_checks, validate_importance
+from .metrics import (
     auprc,
     auroc,
     auroc_interval,
@@ -33,20 +35,19 @@ from abstain_guard.calibration.measure.metrics import (
     percentile_interval,
     prr,
 )
-from abstain_guard.calibration.measure.ranking import scorer_table
-from abstain_guard.calibration.measure.report import write_report
-from abstain_guard.calibration.measure.results import (
+from .ranking import scorer_table
+from .report import write_report
+from .results import (
     build_results,
     evaluate_dataset,
     evaluate_scores,
 )
-from abstain_guard.calibration.measure.simulation import resplit_simulation
-from abstain_guard.lazy import lazy_attributes
+from .simulation import resplit_simulation
 
 if TYPE_CHECKING:
-    from abstain_guard.calibration.measure.demo import run_demo
-    from abstain_guard.calibration.measure.deployment_check import live_check
-    from abstain_guard.calibration.measure.held_out import evaluate
+    from .demo import run_demo
+    from .deployment_check import live_check
+    from .held_out import evaluate
 
 __all__ = [
     "auprc",

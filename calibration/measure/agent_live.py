@@ -22,19 +22,20 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from abstain_guard.calibration.building.agents import (
+from abstain_guard.deployment import DeploymentRecord
+from abstain_guard.guard import AbstentionPolicy
+
+from ..building.agents import (
     agent_inputs,
     has_final_answer,
     load_agent_factory,
     run_agent,
     run_agents,
 )
-from abstain_guard.calibration.building.config import CalibrationConfig
-from abstain_guard.calibration.building.generation import means_digest
-from abstain_guard.calibration.building.pipeline import build_judges, judge_answers
-from abstain_guard.calibration.measure.cache_reuse import EvaluateCache
-from abstain_guard.deployment import DeploymentRecord
-from abstain_guard.guard import AbstentionPolicy
+from ..building.answers import means_digest
+from ..building.calibration_config import CalibrationConfig
+from ..building.judging import build_judges, judge_answers
+from .cache_reuse import EvaluateCache
 
 __all__ = ["agent_live_rows", "takes_middleware"]
 
@@ -142,8 +143,8 @@ def agent_live_rows(
         judges = build_judges(cfg, cache.directory / "judgments.sqlite", read_from=cache.judgments)
     judged = [it for it in items if it.id in answers]
     verdicts = judge_answers(judges, judged, answers, progress=False)
-    for row in rows:
-        row["correct"] = verdicts[row["id"]]["correct"] if row["id"] in verdicts else None
+    for live in rows:
+        live["correct"] = verdicts[live["id"]].correct if live["id"] in verdicts else None
     cache.log_reuse(store, judges)
     return rows, policy, guarded_by
 

@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from abstain_guard.calibration.building.run_lock import lock_path
-from abstain_guard.calibration.building.store import LayeredStore, RunStore, lock_holder
 from abstain_guard.errors import CacheError
+
+from ..building.run_lock import lock_path
+from ..building.store import LayeredStore, RunStore, lock_holder
 
 __all__ = ["EvaluateCache", "calibration_cache_dir", "evaluate_cache"]
 

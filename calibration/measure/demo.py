@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from abstain_guard.artifact import GuardArtifact
-from abstain_guard.calibration.building.judges import LexicalJudge
-from abstain_guard.calibration.building.probe import builtin_probe_set
 from abstain_guard.chains import load_guard_chain
 from abstain_guard.config import GuardConfig
 from abstain_guard.decision import DecisionRule
 from abstain_guard.errors import ArtifactNotFoundError, UncertifiableTargetError
 from abstain_guard.frontier import smallest_certifiable_risk
+
+from ..building.judges import LexicalJudge
+from ..building.probe import builtin_probe_set
 
 
 def pick_questions(items: list[Any], ids: list[str], n: int) -> list[Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +23,18 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from abstain_guard.artifact import GuardArtifact
-from abstain_guard.calibration.building.config import CalibrationConfig
-from abstain_guard.calibration.building.generation import generate_answers, replay_as_deployed
-from abstain_guard.calibration.building.pipeline import (
-    build_judges,
-    judge_answers,
-    load_model,
-)
-from abstain_guard.calibration.measure.cache_reuse import EvaluateCache, evaluate_cache
-from abstain_guard.calibration.measure.held_out import artifact_items
 from abstain_guard.chains import load_guard_chain
 from abstain_guard.deployment import DeploymentRecord
 from abstain_guard.errors import ConfigError
 from abstain_guard.kernels import bit_deciding, kernel_differences, near_threshold
 from abstain_guard.prompts import history_messages
+
+from ..building.answers import generate_answers, replay_as_deployed
+from ..building.calibration_config import CalibrationConfig
+from ..building.judging import build_judges, judge_answers
+from ..building.models import load_model
+from .cache_reuse import EvaluateCache, evaluate_cache
+from .held_out import artifact_items
 
 __all__ = ["kernel_summary", "live_check", "summarize_live"]
 
@@ -255,7 +254,7 @@ def _live_agent(
     reuse: bool,
 ) -> dict[str, Any]:
     """:func:`live_check` for an agent artifact (:mod:`.agent_live`)."""
-    from abstain_guard.calibration.measure.agent_live import agent_live_rows
+    from .agent_live import agent_live_rows
 
     items, stored_cal = _select(artifact, items, split, limit)
     with tempfile.TemporaryDirectory(prefix="abstain-guard-live-") as scratch:
@@ -302,7 +301,7 @@ def _run_live(
     artifact_path: str | Path,
     cfg: CalibrationConfig,
     model: Any,
-    chains: dict[str, Any],
+    chains: Mapping[Any, Any],
     guard: Any,
     items: list[Any],
     stored_cal: dict[str, float],
@@ -358,7 +357,7 @@ def _run_live(
     verdicts = judge_answers(judges, items, live_answers, progress=False)
     cache.log_reuse(store, judges)
     for row in rows:
-        row["correct"] = verdicts[row["id"]]["correct"]
+        row["correct"] = verdicts[row["id"]].correct
     rule = guard.decision_rule
     result = {
         "artifact": str(artifact_path),

@@ -25,33 +25,31 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from abstain_guard.artifact import GuardArtifact
-from abstain_guard.calibration.building.config import CalibrationConfig
-from abstain_guard.calibration.building.dataset_files import load_dataset
-from abstain_guard.calibration.building.datasets import QAItem, split_items
-from abstain_guard.calibration.building.generation import generate_answers, replay_as_deployed
-from abstain_guard.calibration.building.items import (
+from abstain_guard.calibration.inference.calibrated import CalibratedScorer
+from abstain_guard.calibration.inference.geometry import GeometryScorer
+from abstain_guard.calibration.inference.sampling import SampleSource
+from abstain_guard.errors import ConfigError, DatasetError
+from abstain_guard.frontier import frontier_document
+from abstain_guard.scoring import build_scorer, scorer_names
+
+from ..building.answers import generate_answers, replay_as_deployed
+from ..building.calibration_config import CalibrationConfig
+from ..building.dataset_files import load_dataset
+from ..building.datasets import QAItem, split_items
+from ..building.items import (
     BUILTIN_V1,
     items_digest,
     load_items,
     named_spec,
 )
-from abstain_guard.calibration.building.named_datasets import load_named_dataset
-from abstain_guard.calibration.building.pipeline import (
-    build_judges,
-    judge_answers,
-    load_model,
-)
-from abstain_guard.calibration.inference.calibrated import CalibratedScorer
-from abstain_guard.calibration.inference.geometry import GeometryScorer
-from abstain_guard.calibration.inference.sampling import SampleSource
-from abstain_guard.calibration.measure.cache_reuse import EvaluateCache, evaluate_cache
-from abstain_guard.calibration.measure.group_report import group_tables
-from abstain_guard.calibration.measure.permutation_importance import permutation_importance
-from abstain_guard.calibration.measure.report import write_report
-from abstain_guard.calibration.measure.results import build_results, evaluate_dataset
-from abstain_guard.errors import ConfigError, DatasetError
-from abstain_guard.frontier import frontier_document
-from abstain_guard.scoring import build_scorer, scorer_names
+from ..building.judging import build_judges, judge_answers, labeled_items, labels
+from ..building.models import load_model
+from ..building.named_datasets import load_named_dataset
+from .cache_reuse import EvaluateCache, evaluate_cache
+from .group_report import group_tables
+from .permutation_importance import permutation_importance
+from .report import write_report
+from .results import build_results, evaluate_dataset
 
 logger = logging.getLogger("abstain_guard.calibration")
 
@@ -195,15 +193,15 @@ def collect_held_out(
         judges = build_judges(cfg, cache.directory / "judgments.sqlite", read_from=cache.judgments)
     judgments = judge_answers(judges, everything, answers, progress=progress)
     cache.log_reuse(store, judges)
-    pool = [it for it in pool if judgments[it.id]["correct"] is not None]
-    train = [it for it in train if judgments[it.id]["correct"] is not None]
+    pool = labeled_items(pool, judgments)
+    train = labeled_items(train, judgments)
     scoring_model = artifact.scorer.prepare(model)
     metadata = replay_as_deployed(scoring_model, pool, answers, cfg, progress)
     held = HeldOut(
         name=name,
         items=pool,
         metadata=metadata,
-        correct=np.array([bool(judgments[it.id]["correct"]) for it in pool]),
+        correct=np.array(labels(pool, judgments)),
     )
     if train:
         cached = [answers[it.id].get("metadata") for it in train]
@@ -212,7 +210,7 @@ def collect_held_out(
             if all(m and "logprobs" in m for m in cached)
             else replay_as_deployed(scoring_model, train, answers, cfg, progress)
         )
-        held.train_correct = np.array([bool(judgments[it.id]["correct"]) for it in train])
+        held.train_correct = np.array(labels(train, judgments))
     return held
 
 
@@ -321,7 +319,7 @@ def evaluate(
             importance = permutation_importance(
                 art.scorer, held.metadata, held.correct.tolist(), n_repeats=importance_repeats
             ).to_dict()
-        groups = [it.group for it in held.items]
+        groups: list[Any] = [it.group for it in held.items]
         entry = evaluate_dataset(
             held.name,
             scores,

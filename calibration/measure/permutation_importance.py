@@ -10,9 +10,10 @@ import numpy as np
 
 from abstain_guard.calibration.inference.features import TokenBlock, family_slices
 from abstain_guard.calibration.inference.geometry import GeometryScorer
-from abstain_guard.calibration.measure import metrics
 from abstain_guard.errors import InvalidInputError
 from abstain_guard.metadata import ResponseLike
+
+from . import metrics
 
 __all__ = ["FeatureImportance", "permutation_importance"]
 

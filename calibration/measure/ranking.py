@@ -15,7 +15,10 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from abstain_guard.calibration.measure.metrics import (
+from abstain_guard.errors import InsufficientDataError, InvalidInputError
+from abstain_guard.validation import check_labels
+
+from .metrics import (
     INTERVAL_METRICS,
     auprc,
     auroc,
@@ -25,8 +28,6 @@ from abstain_guard.calibration.measure.metrics import (
     percentile_interval,
     prr,
 )
-from abstain_guard.errors import InsufficientDataError, InvalidInputError
-from abstain_guard.validation import check_labels
 
 __all__ = ["scorer_metrics", "scorer_table", "select_scored"]
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from abstain_guard.calibration.measure.group_report import groups_markdown
-from abstain_guard.calibration.measure.hypotheses import IMPORTANCE_FAMILIES
-from abstain_guard.calibration.measure.plots import (
+from .group_report import groups_markdown
+from .hypotheses import IMPORTANCE_FAMILIES
+from .plots import (
     plot_conditional_correctness,
     plot_frontier,
     plot_hypothesis,
@@ -27,7 +27,7 @@ from abstain_guard.calibration.measure.plots import (
     plot_participation,
     simulated_scorers,
 )
-from abstain_guard.calibration.measure.tables import (
+from .tables import (
     METRIC_LABELS,
     calibrated_table_markdown,
     check_results,

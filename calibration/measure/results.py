@@ -15,17 +15,18 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from tqdm.auto import tqdm
 
-from abstain_guard.calibration.measure.hypotheses import hypothesis_checks, validate_importance
-from abstain_guard.calibration.measure.metrics import check_nan_policy
-from abstain_guard.calibration.measure.ranking import scorer_table, select_scored
-from abstain_guard.calibration.measure.simulation import (
+from abstain_guard.errors import InvalidInputError
+from abstain_guard.validation import check_labels
+
+from .hypotheses import hypothesis_checks, validate_importance
+from .metrics import check_nan_policy
+from .ranking import scorer_table, select_scored
+from .simulation import (
     DEFAULT_LEVELS,
     check_levels,
     level_key,
     resplit_simulation,
 )
-from abstain_guard.errors import InvalidInputError
-from abstain_guard.validation import check_labels
 
 __all__ = ["SCHEMA_VERSION", "build_results", "evaluate_dataset", "evaluate_scores"]
 

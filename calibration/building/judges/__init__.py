@@ -8,13 +8,13 @@ verdicts in the run cache.
 
 from __future__ import annotations
 
-from abstain_guard.calibration.building.judges.base import (
+from .base import (
     Judge,
     JudgeInput,
     Judgment,
     summarize_judgments,
 )
-from abstain_guard.calibration.building.judges.lexical import (
+from .lexical import (
     ChoiceJudge,
     LexicalJudge,
     NumericJudge,
@@ -22,15 +22,15 @@ from abstain_guard.calibration.building.judges.lexical import (
     refusal_of,
     usable_aliases,
 )
-from abstain_guard.calibration.building.judges.llm import (
+from .llm import (
     LLMJudge,
     chat_model_identity,
     parse_verdict,
 )
-from abstain_guard.calibration.building.judges.paper import PaperPipelineJudge, StatementRewriter
-from abstain_guard.calibration.building.judges.registry import JUDGE_NAMES, make_judge
-from abstain_guard.calibration.building.judges.similarity import SimilarityJudge
-from abstain_guard.calibration.building.judges.text import (
+from .paper import PaperPipelineJudge, StatementRewriter
+from .registry import JUDGE_NAMES, make_judge
+from .similarity import SimilarityJudge
+from .text import (
     REFUSAL_PATTERNS,
     hedge_alternatives,
     normalize_answer,

@@ -23,9 +23,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from abstain_guard.calibration.building.judges.base import Judge, JudgeInput, Judgment, _unpack
-from abstain_guard.calibration.building.store import LayeredStore, RunStore, content_key
 from abstain_guard.errors import CacheError, JudgmentCacheError
+
+from ..store import LayeredStore, RunStore, content_key
+from .base import Judge, JudgeInput, Judgment, _unpack
 
 __all__ = ["CachedJudge", "JudgmentCache", "judgment_key"]
 

@@ -11,8 +11,10 @@ import re
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
-from abstain_guard.calibration.building.judges.base import Judge, Judgment
-from abstain_guard.calibration.building.judges.text import (
+from abstain_guard.errors import DatasetError, JudgeError
+
+from .base import Judge, Judgment
+from .text import (
     _contains_tokens,
     alias_tokens,
     answer_tokens,
@@ -23,7 +25,6 @@ from abstain_guard.calibration.building.judges.text import (
     token_f1,
     without_refusals,
 )
-from abstain_guard.errors import DatasetError, JudgeError
 
 __all__ = [
     "ChoiceJudge",

@@ -18,9 +18,10 @@ from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import Runnable, RunnableLambda
 from pydantic import BaseModel, Field
 
-from abstain_guard.calibration.building.judges.base import Judge, Judgment
-from abstain_guard.calibration.building.judges.lexical import refusal_verdict
 from abstain_guard.errors import JudgeError
+
+from .base import Judge, Judgment
+from .lexical import refusal_verdict
 
 __all__ = [
     "DEFAULT_JUDGE_HUMAN",

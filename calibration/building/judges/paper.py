@@ -15,14 +15,15 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import Runnable, RunnableLambda
 
-from abstain_guard.calibration.building.judges.base import Judge, JudgeInput, Judgment, _unpack
-from abstain_guard.calibration.building.judges.lexical import refusal_verdict
-from abstain_guard.calibration.building.judges.llm import (
+from abstain_guard.errors import JudgeError
+
+from .base import Judge, JudgeInput, Judgment, _unpack
+from .lexical import refusal_verdict
+from .llm import (
     chat_model_identity,
     prompt_hash,
     with_retry,
 )
-from abstain_guard.errors import JudgeError
 
 __all__ = [
     "DEFAULT_REWRITE_HUMAN",

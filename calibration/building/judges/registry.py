@@ -32,16 +32,17 @@ from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 
-from abstain_guard.calibration.building.judges.base import Judge
-from abstain_guard.calibration.building.judges.lexical import (
+from abstain_guard.errors import JudgeError
+
+from .base import Judge
+from .lexical import (
     ChoiceJudge,
     LexicalJudge,
     NumericJudge,
 )
-from abstain_guard.calibration.building.judges.llm import LLMJudge
-from abstain_guard.calibration.building.judges.paper import PaperPipelineJudge, StatementRewriter
-from abstain_guard.calibration.building.judges.similarity import SimilarityJudge
-from abstain_guard.errors import JudgeError
+from .llm import LLMJudge
+from .paper import PaperPipelineJudge, StatementRewriter
+from .similarity import SimilarityJudge
 
 __all__ = ["JUDGE_NAMES", "make_judge"]
 

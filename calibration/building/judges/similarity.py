@@ -11,9 +11,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from abstain_guard.calibration.building.judges.base import Judge, JudgeInput, Judgment, _unpack
-from abstain_guard.calibration.building.judges.lexical import refusal_verdict
 from abstain_guard.errors import JudgeError
+
+from .base import Judge, JudgeInput, Judgment, _unpack
+from .lexical import refusal_verdict
 
 __all__ = ["DEFAULT_SIMILARITY_NAME", "SimilarityJudge"]
 

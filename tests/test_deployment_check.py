@@ -129,3 +129,23 @@ def test_evaluation_uses_the_artifacts_ids_and_refuses_changed_data(
     gone = GuardArtifact(art.scorer, art.scores, art.correct, art.model_fingerprint, meta)
     with pytest.raises(DatasetError, match="not in"):
         artifact_items(gone)
+
+
+def test_a_recalibrated_artifact_is_refused_with_what_to_run_instead(tmp_path: Path) -> None:
+    """A guard recalibrated from feedback has live decisions, not held-out questions, as its
+    calibration set: the live check says so before loading anything (it raised a bare
+    ValueError from zip(strict=True) on the missing calibration ids before)."""
+    from abstain_guard import PerplexityScorer
+    from abstain_guard.errors import ConfigError
+
+    rng = np.random.default_rng(0)
+    art = GuardArtifact.from_calibration(
+        scorer=PerplexityScorer(),
+        scores=rng.uniform(1, 3, 50),
+        correct=rng.uniform(size=50) > 0.5,
+        metadata={"recalibrated_from": {"artifact": "runs/old-guard"}, "config": {}},
+    )
+    art.save(tmp_path / "new")
+    with pytest.raises(ConfigError, match="recalibrated from live feedback") as info:
+        live_check(tmp_path / "new", model=object())
+    assert "evaluate --live --artifact runs/old-guard" in str(info.value)

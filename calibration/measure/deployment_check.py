@@ -147,6 +147,7 @@ def live_check(
         ``{"summary": ..., "rows": [...], "guarantee": ...}``.
     """
     artifact = GuardArtifact.load(artifact_path)
+    _refuse_recalibrated(artifact, artifact_path)
     cfg = CalibrationConfig(**artifact.metadata.get("config", {}))
     if model is None:
         model = load_model(cfg)
@@ -219,6 +220,23 @@ def _live_cache(
         return EvaluateCache(Path(cache_dir))
     where = Path(out) / "cache" if out is not None else Path(scratch)
     return evaluate_cache(where, artifact, artifact_path, reuse=reuse)
+
+
+def _refuse_recalibrated(artifact: Any, artifact_path: str | Path) -> None:
+    """An artifact recalibrated from live feedback holds live decisions as its calibration
+    set: there are no held-out questions to ask again, so the live check refuses it up front
+    (before any model loads) and says what to run instead."""
+    source = artifact.metadata.get("recalibrated_from")
+    if source is None:
+        return
+    old = source.get("artifact") if isinstance(source, dict) else None
+    raise ConfigError(
+        f"{artifact_path} was recalibrated from live feedback: its calibration scores are "
+        "the scores of live decisions, which have no held-out questions that evaluate --live "
+        "could ask again. Check the deployment on the questions of the artifact it was "
+        f"recalibrated from (`abstain-guard evaluate --live --artifact {old or '<original>'}`"
+        ": same model, prompt and scorer), and watch the recalibrated guard with its monitor."
+    )
 
 
 def _select(

@@ -29,7 +29,7 @@ from abstain_guard.calibration.building.config import FIT_SCORERS, CalibrationCo
 from abstain_guard.calibration.building.datasets import QAItem
 from abstain_guard.calibration.building.generation import HELD_OUT, means_digest
 from abstain_guard.calibration.building.online_geometry import check_two_classes
-from abstain_guard.chat_models import ChatModelRecord, ChatModelSpec
+from abstain_guard.chat_model_specs import ChatModelRecord, ChatModelSpec
 from abstain_guard.deployment import AgentRecord, DeploymentRecord, PromptRecord, sha256_text
 from abstain_guard.errors import CalibrationError
 

@@ -24,7 +24,7 @@ from abstain_guard.calibration.building.config import CalibrationConfig
 from abstain_guard.calibration.building.datasets import QAItem
 from abstain_guard.calibration.building.generation import plan_chunks
 from abstain_guard.calibration.building.store import RunStore, content_key
-from abstain_guard.chat_models import ChatModelSpec, bind_budget
+from abstain_guard.chat_model_specs import ChatModelSpec, bind_budget
 from abstain_guard.errors import CalibrationError, LogprobsMissingError, ScoringError
 from abstain_guard.prompts import (
     build_messages,

@@ -128,7 +128,7 @@ class _Replica:
         """:func:`~.generation.generate_chunk` on this replica (in ``capture_mode``; with
         ``reference`` means installed for ``capture="geometry"``)."""
         from abstain_guard.calibration.building.generation import generate_chunk
-        from abstain_guard.calibration.inference.features import with_capture
+        from abstain_guard.scorers import with_capture
 
         runner = with_capture(self.model, capture_mode)  # type: ignore[arg-type]
         if capture == "geometry":

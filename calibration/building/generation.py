@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from abstain_guard.calibration.building.config import CalibrationConfig
 from abstain_guard.calibration.building.datasets import QAItem
 from abstain_guard.calibration.building.store import RunStore, content_key
-from abstain_guard.chat_models import ChatModelRecord, ChatModelSpec
+from abstain_guard.chat_model_specs import ChatModelRecord, ChatModelSpec
 from abstain_guard.deployment import DeploymentRecord, PromptRecord
 from abstain_guard.errors import CalibrationError
 from abstain_guard.kernels import bit_deciding

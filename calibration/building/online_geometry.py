@@ -41,8 +41,8 @@ from abstain_guard.calibration.building.generation import (
     replay_as_deployed,
 )
 from abstain_guard.calibration.building.store import RunStore
-from abstain_guard.calibration.inference.features import with_capture
 from abstain_guard.errors import CalibrationError
+from abstain_guard.scorers import with_capture
 
 logger = logging.getLogger("abstain_guard.calibration")
 

@@ -59,8 +59,8 @@ from abstain_guard.calibration.building.online_geometry import (
 from abstain_guard.calibration.building.preflight import preflight
 from abstain_guard.calibration.building.store import RunStore, run_locks
 from abstain_guard.chains import load_chat_model
-from abstain_guard.chat_models import ChatModelSpec, chat_model_fingerprint
-from abstain_guard.scoring import build_scorer
+from abstain_guard.chat_model_specs import ChatModelSpec, chat_model_fingerprint
+from abstain_guard.scorers import build_scorer
 
 logger = logging.getLogger("abstain_guard.calibration")
 

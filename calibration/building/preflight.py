@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 from abstain_guard.calibration.building.config import LIKELIHOOD_SCORERS, CalibrationConfig
 from abstain_guard.calibration.building.datasets import QAItem, split_items
 from abstain_guard.calibration.building.items import check_split_sizes, load_items
-from abstain_guard.chat_models import ChatModelSpec
+from abstain_guard.chat_model_specs import ChatModelSpec
 from abstain_guard.errors import (
     AbstainGuardError,
     ConfigError,
@@ -281,7 +281,7 @@ def check_question_lengths(
 
 
 def _scorer_params(config: CalibrationConfig) -> None:
-    from abstain_guard.scoring import build_scorer, scorer_class
+    from abstain_guard.scorers import build_scorer, scorer_class
 
     try:
         build_scorer(config.scorer, **config.scorer_params)

@@ -34,7 +34,7 @@ from abstain_guard.calibration.building.generation import means_digest
 from abstain_guard.calibration.building.pipeline import build_judges, judge_answers
 from abstain_guard.calibration.measure.cache_reuse import EvaluateCache
 from abstain_guard.deployment import DeploymentRecord
-from abstain_guard.guard import AbstentionPolicy
+from abstain_guard.policy import AbstentionPolicy
 
 __all__ = ["agent_live_rows", "takes_middleware"]
 

@@ -41,9 +41,6 @@ from abstain_guard.calibration.building.pipeline import (
     judge_answers,
     load_model,
 )
-from abstain_guard.calibration.inference.calibrated import CalibratedScorer
-from abstain_guard.calibration.inference.geometry import GeometryScorer
-from abstain_guard.calibration.inference.sampling import SampleSource
 from abstain_guard.calibration.measure.cache_reuse import EvaluateCache, evaluate_cache
 from abstain_guard.calibration.measure.group_report import group_tables
 from abstain_guard.calibration.measure.permutation_importance import permutation_importance
@@ -51,7 +48,9 @@ from abstain_guard.calibration.measure.report import write_report
 from abstain_guard.calibration.measure.results import build_results, evaluate_dataset
 from abstain_guard.errors import ConfigError, DatasetError
 from abstain_guard.frontier import frontier_document
-from abstain_guard.scoring import build_scorer, scorer_names
+from abstain_guard.scorers import SampleSource, build_scorer, scorer_names
+from abstain_guard.scorers.calibrated import CalibratedScorer
+from abstain_guard.scorers.geometry import GeometryScorer
 
 logger = logging.getLogger("abstain_guard.calibration")
 

@@ -17,28 +17,31 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from abstain_guard import conformal, errors
+from abstain_guard import conformal, deprecated_paths, errors
 from abstain_guard._version import __version__
 from abstain_guard.artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
 from abstain_guard.decision import DecisionRule
 from abstain_guard.default import default_artifact_path
-from abstain_guard.guard import AbstentionGuard, AbstentionPolicy
-from abstain_guard.likelihood import (
+from abstain_guard.guard import AbstentionGuard
+from abstain_guard.metadata import ResponseMetadata
+from abstain_guard.monitor import GuardMonitor
+from abstain_guard.policy import AbstentionPolicy
+from abstain_guard.prompts import question_prompt
+from abstain_guard.scorers import (
     MaxSequenceProbabilityScorer,
     MeanTokenEntropyScorer,
     PerplexityScorer,
-)
-from abstain_guard.metadata import ResponseMetadata
-from abstain_guard.monitor import GuardMonitor
-from abstain_guard.prompts import question_prompt
-from abstain_guard.scoring import (
     Scorer,
     ScorerState,
     build_scorer,
     register_scorer,
     scorer_names,
 )
+
+# Old import paths (abstain_guard.scoring, abstain_guard.likelihood,
+# abstain_guard.calibration.inference.*) keep working for one release, with a DeprecationWarning.
+deprecated_paths.install()
 
 if TYPE_CHECKING:
     from abstain_guard.middleware import AbstentionMiddleware as AbstentionMiddleware

@@ -64,29 +64,29 @@ from numpy.typing import ArrayLike
 
 from abstain_guard._version import __version__
 from abstain_guard.artifact_files import (
-    _RESERVED,
-    _SAFE_NAME,
     CALIBRATION,
     FORMAT_NAME,
     MANIFEST,
     MAX_ARRAY_BYTES,
+    RESERVED_FILE_NAMES,
+    SAFE_FILE_NAME,
     SCHEMA_VERSION,
     SCORER_JSON,
     SCORER_NPZ,
-    _canonical,
-    _check_json,
-    _check_target,
-    _fsync_dir,
-    _load_npz,
-    _npz_bytes,
-    _parse_json,
-    _publish,
-    _read_consistent,
-    _sha256,
-    _sweep_leftovers,
-    _validate_calibration,
-    _write_error,
-    _write_staging,
+    canonical_json,
+    check_json,
+    check_target,
+    fsync_dir,
+    load_npz,
+    npz_bytes,
+    parse_json,
+    publish,
+    read_consistent,
+    sha256_hex,
+    sweep_leftovers,
+    validate_calibration,
+    write_error,
+    write_staging,
 )
 from abstain_guard.config import GuardConfig
 from abstain_guard.decision import DecisionRule, decision_rule
@@ -98,7 +98,7 @@ from abstain_guard.errors import (
     InvalidInputError,
 )
 from abstain_guard.groups import GroupRules, check_groups, group_rules, require_groups
-from abstain_guard.scoring import Scorer, ScorerState, scorer_from_state
+from abstain_guard.scorers import Scorer, ScorerState, scorer_from_state
 
 __all__ = ["MAX_ARRAY_BYTES", "SCHEMA_VERSION", "GuardArtifact"]
 
@@ -115,7 +115,7 @@ class GuardArtifact:
     :meth:`load`, and ask it for the threshold of any target with :meth:`decision_rule`.
 
     Attributes:
-        scorer: the fitted :class:`~abstain_guard.scoring.Scorer`.
+        scorer: the fitted :class:`~abstain_guard.scorers.Scorer`.
         scores: calibration scores, shape ``[n]`` (float64).
         correct: calibration labels, shape ``[n]`` (bool).
         model_fingerprint: identity of the model the scores came from (or None).
@@ -141,7 +141,7 @@ class GuardArtifact:
                 f"scorer must be an abstain_guard Scorer, got {type(scorer).__name__}."
             )
         self.scorer = scorer
-        self.scores, self.correct = _validate_calibration(scores, correct)
+        self.scores, self.correct = validate_calibration(scores, correct)
         self.scores.setflags(write=False)
         self.correct.setflags(write=False)
         self.groups = None if groups is None else check_groups(groups, self.scores.size)
@@ -151,7 +151,7 @@ class GuardArtifact:
             raise InvalidInputError("model_fingerprint must be a string or None.")
         self.model_fingerprint = model_fingerprint
         meta = dict(metadata or {})
-        _check_json(meta, "metadata")
+        check_json(meta, "metadata")
         self.metadata: dict[str, Any] = meta
         self.created = created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         self.schema_version = SCHEMA_VERSION
@@ -274,12 +274,12 @@ class GuardArtifact:
                 f"{type(self.scorer).__name__}.get_state() must return a ScorerState."
             )
         for name in state.files:
-            if not _SAFE_NAME.match(name) or name in _RESERVED:
+            if not SAFE_FILE_NAME.match(name) or name in RESERVED_FILE_NAMES:
                 raise InvalidInputError(
                     f"Scorer file name {name!r} is not allowed (use letters, digits, '.', '_', "
-                    f"'-', not one of {sorted(_RESERVED)})."
+                    f"'-', not one of {sorted(RESERVED_FILE_NAMES)})."
                 )
-        _check_json(state.params, "ScorerState.params")
+        check_json(state.params, "ScorerState.params")
         scorer_json = {
             "kind": state.kind,
             "params": state.params,
@@ -290,9 +290,9 @@ class GuardArtifact:
         if self.groups is not None:
             calibration["groups"] = self.groups
         files: dict[str, bytes] = {
-            CALIBRATION: _npz_bytes(calibration),
+            CALIBRATION: npz_bytes(calibration),
             SCORER_JSON: json.dumps(scorer_json, indent=2, sort_keys=True).encode(),
-            SCORER_NPZ: _npz_bytes(state.arrays),
+            SCORER_NPZ: npz_bytes(state.arrays),
         }
         for name, data in state.files.items():
             files[name] = bytes(data)
@@ -308,14 +308,14 @@ class GuardArtifact:
             "scorer": {"kind": self.scorer.kind, "name": self.scorer.name},
             "n_calibration": self.n,
             "accuracy": float(self.correct.mean()),
-            "checksums": {name: _sha256(data) for name, data in sorted(files.items())},
+            "checksums": {name: sha256_hex(data) for name, data in sorted(files.items())},
             "sizes": {name: len(data) for name, data in sorted(files.items())},
             "metadata": self.metadata,
         }
         if self.groups is not None:
             names, counts = np.unique(self.groups, return_counts=True)
             manifest["groups"] = {str(k): int(v) for k, v in zip(names, counts, strict=True)}
-        manifest["manifest_sha256"] = _sha256(_canonical(manifest))
+        manifest["manifest_sha256"] = sha256_hex(canonical_json(manifest))
         return manifest
 
     def save(self, path: str | os.PathLike[str], overwrite: bool = False) -> Path:
@@ -336,22 +336,22 @@ class GuardArtifact:
             ArtifactWriteError: the files could not be written (read-only or full disk, ...).
         """
         target = Path(path)
-        _check_target(target, overwrite)
+        check_target(target, overwrite)
         files = self._files()
         manifest = self._manifest(files)
         files[MANIFEST] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            _sweep_leftovers(target)
-            tmp = _write_staging(target, files)
+            sweep_leftovers(target)
+            tmp = write_staging(target, files)
         except OSError as exc:
-            raise _write_error(target, exc) from exc
+            raise write_error(target, exc) from exc
         try:
-            _publish(tmp, target, overwrite)
-            _fsync_dir(target.parent)
+            publish(tmp, target, overwrite)
+            fsync_dir(target.parent)
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise _write_error(target, exc) from exc
+            raise write_error(target, exc) from exc
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -363,7 +363,7 @@ class GuardArtifact:
     @classmethod
     def read_manifest(cls, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Read and verify ``manifest.json`` (schema and self-checksum) without loading data."""
-        manifest, _ = _read_consistent(Path(path), with_files=False)
+        manifest, _ = read_consistent(Path(path), with_files=False)
         return manifest
 
     @classmethod
@@ -392,25 +392,25 @@ class GuardArtifact:
         """
         root = Path(path)
         limit = MAX_ARRAY_BYTES if max_array_bytes is None else int(max_array_bytes)
-        manifest, data = _read_consistent(root, with_files=True)
+        manifest, data = read_consistent(root, with_files=True)
 
         fingerprint = manifest.get("model_fingerprint")
         if fingerprint is not None and not isinstance(fingerprint, str):
             raise ArtifactSchemaError("manifest model_fingerprint must be a string or null.")
 
-        calib = _load_npz(data[CALIBRATION], CALIBRATION, limit)
+        calib = load_npz(data[CALIBRATION], CALIBRATION, limit)
         if set(calib) not in ({"scores", "correct"}, {"scores", "correct", "groups"}):
             raise ArtifactSchemaError(
                 f"{CALIBRATION} must hold 'scores' and 'correct' (and optionally 'groups'), "
                 f"has {sorted(calib)}."
             )
         try:
-            scorer_json = _parse_json(data[SCORER_JSON], SCORER_JSON)
+            scorer_json = parse_json(data[SCORER_JSON], SCORER_JSON)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ArtifactSchemaError(f"{SCORER_JSON} is not valid JSON: {exc}") from exc
         if not isinstance(scorer_json, dict) or not isinstance(scorer_json.get("kind"), str):
             raise ArtifactSchemaError(f"{SCORER_JSON} must be an object with a string 'kind'.")
-        arrays = _load_npz(data[SCORER_NPZ], SCORER_NPZ, limit)
+        arrays = load_npz(data[SCORER_NPZ], SCORER_NPZ, limit)
         if sorted(arrays) != sorted(scorer_json.get("arrays", [])):
             raise ArtifactSchemaError(
                 f"{SCORER_NPZ} holds arrays {sorted(arrays)} but {SCORER_JSON} lists "

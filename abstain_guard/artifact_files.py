@@ -47,8 +47,8 @@ MANIFEST = "manifest.json"
 CALIBRATION = "calibration.npz"
 SCORER_JSON = "scorer.json"
 SCORER_NPZ = "scorer.npz"
-_RESERVED = {MANIFEST, CALIBRATION, SCORER_JSON, SCORER_NPZ}
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+RESERVED_FILE_NAMES = {MANIFEST, CALIBRATION, SCORER_JSON, SCORER_NPZ}
+SAFE_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 #: Default cap on the uncompressed bytes of one ``.npz`` file's arrays at load (512 MiB).
 #: Override per call (``GuardArtifact.load(..., max_array_bytes=...)``) or here.
@@ -60,15 +60,15 @@ READ_RETRY_SECONDS = 10.0
 # --- helpers -----------------------------------------------------------------------------
 
 
-def _sha256(data: bytes) -> str:
+def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _canonical(obj: Any) -> bytes:
+def canonical_json(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
-def _npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
+def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
     for name, arr in arrays.items():
         if np.asarray(arr).dtype.hasobject:
             raise InvalidInputError(
@@ -109,7 +109,7 @@ def _check_npz_size(data: bytes, name: str, limit: int) -> None:
                 )
 
 
-def _load_npz(data: bytes, name: str, limit: int = MAX_ARRAY_BYTES) -> dict[str, np.ndarray]:
+def load_npz(data: bytes, name: str, limit: int = MAX_ARRAY_BYTES) -> dict[str, np.ndarray]:
     try:
         _check_npz_size(data, name, limit)
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
@@ -123,7 +123,7 @@ def _load_npz(data: bytes, name: str, limit: int = MAX_ARRAY_BYTES) -> dict[str,
         ) from exc
 
 
-def _parse_json(raw: bytes, what: str) -> Any:
+def parse_json(raw: bytes, what: str) -> Any:
     """JSON from bytes; a document nested too deeply is malformed, not a crash."""
     try:
         return json.loads(raw.decode("utf-8"))
@@ -134,15 +134,15 @@ def _parse_json(raw: bytes, what: str) -> Any:
         ) from exc
 
 
-def _validate_calibration(scores: ArrayLike, correct: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+def validate_calibration(scores: ArrayLike, correct: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     s = check_scores(scores)
     c = check_labels(correct, s.size).astype(bool)
     return s, c
 
 
-def _check_json(obj: Any, what: str) -> None:
+def check_json(obj: Any, what: str) -> None:
     try:
-        _canonical(obj)
+        canonical_json(obj)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidInputError(
             f"{what} must be JSON-serializable (plain dicts, lists, strings, finite numbers): {exc}"
@@ -186,7 +186,7 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):  # some platforms cannot fsync a directory
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -218,14 +218,14 @@ def _siblings(target: Path) -> list[tuple[Path, int]]:
     return found
 
 
-def _sweep_leftovers(target: Path) -> None:
+def sweep_leftovers(target: Path) -> None:
     """Remove staging/aside folders left by killed saves (their PID no longer runs)."""
     for entry, pid in _siblings(target):
         if not _pid_alive(pid):
             shutil.rmtree(entry, ignore_errors=True)
 
 
-def _write_staging(target: Path, files: Mapping[str, bytes]) -> Path:
+def write_staging(target: Path, files: Mapping[str, bytes]) -> Path:
     """Every file written and fsynced in a new folder beside ``target``."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=target.parent))
     try:
@@ -237,7 +237,7 @@ def _write_staging(target: Path, files: Mapping[str, bytes]) -> Path:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -268,7 +268,7 @@ def _publish_by_renames(tmp: Path, target: Path) -> None:
             shutil.rmtree(aside, ignore_errors=True)
 
 
-def _publish(tmp: Path, target: Path, overwrite: bool) -> None:
+def publish(tmp: Path, target: Path, overwrite: bool) -> None:
     """Make the complete staging folder ``tmp`` the artifact at ``target``."""
     try:
         os.rename(tmp, target)  # no target yet (or an empty folder)
@@ -287,7 +287,7 @@ def _publish(tmp: Path, target: Path, overwrite: bool) -> None:
         _publish_by_renames(tmp, target)
 
 
-def _check_target(target: Path, overwrite: bool) -> None:
+def check_target(target: Path, overwrite: bool) -> None:
     """Refuse a target that is not (or may not be replaced by) an artifact.
 
     Another writer may move ``target`` aside at any moment (the rename fallback of
@@ -316,7 +316,7 @@ def _check_target(target: Path, overwrite: bool) -> None:
         )
 
 
-def _write_error(target: Path, exc: OSError) -> ArtifactWriteError:
+def write_error(target: Path, exc: OSError) -> ArtifactWriteError:
     reason = exc.strerror or str(exc)
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         hint = "The directory is not writable: save to a writable location or fix permissions."
@@ -415,7 +415,7 @@ def _verified_manifest(snap: _Snapshot) -> dict[str, Any]:
             f"{str(root)!r} has no {MANIFEST}: it is not an artifact, or it is incomplete."
         )
     try:
-        manifest = _parse_json(raw, f"{MANIFEST} in {str(root)!r}")
+        manifest = parse_json(raw, f"{MANIFEST} in {str(root)!r}")
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ArtifactIntegrityError(
             f"{MANIFEST} in {str(root)!r} is not valid JSON ({exc}): the artifact is "
@@ -433,7 +433,7 @@ def _verified_manifest(snap: _Snapshot) -> dict[str, Any]:
         )
     claimed = manifest.pop("manifest_sha256", None)
     try:
-        actual = _sha256(_canonical(manifest))
+        actual = sha256_hex(canonical_json(manifest))
     except (TypeError, ValueError, RecursionError) as exc:
         raise ArtifactSchemaError(f"{MANIFEST} holds non-JSON values: {exc}") from exc
     if claimed != actual:
@@ -455,7 +455,7 @@ def _check_manifest_files(manifest: Mapping[str, Any]) -> None:
     if missing_required:
         raise ArtifactSchemaError(f"{MANIFEST} does not list required files {missing_required}.")
     for name in checksums:
-        if not _SAFE_NAME.match(name) or name == MANIFEST:
+        if not SAFE_FILE_NAME.match(name) or name == MANIFEST:
             raise ArtifactSchemaError(f"{MANIFEST} lists an invalid file name {name!r}.")
 
 
@@ -468,7 +468,7 @@ def _read_files(snap: _Snapshot, manifest: Mapping[str, Any]) -> dict[str, bytes
                 f"Artifact file {name!r} is missing from {str(snap.root)!r}. Re-copy the whole "
                 "artifact directory."
             )
-        if _sha256(blob) != digest:
+        if sha256_hex(blob) != digest:
             raise ArtifactIntegrityError(
                 f"Artifact file {name!r} in {str(snap.root)!r} does not match its checksum (it "
                 "was modified or truncated). Re-create or re-copy the artifact."
@@ -490,7 +490,7 @@ def _read_once(root: Path, with_files: bool) -> tuple[dict[str, Any], dict[str, 
         snap.close()
 
 
-def _read_consistent(root: Path, with_files: bool) -> tuple[dict[str, Any], dict[str, bytes]]:
+def read_consistent(root: Path, with_files: bool) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The verified manifest (and files) of one complete artifact at ``root``, read again
     while concurrent saves replace it (up to READ_RETRY_SECONDS)."""
     deadline = time.monotonic() + READ_RETRY_SECONDS

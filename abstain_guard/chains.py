@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from abstain_guard.artifact import GuardArtifact
-from abstain_guard.chat_models import ChatModelSpec, bind_budget
+from abstain_guard.chat_model_specs import ChatModelSpec, bind_budget
 from abstain_guard.config import GuardConfig
 from abstain_guard.deployment import DeploymentRecord
 from abstain_guard.errors import CalibrationError
@@ -35,7 +35,7 @@ def load_chat_model(
     same generation settings), in decode mode ``batch_decode`` (the same as at calibration:
     the two modes differ in the last bits). A :class:`ChatModelSpec` (an API chat model)
     is built from its name or class and kwargs, asking for logprobs; its budget is bound
-    per call (:func:`~abstain_guard.chat_models.bind_budget`)."""
+    per call (:func:`~abstain_guard.chat_model_specs.bind_budget`)."""
     if isinstance(model, ChatModelSpec):
         return model.build()
     # The adapters import torch and transformers; core must import without them.

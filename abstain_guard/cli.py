@@ -22,7 +22,7 @@ from abstain_guard.errors import (
     AbstainGuardError,
     ResultsFileError,
 )
-from abstain_guard.scoring import scorer_names
+from abstain_guard.scorers import scorer_names
 
 from .cli_checks import all_at_once, artifacts_exist, guard_config, positive
 from .cli_serve import add_serve_parser

@@ -25,7 +25,7 @@ def _serve(args: argparse.Namespace) -> int:
     from abstain_guard.serve.schemas import RequestLimits
 
     service = _model_service(args) if args.no_guard else _guard_service(args)
-    monitor = None if args.no_guard else _serve_monitor(service, args.monitor_log)
+    monitor = None if args.no_guard else serve_monitor(service, args.monitor_log)
     serve(
         service,
         host=args.host,
@@ -38,7 +38,7 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_monitor(service: Any, log_path: str | None) -> Any:
+def serve_monitor(service: Any, log_path: str | None) -> Any:
     """The drift monitor ``serve`` feeds (a fitted ``GuardMonitor``; None without a guard).
 
     With ``--monitor-log`` naming an existing log, the monitor resumes it (its decisions and

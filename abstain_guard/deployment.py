@@ -15,7 +15,7 @@ What is compared (pure functions, no model needed):
   ``max_new_tokens``, the decoding settings and the chat-template hash;
 * per chat model: ``fingerprint`` (a model without one cannot be verified);
 * per agent call (middleware): the system prompt and the tool schemas;
-* an API chat model (calibrated on a :class:`~abstain_guard.chat_models.ChatModelSpec`): its
+* an API chat model (calibrated on a :class:`~abstain_guard.chat_model_specs.ChatModelSpec`): its
   class and settings when the guard is built, each answer's length against the budget; its
   prompt and budget per call cannot be read from its responses and are listed as unverified
   in every decision (``guarantee["unverified"]``).
@@ -34,7 +34,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from abstain_guard.chat_models import ChatModelRecord, identity_mismatches
+from abstain_guard.chat_model_specs import ChatModelRecord, identity_mismatches
 from abstain_guard.errors import ArtifactSchemaError
 
 __all__ = [
@@ -147,7 +147,7 @@ class DeploymentRecord(BaseModel):
         prompts: one :class:`PromptRecord` per question kind (``"open"``, ``"choice"``, ...).
         tools: tool schemas the model was offered (agents), or None.
         chat_model: the API chat model calibrated on (spec without secrets, class,
-            settings), or None for a local model (:mod:`abstain_guard.chat_models`).
+            settings), or None for a local model (:mod:`abstain_guard.chat_model_specs`).
         agent: how the agent was run (:class:`AgentRecord`), None for a chain or a model.
         conversations: calibrated on conversations (some rows carried earlier turns, which
             the prompt put between the system prompt and the question); False: on single

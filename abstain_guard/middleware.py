@@ -50,9 +50,9 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from abstain_guard.artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
 from abstain_guard.deployment import sha256_text, tools_sha256
-from abstain_guard.guard import AbstentionPolicy
 from abstain_guard.monitor import GuardMonitor
 from abstain_guard.monitor_binding import fit_monitor
+from abstain_guard.policy import AbstentionPolicy
 from abstain_guard.tracing import arecord_decision, record_decision
 
 __all__ = ["AbstentionMiddleware"]

@@ -23,9 +23,9 @@ from torch import nn
 
 #: ``(id(module), "pre" | "post")`` -> functions called in the calling context, in order
 #: (pre: ``fn(module, args, kwargs)``; post: ``fn(module, args, kwargs, output)``).
-_ROUTES: contextvars.ContextVar[Mapping[tuple[int, str], tuple[Callable[..., Any], ...]] | None] = (
-    contextvars.ContextVar("abstain_guard_hook_routes", default=None)
-)
+ACTIVE_ROUTES: contextvars.ContextVar[
+    Mapping[tuple[int, str], tuple[Callable[..., Any], ...]] | None
+] = contextvars.ContextVar("abstain_guard_hook_routes", default=None)
 
 _ROUTED = "_abstain_guard_routed"
 _INSTALL = threading.Lock()
@@ -36,7 +36,7 @@ Hook = tuple[nn.Module, str, Callable[..., Any], bool]
 
 
 def _pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    routes = _ROUTES.get()
+    routes = ACTIVE_ROUTES.get()
     fns = routes.get((id(module), "pre")) if routes else None
     if fns:
         for fn in fns:
@@ -44,7 +44,7 @@ def _pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> No
 
 
 def _post(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-    routes = _ROUTES.get()
+    routes = ACTIVE_ROUTES.get()
     fns = routes.get((id(module), "post")) if routes else None
     if fns:
         for fn in fns:
@@ -81,7 +81,7 @@ def routed(hooks: Iterable[Hook]) -> Iterator[None]:
     """Call ``hooks`` from forwards run in this context (thread or task), after the ones
     already routed here, until the block ends. Raises RuntimeError for a module without
     routes (the model was not wrapped by :func:`~.loading.wrap_model`)."""
-    table = dict(_ROUTES.get() or {})
+    table = dict(ACTIVE_ROUTES.get() or {})
     for module, kind, fn, with_kwargs in hooks:
         if kind not in ("pre", "post"):
             raise ValueError(f"hook kind {kind!r}: use 'pre' or 'post'")
@@ -92,11 +92,11 @@ def routed(hooks: Iterable[Hook]) -> Iterator[None]:
             )
         key = (id(module), kind)
         table[key] = (*table.get(key, ()), _uniform(kind, fn, with_kwargs))
-    token = _ROUTES.set(table)
+    token = ACTIVE_ROUTES.set(table)
     try:
         yield
     finally:
-        _ROUTES.reset(token)
+        ACTIVE_ROUTES.reset(token)
 
 
 __all__ = ["Hook", "install_routes", "is_routed", "routed"]

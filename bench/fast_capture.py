@@ -29,10 +29,10 @@ import numpy as np
 from within_type import _reference, _rows, load
 
 from abstain_guard import GuardArtifact
-from abstain_guard.calibration.inference.features import ReferenceInputs, TokenBlock
-from abstain_guard.calibration.inference.geometry import GeometryScorer
-from abstain_guard.calibration.inference.geometry_fast import GeometryFastScorer
 from abstain_guard.calibration.measure import metrics
+from abstain_guard.scorers import ReferenceInputs, TokenBlock
+from abstain_guard.scorers.geometry import GeometryScorer
+from abstain_guard.scorers.geometry_fast import GeometryFastScorer
 
 N_BOOT = 2000
 

@@ -150,15 +150,15 @@ def main() -> None:
         return
 
     from abstain_guard.adapters import load_default_model
-    from abstain_guard.calibration.inference import CalibratedScorer
-    from abstain_guard.calibration.inference.geometry import GeometryScorer
     from abstain_guard.calibration.measure import metrics
     from abstain_guard.calibration.measure.permutation_importance import permutation_importance
-    from abstain_guard.likelihood import (
+    from abstain_guard.scorers import (
+        CalibratedScorer,
         MaxSequenceProbabilityScorer,
         MeanTokenEntropyScorer,
         PerplexityScorer,
     )
+    from abstain_guard.scorers.geometry import GeometryScorer
 
     t0 = time.perf_counter()
     items = build_questions()
@@ -187,18 +187,16 @@ def main() -> None:
         "mean_token_entropy": MeanTokenEntropyScorer(),
     }
     if args.baselines or args.samples:
-        from abstain_guard.calibration.inference import AttentionScoreScorer, PTrueScorer
+        from abstain_guard.scorers import AttentionScoreScorer, PTrueScorer
 
         baseline_scorers["p_true"] = PTrueScorer(model)
         baseline_scorers["attention_score"] = AttentionScoreScorer(model)
     if args.samples:
-        from abstain_guard.calibration.inference import (
+        from abstain_guard.scorers import (
             EigenScoreScorer,
             SampleSource,
             SARScorer,
             SemanticEntropyScorer,
-        )
-        from abstain_guard.calibration.inference.aux_models import (
             SentenceSimilarity,
             SimilarityEquivalence,
         )
@@ -302,19 +300,17 @@ def baselines_only(args: argparse.Namespace) -> None:
     import torch
 
     from abstain_guard.adapters import load_default_model
-    from abstain_guard.calibration.inference import (
+    from abstain_guard.calibration.measure import metrics
+    from abstain_guard.scorers import (
         AttentionScoreScorer,
         EigenScoreScorer,
         PTrueScorer,
         SampleSource,
         SARScorer,
         SemanticEntropyScorer,
-    )
-    from abstain_guard.calibration.inference.aux_models import (
         SentenceSimilarity,
         SimilarityEquivalence,
     )
-    from abstain_guard.calibration.measure import metrics
 
     t0 = time.perf_counter()
     items = build_questions()

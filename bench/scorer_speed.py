@@ -25,7 +25,7 @@ import numpy as np
 
 from abstain_guard.adapters import ReplayResult, TokenStates
 from abstain_guard.adapters.geometry import phi_from_states
-from abstain_guard.calibration.inference.geometry import GeometryScorer
+from abstain_guard.scorers.geometry import GeometryScorer
 
 L, D = 30, 576
 K = 2 * L - 1

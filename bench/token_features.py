@@ -31,8 +31,8 @@ from abstain_guard.calibration.building.judging import build_judges, judge_answe
 from abstain_guard.calibration.building.models import load_model
 from abstain_guard.calibration.building.preflight import preflight
 from abstain_guard.calibration.building.store import RunStore
-from abstain_guard.calibration.inference.features import token_block
 from abstain_guard.metadata import ResponseMetadata
+from abstain_guard.scorers import token_block
 
 SPLITS = ("reference", "train", "calibration", "test")
 

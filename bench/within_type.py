@@ -57,14 +57,14 @@ from sklearn.model_selection import StratifiedKFold
 
 from abstain_guard import GuardArtifact
 from abstain_guard.adapters import ReferenceMeans
-from abstain_guard.calibration.inference.features import ReferenceInputs, TokenBlock
-from abstain_guard.calibration.inference.geometry import GeometryScorer
-from abstain_guard.calibration.inference.geometry_plus import (
+from abstain_guard.calibration.measure.ranking import scorer_table
+from abstain_guard.frontier import certifiable_frontier
+from abstain_guard.scorers import ReferenceInputs, TokenBlock
+from abstain_guard.scorers.geometry import GeometryScorer
+from abstain_guard.scorers.geometry_plus import (
     RESPONSE_FEATURES,
     GeometryPlusScorer,
 )
-from abstain_guard.calibration.measure.ranking import scorer_table
-from abstain_guard.frontier import certifiable_frontier
 
 EPSILONS = (0.30, 0.35, 0.40)
 FAMILIES = {

@@ -1,17 +1,17 @@
 """Building and measuring a guard artifact (installed as ``abstain_guard.calibration``).
 
-Three parts, named for when their code runs:
+Two parts, named for when their code runs (both offline; the scorers the guard runs on every
+answer live in :mod:`abstain_guard.scorers`):
 
-* :mod:`.inference` — scorers the guard runs on every answer (geometry scorer, its XGBoost
-  calibrator, the model-based baselines), loaded from an artifact by the scorer registry;
 * :mod:`.building` — building an artifact once, offline: data sets, the built-in probe set,
   judges, the calibration pipeline and its run cache (``abstain-guard calibrate``);
 * :mod:`.measure` — measuring an artifact: held-out evaluation against baselines, metrics
   with bootstrap intervals, the resplit simulation, the report, the demo and the live
   deployment check (``abstain-guard evaluate``, ``report``, ``demo``).
 
-``measure`` imports ``building`` and ``inference``; ``building`` imports ``inference`` only to fit
-a scorer; ``inference`` imports neither. See ``docs/architecture.md``.
+``measure`` imports ``building``; both import :mod:`abstain_guard.scorers` to fit and score;
+nothing on the live path (the guard, the scorers) imports ``calibration``. See
+``docs/architecture.md``.
 
 Typical use::
 
@@ -21,8 +21,9 @@ Typical use::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from abstain_guard.deprecated_paths import moved_attribute_getter
 from abstain_guard.lazy import lazy_attributes
 
 from .building.calibration_config import CalibrationConfig
@@ -34,17 +35,12 @@ from .building.pipeline import CalibrationSummary, calibrate
 from .building.probe import builtin_probe_set
 
 if TYPE_CHECKING:
-    from abstain_guard.calibration.inference.calibrated import CalibratedScorer
-    from abstain_guard.calibration.inference.geometry import GeometryScorer
-
     from .measure.deployment_check import live_check
     from .measure.held_out import evaluate
 
 __all__ = [
-    "CalibratedScorer",
     "CalibrationConfig",
     "CalibrationSummary",
-    "GeometryScorer",
     "Judge",
     "Judgment",
     "QAItem",
@@ -61,11 +57,18 @@ __all__ = [
 # Lazy: these import torch, transformers and xgboost; building configs, reading data sets
 # or judging answers must not pay for that.
 _HOME = {
-    "CalibratedScorer": "abstain_guard.calibration.inference.calibrated",
-    "GeometryScorer": "abstain_guard.calibration.inference.geometry",
     "evaluate": "abstain_guard.calibration.measure.held_out",
     "live_check": "abstain_guard.calibration.measure.deployment_check",
 }
+# Moved to abstain_guard.scorers (issue 35): the old names work, with a DeprecationWarning,
+# until the next release.
+_MOVED = {
+    "CalibratedScorer": "abstain_guard.scorers.calibrated",
+    "GeometryScorer": "abstain_guard.scorers.geometry",
+}
+_lazy = lazy_attributes(__name__, _HOME)
+_moved = moved_attribute_getter(__name__, _MOVED.get)
 
 
-__getattr__ = lazy_attributes(__name__, _HOME)
+def __getattr__(name: str) -> Any:
+    return _moved(name) if name in _MOVED else _lazy(name)

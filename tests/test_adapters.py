@@ -34,7 +34,7 @@ from abstain_guard.adapters.geometry import (
     phi_from_states,
     theta_from_states,
 )
-from abstain_guard.adapters.hook_routes import _ROUTES
+from abstain_guard.adapters.hook_routes import ACTIVE_ROUTES
 from abstain_guard.errors import (
     ContextLengthError,
     InsufficientDataError,
@@ -214,7 +214,7 @@ def test_hooks_do_not_leak(tiny: GeometryChatModel) -> None:
     for mod in hf.modules():
         assert (dict(mod._forward_pre_hooks), dict(mod._forward_hooks)) == hooks[id(mod)]
         assert len(mod._forward_pre_hooks) <= 1 and len(mod._forward_hooks) <= 1
-    assert _ROUTES.get() is None  # and nothing is routed to them after the calls
+    assert ACTIVE_ROUTES.get() is None  # and nothing is routed to them after the calls
 
 
 def test_two_threads_get_their_own_features() -> None:

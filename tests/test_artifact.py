@@ -21,7 +21,7 @@ from abstain_guard.errors import (
     ArtifactSchemaError,
     InvalidInputError,
 )
-from abstain_guard.scoring import Scorer, ScorerState, register_scorer
+from abstain_guard.scorers import Scorer, ScorerState, register_scorer
 
 
 class TableScorer(Scorer):

@@ -298,7 +298,7 @@ def test_a_target_moved_aside_mid_check_counts_as_absent(
         return real_iterdir(self)
 
     monkeypatch.setattr(Path, "iterdir", vanishing_iterdir)
-    artifact_files._check_target(target, overwrite=True)  # no error: the target is absent
+    artifact_files.check_target(target, overwrite=True)  # no error: the target is absent
     monkeypatch.undo()
     _artifact(2).save(target, overwrite=True)
     assert GuardArtifact.load(target).metadata["writer"] == 2

@@ -26,7 +26,7 @@ from abstain_guard.errors import (
     PreflightError,
     ResultsFileError,
 )
-from abstain_guard.scoring import build_scorer
+from abstain_guard.scorers import build_scorer
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,22 +11,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from abstain_guard.calibration.inference import (
-    AttentionScoreScorer,
-    CalibratedScorer,
-    EigenScoreScorer,
-    PTrueScorer,
-    SampleSource,
-    SARScorer,
-    SemanticEntropyScorer,
-    attention_score,
-    eigenscore,
-    greedy_semantic_classes,
-    question_from_prompt,
-    sar,
-    semantic_entropy,
-    token_sar,
-)
 from abstain_guard.calibration.measure import metrics
 from abstain_guard.errors import (
     ConfigError,
@@ -35,8 +19,23 @@ from abstain_guard.errors import (
     NotFittedError,
     ScoringError,
 )
-from abstain_guard.likelihood import PerplexityScorer
-from abstain_guard.scoring import ScorerState, scorer_from_state
+from abstain_guard.scorers import (
+    AttentionScoreScorer,
+    CalibratedScorer,
+    EigenScoreScorer,
+    PerplexityScorer,
+    PTrueScorer,
+    SampleSource,
+    SARScorer,
+    ScorerState,
+    SemanticEntropyScorer,
+    question_from_prompt,
+    scorer_from_state,
+)
+from abstain_guard.scorers.attention_score import attention_score
+from abstain_guard.scorers.eigenscore import eigenscore
+from abstain_guard.scorers.sar import sar, token_sar
+from abstain_guard.scorers.semantic_entropy import greedy_semantic_classes, semantic_entropy
 
 # --- formulas --------------------------------------------------------------------------
 
@@ -205,7 +204,7 @@ def test_messages_without_prompt_ids_are_a_typed_error() -> None:
 def test_baselines_on_the_real_model(default_model) -> None:
     from langchain_core.messages import HumanMessage, SystemMessage
 
-    from abstain_guard.calibration.inference.aux_models import (
+    from abstain_guard.scorers import (
         SentenceSimilarity,
         SimilarityEquivalence,
     )
@@ -263,7 +262,7 @@ class _FakeChat:
 
 
 def test_chat_model_equivalence_asks_both_orders() -> None:
-    from abstain_guard.calibration.inference.aux_models import ChatModelEquivalence
+    from abstain_guard.scorers import ChatModelEquivalence
 
     chat = _FakeChat()
     judge = ChatModelEquivalence(chat)
@@ -274,7 +273,7 @@ def test_chat_model_equivalence_asks_both_orders() -> None:
 
 
 def test_sentence_similarity_and_threshold_judge() -> None:
-    from abstain_guard.calibration.inference.aux_models import (
+    from abstain_guard.scorers import (
         SentenceSimilarity,
         SimilarityEquivalence,
     )
@@ -293,8 +292,8 @@ def test_sentence_similarity_and_threshold_judge() -> None:
 
 
 def test_missing_similarity_model_is_a_typed_error(tmp_path) -> None:
-    from abstain_guard.calibration.inference.aux_models import NLIEquivalence, SentenceSimilarity
     from abstain_guard.errors import ModelNotFoundError
+    from abstain_guard.scorers import NLIEquivalence, SentenceSimilarity
 
     with pytest.raises(ModelNotFoundError):
         SentenceSimilarity(tmp_path / "nowhere")

@@ -36,9 +36,9 @@ from abstain_guard.calibration.building.online_geometry import (
 )
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.building.store import RunStore
-from abstain_guard.calibration.inference.features import token_block
 from abstain_guard.chains import load_guard_chain
 from abstain_guard.errors import CacheError
+from abstain_guard.scorers import token_block
 
 #: Captured (KV-cached generation) vs replayed (one teacher-forced pass) features of the
 #: same token ids: angles in radians, proximities in [0, 1]; float32 forward passes.

@@ -13,13 +13,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 CALIBRATION = ROOT / "calibration"
 
-#: Scorers still under calibration/inference/ are imported by absolute name until they move
-#: to abstain_guard/scorers/ (issue 35, part 1).
-SCORERS = "abstain_guard.calibration.inference"
-
 
 def _modules() -> list[Path]:
-    return [p for p in sorted(CALIBRATION.rglob("*.py")) if "inference" not in p.parts]
+    return sorted(CALIBRATION.rglob("*.py"))
 
 
 def _imports(path: Path) -> list[ast.ImportFrom | ast.Import]:
@@ -41,7 +37,7 @@ def test_calibration_imports_itself_relatively():
                 else []
             )
             for name in names:
-                if name.startswith("abstain_guard.calibration") and not name.startswith(SCORERS):
+                if name.startswith("abstain_guard.calibration"):
                     absolute.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
     assert absolute == []
 

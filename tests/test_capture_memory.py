@@ -234,7 +234,7 @@ def test_capture_mode_is_checked_by_the_metadata_reader() -> None:
 
 
 def test_geometry_scorer_features_refuse_fast_capture() -> None:
-    from abstain_guard.calibration.inference.features import token_block
+    from abstain_guard.scorers import token_block
 
     model = tiny_chat_model("qwen2", seed=3, max_new_tokens=6)
     fast = model.model_copy(update={"capture": "fast"})

@@ -11,7 +11,7 @@ import pytest
 
 from abstain_guard.calibration.building.calibration_config import CalibrationConfig
 from abstain_guard.calibration.building.pipeline import calibrate
-from abstain_guard.chat_models import (
+from abstain_guard.chat_model_specs import (
     ChatModelRecord,
     ChatModelSpec,
     chat_model_fingerprint,

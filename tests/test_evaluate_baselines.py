@@ -6,14 +6,13 @@ import numpy as np
 import pytest
 from tiny_models import tiny_chat_model
 
-from abstain_guard.calibration.inference import SampleSource
 from abstain_guard.calibration.measure.held_out import (
     BASELINE_PARAMS,
     MODEL_BASELINES,
     parse_baselines,
 )
 from abstain_guard.errors import ConfigError
-from abstain_guard.scoring import build_scorer
+from abstain_guard.scorers import SampleSource, build_scorer
 
 
 def test_parse_baselines_sets_and_errors() -> None:

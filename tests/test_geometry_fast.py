@@ -27,21 +27,23 @@ from tiny_models import FAMILIES, tiny_chat_model
 from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.adapters import ReferenceMeans, ReplayResult
 from abstain_guard.calibration.building.pipeline import calibrate
-from abstain_guard.calibration.inference.features import (
-    family_slices,
-    feature_width,
-    layers_of_width,
-    token_block,
-    with_capture,
-)
-from abstain_guard.calibration.inference.geometry import GeometryScorer
-from abstain_guard.calibration.inference.geometry_fast import GeometryFastScorer
 from abstain_guard.calibration.measure import metrics
 from abstain_guard.calibration.measure.permutation_importance import permutation_importance
 from abstain_guard.chains import load_guard_chain
 from abstain_guard.errors import CaptureModeError, ScoringError
 from abstain_guard.metadata import ResponseMetadata
-from abstain_guard.scoring import ScorerState, scorer_from_state, scorer_spec
+from abstain_guard.scorers import (
+    ScorerState,
+    family_slices,
+    feature_width,
+    layers_of_width,
+    scorer_from_state,
+    scorer_spec,
+    token_block,
+    with_capture,
+)
+from abstain_guard.scorers.geometry import GeometryScorer
+from abstain_guard.scorers.geometry_fast import GeometryFastScorer
 
 L = 3
 K = 2 * L - 1

@@ -13,13 +13,6 @@ from test_geometry_scorer import _npz_round_trip, _response, _split
 
 from abstain_guard import GuardArtifact
 from abstain_guard.adapters import ReplayResult
-from abstain_guard.calibration.inference.calibrator import Gaussian
-from abstain_guard.calibration.inference.features import TokenBlock, reference_inputs
-from abstain_guard.calibration.inference.geometry_plus import (
-    RESPONSE_FEATURES,
-    GeometryPlusScorer,
-    response_features,
-)
 from abstain_guard.calibration.measure import metrics
 from abstain_guard.errors import (
     ArtifactSchemaError,
@@ -28,7 +21,19 @@ from abstain_guard.errors import (
     NotFittedError,
     ScoringError,
 )
-from abstain_guard.scoring import ScorerState, scorer_from_state, scorer_spec
+from abstain_guard.scorers import (
+    Gaussian,
+    ScorerState,
+    TokenBlock,
+    reference_inputs,
+    scorer_from_state,
+    scorer_spec,
+)
+from abstain_guard.scorers.geometry_plus import (
+    RESPONSE_FEATURES,
+    GeometryPlusScorer,
+    response_features,
+)
 
 
 def _auroc(scorer: GeometryPlusScorer, data: list[tuple[ReplayResult, bool]]) -> float:

@@ -13,9 +13,6 @@ from sklearn.covariance import OAS, LedoitWolf
 
 from abstain_guard.adapters import ReferenceMeans, ReplayResult, TokenStates
 from abstain_guard.adapters.geometry import phi_from_states
-from abstain_guard.calibration.inference.calibrator import fit_gaussian, response_uncertainty
-from abstain_guard.calibration.inference.features import family_slices, token_block
-from abstain_guard.calibration.inference.geometry import GeometryScorer
 from abstain_guard.calibration.measure import metrics
 from abstain_guard.calibration.measure.permutation_importance import permutation_importance
 from abstain_guard.errors import (
@@ -24,7 +21,15 @@ from abstain_guard.errors import (
     NotFittedError,
     ScoringError,
 )
-from abstain_guard.scoring import ScorerState, scorer_from_state
+from abstain_guard.scorers import (
+    ScorerState,
+    family_slices,
+    fit_gaussian,
+    response_uncertainty,
+    scorer_from_state,
+    token_block,
+)
+from abstain_guard.scorers.geometry import GeometryScorer
 
 L, D = 3, 8
 K = 2 * L - 1

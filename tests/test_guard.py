@@ -26,7 +26,7 @@ from abstain_guard.errors import ArtifactMismatchError, GuardError, ScoringError
 from abstain_guard.metadata import ResponseLike
 from abstain_guard.monitor import GuardMonitor
 from abstain_guard.runnables import map_chat_models
-from abstain_guard.scoring import Scorer, ScorerState, register_scorer
+from abstain_guard.scorers import Scorer, ScorerState, register_scorer
 
 KEYS = {"abstained", "score", "threshold", "scorer", "mode", "target", "guarantee"}
 

@@ -84,7 +84,7 @@ def test_identity_and_factory_do_not_load() -> None:
 @pytest.mark.slow
 def test_embedded_minilm_on_curated_cases() -> None:
     # calibration.inference loads every scorer (torch): only this slow test needs it.
-    from abstain_guard.calibration.inference.aux_models import default_similarity_model_path
+    from abstain_guard.scorers import default_similarity_model_path
 
     if not (default_similarity_model_path() / "model.safetensors").is_file():
         pytest.skip("the embedded all-MiniLM-L6-v2 package is not installed")

@@ -19,7 +19,6 @@ from abstain_guard.adapters.kernels import kernel_facts, mkl_branch
 from abstain_guard.calibration.measure.deployment_check import kernel_summary
 from abstain_guard.deployment import DeploymentRecord, PromptRecord, sha256_text
 from abstain_guard.errors import KernelMismatchWarning
-from abstain_guard.guard import AbstentionPolicy
 from abstain_guard.kernels import (
     STATED_TOLERANCE,
     bit_deciding,
@@ -27,6 +26,7 @@ from abstain_guard.kernels import (
     kernel_note,
     near_threshold,
 )
+from abstain_guard.policy import AbstentionPolicy
 
 HERE = {
     "torch": "2.13.0+cpu",

@@ -10,7 +10,7 @@ import pytest
 from _serve_fakes import ToolScriptModel, artifact
 
 from abstain_guard import GuardConfig
-from abstain_guard.cli_serve import _serve_monitor
+from abstain_guard.cli_serve import serve_monitor
 from abstain_guard.serve.app import create_app, service_monitor
 from abstain_guard.serve.service import GuardService
 
@@ -51,11 +51,11 @@ def test_serve_says_whether_its_monitor_resumed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     log = tmp_path / "live.jsonl"
-    assert _serve_monitor(_service(), None) is not None
+    assert serve_monitor(_service(), None) is not None
     assert "no --monitor-log" in capsys.readouterr().err
-    first = _serve_monitor(_service(), str(log))
+    first = serve_monitor(_service(), str(log))
     first.observe({"score": 0.5, "abstained": False})
     assert "resumed" not in capsys.readouterr().err
-    resumed = _serve_monitor(_service(), str(log))
+    resumed = serve_monitor(_service(), str(log))
     assert resumed.state()["decisions"] == 1
     assert "resumed" in capsys.readouterr().err

@@ -76,7 +76,7 @@ def test_resplit_keeps_reference_and_split_sizes() -> None:
 
 
 def test_candidates_are_valid_feature_sets() -> None:
-    from abstain_guard.calibration.inference.geometry_plus import GeometryPlusScorer
+    from abstain_guard.scorers.geometry_plus import GeometryPlusScorer
 
     assert "all" in wt.CANDIDATES
     for family in wt.FAMILIES:

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from abstain_guard.chat_models import ChatModelRecord, ChatModelSpec
+from abstain_guard.chat_model_specs import ChatModelRecord, ChatModelSpec
 from abstain_guard.deployment import AgentRecord, DeploymentRecord, PromptRecord, sha256_text
 from abstain_guard.errors import CalibrationError
 

@@ -18,7 +18,7 @@ from typing import Any, Literal, TypedDict, cast
 import numpy as np
 from tqdm.auto import tqdm
 
-from abstain_guard.chat_models import ChatModelRecord, ChatModelSpec
+from abstain_guard.chat_model_specs import ChatModelRecord, ChatModelSpec
 from abstain_guard.deployment import DeploymentRecord, PromptRecord
 from abstain_guard.errors import CalibrationError
 from abstain_guard.kernels import bit_deciding

@@ -1,6 +1,6 @@
-"""Calibration answers from an API chat model (a :class:`~abstain_guard.chat_models.ChatModelSpec`
-in the config): generated through the chain the deployed guard runs, scored from their own
-metadata.
+"""Calibration answers from an API chat model (a
+:class:`~abstain_guard.chat_model_specs.ChatModelSpec` in the config): generated through the
+chain the deployed guard runs, scored from their own metadata.
 
 Every question goes through ``question_prompt(system prompt, kind) | bind_budget(model,
 budget)`` -- what :func:`~abstain_guard.chains.load_guard_chain` puts in front of the guard --
@@ -20,7 +20,7 @@ from typing import Any, cast
 import numpy as np
 from tqdm.auto import tqdm
 
-from abstain_guard.chat_models import ChatModelSpec, bind_budget
+from abstain_guard.chat_model_specs import ChatModelSpec, bind_budget
 from abstain_guard.errors import CalibrationError, LogprobsMissingError, ScoringError
 from abstain_guard.prompts import (
     build_messages,

@@ -8,10 +8,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from abstain_guard.chat_models import ChatModelSpec, is_secret
+from abstain_guard.chat_model_specs import ChatModelSpec, is_secret
 from abstain_guard.config import read_config_file
 from abstain_guard.errors import ConfigError
-from abstain_guard.scoring import scorer_names
+from abstain_guard.scorers import scorer_names
 
 __all__ = ["FIT_SCORERS", "KNOWN_SCORERS", "LIKELIHOOD_SCORERS", "CalibrationConfig"]
 

@@ -128,7 +128,7 @@ class _Replica:
     ) -> list[ChunkAnswer]:
         """:func:`~.answers.generate_chunk` on this replica (in ``capture_mode``; with
         ``reference`` means installed for ``capture="geometry"``)."""
-        from abstain_guard.calibration.inference.features import with_capture
+        from abstain_guard.scorers import with_capture
 
         from .answers import generate_chunk
 

@@ -32,8 +32,8 @@ from tqdm.auto import tqdm
 
 from abstain_guard.adapters import ReferenceMeans, TokenStates
 from abstain_guard.adapters.geometry import phi_from_states
-from abstain_guard.calibration.inference.features import with_capture
 from abstain_guard.errors import CalibrationError
+from abstain_guard.scorers import with_capture
 
 from .answers import (
     STATES_NS,

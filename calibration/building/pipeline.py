@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from abstain_guard.artifact import GuardArtifact
-from abstain_guard.chat_models import ChatModelSpec, chat_model_fingerprint
-from abstain_guard.scoring import build_scorer
+from abstain_guard.chat_model_specs import ChatModelSpec, chat_model_fingerprint
+from abstain_guard.scorers import build_scorer
 
 from .agent_calibration import (
     agent_deployment_record,

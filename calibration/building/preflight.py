@@ -5,7 +5,7 @@
   be a file nor inside ``out``;
 * the model: the folder (and GGUF file) exists, and its context window (read from
   ``config.json``, or known for the embedded model) leaves room for ``max_new_tokens``;
-* an API chat model (a :class:`~abstain_guard.chat_models.ChatModelSpec`): a likelihood
+* an API chat model (a :class:`~abstain_guard.chat_model_specs.ChatModelSpec`): a likelihood
   scorer (geometry scorers read the model's hidden states: they need a local model), no
   ``gguf_file`` nor ``batch_decode``, and the model builds from its kwargs (no request sent);
 * the judge spec and ``scorer_params`` (nothing loaded);
@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from abstain_guard.chat_models import ChatModelSpec
+from abstain_guard.chat_model_specs import ChatModelSpec
 from abstain_guard.errors import (
     AbstainGuardError,
     ConfigError,
@@ -282,7 +282,7 @@ def check_question_lengths(
 
 
 def _scorer_params(config: CalibrationConfig) -> None:
-    from abstain_guard.scoring import build_scorer, scorer_class
+    from abstain_guard.scorers import build_scorer, scorer_class
 
     try:
         build_scorer(config.scorer, **config.scorer_params)

@@ -23,7 +23,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from abstain_guard.deployment import DeploymentRecord
-from abstain_guard.guard import AbstentionPolicy
+from abstain_guard.policy import AbstentionPolicy
 
 from ..building.agents import (
     agent_inputs,

@@ -25,12 +25,11 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from abstain_guard.artifact import GuardArtifact
-from abstain_guard.calibration.inference.calibrated import CalibratedScorer
-from abstain_guard.calibration.inference.geometry import GeometryScorer
-from abstain_guard.calibration.inference.sampling import SampleSource
 from abstain_guard.errors import ConfigError, DatasetError
 from abstain_guard.frontier import frontier_document
-from abstain_guard.scoring import build_scorer, scorer_names
+from abstain_guard.scorers import SampleSource, build_scorer, scorer_names
+from abstain_guard.scorers.calibrated import CalibratedScorer
+from abstain_guard.scorers.geometry import GeometryScorer
 
 from ..building.answers import generate_answers, replay_as_deployed
 from ..building.calibration_config import CalibrationConfig

@@ -92,7 +92,7 @@ class SimilarityJudge(Judge):
         # both only when a model is actually needed.
         from sentence_transformers import CrossEncoder, SentenceTransformer
 
-        from abstain_guard.calibration.inference.aux_models import default_similarity_model_path
+        from abstain_guard.scorers import default_similarity_model_path
 
         if self.cross_encoder_path is not None:
             return CrossEncoder(

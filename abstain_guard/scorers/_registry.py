@@ -1,83 +1,33 @@
-"""The scorer protocol: how an uncertainty score is computed and stored.
+"""The scorer registry: the one list of scorers.
 
-A scorer maps one chat-model response to a float, **higher = more uncertain**. Its fitted
-state (if any) is a :class:`ScorerState`: JSON parameters, numpy arrays and raw files
-(for example an XGBoost UBJ model), which :class:`~abstain_guard.artifact.GuardArtifact`
-writes without pickle.
-
-The registry here is the one list of scorers: artifacts store a scorer's ``kind``, and the
-guard, ``calibrate``, ``evaluate``, the CLI and the docs read :func:`scorer_names` /
-:func:`scorer_spec`; :func:`build_scorer` is the one way to build a scorer by name.
+Artifacts store a scorer's ``kind``; the guard, ``calibrate``, ``evaluate``, the CLI and the
+docs read :func:`scorer_names` / :func:`scorer_spec`; :func:`build_scorer` is the one way to
+build a scorer by name and :func:`scorer_from_state` rebuilds a stored one. Each built-in
+kind points at its own module in :mod:`abstain_guard.scorers` by a ``"module:Class"`` string,
+imported on first use, so that the scorers needing torch or xgboost are loaded only when an
+artifact or a config names them. The kinds are stored in artifacts: never rename one.
 """
 
 from __future__ import annotations
 
 import importlib
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, Literal
-
-import numpy as np
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 from abstain_guard.errors import ArtifactSchemaError, ConfigError
-from abstain_guard.metadata import ResponseLike
+from abstain_guard.scorers._base import Scorer, ScorerState
 
-JSONValue = Any
-
-
-@dataclass
-class ScorerState:
-    """Serializable state of a scorer.
-
-    Attributes:
-        kind: registry name of the scorer class (``"perplexity"``, ``"geometry"``, ...).
-        params: JSON-serializable constructor parameters and scalar fitted values.
-        arrays: named numpy arrays (saved to ``.npz`` with ``allow_pickle=False``).
-        files: named raw files (for example ``{"calibrator.ubj": b"..."}``).
-    """
-
-    kind: str
-    params: dict[str, JSONValue] = field(default_factory=dict)
-    arrays: dict[str, np.ndarray] = field(default_factory=dict)
-    files: dict[str, bytes] = field(default_factory=dict)
-
-
-class Scorer(ABC):
-    """Base class of every uncertainty scorer (higher score = more uncertain)."""
-
-    kind: ClassVar[str]
-
-    @property
-    def name(self) -> str:
-        """Human-readable name used in traces and reports (defaults to ``kind``)."""
-        return self.kind
-
-    @abstractmethod
-    def score(self, response: ResponseLike) -> float:
-        """Uncertainty of one response. Raises :class:`~abstain_guard.errors.ScoringError`
-        when the response lacks what the scorer reads; never returns NaN."""
-
-    def score_many(self, responses: Sequence[ResponseLike]) -> np.ndarray:
-        """Scores of several responses, shape ``[n]``."""
-        return np.asarray([self.score(r) for r in responses], dtype=np.float64)
-
-    def prepare(self, runnable: Any) -> Any:
-        """Return the runnable the guard should run so that its output can be scored.
-
-        The default returns ``runnable`` unchanged. Scorers that need the model to compute
-        extra signals (the geometry scorer installs its reference directions) override it.
-        """
-        return runnable
-
-    @abstractmethod
-    def get_state(self) -> ScorerState:
-        """The state to store in an artifact."""
-
-    @classmethod
-    @abstractmethod
-    def from_state(cls, state: ScorerState) -> Scorer:
-        """Rebuild a scorer from :meth:`get_state`'s output."""
+__all__ = [
+    "ScorerInput",
+    "ScorerSpec",
+    "build_scorer",
+    "register_scorer",
+    "scorer_class",
+    "scorer_from_state",
+    "scorer_names",
+    "scorer_spec",
+]
 
 
 ScorerInput = Literal["metadata", "model", "samples"]
@@ -111,40 +61,39 @@ class ScorerSpec:
     summary: str = ""
 
 
-_LIKELIHOOD = "abstain_guard.likelihood"
-_INFERENCE = "abstain_guard.calibration.inference"
+_HOME = "abstain_guard.scorers"
 
 _REGISTRY: dict[str, ScorerSpec] = {
     spec.kind: spec
     for spec in (
         ScorerSpec(
             "perplexity",
-            f"{_LIKELIHOOD}:PerplexityScorer",
+            f"{_HOME}.perplexity:PerplexityScorer",
             "likelihood",
             summary="exp(-mean token log-probability) (paper Eq. 1)",
         ),
         ScorerSpec(
             "max_sequence_probability",
-            f"{_LIKELIHOOD}:MaxSequenceProbabilityScorer",
+            f"{_HOME}.max_sequence_probability:MaxSequenceProbabilityScorer",
             "likelihood",
             summary="-sum of token log-probabilities",
         ),
         ScorerSpec(
             "mean_token_entropy",
-            f"{_LIKELIHOOD}:MeanTokenEntropyScorer",
+            f"{_HOME}.mean_token_entropy:MeanTokenEntropyScorer",
             "likelihood",
             summary="mean full-vocabulary token entropy",
         ),
         ScorerSpec(
             "geometry",
-            f"{_INFERENCE}.geometry:GeometryScorer",
+            f"{_HOME}.geometry:GeometryScorer",
             "geometry",
             fitted=True,
             summary="hidden-state geometry -> Mahalanobis -> XGBoost -> perplexity (paper 4.5)",
         ),
         ScorerSpec(
             "geometry_fast",
-            f"{_INFERENCE}.geometry_fast:GeometryFastScorer",
+            f"{_HOME}.geometry_fast:GeometryFastScorer",
             "geometry",
             fitted=True,
             summary="geometry on fast-capture features (omega_dir, theta, phi; no omega_prop); "
@@ -152,7 +101,7 @@ _REGISTRY: dict[str, ScorerSpec] = {
         ),
         ScorerSpec(
             "geometry_plus",
-            f"{_INFERENCE}.geometry_plus:GeometryPlusScorer",
+            f"{_HOME}.geometry_plus:GeometryPlusScorer",
             "geometry",
             fitted=True,
             summary="geometry distances + likelihood summarised per response -> logistic "
@@ -160,42 +109,42 @@ _REGISTRY: dict[str, ScorerSpec] = {
         ),
         ScorerSpec(
             "calibrated",
-            f"{_INFERENCE}.calibrated:CalibratedScorer",
+            f"{_HOME}.calibrated:CalibratedScorer",
             "calibrated",
             fitted=True,
             summary="XGBoost calibration of any one-dimensional score (paper appendix)",
         ),
         ScorerSpec(
             "p_true",
-            f"{_INFERENCE}.p_true:PTrueScorer",
+            f"{_HOME}.p_true:PTrueScorer",
             "model",
             reads="model",
             summary="-log p('True') when the model judges its own answer",
         ),
         ScorerSpec(
             "attention_score",
-            f"{_INFERENCE}.attention:AttentionScoreScorer",
+            f"{_HOME}.attention_score:AttentionScoreScorer",
             "model",
             reads="model",
             summary="LLM-Check attention log-determinant at layer L//2",
         ),
         ScorerSpec(
             "eigenscore",
-            f"{_INFERENCE}.sampling:EigenScoreScorer",
+            f"{_HOME}.eigenscore:EigenScoreScorer",
             "sampling",
             reads="samples",
             summary="log-determinant of K sampled answers' middle-layer embeddings",
         ),
         ScorerSpec(
             "sar",
-            f"{_INFERENCE}.sampling:SARScorer",
+            f"{_HOME}.sar:SARScorer",
             "sampling",
             reads="samples",
             summary="shifting attention to relevance over K sampled answers",
         ),
         ScorerSpec(
             "semantic_entropy",
-            f"{_INFERENCE}.sampling:SemanticEntropyScorer",
+            f"{_HOME}.semantic_entropy:SemanticEntropyScorer",
             "sampling",
             reads="samples",
             summary="entropy over meaning classes of K sampled answers",
@@ -228,7 +177,7 @@ def scorer_spec(kind: str) -> ScorerSpec:
     if spec is None:
         raise ArtifactSchemaError(
             f"Unknown scorer kind {kind!r}; known kinds: {sorted(_REGISTRY)}. "
-            "Register custom scorers with abstain_guard.scoring.register_scorer before loading."
+            "Register custom scorers with abstain_guard.scorers.register_scorer before loading."
         )
     return spec
 

@@ -7,13 +7,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from abstain_guard.calibration.inference.model_access import (
+from abstain_guard.errors import ConfigError
+from abstain_guard.metadata import ResponseLike
+from abstain_guard.scorers._model_access import (
     ModelScorer,
     prompt_and_answer_ids,
     question_from_prompt,
 )
-from abstain_guard.errors import ConfigError
-from abstain_guard.metadata import ResponseLike
 
 __all__ = ["PTRUE_PROMPT", "PTrueScorer"]
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from abstain_guard.calibration.inference.features import CaptureMode, install_reference
-from abstain_guard.calibration.inference.geometry import GeometryScorer
+from abstain_guard.scorers._features import CaptureMode, install_reference
+from abstain_guard.scorers.geometry import GeometryScorer
 
 __all__ = ["GeometryFastScorer"]
 

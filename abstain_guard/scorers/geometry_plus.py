@@ -31,16 +31,6 @@ from sklearn.linear_model import LogisticRegressionCV
 from sklearn.model_selection import StratifiedKFold
 
 from abstain_guard.adapters import ReferenceMeans
-from abstain_guard.calibration.inference.calibrator import CovarianceKind, Gaussian, fit_gaussian
-from abstain_guard.calibration.inference.features import (
-    ReferenceInputs,
-    TokenBlock,
-    install_reference,
-    means_from_state,
-    means_state,
-    reference_inputs,
-    token_block,
-)
 from abstain_guard.errors import (
     ArtifactSchemaError,
     InsufficientDataError,
@@ -49,7 +39,17 @@ from abstain_guard.errors import (
     ScoringError,
 )
 from abstain_guard.metadata import ResponseLike
-from abstain_guard.scoring import Scorer, ScorerState
+from abstain_guard.scorers._base import Scorer, ScorerState
+from abstain_guard.scorers._calibrator import CovarianceKind, Gaussian, fit_gaussian
+from abstain_guard.scorers._features import (
+    ReferenceInputs,
+    TokenBlock,
+    install_reference,
+    means_from_state,
+    means_state,
+    reference_inputs,
+    token_block,
+)
 
 __all__ = ["DEFAULT_CS", "RESPONSE_FEATURES", "GeometryPlusScorer", "response_features"]
 

@@ -29,7 +29,15 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from abstain_guard.adapters import ReferenceMeans
-from abstain_guard.calibration.inference.calibrator import (
+from abstain_guard.errors import (
+    ArtifactSchemaError,
+    InvalidInputError,
+    NotFittedError,
+    ScoringError,
+)
+from abstain_guard.metadata import ResponseLike
+from abstain_guard.scorers._base import Scorer, ScorerState
+from abstain_guard.scorers._calibrator import (
     DEFAULT_XGB_PARAMS,
     CovarianceKind,
     Gaussian,
@@ -39,7 +47,7 @@ from abstain_guard.calibration.inference.calibrator import (
     fit_xgb_calibrator,
     response_uncertainty,
 )
-from abstain_guard.calibration.inference.features import (
+from abstain_guard.scorers._features import (
     CaptureMode,
     ReferenceInputs,
     TokenBlock,
@@ -50,14 +58,6 @@ from abstain_guard.calibration.inference.features import (
     reference_inputs,
     token_block,
 )
-from abstain_guard.errors import (
-    ArtifactSchemaError,
-    InvalidInputError,
-    NotFittedError,
-    ScoringError,
-)
-from abstain_guard.metadata import ResponseLike
-from abstain_guard.scoring import Scorer, ScorerState
 
 __all__ = ["GeometryScorer", "LabeledResponses", "Variant"]
 

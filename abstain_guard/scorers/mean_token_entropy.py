@@ -1,18 +1,8 @@
-"""Likelihood scorers that read only OpenAI-style logprobs (no torch needed).
+"""``mean_token_entropy``: the mean of the per-token full-vocabulary entropies in
+``response_metadata["entropy"]`` (written by local chat models). Optionally, and only when
+asked for, the entropy of the renormalised ``top_logprobs`` (an approximation).
 
-Definitions follow lm-polygraph (higher = more uncertain), over every generated token in
-``response_metadata["logprobs"]["content"]`` - including a generated end-of-sequence
-token when the model reports it:
-
-* :class:`PerplexityScorer` - the paper's Eq. (1): ``exp(−mean_t log p_t)``.
-  (lm-polygraph's ``Perplexity`` is the log of this; the order, and so every conformal
-  decision, is the same.)
-* :class:`MaxSequenceProbabilityScorer` - ``−Σ_t log p_t``.
-* :class:`MeanTokenEntropyScorer` - the mean of the per-token full-vocabulary entropies in
-  ``response_metadata["entropy"]`` (written by local chat models). Optionally, and only when
-  asked for, the entropy of the renormalised ``top_logprobs`` (an approximation).
-
-Empty answers and missing or malformed logprobs raise
+Empty answers and missing or malformed entries raise
 :class:`~abstain_guard.errors.ScoringError`; scores are never NaN.
 """
 
@@ -26,70 +16,9 @@ import numpy as np
 
 from abstain_guard.errors import ScoringError
 from abstain_guard.metadata import ResponseLike, ResponseMetadata
-from abstain_guard.scoring import Scorer, ScorerState
+from abstain_guard.scorers._base import Scorer, ScorerState
 
-__all__ = [
-    "MaxSequenceProbabilityScorer",
-    "MeanTokenEntropyScorer",
-    "PerplexityScorer",
-    "token_logprobs",
-]
-
-
-def token_logprobs(response: ResponseLike) -> np.ndarray:
-    """Per-token log-probabilities of the generated tokens, shape ``[N]`` (N ≥ 1).
-
-    Raises:
-        ScoringError: when logprobs are missing, empty, or not finite numbers.
-    """
-    return ResponseMetadata.of(response).logprobs()
-
-
-class _StatelessScorer(Scorer):
-    """Scorers without fitted state: the artifact stores only the kind and parameters."""
-
-    def get_state(self) -> ScorerState:
-        return ScorerState(kind=self.kind, params={})
-
-    @classmethod
-    def from_state(cls, state: ScorerState) -> Scorer:
-        if state.kind != cls.kind:
-            raise ScoringError(f"State of kind {state.kind!r} cannot build a {cls.kind!r} scorer.")
-        return cls()
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self)
-
-    def __hash__(self) -> int:
-        return hash(type(self))
-
-
-class PerplexityScorer(_StatelessScorer):
-    """Perplexity of the generated answer, paper Eq. (1): ``exp(−(1/N) Σ_t log p_t)``.
-
-    Reads only ``response_metadata["logprobs"]["content"][i]["logprob"]``, so it works
-    around any chat model that returns OpenAI-style logprobs (no torch needed).
-    """
-
-    kind: ClassVar[str] = "perplexity"
-
-    def score(self, response: ResponseLike) -> float:
-        lp = token_logprobs(response)
-        value = math.exp(min(-float(lp.mean()), 700.0))
-        return value
-
-
-class MaxSequenceProbabilityScorer(_StatelessScorer):
-    """Negative log-probability of the whole answer: ``−Σ_t log p_t`` (lm-polygraph MSP)."""
-
-    kind: ClassVar[str] = "max_sequence_probability"
-
-    def score(self, response: ResponseLike) -> float:
-        lp = token_logprobs(response)
-        return float(-lp.sum()) + 0.0  # + 0.0 turns -0.0 into 0.0
+__all__ = ["MeanTokenEntropyScorer"]
 
 
 def _top_logprob_entropy(entry: Any, i: int) -> float:

@@ -12,7 +12,7 @@ import torch
 
 from abstain_guard.errors import ConfigError
 from abstain_guard.metadata import ResponseLike, ResponseMetadata
-from abstain_guard.scoring import Scorer, ScorerState
+from abstain_guard.scorers._base import Scorer, ScorerState
 
 __all__ = ["ModelScorer", "prompt_and_answer_ids", "question_from_prompt", "right_padded"]
 

@@ -8,12 +8,6 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import ArrayLike
 
-from abstain_guard.calibration.inference.calibrator import (
-    DEFAULT_XGB_PARAMS,
-    booster_from_bytes,
-    booster_to_bytes,
-    fit_xgb_calibrator,
-)
 from abstain_guard.errors import (
     ArtifactSchemaError,
     InvalidInputError,
@@ -21,7 +15,14 @@ from abstain_guard.errors import (
     ScoringError,
 )
 from abstain_guard.metadata import ResponseLike
-from abstain_guard.scoring import Scorer, ScorerState, scorer_from_state
+from abstain_guard.scorers._base import Scorer, ScorerState
+from abstain_guard.scorers._calibrator import (
+    DEFAULT_XGB_PARAMS,
+    booster_from_bytes,
+    booster_to_bytes,
+    fit_xgb_calibrator,
+)
+from abstain_guard.scorers._registry import scorer_from_state
 
 __all__ = ["CalibratedScorer"]
 

@@ -282,14 +282,8 @@ def test_no_scorer_is_defined_outside_scorers():
     assert offending == [], f"scorer classes outside abstain_guard/scorers/: {offending}"
 
 
-PRIVATE_IMPORTS_PENDING = {
-    ("calibration/building/judges/cache.py", "_unpack"),
-    ("calibration/building/judges/paper.py", "_unpack"),
-    ("calibration/building/judges/similarity.py", "_unpack"),
-    ("calibration/building/judges/lexical.py", "_contains_tokens"),
-}
-"""Private names still imported across modules inside ``calibration/building`` (being
-reworked separately, issue 35 part 2); remove entries as they are fixed, add none."""
+PRIVATE_IMPORTS_PENDING: set[tuple[str, str]] = set()
+"""Private names still imported across modules: none (keep it so)."""
 
 
 def test_no_private_name_is_imported_across_modules():

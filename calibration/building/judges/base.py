@@ -87,7 +87,7 @@ def summarize_judgments(judgments: Iterable[Judgment | Mapping[str, Any]]) -> di
     return counts
 
 
-def _unpack(item: JudgeInput) -> tuple[str, tuple[str, ...], str, tuple[str, ...]]:
+def unpack_input(item: JudgeInput) -> tuple[str, tuple[str, ...], str, tuple[str, ...]]:
     if len(item) == 3:
         q, gold, pred = item  # type: ignore[misc]
         choices: Sequence[str] = ()
@@ -151,7 +151,7 @@ class Judge(ABC):
         Concurrent judges run through ``RunnableLambda(...).batch_as_completed`` with
         ``max_concurrency``; the others run in order in this thread.
         """
-        unpacked = [_unpack(t) for t in inputs]
+        unpacked = [unpack_input(t) for t in inputs]
         if not self.concurrent or max_concurrency <= 1 or len(unpacked) <= 1:
             for i, (q, g, p, c) in enumerate(unpacked):
                 yield i, self.judge(q, g, p, choices=c)

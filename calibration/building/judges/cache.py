@@ -26,7 +26,7 @@ from typing import Any
 from abstain_guard.errors import CacheError, JudgmentCacheError
 
 from ..store import LayeredStore, RunStore, content_key
-from .base import Judge, JudgeInput, Judgment, _unpack
+from .base import Judge, JudgeInput, Judgment, unpack_input
 
 __all__ = ["CachedJudge", "JudgmentCache", "judgment_key"]
 
@@ -186,7 +186,7 @@ class CachedJudge(Judge):
     ) -> Iterator[tuple[int, Judgment]]:
         """Cached verdicts first, then the wrapped judge's ``iter_judge_many`` over the distinct
         misses (duplicates in ``inputs`` are judged once); each new verdict is stored at once."""
-        unpacked = [_unpack(t) for t in inputs]
+        unpacked = [unpack_input(t) for t in inputs]
         keys = [judgment_key(q, g, p, c) for q, g, p, c in unpacked]
         cached = self.cache.get_many(self.identity, keys)
         first_of: dict[str, int] = {}

@@ -15,9 +15,9 @@ from abstain_guard.errors import DatasetError, JudgeError
 
 from .base import Judge, Judgment
 from .text import (
-    _contains_tokens,
     alias_tokens,
     answer_tokens,
+    contains_tokens,
     hedge_alternatives,
     mentions_alias,
     normalize_answer,
@@ -396,7 +396,7 @@ def _by_option_text(
         i
         for i in named
         if not any(
-            options[i] != options[j] and _contains_tokens(options[j], options[i]) for j in named
+            options[i] != options[j] and contains_tokens(options[j], options[i]) for j in named
         )
     ]
     if not named:

@@ -17,7 +17,7 @@ from langchain_core.runnables import Runnable, RunnableLambda
 
 from abstain_guard.errors import JudgeError
 
-from .base import Judge, JudgeInput, Judgment, _unpack
+from .base import Judge, JudgeInput, Judgment, unpack_input
 from .lexical import refusal_verdict
 from .llm import (
     chat_model_identity,
@@ -206,7 +206,7 @@ class PaperPipelineJudge(Judge):
         """Refusals first, then stage by stage: rewriting (concurrent), similarity (batched),
         stage 2 on the rejections (concurrent); stage-1 acceptances are yielded as soon as they
         are known."""
-        unpacked = [_unpack(t) for t in inputs]
+        unpacked = [unpack_input(t) for t in inputs]
         keep: list[int] = []
         for i, (_q, gold, pred, _c) in enumerate(unpacked):
             refused = refusal_verdict(gold, pred)

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from abstain_guard.errors import JudgeError
 
-from .base import Judge, JudgeInput, Judgment, _unpack
+from .base import Judge, JudgeInput, Judgment, unpack_input
 from .lexical import refusal_verdict
 
 __all__ = ["DEFAULT_SIMILARITY_NAME", "SimilarityJudge"]
@@ -155,7 +155,7 @@ class SimilarityJudge(Judge):
         self, inputs: Sequence[JudgeInput], *, max_concurrency: int = 4
     ) -> Iterator[tuple[int, Judgment]]:
         """Batched: every distinct text is embedded once, in chunks of 256 inputs."""
-        unpacked = [_unpack(t) for t in inputs]
+        unpacked = [unpack_input(t) for t in inputs]
         chunk = 256
         for start in range(0, len(unpacked), chunk):
             part = unpacked[start : start + chunk]

@@ -153,7 +153,7 @@ def alias_tokens(alias: str) -> list[str] | None:
     return tokens
 
 
-def _contains_tokens(haystack: Sequence[str], needle: Sequence[str]) -> bool:
+def contains_tokens(haystack: Sequence[str], needle: Sequence[str]) -> bool:
     n = len(needle)
     if n == 0 or n > len(haystack):
         return False
@@ -166,7 +166,7 @@ def mentions_alias(text: str, alias: Sequence[str]) -> bool:
     cls = clauses(text)
     if len(alias) == 1 and alias[0] in _WORD_LETTERS:
         return any(c[-1] == alias[0] for c in cls)
-    return _contains_tokens([t for c in cls for t in c], alias)
+    return contains_tokens([t for c in cls for t in c], alias)
 
 
 def token_f1(prediction: str, gold: str) -> float:

@@ -146,15 +146,6 @@ def _ask(proc: subprocess.Popen[str], cmd: dict[str, Any]) -> dict[str, Any]:
     raise RuntimeError("worker ended")
 
 
-def _summary(values: list[float]) -> dict[str, float]:
-    ms = [v * 1000 for v in values]
-    return {
-        "median": round(statistics.median(ms), 1),
-        "min": round(min(ms), 1),
-        "max": round(max(ms), 1),
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -165,6 +156,8 @@ def main() -> None:
     if args.worker:
         _worker()
         return
+    from decode_path import summary  # bench/decode_path.py: median and min-max in ms
+
     from abstain_guard import GuardArtifact, default_artifact_path
 
     stored = GuardArtifact.load(default_artifact_path()).scores[: args.answers].tolist()
@@ -193,7 +186,7 @@ def main() -> None:
         result["settings"][name] = {
             "env": SETTINGS[name],
             **facts[name],
-            **{f"{k}_ms": _summary(v) for k, v in times[name].items()},
+            **{f"{k}_ms": summary(v) for k, v in times[name].items()},
             "ratio_to_portable": {
                 k: round(statistics.median(v) / base[k], 3) for k, v in times[name].items()
             },

@@ -11,6 +11,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# The library asks for its portable CPU kernels when abstain_guard.adapters is imported,
+# before torch computes (ATen reads the setting once): import it before any test module can
+# run a torch op at import time, so every test computes on the kernels the library records.
+import abstain_guard.adapters  # noqa: F401
+
 
 @pytest.fixture(scope="session")
 def default_model():

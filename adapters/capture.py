@@ -442,7 +442,8 @@ class CaptureSession:
             u = kept[:, :, src0 : src0 + s_k]  # [B, H, S_k, D]
             num = cached_numerators(probs, u, z, e_self, t_idx, factor)
         elif self.sparse and norms is not None:
-            w_flat = self.spec.wo_by_query_head(i)  # shared by the model's sessions
+            # kept and shared by the model's sessions, or built by sparse_numerators if needed
+            w_flat = self.spec.wo_by_query_head(i) if self.spec.keeps_wo else None
             num = sparse_numerators(
                 probs, values, norms, self.spec.wo_kv(i), z, e_self, t_idx, factor, w_flat
             )

@@ -85,8 +85,11 @@ class LayerSpec:
 #: bfloat16 ones: 25-33 % (an 8B model: 4.8 GB, a 70B one: 43 GB), regrouped.
 WO_KEEP_SHARE = 0.2
 #: ... and the copies are always kept up to this size (tiny and small models: SmolLM2 keeps
-#: 80 MB).
+#: 80 MB), and always for a model on these device types: on the CPU the regrouping is a
+#: transposed copy that cost ~60 ms per layer and token at Qwen3-1.7B's width (measured,
+#: ``bench/real_size.py``: full capture's decode step 1.35-1.5x), on a GPU microseconds.
 WO_KEEP_MIN_BYTES = 256 << 20
+WO_KEEP_DEVICE_TYPES = ("cpu",)
 
 
 @dataclass
@@ -136,14 +139,16 @@ class ArchitectureSpec:
         """Whether capture keeps ``W_O`` regrouped in float32 for the model's lifetime (two
         copies, by KV head and by query head: ``8·L·H·Dh·D`` bytes) or regroups a layer's
         ``W_O`` each time it needs it. Kept up to :data:`WO_KEEP_SHARE` of the model's
-        weight bytes (float32 models) or :data:`WO_KEEP_MIN_BYTES`; a bfloat16 8B model
-        would keep 4.8 GB beside its 16 GB of weights and a 70B one 43 GB, so theirs are
-        regrouped per use (a cast and a copy of one layer's ``W_O``: the same float32
-        numbers, the same results bit for bit)."""
+        weight bytes (float32 models) or :data:`WO_KEEP_MIN_BYTES`, and always on the CPU
+        (:data:`WO_KEEP_DEVICE_TYPES`); on a GPU a bfloat16 8B model would keep 4.8 GB
+        beside its 16 GB of weights and a 70B one 43 GB, so theirs are regrouped per use (a
+        cast and a copy of one layer's ``W_O``: the same float32 numbers, the same results
+        bit for bit)."""
         if self._keeps_wo is None:
             n = sum(ls.num_heads * ls.head_dim * self.hidden_size for ls in self.layers)
             limit = max(WO_KEEP_SHARE * self.weight_bytes, WO_KEEP_MIN_BYTES)
-            self._keeps_wo = 8 * n <= limit
+            on_kept_device = all(ls.device.type in WO_KEEP_DEVICE_TYPES for ls in self.layers)
+            self._keeps_wo = on_kept_device or 8 * n <= limit
         return self._keeps_wo
 
     def _regrouped(self, i: int) -> torch.Tensor:

@@ -11,7 +11,8 @@ bfloat16. For each prompt length, interleaved repeats of
 * full:   the engine with full capture (Ω, Θ; the strategy ``auto`` chooses);
 * fast:   the engine with fast capture (Θ, ω_dir);
 * full_regroup: full capture on a model that keeps no float32 copy of ``W_O`` and regroups
-  a layer's per use (what half-precision 8B / 70B models do; ``ArchitectureSpec.keeps_wo``).
+  a layer's per use (what half-precision 8B / 70B models do on a GPU;
+  ``ArchitectureSpec.keeps_wo``; on the CPU they keep it).
 
 All four must produce the same tokens (float32). Every ratio is taken per repeat and
 reported as median and min-max; ``prefill`` is the prompt pass with the first token,
@@ -67,13 +68,13 @@ def regrouping(hf: Any) -> Any:
     regroups a layer's per use (what a half-precision 8B or 70B model does)."""
     arch = rs.import_engine()["loading"].build_spec.__module__
     module = sys.modules[arch]
-    saved = module.WO_KEEP_SHARE, module.WO_KEEP_MIN_BYTES
-    module.WO_KEEP_SHARE, module.WO_KEEP_MIN_BYTES = 0.0, 0
+    saved = module.WO_KEEP_SHARE, module.WO_KEEP_MIN_BYTES, module.WO_KEEP_DEVICE_TYPES
+    module.WO_KEEP_SHARE, module.WO_KEEP_MIN_BYTES, module.WO_KEEP_DEVICE_TYPES = 0.0, 0, ()
     try:
         loaded = rs.wrap(hf)
         assert not loaded.spec.keeps_wo  # decided now, kept for the spec's life
     finally:
-        module.WO_KEEP_SHARE, module.WO_KEEP_MIN_BYTES = saved
+        module.WO_KEEP_SHARE, module.WO_KEEP_MIN_BYTES, module.WO_KEEP_DEVICE_TYPES = saved
     return loaded
 
 

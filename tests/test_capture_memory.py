@@ -233,6 +233,7 @@ def test_a_model_too_large_to_keep_w_o_regroups_it_per_use_with_the_same_numbers
     assert kept._spec.keeps_wo
     monkeypatch.setattr(architectures, "WO_KEEP_SHARE", 0.0)
     monkeypatch.setattr(architectures, "WO_KEEP_MIN_BYTES", 0)
+    monkeypatch.setattr(architectures, "WO_KEEP_DEVICE_TYPES", ())  # as on a GPU
     model = tiny_chat_model("qwen3", seed=3, dtype=dtype, max_new_tokens=6)
     got = model.invoke(PROMPT).response_metadata
     spec = model._spec

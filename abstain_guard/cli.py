@@ -273,7 +273,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     cal = sub.add_parser("calibrate", help="generate, judge, fit the scorer, write an artifact")
-    cal.add_argument("--data", required=True, help="JSONL/CSV questions, or 'builtin'")
+    cal.add_argument(
+        "--data",
+        required=True,
+        help="JSONL/CSV questions, or 'builtin' (probe set), 'builtin-lookup' (lookup agent)",
+    )
     cal.add_argument("--out", required=True, help="artifact directory to write")
     cal.add_argument("--config", help="calibration config (YAML/TOML/JSON)")
     cal.add_argument("--limit", type=int, help="use only the first N questions")

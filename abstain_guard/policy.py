@@ -24,6 +24,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage
 
+from abstain_guard.agent_steps import running_statistic
 from abstain_guard.artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
 from abstain_guard.decision import DecisionRule
@@ -216,9 +217,21 @@ class AbstentionPolicy:
         return score
 
     def decide(
-        self, message: Any, warnings: list[str] | None = None, group: str | None = None
+        self,
+        message: Any,
+        warnings: list[str] | None = None,
+        group: str | None = None,
+        *,
+        step: int | None = None,
+        previous: float | None = None,
     ) -> tuple[AIMessage, dict[str, Any]]:
         """Score ``message`` and return ``(output message, decision dict)``.
+
+        With ``step`` (an agent's model call, 0-based, step gating: :mod:`~abstain_guard.
+        agent_steps`) the rule decides on the run's running maximum ``max(previous,
+        step score)``: the decision records ``step``, ``step_score`` and ``run_statistic``
+        (also its ``score``), and an answered message keeps its tool calls; an abstention
+        carries none (the withheld ones are in ``withheld_response``).
 
         ``warnings`` (deployment mismatches found upstream, ``on_mismatch="warn"``) are added
         to the decision's ``guarantee["warnings"]``. With ``config.group_by`` the rule is
@@ -234,6 +247,8 @@ class AbstentionPolicy:
         rule, group_fields = self._rule(group)
         decision = self._base([*(warnings or []), *self.response_warnings(message)], rule)
         decision.update(group_fields)
+        if step is not None:
+            decision.update(step=step, step_score=None, run_statistic=previous)
         try:
             score = self.score(message)
         except Exception as exc:
@@ -245,6 +260,10 @@ class AbstentionPolicy:
                 ) from exc
             decision.update(abstained=True, score=None, reason="scoring failed", error=reason)
             return self._abstention(message, decision), decision
+        if step is not None:
+            decision.update(step_score=score)
+            score = running_statistic(previous, score)
+            decision.update(run_statistic=score)
         answered = rule.answers(score)
         decision.update(
             abstained=not answered,

@@ -55,6 +55,13 @@ class CalibrationConfig(BaseModel):
     agent_step_limit: int = Field(
         12, gt=1, description="LangGraph recursion_limit of each agent run (model + tool steps)"
     )
+    agent_gating: Literal["steps", "final_answer"] = Field(
+        "steps",
+        description="what the guard gates in an agent run: 'steps' scores every model call and "
+        "stops the run before the tool calls of the first call whose running maximum crosses "
+        "the threshold (runs are calibrated whole: docs/guarantees.md); 'final_answer' gates "
+        "only final answers (tool calls run ungated; a weaker statement)",
+    )
     judge: str | dict[str, Any] = Field("lexical", description="judge name or spec")
     scorer: str = Field("geometry", description="the scorer the guard will use")
     scorer_params: dict[str, Any] = Field(default_factory=dict)

@@ -69,6 +69,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         "gpus_per_replica": args.gpus_per_replica,
         "agent": args.agent,
         "agent_step_limit": args.agent_step_limit,
+        "agent_gating": args.agent_gating,
         "max_new_tokens": args.max_new_tokens,
     }
     if args.config:
@@ -329,6 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cal.add_argument(
         "--agent-step-limit", type=int, help="LangGraph recursion_limit of each agent run (12)"
+    )
+    cal.add_argument(
+        "--agent-gating",
+        choices=["steps", "final_answer"],
+        help="what the guard gates in an agent run: every model call, the run stopped before "
+        "the tool calls of the first call over the threshold (steps, default), or only the "
+        "final answer (tool calls run ungated; a weaker guarantee: docs/guarantees.md)",
     )
     cal.add_argument(
         "--max-new-tokens", type=int, help="token budget of every model call (default: per kind)"

@@ -23,7 +23,7 @@ bit for bit (``evaluate --live``).
 
 Usage::
 
-    python bench/agent_steps.py [--out runs/lookup_agent] [--live 12]
+    python bench/agent_steps.py [--out runs/lookup_agent] [--config ...] [--live 12]
 
 Prints one JSON line (keys in the module's ``main``).
 """
@@ -125,6 +125,8 @@ def held_out_runs(out: Path, model: Any) -> tuple[GuardArtifact, list[dict[str, 
 
 
 def _tau(scores: list[float], correct: list[bool], eps: float) -> float:
+    if eps >= 1.0 or not scores:  # nothing certifiable: the guard abstains on everything
+        return float("-inf")
     config = GuardConfig(mode="risk", risk_target=eps, delta=DELTA, on_infeasible="abstain_all")
     return decision_rule(np.asarray(scores), np.asarray(correct), config).threshold
 
@@ -202,17 +204,21 @@ def compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "runs" / "lookup_agent"))
+    parser.add_argument("--config", default=str(CONFIG), help="calibration config")
+    parser.add_argument("--cache-dir", default=None, help="calibration cache (default beside out)")
     parser.add_argument("--live", type=int, default=12, help="test runs re-run live")
     args = parser.parse_args()
     out = Path(args.out)
-    config = CalibrationConfig.from_file(CONFIG, agent=FACTORY)
+    config = CalibrationConfig.from_file(args.config, agent=FACTORY, cache_dir=args.cache_dir)
     model = load_model(config)
     t0 = time.perf_counter()
     summary = calibrate(DATA, out, config=config, model=model, progress=False)
     calibrate_s = time.perf_counter() - t0
     artifact, runs = held_out_runs(out, model)
     result = compare(runs)
+    t0 = time.perf_counter()
     live = live_check(out, model=model, limit=args.live, split="test", progress=False)
+    live_s = time.perf_counter() - t0
     ls = live["summary"]
     result.update(
         live_equals_stored=ls.get("step_abs_diff_max") == 0.0 and ls.get("same_decision") == 1.0,
@@ -222,7 +228,8 @@ def main() -> None:
         live_run_error_accepted=ls.get("run_error_accepted_live"),
         scorer=artifact.scorer.kind,
         labelling=artifact.metadata["deployment"]["agent"]["labelling"],
-        seconds_per_run=(summary.seconds.get("agent runs") or 0.0) / max(1, summary.n_items),
+        seconds_per_guarded_run=round(live_s / max(1, ls.get("n") or 0), 2),
+        calibration_questions=summary.n_items,
         calibrate_seconds_this_call=round(calibrate_s, 1),
         command="python bench/agent_steps.py",
     )

@@ -57,10 +57,15 @@ from abstain_guard.calibration.building.calibration_config import (  # noqa: E40
 from abstain_guard.calibration.building.judging import build_judges, judge_answers  # noqa: E402
 from abstain_guard.calibration.building.models import load_model  # noqa: E402
 from abstain_guard.calibration.building.pipeline import calibrate  # noqa: E402
-from abstain_guard.calibration.building.run_labels import call_verdicts, run_judgment  # noqa: E402
+from abstain_guard.calibration.building.run_labels import (  # noqa: E402
+    call_verdicts,
+    run_judgment,
+    step_labels,
+)
 from abstain_guard.calibration.building.store import RunStore  # noqa: E402
 from abstain_guard.calibration.measure.deployment_check import live_check  # noqa: E402
 from abstain_guard.calibration.measure.held_out import artifact_items  # noqa: E402
+from abstain_guard.calibration.measure.metrics import auroc, auroc_interval  # noqa: E402
 from abstain_guard.config import GuardConfig  # noqa: E402
 from abstain_guard.decision import decision_rule  # noqa: E402
 from abstain_guard.deployment import DeploymentRecord  # noqa: E402
@@ -119,9 +124,40 @@ def held_out_runs(out: Path, model: Any) -> tuple[GuardArtifact, list[dict[str, 
                 "run_correct": bool(run.correct),
                 "wrong_calls": [sum(1 for ok in step if not ok) for step in calls or []],
                 "calls": [len(m.get("tool_calls") or []) for m in step_messages(row)],
+                "step_correct": step_labels(row, run, answer, calls),
             }
         )
     return artifact, runs
+
+
+def ranking(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Do step scores rank wrong steps above right ones? AUROC (95 % stratified bootstrap
+    interval) with the counts behind it, for tool-calling steps (right: every call equals an
+    expected one), final answers, all steps, and whole runs by their running maximum."""
+    kinds: dict[str, tuple[list[float], list[bool]]] = {
+        "tool_call_steps": ([], []),
+        "final_answer_steps": ([], []),
+        "all_steps": ([], []),
+        "runs": ([], []),
+    }
+    for r in runs:
+        for t, (score, ok) in enumerate(zip(r["steps"], r["step_correct"], strict=True)):
+            kind = "tool_call_steps" if r["calls"][t] else "final_answer_steps"
+            for k in (kind, "all_steps"):
+                kinds[k][0].append(score)
+                kinds[k][1].append(ok)
+        kinds["runs"][0].append(run_statistic(r["steps"]))
+        kinds["runs"][1].append(r["run_correct"])
+    out: dict[str, Any] = {}
+    for name, (scores, labels) in kinds.items():
+        right = sum(labels)
+        entry: dict[str, Any] = {"right": right, "wrong": len(labels) - right}
+        if 0 < right < len(labels):
+            entry["auroc"] = round(auroc(scores, labels), 3)
+            low, high = auroc_interval(scores, labels)
+            entry["interval"] = [round(low, 3), round(high, 3)]
+        out[name] = entry
+    return out
 
 
 def _tau(scores: list[float], correct: list[bool], eps: float) -> float:
@@ -216,6 +252,7 @@ def main() -> None:
     calibrate_s = time.perf_counter() - t0
     artifact, runs = held_out_runs(out, model)
     result = compare(runs)
+    result["auroc"] = ranking(runs)
     t0 = time.perf_counter()
     live = live_check(out, model=model, limit=args.live, split="test", progress=False)
     live_s = time.perf_counter() - t0

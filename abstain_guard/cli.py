@@ -24,7 +24,13 @@ from abstain_guard.errors import (
 )
 from abstain_guard.scorers import scorer_names
 
-from .cli_checks import all_at_once, artifacts_exist, guard_config, positive
+from .cli_checks import (
+    all_at_once,
+    artifacts_exist,
+    guard_config,
+    not_agent_artifacts,
+    positive,
+)
 from .cli_serve import add_serve_parser
 
 
@@ -129,6 +135,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         lambda: parse_baselines(args.baselines),
         lambda: artifacts_exist(args.artifact or [DEFAULT_ARTIFACT_DIR]),
     )
+    not_agent_artifacts(args.artifact or [DEFAULT_ARTIFACT_DIR])
     results = evaluate(
         args.artifact or [DEFAULT_ARTIFACT_DIR],
         out=args.out,

@@ -24,7 +24,13 @@ from abstain_guard.errors import (
 )
 from abstain_guard.scorers import scorer_names
 
-from .cli_checks import all_at_once, artifacts_exist, guard_config, positive
+from .cli_checks import (
+    all_at_once,
+    artifacts_exist,
+    guard_config,
+    not_agent_artifacts,
+    positive,
+)
 from .cli_serve import add_serve_parser
 
 
@@ -69,6 +75,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         "gpus_per_replica": args.gpus_per_replica,
         "agent": args.agent,
         "agent_step_limit": args.agent_step_limit,
+        "agent_gating": args.agent_gating,
         "max_new_tokens": args.max_new_tokens,
     }
     if args.config:
@@ -128,6 +135,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         lambda: parse_baselines(args.baselines),
         lambda: artifacts_exist(args.artifact or [DEFAULT_ARTIFACT_DIR]),
     )
+    not_agent_artifacts(args.artifact or [DEFAULT_ARTIFACT_DIR])
     results = evaluate(
         args.artifact or [DEFAULT_ARTIFACT_DIR],
         out=args.out,
@@ -329,6 +337,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cal.add_argument(
         "--agent-step-limit", type=int, help="LangGraph recursion_limit of each agent run (12)"
+    )
+    cal.add_argument(
+        "--agent-gating",
+        choices=["steps", "final_answer"],
+        help="what the guard gates in an agent run: every model call, the run stopped before "
+        "the tool calls of the first call over the threshold (steps, default), or only the "
+        "final answer (tool calls run ungated; a weaker guarantee: docs/guarantees.md)",
     )
     cal.add_argument(
         "--max-new-tokens", type=int, help="token budget of every model call (default: per kind)"

@@ -23,7 +23,7 @@ bit for bit (``evaluate --live``).
 
 Usage::
 
-    python bench/agent_steps.py [--out runs/lookup_agent] [--live 12]
+    python bench/agent_steps.py [--out runs/lookup_agent] [--config ...] [--live 12]
 
 Prints one JSON line (keys in the module's ``main``).
 """
@@ -57,10 +57,15 @@ from abstain_guard.calibration.building.calibration_config import (  # noqa: E40
 from abstain_guard.calibration.building.judging import build_judges, judge_answers  # noqa: E402
 from abstain_guard.calibration.building.models import load_model  # noqa: E402
 from abstain_guard.calibration.building.pipeline import calibrate  # noqa: E402
-from abstain_guard.calibration.building.run_labels import call_verdicts, run_judgment  # noqa: E402
+from abstain_guard.calibration.building.run_labels import (  # noqa: E402
+    call_verdicts,
+    run_judgment,
+    step_labels,
+)
 from abstain_guard.calibration.building.store import RunStore  # noqa: E402
 from abstain_guard.calibration.measure.deployment_check import live_check  # noqa: E402
 from abstain_guard.calibration.measure.held_out import artifact_items  # noqa: E402
+from abstain_guard.calibration.measure.metrics import auroc, auroc_interval  # noqa: E402
 from abstain_guard.config import GuardConfig  # noqa: E402
 from abstain_guard.decision import decision_rule  # noqa: E402
 from abstain_guard.deployment import DeploymentRecord  # noqa: E402
@@ -119,12 +124,45 @@ def held_out_runs(out: Path, model: Any) -> tuple[GuardArtifact, list[dict[str, 
                 "run_correct": bool(run.correct),
                 "wrong_calls": [sum(1 for ok in step if not ok) for step in calls or []],
                 "calls": [len(m.get("tool_calls") or []) for m in step_messages(row)],
+                "step_correct": step_labels(row, run, answer, calls),
             }
         )
     return artifact, runs
 
 
+def ranking(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Do step scores rank wrong steps above right ones? AUROC (95 % stratified bootstrap
+    interval) with the counts behind it, for tool-calling steps (right: every call equals an
+    expected one), final answers, all steps, and whole runs by their running maximum."""
+    kinds: dict[str, tuple[list[float], list[bool]]] = {
+        "tool_call_steps": ([], []),
+        "final_answer_steps": ([], []),
+        "all_steps": ([], []),
+        "runs": ([], []),
+    }
+    for r in runs:
+        for t, (score, ok) in enumerate(zip(r["steps"], r["step_correct"], strict=True)):
+            kind = "tool_call_steps" if r["calls"][t] else "final_answer_steps"
+            for k in (kind, "all_steps"):
+                kinds[k][0].append(score)
+                kinds[k][1].append(ok)
+        kinds["runs"][0].append(run_statistic(r["steps"]))
+        kinds["runs"][1].append(r["run_correct"])
+    out: dict[str, Any] = {}
+    for name, (scores, labels) in kinds.items():
+        right = sum(labels)
+        entry: dict[str, Any] = {"right": right, "wrong": len(labels) - right}
+        if 0 < right < len(labels):
+            entry["auroc"] = round(auroc(scores, labels), 3)
+            low, high = auroc_interval(scores, labels)
+            entry["interval"] = [round(low, 3), round(high, 3)]
+        out[name] = entry
+    return out
+
+
 def _tau(scores: list[float], correct: list[bool], eps: float) -> float:
+    if eps >= 1.0 or not scores:  # nothing certifiable: the guard abstains on everything
+        return float("-inf")
     config = GuardConfig(mode="risk", risk_target=eps, delta=DELTA, on_infeasible="abstain_all")
     return decision_rule(np.asarray(scores), np.asarray(correct), config).threshold
 
@@ -202,17 +240,22 @@ def compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "runs" / "lookup_agent"))
+    parser.add_argument("--config", default=str(CONFIG), help="calibration config")
+    parser.add_argument("--cache-dir", default=None, help="calibration cache (default beside out)")
     parser.add_argument("--live", type=int, default=12, help="test runs re-run live")
     args = parser.parse_args()
     out = Path(args.out)
-    config = CalibrationConfig.from_file(CONFIG, agent=FACTORY)
+    config = CalibrationConfig.from_file(args.config, agent=FACTORY, cache_dir=args.cache_dir)
     model = load_model(config)
     t0 = time.perf_counter()
     summary = calibrate(DATA, out, config=config, model=model, progress=False)
     calibrate_s = time.perf_counter() - t0
     artifact, runs = held_out_runs(out, model)
     result = compare(runs)
+    result["auroc"] = ranking(runs)
+    t0 = time.perf_counter()
     live = live_check(out, model=model, limit=args.live, split="test", progress=False)
+    live_s = time.perf_counter() - t0
     ls = live["summary"]
     result.update(
         live_equals_stored=ls.get("step_abs_diff_max") == 0.0 and ls.get("same_decision") == 1.0,
@@ -222,7 +265,8 @@ def main() -> None:
         live_run_error_accepted=ls.get("run_error_accepted_live"),
         scorer=artifact.scorer.kind,
         labelling=artifact.metadata["deployment"]["agent"]["labelling"],
-        seconds_per_run=(summary.seconds.get("agent runs") or 0.0) / max(1, summary.n_items),
+        seconds_per_guarded_run=round(live_s / max(1, ls.get("n") or 0), 2),
+        calibration_questions=summary.n_items,
         calibrate_seconds_this_call=round(calibrate_s, 1),
         command="python bench/agent_steps.py",
     )

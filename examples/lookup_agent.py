@@ -72,15 +72,17 @@ class ToolFirst(AgentMiddleware):  # type: ignore[type-arg]
         return handler(request)
 
 
-def build_agent(model: Any, middleware: tuple[Any, ...] = ()) -> Any:
+def build_agent(model: Any, middleware: tuple[Any, ...] = (), checkpointer: Any = None) -> Any:
     """The agent as deployed: three tools, the system prompt above, a forced tool call
     first. Calibration calls ``build_agent(model)``; deployment adds the guard with
-    ``middleware=[AbstentionMiddleware(artifact)]`` and changes nothing else."""
+    ``middleware=[AbstentionMiddleware(artifact)]`` and changes nothing else (a
+    ``checkpointer`` is what ``GuardConfig(on_abstain="interrupt")`` needs)."""
     return create_agent(
         model,
         tools=TOOLS,
         system_prompt=SYSTEM_PROMPT,
         middleware=[ToolFirst(), *middleware],
+        checkpointer=checkpointer,
     )
 
 

@@ -206,3 +206,25 @@ def test_a_fallback_agent_answers_from_the_messages_before_the_stopped_call() ->
 def test_fallback_without_a_fallback_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="needs a fallback"):
         AbstentionMiddleware(_artifact(), config=GuardConfig(on_abstain="fallback"))
+
+
+def test_the_trace_records_the_step_the_score_tau_and_the_action() -> None:
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    from abstain_guard.tracing import otel_attributes
+
+    events: list[Any] = []
+
+    class Events(BaseCallbackHandler):
+        def on_custom_event(self, name: str, data: Any, **kw: Any) -> None:
+            events.append(data)
+
+    mw = AbstentionMiddleware(_artifact(), config=_warn())
+    agent, _ = _run([("", UNSURE, [_call("Pepón")])], mw)
+    agent.invoke({"messages": [HumanMessage("Capital of Peru?")]}, config={"callbacks": [Events()]})
+    (decision,) = events
+    assert decision["step"] == 0 and decision["action"] == "end" and decision["abstained"]
+    attrs = otel_attributes(decision)
+    assert attrs["abstain_guard.step"] == 0 and attrs["abstain_guard.action"] == "end"
+    assert attrs["abstain_guard.step_score"] > attrs["abstain_guard.threshold"]
+    assert attrs["abstain_guard.certified"] is True

@@ -21,6 +21,7 @@ from typing import Any
 from .agents import has_final_answer, step_messages
 from .datasets import QAItem
 from .judges.base import Judgment
+from .judges.tool_calls import judge_tool_calls
 
 __all__ = ["call_verdicts", "run_judgment", "step_labels"]
 
@@ -35,8 +36,6 @@ def call_verdicts(
     expected = tuple(getattr(item, "expected_tool_calls", ()) or ())
     if not expected:
         return None
-    from .judges.tool_calls import judge_tool_calls  # lands with the tool-call judge
-
     steps = step_messages(row)
     flat = [c for m in steps for c in m.get("tool_calls") or []]
     verdicts = judge_tool_calls(

@@ -8,8 +8,9 @@ Per (prompt length, batch), interleaved repeats of
 * full:   the library's engine with full capture (each prompt's pass alone, then decode
   steps as the engine takes them on a GPU: each row alone);
 * fast:   the same with fast capture;
-* full_shared: full capture with the batch's rows in one forward per decode step (the path
-  the engine takes on the CPU; on a GPU a row's numbers then depend on the batch).
+* full_shared, fast_shared: capture with the batch's rows in one forward per decode step
+  (the path the engine takes on the CPU; on a GPU a row's numbers then depend on the batch);
+* engine: the engine without capture (``--variants``).
 
 Reported: prompt-pass seconds, decode tokens per second (all rows), end-to-end tokens per
 second, the peak GPU memory above the model's (``torch.cuda.max_memory_allocated``), and
@@ -80,8 +81,8 @@ def run_variant(
     sync = _sync(device)
     if name == "plain":
         return rs.plain_generate(hf, prompts, new, sync=sync)
-    capture = "full" if name.startswith("full") else "fast"
-    shared = True if name == "full_shared" else None
+    capture = {"full": "full", "fast": "fast", "engine": None}[name.split("_")[0]]
+    shared = True if name.endswith("_shared") else None
     return rs.engine_generate(loaded, prompts, new, capture, sync=sync, shared_steps=shared)
 
 
@@ -158,7 +159,7 @@ def table(result: dict[str, Any]) -> str:
     for c in result["configs"]:
         if c.get("kind") != "speed":
             continue
-        for v in ("plain", "full", "fast", "full_shared"):
+        for v in ("plain", "engine", "full", "fast", "full_shared", "fast_shared"):
             m = c.get(v)
             if m is None:
                 err = c.get("errors", {}).get(v)
@@ -194,14 +195,18 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=300.0)
     parser.add_argument("--new", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--prompts", default="2048,8192")
+    parser.add_argument("--batches", default="1,8,32")
+    parser.add_argument("--variants", default="plain,full,fast,full_shared")
+    parser.add_argument("--exact-dtypes", default="bfloat16,float32")
     args = parser.parse_args()
     t_start = time.monotonic()
     deadline = t_start + args.budget_s
     torch.set_grad_enabled(False)
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     overrides = dict(SMOKE) if args.smoke else None
-    prompts = (24, 40) if args.smoke else (2048, 8192)
-    batches = (1, 2) if args.smoke else (1, 8, 32)
+    prompts = (24, 40) if args.smoke else tuple(int(x) for x in args.prompts.split(","))
+    batches = (1, 2) if args.smoke else tuple(int(x) for x in args.batches.split(","))
     layers = 2 if args.smoke else None
     kernels = rs.import_engine()["kernels"]
     import transformers
@@ -252,7 +257,8 @@ def main() -> None:
         result["configs"].append(cfg)
         save()
 
-    exact("bfloat16")
+    if "bfloat16" in args.exact_dtypes.split(","):
+        exact("bfloat16")
     # -- speed: the 8B shape in bfloat16 -------------------------------------------------
     try:
         t0 = time.monotonic()
@@ -268,7 +274,7 @@ def main() -> None:
             "build_s": round(time.monotonic() - t0, 1),
         }
         print(f"built {result['speed_model']}", flush=True)
-        variants = ("plain", "full", "fast", "full_shared")
+        variants = tuple(args.variants.split(","))
         warm = rs.random_prompt(64 if not args.smoke else 8, int(hf.config.vocab_size))
         for v in variants:  # kernels, allocator, attention registration
             run_variant(v, hf, loaded, [warm], 4, device)
@@ -279,7 +285,7 @@ def main() -> None:
                 if time.monotonic() > deadline:
                     result.setdefault("skipped", []).append(f"{n_prompt}x{batch}")
                     continue
-                new = args.new if batch == 1 else max(4, args.new // 2)
+                new = args.new if batch == 1 else max(4, args.new // (2 if batch < 32 else 4))
                 repeats = args.repeats if batch == 1 else max(1, args.repeats - 1)
                 print(f"  prompt {n_prompt} batch {batch}", flush=True)
                 cfg: dict[str, Any] = {"kind": "speed", "shape": args.shape}
@@ -301,7 +307,9 @@ def main() -> None:
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
-    if time.monotonic() < deadline + 45:
+    if "float32" not in args.exact_dtypes.split(","):
+        pass
+    elif time.monotonic() < deadline + 45:
         exact("float32")
     else:
         result.setdefault("skipped", []).append("exactness float32")

@@ -31,6 +31,8 @@ from torch import nn
 
 from abstain_guard.errors import UnsupportedArchitectureError
 
+from .source_parts import heads_by_query
+
 #: model_type -> human-readable family, the architectures geometry capture supports.
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "llama": "Llama (SmolLM2, Llama 2/3)",
@@ -87,6 +89,9 @@ class ArchitectureSpec:
     context_length: int
     _wo_kv: list[torch.Tensor] | None = field(default=None, init=False, repr=False, compare=False)
     _wo_kv_all: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
+    _wo_q: dict[int, torch.Tensor] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def num_layers(self) -> int:
@@ -133,6 +138,17 @@ class ArchitectureSpec:
             else:
                 self._wo_kv = [w.contiguous() for w in per_layer]
         return self._wo_kv
+
+    def wo_by_query_head(self, i: int) -> torch.Tensor:
+        """Layer ``i``'s ``W_O`` rows in query-head order, ``[H·Dh, D]`` float32
+        (:func:`.source_parts.heads_by_query` of :meth:`wo_by_kv_head`), for the sparse
+        strategy. Computed once per model and shared by every capture session: a session
+        used to copy it for itself (``L·H·Dh·D`` float32 per concurrent row: 2.4 GB for an
+        8B model, measured on a GPU in issue 38)."""
+        if i not in self._wo_q:
+            ls = self.layers[i]
+            self._wo_q[i] = heads_by_query(self.wo_by_kv_head()[i], ls.num_heads)
+        return self._wo_q[i]
 
     def stacked_wo_by_kv_head(self) -> torch.Tensor:
         """:meth:`wo_by_kv_head` of every layer, ``[L, H_kv, Dh, n_rep·D]`` (stackable

@@ -54,7 +54,6 @@ from .source_parts import (
     cached_numerators,
     dense_numerators,
     head_max_abs,
-    heads_by_query,
     new_parts,
     proximity_from_numerators,
     sparse_numerators,
@@ -137,7 +136,6 @@ class CaptureSession:
         #: kept u are views of one tensor each, and decode steps are captured for all layers
         #: at once (:meth:`decode_step`)
         self._stacked = spec.stackable
-        self._w_flat: list[torch.Tensor | None] = [None] * len(spec.layers)  # sparse only
         self._ref: dict[str, torch.Tensor] | None = None
         if reference is not None:
             self._ref = {
@@ -444,10 +442,9 @@ class CaptureSession:
             u = kept[:, :, src0 : src0 + s_k]  # [B, H, S_k, D]
             num = cached_numerators(probs, u, z, e_self, t_idx, factor)
         elif self.sparse and norms is not None:
-            if self._w_flat[i] is None:
-                self._w_flat[i] = heads_by_query(self._wo_kv[i], probs.shape[1])
+            w_flat = self.spec.wo_by_query_head(i)  # shared by the model's sessions
             num = sparse_numerators(
-                probs, values, norms, self._wo_kv[i], z, e_self, t_idx, factor, self._w_flat[i]
+                probs, values, norms, self._wo_kv[i], z, e_self, t_idx, factor, w_flat
             )
         else:
             num = dense_numerators(

@@ -281,7 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument(
         "--scorer",
         help="scorer for the guard (default: geometry); one of "
-        + ", ".join(scorer_names(family=("likelihood", "geometry"))),
+        + ", ".join(scorer_names(family=("likelihood", "geometry", "probe")))
+        + ". Every one carries the same guarantee; which ranks best is measured in "
+        "docs/results.md ('Is geometry worth its cost?')",
     )
     cal.add_argument("--judge", help="judge name (default: lexical)")
     cal.add_argument("--cache-dir", help="run cache (default: '<out>.cache')")

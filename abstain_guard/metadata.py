@@ -46,6 +46,7 @@ __all__ = [
     "HIDDEN_SUMMARIES",
     "LOGPROBS",
     "PROMPT_TOKEN_IDS",
+    "QUESTION_GROUP",
     "REPLAY_SOURCE",
     "TOKEN_IDS",
     "ResponseLike",
@@ -66,6 +67,9 @@ GENERATION = "generation"
 HIDDEN = "hidden"  # key inside ``geometry``: the probe layers' residual-stream summaries
 HIDDEN_SUMMARIES = ("last", "mean")
 REPLAY_SOURCE = "replay_source"
+#: the question's type, set by the evaluation harness for the ``type_floor`` scorer (a chat
+#: model never writes it)
+QUESTION_GROUP = "question_group"
 
 ResponseLike = Any
 """An ``AIMessage`` (or any object with ``response_metadata``) or a metadata mapping."""

@@ -131,9 +131,7 @@ def geometry_json(
         omega: dict[str, Any] = {"omega": None, "omega_dir": lst(geo.omega)}
     else:
         omega = {"omega": lst(geo.omega)}
-    hidden = (
-        None if geo.hidden is None else hidden_summary(geo.hidden, probe_layers(num_layers))
-    )
+    hidden = None if geo.hidden is None else hidden_summary(geo.hidden, probe_layers(num_layers))
     return {
         GEOMETRY_CAPTURE: mode,
         "num_layers": num_layers,

@@ -52,7 +52,11 @@ def test_summaries_equal_kept_states(model: Any) -> None:
 
 def test_fast_capture_has_them(model: Any) -> None:
     full = model.invoke(PROMPT).response_metadata["geometry"]["hidden"]
-    fast = model.model_copy(update={"capture": "fast"}).invoke(PROMPT).response_metadata["geometry"]["hidden"]
+    fast = (
+        model.model_copy(update={"capture": "fast"})
+        .invoke(PROMPT)
+        .response_metadata["geometry"]["hidden"]
+    )
     np.testing.assert_allclose(np.asarray(fast["mean"]), np.asarray(full["mean"]), atol=1e-5)
 
 

@@ -25,13 +25,14 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from abstain_guard.artifact import GuardArtifact
-from abstain_guard.errors import ConfigError, DatasetError
+from abstain_guard.errors import ConfigError, DatasetError, InsufficientDataError, ScoringError
 from abstain_guard.frontier import frontier_document
+from abstain_guard.metadata import HIDDEN, QUESTION_GROUP
 from abstain_guard.scorers import SampleSource, build_scorer, scorer_names
 from abstain_guard.scorers.calibrated import CalibratedScorer
 from abstain_guard.scorers.geometry import GeometryScorer
 
-from ..building.answers import generate_answers, replay_as_deployed
+from ..building.answers import STATES_NS, AnswerRow, generate_answers, replay_as_deployed
 from ..building.calibration_config import CalibrationConfig
 from ..building.dataset_files import load_dataset
 from ..building.datasets import QAItem, split_items
@@ -44,8 +45,10 @@ from ..building.items import (
 from ..building.judging import build_judges, judge_answers, labeled_items, labels
 from ..building.models import load_model
 from ..building.named_datasets import load_named_dataset
+from ..building.online_geometry import reference_hidden
 from .cache_reuse import EvaluateCache, evaluate_cache
 from .group_report import group_tables
+from .paired import paired_report
 from .permutation_importance import permutation_importance
 from .report import write_report
 from .results import build_results, evaluate_dataset
@@ -54,6 +57,10 @@ logger = logging.getLogger("abstain_guard.calibration")
 
 LIKELIHOOD = scorer_names(family="likelihood")
 MODEL_BASELINES = scorer_names(family=("model", "sampling"))
+FITTED_BASELINES = scorer_names(family=("probe", "floor"))
+"""Baselines fitted on the artifact's reference and train answers (never calibration): the
+hidden-state probes, likelihood + probe, and the type-only floor."""
+KNOWN_BASELINES = LIKELIHOOD + MODEL_BASELINES + FITTED_BASELINES
 BASELINE_PARAMS: dict[str, dict[str, Any]] = {"semantic_entropy": {"judge": "similarity"}}
 """Constructor parameters of baselines in ``evaluate`` (offline equivalence judge)."""
 
@@ -68,25 +75,31 @@ class HeldOut:
     correct: np.ndarray
     train_metadata: list[dict[str, Any]] | None = None
     train_correct: np.ndarray | None = None
+    reference_metadata: list[dict[str, Any]] | None = None
+    reference_correct: np.ndarray | None = None
+    n_calibration: int = 0
 
 
 def parse_baselines(spec: str | Sequence[str]) -> list[str]:
-    """``"likelihood"``, ``"all"``, ``"none"`` or a comma list of baseline names."""
+    """``"likelihood"``, ``"probes"`` (likelihood, every probe, likelihood + probe and the
+    type-only floor), ``"all"``, ``"none"`` or a comma list of baseline names."""
     if isinstance(spec, str):
         if spec == "likelihood":
             return list(LIKELIHOOD)
+        if spec == "probes":
+            return list(LIKELIHOOD + FITTED_BASELINES)
         if spec == "all":
-            return list(LIKELIHOOD + MODEL_BASELINES)
+            return list(KNOWN_BASELINES)
         if spec == "none":
             return []
         names = [s.strip() for s in spec.split(",") if s.strip()]
     else:
         names = list(spec)
-    unknown = sorted(set(names) - set(LIKELIHOOD + MODEL_BASELINES))
+    unknown = sorted(set(names) - set(KNOWN_BASELINES))
     if unknown:
         raise ConfigError(
-            f"Unknown baseline(s) {unknown}; choose from {list(LIKELIHOOD + MODEL_BASELINES)} "
-            "or the sets 'likelihood', 'all', 'none'."
+            f"Unknown baseline(s) {unknown}; choose from {list(KNOWN_BASELINES)} "
+            "or the sets 'likelihood', 'probes', 'all', 'none'."
         )
     return names
 
@@ -116,6 +129,15 @@ def read_data_spec(
 
 def artifact_items(artifact: Any) -> tuple[str, list[QAItem], list[QAItem]]:
     """``(data set name, held-out items, train items)`` of the artifact's own run.
+
+    The held-out items are exactly the artifact's stored ``calibration_ids`` + ``test_ids``.
+    """
+    name, held, splits = artifact_splits(artifact)
+    return name, held, splits["train"]
+
+
+def artifact_splits(artifact: Any) -> tuple[str, list[QAItem], dict[str, list[QAItem]]]:
+    """``(data set name, held-out items, every split)`` of the artifact's own run.
 
     The held-out items are exactly the artifact's stored ``calibration_ids`` + ``test_ids``.
 
@@ -148,10 +170,10 @@ def artifact_items(artifact: Any) -> tuple[str, list[QAItem], list[QAItem]]:
             f"{len(missing)} held-out question ids of the artifact are not in {source!r} "
             f"(e.g. {missing[:3]}). Evaluate with the data the artifact was built from."
         )
-    train = split_items(items, seed=cfg.seed, ratios=cfg.ratios)["train"]
+    splits = split_items(items, seed=cfg.seed, ratios=cfg.ratios)
     named = named_spec(str(source))
     name = named[0] if named else "builtin" if source == "builtin" else Path(source).stem
-    return name, [by_id[i] for i in ids], train
+    return name, [by_id[i] for i in ids], splits
 
 
 def collect_held_out(
@@ -164,6 +186,7 @@ def collect_held_out(
     progress: bool = True,
     cache: EvaluateCache,
     judges: dict[str, Any] | None = None,
+    fitted_baselines: bool = False,
 ) -> HeldOut:
     """Answer (from ``cache`` where possible), judge and replay the held-out questions.
 
@@ -171,46 +194,85 @@ def collect_held_out(
     one sequence at a time, exactly as calibration scored them and as the guard scores live.
     ``cache`` is where answers and verdicts are cached (written in ``cache.directory`` only;
     the calibration cache below it, if any, is only read). ``judges``: judges per question
-    kind (default: the artifact's judge, cached there).
+    kind (default: the artifact's judge, cached there). ``fitted_baselines``: also read the
+    reference split's answers (the probes and the type floor are fitted on reference and
+    train, as the geometry scorer is). Every metadata dict carries the question's type under
+    ``question_group`` (what ``type_floor`` reads).
     """
     cfg = CalibrationConfig(**artifact.metadata.get("config", {}))
     store = cache.run_store()
     train: list[QAItem] = []
+    reference: list[QAItem] = []
+    n_cal = 0
     if data is None:
-        name, pool, train = artifact_items(artifact)
+        name, pool, splits = artifact_splits(artifact)
+        train = splits["train"]
+        reference = splits["reference"] if fitted_baselines else []
+        n_cal = len(artifact.metadata.get("calibration_ids", []))
     else:
         name, pool = read_data_spec(data, group_by=group_by, limit=limit)
     fingerprint = str(getattr(model, "fingerprint", "unknown"))
-    everything = pool + train
+    everything = pool + train + reference
     answers = generate_answers(
         model, pool, store, cfg, fingerprint=fingerprint, progress=progress, batch_size=1
     )
     answers.update(
-        generate_answers(model, train, store, cfg, fingerprint=fingerprint, progress=progress)
+        generate_answers(
+            model, train + reference, store, cfg, fingerprint=fingerprint, progress=progress
+        )
     )
     if judges is None:
         judges = build_judges(cfg, cache.directory / "judgments.sqlite", read_from=cache.judgments)
     judgments = judge_answers(judges, everything, answers, progress=progress)
     cache.log_reuse(store, judges)
+    n_cal = sum(1 for it in labeled_items(pool[:n_cal], judgments))
     pool = labeled_items(pool, judgments)
     train = labeled_items(train, judgments)
+    reference = labeled_items(reference, judgments)
     scoring_model = artifact.scorer.prepare(model)
     metadata = replay_as_deployed(scoring_model, pool, answers, cfg, progress)
     held = HeldOut(
         name=name,
         items=pool,
-        metadata=metadata,
+        metadata=_with_groups(metadata, pool),
         correct=np.array(labels(pool, judgments)),
+        n_calibration=n_cal,
     )
     if train:
         cached = [answers[it.id].get("metadata") for it in train]
-        held.train_metadata = (
-            cached  # type: ignore[assignment]
-            if all(m and "logprobs" in m for m in cached)
-            else replay_as_deployed(scoring_model, train, answers, cfg, progress)
+        usable = all(m and "logprobs" in m for m in cached)
+        if fitted_baselines:  # the probes read the hidden-state summaries too
+            usable = usable and all(HIDDEN in ((m or {}).get("geometry") or {}) for m in cached)
+        held.train_metadata = _with_groups(
+            cached  # type: ignore[arg-type]
+            if usable
+            else replay_as_deployed(scoring_model, train, answers, cfg, progress),
+            train,
         )
         held.train_correct = np.array(labels(train, judgments))
+    if reference:
+        held.reference_metadata = _with_groups(
+            [_reference_metadata(answers[it.id], store) for it in reference], reference
+        )
+        held.reference_correct = np.array(labels(reference, judgments))
     return held
+
+
+def _with_groups(metadata: Sequence[dict[str, Any]], items: Sequence[QAItem]) -> list[Any]:
+    """Copies of ``metadata`` with each question's type (``question_group``)."""
+    return [{**m, QUESTION_GROUP: it.group} for m, it in zip(metadata, items, strict=True)]
+
+
+def _reference_metadata(answer: AnswerRow, store: Any) -> dict[str, Any]:
+    """A reference answer's metadata for the fitted baselines: its likelihood metadata and
+    the probe layers' summaries (from its row, or from its cached states)."""
+    meta = dict(answer.get("metadata") or {})
+    hidden = answer.get("hidden")
+    if hidden is None:
+        hidden = reference_hidden(answer, store.get_arrays(STATES_NS, answer["key"]))
+    if hidden is not None:
+        meta["geometry"] = {**(meta.get("geometry") or {}), HIDDEN: hidden}
+    return meta
 
 
 def score_held_out(
@@ -230,10 +292,13 @@ def score_held_out(
     if any(b in MODEL_BASELINES for b in baselines):
         samples = SampleSource(model, num_samples=num_samples, max_new_tokens=24)
     for name in tqdm(baselines, desc="baselines", disable=not progress):
-        if name in scores:
+        if name in scores or name in FITTED_BASELINES:
             continue
         scorer = build_scorer(name, model=model, samples=samples, **BASELINE_PARAMS.get(name, {}))
         scores[name] = np.asarray(scorer.score_many(held.metadata), dtype=np.float64)
+    fitted = [b for b in baselines if b in FITTED_BASELINES and b not in scores]
+    if fitted:
+        scores.update(_fitted_baseline_scores(held, fitted))
     calibrated: dict[str, np.ndarray] = {}
     if held.train_metadata is not None and held.train_correct is not None:
         for name in (b for b in baselines if b in LIKELIHOOD):
@@ -241,6 +306,35 @@ def score_held_out(
             cal.fit(list(zip(held.train_metadata, held.train_correct.tolist(), strict=True)))
             calibrated[cal.name] = np.asarray(cal.score_many(held.metadata), dtype=np.float64)
     return scores, calibrated
+
+
+def _fitted_baseline_scores(held: HeldOut, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """Scores of the baselines fitted on the artifact's reference and train answers (the
+    splits its geometry scorer was fitted on; never calibration). A baseline that cannot be
+    fitted (answers without hidden states, too few of a class) is left out with a warning."""
+    if held.train_metadata is None or held.train_correct is None:
+        logger.warning("no train answers: %s need the artifact's own splits", list(names))
+        return {}
+    ref_correct = [] if held.reference_correct is None else held.reference_correct.tolist()
+    ref = list(zip(held.reference_metadata or [], ref_correct, strict=True))
+    train = list(zip(held.train_metadata, held.train_correct.tolist(), strict=True))
+    out: dict[str, np.ndarray] = {}
+    for name in names:
+        t0 = time.perf_counter()
+        try:
+            scorer = build_scorer(name).fit(ref, train)  # type: ignore[attr-defined]
+            out[name] = np.asarray(scorer.score_many(held.metadata), dtype=np.float64)
+        except (InsufficientDataError, ScoringError) as exc:
+            logger.warning("baseline %s left out: %s", name, exc)
+            continue
+        logger.info(
+            "%s fitted on %d reference + %d train answers in %.1f s",
+            name,
+            len(ref),
+            len(train),
+            time.perf_counter() - t0,
+        )
+    return out
 
 
 def evaluate(
@@ -309,6 +403,7 @@ def evaluate(
             if cache_dir is not None
             else evaluate_cache(Path(out) / "cache", art, path, reuse=reuse_calibration_cache),
             judges=judges,
+            fitted_baselines=any(n in FITTED_BASELINES for n in names),
         )
         scores, calibrated = score_held_out(
             held, art, model, names, num_samples=num_samples, progress=progress
@@ -333,6 +428,14 @@ def evaluate(
             progress=progress,
         )
         entry["frontier"] = frontier_document(art.scores, art.correct)
+        entry["paired"] = paired_report(
+            scores,
+            held.correct,
+            reference=art.scorer.name,
+            groups=groups if any(g is not None for g in groups) else None,
+            calibration=np.arange(held.correct.size) < held.n_calibration,
+            seed=seed,
+        )
         entry["artifact"] = str(path)
         entry["evaluated_on"] = data or "held-out calibration + test splits"
         if entry.get("n_groups"):  # pooled vs per-group rule, per group (group_report.py)

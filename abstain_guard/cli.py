@@ -358,8 +358,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--baselines",
         default="likelihood",
-        help="'likelihood' (fast), 'all' (also model and sampling baselines), 'none', or a "
-        "comma list of: " + ", ".join(scorer_names(family=("likelihood", "model", "sampling"))),
+        help="'likelihood' (fast), 'probes' (likelihood, the hidden-state probes, "
+        "likelihood_probe and type_floor: fitted on the artifact's reference + train "
+        "answers), 'all' (also model and sampling baselines), 'none', or a comma list of: "
+        + ", ".join(scorer_names(family=("likelihood", "probe", "floor", "model", "sampling"))),
     )
     ev.add_argument("--resplits", type=int, default=1000, help="random resplits")
     ev.add_argument(

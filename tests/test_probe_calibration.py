@@ -77,3 +77,5 @@ def test_evaluate_fits_the_probes_and_the_floor(tmp_path: Path, model: Any) -> N
     assert "auroc_diff_ci" in paired["probe_mid"] and "auroc_diff" not in paired["geometry"]
     assert "within_auroc" in paired["type_floor"]  # ITEMS have two types
     assert paired["type_floor"]["within_auroc"] == pytest.approx(0.5)
+    assert entry["costs"]["probe_mid"]["seconds_per_answer"] > 0
+    assert entry["costs"]["probe_mid"]["state_bytes"] > 0

@@ -14,10 +14,11 @@ Which answers are evaluated:
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,9 @@ class HeldOut:
     reference_metadata: list[dict[str, Any]] | None = None
     reference_correct: np.ndarray | None = None
     n_calibration: int = 0
+    #: per scorer: seconds per answer of scoring (and of fitting, state size for the fitted
+    #: baselines), filled by :func:`score_held_out`
+    costs: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def parse_baselines(spec: str | Sequence[str]) -> list[str]:
@@ -285,17 +289,21 @@ def score_held_out(
     progress: bool = True,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Uncertainty scores of every scorer, and of the calibrated likelihood baselines."""
+    t0 = time.perf_counter()
     scores: dict[str, np.ndarray] = {
         artifact.scorer.name: artifact.scorer.score_many(held.metadata)
     }
+    held.costs[artifact.scorer.name] = _cost(t0, len(held.metadata))
     samples = None
     if any(b in MODEL_BASELINES for b in baselines):
         samples = SampleSource(model, num_samples=num_samples, max_new_tokens=24)
     for name in tqdm(baselines, desc="baselines", disable=not progress):
         if name in scores or name in FITTED_BASELINES:
             continue
+        t0 = time.perf_counter()
         scorer = build_scorer(name, model=model, samples=samples, **BASELINE_PARAMS.get(name, {}))
         scores[name] = np.asarray(scorer.score_many(held.metadata), dtype=np.float64)
+        held.costs[name] = _cost(t0, len(held.metadata))
     fitted = [b for b in baselines if b in FITTED_BASELINES and b not in scores]
     if fitted:
         scores.update(_fitted_baseline_scores(held, fitted))
@@ -306,6 +314,12 @@ def score_held_out(
             cal.fit(list(zip(held.train_metadata, held.train_correct.tolist(), strict=True)))
             calibrated[cal.name] = np.asarray(cal.score_many(held.metadata), dtype=np.float64)
     return scores, calibrated
+
+
+def _cost(t0: float, n: int) -> dict[str, float]:
+    """Seconds per answer of scoring ``n`` answers since ``t0`` (the answers' metadata
+    already in memory: the scorer's own cost, not generation's)."""
+    return {"seconds_per_answer": (time.perf_counter() - t0) / max(n, 1)}
 
 
 def _fitted_baseline_scores(held: HeldOut, names: Sequence[str]) -> dict[str, np.ndarray]:
@@ -323,10 +337,16 @@ def _fitted_baseline_scores(held: HeldOut, names: Sequence[str]) -> dict[str, np
         t0 = time.perf_counter()
         try:
             scorer = build_scorer(name).fit(ref, train)  # type: ignore[attr-defined]
+            t1 = time.perf_counter()
             out[name] = np.asarray(scorer.score_many(held.metadata), dtype=np.float64)
         except (InsufficientDataError, ScoringError) as exc:
             logger.warning("baseline %s left out: %s", name, exc)
             continue
+        held.costs[name] = {**_cost(t1, len(held.metadata)), "fit_seconds": t1 - t0}
+        state = scorer.get_state()
+        held.costs[name]["state_bytes"] = int(
+            sum(a.nbytes for a in state.arrays.values()) + len(json.dumps(state.params))
+        )
         logger.info(
             "%s fitted on %d reference + %d train answers in %.1f s",
             name,
@@ -428,6 +448,7 @@ def evaluate(
             progress=progress,
         )
         entry["frontier"] = frontier_document(art.scores, art.correct)
+        entry["costs"] = held.costs
         entry["paired"] = paired_report(
             scores,
             held.correct,

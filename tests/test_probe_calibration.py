@@ -64,7 +64,7 @@ def test_evaluate_fits_the_probes_and_the_floor(tmp_path: Path, model: Any) -> N
     res = evaluate(
         tmp_path / "geo",
         tmp_path / "report",
-        baselines="probe_mid,probe_concat_last,type_floor,perplexity",
+        baselines="probe_mid,probe_concat_last,type_floor,perplexity,geometry_plus",
         n_resplits=5,
         progress=False,
         model=model,
@@ -79,3 +79,4 @@ def test_evaluate_fits_the_probes_and_the_floor(tmp_path: Path, model: Any) -> N
     assert paired["type_floor"]["within_auroc"] == pytest.approx(0.5)
     assert entry["costs"]["probe_mid"]["seconds_per_answer"] > 0
     assert entry["costs"]["probe_mid"]["state_bytes"] > 0
+    assert "auroc_diff_ci" in paired["geometry_plus"]  # refitted with the artifact's means

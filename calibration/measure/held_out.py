@@ -14,7 +14,6 @@ Which answers are evaluated:
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Sequence
@@ -26,14 +25,18 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from abstain_guard.artifact import GuardArtifact
-from abstain_guard.errors import ConfigError, DatasetError, InsufficientDataError, ScoringError
+from abstain_guard.errors import (
+    CalibrationError,
+    ConfigError,
+    DatasetError,
+)
 from abstain_guard.frontier import frontier_document
-from abstain_guard.metadata import HIDDEN, QUESTION_GROUP
+from abstain_guard.metadata import HIDDEN
 from abstain_guard.scorers import SampleSource, build_scorer, scorer_names
 from abstain_guard.scorers.calibrated import CalibratedScorer
 from abstain_guard.scorers.geometry import GeometryScorer
 
-from ..building.answers import STATES_NS, AnswerRow, generate_answers, replay_as_deployed
+from ..building.answers import generate_answers, replay_as_deployed
 from ..building.calibration_config import CalibrationConfig
 from ..building.dataset_files import load_dataset
 from ..building.datasets import QAItem, split_items
@@ -46,8 +49,9 @@ from ..building.items import (
 from ..building.judging import build_judges, judge_answers, labeled_items, labels
 from ..building.models import load_model
 from ..building.named_datasets import load_named_dataset
-from ..building.online_geometry import reference_hidden
+from ..building.online_geometry import reference_responses
 from .cache_reuse import EvaluateCache, evaluate_cache
+from .fitted_baselines import cost, fitted_baseline_scores, reference_metadata, with_groups
 from .group_report import group_tables
 from .paired import paired_report
 from .permutation_importance import permutation_importance
@@ -58,9 +62,10 @@ logger = logging.getLogger("abstain_guard.calibration")
 
 LIKELIHOOD = scorer_names(family="likelihood")
 MODEL_BASELINES = scorer_names(family=("model", "sampling"))
-FITTED_BASELINES = scorer_names(family=("probe", "floor"))
+FITTED_BASELINES = (*scorer_names(family=("probe", "floor")), "geometry_plus")
 """Baselines fitted on the artifact's reference and train answers (never calibration): the
-hidden-state probes, likelihood + probe, and the type-only floor."""
+hidden-state probes, likelihood + probe, the type-only floor, and ``geometry_plus`` (the
+shipped guard's scorer; on an artifact of a geometry scorer, with its reference means)."""
 KNOWN_BASELINES = LIKELIHOOD + MODEL_BASELINES + FITTED_BASELINES
 BASELINE_PARAMS: dict[str, dict[str, Any]] = {"semantic_entropy": {"judge": "similarity"}}
 """Constructor parameters of baselines in ``evaluate`` (offline equivalence judge)."""
@@ -78,6 +83,7 @@ class HeldOut:
     train_correct: np.ndarray | None = None
     reference_metadata: list[dict[str, Any]] | None = None
     reference_correct: np.ndarray | None = None
+    reference_means: Any = None
     n_calibration: int = 0
     #: per scorer: seconds per answer of scoring (and of fitting, state size for the fitted
     #: baselines), filled by :func:`score_held_out`
@@ -238,7 +244,7 @@ def collect_held_out(
     held = HeldOut(
         name=name,
         items=pool,
-        metadata=_with_groups(metadata, pool),
+        metadata=with_groups(metadata, pool),
         correct=np.array(labels(pool, judgments)),
         n_calibration=n_cal,
     )
@@ -247,7 +253,7 @@ def collect_held_out(
         usable = all(m and "logprobs" in m for m in cached)
         if fitted_baselines:  # the probes read the hidden-state summaries too
             usable = usable and all(HIDDEN in ((m or {}).get("geometry") or {}) for m in cached)
-        held.train_metadata = _with_groups(
+        held.train_metadata = with_groups(
             cached  # type: ignore[arg-type]
             if usable
             else replay_as_deployed(scoring_model, train, answers, cfg, progress),
@@ -255,28 +261,16 @@ def collect_held_out(
         )
         held.train_correct = np.array(labels(train, judgments))
     if reference:
-        held.reference_metadata = _with_groups(
-            [_reference_metadata(answers[it.id], store) for it in reference], reference
-        )
+        held.reference_means = getattr(artifact.scorer, "reference_means_", None)
+        try:  # with Φ from the cached states (geometry_plus), hidden summaries (probes)
+            if held.reference_means is None:
+                raise CalibrationError("no reference means")
+            ref_meta = reference_responses(reference, answers, store, held.reference_means)
+        except CalibrationError:
+            ref_meta = [reference_metadata(answers[it.id], store) for it in reference]
+        held.reference_metadata = with_groups(ref_meta, reference)
         held.reference_correct = np.array(labels(reference, judgments))
     return held
-
-
-def _with_groups(metadata: Sequence[dict[str, Any]], items: Sequence[QAItem]) -> list[Any]:
-    """Copies of ``metadata`` with each question's type (``question_group``)."""
-    return [{**m, QUESTION_GROUP: it.group} for m, it in zip(metadata, items, strict=True)]
-
-
-def _reference_metadata(answer: AnswerRow, store: Any) -> dict[str, Any]:
-    """A reference answer's metadata for the fitted baselines: its likelihood metadata and
-    the probe layers' summaries (from its row, or from its cached states)."""
-    meta = dict(answer.get("metadata") or {})
-    hidden = answer.get("hidden")
-    if hidden is None:
-        hidden = reference_hidden(answer, store.get_arrays(STATES_NS, answer["key"]))
-    if hidden is not None:
-        meta["geometry"] = {**(meta.get("geometry") or {}), HIDDEN: hidden}
-    return meta
 
 
 def score_held_out(
@@ -293,7 +287,7 @@ def score_held_out(
     scores: dict[str, np.ndarray] = {
         artifact.scorer.name: artifact.scorer.score_many(held.metadata)
     }
-    held.costs[artifact.scorer.name] = _cost(t0, len(held.metadata))
+    held.costs[artifact.scorer.name] = cost(t0, len(held.metadata))
     samples = None
     if any(b in MODEL_BASELINES for b in baselines):
         samples = SampleSource(model, num_samples=num_samples, max_new_tokens=24)
@@ -303,10 +297,10 @@ def score_held_out(
         t0 = time.perf_counter()
         scorer = build_scorer(name, model=model, samples=samples, **BASELINE_PARAMS.get(name, {}))
         scores[name] = np.asarray(scorer.score_many(held.metadata), dtype=np.float64)
-        held.costs[name] = _cost(t0, len(held.metadata))
+        held.costs[name] = cost(t0, len(held.metadata))
     fitted = [b for b in baselines if b in FITTED_BASELINES and b not in scores]
     if fitted:
-        scores.update(_fitted_baseline_scores(held, fitted))
+        scores.update(fitted_baseline_scores(held, fitted))
     calibrated: dict[str, np.ndarray] = {}
     if held.train_metadata is not None and held.train_correct is not None:
         for name in (b for b in baselines if b in LIKELIHOOD):
@@ -314,47 +308,6 @@ def score_held_out(
             cal.fit(list(zip(held.train_metadata, held.train_correct.tolist(), strict=True)))
             calibrated[cal.name] = np.asarray(cal.score_many(held.metadata), dtype=np.float64)
     return scores, calibrated
-
-
-def _cost(t0: float, n: int) -> dict[str, float]:
-    """Seconds per answer of scoring ``n`` answers since ``t0`` (the answers' metadata
-    already in memory: the scorer's own cost, not generation's)."""
-    return {"seconds_per_answer": (time.perf_counter() - t0) / max(n, 1)}
-
-
-def _fitted_baseline_scores(held: HeldOut, names: Sequence[str]) -> dict[str, np.ndarray]:
-    """Scores of the baselines fitted on the artifact's reference and train answers (the
-    splits its geometry scorer was fitted on; never calibration). A baseline that cannot be
-    fitted (answers without hidden states, too few of a class) is left out with a warning."""
-    if held.train_metadata is None or held.train_correct is None:
-        logger.warning("no train answers: %s need the artifact's own splits", list(names))
-        return {}
-    ref_correct = [] if held.reference_correct is None else held.reference_correct.tolist()
-    ref = list(zip(held.reference_metadata or [], ref_correct, strict=True))
-    train = list(zip(held.train_metadata, held.train_correct.tolist(), strict=True))
-    out: dict[str, np.ndarray] = {}
-    for name in names:
-        t0 = time.perf_counter()
-        try:
-            scorer = build_scorer(name).fit(ref, train)  # type: ignore[attr-defined]
-            t1 = time.perf_counter()
-            out[name] = np.asarray(scorer.score_many(held.metadata), dtype=np.float64)
-        except (InsufficientDataError, ScoringError) as exc:
-            logger.warning("baseline %s left out: %s", name, exc)
-            continue
-        held.costs[name] = {**_cost(t1, len(held.metadata)), "fit_seconds": t1 - t0}
-        state = scorer.get_state()
-        held.costs[name]["state_bytes"] = int(
-            sum(a.nbytes for a in state.arrays.values()) + len(json.dumps(state.params))
-        )
-        logger.info(
-            "%s fitted on %d reference + %d train answers in %.1f s",
-            name,
-            len(ref),
-            len(train),
-            time.perf_counter() - t0,
-        )
-    return out
 
 
 def evaluate(

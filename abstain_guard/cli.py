@@ -293,7 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument(
         "--scorer",
         help="scorer for the guard (default: geometry); one of "
-        + ", ".join(scorer_names(family=("likelihood", "geometry"))),
+        + ", ".join(scorer_names(family=("likelihood", "geometry", "probe")))
+        + ". Every one carries the same guarantee; which ranks best is measured in "
+        "docs/results.md ('Is geometry worth its cost?')",
     )
     cal.add_argument("--judge", help="judge name (default: lexical)")
     cal.add_argument("--cache-dir", help="run cache (default: '<out>.cache')")
@@ -375,8 +377,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--baselines",
         default="likelihood",
-        help="'likelihood' (fast), 'all' (also model and sampling baselines), 'none', or a "
-        "comma list of: " + ", ".join(scorer_names(family=("likelihood", "model", "sampling"))),
+        help="'likelihood' (fast), 'probes' (likelihood, the hidden-state probes, "
+        "likelihood_probe and type_floor: fitted on the artifact's reference + train "
+        "answers), 'all' (also model and sampling baselines), 'none', or a comma list of: "
+        + ", ".join(scorer_names(family=("likelihood", "probe", "floor", "model", "sampling"))),
     )
     ev.add_argument("--resplits", type=int, default=1000, help="random resplits")
     ev.add_argument(

@@ -16,7 +16,7 @@ from abstain_guard.scorers import scorer_names
 __all__ = ["FIT_SCORERS", "KNOWN_SCORERS", "LIKELIHOOD_SCORERS", "CalibrationConfig"]
 
 LIKELIHOOD_SCORERS = scorer_names(family="likelihood")
-FIT_SCORERS = scorer_names(family="geometry")
+FIT_SCORERS = scorer_names(family=("geometry", "probe"))
 KNOWN_SCORERS = LIKELIHOOD_SCORERS + FIT_SCORERS
 """Scorers ``calibrate`` can build an artifact for: they read the metadata of one answer
 (the geometry scorer also reads the reference/train answers it is fitted on)."""

@@ -52,6 +52,7 @@ __all__ = [
     "generation_mismatches",
     "model_mismatches",
     "sha256_text",
+    "tool_steps_problem",
     "tools_sha256",
 ]
 
@@ -447,3 +448,17 @@ def model_mismatches(
                 f"{artifact_fingerprint!r}"
             )
     return problems
+
+
+def tool_steps_problem(record: DeploymentRecord, tool_steps: int) -> str | None:
+    """Why a final answer after ``tool_steps`` tool results is not what calibration saw
+    (:attr:`AgentRecord.tool_steps`; None: it is, or nothing was recorded). One wording for
+    the middleware and the server."""
+    seen = record.agent.tool_steps if record.agent is not None else {}
+    if not seen or str(tool_steps) in seen:
+        return None
+    return (
+        f"this final answer came after {tool_steps} tool step(s), and no calibration run's "
+        f"final answer did (calibration: {dict(seen)} runs by tool steps); calibrate on "
+        "questions that take as many steps, or force the agent's tool use as calibrated"
+    )

@@ -54,7 +54,7 @@ from abstain_guard.abstain_actions import CONTINUED, apply_review, review_reques
 from abstain_guard.agent_steps import running_statistic
 from abstain_guard.artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
-from abstain_guard.deployment import sha256_text, tools_sha256
+from abstain_guard.deployment import sha256_text, tool_steps_problem, tools_sha256
 from abstain_guard.errors import ConfigError, InvalidInputError
 from abstain_guard.monitor import GuardMonitor
 from abstain_guard.monitor_binding import fit_monitor
@@ -248,14 +248,9 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         """A final answer after ``tool_steps`` tool results, a count no calibration run's
         final answer had: raise (``on_mismatch="raise"``) or return the warning."""
         record = self.policy.deployment
-        seen = record.agent.tool_steps if record is not None and record.agent else {}
-        if not seen or str(tool_steps) in seen:
+        problem = None if record is None else tool_steps_problem(record, tool_steps)
+        if problem is None:
             return []
-        problem = (
-            f"this final answer came after {tool_steps} tool step(s), and no calibration run's "
-            f"final answer did (calibration: {dict(seen)} runs by tool steps); calibrate on "
-            "questions that take as many steps, or force the agent's tool use as calibrated"
-        )
         return self.policy.mismatch([problem], "agent run")
 
     def _observe(self, decision: dict[str, Any], message: AIMessage) -> None:

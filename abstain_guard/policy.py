@@ -279,6 +279,19 @@ class AbstentionPolicy:
             return message.model_copy(update={"response_metadata": meta}), decision
         return self._abstention(message, decision), decision
 
+    def abstain(
+        self, reason: str, error: str, group: str | None = None, **fields: Any
+    ) -> tuple[AIMessage, dict[str, Any]]:
+        """Abstain without scoring (nothing to score, or nothing that may be scored): the
+        abstention message and its decision (``score=None``, ``reason``, ``error`` and the
+        extra ``fields``) under the rule of ``group``."""
+        rule, group_fields = self._rule(group)
+        decision = self._base(rule=rule)
+        decision.update(group_fields)
+        decision.update(fields)
+        decision.update(abstained=True, score=None, reason=reason, error=error)
+        return self._abstention(None, decision), decision
+
     def decide_unanswerable(
         self, exc: ContextLengthError, group: str | None = None
     ) -> tuple[AIMessage, dict[str, Any]]:

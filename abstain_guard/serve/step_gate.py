@@ -27,7 +27,7 @@ from typing import Any
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
 from abstain_guard.agent_steps import Gating
-from abstain_guard.deployment import DeploymentRecord
+from abstain_guard.deployment import DeploymentRecord, tool_steps_problem
 from abstain_guard.errors import ArtifactMismatchError
 from abstain_guard.serve.conversation import openai_tool_calls
 from abstain_guard.serve.schemas import RequestRefused
@@ -40,7 +40,6 @@ __all__ = [
     "gating_of",
     "remember_step",
     "run_so_far",
-    "tool_steps_problem",
     "unknown_steps_abstention",
 ]
 
@@ -108,19 +107,9 @@ def unknown_steps_abstention(
     policy: Any, group: str | None, run: RunSoFar, record: StepRecord
 ) -> tuple[AIMessage, dict[str, Any]]:
     """The abstention for a run whose earlier steps have no record (nothing generated)."""
-    rule, group_fields = policy._rule(group)
-    decision: dict[str, Any] = policy._base(rule=rule)
-    decision.update(group_fields)
-    decision.update(
-        gating="steps",
-        step=run.position,
-        step_score=None,
-        run_statistic=None,
-        abstained=True,
-        score=None,
-        reason=UNKNOWN_STEPS,
-        unknown_tool_calls=list(run.unknown),
-        error=(
+    return policy.abstain(  # type: ignore[no-any-return]
+        UNKNOWN_STEPS,
+        (
             f"this server holds no record of its step decision for tool call(s) "
             f"{run.unknown}: it did not return them in this conversation (edited, invented or "
             f"replayed messages), or their record expired ({record.ttl_s:g} s), was evicted "
@@ -128,20 +117,12 @@ def unknown_steps_abstention(
             "maximum needs every earlier step's score and the server takes none from "
             "clients, so it abstains; ask the question again to start a new run"
         ),
-    )
-    return policy._abstention(None, decision), decision
-
-
-def tool_steps_problem(record: DeploymentRecord, tool_steps: int) -> str | None:
-    """Why a final answer after ``tool_steps`` tool results is not what calibration saw
-    (``AgentRecord.tool_steps``; None: it is, or nothing was recorded)."""
-    seen = record.agent.tool_steps if record.agent is not None else {}
-    if not seen or str(tool_steps) in seen:
-        return None
-    return (
-        f"this final answer came after {tool_steps} tool step(s), and no calibration run's "
-        f"final answer did (calibration: {dict(seen)} runs by tool steps); calibrate on "
-        "questions that take as many steps, or force the agent's tool use as calibrated"
+        group,
+        gating="steps",
+        step=run.position,
+        step_score=None,
+        run_statistic=None,
+        unknown_tool_calls=list(run.unknown),
     )
 
 

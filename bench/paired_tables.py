@@ -69,6 +69,58 @@ def table(entry: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+PROBES = (
+    "probe_mid",
+    "probe_upper",
+    "probe_concat",
+    "probe_mid_last",
+    "probe_upper_last",
+    "probe_concat_last",
+)
+
+
+def headline(entry: dict[str, Any]) -> str:
+    """One README row: the reference scorer against the best probe (by AUROC), the paired
+    interval, the type floor, perplexity, and the counts behind them."""
+    paired = entry["paired"]
+    sc = paired["scorers"]
+    ref = paired["reference"]
+    probes = [n for n in PROBES if n in sc]
+    best = max(probes, key=lambda n: sc[n]["auroc"]) if probes else None
+
+    def cell(name: str | None) -> str:
+        if name is None or name not in sc:
+            return "–"
+        return f"{sc[name]['auroc']:.2f}{_ci(sc[name].get('auroc_ci'))}"
+
+    diff = "–" if best is None else _diff(sc[best].get("auroc_diff"), sc[best].get("auroc_diff_ci"))
+    return (
+        f"| {entry['name']} | {cell(ref)} | {cell(best)} (`{best}`) | {diff} | "
+        f"{cell('likelihood_probe')} | {cell('type_floor')} | {cell('perplexity')} | "
+        f"{paired['n_correct']} / {paired['n_incorrect']} |"
+    )
+
+
+def costs(entry: dict[str, Any]) -> str:
+    """Scoring cost per scorer (metadata in memory) and fitted state size."""
+    lines = [
+        f"Scoring cost on {entry['name']} (seconds per answer, the answer's metadata already "
+        "in memory; fit seconds and state size of the fitted baselines):",
+        "",
+        "| scorer | s/answer | fit s | state |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, c in sorted(entry.get("costs", {}).items()):
+        fit = c.get("fit_seconds")
+        size = c.get("state_bytes")
+        lines.append(
+            f"| {name} | {c['seconds_per_answer'] * 1e3:.2f} ms | "
+            f"{'–' if fit is None else f'{fit:.1f}'} | "
+            f"{'–' if size is None else f'{size / 1024:.0f} KiB'} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("results", nargs="+", type=Path)
@@ -77,7 +129,11 @@ def main() -> None:
         doc = json.loads(path.read_text(encoding="utf-8"))
         datasets = doc["datasets"]
         for entry in datasets.values() if isinstance(datasets, dict) else datasets:
+            print(headline(entry))
+            print()
             print(table(entry))
+            print()
+            print(costs(entry))
             print()
 
 

@@ -243,12 +243,18 @@ def main() -> None:
     parser.add_argument("--config", default=str(CONFIG), help="calibration config")
     parser.add_argument("--cache-dir", default=None, help="calibration cache (default beside out)")
     parser.add_argument("--live", type=int, default=12, help="test runs re-run live")
+    parser.add_argument(
+        "--reuse", action="store_true", help="use the artifact at --out as it is (no calibrate)"
+    )
     args = parser.parse_args()
     out = Path(args.out)
     config = CalibrationConfig.from_file(args.config, agent=FACTORY, cache_dir=args.cache_dir)
     model = load_model(config)
     t0 = time.perf_counter()
-    summary = calibrate(DATA, out, config=config, model=model, progress=False)
+    if args.reuse and (out / "manifest.json").is_file():
+        n_items = sum(GuardArtifact.load(out).metadata["split_sizes"].values())
+    else:
+        n_items = calibrate(DATA, out, config=config, model=model, progress=False).n_items
     calibrate_s = time.perf_counter() - t0
     artifact, runs = held_out_runs(out, model)
     result = compare(runs)
@@ -258,7 +264,10 @@ def main() -> None:
     live_s = time.perf_counter() - t0
     ls = live["summary"]
     result.update(
-        live_equals_stored=ls.get("step_abs_diff_max") == 0.0 and ls.get("same_decision") == 1.0,
+        # equal up to float rounding in the scorer (1e-12), every decision the same
+        live_equals_stored=(ls.get("step_abs_diff_max") or 0.0) <= 1e-12
+        and ls.get("same_decision") == 1.0,
+        live_same_decision=ls.get("same_decision"),
         live_runs=ls.get("n"),
         live_steps_compared=ls.get("steps_compared"),
         live_step_abs_diff_max=ls.get("step_abs_diff_max"),
@@ -266,7 +275,7 @@ def main() -> None:
         scorer=artifact.scorer.kind,
         labelling=artifact.metadata["deployment"]["agent"]["labelling"],
         seconds_per_guarded_run=round(live_s / max(1, ls.get("n") or 0), 2),
-        calibration_questions=summary.n_items,
+        calibration_questions=n_items,
         calibrate_seconds_this_call=round(calibrate_s, 1),
         command="python bench/agent_steps.py",
     )

@@ -26,6 +26,7 @@ def _real_shapes() -> ModuleType:
     spec = importlib.util.spec_from_file_location("bench_real_shapes", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 

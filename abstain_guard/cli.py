@@ -24,7 +24,13 @@ from abstain_guard.errors import (
 )
 from abstain_guard.scorers import scorer_names
 
-from .cli_checks import all_at_once, artifacts_exist, guard_config, positive
+from .cli_checks import (
+    all_at_once,
+    artifacts_exist,
+    guard_config,
+    not_agent_artifacts,
+    positive,
+)
 from .cli_serve import add_serve_parser
 
 
@@ -69,6 +75,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         "gpus_per_replica": args.gpus_per_replica,
         "agent": args.agent,
         "agent_step_limit": args.agent_step_limit,
+        "agent_gating": args.agent_gating,
         "max_new_tokens": args.max_new_tokens,
     }
     if args.config:
@@ -128,6 +135,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         lambda: parse_baselines(args.baselines),
         lambda: artifacts_exist(args.artifact or [DEFAULT_ARTIFACT_DIR]),
     )
+    not_agent_artifacts(args.artifact or [DEFAULT_ARTIFACT_DIR])
     results = evaluate(
         args.artifact or [DEFAULT_ARTIFACT_DIR],
         out=args.out,
@@ -273,7 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     cal = sub.add_parser("calibrate", help="generate, judge, fit the scorer, write an artifact")
-    cal.add_argument("--data", required=True, help="JSONL/CSV questions, or 'builtin'")
+    cal.add_argument(
+        "--data",
+        required=True,
+        help="JSONL/CSV questions, or 'builtin' (probe set), 'builtin-lookup' (lookup agent)",
+    )
     cal.add_argument("--out", required=True, help="artifact directory to write")
     cal.add_argument("--config", help="calibration config (YAML/TOML/JSON)")
     cal.add_argument("--limit", type=int, help="use only the first N questions")
@@ -281,7 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument(
         "--scorer",
         help="scorer for the guard (default: geometry); one of "
-        + ", ".join(scorer_names(family=("likelihood", "geometry"))),
+        + ", ".join(scorer_names(family=("likelihood", "geometry", "probe")))
+        + ". Every one carries the same guarantee; which ranks best is measured in "
+        "docs/results.md ('Is geometry worth its cost?')",
     )
     cal.add_argument("--judge", help="judge name (default: lexical)")
     cal.add_argument("--cache-dir", help="run cache (default: '<out>.cache')")
@@ -327,6 +341,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--agent-step-limit", type=int, help="LangGraph recursion_limit of each agent run (12)"
     )
     cal.add_argument(
+        "--agent-gating",
+        choices=["steps", "final_answer"],
+        help="what the guard gates in an agent run: every model call, the run stopped before "
+        "the tool calls of the first call over the threshold (steps, default), or only the "
+        "final answer (tool calls run ungated; a weaker guarantee: docs/guarantees.md)",
+    )
+    cal.add_argument(
         "--max-new-tokens", type=int, help="token budget of every model call (default: per kind)"
     )
     cal.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -356,8 +377,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--baselines",
         default="likelihood",
-        help="'likelihood' (fast), 'all' (also model and sampling baselines), 'none', or a "
-        "comma list of: " + ", ".join(scorer_names(family=("likelihood", "model", "sampling"))),
+        help="'likelihood' (fast), 'probes' (likelihood, the hidden-state probes, "
+        "likelihood_probe and type_floor: fitted on the artifact's reference + train "
+        "answers), 'all' (also model and sampling baselines), 'none', or a comma list of: "
+        + ", ".join(scorer_names(family=("likelihood", "probe", "floor", "model", "sampling"))),
     )
     ev.add_argument("--resplits", type=int, default=1000, help="random resplits")
     ev.add_argument(

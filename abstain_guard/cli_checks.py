@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from abstain_guard.artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
 from abstain_guard.errors import (
     AbstainGuardError,
@@ -49,4 +50,23 @@ def artifacts_exist(paths: Sequence[str | Path]) -> None:
         )
 
 
-__all__ = ["all_at_once", "artifacts_exist", "guard_config", "positive"]
+def not_agent_artifacts(paths: Sequence[str | Path]) -> None:
+    """``evaluate`` without ``--live`` answers the questions with the bare model; an artifact
+    calibrated on an agent is measured by running the agent (``--live``)."""
+    agents = []
+    for p in paths:
+        manifest = GuardArtifact.read_manifest(p)
+        deployment = (manifest.get("metadata") or {}).get("deployment") or {}
+        if deployment.get("agent"):
+            agents.append(str(p))
+    if agents:
+        raise ConfigError(
+            f"{', '.join(agents)} was calibrated on an agent (calibrate --agent): its scores "
+            "are its runs', which evaluate without --live cannot make (it answers each "
+            "question with the bare model). Run `abstain-guard evaluate --live` (the agent as "
+            "deployed, guarded, on the held-out questions; per-step live vs stored and the "
+            "run error among accepted runs), or bench/agent_steps.py for the lookup agent."
+        )
+
+
+__all__ = ["all_at_once", "artifacts_exist", "guard_config", "not_agent_artifacts", "positive"]

@@ -88,14 +88,29 @@ def _guard_service(args: argparse.Namespace) -> Any:
         lambda: guard_config(args.config),
         lambda: positive(args.port, "--port"),
         lambda: positive(args.max_in_flight, "--max-in-flight"),
+        lambda: positive(args.step_record_size, "--step-record-size"),
+        lambda: _positive_seconds(args.step_record_ttl, "--step-record-ttl"),
     )
+    steps = {
+        k: v
+        for k, v in (
+            ("step_record_size", args.step_record_size),
+            ("step_record_ttl_s", args.step_record_ttl),
+        )
+        if v is not None
+    }
     return GuardService.from_artifact(
         artifact,
         guard_config(args.config),
         kind=args.kind,
         model_name=args.model_name,
         max_in_flight=args.max_in_flight,
+        **steps,
     )
+
+
+#: Options of a guard only (errors with ``--no-guard``).
+GUARD_ONLY = ("artifact", "config", "kind", "monitor_log", "step_record_size", "step_record_ttl")
 
 
 def _model_service(args: argparse.Namespace) -> Any:
@@ -103,9 +118,7 @@ def _model_service(args: argparse.Namespace) -> Any:
     from abstain_guard.chains import load_chat_model
     from abstain_guard.serve.passthrough import ModelService
 
-    guard_only = [
-        f for f in ("artifact", "config", "kind", "monitor_log") if getattr(args, f) is not None
-    ]
+    guard_only = [f for f in GUARD_ONLY if getattr(args, f) is not None]
     all_at_once(
         lambda: _no_options(guard_only, "not with --no-guard (no guard runs: it serves the"),
         lambda: positive(args.port, "--port"),
@@ -122,6 +135,11 @@ def _model_service(args: argparse.Namespace) -> Any:
         max_tokens=max_tokens,
         max_in_flight=args.max_in_flight,
     )
+
+
+def _positive_seconds(value: float | None, option: str) -> None:
+    if value is not None and not value > 0:
+        raise ConfigError(f"{option} must be a positive number of seconds, got {value}.")
 
 
 def _no_options(names: list[str], why: str) -> None:
@@ -164,6 +182,18 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         "--max-in-flight",
         type=int,
         help="requests admitted at once, 429 beyond (default: the model's batch + queue)",
+    )
+    srv.add_argument(
+        "--step-record-size",
+        type=int,
+        help="agent step gating: the most step decisions kept for the runs' next requests "
+        "(default 100000; least recently used dropped first; a run whose earlier step was "
+        "dropped abstains)",
+    )
+    srv.add_argument(
+        "--step-record-ttl",
+        type=float,
+        help="agent step gating: seconds a step decision is kept (default 3600)",
     )
     srv.add_argument(
         "--api-key",

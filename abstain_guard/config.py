@@ -130,6 +130,13 @@ class GuardConfig(BaseModel):
         unknown_group: a question whose group is missing or was not in calibration:
             ``"abstain"`` (default, fail closed) or ``"pooled"`` (the pooled rule, with a
             warning in the decision).
+        on_abstain: where an agent run goes when the guard stops it
+            (:class:`~abstain_guard.middleware.AbstentionMiddleware` only): ``"end"``
+            (default: the run ends with the abstention message), ``"interrupt"`` (a human
+            reviews the pending tool calls or answer with the score and τ — approve, edit or
+            reject — through LangGraph's ``interrupt``; needs a checkpointer) or
+            ``"fallback"`` (the middleware's ``fallback`` model or agent does the rest of the
+            run). Runs continued by a human or a fallback are outside the certificate.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -148,6 +155,7 @@ class GuardConfig(BaseModel):
     group_delta: Literal["per_group", "union"] = "per_group"
     group_fallback: Literal["raise", "pooled", "abstain"] = "raise"
     unknown_group: Literal["abstain", "pooled"] = "abstain"
+    on_abstain: Literal["end", "interrupt", "fallback"] = "end"
 
     def __init__(self, **data: Any) -> None:
         try:

@@ -34,6 +34,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from abstain_guard.agent_steps import Gating, Labelling
 from abstain_guard.chat_model_specs import ChatModelRecord, identity_mismatches
 from abstain_guard.errors import ArtifactSchemaError
 
@@ -51,6 +52,7 @@ __all__ = [
     "generation_mismatches",
     "model_mismatches",
     "sha256_text",
+    "tool_steps_problem",
     "tools_sha256",
 ]
 
@@ -117,6 +119,19 @@ class AgentRecord(BaseModel):
         tool_prompt_sha256: hash of the tool block added to the system prompt (the
             ``"prompted"`` format), else None.
         final_tool_choice: the ``tool_choice`` of the model calls that wrote final answers.
+        call_tool_choices: each model call's ``tool_choice`` by its position in the run
+            (``{"0": ["any"], "1": [None]}``: the first call forced, the second free);
+            empty for artifacts built before it was recorded.
+        tool_steps: how many tool steps (tool results) preceded the final answers of the
+            calibration runs (a histogram, ``{"1": 40, "2": 3}``); a deployed final answer
+            after a count that is not in it is a mismatch. Empty: not recorded.
+        gating: ``"steps"``: every model call is scored and the run's running maximum is
+            compared with τ, stopping the run before the tool calls of the first call that
+            crosses it (:mod:`abstain_guard.agent_steps`); ``"final_answer"``: only final
+            answers are gated (artifacts built before step gating).
+        labelling: what made a calibration run wrong: ``"final_answer"``, or
+            ``"final_answer_and_tool_calls"`` (also a wrong executed tool call, for rows
+            with ``expected_tool_calls``).
         conversations: calibrated on conversations (rows with earlier messages).
         runs: what the calibration runs looked like: ``n``, ``final_answers``,
             ``without_final_answer`` (count per reason), ``tool_calls`` (mean, max and a
@@ -131,6 +146,10 @@ class AgentRecord(BaseModel):
     tool_call_format: str | None = None
     tool_prompt_sha256: str | None = None
     final_tool_choice: str | None = None
+    call_tool_choices: dict[str, list[str | None]] = Field(default_factory=dict)
+    tool_steps: dict[str, int] = Field(default_factory=dict)
+    gating: Gating = "final_answer"
+    labelling: Labelling = "final_answer"
     conversations: bool = False
     runs: dict[str, Any] = Field(default_factory=dict)
 
@@ -429,3 +448,17 @@ def model_mismatches(
                 f"{artifact_fingerprint!r}"
             )
     return problems
+
+
+def tool_steps_problem(record: DeploymentRecord, tool_steps: int) -> str | None:
+    """Why a final answer after ``tool_steps`` tool results is not what calibration saw
+    (:attr:`AgentRecord.tool_steps`; None: it is, or nothing was recorded). One wording for
+    the middleware and the server."""
+    seen = record.agent.tool_steps if record.agent is not None else {}
+    if not seen or str(tool_steps) in seen:
+        return None
+    return (
+        f"this final answer came after {tool_steps} tool step(s), and no calibration run's "
+        f"final answer did (calibration: {dict(seen)} runs by tool steps); calibrate on "
+        "questions that take as many steps, or force the agent's tool use as calibrated"
+    )

@@ -15,6 +15,10 @@ key               content
 ``geometry``      ``{"capture", "omega": [N, 2L-1], "theta": [N, 2L-1], "phi_in"/"phi_out"}``
                   (``capture`` "full"; "fast": ``omega`` None, ``omega_dir`` ``[N, L]``;
                   absent in metadata written before the marker existed: "full")
+``geometry.hidden``  ``{"layers": [l_mid, l_upper], "last": [K, D], "mean": [K, D]}``: the
+                  residual stream e^l[T] at the probe layers (:func:`probe_layers`) at the
+                  position predicting the last generated token, and averaged over the
+                  positions predicting each generated token (absent before issue 37)
 ``generation``    the call's settings (:mod:`abstain_guard.deployment`)
 ``replay_source`` ``"token_ids"`` or ``"text"`` for a replayed response
 ================  ==================================================================
@@ -38,12 +42,17 @@ __all__ = [
     "GENERATION",
     "GEOMETRY",
     "GEOMETRY_CAPTURE",
+    "HIDDEN",
+    "HIDDEN_SUMMARIES",
     "LOGPROBS",
     "PROMPT_TOKEN_IDS",
+    "QUESTION_GROUP",
     "REPLAY_SOURCE",
     "TOKEN_IDS",
     "ResponseLike",
     "ResponseMetadata",
+    "hidden_summary",
+    "probe_layers",
     "response_metadata_of",
 ]
 
@@ -55,12 +64,40 @@ GEOMETRY = "geometry"
 GEOMETRY_CAPTURE = "capture"  # key inside ``geometry``: "full" or "fast"
 CAPTURE_MODES = ("full", "fast")
 GENERATION = "generation"
+HIDDEN = "hidden"  # key inside ``geometry``: the probe layers' residual-stream summaries
+HIDDEN_SUMMARIES = ("last", "mean")
 REPLAY_SOURCE = "replay_source"
+#: the question's type, set by the evaluation harness for the ``type_floor`` scorer (a chat
+#: model never writes it)
+QUESTION_GROUP = "question_group"
 
 ResponseLike = Any
 """An ``AIMessage`` (or any object with ``response_metadata``) or a metadata mapping."""
 
 _LOGPROB_TOLERANCE = 1e-6  # a log-probability above this is not one
+
+
+def probe_layers(num_layers: int) -> tuple[int, int]:
+    """The 0-based decoder layers whose outputs e^l the hidden-state probes read: a middle
+    one (``L // 2``) and an upper one (``4L // 5``); 15 and 24 of the embedded model's 30.
+    SAPLMA-style probes read middle-to-upper layers (PARALLAX, arXiv 2605.17028: upper-layer
+    probes hold up closed-book); the very last layers specialise in the next token."""
+    if num_layers < 1:
+        raise InvalidInputError(f"num_layers must be positive, got {num_layers}")
+    return (num_layers // 2, min(num_layers - 1, (4 * num_layers) // 5))
+
+
+def hidden_summary(states: np.ndarray, layers: Sequence[int]) -> dict[str, Any] | None:
+    """``geometry["hidden"]`` from the per-token states at the probe layers ``[N, K, D]``
+    (N generated tokens; None for N = 0): the last row and the mean over rows, as lists."""
+    arr = np.asarray(states, dtype=np.float32)
+    if arr.ndim != 3 or arr.shape[0] == 0:
+        return None
+    return {
+        "layers": [int(x) for x in layers],
+        "last": arr[-1].astype(np.float64).tolist(),
+        "mean": arr.mean(axis=0, dtype=np.float64).astype(np.float32).astype(np.float64).tolist(),
+    }
 
 
 def response_metadata_of(response: ResponseLike) -> Mapping[str, Any]:
@@ -228,6 +265,31 @@ class ResponseMetadata:
                     f"capture={capture!r}) or use a scorer fitted on {got!r} features."
                 )
         return geometry
+
+    def hidden(self, summary: str) -> tuple[list[int], np.ndarray]:
+        """``(layers, [K, D])``: the probe layers' residual stream, ``summary`` "last" or
+        "mean" (``geometry["hidden"]``).
+
+        Raises:
+            ScoringError: the response has no hidden-state summary (generated without
+                capture, or by a version before issue 37 — regenerate it), or it is malformed.
+        """
+        geometry = self.raw.get(GEOMETRY)
+        hidden = geometry.get(HIDDEN) if isinstance(geometry, Mapping) else None
+        if not isinstance(hidden, Mapping) or summary not in hidden:
+            raise ScoringError(
+                "The response carries no hidden-state summary (response_metadata['geometry']"
+                "['hidden']): generate it with a GeometryChatModel with capture on, from "
+                "abstain_guard 0.x after issue 37; answers cached by an older version must be "
+                "generated again (calibrate with a fresh --cache-dir)."
+            )
+        arr = np.asarray(hidden[summary], dtype=np.float64)
+        if arr.ndim != 2 or not np.all(np.isfinite(arr)):
+            raise ScoringError(
+                f"response_metadata['geometry']['hidden'][{summary!r}] must be a finite "
+                f"[K, D] array, got shape {arr.shape}."
+            )
+        return [int(x) for x in hidden.get("layers", [])], arr
 
     def capture_mode(self) -> str:
         """The capture mode of the response's geometry: "full" or "fast" (metadata without

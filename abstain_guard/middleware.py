@@ -30,11 +30,11 @@ that need the model to compute extra signals work here as in :class:`AbstentionG
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 try:
-    from langchain.agents.middleware import AgentMiddleware, hook_config
+    from langchain.agents.middleware import AgentMiddleware, AgentState, hook_config
     from langchain.agents.middleware.types import ModelRequest, ModelResponse
     from langgraph.config import get_config
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
@@ -44,18 +44,35 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage, ToolMessage
+from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
+from langgraph.types import interrupt
+from typing_extensions import NotRequired
 
+from abstain_guard.abstain_actions import CONTINUED, apply_review, review_request
+from abstain_guard.agent_steps import running_statistic
 from abstain_guard.artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
-from abstain_guard.deployment import sha256_text, tools_sha256
+from abstain_guard.deployment import sha256_text, tool_steps_problem, tools_sha256
+from abstain_guard.errors import ConfigError, InvalidInputError
 from abstain_guard.monitor import GuardMonitor
 from abstain_guard.monitor_binding import fit_monitor
 from abstain_guard.policy import AbstentionPolicy
+from abstain_guard.tool_choice import AUTO, tool_choice_name
 from abstain_guard.tracing import arecord_decision, record_decision
 
-__all__ = ["AbstentionMiddleware"]
+__all__ = ["AbstentionMiddleware", "AbstentionState"]
+
+#: The agent-state key set once a fallback model has taken over a stopped run.
+FALLBACK_KEY = "abstention_fallback"
+
+
+class AbstentionState(AgentState):  # type: ignore[type-arg]
+    """The agent state with the guard's one key: whether a fallback model took the run over
+    (``GuardConfig(on_abstain="fallback")``); its calls are then not gated."""
+
+    abstention_fallback: NotRequired[bool]
 
 
 class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
@@ -64,21 +81,37 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
     Args:
         artifact: a :class:`GuardArtifact` or the path of an artifact directory.
         config: a :class:`GuardConfig` (or mapping); defaults to participation 0.8.
-        monitor: a :class:`~abstain_guard.monitor.GuardMonitor` fed every final-answer
-            decision (fitted here when it is not yet); the decision's ``run_id`` (the
-            message id) is the key of ``monitor.record_feedback``.
+        monitor: a :class:`~abstain_guard.monitor.GuardMonitor` fed one decision per run
+            (the accepted final answer, or the step that stopped the run; fitted here when
+            it is not yet); the decision's ``run_id`` (the message id) is the key of
+            ``monitor.record_feedback``.
+        fallback: with ``GuardConfig(on_abstain="fallback")``: a chat model that makes the
+            stopped call and the rest of the run, or an agent (a runnable taking
+            ``{"messages": [...]}``) run on the messages before the stopped call.
+
+    Raises:
+        ConfigError: ``on_abstain="fallback"`` without a ``fallback``.
     """
+
+    state_schema = AbstentionState
 
     def __init__(
         self,
         artifact: GuardArtifact | str | os.PathLike[str],
         config: GuardConfig | Mapping[str, Any] | None = None,
         monitor: GuardMonitor | None = None,
+        fallback: BaseChatModel | Runnable[Any, Any] | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(artifact, GuardArtifact):
             artifact = GuardArtifact.load(artifact)
         self.policy = AbstentionPolicy(artifact, config)  # type: ignore[arg-type]
+        if self.policy.config.on_abstain == "fallback" and fallback is None:
+            raise ConfigError(
+                "on_abstain='fallback' needs a fallback: pass AbstentionMiddleware(..., "
+                "fallback=<chat model or agent>) to do the rest of a stopped run"
+            )
+        self.fallback = fallback
         self.monitor = monitor
         fit_monitor(monitor, self.policy.artifact, self.policy.config)
         self._prepared: dict[int, tuple[BaseChatModel, BaseChatModel]] = {}
@@ -138,9 +171,12 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
                 f"the agent offers tools {[_tool_name(t) for t in schemas]} but calibration "
                 f"offered {[_tool_name(t) for t in record.tools or []] or 'no tools'}; {how}"
             )
+        problems += _tool_choice_problems(record, request)
         return self.policy.mismatch(problems, "agent request")
 
     def _prepare_request(self, request: ModelRequest) -> tuple[ModelRequest, list[str]]:  # type: ignore[type-arg]
+        if (request.state or {}).get(FALLBACK_KEY) and isinstance(self.fallback, BaseChatModel):
+            return request.override(model=self.fallback), []  # the fallback's call, ungated
         notes = self.check_request(request)
         prepared = self.prepare_model(request.model)
         if prepared is not request.model:
@@ -165,51 +201,140 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
 
     # --- the decision ------------------------------------------------------------------
 
-    @staticmethod
-    def _final_answer(state: Any) -> AIMessage | None:
+    @property
+    def gating(self) -> str:
+        """``"steps"`` (every model call, the run's running maximum against τ) or
+        ``"final_answer"``, as the artifact was calibrated (:class:`AgentRecord.gating`)."""
+        record = self.policy.deployment
+        agent = record.agent if record is not None else None
+        return agent.gating if agent is not None else "final_answer"
+
+    def _to_decide(self, state: Any) -> AIMessage | None:
+        """The message to decide on: the last one when it is an AI message, with step
+        gating whether or not it calls tools, else only a final answer."""
         messages = state.get("messages") if isinstance(state, Mapping) else None
         if not messages:
             return None
         last = messages[-1]
-        if not isinstance(last, AIMessage) or last.tool_calls:
+        if not isinstance(last, AIMessage):
+            return None
+        if last.tool_calls and self.gating != "steps":
             return None
         return last
 
-    def _update(self, message: AIMessage, decision: Mapping[str, Any]) -> dict[str, Any]:
-        update: dict[str, Any] = {"messages": [message]}
-        if decision.get("abstained"):
-            update["jump_to"] = "end"
-        return update
+    def _decide(
+        self, state: Any, runtime: Any, last: AIMessage, continued: str | None = None
+    ) -> tuple[AIMessage, dict[str, Any]]:
+        """The policy's decision on ``last``: with step gating on the run's running maximum
+        (:mod:`abstain_guard.agent_steps`) from the earlier calls of this turn."""
+        group = self.policy.group_of(state, _run_metadata(runtime))
+        notes = _request_notes(last)
+        tool_steps = _tool_steps(state)
+        if not last.tool_calls:
+            notes += self.check_tool_steps(tool_steps)
+        if self.gating != "steps":
+            message, decision = self.policy.decide(last, notes, group)
+        else:
+            step, previous = _run_so_far(state, self.policy)
+            if continued:  # outside the certificate: each later step on its own score
+                previous = None
+            message, decision = self.policy.decide(last, notes, group, step=step, previous=previous)
+            decision["gating"] = "steps"
+            decision["tool_calls"] = [c["name"] for c in last.tool_calls]
+        decision["tool_steps"] = tool_steps
+        return message, decision
+
+    def check_tool_steps(self, tool_steps: int) -> list[str]:
+        """A final answer after ``tool_steps`` tool results, a count no calibration run's
+        final answer had: raise (``on_mismatch="raise"``) or return the warning."""
+        record = self.policy.deployment
+        problem = None if record is None else tool_steps_problem(record, tool_steps)
+        if problem is None:
+            return []
+        return self.policy.mismatch([problem], "agent run")
 
     def _observe(self, decision: dict[str, Any], message: AIMessage) -> None:
         if self.monitor is not None:
             decision["run_id"] = self.monitor.observe(decision, run_id=message.id)
 
-    @hook_config(can_jump_to=["end"])
-    def after_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
-        """Score the final answer; abstain (and end the run) when it is unreliable."""
-        last = self._final_answer(state)
-        if last is None:
-            return None
-        group = self.policy.group_of(state, _run_metadata(runtime))
-        message, decision = self.policy.decide(last, _request_notes(last), group)
-        decision["tool_steps"] = _tool_steps(state)
-        self._observe(decision, last)
-        record_decision(decision)
-        return self._update(message, decision)
+    def _outcome(self, state: Any, runtime: Any) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        """The state update and the decision of one model call (``(None, {})``: nothing to
+        decide). A stopped step goes where ``config.on_abstain`` says; a fallback agent is
+        left to the caller (the update's ``_fallback_agent``: the messages to run it on)."""
+        last = self._to_decide(state)
+        if last is None or state.get(FALLBACK_KEY):  # the fallback's calls are not gated
+            return None, {}
+        continued = _continued(state)
+        message, decision = self._decide(state, runtime, last, continued)
+        decision["certified"] = not continued
+        if continued:
+            decision["continued_by"] = continued
+        if not decision.get("abstained"):
+            if not last.tool_calls and not continued:
+                self._observe(decision, last)  # the run's outcome: accepted
+            return {"messages": [message]}, decision
+        action = self.config.on_abstain
+        decision["action"] = action
+        if action == "interrupt":  # resumed runs execute this again, up to interrupt()
+            withheld = message.response_metadata.get("withheld_response") or {}
+            response = interrupt(review_request(withheld, decision))
+            kept, review = apply_review(last, response, max(1, len(last.tool_calls)))
+            decision["review"] = review
+            if not continued:
+                self._observe(decision, last)
+            if kept is None:  # rejected: the run ends with the abstention
+                return {"messages": [message], "jump_to": "end"}, decision
+            meta = {
+                **(kept.response_metadata or {}),
+                "abstention": {**decision, "action": review, "certified": False},
+            }
+            return {"messages": [kept.model_copy(update={"response_metadata": meta})]}, decision
+        if not continued:
+            self._observe(decision, last)
+        if action == "fallback":
+            if isinstance(self.fallback, BaseChatModel):  # it makes this call and the rest
+                update = {
+                    "messages": [RemoveMessage(id=str(last.id))],
+                    FALLBACK_KEY: True,
+                    "jump_to": "model",
+                }
+                return update, decision
+            prior = [m for m in state["messages"] if m.id != last.id]
+            return {"_fallback_agent": prior, "_removed": str(last.id)}, decision
+        return {"messages": [message], "jump_to": "end"}, decision
 
-    @hook_config(can_jump_to=["end"])
+    @staticmethod
+    def _fallback_update(update: dict[str, Any], new: Sequence[Any]) -> dict[str, Any]:
+        """The fallback agent's new messages replace the stopped call and end the run."""
+        return {"messages": [RemoveMessage(id=update["_removed"]), *new], "jump_to": "end"}
+
+    @hook_config(can_jump_to=["end", "model"])
+    def after_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        """Decide on the model call (step gating: every call; else the final answer); on an
+        abstention the run is stopped before any of the call's tool calls run and goes where
+        ``config.on_abstain`` says (:mod:`abstain_guard.abstain_actions`)."""
+        update, decision = self._outcome(state, runtime)
+        if decision:
+            record_decision(decision)
+        if update is not None and "_fallback_agent" in update:
+            prior = update["_fallback_agent"]
+            agent: Any = self.fallback  # an agent (not a chat model: see _outcome)
+            out = agent.invoke({"messages": prior})
+            return self._fallback_update(update, list(out["messages"])[len(prior) :])
+        return update
+
+    @hook_config(can_jump_to=["end", "model"])
     async def aafter_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
         """Async :meth:`after_model`."""
-        last = self._final_answer(state)
-        if last is None:
-            return None
-        group = self.policy.group_of(state, _run_metadata(runtime))
-        message, decision = self.policy.decide(last, _request_notes(last), group)
-        decision["tool_steps"] = _tool_steps(state)
-        self._observe(decision, last)
-        await arecord_decision(decision)
-        return self._update(message, decision)
+        update, decision = self._outcome(state, runtime)
+        if decision:
+            await arecord_decision(decision)
+        if update is not None and "_fallback_agent" in update:
+            prior = update["_fallback_agent"]
+            agent: Any = self.fallback  # an agent (not a chat model: see _outcome)
+            out = await agent.ainvoke({"messages": prior})
+            return self._fallback_update(update, list(out["messages"])[len(prior) :])
+        return update
 
 
 _NOTES_KEY = "abstention_request_warnings"
@@ -227,6 +352,71 @@ def _run_metadata(runtime: Any) -> dict[str, Any]:
     if isinstance(context, Mapping):
         metadata.update(context)
     return metadata
+
+
+def _continued(state: Any) -> str | None:
+    """Who continued this run after the guard stopped it (``"approved"``/``"edited"``: a
+    human; ``"fallback"``), or None: the run is still the certified one."""
+    if state.get(FALLBACK_KEY):
+        return "fallback"
+    for m in _this_turn(state):
+        action = ((m.response_metadata or {}).get("abstention") or {}).get("action")
+        if isinstance(m, AIMessage) and action in CONTINUED:
+            return str(action)
+    return None
+
+
+def _tool_choice_problems(record: Any, request: Any) -> list[str]:
+    """The model call's ``tool_choice`` against the one calibration's runs had at the same
+    position of a run (``AgentRecord.call_tool_choices``; ``None`` and ``"auto"`` are one)."""
+    agent = record.agent
+    if agent is None or not agent.call_tool_choices:
+        return []
+    position = sum(
+        1 for m in _this_turn({"messages": request.messages}) if isinstance(m, AIMessage)
+    )
+    seen = agent.call_tool_choices.get(str(position))
+    if seen is None:
+        return []
+    try:
+        asked = tool_choice_name(request.tool_choice)
+    except InvalidInputError:
+        asked = repr(request.tool_choice)
+    if _free(asked) in {_free(c) for c in seen}:
+        return []
+    return [
+        f"model call {position + 1} of the run has tool_choice={asked or 'auto'!r}, but "
+        f"calibration's runs had {sorted(str(c or 'auto') for c in seen)} there; run the "
+        "agent as calibrated (the same middleware forcing or freeing tool calls)"
+    ]
+
+
+def _free(choice: str | None) -> str | None:
+    return None if choice == AUTO else choice
+
+
+def _this_turn(state: Any) -> list[Any]:
+    """The run's messages since the user's last message (the question)."""
+    messages = list(state.get("messages") or [])
+    for i in range(len(messages) - 1, -1, -1):
+        if isinstance(messages[i], HumanMessage):
+            return messages[i + 1 :]
+    return messages
+
+
+def _run_so_far(state: Any, policy: AbstentionPolicy) -> tuple[int, float | None]:
+    """The last message's step (0-based model call of this turn) and the running maximum of
+    the earlier calls' step scores (their recorded decisions; a call without one, e.g. made
+    before the guard was added, is scored now)."""
+    earlier = [m for m in _this_turn(state) if isinstance(m, AIMessage)][:-1]
+    previous: float | None = None
+    for m in earlier:
+        decision = (m.response_metadata or {}).get("abstention") or {}
+        score = decision.get("step_score")
+        previous = running_statistic(
+            previous, float(score) if score is not None else policy.score(m)
+        )
+    return len(earlier), previous
 
 
 def _tool_steps(state: Any) -> int:

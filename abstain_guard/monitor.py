@@ -229,6 +229,7 @@ class GuardMonitor(MonitorLogMixin):
         self.unscored_ = 0
         self.unmonitored_ = 0
         self.answered_ = 0
+        self.handed_off_ = {"interrupt": 0, "fallback": 0}
         self.feedback_ = {"n": 0, "answered": 0, "errors": 0, "abstained": 0}
         self.resumed_: dict[str, int] | None = None
         self._alarm_times = {}
@@ -314,6 +315,7 @@ class GuardMonitor(MonitorLogMixin):
                 abstained=bool(decision.get("abstained")),
                 threshold=float(decision.get("threshold", self.rule_.threshold)),
                 group=group if group is not None else decision.get("group"),
+                action=decision.get("action"),
             )
             new = self._apply_decision(record)
             self._keep(record)
@@ -333,6 +335,8 @@ class GuardMonitor(MonitorLogMixin):
         label-free tests (sets ``record.p_value``); the alarms it raises. Lock held."""
         self.decisions_ += 1
         self.answered_ += not record.abstained
+        if record.action in self.handed_off_:  # a stopped run a human or fallback went on with
+            self.handed_off_[record.action] += 1
         scope = self._scope_of(record.group)
         if scope is None:
             self.unmonitored_ += 1
@@ -456,8 +460,10 @@ class GuardMonitor(MonitorLogMixin):
     def state(self) -> dict[str, Any]:
         """Everything the monitor knows, JSON-ready: counts, rates with Wilson intervals,
         the guaranteed band, each test's e-value, its peak and threshold, the alarms, and
-        the false-alarm bound in force. With per-group rules, ``groups`` holds each tested
-        group's rule, rates and tests, and ``tests`` summarises them (largest e-value)."""
+        the false-alarm bound in force, the stopped runs a human or a fallback went on with
+        (``handed_off``: outside the certificate). With per-group rules, ``groups`` holds
+        each tested group's rule, rates and tests, and ``tests`` summarises them (largest
+        e-value)."""
         self._fitted()
         with self._lock:
             fb = dict(self.feedback_)
@@ -481,6 +487,7 @@ class GuardMonitor(MonitorLogMixin):
                 "answered": self.answered_,
                 "answered_rate": self.answered_ / self.decisions_ if self.decisions_ else None,
                 "answered_interval": wilson_interval(self.answered_, self.decisions_),
+                "handed_off": dict(self.handed_off_),
                 "mode": self.rule_.mode,
                 "threshold": self.rule_.threshold,
                 "band": band,

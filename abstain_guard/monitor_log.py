@@ -32,6 +32,7 @@ class MonitorRecord:
     abstained: bool
     threshold: float
     group: str | None = None
+    action: str | None = None
     p_value: float | None = None
     correct: bool | None = None
     feedback_time: str | None = None

@@ -24,6 +24,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage
 
+from abstain_guard.agent_steps import running_statistic
 from abstain_guard.artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
 from abstain_guard.decision import DecisionRule
@@ -216,9 +217,21 @@ class AbstentionPolicy:
         return score
 
     def decide(
-        self, message: Any, warnings: list[str] | None = None, group: str | None = None
+        self,
+        message: Any,
+        warnings: list[str] | None = None,
+        group: str | None = None,
+        *,
+        step: int | None = None,
+        previous: float | None = None,
     ) -> tuple[AIMessage, dict[str, Any]]:
         """Score ``message`` and return ``(output message, decision dict)``.
+
+        With ``step`` (an agent's model call, 0-based, step gating: :mod:`~abstain_guard.
+        agent_steps`) the rule decides on the run's running maximum ``max(previous,
+        step score)``: the decision records ``step``, ``step_score`` and ``run_statistic``
+        (also its ``score``), and an answered message keeps its tool calls; an abstention
+        carries none (the withheld ones are in ``withheld_response``).
 
         ``warnings`` (deployment mismatches found upstream, ``on_mismatch="warn"``) are added
         to the decision's ``guarantee["warnings"]``. With ``config.group_by`` the rule is
@@ -234,6 +247,8 @@ class AbstentionPolicy:
         rule, group_fields = self._rule(group)
         decision = self._base([*(warnings or []), *self.response_warnings(message)], rule)
         decision.update(group_fields)
+        if step is not None:
+            decision.update(step=step, step_score=None, run_statistic=previous)
         try:
             score = self.score(message)
         except Exception as exc:
@@ -245,6 +260,10 @@ class AbstentionPolicy:
                 ) from exc
             decision.update(abstained=True, score=None, reason="scoring failed", error=reason)
             return self._abstention(message, decision), decision
+        if step is not None:
+            decision.update(step_score=score)
+            score = running_statistic(previous, score)
+            decision.update(run_statistic=score)
         answered = rule.answers(score)
         decision.update(
             abstained=not answered,
@@ -259,6 +278,19 @@ class AbstentionPolicy:
             meta = {**(message.response_metadata or {}), "abstention": decision}
             return message.model_copy(update={"response_metadata": meta}), decision
         return self._abstention(message, decision), decision
+
+    def abstain(
+        self, reason: str, error: str, group: str | None = None, **fields: Any
+    ) -> tuple[AIMessage, dict[str, Any]]:
+        """Abstain without scoring (nothing to score, or nothing that may be scored): the
+        abstention message and its decision (``score=None``, ``reason``, ``error`` and the
+        extra ``fields``) under the rule of ``group``."""
+        rule, group_fields = self._rule(group)
+        decision = self._base(rule=rule)
+        decision.update(group_fields)
+        decision.update(fields)
+        decision.update(abstained=True, score=None, reason=reason, error=error)
+        return self._abstention(None, decision), decision
 
     def decide_unanswerable(
         self, exc: ContextLengthError, group: str | None = None

@@ -65,6 +65,12 @@ _OTEL_FIELDS = (
     "reason",
     "error",
     "tool_steps",
+    "step",
+    "step_score",
+    "run_statistic",
+    "action",
+    "review",
+    "certified",
 )
 
 
@@ -143,8 +149,9 @@ def _otel_value(value: Any) -> Any:
 
 def otel_attributes(decision: Mapping[str, Any]) -> dict[str, Any]:
     """The decision as flat OpenTelemetry attributes: ``abstain_guard.<field>`` for
-    abstained, score, threshold, scorer, mode, target, reason, error (None values left
-    out), ``abstain_guard.guarantee`` (the whole guarantee as JSON) and
+    abstained, score, threshold, scorer, mode, target, reason, error, and for agents
+    tool_steps, step, step_score, run_statistic, action, review and certified (None values
+    left out), ``abstain_guard.guarantee`` (the whole guarantee as JSON) and
     ``abstain_guard.guarantee.<key>`` for each of its scalar or list-of-scalar entries."""
     attrs: dict[str, Any] = {}
     for name in _OTEL_FIELDS:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from abstain_guard.metadata import probe_layers
+
 from .geometry_torch import mlp_proximity, torch_angles
 
 #: Capture modes: "full" (Ω, Θ, Φ; exact per-source decomposition) and "fast" (Θ, Φ and
@@ -28,7 +30,9 @@ class StepFeatures:
 
     ``capture="full"``: ``omega`` is Ω ``[B, R, 2L-1]``. ``capture="fast"``: ``omega`` holds
     ω_dir only, ``[B, R, L]`` (ω_prop is not computed). ``post_attn``/``post_mlp``:
-    ``[B, R, L, D]`` when states were kept.
+    ``[B, R, L, D]`` when states were kept. ``hidden``: the rows' residual stream e^l[T]
+    at the probe layers (:func:`abstain_guard.metadata.probe_layers`), ``[B, R, K, D]``
+    float32, always kept (the probe scorers' input; a few vectors per answer).
     """
 
     omega: np.ndarray
@@ -38,6 +42,7 @@ class StepFeatures:
     post_attn: np.ndarray | None  # [B, R, L, D]
     post_mlp: np.ndarray | None
     capture: str = "full"
+    hidden: np.ndarray | None = None
 
 
 def interleave_torch(direct: torch.Tensor, prop: torch.Tensor) -> np.ndarray:
@@ -78,6 +83,8 @@ def block_features(
     def states(x: torch.Tensor) -> np.ndarray | None:
         return x.permute(1, 2, 0, 3).cpu().numpy().copy() if keep_states else None
 
+    layers = torch.tensor(probe_layers(eo.shape[0]), device=eo.device)
+    hidden = eo.index_select(0, layers).permute(1, 2, 0, 3).cpu().numpy().copy()
     return StepFeatures(
         omega=omega,
         theta=theta,
@@ -86,6 +93,7 @@ def block_features(
         post_attn=states(et),
         post_mlp=states(eo),
         capture="full" if omega_prop is not None else "fast",
+        hidden=hidden,
     )
 
 

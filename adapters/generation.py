@@ -255,7 +255,14 @@ def stack_steps(steps: list[StepFeatures], i: int, n: int) -> StepFeatures:
     theta = cat("theta")
     assert omega is not None and theta is not None
     return StepFeatures(
-        omega, theta, cat("phi_in"), cat("phi_out"), None, None, capture=use[0].capture
+        omega,
+        theta,
+        cat("phi_in"),
+        cat("phi_out"),
+        None,
+        None,
+        capture=use[0].capture,
+        hidden=cat("hidden"),
     )
 
 

@@ -216,7 +216,14 @@ def slice_step(step: StepFeatures, i: int, a: int, b: int) -> StepFeatures:
     theta = sl(step.theta)
     assert omega is not None and theta is not None
     return StepFeatures(
-        omega, theta, sl(step.phi_in), sl(step.phi_out), None, None, capture=step.capture
+        omega,
+        theta,
+        sl(step.phi_in),
+        sl(step.phi_out),
+        None,
+        None,
+        capture=step.capture,
+        hidden=sl(step.hidden),
     )
 
 

@@ -7,6 +7,7 @@ Keys and layout (read back by :class:`abstain_guard.metadata.ResponseMetadata`):
     entropy [N] (nats, full vocabulary),
     geometry = {capture, num_layers, omega, theta, phi_in, phi_out} (each [N, 2L-1] or
         None; capture "full", or "fast": omega None and omega_dir [N, L] instead),
+        and hidden = {layers, last, mean} ([K, D] each: the probe layers' residual stream),
     generation (generation only: the call's settings, with the model's dtype and device
         type from :func:`numerics_record`), replay_source (replay only)
 
@@ -24,9 +25,12 @@ import torch
 from abstain_guard.metadata import (
     ENTROPY,
     GEOMETRY_CAPTURE,
+    HIDDEN,
     LOGPROBS,
     PROMPT_TOKEN_IDS,
     TOKEN_IDS,
+    hidden_summary,
+    probe_layers,
 )
 
 from .capture import StepFeatures
@@ -127,6 +131,7 @@ def geometry_json(
         omega: dict[str, Any] = {"omega": None, "omega_dir": lst(geo.omega)}
     else:
         omega = {"omega": lst(geo.omega)}
+    hidden = None if geo.hidden is None else hidden_summary(geo.hidden, probe_layers(num_layers))
     return {
         GEOMETRY_CAPTURE: mode,
         "num_layers": num_layers,
@@ -134,6 +139,7 @@ def geometry_json(
         "theta": lst(geo.theta),
         "phi_in": lst(geo.phi_in),
         "phi_out": lst(geo.phi_out),
+        HIDDEN: hidden,
     }
 
 

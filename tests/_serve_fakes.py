@@ -30,6 +30,9 @@ AGENT_PROMPT = "You answer questions about capitals. Use the tools."
 QA_PROMPT = "Answer the question with only the answer."
 DECODING = {"temperature": 0.0, "top_p": 1.0, "top_k": None, "stop": []}
 CONFIDENT, UNSURE = -0.05, -4.0
+#: A tool call's log-probability per token (perplexity ~1.65: under the fake artifact's τ,
+#: above a confident final answer's ~1.05), for questions about Chile.
+MIDDLING = -0.5
 
 
 @tool
@@ -61,7 +64,9 @@ def earlier_messages(messages: list[BaseMessage]) -> int:
 class ToolScriptModel(BaseChatModel):
     """With tools bound, answers a question with a ``capital_lookup`` call and a tool result
     with the result as its answer (unsure for ``"unknown"``); without tools, answers
-    ``"Lima"``. Every call's messages and options are kept in ``seen``."""
+    ``"Lima"``. The call is for Peru (confident), Chile (:data:`MIDDLING`) or, for any
+    other country named last in the question, that country (unsure). Every call's messages
+    and options are kept in ``seen``."""
 
     fingerprint: str = "m-1"
     seen: list[tuple[list[BaseMessage], dict[str, Any]]] = Field(default_factory=list)
@@ -92,8 +97,10 @@ class ToolScriptModel(BaseChatModel):
     def _reply(self, messages: list[BaseMessage], tools: Any) -> AIMessage:
         last = messages[-1]
         if tools and isinstance(last, HumanMessage):
-            call = {"name": "capital_lookup", "args": {"country": "Peru"}, "id": "call_1"}
-            return AIMessage(content="", tool_calls=[call])
+            country = str(last.content).rstrip("?").split()[-1]
+            lp = {"Peru": CONFIDENT, "Chile": MIDDLING}.get(country, UNSURE)
+            call = {"name": "capital_lookup", "args": {"country": country}, "id": "call_1"}
+            return AIMessage(content="", tool_calls=[call], response_metadata={"lp": lp})
         if isinstance(last, ToolMessage):
             text = str(last.content)
             return AIMessage(
@@ -126,10 +133,13 @@ class ToolScriptModel(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=msg)])
 
 
-def artifact(*, tools: bool = False, conversations: bool = False) -> GuardArtifact:
+def artifact(
+    *, tools: bool = False, conversations: bool = False, **agent_fields: Any
+) -> GuardArtifact:
     """A perplexity guard "calibrated" on :class:`ToolScriptModel`: confident answers
     (perplexity ~1.05) are answered, unsure ones (~55) withheld at participation 0.8. With
-    ``tools`` the record is an agent's (its tools, system prompt, format)."""
+    ``tools`` the record is an agent's (its tools, system prompt, format; ``agent_fields``:
+    :class:`AgentRecord` fields, e.g. ``gating``, ``call_tool_choices``, ``tool_steps``)."""
     scores = np.linspace(1.0, 3.0, 60)
     correct = np.arange(scores.size) % 3 != 0
     agent = None
@@ -140,6 +150,7 @@ def artifact(*, tools: bool = False, conversations: bool = False) -> GuardArtifa
             step_limit=10,
             tool_call_format="hermes",
             conversations=conversations,
+            **agent_fields,
         )
     record = DeploymentRecord(
         model_fingerprint="m-1",

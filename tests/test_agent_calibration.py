@@ -1,6 +1,7 @@
 """``calibrate --agent`` end to end on the embedded model: the country agent of
 ``examples/country_agent.py`` (one lookup tool, the first call forced), calibrated as
-deployed on a few probe questions, then deployed with ``AbstentionMiddleware``.
+deployed on a few probe questions with final-answer gating, then deployed with
+``AbstentionMiddleware`` (step gating on the real model: tests/test_agent_steps_real.py).
 
 What must hold: the artifact records the tools, prompt, format and what the runs did; a
 killed-and-restarted calibration runs no agent again; live scores of the deployed, guarded
@@ -78,6 +79,7 @@ def calibrated(agent_model: Any, example: Any, tmp_path_factory: pytest.TempPath
     tmp = tmp_path_factory.mktemp("agent")
     config = CalibrationConfig(
         agent=FACTORY,
+        agent_gating="final_answer",  # step gating: tests/test_agent_steps_real.py
         agent_step_limit=6,
         scorer="perplexity",
         max_new_tokens=BUDGET,

@@ -52,3 +52,23 @@ def test_report_merges_results(tmp_path: Path) -> None:
     assert set(merged["datasets"]) == {"alpha", "beta"}
     assert 0.5 < merged["datasets"]["alpha"]["scorers"]["s"]["auroc"] <= 1.0
     assert "alpha" in (tmp_path / "rep" / "report.md").read_text()
+
+
+def test_evaluate_without_live_refuses_an_agent_artifact(tmp_path: Path, capsys) -> None:
+    from abstain_guard import GuardArtifact, PerplexityScorer
+    from abstain_guard.deployment import AgentRecord, DeploymentRecord, PromptRecord
+
+    record = DeploymentRecord(
+        prompts={"open": PromptRecord(system_prompt=None, max_new_tokens=48)},
+        agent=AgentRecord(factory="examples.lookup_agent:build_agent", step_limit=8),
+    )
+    rng = np.random.default_rng(0)
+    GuardArtifact.from_calibration(
+        scorer=PerplexityScorer(),
+        scores=rng.uniform(size=20),
+        correct=rng.uniform(size=20) > 0.5,
+        metadata={"deployment": record.to_json()},
+    ).save(tmp_path / "agent")
+    code = main(["evaluate", "--artifact", str(tmp_path / "agent"), "--out", str(tmp_path / "r")])
+    assert code == 2
+    assert "evaluate --live" in capsys.readouterr().err

@@ -44,7 +44,8 @@ class ScorerSpec:
         target: the class, or ``"module:Class"`` imported on first use (scorers that need
             torch or xgboost live in the optional ``local`` extra, so core must not import
             them eagerly).
-        family: ``"likelihood"``, ``"geometry"``, ``"model"`` (P(True), attention score),
+        family: ``"likelihood"``, ``"geometry"``, ``"probe"`` (hidden-state probes),
+            ``"floor"`` (``type_floor``), ``"model"`` (P(True), attention score),
             ``"sampling"`` (SAR, semantic entropy, EigenScore), ``"calibrated"`` or
             ``"custom"``.
         reads: what :func:`build_scorer` must pass (see :data:`ScorerInput`).
@@ -106,6 +107,68 @@ _REGISTRY: dict[str, ScorerSpec] = {
             fitted=True,
             summary="geometry distances + likelihood summarised per response -> logistic "
             "model -> P(wrong)",
+        ),
+        ScorerSpec(
+            "probe_mid",
+            f"{_HOME}.probe:ProbeMid",
+            "probe",
+            fitted=True,
+            summary="SAPLMA-style logistic probe: residual stream, middle layer (L//2), "
+            "mean over generated tokens",
+        ),
+        ScorerSpec(
+            "probe_upper",
+            f"{_HOME}.probe:ProbeUpper",
+            "probe",
+            fitted=True,
+            summary="SAPLMA-style logistic probe: residual stream, upper layer (4L//5), "
+            "mean over generated tokens",
+        ),
+        ScorerSpec(
+            "probe_concat",
+            f"{_HOME}.probe:ProbeConcat",
+            "probe",
+            fitted=True,
+            summary="SAPLMA-style logistic probe: residual stream, middle + upper layers, "
+            "mean over generated tokens",
+        ),
+        ScorerSpec(
+            "probe_mid_last",
+            f"{_HOME}.probe:ProbeMidLast",
+            "probe",
+            fitted=True,
+            summary="SAPLMA-style logistic probe: residual stream, middle layer (L//2), "
+            "last generated position",
+        ),
+        ScorerSpec(
+            "probe_upper_last",
+            f"{_HOME}.probe:ProbeUpperLast",
+            "probe",
+            fitted=True,
+            summary="SAPLMA-style logistic probe: residual stream, upper layer (4L//5), "
+            "last generated position",
+        ),
+        ScorerSpec(
+            "probe_concat_last",
+            f"{_HOME}.probe:ProbeConcatLast",
+            "probe",
+            fitted=True,
+            summary="SAPLMA-style logistic probe: residual stream, middle + upper layers, "
+            "last generated position",
+        ),
+        ScorerSpec(
+            "likelihood_probe",
+            f"{_HOME}.likelihood_probe:LikelihoodProbeScorer",
+            "probe",
+            fitted=True,
+            summary="probe_concat's out-of-fold logit + likelihood summary -> logistic model",
+        ),
+        ScorerSpec(
+            "type_floor",
+            f"{_HOME}.type_floor:TypeFloorScorer",
+            "floor",
+            fitted=True,
+            summary="1 - train accuracy of the question's type (a measuring floor, not a guard)",
         ),
         ScorerSpec(
             "calibrated",

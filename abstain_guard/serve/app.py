@@ -183,8 +183,8 @@ def create_app(
             ticket = arrival.admit() if arrival is not None else None  # no await between
             answer = await service.answer(question)
             completion_id = new_completion_id()
-            if arrival is not None and ticket is not None:  # a tool call is not a decision
-                arrival.finish(ticket, completion_id, answer.decision or None)
+            if arrival is not None and ticket is not None:  # one decision per run: its outcome
+                arrival.finish(ticket, completion_id, answer.outcome)
         except RequestRefused as exc:
             return _refusal(exc)
         except AbstainGuardError as exc:  # the guard failed (on_error="raise", a mismatch)
@@ -195,7 +195,7 @@ def create_app(
         finally:  # ended without a decision (refused, failed, cancelled): give up the place
             if arrival is not None and ticket is not None:
                 arrival.finish(ticket)  # no-op when it already finished above
-        decided = answer.abstained if answer.decision else None  # None: no guard
+        decided = answer.abstained if answer.outcome else None  # None: no guard, a tool call
         metrics.decided(decided, time.perf_counter() - start, parsed.stream)
         logprobs = (parsed.top_logprobs or 0) if parsed.logprobs else None
         headers = decision_headers(answer)

@@ -6,7 +6,10 @@ otherwise:
 
 * ``tools``: exactly the calibrated tool schemas (compared by
   :func:`~abstain_guard.deployment.tools_sha256`), none for an artifact calibrated without;
-  ``tool_choice``: the one the final answers were calibrated with (``auto`` when none);
+  ``tool_choice``: one calibration's runs had at the same model call of a run (the
+  assistant turns after the question so far; ``AgentRecord.call_tool_choices``), so a
+  client forcing the first call of an agent calibrated forced is accepted; for an artifact
+  that records only the final answers' choice, that one (``auto`` when none);
 * earlier turns before the question: only an artifact calibrated on conversations
   (:attr:`~abstain_guard.deployment.DeploymentRecord.calibrated_on_conversations`), in the
   calibrated shape (alternating user / assistant turns);
@@ -16,6 +19,7 @@ otherwise:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,7 +30,7 @@ from abstain_guard.deployment import DeploymentRecord, conversation_refusal, too
 from abstain_guard.prompts import history_problem
 from abstain_guard.serve.conversation import Turns, is_tool_turn, requested_tool_choice
 from abstain_guard.serve.schemas import ChatCompletionRequest, RequestRefused
-from abstain_guard.tool_choice import AUTO, NONE
+from abstain_guard.tool_choice import AUTO, NONE, REQUIRED
 
 __all__ = ["check_tools", "check_turns", "request_tools", "tool_name"]
 
@@ -58,9 +62,12 @@ def request_tools(request: ChatCompletionRequest) -> list[dict[str, Any]]:
     return tools
 
 
-def check_tools(record: DeploymentRecord, request: ChatCompletionRequest) -> str | None:
-    """Check the request's ``tools`` and ``tool_choice`` against the calibration; return
-    the ``tool_choice`` to bind (None: the model decides).
+def check_tools(
+    record: DeploymentRecord, request: ChatCompletionRequest, position: int = 0
+) -> str | None:
+    """Check the request's ``tools`` and ``tool_choice`` (for model call ``position`` of the
+    run) against the calibration; return the ``tool_choice`` to bind (None: the model
+    decides).
 
     Raises:
         RequestRefused: other tools than the calibrated ones (or tools where calibration
@@ -86,15 +93,22 @@ def check_tools(record: DeploymentRecord, request: ChatCompletionRequest) -> str
                 f"(same names, descriptions and parameters), or {CALIBRATE_AGENT} with these."
             )
         raise RequestRefused(message, param="tools", code="tools_not_calibrated")
-    return _tool_choice(record, request)
+    return _tool_choice(record, request, position)
 
 
-def _tool_choice(record: DeploymentRecord, request: ChatCompletionRequest) -> str | None:
-    """The ``tool_choice`` to bind: the calibrated final one; a request may name it (or
-    ``auto`` when the model decided at calibration) or omit it.
+def _tool_choice(
+    record: DeploymentRecord, request: ChatCompletionRequest, position: int
+) -> str | None:
+    """The ``tool_choice`` to bind for model call ``position`` of the run (0-based: the
+    assistant turns after the question so far).
+
+    An artifact that records each call's choice (``AgentRecord.call_tool_choices``) takes a
+    choice its calibration runs had at that position (None and ``"auto"`` are one; a
+    position no calibration run reached takes any); an older one only the final answers'
+    (``final_tool_choice``), which a request may name or omit.
 
     Raises:
-        RequestRefused: ``tool_choice`` without tools, or another one than calibrated.
+        RequestRefused: ``tool_choice`` without tools, or one calibration did not have there.
     """
     asked = requested_tool_choice(request.tool_choice)
     if not record.tools:
@@ -105,15 +119,52 @@ def _tool_choice(record: DeploymentRecord, request: ChatCompletionRequest) -> st
                 param="tool_choice",
             )
         return None
-    final = record.agent.final_tool_choice if record.agent is not None else None
-    calibrated = None if final in (None, AUTO) else final
-    if asked is not None and (None if asked == AUTO else asked) != calibrated:
+    agent = record.agent
+    if agent is not None and agent.call_tool_choices:
+        return _call_choice(agent.call_tool_choices, position, asked)
+    final = agent.final_tool_choice if agent is not None else None
+    calibrated = _free(final)
+    if asked is not None and _free(asked) != calibrated:
         raise RequestRefused(
             f"tool_choice={asked!r}, but this guard's final answers were calibrated with "
-            f"tool_choice={calibrated or 'auto'!r}; omit tool_choice.",
+            f"tool_choice={calibrated or 'auto'!r} and it records no other call's choice (an "
+            "artifact from before per-call choices); omit tool_choice, or recalibrate with "
+            "`abstain-guard calibrate --agent` to serve an agent that forces some calls.",
             param="tool_choice",
         )
     return calibrated
+
+
+def _call_choice(
+    calibrated: Mapping[str, list[str | None]], position: int, asked: str | None
+) -> str | None:
+    """``asked`` for model call ``position`` when calibration's runs had it there."""
+    seen = calibrated.get(str(position))
+    if seen is None or _free(asked) in {_free(c) for c in seen}:
+        return _free(asked)
+    spellings = sorted({_openai_spelling(c) for c in seen})
+    raise RequestRefused(
+        f"tool_choice={_openai_spelling(asked)} for model call {position + 1} of the run "
+        f"({position} assistant turn(s) after the question), but calibration's runs had "
+        f"{' or '.join(spellings)} there; send that tool_choice at this point of the run, as "
+        "the calibrated agent does (GET /healthz lists each call's calibrated choices).",
+        param="tool_choice",
+        code="tool_choice_not_calibrated",
+    )
+
+
+def _free(choice: str | None) -> str | None:
+    """None for a free choice (``"auto"`` or none given), else the choice."""
+    return None if choice in (None, AUTO) else choice
+
+
+def _openai_spelling(choice: str | None) -> str:
+    """How an OpenAI request says ``choice``."""
+    if choice in (None, AUTO):
+        return "'auto' (or none)"
+    if choice in (NONE, REQUIRED):
+        return repr("required" if choice == REQUIRED else NONE)
+    return json.dumps({"type": "function", "function": {"name": choice}})
 
 
 def check_turns(record: DeploymentRecord, turns: Turns) -> None:

@@ -14,7 +14,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from abstain_guard.monitor import GuardMonitor
-from abstain_guard.serve.service import Admission
+from abstain_guard.serve.admission import Admission
 
 __all__ = ["CONTENT_TYPE_LATEST", "MonitorCollector", "ServerMetrics"]
 

@@ -27,6 +27,21 @@ __all__ = [
 #: The decision fields a client sees (``reason`` and ``error`` say why, too).
 DECISION_FIELDS = ("abstained", "score", "threshold", "mode", "target", "guarantee", "scorer")
 
+#: The agent fields a decision shows when it has them: ``tool_steps`` (tool results before
+#: this model call), and with step gating ``gating``, ``step`` (the model call, 0-based),
+#: ``step_score``, ``run_statistic`` (the running maximum the rule decided on: ``score``),
+#: ``tool_calls`` (the names of the calls made or withheld) and ``unknown_tool_calls`` (the
+#: earlier calls without a record, when it failed closed).
+STEP_FIELDS = (
+    "tool_steps",
+    "gating",
+    "step",
+    "step_score",
+    "run_statistic",
+    "tool_calls",
+    "unknown_tool_calls",
+)
+
 
 def new_completion_id() -> str:
     """A fresh ``chatcmpl-...`` id."""
@@ -36,8 +51,9 @@ def new_completion_id() -> str:
 def decision_of(answer: GuardedAnswer) -> dict[str, Any]:
     """The decision as the response shows it (JSON-safe)."""
     shown = {k: answer.decision.get(k) for k in (*DECISION_FIELDS, "reason", "error")}
-    if "tool_steps" in answer.decision:  # tool results before this final answer
-        shown["tool_steps"] = answer.decision["tool_steps"]
+    for key in STEP_FIELDS:  # tool results before it; with step gating, the run so far
+        if key in answer.decision:
+            shown[key] = answer.decision[key]
     return dict(json_safe(shown))
 
 

@@ -10,10 +10,18 @@ once (429 beyond, with ``Retry-After``); a full model queue is a 503 with ``Retr
 
 What a request may carry follows what the artifact was calibrated on
 (:mod:`abstain_guard.serve.guard_rules`): earlier turns only when it was calibrated on
-conversations; ``tools`` only the calibrated tool schemas, bound on the model, whose calls
-come back as OpenAI ``tool_calls`` ungated (a message with tool calls is not a final
-answer); tool results and assistant tool calls in the conversation only for an artifact
-calibrated on an agent. Only final answers are scored and gated.
+conversations; ``tools`` only the calibrated tool schemas, bound on the model with a
+``tool_choice`` calibration had at that model call of the run, whose calls come back as
+OpenAI ``tool_calls``; tool results and assistant tool calls in the conversation only for an
+artifact calibrated on an agent.
+
+What is gated follows ``AgentRecord.gating``, as in the middleware: with ``"steps"`` every
+response (tool-calling or final) is decided on the run's running maximum of step scores
+(:mod:`abstain_guard.serve.step_gate`; the earlier steps' scores from the server's own
+:class:`~abstain_guard.serve.step_record.StepRecord`, never from the client), and a gated
+tool-calling response is the abstention message without ``tool_calls``; with
+``"final_answer"`` (and without an agent) tool calls come back ungated and only final
+answers are scored.
 """
 
 from __future__ import annotations
@@ -32,9 +40,19 @@ from abstain_guard.deployment import DeploymentRecord
 from abstain_guard.errors import ContextLengthError, SchedulerFullError
 from abstain_guard.prompts import question_prompt
 from abstain_guard.runnables import find_chat_models
+from abstain_guard.serve.admission import Admission
 from abstain_guard.serve.conversation import openai_tool_calls, split_turns
 from abstain_guard.serve.guard_rules import check_tools, check_turns, tool_name
 from abstain_guard.serve.schemas import ChatCompletionRequest, RequestRefused
+from abstain_guard.serve.step_gate import (
+    RunSoFar,
+    check_tool_steps,
+    gating_of,
+    remember_step,
+    run_so_far,
+    unknown_steps_abstention,
+)
+from abstain_guard.serve.step_record import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_S, StepRecord
 from abstain_guard.tracing import arecord_decision
 
 __all__ = ["Admission", "GuardCall", "GuardService", "GuardedAnswer", "answer_of"]
@@ -54,8 +72,9 @@ class GuardedAnswer:
         prompt_tokens: tokens of the rendered prompt.
         completion_tokens: tokens the model generated (also for a withheld answer).
         tool_calls: the model's tool calls in OpenAI's format (``{"id", "type":
-            "function", "function": {"name", "arguments": <JSON string>}}``); a message
-            with tool calls is not a final answer, so no guard decided it.
+            "function", "function": {"name", "arguments": <JSON string>}}``); decided with
+            step gating (the decision then has ``step``, ``step_score``, ``run_statistic``),
+            else returned ungated (no decision).
     """
 
     content: str
@@ -70,6 +89,15 @@ class GuardedAnswer:
     def abstained(self) -> bool:
         """Whether the answer was withheld."""
         return bool(self.decision.get("abstained"))
+
+    @property
+    def outcome(self) -> dict[str, Any] | None:
+        """The decision when it ends the run (a final answer or an abstention): what the
+        monitor and the decision counts take, one per run as the middleware feeds them; None
+        for a tool call that lets the run go on, or without a decision."""
+        if not self.decision or self.tool_calls:
+            return None
+        return self.decision
 
 
 def answer_of(message: AIMessage) -> GuardedAnswer:
@@ -105,6 +133,8 @@ class GuardCall:
             decides).
         metadata: the request's ``metadata`` (OpenAI's field), where a guard with
             ``group_by="<key>"`` finds the question's group (run metadata of the chain).
+        run: with step gating, the run before this model call (position, the recorded
+            running maximum, earlier steps without a record).
     """
 
     question: str
@@ -112,6 +142,7 @@ class GuardCall:
     steps: list[BaseMessage] = field(default_factory=list)
     tool_choice: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
+    run: RunSoFar | None = None
 
     def inputs(self) -> dict[str, Any]:
         """What the guard's prompt takes: ``question``, and ``history`` when there is one
@@ -119,53 +150,6 @@ class GuardCall:
         if self.history:
             return {"question": self.question, "history": list(self.history)}
         return {"question": self.question}
-
-
-class Admission:
-    """How many requests a service takes at once: at most ``max_in_flight`` (429 beyond,
-    with ``Retry-After``), none while shutting down (503)."""
-
-    max_in_flight: int
-    retry_after_s: int
-    in_flight: int
-    draining: bool
-    model_name: str
-    chat_model: Any
-
-    def admit(self) -> None:
-        """Take a place for one request.
-
-        Raises:
-            RequestRefused: 503 while shutting down, 429 when ``max_in_flight`` requests run.
-        """
-        if self.draining:
-            raise RequestRefused(
-                "The server is shutting down; retry on another instance.",
-                status=503,
-                kind="server_error",
-                code="shutting_down",
-                retry_after_s=self.retry_after_s,
-            )
-        if self.in_flight >= self.max_in_flight:
-            raise RequestRefused(
-                f"The server is busy ({self.in_flight} requests in flight, at most "
-                f"{self.max_in_flight}); retry after {self.retry_after_s} s.",
-                status=429,
-                kind="rate_limit_error",
-                code="overloaded",
-                retry_after_s=self.retry_after_s,
-            )
-        self.in_flight += 1
-
-    def queue_full(self, exc: SchedulerFullError) -> RequestRefused:
-        """The 503 for a full model queue."""
-        return RequestRefused(
-            f"The model's queue is full ({exc}).",
-            status=503,
-            kind="server_error",
-            code="queue_full",
-            retry_after_s=self.retry_after_s,
-        )
 
 
 class GuardService(Admission):
@@ -179,6 +163,9 @@ class GuardService(Admission):
         model_name: the id ``/v1/models`` lists and responses carry.
         max_in_flight: requests admitted at once (default: the model's batch plus queue).
         retry_after_s: the ``Retry-After`` an overloaded server sends.
+        step_record: where step gating keeps the step decisions it issued (default: a
+            :class:`~abstain_guard.serve.step_record.StepRecord` of
+            ``step_record_size`` entries kept ``step_record_ttl_s`` seconds).
     """
 
     def __init__(
@@ -191,6 +178,9 @@ class GuardService(Admission):
         model_name: str = "abstain-guard",
         max_in_flight: int | None = None,
         retry_after_s: int = 1,
+        step_record: StepRecord | None = None,
+        step_record_size: int = DEFAULT_MAX_ENTRIES,
+        step_record_ttl_s: float = DEFAULT_TTL_S,
     ) -> None:
         self.chain = chain
         self.guard = guard
@@ -206,6 +196,8 @@ class GuardService(Admission):
         self.retry_after_s = retry_after_s
         self.in_flight = 0
         self.draining = False
+        self.gating = gating_of(record) if record.tools else "final_answer"
+        self.steps = step_record or StepRecord(step_record_size, step_record_ttl_s)
 
     @classmethod
     def from_artifact(
@@ -244,8 +236,9 @@ class GuardService(Admission):
             RequestRefused: anything that would run the model otherwise than calibrated.
         """
         self._check_generation(request)
-        tool_choice = check_tools(self.record, request)
         turns = split_turns(request.messages)
+        position = sum(isinstance(m, AIMessage) for m in turns.steps)
+        tool_choice = check_tools(self.record, request, position)
         for text in turns.system:
             if text != (self.prompt.system_prompt or ""):
                 raise RequestRefused(
@@ -255,8 +248,16 @@ class GuardService(Admission):
                     param="messages",
                 )
         check_turns(self.record, turns)
+        run = None
+        if self.gating == "steps":
+            run = run_so_far(self.steps, turns.question, turns.history, turns.steps)
         return GuardCall(
-            turns.question, turns.history, turns.steps, tool_choice, dict(request.metadata or {})
+            turns.question,
+            turns.history,
+            turns.steps,
+            tool_choice,
+            dict(request.metadata or {}),
+            run,
         )
 
     def _check_generation(self, request: ChatCompletionRequest) -> None:
@@ -336,24 +337,49 @@ class GuardService(Admission):
         return bound.bind(max_new_tokens=self.budget)
 
     async def _tool_step(self, call: GuardCall) -> AIMessage:
-        """One model call with the calibrated tools: tool calls come back ungated; a final
-        answer is scored and decided as the middleware decides it (``tool_steps``: the tool
-        results since the question), and the decision is traced."""
-        prompt = await self.prompt_template.ainvoke(call.inputs())
-        messages = [*prompt.to_messages(), *call.steps]
+        """One model call with the calibrated tools, decided as the middleware decides it:
+        with step gating every reply on the run's running maximum (an answered tool call is
+        recorded for the run's next request; earlier steps without a record abstain without
+        running the model), else tool calls come back ungated and final answers are scored.
+        A final answer is checked against calibration's tool-step counts; the decision
+        records ``tool_steps`` (the tool results since the question) and is traced."""
         policy = self.guard.policy
         group = policy.group_of(call.inputs(), call.metadata)
-        try:
-            reply = await self._tool_model(call.tool_choice).ainvoke(messages)
-        except ContextLengthError as exc:
-            message, decision = policy.decide_unanswerable(exc, group)
+        if call.run is not None and call.run.unknown:
+            message, decision = unknown_steps_abstention(policy, group, call.run, self.steps)
         else:
-            if isinstance(reply, AIMessage) and reply.tool_calls:
-                return reply
-            message, decision = await asyncio.to_thread(policy.decide, reply, None, group)
+            prompt = await self.prompt_template.ainvoke(call.inputs())
+            messages = [*prompt.to_messages(), *call.steps]
+            try:
+                reply = await self._tool_model(call.tool_choice).ainvoke(messages)
+            except ContextLengthError as exc:
+                message, decision = policy.decide_unanswerable(exc, group)
+            else:
+                if call.run is None and reply.tool_calls:
+                    return reply  # final-answer gating: a tool call is not decided
+                message, decision = await self._decide(reply, call, group)
         decision["tool_steps"] = sum(isinstance(m, ToolMessage) for m in call.steps)
         await arecord_decision(decision)
         return message
+
+    async def _decide(
+        self, reply: AIMessage, call: GuardCall, group: str | None
+    ) -> tuple[AIMessage, dict[str, Any]]:
+        """The policy's decision on ``reply`` (with step gating on the run's running maximum,
+        and an answered tool call kept in the step record)."""
+        policy = self.guard.policy
+        notes = [] if reply.tool_calls else check_tool_steps(policy, self.record, call.steps)
+        run = call.run
+        if run is None:
+            return await asyncio.to_thread(policy.decide, reply, notes, group)
+        message, decision = await asyncio.to_thread(
+            lambda: policy.decide(reply, notes, group, step=run.position, previous=run.previous)
+        )
+        decision["gating"] = "steps"
+        decision["tool_calls"] = [c["name"] for c in reply.tool_calls]
+        if reply.tool_calls and not decision.get("abstained"):
+            remember_step(self.steps, run, reply, decision)
+        return message, decision
 
     def describe(self) -> dict[str, Any]:
         """What ``/healthz`` reports: the guard in force and the load."""
@@ -365,6 +391,7 @@ class GuardService(Admission):
             "max_tokens": self.budget,
             "conversations": self.record.calibrated_on_conversations,
             "tools": [tool_name(t) for t in self.record.tools or []],
+            **self._agent(),
             "mode": rule.mode,
             "target": rule.target,
             "threshold": json_number(rule.threshold),
@@ -372,6 +399,21 @@ class GuardService(Admission):
             "in_flight": self.in_flight,
             "max_in_flight": self.max_in_flight,
         }
+
+    def _agent(self) -> dict[str, Any]:
+        """An agent's gating, each model call's calibrated ``tool_choice`` and tool-step
+        counts, and (step gating) the step record's size and limits."""
+        agent = self.record.agent
+        if agent is None or not self.record.tools:
+            return {}
+        info: dict[str, Any] = {
+            "gating": self.gating,
+            "call_tool_choices": dict(agent.call_tool_choices),
+            "tool_steps": dict(agent.tool_steps),
+        }
+        if self.gating == "steps":
+            info["step_record"] = self.steps.describe()
+        return info
 
     def _groups(self) -> dict[str, Any]:
         """Per-group rules in force (a guard with ``group_by``): key, and each group's rule

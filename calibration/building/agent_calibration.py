@@ -1,14 +1,21 @@
 """The calibration steps of ``calibrate --agent``: run the agent as deployed, judge its final
 answers, fit the scorer, score the calibration split as the middleware will.
 
-1. reference and train questions: the agent runs with the plain model; the final answers'
-   features come from a replay of the exact ids the model generated from and produced
-   (``prompt_token_ids`` + ``token_ids``: tool schemas, tool results and any forced-call
-   prefill included), and the scorer is fitted on them;
+1. reference and train questions: the agent runs with the plain model; the features of
+   the final answers (with step gating: of every model call) come from a replay of the
+   exact ids the model generated from and produced (``prompt_token_ids`` + ``token_ids``:
+   tool schemas, tool results and any forced-call prefill included), and the scorer is
+   fitted on them;
 2. calibration and test questions: the agent is built again around
    ``scorer.prepare(model)`` — the model :class:`~abstain_guard.middleware.AbstentionMiddleware`
-   puts in the agent's model calls — and runs; each final answer is scored from the
-   message the model returned, the object the middleware scores live.
+   puts in the agent's model calls — and runs; each final answer (with step gating: each
+   model call, and the run by its running maximum, :mod:`abstain_guard.agent_steps`) is
+   scored from the message the model returned, the object the middleware scores live.
+
+With step gating (``agent_gating="steps"``, the default) a run's label is the run's
+(:mod:`.run_labels`: no final answer or a wrong tool call makes it wrong) and every
+calibration run is in the calibration set; with ``"final_answer"`` only runs with a final
+answer are, labelled by it.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from abstain_guard.agent_steps import run_statistic
 from abstain_guard.chat_model_specs import ChatModelRecord, ChatModelSpec
 from abstain_guard.deployment import AgentRecord, DeploymentRecord, PromptRecord, sha256_text
 from abstain_guard.errors import CalibrationError
@@ -28,15 +36,22 @@ from .agents import (
     offered_once,
     run_agents,
     runs_summary,
+    step_messages,
 )
 from .answers import HELD_OUT, AnswerRow, AnswerRows, means_digest
 from .calibration_config import FIT_SCORERS, CalibrationConfig
 from .datasets import QAItem
 from .judges.base import Judgment
 from .judging import Verdicts, check_two_classes, labeled_items, labels
+from .run_labels import call_verdicts, run_judgment, step_labels
 from .store import RunStore
 
-__all__ = ["AgentCalibrationRun", "agent_deployment_record", "calibrate_agent_splits"]
+__all__ = [
+    "AgentCalibrationRun",
+    "agent_deployment_record",
+    "calibrate_agent_splits",
+    "run_step_scores",
+]
 
 
 class AgentCalibrationRun(Protocol):
@@ -66,13 +81,57 @@ def _no_answer_judgment(row: AnswerRow) -> Judgment:
     )
 
 
-def _judge_runs(run: AgentCalibrationRun, items: Sequence[QAItem], rows: AnswerRows) -> None:
-    """Judge the final answers (``run.judge``); a run without one gets no verdict."""
+def _judge_runs(
+    run: AgentCalibrationRun,
+    items: Sequence[QAItem],
+    rows: AnswerRows,
+    config: CalibrationConfig,
+    schemas: Sequence[Mapping[str, Any]] | None,
+    step_fit: dict[str, list[bool]],
+) -> None:
+    """Judge the final answers (``run.judge``). Final-answer gating: a run without one gets
+    no verdict. Step gating: every run gets its run verdict (:func:`.run_labels.run_judgment`:
+    no final answer or a wrong executed tool call is wrong), and ``step_fit`` each run's
+    per-call fitting labels."""
     answered = [it for it in items if has_final_answer(rows[it.id])]
     run.judge(answered, rows)
     for it in items:
-        if not has_final_answer(rows[it.id]):
-            run.judgments[it.id] = _no_answer_judgment(rows[it.id])
+        row = rows[it.id]
+        answer = run.judgments.get(it.id) if has_final_answer(row) else None
+        if config.agent_gating != "steps":
+            if answer is None:
+                run.judgments[it.id] = _no_answer_judgment(row)
+            continue
+        calls = call_verdicts(it, row, schemas)
+        verdict = run_judgment(answer, row, calls)
+        run.judgments[it.id] = verdict
+        if verdict.correct is not None:
+            step_fit[it.id] = step_labels(row, verdict, answer, calls)
+
+
+def _step_pairs(items: Sequence[QAItem], rows: AnswerRows) -> list[Any]:
+    """The (prompt ids, generated ids) of every model call of ``items``' runs, in order."""
+    pairs = []
+    for it in items:
+        for t, step in enumerate(step_messages(rows[it.id])):
+            meta = step.get("metadata") or {}
+            if meta.get("prompt_token_ids") is None or meta.get("token_ids") is None:
+                raise CalibrationError(
+                    f"Model call {t + 1} of the run for {it.id!r} carries no prompt/response "
+                    "token ids; the agent's model must be a GeometryChatModel (or an API "
+                    "model with a likelihood scorer)."
+                )
+            pairs.append((meta["prompt_token_ids"], meta["token_ids"]))
+    return pairs
+
+
+def run_step_scores(scorer: Any, row: Mapping[str, Any]) -> list[float]:
+    """The scorer's score of each model call of a cached run, ``[T]`` (what the middleware
+    computes live on each call of the deployed run)."""
+    steps = step_messages(row)
+    if not steps:
+        raise CalibrationError("an agent run without model calls has no step to score")
+    return [float(x) for x in scorer.score_many([m.get("metadata") or {} for m in steps])]
 
 
 def _id_pairs(items: Sequence[QAItem], rows: AnswerRows) -> list[Any]:
@@ -118,21 +177,31 @@ def calibrate_agent_splits(
         desc="agent runs (fit)",
         **remote,
     )
-    _judge_runs(run, fit_items, rows)
+    steps_mode = config.agent_gating == "steps"
+    schemas = offered_once(list(rows.values()))["tools"]
+    step_fit: dict[str, list[bool]] = {}
+    _judge_runs(run, fit_items, rows, config, schemas, step_fit)
     labeled = {n: labeled_items(splits[n], run.judgments) for n in ("reference", "train")}
     check_two_classes(labeled, run.judgments, config)
+    pairs_of = _step_pairs if steps_mode else _id_pairs
+
+    def fit_labels(items: Sequence[QAItem]) -> list[bool]:
+        if not steps_mode:
+            return labels(items, run.judgments)
+        return [ok for it in items for ok in step_fit[it.id]]
+
     if config.scorer in FIT_SCORERS:
         fitted = {
             n: replay_token_ids(
                 model,
-                _id_pairs(labeled[n], rows),
+                pairs_of(labeled[n], rows),
                 batch_size=config.replay_batch_size,
                 return_states=True,
                 progress=run.progress,
             )
             if executor is None
             else executor.replay_token_ids(
-                _id_pairs(labeled[n], rows),
+                pairs_of(labeled[n], rows),
                 batch_size=config.replay_batch_size,
                 return_states=True,
             )
@@ -140,7 +209,7 @@ def calibrate_agent_splits(
         }
         scorer.fit(
             *[
-                list(zip(fitted[n], labels(labeled[n], run.judgments), strict=True))
+                list(zip(fitted[n], fit_labels(labeled[n]), strict=True))
                 for n in ("reference", "train")
             ]
         )
@@ -165,9 +234,12 @@ def calibrate_agent_splits(
             **remote,
         )
     )
-    _judge_runs(run, held, rows)
+    _judge_runs(run, held, rows, config, schemas, step_fit)
     calibration = labeled_items(splits["calibration"], run.judgments)
-    scores = scorer.score_many([rows[it.id]["metadata"] for it in calibration])
+    if steps_mode:  # the whole run's statistic (agent_steps.py): what the guard stops on
+        scores = [run_statistic(run_step_scores(scorer, rows[it.id])) for it in calibration]
+    else:
+        scores = list(scorer.score_many([rows[it.id]["metadata"] for it in calibration]))
     return rows, scorer, np.asarray(scores, dtype=np.float64)
 
 
@@ -205,6 +277,7 @@ def agent_deployment_record(
         raise CalibrationError("no agent run ended with a final answer; nothing to calibrate")
     settings = getattr(model, "decoding_settings", None)
     system = offered["system_prompt"]
+    summary = runs_summary(rows)
     agent = AgentRecord(
         factory=str(config.agent),
         system_prompt=system,
@@ -212,8 +285,17 @@ def agent_deployment_record(
         tool_call_format=generation.get("tool_call_format"),
         tool_prompt_sha256=generation.get("tool_prompt_sha256"),
         final_tool_choice=offered["final_tool_choice"],
+        call_tool_choices=offered["call_tool_choices"],
+        tool_steps=summary["tool_steps_before_final_answer"],
+        gating=config.agent_gating,
+        labelling=(
+            "final_answer_and_tool_calls"
+            if config.agent_gating == "steps"
+            and any(getattr(it, "expected_tool_calls", ()) for it in items)
+            else "final_answer"
+        ),
         conversations=any(getattr(it, "history", ()) for it in items),
-        runs=runs_summary(rows),
+        runs=summary,
     )
     if generation and generation.get("system_prompt_sha256") != sha256_text(system):
         raise CalibrationError(

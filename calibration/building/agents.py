@@ -49,6 +49,7 @@ __all__ = [
     "run_agent",
     "run_agents",
     "runs_summary",
+    "step_messages",
 ]
 
 #: Run-store namespace of cached agent runs.
@@ -56,6 +57,10 @@ AGENT_NS = "agent_runs"
 
 #: Why a run ended (``AgentRun.reason``).
 FINAL_ANSWER = "final_answer"
+
+#: What a cached run records (part of its key): ``"steps-v1"`` keeps every model call's
+#: scorer metadata, so runs cached before step gating are run again.
+RUN_RECORD = "steps-v1"
 
 
 def load_agent_factory(spec: str) -> Callable[..., Any]:
@@ -174,6 +179,13 @@ class AgentRun:
         return sum(1 for m in self.messages if m["role"] == "ai")
 
 
+#: What a model call's message keeps for the scorers (the final answer's row keeps the same).
+STEP_METADATA = (*LIKELIHOOD_METADATA, "geometry")
+
+#: The step decision fields a guarded run's messages keep (``evaluate --live`` compares them).
+DECISION_FIELDS = ("step", "step_score", "run_statistic", "abstained", "threshold")
+
+
 def _message_json(m: BaseMessage) -> dict[str, Any]:
     out: dict[str, Any] = {"role": m.type, "content": m.text if m.content else ""}
     if isinstance(m, AIMessage):
@@ -184,6 +196,18 @@ def _message_json(m: BaseMessage) -> dict[str, Any]:
             {"name": c.get("name"), "args": c.get("args"), "error": c.get("error")}
             for c in m.invalid_tool_calls
         ]
+        meta = m.response_metadata or {}
+        withheld = meta.get("withheld_response")
+        if isinstance(withheld, Mapping):  # a step the guard stopped: what the model wrote
+            out["tool_calls"] = [
+                {"name": c["name"], "args": c["args"], "id": c.get("id")}
+                for c in withheld.get("tool_calls") or []
+            ]
+            meta = withheld.get("response_metadata") or {}
+        out["metadata"] = {k: meta[k] for k in STEP_METADATA if meta.get(k) is not None}
+        decision = (m.response_metadata or {}).get("abstention")
+        if isinstance(decision, Mapping):
+            out["decision"] = {k: decision.get(k) for k in DECISION_FIELDS}
     if isinstance(m, ToolMessage):
         out.update(name=m.name, tool_call_id=m.tool_call_id, status=m.status)
     return out
@@ -218,13 +242,13 @@ def run_agent(agent: Any, inputs: Sequence[BaseMessage], step_limit: int) -> Age
 
 def run_row(run: AgentRun) -> AnswerRow:
     """The cached row of one run: the final answer like a generated answer's row (text,
-    finish reason, the scorers' metadata incl. geometry) plus the run's record."""
+    finish reason, the scorers' metadata incl. geometry) plus the run's record, whose AI
+    messages keep the same metadata for every model call (:func:`step_messages`)."""
     meta = run.final.response_metadata if run.final is not None else {}
-    keys = (*LIKELIHOOD_METADATA, "geometry")
     return {
         "text": str(run.final.text) if run.final is not None else "",
         "finish_reason": meta.get("finish_reason"),
-        "metadata": {k: meta[k] for k in keys if meta.get(k) is not None},
+        "metadata": {k: meta[k] for k in STEP_METADATA if meta.get(k) is not None},
         "agent": {
             "reason": run.reason,
             "messages": run.messages,
@@ -260,7 +284,11 @@ def run_agents(
     """
     keys = {
         it.id: content_key(
-            "agent", *key_parts, step_limit, [_message_json(m) for m in agent_inputs(it)]
+            "agent",
+            RUN_RECORD,
+            *key_parts,
+            step_limit,
+            [_message_json(m) for m in agent_inputs(it)],
         )
         for it in items
     }
@@ -287,25 +315,36 @@ def run_agents(
     return {it.id: cast(AnswerRow, {**done[keys[it.id]], "key": keys[it.id]}) for it in items}
 
 
+def step_messages(row: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The AI messages of a cached run in order: one per model call (its ``tool_calls``,
+    ``metadata`` for the scorers, and ``decision`` when a guard decided on it)."""
+    messages = (row.get("agent") or {}).get("messages") or []
+    return [m for m in messages if m.get("role") == "ai"]
+
+
 def has_final_answer(row: Mapping[str, Any]) -> bool:
     """Whether a cached run ended with a final answer (one that can be judged and scored)."""
     return bool((row.get("agent") or {}).get("reason") == FINAL_ANSWER)
 
 
 def offered_once(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The system prompt, tool schemas and final-answer ``tool_choice`` every run offered.
+    """The system prompt, tool schemas and ``tool_choice`` every run offered: the final
+    answers' (``final_tool_choice``, one or None) and each model call's by its position in
+    the run (``call_tool_choices``: ``{"0": [...], "1": [...]}``, the choices seen there).
 
     Raises:
         CalibrationError: model calls were offered different system prompts or tools (a
             guarantee needs one fixed setting to compare deployments with).
     """
     systems, tools, finals = {}, {}, set()
+    by_position: dict[int, set[str | None]] = {}
     for row in rows:
         agent = row.get("agent") or {}
         calls = agent.get("offered") or []
-        for call in calls:
+        for i, call in enumerate(calls):
             systems[json.dumps(call.get("system_prompt"))] = call.get("system_prompt")
             tools[tools_sha256(call.get("tools"))] = call.get("tools")
+            by_position.setdefault(i, set()).add(call.get("tool_choice"))
         if has_final_answer(row) and calls:
             finals.add(calls[-1].get("tool_choice"))
     if len(systems) > 1:
@@ -324,13 +363,18 @@ def offered_once(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "system_prompt": next(iter(systems.values()), None),
         "tools": next(iter(tools.values()), None),
         "final_tool_choice": next(iter(finals)) if len(finals) == 1 else None,
+        "call_tool_choices": {
+            str(i): sorted(by_position[i], key=lambda c: (c is not None, str(c)))
+            for i in sorted(by_position)
+        },
     }
 
 
 def runs_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """What the calibration runs looked like (``AgentRecord.runs``): run count, final
-    answers, runs without one per reason, tool calls per run (mean, max, histogram), tool
-    errors, malformed calls and model calls."""
+    answers, runs without one per reason, tool calls per run (mean, max, histogram), the
+    histogram of tool steps (tool results) before each final answer, tool errors, malformed
+    calls and model calls."""
     agents = [row.get("agent") or {} for row in rows]
     reasons: dict[str, int] = {}
     for a in agents:
@@ -339,9 +383,14 @@ def runs_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             key = reason.split(":")[0] + (":" + reason.split(":")[1] if ":" in reason else "")
             reasons[key] = reasons.get(key, 0) + 1
     calls = [int(a.get("tool_calls", 0)) for a in agents]
-    histogram: dict[str, int] = {}
-    for c in calls:
-        histogram[str(c)] = histogram.get(str(c), 0) + 1
+    histogram = _histogram(calls)
+    steps = _histogram(
+        [
+            sum(1 for m in a.get("messages") or [] if m.get("role") == "tool")
+            for a in agents
+            if a.get("reason") == FINAL_ANSWER
+        ]
+    )
     n = len(agents)
     return {
         "n": n,
@@ -351,9 +400,18 @@ def runs_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "mean": (sum(calls) / n) if n else 0.0,
             "max": max(calls, default=0),
             "runs_with_a_call": sum(1 for c in calls if c > 0),
-            "histogram": dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))),
+            "histogram": histogram,
         },
+        "tool_steps_before_final_answer": steps,
         "invalid_tool_calls": sum(int(a.get("invalid_tool_calls", 0)) for a in agents),
         "tool_errors": sum(int(a.get("tool_errors", 0)) for a in agents),
         "model_calls": sum(int(a.get("model_calls", 0)) for a in agents),
     }
+
+
+def _histogram(values: Sequence[int]) -> dict[str, int]:
+    """``{str(value): count}`` in increasing value order."""
+    counts: dict[int, int] = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    return {str(v): counts[v] for v in sorted(counts)}

@@ -22,6 +22,7 @@ from abstain_guard.chat_model_specs import ChatModelRecord, ChatModelSpec
 from abstain_guard.deployment import DeploymentRecord, PromptRecord
 from abstain_guard.errors import CalibrationError
 from abstain_guard.kernels import bit_deciding
+from abstain_guard.metadata import HIDDEN
 from abstain_guard.prompts import (
     RENDERING,
     build_messages,
@@ -79,11 +80,14 @@ class AnswerRow(_AnswerFields, total=False):
         key: the answer's cache key (added when read back, not stored).
         reference: the :func:`means_digest` of the means its Φ was computed with.
         agent: an agent run's record (:func:`~.agents.run_row`).
+        hidden: a reference answer's probe-layer summaries (``geometry["hidden"]``; its
+            geometry is kept as arrays, not in ``metadata``).
     """
 
     key: str
     reference: str | None
     agent: dict[str, Any]
+    hidden: dict[str, Any]
 
 
 #: A run's answers, ``{item.id: AnswerRow}``.
@@ -355,6 +359,10 @@ def _answer_row(msg: Any, capture: Capture, digest: str | None) -> AnswerRow:
     if capture == "geometry" and meta.get("geometry") is not None:
         row["metadata"]["geometry"] = meta["geometry"]
         row["reference"] = digest
+    elif capture == "states" and (meta.get("geometry") or {}).get(HIDDEN) is not None:
+        # a reference answer keeps its geometry as arrays; the probe layers' summaries
+        # (a few vectors) go into the row, where the probe scorers read them
+        row["hidden"] = meta["geometry"][HIDDEN]
     return row
 
 

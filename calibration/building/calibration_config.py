@@ -16,7 +16,7 @@ from abstain_guard.scorers import scorer_names
 __all__ = ["FIT_SCORERS", "KNOWN_SCORERS", "LIKELIHOOD_SCORERS", "CalibrationConfig"]
 
 LIKELIHOOD_SCORERS = scorer_names(family="likelihood")
-FIT_SCORERS = scorer_names(family="geometry")
+FIT_SCORERS = scorer_names(family=("geometry", "probe"))
 KNOWN_SCORERS = LIKELIHOOD_SCORERS + FIT_SCORERS
 """Scorers ``calibrate`` can build an artifact for: they read the metadata of one answer
 (the geometry scorer also reads the reference/train answers it is fitted on)."""
@@ -54,6 +54,13 @@ class CalibrationConfig(BaseModel):
     )
     agent_step_limit: int = Field(
         12, gt=1, description="LangGraph recursion_limit of each agent run (model + tool steps)"
+    )
+    agent_gating: Literal["steps", "final_answer"] = Field(
+        "steps",
+        description="what the guard gates in an agent run: 'steps' scores every model call and "
+        "stops the run before the tool calls of the first call whose running maximum crosses "
+        "the threshold (runs are calibrated whole: docs/guarantees.md); 'final_answer' gates "
+        "only final answers (tool calls run ungated; a weaker statement)",
     )
     judge: str | dict[str, Any] = Field("lexical", description="judge name or spec")
     scorer: str = Field("geometry", description="the scorer the guard will use")

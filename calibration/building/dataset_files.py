@@ -23,6 +23,7 @@ from abstain_guard.errors import DatasetError, InvalidInputError
 
 from .conversations import conversation_fields, json_type_name
 from .datasets import KINDS, Kind, QAItem, choice_letter
+from .tool_labels import tool_label_fields
 
 __all__ = ["DatasetReport", "SkippedRow", "load_dataset"]
 
@@ -444,6 +445,9 @@ def _row_to_item(
             history,
             conversation_id,
         )
+        calls, ordered = tool_label_fields(
+            {f: _field(row, f) for f in ("expected_tool_calls", "tool_calls_ordered")}
+        )
     except ValueError as exc:
         _skip(report, lineno, str(exc))
         return None
@@ -475,4 +479,6 @@ def _row_to_item(
         line=lineno,
         history=turns,
         conversation=conversation,
+        expected_tool_calls=calls,
+        tool_calls_ordered=ordered,
     )

@@ -26,10 +26,12 @@ from .conversations import (
     conversation_units,
     history_problem,
 )
+from .tool_labels import ExpectedCall
 
 __all__ = [
     "KINDS",
     "SPLIT_NAMES",
+    "ExpectedCall",
     "Kind",
     "QAItem",
     "choice_letter",
@@ -70,6 +72,11 @@ class QAItem:
             ending with the assistant's reply); empty for a single question.
         conversation: the conversation the row belongs to (rows sharing it stay in one
             split); None: the row is a conversation of its own.
+        expected_tool_calls: the tool calls a right agent run makes (name + arguments,
+            :class:`~.tool_labels.ExpectedCall`); empty: the run is labelled by its final
+            answer only (docs/agents.md, "Tool-call labels").
+        tool_calls_ordered: the i-th executed call must match the i-th expected call
+            (default: any order).
     """
 
     id: str
@@ -83,6 +90,8 @@ class QAItem:
     line: int | None = None
     history: History = ()
     conversation: str | None = None
+    expected_tool_calls: tuple[ExpectedCall, ...] = ()
+    tool_calls_ordered: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -99,6 +108,30 @@ class QAItem:
             problem = history_problem(history)
             if problem is not None:
                 raise InvalidInputError(f"QAItem {self.id!r}: {problem}")
+        self._check_tool_calls()
+
+    def _check_tool_calls(self) -> None:
+        """Store the expected calls as a tuple; raise InvalidInputError naming the item
+        unless each is an :class:`ExpectedCall` with a name, and ``tool_calls_ordered``
+        comes with calls."""
+        calls = tuple(self.expected_tool_calls)
+        object.__setattr__(self, "expected_tool_calls", calls)
+        for i, call in enumerate(calls, start=1):
+            if not isinstance(call, ExpectedCall) or not call.name.strip():
+                raise InvalidInputError(
+                    f"QAItem {self.id!r}: expected tool call {i} is {call!r}; give each as "
+                    'ExpectedCall.of("tool_name", {"argument": value})'
+                )
+        if not isinstance(self.tool_calls_ordered, bool):
+            raise InvalidInputError(
+                f"QAItem {self.id!r}: tool_calls_ordered must be True or False, got "
+                f"{self.tool_calls_ordered!r}"
+            )
+        if self.tool_calls_ordered and not calls:
+            raise InvalidInputError(
+                f"QAItem {self.id!r}: tool_calls_ordered is set without expected_tool_calls; "
+                "give the calls or drop the flag"
+            )
 
     def prompt_text(self) -> str:
         """The question as shown to a model: for choice questions followed by lettered options

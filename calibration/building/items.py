@@ -15,6 +15,7 @@ from abstain_guard.conformal import ConformalWarning
 from abstain_guard.errors import DatasetError, InsufficientDataError
 from abstain_guard.frontier import perfect_scorer_certifies
 
+from .agent_questions import LOOKUP_RELATIONS, lookup_questions
 from .calibration_config import FIT_SCORERS, CalibrationConfig
 from .dataset_files import load_dataset
 from .datasets import QAItem
@@ -24,6 +25,7 @@ from .probe import PROBE_RELATIONS_V1, builtin_probe_set
 from .store import content_key
 
 __all__ = [
+    "BUILTIN_LOOKUP",
     "BUILTIN_V1",
     "check_split_sizes",
     "load_items",
@@ -39,6 +41,22 @@ logger = logging.getLogger("abstain_guard.calibration")
 BUILTIN_V1 = "builtin-v1"
 """The built-in probe set as first released (six relations, 1,077 questions): artifacts
 calibrated on ``"builtin"`` before it grew are evaluated on it."""
+
+
+BUILTIN_LOOKUP = "builtin-lookup"
+"""The lookup agent's questions with their expected tool calls
+(:func:`~.agent_questions.lookup_questions`, for ``examples/lookup_agent.py``);
+``"builtin-lookup:capital,state_capital"``: those relations."""
+
+
+def lookup_relations(data: str) -> list[str] | None:
+    """The relations of ``"builtin-lookup"`` (all of them) or
+    ``"builtin-lookup:capital,city_state"``; None for any other data."""
+    name, sep, rest = data.partition(":")
+    if name != BUILTIN_LOOKUP:
+        return None
+    chosen = [r.strip() for r in rest.split(",") if r.strip()] if sep else []
+    return chosen or list(LOOKUP_RELATIONS)
 
 
 def min_calibration_size(participation: float) -> int:
@@ -67,7 +85,8 @@ def load_items(
     data: str | Path | Sequence[QAItem], config: CalibrationConfig
 ) -> tuple[list[QAItem], int]:
     """Questions from ``"builtin"`` (``"builtin-v1"``: the first release's 1,077;
-    ``"builtin:capital,currency"``: those relations),
+    ``"builtin:capital,currency"``: those relations), ``"builtin-lookup"`` (the lookup
+    agent's questions with expected tool calls; ``"builtin-lookup:capital"``: a relation),
     ``"<name>=<path>"`` (a named reader such as ``sciq=/data/sciq``), a JSONL/CSV file, or a
     list; returns (items, skipped row count)."""
     if not isinstance(data, (str, Path)):
@@ -81,6 +100,9 @@ def load_items(
         skipped = 0
     elif (relations := builtin_relations(str(data))) is not None:
         items = builtin_probe_set(relations=relations, seed=config.seed)
+        skipped = 0
+    elif (relations := lookup_relations(str(data))) is not None:
+        items = lookup_questions(relations=relations, seed=config.seed)
         skipped = 0
     elif named_spec(str(data)) is not None:
         name, root = named_spec(str(data))  # type: ignore[misc]
@@ -124,6 +146,7 @@ def load_items(
         not isinstance(data, (str, Path))
         or str(data) in ("builtin", BUILTIN_V1)
         or builtin_relations(str(data)) is not None
+        or lookup_relations(str(data)) is not None
     ):
         items, duplicates = split_duplicates(items)
         _reject_or_skip(duplicates, config, "the questions")
@@ -253,7 +276,8 @@ def check_split_sizes(splits: dict[str, list[QAItem]], config: CalibrationConfig
 
 def items_digest(items: Sequence[QAItem]) -> str:
     """Content hash of the questions a run used (ids, texts, golds, choices, kinds; the
-    history and conversation of conversation rows — single questions hash as before)."""
+    history and conversation of conversation rows; the expected tool calls and their order
+    flag of rows that have them — other rows hash as before)."""
     return content_key(
         "items",
         [
@@ -261,6 +285,11 @@ def items_digest(items: Sequence[QAItem]) -> str:
             + (
                 [[list(t) for t in it.history], it.conversation]
                 if it.history or it.conversation
+                else []
+            )
+            + (
+                [[c.to_json() for c in it.expected_tool_calls], it.tool_calls_ordered]
+                if it.expected_tool_calls
                 else []
             )
             for it in items

@@ -4,6 +4,7 @@ SciQ, GSM8K, CommonsenseQA and the TriviaQA subset (a folder or a file path).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,17 +104,5 @@ def load_named_dataset(
         for a in by_line.get(it.line, ()):
             if a not in aliases:
                 aliases.append(a)
-        merged.append(
-            QAItem(
-                id=it.id,
-                question=it.question,
-                answers=tuple(aliases),
-                kind=it.kind,
-                choices=it.choices,
-                group=it.group,
-                popularity=it.popularity,
-                source=it.source,
-                line=it.line,
-            )
-        )
+        merged.append(dataclasses.replace(it, answers=tuple(aliases)))
     return merged, report

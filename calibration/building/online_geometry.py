@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 from abstain_guard.adapters import ReferenceMeans, TokenStates
 from abstain_guard.adapters.geometry import phi_from_states
 from abstain_guard.errors import CalibrationError
+from abstain_guard.metadata import HIDDEN, hidden_summary, probe_layers
 from abstain_guard.scorers import with_capture
 
 from .answers import (
@@ -56,6 +57,7 @@ __all__ = [
     "ensure_reference_arrays",
     "fit_captured",
     "fit_reference_means",
+    "reference_hidden",
     "reference_responses",
     "scoring_model",
 ]
@@ -172,9 +174,24 @@ def reference_responses(
             "phi_out": phi_from_states(
                 post_attn, post_mlp, means.post_attn_out, means.post_mlp_out
             ),
+            HIDDEN: reference_hidden(answers[it.id], arrays),
         }
         out.append({**answers[it.id]["metadata"], "geometry": geometry})
     return out
+
+
+def reference_hidden(
+    answer: AnswerRow, arrays: Mapping[str, np.ndarray] | None
+) -> dict[str, Any] | None:
+    """A reference answer's probe-layer summaries (``geometry["hidden"]``): from its row,
+    or computed from its cached states (a cache written before the row kept them)."""
+    if answer.get("hidden") is not None:
+        return answer["hidden"]
+    if arrays is None or "post_mlp" not in arrays:
+        return None
+    post_mlp = np.asarray(arrays["post_mlp"])
+    layers = probe_layers(post_mlp.shape[1])
+    return hidden_summary(post_mlp[:, list(layers)], layers)
 
 
 def _has_phi(answer: AnswerRow, digest: str) -> bool:

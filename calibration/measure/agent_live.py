@@ -23,6 +23,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from abstain_guard.deployment import DeploymentRecord
+from abstain_guard.errors import ConfigError
 from abstain_guard.policy import AbstentionPolicy
 
 from ..building.agents import (
@@ -35,6 +36,7 @@ from ..building.agents import (
 from ..building.answers import means_digest
 from ..building.calibration_config import CalibrationConfig
 from ..building.judging import build_judges, judge_answers
+from .agent_step_live import finish_row, step_live_row, stored_run_statistic
 from .cache_reuse import EvaluateCache
 
 __all__ = ["agent_live_rows", "takes_middleware"]
@@ -99,6 +101,20 @@ def agent_live_rows(
         row = unguarded[it.id]
         stored[it.id] = (
             float(artifact.scorer.score(row["metadata"])) if has_final_answer(row) else None
+        )
+    if record.agent.gating == "steps":
+        return _step_rows(
+            artifact,
+            cfg,
+            record,
+            model,
+            guard_config,
+            items,
+            stored_cal,
+            cache,
+            judges,
+            unguarded,
+            progress,
         )
     if takes_middleware(factory):
         middleware = AbstentionMiddleware(artifact, config=guard_config)
@@ -167,3 +183,55 @@ def _no_answer_row(
         "reason": reason,
         "no_final_answer": True,
     }
+
+
+def _step_rows(
+    artifact: Any,
+    cfg: CalibrationConfig,
+    record: DeploymentRecord,
+    model: Any,
+    guard_config: Any,
+    items: list[Any],
+    stored_cal: dict[str, float],
+    cache: EvaluateCache,
+    judges: dict[str, Any] | None,
+    unguarded: dict[str, Any],
+    progress: bool,
+) -> tuple[list[dict[str, Any]], AbstentionPolicy, str]:
+    """:func:`agent_live_rows` for step gating (:mod:`.agent_step_live`): the deployed agent
+    with the middleware deciding on every model call."""
+    from abstain_guard.middleware import AbstentionMiddleware
+
+    assert record.agent is not None
+    factory = load_agent_factory(record.agent.factory)
+    if not takes_middleware(factory):
+        raise ConfigError(
+            f"{record.agent.factory} takes no middleware argument, and step gating stops a "
+            "run inside the agent: give the factory a `middleware` parameter passed to "
+            "create_agent (examples/lookup_agent.py)"
+        )
+    middleware = AbstentionMiddleware(artifact, config=guard_config)
+    agent = factory(model, middleware=[middleware])
+    threshold = middleware.policy.rule.threshold
+    rows: list[dict[str, Any]] = []
+    answers: dict[str, dict[str, Any]] = {}
+    for it in tqdm(items, desc="live agent (steps)", disable=not progress, unit="q"):
+        stored = stored_cal.get(it.id)
+        if stored is None:
+            stored = stored_run_statistic(artifact.scorer, unguarded[it.id])
+        run = run_agent(agent, agent_inputs(it), record.agent.step_limit)
+        row = step_live_row(
+            it, run, unguarded[it.id], artifact.scorer, stored, threshold, record.tools
+        )
+        row["split"] = "calibration" if it.id in stored_cal else "test"
+        if row["answer"] is not None:
+            answers[it.id] = {"text": row["answer"]}
+        rows.append(row)
+    if judges is None:
+        judges = build_judges(cfg, cache.directory / "judgments.sqlite", read_from=cache.judgments)
+    judged = [it for it in items if it.id in answers]
+    verdicts = judge_answers(judges, judged, answers, progress=False)
+    for row in rows:
+        finish_row(row, verdicts.get(row["id"]))
+    cache.log_reuse(cache.run_store(), judges)
+    return rows, middleware.policy, "middleware"

@@ -273,6 +273,7 @@ def _live_agent(
 ) -> dict[str, Any]:
     """:func:`live_check` for an agent artifact (:mod:`.agent_live`)."""
     from .agent_live import agent_live_rows
+    from .agent_step_live import step_summary
 
     items, stored_cal = _select(artifact, items, split, limit)
     with tempfile.TemporaryDirectory(prefix="abstain-guard-live-") as scratch:
@@ -291,8 +292,12 @@ def _live_agent(
         )
     answered = [r for r in rows if not r.get("no_final_answer")]
     rule = policy.rule
-    summary: dict[str, Any] = summarize_live(answered, rule.guarantee) if answered else {"n": 0}
-    summary["runs_without_final_answer"] = len(rows) - len(answered)
+    summary: dict[str, Any]
+    if record.agent is not None and record.agent.gating == "steps":
+        summary = step_summary(rows, rule.guarantee)
+    else:
+        summary = summarize_live(answered, rule.guarantee) if answered else {"n": 0}
+        summary["runs_without_final_answer"] = len(rows) - len(answered)
     summary["guarded_by"] = guarded_by
     summary["tool_steps_mean"] = (
         sum(r["tool_steps"] for r in answered) / len(answered) if answered else None

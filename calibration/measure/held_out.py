@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,13 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from abstain_guard.artifact import GuardArtifact
-from abstain_guard.errors import ConfigError, DatasetError
+from abstain_guard.errors import (
+    CalibrationError,
+    ConfigError,
+    DatasetError,
+)
 from abstain_guard.frontier import frontier_document
+from abstain_guard.metadata import HIDDEN
 from abstain_guard.scorers import SampleSource, build_scorer, scorer_names
 from abstain_guard.scorers.calibrated import CalibratedScorer
 from abstain_guard.scorers.geometry import GeometryScorer
@@ -44,8 +49,11 @@ from ..building.items import (
 from ..building.judging import build_judges, judge_answers, labeled_items, labels
 from ..building.models import load_model
 from ..building.named_datasets import load_named_dataset
+from ..building.online_geometry import reference_responses
 from .cache_reuse import EvaluateCache, evaluate_cache
+from .fitted_baselines import cost, fitted_baseline_scores, reference_metadata, with_groups
 from .group_report import group_tables
+from .paired import paired_report
 from .permutation_importance import permutation_importance
 from .report import write_report
 from .results import build_results, evaluate_dataset
@@ -54,6 +62,11 @@ logger = logging.getLogger("abstain_guard.calibration")
 
 LIKELIHOOD = scorer_names(family="likelihood")
 MODEL_BASELINES = scorer_names(family=("model", "sampling"))
+FITTED_BASELINES = (*scorer_names(family=("probe", "floor")), "geometry_plus")
+"""Baselines fitted on the artifact's reference and train answers (never calibration): the
+hidden-state probes, likelihood + probe, the type-only floor, and ``geometry_plus`` (the
+shipped guard's scorer; on an artifact of a geometry scorer, with its reference means)."""
+KNOWN_BASELINES = LIKELIHOOD + MODEL_BASELINES + FITTED_BASELINES
 BASELINE_PARAMS: dict[str, dict[str, Any]] = {"semantic_entropy": {"judge": "similarity"}}
 """Constructor parameters of baselines in ``evaluate`` (offline equivalence judge)."""
 
@@ -68,25 +81,35 @@ class HeldOut:
     correct: np.ndarray
     train_metadata: list[dict[str, Any]] | None = None
     train_correct: np.ndarray | None = None
+    reference_metadata: list[dict[str, Any]] | None = None
+    reference_correct: np.ndarray | None = None
+    reference_means: Any = None
+    n_calibration: int = 0
+    #: per scorer: seconds per answer of scoring (and of fitting, state size for the fitted
+    #: baselines), filled by :func:`score_held_out`
+    costs: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def parse_baselines(spec: str | Sequence[str]) -> list[str]:
-    """``"likelihood"``, ``"all"``, ``"none"`` or a comma list of baseline names."""
+    """``"likelihood"``, ``"probes"`` (likelihood, every probe, likelihood + probe and the
+    type-only floor), ``"all"``, ``"none"`` or a comma list of baseline names."""
     if isinstance(spec, str):
         if spec == "likelihood":
             return list(LIKELIHOOD)
+        if spec == "probes":
+            return list(LIKELIHOOD + FITTED_BASELINES)
         if spec == "all":
-            return list(LIKELIHOOD + MODEL_BASELINES)
+            return list(KNOWN_BASELINES)
         if spec == "none":
             return []
         names = [s.strip() for s in spec.split(",") if s.strip()]
     else:
         names = list(spec)
-    unknown = sorted(set(names) - set(LIKELIHOOD + MODEL_BASELINES))
+    unknown = sorted(set(names) - set(KNOWN_BASELINES))
     if unknown:
         raise ConfigError(
-            f"Unknown baseline(s) {unknown}; choose from {list(LIKELIHOOD + MODEL_BASELINES)} "
-            "or the sets 'likelihood', 'all', 'none'."
+            f"Unknown baseline(s) {unknown}; choose from {list(KNOWN_BASELINES)} "
+            "or the sets 'likelihood', 'probes', 'all', 'none'."
         )
     return names
 
@@ -116,6 +139,15 @@ def read_data_spec(
 
 def artifact_items(artifact: Any) -> tuple[str, list[QAItem], list[QAItem]]:
     """``(data set name, held-out items, train items)`` of the artifact's own run.
+
+    The held-out items are exactly the artifact's stored ``calibration_ids`` + ``test_ids``.
+    """
+    name, held, splits = artifact_splits(artifact)
+    return name, held, splits["train"]
+
+
+def artifact_splits(artifact: Any) -> tuple[str, list[QAItem], dict[str, list[QAItem]]]:
+    """``(data set name, held-out items, every split)`` of the artifact's own run.
 
     The held-out items are exactly the artifact's stored ``calibration_ids`` + ``test_ids``.
 
@@ -148,10 +180,10 @@ def artifact_items(artifact: Any) -> tuple[str, list[QAItem], list[QAItem]]:
             f"{len(missing)} held-out question ids of the artifact are not in {source!r} "
             f"(e.g. {missing[:3]}). Evaluate with the data the artifact was built from."
         )
-    train = split_items(items, seed=cfg.seed, ratios=cfg.ratios)["train"]
+    splits = split_items(items, seed=cfg.seed, ratios=cfg.ratios)
     named = named_spec(str(source))
     name = named[0] if named else "builtin" if source == "builtin" else Path(source).stem
-    return name, [by_id[i] for i in ids], train
+    return name, [by_id[i] for i in ids], splits
 
 
 def collect_held_out(
@@ -164,6 +196,7 @@ def collect_held_out(
     progress: bool = True,
     cache: EvaluateCache,
     judges: dict[str, Any] | None = None,
+    fitted_baselines: bool = False,
 ) -> HeldOut:
     """Answer (from ``cache`` where possible), judge and replay the held-out questions.
 
@@ -171,45 +204,72 @@ def collect_held_out(
     one sequence at a time, exactly as calibration scored them and as the guard scores live.
     ``cache`` is where answers and verdicts are cached (written in ``cache.directory`` only;
     the calibration cache below it, if any, is only read). ``judges``: judges per question
-    kind (default: the artifact's judge, cached there).
+    kind (default: the artifact's judge, cached there). ``fitted_baselines``: also read the
+    reference split's answers (the probes and the type floor are fitted on reference and
+    train, as the geometry scorer is). Every metadata dict carries the question's type under
+    ``question_group`` (what ``type_floor`` reads).
     """
     cfg = CalibrationConfig(**artifact.metadata.get("config", {}))
     store = cache.run_store()
     train: list[QAItem] = []
+    reference: list[QAItem] = []
+    n_cal = 0
     if data is None:
-        name, pool, train = artifact_items(artifact)
+        name, pool, splits = artifact_splits(artifact)
+        train = splits["train"]
+        reference = splits["reference"] if fitted_baselines else []
+        n_cal = len(artifact.metadata.get("calibration_ids", []))
     else:
         name, pool = read_data_spec(data, group_by=group_by, limit=limit)
     fingerprint = str(getattr(model, "fingerprint", "unknown"))
-    everything = pool + train
+    everything = pool + train + reference
     answers = generate_answers(
         model, pool, store, cfg, fingerprint=fingerprint, progress=progress, batch_size=1
     )
     answers.update(
-        generate_answers(model, train, store, cfg, fingerprint=fingerprint, progress=progress)
+        generate_answers(
+            model, train + reference, store, cfg, fingerprint=fingerprint, progress=progress
+        )
     )
     if judges is None:
         judges = build_judges(cfg, cache.directory / "judgments.sqlite", read_from=cache.judgments)
     judgments = judge_answers(judges, everything, answers, progress=progress)
     cache.log_reuse(store, judges)
+    n_cal = sum(1 for it in labeled_items(pool[:n_cal], judgments))
     pool = labeled_items(pool, judgments)
     train = labeled_items(train, judgments)
+    reference = labeled_items(reference, judgments)
     scoring_model = artifact.scorer.prepare(model)
     metadata = replay_as_deployed(scoring_model, pool, answers, cfg, progress)
     held = HeldOut(
         name=name,
         items=pool,
-        metadata=metadata,
+        metadata=with_groups(metadata, pool),
         correct=np.array(labels(pool, judgments)),
+        n_calibration=n_cal,
     )
     if train:
         cached = [answers[it.id].get("metadata") for it in train]
-        held.train_metadata = (
-            cached  # type: ignore[assignment]
-            if all(m and "logprobs" in m for m in cached)
-            else replay_as_deployed(scoring_model, train, answers, cfg, progress)
+        usable = all(m and "logprobs" in m for m in cached)
+        if fitted_baselines:  # the probes read the hidden-state summaries too
+            usable = usable and all(HIDDEN in ((m or {}).get("geometry") or {}) for m in cached)
+        held.train_metadata = with_groups(
+            cached  # type: ignore[arg-type]
+            if usable
+            else replay_as_deployed(scoring_model, train, answers, cfg, progress),
+            train,
         )
         held.train_correct = np.array(labels(train, judgments))
+    if reference:
+        held.reference_means = getattr(artifact.scorer, "reference_means_", None)
+        try:  # with Φ from the cached states (geometry_plus), hidden summaries (probes)
+            if held.reference_means is None:
+                raise CalibrationError("no reference means")
+            ref_meta = reference_responses(reference, answers, store, held.reference_means)
+        except CalibrationError:
+            ref_meta = [reference_metadata(answers[it.id], store) for it in reference]
+        held.reference_metadata = with_groups(ref_meta, reference)
+        held.reference_correct = np.array(labels(reference, judgments))
     return held
 
 
@@ -223,17 +283,24 @@ def score_held_out(
     progress: bool = True,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Uncertainty scores of every scorer, and of the calibrated likelihood baselines."""
+    t0 = time.perf_counter()
     scores: dict[str, np.ndarray] = {
         artifact.scorer.name: artifact.scorer.score_many(held.metadata)
     }
+    held.costs[artifact.scorer.name] = cost(t0, len(held.metadata))
     samples = None
     if any(b in MODEL_BASELINES for b in baselines):
         samples = SampleSource(model, num_samples=num_samples, max_new_tokens=24)
     for name in tqdm(baselines, desc="baselines", disable=not progress):
-        if name in scores:
+        if name in scores or name in FITTED_BASELINES:
             continue
+        t0 = time.perf_counter()
         scorer = build_scorer(name, model=model, samples=samples, **BASELINE_PARAMS.get(name, {}))
         scores[name] = np.asarray(scorer.score_many(held.metadata), dtype=np.float64)
+        held.costs[name] = cost(t0, len(held.metadata))
+    fitted = [b for b in baselines if b in FITTED_BASELINES and b not in scores]
+    if fitted:
+        scores.update(fitted_baseline_scores(held, fitted))
     calibrated: dict[str, np.ndarray] = {}
     if held.train_metadata is not None and held.train_correct is not None:
         for name in (b for b in baselines if b in LIKELIHOOD):
@@ -309,6 +376,7 @@ def evaluate(
             if cache_dir is not None
             else evaluate_cache(Path(out) / "cache", art, path, reuse=reuse_calibration_cache),
             judges=judges,
+            fitted_baselines=any(n in FITTED_BASELINES for n in names),
         )
         scores, calibrated = score_held_out(
             held, art, model, names, num_samples=num_samples, progress=progress
@@ -333,6 +401,15 @@ def evaluate(
             progress=progress,
         )
         entry["frontier"] = frontier_document(art.scores, art.correct)
+        entry["costs"] = held.costs
+        entry["paired"] = paired_report(
+            scores,
+            held.correct,
+            reference=art.scorer.name,
+            groups=groups if any(g is not None for g in groups) else None,
+            calibration=np.arange(held.correct.size) < held.n_calibration,
+            seed=seed,
+        )
         entry["artifact"] = str(path)
         entry["evaluated_on"] = data or "held-out calibration + test splits"
         if entry.get("n_groups"):  # pooled vs per-group rule, per group (group_report.py)

@@ -1,7 +1,8 @@
 """Judges: decide whether a generated answer is correct (the calibration labels).
 
 Offline judges (:mod:`.text`, :mod:`.lexical`, :mod:`.similarity`) need no model call;
-LLM judges (:mod:`.llm`, :mod:`.paper`) ask a chat model. The interface is in :mod:`.base`;
+LLM judges (:mod:`.llm`, :mod:`.paper`) ask a chat model; :mod:`.tool_calls` judges an agent
+run's executed tool calls against a row's expected calls. The interface is in :mod:`.base`;
 :func:`make_judge` (:mod:`.registry`) builds any of them by name; :mod:`.cache` stores
 verdicts in the run cache.
 """
@@ -37,10 +38,12 @@ from .text import (
     refusal_phrase,
     token_f1,
 )
+from .tool_calls import CallVerdict, judge_tool_calls, run_tool_label
 
 __all__ = [
     "JUDGE_NAMES",
     "REFUSAL_PATTERNS",
+    "CallVerdict",
     "ChoiceJudge",
     "Judge",
     "JudgeInput",
@@ -54,11 +57,13 @@ __all__ = [
     "chat_model_identity",
     "extract_final_number",
     "hedge_alternatives",
+    "judge_tool_calls",
     "make_judge",
     "normalize_answer",
     "parse_verdict",
     "refusal_of",
     "refusal_phrase",
+    "run_tool_label",
     "summarize_judgments",
     "token_f1",
     "usable_aliases",

@@ -1,0 +1,84 @@
+"""Step gating of agent runs: the statistic a run is judged by, step by step.
+
+An agent run is a sequence of model calls ``1..T``; call ``t`` gets the scorer's score
+``s_t`` (a tool-calling message is scored like a final answer: the same scorer on the
+tokens the model generated for it, the call's JSON after any forced prefill). The run's
+statistic after call ``t`` is the running maximum
+
+    S_t = max(s_1, ..., s_t),            S = S_T (the whole run's),
+
+which can only grow. The guard answers a run while ``S_t <= τ`` and stops it at the first
+call with ``S_t > τ`` — before that call's tool calls run. So the runs the deployed guard
+lets through to the end are exactly the runs whose whole-run statistic ``S <= τ``: a run
+stopped at call ``t`` has ``S >= S_t > τ``, and a run never stopped ran unchanged (the guard
+altered nothing), so its ``S`` is the one calibration would compute for it. Calibrating
+``τ`` on ``S`` over whole unguarded runs therefore certifies the early-stopping guard
+(docs/guarantees.md, "Agents: every step").
+
+Pure functions; shapes ``[T]`` are a run's calls in order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+__all__ = [
+    "GATING",
+    "LABELLING",
+    "STATISTIC",
+    "Gating",
+    "Labelling",
+    "run_statistic",
+    "running_statistic",
+    "stopping_step",
+]
+
+#: How an agent artifact gates: every model call (``"steps"``) or the final answer only.
+Gating = Literal["steps", "final_answer"]
+GATING: tuple[Gating, ...] = ("steps", "final_answer")
+
+#: What made a calibration run wrong: its final answer only, or its final answer and its
+#: executed tool calls (rows with ``expected_tool_calls``).
+Labelling = Literal["final_answer", "final_answer_and_tool_calls"]
+LABELLING: tuple[Labelling, ...] = ("final_answer", "final_answer_and_tool_calls")
+
+#: The run statistic's name as artifacts record it.
+STATISTIC = "max_step_score"
+
+
+def running_statistic(previous: float | None, step_score: float) -> float:
+    """``S_t = max(S_{t-1}, s_t)``; ``previous=None`` at the first call of a run."""
+    if math.isnan(step_score):
+        raise ValueError("a step score is NaN; the scorer must return a number")
+    return step_score if previous is None else max(previous, step_score)
+
+
+def run_statistic(step_scores: Sequence[float]) -> float:
+    """The whole run's statistic ``S = max_t s_t`` of its step scores ``[T]`` (T >= 1).
+
+    Raises:
+        ValueError: a run without model calls (nothing was scored), or a NaN score.
+    """
+    if len(step_scores) == 0:
+        raise ValueError("a run without model calls has no statistic")
+    value: float | None = None
+    for s in step_scores:
+        value = running_statistic(value, float(s))
+    assert value is not None
+    return value
+
+
+def stopping_step(step_scores: Sequence[float], threshold: float) -> int | None:
+    """The index of the first call whose running statistic exceeds ``threshold`` (its tool
+    calls and every later call do not run), or None when the run goes through.
+
+    ``stopping_step(s, τ) is None`` exactly when ``run_statistic(s) <= τ``.
+    """
+    value: float | None = None
+    for t, s in enumerate(step_scores):
+        value = running_statistic(value, float(s))
+        if value > threshold:
+            return t
+    return None

@@ -1,0 +1,153 @@
+"""A standardised L2 logistic regression whose strength is chosen by stratified
+cross-validation on the fitting answers only, stored as plain arrays (no pickle), scored
+row by row so a response scored alone gets bitwise its score in a batch.
+
+Shared by the hidden-state probes (:mod:`.probe`) and :mod:`.likelihood_probe`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sklearn.linear_model import LogisticRegression, LogisticRegressionCV
+from sklearn.model_selection import StratifiedKFold
+
+from abstain_guard.errors import ArtifactSchemaError, InsufficientDataError, InvalidInputError
+
+__all__ = ["PROBE_CS", "LinearProbe", "check_cs", "fit_linear_probe", "out_of_fold_logits"]
+
+PROBE_CS: tuple[float, ...] = (1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0)
+"""Inverse L2 strengths the cross-validation chooses from (features standardised)."""
+
+
+def check_cs(cs: Sequence[float], cv_folds: int) -> tuple[float, ...]:
+    """``cs`` as positive floats; raises InvalidInputError for a bad grid or fold count."""
+    out = tuple(float(c) for c in cs)
+    if not out or any(not np.isfinite(c) or c <= 0 for c in out):
+        raise InvalidInputError(f"cs must be positive finite numbers, got {out!r}.")
+    if int(cv_folds) < 2:
+        raise InvalidInputError(f"cv_folds must be at least 2, got {cv_folds}.")
+    return out
+
+
+@dataclass
+class LinearProbe:
+    """A fitted standardised logistic model: ``logit = ((x − mean) / scale) · coef + b``
+    (positive logit: the answer is predicted *correct*)."""
+
+    mean: np.ndarray
+    scale: np.ndarray
+    coef: np.ndarray
+    intercept: float
+    C: float
+    cv_auroc: dict[str, float]
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """``[n]`` logits of rows ``x [n, F]`` (a row-wise reduction, not a BLAS product)."""
+        z = (np.asarray(x, dtype=np.float64) - self.mean) / self.scale
+        return np.asarray((z * self.coef).sum(axis=1) + self.intercept, dtype=np.float64)
+
+    def arrays(self, prefix: str) -> dict[str, np.ndarray]:
+        """Its arrays under ``prefix`` (for a :class:`ScorerState`)."""
+        return {
+            f"{prefix}mean": self.mean,
+            f"{prefix}scale": self.scale,
+            f"{prefix}coef": self.coef,
+        }
+
+    def params(self) -> dict[str, Any]:
+        """Its scalars (JSON)."""
+        return {"intercept": self.intercept, "C": self.C, "cv_auroc_by_C": self.cv_auroc}
+
+    @classmethod
+    def from_parts(
+        cls, params: Mapping[str, Any], arrays: Mapping[str, np.ndarray], prefix: str
+    ) -> LinearProbe:
+        """Rebuild from :meth:`params` and :meth:`arrays`.
+
+        Raises:
+            ArtifactSchemaError: a part is missing or the shapes disagree.
+        """
+        try:
+            probe = cls(
+                mean=np.asarray(arrays[f"{prefix}mean"], dtype=np.float64),
+                scale=np.asarray(arrays[f"{prefix}scale"], dtype=np.float64),
+                coef=np.asarray(arrays[f"{prefix}coef"], dtype=np.float64),
+                intercept=float(params["intercept"]),
+                C=float(params["C"]),
+                cv_auroc=dict(params.get("cv_auroc_by_C", {})),
+            )
+        except KeyError as exc:
+            raise ArtifactSchemaError(
+                f"The probe state is missing {exc}; the artifact is incomplete."
+            ) from exc
+        if not (probe.mean.shape == probe.scale.shape == probe.coef.shape) or probe.coef.ndim != 1:
+            raise ArtifactSchemaError("The probe's coefficient arrays disagree in shape.")
+        return probe
+
+
+def _model(cs: Sequence[float], folds: int, seed: int) -> LogisticRegressionCV:
+    return LogisticRegressionCV(
+        Cs=list(cs),
+        cv=StratifiedKFold(folds, shuffle=True, random_state=seed),
+        scoring="roc_auc",
+        max_iter=5_000,
+    )
+
+
+def _standardise(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    mean = x.mean(axis=0)
+    scale = x.std(axis=0)
+    scale[scale <= 0] = 1.0
+    return (x - mean) / scale, mean, scale
+
+
+def fit_linear_probe(
+    x: np.ndarray, correct: np.ndarray, cs: Sequence[float], folds: int, seed: int, what: str
+) -> LinearProbe:
+    """Fit on rows ``x [n, F]`` with labels ``correct [n]``; C by ``folds``-fold stratified
+    CV (AUROC) over ``cs``.
+
+    Raises:
+        InsufficientDataError: fewer than ``folds`` answers of a class.
+    """
+    y = np.asarray(correct, dtype=bool)
+    counts = np.bincount(y.astype(int), minlength=2)
+    if counts.min() < folds:
+        raise InsufficientDataError(
+            f"{what} is fitted on {counts[1]} correct and {counts[0]} incorrect answers; it "
+            f"needs at least {folds} of each for its cross-validation. Use more questions."
+        )
+    z, mean, scale = _standardise(np.asarray(x, dtype=np.float64))
+    model = _model(cs, folds, seed)
+    with warnings.catch_warnings():  # scikit-learn 1.8 announces 1.10 API changes
+        warnings.simplefilter("ignore", FutureWarning)
+        model.fit(z, y)
+    cv_auroc = np.asarray(next(iter(model.scores_.values())), dtype=np.float64).mean(axis=0)
+    return LinearProbe(
+        mean=mean,
+        scale=scale,
+        coef=np.asarray(model.coef_[0], dtype=np.float64),
+        intercept=float(model.intercept_[0]),
+        C=float(model.C_[0]),
+        cv_auroc={str(c): round(float(a), 4) for c, a in zip(cs, cv_auroc, strict=True)},
+    )
+
+
+def out_of_fold_logits(
+    x: np.ndarray, correct: np.ndarray, C: float, folds: int, seed: int
+) -> np.ndarray:
+    """Logits of each fitting row from a model (strength ``C``, standardised within the
+    fold) that did not see it: the honest input of a second-stage model."""
+    y = np.asarray(correct, dtype=bool)
+    out = np.empty(len(y), dtype=np.float64)
+    x = np.asarray(x, dtype=np.float64)
+    for fit_idx, held_idx in StratifiedKFold(folds, shuffle=True, random_state=seed).split(x, y):
+        z, mean, scale = _standardise(x[fit_idx])
+        model = LogisticRegression(C=C, max_iter=5_000).fit(z, y[fit_idx])
+        out[held_idx] = model.decision_function((x[held_idx] - mean) / scale)
+    return out

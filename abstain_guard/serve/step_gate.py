@@ -1,0 +1,149 @@
+"""Step gating over HTTP: each model call of an agent run decided on the run's running
+maximum, as :class:`~abstain_guard.middleware.AbstentionMiddleware` decides it in-process.
+
+A run's position and earlier step scores come from the request and the server's
+:class:`~abstain_guard.serve.step_record.StepRecord`: the position is the number of
+assistant (tool-calling) turns after the question, and the running maximum so far is the
+maximum of the recorded step scores of those turns — never a score the client sends.
+
+**A miss fails closed.** When a tool-calling turn of the request has no record (the server
+never returned that call in that conversation: edited, invented or replayed elsewhere; or
+its record expired, was evicted or was lost in a restart), the run's statistic is unknown,
+and a statistic that is not known to be under τ cannot answer: the server abstains without
+running the model, with ``reason: "earlier steps unknown"`` and the calls in
+``unknown_tool_calls``.
+
+Also here: a final answer after a number of tool steps no calibration run's final answer had
+(``AgentRecord.tool_steps``) is refused (400) or warned about per ``on_mismatch``, with the
+middleware's words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+
+from abstain_guard.agent_steps import Gating
+from abstain_guard.deployment import DeploymentRecord, tool_steps_problem
+from abstain_guard.errors import ArtifactMismatchError
+from abstain_guard.serve.conversation import openai_tool_calls
+from abstain_guard.serve.schemas import RequestRefused
+from abstain_guard.serve.step_record import StepEntry, StepRecord, context_digest, step_key
+
+__all__ = [
+    "UNKNOWN_STEPS",
+    "RunSoFar",
+    "check_tool_steps",
+    "gating_of",
+    "remember_step",
+    "run_so_far",
+    "unknown_steps_abstention",
+]
+
+#: The decision's ``reason`` when earlier steps of the run have no record.
+UNKNOWN_STEPS = "earlier steps unknown"
+
+
+def gating_of(record: DeploymentRecord) -> Gating:
+    """How the artifact gates an agent (``AgentRecord.gating``; ``"final_answer"`` without
+    an agent record)."""
+    return record.agent.gating if record.agent is not None else "final_answer"
+
+
+@dataclass(frozen=True)
+class RunSoFar:
+    """An agent run as one request finds it.
+
+    Attributes:
+        position: the model call this request makes (0-based: assistant turns so far).
+        previous: the running maximum of the earlier steps' recorded scores (None: none).
+        context: the digest of the run's messages before this call (the key of the step
+            this call makes, :func:`~abstain_guard.serve.step_record.step_key`).
+        unknown: ids of the earlier tool calls without a record (fail closed).
+    """
+
+    position: int
+    previous: float | None
+    context: str
+    unknown: list[str] = field(default_factory=list)
+
+
+def run_so_far(
+    record: StepRecord, question: str, history: Sequence[BaseMessage], steps: Sequence[BaseMessage]
+) -> RunSoFar:
+    """The run before this request's model call: its position, the recorded running maximum
+    of its earlier steps, and which of them have no record."""
+    previous: float | None = None
+    unknown: list[str] = []
+    position = 0
+    for i, message in enumerate(steps):
+        if not isinstance(message, AIMessage):
+            continue
+        position += 1
+        entry = record.get(step_key(context_digest(question, history, steps[:i]), message))
+        if entry is None:
+            unknown += [c["id"] for c in openai_tool_calls(message)]
+        else:
+            previous = entry.step_score if previous is None else max(previous, entry.step_score)
+    return RunSoFar(position, previous, context_digest(question, history, steps), unknown)
+
+
+def remember_step(record: StepRecord, run: RunSoFar, reply: AIMessage, decision: Any) -> None:
+    """Keep an answered tool-calling step's decision under the calls returned to the client."""
+    record.put(
+        step_key(run.context, reply),
+        StepEntry(
+            step=run.position,
+            step_score=float(decision["step_score"]),
+            run_statistic=float(decision["run_statistic"]),
+        ),
+    )
+
+
+def unknown_steps_abstention(
+    policy: Any, group: str | None, run: RunSoFar, record: StepRecord
+) -> tuple[AIMessage, dict[str, Any]]:
+    """The abstention for a run whose earlier steps have no record (nothing generated)."""
+    return policy.abstain(  # type: ignore[no-any-return]
+        UNKNOWN_STEPS,
+        (
+            f"this server holds no record of its step decision for tool call(s) "
+            f"{run.unknown}: it did not return them in this conversation (edited, invented or "
+            f"replayed messages), or their record expired ({record.ttl_s:g} s), was evicted "
+            f"(over {record.max_entries} records) or was lost in a restart. The run's running "
+            "maximum needs every earlier step's score and the server takes none from "
+            "clients, so it abstains; ask the question again to start a new run"
+        ),
+        group,
+        gating="steps",
+        step=run.position,
+        step_score=None,
+        run_statistic=None,
+        unknown_tool_calls=list(run.unknown),
+    )
+
+
+def check_tool_steps(
+    policy: Any, record: DeploymentRecord, steps: Sequence[BaseMessage]
+) -> list[str]:
+    """The warnings of a final answer after ``steps`` (``on_mismatch="warn"``).
+
+    Raises:
+        RequestRefused: 400 for a tool-step count calibration never saw with
+            ``on_mismatch="raise"``.
+    """
+    problem = tool_steps_problem(record, sum(isinstance(m, ToolMessage) for m in steps))
+    if problem is None:
+        return []
+    try:
+        return list(policy.mismatch([problem], "agent run"))
+    except ArtifactMismatchError as exc:
+        raise RequestRefused(
+            f"The model's final answer was withheld: {problem} (on_mismatch='raise'; a "
+            "guard with on_mismatch='warn' answers with this warning in the decision).",
+            param="messages",
+            code="tool_steps_not_calibrated",
+        ) from exc

@@ -1,0 +1,92 @@
+"""Labels of whole agent runs and of their model calls, for step gating.
+
+A run is *wrong* when it ends without a final answer (the step limit, an error: the user
+got no answer, and whatever tools it called ran), when its final answer is judged wrong, or
+when one of its tool calls is judged wrong against the row's ``expected_tool_calls``
+(:func:`~.judges.tool_calls.judge_tool_calls`; rows without expected calls are labelled by
+the final answer alone). A run whose final answer could not be judged (the judge failed)
+has no label, like an answer the judge could not read.
+
+Each model call also gets a label for fitting the step scorer on the reference / train
+runs: a tool-calling call is right when all its calls are (against the expected ones), else
+wrong; without expected calls, and for the final answer, the run's own label (the answer's
+judgment for the final answer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .agents import has_final_answer, step_messages
+from .datasets import QAItem
+from .judges.base import Judgment
+from .judges.tool_calls import judge_tool_calls
+
+__all__ = ["call_verdicts", "run_judgment", "step_labels"]
+
+
+def call_verdicts(
+    item: QAItem, row: Mapping[str, Any], schemas: Sequence[Mapping[str, Any]] | None
+) -> list[list[bool]] | None:
+    """Per model call of the run, whether each of its (parsed) tool calls is right, judged
+    against ``item.expected_tool_calls`` with the calibrated tool ``schemas``; None when the
+    row has no expected calls. Shape ``[calls][tool calls of that call]`` (a final answer
+    has none)."""
+    expected = tuple(getattr(item, "expected_tool_calls", ()) or ())
+    if not expected:
+        return None
+    steps = step_messages(row)
+    flat = [c for m in steps for c in m.get("tool_calls") or []]
+    verdicts = judge_tool_calls(
+        flat, expected, ordered=bool(getattr(item, "tool_calls_ordered", False)), schemas=schemas
+    )
+    out: list[list[bool]] = []
+    i = 0
+    for m in steps:
+        n = len(m.get("tool_calls") or [])
+        out.append([bool(v.correct) for v in verdicts[i : i + n]])
+        i += n
+    return out
+
+
+def run_judgment(
+    answer: Judgment | None, row: Mapping[str, Any], calls: list[list[bool]] | None
+) -> Judgment:
+    """The run's verdict from its final answer's judgment (None: no final answer) and its
+    tool calls' verdicts (:func:`call_verdicts`)."""
+    reason = (row.get("agent") or {}).get("reason")
+    wrong_calls = 0 if calls is None else sum(1 for step in calls for ok in step if not ok)
+    n_calls = 0 if calls is None else sum(len(step) for step in calls)
+    tools = "" if calls is None else f"; tool calls {n_calls - wrong_calls}/{n_calls} right"
+    if not has_final_answer(row) or answer is None:
+        return Judgment(False, 0.0, f"run: no final answer ({reason}){tools}")
+    if answer.correct is None:
+        return Judgment(None, None, f"run: final answer not judged ({answer.rationale}){tools}")
+    correct = bool(answer.correct) and wrong_calls == 0
+    said = "right" if answer.correct else "wrong"
+    return Judgment(
+        correct,
+        1.0 if correct else 0.0,
+        f"run: final answer {said} ({answer.rationale}){tools}",
+        refusal=answer.refusal,
+    )
+
+
+def step_labels(
+    row: Mapping[str, Any],
+    run: Judgment,
+    answer: Judgment | None,
+    calls: list[list[bool]] | None,
+) -> list[bool]:
+    """The fitting label of each model call of a labelled run (module docstring), ``[T]``."""
+    steps = step_messages(row)
+    labels: list[bool] = []
+    for t, m in enumerate(steps):
+        if m.get("tool_calls") and calls is not None:
+            labels.append(all(calls[t]))
+        elif not m.get("tool_calls") and has_final_answer(row) and t == len(steps) - 1:
+            labels.append(bool(answer.correct if answer is not None else run.correct))
+        else:
+            labels.append(bool(run.correct))
+    return labels

@@ -1,0 +1,170 @@
+"""Hidden-state probes, likelihood + probe, the type-only floor (issue 37) and the paired
+comparison of scorers: synthetic response metadata, no model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from sklearn.metrics import roc_auc_score
+
+from abstain_guard.artifact import GuardArtifact
+from abstain_guard.calibration.measure.held_out import parse_baselines
+from abstain_guard.calibration.measure.paired import paired_report, selective_risk
+from abstain_guard.errors import NotFittedError, ScoringError
+from abstain_guard.scorers import ScorerState, build_scorer, scorer_names, scorer_spec
+from abstain_guard.scorers._registry import scorer_from_state
+
+D = 12
+PROBES = (
+    "probe_mid",
+    "probe_upper",
+    "probe_concat",
+    "probe_mid_last",
+    "probe_upper_last",
+    "probe_concat_last",
+)
+
+
+def _response(rng: np.random.Generator, correct: bool, group: str | None = None) -> dict:
+    """Correct answers lean along the first axis of the upper layer's mean state."""
+    n = int(rng.integers(2, 6))
+    mean = rng.normal(size=(2, D))
+    last = rng.normal(size=(2, D))
+    shift = 1.5 if correct else -1.5
+    mean[1, 0] += shift
+    last[1, 0] += shift
+    mean[0, 1] += shift / 2
+    last[0, 1] += shift / 2
+    lp = rng.normal(-0.5 if correct else -1.5, 0.3, size=n).clip(max=-1e-3)
+    meta: dict[str, Any] = {
+        "token_ids": list(range(n)),
+        "logprobs": {"content": [{"token": "x", "logprob": float(v)} for v in lp]},
+        "entropy": rng.uniform(0.1, 2.0, size=n).tolist(),
+        "geometry": {
+            "omega": [],
+            "hidden": {"layers": [1, 2], "mean": mean.tolist(), "last": last.tolist()},
+        },
+    }
+    meta["question_group"] = group  # as evaluate sets it (None: no type)
+    return meta
+
+
+def _split(seed: int, n: int, groups: bool = False) -> list[tuple[dict, bool]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        correct = bool(rng.random() < 0.4)
+        group = ("easy" if i % 2 else "hard") if groups else None
+        out.append((_response(rng, correct, group), correct))
+    return out
+
+
+@pytest.mark.parametrize("kind", [*PROBES, "likelihood_probe"])
+def test_probe_separates_and_round_trips(kind: str, tmp_path: Path) -> None:
+    scorer = build_scorer(kind).fit(_split(1, 60), _split(2, 60))  # type: ignore[attr-defined]
+    test = _split(3, 80)
+    data = [r for r, _ in test]
+    scores = scorer.score_many(data)
+    assert np.all((scores > 0) & (scores < 1))
+    y = np.array([c for _, c in test])
+    assert roc_auc_score(y, -scores) > 0.75
+    # one at a time: bitwise the batch's scores (live = stored)
+    assert np.array_equal(np.array([scorer.score(r) for r in data]), scores)
+    state = scorer.get_state()
+    assert state.kind == kind and not state.files
+    loaded = scorer_from_state(
+        ScorerState(state.kind, json.loads(json.dumps(state.params)), dict(state.arrays))
+    )
+    assert np.array_equal(loaded.score_many(data), scores)
+    art = GuardArtifact.from_calibration(scorer=scorer, scores=scores, correct=y)
+    art.save(tmp_path / "guard")
+    assert np.array_equal(GuardArtifact.load(tmp_path / "guard").scorer.score_many(data), scores)
+
+
+def test_probe_errors() -> None:
+    scorer = build_scorer("probe_concat")
+    with pytest.raises(NotFittedError):
+        scorer.score(_split(0, 1)[0][0])
+    no_hidden = {"logprobs": {"content": [{"token": "a", "logprob": -1.0}]}, "geometry": {}}
+    with pytest.raises(ScoringError, match="hidden-state summary"):
+        scorer.fit([(no_hidden, True)] * 6, [(no_hidden, False)] * 6)  # type: ignore[attr-defined]
+    fitted = build_scorer("probe_upper").fit(_split(1, 40), _split(2, 40))  # type: ignore[attr-defined]
+    with pytest.raises(ScoringError, match="hidden-state summary"):
+        fitted.score(no_hidden)
+    wrong_kind = fitted.get_state()
+    wrong_kind.kind = "probe_mid"
+    with pytest.raises(Exception, match="reads layer"):
+        scorer_from_state(wrong_kind)
+
+
+def test_type_floor() -> None:
+    ref, train = _split(1, 40, groups=True), _split(2, 40, groups=True)
+    floor = build_scorer("type_floor").fit(ref, train)  # type: ignore[attr-defined]
+    counts = {"easy": [0, 0], "hard": [0, 0]}
+    for r, c in [*ref, *train]:
+        counts[r["question_group"]][0] += int(c)
+        counts[r["question_group"]][1] += 1
+    for g, (c, n) in counts.items():
+        assert floor.score({"question_group": g}) == pytest.approx(1 - (c + 1) / (n + 2))
+    overall = sum(c for c, _ in counts.values()) / 80
+    assert floor.score({"question_group": "unseen"}) == pytest.approx(1 - overall)
+    with pytest.raises(ScoringError, match="measuring floor"):
+        floor.score({"logprobs": {}})
+    again = scorer_from_state(floor.get_state())
+    assert again.score({"question_group": "easy"}) == floor.score({"question_group": "easy"})
+    untyped = build_scorer("type_floor").fit(_split(1, 20), [])  # type: ignore[attr-defined]
+    assert len({untyped.score(r) for r, _ in _split(5, 10)}) == 1  # one constant: AUROC 0.5
+
+
+def test_registry_and_evaluate_accept_them() -> None:
+    probes = scorer_names(family="probe")
+    assert set(PROBES) | {"likelihood_probe"} == set(probes)
+    assert all("probe" in k for k in probes)
+    assert scorer_spec("type_floor").family == "floor" and scorer_spec("type_floor").fitted
+    assert parse_baselines("probe_concat,type_floor,perplexity") == [
+        "probe_concat",
+        "type_floor",
+        "perplexity",
+    ]
+    assert {"type_floor", "probe_mid", "likelihood_probe"} <= set(parse_baselines("probes"))
+
+
+def test_calibrate_can_deploy_probes() -> None:
+    from abstain_guard.calibration.building.calibration_config import (
+        FIT_SCORERS,
+        CalibrationConfig,
+    )
+    from abstain_guard.calibration.building.online_geometry import captures_geometry
+
+    assert "probe_concat" in FIT_SCORERS and "type_floor" not in FIT_SCORERS
+    assert CalibrationConfig(scorer="probe_upper").scorer == "probe_upper"
+    assert captures_geometry(build_scorer("probe_upper"))
+
+
+def test_paired_report() -> None:
+    rng = np.random.default_rng(0)
+    y = rng.random(300) < 0.3
+    good = -y.astype(float) + rng.normal(0, 0.5, 300)
+    bad = rng.normal(size=300)
+    groups = np.where(np.arange(300) % 3 == 0, "a", "b")
+    rep = paired_report(
+        {"geometry": good, "other": bad},
+        y,
+        reference="geometry",
+        groups=groups.tolist(),
+        calibration=np.arange(300) < 150,
+        n_boot=300,
+    )
+    other = rep["scorers"]["other"]
+    assert "auroc_diff" not in rep["scorers"]["geometry"]
+    lo, hi = other["auroc_diff_ci"]
+    assert lo <= other["auroc_diff"] <= hi and lo > 0
+    assert other["within_diff_ci"][0] > 0 and rep["n_groups_used"] == 2
+    cert = rep["scorers"]["geometry"]["certified"]
+    assert cert["n"] == 150 and 0 <= cert["participation_at_target"] <= 1
+    sel = selective_risk(np.arange(4.0), np.array([1, 1, 0, 0]))
+    assert sel["error_at"]["0.5"] == 0.0 and sel["aurc"] == pytest.approx((0 + 0 + 1 / 3 + 0.5) / 4)

@@ -79,6 +79,19 @@ class LayerSpec:
         return self.wo_heads.device
 
 
+#: Largest share of a model's weight bytes that its float32 ``W_O`` copies (by KV head and by
+#: query head) may take for capture to keep them (:attr:`ArchitectureSpec.keeps_wo`); above
+#: it, a layer's ``W_O`` is regrouped per use. float32 Llama/Qwen shapes: 12-16 %, kept;
+#: bfloat16 ones: 25-33 % (an 8B model: 4.8 GB, a 70B one: 43 GB), regrouped.
+WO_KEEP_SHARE = 0.2
+#: ... and the copies are always kept up to this size (tiny and small models: SmolLM2 keeps
+#: 80 MB), and always for a model on these device types: on the CPU the regrouping is a
+#: transposed copy that cost ~60 ms per layer and token at Qwen3-1.7B's width (measured,
+#: ``bench/real_size.py``: full capture's decode step 1.35-1.5x), on a GPU microseconds.
+WO_KEEP_MIN_BYTES = 256 << 20
+WO_KEEP_DEVICE_TYPES = ("cpu",)
+
+
 @dataclass
 class ArchitectureSpec:
     """All layers of a supported model plus model-wide facts."""
@@ -87,11 +100,14 @@ class ArchitectureSpec:
     layers: list[LayerSpec]
     hidden_size: int
     context_length: int
+    #: bytes of the model's parameters (0: unknown; :attr:`keeps_wo` then uses the floor)
+    weight_bytes: int = 0
     _wo_kv: list[torch.Tensor] | None = field(default=None, init=False, repr=False, compare=False)
     _wo_kv_all: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
     _wo_q: dict[int, torch.Tensor] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    _keeps_wo: bool | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def num_layers(self) -> int:
@@ -118,20 +134,39 @@ class ArchitectureSpec:
             for ls in self.layers
         )
 
+    @property
+    def keeps_wo(self) -> bool:
+        """Whether capture keeps ``W_O`` regrouped in float32 for the model's lifetime (two
+        copies, by KV head and by query head: ``8·L·H·Dh·D`` bytes) or regroups a layer's
+        ``W_O`` each time it needs it. Kept up to :data:`WO_KEEP_SHARE` of the model's
+        weight bytes (float32 models) or :data:`WO_KEEP_MIN_BYTES`, and always on the CPU
+        (:data:`WO_KEEP_DEVICE_TYPES`); on a GPU a bfloat16 8B model would keep 4.8 GB
+        beside its 16 GB of weights and a 70B one 43 GB, so theirs are regrouped per use (a
+        cast and a copy of one layer's ``W_O``: the same float32 numbers, the same results
+        bit for bit)."""
+        if self._keeps_wo is None:
+            n = sum(ls.num_heads * ls.head_dim * self.hidden_size for ls in self.layers)
+            limit = max(WO_KEEP_SHARE * self.weight_bytes, WO_KEEP_MIN_BYTES)
+            on_kept_device = all(ls.device.type in WO_KEEP_DEVICE_TYPES for ls in self.layers)
+            self._keeps_wo = on_kept_device or 8 * n <= limit
+        return self._keeps_wo
+
+    def _regrouped(self, i: int) -> torch.Tensor:
+        ls = self.layers[i]
+        return (
+            ls.wo_heads.reshape(ls.num_kv_heads, ls.num_heads // ls.num_kv_heads, ls.head_dim, -1)
+            .permute(0, 2, 1, 3)
+            .reshape(ls.num_kv_heads, ls.head_dim, -1)
+            .float()
+        )
+
     def wo_by_kv_head(self) -> list[torch.Tensor]:
         """Per layer, ``W_O`` grouped by KV head, ``[H_kv, Dh, n_rep·D]`` float32, so that
-        ``u = v @ W`` needs no head repeat (computed once per model; views of one
-        ``[L, H_kv, Dh, n_rep·D]`` tensor when :attr:`stackable`)."""
+        ``u = v @ W`` needs no head repeat (computed once per model and kept; views of one
+        ``[L, H_kv, Dh, n_rep·D]`` tensor when :attr:`stackable`). Capture reads a layer's
+        through :meth:`wo_kv`, which keeps them only where :attr:`keeps_wo`."""
         if self._wo_kv is None:
-            per_layer = [
-                ls.wo_heads.reshape(
-                    ls.num_kv_heads, ls.num_heads // ls.num_kv_heads, ls.head_dim, -1
-                )
-                .permute(0, 2, 1, 3)
-                .reshape(ls.num_kv_heads, ls.head_dim, -1)
-                .float()
-                for ls in self.layers
-            ]
+            per_layer = [self._regrouped(i) for i in range(len(self.layers))]
             if self.stackable:
                 self._wo_kv_all = torch.stack(per_layer)
                 self._wo_kv = list(self._wo_kv_all)
@@ -139,16 +174,24 @@ class ArchitectureSpec:
                 self._wo_kv = [w.contiguous() for w in per_layer]
         return self._wo_kv
 
+    def wo_kv(self, i: int) -> torch.Tensor:
+        """Layer ``i``'s :meth:`wo_by_kv_head`, kept (:attr:`keeps_wo`) or regrouped now."""
+        if self._wo_kv is not None or self.keeps_wo:
+            return self.wo_by_kv_head()[i]
+        return self._regrouped(i).contiguous()
+
     def wo_by_query_head(self, i: int) -> torch.Tensor:
         """Layer ``i``'s ``W_O`` rows in query-head order, ``[H·Dh, D]`` float32
-        (:func:`.source_parts.heads_by_query` of :meth:`wo_by_kv_head`), for the sparse
-        strategy. Computed once per model and shared by every capture session: a session
-        used to copy it for itself (``L·H·Dh·D`` float32 per concurrent row: 2.4 GB for an
-        8B model, measured on a GPU in issue 38)."""
-        if i not in self._wo_q:
-            ls = self.layers[i]
-            self._wo_q[i] = heads_by_query(self.wo_by_kv_head()[i], ls.num_heads)
-        return self._wo_q[i]
+        (:func:`.source_parts.heads_by_query` of :meth:`wo_kv`), for the sparse strategy.
+        Kept once per model where :attr:`keeps_wo` (shared by every capture session), else
+        built per use. A session used to copy it for itself (``L·H·Dh·D`` float32 per
+        concurrent row: 2.4 GB per row of an 8B model, measured on a GPU in issue 38)."""
+        if i in self._wo_q:
+            return self._wo_q[i]
+        w = heads_by_query(self.wo_kv(i), self.layers[i].num_heads)
+        if self.keeps_wo:
+            self._wo_q[i] = w
+        return w
 
     def stacked_wo_by_kv_head(self) -> torch.Tensor:
         """:meth:`wo_by_kv_head` of every layer, ``[L, H_kv, Dh, n_rep·D]`` (stackable
@@ -220,8 +263,13 @@ def build_spec(model: Any) -> ArchitectureSpec:
                 f"layer {spec.index} has attention layer_idx={spec.attn.layer_idx}; "
                 "geometry capture needs layer_idx to match the layer order"
             )
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     return ArchitectureSpec(
-        model_type=model_type, layers=layers, hidden_size=hidden, context_length=ctx
+        model_type=model_type,
+        layers=layers,
+        hidden_size=hidden,
+        context_length=ctx,
+        weight_bytes=weight_bytes,
     )
 
 

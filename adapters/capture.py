@@ -130,8 +130,6 @@ class CaptureSession:
         #: device); every per-layer tensor stays on its own layer's device
         self.device = spec.layers[0].device
         self._devices = [ls.device for ls in spec.layers]
-        # W_O grouped by KV head: [H_kv, Dh, n_rep * D], so u = v @ W needs no head repeat
-        self._wo_kv = spec.wo_by_kv_head()
         #: layers stacked on a leading axis (:attr:`ArchitectureSpec.stackable`): C_MLP and
         #: kept u are views of one tensor each, and decode steps are captured for all layers
         #: at once (:meth:`decode_step`)
@@ -167,7 +165,7 @@ class CaptureSession:
         self.cached = (
             full
             and cache_values
-            and (strategy == "cached" or (strategy == "auto" and need <= budget))
+            and (strategy == "cached" or (strategy == "auto" and need <= budget and spec.keeps_wo))
         )
         self.pos = 0
         self.steps: list[StepFeatures] = []
@@ -329,7 +327,9 @@ class CaptureSession:
             u = self._u[i]
             if u is None:
                 u = self._u[i] = self._new_u(i, query.shape[1], value.device)
-            u[:, :, self.p0 : p_end] = new_parts(value[:, :, s_k - q_len :], self._wo_kv[i], hidden)
+            u[:, :, self.p0 : p_end] = new_parts(
+                value[:, :, s_k - q_len :], self.spec.wo_kv(i), hidden
+            )
         elif self.cache_values:
             unorm = self._unorm[i]
             if unorm is None:
@@ -338,13 +338,13 @@ class CaptureSession:
                     shape, dtype=torch.float32, device=value.device
                 )
             new = value[:, :, s_k - q_len :]
-            unorm[:, self.p0 : p_end] = head_max_abs(new, self._wo_kv[i], hidden)
+            unorm[:, self.p0 : p_end] = head_max_abs(new, self.spec.wo_kv(i), hidden)
             self._norms[i] = unorm[:, src0:p_end]
         else:
             if src0 != self.p0:
                 raise RuntimeError("replay capture expects one block without a KV cache")
             if self.sparse:
-                self._norms[i] = head_max_abs(value, self._wo_kv[i], hidden)
+                self._norms[i] = head_max_abs(value, self.spec.wo_kv(i), hidden)
         probs = row_probabilities(query, key, mask, scaling, self.rows, q_len, softcap, sinks)
         self._probs[i] = torch.nan_to_num(probs, nan=0.0)  # fully masked (padding) rows
         self._values[i] = value
@@ -442,13 +442,14 @@ class CaptureSession:
             u = kept[:, :, src0 : src0 + s_k]  # [B, H, S_k, D]
             num = cached_numerators(probs, u, z, e_self, t_idx, factor)
         elif self.sparse and norms is not None:
-            w_flat = self.spec.wo_by_query_head(i)  # shared by the model's sessions
+            # kept and shared by the model's sessions, or built by sparse_numerators if needed
+            w_flat = self.spec.wo_by_query_head(i) if self.spec.keeps_wo else None
             num = sparse_numerators(
-                probs, values, norms, self._wo_kv[i], z, e_self, t_idx, factor, w_flat
+                probs, values, norms, self.spec.wo_kv(i), z, e_self, t_idx, factor, w_flat
             )
         else:
             num = dense_numerators(
-                probs, values, self._wo_kv[i], z, e_self, t_idx, factor, self.max_chunk_elems
+                probs, values, self.spec.wo_kv(i), z, e_self, t_idx, factor, self.max_chunk_elems
             )
         c_attn = proximity_from_numerators(num)  # [B, R, S_k]
         cm_prev = self._cmlp[i - 1][:, src0 : src0 + s_k].to(z.device)  # [B, S_k]

@@ -199,13 +199,13 @@ def sparse_numerators(
     counts = torch.searchsorted(thr_sorted.contiguous(), beta.contiguous())  # [B, R, S]
     rows = torch.arange(r, device=num.device)
     counts[:, rows, t_idx] = 0
-    if w_flat is None:
-        w_flat = heads_by_query(wo_kv, h)
     for bi in range(b):
         for qi in range(r):
             c = counts[bi, qi]
             src = torch.nonzero(c).squeeze(-1)
             if src.numel():
+                if w_flat is None:  # only where a correction is needed
+                    w_flat = heads_by_query(wo_kv, h)
                 num[bi, qi, src] -= 2.0 * _corrections(
                     probs[bi, :, qi, src],
                     v[bi, :, src].float(),

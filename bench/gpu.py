@@ -14,14 +14,16 @@ Per (prompt length, batch), interleaved repeats of
 
 Reported: prompt-pass seconds, decode tokens per second (all rows), end-to-end tokens per
 second, the peak GPU memory above the model's (``torch.cuda.max_memory_allocated``), and
-ratios to plain. Then an exactness check: a Qwen3-1.7B shape at full depth, bfloat16 and
-float32, Ω, Θ, Φ of KV-cached generation against the float64 reference of the same weights.
+ratios to plain. And an exactness check (bfloat16 first, float32 last): a Qwen3-1.7B shape
+at full depth, Ω, Θ, Φ of KV-cached generation against the float64 reference of the same
+weights. Results of the runs on an NVIDIA H200: ``bench/gpu_h200.json``, docs/method.md.
 
 A time guard stops starting configurations after ``--budget-s`` seconds; every result is
 written to ``$OUT/gpu.json`` (or ``--out-dir``) as soon as it is measured; failures (out of
 memory included) are recorded and the run goes on. The last thing printed is a table.
 
-Run: ``python bench/gpu.py --out-dir $OUT``; on the CPU: ``python bench/gpu.py --smoke``
+Run: ``python bench/gpu.py --out-dir $OUT`` (default budget 300 s of configurations, about
+7 minutes in all on an H200); on the CPU: ``python bench/gpu.py --smoke``
 (tiny widths, seconds; what ``tests/test_real_shapes.py`` runs).
 """
 

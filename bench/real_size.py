@@ -9,13 +9,19 @@ bfloat16. For each prompt length, interleaved repeats of
 * engine: the library's engine without capture (every forward on one BLAS thread, a lone
   decode row padded to 4 rows: what makes a row's numbers independent of the machine);
 * full:   the engine with full capture (Ω, Θ; the strategy ``auto`` chooses);
-* fast:   the engine with fast capture (Θ, ω_dir).
+* fast:   the engine with fast capture (Θ, ω_dir);
+* full_regroup: full capture on a model that keeps no float32 copy of ``W_O`` and regroups
+  a layer's per use (what half-precision 8B / 70B models do on a GPU;
+  ``ArchitectureSpec.keeps_wo``; on the CPU they keep it).
 
 All four must produce the same tokens (float32). Every ratio is taken per repeat and
 reported as median and min-max; ``prefill`` is the prompt pass with the first token,
 ``decode`` one later token. ``extra_peak_mb``: peak resident memory during a run above the
 level at its start, minus plain's (sampled every ms); ``kept_mb``: what full capture keeps
 across forward calls (C_MLP, max-norms or kept u), read from its session.
+
+At reduced depth, ``auto``'s memory budget for kept ``u`` is scaled by layers / real layers,
+so that it chooses the full-depth model's strategy.
 
 ``--exactness``: Ω, Θ, Φ of KV-cached generation (each strategy) against the float64
 reference of the same weights instead of timings.
@@ -45,7 +51,7 @@ from capture_overhead import PeakRSS
 
 from abstain_guard.adapters.kernels import kernel_facts
 
-VARIANTS = ("plain", "engine", "full", "fast")
+VARIANTS = ("plain", "engine", "full", "fast", "full_regroup")
 
 
 def spread(values: list[float], digits: int = 4) -> dict[str, float]:
@@ -57,12 +63,28 @@ def spread(values: list[float], digits: int = 4) -> dict[str, float]:
     }
 
 
+def regrouping(hf: Any) -> Any:
+    """A second ``LoadedModel`` of ``hf`` whose capture keeps no float32 ``W_O`` and
+    regroups a layer's per use (what a half-precision 8B or 70B model does)."""
+    arch = rs.import_engine()["loading"].build_spec.__module__
+    module = sys.modules[arch]
+    saved = module.WO_KEEP_SHARE, module.WO_KEEP_MIN_BYTES, module.WO_KEEP_DEVICE_TYPES
+    module.WO_KEEP_SHARE, module.WO_KEEP_MIN_BYTES, module.WO_KEEP_DEVICE_TYPES = 0.0, 0, ()
+    try:
+        loaded = rs.wrap(hf)
+        assert not loaded.spec.keeps_wo  # decided now, kept for the spec's life
+    finally:
+        module.WO_KEEP_SHARE, module.WO_KEEP_MIN_BYTES, module.WO_KEEP_DEVICE_TYPES = saved
+    return loaded
+
+
 def run_variant(name: str, hf: Any, loaded: Any, prompt: list[int], new: int) -> rs.EngineRun:
-    """One generation of ``new`` tokens by variant ``name``."""
+    """One generation of ``new`` tokens by variant ``name`` (``loaded``: the variants' own
+    ``LoadedModel`` of ``hf`` by name)."""
     if name == "plain":
         return rs.plain_generate(hf, prompt, new)
-    capture = None if name == "engine" else name
-    return rs.engine_generate(loaded, prompt, new, capture)
+    capture = {"engine": None, "full": "full", "fast": "fast", "full_regroup": "full"}[name]
+    return rs.engine_generate(loaded[name], prompt, new, capture)
 
 
 def measure_point(
@@ -73,6 +95,7 @@ def measure_point(
     runs: dict[str, list[rs.EngineRun]] = {v: [] for v in VARIANTS}
     mem: dict[str, list[float]] = {v: [] for v in VARIANTS}
     ref = run_variant("engine", hf, loaded, prompt, new).token_ids  # warm-up, path probe
+    run_variant("full_regroup", hf, loaded, prompt, new)  # warm-up
     for rep in range(repeats):
         for v in VARIANTS:
             gc.collect()
@@ -111,6 +134,7 @@ def measure_point(
         ("engine", "plain"),
         ("full", "engine"),
         ("fast", "engine"),
+        ("full_regroup", "full"),
     ):
         for phase, fn in (
             ("total", total),
@@ -122,7 +146,7 @@ def measure_point(
     out["ratios"] = ratios
     out["extra_peak_mb_over_plain"] = {
         v: spread([a - b for a, b in zip(mem[v], mem["plain"], strict=True)], 1)
-        for v in ("engine", "full", "fast")
+        for v in ("engine", "full", "fast", "full_regroup")
     }
     out["peak_mb"] = {v: spread(m, 1) for v, m in mem.items()}
     out["kept_mb_full"] = round(runs["full"][0].kept_bytes / 2**20, 2)
@@ -161,7 +185,16 @@ def main() -> None:
         strategies = ("auto", "cached", "sparse", "dense")
         result["exactness"] = rs.exactness(hf, prompt, args.new, strategies)
     else:
-        loaded = rs.wrap(hf)
+        if result["layers"] < result["real_layers"]:
+            # auto's budget for kept u is per model: scale it with the depth so that a
+            # reduced-depth model chooses the strategy the full-depth one chooses
+            cap = rs.import_engine()["capture"]
+            cap.CACHE_BUDGET_BYTES = (
+                cap.CACHE_BUDGET_BYTES * result["layers"] // result["real_layers"]
+            )
+        base = rs.wrap(hf)
+        loaded = {"engine": base, "full": base, "fast": base, "full_regroup": regrouping(hf)}
+        result["keeps_wo"] = bool(base.spec.keeps_wo)
         points = []
         for n in (int(p) for p in args.prompts.split(",")):
             print(f" prompt {n}", file=sys.stderr, flush=True)

@@ -17,6 +17,7 @@ import torch
 from test_adapters_exactness import PROMPT, family_case, reference_features
 from tiny_models import FAMILIES, tiny_chat_model
 
+import abstain_guard.adapters.architectures as architectures
 import abstain_guard.adapters.capture as capture_module
 from abstain_guard.adapters import ReferenceMeans
 from abstain_guard.adapters.source_parts import (
@@ -216,6 +217,29 @@ def test_sparse_sessions_share_the_models_regrouped_w_o(monkeypatch: pytest.Monk
             if isinstance(t, torch.Tensor) and t.numel() == width
         ]
         assert all(t.untyped_storage().data_ptr() in model_storages for t in own)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("strategy", ["sparse", "dense"])
+def test_a_model_too_large_to_keep_w_o_regroups_it_per_use_with_the_same_numbers(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, strategy: str
+) -> None:
+    """Above ``WO_KEEP_SHARE`` of the weights (a bfloat16 8B model's float32 copies of W_O
+    would be 4.8 GB, a 70B one's 43 GB) capture regroups a layer's W_O per use: nothing
+    kept, same answer bit for bit (the cast to float32 is exact)."""
+    monkeypatch.setattr(capture_module, "DEFAULT_STRATEGY", strategy)
+    kept = tiny_chat_model("qwen3", seed=3, dtype=dtype, max_new_tokens=6)
+    want = kept.invoke(PROMPT).response_metadata
+    assert kept._spec.keeps_wo
+    monkeypatch.setattr(architectures, "WO_KEEP_SHARE", 0.0)
+    monkeypatch.setattr(architectures, "WO_KEEP_MIN_BYTES", 0)
+    monkeypatch.setattr(architectures, "WO_KEEP_DEVICE_TYPES", ())  # as on a GPU
+    model = tiny_chat_model("qwen3", seed=3, dtype=dtype, max_new_tokens=6)
+    got = model.invoke(PROMPT).response_metadata
+    spec = model._spec
+    assert not spec.keeps_wo and spec._wo_kv is None and not spec._wo_q
+    for key in ("token_ids", "logprobs", "geometry"):
+        assert got[key] == want[key], key
 
 
 @pytest.fixture(scope="module")

@@ -164,13 +164,16 @@ def _sessions(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 
 def _session_tensors(session: Any) -> list[tuple[int, torch.Tensor]]:
-    """``(layer, tensor)`` of every per-layer buffer a session holds."""
-    return [
+    """``(layer, tensor)`` of every per-layer buffer a session holds, and the regrouped
+    ``W_O`` it reads (the model's, kept or built per use)."""
+    held = [
         (i, t)
-        for name in ("_cmlp", "_u", "_unorm", "_wo_kv")
+        for name in ("_cmlp", "_u", "_unorm")
         for i, t in enumerate(getattr(session, name))
         if isinstance(t, torch.Tensor)
     ]
+    spec = session.spec
+    return held + [(i, spec.wo_kv(i)) for i in range(spec.num_layers)]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -77,6 +77,9 @@ def test_a_run_that_keeps_calling_tools_stops_at_the_step_limit():
     agent = _agent([_call("lookup", n, country="Peru") for n in range(20)], [lookup])
     run = run_agent(agent, [HumanMessage("Capital of Peru?")], 4)
     assert run.final is None and run.reason == "step_limit"
+    # the steps it made before the limit are kept: a step guard decides on each of them
+    assert run.model_calls >= 1 and run.tool_calls >= 1
+    assert [m["role"] for m in run.messages][:2] == ["ai", "tool"]
 
 
 def test_a_tool_that_raises_is_recorded_not_raised():

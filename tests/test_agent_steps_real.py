@@ -53,7 +53,7 @@ def calibrated(lookup_model: Any, tmp_path_factory: pytest.TempPathFactory) -> A
     tmp = tmp_path_factory.mktemp("steps")
     config = CalibrationConfig(
         agent=FACTORY,
-        agent_step_limit=6,
+        agent_step_limit=8,  # as examples/lookup_agent.yaml
         scorer="perplexity",
         max_new_tokens=BUDGET,
         ratios=(1, 1, 4, 2),

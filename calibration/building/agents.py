@@ -221,15 +221,19 @@ def agent_inputs(item: QAItem) -> list[BaseMessage]:
 
 def run_agent(agent: Any, inputs: Sequence[BaseMessage], step_limit: int) -> AgentRun:
     """Run ``agent`` on ``inputs`` with LangGraph's ``recursion_limit=step_limit``; never
-    raises for what happens inside the run (it becomes the run's ``reason``)."""
+    raises for what happens inside the run (it becomes the run's ``reason``, and the run keeps
+    the messages it made before it failed: the steps a step guard would have decided on)."""
     recorder = OfferRecorder()
     config = {"recursion_limit": step_limit, "callbacks": [recorder]}
-    try:
-        state = agent.invoke({"messages": list(inputs)}, config=config)
+    state: Mapping[str, Any] = {}
+    try:  # streamed state by state, so that a failed run keeps the steps it made
+        for values in agent.stream({"messages": list(inputs)}, config=config, stream_mode="values"):
+            state = values
     except Exception as exc:  # the run failed: record why, go on with the next question
         name = type(exc).__name__
         reason = "step_limit" if name == "GraphRecursionError" else f"error: {name}: {exc}"
-        return AgentRun(None, reason[:500], [], recorder.calls)
+        made = list(state.get("messages", []))[len(inputs) :]
+        return AgentRun(None, reason[:500], [_message_json(m) for m in made], recorder.calls)
     messages = list(state.get("messages", []))[len(inputs) :]
     as_json = [_message_json(m) for m in messages]
     last = messages[-1] if messages else None

@@ -5,7 +5,8 @@ got no answer, and whatever tools it called ran), when its final answer is judge
 when one of its tool calls is judged wrong against the row's ``expected_tool_calls``
 (:func:`~.judges.tool_calls.judge_tool_calls`; rows without expected calls are labelled by
 the final answer alone). A run whose final answer could not be judged (the judge failed)
-has no label, like an answer the judge could not read.
+has no label, like an answer the judge could not read; nor has a run in which no model call
+returned (the model raised on its first call): no step of it could be gated.
 
 Each model call also gets a label for fitting the step scorer on the reference / train
 runs: a tool-calling call is right when all its calls are (against the expected ones), else
@@ -59,6 +60,8 @@ def run_judgment(
     wrong_calls = 0 if calls is None else sum(1 for step in calls for ok in step if not ok)
     n_calls = 0 if calls is None else sum(len(step) for step in calls)
     tools = "" if calls is None else f"; tool calls {n_calls - wrong_calls}/{n_calls} right"
+    if not step_messages(row):  # nothing was generated, so nothing a guard could gate
+        return Judgment(None, None, f"run: no model call returned ({reason})")
     if not has_final_answer(row) or answer is None:
         return Judgment(False, 0.0, f"run: no final answer ({reason}){tools}")
     if answer.correct is None:

@@ -59,11 +59,13 @@ def calibrated(lookup_model: Any, tmp_path_factory: pytest.TempPathFactory) -> A
         ratios=(1, 1, 4, 2),
         participation=0.5,
         cache_dir=str(tmp / "run.cache"),
+        limit=N,  # the first N of the built-in lookup questions (relations mixed)
     )
     items, _ = load_items("builtin-lookup", config)
-    spread = items[:: len(items) // N][:N]  # every relation, not only the first
-    summary = calibrate(spread, tmp / "guard", config=config, model=lookup_model, progress=False)
-    return tmp, spread, summary
+    summary = calibrate(
+        "builtin-lookup", tmp / "guard", config=config, model=lookup_model, progress=False
+    )
+    return tmp, items, summary
 
 
 def test_the_artifact_records_step_gating_and_the_runs_calls(calibrated: Any) -> None:

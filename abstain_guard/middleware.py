@@ -55,11 +55,11 @@ from abstain_guard.agent_steps import running_statistic
 from abstain_guard.artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
 from abstain_guard.deployment import sha256_text, tool_steps_problem, tools_sha256
-from abstain_guard.errors import ConfigError, InvalidInputError
+from abstain_guard.errors import ConfigError
 from abstain_guard.monitor import GuardMonitor
 from abstain_guard.monitor_binding import fit_monitor
 from abstain_guard.policy import AbstentionPolicy
-from abstain_guard.tool_choice import AUTO, tool_choice_name
+from abstain_guard.tool_choice import free_choice, recorded_tool_choice
 from abstain_guard.tracing import arecord_decision, record_decision
 
 __all__ = ["AbstentionMiddleware", "AbstentionState"]
@@ -378,21 +378,14 @@ def _tool_choice_problems(record: Any, request: Any) -> list[str]:
     seen = agent.call_tool_choices.get(str(position))
     if seen is None:
         return []
-    try:
-        asked = tool_choice_name(request.tool_choice)
-    except InvalidInputError:
-        asked = repr(request.tool_choice)
-    if _free(asked) in {_free(c) for c in seen}:
+    asked = recorded_tool_choice(request.tool_choice)
+    if free_choice(asked) in {free_choice(c) for c in seen}:
         return []
     return [
         f"model call {position + 1} of the run has tool_choice={asked or 'auto'!r}, but "
         f"calibration's runs had {sorted(str(c or 'auto') for c in seen)} there; run the "
         "agent as calibrated (the same middleware forcing or freeing tool calls)"
     ]
-
-
-def _free(choice: str | None) -> str | None:
-    return None if choice == AUTO else choice
 
 
 def _this_turn(state: Any) -> list[Any]:

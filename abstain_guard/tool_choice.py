@@ -14,7 +14,15 @@ from typing import Any
 
 from abstain_guard.errors import InvalidInputError
 
-__all__ = ["AUTO", "KEYWORDS", "NONE", "REQUIRED", "tool_choice_name"]
+__all__ = [
+    "AUTO",
+    "KEYWORDS",
+    "NONE",
+    "REQUIRED",
+    "free_choice",
+    "recorded_tool_choice",
+    "tool_choice_name",
+]
 
 #: The model decides whether to call a tool.
 AUTO = "auto"
@@ -71,3 +79,19 @@ def _mapping_name(choice: Mapping[str, Any]) -> str:
         f"tool_choice {dict(choice)!r} names no tool: send "
         '{"type": "function", "function": {"name": "<tool>"}}, or "auto", "none" or "required"'
     )
+
+
+def recorded_tool_choice(choice: Any) -> str | None:
+    """``tool_choice`` as it is recorded and compared per model call: read by
+    :func:`tool_choice_name`; a value it cannot read is kept as its ``repr``, which matches
+    no calibrated choice."""
+    try:
+        return tool_choice_name(choice)
+    except InvalidInputError:
+        return repr(choice)
+
+
+def free_choice(choice: str | None) -> str | None:
+    """None for a free choice (``"auto"`` or none given), else the choice: the form in which
+    a call's choice is compared with calibration's."""
+    return None if choice in (None, AUTO) else choice

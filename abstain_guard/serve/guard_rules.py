@@ -30,7 +30,7 @@ from abstain_guard.deployment import DeploymentRecord, conversation_refusal, too
 from abstain_guard.prompts import history_problem
 from abstain_guard.serve.conversation import Turns, is_tool_turn, requested_tool_choice
 from abstain_guard.serve.schemas import ChatCompletionRequest, RequestRefused
-from abstain_guard.tool_choice import AUTO, NONE, REQUIRED
+from abstain_guard.tool_choice import AUTO, NONE, REQUIRED, free_choice
 
 __all__ = ["check_tools", "check_turns", "request_tools", "tool_name"]
 
@@ -123,8 +123,8 @@ def _tool_choice(
     if agent is not None and agent.call_tool_choices:
         return _call_choice(agent.call_tool_choices, position, asked)
     final = agent.final_tool_choice if agent is not None else None
-    calibrated = _free(final)
-    if asked is not None and _free(asked) != calibrated:
+    calibrated = free_choice(final)
+    if asked is not None and free_choice(asked) != calibrated:
         raise RequestRefused(
             f"tool_choice={asked!r}, but this guard's final answers were calibrated with "
             f"tool_choice={calibrated or 'auto'!r} and it records no other call's choice (an "
@@ -140,8 +140,8 @@ def _call_choice(
 ) -> str | None:
     """``asked`` for model call ``position`` when calibration's runs had it there."""
     seen = calibrated.get(str(position))
-    if seen is None or _free(asked) in {_free(c) for c in seen}:
-        return _free(asked)
+    if seen is None or free_choice(asked) in {free_choice(c) for c in seen}:
+        return free_choice(asked)
     spellings = sorted({_openai_spelling(c) for c in seen})
     raise RequestRefused(
         f"tool_choice={_openai_spelling(asked)} for model call {position + 1} of the run "
@@ -151,11 +151,6 @@ def _call_choice(
         param="tool_choice",
         code="tool_choice_not_calibrated",
     )
-
-
-def _free(choice: str | None) -> str | None:
-    """None for a free choice (``"auto"`` or none given), else the choice."""
-    return None if choice in (None, AUTO) else choice
 
 
 def _openai_spelling(choice: str | None) -> str:

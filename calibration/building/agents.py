@@ -32,9 +32,9 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from tqdm.auto import tqdm
 
 from abstain_guard.deployment import tools_sha256
-from abstain_guard.errors import CalibrationError, ConfigError, InvalidInputError
+from abstain_guard.errors import CalibrationError, ConfigError
 from abstain_guard.prompts import history_messages
-from abstain_guard.tool_choice import tool_choice_name
+from abstain_guard.tool_choice import recorded_tool_choice
 
 from .answers import LIKELIHOOD_METADATA, AnswerRow, AnswerRows
 from .datasets import QAItem
@@ -121,19 +121,9 @@ class OfferRecorder(BaseCallbackHandler):
                 {
                     "system_prompt": system,
                     "tools": json.loads(json.dumps(tools, default=str)) if tools else None,
-                    "tool_choice": _choice_name(params.get("tool_choice")),
+                    "tool_choice": recorded_tool_choice(params.get("tool_choice")),
                 }
             )
-
-
-def _choice_name(choice: Any) -> str | None:
-    """``tool_choice`` as :func:`abstain_guard.tool_choice.tool_choice_name` reads it (the
-    reading the local chat model applies and the server compares); one it cannot read is
-    recorded as its ``repr``, which matches no request."""
-    try:
-        return tool_choice_name(choice)
-    except InvalidInputError:
-        return repr(choice)
 
 
 @dataclass

@@ -28,7 +28,9 @@ reference of the same weights instead of timings.
 
 Prints one JSON line. Run (one point per call; each stays under ~15 minutes):
 ``flock /tmp/heavy.lock .venv/bin/python bench/real_size.py --shape qwen3-1.7b --layers 2
---prompts 256,2048 [--dtype bfloat16] [--repeats 3] [--exactness]``
+--prompts 256,2048 [--dtype bfloat16] [--repeats 3] [--exactness]``; at 8,192 tokens
+``--prompts 8192 --repeats 2 --variants plain,full,fast`` (each engine variant takes about a
+minute a repeat there).
 """
 
 from __future__ import annotations
@@ -88,16 +90,25 @@ def run_variant(name: str, hf: Any, loaded: Any, prompt: list[int], new: int) ->
 
 
 def measure_point(
-    hf: Any, loaded: Any, n_prompt: int, new: int, repeats: int, check_tokens: bool
+    hf: Any,
+    loaded: Any,
+    n_prompt: int,
+    new: int,
+    repeats: int,
+    check_tokens: bool,
+    variants: tuple[str, ...] = VARIANTS,
 ) -> dict[str, Any]:
-    """Interleaved repeats of :data:`VARIANTS` at ``n_prompt`` tokens; per-repeat ratios."""
+    """Interleaved repeats of ``variants`` (``plain`` and at least one engine variant) at
+    ``n_prompt`` tokens; per-repeat ratios of the pairs measured."""
     prompt = rs.random_prompt(n_prompt, int(hf.config.vocab_size), seed=n_prompt)
-    runs: dict[str, list[rs.EngineRun]] = {v: [] for v in VARIANTS}
-    mem: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    ref = run_variant("engine", hf, loaded, prompt, new).token_ids  # warm-up, path probe
-    run_variant("full_regroup", hf, loaded, prompt, new)  # warm-up
+    runs: dict[str, list[rs.EngineRun]] = {v: [] for v in variants}
+    mem: dict[str, list[float]] = {v: [] for v in variants}
+    first = next(v for v in ("engine", "full", "fast", "full_regroup") if v in variants)
+    ref = run_variant(first, hf, loaded, prompt, new).token_ids  # warm-up, path probe
+    if "full_regroup" in variants:
+        run_variant("full_regroup", hf, loaded, prompt, new)  # warm-up
     for rep in range(repeats):
-        for v in VARIANTS:
+        for v in variants:
             gc.collect()
             with PeakRSS() as peak:
                 run = run_variant(v, hf, loaded, prompt, new)
@@ -136,6 +147,8 @@ def measure_point(
         ("fast", "engine"),
         ("full_regroup", "full"),
     ):
+        if num not in runs or den not in runs:
+            continue
         for phase, fn in (
             ("total", total),
             ("prefill", lambda r: r.prefill_s),
@@ -147,10 +160,12 @@ def measure_point(
     out["extra_peak_mb_over_plain"] = {
         v: spread([a - b for a, b in zip(mem[v], mem["plain"], strict=True)], 1)
         for v in ("engine", "full", "fast", "full_regroup")
+        if v in mem
     }
     out["peak_mb"] = {v: spread(m, 1) for v, m in mem.items()}
-    out["kept_mb_full"] = round(runs["full"][0].kept_bytes / 2**20, 2)
-    out["strategy_full"] = runs["full"][0].strategy
+    if "full" in runs:
+        out["kept_mb_full"] = round(runs["full"][0].kept_bytes / 2**20, 2)
+        out["strategy_full"] = runs["full"][0].strategy
     return out
 
 
@@ -164,7 +179,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--exactness", action="store_true")
     parser.add_argument("--vocab", type=int, default=None, help="smaller vocabulary (exactness)")
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="comma list: plain and engine variants to time (long prompts: plain,full,fast)",
+    )
     args = parser.parse_args()
+    variants = tuple(v for v in args.variants.split(",") if v)
+    if "plain" not in variants or not set(variants) <= set(VARIANTS) or len(variants) < 2:
+        parser.error(f"--variants must hold plain and one of {VARIANTS[1:]}, got {variants}")
     torch.set_grad_enabled(False)
     t0 = time.perf_counter()
     hf = rs.build_model(args.shape, args.layers, rs.DTYPES[args.dtype], vocab=args.vocab)
@@ -193,13 +216,18 @@ def main() -> None:
                 cap.CACHE_BUDGET_BYTES * result["layers"] // result["real_layers"]
             )
         base = rs.wrap(hf)
-        loaded = {"engine": base, "full": base, "fast": base, "full_regroup": regrouping(hf)}
+        loaded = {"engine": base, "full": base, "fast": base}
+        if "full_regroup" in variants:
+            loaded["full_regroup"] = regrouping(hf)
         result["keeps_wo"] = bool(base.spec.keeps_wo)
+        result["variants"] = list(variants)
         points = []
         for n in (int(p) for p in args.prompts.split(",")):
             print(f" prompt {n}", file=sys.stderr, flush=True)
             points.append(
-                measure_point(hf, loaded, n, args.new, args.repeats, args.dtype == "float32")
+                measure_point(
+                    hf, loaded, n, args.new, args.repeats, args.dtype == "float32", variants
+                )
             )
         result["points"] = points
     result["wall_s"] = round(time.perf_counter() - t0, 1)

@@ -79,9 +79,17 @@ PROBES = (
 )
 
 
+HEADLINE_HEADER = (
+    "| set | geometry | best probe | geometry − probe (paired) | within type: geometry − "
+    "probe | type floor | perplexity | participation at ε = 0.35: geometry / geometry_plus / "
+    "probe | held-out correct / incorrect |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+)
+
+
 def headline(entry: dict[str, Any]) -> str:
     """One README row: the reference scorer against the best probe (by AUROC), the paired
-    interval, the type floor, perplexity, and the counts behind them."""
+    intervals overall and within type, the type floor, perplexity, the participation each
+    certifies at ε = 0.35 (δ = 0.1, calibration split) and the counts behind them."""
     paired = entry["paired"]
     sc = paired["scorers"]
     ref = paired["reference"]
@@ -93,10 +101,17 @@ def headline(entry: dict[str, Any]) -> str:
             return "–"
         return f"{sc[name]['auroc']:.2f}{_ci(sc[name].get('auroc_ci'))}"
 
-    diff = "–" if best is None else _diff(sc[best].get("auroc_diff"), sc[best].get("auroc_diff_ci"))
+    def part(name: str | None) -> str:
+        cert = sc.get(name or "", {}).get("certified")
+        return "–" if not cert else f"{cert['participation_at_target']:.2f}"
+
+    b = sc.get(best or "", {})
+    diff = "–" if best is None else _diff(b.get("auroc_diff"), b.get("auroc_diff_ci"))
+    within = "–" if best is None else _diff(b.get("within_diff"), b.get("within_diff_ci"))
     return (
-        f"| {entry['name']} | {cell(ref)} | {cell(best)} (`{best}`) | {diff} | "
-        f"{cell('likelihood_probe')} | {cell('type_floor')} | {cell('perplexity')} | "
+        f"| {entry['name']} | {cell(ref)} | {cell(best)} (`{best}`) | {diff} | {within} | "
+        f"{cell('type_floor')} | {cell('perplexity')} | "
+        f"{part(ref)} / {part('geometry_plus')} / {part(best)} | "
         f"{paired['n_correct']} / {paired['n_incorrect']} |"
     )
 
@@ -125,16 +140,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("results", nargs="+", type=Path)
     args = parser.parse_args()
-    for path in args.results:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-        datasets = doc["datasets"]
-        for entry in datasets.values() if isinstance(datasets, dict) else datasets:
-            print(headline(entry))
-            print()
-            print(table(entry))
-            print()
-            print(costs(entry))
-            print()
+    docs = [json.loads(p.read_text(encoding="utf-8")) for p in args.results]
+    entries = [
+        e
+        for doc in docs
+        for e in (
+            doc["datasets"].values() if isinstance(doc["datasets"], dict) else doc["datasets"]
+        )
+    ]
+    print(HEADLINE_HEADER)
+    for entry in entries:
+        print(headline(entry))
+    print()
+    for entry in entries:
+        print(table(entry))
+        print()
+        print(costs(entry))
+        print()
 
 
 if __name__ == "__main__":

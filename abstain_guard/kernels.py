@@ -44,7 +44,7 @@ FIXED_MKL_BRANCHES = frozenset(
 #: (:data:`MEASURED_MOVES`, 1.1e-5).
 STATED_TOLERANCE = 1e-4
 
-#: Moves of the shipped guard's scores (``geometry_plus`` on the embedded SmolLM2-135M,
+#: Moves of the 2026-11-24 shipped guard's scores (``geometry_plus`` on the embedded SmolLM2-135M,
 #: float32, 24 new tokens) between kernel settings: max |Δ| over its first calibration
 #: answers. ``bench/kernel_settings.py`` measures the simulated pairs on one machine;
 #: the last row was reported on another machine (issue 34).

@@ -116,7 +116,10 @@ async def kill_one(server: ReplicaServer, url: str, requests: int, concurrency: 
                 return await _ask(client, url, QUESTIONS[i % len(QUESTIONS)])
 
         tasks = [asyncio.create_task(one(i)) for i in range(requests)]
+        busy_by = time.monotonic() + 120
         while server.state()["deployment"]["in_flight"] < concurrency // 2:
+            if time.monotonic() > busy_by:
+                raise RuntimeError("the replicas never got busy: nothing to kill under load")
             await asyncio.sleep(0.05)
         ray.kill(_replica_actors()[0], no_restart=True)
         killed = time.monotonic()
@@ -151,11 +154,12 @@ async def run(args: argparse.Namespace, cores: int) -> dict[str, Any]:
     out: dict[str, Any] = {"bench": "serve_replicas", "cores": cores, "requests": args.requests,
                            "concurrency": args.concurrency}  # fmt: skip
     tmp = Path(tempfile.mkdtemp(prefix="serve_replicas-"))
+    port = free_port()  # Ray Serve's proxy keeps the port it started on
     for n in (1, 2):
         server = ReplicaServer(
             _spec(),
             replicas=n,
-            port=free_port(),
+            port=port,
             log_path=str(tmp / f"live-{n}.jsonl"),
             cpus_per_replica=cores / n,
         )

@@ -91,7 +91,7 @@ def _replica_actors() -> list[Any]:
 
 
 def test_both_replicas_answer_the_openai_client_into_one_monitor(server: ReplicaServer) -> None:
-    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
     with ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(lambda q: _ask(client, q), QUESTIONS * 2))
     assert [status for _, status in answers] == [200] * len(answers)
@@ -113,11 +113,13 @@ def test_both_replicas_answer_the_openai_client_into_one_monitor(server: Replica
 
 
 def test_a_replica_killed_under_load_loses_no_answered_decision(server: ReplicaServer) -> None:
-    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
     before = set(ray.get(server.monitor.records.remote()))
     with ThreadPoolExecutor(6) as pool:
         futures = [pool.submit(_ask, client, q) for q in QUESTIONS * 3]
+        busy_by = time.monotonic() + 120
         while server.state()["deployment"]["in_flight"] < 4:  # both replicas busy
+            assert time.monotonic() < busy_by, "the replicas never got busy"
             time.sleep(0.05)
         ray.kill(_replica_actors()[0], no_restart=True)
         killed_at = time.monotonic()

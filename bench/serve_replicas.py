@@ -7,8 +7,9 @@ deployment (one monitor actor, a fresh monitor log), drive it with the load of
 streamed in turn, every tenth one malformed) and check the monitor's decision count against
 the answered requests. Then, with 2 replicas, a replica is killed (``ray.kill`` on its
 actor) while ``--kill-requests`` requests run: the requests lost (not answered; their
-statuses), the decisions in the monitor log against the requests answered, and the time
-until Ray Serve runs 2 replicas again and a request is answered. Prints one JSON line.
+statuses), the decisions in the monitor log against the requests answered, and the places
+the killed replica held in the monitor's admission order (its requests in flight), and the
+time until Ray Serve runs 2 replicas again and a request is answered. Prints one JSON line.
 
 On a 2-core machine two replicas share the cores one replica used: no throughput gain can
 show here (``cores`` is in the JSON); the bench measures what replicas cost and what a
@@ -124,6 +125,10 @@ async def kill_one(server: ReplicaServer, url: str, requests: int, concurrency: 
         ray.kill(_replica_actors()[0], no_restart=True)
         killed = time.monotonic()
         answers = await asyncio.gather(*tasks)
+        while server.state()["deployment"]["in_flight"] > 0:
+            await asyncio.sleep(0.2)
+        logged = {r.run_id for r in read_log(server.log_path or "")[1]} - before
+        deployment = server.state()["deployment"]
         recovered = None
         while time.monotonic() - killed < 300:
             running = (
@@ -135,9 +140,6 @@ async def kill_one(server: ReplicaServer, url: str, requests: int, concurrency: 
                 break
             await asyncio.sleep(0.5)
     answered = {i for status, i in answers if status == 200}
-    while server.state()["deployment"]["in_flight"] > 0:
-        await asyncio.sleep(0.2)
-    logged = {r.run_id for r in read_log(server.log_path or "")[1]} - before
     return {
         "requests": requests,
         "answered": len(answered),
@@ -146,6 +148,7 @@ async def kill_one(server: ReplicaServer, url: str, requests: int, concurrency: 
         "answered_in_monitor_log": len(answered & logged),
         "every_answered_in_log": answered <= logged,
         "logged_not_answered": len(logged - answered),
+        "in_flight_on_killed_replica": deployment["released_by_dead_replicas"],
         "recover_s": recovered,
     }
 

@@ -134,6 +134,7 @@ def test_a_replica_killed_under_load_loses_no_answered_decision(server: ReplicaS
     logged = {r.run_id for r in read_log(server.log_path or "")[1]} - before
     assert answered <= logged  # every answered decision is in the log
     assert len(logged - answered) <= len(failed)  # decided, then lost with its replica
-    while len(_replica_actors()) < 2 or _ask(client, QUESTIONS[0])[1] != 200:
-        assert time.monotonic() - killed_at < 120, "Ray Serve did not replace the replica"
+    while server.running_replicas() < 2:  # Ray Serve replaced it (its model loaded)
+        assert time.monotonic() - killed_at < 180, "Ray Serve did not replace the replica"
         time.sleep(1.0)
+    assert _ask(client, QUESTIONS[0])[1] == 200

@@ -9,7 +9,8 @@ the answered requests. Then, with 2 replicas, a replica is killed (``ray.kill`` 
 actor) while ``--kill-requests`` requests run: the requests lost (not answered; their
 statuses), the decisions in the monitor log against the requests answered, and the places
 the killed replica held in the monitor's admission order (its requests in flight), and the
-time until Ray Serve runs 2 replicas again and a request is answered. Prints one JSON line.
+time until Ray Serve reports the application running with 2 replica actors and a request is
+answered (``recover_s``). Prints one JSON line.
 
 On a 2-core machine two replicas share the cores one replica used: no throughput gain can
 show here (``cores`` is in the JSON); the bench measures what replicas cost and what a

@@ -288,9 +288,9 @@ class ReplicaServer:
         def on_signal(signum: int, frame: FrameType | None) -> None:
             stop.set()
 
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, on_signal)
         self.start()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own
+            signal.signal(sig, on_signal)
         try:
             if on_started is not None:
                 on_started(self)

@@ -25,7 +25,8 @@ demo: $(STAMP)
 # every other test file in the foreground; the background report is printed at the end.
 # Each process loads the embedded model once. A new test file lands in the foreground part.
 # Measured on the 2-core machine: 8 min 34 s, against 10 min 50 s one after the other.
-TEST_SHARD ?= tests/test_calibrate_ray.py tests/test_agent_calibration.py tests/test_agent_steps_real.py
+TEST_SHARD ?= tests/test_calibrate_ray.py tests/test_agent_calibration.py tests/test_agent_steps_real.py \
+	tests/test_serve_replicas.py
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Any
 
+from abstain_guard.config import GuardConfig
 from abstain_guard.default import DEFAULT_ARTIFACT_DIR
 from abstain_guard.errors import ConfigError
 
@@ -15,6 +16,12 @@ from .cli_checks import all_at_once, artifacts_exist, guard_config, positive
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if args.replicas is not None and args.replicas < 1:
+        raise ConfigError(f"--replicas must be a positive integer, got {args.replicas}.")
+    if (args.replicas or 1) > 1 or args.ray_address is not None:
+        return _serve_replicas(args)
+    if args.cpus_per_replica is not None:
+        raise ConfigError("--cpus-per-replica only applies with --replicas 2+ or --ray-address.")
     try:
         from abstain_guard.serve.runner import serve
     except ImportError as exc:
@@ -38,6 +45,50 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_replicas(args: argparse.Namespace) -> int:
+    """``--replicas N`` / ``--ray-address``: the guard's replicas on Ray Serve, one monitor."""
+    if args.no_guard:
+        raise ConfigError(
+            "--replicas / --ray-address serve a guard on Ray Serve; --no-guard runs in one "
+            "process only (drop --replicas and --ray-address)."
+        )
+    from abstain_guard.serve.ray_serve import ReplicaServer, ReplicaSpec, import_ray_serve
+    from abstain_guard.serve.runner import is_loopback
+
+    import_ray_serve()  # the extra is missing: say so before anything starts
+    artifact, config, steps = _guard_options(args)
+    spec = ReplicaSpec(
+        artifact=artifact,
+        config=config.model_dump(mode="json"),
+        kind=args.kind,
+        model_name=args.model_name,
+        max_in_flight=args.max_in_flight,
+        steps=steps,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        loopback=is_loopback(args.host),
+    )
+    server = ReplicaServer(
+        spec,
+        replicas=args.replicas or 1,
+        host=args.host,
+        port=args.port,
+        log_path=args.monitor_log,
+        cpus_per_replica=args.cpus_per_replica or 1.0,
+        ray_address=args.ray_address,
+    )
+
+    def started(server: ReplicaServer) -> None:
+        _say_monitor(server.state()["resumed"], args.monitor_log)
+        print(
+            f"abstain-guard serve: {server.replicas} replicas on Ray Serve at "
+            f"{server.base_url} (one drift monitor for all of them).",
+            file=sys.stderr,
+        )
+
+    server.run_until_signal(on_started=started)
+    return 0
+
+
 def serve_monitor(service: Any, log_path: str | None) -> Any:
     """The drift monitor ``serve`` feeds (a fitted ``GuardMonitor``; None without a guard).
 
@@ -53,7 +104,12 @@ def serve_monitor(service: Any, log_path: str | None) -> Any:
     monitor = service_monitor(service, log_path=log_path)
     if monitor is None:
         return None
-    resumed = monitor.state()["resumed"]
+    _say_monitor(monitor.state()["resumed"], log_path)
+    return monitor
+
+
+def _say_monitor(resumed: dict[str, Any] | None, log_path: str | None) -> None:
+    """Say on stderr whether the monitor resumed ``log_path`` or keeps its tests in memory."""
     if resumed is not None:
         print(
             f"abstain-guard serve: the drift monitor resumed {log_path} ({resumed['decisions']} "
@@ -69,7 +125,6 @@ def serve_monitor(service: Any, log_path: str | None) -> Any:
             "resume them.",
             file=sys.stderr,
         )
-    return monitor
 
 
 #: The environment variable ``serve`` reads its API key from (``--api-key`` wins).
@@ -80,6 +135,20 @@ def _guard_service(args: argparse.Namespace) -> Any:
     """The guard of ``--artifact`` (default: the shipped one), checked before loading."""
     from abstain_guard.serve.service import GuardService
 
+    artifact, config, steps = _guard_options(args)
+    return GuardService.from_artifact(
+        artifact,
+        config,
+        kind=args.kind,
+        model_name=args.model_name,
+        max_in_flight=args.max_in_flight,
+        **steps,
+    )
+
+
+def _guard_options(args: argparse.Namespace) -> tuple[str, GuardConfig, dict[str, Any]]:
+    """The artifact, guard config and step-record options of a guarded ``serve``, checked
+    (all problems at once)."""
     artifact = args.artifact or str(DEFAULT_ARTIFACT_DIR)
     local_only = [f for f in ("model", "gguf_file", "max_tokens") if getattr(args, f) is not None]
     all_at_once(
@@ -90,6 +159,7 @@ def _guard_service(args: argparse.Namespace) -> Any:
         lambda: positive(args.max_in_flight, "--max-in-flight"),
         lambda: positive(args.step_record_size, "--step-record-size"),
         lambda: _positive_seconds(args.step_record_ttl, "--step-record-ttl"),
+        lambda: _positive_cpus(args.cpus_per_replica),
     )
     steps = {
         k: v
@@ -99,14 +169,7 @@ def _guard_service(args: argparse.Namespace) -> Any:
         )
         if v is not None
     }
-    return GuardService.from_artifact(
-        artifact,
-        guard_config(args.config),
-        kind=args.kind,
-        model_name=args.model_name,
-        max_in_flight=args.max_in_flight,
-        **steps,
-    )
+    return artifact, guard_config(args.config), steps
 
 
 #: Options of a guard only (errors with ``--no-guard``).
@@ -135,6 +198,11 @@ def _model_service(args: argparse.Namespace) -> Any:
         max_tokens=max_tokens,
         max_in_flight=args.max_in_flight,
     )
+
+
+def _positive_cpus(value: float | None) -> None:
+    if value is not None and not value > 0:
+        raise ConfigError(f"--cpus-per-replica must be a positive number of CPUs, got {value}.")
 
 
 def _positive_seconds(value: float | None, option: str) -> None:
@@ -205,6 +273,23 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         help="append every decision, feedback and drift alarm to this JSONL file (the "
         "--feedback of abstain-guard recalibrate); an existing one is resumed: the monitor's "
         "tests go on across restarts",
+    )
+    srv.add_argument(
+        "--replicas",
+        type=int,
+        help="model replicas on Ray Serve behind this endpoint, with one drift monitor for "
+        "all of them (ray extra; default 1: this process alone)",
+    )
+    srv.add_argument(
+        "--ray-address",
+        help="the Ray cluster for the replicas: 'auto' (the one 'ray start' runs here), "
+        "ray://HEAD:10001; unset: a local cluster (implies Ray Serve, also with 1 replica)",
+    )
+    srv.add_argument(
+        "--cpus-per-replica",
+        type=float,
+        help="with --replicas / --ray-address: CPUs each replica reserves and computes with "
+        "(default 1)",
     )
     srv.set_defaults(func=_serve)
     return srv

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from abstain_guard.serve.app import create_app
 from abstain_guard.serve.passthrough import ModelService
+from abstain_guard.serve.ray_serve import ReplicaServer, ReplicaSpec
 from abstain_guard.serve.runner import ServerThread, serve
 from abstain_guard.serve.schemas import RequestLimits, RequestRefused
 from abstain_guard.serve.service import GuardedAnswer, GuardService
@@ -17,6 +18,8 @@ __all__ = [
     "GuardService",
     "GuardedAnswer",
     "ModelService",
+    "ReplicaServer",
+    "ReplicaSpec",
     "RequestLimits",
     "RequestRefused",
     "ServerThread",

@@ -37,8 +37,8 @@ from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
 
 from abstain_guard.errors import AbstainGuardError, DuplicateFeedbackError, UnknownRunError
 from abstain_guard.monitor import GuardMonitor
-from abstain_guard.serve.arrival import ArrivalOrder
-from abstain_guard.serve.metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from abstain_guard.serve.metrics import CONTENT_TYPE_LATEST
+from abstain_guard.serve.monitor_link import LocalMonitorLink, MonitorLink
 from abstain_guard.serve.openai_format import (
     completion_body,
     decision_headers,
@@ -47,7 +47,7 @@ from abstain_guard.serve.openai_format import (
 )
 from abstain_guard.serve.passthrough import ModelService
 from abstain_guard.serve.schemas import RequestLimits, RequestRefused, parse_request
-from abstain_guard.serve.service import GuardService, json_safe
+from abstain_guard.serve.service import GuardService
 
 __all__ = ["create_app"]
 
@@ -122,6 +122,7 @@ def create_app(
     api_key: str | None = None,
     loopback: bool = True,
     monitor: GuardMonitor | None = None,
+    link: MonitorLink | None = None,
 ) -> FastAPI:
     """The app serving ``service`` (the guard, or the raw model without one) within
     ``limits``. On shutdown the service stops admitting requests (503) while uvicorn lets
@@ -132,13 +133,15 @@ def create_app(
         loopback: whether the server listens on loopback only; beyond it, feedback needs
             ``api_key``.
         monitor: the guard's monitor (default: a new one, :func:`service_monitor`).
+        link: where decisions, feedback and metrics go (default: ``monitor`` and the
+            metrics in this process; a replica on Ray Serve passes the deployment's monitor
+            actor, :class:`~abstain_guard.serve.monitor_actor.RayMonitorLink`).
     """
     limits = limits or RequestLimits()
-    monitor = monitor if monitor is not None else service_monitor(service)
-    metrics = ServerMetrics(service, monitor)
-    arrival = None
-    if monitor is not None:  # decisions reach it in admission order
-        arrival = ArrivalOrder(lambda decision, rid: monitor.observe(decision, run_id=rid))
+    if link is None:
+        monitor = monitor if monitor is not None else service_monitor(service)
+        link = LocalMonitorLink(service, monitor)
+    sink: MonitorLink = link
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -149,9 +152,7 @@ def create_app(
 
     app = FastAPI(title="abstain-guard", lifespan=lifespan)
     app.state.service = service
-    app.state.metrics = metrics
-    app.state.monitor = monitor
-    app.state.arrival = arrival
+    app.state.link = sink
 
     @app.middleware("http")
     async def count_requests(request: Request, call_next):  # type: ignore[no-untyped-def]
@@ -169,22 +170,25 @@ def create_app(
         else:
             response = await call_next(request)
         path = request.url.path if request.url.path in ROUTES else "other"
-        metrics.requests.labels(path, str(response.status_code)).inc()
+        sink.request_done(path, response.status_code)
         return response
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         start = time.perf_counter()
-        ticket: int | None = None
+        completion_id = new_completion_id()  # the request's key in admission order
+        admitted = finished = False
         try:
             parsed = parse_request(await _read_body(request, limits), limits)
             question: Any = service.question(parsed)
-            service.admit()
-            ticket = arrival.admit() if arrival is not None else None  # no await between
+            admitted = sink.monitored
+            if admitted:  # its place in the deployment's admission order
+                await sink.admit(completion_id)
+            service.admit()  # no await between taking a place and answer(), which frees it
             answer = await service.answer(question)
-            completion_id = new_completion_id()
-            if arrival is not None and ticket is not None:  # one decision per run: its outcome
-                arrival.finish(ticket, completion_id, answer.outcome)
+            if admitted and answer.outcome:  # one decision per run: its outcome
+                await sink.finish(completion_id, answer.outcome)  # before the answer leaves
+                finished = True
         except RequestRefused as exc:
             return _refusal(exc)
         except AbstainGuardError as exc:  # the guard failed (on_error="raise", a mismatch)
@@ -193,10 +197,10 @@ def create_app(
                 RequestRefused(f"{type(exc).__name__}: {exc}", status=500, kind="server_error")
             )
         finally:  # ended without a decision (refused, failed, cancelled): give up the place
-            if arrival is not None and ticket is not None:
-                arrival.finish(ticket)  # no-op when it already finished above
+            if admitted and not finished:
+                sink.release(completion_id)
         decided = answer.abstained if answer.outcome else None  # None: no guard, a tool call
-        metrics.decided(decided, time.perf_counter() - start, parsed.stream)
+        sink.decided(decided, time.perf_counter() - start, parsed.stream)
         logprobs = (parsed.top_logprobs or 0) if parsed.logprobs else None
         headers = decision_headers(answer)
         if parsed.stream:
@@ -224,7 +228,7 @@ def create_app(
                     status=403,
                     kind="permission_error",
                 )
-            if monitor is None:
+            if not sink.monitored:
                 raise RequestRefused(
                     "This server runs no guard (--no-guard): there are no decisions to label.",
                     status=404,
@@ -239,35 +243,24 @@ def create_app(
                     f"and nothing else ({exc.error_count()} problem(s): "
                     f"{exc.errors()[0].get('msg')} at {exc.errors()[0].get('loc')}).",
                 ) from exc
-            if arrival is not None:  # a decision held behind an earlier request: wait for it
-                await arrival.wait_fed(fb.id)
-            try:
-                record = monitor.record_feedback(fb.id, fb.correct)
+            try:  # a decision held behind an earlier request is waited for
+                answer = await sink.feedback(fb.id, fb.correct)
             except UnknownRunError as exc:
                 raise RequestRefused(str(exc), status=404, param="id", code="unknown_id") from exc
             except DuplicateFeedbackError as exc:
                 raise RequestRefused(str(exc), status=409, param="id", code="duplicate") from exc
         except RequestRefused as exc:
             return _refusal(exc)
-        state = monitor.state()
-        return JSONResponse(
-            {
-                "id": record.run_id,
-                "correct": record.correct,
-                "abstained": record.abstained,
-                "in_risk_test": not record.abstained and state["tests"]["risk"] is not None,
-                "alarm": state["alarm"],
-            }
-        )
+        return JSONResponse(answer)
 
     @app.get("/v1/monitor")
     async def monitor_state() -> JSONResponse:
-        if monitor is None:
+        if not sink.monitored:
             return _refusal(
                 RequestRefused("This server runs no guard (--no-guard).", status=404,
                                kind="not_found_error")
             )  # fmt: skip
-        return JSONResponse(json_safe(monitor.state()))
+        return JSONResponse(await sink.state())
 
     @app.get("/v1/models")
     async def models() -> dict[str, object]:
@@ -281,6 +274,6 @@ def create_app(
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(await sink.metrics(), media_type=CONTENT_TYPE_LATEST)
 
     return app

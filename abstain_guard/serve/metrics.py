@@ -5,7 +5,7 @@ latency, requests in flight and waiting for the model, and the drift monitor's s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -13,10 +13,11 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from abstain_guard.errors import InvalidInputError
 from abstain_guard.monitor import GuardMonitor
 from abstain_guard.serve.admission import Admission
 
-__all__ = ["CONTENT_TYPE_LATEST", "MonitorCollector", "ServerMetrics"]
+__all__ = ["CONTENT_TYPE_LATEST", "MonitorCollector", "ServerMetrics", "service_load"]
 
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
 
@@ -91,10 +92,33 @@ class MonitorCollector(Collector):
         )
 
 
-class ServerMetrics:
-    """The server's metrics; :meth:`render` gives the Prometheus text exposition."""
+def service_load(service: Admission) -> tuple[Callable[[], int], Callable[[], int]]:
+    """``service``'s requests in flight and those beyond its model's batch, as callables."""
+    batch = int(getattr(service.chat_model, "max_batch_size", 1))
+    return (lambda: service.in_flight), (lambda: max(0, service.in_flight - batch))
 
-    def __init__(self, service: Admission, monitor: GuardMonitor | None = None) -> None:
+
+class ServerMetrics:
+    """The server's metrics; :meth:`render` gives the Prometheus text exposition.
+
+    Args:
+        service: the server's service, whose load the gauges read (or give ``load``).
+        monitor: the drift monitor whose state is exported (None: none).
+        load: ``(in_flight, queue_depth)`` callables instead of ``service``'s (the monitor
+            actor of replicas on Ray Serve counts the deployment's).
+    """
+
+    def __init__(
+        self,
+        service: Admission | None = None,
+        monitor: GuardMonitor | None = None,
+        *,
+        load: tuple[Callable[[], int], Callable[[], int]] | None = None,
+    ) -> None:
+        if load is None:
+            if service is None:
+                raise InvalidInputError("ServerMetrics needs a service or its load callables.")
+            load = service_load(service)
         self.registry = CollectorRegistry()
         if monitor is not None:
             self.registry.register(MonitorCollector(monitor))
@@ -122,14 +146,13 @@ class ServerMetrics:
             "Chat completion requests admitted and not yet decided.",
             registry=self.registry,
         )
-        in_flight.set_function(lambda: service.in_flight)
-        batch = int(getattr(service.chat_model, "max_batch_size", 1))
+        in_flight.set_function(load[0])
         depth = Gauge(
             "abstain_guard_queue_depth",
             "Admitted requests beyond the model's batch size (waiting for a place in it).",
             registry=self.registry,
         )
-        depth.set_function(lambda: max(0, service.in_flight - batch))
+        depth.set_function(load[1])
 
     def decided(self, abstained: bool | None, seconds: float, stream: bool) -> None:
         """Count one decision (None: answered without a guard, not counted) and its

@@ -1,0 +1,145 @@
+"""Where a server's decisions go: the drift monitor, its admission order and the metrics.
+
+The app (:mod:`abstain_guard.serve.app`) talks to one :class:`MonitorLink`. In one process it
+is a :class:`LocalMonitorLink`: the monitor, the admission order
+(:class:`~abstain_guard.serve.arrival.ArrivalOrder`) and the Prometheus registry live in the
+server's memory. With replicas on Ray Serve it is
+:class:`~abstain_guard.serve.monitor_actor.RayMonitorLink`: all three live in the one monitor
+actor of the deployment, so every replica's decisions enter one admission order, one set of
+tests and one log.
+
+Each request is keyed by its completion id from admission on, so a request that ends
+without a decision (a refusal after admission, an error, a client that went away, a tool call
+that lets the run go on) gives its place up by that key, also when it never learned its
+place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from abstain_guard.monitor import GuardMonitor
+from abstain_guard.serve.admission import Admission
+from abstain_guard.serve.arrival import ArrivalOrder
+from abstain_guard.serve.metrics import ServerMetrics
+from abstain_guard.serve.service import json_safe
+
+__all__ = ["LocalMonitorLink", "MonitorLink", "feedback_body"]
+
+
+class MonitorLink(Protocol):
+    """What the app needs of the monitor and the metrics (see the module docstring)."""
+
+    @property
+    def monitored(self) -> bool:
+        """Whether decisions are monitored (False without a guard: ``--no-guard``)."""
+        ...
+
+    async def admit(self, key: str) -> None:
+        """Take request ``key``'s place in admission order."""
+        ...
+
+    async def finish(self, key: str, decision: Mapping[str, Any]) -> None:
+        """End request ``key`` with its decision (fed in admission order under ``key``)."""
+        ...
+
+    def release(self, key: str) -> None:
+        """End request ``key`` without a decision (a no-op once it finished)."""
+        ...
+
+    async def feedback(self, run_id: str, correct: bool) -> dict[str, Any]:
+        """Label decision ``run_id``; the ``/v1/feedback`` response body.
+
+        Raises:
+            UnknownRunError: no decision has this id.
+            DuplicateFeedbackError: it is already labeled.
+        """
+        ...
+
+    async def state(self) -> dict[str, Any]:
+        """The monitor's state, JSON-safe (``/v1/monitor``)."""
+        ...
+
+    def request_done(self, path: str, status: int) -> None:
+        """Count one HTTP request by path and status."""
+        ...
+
+    def decided(self, abstained: bool | None, seconds: float, stream: bool) -> None:
+        """Count one answered chat completion (None: no guard decided) and its latency."""
+        ...
+
+    async def metrics(self) -> bytes:
+        """The Prometheus text exposition (``/metrics``)."""
+        ...
+
+
+def feedback_body(monitor: GuardMonitor, run_id: str, correct: bool) -> dict[str, Any]:
+    """Label ``run_id`` on ``monitor``; what ``POST /v1/feedback`` answers.
+
+    Raises:
+        UnknownRunError, DuplicateFeedbackError: as :meth:`GuardMonitor.record_feedback`.
+    """
+    record = monitor.record_feedback(run_id, correct)
+    state = monitor.state()
+    return {
+        "id": record.run_id,
+        "correct": record.correct,
+        "abstained": record.abstained,
+        "in_risk_test": not record.abstained and state["tests"]["risk"] is not None,
+        "alarm": state["alarm"],
+    }
+
+
+class LocalMonitorLink:
+    """The monitor, admission order and metrics of one server process.
+
+    Args:
+        service: the served guard (or raw model); its load is in the metrics.
+        monitor: the fitted monitor (None without a guard).
+    """
+
+    def __init__(self, service: Admission, monitor: GuardMonitor | None) -> None:
+        self.monitor = monitor
+        self.metrics_ = ServerMetrics(service, monitor)
+        self.arrival: ArrivalOrder | None = None
+        if monitor is not None:
+            self.arrival = ArrivalOrder(lambda decision, rid: monitor.observe(decision, rid))
+        self._tickets: dict[str, int] = {}
+
+    @property
+    def monitored(self) -> bool:
+        return self.monitor is not None
+
+    async def admit(self, key: str) -> None:
+        if self.arrival is not None:
+            self._tickets[key] = self.arrival.admit()
+
+    async def finish(self, key: str, decision: Mapping[str, Any]) -> None:
+        ticket = self._tickets.pop(key, None)
+        if self.arrival is not None and ticket is not None:
+            self.arrival.finish(ticket, key, decision)
+
+    def release(self, key: str) -> None:
+        ticket = self._tickets.pop(key, None)
+        if self.arrival is not None and ticket is not None:
+            self.arrival.finish(ticket)
+
+    async def feedback(self, run_id: str, correct: bool) -> dict[str, Any]:
+        assert self.monitor is not None
+        if self.arrival is not None:  # a decision held behind an earlier request: wait
+            await self.arrival.wait_fed(run_id)
+        return feedback_body(self.monitor, run_id, correct)
+
+    async def state(self) -> dict[str, Any]:
+        assert self.monitor is not None
+        return dict(json_safe(self.monitor.state()))
+
+    def request_done(self, path: str, status: int) -> None:
+        self.metrics_.requests.labels(path, str(status)).inc()
+
+    def decided(self, abstained: bool | None, seconds: float, stream: bool) -> None:
+        self.metrics_.decided(abstained, seconds, stream)
+
+    async def metrics(self) -> bytes:
+        return self.metrics_.render()

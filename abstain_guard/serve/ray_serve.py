@@ -1,0 +1,311 @@
+"""``abstain-guard serve --replicas N``: model replicas on Ray Serve behind one endpoint, with
+one drift monitor for the deployment.
+
+Each replica (a Ray Serve replica of the deployment ``abstain-guard``) loads the guard as the
+single server does (:meth:`~abstain_guard.serve.service.GuardService.from_artifact`) and
+serves the same FastAPI app (:func:`~abstain_guard.serve.app.create_app`: the same routes,
+checks, headers, API key and errors); Ray Serve's HTTP proxy spreads the requests over the
+replicas. The decisions, feedback and metrics of every replica go to one monitor actor
+(:class:`~abstain_guard.serve.monitor_actor.DeploymentMonitor`), started on this node (where
+``--monitor-log`` is written) before the replicas.
+
+A replica that dies is restarted by Ray Serve; the requests in flight on it are not retried
+by the server: their clients get a 5xx (Ray Serve's proxy answers 500), and OpenAI clients
+retry them (``max_retries``). Ray is imported lazily (the ``ray`` extra).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from types import FrameType, TracebackType
+from typing import Any
+
+from abstain_guard.errors import ConfigError
+from abstain_guard.serve.app import create_app
+from abstain_guard.serve.monitor_actor import DeploymentMonitor, RayMonitorLink
+from abstain_guard.serve.schemas import RequestLimits
+from abstain_guard.serve.service import GuardService
+
+__all__ = ["ReplicaServer", "ReplicaSpec", "import_ray_serve"]
+
+#: The Ray namespace of the monitor actor.
+NAMESPACE = "abstain_guard"
+
+
+def import_ray_serve() -> tuple[Any, Any]:
+    """``(ray, ray.serve)``, or a ConfigError saying which extra to install."""
+    try:
+        import ray
+        from ray import serve
+    except ImportError as exc:
+        raise ConfigError(
+            f"serve --replicas / --ray-address need Ray Serve ({exc}); install it with "
+            "pip install 'abstain-guard[serve,ray]'."
+        ) from exc
+    return ray, serve
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """What every replica builds (plain values: it travels to the replicas).
+
+    Attributes:
+        artifact: the artifact directory (the same path on every node).
+        config: the guard config, ``GuardConfig.model_dump(mode="json")``.
+        kind, model_name, max_in_flight: as ``serve``'s options.
+        steps: ``step_record_size`` / ``step_record_ttl_s`` when given.
+        api_key: the key ``/v1/*`` requests must send (None: none).
+        loopback: whether the endpoint listens on loopback only.
+        monitor: the monitor actor's name (in :data:`NAMESPACE`; set by
+            :meth:`ReplicaServer.start`).
+    """
+
+    artifact: str
+    config: dict[str, Any]
+    monitor: str = ""
+    kind: str | None = None
+    model_name: str = "abstain-guard"
+    max_in_flight: int | None = None
+    steps: dict[str, Any] = field(default_factory=dict)
+    api_key: str | None = None
+    loopback: bool = True
+
+
+class GuardReplica:
+    """One replica of the deployment: the guard and the app, its decisions sent to the
+    monitor actor (wrapped with ``serve.ingress()`` by :func:`replica_deployment`)."""
+
+    def __init__(self, spec: Mapping[str, Any]) -> None:
+        import ray  # the replica runs on Ray
+
+        from abstain_guard.config import GuardConfig
+
+        self.spec = ReplicaSpec(**spec)
+        self.service = GuardService.from_artifact(
+            self.spec.artifact,
+            GuardConfig.model_validate(self.spec.config),
+            kind=self.spec.kind,
+            model_name=self.spec.model_name,
+            max_in_flight=self.spec.max_in_flight,
+            **self.spec.steps,
+        )
+        context = ray.get_runtime_context()
+        batch = int(getattr(self.service.chat_model, "max_batch_size", 1))
+        self.link = RayMonitorLink(
+            ray.get_actor(self.spec.monitor, namespace=NAMESPACE),
+            str(context.get_actor_id()),
+            context.current_actor,
+            batch,
+        )
+
+    async def __serve_build_asgi_app__(self) -> Any:
+        await self.link.register()
+        return create_app(
+            self.service,
+            RequestLimits(),
+            api_key=self.spec.api_key,
+            loopback=self.spec.loopback,
+            link=self.link,
+        )
+
+
+def replica_deployment(spec: ReplicaSpec, replicas: int, cpus_per_replica: float) -> Any:
+    """The bound Ray Serve application: ``replicas`` replicas of :class:`GuardReplica`, each
+    reserving ``cpus_per_replica`` CPUs and computing with that many threads."""
+    from abstain_guard.adapters.threads import ENGINE_WORKERS_ENV  # torch: heavy
+
+    _, serve = import_ray_serve()
+    threads = str(max(1, int(cpus_per_replica)))
+    env = {"OMP_NUM_THREADS": threads, ENGINE_WORKERS_ENV: threads}
+    batch_and_queue = spec.max_in_flight or 72
+    deployment = serve.deployment(
+        serve.ingress()(GuardReplica),
+        name="abstain-guard",
+        num_replicas=replicas,
+        ray_actor_options={"num_cpus": cpus_per_replica, "runtime_env": {"env_vars": env}},
+        # the replica's own admission answers 429 beyond max_in_flight: let requests reach it
+        max_ongoing_requests=batch_and_queue + 8,
+        health_check_period_s=2.0,
+        graceful_shutdown_timeout_s=60.0,
+    )
+    return deployment.bind(asdict(spec))
+
+
+def start_monitor(
+    ray: Any,
+    name: str,
+    artifact: str,
+    config: Mapping[str, Any],
+    log_path: str | None,
+    monitor_options: Mapping[str, Any] | None = None,
+) -> Any:
+    """Start the deployment's monitor actor ``name`` on this node (a detached, named actor
+    that Ray restarts; one left by an earlier run under that name is replaced)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    _kill_named(ray, name)
+    node = ray.get_runtime_context().get_node_id()
+    actor = (
+        ray.remote(DeploymentMonitor)
+        .options(
+            name=name,
+            namespace=NAMESPACE,
+            lifetime="detached",
+            max_restarts=-1,
+            max_task_retries=-1,
+            num_cpus=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
+        )
+        .remote(
+            os.path.abspath(artifact),
+            dict(config),
+            log_path=None if log_path is None else os.path.abspath(log_path),
+            monitor_options=dict(monitor_options or {}),
+        )
+    )
+    ray.get(actor.state.remote())  # fitted (or the log refused: raised here)
+    return actor
+
+
+def _kill_named(ray: Any, name: str, timeout_s: float = 30.0) -> None:
+    """Kill the actor ``name`` if there is one, and wait until its name is free."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            old = ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            return
+        ray.kill(old, no_restart=True)
+        time.sleep(0.2)
+    raise ConfigError(f"The actor {name!r} of an earlier deployment did not stop in time.")
+
+
+class ReplicaServer:
+    """``replicas`` replicas of the guard on Ray Serve with one monitor actor::
+
+        with ReplicaServer(spec, replicas=2, port=8000) as server:
+            OpenAI(base_url=server.base_url, api_key="none")...
+
+    Uses the running Ray session, else ``ray.init(address=ray_address)`` (None starts a
+    local cluster). :meth:`stop` deletes the application and the monitor actor (and shuts
+    down a cluster it started).
+
+    Args:
+        spec: what each replica builds.
+        replicas: the number of replicas.
+        host, port: where Ray Serve's HTTP proxy listens (on every node).
+        log_path: the monitor log (``--monitor-log``).
+        cpus_per_replica: CPUs each replica reserves (and its threads).
+        app_name: the Ray Serve application (and monitor actor) name.
+    """
+
+    def __init__(
+        self,
+        spec: ReplicaSpec,
+        *,
+        replicas: int = 2,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        log_path: str | None = None,
+        cpus_per_replica: float = 1.0,
+        ray_address: str | None = None,
+        app_name: str = "abstain-guard",
+        monitor_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.replicas = replicas
+        self.host = host
+        self.port = port
+        self.log_path = log_path
+        self.cpus_per_replica = cpus_per_replica
+        self.ray_address = ray_address
+        self.app_name = app_name
+        self.monitor_options = dict(monitor_options or {})
+        self.owns_ray = False
+        self.monitor: Any = None
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port/v1``, what OpenAI clients take as ``base_url``."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}/v1"
+
+    def start(self) -> ReplicaServer:
+        """Start the monitor actor, then the replicas; returns once all of them serve."""
+        ray, serve = import_ray_serve()
+        if not ray.is_initialized():
+            ray.init(address=self.ray_address, include_dashboard=False, log_to_driver=False)
+            self.owns_ray = True
+        name = f"{self.app_name}-monitor"
+        self.monitor = start_monitor(
+            ray, name, self.spec.artifact, self.spec.config, self.log_path, self.monitor_options
+        )
+        self.spec = ReplicaSpec(**{**asdict(self.spec), "monitor": name})
+        serve.start(http_options={"host": self.host, "port": self.port})
+        app = replica_deployment(self.spec, self.replicas, self.cpus_per_replica)
+        serve.run(app, name=self.app_name, route_prefix="/", blocking=False)
+        return self
+
+    def state(self) -> dict[str, Any]:
+        """The monitor actor's state (``/v1/monitor``)."""
+        ray, _ = import_ray_serve()
+        state: dict[str, Any] = ray.get(self.monitor.state.remote())
+        return state
+
+    def running_replicas(self) -> int:
+        """Replicas Ray Serve reports running now (a replaced one counts once it serves)."""
+        _, serve = import_ray_serve()
+        app = serve.status().applications.get(self.app_name)
+        deployment = None if app is None else app.deployments.get("abstain-guard")
+        if deployment is None:
+            return 0
+        states = deployment.replica_states
+        return sum(n for state, n in states.items() if getattr(state, "value", state) == "RUNNING")
+
+    def stop(self) -> None:
+        """Delete the application (admitted requests finish) and the monitor actor."""
+        ray, serve = import_ray_serve()
+        if not ray.is_initialized():
+            return
+        serve.delete(self.app_name)
+        if self.monitor is not None:
+            ray.kill(self.monitor, no_restart=True)
+            self.monitor = None
+        if self.owns_ray:
+            serve.shutdown()
+            ray.shutdown()
+
+    def run_until_signal(self, on_started: Callable[[ReplicaServer], None] | None = None) -> None:
+        """Serve until SIGINT / SIGTERM, then :meth:`stop` (what ``abstain-guard serve
+        --replicas N`` does); ``on_started`` is called once every replica serves."""
+        stop = threading.Event()
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            stop.set()
+
+        self.start()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own
+            signal.signal(sig, on_signal)
+        try:
+            if on_started is not None:
+                on_started(self)
+            while not stop.wait(1.0):
+                pass
+        finally:
+            self.stop()
+
+    def __enter__(self) -> ReplicaServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -139,7 +139,11 @@ def test_agent_answers_or_abstains_on_the_real_model(
         assert withheld["content"] and withheld["response_metadata"]["token_ids"]
     else:
         assert final.content and final.content != GuardConfig().abstain_message
-        assert final.response_metadata["geometry"]["phi_in"] is not None  # means installed
+        phi_in = final.response_metadata["geometry"]["phi_in"]
+        # Φ needs the reference means, which only the geometry scorers fit and install
+        means = getattr(shipped.scorer, "reference_means_", None)
+        assert (phi_in is not None) is (means is not None)
+        assert final.response_metadata["geometry"]["hidden"]  # what the probe scorers read
 
     # the recorded trace: the model's run, the deciding node tagged, the custom event
     (root,) = tracer.runs

@@ -13,7 +13,8 @@ without it; :func:`default_artifact_path` checks)."""
 
 def default_artifact_path() -> Path:
     """The artifact shipped with the package: the embedded SmolLM2-135M-Instruct calibrated
-    on the built-in probe set with the geometry scorer (``make default-guard`` rebuilds it).
+    on the built-in probe set with the ``probe_mid`` scorer (``make default-guard`` rebuilds
+    it; ``configs/default_guard.yaml`` says why that scorer).
 
     Raises:
         ArtifactNotFoundError: if the package was installed without it.

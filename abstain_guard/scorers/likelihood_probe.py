@@ -18,17 +18,15 @@ from typing import Any, ClassVar
 import numpy as np
 from scipy.special import expit
 
-from abstain_guard.errors import ArtifactSchemaError, NotFittedError, ScoringError
+from abstain_guard.errors import ArtifactSchemaError, ScoringError
 from abstain_guard.metadata import ResponseLike, ResponseMetadata
-from abstain_guard.scorers._base import Scorer, ScorerState
+from abstain_guard.scorers._base import ScorerState
 from abstain_guard.scorers._linear_probe import (
-    PROBE_CS,
     LinearProbe,
-    check_cs,
     fit_linear_probe,
     out_of_fold_logits,
 )
-from abstain_guard.scorers.probe import hidden_features, labeled_responses
+from abstain_guard.scorers.probe import ProbeScorerBase, hidden_features, labeled_responses
 
 __all__ = ["LIKELIHOOD_COLUMNS", "LikelihoodProbeScorer", "likelihood_columns"]
 
@@ -57,7 +55,7 @@ def likelihood_columns(response: ResponseLike) -> np.ndarray:
     )
 
 
-class LikelihoodProbeScorer(Scorer):
+class LikelihoodProbeScorer(ProbeScorerBase):
     """Probe logit + likelihood summary -> logistic model -> P(wrong).
 
     Args:
@@ -70,20 +68,7 @@ class LikelihoodProbeScorer(Scorer):
     """
 
     kind: ClassVar[str] = "likelihood_probe"
-
-    def __init__(
-        self, cs: Sequence[float] = PROBE_CS, cv_folds: int = 5, random_state: int = 0
-    ) -> None:
-        self.cs = check_cs(cs, cv_folds)
-        self.cv_folds = int(cv_folds)
-        self.random_state = int(random_state)
-
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "stack_"):
-            raise NotFittedError(
-                "LikelihoodProbeScorer is not fitted: call fit(reference, train) or load it "
-                "from an artifact first."
-            )
+    fitted_attr: ClassVar[str] = "stack_"
 
     @staticmethod
     def _hidden(responses: Sequence[Any]) -> np.ndarray:
@@ -125,21 +110,13 @@ class LikelihoodProbeScorer(Scorer):
         }
         return self
 
-    def score(self, response: ResponseLike) -> float:
-        """Predicted probability that ``response`` is wrong."""
-        return float(self.score_many([response])[0])
-
     def score_many(self, responses: Sequence[ResponseLike]) -> np.ndarray:
         """Scores ``[n]``."""
         self._check_fitted()
         if not responses:
             return np.zeros(0, dtype=np.float64)
         h = self._hidden(responses)
-        if h.shape[1] != self.width_:
-            raise ScoringError(
-                f"The response's hidden states have width {h.shape[1]} but likelihood_probe "
-                f"was fitted on {self.width_}; use the artifact calibrated for this model."
-            )
+        self._check_width(int(h.shape[1]))
         x2 = np.column_stack([self.probe_.logits(h), self._likelihood(responses)])
         return np.asarray(expit(-self.stack_.logits(x2)), dtype=np.float64)
 

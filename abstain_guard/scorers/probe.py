@@ -50,6 +50,7 @@ __all__ = [
     "ProbeConcatLast",
     "ProbeMid",
     "ProbeMidLast",
+    "ProbeScorerBase",
     "ProbeUpper",
     "ProbeUpperLast",
     "hidden_features",
@@ -99,7 +100,48 @@ def labeled_responses(
     return [r for r, _ in pairs], np.asarray([bool(c) for _, c in pairs], dtype=bool)
 
 
-class HiddenStateProbe(Scorer):
+class ProbeScorerBase(Scorer):
+    """What the probe scorers share: the CV grid, the unfitted check, the width check and
+    scoring one response as a batch of one (so it gets bitwise its score in a batch).
+
+    Args:
+        cs: inverse L2 strengths; cross-validation on the fitting answers picks one.
+        cv_folds: stratified folds of that cross-validation.
+        random_state: seed of the folds.
+    """
+
+    #: the fitted attribute whose absence means "not fitted"
+    fitted_attr: ClassVar[str] = "probe_"
+    #: the feature width the probe was fitted on (set by ``fit`` / ``from_state``)
+    width_: int
+
+    def __init__(
+        self, cs: Sequence[float] = PROBE_CS, cv_folds: int = 5, random_state: int = 0
+    ) -> None:
+        self.cs = check_cs(cs, cv_folds)
+        self.cv_folds = int(cv_folds)
+        self.random_state = int(random_state)
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, self.fitted_attr):
+            raise NotFittedError(
+                f"{type(self).__name__} is not fitted: call fit(reference, train) or load it "
+                "from an artifact first."
+            )
+
+    def _check_width(self, width: int) -> None:
+        if width != self.width_:
+            raise ScoringError(
+                f"The response's hidden states have width {width} but {self.kind} was "
+                f"fitted on {self.width_}; use the artifact calibrated for this model."
+            )
+
+    def score(self, response: ResponseLike) -> float:
+        """Predicted probability that ``response`` is wrong."""
+        return float(self.score_many([response])[0])
+
+
+class HiddenStateProbe(ProbeScorerBase):
     """Logistic probe on the residual stream (a kind of :data:`PROBE_KINDS`).
 
     Args:
@@ -114,20 +156,6 @@ class HiddenStateProbe(Scorer):
     kind: ClassVar[str] = "probe_concat"
     layer: ClassVar[Layer] = "concat"
     summary: ClassVar[Summary] = "mean"
-
-    def __init__(
-        self, cs: Sequence[float] = PROBE_CS, cv_folds: int = 5, random_state: int = 0
-    ) -> None:
-        self.cs = check_cs(cs, cv_folds)
-        self.cv_folds = int(cv_folds)
-        self.random_state = int(random_state)
-
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "probe_"):
-            raise NotFittedError(
-                f"{type(self).__name__} is not fitted: call fit(reference, train) or load it "
-                "from an artifact first."
-            )
 
     def features(self, responses: Sequence[Any]) -> np.ndarray:
         """``[n, F]`` probe inputs."""
@@ -170,16 +198,8 @@ class HiddenStateProbe(Scorer):
         self._check_fitted()
         if x.shape[0] == 0:
             return np.zeros(0, dtype=np.float64)
-        if x.shape[1] != self.width_:
-            raise ScoringError(
-                f"The response's hidden states have width {x.shape[1]} but {self.kind} was "
-                f"fitted on {self.width_}; use the artifact calibrated for this model."
-            )
+        self._check_width(int(x.shape[1]))
         return np.asarray(expit(-self.probe_.logits(x)), dtype=np.float64)
-
-    def score(self, response: ResponseLike) -> float:
-        """Predicted probability that ``response`` is wrong."""
-        return float(self.score_many([response])[0])
 
     def score_many(self, responses: Sequence[ResponseLike]) -> np.ndarray:
         """Scores ``[n]``."""

@@ -28,12 +28,12 @@ import inspect
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import nn
-from transformers import AttentionInterface, DynamicCache
+from transformers import AttentionInterface
 from transformers.generation.logits_process import (
     TemperatureLogitsWarper,
     TopKLogitsWarper,
@@ -52,6 +52,7 @@ from .capture import CaptureSession, StepFeatures
 from .decode_step import DecodeStepCapture
 from .hook_routes import Hook, routed
 from .loading import LoadedModel, eos_token_ids, pad_token_id
+from .prefix import PREFIX_RULE, start_from_prefix
 from .threads import DECODE_THREADS, DecodePath, blas_threads, choose_decode_path
 from .types import ReferenceMeans
 
@@ -92,6 +93,9 @@ class GenerationRequest:
     #: streaming). It must be quick; raising :class:`GenerationCancelled` stops the row, any
     #: other exception is logged and ignored.
     on_token: Callable[[int], None] | None = None
+    #: the prefix path (:mod:`.prefix`): None runs the prompt in one pass; a number runs it
+    #: split after that many tokens (0: not split), the prefix from the model's store
+    prefix: int | None = None
 
 
 @dataclass
@@ -384,16 +388,19 @@ class BatchEngine:
         gen = None
         if request.seed is not None:
             gen = torch.Generator(device="cpu").manual_seed(int(request.seed))
-        row = Row(request, DynamicCache(config=hf.config), session, [], gen, path=self.path)
-        ids = torch.tensor([request.prompt], dtype=torch.long, device=self._device)
+        path = self.path
+        if request.prefix is not None:
+            path = replace(path, prefix=PREFIX_RULE)
         kw: dict[str, Any] = {"logits_to_keep": 1} if self._keep_one else {}
-        with (
-            torch.inference_mode(),
-            capture_mode(hf, session),
-            blas_threads(DECODE_THREADS),
-        ):
-            row.hooks = _row_hooks(session) if session is not None else []
-            out = hf(input_ids=ids, past_key_values=row.cache, use_cache=True, **kw)
+        with torch.inference_mode(), blas_threads(DECODE_THREADS):
+            # the prefix (from the store, or computed under its own capture) before the row's
+            split = request.prefix or 0
+            cache, rest = start_from_prefix(self.loaded, request.prompt, split, session)
+            row = Row(request, cache, session, [], gen, path=path)
+            ids = torch.tensor([rest], dtype=torch.long, device=self._device)
+            with capture_mode(hf, session):
+                row.hooks = _row_hooks(session) if session is not None else []
+                out = hf(input_ids=ids, past_key_values=row.cache, use_cache=True, **kw)
         self._append(row, out.logits[0, -1])
         if row.finish is None:
             self.active.append(row)

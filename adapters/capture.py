@@ -363,6 +363,45 @@ class CaptureSession:
             self._u = list(self._u_all)
         return self._u_all[i]
 
+    # -- the prefix path (:mod:`.prefix`) ------------------------------------------------------
+
+    def prefix_parts(
+        self,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        """After one block over a prefix (batch 1, full capture): ``(cmlp [L, k],
+        unorm [L, k, H], u [L, H, k, D] or None)`` of its ``k`` positions."""
+        k = self.pos
+        cmlp = torch.stack([c[0, :k].to(self.device) for c in self._cmlp])
+        if self.cached:
+            u = torch.stack([x[0, :, :k].to(self.device) for x in self._u if x is not None])
+            return cmlp, u.abs().amax(-1).transpose(1, 2).contiguous(), u
+        unorm = torch.stack([x[0, :k].to(self.device) for x in self._unorm if x is not None])
+        return cmlp, unorm, None
+
+    def load_prefix(self, state: Any) -> None:
+        """Start this (batch-1, fresh) session after a prefix: its positions' capture state
+        from ``state`` (:class:`.prefix.PrefixState`); parts kept only if ``state`` kept them."""
+        k = len(state.ids)
+        if self.pos != 0 or self.batch_size != 1:
+            raise RuntimeError("a prefix loads into a fresh session of one sequence")
+        if self.needs_attention:
+            if not state.full:
+                raise RuntimeError("full capture needs a prefix computed under full capture")
+            self.cached = self.cached and state.u is not None
+            heads = self.spec.layers[0].num_heads
+            for i, dev in enumerate(self._devices):
+                self._cmlp[i][0, :k] = state.cmlp[i].to(dev)
+                if self.cached:
+                    kept = self._u[i]
+                    u = kept if kept is not None else self._new_u(i, heads, dev)
+                    u[0, :, :k] = state.u[i].to(dev)
+                    self._u[i] = u
+                else:
+                    unorm = torch.zeros((1, self.max_len, heads), dtype=torch.float32, device=dev)
+                    unorm[0, :k] = state.unorm[i].to(dev)
+                    self._unorm[i] = unorm
+        self.pos = k
+
     # -- decode steps, all layers at once ----------------------------------------------------
 
     def defers_decode(self) -> bool:

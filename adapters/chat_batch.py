@@ -122,9 +122,17 @@ class BatchMixin(ChatHost):
         stop = kwargs.pop("stop", None)
         opts, setup = self._settings(stop, {**kwargs, "capture_geometry": True})
         prompts = [self._prompt(c, setup) for c in conversations]
+        splits = [self._split(c, setup, p) for c, p in zip(conversations, prompts, strict=True)]
         max_new = new_token_budget(prompts, int(opts["max_new_tokens"]), self._spec.context_length)
         gen = generate_tokens(
-            self._s, prompts, max_new, opts, self._reference, keep_states=True, limits=self._limits
+            self._s,
+            prompts,
+            max_new,
+            opts,
+            self._reference,
+            keep_states=True,
+            limits=self._limits,
+            prefixes=splits,
         )
         msgs = self._messages(conversations, prompts, gen, opts, setup)
         return [(msg, g.states) for msg, g in zip(msgs, gen, strict=True)]

@@ -38,6 +38,10 @@ class ChatHost:
             self, messages: Sequence[BaseMessage], setup: ToolSetup | None
         ) -> list[int]: ...
 
+        def _split(
+            self, messages: Sequence[BaseMessage], setup: ToolSetup | None, prompt: list[int]
+        ) -> int | None: ...
+
         def _messages(
             self,
             conversations: Sequence[Sequence[BaseMessage]],

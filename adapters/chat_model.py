@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -55,6 +56,7 @@ from .loading import (
     model_fingerprint,
     wrap_model,
 )
+from .prefix import PREFIX_RULE, prompt_head, split_point
 from .response_metadata import numerics_record
 from .streaming import (
     cut_at_stop,
@@ -127,6 +129,16 @@ class GeometryChatModel(StreamingMixin, BatchMixin, ReplayMixin, BaseChatModel):
             "answer alone (lower latency for a lone caller, no gain under concurrency). The "
             "two give numbers that differ in the last bits: the path taken is recorded "
             "(decode_path) and a guard refuses responses decoded on another path"
+        ),
+    )
+    prefix_cache: bool = Field(
+        default=True,
+        description=(
+            "the prefix path: split every prompt pass after the shared prefix (template "
+            "opening, system prompt, tool block, opening of the first user turn), computed "
+            "once per prefix and reused (much less work per request under load). Its numbers "
+            "differ in the last bits from one whole pass: the path is recorded (decode_path "
+            "prefix) and a guard refuses responses decoded on another path"
         ),
     )
     replay_add_eos: bool = Field(
@@ -303,6 +315,24 @@ class GeometryChatModel(StreamingMixin, BatchMixin, ReplayMixin, BaseChatModel):
             ids.extend(int(t) for t in prefill)
         return ids
 
+    def _split(
+        self, messages: Sequence[BaseMessage], setup: ToolSetup | None, prompt: list[int]
+    ) -> int | None:
+        """Where ``prompt`` splits on the prefix path (:func:`.prefix.split_point`; None
+        when :attr:`prefix_cache` is off)."""
+        if not self.prefix_cache:
+            return None
+        dicts = chat_dicts(messages, self.system_prompt, self._rendering(setup))
+        head = prompt_head(self.tokenizer, dicts, setup.template_tools if setup else None)
+        return split_point(prompt, head)
+
+    def _replay_split(
+        self, messages: Any, prompt: list[int], tools: Sequence[Any] | None, tool_choice: Any
+    ) -> int | None:
+        """:meth:`_split` for a replayed pair (tools as :meth:`encode_chat` takes them)."""
+        setup = tool_setup(tools, tool_choice, self.tool_call_format)
+        return self._split(self._to_messages(messages), setup, prompt)
+
     def encode_chat(
         self,
         messages: Any,
@@ -415,9 +445,13 @@ class GeometryChatModel(StreamingMixin, BatchMixin, ReplayMixin, BaseChatModel):
         opts: dict[str, Any],
         setup: ToolSetup | None = None,
     ) -> list[AIMessage]:
-        prompts = [self._prompt(self._to_messages(list(c)), setup) for c in conversations]
+        convs = [self._to_messages(list(c)) for c in conversations]
+        prompts = [self._prompt(c, setup) for c in convs]
+        splits = [self._split(c, setup, p) for c, p in zip(convs, prompts, strict=True)]
         max_new = int(opts["max_new_tokens"])  # capped per prompt, as if alone
-        gen = generate_tokens(self._s, prompts, max_new, opts, self._reference, limits=self._limits)
+        gen = generate_tokens(
+            self._s, prompts, max_new, opts, self._reference, limits=self._limits, prefixes=splits
+        )
         return self._messages(conversations, prompts, gen, opts, setup)
 
     async def _agenerate_messages(
@@ -426,10 +460,12 @@ class GeometryChatModel(StreamingMixin, BatchMixin, ReplayMixin, BaseChatModel):
         opts: dict[str, Any],
         setup: ToolSetup | None = None,
     ) -> list[AIMessage]:
-        prompts = [self._prompt(self._to_messages(list(c)), setup) for c in conversations]
+        convs = [self._to_messages(list(c)) for c in conversations]
+        prompts = [self._prompt(c, setup) for c in convs]
+        splits = [self._split(c, setup, p) for c, p in zip(convs, prompts, strict=True)]
         max_new = int(opts["max_new_tokens"])  # capped per prompt, as if alone
         gen = await agenerate_tokens(
-            self._s, prompts, max_new, opts, self._reference, limits=self._limits
+            self._s, prompts, max_new, opts, self._reference, limits=self._limits, prefixes=splits
         )
         return self._messages(conversations, prompts, gen, opts, setup)
 
@@ -496,8 +532,10 @@ class GeometryChatModel(StreamingMixin, BatchMixin, ReplayMixin, BaseChatModel):
 
     def decode_path(self) -> dict[str, Any]:
         """The decode path this model's engine takes (:func:`.threads.choose_decode_path`,
-        the function the engine itself calls), as its responses record it."""
-        return choose_decode_path(self.hf_model, self.batch_decode, self.max_batch_size).record()
+        the function the engine itself calls; the prefix path with :attr:`prefix_cache`), as
+        its responses record it."""
+        path = choose_decode_path(self.hf_model, self.batch_decode, self.max_batch_size)
+        return replace(path, prefix=PREFIX_RULE if self.prefix_cache else None).record()
 
     def engine_workers(self) -> int:
         """Engines this model's scheduler runs side by side (:func:`.threads.engine_workers`:

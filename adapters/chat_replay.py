@@ -38,6 +38,14 @@ class ReplayMixin:
             tool_choice: Any = None,
         ) -> tuple[list[int], list[int]]: ...
 
+        def _replay_split(
+            self,
+            messages: Any,
+            prompt: list[int],
+            tools: Sequence[Any] | None,
+            tool_choice: Any,
+        ) -> int | None: ...
+
     def replay(
         self,
         messages: Any,
@@ -71,7 +79,9 @@ class ReplayMixin:
         tools: Sequence[Any] | None = None,
         tool_choice: Any = None,
     ) -> list[ReplayResult]:
-        """:meth:`replay` for many pairs, ``batch_size`` left-padded sequences per forward."""
+        """:meth:`replay` for many pairs, ``batch_size`` left-padded sequences per forward;
+        on the prefix path (:attr:`prefix_cache`) each pair alone, split as generation splits
+        it (:mod:`.prefix`)."""
         if batch_size <= 0:
             raise InvalidInputError(f"batch_size must be positive, got {batch_size}")
         encoded = []
@@ -80,7 +90,10 @@ class ReplayMixin:
                 messages, response, tools=tools, tool_choice=tool_choice
             )
             from_text = isinstance(response, str)
-            encoded.append(replay_item(self._s, prompt, resp, from_text, self.replay_add_eos))
+            split = self._replay_split(messages, prompt, tools, tool_choice)
+            encoded.append(
+                replay_item(self._s, prompt, resp, from_text, self.replay_add_eos, split)
+            )
         return replay_items(
             self._s,
             encoded,

@@ -49,7 +49,8 @@ class StreamingMixin(ChatHost):
         (:func:`.streaming.reply_chunks`), then the last chunk."""
         opts, setup = self._settings(stop, kwargs)
         prompt = self._prompt(messages, setup)
-        ids, future = token_channel(self._submitter(prompt, opts))
+        split = self._split(messages, setup, prompt)
+        ids, future = token_channel(self._submitter(prompt, opts, split))
         text = IncrementalText(self.tokenizer, opts["stop"]) if setup is None else None
         with contextlib.closing(ids):  # a consumer that stops reading cancels the request
             for tok in ids:
@@ -76,7 +77,8 @@ class StreamingMixin(ChatHost):
         loop (no executor thread per call)."""
         opts, setup = self._settings(stop, kwargs)
         prompt = self._prompt(messages, setup)
-        ids, future = async_token_channel(self._submitter(prompt, opts))
+        split = self._split(messages, setup, prompt)
+        ids, future = async_token_channel(self._submitter(prompt, opts, split))
         text = IncrementalText(self.tokenizer, opts["stop"]) if setup is None else None
         async with contextlib.aclosing(ids):  # a consumer that stops cancels the request
             async for tok in ids:
@@ -103,10 +105,10 @@ class StreamingMixin(ChatHost):
         return [text_chunk(rest)] if rest else []
 
     def _submitter(
-        self, prompt: list[int], opts: dict[str, Any]
+        self, prompt: list[int], opts: dict[str, Any], split: int | None
     ) -> Callable[[TokenCallback], Future[RowResult]]:
-        """Queues one streamed request for ``prompt`` (as ``invoke`` would) when called with
-        its token callback."""
+        """Queues one streamed request for ``prompt`` (as ``invoke`` would, split at
+        ``split`` on the prefix path) when called with its token callback."""
 
         def submit(on_token: TokenCallback) -> Future[RowResult]:
             (future,) = submit_generation(
@@ -117,6 +119,7 @@ class StreamingMixin(ChatHost):
                 self._reference,
                 limits=self._limits,
                 on_tokens=[on_token],
+                prefixes=[split],
             )
             return future
 

@@ -142,15 +142,20 @@ def generation_requests(
     reference: ReferenceMeans | None,
     keep_states: bool = False,
     on_tokens: Sequence[TokenCallback | None] | None = None,
+    prefixes: Sequence[int | None] | None = None,
 ) -> list[GenerationRequest]:
     """One request per prompt, each with its own token budget (``max_new`` capped by the
     context window for that prompt). ``on_tokens[i]`` (optional) is called in the
-    scheduler's thread with each token id of prompt ``i`` as it is chosen (streaming)."""
+    scheduler's thread with each token id of prompt ``i`` as it is chosen (streaming).
+    ``prefixes[i]``: where prompt ``i`` splits on the prefix path (:mod:`.prefix`; None or
+    no list: the prompt in one pass)."""
     ctx = loaded.spec.context_length
     callbacks = list(on_tokens) if on_tokens is not None else [None] * len(prompts)
-    if len(callbacks) != len(prompts):
+    splits = list(prefixes) if prefixes is not None else [None] * len(prompts)
+    if len(callbacks) != len(prompts) or len(splits) != len(prompts):
         raise InvalidInputError(
-            f"{len(callbacks)} token callbacks for {len(prompts)} prompts; give one per prompt"
+            f"{len(callbacks)} token callbacks and {len(splits)} prefix splits for "
+            f"{len(prompts)} prompts; give one per prompt"
         )
     return [
         GenerationRequest(
@@ -166,8 +171,9 @@ def generation_requests(
             reference=reference,
             keep_states=keep_states,
             on_token=on_token,
+            prefix=split,
         )
-        for p, on_token in zip(prompts, callbacks, strict=True)
+        for p, on_token, split in zip(prompts, callbacks, splits, strict=True)
     ]
 
 
@@ -194,13 +200,14 @@ def submit_generation(
     keep_states: bool = False,
     limits: Mapping[str, Any] | None = None,
     on_tokens: Sequence[TokenCallback | None] | None = None,
+    prefixes: Sequence[int | None] | None = None,
 ) -> list[Future[RowResult]]:
     """Queue one request per prompt on the model's scheduler (:mod:`.scheduler`); raises
     SchedulerFullError when its queue cannot take them. ``limits``: ``max_batch``,
-    ``max_queue`` and ``batch_decode`` of the scheduler; ``on_tokens``: see
+    ``max_queue`` and ``batch_decode`` of the scheduler; ``on_tokens``, ``prefixes``: see
     :func:`generation_requests`."""
     requests = generation_requests(
-        loaded, prompts, max_new, opts, reference, keep_states, on_tokens
+        loaded, prompts, max_new, opts, reference, keep_states, on_tokens, prefixes
     )
     return scheduler_for(loaded, **dict(limits or {})).submit(requests)
 
@@ -213,6 +220,7 @@ def generate_tokens(
     reference: ReferenceMeans | None,
     keep_states: bool = False,
     limits: Mapping[str, Any] | None = None,
+    prefixes: Sequence[int | None] | None = None,
 ) -> list[Generated]:
     """Generate for every prompt (greedy when ``opts["temperature"]`` is 0, else seeded
     sampling), capturing geometry when ``opts["capture_geometry"]`` (and the per-token states
@@ -221,7 +229,9 @@ def generate_tokens(
     Each prompt is one request to the model's scheduler, batched with whatever else is
     running; every answer is bitwise the one the prompt gets alone (see :mod:`.batching`).
     """
-    futures = submit_generation(loaded, prompts, max_new, opts, reference, keep_states, limits)
+    futures = submit_generation(
+        loaded, prompts, max_new, opts, reference, keep_states, limits, prefixes=prefixes
+    )
     return [to_generated(f.result(), keep_states) for f in futures]
 
 
@@ -233,9 +243,12 @@ async def agenerate_tokens(
     reference: ReferenceMeans | None,
     keep_states: bool = False,
     limits: Mapping[str, Any] | None = None,
+    prefixes: Sequence[int | None] | None = None,
 ) -> list[Generated]:
     """:func:`generate_tokens` for asyncio callers (awaits the scheduler's futures)."""
-    futures = submit_generation(loaded, prompts, max_new, opts, reference, keep_states, limits)
+    futures = submit_generation(
+        loaded, prompts, max_new, opts, reference, keep_states, limits, prefixes=prefixes
+    )
     results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
     return [to_generated(r, keep_states) for r in results]
 

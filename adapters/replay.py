@@ -24,6 +24,7 @@ from .attention import capture_mode
 from .capture import CaptureSession, StepFeatures
 from .encoding import left_padded
 from .loading import LoadedModel, eos_token_ids, pad_token_id
+from .prefix import start_from_prefix
 from .response_metadata import geometry_json, token_metadata
 from .threads import DECODE_THREADS, blas_threads, engine_workers
 from .types import ReferenceMeans, ReplayResult, TokenStates
@@ -37,13 +38,21 @@ class ReplayItem:
     prompt: list[int]
     response: list[int]
     source: str
+    #: where the prompt splits on the prefix path (:mod:`.prefix`); 0: one pass, batched
+    prefix: int = 0
 
 
 def replay_item(
-    loaded: LoadedModel, prompt: list[int], response: list[int], from_text: bool, add_eos: bool
+    loaded: LoadedModel,
+    prompt: list[int],
+    response: list[int],
+    from_text: bool,
+    add_eos: bool,
+    prefix: int | None = None,
 ) -> ReplayItem:
     """A :class:`ReplayItem`; a text response gets the first EOS id appended when
-    ``add_eos`` (a finished answer). Raises ContextLengthError when it does not fit."""
+    ``add_eos`` (a finished answer); ``prefix``: the prompt's split on the prefix path.
+    Raises ContextLengthError when it does not fit."""
     eos = eos_token_ids(loaded.hf_model, loaded.tokenizer)
     ctx = loaded.spec.context_length
     if from_text and add_eos and eos:
@@ -53,7 +62,7 @@ def replay_item(
             f"prompt ({len(prompt)}) + response ({len(response)}) tokens exceed the "
             f"context window of {ctx}"
         )
-    return ReplayItem(prompt, response, "text" if from_text else "token_ids")
+    return ReplayItem(prompt, response, "text" if from_text else "token_ids", prefix or 0)
 
 
 def replay_items(
@@ -78,12 +87,13 @@ def replay_items(
     calling thread, one after the other, when that thread holds the lock alone."""
     if batch_size <= 0:
         raise InvalidInputError(f"batch_size must be positive, got {batch_size}")
-    starts = list(range(0, len(items), batch_size))
+    starts = _chunk_starts(items, batch_size)
+    ends = {a: b for a, b in zip(starts, [*starts[1:], len(items)], strict=True)}
 
     def run(start: int) -> list[ReplayResult]:
         return _replay_chunk(
             loaded,
-            items[start : start + batch_size],
+            items[start : ends[start]],
             model_name=model_name,
             reference=reference,
             capture_geometry=capture_geometry,
@@ -108,6 +118,42 @@ def replay_items(
         return results
     finally:
         bar.close()
+
+
+def _chunk_starts(items: Sequence[ReplayItem], batch_size: int) -> list[int]:
+    """Where each forward's items start: up to ``batch_size`` one-pass items together, every
+    item split on the prefix path alone (its pass runs on the prefix's cache)."""
+    starts: list[int] = []
+    run = 0
+    for i, it in enumerate(items):
+        if it.prefix > 0 or run == 0 or run >= batch_size or items[i - 1].prefix > 0:
+            starts.append(i)
+            run = 0
+        run += 1
+    return starts
+
+
+def _forward_split(
+    loaded: LoadedModel, item: ReplayItem, session: CaptureSession | None, n: int
+) -> torch.Tensor:
+    """The prefix path's replay of one item: the prompt after its split and the response in
+    one pass on the prefix's cache (:func:`.prefix.start_from_prefix`); the logits of the
+    last ``n + 1`` positions, ``[1, n + 1, V]``."""
+    hf = loaded.hf_model
+    device = next(hf.parameters()).device
+    with torch.inference_mode(), blas_threads(DECODE_THREADS):
+        cache, rest = start_from_prefix(loaded, item.prompt, item.prefix, session)
+        seq = rest + item.response
+        if session is not None:
+            session.set_rows(slice(len(seq) - 1 - n, len(seq) - 1))
+        with capture_mode(hf, session):
+            out = hf(
+                input_ids=torch.tensor([seq], dtype=torch.long, device=device),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=n + 1,
+            )
+    return out.logits  # type: ignore[no-any-return]
 
 
 def _replay_chunk(
@@ -137,8 +183,7 @@ def _replay_chunk(
             _empty_result(tokenizer, model_name, num_layers, it, capture_geometry, capture)
             for it in items
         ]
-    ids, mask = left_padded(seqs, pad_token_id(hf, tokenizer))
-    pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    split = items[0].prefix if b == 1 else 0
     eos_ids = eos_token_ids(hf, tokenizer)
     with loaded.lock.shared():
         session = (
@@ -148,23 +193,28 @@ def _replay_chunk(
                 max_len=s,
                 reference=reference,
                 keep_states=return_states,
-                cache_values=False,
+                cache_values=split > 0,
                 capture=capture,
             )
             if capture_geometry or return_states
             else None
         )
-        if session is not None:
-            session.set_rows(slice(s - 1 - n_max, s - 1))
-        with torch.inference_mode(), capture_mode(hf, session), blas_threads(DECODE_THREADS):
-            out = hf(
-                input_ids=ids.to(device),
-                attention_mask=mask.to(device),
-                position_ids=pos.to(device),
-                use_cache=False,
-                logits_to_keep=n_max + 1,
-            )
-    logits = out.logits[:, :-1].float().cpu()  # [B, n_max, V] rows predicting tokens
+        if split > 0:
+            out_logits = _forward_split(loaded, items[0], session, n_max)
+        else:
+            ids, mask = left_padded(seqs, pad_token_id(hf, tokenizer))
+            pos = (mask.cumsum(-1) - 1).clamp_min(0)
+            if session is not None:
+                session.set_rows(slice(s - 1 - n_max, s - 1))
+            with torch.inference_mode(), capture_mode(hf, session), blas_threads(DECODE_THREADS):
+                out_logits = hf(
+                    input_ids=ids.to(device),
+                    attention_mask=mask.to(device),
+                    position_ids=pos.to(device),
+                    use_cache=False,
+                    logits_to_keep=n_max + 1,
+                ).logits
+    logits = out_logits[:, :-1].float().cpu()  # [B, n_max, V] rows predicting tokens
     step = session.steps[0] if session is not None else None
     results = []
     for i, it in enumerate(items):

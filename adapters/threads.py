@@ -67,10 +67,18 @@ class DecodePath:
     steps: Literal["shared", "alone"]
     threads: int
     min_rows: int
+    #: the prefix path's split rule (:data:`.prefix.PREFIX_RULE`), or None: the prompt in
+    #: one pass
+    prefix: str | None = None
 
     def record(self) -> dict[str, Any]:
-        """The path as it appears in generation and deployment records."""
-        return {"steps": self.steps, "threads": self.threads, "min_rows": self.min_rows}
+        """The path as it appears in generation and deployment records (``prefix`` only on
+        the prefix path, so records of the one-pass path read as they always did)."""
+        out: dict[str, Any] = {"steps": self.steps, "threads": self.threads}
+        out["min_rows"] = self.min_rows
+        if self.prefix is not None:
+            out["prefix"] = self.prefix
+        return out
 
 
 @contextmanager

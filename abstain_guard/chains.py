@@ -19,7 +19,7 @@ from abstain_guard.errors import CalibrationError
 from abstain_guard.guard import AbstentionGuard
 from abstain_guard.prompts import MAX_NEW_TOKENS, question_prompt
 
-__all__ = ["load_chat_model", "load_guard_chain"]
+__all__ = ["calibrated_on_prefix", "load_chat_model", "load_guard_chain"]
 
 
 def load_chat_model(
@@ -28,12 +28,14 @@ def load_chat_model(
     gguf_file: str | None = None,
     max_new_tokens: int | None = None,
     batch_decode: bool = True,
+    prefix_cache: bool = True,
 ) -> Any:
     """The chat model ``model`` names (``"default"`` = embedded SmolLM2, else a local Hugging
     Face folder, with ``gguf_file`` inside it if given), generating at most ``max_new_tokens``
     (default: as many tokens as open questions get at calibration; the guarantee assumes the
     same generation settings), in decode mode ``batch_decode`` (the same as at calibration:
-    the two modes differ in the last bits). A :class:`ChatModelSpec` (an API chat model)
+    the two modes differ in the last bits), on the prefix path or not (``prefix_cache``,
+    likewise as at calibration). A :class:`ChatModelSpec` (an API chat model)
     is built from its name or class and kwargs, asking for logprobs; its budget is bound
     per call (:func:`~abstain_guard.chat_model_specs.bind_budget`)."""
     if isinstance(model, ChatModelSpec):
@@ -43,10 +45,24 @@ def load_chat_model(
 
     budget = max_new_tokens or MAX_NEW_TOKENS["open"]
     if model == "default":
-        return load_default_model(max_new_tokens=budget, batch_decode=batch_decode)
+        return load_default_model(
+            max_new_tokens=budget, batch_decode=batch_decode, prefix_cache=prefix_cache
+        )
     return GeometryChatModel.from_pretrained(
-        model, gguf_file=gguf_file, max_new_tokens=budget, batch_decode=batch_decode
+        model,
+        gguf_file=gguf_file,
+        max_new_tokens=budget,
+        batch_decode=batch_decode,
+        prefix_cache=prefix_cache,
     )
+
+
+def calibrated_on_prefix(decoding: Any) -> bool:
+    """Whether the calibration's decoding record (``DeploymentRecord.decoding``) is on the
+    prefix path (``decode_path["prefix"]``): the loaded model takes the path its artifact was
+    calibrated on (an artifact from before the prefix path: the one-pass path)."""
+    path = decoding.get("decode_path") if isinstance(decoding, dict) else None
+    return bool(isinstance(path, dict) and path.get("prefix"))
 
 
 def load_guard_chain(
@@ -92,6 +108,7 @@ def load_guard_chain(
             gguf_file=settings.get("gguf_file"),
             max_new_tokens=settings.get("max_new_tokens"),
             batch_decode=bool(record.decoding.get("batch_decode", False)),
+            prefix_cache=calibrated_on_prefix(record.decoding),
         )
     if record.chat_model is None:
         runnable = model.bind(max_new_tokens=prompt.max_new_tokens)

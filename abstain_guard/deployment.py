@@ -291,19 +291,27 @@ def decode_path_problem(got: Any, calibrated: Any) -> str:
         f"decode_path={got!r} but calibration used {calibrated!r}: the response was decoded "
         f"with {_describe_path(got)}, the guard was calibrated with {_describe_path(calibrated)}; "
         "the two differ in the last bits of every score. Load the model with the calibrated "
-        "batch_decode on the same library version, or calibrate again on this path"
+        "batch_decode and prefix_cache on the same library version, or calibrate again on "
+        "this path"
     )
 
 
 def _describe_path(record: Any) -> str:
-    if isinstance(record, Mapping) and record.get("steps") == "shared":
+    if not isinstance(record, Mapping):
+        return "an unrecorded decode path" if record is None else repr(record)
+    prompt = (
+        f"prompt passes split after the shared prefix ({record['prefix']})"
+        if record.get("prefix")
+        else "each prompt in one pass"
+    )
+    if record.get("steps") == "shared":
         return (
-            f"shared decode steps on {record.get('threads')} BLAS thread(s), padded to "
-            f"{record.get('min_rows')} rows"
+            f"{prompt}, shared decode steps on {record.get('threads')} BLAS thread(s), padded "
+            f"to {record.get('min_rows')} rows"
         )
-    if isinstance(record, Mapping) and record.get("steps") == "alone":
-        return f"each row decoded alone on {record.get('threads')} BLAS thread(s)"
-    return "an unrecorded decode path" if record is None else repr(record)
+    if record.get("steps") == "alone":
+        return f"{prompt}, each row decoded alone on {record.get('threads')} BLAS thread(s)"
+    return repr(record)
 
 
 def dtype_mismatches(record: DeploymentRecord, generation: Mapping[str, Any]) -> list[str]:

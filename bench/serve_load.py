@@ -11,7 +11,13 @@ stops the server with SIGTERM (graceful shutdown) and prints one JSON line::
      "p95_over_solo", "solo_range_s", "p95_over_own_solo", "errors": {kind: count},
      "well_formed", "decided",
      "every_well_formed_decided", "malformed", "malformed_all_4xx", "abstained",
-     "malformed_statuses", "stopped_early", "server_exit_code", "server_stopped_cleanly"}
+     "malformed_statuses", "stopped_early", "decode_path", "server_exit_code",
+     "server_stopped_cleanly"}
+
+``decode_path`` is the path the guard is served on (the one its artifact was calibrated on:
+the prefix path records ``"prefix"``). With ``--runs N`` (and ``--baseline-artifact``, a second
+guard whose runs interleave with the first's: A B A B) the line holds, per guard, the medians
+over its runs and every run, and ``guard_over_baseline`` (ratios of the medians).
 
 ``p95_over_solo`` is the target's measure (p95 over the median solo latency);
 ``p95_over_own_solo`` is the p95 of each request's latency over the solo latency of its own
@@ -20,7 +26,7 @@ question (answers differ in length, so the first mixes question lengths into the
 exception); ``throughput_rps`` counts decided requests per second of the load phase;
 latencies are of well-formed requests, from sending to the last byte.
 
-Run: ``flock /tmp/model.lock nice -n 10 .venv/bin/python bench/serve_load.py``
+Run: ``flock /tmp/heavy.lock .venv/bin/python bench/serve_load.py --requests 150 --runs 2``
 """
 
 from __future__ import annotations
@@ -203,7 +209,6 @@ def summarize(
     solo = statistics.median(solos.values())
     own = [t / solos[q] for kind, t, _, q in results if kind == "ok"]
     return {
-        "artifact": args.artifact or "default",
         "requests": args.requests,
         "concurrency": args.concurrency,
         "wall_s": round(wall, 2),
@@ -226,10 +231,25 @@ def summarize(
     }
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+def decode_path_of(artifact: str | None) -> dict[str, Any] | None:
+    """The decode path the guard is served on: the one its artifact was calibrated on
+    (``load_guard_chain`` loads the model on it)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from abstain_guard.artifact import GuardArtifact
+    from abstain_guard.default import default_artifact_path
+    from abstain_guard.deployment import DeploymentRecord
+
+    art = GuardArtifact.load(artifact or default_artifact_path())
+    record = DeploymentRecord.from_metadata(art.metadata)
+    path = record.decoding.get("decode_path") if record is not None else None
+    return dict(path) if isinstance(path, dict) else None
+
+
+async def run_once(args: argparse.Namespace, artifact: str | None) -> dict[str, Any]:
+    """One server start, solo latencies, the load and the stop: one run's measurements."""
     port = _free_port()
     root = f"http://127.0.0.1:{port}"
-    proc = start_server(port, args.artifact)
+    proc = start_server(port, artifact)
     try:
         limits = httpx.Limits(max_connections=args.concurrency + 2)
         async with httpx.AsyncClient(timeout=300, limits=limits) as client:
@@ -242,10 +262,47 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         except subprocess.TimeoutExpired:
             proc.kill()
             code = proc.wait()
+    summary["artifact"] = artifact or "default"
+    summary["decode_path"] = decode_path_of(artifact)
     summary["server_exit_code"] = code
     # uvicorn re-raises SIGTERM after its graceful shutdown: -15 is a clean stop too.
     summary["server_stopped_cleanly"] = code in (0, -signal.SIGTERM)
     return summary
+
+
+def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = ("throughput_rps", "p50_s", "p95_s", "solo_s", "p95_over_solo", "p95_over_own_solo")
+    return {k: round(statistics.median(r[k] for r in runs), 3) for k in keys}
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    """``--runs`` runs of the guard (and, with ``--baseline-artifact``, of the baseline guard,
+    interleaved: A B A B); one run's JSON, or the medians with every run."""
+    guards: dict[str, str | None] = {"guard": args.artifact}
+    if args.baseline_artifact:
+        guards["baseline"] = args.baseline_artifact
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in guards}
+    for _ in range(args.runs):
+        for name, artifact in guards.items():
+            runs[name].append(await run_once(args, artifact))
+    if args.runs == 1 and len(guards) == 1:
+        return runs["guard"][0]
+    out: dict[str, Any] = {"requests": args.requests, "concurrency": args.concurrency}
+    for name, got in runs.items():
+        out[name] = {
+            "artifact": got[0]["artifact"],
+            "decode_path": got[0]["decode_path"],
+            "median": _medians(got),
+            "every_well_formed_decided": all(r["every_well_formed_decided"] for r in got),
+            "malformed_all_4xx": all(r["malformed_all_4xx"] for r in got),
+            "runs": got,
+        }
+    if "baseline" in out:
+        g, b = out["guard"]["median"], out["baseline"]["median"]
+        out["guard_over_baseline"] = {
+            k: round(g[k] / b[k], 3) for k in ("throughput_rps", "p95_s", "solo_s")
+        }
+    return out
 
 
 def main() -> None:
@@ -253,8 +310,14 @@ def main() -> None:
     parser.add_argument(
         "--artifact",
         default=None,
-        help="guard to serve (default: the shipped one); served in the decode mode it records",
+        help="guard to serve (default: the shipped one); served on the decode path it records",
     )
+    parser.add_argument(
+        "--baseline-artifact",
+        default=None,
+        help="a second guard measured in the same invocation, runs interleaved with the first",
+    )
+    parser.add_argument("--runs", type=int, default=1, help="runs per guard (medians reported)")
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--malformed-every", type=int, default=10)

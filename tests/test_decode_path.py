@@ -68,7 +68,12 @@ def test_one_blas_thread_in_the_environment_changes_nothing(default_model: Any) 
         check=True,
     )
     there = json.loads(out.stdout.strip().splitlines()[-1])
-    assert here["path"] == {"steps": "shared", "threads": 1, "min_rows": MIN_DECODE_ROWS}
+    assert here["path"] == {
+        "steps": "shared",
+        "threads": 1,
+        "min_rows": MIN_DECODE_ROWS,
+        "prefix": "system_turn",
+    }
     assert there == json.loads(json.dumps(here))  # bitwise: JSON floats round-trip exactly
 
 
@@ -105,5 +110,13 @@ def test_the_refusal_names_both_paths() -> None:
     alone = DecodePath("alone", 1, 1).record()
     message = decode_path_problem(alone, shared)
     assert "each row decoded alone on 1 BLAS thread(s)" in message
-    assert "calibrated with shared decode steps on 1 BLAS thread(s), padded to 4 rows" in message
+    assert (
+        "calibrated with each prompt in one pass, shared decode steps on 1 BLAS thread(s), "
+        "padded to 4 rows" in message
+    )
     assert "an unrecorded decode path" in decode_path_problem(None, shared)
+    prefixed = DecodePath("shared", 1, 4, prefix="system_turn").record()
+    assert prefixed == {**shared, "prefix": "system_turn"}
+    message = decode_path_problem(shared, prefixed)
+    assert "calibrated with prompt passes split after the shared prefix (system_turn)" in message
+    assert "prefix_cache" in message

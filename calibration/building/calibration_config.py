@@ -46,6 +46,13 @@ class CalibrationConfig(BaseModel):
         "batch_decode, the default): each answer still bitwise its solo one on that path; "
         "false decodes every answer alone. The path is recorded and checked at deployment",
     )
+    prefix_cache: bool = Field(
+        True,
+        description="the prefix path (GeometryChatModel prefix_cache, the default): every "
+        "prompt pass split after the shared prefix (system prompt, template), the prefix "
+        "computed once; false runs each prompt in one pass. The path is recorded and checked "
+        "at deployment, and load_guard_chain / serve load the model on the calibrated path",
+    )
     replay_batch_size: int = Field(16, gt=0)
     agent: str | None = Field(
         None,

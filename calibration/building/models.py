@@ -26,6 +26,7 @@ def load_model(config: CalibrationConfig) -> Any:
         gguf_file=config.gguf_file,
         max_new_tokens=config.max_new_tokens,
         batch_decode=config.batch_decode,
+        prefix_cache=config.prefix_cache,
     )
     if isinstance(getattr(model, "max_batch_size", None), int):
         # more rows per decode step than deployed: same numbers per row, cheaper per row

@@ -221,7 +221,9 @@ def check_api_model(config: CalibrationConfig, *, build: bool = True) -> None:
             f"model {spec.label} does not report; set scorer_params: {{top_logprobs_fallback: "
             "true}} (and top_logprobs in model.kwargs), or use perplexity."
         )
-    local = [k for k in ("gguf_file", "batch_decode") if k in config.model_fields_set]
+    local = [
+        k for k in ("gguf_file", "batch_decode", "prefix_cache") if k in config.model_fields_set
+    ]
     local = [k for k in local if k != "gguf_file" or config.gguf_file]
     if local:
         raise ConfigError(

@@ -76,6 +76,7 @@ _MODEL_CONFIG_KEYS = (
     "gguf_file",
     "max_new_tokens",
     "batch_decode",
+    "prefix_cache",
     "agent",
     "agent_step_limit",
 )

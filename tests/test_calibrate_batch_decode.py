@@ -62,7 +62,7 @@ def test_the_decode_mode_is_recorded_and_keys_the_cache(batched_run: tuple[Path,
     art = GuardArtifact.load(tmp / "guard")
     record = DeploymentRecord.from_metadata(art.metadata)
     assert record is not None and record.decoding["batch_decode"] is True
-    shared = {"steps": "shared", "threads": 1, "min_rows": 4}
+    shared = {"steps": "shared", "threads": 1, "min_rows": 4, "prefix": "system_turn"}
     assert record.decoding["decode_path"] == shared
     rows = _generation_rows(tmp / "guard.cache")
     assert rows and all(r["metadata"]["generation"]["batch_decode"] is True for r in rows)
@@ -114,7 +114,12 @@ def test_rows_alone_calibration_keys_apart_from_batch_decode(
     )
     record = DeploymentRecord.from_metadata(GuardArtifact.load(tmp_path / "alone").metadata)
     assert record is not None and record.decoding["batch_decode"] is False
-    assert record.decoding["decode_path"] == {"steps": "alone", "threads": 1, "min_rows": 1}
+    assert record.decoding["decode_path"] == {
+        "steps": "alone",
+        "threads": 1,
+        "min_rows": 1,
+        "prefix": "system_turn",
+    }
     modes = [
         r["metadata"]["generation"]["batch_decode"] for r in _generation_rows(tmp / "guard.cache")
     ]

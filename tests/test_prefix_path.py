@@ -25,6 +25,7 @@ from abstain_guard.adapters.prefix import (
     prompt_head,
     split_point,
 )
+from abstain_guard.chains import calibrated_on_prefix
 from abstain_guard.deployment import decode_path_problem
 
 SYSTEM = "You answer questions about geography briefly."
@@ -159,6 +160,14 @@ def test_a_guard_on_the_other_path_refuses() -> None:
     on, off = _pair("llama")
     message = decode_path_problem(off.decode_path(), on.decode_path())
     assert "split after the shared prefix" in message and "prefix_cache" in message
+
+
+def test_a_guard_loads_its_model_on_the_calibrated_path() -> None:
+    on = {"decode_path": {"steps": "shared", "threads": 1, "min_rows": 4, "prefix": PREFIX_RULE}}
+    assert calibrated_on_prefix(on)
+    # artifacts from before the prefix path recorded none: their model runs one pass
+    assert not calibrated_on_prefix({"decode_path": {"steps": "shared", "threads": 1}})
+    assert not calibrated_on_prefix({})
 
 
 def test_the_store_keeps_the_most_recent_prefixes() -> None:

@@ -36,7 +36,14 @@ from .architectures import ArchitectureSpec
 from .chat_batch import BatchMixin
 from .chat_replay import ReplayMixin
 from .chat_streaming import StreamingMixin
-from .encoding import AnswerLike, ToolRendering, chat_dicts, prompt_ids, response_ids
+from .encoding import (
+    AnswerLike,
+    ToolRendering,
+    chat_dicts,
+    prompt_head,
+    prompt_ids,
+    response_ids,
+)
 from .generation import (
     GENERATION_OPTIONS,
     Generated,
@@ -56,7 +63,7 @@ from .loading import (
     model_fingerprint,
     wrap_model,
 )
-from .prefix import PREFIX_RULE, prompt_head, split_point
+from .prefix import PREFIX_RULE, split_point
 from .response_metadata import numerics_record
 from .streaming import (
     cut_at_stop,

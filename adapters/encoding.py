@@ -8,7 +8,10 @@ formats of :mod:`.tools`); conversations without them give the plain role/conten
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import itertools
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +24,7 @@ from langchain_core.messages.tool import ToolCall
 
 from abstain_guard.errors import InvalidInputError
 
+from .prefix import common_prefix
 from .tools import prompted_call_text, tool_call_format
 
 #: A response to replay: its text, or the exact generated token ids.
@@ -196,6 +200,32 @@ def prompt_ids(
     return [int(t) for t in tokenizer(text)["input_ids"]]
 
 
+#: Contents of the first user turn in the two renderings whose common prefix is the head.
+_SENTINELS = ("A", "B")
+
+
+@functools.lru_cache(maxsize=64)
+def _head(tokenizer: Any, lead_json: str, tools_json: str) -> tuple[int, ...]:
+    lead = json.loads(lead_json)
+    tools = json.loads(tools_json)
+    a, b = (
+        prompt_ids(tokenizer, [*lead, {"role": "user", "content": s}], tools) for s in _SENTINELS
+    )
+    return tuple(a[: common_prefix(a, b)])
+
+
+def prompt_head(
+    tokenizer: Any, dicts: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> tuple[int, ...]:
+    """The ids every prompt with the same leading system turn(s) (``dicts``: the chat
+    template's dicts) and ``tools`` starts with: the template rendered up to the content of
+    the first user turn (the common prefix of two renderings that differ only there)."""
+    lead = list(itertools.takewhile(lambda d: d.get("role") == "system", dicts))
+    return _head(
+        tokenizer, json.dumps(lead, sort_keys=True, default=str), json.dumps(tools, default=str)
+    )
+
+
 def response_ids(tokenizer: Any, response: AnswerLike) -> list[int]:
     """Token ids of a response: a text is tokenized without special tokens, token ids are
     used as they are. Raises InvalidInputError for anything else."""
@@ -230,6 +260,7 @@ __all__ = [
     "chat_dicts",
     "left_padded",
     "message_text",
+    "prompt_head",
     "prompt_ids",
     "response_ids",
     "short_id",

@@ -13,16 +13,14 @@ A split pass is *not* bitwise the whole pass (the products run over other row co
 |Δlogit| 3.5e-5 on the default model), so the prefix path is a decode path of its own
 (:data:`PREFIX_RULE` in the path's record) that a guard must be calibrated on. Within the
 path the numbers are exact and reproducible: where a prompt splits is a function of the
-prompt alone (:func:`split_point`: the chat model's rule, never the store's contents), and a
+prompt alone (:func:`split_point` with :func:`.encoding.prompt_head`, never the store's
+contents), and a
 prefix taken from the store is bitwise the one computed afresh. Replay splits the same way.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
-import itertools
-import json
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -34,7 +32,6 @@ from transformers import DynamicCache
 
 from .attention import capture_mode
 from .capture import CACHE_BUDGET_BYTES, CaptureSession
-from .encoding import prompt_ids
 from .threads import DECODE_THREADS, blas_threads
 
 #: The split rule the prefix path records (``decode_path["prefix"]``): prompts split after
@@ -62,32 +59,6 @@ def split_point(prompt: Sequence[int], head: Sequence[int]) -> int:
     (0: no split; the whole prompt is one pass)."""
     n = common_prefix(prompt, head)
     return n if 0 < n < len(prompt) else 0
-
-
-#: Contents of the first user turn in the two renderings whose common prefix is the head.
-_SENTINELS = ("A", "B")
-
-
-@functools.lru_cache(maxsize=64)
-def _head(tokenizer: Any, lead_json: str, tools_json: str) -> tuple[int, ...]:
-    lead = json.loads(lead_json)
-    tools = json.loads(tools_json)
-    a, b = (
-        prompt_ids(tokenizer, [*lead, {"role": "user", "content": s}], tools) for s in _SENTINELS
-    )
-    return tuple(a[: common_prefix(a, b)])
-
-
-def prompt_head(
-    tokenizer: Any, dicts: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None
-) -> tuple[int, ...]:
-    """The ids every prompt with the same leading system turn(s) (``dicts``: the chat
-    template's dicts) and ``tools`` starts with: the template rendered up to the content of
-    the first user turn (the common prefix of two renderings that differ only there)."""
-    lead = list(itertools.takewhile(lambda d: d.get("role") == "system", dicts))
-    return _head(
-        tokenizer, json.dumps(lead, sort_keys=True, default=str), json.dumps(tools, default=str)
-    )
 
 
 @dataclass(frozen=True)
@@ -214,7 +185,6 @@ __all__ = [
     "common_prefix",
     "compute_prefix",
     "prefix_store",
-    "prompt_head",
     "split_point",
     "start_from_prefix",
 ]

@@ -17,12 +17,12 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from tiny_models import FAMILIES, assert_same_answer, tiny_chat_model
 
 from abstain_guard.adapters import capture
+from abstain_guard.adapters.encoding import prompt_head
 from abstain_guard.adapters.prefix import (
     PREFIX_RULE,
     PrefixStore,
     common_prefix,
     prefix_store,
-    prompt_head,
     split_point,
 )
 from abstain_guard.chains import calibrated_on_prefix

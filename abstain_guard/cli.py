@@ -296,7 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
         + ", ".join(scorer_names(family=("likelihood", "geometry", "probe")))
         + ". Every one carries the same guarantee. The shipped guard uses probe_mid: on the "
         "probe set it certified the most participation at risk 0.35 (30 %%, geometry 8 %%); "
-        "on SciQ the two tie. `evaluate --baselines probes` measures "
+        "on SciQ and NQ-open geometry ties the best probe and beats probe_mid on NQ-open. "
+        "`evaluate --baselines probes` measures "
         "them on your data (docs/results.md, 'Is geometry worth its cost?')",
     )
     cal.add_argument("--judge", help="judge name (default: lexical)")

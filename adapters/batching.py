@@ -5,7 +5,9 @@
 
 * **prefill**: each new row runs its prompt alone (batch 1, its own ``DynamicCache``, its
   own :class:`~abstain_guard.adapters.capture.CaptureSession`), so the prompt pass never
-  depends on other rows;
+  depends on other rows; on the prefix path (``GenerationRequest.prefix``, :mod:`.prefix`)
+  the row starts from a copy of its shared prefix's cache and capture state and runs the
+  rest of its prompt;
 * **decode**: one forward per step for all active rows (one new token each). Everything
   row-wise (embeddings, norms, linear layers, MLP, LM head) runs batched; attention runs per
   row on that row's own unpadded cache (:func:`rows_attention`), and each row's capture

@@ -139,6 +139,7 @@ class LoadedModel:
         self.lock = ModelLock()
         self.fingerprint: str | None = None
         self.scheduler: Any = None  # set by adapters.scheduler.scheduler_for
+        self.prefixes: Any = None  # set by adapters.prefix.prefix_store
 
 
 def wrap_model(hf_model: Any, tokenizer: Any) -> LoadedModel:

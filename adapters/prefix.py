@@ -39,8 +39,10 @@ from .threads import DECODE_THREADS, blas_threads
 PREFIX_RULE = "system_turn"
 
 #: Prefixes :class:`PrefixStore` keeps per model (least recently used dropped first); a
-#: deployment has one per system prompt and tool set.
-STORE_SIZE = 16
+#: deployment has one per system prompt and tool set. Each keeps its KV cache and, under full
+#: capture, ``L·k·H·D`` floats of parts where they fit the capture budget (21 MB for the
+#: default model's 34-token prefix).
+STORE_SIZE = 8
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

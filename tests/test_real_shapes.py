@@ -84,3 +84,24 @@ def test_gpu_bench_smoke_runs_without_langchain(tmp_path: Path) -> None:
     assert max(exact["float32"].values()) <= 1e-4
     assert max(exact["bfloat16"].values()) <= BF16_TOLERANCE
     assert "| shape | prompt | batch |" in proc.stdout  # the table is printed last
+
+
+@pytest.mark.slow
+def test_prefix_bench_smoke_runs_without_langchain(tmp_path: Path) -> None:
+    """The prefix path's real-size bench runs on the engine alone (what a GPU machine has)
+    and finds a stored prefix bitwise a fresh one in every capture mode."""
+    code = (
+        "import runpy, sys; sys.modules['langchain_core'] = None; "
+        f"sys.argv = ['prefix_real_size.py', '--smoke', '--out-dir', {str(tmp_path)!r}]; "
+        f"runpy.run_path({str(ROOT / 'bench' / 'prefix_real_size.py')!r}, run_name='__main__')"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "prefix_real_size.json").read_text())
+    assert result["smoke"] and result["device"] == "cpu"
+    assert {p["capture"] for p in result["points"]} == {"full", "fast", "none"}
+    for p in result["points"]:
+        assert p["stored_equals_fresh"], p
+        assert p["max_abs_logit_diff"] <= 1e-4, p

@@ -1,0 +1,149 @@
+"""The prefix path at real size (issue 39): a long shared prefix, side by side with one pass.
+
+A random-weight model of a published shape (``bench/real_shapes.py``; needs only torch,
+transformers and numpy) runs, per prefix length P and capture mode, the prompt pass and first
+token of P shared tokens + ``--suffix`` tokens of its own through the library's engine
+(:class:`~abstain_guard.adapters.batching.BatchEngine`):
+
+* ``one_pass_s`` / ``prefix_s``: medians over ``--repeats`` interleaved repeats (the prefix
+  already in the store), ``prefix_miss_s`` (the first request: the prefix computed), and
+  ``prefix_over_one_pass``;
+* ``stored_equals_fresh``: a stored prefix gives bitwise the fresh prefix's logits and
+  features (``torch.equal``), on this device;
+* ``max_abs_logit_diff`` / ``max_abs_feature_diff``: the first token's logits and Ω, Θ on the
+  two paths (why the prefix path is a decode path of its own);
+* the kernel facts of the device.
+
+Run: ``python bench/prefix_real_size.py --out-dir $OUT`` (GPU: Qwen3-8B shape, bfloat16);
+``python bench/prefix_real_size.py --smoke`` on the CPU (tiny width, seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import real_shapes as rs
+from gpu import SMOKE
+
+
+def _first(mods: dict[str, Any], loaded: Any, prompt: list[int], split: int | None, mode: str):
+    """One prompt pass + first token: (seconds, logits [V], features {name: array})."""
+    batching = mods["batching"]
+    engine = batching.BatchEngine(loaded, max_rows=1)
+    request = batching.GenerationRequest(
+        prompt=prompt,
+        max_new=1,
+        capture=mode != "none",
+        capture_mode="full" if mode == "none" else mode,
+        prefix=split,
+    )
+    device = next(loaded.hf_model.parameters()).device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    row = engine.start(request)
+    sync()
+    seconds = time.perf_counter() - start
+    engine.drop_all()
+    feats = {}
+    if row.session is not None and row.session.steps:
+        step = row.session.steps[0]
+        feats = {k: getattr(step, k) for k in ("omega", "theta") if getattr(step, k) is not None}
+    return seconds, row.logits[0], feats
+
+
+def measure(args: argparse.Namespace, device: str) -> dict[str, Any]:
+    mods = rs.import_engine()
+    prefix_mod = __import__("abstain_guard.adapters.prefix", fromlist=["prefix_store"])
+    overrides = SMOKE if args.smoke else None
+    dtype = torch.float32 if args.smoke else rs.DTYPES[args.dtype]
+    hf = rs.build_model(
+        args.shape, args.layers, dtype, device, vocab=args.vocab, overrides=overrides
+    )
+    loaded = rs.wrap(hf)
+    store = prefix_mod.prefix_store(loaded)
+    vocab = int(hf.config.vocab_size)
+    out: dict[str, Any] = {
+        "bench": "prefix_real_size",
+        "shape": args.shape,
+        "layers": args.layers,
+        "dtype": str(dtype).removeprefix("torch."),
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "kernel_facts": mods["kernels"].kernel_facts(device),
+        "suffix_tokens": args.suffix,
+        "repeats": args.repeats,
+        "smoke": bool(args.smoke),
+        "points": [],
+    }
+    _first(mods, loaded, rs.random_prompt(16, vocab, seed=99), None, "none")  # warm-up
+    for n_prefix in args.prefixes:
+        shared = rs.random_prompt(n_prefix, vocab, seed=n_prefix)
+        prompts = [shared + rs.random_prompt(args.suffix, vocab, seed=7 + q) for q in range(3)]
+        for mode in args.modes:
+            store.clear()
+            miss_s, fresh_logits, fresh_feats = _first(mods, loaded, prompts[0], n_prefix, mode)
+            _, stored_logits, stored_feats = _first(mods, loaded, prompts[0], n_prefix, mode)
+            same = torch.equal(fresh_logits, stored_logits) and all(
+                (fresh_feats[k] == stored_feats[k]).all() for k in fresh_feats
+            )
+            one, pre, dlog, dfeat = [], [], 0.0, 0.0
+            for _ in range(args.repeats):
+                for prompt in prompts:
+                    a_s, la, fa = _first(mods, loaded, prompt, None, mode)
+                    b_s, lb, fb = _first(mods, loaded, prompt, n_prefix, mode)
+                    one.append(a_s)
+                    pre.append(b_s)
+                    dlog = max(dlog, float((la.float() - lb.float()).abs().max()))
+                    for k in fa:
+                        dfeat = max(dfeat, float(abs(fa[k] - fb[k]).max()))
+            point = {
+                "prefix_tokens": n_prefix,
+                "capture": mode,
+                "one_pass_s": round(statistics.median(one), 4),
+                "prefix_s": round(statistics.median(pre), 4),
+                "prefix_miss_s": round(miss_s, 4),
+                "prefix_over_one_pass": round(statistics.median(pre) / statistics.median(one), 3),
+                "stored_equals_fresh": bool(same),
+                "max_abs_logit_diff": dlog,
+                "max_abs_feature_diff": dfeat if fresh_feats else None,
+            }
+            out["points"].append(point)
+            print(json.dumps(point), flush=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="qwen3-8b", choices=sorted(rs.SHAPES))
+    parser.add_argument("--layers", type=int, default=None, help="default: the shape's depth")
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(rs.DTYPES))
+    parser.add_argument("--vocab", type=int, default=32768, help="smaller vocabulary, less memory")
+    parser.add_argument("--prefixes", type=int, nargs="+", default=[512, 2048])
+    parser.add_argument("--suffix", type=int, default=48)
+    parser.add_argument("--modes", nargs="+", default=["full", "fast", "none"])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out-dir", default=os.environ.get("OUT", "."))
+    parser.add_argument("--smoke", action="store_true", help="tiny width on the CPU")
+    args = parser.parse_args()
+    if args.smoke:
+        args.layers, args.prefixes, args.suffix, args.repeats = 2, [24], 6, 1
+    device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
+    result = measure(args, device)
+    Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+    (Path(args.out_dir) / "prefix_real_size.json").write_text(json.dumps(result) + "\n")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

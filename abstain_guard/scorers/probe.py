@@ -35,7 +35,9 @@ from abstain_guard.errors import (
     ScoringError,
 )
 from abstain_guard.metadata import ResponseLike, ResponseMetadata
+from abstain_guard.runnables import map_chat_models
 from abstain_guard.scorers._base import Scorer, ScorerState
+from abstain_guard.scorers._features import CaptureMode, with_capture
 from abstain_guard.scorers._linear_probe import (
     PROBE_CS,
     LinearProbe,
@@ -112,6 +114,11 @@ class ProbeScorerBase(Scorer):
 
     #: the fitted attribute whose absence means "not fitted"
     fitted_attr: ClassVar[str] = "probe_"
+    #: the capture mode the deployed guard generates in (:meth:`prepare`) and calibration
+    #: generates its scored answers in: fast capture records the residual stream and the
+    #: log-probabilities bitwise as full capture does (the same attention kernels; capture
+    #: only reads them: ``tests/test_probe_capture.py``) at far lower cost
+    capture: ClassVar[CaptureMode] = "fast"
     #: the feature width the probe was fitted on (set by ``fit`` / ``from_state``)
     width_: int
 
@@ -139,6 +146,13 @@ class ProbeScorerBase(Scorer):
     def score(self, response: ResponseLike) -> float:
         """Predicted probability that ``response`` is wrong."""
         return float(self.score_many([response])[0])
+
+    def prepare(self, runnable: Any) -> Any:
+        """Every GeometryChatModel inside ``runnable`` switched to :attr:`capture` (fast):
+        the same features as full capture, bitwise, without the per-source attention
+        decomposition the probe never reads."""
+        self._check_fitted()
+        return map_chat_models(runnable, lambda model: with_capture(model, self.capture))
 
 
 class HiddenStateProbe(ProbeScorerBase):

@@ -17,7 +17,7 @@ from langchain_core.runnables.config import ensure_config, get_config_list
 
 from .architectures import ArchitectureSpec
 from .chat_host import ChatHost
-from .generation import generate_tokens, new_token_budget
+from .generation import generate_tokens, new_token_budget, unzip_prompts
 from .tools import ToolSetup
 from .types import TokenStates
 
@@ -121,8 +121,7 @@ class BatchMixin(ChatHost):
         conversations = [self._to_messages(x) for x in inputs]
         stop = kwargs.pop("stop", None)
         opts, setup = self._settings(stop, {**kwargs, "capture_geometry": True})
-        prompts = [self._prompt(c, setup) for c in conversations]
-        splits = [self._split(c, setup, p) for c, p in zip(conversations, prompts, strict=True)]
+        prompts, splits = unzip_prompts([self._prompt(c, setup) for c in conversations])
         max_new = new_token_budget(prompts, int(opts["max_new_tokens"]), self._spec.context_length)
         gen = generate_tokens(
             self._s,

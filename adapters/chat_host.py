@@ -36,11 +36,7 @@ class ChatHost:
 
         def _prompt(
             self, messages: Sequence[BaseMessage], setup: ToolSetup | None
-        ) -> list[int]: ...
-
-        def _split(
-            self, messages: Sequence[BaseMessage], setup: ToolSetup | None, prompt: list[int]
-        ) -> int | None: ...
+        ) -> tuple[list[int], int | None]: ...
 
         def _messages(
             self,

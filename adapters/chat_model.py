@@ -52,6 +52,7 @@ from .generation import (
     generate_tokens,
     generation_record,
     to_message,
+    unzip_prompts,
     validate_options,
 )
 from .loading import (
@@ -312,33 +313,35 @@ class GeometryChatModel(StreamingMixin, BatchMixin, ReplayMixin, BaseChatModel):
             block=setup.prompt_block if setup is not None else None,
         )
 
-    def _prompt(self, messages: Sequence[BaseMessage], setup: ToolSetup | None) -> list[int]:
+    def _prompt(
+        self, messages: Sequence[BaseMessage], setup: ToolSetup | None
+    ) -> tuple[list[int], int | None]:
         """Prompt ids: the rendered conversation with the generation prompt, then the
-        forced call's opening (:func:`.tools.tool_prefill`) when ``setup`` forces one."""
+        forced call's opening (:func:`.tools.tool_prefill`) when ``setup`` forces one; and
+        where they split on the prefix path (:func:`.prefix.split_point`; None when
+        :attr:`prefix_cache` is off)."""
         dicts = chat_dicts(messages, self.system_prompt, self._rendering(setup))
-        ids = prompt_ids(self.tokenizer, dicts, setup.template_tools if setup else None)
+        tools = setup.template_tools if setup else None
+        ids = prompt_ids(self.tokenizer, dicts, tools)
         if setup is not None and setup.prefill:
             prefill = self.tokenizer(setup.prefill, add_special_tokens=False)["input_ids"]
             ids.extend(int(t) for t in prefill)
-        return ids
-
-    def _split(
-        self, messages: Sequence[BaseMessage], setup: ToolSetup | None, prompt: list[int]
-    ) -> int | None:
-        """Where ``prompt`` splits on the prefix path (:func:`.prefix.split_point`; None
-        when :attr:`prefix_cache` is off)."""
         if not self.prefix_cache:
-            return None
-        dicts = chat_dicts(messages, self.system_prompt, self._rendering(setup))
-        head = prompt_head(self.tokenizer, dicts, setup.template_tools if setup else None)
-        return split_point(prompt, head)
+            return ids, None
+        return ids, split_point(ids, prompt_head(self.tokenizer, dicts, tools))
 
-    def _replay_split(
-        self, messages: Any, prompt: list[int], tools: Sequence[Any] | None, tool_choice: Any
-    ) -> int | None:
-        """:meth:`_split` for a replayed pair (tools as :meth:`encode_chat` takes them)."""
+    def _encode_chat(
+        self,
+        messages: Any,
+        response_text: AnswerLike | None,
+        tools: Sequence[Any] | None,
+        tool_choice: Any,
+    ) -> tuple[list[int], list[int], int | None]:
+        """:meth:`encode_chat`'s prompt and response ids, and the prompt's prefix split."""
         setup = tool_setup(tools, tool_choice, self.tool_call_format)
-        return self._split(self._to_messages(messages), setup, prompt)
+        prompt, split = self._prompt(self._to_messages(messages), setup)
+        response = [] if response_text is None else response_ids(self.tokenizer, response_text)
+        return prompt, response, split
 
     def encode_chat(
         self,
@@ -351,11 +354,8 @@ class GeometryChatModel(StreamingMixin, BatchMixin, ReplayMixin, BaseChatModel):
         """Token ids of the prompt (chat template + generation prompt, exactly what
         generation feeds, with ``tools`` / ``tool_choice`` as :meth:`bind_tools` takes them)
         and of the response (no special tokens added)."""
-        setup = tool_setup(tools, tool_choice, self.tool_call_format)
-        prompt = self._prompt(self._to_messages(messages), setup)
-        if response_text is None:
-            return prompt, []
-        return prompt, response_ids(self.tokenizer, response_text)
+        prompt, response, _ = self._encode_chat(messages, response_text, tools, tool_choice)
+        return prompt, response
 
     # -- tools -------------------------------------------------------------------------------
 
@@ -453,8 +453,7 @@ class GeometryChatModel(StreamingMixin, BatchMixin, ReplayMixin, BaseChatModel):
         setup: ToolSetup | None = None,
     ) -> list[AIMessage]:
         convs = [self._to_messages(list(c)) for c in conversations]
-        prompts = [self._prompt(c, setup) for c in convs]
-        splits = [self._split(c, setup, p) for c, p in zip(convs, prompts, strict=True)]
+        prompts, splits = unzip_prompts([self._prompt(c, setup) for c in convs])
         max_new = int(opts["max_new_tokens"])  # capped per prompt, as if alone
         gen = generate_tokens(
             self._s, prompts, max_new, opts, self._reference, limits=self._limits, prefixes=splits
@@ -468,8 +467,7 @@ class GeometryChatModel(StreamingMixin, BatchMixin, ReplayMixin, BaseChatModel):
         setup: ToolSetup | None = None,
     ) -> list[AIMessage]:
         convs = [self._to_messages(list(c)) for c in conversations]
-        prompts = [self._prompt(c, setup) for c in convs]
-        splits = [self._split(c, setup, p) for c, p in zip(convs, prompts, strict=True)]
+        prompts, splits = unzip_prompts([self._prompt(c, setup) for c in convs])
         max_new = int(opts["max_new_tokens"])  # capped per prompt, as if alone
         gen = await agenerate_tokens(
             self._s, prompts, max_new, opts, self._reference, limits=self._limits, prefixes=splits

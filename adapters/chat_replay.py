@@ -29,22 +29,13 @@ class ReplayMixin:
         @property
         def _s(self) -> LoadedModel: ...
 
-        def encode_chat(
+        def _encode_chat(
             self,
             messages: Any,
-            response_text: AnswerLike | None = None,
-            *,
-            tools: Sequence[Any] | None = None,
-            tool_choice: Any = None,
-        ) -> tuple[list[int], list[int]]: ...
-
-        def _replay_split(
-            self,
-            messages: Any,
-            prompt: list[int],
+            response_text: AnswerLike | None,
             tools: Sequence[Any] | None,
             tool_choice: Any,
-        ) -> int | None: ...
+        ) -> tuple[list[int], list[int], int | None]: ...
 
     def replay(
         self,
@@ -86,11 +77,8 @@ class ReplayMixin:
             raise InvalidInputError(f"batch_size must be positive, got {batch_size}")
         encoded = []
         for messages, response in items:
-            prompt, resp = self.encode_chat(
-                messages, response, tools=tools, tool_choice=tool_choice
-            )
+            prompt, resp, split = self._encode_chat(messages, response, tools, tool_choice)
             from_text = isinstance(response, str)
-            split = self._replay_split(messages, prompt, tools, tool_choice)
             encoded.append(
                 replay_item(self._s, prompt, resp, from_text, self.replay_add_eos, split)
             )

@@ -48,8 +48,7 @@ class StreamingMixin(ChatHost):
         the end: its content, then one ``tool_call_chunks`` chunk per call
         (:func:`.streaming.reply_chunks`), then the last chunk."""
         opts, setup = self._settings(stop, kwargs)
-        prompt = self._prompt(messages, setup)
-        split = self._split(messages, setup, prompt)
+        prompt, split = self._prompt(messages, setup)
         ids, future = token_channel(self._submitter(prompt, opts, split))
         text = IncrementalText(self.tokenizer, opts["stop"]) if setup is None else None
         with contextlib.closing(ids):  # a consumer that stops reading cancels the request
@@ -76,8 +75,7 @@ class StreamingMixin(ChatHost):
         """:meth:`_stream` for asyncio: the scheduler's worker hands each token to the event
         loop (no executor thread per call)."""
         opts, setup = self._settings(stop, kwargs)
-        prompt = self._prompt(messages, setup)
-        split = self._split(messages, setup, prompt)
+        prompt, split = self._prompt(messages, setup)
         ids, future = async_token_channel(self._submitter(prompt, opts, split))
         text = IncrementalText(self.tokenizer, opts["stop"]) if setup is None else None
         async with contextlib.aclosing(ids):  # a consumer that stops cancels the request

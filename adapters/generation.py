@@ -134,6 +134,14 @@ class Generated:
     decode_path: dict[str, Any] = field(default_factory=dict)
 
 
+def unzip_prompts(
+    encoded: Sequence[tuple[list[int], int | None]],
+) -> tuple[list[list[int]], list[int | None]]:
+    """``(prompts, prefixes)`` of ``(prompt ids, prefix split)`` pairs (the chat model's
+    encoded prompts), as :func:`generate_tokens` takes them."""
+    return [p for p, _ in encoded], [s for _, s in encoded]
+
+
 def generation_requests(
     loaded: LoadedModel,
     prompts: list[list[int]],
@@ -374,5 +382,6 @@ __all__ = [
     "submit_generation",
     "to_generated",
     "to_message",
+    "unzip_prompts",
     "validate_options",
 ]

@@ -87,13 +87,12 @@ def replay_items(
     calling thread, one after the other, when that thread holds the lock alone."""
     if batch_size <= 0:
         raise InvalidInputError(f"batch_size must be positive, got {batch_size}")
-    starts = _chunk_starts(items, batch_size)
-    ends = {a: b for a, b in zip(starts, [*starts[1:], len(items)], strict=True)}
+    spans = _chunk_spans(items, batch_size)
 
-    def run(start: int) -> list[ReplayResult]:
+    def run(span: tuple[int, int]) -> list[ReplayResult]:
         return _replay_chunk(
             loaded,
-            items[start : ends[start]],
+            items[span[0] : span[1]],
             model_name=model_name,
             reference=reference,
             capture_geometry=capture_geometry,
@@ -102,17 +101,17 @@ def replay_items(
             capture=capture,
         )
 
-    bar = tqdm(total=len(starts), desc="replay", unit="batch", disable=not progress)
-    workers = 1 if loaded.lock._is_owned() else min(engine_workers(loaded.hf_model), len(starts))
+    bar = tqdm(total=len(spans), desc="replay", unit="batch", disable=not progress)
+    workers = 1 if loaded.lock._is_owned() else min(engine_workers(loaded.hf_model), len(spans))
     results: list[ReplayResult] = []
     try:
         if workers <= 1:
-            for start in starts:
-                results.extend(run(start))
+            for span in spans:
+                results.extend(run(span))
                 bar.update()
             return results
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="replay") as pool:
-            for part in pool.map(run, starts):
+            for part in pool.map(run, spans):
                 results.extend(part)
                 bar.update()
         return results
@@ -120,17 +119,17 @@ def replay_items(
         bar.close()
 
 
-def _chunk_starts(items: Sequence[ReplayItem], batch_size: int) -> list[int]:
-    """Where each forward's items start: up to ``batch_size`` one-pass items together, every
-    item split on the prefix path alone (its pass runs on the prefix's cache)."""
-    starts: list[int] = []
-    run = 0
+def _chunk_spans(items: Sequence[ReplayItem], batch_size: int) -> list[tuple[int, int]]:
+    """``(start, end)`` of each forward's items: up to ``batch_size`` one-pass items together,
+    every item split on the prefix path alone (its pass runs on the prefix's cache)."""
+    spans: list[tuple[int, int]] = []
     for i, it in enumerate(items):
-        if it.prefix > 0 or run == 0 or run >= batch_size or items[i - 1].prefix > 0:
-            starts.append(i)
-            run = 0
-        run += 1
-    return starts
+        start, end = spans[-1] if spans else (i, i)
+        if spans and it.prefix == 0 and items[start].prefix == 0 and end - start < batch_size:
+            spans[-1] = (start, i + 1)
+        else:
+            spans.append((i, i + 1))
+    return spans
 
 
 def _forward_split(

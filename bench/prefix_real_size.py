@@ -21,6 +21,7 @@ Run: ``python bench/prefix_real_size.py --out-dir $OUT`` (GPU: Qwen3-8B shape, b
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -65,7 +66,7 @@ def _first(mods: dict[str, Any], loaded: Any, prompt: list[int], split: int | No
 
 def measure(args: argparse.Namespace, device: str) -> dict[str, Any]:
     mods = rs.import_engine()
-    prefix_mod = __import__("abstain_guard.adapters.prefix", fromlist=["prefix_store"])
+    prefix_mod = importlib.import_module("abstain_guard.adapters.prefix")
     overrides = SMOKE if args.smoke else None
     dtype = torch.float32 if args.smoke else rs.DTYPES[args.dtype]
     hf = rs.build_model(

@@ -18,6 +18,7 @@ from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.measure.held_out import evaluate
 from abstain_guard.chains import load_guard_chain
+from abstain_guard.runnables import map_chat_models
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +26,11 @@ def model() -> Any:
     return tiny_chat_model("llama", seed=0)
 
 
-@pytest.mark.parametrize("scorer", ["probe_concat", "likelihood_probe"])
+@pytest.mark.parametrize("scorer", ["probe_concat", "probe_mid", "likelihood_probe"])
 def test_probe_calibration_scores_are_live_scores(tmp_path: Path, model: Any, scorer: str) -> None:
+    """Calibrated on a full-capture model, deployed through the artifact's chain: the model
+    in the chain generates in fast capture (``ProbeScorerBase.capture``), and every
+    calibration answer scores live bitwise as stored."""
     cfg = _config(tmp_path, "probe", scorer=scorer).model_copy(
         update={"scorer_params": {"cv_folds": 2}}
     )
@@ -40,7 +44,13 @@ def test_probe_calibration_scores_are_live_scores(tmp_path: Path, model: Any, sc
     )
     art = GuardArtifact.load(tmp_path / "probe")
     assert art.scorer.kind == scorer
-    chain, _, _ = load_guard_chain(tmp_path / "probe", GuardConfig(participation=0.5), model=model)
+    chain, guard, _ = load_guard_chain(
+        tmp_path / "probe", GuardConfig(participation=0.5), model=model
+    )
+    modes: list[str] = []
+    map_chat_models(guard.bound_runnable, lambda m: modes.append(m.capture) or m)
+    assert modes == ["fast"]
+    assert model.capture == "full"  # the caller's model is not changed
     by_id = {it.id: it for it in ITEMS}
     live = [
         chain.invoke({"question": by_id[i].question}).response_metadata["abstention"]["score"]

@@ -1,7 +1,8 @@
 """The probe scorers deploy on fast capture (``ProbeScorerBase.capture``): what they read (the
 residual stream's summary, log-probabilities, entropies, tokens) must be bitwise the same as
 full capture records, on every family, or a probe guard calibrated on full-capture answers
-would score its live answers differently.
+would score its live answers differently. (A calibrated probe guard deploying fast and
+scoring live as stored: ``tests/test_probe_calibration.py``.)
 
 Why bitwise: full capture runs the model's own attention kernel (sdpa, or the modeling
 module's eager function where sdpa cannot) and only *reads* its inputs to compute the
@@ -16,13 +17,9 @@ from typing import Any
 import numpy as np
 import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
-from test_pipeline_resume import ITEMS, HashJudge, _config, _judges
+from test_pipeline_resume import ITEMS
 from tiny_models import FAMILIES, tiny_chat_model
 
-from abstain_guard import GuardArtifact, GuardConfig
-from abstain_guard.calibration.building.pipeline import calibrate
-from abstain_guard.chains import load_guard_chain
-from abstain_guard.runnables import map_chat_models
 from abstain_guard.scorers._registry import build_scorer
 
 MESSAGES = [SystemMessage("Answer briefly."), HumanMessage("Capital of Peru?")]
@@ -40,36 +37,6 @@ def test_fast_capture_records_the_probe_inputs_bitwise(family: str) -> None:
     for key in READ_BY_PROBES:
         assert ma[key] == mb[key], key
     assert ma["geometry"]["hidden"] == mb["geometry"]["hidden"]
-
-
-def test_a_probe_guard_runs_fast_and_scores_as_stored(tmp_path: Path) -> None:
-    """Calibrated on a full-capture model, deployed through the artifact's chain: the model
-    in the chain generates in fast capture, and every calibration answer scores live
-    bitwise as stored."""
-    model = tiny_chat_model("llama", seed=0)
-    cfg = _config(tmp_path, "probe", scorer="probe_mid").model_copy(
-        update={"scorer_params": {"cv_folds": 2}}
-    )
-    calibrate(
-        ITEMS,
-        tmp_path / "probe",
-        config=cfg,
-        model=model,
-        judges=_judges(tmp_path, "probe", HashJudge()),
-        progress=False,
-    )
-    art = GuardArtifact.load(tmp_path / "probe")
-    chain, guard, _ = load_guard_chain(art, GuardConfig(participation=0.5), model=model)
-    modes: list[str] = []
-    map_chat_models(guard.bound_runnable, lambda m: modes.append(m.capture) or m)
-    assert modes == ["fast"]
-    assert model.capture == "full"  # the caller's model is not changed
-    by_id = {it.id: it for it in ITEMS}
-    live = []
-    for i in art.metadata["calibration_ids"]:
-        msg = chain.invoke({"question": by_id[i].question})
-        live.append(msg.response_metadata["abstention"]["score"])
-    np.testing.assert_array_equal(np.asarray(live), art.scores)
 
 
 def test_full_capture_answers_score_as_fast_ones(tmp_path: Path) -> None:

@@ -55,19 +55,26 @@ def test_real_width_two_layers_equal_float64(dtype: torch.dtype) -> None:
         assert max(v["omega"] for v in res["per_strategy"].values()) <= 1e-4
 
 
-@pytest.mark.slow
-def test_gpu_bench_smoke_runs_without_langchain(tmp_path: Path) -> None:
+def run_bench_without_langchain(
+    script: str, args: list[str], tmp_path: Path
+) -> subprocess.CompletedProcess[str]:
+    """``bench/<script> --smoke --out-dir tmp_path *args`` in a fresh process that cannot
+    import LangChain (what a GPU machine has), outside the repository root; asserts it ran."""
+    argv = [script, "--smoke", "--out-dir", str(tmp_path), *args]
     code = (
-        "import runpy, sys; sys.modules['langchain_core'] = None; "
-        f"sys.argv = ['gpu.py', '--smoke', '--out-dir', {str(tmp_path)!r}, "
-        "'--repeats', '1', '--new', '4']; "
-        f"runpy.run_path({str(ROOT / 'bench' / 'gpu.py')!r}, run_name='__main__')"
+        f"import runpy, sys; sys.modules['langchain_core'] = None; sys.argv = {argv!r}; "
+        f"runpy.run_path({str(ROOT / 'bench' / script)!r}, run_name='__main__')"
     )
-    # a fresh process that cannot import LangChain, outside the repository root
     proc = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.slow
+def test_gpu_bench_smoke_runs_without_langchain(tmp_path: Path) -> None:
+    proc = run_bench_without_langchain("gpu.py", ["--repeats", "1", "--new", "4"], tmp_path)
     result = json.loads((tmp_path / "gpu.json").read_text())
     assert result["smoke"] and result["device"] == "cpu"
     speed = [c for c in result["configs"] if c["kind"] == "speed"]
@@ -90,15 +97,7 @@ def test_gpu_bench_smoke_runs_without_langchain(tmp_path: Path) -> None:
 def test_prefix_bench_smoke_runs_without_langchain(tmp_path: Path) -> None:
     """The prefix path's real-size bench runs on the engine alone (what a GPU machine has)
     and finds a stored prefix bitwise a fresh one in every capture mode."""
-    code = (
-        "import runpy, sys; sys.modules['langchain_core'] = None; "
-        f"sys.argv = ['prefix_real_size.py', '--smoke', '--out-dir', {str(tmp_path)!r}]; "
-        f"runpy.run_path({str(ROOT / 'bench' / 'prefix_real_size.py')!r}, run_name='__main__')"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_bench_without_langchain("prefix_real_size.py", [], tmp_path)
     result = json.loads((tmp_path / "prefix_real_size.json").read_text())
     assert result["smoke"] and result["device"] == "cpu"
     assert {p["capture"] for p in result["points"]} == {"full", "fast", "none"}

@@ -88,20 +88,19 @@ class PrefixState:
 def compute_prefix(loaded: Any, ids: Sequence[int], full: bool) -> PrefixState:
     """Run ``ids`` alone (batch 1, one BLAS thread) and keep what a request needs of it:
     with ``full``, under full capture (whose attention function the rest of the prompt pass
-    uses too) with the parts kept where they fit :data:`~.capture.CACHE_BUDGET_BYTES`."""
+    uses too) with the parts kept where the session's own "auto" rule keeps them (they fit
+    :data:`~.capture.CACHE_BUDGET_BYTES`; a request that keeps parts has a longer session,
+    so its prefix's parts fit too), their max-norms otherwise."""
     hf = loaded.hf_model
-    spec = loaded.spec
-    k = len(ids)
     session = None
     if full:
-        layer = spec.layers[0]
-        need = 4 * spec.num_layers * k * layer.num_heads * spec.hidden_size
         session = CaptureSession(
-            spec,
+            loaded.spec,
             batch_size=1,
-            max_len=k,
+            max_len=len(ids),
             capture="full",
-            strategy="cached" if need <= CACHE_BUDGET_BYTES else "sparse",
+            strategy="auto",
+            cache_budget_bytes=CACHE_BUDGET_BYTES,
         )
     cache = DynamicCache(config=hf.config)
     device = next(hf.parameters()).device

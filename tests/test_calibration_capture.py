@@ -230,7 +230,10 @@ def test_geometry_run_killed_twice_resumes_byte_identically(tmp_path: Path, mode
             progress=False,
             on_generation_chunk=kill_at(1),
         )
-    assert counting.calls["states"] == [8, 8, 8, 8, 6]
+    # (chunks in flight together enter the model in thread order, not submission order: each
+    # phase's chunk sizes are compared as a multiset, the phases in order)
+    assert counting.calls["states"][:3] == [8, 8, 8]
+    assert sorted(counting.calls["states"][3:]) == [6, 8]
     assert counting.calls["batch"] == [8, 8]
     # 3) to the end
     calibrate(
@@ -245,7 +248,9 @@ def test_geometry_run_killed_twice_resumes_byte_identically(tmp_path: Path, mode
     assert counting.generated() == len(ITEMS) + 8 + 8
     # train in chunks of 8, then the 12 held-out questions in chunks sharing decode steps
     # (the default decode path: each answer bitwise its solo one), none generated alone
-    assert counting.calls["batch"] == [8, 8, 8, 2, 8, 4] and not counting.calls["single"]
+    batch = counting.calls["batch"]
+    assert batch[:2] == [8, 8] and not counting.calls["single"]
+    assert sorted(batch[2:4]) == [2, 8] and sorted(batch[4:]) == [4, 8]
     assert _artifact_files(tmp_path / "ref") == _artifact_files(tmp_path / "run")
 
 

@@ -232,6 +232,16 @@ class MonitorLogError(AbstainGuardError, ValueError):
     another artifact than the one it is used with."""
 
 
+class DecisionJournalError(AbstainGuardError, OSError):
+    """A served decision could not be written to (or replayed from) the server's decision
+    journal (``<monitor-log>.journal``, :mod:`abstain_guard.serve.journal`)."""
+
+
+class MonitorUnavailableError(AbstainGuardError, RuntimeError):
+    """The drift monitor of a Ray Serve deployment (its monitor actor) did not answer in
+    time or is gone; the request is answered 503 with ``Retry-After``."""
+
+
 # --- warnings --------------------------------------------------------------------------
 
 
@@ -258,6 +268,7 @@ __all__ = [
     "ConfigError",
     "ContextLengthError",
     "DatasetError",
+    "DecisionJournalError",
     "DistributedChunkError",
     "DuplicateFeedbackError",
     "FeedbackError",
@@ -271,6 +282,7 @@ __all__ = [
     "ModelError",
     "ModelNotFoundError",
     "MonitorLogError",
+    "MonitorUnavailableError",
     "NotFittedError",
     "OutputPathError",
     "PreflightError",

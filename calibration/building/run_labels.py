@@ -1,9 +1,11 @@
 """Labels of whole agent runs and of their model calls, for step gating.
 
 A run is *wrong* when it ends without a final answer (the step limit, an error: the user
-got no answer, and whatever tools it called ran), when its final answer is judged wrong, or
+got no answer, and whatever tools it called ran), when its final answer is judged wrong,
 when one of its tool calls is judged wrong against the row's ``expected_tool_calls``
-(:func:`~.judges.tool_calls.judge_tool_calls`; rows without expected calls are labelled by
+(:func:`~.judges.tool_calls.judge_tool_calls`), or when an expected call was never made (a
+run that skips the lookup and answers is wrong, as
+:func:`~.judges.tool_calls.run_tool_label` says; rows without expected calls are labelled by
 the final answer alone). A run whose final answer could not be judged (the judge failed)
 has no label, like an answer the judge could not read; nor has a run in which no model call
 returned (the model raised on its first call): no step of it could be gated.
@@ -24,16 +26,25 @@ from .datasets import QAItem
 from .judges.base import Judgment
 from .judges.tool_calls import judge_tool_calls
 
-__all__ = ["call_verdicts", "run_judgment", "step_labels"]
+__all__ = ["RunCallVerdicts", "call_verdicts", "run_judgment", "step_labels"]
+
+
+class RunCallVerdicts(list[list[bool]]):
+    """Per model call of a run, whether each of its (parsed) tool calls is right, shape
+    ``[calls][tool calls of that call]`` (a final answer has none), and :attr:`missing`:
+    how many of the row's expected calls no executed call made."""
+
+    def __init__(self, steps: Sequence[list[bool]], missing: int) -> None:
+        super().__init__(steps)
+        self.missing = int(missing)
 
 
 def call_verdicts(
     item: QAItem, row: Mapping[str, Any], schemas: Sequence[Mapping[str, Any]] | None
-) -> list[list[bool]] | None:
-    """Per model call of the run, whether each of its (parsed) tool calls is right, judged
-    against ``item.expected_tool_calls`` with the calibrated tool ``schemas``; None when the
-    row has no expected calls. Shape ``[calls][tool calls of that call]`` (a final answer
-    has none)."""
+) -> RunCallVerdicts | None:
+    """The run's tool calls judged against ``item.expected_tool_calls`` with the calibrated
+    tool ``schemas`` (:class:`RunCallVerdicts`: per call, and the expected calls not made);
+    None when the row has no expected calls."""
     expected = tuple(getattr(item, "expected_tool_calls", ()) or ())
     if not expected:
         return None
@@ -48,25 +59,30 @@ def call_verdicts(
         n = len(m.get("tool_calls") or [])
         out.append([bool(v.correct) for v in verdicts[i : i + n]])
         i += n
-    return out
+    made = {v.expected_index for v in verdicts if v.correct}
+    return RunCallVerdicts(out, missing=len(expected) - len(made))
 
 
 def run_judgment(
-    answer: Judgment | None, row: Mapping[str, Any], calls: list[list[bool]] | None
+    answer: Judgment | None, row: Mapping[str, Any], calls: RunCallVerdicts | None
 ) -> Judgment:
     """The run's verdict from its final answer's judgment (None: no final answer) and its
-    tool calls' verdicts (:func:`call_verdicts`)."""
+    tool calls' verdicts (:func:`call_verdicts`): right only when the answer is right, every
+    executed call is right and every expected call was made."""
     reason = (row.get("agent") or {}).get("reason")
     wrong_calls = 0 if calls is None else sum(1 for step in calls for ok in step if not ok)
     n_calls = 0 if calls is None else sum(len(step) for step in calls)
+    missing = 0 if calls is None else calls.missing
     tools = "" if calls is None else f"; tool calls {n_calls - wrong_calls}/{n_calls} right"
+    if missing:
+        tools += f"; {missing} expected call{'s' if missing > 1 else ''} not made"
     if not step_messages(row):  # nothing was generated, so nothing a guard could gate
         return Judgment(None, None, f"run: no model call returned ({reason})")
     if not has_final_answer(row) or answer is None:
         return Judgment(False, 0.0, f"run: no final answer ({reason}){tools}")
     if answer.correct is None:
         return Judgment(None, None, f"run: final answer not judged ({answer.rationale}){tools}")
-    correct = bool(answer.correct) and wrong_calls == 0
+    correct = bool(answer.correct) and wrong_calls == 0 and missing == 0
     said = "right" if answer.correct else "wrong"
     return Judgment(
         correct,

@@ -48,6 +48,7 @@ __all__ = [
     "load_agent_factory",
     "run_agent",
     "run_agents",
+    "run_key",
     "runs_summary",
     "step_messages",
 ]
@@ -61,6 +62,14 @@ FINAL_ANSWER = "final_answer"
 #: What a cached run records (part of its key): ``"steps-v1"`` keeps every model call's
 #: scorer metadata, so runs cached before step gating are run again.
 RUN_RECORD = "steps-v1"
+
+#: How a cached run's tool calls were read (part of its key): ``"tool-args-jsonschema-v1"``
+#: -- every call's arguments validated against its tool's JSON Schema in the model's reply
+#: parsing (``abstain_guard.adapters.tool_schema.tool_args_error``), so a call whose
+#: arguments do not validate is an invalid call, never executed. Runs cached before that
+#: check may hold calls executed with invalid arguments: their keys lack this and miss.
+#: Change it whenever the check changes what a call is.
+TOOL_CALL_CHECK = "tool-args-jsonschema-v1"
 
 
 def load_agent_factory(spec: str) -> Callable[..., Any]:
@@ -255,6 +264,20 @@ def run_row(run: AgentRun) -> AnswerRow:
     }
 
 
+def run_key(item: QAItem, key_parts: Sequence[Any], step_limit: int) -> str:
+    """The cache key of ``item``'s agent run: what a run records (:data:`RUN_RECORD`), how
+    its tool calls were read (:data:`TOOL_CALL_CHECK`), ``key_parts`` (model fingerprint,
+    agent factory, what the model carries), the step limit and the run's input messages."""
+    return content_key(
+        "agent",
+        RUN_RECORD,
+        TOOL_CALL_CHECK,
+        *key_parts,
+        step_limit,
+        [_message_json(m) for m in agent_inputs(item)],
+    )
+
+
 def run_agents(
     agent: Any,
     items: Sequence[QAItem],
@@ -270,22 +293,14 @@ def run_agents(
 ) -> AnswerRows:
     """One cached run per question: ``{item.id: row}`` (:func:`run_row`, plus ``"key"``).
 
-    A run already in ``store`` under the same key (``key_parts``: model fingerprint, agent
-    factory, step limit, what the model carries) is not run again; every new run is stored
+    A run already in ``store`` under the same key (:func:`run_key`: model fingerprint, agent
+    factory, step limit, what the model carries, how tool calls are read) is not run again
+    (one cached before the tool-argument schema check misses); every new run is stored
     as soon as it ends. With ``executor`` (a :class:`~.executors.RayExecutor`) the runs go to
     its replicas, which build the agent themselves from ``factory`` around their model
     (prepared by ``scorer`` when given); ``agent`` is then not run here.
     """
-    keys = {
-        it.id: content_key(
-            "agent",
-            RUN_RECORD,
-            *key_parts,
-            step_limit,
-            [_message_json(m) for m in agent_inputs(it)],
-        )
-        for it in items
-    }
+    keys = {it.id: run_key(it, key_parts, step_limit) for it in items}
     done = store.get_many(AGENT_NS, list(keys.values()))
     bar = tqdm(total=len(items), desc=desc, disable=not progress, unit="q")
     bar.update(sum(1 for it in items if keys[it.id] in done))

@@ -383,6 +383,8 @@ def risk_threshold(
     risk_target: float,
     delta: float,
     method: str = risk_control.DEFAULT_RISK_METHOD,
+    *,
+    ceiling: float = math.inf,
 ) -> RiskThreshold:
     """The largest threshold whose error rate among answered questions is ≤ ε w.p. ≥ 1−δ.
 
@@ -404,6 +406,10 @@ def risk_threshold(
         delta: δ in (0, 1), the allowed failure probability of the certificate.
         method: the procedure, a key of :data:`abstain_guard.risk_control.RISK_METHODS`;
             ``"fixed_sequence"`` is the original one.
+        ceiling: only thresholds strictly below it are candidates (another certificate's
+            bound, :mod:`abstain_guard.action_risk`): a rank at or above it fails its test, so
+            a chain stops there and the rejected ranks are a subset of those without it —
+            the guarantee is unchanged, whatever data the ceiling came from.
 
     Returns:
         A :class:`RiskThreshold`; when no threshold can be certified the threshold is
@@ -430,6 +436,8 @@ def risk_threshold(
     s_sorted = s[order]
     err_sorted = (~j[order]).astype(np.int64)
     p_values = risk_control.rank_p_values(err_sorted, eps)
+    if ceiling < math.inf:
+        p_values = np.where(s_sorted < ceiling, p_values, 1.0)
     rank, level = risk_control.select_rank(plan, p_values, risk_control.candidate_ranks(s_sorted))
     k = int(rank)
 

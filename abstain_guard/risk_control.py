@@ -75,6 +75,7 @@ __all__ = [
     "DEFAULT_RISK_METHOD",
     "RISK_METHODS",
     "RiskPlan",
+    "binomial_p_values",
     "candidate_ranks",
     "grid_ranks",
     "min_rank",
@@ -261,9 +262,19 @@ def rank_p_values(sorted_errors: NDArray[np.integer], risk_target: float) -> NDA
     err = np.asarray(sorted_errors, dtype=np.int64)
     below = np.cumsum(err, axis=-1) - err  # errors strictly before each position
     trials = np.arange(err.shape[-1])
-    p = stats.binom.cdf(below, trials, risk_target)
+    p = binomial_p_values(below, trials, risk_target)
     p[..., 0] = 1.0
-    return np.asarray(p, dtype=np.float64)
+    return p
+
+
+def binomial_p_values(
+    errors: NDArray[np.integer] | int, trials: NDArray[np.integer] | int, risk_target: float
+) -> NDArray[np.float64]:
+    """``P(Binomial(trials, ε) ≤ errors)`` elementwise: the exact p-value of "the loss rate
+    is > ε" from ``errors`` losses among ``trials`` i.i.d. draws (1 for no trials). The one
+    binomial tail of the package: :func:`rank_p_values` (conditional risk over ranks) and
+    :mod:`abstain_guard.action_risk` (the unconditional action risk) both use it."""
+    return np.asarray(stats.binom.cdf(errors, trials, risk_target), dtype=np.float64)
 
 
 def _chain(

@@ -31,7 +31,11 @@ ENV_PREFIX = "ABSTAIN_GUARD_"
 #: ``ABSTAIN_GUARD_*`` variables that set up the process, not the guard's config (the local
 #: model's engines and CPU kernels, :mod:`abstain_guard.adapters.threads` and
 #: :mod:`abstain_guard.adapters.kernel_env`): ``from_env`` leaves them alone.
-PROCESS_ENV = ("ABSTAIN_GUARD_ENGINE_WORKERS", "ABSTAIN_GUARD_NATIVE_KERNELS")
+PROCESS_ENV = (
+    "ABSTAIN_GUARD_ENGINE_WORKERS",
+    "ABSTAIN_GUARD_NATIVE_KERNELS",
+    "ABSTAIN_GUARD_FOREIGN_KERNELS",
+)
 
 
 def read_config_file(path: str | os.PathLike[str]) -> Mapping[str, Any]:
@@ -94,6 +98,12 @@ class GuardConfig(BaseModel):
         risk_target: ε, the largest acceptable error rate among answered questions
             (required in risk mode).
         delta: δ, the allowed probability that the risk certificate is wrong (risk mode).
+        action_risk_target: ε_a, for a step-gated agent artifact (risk mode): also certify
+            that the probability of a run executing a wrong tool call (stopped runs
+            included) is <= ε_a; τ is then the largest threshold passing both tests, each at
+            δ/2, so both hold together with probability >= 1−δ
+            (:mod:`abstain_guard.action_risk`, docs/guarantees.md). Needs an artifact from
+            ``calibrate --agent`` on rows with expected tool calls.
         abstain_message: the text of the abstention message.
         on_error: ``"abstain"`` (fail closed: a response that cannot be scored is withheld
             and the reason recorded) or ``"raise"`` (raise GuardError).
@@ -145,6 +155,7 @@ class GuardConfig(BaseModel):
     participation: float = Field(default=0.8, gt=0.0, lt=1.0)
     risk_target: float | None = Field(default=None, gt=0.0, lt=1.0)
     delta: float = Field(default=0.1, gt=0.0, lt=1.0)
+    action_risk_target: float | None = Field(default=None, gt=0.0, lt=1.0)
     abstain_message: str = "I don't know."
     on_error: Literal["abstain", "raise"] = "abstain"
     scorer: str | None = None
@@ -176,6 +187,15 @@ class GuardConfig(BaseModel):
             raise ValueError(
                 "on_infeasible='answer_all' cannot keep a risk target (answering everything "
                 "certifies nothing); use 'raise' or 'abstain_all' in risk mode"
+            )
+        if self.action_risk_target is not None and self.mode != "risk":
+            raise ValueError(
+                "action_risk_target needs mode='risk' with a risk_target (the run-level error "
+                "among accepted runs is certified beside the action risk)"
+            )
+        if self.action_risk_target is not None and self.group_by is not None:
+            raise ValueError(
+                "action_risk_target is certified for the pooled rule only; drop group_by"
             )
         if isinstance(self.group_by, str) and not self.group_by.strip():
             raise ValueError("group_by must name a key of the input (or be a function or None)")
@@ -296,7 +316,7 @@ class GuardConfig(BaseModel):
 def _normalise_env(values: dict[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, raw in values.items():
-        if key in ("risk_target", "scorer", "group_by") and raw.strip() == "":
+        if key in ("risk_target", "action_risk_target", "scorer", "group_by") and not raw.strip():
             out[key] = None
         elif key == "group_targets":
             out[key] = _json_mapping(raw, key)

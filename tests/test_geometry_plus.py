@@ -5,6 +5,7 @@ errors."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from abstain_guard.scorers import (
     scorer_from_state,
     scorer_spec,
 )
+from abstain_guard.scorers._linear_probe import row_dot
 from abstain_guard.scorers.geometry_plus import (
     RESPONSE_FEATURES,
     GeometryPlusScorer,
@@ -122,8 +124,10 @@ def test_fit_blocks_equals_fit() -> None:
 
 def test_a_response_scored_alone_gets_bitwise_its_score_in_a_batch() -> None:
     """Calibration scores its answers as one batch, the guard one at a time: the bits must
-    match on any kernel, so the logit is a row-wise reduction (numpy's per-row sum), not a
-    matrix-vector product whose BLAS kernel depends on the row count."""
+    match on any processor (live = stored), so the logit is an exactly rounded row sum
+    (``row_dot``), neither a BLAS product (its kernel depends on the row count) nor numpy's
+    ``sum(axis=1)`` (its order depends on the array's layout and the SIMD width: 5.6e-17
+    apart on an AVX-512 machine)."""
     scorer = GeometryPlusScorer().fit(_split(1, 40, "theta"), _split(2, 60, "theta"))
     data = [r for r, _ in _split(3, 37, "theta")]
     batch = scorer.score_many(data)
@@ -186,3 +190,22 @@ def test_typed_errors() -> None:
     few = [(r, c) for r, c in train if not c] + [(r, c) for r, c in train if c][:3]
     with pytest.raises(InsufficientDataError, match="train split"):
         GeometryPlusScorer().fit(_split(1, 40, "omega"), few)
+
+
+def test_row_sums_are_the_same_bits_in_any_order_layout_or_batch() -> None:
+    """``row_dot`` is exactly rounded: a row's value is ``math.fsum`` of its products
+    whatever the order of the columns, the memory layout (the scorer's feature matrix is
+    column-major after its column selection) or the rows beside it."""
+    rng = np.random.default_rng(7)
+    z = np.stack([rng.normal(size=13) * 10.0 ** rng.integers(-3, 4, 13) for _ in range(37)])
+    z = z[:, list(range(13))]  # the layout ``_features`` gives: column-major
+    coef = rng.normal(size=13)
+    batch = row_dot(z, coef)
+    alone = np.array([row_dot(z[i : i + 1], coef)[0] for i in range(len(z))])
+    perm = rng.permutation(13)
+    exact = np.array([math.fsum(float(v) for v in row * coef) for row in z])
+    assert np.array_equal(batch, alone)
+    assert np.array_equal(batch, row_dot(np.ascontiguousarray(z[:, perm]), coef[perm]))
+    assert np.array_equal(batch, exact)
+    with pytest.raises(InvalidInputError):
+        row_dot(z[0], coef)

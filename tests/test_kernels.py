@@ -14,7 +14,15 @@ import torch
 from langchain_core.messages import AIMessage
 
 from abstain_guard import GuardArtifact, GuardConfig, PerplexityScorer
-from abstain_guard.adapters.kernel_env import PORTABLE_KERNEL_ENV, is_x86_64
+from abstain_guard.adapters.kernel_env import (
+    FOREIGN_KERNEL_ENV,
+    FOREIGN_KERNELS_ENV,
+    NATIVE_KERNELS_ENV,
+    PORTABLE_KERNEL_ENV,
+    is_x86_64,
+    pinned_kernel_env,
+    requested_kernel_env,
+)
 from abstain_guard.adapters.kernels import kernel_facts, mkl_branch
 from abstain_guard.calibration.measure.deployment_check import kernel_summary
 from abstain_guard.deployment import DeploymentRecord, PromptRecord, sha256_text
@@ -53,10 +61,71 @@ def test_the_process_records_the_kernels_it_runs() -> None:
     assert facts["torch"] == torch.__version__
     assert facts["mkl_branch"] == mkl_branch()
     if is_x86_64():
-        for key in PORTABLE_KERNEL_ENV:
+        for key in requested_kernel_env():
             assert key in facts["env"], key
         if facts["env"]["ATEN_CPU_CAPABILITY"] == "avx2" and "avx2" in facts["cpu"]["isa"]:
             assert facts["aten_capability"] == "AVX2"
+        if facts["env"]["ATEN_CPU_CAPABILITY"] == "default":
+            assert facts["aten_capability"] == "DEFAULT"
+
+
+@pytest.mark.skipif(not is_x86_64(), reason="the kernel settings are x86-64 ones")
+def test_the_mode_variables_choose_what_the_library_pins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Portable by default, nothing with the native flag, another processor's kernels with
+    the foreign flag (which wins: it is the mode the suite runs in to see a foreign machine)."""
+    monkeypatch.delenv(FOREIGN_KERNELS_ENV, raising=False)
+    monkeypatch.delenv(NATIVE_KERNELS_ENV, raising=False)
+    assert requested_kernel_env() == PORTABLE_KERNEL_ENV
+    monkeypatch.setenv(NATIVE_KERNELS_ENV, "1")
+    assert requested_kernel_env() == {}
+    monkeypatch.setenv(FOREIGN_KERNELS_ENV, "1")
+    assert requested_kernel_env() == FOREIGN_KERNEL_ENV
+    assert FOREIGN_KERNEL_ENV["ATEN_CPU_CAPABILITY"] != PORTABLE_KERNEL_ENV["ATEN_CPU_CAPABILITY"]
+
+
+def test_a_started_process_gets_the_kernels_this_one_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What Ray replicas, Ray Serve replicas and the monitor actor are started with: the
+    kernel variables as set here and the library's mode flags, so a child computes on the
+    kernels its parent records."""
+    from abstain_guard.calibration.building.executors import replica_env
+
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
+    monkeypatch.setenv(FOREIGN_KERNELS_ENV, "1")
+    env = pinned_kernel_env()
+    assert env["MKL_CBWR"] == "COMPATIBLE" and env[FOREIGN_KERNELS_ENV] == "1"
+    assert env["ATEN_CPU_CAPABILITY"] == os.environ["ATEN_CPU_CAPABILITY"]
+    replica = replica_env(2)
+    assert {k: replica[k] for k in env} == env and replica["OMP_NUM_THREADS"] == "2"
+
+
+def test_a_child_started_with_the_pinned_environment_computes_on_the_recorded_kernels() -> None:
+    """A child process that gets ``pinned_kernel_env`` reads back the parent's ATen
+    capability and MKL branch; one started with a foreign request differs (the test can
+    fail: the two settings are different kernels on every x86-64 machine)."""
+    code = (
+        "from abstain_guard.adapters.kernels import kernel_facts;"
+        "import torch; torch.ones(3).exp().sum();"
+        "f = kernel_facts('cpu'); print(f['aten_capability'], f['mkl_branch'])"
+    )
+    here = kernel_facts("cpu")
+    base = {k: v for k, v in os.environ.items() if k not in pinned_kernel_env()}
+
+    def child(extra: dict[str, str]) -> list[str]:
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**base, **extra},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return out.stdout.split()
+
+    assert child(pinned_kernel_env()) == [here["aten_capability"], here["mkl_branch"]]
+    if is_x86_64():
+        other = {**FOREIGN_KERNEL_ENV} if here["aten_capability"] != "DEFAULT" else {}
+        assert child(other) != [here["aten_capability"], here["mkl_branch"]]
 
 
 def test_bit_deciding_facts_name_the_cpu_only_where_mkl_lets_it_decide() -> None:

@@ -1,12 +1,14 @@
 """A standardised L2 logistic regression whose strength is chosen by stratified
 cross-validation on the fitting answers only, stored as plain arrays (no pickle), scored
-row by row so a response scored alone gets bitwise its score in a batch.
+row by row with an exactly rounded sum (:func:`row_dot`) so a response scored alone gets
+bitwise its score in a batch, on any processor.
 
 Shared by the hidden-state probes (:mod:`.probe`) and :mod:`.likelihood_probe`.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,10 +20,34 @@ from sklearn.model_selection import StratifiedKFold
 
 from abstain_guard.errors import ArtifactSchemaError, InsufficientDataError, InvalidInputError
 
-__all__ = ["PROBE_CS", "LinearProbe", "check_cs", "fit_linear_probe", "out_of_fold_logits"]
+__all__ = [
+    "PROBE_CS",
+    "LinearProbe",
+    "check_cs",
+    "fit_linear_probe",
+    "out_of_fold_logits",
+    "row_dot",
+]
 
 PROBE_CS: tuple[float, ...] = (1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0)
 """Inverse L2 strengths the cross-validation chooses from (features standardised)."""
+
+
+def row_dot(z: np.ndarray, coef: np.ndarray) -> np.ndarray:
+    """``Σ_j z[i, j]·coef[j]`` per row: ``z [n, F]``, ``coef [F]`` → ``[n]``.
+
+    Each product is one IEEE multiplication and each row's sum is exactly rounded
+    (:func:`math.fsum`), so a row's value does not depend on the order of the additions:
+    not on the number of rows, numpy's SIMD width (AVX2 vs AVX-512 reduce in other orders:
+    a plain ``(z * coef).sum(axis=1)`` moved a score by 5.6e-17 between a batch and a lone
+    row on an AVX-512 machine) or a BLAS kernel. A response scored alone gets bitwise the
+    score calibration gave it in a batch, on every processor."""
+    prod = np.asarray(z, dtype=np.float64) * np.asarray(coef, dtype=np.float64)
+    if prod.ndim != 2:
+        raise InvalidInputError(f"row_dot needs rows [n, F], got shape {prod.shape}.")
+    return np.fromiter(
+        (math.fsum(row) for row in prod.tolist()), dtype=np.float64, count=prod.shape[0]
+    )
 
 
 def check_cs(cs: Sequence[float], cv_folds: int) -> tuple[float, ...]:
@@ -47,9 +73,10 @@ class LinearProbe:
     cv_auroc: dict[str, float]
 
     def logits(self, x: np.ndarray) -> np.ndarray:
-        """``[n]`` logits of rows ``x [n, F]`` (a row-wise reduction, not a BLAS product)."""
+        """``[n]`` logits of rows ``x [n, F]`` (:func:`row_dot`: the same bits for a row
+        alone or in a batch, on any processor)."""
         z = (np.asarray(x, dtype=np.float64) - self.mean) / self.scale
-        return np.asarray((z * self.coef).sum(axis=1) + self.intercept, dtype=np.float64)
+        return np.asarray(row_dot(z, self.coef) + self.intercept, dtype=np.float64)
 
     def arrays(self, prefix: str) -> dict[str, np.ndarray]:
         """Its arrays under ``prefix`` (for a :class:`ScorerState`)."""

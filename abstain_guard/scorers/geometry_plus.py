@@ -50,6 +50,7 @@ from abstain_guard.scorers._features import (
     reference_inputs,
     token_block,
 )
+from abstain_guard.scorers._linear_probe import row_dot
 
 __all__ = ["DEFAULT_CS", "RESPONSE_FEATURES", "GeometryPlusScorer", "response_features"]
 
@@ -279,10 +280,11 @@ class GeometryPlusScorer(Scorer):
         if not blocks:
             return np.zeros(0, dtype=np.float64)
         z = (self._features(blocks) - self.feature_mean_) / self.feature_scale_
-        # a row-wise reduction (not ``z @ coef``, whose BLAS kernel depends on the row count):
-        # a response scored alone gets bitwise the score it gets in a batch, so the guard's
-        # live score equals the one calibration stored for the same answer
-        logit = (z * self.coef_).sum(axis=1) + self.intercept_
+        # an exactly rounded row sum (not ``z @ coef``, whose BLAS kernel depends on the row
+        # count, nor numpy's ``sum``, whose order depends on the SIMD width): a response
+        # scored alone gets bitwise the score it gets in a batch on any processor, so the
+        # guard's live score equals the one calibration stored for the same answer
+        logit = row_dot(z, self.coef_) + self.intercept_
         return np.asarray(expit(-logit), dtype=np.float64)
 
     def score(self, response: ResponseLike) -> float:

@@ -121,7 +121,9 @@ def replica_deployment(spec: ReplicaSpec, replicas: int, cpus_per_replica: float
 
     _, serve = import_ray_serve()
     threads = str(max(1, int(cpus_per_replica)))
-    env = {"OMP_NUM_THREADS": threads, ENGINE_WORKERS_ENV: threads}
+    # the kernels this process records, before the replica imports torch (ATen and MKL read
+    # them once): a replica computes as the driver does on any processor
+    env = {**_kernel_env(), "OMP_NUM_THREADS": threads, ENGINE_WORKERS_ENV: threads}
     batch_and_queue = spec.max_in_flight or 72
     deployment = serve.deployment(
         serve.ingress()(GuardReplica),
@@ -160,6 +162,9 @@ def start_monitor(
             max_task_retries=-1,
             num_cpus=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
+            # the driver's kernel settings (it computes no forward today; if it ever loads
+            # the model, it does so on the recorded kernels)
+            runtime_env={"env_vars": _kernel_env()},
         )
         .remote(
             os.path.abspath(artifact),
@@ -170,6 +175,14 @@ def start_monitor(
     )
     ray.get(actor.state.remote())  # fitted (or the log refused: raised here)
     return actor
+
+
+def _kernel_env() -> dict[str, str]:
+    """:func:`abstain_guard.adapters.kernel_env.pinned_kernel_env` (imported here: it loads
+    torch, which the serving core does not need at import time)."""
+    from abstain_guard.adapters.kernel_env import pinned_kernel_env
+
+    return pinned_kernel_env()
 
 
 def _kill_named(ray: Any, name: str, timeout_s: float = 30.0) -> None:

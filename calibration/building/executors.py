@@ -72,6 +72,16 @@ def local_threads() -> int:
     return int(torch.get_num_threads())
 
 
+def replica_env(threads: int) -> dict[str, str]:
+    """The environment of a replica's process: the kernels this process computes on
+    (:func:`abstain_guard.adapters.kernel_env.pinned_kernel_env`, read by ATen and MKL before
+    the replica computes, so its answers are bitwise the driver's on any processor) and its
+    threads (:func:`replica_thread_env`)."""
+    from abstain_guard.adapters.kernel_env import pinned_kernel_env
+
+    return {**pinned_kernel_env(), **replica_thread_env(threads)}
+
+
 def replica_thread_env(threads: int) -> dict[str, str]:
     """The thread environment of a replica's process.
 
@@ -249,7 +259,7 @@ class RayExecutor:
             num_gpus=config.gpus_per_replica,
             max_restarts=max_restarts,
             max_task_retries=max_task_retries,
-            runtime_env={"env_vars": replica_thread_env(n_threads)},
+            runtime_env={"env_vars": replica_env(n_threads)},
         )(_Replica)
         payload = config.model_dump(mode="json")
         actors = [remote.remote(payload, n_threads) for _ in range(config.replicas)]

@@ -124,7 +124,8 @@ class AgentRecord(BaseModel):
             empty for artifacts built before it was recorded.
         tool_steps: how many tool steps (tool results) preceded the final answers of the
             calibration runs (a histogram, ``{"1": 40, "2": 3}``); a deployed final answer
-            after a count that is not in it is a mismatch. Empty: not recorded.
+            after a count outside its range (min..max) is a mismatch (a warning under step
+            gating, :func:`tool_steps_problem`). Empty: not recorded.
         gating: ``"steps"``: every model call is scored and the run's running maximum is
             compared with τ, stopping the run before the tool calls of the first call that
             crosses it (:mod:`abstain_guard.agent_steps`); ``"final_answer"``: only final
@@ -460,13 +461,20 @@ def model_mismatches(
 
 def tool_steps_problem(record: DeploymentRecord, tool_steps: int) -> str | None:
     """Why a final answer after ``tool_steps`` tool results is not what calibration saw
-    (:attr:`AgentRecord.tool_steps`; None: it is, or nothing was recorded). One wording for
-    the middleware and the server."""
+    (None: it is, or nothing was recorded). One wording for the middleware and the server.
+
+    The comparison is with the *range* of counts calibration's final answers had
+    (:attr:`AgentRecord.tool_steps`, min..max), not membership in its histogram: a count
+    between two counts calibration saw (1 when it saw 0 and 2) is a run of the kind
+    calibrated, only rarer; one outside the range is a run longer or shorter than any
+    calibration run, which the calibration scores say nothing about."""
     seen = record.agent.tool_steps if record.agent is not None else {}
-    if not seen or str(tool_steps) in seen:
+    counts = [int(k) for k in seen]
+    if not counts or min(counts) <= tool_steps <= max(counts):
         return None
     return (
-        f"this final answer came after {tool_steps} tool step(s), and no calibration run's "
-        f"final answer did (calibration: {dict(seen)} runs by tool steps); calibrate on "
-        "questions that take as many steps, or force the agent's tool use as calibrated"
+        f"this final answer came after {tool_steps} tool step(s), outside the range of "
+        f"calibration's final answers (between {min(counts)} and {max(counts)} tool steps: "
+        f"{dict(seen)} runs by tool steps); calibrate on questions that take as many steps, "
+        "or force the agent's tool use as calibrated"
     )

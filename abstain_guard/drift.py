@@ -72,6 +72,7 @@ __all__ = [
     "ConformalTestMartingale",
     "ParticipationEProcess",
     "RiskEProcess",
+    "censored_p_value",
     "jumper_update",
     "smoothed_p_value",
     "wilson_interval",
@@ -104,6 +105,24 @@ def smoothed_p_value(score: float, history: Sequence[float], u: float) -> float:
     n = len(history)
     lo, hi = _bisect(history, score)
     return float(((n - hi) + u * ((hi - lo) + 1)) / (n + 1.0))
+
+
+def censored_p_value(threshold: float, history: Sequence[float], u: float) -> float:
+    """The smoothed conformal p-value of a score known only to exceed ``threshold`` (a
+    step-gated agent run stopped at the call whose running maximum crossed τ: its whole-run
+    statistic is at least the partial one, so all it says is "above τ").
+
+    It is :func:`smoothed_p_value` on the censored sequence, every score above ``threshold``
+    replaced by one common value: ``p = u · (#{h > threshold} + 1) / (N + 1)``. Censoring is
+    one monotone map applied to the calibration and the live scores alike, so the p-values
+    stay independent and uniform under exchangeability of the whole-run statistics; ranking
+    the partial statistic as it is would not (it sits below the whole-run value the
+    references hold). Exact for later scores at or under ``threshold``, which rank the same
+    in both sequences. O(log N).
+    """
+    n = len(history)
+    _, at_or_below = _bisect(history, threshold)
+    return float(u * ((n - at_or_below) + 1) / (n + 1.0))
 
 
 def jumper_update(capital: NDArray[np.float64], p: float, jump: float) -> NDArray[np.float64]:
@@ -171,9 +190,17 @@ class ConformalTestMartingale:
         self.peak = 1.0
         self.seen = 0
 
-    def update(self, score: float) -> float:
-        """Add one live score; return its p-value (the martingale moves to ``value``)."""
-        p = smoothed_p_value(score, self.history, float(self.rng.uniform()))
+    def update(self, score: float, above: float | None = None) -> float:
+        """Add one live score; return its p-value (the martingale moves to ``value``).
+
+        ``above``: the score is censored, known only to exceed this threshold (a stopped
+        step-gated run's partial statistic): its p-value is :func:`censored_p_value`.
+        """
+        u = float(self.rng.uniform())
+        if above is not None:
+            p = censored_p_value(above, self.history, u)
+        else:
+            p = smoothed_p_value(score, self.history, u)
         self.capital = jumper_update(self.capital, p, self.jump)
         self.value = float(self.capital.sum())
         self.peak = max(self.peak, self.value)

@@ -10,14 +10,24 @@ Needs the optional ``agents`` extra (``pip install 'abstain-guard[agents]'``, i.
         AbstentionMiddleware("guard/", config=GuardConfig(mode="risk", risk_target=0.2)),
     ])
 
-After each model call (``after_model``), a final answer - an AI message without tool
-calls - is scored. An unreliable one is replaced (same message id) by the abstention
-message and the run jumps to the end; a reliable one is kept, annotated with
-``response_metadata["abstention"]``. Intermediate tool-calling messages are not judged;
-every decision says how many tool steps preceded the answer in this turn
-(``tool_steps``: tool results since the user's last message). With
-``GuardConfig(group_by="key")`` the question's group is the agent state's ``key``, else the
-run metadata's or a mapping ``runtime.context``'s (a ``group_by`` function gets the state).
+After each model call (``after_model``) the guard decides. With step gating (artifacts
+built by ``abstain-guard calibrate --agent``, :attr:`AgentRecord.gating` ``"steps"``) every
+model call is scored - tool-calling ones too - and the run's running maximum of the step
+scores is compared with τ: the first call that crosses it is replaced (same message id) by
+the abstention message before any of its tool calls run, and the run goes where
+``GuardConfig.on_abstain`` says (:mod:`abstain_guard.abstain_actions`); a call under τ is
+kept, annotated with ``response_metadata["abstention"]``. With final-answer gating (older
+artifacts) only final answers - AI messages without tool calls - are decided. Every
+decision says how many tool steps preceded it in this turn (``tool_steps``: tool results
+since the user's last message). With ``GuardConfig(group_by="key")`` the question's group is
+the agent state's ``key``, else the run metadata's or a mapping ``runtime.context``'s (a
+``group_by`` function gets the state).
+
+A run a human (``on_abstain="interrupt"``: approved or edited) or a fallback continued after
+the guard stopped it is outside the certificate: every later message and traced decision of
+that turn says ``certified: false`` and ``continued_by``. The fallback takes over one turn
+only: the hand-over is private agent state (never read from the input, never returned),
+tied to the turn's question, so the next question of a checkpointed thread is gated again.
 
 An agent with tools keeps the guarantee when its artifact was built by
 ``abstain-guard calibrate --agent`` from the same agent (docs/agents.md): the artifact
@@ -31,11 +41,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 try:
     from langchain.agents.middleware import AgentMiddleware, AgentState, hook_config
-    from langchain.agents.middleware.types import ModelRequest, ModelResponse
+    from langchain.agents.middleware.types import ModelRequest, ModelResponse, PrivateStateAttr
     from langgraph.config import get_config
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
@@ -64,15 +74,25 @@ from abstain_guard.tracing import arecord_decision, record_decision
 
 __all__ = ["AbstentionMiddleware", "AbstentionState"]
 
-#: The agent-state key set once a fallback model has taken over a stopped run.
+#: The agent-state key holding a fallback model's hand-over of a stopped turn.
 FALLBACK_KEY = "abstention_fallback"
+
+#: The fields of the stopping decision a fallback's messages carry (``stopped``).
+_STOPPED_FIELDS = ("step", "step_score", "run_statistic", "score", "threshold", "group")
 
 
 class AbstentionState(AgentState):  # type: ignore[type-arg]
-    """The agent state with the guard's one key: whether a fallback model took the run over
-    (``GuardConfig(on_abstain="fallback")``); its calls are then not gated."""
+    """The agent state with the guard's one key: the hand-over to a fallback chat model
+    (``GuardConfig(on_abstain="fallback")``) of the turn the guard stopped, ``{"turn": <id of
+    the turn's question>, "stopped": {...}}``; the fallback's calls of that turn are then not
+    gated (they are annotated and traced as ``certified: false``).
 
-    abstention_fallback: NotRequired[bool]
+    The key is private (:data:`PrivateStateAttr`: dropped from the agent's input and output),
+    so a caller cannot switch the guard off by sending it, and it applies only while the
+    turn's question is the one it names: a checkpointed thread's next question is gated
+    again (the fallback's final answer also clears it)."""
+
+    abstention_fallback: NotRequired[Annotated[dict[str, Any] | None, PrivateStateAttr]]
 
 
 class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
@@ -175,7 +195,8 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         return self.policy.mismatch(problems, "agent request")
 
     def _prepare_request(self, request: ModelRequest) -> tuple[ModelRequest, list[str]]:  # type: ignore[type-arg]
-        if (request.state or {}).get(FALLBACK_KEY) and isinstance(self.fallback, BaseChatModel):
+        handed_over = _handover(request.state or {}) is not None
+        if handed_over and isinstance(self.fallback, BaseChatModel):
             return request.override(model=self.fallback), []  # the fallback's call, ungated
         notes = self.check_request(request)
         prepared = self.prepare_model(request.model)
@@ -245,12 +266,21 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         return message, decision
 
     def check_tool_steps(self, tool_steps: int) -> list[str]:
-        """A final answer after ``tool_steps`` tool results, a count no calibration run's
-        final answer had: raise (``on_mismatch="raise"``) or return the warning."""
+        """A final answer after ``tool_steps`` tool results, outside the range of counts
+        calibration's final answers had (:func:`~abstain_guard.deployment.tool_steps_problem`).
+
+        With step gating it is always a warning in the decision: the run's tools have
+        already run on the guard's word, and the certificate (calibrated on whole runs,
+        whatever their length) covers a run accepted on its running maximum; refusing it
+        now would remove runs calibration accepted. With final-answer gating it is raised
+        (``on_mismatch="raise"``) or returned as a warning.
+        """
         record = self.policy.deployment
         problem = None if record is None else tool_steps_problem(record, tool_steps)
         if problem is None:
             return []
+        if self.gating == "steps":
+            return [f"agent run: {problem}"]
         return self.policy.mismatch([problem], "agent run")
 
     def _observe(self, decision: dict[str, Any], message: AIMessage) -> None:
@@ -261,8 +291,11 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         """The state update and the decision of one model call (``(None, {})``: nothing to
         decide). A stopped step goes where ``config.on_abstain`` says; a fallback agent is
         left to the caller (the update's ``_fallback_agent``: the messages to run it on)."""
+        handover = _handover(state)
+        if handover is not None:  # the fallback's call: annotated and traced, not gated
+            return self._fallback_call(state, handover)
         last = self._to_decide(state)
-        if last is None or state.get(FALLBACK_KEY):  # the fallback's calls are not gated
+        if last is None:
             return None, {}
         continued = _continued(state)
         message, decision = self._decide(state, runtime, last, continued)
@@ -280,33 +313,82 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
             response = interrupt(review_request(withheld, decision))
             kept, review = apply_review(last, response, max(1, len(last.tool_calls)))
             decision["review"] = review
+            if kept is not None:  # approved or edited: the run leaves the certificate
+                decision.update(certified=False, continued_by=review)
             if not continued:
                 self._observe(decision, last)
             if kept is None:  # rejected: the run ends with the abstention
                 return {"messages": [message], "jump_to": "end"}, decision
-            meta = {
-                **(kept.response_metadata or {}),
-                "abstention": {**decision, "action": review, "certified": False},
-            }
+            meta = {**(kept.response_metadata or {}), "abstention": {**decision, "action": review}}
             return {"messages": [kept.model_copy(update={"response_metadata": meta})]}, decision
+        if action == "fallback":
+            decision.update(certified=False, continued_by="fallback")
         if not continued:
             self._observe(decision, last)
         if action == "fallback":
+            stopped = {k: decision[k] for k in _STOPPED_FIELDS if k in decision}
             if isinstance(self.fallback, BaseChatModel):  # it makes this call and the rest
                 update = {
                     "messages": [RemoveMessage(id=str(last.id))],
-                    FALLBACK_KEY: True,
+                    FALLBACK_KEY: {"turn": _turn_of(state), "stopped": stopped},
                     "jump_to": "model",
                 }
                 return update, decision
             prior = [m for m in state["messages"] if m.id != last.id]
-            return {"_fallback_agent": prior, "_removed": str(last.id)}, decision
+            handoff = {"_fallback_agent": prior, "_removed": str(last.id), "_stopped": stopped}
+            return handoff, decision
         return {"messages": [message], "jump_to": "end"}, decision
 
-    @staticmethod
-    def _fallback_update(update: dict[str, Any], new: Sequence[Any]) -> dict[str, Any]:
-        """The fallback agent's new messages replace the stopped call and end the run."""
-        return {"messages": [RemoveMessage(id=update["_removed"]), *new], "jump_to": "end"}
+    def _continuation(
+        self, stopped: Mapping[str, Any], message: AIMessage, tool_steps: int
+    ) -> dict[str, Any]:
+        """The decision recorded on a message the fallback made after the guard stopped the
+        turn: not scored (the fallback is not the calibrated model) and not gated, outside
+        the certificate, with the stopping decision's step, scores and τ under ``stopped``."""
+        return {
+            "abstained": False,
+            "score": None,
+            "threshold": stopped.get("threshold"),
+            "scorer": self.artifact.scorer.name,
+            "reason": "made by the fallback after the guard stopped the run: not gated",
+            "action": "fallback",
+            "certified": False,
+            "continued_by": "fallback",
+            "gating": self.gating,
+            "tool_calls": [c["name"] for c in message.tool_calls],
+            "tool_steps": tool_steps,
+            "stopped": dict(stopped),
+        }
+
+    def _fallback_call(
+        self, state: Any, handover: Mapping[str, Any]
+    ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        """The update and decision for a fallback chat model's call in the turn handed over
+        to it: the message annotated (``certified: false``, ``continued_by: "fallback"``);
+        its final answer ends the hand-over."""
+        last = (state.get("messages") or [None])[-1]
+        if not isinstance(last, AIMessage):
+            return None, {}
+        decision = self._continuation(handover.get("stopped") or {}, last, _tool_steps(state))
+        meta = {**(last.response_metadata or {}), "abstention": decision}
+        update: dict[str, Any] = {"messages": [last.model_copy(update={"response_metadata": meta})]}
+        if not last.tool_calls:
+            update[FALLBACK_KEY] = None
+        return update, decision
+
+    def _fallback_update(self, update: dict[str, Any], new: Sequence[Any]) -> dict[str, Any]:
+        """The fallback agent's new messages replace the stopped call and end the run; each
+        of its AI messages is annotated as the fallback's (``certified: false``)."""
+        prior = list(update["_fallback_agent"])
+        marked: list[Any] = []
+        for message in new:
+            if isinstance(message, AIMessage):
+                steps = _tool_steps({"messages": [*prior, *marked]})
+                decision = self._continuation(update["_stopped"], message, steps)
+                meta = {**(message.response_metadata or {}), "abstention": decision}
+                message = message.model_copy(update={"response_metadata": meta})
+            marked.append(message)
+        return {"messages": [RemoveMessage(id=update["_removed"]), *marked], "jump_to": "end"}
 
     @hook_config(can_jump_to=["end", "model"])
     def after_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
@@ -354,10 +436,31 @@ def _run_metadata(runtime: Any) -> dict[str, Any]:
     return metadata
 
 
+def _turn_of(state: Any) -> str | None:
+    """The id of the message that opened the run's turn: the user's last message (else the
+    first message). LangGraph's message reducer gives every message an id."""
+    messages = list(state.get("messages") or [])
+    for message in reversed(messages):
+        if isinstance(message, HumanMessage):
+            return None if message.id is None else str(message.id)
+    return None if not messages or messages[0].id is None else str(messages[0].id)
+
+
+def _handover(state: Any) -> Mapping[str, Any] | None:
+    """The fallback's hand-over of this turn (:class:`AbstentionState`), or None: the guard
+    decides. Anything but the hand-over this middleware wrote for the turn's question (a
+    stale one from an earlier turn, a flag from elsewhere) is ignored."""
+    value = state.get(FALLBACK_KEY) if isinstance(state, Mapping) else None
+    if not isinstance(value, Mapping):
+        return None
+    turn = _turn_of(state)
+    return value if turn is not None and value.get("turn") == turn else None
+
+
 def _continued(state: Any) -> str | None:
     """Who continued this run after the guard stopped it (``"approved"``/``"edited"``: a
     human; ``"fallback"``), or None: the run is still the certified one."""
-    if state.get(FALLBACK_KEY):
+    if _handover(state) is not None:
         return "fallback"
     for m in _this_turn(state):
         action = ((m.response_metadata or {}).get("abstention") or {}).get("action")

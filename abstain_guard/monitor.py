@@ -297,6 +297,14 @@ class GuardMonitor(MonitorLogMixin):
         without a score (scoring failed, input too long) is counted but not tested: it says
         nothing about the score distribution.
 
+        A step-gated agent run the guard stopped (``gating: "steps"``, abstained) has only
+        its running maximum up to the stopping call, a lower bound on the whole-run statistic
+        the calibration scores are: its record is ``censored`` and the exchangeability test
+        ranks it only as above its threshold (:func:`~abstain_guard.drift.censored_p_value`);
+        the participation test needs no more than "above τ", which it shows exactly. A
+        stopped step a human rejected ended the run: its record's ``action`` is ``"end"``,
+        not counted as handed off.
+
         Raises:
             InvalidInputError: ``run_id`` was already recorded.
         """
@@ -304,6 +312,11 @@ class GuardMonitor(MonitorLogMixin):
         rid = str(run_id) if run_id is not None else uuid.uuid4().hex
         score = decision.get("score")
         score = float(score) if score is not None and math.isfinite(float(score)) else None
+        threshold = float(decision.get("threshold", self.rule_.threshold))
+        abstained = bool(decision.get("abstained"))
+        censored = (
+            decision.get("gating") == "steps" and abstained and score is not None
+        ) and score > threshold
         with self._lock:
             if rid in self.records_:
                 raise InvalidInputError(f"Run id {rid!r} was already recorded; ids must be unique.")
@@ -312,10 +325,11 @@ class GuardMonitor(MonitorLogMixin):
                 run_id=rid,
                 time=now(),
                 score=score,
-                abstained=bool(decision.get("abstained")),
-                threshold=float(decision.get("threshold", self.rule_.threshold)),
+                abstained=abstained,
+                threshold=threshold,
                 group=group if group is not None else decision.get("group"),
-                action=decision.get("action"),
+                action=_run_action(decision),
+                censored=bool(censored),
             )
             new = self._apply_decision(record)
             self._keep(record)
@@ -348,7 +362,8 @@ class GuardMonitor(MonitorLogMixin):
             return []
         if scope is None:
             return []
-        record.p_value = scope.exchangeability.update(record.score)
+        above = record.threshold if record.censored else None
+        record.p_value = scope.exchangeability.update(record.score, above=above)
         scope.participation.update(record.score)
         return self._check(scope, "exchangeability") + self._check(scope, "participation")
 
@@ -508,3 +523,12 @@ class GuardMonitor(MonitorLogMixin):
         self._fitted()
         with self._lock:
             return list(self.records_.values())
+
+
+def _run_action(decision: Mapping[str, Any]) -> str | None:
+    """Where a decision's run went (its ``action``), except that a stopped step a human
+    rejected ended the run with the abstention: ``"end"`` (not handed off)."""
+    action = decision.get("action")
+    if action == "interrupt" and decision.get("review") == "rejected":
+        return "end"
+    return None if action is None else str(action)

@@ -23,7 +23,13 @@ LOG_FORMAT = "abstain_guard.monitor_log"
 
 @dataclass
 class MonitorRecord:
-    """One observed decision (and its feedback, once given)."""
+    """One observed decision (and its feedback, once given).
+
+    ``censored``: the score is a lower bound (a step-gated agent run stopped before its end:
+    its running maximum so far); the exchangeability test ranks it only as above
+    ``threshold``. ``action``: where a stopped run went (``"end"``, ``"interrupt"`` when a
+    human approved or edited it, ``"fallback"``).
+    """
 
     index: int
     run_id: str
@@ -36,6 +42,7 @@ class MonitorRecord:
     p_value: float | None = None
     correct: bool | None = None
     feedback_time: str | None = None
+    censored: bool = False
 
 
 def json_default(value: Any) -> Any:

@@ -12,9 +12,16 @@ served threshold (recalibrate and restart to change it).
 
 Authentication (as vLLM and other OpenAI-compatible servers do): with an API key
 (``--api-key`` or ``ABSTAIN_GUARD_API_KEY``) every ``/v1/*`` route needs ``Authorization:
-Bearer <key>`` (401 otherwise); ``/healthz`` and ``/metrics`` stay open. Feedback changes
-what the operator will do with the guard, so a server listening beyond loopback refuses it
-(403) unless it has a key.
+Bearer <key>`` (401 otherwise); ``/healthz`` and ``/metrics`` stay open. The check is a
+dependency of each of those routes, not a test of the URL, so it holds wherever the app is
+mounted (``--root-path``, a parent app). Feedback changes what the operator will do with the
+guard, so a server listening beyond loopback refuses it (403) unless it has a key.
+
+The monitor is part of answering: a decision is journaled before its answer leaves, and a
+monitor that cannot take it (a journal write that fails, a monitor actor that does not
+answer within its timeout) makes the request a 503 with ``Retry-After``; ``/healthz`` is 503
+``unhealthy`` once a journal or monitor-log write failed or while the monitor actor does not
+answer.
 
 Every refusal is OpenAI's error format with a status that says whose fault it is: 400 (the
 request would run the guard otherwise than calibrated, or is malformed), 413 (too large),
@@ -31,11 +38,17 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
 
-from abstain_guard.errors import AbstainGuardError, DuplicateFeedbackError, UnknownRunError
+from abstain_guard.errors import (
+    AbstainGuardError,
+    DecisionJournalError,
+    DuplicateFeedbackError,
+    MonitorUnavailableError,
+    UnknownRunError,
+)
 from abstain_guard.monitor import GuardMonitor
 from abstain_guard.serve.metrics import CONTENT_TYPE_LATEST
 from abstain_guard.serve.monitor_link import LocalMonitorLink, MonitorLink
@@ -49,7 +62,7 @@ from abstain_guard.serve.passthrough import ModelService
 from abstain_guard.serve.schemas import RequestLimits, RequestRefused, parse_request
 from abstain_guard.serve.service import GuardService
 
-__all__ = ["create_app"]
+__all__ = ["api_key_dependency", "create_app"]
 
 logger = logging.getLogger("abstain_guard.serve")
 
@@ -63,7 +76,39 @@ def _refusal(exc: RequestRefused) -> JSONResponse:
     headers = {}
     if exc.retry_after_s is not None:
         headers["Retry-After"] = str(exc.retry_after_s)
+    if exc.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+def _monitor_down(exc: Exception, retry_after_s: int) -> RequestRefused:
+    """The 503 for a decision the monitor could not take (journal write failed, monitor
+    actor timed out or gone): nothing is answered that is not logged."""
+    return RequestRefused(
+        f"The drift monitor could not take this request's decision ({type(exc).__name__}: "
+        f"{exc}); it was not answered. Retry after {retry_after_s} s.",
+        status=503,
+        kind="server_error",
+        code="monitor_unavailable",
+        retry_after_s=retry_after_s,
+    )
+
+
+def api_key_dependency(api_key: str | None) -> Any:
+    """A route dependency that refuses (401) a request without ``Authorization: Bearer
+    <api_key>``; it runs for its route wherever the app is mounted."""
+
+    async def require_api_key(request: Request) -> None:
+        if not _authorized(request, api_key):
+            raise RequestRefused(
+                "Missing or wrong API key: send 'Authorization: Bearer <key>' with the key "
+                "the server was started with (--api-key / ABSTAIN_GUARD_API_KEY).",
+                status=401,
+                kind="authentication_error",
+                code="invalid_api_key",
+            )
+
+    return Depends(require_api_key)
 
 
 async def _read_body(request: Request, limits: RequestLimits) -> bytes:
@@ -153,27 +198,20 @@ def create_app(
     app = FastAPI(title="abstain-guard", lifespan=lifespan)
     app.state.service = service
     app.state.link = sink
+    keyed = [api_key_dependency(api_key)]  # on every /v1/* route
+
+    @app.exception_handler(RequestRefused)
+    async def refused(_: Request, exc: RequestRefused) -> JSONResponse:
+        return _refusal(exc)  # raised by a dependency (the API key)
 
     @app.middleware("http")
     async def count_requests(request: Request, call_next):  # type: ignore[no-untyped-def]
-        if request.url.path.startswith("/v1/") and not _authorized(request, api_key):
-            response: Response = _refusal(
-                RequestRefused(
-                    "Missing or wrong API key: send 'Authorization: Bearer <key>' with the key "
-                    "the server was started with (--api-key / ABSTAIN_GUARD_API_KEY).",
-                    status=401,
-                    kind="authentication_error",
-                    code="invalid_api_key",
-                )
-            )
-            response.headers["WWW-Authenticate"] = "Bearer"
-        else:
-            response = await call_next(request)
-        path = request.url.path if request.url.path in ROUTES else "other"
-        sink.request_done(path, response.status_code)
+        response: Response = await call_next(request)
+        route = getattr(request.scope.get("route"), "path", None)  # mount / root_path free
+        sink.request_done(route if route in ROUTES else "other", response.status_code)
         return response
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", dependencies=keyed)
     async def chat_completions(request: Request) -> Response:
         start = time.perf_counter()
         completion_id = new_completion_id()  # the request's key in admission order
@@ -191,6 +229,9 @@ def create_app(
                 finished = True
         except RequestRefused as exc:
             return _refusal(exc)
+        except (MonitorUnavailableError, DecisionJournalError) as exc:
+            logger.error("chat completion refused: the monitor could not take it: %s", exc)
+            return _refusal(_monitor_down(exc, service.retry_after_s))
         except AbstainGuardError as exc:  # the guard failed (on_error="raise", a mismatch)
             logger.exception("chat completion failed")
             return _refusal(
@@ -200,7 +241,8 @@ def create_app(
             if admitted and not finished:
                 sink.release(completion_id)
         decided = answer.abstained if answer.outcome else None  # None: no guard, a tool call
-        sink.decided(decided, time.perf_counter() - start, parsed.stream)
+        group = answer.decision.get("group") if answer.outcome else None
+        sink.decided(decided, time.perf_counter() - start, parsed.stream, group)
         logprobs = (parsed.top_logprobs or 0) if parsed.logprobs else None
         headers = decision_headers(answer)
         if parsed.stream:
@@ -217,7 +259,7 @@ def create_app(
         )
         return JSONResponse(body, headers=headers)
 
-    @app.post("/v1/feedback")
+    @app.post("/v1/feedback", dependencies=keyed)
     async def feedback(request: Request) -> JSONResponse:
         try:
             if api_key is None and not loopback:
@@ -249,20 +291,25 @@ def create_app(
                 raise RequestRefused(str(exc), status=404, param="id", code="unknown_id") from exc
             except DuplicateFeedbackError as exc:
                 raise RequestRefused(str(exc), status=409, param="id", code="duplicate") from exc
+            except MonitorUnavailableError as exc:
+                raise _monitor_down(exc, service.retry_after_s) from exc
         except RequestRefused as exc:
             return _refusal(exc)
         return JSONResponse(answer)
 
-    @app.get("/v1/monitor")
+    @app.get("/v1/monitor", dependencies=keyed)
     async def monitor_state() -> JSONResponse:
         if not sink.monitored:
             return _refusal(
                 RequestRefused("This server runs no guard (--no-guard).", status=404,
                                kind="not_found_error")
             )  # fmt: skip
-        return JSONResponse(await sink.state())
+        try:
+            return JSONResponse(await sink.state())
+        except MonitorUnavailableError as exc:
+            return _refusal(_monitor_down(exc, service.retry_after_s))
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=keyed)
     async def models() -> dict[str, object]:
         entry = {"id": service.model_name, "object": "model", "created": 0}
         return {"object": "list", "data": [{**entry, "owned_by": "abstain-guard"}]}
@@ -270,10 +317,17 @@ def create_app(
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
         info = service.describe()
-        return JSONResponse(info, status_code=503 if service.draining else 200)
+        info["monitor"] = await sink.health()
+        if not info["monitor"]["ok"] and not service.draining:
+            info["status"] = "unhealthy"
+        healthy = info["status"] == "ok"
+        return JSONResponse(info, status_code=200 if healthy else 503)
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        return Response(await sink.metrics(), media_type=CONTENT_TYPE_LATEST)
+        try:
+            return Response(await sink.metrics(), media_type=CONTENT_TYPE_LATEST)
+        except MonitorUnavailableError as exc:
+            return _refusal(_monitor_down(exc, service.retry_after_s))
 
     return app

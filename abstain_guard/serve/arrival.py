@@ -14,8 +14,15 @@ failed or aborted request never holds the sequence; what waits is at most the re
 admitted before it that are still running (at most the server's ``max_in_flight``).
 
 The HTTP answer does not wait for the monitor: a decision held behind an earlier request is
-already in the client's hands. Feedback on it waits (:meth:`ArrivalOrder.wait_fed`) until it
-has been fed, so its id is never unknown to the monitor.
+already in the client's hands. So :meth:`ArrivalOrder.finish` first writes the decision to the
+write-ahead :class:`~abstain_guard.serve.journal.DecisionJournal` (durably, before it returns:
+before the server may answer), and a process that starts again feeds what the journal holds
+and the monitor log does not. A journal write that fails raises (the request is answered 503,
+never unlogged); a feed that fails (the monitor log's write) is an alarm of
+:class:`~abstain_guard.serve.journal.FeedHealth` (logged, counted, ``/healthz`` unhealthy),
+and the decision stays in the journal. Feedback on a held decision waits
+(:meth:`ArrivalOrder.wait_fed`) until it has been fed, so its id is never unknown to the
+monitor.
 """
 
 from __future__ import annotations
@@ -26,6 +33,9 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from abstain_guard.errors import DecisionJournalError
+from abstain_guard.serve.journal import DecisionJournal, FeedHealth
 
 __all__ = ["ArrivalOrder", "Feed"]
 
@@ -51,11 +61,22 @@ class ArrivalOrder:
 
     Args:
         feed: called with ``(decision, run_id)`` for each decision, in admission order
-            (an exception it raises is logged; the decisions after it are still fed).
+            (an exception it raises is a :class:`FeedHealth` alarm; the decisions after it
+            are still fed).
+        journal: where each decision is written before :meth:`finish` returns (default: one
+            in memory, nothing durable).
+        health: where failed writes are counted (default: a new one, :attr:`health`).
     """
 
-    def __init__(self, feed: Feed) -> None:
+    def __init__(
+        self,
+        feed: Feed,
+        journal: DecisionJournal | None = None,
+        health: FeedHealth | None = None,
+    ) -> None:
         self._feed = feed
+        self.journal = journal if journal is not None else DecisionJournal(None)
+        self.health = health if health is not None else FeedHealth()
         self._lock = threading.Lock()
         self._feeding = threading.Lock()  # held while taking outcomes off and feeding them
         self._issued = 0  # tickets handed out: the next one is this number
@@ -81,8 +102,16 @@ class ArrivalOrder:
     ) -> None:
         """End request ``ticket``: with ``decision`` under ``run_id``, or (either None) with
         nothing to feed. Only the first call per ticket counts, so a handler may call it
-        again in its ``finally`` to release a place it did not fill."""
+        again in its ``finally`` to release a place it did not fill. A decision is in the
+        journal when this returns.
+
+        Raises:
+            DecisionJournalError: the decision could not be journaled (its place is given
+                up; do not acknowledge it: answer 503).
+        """
         outcome = _Outcome(run_id, decision) if run_id is not None and decision else _Outcome()
+        if outcome.run_id is not None and outcome.decision is not None and self._open(ticket):
+            self._hold(outcome.run_id, outcome.decision, ticket)
         with self._feeding:
             with self._lock:
                 if ticket < self._next or ticket >= self._issued or ticket in self._ended:
@@ -92,6 +121,32 @@ class ArrivalOrder:
                     self._held[outcome.run_id] = asyncio.Event()
                 ready = self._pop_ready()
             self._pass_on(ready)
+
+    def _open(self, ticket: int) -> bool:
+        """Whether ``ticket`` was handed out and has not ended."""
+        with self._lock:
+            return self._next <= ticket < self._issued and ticket not in self._ended
+
+    def _hold(self, run_id: str, decision: Mapping[str, Any], ticket: int | None) -> None:
+        """Journal ``decision``; on failure count it, give up ``ticket``'s place, raise."""
+        try:
+            self.journal.hold(run_id, decision, ticket)
+        except DecisionJournalError as exc:
+            self.health.failed("journal", run_id, exc)
+            if ticket is not None:
+                self.finish(ticket)
+            raise
+
+    def feed_now(self, run_id: str, decision: Mapping[str, Any]) -> None:
+        """Journal and feed a decision without a place in the order (its place was taken
+        before a restart of this process).
+
+        Raises:
+            DecisionJournalError: as :meth:`finish`.
+        """
+        self._hold(run_id, decision, None)
+        with self._feeding:
+            self._pass_on([_Outcome(run_id, decision)])
 
     def _pop_ready(self) -> list[_Outcome]:
         """The outcomes now in turn, taken off (call holding the lock)."""
@@ -107,14 +162,24 @@ class ArrivalOrder:
         for outcome in ready:
             if outcome.run_id is None or outcome.decision is None:
                 continue
-            try:
-                self._feed(outcome.decision, outcome.run_id)
-            except Exception:  # one bad feed must not stop the ones after it
-                logger.exception("feeding decision %s to the monitor failed", outcome.run_id)
+            self._feed_one(outcome.run_id, outcome.decision)
             with self._lock:
                 event = self._held.pop(outcome.run_id, None)
             if event is not None:
                 event.set()
+
+    def _feed_one(self, run_id: str, decision: Mapping[str, Any]) -> None:
+        """Feed one decision and mark it in the journal; a failure is an alarm (the decision
+        stays in the journal), never a stop for the decisions after it."""
+        try:
+            self._feed(decision, run_id)
+        except Exception as exc:  # the monitor log's write, or the monitor refused it
+            self.health.failed("monitor log", run_id, exc)
+            return
+        try:
+            self.journal.fed(run_id)
+        except DecisionJournalError as exc:
+            self.health.failed("journal", run_id, exc)
 
     async def wait_fed(self, run_id: str) -> None:
         """Return once ``run_id``'s decision has been fed (at once for an id not held)."""

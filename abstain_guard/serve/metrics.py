@@ -5,7 +5,7 @@ latency, requests in flight and waiting for the model, and the drift monitor's s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -17,7 +17,13 @@ from abstain_guard.errors import InvalidInputError
 from abstain_guard.monitor import GuardMonitor
 from abstain_guard.serve.admission import Admission
 
-__all__ = ["CONTENT_TYPE_LATEST", "MonitorCollector", "ServerMetrics", "service_load"]
+__all__ = [
+    "CONTENT_TYPE_LATEST",
+    "MonitorCollector",
+    "ServerMetrics",
+    "group_families",
+    "service_load",
+]
 
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
 
@@ -30,7 +36,10 @@ class MonitorCollector(Collector):
       against the guarantee and the value that raises the alarm;
     * ``abstain_guard_monitor_answered_rate``, ``..._expected_participation`` (k/(n+1), what
       exchangeable traffic is answered at) and ``..._band{bound}`` (participation mode);
-    * ``abstain_guard_monitor_decisions``, ``..._feedback{kind}`` and ``..._error_rate``.
+    * ``abstain_guard_monitor_decisions``, ``..._feedback{kind}`` and ``..._error_rate``;
+    * with per-group rules, each group's own: ``abstain_guard_monitor_group_alarm{group,test}``,
+      ``..._group_e_value{group,test}``, ``..._group_decisions{group}`` and
+      ``..._group_answered_rate{group}`` (the unlabeled ones above are over all groups).
     """
 
     def __init__(self, monitor: GuardMonitor) -> None:
@@ -90,6 +99,41 @@ class MonitorCollector(Collector):
             "Error rate among answered questions with feedback.",
             value=float("nan") if error is None else error,
         )
+        if state.get("groups"):
+            yield from group_families(state["groups"])
+
+
+def group_families(groups: Mapping[str, Any]) -> Iterator[GaugeMetricFamily]:
+    """Each group's own tests and counts (``state["groups"]`` of a monitor with per-group
+    rules), labeled ``group``."""
+    alarm = GaugeMetricFamily(
+        "abstain_guard_monitor_group_alarm",
+        "1 once the group's own test alarmed.",
+        labels=["group", "test"],
+    )
+    value = GaugeMetricFamily(
+        "abstain_guard_monitor_group_e_value",
+        "E-value of the group's own test against its guarantee.",
+        labels=["group", "test"],
+    )
+    decisions = GaugeMetricFamily(
+        "abstain_guard_monitor_group_decisions", "Decisions of the group.", labels=["group"]
+    )
+    answered = GaugeMetricFamily(
+        "abstain_guard_monitor_group_answered_rate",
+        "Live answered rate of the group.",
+        labels=["group"],
+    )
+    for group, entry in groups.items():
+        for test, found in entry["tests"].items():
+            if found is None:
+                continue
+            alarm.add_metric([str(group), test], float(found["alarm"]))
+            value.add_metric([str(group), test], float(found["e_value"]))
+        decisions.add_metric([str(group)], float(entry["decisions"]))
+        rate = entry["answered_rate"]
+        answered.add_metric([str(group)], float("nan") if rate is None else float(rate))
+    yield from (alarm, value, decisions, answered)
 
 
 def service_load(service: Admission) -> tuple[Callable[[], int], Callable[[], int]]:
@@ -128,10 +172,11 @@ class ServerMetrics:
             ["path", "status"],
             registry=self.registry,
         )
+        self.grouped = bool(monitor is not None and getattr(monitor, "grouped_", False))
         self.decisions = Counter(
             "abstain_guard_decisions",
-            "Guard decisions: answered or abstained.",
-            ["outcome"],
+            "Guard decisions: answered or abstained (by group, with per-group rules).",
+            ["outcome", "group"] if self.grouped else ["outcome"],
             registry=self.registry,
         )
         self.latency = Histogram(
@@ -154,11 +199,15 @@ class ServerMetrics:
         )
         depth.set_function(load[1])
 
-    def decided(self, abstained: bool | None, seconds: float, stream: bool) -> None:
+    def decided(
+        self, abstained: bool | None, seconds: float, stream: bool, group: str | None = None
+    ) -> None:
         """Count one decision (None: answered without a guard, not counted) and its
-        latency."""
+        latency; with per-group rules under its ``group`` (``""``: none, an unknown group)."""
         if abstained is not None:
-            self.decisions.labels("abstained" if abstained else "answered").inc()
+            outcome = "abstained" if abstained else "answered"
+            labels = (outcome, "" if group is None else str(group)) if self.grouped else (outcome,)
+            self.decisions.labels(*labels).inc()
         self.latency.labels("true" if stream else "false").observe(seconds)
 
     def render(self) -> bytes:

@@ -12,42 +12,60 @@ replica reaches it through a :class:`RayMonitorLink`:
   completion id, so the tests see the deployment's traffic in one sequence and the
   false-alarm bound is the deployment's, not a replica's;
 * the replica sends the decision (``finish``) and waits for the actor to hold it before it
-  answers; the actor feeds it once every request admitted before it has ended, and the
+  answers; the actor writes it to its journal (``<monitor-log>.journal``, ``fsync``-ed)
+  before it acknowledges, feeds it once every request admitted before it has ended, and the
   monitor appends it to the log;
 * a replica that dies takes its requests in flight with it: the actor pings the replicas
   that hold places (every ``reap_s`` seconds) and gives up the places of a dead one, so it
   holds the sequence for about a second; its in-flight requests were never answered
   (the client got a 5xx), so no answered decision is missing;
-* ``/v1/feedback``, ``/v1/monitor`` and ``/metrics`` of every replica answer from here.
+* ``/v1/feedback``, ``/v1/monitor`` and ``/metrics`` of every replica answer from here, and
+  the agent runs' step records (step gating) live here, so any replica continues a run;
+* every call a replica awaits has a timeout (:data:`MONITOR_TIMEOUT_S`): a request whose
+  place or decision the actor does not take in time is answered 503 with ``Retry-After``,
+  and the replica's ``/healthz`` is 503 while the actor does not answer or after a journal
+  or monitor-log write failed.
 
 A restarted actor (Ray restarts it) resumes from ``--monitor-log`` exactly as a restarted
-server does; a decision whose place was taken before the restart is fed when it arrives
-(counted in ``deployment.late_decisions`` of ``/v1/monitor``), so none is lost.
+server does, then feeds the decisions its journal holds and the log does not (acknowledged
+before the restart, held behind an earlier request); a decision whose place was taken before
+the restart is fed when it arrives (counted in ``deployment.late_decisions`` of
+``/v1/monitor``), so none is lost. The step records are in memory: a restart of the actor
+forgets them (those runs fail closed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from abstain_guard.artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
-from abstain_guard.errors import DuplicateFeedbackError, UnknownRunError
+from abstain_guard.errors import DuplicateFeedbackError, MonitorUnavailableError, UnknownRunError
 from abstain_guard.monitor import GuardMonitor
 from abstain_guard.serve.arrival import ArrivalOrder
 from abstain_guard.serve.metrics import ServerMetrics
-from abstain_guard.serve.monitor_link import feedback_body
+from abstain_guard.serve.monitor_link import feedback_body, start_journal
 from abstain_guard.serve.service import json_safe
+from abstain_guard.serve.step_record import (
+    DEFAULT_MAX_ENTRIES,
+    DEFAULT_TTL_S,
+    StepEntry,
+    StepRecord,
+)
 
-__all__ = ["DeploymentMonitor", "RayMonitorLink"]
+__all__ = ["MONITOR_TIMEOUT_S", "ActorStepRecord", "DeploymentMonitor", "RayMonitorLink"]
 
 logger = logging.getLogger("abstain_guard.serve")
 
 #: How long a ping of a replica may take before it counts as alive but busy.
 PING_TIMEOUT_S = 10.0
+#: How long a replica waits for the monitor actor (a place, a decision, feedback, a step
+#: record, health) before it answers 503 with ``Retry-After``.
+MONITOR_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -67,6 +85,12 @@ class DeploymentMonitor:
         log_path: the ``--monitor-log`` (an existing one is resumed).
         monitor_options: other :class:`~abstain_guard.monitor.GuardMonitor` settings.
         reap_s: seconds between checks of the replicas holding places (0: no checks).
+        steps: the step record's ``step_record_size`` / ``step_record_ttl_s`` (``serve``'s
+            ``--step-record-*``).
+
+    Raises:
+        MonitorLogError: the log cannot be resumed.
+        DecisionJournalError: the journal cannot be read or replayed.
     """
 
     def __init__(
@@ -77,16 +101,25 @@ class DeploymentMonitor:
         log_path: str | None = None,
         monitor_options: Mapping[str, Any] | None = None,
         reap_s: float = 1.0,
+        steps: Mapping[str, Any] | None = None,
     ) -> None:
         self.monitor = GuardMonitor(log_path=log_path, **dict(monitor_options or {}))
         self.monitor.fit_artifact(GuardArtifact.load(artifact), GuardConfig.model_validate(config))
-        self.arrival = ArrivalOrder(lambda decision, rid: self.monitor.observe(decision, rid))
+        self.arrival = ArrivalOrder(
+            lambda decision, rid: self.monitor.observe(decision, rid), start_journal(self.monitor)
+        )
+        options = dict(steps or {})
+        self.steps = StepRecord(
+            int(options.get("step_record_size", DEFAULT_MAX_ENTRIES)),
+            float(options.get("step_record_ttl_s", DEFAULT_TTL_S)),
+        )
         self.metrics_ = ServerMetrics(monitor=self.monitor, load=(self.in_flight, self.queued))
         self.reap_s = reap_s
         self._places: dict[str, tuple[int, str]] = {}  # completion id -> (ticket, replica)
         self._replicas: dict[str, _Replica] = {}
         self._reaper: asyncio.Task[None] | None = None
         self.late_decisions = 0
+        self.redelivered = 0
         self.decisions_by_replica: dict[str, int] = {}
         self.dead_replicas = 0
         self.released_by_death = 0
@@ -173,15 +206,23 @@ class DeploymentMonitor:
         self.decisions_by_replica[replica] = self.decisions_by_replica.get(replica, 0) + 1
 
     async def finish(self, key: str, decision: Mapping[str, Any]) -> None:
-        """End request ``key`` with ``decision``: fed in admission order (at once if its
-        place is unknown here: taken before a restart of this actor)."""
+        """End request ``key`` with ``decision``: journaled before this returns, fed in
+        admission order (at once if its place is unknown here: taken before a restart of
+        this actor; not again if the journal or the log already had it, a call Ray retried).
+
+        Raises:
+            DecisionJournalError: the journal write failed (the replica answers 503).
+        """
         place = self._places.pop(key, None)
         if place is not None:
-            self._fed_by(place[1])
             self.arrival.finish(place[0], key, decision)
+            self._fed_by(place[1])
             return
+        if key in self.monitor.records_:
+            self.redelivered += 1
+            return
+        self.arrival.feed_now(key, decision)
         self.late_decisions += 1
-        self.monitor.observe(decision, key)
 
     async def release(self, key: str) -> None:
         """End request ``key`` without a decision."""
@@ -210,9 +251,28 @@ class DeploymentMonitor:
             "dead_replicas": self.dead_replicas,
             "released_by_dead_replicas": self.released_by_death,
             "late_decisions": self.late_decisions,
+            "redelivered_decisions": self.redelivered,
             "decisions_by_replica": dict(self.decisions_by_replica),
+            "held": self.arrival.waiting,
+            "step_record": self.steps.describe(),
+            "health": self.arrival.health.describe(),
         }
         return state
+
+    async def health(self) -> dict[str, Any]:
+        """Whether every decision reached the journal and the log (``/healthz``'s
+        ``monitor``)."""
+        return {**self.arrival.health.describe(), "journal": self.arrival.journal.durable}
+
+    # --- step records (step gating) ------------------------------------------------------
+
+    async def step_entries(self, keys: list[str]) -> dict[str, StepEntry]:
+        """The step records kept under ``keys`` (any replica's)."""
+        return self.steps.get_many(keys)
+
+    async def store_step(self, key: str, entry: StepEntry) -> None:
+        """Keep a replica's answered step under ``key``."""
+        self.steps.put(key, entry)
 
     async def records(self) -> list[str]:
         """The run ids fed to the monitor, in order (what the log holds)."""
@@ -223,8 +283,10 @@ class DeploymentMonitor:
     async def request_done(self, path: str, status: int) -> None:
         self.metrics_.requests.labels(path, str(status)).inc()
 
-    async def decided(self, abstained: bool | None, seconds: float, stream: bool) -> None:
-        self.metrics_.decided(abstained, seconds, stream)
+    async def decided(
+        self, abstained: bool | None, seconds: float, stream: bool, group: str | None = None
+    ) -> None:
+        self.metrics_.decided(abstained, seconds, stream, group)
 
     async def metrics(self) -> bytes:
         return self.metrics_.render()
@@ -232,42 +294,72 @@ class DeploymentMonitor:
 
 class RayMonitorLink:
     """A replica's :class:`~abstain_guard.serve.monitor_link.MonitorLink` to the monitor
-    actor. Counting calls are sent without waiting; a decision is awaited (the actor holds it
-    before the replica answers).
+    actor. Counting calls are sent without waiting; every other call is awaited for at most
+    ``timeout_s`` seconds, and a call that times out or fails (the actor restarting, gone, a
+    journal write that failed there) raises :class:`MonitorUnavailableError` (the app
+    answers 503 with ``Retry-After``). A decision is awaited: the actor has journaled it
+    before the replica answers.
 
     Args:
         actor: the monitor actor's handle.
         replica: this replica's id (its Ray actor id).
         handle: this replica's own actor handle (the monitor pings it).
         batch: this replica's model batch size.
+        timeout_s: the longest wait for the actor.
     """
 
     monitored = True
 
-    def __init__(self, actor: Any, replica: str, handle: Any, batch: int) -> None:
+    def __init__(
+        self,
+        actor: Any,
+        replica: str,
+        handle: Any,
+        batch: int,
+        timeout_s: float = MONITOR_TIMEOUT_S,
+    ) -> None:
         self.actor = actor
         self.replica = replica
         self.handle = handle
         self.batch = batch
+        self.timeout_s = timeout_s
+
+    async def call(self, method: str, *args: Any) -> Any:
+        """``actor.<method>.remote(*args)``, awaited for at most ``timeout_s``.
+
+        Raises:
+            MonitorUnavailableError: it timed out or failed.
+        """
+        try:
+            return await asyncio.wait_for(getattr(self.actor, method).remote(*args), self.timeout_s)
+        except asyncio.TimeoutError as exc:
+            raise MonitorUnavailableError(
+                f"the monitor actor did not answer {method} within {self.timeout_s:g} s "
+                "(restarting or overloaded)"
+            ) from exc
+        except Exception as exc:  # RayActorError, RayTaskError (a journal write failed) ...
+            raise MonitorUnavailableError(
+                f"the monitor actor failed {method}: {type(exc).__name__}: {exc}"
+            ) from exc
 
     async def register(self) -> dict[str, Any] | None:
-        resumed: dict[str, Any] | None = await self.actor.register.remote(
-            self.replica, self.handle, self.batch
+        resumed: dict[str, Any] | None = await self.call(
+            "register", self.replica, self.handle, self.batch
         )
         return resumed
 
     async def admit(self, key: str) -> None:
-        if not await self.actor.admit.remote(key, self.replica):
+        if not await self.call("admit", key, self.replica):
             await self.register()
 
     async def finish(self, key: str, decision: Mapping[str, Any]) -> None:
-        await self.actor.finish.remote(key, dict(decision))
+        await self.call("finish", key, dict(decision))
 
     def release(self, key: str) -> None:
         self.actor.release.remote(key)
 
     async def feedback(self, run_id: str, correct: bool) -> dict[str, Any]:
-        result: dict[str, Any] = await self.actor.feedback.remote(run_id, correct)
+        result: dict[str, Any] = await self.call("feedback", run_id, correct)
         if result.get("error") == "unknown":
             raise UnknownRunError(result["message"])
         if result.get("error") == "duplicate":
@@ -276,15 +368,61 @@ class RayMonitorLink:
         return body
 
     async def state(self) -> dict[str, Any]:
-        state: dict[str, Any] = await self.actor.state.remote()
+        state: dict[str, Any] = await self.call("state")
         return state
 
     def request_done(self, path: str, status: int) -> None:
         self.actor.request_done.remote(path, status)
 
-    def decided(self, abstained: bool | None, seconds: float, stream: bool) -> None:
-        self.actor.decided.remote(abstained, seconds, stream)
+    def decided(
+        self, abstained: bool | None, seconds: float, stream: bool, group: str | None = None
+    ) -> None:
+        self.actor.decided.remote(abstained, seconds, stream, group)
 
     async def metrics(self) -> bytes:
-        text: bytes = await self.actor.metrics.remote()
+        text: bytes = await self.call("metrics")
         return text
+
+    async def health(self) -> dict[str, Any]:
+        try:
+            health: dict[str, Any] = await self.call("health")
+        except MonitorUnavailableError as exc:
+            return {"ok": False, "error": str(exc)}
+        return health
+
+
+class ActorStepRecord:
+    """The deployment's step record, kept in the monitor actor (a
+    :class:`~abstain_guard.serve.step_record.StepStore`): any replica reads the steps
+    another replica answered. Calls go through ``link`` (its timeout: 503 on a miss).
+
+    Args:
+        link: the replica's link to the monitor actor.
+        max_entries, ttl_s: the actor's step record's limits (for messages).
+    """
+
+    def __init__(
+        self,
+        link: RayMonitorLink,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        ttl_s: float = DEFAULT_TTL_S,
+    ) -> None:
+        self.link = link
+        self.max_entries = max_entries
+        self.ttl_s = float(ttl_s)
+
+    async def entries(self, keys: Sequence[str]) -> dict[str, StepEntry]:
+        if not keys:
+            return {}
+        found: dict[str, StepEntry] = await self.link.call("step_entries", list(keys))
+        return found
+
+    async def store(self, key: str, entry: StepEntry) -> None:
+        await self.link.call("store_step", key, entry)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "where": "monitor actor (shared by the replicas; its counts in /v1/monitor)",
+            "max_entries": self.max_entries,
+            "ttl_s": self.ttl_s,
+        }

@@ -12,6 +12,12 @@ Each request is keyed by its completion id from admission on, so a request that 
 without a decision (a refusal after admission, an error, a client that went away, a tool call
 that lets the run go on) gives its place up by that key, also when it never learned its
 place.
+
+A decision is journaled (:mod:`abstain_guard.serve.journal`, ``<monitor-log>.journal``)
+before :meth:`MonitorLink.finish` returns, and a link that starts on a journal feeds what it
+holds and the monitor log does not. :meth:`MonitorLink.health` is what ``/healthz`` adds:
+not ok once a journal or monitor-log write failed, or (replicas) while the monitor actor
+does not answer.
 """
 
 from __future__ import annotations
@@ -22,10 +28,11 @@ from typing import Any, Protocol
 from abstain_guard.monitor import GuardMonitor
 from abstain_guard.serve.admission import Admission
 from abstain_guard.serve.arrival import ArrivalOrder
+from abstain_guard.serve.journal import DecisionJournal, journal_path, recover
 from abstain_guard.serve.metrics import ServerMetrics
 from abstain_guard.serve.service import json_safe
 
-__all__ = ["LocalMonitorLink", "MonitorLink", "feedback_body"]
+__all__ = ["LocalMonitorLink", "MonitorLink", "feedback_body", "in_risk_test", "start_journal"]
 
 
 class MonitorLink(Protocol):
@@ -41,7 +48,13 @@ class MonitorLink(Protocol):
         ...
 
     async def finish(self, key: str, decision: Mapping[str, Any]) -> None:
-        """End request ``key`` with its decision (fed in admission order under ``key``)."""
+        """End request ``key`` with its decision (fed in admission order under ``key``);
+        the decision is journaled when this returns.
+
+        Raises:
+            DecisionJournalError: it could not be journaled (answer 503).
+            MonitorUnavailableError: the monitor did not answer in time (answer 503).
+        """
         ...
 
     def release(self, key: str) -> None:
@@ -65,12 +78,20 @@ class MonitorLink(Protocol):
         """Count one HTTP request by path and status."""
         ...
 
-    def decided(self, abstained: bool | None, seconds: float, stream: bool) -> None:
-        """Count one answered chat completion (None: no guard decided) and its latency."""
+    def decided(
+        self, abstained: bool | None, seconds: float, stream: bool, group: str | None = None
+    ) -> None:
+        """Count one answered chat completion (None: no guard decided) of ``group`` and its
+        latency."""
         ...
 
     async def metrics(self) -> bytes:
         """The Prometheus text exposition (``/metrics``)."""
+        ...
+
+    async def health(self) -> dict[str, Any]:
+        """``{"ok": bool, ...}``: whether every decision reached the journal and the
+        monitor log, and the monitor answers (``/healthz``'s ``monitor``)."""
         ...
 
 
@@ -86,9 +107,38 @@ def feedback_body(monitor: GuardMonitor, run_id: str, correct: bool) -> dict[str
         "id": record.run_id,
         "correct": record.correct,
         "abstained": record.abstained,
-        "in_risk_test": not record.abstained and state["tests"]["risk"] is not None,
+        "in_risk_test": in_risk_test(state, record.abstained, record.score, record.group),
         "alarm": state["alarm"],
     }
+
+
+def in_risk_test(
+    state: Mapping[str, Any], abstained: bool, score: float | None, group: str | None
+) -> bool:
+    """Whether feedback on a decision entered a risk test (``state``: the monitor's): an
+    answered, scored decision, in the test of its own group with per-group rules (a group
+    without a risk test, or none, is not in the pooled one), else in the one test."""
+    if abstained or score is None:
+        return False
+    groups = state.get("groups")
+    if groups is None:
+        tests = state["tests"]
+    else:
+        tests = None if group is None else (groups.get(str(group)) or {}).get("tests")
+    return bool(tests) and tests.get("risk") is not None
+
+
+def start_journal(monitor: GuardMonitor) -> DecisionJournal:
+    """The journal of ``monitor``'s log (``<log>.journal``; in memory without a log), after
+    feeding ``monitor`` what it holds and the log does not.
+
+    Raises:
+        DecisionJournalError: the journal cannot be read, or replaying it failed.
+    """
+    journal = DecisionJournal(journal_path(monitor.log_path))
+    logged = {r.run_id for r in monitor.records()}
+    recover(journal, lambda decision, rid: monitor.observe(decision, rid), logged.__contains__)
+    return journal
 
 
 class LocalMonitorLink:
@@ -104,7 +154,9 @@ class LocalMonitorLink:
         self.metrics_ = ServerMetrics(service, monitor)
         self.arrival: ArrivalOrder | None = None
         if monitor is not None:
-            self.arrival = ArrivalOrder(lambda decision, rid: monitor.observe(decision, rid))
+            self.arrival = ArrivalOrder(
+                lambda decision, rid: monitor.observe(decision, rid), start_journal(monitor)
+            )
         self._tickets: dict[str, int] = {}
 
     @property
@@ -138,8 +190,15 @@ class LocalMonitorLink:
     def request_done(self, path: str, status: int) -> None:
         self.metrics_.requests.labels(path, str(status)).inc()
 
-    def decided(self, abstained: bool | None, seconds: float, stream: bool) -> None:
-        self.metrics_.decided(abstained, seconds, stream)
+    def decided(
+        self, abstained: bool | None, seconds: float, stream: bool, group: str | None = None
+    ) -> None:
+        self.metrics_.decided(abstained, seconds, stream, group)
 
     async def metrics(self) -> bytes:
         return self.metrics_.render()
+
+    async def health(self) -> dict[str, Any]:
+        if self.arrival is None:
+            return {"ok": True}
+        return {**self.arrival.health.describe(), "journal": self.arrival.journal.durable}

@@ -18,8 +18,10 @@ artifact calibrated on an agent.
 What is gated follows ``AgentRecord.gating``, as in the middleware: with ``"steps"`` every
 response (tool-calling or final) is decided on the run's running maximum of step scores
 (:mod:`abstain_guard.serve.step_gate`; the earlier steps' scores from the server's own
-:class:`~abstain_guard.serve.step_record.StepRecord`, never from the client), and a gated
-tool-calling response is the abstention message without ``tool_calls``; with
+:class:`~abstain_guard.serve.step_record.StepStore`, never from the client: a
+:class:`~abstain_guard.serve.step_record.StepRecord` in this process, or the deployment's in
+the monitor actor, so any replica continues a run; a run keeps its first step's group), and
+a gated tool-calling response is the abstention message without ``tool_calls``; with
 ``"final_answer"`` (and without an agent) tool calls come back ungated and only final
 answers are scored.
 """
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +54,14 @@ from abstain_guard.serve.step_gate import (
     run_so_far,
     unknown_steps_abstention,
 )
-from abstain_guard.serve.step_record import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_S, StepRecord
+from abstain_guard.serve.step_record import (
+    DEFAULT_MAX_ENTRIES,
+    DEFAULT_TTL_S,
+    StepRecord,
+    StepSnapshot,
+    StepStore,
+    check_run_group,
+)
 from abstain_guard.tracing import arecord_decision
 
 __all__ = ["Admission", "GuardCall", "GuardService", "GuardedAnswer", "answer_of"]
@@ -134,7 +143,8 @@ class GuardCall:
         metadata: the request's ``metadata`` (OpenAI's field), where a guard with
             ``group_by="<key>"`` finds the question's group (run metadata of the chain).
         run: with step gating, the run before this model call (position, the recorded
-            running maximum, earlier steps without a record).
+            running maximum, earlier steps without a record); read from the step store
+            when the call runs (:meth:`GuardService.answer`).
     """
 
     question: str
@@ -165,7 +175,8 @@ class GuardService(Admission):
         retry_after_s: the ``Retry-After`` an overloaded server sends.
         step_record: where step gating keeps the step decisions it issued (default: a
             :class:`~abstain_guard.serve.step_record.StepRecord` of
-            ``step_record_size`` entries kept ``step_record_ttl_s`` seconds).
+            ``step_record_size`` entries kept ``step_record_ttl_s`` seconds; replicas pass
+            the deployment's, in the monitor actor).
     """
 
     def __init__(
@@ -178,7 +189,7 @@ class GuardService(Admission):
         model_name: str = "abstain-guard",
         max_in_flight: int | None = None,
         retry_after_s: int = 1,
-        step_record: StepRecord | None = None,
+        step_record: StepStore | None = None,
         step_record_size: int = DEFAULT_MAX_ENTRIES,
         step_record_ttl_s: float = DEFAULT_TTL_S,
     ) -> None:
@@ -197,7 +208,7 @@ class GuardService(Admission):
         self.in_flight = 0
         self.draining = False
         self.gating = gating_of(record) if record.tools else "final_answer"
-        self.steps = step_record or StepRecord(step_record_size, step_record_ttl_s)
+        self.steps: StepStore = step_record or StepRecord(step_record_size, step_record_ttl_s)
 
     @classmethod
     def from_artifact(
@@ -248,16 +259,8 @@ class GuardService(Admission):
                     param="messages",
                 )
         check_turns(self.record, turns)
-        run = None
-        if self.gating == "steps":
-            run = run_so_far(self.steps, turns.question, turns.history, turns.steps)
         return GuardCall(
-            turns.question,
-            turns.history,
-            turns.steps,
-            tool_choice,
-            dict(request.metadata or {}),
-            run,
+            turns.question, turns.history, turns.steps, tool_choice, dict(request.metadata or {})
         )
 
     def _check_generation(self, request: ChatCompletionRequest) -> None:
@@ -345,8 +348,16 @@ class GuardService(Admission):
         records ``tool_steps`` (the tool results since the question) and is traced."""
         policy = self.guard.policy
         group = policy.group_of(call.inputs(), call.metadata)
+        snapshot = None
+        if self.gating == "steps":
+            snapshot = await StepSnapshot.read(
+                self.steps, call.question, call.history, call.steps, group
+            )
+            check_run_group(snapshot, group)
+            run = run_so_far(snapshot, call.question, call.history, call.steps)  # type: ignore[arg-type]
+            call = replace(call, run=run)
         if call.run is not None and call.run.unknown:
-            message, decision = unknown_steps_abstention(policy, group, call.run, self.steps)
+            message, decision = unknown_steps_abstention(policy, group, call.run, snapshot)
         else:
             prompt = await self.prompt_template.ainvoke(call.inputs())
             messages = [*prompt.to_messages(), *call.steps]
@@ -357,16 +368,22 @@ class GuardService(Admission):
             else:
                 if call.run is None and reply.tool_calls:
                     return reply  # final-answer gating: a tool call is not decided
-                message, decision = await self._decide(reply, call, group)
+                message, decision = await self._decide(reply, call, group, snapshot)
+        if snapshot is not None:
+            await snapshot.flush()  # an answered step is kept before the answer leaves
         decision["tool_steps"] = sum(isinstance(m, ToolMessage) for m in call.steps)
         await arecord_decision(decision)
         return message
 
     async def _decide(
-        self, reply: AIMessage, call: GuardCall, group: str | None
+        self,
+        reply: AIMessage,
+        call: GuardCall,
+        group: str | None,
+        snapshot: StepSnapshot | None = None,
     ) -> tuple[AIMessage, dict[str, Any]]:
         """The policy's decision on ``reply`` (with step gating on the run's running maximum,
-        and an answered tool call kept in the step record)."""
+        and an answered tool call put in ``snapshot``, the run's view of the step store)."""
         policy = self.guard.policy
         notes = [] if reply.tool_calls else check_tool_steps(policy, self.record, call.steps)
         run = call.run
@@ -377,8 +394,8 @@ class GuardService(Admission):
         )
         decision["gating"] = "steps"
         decision["tool_calls"] = [c["name"] for c in reply.tool_calls]
-        if reply.tool_calls and not decision.get("abstained"):
-            remember_step(self.steps, run, reply, decision)
+        if reply.tool_calls and not decision.get("abstained") and snapshot is not None:
+            remember_step(snapshot, run, reply, decision)  # type: ignore[arg-type]
         return message, decision
 
     def describe(self) -> dict[str, Any]:

@@ -11,9 +11,15 @@ the call's text, ids, names and arguments). A client that edits or invents a cal
 replays one in another conversation, finds no record.
 
 The record is bounded: at most ``max_entries`` (least recently used dropped first), each
-kept ``ttl_s`` seconds. It lives in the server process: a restart forgets it, and replicas
-behind a load balancer do not share it. What a request whose earlier steps have no record
-gets is :mod:`abstain_guard.serve.step_gate`'s business (fail closed: an abstention).
+kept ``ttl_s`` seconds. One server keeps it in its process (a restart forgets it); replicas
+on Ray Serve keep one in the deployment's monitor actor, so any replica continues a run
+another replica started (:class:`~abstain_guard.serve.monitor_actor.ActorStepRecord`). Both
+are a :class:`StepStore`: the server reads the entries a request needs at once
+(:meth:`StepStore.entries`) into a :class:`StepSnapshot`, decides, and writes the step it
+answered (:meth:`StepStore.store`) before the answer leaves. Each entry keeps the run's
+group: a run's later requests must name the same group (:func:`check_run_group`). What a
+request whose earlier steps have no record gets is :mod:`abstain_guard.serve.step_gate`'s
+business (fail closed: an abstention).
 """
 
 from __future__ import annotations
@@ -24,20 +30,25 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
 from abstain_guard.serve.conversation import openai_tool_calls
+from abstain_guard.serve.schemas import RequestRefused
 
 __all__ = [
     "DEFAULT_MAX_ENTRIES",
     "DEFAULT_TTL_S",
     "StepEntry",
     "StepRecord",
+    "StepSnapshot",
+    "StepStore",
+    "check_run_group",
     "context_digest",
     "step_key",
+    "step_keys",
 ]
 
 #: Step decisions kept at most (least recently used dropped first).
@@ -54,11 +65,13 @@ class StepEntry:
         step: the model call's position in the run (0-based).
         step_score: the scorer's score of that call.
         run_statistic: the run's running maximum after it.
+        group: the run's group (``group_by``; None without one): fixed by its first step.
     """
 
     step: int
     step_score: float
     run_statistic: float
+    group: str | None = None
 
 
 def _text(message: BaseMessage) -> str:
@@ -103,6 +116,38 @@ def context_digest(
 def step_key(context: str, message: AIMessage) -> str:
     """The key of the tool-calling ``message`` made in ``context`` (:func:`context_digest`)."""
     return _sha256([context, _signature(message)])
+
+
+def step_keys(
+    question: str, history: Sequence[BaseMessage], steps: Sequence[BaseMessage]
+) -> list[str]:
+    """The keys of a run's earlier tool-calling steps (each assistant turn in ``steps``, in
+    the context before it): what a request reads from the store."""
+    return [
+        step_key(context_digest(question, history, steps[:i]), message)
+        for i, message in enumerate(steps)
+        if isinstance(message, AIMessage)
+    ]
+
+
+class StepStore(Protocol):
+    """Where step decisions are kept: the server's :class:`StepRecord`, or the deployment's
+    one in the monitor actor (replicas)."""
+
+    max_entries: int
+    ttl_s: float
+
+    async def entries(self, keys: Sequence[str]) -> dict[str, StepEntry]:
+        """The entries under ``keys`` that are kept (a missing key: none)."""
+        ...
+
+    async def store(self, key: str, entry: StepEntry) -> None:
+        """Keep ``entry`` under ``key``; kept when this returns."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """Size and limits (``/healthz``)."""
+        ...
 
 
 class StepRecord:
@@ -171,6 +216,19 @@ class StepRecord:
             self._entries.move_to_end(key)
             return entry
 
+    def get_many(self, keys: Sequence[str]) -> dict[str, StepEntry]:
+        """The entries kept under ``keys`` (see :meth:`get`)."""
+        found = {key: self.get(key) for key in keys}
+        return {key: entry for key, entry in found.items() if entry is not None}
+
+    async def entries(self, keys: Sequence[str]) -> dict[str, StepEntry]:
+        """:meth:`get_many` (the :class:`StepStore` read)."""
+        return self.get_many(keys)
+
+    async def store(self, key: str, entry: StepEntry) -> None:
+        """:meth:`put` (the :class:`StepStore` write)."""
+        self.put(key, entry)
+
     def describe(self) -> dict[str, Any]:
         """Size, limits and how many entries were evicted or expired (``/healthz``)."""
         with self._lock:
@@ -182,3 +240,71 @@ class StepRecord:
             "evicted": self.evicted,
             "expired": self.expired,
         }
+
+
+class StepSnapshot:
+    """One request's view of a :class:`StepStore`: the entries its run needs, read before
+    deciding, and the step it answers, written back by :meth:`flush` (the synchronous
+    ``get`` / ``put`` of a :class:`StepRecord`, which step gating calls).
+
+    Args:
+        store: where the entries come from and go to.
+        found: the entries read for this request (:meth:`StepStore.entries`).
+        group: the run's group as this request names it; every entry put is kept under it.
+    """
+
+    def __init__(
+        self, store: StepStore, found: dict[str, StepEntry], group: str | None = None
+    ) -> None:
+        self.store = store
+        self.found = dict(found)
+        self.group = group
+        self.max_entries = store.max_entries
+        self.ttl_s = store.ttl_s
+        self._new: dict[str, StepEntry] = {}
+
+    @classmethod
+    async def read(
+        cls,
+        store: StepStore,
+        question: str,
+        history: Sequence[BaseMessage],
+        steps: Sequence[BaseMessage],
+        group: str | None = None,
+    ) -> StepSnapshot:
+        """The snapshot of the entries of a run's earlier steps (:func:`step_keys`)."""
+        return cls(store, await store.entries(step_keys(question, history, steps)), group)
+
+    def get(self, key: str) -> StepEntry | None:
+        """The entry read (or put by this request) under ``key``."""
+        return self._new.get(key) or self.found.get(key)
+
+    def put(self, key: str, entry: StepEntry) -> None:
+        """Keep ``entry`` (under this request's group) until :meth:`flush`."""
+        self._new[key] = replace(entry, group=self.group)
+
+    async def flush(self) -> None:
+        """Write the entries put to the store (before the answer leaves)."""
+        for key, entry in self._new.items():
+            await self.store.store(key, entry)
+        self._new.clear()
+
+
+def check_run_group(snapshot: StepSnapshot, group: str | None) -> None:
+    """Refuse a request that continues a run under another group than its earlier steps
+    were decided in (the run's rule is its first step's group's).
+
+    Raises:
+        RequestRefused: 400, ``code: group_changed_mid_run``.
+    """
+    started = {entry.group for entry in snapshot.found.values()}
+    if started and started != {group}:
+        (first, *_) = sorted(started, key=str)
+        raise RequestRefused(
+            f"This agent run's earlier steps were decided in group {first!r}, and this request "
+            f"names group {group!r}: a run keeps its group (the threshold it is decided on). "
+            "Send the same metadata as the run's first request, or ask the question again to "
+            "start a new run.",
+            param="metadata",
+            code="group_changed_mid_run",
+        )

@@ -62,14 +62,14 @@ def test_an_actor_restarted_with_held_decisions_loses_none(tmp_path: Path) -> No
     log = tmp_path / "live.jsonl"
     first = _monitor(log)
 
-    async def before_the_restart() -> None:
+    async def before_the_restart(monitor: DeploymentMonitor) -> None:
         for key, replica in (("a", "r1"), ("b", "r2"), ("c", "r1")):
-            await first.admit(key, replica)
-        await first.finish("c", _decision(0.3))  # acknowledged: the replicas answer them ...
-        await first.finish("b", _decision(0.2))
-        assert await first.records() == []  # ... while they are held behind "a"
+            await monitor.admit(key, replica)
+        await monitor.finish("c", _decision(0.3))  # acknowledged: the replicas answer them ...
+        await monitor.finish("b", _decision(0.2))
+        assert await monitor.records() == []  # ... while they are held behind "a"
 
-    asyncio.run(before_the_restart())
+    asyncio.run(before_the_restart(first))
     assert _logged(log) == []
     del first  # the actor dies; Ray starts it again on the same log
 

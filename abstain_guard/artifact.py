@@ -99,6 +99,7 @@ from abstain_guard.errors import (
 )
 from abstain_guard.groups import GroupRules, check_groups, group_rules, require_groups
 from abstain_guard.scorers import Scorer, ScorerState, scorer_from_state
+from abstain_guard.selection import ScorerSelection
 
 __all__ = ["MAX_ARRAY_BYTES", "SCHEMA_VERSION", "GuardArtifact"]
 
@@ -121,6 +122,9 @@ class GuardArtifact:
         model_fingerprint: identity of the model the scores came from (or None).
         metadata: free JSON dict (judge identity, data set, split sizes, ...).
         groups: the group of each calibration answer, shape ``[n]`` (str), or None.
+        selection: how the scorer was chosen among candidates on these calibration answers
+            (``metadata["selection"]``, :class:`~abstain_guard.selection.ScorerSelection`), or
+            None; every rule then certifies at δ/K.
         created: ISO-8601 UTC creation time.
         schema_version: the on-disk schema version.
         path: where it was loaded from or last saved to (None for an in-memory artifact).
@@ -153,6 +157,7 @@ class GuardArtifact:
         meta = dict(metadata or {})
         check_json(meta, "metadata")
         self.metadata: dict[str, Any] = meta
+        self.selection = _selection(meta.get("selection"), scorer.kind, int(self.scores.size))
         self.created = created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         self.schema_version = SCHEMA_VERSION
         self.path: Path | None = None
@@ -216,9 +221,14 @@ class GuardArtifact:
         key = (cfg.mode, cfg.participation, cfg.risk_target, cfg.delta, cfg.on_infeasible)
         rule = self._rules.get(key)
         if rule is None:
-            rule = decision_rule(self.scores, self.correct, cfg)
+            rule = decision_rule(self.scores, self.correct, cfg, selection=self.selection)
             self._rules[key] = rule
         return rule
+
+    @property
+    def n_candidates(self) -> int:
+        """K, the scorers this one was chosen among on its calibration answers (1: none)."""
+        return 1 if self.selection is None else self.selection.n_candidates
 
     def group_rules(self, config: GuardConfig) -> GroupRules:
         """Each calibration group's rule for ``config`` (``config.group_by`` set), from the
@@ -243,7 +253,14 @@ class GuardArtifact:
         rules = self._group_rules.get(key)
         if rules is None:
             pooled = self.decision_rule(config)
-            rules = group_rules(self.scores, self.correct, groups, config, pooled=pooled)
+            rules = group_rules(
+                self.scores,
+                self.correct,
+                groups,
+                config,
+                pooled=pooled,
+                selection=self.selection,
+            )
             self._group_rules[key] = rules
         return rules
 
@@ -469,3 +486,28 @@ class GuardArtifact:
                 )
             artifact.check_fingerprint(expected_fingerprint)
         return artifact
+
+
+def _selection(block: Any, kind: str, n: int) -> ScorerSelection | None:
+    """The artifact's ``selection`` block, checked against its scorer and calibration size.
+
+    Raises:
+        InvalidInputError: a malformed block, one that chose another scorer, or one made on
+            another number of calibration answers.
+    """
+    if block is None:
+        return None
+    if not isinstance(block, Mapping):
+        raise InvalidInputError("metadata 'selection' must be an object.")
+    selection = ScorerSelection.from_json(block)
+    if selection.chosen != kind:
+        raise InvalidInputError(
+            f"metadata 'selection' chose {selection.chosen!r} but the artifact's scorer is "
+            f"{kind!r}."
+        )
+    if selection.n != n:
+        raise InvalidInputError(
+            f"metadata 'selection' was made on {selection.n} calibration answers, the artifact "
+            f"holds {n}."
+        )
+    return selection

@@ -63,6 +63,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         "limit": args.limit,
         "seed": args.seed,
         "scorer": args.scorer,
+        "candidates": args.candidates,
         "judge": args.judge,
         "cache_dir": args.cache_dir,
         "system_prompt": args.system_prompt,
@@ -298,7 +299,16 @@ def build_parser() -> argparse.ArgumentParser:
         "probe set it certified the most participation at risk 0.35 (30 %%, geometry 8 %%); "
         "on SciQ and NQ-open geometry ties the best probe and beats probe_mid on NQ-open. "
         "`evaluate --baselines probes` measures "
-        "them on your data (docs/results.md, 'Is geometry worth its cost?')",
+        "them on your data (docs/results.md, 'Is geometry worth its cost?'). 'auto' chooses "
+        "among --candidates",
+    )
+    cal.add_argument(
+        "--candidates",
+        help="comma-separated scorers compared on the calibration answers: with --scorer auto "
+        "every one is calibrated on the same answers, certified at delta/K at --risk-target "
+        "(needed) and the one certifying the most participation is shipped; with a named "
+        "--scorer, the ones it was chosen among. The artifact records a `selection` block and "
+        "the guard certifies at delta/K, so delta holds whatever the choice",
     )
     cal.add_argument("--judge", help="judge name (default: lexical)")
     cal.add_argument("--cache-dir", help="run cache (default: '<out>.cache')")

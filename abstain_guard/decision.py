@@ -16,6 +16,7 @@ from abstain_guard import conformal
 from abstain_guard.config import GuardConfig
 from abstain_guard.errors import InsufficientDataError, UncertifiableTargetError
 from abstain_guard.frontier import smallest_certifiable_risk
+from abstain_guard.selection import ScorerSelection, participation_lower_bound
 
 __all__ = ["DecisionRule", "decision_rule"]
 
@@ -48,18 +49,27 @@ class DecisionRule:
 
 
 def _uncertifiable(
-    scores: ArrayLike, correct: ArrayLike, res: conformal.RiskThreshold
+    scores: ArrayLike,
+    correct: ArrayLike,
+    res: conformal.RiskThreshold,
+    delta: float,
+    selection: ScorerSelection | None = None,
 ) -> UncertifiableTargetError:
     """The error for a risk target this calibration set cannot certify, naming the smallest
-    one it can at the same delta."""
+    one it can at the same delta (``res.delta`` is the level tested: δ/K after a selection)."""
     smallest = smallest_certifiable_risk(scores, correct, res.delta)
+    at = f"delta={delta:g}" + (
+        f" ({res.delta:.3g} per candidate: the scorer was chosen among {selection.n_candidates})"
+        if selection is not None
+        else ""
+    )
     can = (
-        f"the smallest risk_target it certifies at delta={res.delta:g} is {smallest:g}"
+        f"the smallest risk_target it certifies at {at} is {smallest:g}"
         if smallest is not None
-        else f"it certifies no risk_target below 1 at delta={res.delta:g}"
+        else f"it certifies no risk_target below 1 at {at}"
     )
     return UncertifiableTargetError(
-        f"risk_target={res.risk_target:g} cannot be certified at delta={res.delta:g} from "
+        f"risk_target={res.risk_target:g} cannot be certified at {at} from "
         f"these {res.n} calibration answers: {can}. Raise risk_target or delta, calibrate on "
         "more questions (abstain-guard evaluate prints the certifiable frontier), or set "
         "on_infeasible='abstain_all' to deploy a guard that abstains on every question.",
@@ -67,26 +77,49 @@ def _uncertifiable(
     )
 
 
-def decision_rule(scores: ArrayLike, correct: ArrayLike, config: GuardConfig) -> DecisionRule:
-    """Compute the decision rule for ``config``'s target from calibration scores and labels."""
+def _selection_text(selection: ScorerSelection, level: float) -> str:
+    return (
+        f"; the scorer was chosen among {selection.n_candidates} candidates on this "
+        f"calibration data and every candidate is certified at delta/{selection.n_candidates}"
+        f" = {level:.3g} (Bonferroni), so the choice is accounted for"
+    )
+
+
+def decision_rule(
+    scores: ArrayLike,
+    correct: ArrayLike,
+    config: GuardConfig,
+    selection: ScorerSelection | None = None,
+) -> DecisionRule:
+    """Compute the decision rule for ``config``'s target from calibration scores and labels.
+
+    ``selection``: how the scorer was chosen on these answers (the artifact's
+    :class:`~abstain_guard.selection.ScorerSelection`); risk mode then certifies at
+    ``config.delta`` / K, so ``config.delta`` holds for the chosen scorer
+    (:mod:`abstain_guard.selection`), and participation mode adds the PAC lower bound that
+    accounts for the choice.
+    """
     if config.mode == "risk":
         assert config.risk_target is not None
+        delta = config.delta
+        level = delta / selection.n_candidates if selection is not None else delta
         with warnings.catch_warnings(record=True):
             warnings.simplefilter("always", conformal.ConformalWarning)
-            res = conformal.risk_threshold(scores, correct, config.risk_target, config.delta)
+            res = conformal.risk_threshold(scores, correct, config.risk_target, level)
         if not res.feasible and config.on_infeasible != "abstain_all":
-            raise _uncertifiable(scores, correct, res)
+            raise _uncertifiable(scores, correct, res, delta, selection)
         for note in res.warnings:
             logger.warning("abstain_guard risk threshold: %s", note)
         guarantee: dict[str, Any] = {
             "kind": "risk",
             "statement": (
-                f"with probability >= {1 - res.delta:g} over the calibration set, the error "
+                f"with probability >= {1 - delta:g} over the calibration set, the error "
                 f"rate among answered questions is <= {res.risk_target:g}"
+                + (_selection_text(selection, level) if selection is not None else "")
             ),
             "risk_target": res.risk_target,
-            "delta": res.delta,
-            "confidence": 1.0 - res.delta,
+            "delta": delta,
+            "confidence": 1.0 - delta,
             "feasible": res.feasible,
             "certified_bound": res.certified_bound,
             "calibration_participation": res.participation,
@@ -96,6 +129,9 @@ def decision_rule(scores: ArrayLike, correct: ArrayLike, config: GuardConfig) ->
             "method": res.method,
             "warnings": list(res.warnings),
         }
+        if selection is not None:
+            guarantee["delta_per_candidate"] = level
+            guarantee["selection"] = selection.summary()
         return DecisionRule(res.threshold, "risk", res.risk_target, guarantee)
 
     with warnings.catch_warnings(record=True):
@@ -157,7 +193,32 @@ def decision_rule(scores: ArrayLike, correct: ArrayLike, config: GuardConfig) ->
                 "c": cb.c,
             }
         )
+    if selection is not None:
+        guarantee["selection"] = _participation_selection(selection, config.delta, part)
     guarantee["warnings"] = notes
     for note in notes:
         logger.warning("abstain_guard participation threshold: %s", note)
     return DecisionRule(threshold, "participation", part.participation, guarantee)
+
+
+def _participation_selection(
+    selection: ScorerSelection, delta: float, part: conformal.ParticipationThreshold
+) -> dict[str, Any]:
+    """What a participation guarantee says about a scorer chosen on its calibration data: the
+    interval assumes a scorer fixed beforehand; with probability >= 1-δ over the calibration
+    set the participation is at least the Beta(k, n+1-k) quantile at δ/K, for every
+    candidate at once (:func:`abstain_guard.selection.participation_lower_bound`)."""
+    level = delta / selection.n_candidates
+    lower = participation_lower_bound(part.rank, part.n, level)
+    return {
+        **selection.summary(),
+        "delta": delta,
+        "delta_per_candidate": level,
+        "participation_lower_bound": lower,
+        "statement": (
+            f"the scorer was chosen among {selection.n_candidates} candidates on this "
+            f"calibration data: with probability >= {1 - delta:g} over the calibration set, "
+            f"P(answered) >= {lower:.4g} (every candidate at delta/{selection.n_candidates}); "
+            "the interval above assumes a scorer fixed before calibration"
+        ),
+    }

@@ -114,16 +114,25 @@ def frontier_document(
     correct: ArrayLike,
     risk_targets: Sequence[float] = FRONTIER_TARGETS,
     deltas: Sequence[float] = FRONTIER_DELTAS,
+    candidates: int = 1,
 ) -> dict[str, Any]:
     """The frontier as JSON: ``{"n", "risk_targets", "deltas", "participation": {δ: [p per
-    ε]}, "smallest": {δ: ε or None}, "method"}`` (δ keys as strings; participation 0 where
-    nothing is certified)."""
+    ε]}, "smallest": {δ: ε or None}, "method", "candidates"}`` (δ keys as strings;
+    participation 0 where nothing is certified).
+
+    ``candidates``: K, the scorers this one was chosen among on these answers
+    (:mod:`abstain_guard.selection`); every δ is then certified at δ/K, as the guard does.
+    """
     s = np.asarray(scores, dtype=np.float64)
     c = np.asarray(correct)
-    points = certifiable_frontier(s, c, risk_targets, deltas)
+    k = max(1, int(candidates))
+    levels = [float(d) / k for d in deltas]
+    points = certifiable_frontier(s, c, risk_targets, levels)
     by_delta: dict[str, list[float]] = {f"{d:g}": [] for d in deltas}
-    for p in points:
-        by_delta[f"{p.delta:g}"].append(p.participation if p.feasible else 0.0)
+    for i, p in enumerate(points):
+        by_delta[f"{deltas[i // len(risk_targets)]:g}"].append(
+            p.participation if p.feasible else 0.0
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", conformal.ConformalWarning)
         method = conformal.risk_threshold(s, c, float(risk_targets[-1]), float(deltas[0])).method
@@ -132,6 +141,7 @@ def frontier_document(
         "risk_targets": [float(e) for e in risk_targets],
         "deltas": [float(d) for d in deltas],
         "participation": by_delta,
-        "smallest": {f"{d:g}": smallest_certifiable_risk(s, c, float(d)) for d in deltas},
+        "smallest": {f"{d:g}": smallest_certifiable_risk(s, c, float(d) / k) for d in deltas},
         "method": method,
+        "candidates": k,
     }

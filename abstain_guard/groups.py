@@ -56,6 +56,7 @@ from abstain_guard.errors import (
     UncertifiableTargetError,
 )
 from abstain_guard.frontier import smallest_certifiable_risk
+from abstain_guard.selection import ScorerSelection
 
 __all__ = [
     "GroupRules",
@@ -248,6 +249,7 @@ def group_rules(
     groups: ArrayLike,
     config: GuardConfig,
     pooled: DecisionRule | None = None,
+    selection: ScorerSelection | None = None,
 ) -> GroupRules:
     """Each calibration group's rule for ``config``'s target (Mondrian calibration).
 
@@ -258,6 +260,8 @@ def group_rules(
         config: the target, ``group_targets``, ``group_delta``, ``group_fallback`` and
             ``unknown_group``.
         pooled: the pooled rule when already computed (else computed here).
+        selection: how the scorer was chosen among candidates on these answers (the
+            artifact's); every group's rule then certifies at its δ / K as well.
 
     Raises:
         InsufficientDataError: ``group_fallback="raise"`` and some group is too small for a
@@ -268,7 +272,7 @@ def group_rules(
     j = np.asarray(correct).astype(bool)
     g = check_groups(groups, s.size)
     if pooled is None:
-        pooled = decision_rule(s, j, config)
+        pooled = decision_rule(s, j, config, selection=selection)
     names = sorted(set(g.tolist()))
     delta_g = None
     if config.mode == "risk":
@@ -289,7 +293,7 @@ def group_rules(
         sizes[name] = int(mask.sum())
         cfg = _group_config(config, config.group_target(name), delta_g or config.delta)
         try:
-            own = decision_rule(s[mask], j[mask], cfg)
+            own = decision_rule(s[mask], j[mask], cfg, selection=selection)
         except InsufficientDataError as exc:
             reasons[name] = _reason(exc, cfg)
             continue
@@ -297,7 +301,8 @@ def group_rules(
             eps, dlt = cfg.risk_target, cfg.delta
             reasons[name] = f"no threshold certifies risk_target={eps:g} at delta={dlt:g}"
             if config.group_fallback == "raise":  # say what it can certify (a search)
-                smallest = smallest_certifiable_risk(s[mask], j[mask], dlt)
+                level = dlt / (selection.n_candidates if selection is not None else 1)
+                smallest = smallest_certifiable_risk(s[mask], j[mask], level)
                 can = f"{smallest:g}" if smallest is not None else "none below 1"
                 reasons[name] += f"; the smallest it certifies is {can}"
             continue

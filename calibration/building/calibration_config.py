@@ -6,20 +6,37 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from abstain_guard.chat_model_specs import ChatModelSpec, is_secret
 from abstain_guard.config import read_config_file
 from abstain_guard.errors import ConfigError
 from abstain_guard.scorers import scorer_names
 
-__all__ = ["FIT_SCORERS", "KNOWN_SCORERS", "LIKELIHOOD_SCORERS", "CalibrationConfig"]
+__all__ = [
+    "AUTO_SCORER",
+    "FIT_SCORERS",
+    "KNOWN_SCORERS",
+    "LIKELIHOOD_SCORERS",
+    "CalibrationConfig",
+]
 
 LIKELIHOOD_SCORERS = scorer_names(family="likelihood")
 FIT_SCORERS = scorer_names(family=("geometry", "probe"))
 KNOWN_SCORERS = LIKELIHOOD_SCORERS + FIT_SCORERS
 """Scorers ``calibrate`` can build an artifact for: they read the metadata of one answer
 (the geometry scorer also reads the reference/train answers it is fitted on)."""
+
+AUTO_SCORER = "auto"
+"""``scorer: auto``: calibrate every one of ``candidates``, certify each at δ/K and ship the
+one certifying the most participation at ``risk_target`` (:mod:`abstain_guard.selection`)."""
 
 
 class CalibrationConfig(BaseModel):
@@ -70,7 +87,18 @@ class CalibrationConfig(BaseModel):
         "only final answers (tool calls run ungated; a weaker statement)",
     )
     judge: str | dict[str, Any] = Field("lexical", description="judge name or spec")
-    scorer: str = Field("geometry", description="the scorer the guard will use")
+    scorer: str = Field(
+        "geometry",
+        description="the scorer the guard will use, or 'auto': the one of `candidates` that "
+        "certifies the most participation at risk_target, every candidate certified at delta/K",
+    )
+    candidates: tuple[str, ...] | None = Field(
+        None,
+        description="the K scorers compared on the calibration answers: with scorer 'auto' "
+        "calibrate chooses among them; with a named scorer, the ones it was chosen among "
+        "(elsewhere, on this same split). Either way the artifact records a `selection` block "
+        "and the guard certifies at delta/K",
+    )
     scorer_params: dict[str, Any] = Field(default_factory=dict)
     question: str = "question"
     answers: str = "answer"
@@ -137,9 +165,56 @@ class CalibrationConfig(BaseModel):
     @field_validator("scorer")
     @classmethod
     def _known_scorer(cls, value: str) -> str:
-        if value not in KNOWN_SCORERS:
-            raise ValueError(f"unknown scorer {value!r}; choose one of {list(KNOWN_SCORERS)}")
+        if value != AUTO_SCORER and value not in KNOWN_SCORERS:
+            raise ValueError(
+                f"unknown scorer {value!r}; choose one of {list(KNOWN_SCORERS)} or "
+                f"{AUTO_SCORER!r} (with candidates)"
+            )
         return value
+
+    @field_validator("candidates", mode="before")
+    @classmethod
+    def _split_candidates(cls, value: Any) -> Any:
+        if isinstance(value, str):  # --candidates a,b,c
+            return tuple(v.strip() for v in value.split(",") if v.strip())
+        return value
+
+    @model_validator(mode="after")
+    def _check_selection(self) -> CalibrationConfig:
+        if self.candidates is None:
+            if self.scorer == AUTO_SCORER:
+                raise ValueError(
+                    "scorer 'auto' needs candidates, the scorers to choose among "
+                    "(e.g. --candidates probe_mid,probe_concat,geometry)"
+                )
+            return self
+        names = list(self.candidates)
+        if len(set(names)) != len(names) or len(names) < 2:
+            raise ValueError(f"candidates must be at least two distinct scorers, got {names}")
+        known = KNOWN_SCORERS if self.scorer == AUTO_SCORER else scorer_names()
+        unknown = [c for c in names if c not in known]
+        if unknown:
+            raise ValueError(f"unknown candidates {unknown}; choose among {list(known)}")
+        if self.scorer != AUTO_SCORER and self.scorer not in names:
+            raise ValueError(f"scorer {self.scorer!r} is not among the candidates {names}")
+        if self.risk_target is None:
+            raise ValueError(
+                "candidates need risk_target: the candidates are certified (and compared) at "
+                "that risk target, each at delta/K"
+            )
+        if self.agent is not None and self.scorer == AUTO_SCORER:
+            raise ValueError("scorer 'auto' is not supported with an agent; name the scorer")
+        return self
+
+    @property
+    def selects(self) -> bool:
+        """Whether calibrate chooses the scorer itself (``scorer: auto``)."""
+        return self.scorer == AUTO_SCORER
+
+    def for_candidate(self, name: str) -> CalibrationConfig:
+        """This config with ``scorer`` set to candidate ``name`` (what one candidate's
+        calibration runs with)."""
+        return self.model_copy(update={"scorer": name})
 
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> CalibrationConfig:

@@ -31,6 +31,7 @@ import numpy as np
 from abstain_guard.artifact import GuardArtifact
 from abstain_guard.chat_model_specs import ChatModelSpec, chat_model_fingerprint
 from abstain_guard.scorers import build_scorer
+from abstain_guard.selection import ScorerSelection, record_choice, select_scorer
 
 from .agent_calibration import (
     agent_deployment_record,
@@ -168,15 +169,26 @@ def calibrate(
     cache_dir = resolve_cache_dir(out, cfg)
     # every cheap check (paths, model folder and context, judge, scorer_params, rows, lengths,
     # split sizes) before anything is written (the locks too) or loaded, all problems at once
+    first, *others = _preflight_configs(cfg)
     checked = preflight(
         data,
         out,
         cache_dir,
-        cfg,
+        first,
         check_model=model is None,
         check_judge=judges is None,
         chat_models=chat_models,
     )
+    for other in others:  # scorer: auto — every candidate's own checks (scorer, sizes)
+        preflight(
+            data,
+            out,
+            cache_dir,
+            other,
+            check_model=False,
+            check_judge=False,
+            chat_models=chat_models,
+        )
     with run_locks(out, cache_dir):
         started = None
         if executor is None and cfg.executor == "ray" and model is None:
@@ -199,6 +211,23 @@ def calibrate(
         finally:
             if started is not None:
                 started.shutdown()
+
+
+def _preflight_configs(config: CalibrationConfig) -> list[CalibrationConfig]:
+    """The configs :func:`preflight` checks: ``config`` itself, or with ``candidates`` its
+    delta at delta/K (the level the guard certifies at, for the calibration size check) and,
+    for ``scorer: auto``, one per candidate (the size check once)."""
+    if not config.candidates:
+        return [config]
+    level = config.delta / len(config.candidates)
+    if not config.selects:
+        return [config.model_copy(update={"delta": level})]
+    return [
+        config.for_candidate(name).model_copy(
+            update={"delta": level, "risk_target": config.risk_target if i == 0 else None}
+        )
+        for i, name in enumerate(config.candidates)
+    ]
 
 
 def _calibrate(
@@ -238,42 +267,43 @@ def _calibrate(
     timings["load"] = _now() - t0
 
     ordered = [it for name in SPLIT_NAMES for it in splits[name]]
-    scorer = _make_scorer(cfg)
     run = _Run(model, store, cfg, fingerprint, judges, progress, on_generation_chunk, timings)
-    run.executor, run.capture_mode = executor, getattr(scorer, "capture", None)
+    run.executor = executor
     deployment = None
+    selection: ScorerSelection | None = None
+    cal_actions = None  # the calibration runs' action statistics (a step-gated agent)
     if cfg.agent:  # the user's agent, run as deployed (agent_calibration.py)
+        scorer = _make_scorer(cfg)
+        run.capture_mode = getattr(scorer, "capture", None)
         t = _now()
-        answers, scorer, cal_scores = calibrate_agent_splits(run, splits, scorer, cfg)
-        judgments = run.judgments
+        answers, scorer, cal_scores, cal_actions = calibrate_agent_splits(run, splits, scorer, cfg)
         timings["agent runs"] = _now() - t - timings.get("judge", 0.0)
         deployment = agent_deployment_record(model, cfg, items, list(answers.values()))
-    elif cfg.scorer in FIT_SCORERS and captures_geometry(scorer):
-        held_model = scoring_model(model, scorer)
-        answers, judgments, means = run.generate_with_capture(splits, held_model)
+    elif cfg.selects:  # every candidate on the same answers, certified at delta/K
+        answers, scorer, cal_scores, selection = select_candidates(run, splits, ordered)
     else:
-        answers, judgments, means = run.generate_then_judge(splits, ordered), run.judgments, None
+        answers, scorer, cal_scores = fit_scorer(run, splits, ordered, cfg)
+    judgments = run.judgments
     excluded = [it.id for it in ordered if judgments[it.id].correct is None]
     labeled = labeled_splits(splits, judgments)
     accuracy = {
         name: float(np.mean(labels(labeled[name], judgments))) if labeled[name] else float("nan")
         for name in SPLIT_NAMES
     }
-
-    t = _now()
-    if deployment is not None:
-        pass  # fitted and scored while the agent ran
-    elif means is not None:
-        scorer, cal_scores = fit_captured(
-            scorer, held_model, labeled, answers, judgments, cfg, means, store, progress=progress
-        )
-    else:
-        scorer, cal_scores = fit_and_score(
-            model, labeled, answers, judgments, cfg, progress=progress
-        )
-    timings["fit"] = _now() - t
     cal_correct = np.array(labels(labeled["calibration"], judgments))
     cal_groups = calibration_groups(labeled["calibration"])
+    if selection is None and cfg.candidates:  # chosen among them elsewhere on this split
+        assert cfg.risk_target is not None  # the config requires it with candidates
+        selection = record_choice(
+            cfg.scorer,
+            cal_scores,
+            cal_correct,
+            cfg.candidates,
+            cfg.risk_target,
+            cfg.delta,
+            data=_SELECTION_DATA,
+            choice="named in the calibration config (chosen before this run on this split)",
+        )
 
     metadata: dict[str, Any] = {
         "data": str(data) if isinstance(data, (str, Path)) else "python",
@@ -289,6 +319,8 @@ def _calibrate(
         "items_sha256": items_digest(items),
         "deployment": (deployment or deployment_record(model, cfg, items)).to_json(),
     }
+    if selection is not None:
+        metadata["selection"] = selection.to_json()
     artifact = GuardArtifact.from_calibration(
         scorer=scorer,
         scores=cal_scores,
@@ -296,6 +328,7 @@ def _calibrate(
         model_fingerprint=fingerprint,
         metadata=metadata,
         groups=cal_groups,
+        action_statistic=cal_actions,
     )
     artifact.save(out, overwrite=True)
     timings["total"] = _now() - t0
@@ -306,13 +339,85 @@ def _calibrate(
         split_sizes={k: len(v) for k, v in labeled.items()},
         accuracy=accuracy,
         excluded_judgments=len(excluded),
-        scorer=cfg.scorer,
+        scorer=scorer.kind,
         seconds=timings,
         skipped_rows=skipped,
         judgments=metadata["judgments"],
     )
     (cache_dir / "summary.json").write_text(_json_dumps(asdict(summary)))
     return summary
+
+
+_SELECTION_DATA = "the calibration split of this run (the answers the artifact stores)"
+
+
+def fit_scorer(
+    run: _Run, splits: dict[str, list[QAItem]], ordered: list[QAItem], config: CalibrationConfig
+) -> tuple[AnswerRows, Any, np.ndarray]:
+    """Generate (or read from the run cache) and judge every answer, fit ``config.scorer``
+    on reference + train and score the calibration split: ``(answers, scorer, scores)``.
+    A geometry scorer's inputs are captured while generating; answers already cached are
+    never generated again (the fit replays what they lack)."""
+    scorer = _make_scorer(config)
+    run.config, run.capture_mode = config, getattr(scorer, "capture", None)
+    if config.scorer in FIT_SCORERS and captures_geometry(scorer):
+        held_model = scoring_model(run.model, scorer)
+        answers, _, means = run.generate_with_capture(splits, held_model)
+    else:
+        answers, means = run.generate_then_judge(splits, ordered), None
+    labeled = labeled_splits(splits, run.judgments)
+    t = _now()
+    if means is not None:
+        scorer, cal_scores = fit_captured(
+            scorer,
+            held_model,
+            labeled,
+            answers,
+            run.judgments,
+            config,
+            means,
+            run.store,
+            progress=run.progress,
+        )
+    else:
+        scorer, cal_scores = fit_and_score(
+            run.model, labeled, answers, run.judgments, config, progress=run.progress
+        )
+    run.timings["fit"] = run.timings.get("fit", 0.0) + _now() - t
+    return answers, scorer, cal_scores
+
+
+def select_candidates(
+    run: _Run, splits: dict[str, list[QAItem]], ordered: list[QAItem]
+) -> tuple[AnswerRows, Any, np.ndarray, ScorerSelection]:
+    """``scorer: auto``: calibrate every candidate of ``run.config`` on the same answers
+    (generated once: later candidates read the run cache; geometry-capturing candidates go
+    first so their inputs are captured while generating), certify each at delta/K and keep
+    the one certifying the most participation at ``risk_target``
+    (:func:`abstain_guard.selection.select_scorer`): ``(answers, scorer, scores, selection)``.
+    """
+    config = run.config
+    assert config.candidates is not None and config.risk_target is not None
+    names = list(config.candidates)
+    order = sorted(names, key=lambda n: not captures_geometry(build_scorer(n)))
+    fitted: dict[str, tuple[Any, np.ndarray]] = {}
+    answers: AnswerRows = {}
+    for name in order:
+        logger.info("scorer auto: calibrating candidate %s", name)
+        answers, scorer, scores = fit_scorer(run, splits, ordered, config.for_candidate(name))
+        fitted[name] = (scorer, scores)
+    run.config = config
+    labeled = labeled_splits(splits, run.judgments)
+    correct = np.array(labels(labeled["calibration"], run.judgments))
+    selection = select_scorer(
+        {name: fitted[name][1] for name in names},
+        correct,
+        config.risk_target,
+        config.delta,
+        data=_SELECTION_DATA,
+    )
+    scorer, scores = fitted[selection.chosen]
+    return answers, scorer, scores, selection
 
 
 def calibration_groups(items: Sequence[QAItem]) -> list[str] | None:

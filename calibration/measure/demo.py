@@ -52,7 +52,8 @@ def risk_config(artifact: GuardArtifact, risk_target: float, delta: float) -> Gu
     wanted = GuardConfig(mode="risk", risk_target=risk_target, delta=delta)
     if conformal_feasible(artifact, wanted):
         return wanted
-    smallest = smallest_certifiable_risk(artifact.scores, artifact.correct, delta)
+    level = delta / artifact.n_candidates  # δ/K after a scorer selection
+    smallest = smallest_certifiable_risk(artifact.scores, artifact.correct, level)
     if smallest is None:
         return GuardConfig(mode="risk", risk_target=0.99, delta=delta, on_infeasible="abstain_all")
     print(

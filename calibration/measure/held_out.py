@@ -400,7 +400,7 @@ def evaluate(
             nan_policy="omit",
             progress=progress,
         )
-        entry["frontier"] = frontier_document(art.scores, art.correct)
+        entry["frontier"] = frontier_document(art.scores, art.correct, candidates=art.n_candidates)
         entry["costs"] = held.costs
         entry["paired"] = paired_report(
             scores,

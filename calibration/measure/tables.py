@@ -419,4 +419,10 @@ def frontier_markdown(frontier: Mapping[str, Any]) -> str:
         f"{frontier.get('method', '')}): " + "; ".join(smallest) + ". A dash: not certified "
         "(the guard refuses that target unless on_infeasible='abstain_all').",
     ]
+    k = int(frontier.get("candidates", 1))
+    if k > 1:
+        lines[-1] += (
+            f" The scorer was chosen among {k} candidates on these answers: every δ is "
+            f"certified at δ/{k}, so the choice is accounted for."
+        )
     return "\n".join(lines) + "\n"

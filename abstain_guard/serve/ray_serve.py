@@ -27,11 +27,17 @@ from typing import Any
 
 from abstain_guard.errors import ConfigError
 from abstain_guard.serve.app import create_app
-from abstain_guard.serve.monitor_actor import DeploymentMonitor, RayMonitorLink
+from abstain_guard.serve.monitor_actor import (
+    MONITOR_TIMEOUT_S,
+    ActorStepRecord,
+    DeploymentMonitor,
+    RayMonitorLink,
+)
 from abstain_guard.serve.schemas import RequestLimits
 from abstain_guard.serve.service import GuardService
+from abstain_guard.serve.step_record import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_S
 
-__all__ = ["ReplicaServer", "ReplicaSpec", "import_ray_serve"]
+__all__ = ["ReplicaServer", "ReplicaSpec", "build_replica", "import_ray_serve"]
 
 #: The Ray namespace of the monitor actor.
 NAMESPACE = "abstain_guard"
@@ -58,11 +64,14 @@ class ReplicaSpec:
         artifact: the artifact directory (the same path on every node).
         config: the guard config, ``GuardConfig.model_dump(mode="json")``.
         kind, model_name, max_in_flight: as ``serve``'s options.
-        steps: ``step_record_size`` / ``step_record_ttl_s`` when given.
+        steps: ``step_record_size`` / ``step_record_ttl_s`` when given (the step record
+            is the monitor actor's, shared by the replicas).
         api_key: the key ``/v1/*`` requests must send (None: none).
         loopback: whether the endpoint listens on loopback only.
         monitor: the monitor actor's name (in :data:`NAMESPACE`; set by
             :meth:`ReplicaServer.start`).
+        monitor_timeout_s: how long a replica waits for the monitor actor before it
+            answers 503 with ``Retry-After``.
     """
 
     artifact: str
@@ -74,6 +83,34 @@ class ReplicaSpec:
     steps: dict[str, Any] = field(default_factory=dict)
     api_key: str | None = None
     loopback: bool = True
+    monitor_timeout_s: float = MONITOR_TIMEOUT_S
+
+
+def build_replica(
+    spec: ReplicaSpec, actor: Any, replica: str, handle: Any, *, model: Any = None
+) -> tuple[GuardService, RayMonitorLink]:
+    """A replica's guard service and its link to the monitor ``actor``: decisions, feedback,
+    metrics and the agent runs' step records all go to the actor (``model``: an already
+    loaded chat model instead of the artifact's; tests)."""
+    from abstain_guard.config import GuardConfig
+
+    link = RayMonitorLink(actor, replica, handle, 1, timeout_s=spec.monitor_timeout_s)
+    steps = ActorStepRecord(
+        link,
+        int(spec.steps.get("step_record_size", DEFAULT_MAX_ENTRIES)),
+        float(spec.steps.get("step_record_ttl_s", DEFAULT_TTL_S)),
+    )
+    service = GuardService.from_artifact(
+        spec.artifact,
+        GuardConfig.model_validate(spec.config),
+        model=model,
+        kind=spec.kind,
+        model_name=spec.model_name,
+        max_in_flight=spec.max_in_flight,
+        step_record=steps,
+    )
+    link.batch = int(getattr(service.chat_model, "max_batch_size", 1))
+    return service, link
 
 
 class GuardReplica:
@@ -83,24 +120,13 @@ class GuardReplica:
     def __init__(self, spec: Mapping[str, Any]) -> None:
         import ray  # the replica runs on Ray
 
-        from abstain_guard.config import GuardConfig
-
         self.spec = ReplicaSpec(**spec)
-        self.service = GuardService.from_artifact(
-            self.spec.artifact,
-            GuardConfig.model_validate(self.spec.config),
-            kind=self.spec.kind,
-            model_name=self.spec.model_name,
-            max_in_flight=self.spec.max_in_flight,
-            **self.spec.steps,
-        )
         context = ray.get_runtime_context()
-        batch = int(getattr(self.service.chat_model, "max_batch_size", 1))
-        self.link = RayMonitorLink(
+        self.service, self.link = build_replica(
+            self.spec,
             ray.get_actor(self.spec.monitor, namespace=NAMESPACE),
             str(context.get_actor_id()),
             context.current_actor,
-            batch,
         )
 
     async def __serve_build_asgi_app__(self) -> Any:
@@ -145,9 +171,11 @@ def start_monitor(
     config: Mapping[str, Any],
     log_path: str | None,
     monitor_options: Mapping[str, Any] | None = None,
+    steps: Mapping[str, Any] | None = None,
 ) -> Any:
     """Start the deployment's monitor actor ``name`` on this node (a detached, named actor
-    that Ray restarts; one left by an earlier run under that name is replaced)."""
+    that Ray restarts; one left by an earlier run under that name is replaced); ``steps``:
+    its step record's ``step_record_size`` / ``step_record_ttl_s``."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     _kill_named(ray, name)
@@ -171,6 +199,7 @@ def start_monitor(
             dict(config),
             log_path=None if log_path is None else os.path.abspath(log_path),
             monitor_options=dict(monitor_options or {}),
+            steps=dict(steps or {}),
         )
     )
     ray.get(actor.state.remote())  # fitted (or the log refused: raised here)
@@ -256,7 +285,13 @@ class ReplicaServer:
             self.owns_ray = True
         name = f"{self.app_name}-monitor"
         self.monitor = start_monitor(
-            ray, name, self.spec.artifact, self.spec.config, self.log_path, self.monitor_options
+            ray,
+            name,
+            self.spec.artifact,
+            self.spec.config,
+            self.log_path,
+            self.monitor_options,
+            self.spec.steps,
         )
         self.spec = ReplicaSpec(**{**asdict(self.spec), "monitor": name})
         serve.start(http_options={"host": self.host, "port": self.port})

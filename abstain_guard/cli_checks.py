@@ -27,6 +27,15 @@ def positive(value: int | None, option: str) -> None:
         raise ConfigError(f"{option} must be a positive integer, got {value}.")
 
 
+def significance_level(value: float | None, option: str) -> None:
+    """``value`` (when given) is a significance level: strictly between 0 and 1."""
+    if value is not None and not 0.0 < value < 1.0:
+        raise ConfigError(
+            f"{option} must be a significance level strictly between 0 and 1 such as 0.01, "
+            f"got {value}."
+        )
+
+
 def all_at_once(*checks: Callable[[], Any]) -> None:
     """Run every check; raise its error, or a PreflightError listing several."""
     problems: list[AbstainGuardError] = []
@@ -69,4 +78,11 @@ def not_agent_artifacts(paths: Sequence[str | Path]) -> None:
         )
 
 
-__all__ = ["all_at_once", "artifacts_exist", "guard_config", "not_agent_artifacts", "positive"]
+__all__ = [
+    "all_at_once",
+    "artifacts_exist",
+    "guard_config",
+    "not_agent_artifacts",
+    "positive",
+    "significance_level",
+]

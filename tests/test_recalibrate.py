@@ -408,3 +408,60 @@ def test_cli_recalibrate(old_artifact: Path, tmp_path: Path, capsys) -> None:
     rc = main(["recalibrate", "--artifact", str(old_artifact), "--feedback", str(log),
                "--out", str(out), "--pool"])  # fmt: skip
     assert rc == 2 and "drop --pool" in capsys.readouterr().err
+
+
+def test_cli_recalibrate_takes_mode_and_check_level(
+    old_artifact: Path, tmp_path: Path, capsys
+) -> None:
+    """``--mode`` overrides the logged rule's mode and ``--check-level`` sets the level of the
+    selection check (issue 45, item 4); an out-of-range level is one ``error:`` line."""
+    policy, monitor, log = _logged(old_artifact, CONFIG, tmp_path)  # a participation log
+    scores, correct = _split(policy, 240, 60, seed=13)
+    chosen = np.random.default_rng(14).uniform(size=scores.size) < 0.4
+    _serve(policy, monitor, scores, correct, label=lambda i, d: bool(chosen[i]))
+    out = tmp_path / "new"
+    rc = main(["recalibrate", "--artifact", str(old_artifact), "--feedback", str(log),
+               "--out", str(out), "--mode", "risk", "--check-level", "0.05"])  # fmt: skip
+    assert rc == 0 and "(risk mode)" in capsys.readouterr().out
+    source = GuardArtifact.load(out).metadata["calibration_source"]
+    assert source["mode"] == "risk" and source["selection_check"]["level"] == 0.05
+    assert GuardArtifact.load(out).n == int(chosen.sum())  # the labeled decisions only
+    rc = main(["recalibrate", "--artifact", str(old_artifact), "--feedback", str(log),
+               "--out", str(tmp_path / "other"), "--check-level", "1.5"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2 and "--check-level" in err and "1.5" in err
+    assert not (tmp_path / "other").exists()
+    with pytest.raises(SystemExit):
+        main(["recalibrate", "--artifact", str(old_artifact), "--feedback", str(log),
+              "--out", str(tmp_path / "other"), "--mode", "answer_all"])  # fmt: skip
+    assert "invalid choice: 'answer_all'" in capsys.readouterr().err
+
+
+def test_evaluate_live_on_a_recalibrated_artifact_names_the_original(
+    old_artifact: Path, tmp_path: Path, capsys
+) -> None:
+    """``evaluate --live`` refuses a recalibrated artifact (no held-out questions) with the
+    command to run: on the artifact first calibrated on held-out questions, even two
+    recalibrations back, and says so when that artifact is no longer where it was."""
+    policy, monitor, log = _logged(old_artifact, CONFIG, tmp_path, "first")
+    _serve(policy, monitor, *_population(np.random.default_rng(20), 150, shifted=True))
+    recalibrate(old_artifact, log, tmp_path / "new")
+    policy, monitor, log = _logged(tmp_path / "new", CONFIG, tmp_path, "second")
+    _serve(policy, monitor, *_population(np.random.default_rng(21), 150, shifted=True))
+    recalibrate(tmp_path / "new", log, tmp_path / "newer")
+
+    def refusal() -> str:
+        rc = main(["evaluate", "--live", "--artifact", str(tmp_path / "newer"),
+                   "--out", str(tmp_path / "live")])  # fmt: skip
+        err = capsys.readouterr().err
+        assert rc == 2 and "recalibrated from live feedback" in err
+        assert not (tmp_path / "live").exists()
+        return err
+
+    err = refusal()
+    assert f"evaluate --live --artifact {old_artifact}`" in err
+    assert "recalibrated 2 times" in err and "with its monitor" in err
+    old_artifact.rename(tmp_path / "moved")
+    sha = GuardArtifact.load(tmp_path / "new").metadata["recalibrated_from"]["calibration_sha256"]
+    err = refusal()
+    assert f"no artifact at {old_artifact} now" in err and sha in err

@@ -25,8 +25,9 @@ from tqdm.auto import tqdm
 from abstain_guard.artifact import GuardArtifact
 from abstain_guard.chains import load_guard_chain
 from abstain_guard.deployment import DeploymentRecord
-from abstain_guard.errors import ConfigError
+from abstain_guard.errors import AbstainGuardError, ConfigError
 from abstain_guard.kernels import bit_deciding, kernel_differences, near_threshold
+from abstain_guard.monitor import calibration_sha256
 from abstain_guard.prompts import history_messages
 
 from ..building.answers import generate_answers, replay_as_deployed
@@ -222,20 +223,58 @@ def _live_cache(
     return evaluate_cache(where, artifact, artifact_path, reuse=reuse)
 
 
+def _first_calibration(metadata: Mapping[str, Any]) -> tuple[Mapping[str, Any], int]:
+    """The ``recalibrated_from`` record of the artifact first calibrated on held-out
+    questions (each recalibration nests the one before under ``metadata``) and how many
+    recalibrations lie between it and ``metadata``'s artifact."""
+    source: Mapping[str, Any] = metadata["recalibrated_from"]
+    depth = 1
+    while True:
+        before = source.get("metadata")
+        if not isinstance(before, Mapping) or not isinstance(
+            before.get("recalibrated_from"), Mapping
+        ):
+            return source, depth
+        source, depth = before["recalibrated_from"], depth + 1
+
+
+def _where_now(path: str, sha256: str | None) -> str:
+    """A note when ``path`` no longer holds the artifact whose calibration sha256 is
+    ``sha256`` ("" when it does, or when nothing was recorded to compare)."""
+    look = (
+        f"pass --artifact where the artifact with calibration sha256 {sha256} is now"
+        if sha256
+        else "pass --artifact where it is now"
+    )
+    try:
+        there = calibration_sha256(GuardArtifact.load(path).scores)
+    except AbstainGuardError:
+        return f" (there is no artifact at {path} now: {look})"
+    if sha256 and there != sha256:
+        return f" ({path} now holds another artifact, calibration sha256 {there}: {look})"
+    return ""
+
+
 def _refuse_recalibrated(artifact: Any, artifact_path: str | Path) -> None:
     """An artifact recalibrated from live feedback holds live decisions as its calibration
     set: there are no held-out questions to ask again, so the live check refuses it up front
-    (before any model loads) and says what to run instead."""
-    source = artifact.metadata.get("recalibrated_from")
-    if source is None:
+    (before any model loads) and names the command to run instead: the live check of the
+    artifact first calibrated on held-out questions (the same model, prompt and scorer; a
+    recalibration keeps them), found through the ``recalibrated_from`` records, with a note
+    when that artifact is no longer where it was recorded."""
+    if not isinstance(artifact.metadata.get("recalibrated_from"), Mapping):
         return
-    old = source.get("artifact") if isinstance(source, dict) else None
+    first, depth = _first_calibration(artifact.metadata)
+    path = first.get("artifact")
+    times = f" (recalibrated {depth} times)" if depth > 1 else ""
+    where = _where_now(str(path), first.get("calibration_sha256")) if path else ""
     raise ConfigError(
-        f"{artifact_path} was recalibrated from live feedback: its calibration scores are "
-        "the scores of live decisions, which have no held-out questions that evaluate --live "
-        "could ask again. Check the deployment on the questions of the artifact it was "
-        f"recalibrated from (`abstain-guard evaluate --live --artifact {old or '<original>'}`"
-        ": same model, prompt and scorer), and watch the recalibrated guard with its monitor."
+        f"{artifact_path} was recalibrated from live feedback{times}: its calibration scores "
+        "are the scores of live decisions, which have no held-out questions that evaluate "
+        "--live could ask again. Check the deployment on the held-out questions of the "
+        "artifact first calibrated on them (same model, prompt and scorer): "
+        f"`abstain-guard evaluate --live --artifact {path or '<original>'}`{where}; and "
+        "watch the recalibrated guard with its monitor (serve --monitor-log)."
     )
 
 

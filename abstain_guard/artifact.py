@@ -13,6 +13,8 @@ and free JSON metadata. On disk it is a directory::
     scorer.json        ScorerState kind, params, names of its arrays and files
     scorer.npz         ScorerState arrays                      (allow_pickle=False)
     <raw files>        ScorerState files, e.g. calibrator.ubj (XGBoost)
+    action_risk.npz    optional: statistic [n] float64, each calibration run's action
+                       statistic (a step-gated agent: :mod:`abstain_guard.action_risk`)
 
 Loading never executes code: JSON, numpy arrays without pickle, and raw bytes handed to
 the scorer's ``from_state``. A missing file raises ArtifactNotFoundError, a changed or
@@ -63,7 +65,9 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from abstain_guard._version import __version__
+from abstain_guard.action_risk import check_action_statistics, require_action_statistics
 from abstain_guard.artifact_files import (
+    ACTION_RISK,
     CALIBRATION,
     FORMAT_NAME,
     MANIFEST,
@@ -122,6 +126,9 @@ class GuardArtifact:
         model_fingerprint: identity of the model the scores came from (or None).
         metadata: free JSON dict (judge identity, data set, split sizes, ...).
         groups: the group of each calibration answer, shape ``[n]`` (str), or None.
+        action_statistic: each calibration run's action statistic, shape ``[n]`` (float64,
+            ``inf`` for a run without a wrong tool call), or None; needed for
+            ``GuardConfig(action_risk_target=...)`` (:mod:`abstain_guard.action_risk`).
         selection: how the scorer was chosen among candidates on these calibration answers
             (``metadata["selection"]``, :class:`~abstain_guard.selection.ScorerSelection`), or
             None; every rule then certifies at δ/K.
@@ -139,6 +146,7 @@ class GuardArtifact:
         metadata: Mapping[str, Any] | None = None,
         created: str | None = None,
         groups: ArrayLike | None = None,
+        action_statistic: ArrayLike | None = None,
     ) -> None:
         if not isinstance(scorer, Scorer):
             raise InvalidInputError(
@@ -151,6 +159,11 @@ class GuardArtifact:
         self.groups = None if groups is None else check_groups(groups, self.scores.size)
         if self.groups is not None:
             self.groups.setflags(write=False)
+        self.action_statistic = (
+            None
+            if action_statistic is None
+            else check_action_statistics(action_statistic, self.scores.size)
+        )
         if model_fingerprint is not None and not isinstance(model_fingerprint, str):
             raise InvalidInputError("model_fingerprint must be a string or None.")
         self.model_fingerprint = model_fingerprint
@@ -174,6 +187,7 @@ class GuardArtifact:
         model_fingerprint: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         groups: ArrayLike | None = None,
+        action_statistic: ArrayLike | None = None,
     ) -> GuardArtifact:
         """Create an artifact from a fitted scorer and its calibration scores and labels.
 
@@ -185,6 +199,9 @@ class GuardArtifact:
             metadata: free JSON metadata stored in the manifest.
             groups: the group of each calibration answer (e.g. the probe relation), shape
                 ``[n]``; needed for per-group rules (``GuardConfig(group_by=...)``).
+            action_statistic: each calibration run's action statistic (a step-gated agent,
+                :func:`abstain_guard.action_risk.action_statistic`), shape ``[n]``; needed
+                for ``GuardConfig(action_risk_target=...)``.
         """
         return cls(
             scorer,
@@ -193,6 +210,7 @@ class GuardArtifact:
             model_fingerprint=model_fingerprint,
             metadata=metadata,
             groups=groups,
+            action_statistic=action_statistic,
         )
 
     @property
@@ -210,6 +228,8 @@ class GuardArtifact:
 
         Raises:
             ArtifactMismatchError: when ``config.scorer`` names another scorer kind.
+            ActionRiskUnavailableError: ``config.action_risk_target`` is set and the
+                artifact stores no action statistics.
         """
         cfg = config if config is not None else GuardConfig()
         if cfg.scorer is not None and cfg.scorer != self.scorer.kind:
@@ -218,10 +238,25 @@ class GuardArtifact:
                 f"with {self.scorer.kind!r}. Use an artifact for {cfg.scorer!r} or drop the "
                 "scorer setting."
             )
-        key = (cfg.mode, cfg.participation, cfg.risk_target, cfg.delta, cfg.on_infeasible)
+        if cfg.action_risk_target is not None:
+            require_action_statistics(self.action_statistic)
+        key = (
+            cfg.mode,
+            cfg.participation,
+            cfg.risk_target,
+            cfg.delta,
+            cfg.on_infeasible,
+            cfg.action_risk_target,
+        )
         rule = self._rules.get(key)
         if rule is None:
-            rule = decision_rule(self.scores, self.correct, cfg, selection=self.selection)
+            rule = decision_rule(
+                self.scores,
+                self.correct,
+                cfg,
+                selection=self.selection,
+                action_statistic=self.action_statistic,
+            )
             self._rules[key] = rule
         return rule
 
@@ -313,6 +348,8 @@ class GuardArtifact:
         }
         for name, data in state.files.items():
             files[name] = bytes(data)
+        if self.action_statistic is not None:
+            files[ACTION_RISK] = npz_bytes({"statistic": self.action_statistic})
         return files
 
     def _manifest(self, files: Mapping[str, bytes]) -> dict[str, Any]:
@@ -421,6 +458,14 @@ class GuardArtifact:
                 f"{CALIBRATION} must hold 'scores' and 'correct' (and optionally 'groups'), "
                 f"has {sorted(calib)}."
             )
+        action = None
+        if ACTION_RISK in data:  # optional (artifacts before action risk have none)
+            stored = load_npz(data[ACTION_RISK], ACTION_RISK, limit)
+            if set(stored) != {"statistic"}:
+                raise ArtifactSchemaError(
+                    f"{ACTION_RISK} must hold 'statistic', has {sorted(stored)}."
+                )
+            action = stored["statistic"]
         try:
             scorer_json = parse_json(data[SCORER_JSON], SCORER_JSON)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -473,6 +518,7 @@ class GuardArtifact:
                 metadata=metadata,
                 created=manifest.get("created"),
                 groups=calib.get("groups"),
+                action_statistic=action,
             )
         except (InvalidInputError, InsufficientDataError) as exc:
             raise ArtifactSchemaError(f"Invalid calibration data in the artifact: {exc}") from exc

@@ -47,7 +47,11 @@ MANIFEST = "manifest.json"
 CALIBRATION = "calibration.npz"
 SCORER_JSON = "scorer.json"
 SCORER_NPZ = "scorer.npz"
-RESERVED_FILE_NAMES = {MANIFEST, CALIBRATION, SCORER_JSON, SCORER_NPZ}
+ACTION_RISK = "action_risk.npz"
+"""Optional: ``statistic`` [n] float64, each calibration run's action statistic
+(:mod:`abstain_guard.action_risk`); its own file, so loaders that predate it still read the
+artifact."""
+RESERVED_FILE_NAMES = {MANIFEST, CALIBRATION, SCORER_JSON, SCORER_NPZ, ACTION_RISK}
 SAFE_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 #: Default cap on the uncompressed bytes of one ``.npz`` file's arrays at load (512 MiB).

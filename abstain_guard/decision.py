@@ -13,6 +13,13 @@ from typing import Any
 from numpy.typing import ArrayLike
 
 from abstain_guard import conformal
+from abstain_guard.action_risk import (
+    ActionRiskCertificate,
+    action_guarantee,
+    joint_risk_threshold,
+    require_action_statistics,
+    uncertifiable_joint,
+)
 from abstain_guard.config import GuardConfig
 from abstain_guard.errors import InsufficientDataError, UncertifiableTargetError
 from abstain_guard.frontier import smallest_certifiable_risk
@@ -90,6 +97,7 @@ def decision_rule(
     correct: ArrayLike,
     config: GuardConfig,
     selection: ScorerSelection | None = None,
+    action_statistic: ArrayLike | None = None,
 ) -> DecisionRule:
     """Compute the decision rule for ``config``'s target from calibration scores and labels.
 
@@ -101,11 +109,24 @@ def decision_rule(
     """
     if config.mode == "risk":
         assert config.risk_target is not None
+        action: ActionRiskCertificate | None = None
         delta = config.delta
         level = delta / selection.n_candidates if selection is not None else delta
         with warnings.catch_warnings(record=True):
             warnings.simplefilter("always", conformal.ConformalWarning)
-            res = conformal.risk_threshold(scores, correct, config.risk_target, level)
+            if config.action_risk_target is None:
+                res = conformal.risk_threshold(scores, correct, config.risk_target, level)
+            else:  # both targets: the run-level one and the action risk, each at δ/2
+                res, action = joint_risk_threshold(
+                    scores,
+                    correct,
+                    require_action_statistics(action_statistic),
+                    config.risk_target,
+                    config.action_risk_target,
+                    level,
+                )
+                if not res.feasible and config.on_infeasible != "abstain_all":
+                    raise uncertifiable_joint(res, action, config.delta)
         if not res.feasible and config.on_infeasible != "abstain_all":
             raise _uncertifiable(scores, correct, res, delta, selection)
         for note in res.warnings:
@@ -132,6 +153,10 @@ def decision_rule(
         if selection is not None:
             guarantee["delta_per_candidate"] = level
             guarantee["selection"] = selection.summary()
+        if action is not None:
+            guarantee.update(
+                action_guarantee(action, require_action_statistics(action_statistic), res)
+            )
         return DecisionRule(res.threshold, "risk", res.risk_target, guarantee)
 
     with warnings.catch_warnings(record=True):

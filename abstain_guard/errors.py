@@ -108,6 +108,12 @@ class ArtifactMismatchError(ArtifactError):
     """The artifact was calibrated for a different model (fingerprint mismatch) or scorer."""
 
 
+class ActionRiskUnavailableError(ArtifactMismatchError):
+    """The config asks for an action-risk target but the artifact stores no action
+    statistics (calibrated before action risk, not a step-gated agent, or on rows without
+    expected tool calls): recalibrate with ``abstain-guard calibrate --agent``."""
+
+
 class ArtifactTooLargeError(ArtifactSchemaError):
     """An artifact array would inflate past the load limit (``max_array_bytes``)."""
 
@@ -254,6 +260,7 @@ class KernelMismatchWarning(UserWarning):
 
 __all__ = [
     "AbstainGuardError",
+    "ActionRiskUnavailableError",
     "ArtifactError",
     "ArtifactIntegrityError",
     "ArtifactMismatchError",

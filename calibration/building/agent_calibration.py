@@ -13,9 +13,12 @@ answers, fit the scorer, score the calibration split as the middleware will.
    scored from the message the model returned, the object the middleware scores live.
 
 With step gating (``agent_gating="steps"``, the default) a run's label is the run's
-(:mod:`.run_labels`: no final answer or a wrong tool call makes it wrong) and every
-calibration run is in the calibration set; with ``"final_answer"`` only runs with a final
-answer are, labelled by it.
+(:mod:`.run_labels`: no final answer, a wrong tool call or a missing expected call makes it
+wrong) and every calibration run is in the calibration set; with ``"final_answer"`` only
+runs with a final answer are, labelled by it. With step gating on rows that carry expected
+tool calls, each calibration run's action statistic (its running maximum at its first wrong
+tool call, :mod:`abstain_guard.action_risk`) is returned too, for the action-risk
+certificate (``GuardConfig(action_risk_target=...)``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from abstain_guard.action_risk import action_statistic
 from abstain_guard.agent_steps import run_statistic
 from abstain_guard.chat_model_specs import ChatModelRecord, ChatModelSpec
 from abstain_guard.deployment import AgentRecord, DeploymentRecord, PromptRecord, sha256_text
@@ -50,6 +54,7 @@ __all__ = [
     "AgentCalibrationRun",
     "agent_deployment_record",
     "calibrate_agent_splits",
+    "calibration_action_statistics",
     "run_step_scores",
 ]
 
@@ -134,6 +139,25 @@ def run_step_scores(scorer: Any, row: Mapping[str, Any]) -> list[float]:
     return [float(x) for x in scorer.score_many([m.get("metadata") or {} for m in steps])]
 
 
+def calibration_action_statistics(
+    items: Sequence[QAItem],
+    rows: AnswerRows,
+    step_scores: Sequence[Sequence[float]],
+    schemas: Sequence[Mapping[str, Any]] | None,
+) -> np.ndarray | None:
+    """Each calibration run's action statistic (:func:`abstain_guard.action_risk.
+    action_statistic`: the running maximum of ``step_scores`` at its first model call with a
+    wrong tool call, ``inf`` when none), ``[n]``; None when a row has no expected calls (its
+    wrong calls cannot be told, so no action risk can be certified)."""
+    out = []
+    for it, steps in zip(items, step_scores, strict=True):
+        calls = call_verdicts(it, rows[it.id], schemas)
+        if calls is None:
+            return None
+        out.append(action_statistic(steps, [sum(not ok for ok in step) for step in calls]))
+    return np.asarray(out, dtype=np.float64)
+
+
 def _id_pairs(items: Sequence[QAItem], rows: AnswerRows) -> list[Any]:
     pairs = []
     for it in items:
@@ -153,11 +177,12 @@ def calibrate_agent_splits(
     splits: dict[str, list[QAItem]],
     scorer: Any,
     config: CalibrationConfig,
-) -> tuple[AnswerRows, Any, np.ndarray]:
+) -> tuple[AnswerRows, Any, np.ndarray, np.ndarray | None]:
     """Run, judge, fit and score (module docstring). ``run``: the pipeline's run (model,
     store, fingerprint, executor, its judging step; :class:`AgentCalibrationRun`). Returns
-    the cached rows per question id, the fitted scorer and the calibration split's scores
-    (its labeled items in order)."""
+    the cached rows per question id, the fitted scorer, the calibration split's scores
+    (its labeled items in order) and their action statistics (step gating on rows with
+    expected calls, else None: :func:`calibration_action_statistics`)."""
     from abstain_guard.adapters.replay import replay_token_ids
 
     assert config.agent is not None
@@ -236,11 +261,14 @@ def calibrate_agent_splits(
     )
     _judge_runs(run, held, rows, config, schemas, step_fit)
     calibration = labeled_items(splits["calibration"], run.judgments)
+    actions = None
     if steps_mode:  # the whole run's statistic (agent_steps.py): what the guard stops on
-        scores = [run_statistic(run_step_scores(scorer, rows[it.id])) for it in calibration]
+        steps = [run_step_scores(scorer, rows[it.id]) for it in calibration]
+        scores = [run_statistic(s) for s in steps]
+        actions = calibration_action_statistics(calibration, rows, steps, schemas)
     else:
         scores = list(scorer.score_many([rows[it.id]["metadata"] for it in calibration]))
-    return rows, scorer, np.asarray(scores, dtype=np.float64)
+    return rows, scorer, np.asarray(scores, dtype=np.float64), actions
 
 
 def agent_deployment_record(

@@ -279,26 +279,40 @@ def test_the_forced_agent_runs_and_a_gated_call_never_executes(steps: Any) -> No
 # --- (d) tool-step counts, (e) final-answer gating ------------------------------------------
 
 
-def test_a_final_answer_after_an_uncalibrated_tool_step_count_is_refused_or_warned() -> None:
-    fields = {**FORCED, "tool_steps": {"2": 50}}
-    for on_mismatch in ("raise", "warn"):
+def test_an_uncalibrated_tool_step_count_is_a_warning_with_step_gating_else_refused() -> None:
+    # issue 46 item 6: with step gating the run's tool already ran on the guard's word, so a
+    # count outside calibration's range (here 1, calibration 2..3) is a warning, never a 400;
+    # a count inside the range (1, calibration 0 and 2) is no mismatch at all
+    cases = [
+        ("steps", "raise", {"2": 50, "3": 4}),
+        ("steps", "warn", {"2": 50, "3": 4}),
+        ("steps", "raise", {"0": 30, "2": 20}),
+        ("final_answer", "raise", {"2": 50, "3": 4}),
+    ]
+    for gating, on_mismatch, counts in cases:
         config = GuardConfig(participation=0.8, on_mismatch=on_mismatch)
-        for client, service, _ in _serve(_guard(config, gating="steps", **fields)):
+        fields = {**FORCED, "tool_steps": counts}
+        for client, service, _ in _serve(_guard(config, gating=gating, **fields)):
             call, _ = _ask(client, [PERU], tool_choice="required")  # a call: not checked
             messages = [PERU, _returned(call), _result(call.message.tool_calls[0].id, "Lima")]
-            if on_mismatch == "raise":
+            if gating == "final_answer":
                 with pytest.raises(openai.BadRequestError) as info:
                     _ask(client, messages)
                 assert info.value.body["code"] == "tool_steps_not_calibrated"
                 assert "after 1 tool step(s)" in info.value.body["message"]
-                assert "{'2': 50}" in info.value.body["message"]
+                assert "between 2 and 3" in info.value.body["message"]
                 assert service.in_flight == 0
                 continue
             final, _ = _ask(client, messages)
             decision = final.model_extra["abstention"]
             assert final.message.content == "Lima" and decision["abstained"] is False
-            (warning,) = decision["guarantee"]["warnings"]
+            warnings = decision["guarantee"].get("warnings") or []
+            if "0" in counts:
+                assert warnings == []
+                continue
+            (warning,) = warnings
             assert warning.startswith("agent run: this final answer came after 1 tool step(s)")
+            assert "between 2 and 3" in warning
 
 
 def test_final_answer_gating_returns_tool_calls_ungated() -> None:

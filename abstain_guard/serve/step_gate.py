@@ -13,9 +13,11 @@ and a statistic that is not known to be under τ cannot answer: the server absta
 running the model, with ``reason: "earlier steps unknown"`` and the calls in
 ``unknown_tool_calls``.
 
-Also here: a final answer after a number of tool steps no calibration run's final answer had
-(``AgentRecord.tool_steps``) is refused (400) or warned about per ``on_mismatch``, with the
-middleware's words.
+Also here: a final answer after a number of tool steps outside the range calibration's final
+answers had (``AgentRecord.tool_steps``, min..max) is a warning in the decision with step
+gating (the run's tools already ran on the guard's word: refusing the answer would remove a
+run the certificate accepts), and with final-answer gating refused (400) or warned about per
+``on_mismatch``; the middleware's words and rule.
 """
 
 from __future__ import annotations
@@ -129,15 +131,19 @@ def unknown_steps_abstention(
 def check_tool_steps(
     policy: Any, record: DeploymentRecord, steps: Sequence[BaseMessage]
 ) -> list[str]:
-    """The warnings of a final answer after ``steps`` (``on_mismatch="warn"``).
+    """The warnings of a final answer after ``steps``: a tool-step count outside the range
+    calibration saw is always a warning with step gating, and with final-answer gating a
+    warning under ``on_mismatch="warn"``.
 
     Raises:
-        RequestRefused: 400 for a tool-step count calibration never saw with
-            ``on_mismatch="raise"``.
+        RequestRefused: 400 for a count outside calibration's range with final-answer gating
+            and ``on_mismatch="raise"``.
     """
     problem = tool_steps_problem(record, sum(isinstance(m, ToolMessage) for m in steps))
     if problem is None:
         return []
+    if gating_of(record) == "steps":
+        return [f"agent run: {problem}"]
     try:
         return list(policy.mismatch([problem], "agent run"))
     except ArtifactMismatchError as exc:

@@ -32,7 +32,7 @@ import asyncio
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
@@ -349,15 +349,18 @@ class GuardService(Admission):
         policy = self.guard.policy
         group = policy.group_of(call.inputs(), call.metadata)
         snapshot = None
-        if self.gating == "steps":
+        if self.gating == "steps":  # the run's steps as the store holds them
             snapshot = await StepSnapshot.read(
                 self.steps, call.question, call.history, call.steps, group
             )
             check_run_group(snapshot, group)
-            run = run_so_far(snapshot, call.question, call.history, call.steps)  # type: ignore[arg-type]
-            call = replace(call, run=run)
-        if call.run is not None and call.run.unknown:
-            message, decision = unknown_steps_abstention(policy, group, call.run, snapshot)
+            # step_gate reads a StepRecord's get / ttl_s / max_entries: a snapshot has them
+            records = cast(StepRecord, snapshot)
+            call = replace(call, run=run_so_far(records, call.question, call.history, call.steps))
+        if snapshot is not None and call.run is not None and call.run.unknown:
+            message, decision = unknown_steps_abstention(
+                policy, group, call.run, cast(StepRecord, snapshot)
+            )
         else:
             prompt = await self.prompt_template.ainvoke(call.inputs())
             messages = [*prompt.to_messages(), *call.steps]
@@ -395,7 +398,7 @@ class GuardService(Admission):
         decision["gating"] = "steps"
         decision["tool_calls"] = [c["name"] for c in reply.tool_calls]
         if reply.tool_calls and not decision.get("abstained") and snapshot is not None:
-            remember_step(snapshot, run, reply, decision)  # type: ignore[arg-type]
+            remember_step(cast(StepRecord, snapshot), run, reply, decision)  # put: see read
         return message, decision
 
     def describe(self) -> dict[str, Any]:

@@ -296,3 +296,52 @@ def test_the_shipped_guard_records_its_selection_and_certifies_at_delta_over_13(
     assert smallest_certifiable_risk(art.scores, art.correct, 0.1 / 13) == 0.18
     with pytest.raises(UncertifiableTargetError):
         art.decision_rule(GuardConfig(mode="risk", risk_target=0.17, delta=0.1))
+
+
+# --- calibrate --scorer auto, end to end on the tiny random-weight model ----------------------
+
+
+def test_calibrate_scorer_auto_ships_the_best_certified_candidate(tmp_path: Path) -> None:
+    from test_pipeline_resume import ITEMS, HashJudge, _config, _judges
+    from tiny_models import tiny_chat_model
+
+    from abstain_guard.calibration.building.pipeline import calibrate
+
+    model = tiny_chat_model("llama", seed=0)
+    names = ("perplexity", "max_sequence_probability", "mean_token_entropy")
+    cfg = _config(tmp_path, "auto").model_copy(
+        update={"scorer": "auto", "candidates": names, "risk_target": 0.9, "ratios": (1, 1, 4, 1)}
+    )
+    summary = calibrate(
+        ITEMS,
+        tmp_path / "auto",
+        config=cfg,
+        model=model,
+        judges=_judges(tmp_path, "auto", HashJudge()),
+        progress=False,
+    )
+    art = GuardArtifact.load(tmp_path / "auto")
+    sel = art.selection
+    assert sel is not None and sel.candidates == names and sel.n == art.n
+    assert summary.scorer == sel.chosen == art.scorer.kind
+    assert set(sel.certificates) == set(names)
+    best = max(sel.certificates.values(), key=lambda c: c.participation)
+    assert sel.certificates[sel.chosen].participation == best.participation
+    # each candidate's certificate is its own scores certified alone at delta/3: rebuild them
+    for name in names:
+        alone = calibrate(
+            ITEMS,
+            tmp_path / name,
+            config=cfg.model_copy(update={"scorer": name, "candidates": None}),
+            model=model,
+            judges=_judges(tmp_path, "auto", HashJudge()),  # the same run cache: no new model run
+            progress=False,
+        )
+        assert alone.split_sizes == summary.split_sizes
+        own = GuardArtifact.load(tmp_path / name)
+        cert = sel.certificates[name]
+        assert cert.rank == _risk(own.scores, own.correct, 0.9, 0.1 / 3).rank
+    chosen = GuardArtifact.load(tmp_path / sel.chosen)
+    assert np.array_equal(chosen.scores, art.scores)
+    rule = art.decision_rule(GuardConfig(mode="risk", risk_target=0.9, on_infeasible="abstain_all"))
+    assert rule.guarantee["delta_per_candidate"] == pytest.approx(0.1 / 3)

@@ -13,9 +13,16 @@
   which is run on the messages before the stopped call and whose new messages end the run.
 
 Runs continued by a human or a fallback are outside the certificate (docs/guarantees.md):
-their later decisions say ``certified: false`` and the human's or fallback's part is not
-gated on the run statistic (which is already above τ); a later step whose own score
-exceeds τ is reviewed again in ``"interrupt"`` mode.
+the decision that handed the run over (its traced record), the approved or edited message,
+every later message and traced decision of the turn, and every message the fallback makes
+say ``certified: false`` and ``continued_by`` (``"approved"``, ``"edited"``,
+``"fallback"``); the fallback's messages carry that ``abstention`` record (not scored: the
+fallback is not the calibrated model) with the stopping decision under ``stopped``. The
+human's or fallback's part is not gated on the run statistic (which is already above τ); a
+later step whose own score exceeds τ is reviewed again in ``"interrupt"`` mode. A rejected
+review ends the run with the abstention: that decision stays certified and the monitor does
+not count it as handed off. A fallback takes over one turn only (the next question of a
+checkpointed thread is gated again), and nothing a caller sends can hand a turn over.
 
 Pure helpers; the middleware applies them.
 """

@@ -71,6 +71,7 @@ _OTEL_FIELDS = (
     "action",
     "review",
     "certified",
+    "continued_by",
 )
 
 

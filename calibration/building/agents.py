@@ -3,14 +3,18 @@
 ``abstain-guard calibrate --agent package.module:factory`` calls ``factory(model)`` for the
 LangChain v1 agent (``create_agent``: tools, system prompt, other middleware; without the
 guard) and runs the whole agent on each question. Its final answer — the last AI message
-without tool calls — is judged, and scored from the message the agent's own model call
-returned, which is what :class:`~abstain_guard.middleware.AbstentionMiddleware` scores live:
-the same messages in the context (tool results included), the same tokens, the same geometry.
+without tool calls — is judged, and its model calls are scored from the messages the agent's
+own model returned — with step gating (the default) every call, the run by its running
+maximum; with final-answer gating the final answer only — which is what
+:class:`~abstain_guard.middleware.AbstentionMiddleware` scores live: the same messages in the
+context (tool results included), the same tokens, the same geometry.
 
 A run that ends without a final answer (the step limit, an exception in a tool or in the
 model, a last message that still calls a tool) is recorded with its reason and counted in
-the artifact's :class:`~abstain_guard.deployment.AgentRecord`; it has no score, so it is not
-in the calibration set (docs/guarantees.md: what the guarantee covers for agents).
+the artifact's :class:`~abstain_guard.deployment.AgentRecord`. With step gating it is in the
+calibration set (scored by the running maximum of the calls it made, labelled wrong:
+:mod:`.run_labels`); with final-answer gating it has no score and is not (docs/guarantees.md:
+what the guarantee covers for agents).
 
 Each run is cached per question in the run store (namespace :data:`AGENT_NS`) as soon as it
 ends, so a killed calibration resumes with the runs it has not done yet.

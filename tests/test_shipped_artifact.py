@@ -6,22 +6,21 @@ moves a score shows up here as live != stored. Where this machine's bit-deciding
 facts are the calibration's (:func:`abstain_guard.kernels.bit_deciding`) the scores must
 agree to float64 rounding; on other kernels (another CPU model, another forced ATen
 capability) within the library's stated tolerance, with the guard's kernel note in every
-decision. A second test runs the guard in a process forced onto another ATen capability."""
+decision. ``make test-foreign`` runs it on ATen's scalar kernels and MKL's AVX2 branch, where
+the scores must move and the guard must warn once and note every decision."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
+import warnings
 
 import numpy as np
 import pytest
 
-from abstain_guard import GuardArtifact, default_artifact_path
+from abstain_guard import GuardArtifact, default_artifact_path, policy
 from abstain_guard.calibration.measure.held_out import artifact_items
 from abstain_guard.chains import load_guard_chain
 from abstain_guard.deployment import DeploymentRecord
+from abstain_guard.errors import KernelMismatchWarning
 from abstain_guard.kernels import STATED_TOLERANCE, kernel_differences
 
 pytestmark = pytest.mark.model
@@ -55,53 +54,34 @@ def _kernel_differences(model) -> list[str]:
     return kernel_differences(model.decoding_settings()["kernels"], record.decoding["kernels"])
 
 
-def test_shipped_artifact_scores_its_calibration_answers_identically(default_model) -> None:
-    live, stored, notes = live_and_stored(default_model, N_QUESTIONS)
-    if not _kernel_differences(default_model):
+def test_shipped_artifact_scores_its_calibration_answers_identically(
+    default_model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(policy, "_KERNEL_NOTES_GIVEN", set())  # the warning is once a process
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        live, stored, notes = live_and_stored(default_model, N_QUESTIONS)
+    warned = [str(w.message) for w in caught if issubclass(w.category, KernelMismatchWarning)]
+    differences = _kernel_differences(default_model)
+    if not differences:
         # Same kernels as calibration (same ATen capability, MKL branch and -- MKL's branch
         # being OFF -- the same CPU model): the guard decodes on the recorded path and
         # computes bitwise the same features; the scores agree to float64 rounding (measured
         # max |Δ| = 1.1e-16: calibration evaluated its answers as one batch through a BLAS
         # matrix-vector product, the guard one at a time). Anything that changes the prompt,
         # budget, decode path, tokens, capture or scorer moves a score by far more (~1e-5).
-        assert all(not n for n in notes), notes
+        assert all(not n for n in notes) and not warned, (notes, warned)
         np.testing.assert_allclose(live, stored, rtol=0, atol=1e-12)
-    else:
-        # Another CPU's kernels: the stated tolerance, and the note in every decision.
-        assert all(any(w.startswith("kernels:") for w in n) for n in notes), notes
-        np.testing.assert_allclose(live, stored, rtol=0, atol=STATED_TOLERANCE)
-
-
-SECOND_CAPABILITY = """
-import json, sys, warnings
-from abstain_guard.adapters import load_default_model
-from abstain_guard.errors import KernelMismatchWarning
-sys.path.insert(0, "tests")
-from test_shipped_artifact import live_and_stored
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    live, stored, notes = live_and_stored(load_default_model(max_new_tokens=24), int(sys.argv[1]))
-kernel = [str(w.message) for w in caught if issubclass(w.category, KernelMismatchWarning)]
-print(json.dumps({"live": live, "stored": stored, "notes": notes, "warned": kernel}))
-"""
-
-
-def test_the_shipped_guard_on_a_second_forced_cpu_capability() -> None:
-    """ATen's scalar kernels (``ATEN_CPU_CAPABILITY=default``) stand in for another machine:
-    the scores move (measured 3.8e-6 at most on these answers), stay within the stated
-    tolerance, and the guard warns once and notes every decision."""
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run(
-        [sys.executable, "-c", SECOND_CAPABILITY, "4"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert len(result["warned"]) == 1
-    assert "aten_capability: 'DEFAULT' here vs 'AVX2' at calibration" in result["warned"][0]
-    assert all(n == result["warned"] for n in result["notes"])
-    diffs = np.abs(np.array(result["live"]) - np.array(result["stored"]))
-    assert 0 < diffs.max() <= STATED_TOLERANCE, diffs
+        return
+    # Another CPU's kernels: within the stated tolerance, one warning in the process and
+    # exactly that note in every decision.
+    assert len(warned) == 1, warned
+    assert all(n == warned for n in notes), notes
+    diffs = np.abs(np.array(live) - np.array(stored))
+    assert diffs.max() <= STATED_TOLERANCE, diffs
+    if any(d.startswith("aten_capability: 'DEFAULT' here vs 'AVX2'") for d in differences):
+        # ATen's scalar kernels (the foreign-kernel mode, ``make test-foreign``): another
+        # order of reductions in every norm and softmax, so the scores do move (measured
+        # 3.8e-6 at most on these answers).
+        assert "aten_capability: 'DEFAULT' here vs 'AVX2' at calibration" in warned[0]
+        assert diffs.max() > 0, diffs

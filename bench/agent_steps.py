@@ -17,7 +17,17 @@ other way round, so every held-out run is counted once out of sample:
   call over τ.
 
 Both guards use the same ε: the smallest risk target both certify at δ = 0.1 on each fold
-(the larger of the two). ``live_equals_stored``: the deployed, guarded agent
+(the larger of the two).
+
+Actions (:mod:`abstain_guard.action_risk`): the step guard's executed wrong tool calls are
+split into those of the runs it let through and those of the runs it stopped (which ran
+before the stop); ``certified_action_risk`` gives, on each fold, the smallest ε_a certified
+at δ for the step guard's τ (P(a run executes a wrong tool call) ≤ ε_a, every run counted,
+stopped ones included; each ε_a of the grid 0.01..0.99 at δ/99, so reading the smallest off
+the fold keeps δ) and the realised action risk on the other fold. ``joint_guard``: the step
+guard with ``action_risk_target`` = :data:`ACTION_RISK_TARGET` (fixed before the run) beside
+the smallest run-level ε it certifies with it on each fold: τ passes both tests, each at
+δ/2. ``live_equals_stored``: the deployed, guarded agent
 (``AbstentionMiddleware``) re-run on a few test questions gives the stored step scores
 bit for bit (``evaluate --live``).
 
@@ -42,6 +52,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from abstain_guard.action_risk import action_statistic, certified_action_risk  # noqa: E402
 from abstain_guard.agent_steps import run_statistic, stopping_step  # noqa: E402
 from abstain_guard.artifact import GuardArtifact  # noqa: E402
 from abstain_guard.calibration.building.agent_calibration import run_step_scores  # noqa: E402
@@ -75,6 +86,8 @@ DATA = "builtin-lookup"
 FACTORY = "examples.lookup_agent:build_agent"
 CONFIG = ROOT / "examples" / "lookup_agent.yaml"
 DELTA = 0.1
+ACTION_RISK_TARGET = 0.1
+"""ε_a of the joint guard, fixed before the run."""
 
 
 def held_out_runs(out: Path, model: Any) -> tuple[GuardArtifact, list[dict[str, Any]]]:
@@ -114,6 +127,7 @@ def held_out_runs(out: Path, model: Any) -> tuple[GuardArtifact, list[dict[str, 
         if run.correct is None:
             continue  # the judge could not read the answer: no label (as calibration)
         steps = run_step_scores(artifact.scorer, row)
+        wrong_calls = [sum(1 for ok in step if not ok) for step in calls or []]
         runs.append(
             {
                 "id": it.id,
@@ -122,7 +136,10 @@ def held_out_runs(out: Path, model: Any) -> tuple[GuardArtifact, list[dict[str, 
                 "final": steps[-1] if has_final_answer(row) else None,
                 "final_correct": None if answer is None else answer.correct,
                 "run_correct": bool(run.correct),
-                "wrong_calls": [sum(1 for ok in step if not ok) for step in calls or []],
+                "wrong_calls": wrong_calls,
+                # the running maximum at its first wrong tool call (inf: none; no expected
+                # calls: none can be told)
+                "action": action_statistic(steps, wrong_calls) if calls else float("inf"),
                 "calls": [len(m.get("tool_calls") or []) for m in step_messages(row)],
                 "step_correct": step_labels(row, run, answer, calls),
             }
@@ -160,11 +177,63 @@ def ranking(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _tau(scores: list[float], correct: list[bool], eps: float) -> float:
+def _tau(
+    scores: list[float],
+    correct: list[bool],
+    eps: float,
+    actions: list[float] | None = None,
+) -> float:
+    """τ at risk target ε and δ; with ``actions`` (the runs' action statistics) also at
+    :data:`ACTION_RISK_TARGET` (each at δ/2)."""
     if eps >= 1.0 or not scores:  # nothing certifiable: the guard abstains on everything
         return float("-inf")
-    config = GuardConfig(mode="risk", risk_target=eps, delta=DELTA, on_infeasible="abstain_all")
-    return decision_rule(np.asarray(scores), np.asarray(correct), config).threshold
+    config = GuardConfig(
+        mode="risk",
+        risk_target=eps,
+        delta=DELTA,
+        on_infeasible="abstain_all",
+        action_risk_target=None if actions is None else ACTION_RISK_TARGET,
+    )
+    rule = decision_rule(
+        np.asarray(scores),
+        np.asarray(correct),
+        config,
+        action_statistic=None if actions is None else np.asarray(actions),
+    )
+    return rule.threshold
+
+
+def _smallest_joint_epsilon(
+    scores: list[float], correct: list[bool], actions: list[float]
+) -> float:
+    """The smallest run-level ε (0.01 steps) the joint rule certifies beside
+    :data:`ACTION_RISK_TARGET` (1.0: none), as ε is chosen for the other guards."""
+    for k in range(1, 100):
+        eps = round(0.01 * k, 2)
+        if _tau(scores, correct, eps, actions) > float("-inf"):
+            return eps
+    return 1.0
+
+
+def _step_guard(runs: list[dict[str, Any]], tau: float) -> dict[str, int]:
+    """The step guard at τ on ``runs``: runs let through and the wrong ones among them, wrong
+    tool calls executed in accepted and in stopped runs, runs that executed a wrong call."""
+    out = {
+        "accepted": 0,
+        "wrong_accepted": 0,
+        "wrong_calls_accepted": 0,
+        "wrong_calls_stopped": 0,
+        "runs_with_wrong_call_executed": 0,
+    }
+    for r in runs:
+        stop = stopping_step(r["steps"], tau)
+        executed = sum(r["wrong_calls"] if stop is None else r["wrong_calls"][:stop])
+        out["wrong_calls_accepted" if stop is None else "wrong_calls_stopped"] += executed
+        out["runs_with_wrong_call_executed"] += executed > 0
+        if stop is None:
+            out["accepted"] += 1
+            out["wrong_accepted"] += not r["run_correct"]
+    return out
 
 
 def compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -173,6 +242,8 @@ def compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "wrong_calls_unguarded": 0,
         "wrong_calls_executed_final_only": 0,
         "wrong_calls_executed_step_guard": 0,
+        "wrong_calls_executed_in_accepted_runs": 0,
+        "wrong_calls_executed_in_stopped_runs": 0,
         "accepted_final_only": 0,
         "accepted_step_guard": 0,
         "wrong_accepted_final_only": 0,
@@ -181,6 +252,9 @@ def compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "wrong_answered_unguarded": 0,
     }
     epsilons = []
+    action_by_fold = []
+    joint_epsilons: list[float] = []
+    joint = {key: 0 for key in _step_guard([], 0.0)}
     for fold in (0, 1):
         fit = [r for r in runs if r["fold"] == fold]
         out = [r for r in runs if r["fold"] != fold]
@@ -195,6 +269,28 @@ def compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
         epsilons.append({"fold": fold, "step": eps_step, "final": eps_final, "used": eps})
         tau_final = _tau(final_scores, final_labels, eps)
         tau_step = _tau(stats, labels, eps)
+        actions = [r["action"] for r in fit]
+        held = _step_guard(out, tau_step)
+        certified = certified_action_risk(actions, tau_step, DELTA)
+        action_by_fold.append(
+            {
+                "fold": fold,
+                "tau": tau_step,
+                "certified": certified,
+                "calibration_runs_with_wrong_call_executed": int(
+                    sum(a <= tau_step for a in actions)
+                ),
+                "calibration_runs": len(fit),
+                "realised_held_out": held["runs_with_wrong_call_executed"] / len(out),
+                "held_out_runs_with_wrong_call_executed": held["runs_with_wrong_call_executed"],
+                "held_out_runs": len(out),
+            }
+        )
+        eps_joint = _smallest_joint_epsilon(stats, labels, actions)
+        joint_epsilons.append(eps_joint)
+        tau_joint = _tau(stats, labels, eps_joint, actions)
+        for key, value in _step_guard(out, tau_joint).items():
+            joint[key] += value
         for r in out:
             wrong = sum(r["wrong_calls"])
             totals["wrong_calls_unguarded"] += wrong
@@ -205,12 +301,13 @@ def compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 if r["final"] <= tau_final:
                     totals["accepted_final_only"] += 1
                     totals["wrong_accepted_final_only"] += not r["run_correct"]
-            stop = stopping_step(r["steps"], tau_step)
-            executed = r["wrong_calls"] if stop is None else r["wrong_calls"][:stop]
-            totals["wrong_calls_executed_step_guard"] += sum(executed)
-            if stop is None:
-                totals["accepted_step_guard"] += 1
-                totals["wrong_accepted_step_guard"] += not r["run_correct"]
+        totals["wrong_calls_executed_step_guard"] += (
+            held["wrong_calls_accepted"] + held["wrong_calls_stopped"]
+        )
+        totals["wrong_calls_executed_in_accepted_runs"] += held["wrong_calls_accepted"]
+        totals["wrong_calls_executed_in_stopped_runs"] += held["wrong_calls_stopped"]
+        totals["accepted_step_guard"] += held["accepted"]
+        totals["wrong_accepted_step_guard"] += held["wrong_accepted"]
     n = len(runs)
 
     def rate(wrong: int, of: int) -> float | None:
@@ -234,6 +331,21 @@ def compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "certified_epsilon": max(e["used"] for e in epsilons),
         "epsilon_by_fold": epsilons,
         "delta": DELTA,
+        "certified_action_risk": action_by_fold,
+        "realised_action_risk_within_certified": all(
+            a["certified"] is not None and a["realised_held_out"] <= a["certified"]
+            for a in action_by_fold
+        ),
+        "joint_guard": {
+            "action_risk_target": ACTION_RISK_TARGET,
+            "delta_each": DELTA / 2,
+            "epsilon_by_fold": joint_epsilons,
+            "accepted": joint["accepted"],
+            "run_error_accepted": rate(joint["wrong_accepted"], joint["accepted"]),
+            "wrong_calls_executed_in_accepted_runs": joint["wrong_calls_accepted"],
+            "wrong_calls_executed_in_stopped_runs": joint["wrong_calls_stopped"],
+            "realised_action_risk": joint["runs_with_wrong_call_executed"] / n,
+        },
     }
 
 

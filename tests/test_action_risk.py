@@ -143,7 +143,9 @@ def test_the_ceiling_is_where_the_binomial_test_stops_rejecting() -> None:
 
 def test_the_certified_action_risk_holds_with_probability_1_minus_delta(population: Runs) -> None:
     """Worst case: τ just below the ceiling (every τ under it is certified at once). The
-    largest τ whose calibration action risk is <= ε_a, without the test, violates often."""
+    largest τ whose calibration action risk is <= ε_a, without the test, violates often.
+    Measured: 5.7 % of 300 draws violate (δ = 10 %), the untested rule 45.7 %; the certified
+    τ's action risk is 0.122 on average at ε_a = 0.15."""
     eps_a, delta, n = 0.15, 0.1, 300
     rng = np.random.default_rng(1)
     violations = naive = feasible = 0
@@ -170,6 +172,7 @@ def test_the_certified_action_risk_holds_with_probability_1_minus_delta(populati
 def test_both_certificates_hold_together_with_probability_1_minus_delta(
     population: Runs,
 ) -> None:
+    """Measured: 1 draw of 300 violates one of the two statements (δ = 10 %, each at 5 %)."""
     eps, eps_a, delta, n = 0.3, 0.06, 0.1, 300
     rng = np.random.default_rng(2)
     violations = binding = feasible = 0
@@ -197,21 +200,24 @@ def test_both_certificates_hold_together_with_probability_1_minus_delta(
 
 def test_the_action_risk_read_off_the_data_at_a_chosen_tau_keeps_delta(population: Runs) -> None:
     """``certified_action_risk``: τ chosen by the run-level rule on the same runs and the
-    smallest grid ε_a read off them (each grid value at δ/99)."""
-    eps, delta, n = 0.2, 0.1, 300
+    smallest grid ε_a read off them (each grid value at δ/99). Measured: no violation in 300
+    draws, the reading 0.088 on average against a realised 0.042."""
+    eps, delta, n = 0.3, 0.1, 300
     rng = np.random.default_rng(3)
-    violations = 0
+    violations = feasible = 0
     read = []
     config = GuardConfig(mode="risk", risk_target=eps, delta=delta, on_infeasible="abstain_all")
     for _ in range(REPS):
         cal = Runs(rng, n)
         tau = decision_rule(cal.stat, cal.right, config).threshold
+        feasible += tau > -math.inf
         certified = certified_action_risk(cal.action, tau, delta)
         assert certified is not None
         read.append(certified)
         violations += _action_risk(population, tau) > certified
     assert violations / REPS <= delta + _slack(delta), violations
-    assert 0.0 < np.mean(read) < 0.5
+    assert feasible > 0.6 * REPS  # measured: 238 of 300
+    assert np.mean(read) < 0.15  # informative: the population's risk reaches 0.18
 
 
 # --- config, decision rule, artifact ---------------------------------------------------------

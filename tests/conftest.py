@@ -38,3 +38,32 @@ def default_model_with(default_model):
         return model
 
     return make
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """One local Ray cluster (2 CPUs) for the session: Ray calibration and Ray Serve tests.
+
+    Its processes start WITHOUT this process's kernel settings (the library's pinned ATen
+    capability and MKL branch, and its mode flags), as the nodes of a cluster started with
+    ``ray start`` do: what reaches a replica is only what the library passes it
+    (``pinned_kernel_env`` in each ``runtime_env``). A replica that escaped the pin would
+    compute on this machine's native kernels -- in the foreign-kernel mode
+    (``make test-foreign``) other kernels than the driver's, so its answers would differ."""
+    import ray
+
+    from abstain_guard.adapters.kernel_env import pinned_kernel_env
+
+    saved = {k: os.environ.pop(k) for k in pinned_kernel_env()}
+    try:
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            object_store_memory=200 * 1024**2,
+            _temp_dir=f"/tmp/agray-{os.getpid()}",
+            log_to_driver=False,
+        )
+    finally:
+        os.environ.update(saved)
+    yield ray
+    ray.shutdown()

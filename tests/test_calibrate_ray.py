@@ -3,7 +3,10 @@ model calibrates 32 built-in probe questions and writes the artifact the local r
 (scores, labels, threshold), also when one worker process is killed mid-run.
 
 The replicas compute with the driver's torch thread count (1 and 2 threads give different
-logprobs on this machine), so every answer is bitwise the local one.
+logprobs on this machine) and on its kernels (the session's cluster starts without the
+driver's kernel settings: only ``pinned_kernel_env`` in the replicas' ``runtime_env`` gives
+them; in ``make test-foreign`` a replica without it computes on other kernels), so every
+answer is bitwise the local one.
 """
 
 from __future__ import annotations
@@ -91,20 +94,6 @@ def local_run(local_model: Any, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 
 @pytest.fixture(scope="module")
-def ray_cluster() -> Any:
-    """A local Ray cluster with 2 CPUs."""
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        object_store_memory=200 * 1024**2,
-        _temp_dir=f"/tmp/agray-{os.getpid()}",
-        log_to_driver=False,
-    )
-    yield ray
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def executor(ray_cluster: Any) -> Any:
     """2 replicas of the embedded model on the local cluster (one CPU each)."""
     ex = RayExecutor.start(CalibrationConfig(executor="ray", replicas=2, **SETTINGS))
@@ -112,36 +101,19 @@ def executor(ray_cluster: Any) -> Any:
     ex.shutdown()
 
 
-@pytest.mark.model
-@pytest.mark.slow
-def test_ray_run_writes_the_local_artifact(
-    local_run: Path, executor: RayExecutor, tmp_path: Path
-) -> None:
-    cfg = _config(tmp_path, "guard", executor="ray", replicas=2)
+@pytest.fixture(scope="module")
+def ray_run(
+    local_run: Path, executor: RayExecutor, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """The same questions calibrated on the replicas, one worker process killed mid-chunk
+    (one Ray run serves both tests below: a run that survives a kill must still be the local
+    run, chunk by chunk and bit by bit)."""
+    tmp = tmp_path_factory.mktemp("ray")
     chunks: list[int] = []
-    calibrate(
-        ITEMS,
-        tmp_path / "guard",
-        config=cfg,
-        executor=executor,
-        progress=False,
-        on_generation_chunk=chunks.append,
-    )
-    _same_artifact(local_run, tmp_path / "guard")
-    _same_answers(local_run.parent / "guard.cache", tmp_path / "guard.cache")
-    # the local run's chunks, each generated on a replica and stored here
-    assert sorted(chunks) == sorted(LOCAL_CHUNKS) and len(chunks) > 2
-    assert all(i["threads"] == executor.infos[0]["threads"] for i in executor.infos)
-
-
-@pytest.mark.model
-@pytest.mark.slow
-def test_a_killed_worker_is_restarted_and_the_artifact_is_the_same(
-    local_run: Path, executor: RayExecutor, tmp_path: Path
-) -> None:
     killed: list[int] = []
 
-    def kill_one(index: int) -> None:
+    def kill_one(size: int) -> None:
+        chunks.append(size)
         busy = executor.worker_pids(busy=True)
         if not killed and busy:
             os.kill(busy[0], signal.SIGKILL)  # mid-chunk: it is generating one now
@@ -149,17 +121,38 @@ def test_a_killed_worker_is_restarted_and_the_artifact_is_the_same(
 
     calibrate(
         ITEMS,
-        tmp_path / "guard",
-        config=_config(tmp_path, "guard", executor="ray", replicas=2),
+        tmp / "guard",
+        config=_config(tmp, "guard", executor="ray", replicas=2),
         executor=executor,
         progress=False,
         on_generation_chunk=kill_one,
     )
+    return {"out": tmp / "guard", "cache": tmp / "guard.cache", "chunks": chunks, "killed": killed}
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_ray_run_writes_the_local_artifact(
+    local_run: Path, executor: RayExecutor, ray_run: dict[str, Any]
+) -> None:
+    _same_artifact(local_run, ray_run["out"])
+    _same_answers(local_run.parent / "guard.cache", ray_run["cache"])
+    # the local run's chunks, each generated on a replica and stored here
+    assert sorted(ray_run["chunks"]) == sorted(LOCAL_CHUNKS) and len(ray_run["chunks"]) > 2
+    assert all(i["threads"] == executor.infos[0]["threads"] for i in executor.infos)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_a_killed_worker_is_restarted_and_the_artifact_is_the_same(
+    local_run: Path, executor: RayExecutor, ray_run: dict[str, Any]
+) -> None:
+    killed = ray_run["killed"]
     assert killed
     pids = ray.get([a.info.remote() for a in executor.actors])
     assert killed[0] not in [p["pid"] for p in pids]  # Ray restarted that replica
-    _same_artifact(local_run, tmp_path / "guard")
-    _same_answers(local_run.parent / "guard.cache", tmp_path / "guard.cache")
+    _same_artifact(local_run, ray_run["out"])
+    _same_answers(local_run.parent / "guard.cache", ray_run["cache"])
 
 
 def test_ray_settings_need_the_ray_executor() -> None:

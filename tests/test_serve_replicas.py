@@ -6,7 +6,6 @@ requests get a 5xx, Ray Serve starts a new replica, and the log holds every answ
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,9 +15,10 @@ import httpx
 import openai
 import pytest
 import ray
+from _kernel_notes import assert_only_kernel_notes
 from ray import serve
 
-from abstain_guard import GuardConfig, default_artifact_path
+from abstain_guard import GuardArtifact, GuardConfig, default_artifact_path
 from abstain_guard.monitor_log import read_log
 from abstain_guard.serve.ray_serve import ReplicaServer, ReplicaSpec
 from abstain_guard.serve.runner import free_port
@@ -36,15 +36,9 @@ QUESTIONS = [
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaServer]:
-    """Two replicas of the shipped guard on a local 2-CPU cluster, with a monitor log."""
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        object_store_memory=200 * 1024**2,
-        _temp_dir=f"/tmp/agserve-{os.getpid()}",
-        log_to_driver=False,
-    )
+def server(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaServer]:
+    """Two replicas of the shipped guard on the session's 2-CPU cluster (started without
+    this process's kernel settings), with a monitor log."""
     log = tmp_path_factory.mktemp("replicas") / "live.jsonl"
     spec = ReplicaSpec(
         artifact=str(default_artifact_path()),
@@ -56,7 +50,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaServer]:
     finally:
         replicas.stop()
         serve.shutdown()
-        ray.shutdown()
 
 
 def _ask(client: openai.OpenAI, question: str) -> tuple[str | None, int]:
@@ -95,6 +88,17 @@ def test_both_replicas_answer_the_openai_client_into_one_monitor(server: Replica
     with ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(lambda q: _ask(client, q), QUESTIONS * 2))
     assert [status for _, status in answers] == [200] * len(answers)
+    # the replicas compute on the kernels this process records: their decisions carry
+    # exactly the kernel note this process's facts call for (none on the calibration's)
+    shipped = GuardArtifact.load(default_artifact_path())
+    raw = httpx.post(
+        server.base_url + "/chat/completions",
+        json={"model": "abstain-guard", "messages": [{"role": "user", "content": QUESTIONS[0]}]},
+        timeout=120,
+    ).json()
+    decision = raw["choices"][0]["abstention"]
+    assert_only_kernel_notes(decision["guarantee"].get("warnings"), shipped, decision["threshold"])
+    answers.append((raw["id"], 200))
     state = _settled(server)
     by_replica = state["deployment"]["decisions_by_replica"]
     assert len(by_replica) == 2 and sum(by_replica.values()) == len(answers)  # both, one state

@@ -53,7 +53,7 @@ from ..building.online_geometry import reference_responses
 from .cache_reuse import EvaluateCache, evaluate_cache
 from .fitted_baselines import cost, fitted_baseline_scores, reference_metadata, with_groups
 from .group_report import group_tables
-from .paired import paired_report
+from .paired import adjust_family, paired_report
 from .permutation_importance import permutation_importance
 from .report import write_report
 from .results import build_results, evaluate_dataset
@@ -423,6 +423,8 @@ def evaluate(
                 seed=seed,
             )
         entries.append(entry)
+    # One family for the whole report: every set x every scorer, overall and within type.
+    adjust_family([e["paired"] for e in entries])
     results = build_results(
         entries,
         metadata={

@@ -8,6 +8,10 @@ For one data set and a reference scorer (the artifact's, e.g. ``geometry``):
   on the labels and row ``r`` of the seed's stream);
 * ``within_diff``: the same for the mean within-type AUROC (types with both classes; the
   answers resampled within each type and class, the same resamples for both scorers);
+* ``auroc_diff_p`` / ``within_diff_p``: the two-sided paired-bootstrap p-value of each
+  difference, from the same draws as its interval (:func:`bootstrap_p_value`);
+  :func:`adjust_family` then Holm-adjusts them across every comparison of a report (every set ×
+  every scorer, overall and within type) and adds ``*_holm_p`` and ``*_verdict``;
 * per scorer, ``selective``: the error among the answered at 10/20/30/50 % participation (the
   most confident answers) and the area under that risk–participation curve (AURC);
   ``certified``: on the calibration split only, the smallest risk target ε certified at
@@ -28,10 +32,125 @@ from abstain_guard.frontier import certifiable_frontier, smallest_certifiable_ri
 
 from .metrics import bootstrap_draws, percentile_interval
 
-__all__ = ["PARTICIPATIONS", "paired_report", "selective_risk"]
+__all__ = [
+    "COMPARISONS",
+    "FAMILY_ALPHA",
+    "PARTICIPATIONS",
+    "adjust_family",
+    "bootstrap_p_value",
+    "holm_adjust",
+    "paired_report",
+    "selective_risk",
+    "verdict",
+]
 
 PARTICIPATIONS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5)
 """Participation levels of the selective-risk summary."""
+
+COMPARISONS: tuple[str, ...] = ("auroc_diff", "within_diff")
+"""The paired differences of a scorer entry that are tested (overall and within type)."""
+
+FAMILY_ALPHA = 0.05
+"""Family-wise error rate of the Holm verdicts."""
+
+NO_DIFFERENCE = f"no difference at family-wise {FAMILY_ALPHA:g}"
+"""The verdict when the Holm-adjusted p-value is above :data:`FAMILY_ALPHA`."""
+
+
+def bootstrap_p_value(diff_draws: ArrayLike) -> float:
+    """Two-sided paired-bootstrap p-value of ``H0: difference = 0`` from the bootstrap draws
+    of the difference (reference − other, the same resamples for both scorers — the draws
+    whose percentiles make the reported interval).
+
+    With ``B`` finite draws, ``k_le`` of them ≤ 0 and ``k_ge`` of them ≥ 0::
+
+        p = min(1, 2 · min((k_le + 1) / (B + 1), (k_ge + 1) / (B + 1)))
+
+    It inverts the percentile interval: the ``1 − α`` percentile interval of the same draws
+    excludes 0 (up to the quantile interpolation) exactly when ``p < α``. The ``+1`` counts the
+    observed sample as one draw, so ``p ≥ 2 / (B + 1)``: never 0 from finitely many draws.
+    Identical scorers (every draw 0) give ``p = 1``. NaN when no draw is finite.
+    """
+    d = np.asarray(diff_draws, dtype=np.float64)
+    d = d[np.isfinite(d)]
+    if d.size == 0:
+        return float("nan")
+    b = d.size
+    below = (int(np.count_nonzero(d <= 0.0)) + 1) / (b + 1)
+    above = (int(np.count_nonzero(d >= 0.0)) + 1) / (b + 1)
+    return float(min(1.0, 2.0 * min(below, above)))
+
+
+def holm_adjust(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input order (NaN entries stay NaN and are
+    not counted in the family).
+
+    With the ``m`` finite p-values sorted ascending ``p_(1) ≤ … ≤ p_(m)``:
+    ``adj_(i) = min(1, max_{j ≤ i} (m − j + 1) · p_(j))``. Rejecting every hypothesis with
+    ``adj ≤ α`` controls the family-wise error rate at ``α`` under any dependence (Holm 1979);
+    the same numbers as ``statsmodels.stats.multitest.multipletests(p, method="holm")[1]``.
+    """
+    p = np.asarray(p_values, dtype=np.float64)
+    out = np.full(p.shape, np.nan)
+    idx = np.flatnonzero(np.isfinite(p))
+    m = idx.size
+    if m == 0:
+        return out.tolist()
+    order = idx[np.argsort(p[idx], kind="stable")]
+    scaled = (m - np.arange(m)) * p[order]
+    out[order] = np.minimum(1.0, np.maximum.accumulate(scaled))
+    return [float(v) for v in out]
+
+
+def verdict(diff: float, holm_p: float, alpha: float = FAMILY_ALPHA) -> str:
+    """``"reference better"`` / ``"baseline better"`` when the Holm-adjusted p-value is at most
+    ``alpha`` (the sign of reference − baseline decides which), else ``"no difference at
+    family-wise 0.05"`` (also for a NaN p-value)."""
+    if not np.isfinite(holm_p) or holm_p > alpha or diff == 0:
+        return f"no difference at family-wise {alpha:g}"
+    return "reference better" if diff > 0 else "baseline better"
+
+
+def adjust_family(reports: Sequence[dict[str, Any]], alpha: float = FAMILY_ALPHA) -> dict[str, Any]:
+    """Holm-adjust every paired comparison of ``reports`` as one family, in place.
+
+    ``reports`` are :func:`paired_report` results (one per data set of a report). The family is
+    every set × every non-reference scorer × each of :data:`COMPARISONS` that has a p-value
+    (``<comparison>_p``); each of them gets ``<comparison>_holm_p`` and ``<comparison>_verdict``
+    (:func:`verdict`). Comparisons without a p-value are left out of the family and untouched.
+
+    Returns:
+        ``{"method": "holm", "alpha", "size", "members", "smallest_attainable_holm_p"}``: the
+        family's description (also stored as ``"family"`` in every report). The last is
+        ``size · 2/(B+1)`` (:func:`bootstrap_p_value`'s floor): with ``B = 2000`` draws and 48
+        comparisons it is 0.048, so ``B`` must grow with the family for any verdict to be
+        possible.
+    """
+    slots: list[tuple[dict[str, Any], str]] = []
+    for rep in reports:
+        for entry in rep["scorers"].values():
+            for comp in COMPARISONS:
+                if entry.get(f"{comp}_p") is not None:
+                    slots.append((entry, comp))
+    adjusted = holm_adjust([float(e[f"{c}_p"]) for e, c in slots])
+    for (entry, comp), adj in zip(slots, adjusted, strict=True):
+        entry[f"{comp}_holm_p"] = adj
+        entry[f"{comp}_verdict"] = verdict(float(entry[comp]), adj, alpha)
+    n_boot = [int(rep["n_boot"]) for rep in reports if rep.get("n_boot")]
+    family = {
+        "method": "holm",
+        "alpha": alpha,
+        "size": len(slots),
+        "members": "every set x every scorer vs the reference, overall and within type",
+        # The bootstrap p-value is at least 2/(B+1), so no Holm-adjusted p-value can fall below
+        # size·2/(B+1): above alpha, no comparison could be declared a difference at all.
+        "smallest_attainable_holm_p": (
+            min(1.0, len(slots) * 2.0 / (min(n_boot) + 1)) if n_boot and slots else None
+        ),
+    }
+    for rep in reports:
+        rep["family"] = dict(family)
+    return family
 
 
 def selective_risk(scores: ArrayLike, correct: ArrayLike) -> dict[str, Any]:
@@ -82,6 +201,10 @@ def paired_report(
 ) -> dict[str, Any]:
     """Paired differences against ``reference`` and per-scorer selective/certified numbers.
 
+    Each difference carries its two-sided paired-bootstrap p-value (:func:`bootstrap_p_value`
+    on the same draws as its interval); these are unadjusted — :func:`adjust_family` adds the
+    Holm-adjusted ones across a report's sets.
+
     Args:
         scores_by_scorer: scorer → ``[n]`` uncertainty scores of the same held-out answers.
         correct: ``[n]`` labels.
@@ -95,8 +218,8 @@ def paired_report(
     Returns:
         ``{"reference", "n_correct", "n_incorrect", "n_groups_used", "scorers": {name:
         {"auroc", "within_auroc", "selective", "certified", "auroc_diff", "auroc_diff_ci",
-        "within_diff", "within_diff_ci"}}}`` (differences are reference − scorer; absent for
-        the reference itself).
+        "auroc_diff_p", "within_diff", "within_diff_ci", "within_diff_p"}}}`` (differences are
+        reference − scorer; absent for the reference itself).
     """
     y = np.asarray(correct, dtype=np.int64)
     g = None if groups is None else np.asarray(groups, dtype=object)
@@ -138,16 +261,20 @@ def paired_report(
                 continue
             entry["auroc_diff"] = out[reference]["auroc"] - entry["auroc"]
             entry["auroc_diff_ci"] = _interval(draws[reference] - draws[name])
+            entry["auroc_diff_p"] = bootstrap_p_value(draws[reference] - draws[name])
             ref_w, other_w = within.get(reference), within.get(name)
             if ref_w and other_w and ref_w[1] is not None and other_w[1] is not None:
                 entry["within_diff"] = ref_w[0] - other_w[0]
                 entry["within_diff_ci"] = _interval(ref_w[1] - other_w[1])
+                entry["within_diff_p"] = bootstrap_p_value(ref_w[1] - other_w[1])
     return {
         "reference": reference,
         "n_correct": int(y.sum()),
         "n_incorrect": int(y.size - y.sum()),
         "n_groups_used": n_groups,
         "method": "paired class-stratified percentile bootstrap, same resamples for all scorers",
+        "p_value": "two-sided, min(1, 2*min((k_le+1)/(B+1), (k_ge+1)/(B+1))) over the difference's "
+        "B draws (k_le <= 0, k_ge >= 0); unadjusted",
         "n_boot": int(n_boot),
         "scorers": out,
     }

@@ -90,3 +90,15 @@ def test_evaluate_fits_the_probes_and_the_floor(tmp_path: Path, model: Any) -> N
     assert entry["costs"]["probe_mid"]["seconds_per_answer"] > 0
     assert entry["costs"]["probe_mid"]["state_bytes"] > 0
     assert "auroc_diff_ci" in paired["geometry_plus"]  # refitted with the artifact's means
+    # issue 46: every comparison's p-value, Holm-adjusted over the report, in results.json
+    stored = json.loads((tmp_path / "report" / "results.json").read_text(encoding="utf-8"))
+    [saved] = stored["datasets"].values()
+    assert saved["paired"]["family"]["size"] >= 4 and saved["paired"]["family"]["method"] == "holm"
+    for name in ("probe_mid", "perplexity", "geometry_plus"):
+        p = saved["paired"]["scorers"][name]
+        assert 0 < p["auroc_diff_p"] <= p["auroc_diff_holm_p"] <= 1
+        assert p["auroc_diff_verdict"] in {
+            "reference better",
+            "baseline better",
+            "no difference at family-wise 0.05",
+        }

@@ -76,9 +76,9 @@ def test_holm_matches_statsmodels() -> None:
         ref = multitest.multipletests(p, alpha=0.05, method="holm")[1]
         assert holm_adjust(p.tolist()) == pytest.approx(ref.tolist(), abs=1e-12)
     # Ties and NaN: NaN stays NaN and is not counted in the family.
-    p = [0.01, np.nan, 0.01, 0.04, 0.5]
+    with_nan = [0.01, np.nan, 0.01, 0.04, 0.5]
     ref = multitest.multipletests([0.01, 0.01, 0.04, 0.5], method="holm")[1]
-    got = holm_adjust(p)
+    got = holm_adjust(with_nan)
     assert np.isnan(got[1]) and [got[0], got[2], got[3], got[4]] == pytest.approx(ref.tolist())
 
 

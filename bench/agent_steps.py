@@ -25,9 +25,9 @@ before the stop); ``certified_action_risk`` gives, on each fold, the smallest ε
 at δ for the step guard's τ (P(a run executes a wrong tool call) ≤ ε_a, every run counted,
 stopped ones included; each ε_a of the grid 0.01..0.99 at δ/99, so reading the smallest off
 the fold keeps δ) and the realised action risk on the other fold. ``joint_guard``: the step
-guard with ``action_risk_target`` = :data:`ACTION_RISK_TARGET` (fixed before the run) beside
-the smallest run-level ε it certifies with it on each fold: τ passes both tests, each at
-δ/2. ``live_equals_stored``: the deployed, guarded agent
+guard with ``action_risk_target`` = each of :data:`ACTION_RISK_TARGETS` (fixed before the
+run) beside the smallest run-level ε it certifies with it on each fold: τ passes both tests,
+each at δ/2. ``live_equals_stored``: the deployed, guarded agent
 (``AbstentionMiddleware``) re-run on a few test questions gives the stored step scores
 bit for bit (``evaluate --live``).
 
@@ -86,8 +86,8 @@ DATA = "builtin-lookup"
 FACTORY = "examples.lookup_agent:build_agent"
 CONFIG = ROOT / "examples" / "lookup_agent.yaml"
 DELTA = 0.1
-ACTION_RISK_TARGET = 0.1
-"""ε_a of the joint guard, fixed before the run."""
+ACTION_RISK_TARGETS = (0.1, 0.2, 0.3)
+"""The ε_a of the joint guards, fixed before the run (each a certificate of its own)."""
 
 
 def held_out_runs(out: Path, model: Any) -> tuple[GuardArtifact, list[dict[str, Any]]]:
@@ -182,9 +182,10 @@ def _tau(
     correct: list[bool],
     eps: float,
     actions: list[float] | None = None,
+    eps_a: float | None = None,
 ) -> float:
     """τ at risk target ε and δ; with ``actions`` (the runs' action statistics) also at
-    :data:`ACTION_RISK_TARGET` (each at δ/2)."""
+    action risk target ``eps_a`` (each at δ/2)."""
     if eps >= 1.0 or not scores:  # nothing certifiable: the guard abstains on everything
         return float("-inf")
     config = GuardConfig(
@@ -192,7 +193,7 @@ def _tau(
         risk_target=eps,
         delta=DELTA,
         on_infeasible="abstain_all",
-        action_risk_target=None if actions is None else ACTION_RISK_TARGET,
+        action_risk_target=None if actions is None else eps_a,
     )
     rule = decision_rule(
         np.asarray(scores),
@@ -204,13 +205,13 @@ def _tau(
 
 
 def _smallest_joint_epsilon(
-    scores: list[float], correct: list[bool], actions: list[float]
+    scores: list[float], correct: list[bool], actions: list[float], eps_a: float
 ) -> float:
-    """The smallest run-level ε (0.01 steps) the joint rule certifies beside
-    :data:`ACTION_RISK_TARGET` (1.0: none), as ε is chosen for the other guards."""
+    """The smallest run-level ε (0.01 steps) the joint rule certifies beside ``eps_a``
+    (1.0: none), as ε is chosen for the other guards."""
     for k in range(1, 100):
         eps = round(0.01 * k, 2)
-        if _tau(scores, correct, eps, actions) > float("-inf"):
+        if _tau(scores, correct, eps, actions, eps_a) > float("-inf"):
             return eps
     return 1.0
 
@@ -253,8 +254,8 @@ def compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
     epsilons = []
     action_by_fold = []
-    joint_epsilons: list[float] = []
-    joint = {key: 0 for key in _step_guard([], 0.0)}
+    joint_epsilons: dict[float, list[float]] = {e: [] for e in ACTION_RISK_TARGETS}
+    joint = {e: dict.fromkeys(_step_guard([], 0.0), 0) for e in ACTION_RISK_TARGETS}
     for fold in (0, 1):
         fit = [r for r in runs if r["fold"] == fold]
         out = [r for r in runs if r["fold"] != fold]
@@ -286,11 +287,12 @@ def compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 "held_out_runs": len(out),
             }
         )
-        eps_joint = _smallest_joint_epsilon(stats, labels, actions)
-        joint_epsilons.append(eps_joint)
-        tau_joint = _tau(stats, labels, eps_joint, actions)
-        for key, value in _step_guard(out, tau_joint).items():
-            joint[key] += value
+        for eps_a in ACTION_RISK_TARGETS:
+            eps_joint = _smallest_joint_epsilon(stats, labels, actions, eps_a)
+            joint_epsilons[eps_a].append(eps_joint)
+            tau_joint = _tau(stats, labels, eps_joint, actions, eps_a)
+            for key, value in _step_guard(out, tau_joint).items():
+                joint[eps_a][key] += value
         for r in out:
             wrong = sum(r["wrong_calls"])
             totals["wrong_calls_unguarded"] += wrong
@@ -336,16 +338,21 @@ def compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
             a["certified"] is not None and a["realised_held_out"] <= a["certified"]
             for a in action_by_fold
         ),
-        "joint_guard": {
-            "action_risk_target": ACTION_RISK_TARGET,
-            "delta_each": DELTA / 2,
-            "epsilon_by_fold": joint_epsilons,
-            "accepted": joint["accepted"],
-            "run_error_accepted": rate(joint["wrong_accepted"], joint["accepted"]),
-            "wrong_calls_executed_in_accepted_runs": joint["wrong_calls_accepted"],
-            "wrong_calls_executed_in_stopped_runs": joint["wrong_calls_stopped"],
-            "realised_action_risk": joint["runs_with_wrong_call_executed"] / n,
-        },
+        "joint_guard": [
+            {
+                "action_risk_target": eps_a,
+                "delta_each": DELTA / 2,
+                "epsilon_by_fold": joint_epsilons[eps_a],
+                "accepted": joint[eps_a]["accepted"],
+                "run_error_accepted": rate(
+                    joint[eps_a]["wrong_accepted"], joint[eps_a]["accepted"]
+                ),
+                "wrong_calls_executed_in_accepted_runs": joint[eps_a]["wrong_calls_accepted"],
+                "wrong_calls_executed_in_stopped_runs": joint[eps_a]["wrong_calls_stopped"],
+                "realised_action_risk": joint[eps_a]["runs_with_wrong_call_executed"] / n,
+            }
+            for eps_a in ACTION_RISK_TARGETS
+        ],
     }
 
 

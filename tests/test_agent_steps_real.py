@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from langchain_core.messages import HumanMessage, ToolMessage
 
@@ -82,6 +83,12 @@ def test_the_artifact_records_step_gating_and_the_runs_calls(calibrated: Any) ->
     )
     # every calibration run is in the calibration set (runs without an answer are wrong)
     assert len(art.scores) == summary.split_sizes["calibration"] == len(items) // 2
+    # each calibration run's action statistic, for action_risk_target: its running maximum
+    # at its first wrong tool call (inf: none), never above the run's own statistic
+    actions = art.action_statistic
+    assert actions is not None and actions.shape == art.scores.shape
+    ran = np.isfinite(actions)
+    assert (actions[ran] <= art.scores[ran]).all()
 
 
 @pytest.fixture(scope="module")

@@ -29,12 +29,14 @@ __all__ = ["ENV_PREFIX", "PROCESS_ENV", "GuardConfig", "read_config_file"]
 ENV_PREFIX = "ABSTAIN_GUARD_"
 
 #: ``ABSTAIN_GUARD_*`` variables that set up the process, not the guard's config (the local
-#: model's engines and CPU kernels, :mod:`abstain_guard.adapters.threads` and
-#: :mod:`abstain_guard.adapters.kernel_env`): ``from_env`` leaves them alone.
+#: model's engines, CPU kernels and converted GGUF copies, :mod:`abstain_guard.adapters.threads`,
+#: :mod:`abstain_guard.adapters.kernel_env` and :mod:`abstain_guard.adapters.gguf_cache`):
+#: ``from_env`` leaves them alone.
 PROCESS_ENV = (
     "ABSTAIN_GUARD_ENGINE_WORKERS",
     "ABSTAIN_GUARD_NATIVE_KERNELS",
     "ABSTAIN_GUARD_FOREIGN_KERNELS",
+    "ABSTAIN_GUARD_MODEL_CACHE",
 )
 
 

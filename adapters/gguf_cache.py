@@ -1,0 +1,125 @@
+"""A converted copy of a GGUF checkpoint, so that a process loads it in a second, not twenty.
+
+transformers reads a GGUF file by parsing it four times (config, tokenizer, tensor names,
+tensors) and de-quantizing every tensor: about 18 s for the embedded SmolLM2-135M on this
+machine, paid by every process that loads it (each test process, each Ray replica, each
+served replica). The de-quantized model is an ordinary Hugging Face checkpoint, so the first
+load writes it once as one (``model.safetensors``, ``config.json`` without the GGUF
+``quantization_config``, the generation config and the tokenizer files) and later loads read
+that folder (0.3 s). The weights are the same tensors bit for bit, the config, tokenizer
+and chat template the same, so the model fingerprint is the same
+(``tests/test_gguf_cache.py``); a copy whose fingerprint disagrees with the one recorded
+when it was written is not used.
+
+Where: ``$ABSTAIN_GUARD_MODEL_CACHE`` (``off`` loads the GGUF file every time), else
+``$XDG_CACHE_HOME/abstain_guard/converted`` (``~/.cache/...``). One folder per GGUF file's
+sha256 and transformers version; written to a temporary folder and renamed into place, so
+processes converting at once never read a half-written copy. Safetensors and JSON only: no
+pickle, loading it executes no code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import transformers
+from safetensors.torch import save_model
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["MODEL_CACHE_ENV", "cache_root", "converted_folder", "write_converted"]
+
+#: Where converted checkpoints live; ``off`` turns the cache off.
+MODEL_CACHE_ENV = "ABSTAIN_GUARD_MODEL_CACHE"
+
+#: Written last into a converted folder: what it was made from and its fingerprint.
+MARKER = "abstain_guard_converted.json"
+
+
+def cache_root() -> Path | None:
+    """The cache's folder, or None when :data:`MODEL_CACHE_ENV` is ``off``."""
+    value = os.environ.get(MODEL_CACHE_ENV, "").strip()
+    if value.lower() == "off":
+        return None
+    if value:
+        return Path(value).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "abstain_guard" / "converted"
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _key(gguf: Path) -> str:
+    """The cache folder's name: the GGUF file's content and the converting library."""
+    return f"{_file_sha256(gguf)[:32]}-transformers-{transformers.__version__}"
+
+
+def converted_folder(gguf: Path) -> tuple[Path | None, dict[str, Any] | None]:
+    """``(folder, marker)`` of the converted copy of ``gguf`` where one is complete, else
+    ``(folder it would be written to, None)``; ``(None, None)`` with the cache off."""
+    root = cache_root()
+    if root is None:
+        return None, None
+    folder = root / _key(gguf)
+    marker = folder / MARKER
+    if not marker.is_file():
+        return folder, None
+    try:
+        return folder, json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return folder, None
+
+
+def write_converted(
+    folder: Path,
+    gguf: Path,
+    hf_model: Any,
+    tokenizer: Any,
+    fingerprint: Callable[[Any], str],
+) -> bool:
+    """Write ``hf_model`` (as de-quantized from ``gguf``) and ``tokenizer`` into ``folder``
+    as a Hugging Face checkpoint; False (and nothing changed) where it cannot be written.
+
+    The copy is built in a temporary folder beside ``folder`` and renamed into place; a
+    process that lost the race keeps the copy already there."""
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=folder.parent))
+    except OSError as exc:
+        logger.debug("no converted copy of %s: %s", gguf, exc)
+        return False
+    try:
+        save_model(hf_model, str(tmp / "model.safetensors"))
+        config = hf_model.config.to_dict()
+        config.pop("quantization_config", None)
+        config.pop("_name_or_path", None)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        hf_model.generation_config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        marker = {
+            "gguf_file": gguf.name,
+            "gguf_sha256": _file_sha256(gguf),
+            "transformers": transformers.__version__,
+            "fingerprint": fingerprint(hf_model),
+        }
+        (tmp / MARKER).write_text(json.dumps(marker, indent=2))
+        os.rename(tmp, folder)
+        return True
+    except OSError as exc:  # another process renamed its copy first, or the disk is full
+        logger.debug("converted copy of %s not written: %s", gguf, exc)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return folder.joinpath(MARKER).is_file()

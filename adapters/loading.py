@@ -255,9 +255,28 @@ def _load_converted(
             converted,
         )
         return None
+    _own_aligned_storage(hf_model)
     hf_model.config._name_or_path = str(original)
     hf_model.to(device)  # type: ignore[arg-type]
     return hf_model, tokenizer
+
+
+def _own_aligned_storage(hf_model: Any) -> None:
+    """Give every parameter and buffer its own torch-allocated (64-byte aligned) storage.
+
+    Tensors read from a safetensors file sit at the file's offsets (8-byte aligned), and
+    MKL's matrix products take other code paths on such data: on this machine a generation
+    from weights at 8-byte offsets differed in the last bits of its logprobs from one with
+    the same weights in torch's own allocations, which is what the GGUF path gives (its
+    arrays are 16-byte aligned and compute as torch's own). A tied parameter is one object,
+    so ties are kept."""
+    with torch.no_grad():
+        for p in hf_model.parameters():
+            p.data = p.data.clone(memory_format=torch.contiguous_format)
+        for module in hf_model.modules():
+            for name, buf in list(module._buffers.items()):
+                if buf is not None:
+                    module._buffers[name] = buf.clone(memory_format=torch.contiguous_format)
 
 
 def default_model_path() -> Path:

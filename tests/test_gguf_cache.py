@@ -59,6 +59,12 @@ def test_the_converted_copy_is_the_same_model(
     assert _config(original) == _config(copy)
     assert original.generation_config.to_dict() == copy.generation_config.to_dict()
     assert model_fingerprint(original) == model_fingerprint(copy)
+    # the same numbers out: the copy's tensors live in torch's own aligned storage, as the
+    # GGUF path's do (MKL computes other last bits on 8-byte-aligned data)
+    assert all(p.data_ptr() % 64 == 0 for p in copy.parameters())
+    ids = torch.tensor([tok(TEXTS[0] + " " + TEXTS[1])["input_ids"]])
+    with torch.no_grad():
+        assert torch.equal(original(ids).logits, copy(ids).logits)
     assert [tok(t)["input_ids"] for t in TEXTS] == [tok2(t)["input_ids"] for t in TEXTS]
     assert tok.apply_chat_template(
         MESSAGES, tokenize=False, add_generation_prompt=True

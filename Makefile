@@ -24,6 +24,8 @@ demo: $(STAMP)
 # busy): TEST_SHARD (the Ray cluster, the agent calibrations) in the background, every
 # other test file in the foreground; the background report is printed at the end. Each
 # process loads the embedded model once. A new test file lands in the foreground part.
+# Measured on the idle 2-core machine (AMD EPYC, AVX-512): make test 8 min 37 s from a fresh
+# model cache, make test-foreign 8 min 49 s after it.
 TEST_SHARD ?= tests/test_calibrate_ray.py tests/test_agent_calibration.py tests/test_agent_steps_real.py \
 	tests/test_serve_replicas.py
 PYTEST := $(BIN)/pytest -p no:cacheprovider

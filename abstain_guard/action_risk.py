@@ -214,10 +214,8 @@ def _json_float(x: float) -> float | str:
 
 
 def _check_unit(value: float, name: str) -> float:
-    v = float(value)
-    if not 0.0 < v < 1.0:
-        raise InvalidInputError(f"{name} must lie strictly between 0 and 1, got {value!r}.")
-    return v
+    """``value`` as a float in (0, 1) (the package's one check: ``conformal``'s)."""
+    return conformal._check_unit_interval(value, name, "Give a probability such as 0.1.")
 
 
 def action_risk_certificate(

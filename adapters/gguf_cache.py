@@ -110,9 +110,8 @@ def write_converted(
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         hf_model.generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        marker = {
+        marker = {  # the GGUF file's digest is the folder's name (its 32 first digits)
             "gguf_file": gguf.name,
-            "gguf_sha256": _file_sha256(gguf),
             "transformers": transformers.__version__,
             "fingerprint": fingerprint(hf_model),
         }

@@ -18,15 +18,23 @@ from abstain_guard.deployment import DeploymentRecord
 from abstain_guard.kernels import kernel_differences, kernel_note
 
 
+def calibration_kernel_differences(
+    artifact: GuardArtifact, live: Mapping[str, Any] | None = None
+) -> list[str]:
+    """How ``live`` (default: this process's kernel facts) differs from the artifact's
+    calibration in the facts that decide the bits (empty: the same)."""
+    record = DeploymentRecord.from_metadata(artifact.metadata)
+    assert record is not None and "kernels" in record.decoding, "no kernel facts recorded"
+    live = kernel_facts("cpu") if live is None else live
+    return kernel_differences(live, record.decoding["kernels"])
+
+
 def expected_kernel_notes(
     artifact: GuardArtifact, threshold: float, live: Mapping[str, Any] | None = None
 ) -> list[str]:
     """``[]`` when ``live`` (default: this process's kernel facts) decides the bits as the
     artifact's calibration did, else ``[the kernel note]`` for ``threshold``."""
-    record = DeploymentRecord.from_metadata(artifact.metadata)
-    assert record is not None and "kernels" in record.decoding, "no kernel facts recorded"
-    live = kernel_facts("cpu") if live is None else live
-    differences = kernel_differences(live, record.decoding["kernels"])
+    differences = calibration_kernel_differences(artifact, live)
     return [kernel_note(differences, artifact.scores, threshold)] if differences else []
 
 

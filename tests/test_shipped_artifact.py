@@ -15,13 +15,13 @@ import warnings
 
 import numpy as np
 import pytest
+from _kernel_notes import calibration_kernel_differences
 
 from abstain_guard import GuardArtifact, default_artifact_path, policy
 from abstain_guard.calibration.measure.held_out import artifact_items
 from abstain_guard.chains import load_guard_chain
-from abstain_guard.deployment import DeploymentRecord
 from abstain_guard.errors import KernelMismatchWarning
-from abstain_guard.kernels import STATED_TOLERANCE, kernel_differences
+from abstain_guard.kernels import STATED_TOLERANCE
 
 pytestmark = pytest.mark.model
 
@@ -48,12 +48,6 @@ def live_and_stored(model, n: int) -> tuple[list[float], list[float], list[list[
     return live, stored, notes
 
 
-def _kernel_differences(model) -> list[str]:
-    record = DeploymentRecord.from_metadata(GuardArtifact.load(default_artifact_path()).metadata)
-    assert record is not None and "kernels" in record.decoding
-    return kernel_differences(model.decoding_settings()["kernels"], record.decoding["kernels"])
-
-
 def test_shipped_artifact_scores_its_calibration_answers_identically(
     default_model, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -62,7 +56,9 @@ def test_shipped_artifact_scores_its_calibration_answers_identically(
         warnings.simplefilter("always")
         live, stored, notes = live_and_stored(default_model, N_QUESTIONS)
     warned = [str(w.message) for w in caught if issubclass(w.category, KernelMismatchWarning)]
-    differences = _kernel_differences(default_model)
+    differences = calibration_kernel_differences(
+        GuardArtifact.load(default_artifact_path()), default_model.decoding_settings()["kernels"]
+    )
     if not differences:
         # Same kernels as calibration (same ATen capability, MKL branch and -- MKL's branch
         # being OFF -- the same CPU model): the guard decodes on the recorded path and

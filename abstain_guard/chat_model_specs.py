@@ -86,6 +86,12 @@ TRANSPORT = frozenset(
         "http_socket_options",
         "default_query",
         "include_response_headers",
+        # the vLLM backend's process options (abstain_guard.backends.vllm_chat): where the
+        # engine runs and how much memory it reserves, not what it answers
+        "engine_url",
+        "python",
+        "memory_fraction",
+        "startup_timeout",
     }
 )
 

@@ -72,6 +72,11 @@ class SchedulerFullError(ModelError, RuntimeError):
 # --- scoring and guarding --------------------------------------------------------------
 
 
+class BackendError(ModelError, RuntimeError):
+    """A generation backend cannot be started or reached, or answered with an error (the
+    vLLM engine: :mod:`abstain_guard.backends`)."""
+
+
 class ScoringError(AbstainGuardError):
     """A scorer could not score a response (missing logprobs or geometry, NaN features)."""
 
@@ -79,6 +84,11 @@ class ScoringError(AbstainGuardError):
 class CaptureModeError(ScoringError):
     """The response's geometry was captured in another mode ("full" / "fast") than the one
     the scorer was fitted on; features of the two modes must never be mixed."""
+
+
+class BackendCapabilityError(ScoringError):
+    """The scorer reads something the backend that generated the response does not provide
+    (geometry on the vLLM backend: it is computed only by the project's exact engine)."""
 
 
 class GuardError(AbstainGuardError):
@@ -263,6 +273,8 @@ __all__ = [
     "ActionRiskUnavailableError",
     "ArtifactError",
     "ArtifactIntegrityError",
+    "BackendCapabilityError",
+    "BackendError",
     "ArtifactMismatchError",
     "ArtifactNotFoundError",
     "ArtifactSchemaError",

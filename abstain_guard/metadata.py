@@ -21,6 +21,9 @@ key               content
                   positions predicting each generated token (absent before issue 37)
 ``generation``    the call's settings (:mod:`abstain_guard.deployment`)
 ``replay_source`` ``"token_ids"`` or ``"text"`` for a replayed response
+``backend``       the engine that generated it, when not the project's own:
+                  ``{"name": "vllm", "vllm_version", "dtype", "device", "layers",
+                  "capture_path", ...}`` (:mod:`abstain_guard.backends`)
 ================  ==================================================================
 
 Accessors for what a scorer needs raise :class:`~abstain_guard.errors.ScoringError` (the
@@ -35,10 +38,17 @@ from typing import Any
 
 import numpy as np
 
-from abstain_guard.errors import CaptureModeError, InvalidInputError, ScoringError
+from abstain_guard.errors import (
+    BackendCapabilityError,
+    CaptureModeError,
+    InvalidInputError,
+    ScoringError,
+)
 
 __all__ = [
+    "BACKEND",
     "ENTROPY",
+    "EXACT_ENGINE",
     "GENERATION",
     "GEOMETRY",
     "GEOMETRY_CAPTURE",
@@ -67,6 +77,10 @@ GENERATION = "generation"
 HIDDEN = "hidden"  # key inside ``geometry``: the probe layers' residual-stream summaries
 HIDDEN_SUMMARIES = ("last", "mean")
 REPLAY_SOURCE = "replay_source"
+BACKEND = "backend"
+#: the backend name of a response without a ``backend`` record: the project's own engine
+#: (:class:`~abstain_guard.adapters.GeometryChatModel`), or an API chat model
+EXACT_ENGINE = "exact"
 #: the question's type, set by the evaluation harness for the ``type_floor`` scorer (a chat
 #: model never writes it)
 QUESTION_GROUP = "question_group"
@@ -249,6 +263,15 @@ class ResponseMetadata:
             ScoringError: the response carries no geometry.
             CaptureModeError: ``capture`` is given and the response's mode differs.
         """
+        backend = self.backend_name()
+        if backend != EXACT_ENGINE:
+            raise BackendCapabilityError(
+                f"The response was generated on the {backend} backend, which records hidden "
+                "states and likelihoods but not the geometry (Ω, Θ, Φ need the attention "
+                "decomposition of the project's exact engine). Score it with a probe or "
+                "likelihood scorer (probe_mid, likelihood_probe, perplexity, ...), or "
+                "generate with GeometryChatModel (abstain_guard.adapters) for geometry."
+            )
         geometry = self.raw.get(GEOMETRY)
         if not isinstance(geometry, Mapping):
             raise ScoringError(
@@ -313,6 +336,17 @@ class ResponseMetadata:
         """The settings the call ran with (budget, decoding, prompt hashes), if recorded."""
         gen = self.raw.get(GENERATION)
         return gen if isinstance(gen, Mapping) else None
+
+    def backend(self) -> Mapping[str, Any] | None:
+        """The record of the backend that generated the response (None: the project's
+        exact engine or an API chat model, which write none)."""
+        record = self.raw.get(BACKEND)
+        return record if isinstance(record, Mapping) else None
+
+    def backend_name(self) -> str:
+        """``"vllm"`` for a response from the vLLM backend, :data:`EXACT_ENGINE` otherwise."""
+        record = self.backend()
+        return EXACT_ENGINE if record is None else str(record.get("name", "unknown"))
 
     def replay_source(self) -> str | None:
         """``"token_ids"`` / ``"text"`` for a replayed response, else ``None``."""

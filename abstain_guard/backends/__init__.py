@@ -1,0 +1,1 @@
+"""Backends: the engines a guarded chat model generates on."""

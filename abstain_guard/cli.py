@@ -64,6 +64,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         "limit": args.limit,
         "seed": args.seed,
         "scorer": args.scorer,
+        "backend": args.backend,
         "candidates": args.candidates,
         "judge": args.judge,
         "cache_dir": args.cache_dir,
@@ -305,6 +306,13 @@ def build_parser() -> argparse.ArgumentParser:
         "`evaluate --baselines probes` measures "
         "them on your data (docs/results.md, 'Is geometry worth its cost?'). 'auto' chooses "
         "among --candidates",
+    )
+    cal.add_argument(
+        "--backend",
+        choices=("exact", "vllm"),
+        help="the engine answers are generated on, as the guard will be deployed: 'exact' "
+        "(the project's engine, every scorer; default) or 'vllm' (vLLM's batched engine in "
+        "its own environment: probe and likelihood scorers; docs/vllm.md)",
     )
     cal.add_argument(
         "--candidates",

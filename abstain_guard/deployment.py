@@ -46,6 +46,7 @@ __all__ = [
     "DeploymentRecord",
     "PromptRecord",
     "api_response_mismatches",
+    "backend_mismatches",
     "conversation_mismatches",
     "conversation_refusal",
     "dtype_mismatches",
@@ -403,16 +404,39 @@ def api_response_mismatches(record: DeploymentRecord, metadata: Mapping[str, Any
     """What can be checked of a response from an API chat model (which records no
     generation settings): it generated no more tokens than the calibrated budget allows.
     Its prompt cannot be checked from the response (see :data:`API_UNVERIFIED`)."""
+    problems = backend_mismatches(record, metadata)
     budgets = [p.max_new_tokens for p in record.prompts.values()]
     logprobs = metadata.get("logprobs")
     content = logprobs.get("content") if isinstance(logprobs, Mapping) else None
     n = len(content) if isinstance(content, list) else None
     if n is None or not budgets or n <= max(budgets):
-        return []
+        return problems
     return [
+        *problems,
         f"the response has {n} tokens but calibration's budget was {max(budgets)}; call the "
-        "model with the recorded max_tokens (load_guard_chain binds it)"
+        "model with the recorded max_tokens (load_guard_chain binds it)",
     ]
+
+
+def backend_mismatches(record: DeploymentRecord, metadata: Mapping[str, Any]) -> list[str]:
+    """Where the engine that generated a response differs from the one calibration ran on
+    (``decoding["decode_path"]`` of an artifact calibrated on the vLLM backend against the
+    response's ``backend`` record: vLLM version, dtype, device, layers, capture path, ...)."""
+    if record.decoding.get("backend") != "vllm":
+        return []
+    path = record.decoding.get("decode_path")
+    calibrated = path if isinstance(path, Mapping) else {}
+    got = metadata.get("backend")
+    if not isinstance(got, Mapping):
+        return [
+            "the response was not generated on the vLLM backend the artifact was calibrated "
+            "on; generate with VLLMChatModel (load_guard_chain builds it)"
+        ]
+    differ = sorted(k for k in calibrated if got.get(k) != calibrated[k])
+    if not differ:
+        return []
+    pairs = ", ".join(f"{k} {got.get(k)!r} (calibrated {calibrated[k]!r})" for k in differ)
+    return [f"the vLLM engine differs from calibration's: {pairs}; recalibrate on this engine"]
 
 
 API_UNVERIFIED = (

@@ -45,6 +45,7 @@ def vllm_model_folder(model: str = "default", gguf_file: str | None = None) -> P
     Raises:
         ModelNotFoundError: the model is not installed or not a folder.
     """
+    gguf: str | None
     if model == "default":
         source, gguf = default_model_path(), DEFAULT_GGUF
     else:

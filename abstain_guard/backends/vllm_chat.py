@@ -20,6 +20,7 @@ are batched by vLLM (continuous batching).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.util
 import os
 import subprocess
@@ -113,7 +114,7 @@ class _Engine:
         package_root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         with open(self.log, "wb") as log:
-            self.process = subprocess.Popen(  # noqa: S603 - our own module, our interpreter
+            self.process = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
         self.url = f"http://127.0.0.1:{port}"
@@ -151,10 +152,8 @@ class _Engine:
                 os.killpg(self.process.pid, 15)
                 self.process.wait(timeout=20)
             except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.process.pid, 9)
-                except ProcessLookupError:
-                    pass
 
 
 def _free_port() -> int:
@@ -239,8 +238,8 @@ class VLLMChatModel(BaseChatModel):
                     "the vLLM environment."
                 ) from exc
             return url, dict(info)
-        key = (self.python, self.model, self.gguf_file, self.dtype, tuple(self.layers or ()))
-        key += (self.memory_fraction, self.max_model_len)
+        key: tuple[Any, ...] = (self.python, self.model, self.gguf_file, self.dtype)
+        key += (tuple(self.layers or ()), self.memory_fraction, self.max_model_len)
         with _ENGINES_LOCK:
             found = _ENGINES.get(key)
             if found is None or found[0].process.poll() is not None:
@@ -349,7 +348,7 @@ class VLLMChatModel(BaseChatModel):
 
 
 def _model_folder(model: str, gguf_file: str | None) -> Path:
-    """The folder the engine loads (the project's loader prepares it: :mod:`adapters.vllm_folder`)."""
+    """The folder the engine loads (prepared by :mod:`abstain_guard.adapters.vllm_folder`)."""
     try:
         from abstain_guard.adapters.vllm_folder import vllm_model_folder
     except ImportError as exc:  # no torch/transformers here: a ready folder is needed

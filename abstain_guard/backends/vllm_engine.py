@@ -62,8 +62,8 @@ class HiddenStateCapture:
     """vLLM worker extension: per-request residual-stream rows and entropies.
 
     Mixed into vLLM's worker class (``worker_extension_cls``); its methods are called
-    with ``collective_rpc``. State: ``_captured[req_id] = {"rows": {layer: {pos: bytes of [D] float32}},
-    "entropy": {pos: float}}``.
+    with ``collective_rpc``. State: ``_captured[req_id] = {"rows": {layer: {pos: row}},
+    "entropy": {pos: float}}``, a row the bytes of ``[D]`` float32.
     """
 
     def install_capture(self, layers: Sequence[int]) -> dict[str, Any]:

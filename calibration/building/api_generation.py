@@ -32,12 +32,23 @@ from abstain_guard.prompts import (
 from .answers import AnswerRow, AnswerRows, plan_chunks
 from .calibration_config import CalibrationConfig
 from .datasets import QAItem
+from .judging import labels
 from .store import RunStore, content_key
 
-__all__ = ["api_answer_row", "generate_api_answers", "score_api_answers"]
+__all__ = ["api_answer_row", "api_labeled", "generate_api_answers", "score_api_answers"]
 
-#: What an API answer's cache row keeps of its response metadata (the scorers read these).
-API_METADATA = ("logprobs", "finish_reason", "model_name")
+#: What an API answer's cache row keeps of its response metadata (the scorers read these;
+#: the vLLM backend also writes token ids, entropies, hidden states and its engine record).
+API_METADATA = (
+    "logprobs",
+    "finish_reason",
+    "model_name",
+    "prompt_token_ids",
+    "token_ids",
+    "entropy",
+    "geometry",
+    "backend",
+)
 
 
 def _label(config: CalibrationConfig) -> str:
@@ -92,12 +103,14 @@ def generate_api_answers(
         CalibrationError: a request failed (the answers received so far are kept).
     """
     budgets = {it.kind: max_new_tokens_for(it.kind, config.max_new_tokens) for it in items}
+    engine = getattr(model, "engine_record", None)  # the vLLM backend: its engine's facts
+    mode = {"engine": engine()} if callable(engine) else {}
     keys = {
         it.id: content_key(
             "gen",
             fingerprint,
             messages_to_json(build_messages(it, config.system_prompt)),
-            {"max_tokens": budgets[it.kind], "api": True},
+            {"max_tokens": budgets[it.kind], "api": True, **mode},
         )
         for it in items
     }
@@ -139,6 +152,15 @@ def generate_api_answers(
             on_chunk(chunk_index)
     bar.close()
     return {it.id: cast(AnswerRow, {**done[keys[it.id]], "key": keys[it.id]}) for it in items}
+
+
+def api_labeled(
+    items: Sequence[QAItem], answers: AnswerRows, judgments: Mapping[str, Any]
+) -> list[tuple[Mapping[str, Any], bool]]:
+    """``(cached metadata, correct)`` of ``items``' answers: what a fitted scorer (a probe on
+    the vLLM backend) is fitted on, read as the live guard reads a response."""
+    correct = labels(items, judgments)
+    return [(answers[it.id].get("metadata") or {}, c) for it, c in zip(items, correct, strict=True)]
 
 
 def score_api_answers(scorer: Any, items: Sequence[QAItem], answers: AnswerRows) -> np.ndarray:

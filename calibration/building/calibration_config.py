@@ -15,6 +15,7 @@ from pydantic import (
     model_validator,
 )
 
+from abstain_guard.backends import VLLM_CHAT_MODEL
 from abstain_guard.chat_model_specs import ChatModelSpec, is_secret
 from abstain_guard.config import read_config_file
 from abstain_guard.errors import ConfigError
@@ -54,6 +55,13 @@ class CalibrationConfig(BaseModel):
         "(likelihood scorers only; secret kwargs are never stored)",
     )
     gguf_file: str | None = Field(None, description="GGUF file name inside `model`, if any")
+    backend: Literal["exact", "vllm"] = Field(
+        "exact",
+        description="the engine the answers are generated on, as deployed: 'exact' (the "
+        "project's engine: every scorer) or 'vllm' (vLLM, batched: probe and likelihood "
+        "scorers; `model` is then served by VLLMChatModel, recorded as its chat model; "
+        "docs/vllm.md)",
+    )
     system_prompt: str | None = Field(None, description="overrides the per-kind system prompt")
     max_new_tokens: int | None = Field(None, gt=0, description="None = per question kind")
     batch_size: int = Field(8, gt=0, description="questions generated per batch")
@@ -161,6 +169,33 @@ class CalibrationConfig(BaseModel):
                 "an API chat model is {chat_model: <init_chat_model name> | class_path: "
                 "<module:Class>, kwargs: {...}}: " + "; ".join(problems)
             ) from None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_backend(cls, data: Any) -> Any:
+        """``backend: vllm`` with a model name or folder: the model becomes the vLLM
+        backend's chat model (a ChatModelSpec, generated and recorded as deployed)."""
+        if not isinstance(data, Mapping) or data.get("backend") != "vllm":
+            return data
+        model = data.get("model", "default")
+        if not isinstance(model, str):
+            raise ValueError(
+                "backend: vllm takes model as 'default' or a local Hugging Face folder; to "
+                "name its options, set model: {class_path: "
+                f"'{VLLM_CHAT_MODEL}', kwargs: {{...}}}}"
+            )
+        kwargs: dict[str, Any] = {"model": model}
+        if data.get("gguf_file"):
+            kwargs["gguf_file"] = data["gguf_file"]
+        rest = {k: v for k, v in data.items() if k != "gguf_file"}
+        return {**rest, "model": {"class_path": VLLM_CHAT_MODEL, "kwargs": kwargs}}
+
+    @model_validator(mode="after")
+    def _backend_matches_model(self) -> CalibrationConfig:
+        vllm = isinstance(self.model, ChatModelSpec) and self.model.class_path == VLLM_CHAT_MODEL
+        if vllm and self.backend != "vllm":  # a spec naming the class: the same backend
+            object.__setattr__(self, "backend", "vllm")
+        return self
 
     @field_validator("scorer")
     @classmethod

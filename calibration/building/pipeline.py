@@ -45,7 +45,7 @@ from .answers import (
     generated_pairs,
     replay_as_deployed,
 )
-from .api_generation import score_api_answers
+from .api_generation import api_labeled, score_api_answers
 from .calibration_config import FIT_SCORERS, CalibrationConfig
 from .datasets import SPLIT_NAMES, QAItem
 from .items import items_digest
@@ -360,7 +360,8 @@ def fit_scorer(
     never generated again (the fit replays what they lack)."""
     scorer = _make_scorer(config)
     run.config, run.capture_mode = config, getattr(scorer, "capture", None)
-    if config.scorer in FIT_SCORERS and captures_geometry(scorer):
+    on_engine = not isinstance(config.model, ChatModelSpec)  # a chat model: no capture pass
+    if config.scorer in FIT_SCORERS and captures_geometry(scorer) and on_engine:
         held_model = scoring_model(run.model, scorer)
         answers, _, means = run.generate_with_capture(splits, held_model)
     else:
@@ -547,8 +548,13 @@ def fit_and_score(
     the geometry by replay (answers generated without capture). An API model's answers are
     scored from their own metadata (what the live guard reads; no replay)."""
     check_two_classes(labeled, judgments, config)
-    if isinstance(config.model, ChatModelSpec):
+    if isinstance(config.model, ChatModelSpec):  # scored, and fitted, from their metadata
         scorer = _make_scorer(config)
+        if config.scorer in FIT_SCORERS:
+            scorer.fit(
+                api_labeled(labeled["reference"], answers, judgments),
+                api_labeled(labeled["train"], answers, judgments),
+            )
         return scorer, score_api_answers(scorer, labeled["calibration"], answers)
 
     def pairs(name: str) -> list[tuple[Any, list[int]]]:

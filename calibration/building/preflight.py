@@ -5,8 +5,10 @@
   be a file nor inside ``out``;
 * the model: the folder (and GGUF file) exists, and its context window (read from
   ``config.json``, or known for the embedded model) leaves room for ``max_new_tokens``;
-* an API chat model (a :class:`~abstain_guard.chat_model_specs.ChatModelSpec`): a likelihood
-  scorer (geometry scorers read the model's hidden states: they need a local model), no
+* a chat model named by a :class:`~abstain_guard.chat_model_specs.ChatModelSpec` (an API
+  model, or the vLLM backend): a scorer its backend serves
+  (:func:`abstain_guard.backends.check_backend_serves`: likelihood scorers on an API model,
+  probe and likelihood scorers on vLLM, geometry only on the project's engine), no
   ``gguf_file`` nor ``batch_decode``, and the model builds from its kwargs (no request sent);
 * the judge spec and ``scorer_params`` (nothing loaded);
 * the questions (:func:`~abstain_guard.calibration.building.items.load_items`: malformed rows,
@@ -28,6 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from abstain_guard.backends import backend_of_model, check_backend_serves
 from abstain_guard.chat_model_specs import ChatModelSpec
 from abstain_guard.errors import (
     AbstainGuardError,
@@ -39,7 +42,7 @@ from abstain_guard.errors import (
 )
 from abstain_guard.prompts import MAX_NEW_TOKENS
 
-from .calibration_config import LIKELIHOOD_SCORERS, CalibrationConfig
+from .calibration_config import AUTO_SCORER, CalibrationConfig
 from .datasets import QAItem, split_items
 from .items import check_split_sizes, load_items
 
@@ -206,15 +209,14 @@ def check_api_model(config: CalibrationConfig, *, build: bool = True) -> None:
     spec = config.model
     if not isinstance(spec, ChatModelSpec):
         return
-    if config.scorer not in LIKELIHOOD_SCORERS:
-        raise ConfigError(
-            f"scorer {config.scorer!r} reads the model's hidden states, which the API chat "
-            f"model {spec.label} does not expose; use a likelihood scorer "
-            f"({', '.join(LIKELIHOOD_SCORERS)}) with it, or set model to 'default' or a "
-            "local Hugging Face folder."
-        )
-    if config.scorer == "mean_token_entropy" and not config.scorer_params.get(
-        "top_logprobs_fallback"
+    backend = backend_of_model(spec.resolve_class())
+    for kind in [config.scorer, *(config.candidates or ())]:
+        if kind != AUTO_SCORER:
+            check_backend_serves(kind, backend, spec.label)
+    if (
+        backend == "api"
+        and config.scorer == "mean_token_entropy"
+        and not config.scorer_params.get("top_logprobs_fallback")
     ):
         raise ConfigError(
             f"scorer 'mean_token_entropy' reads full-vocabulary entropies, which the API chat "
@@ -227,8 +229,8 @@ def check_api_model(config: CalibrationConfig, *, build: bool = True) -> None:
     local = [k for k in local if k != "gguf_file" or config.gguf_file]
     if local:
         raise ConfigError(
-            f"{' and '.join(local)} apply to local models only, not to the API chat model "
-            f"{spec.label}; remove them from the config."
+            f"{' and '.join(local)} apply to the project's engine only, not to the chat "
+            f"model {spec.label}; remove them from the config."
         )
     if config.executor != "local":
         raise ConfigError(

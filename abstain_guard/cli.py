@@ -182,6 +182,7 @@ def _evaluate_live(args: argparse.Namespace) -> int:
             split=args.split,
             cache_dir=_cache_dir(args),
             reuse_calibration_cache=not args.no_reuse_calibration_cache,
+            concurrency=args.concurrency,
         )
         print(json.dumps({"artifact": str(artifact), **result["summary"]}, indent=2))
     print(f"per-question rows written to {Path(args.out) / 'live.json'}")
@@ -418,6 +419,13 @@ def build_parser() -> argparse.ArgumentParser:
         "questions; live vs stored score, live participation vs the guaranteed band",
     )
     ev.add_argument("--config", help="guard config for --live (YAML/TOML/JSON)")
+    ev.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="--live: guarded calls in flight at once (a vLLM-backed guard is checked under "
+        "the batching it is served with; default 1)",
+    )
     ev.add_argument(
         "--split",
         choices=["held_out", "calibration", "test"],

@@ -178,6 +178,8 @@ class CalibrationConfig(BaseModel):
         if not isinstance(data, Mapping) or data.get("backend") != "vllm":
             return data
         model = data.get("model", "default")
+        if isinstance(model, Mapping) and model.get("class_path") == VLLM_CHAT_MODEL:
+            return data  # already the vLLM backend's chat model (a stored config)
         if not isinstance(model, str):
             raise ValueError(
                 "backend: vllm takes model as 'default' or a local Hugging Face folder; to "

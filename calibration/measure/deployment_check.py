@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from abstain_guard.artifact import GuardArtifact
 from abstain_guard.chains import load_guard_chain
+from abstain_guard.chat_model_specs import ChatModelSpec, chat_model_fingerprint
 from abstain_guard.deployment import DeploymentRecord
 from abstain_guard.errors import AbstainGuardError, ConfigError
 from abstain_guard.kernels import bit_deciding, kernel_differences, near_threshold
@@ -31,6 +32,7 @@ from abstain_guard.monitor import calibration_sha256
 from abstain_guard.prompts import history_messages
 
 from ..building.answers import generate_answers, replay_as_deployed
+from ..building.api_generation import score_api_answers
 from ..building.calibration_config import CalibrationConfig
 from ..building.judging import build_judges, judge_answers
 from ..building.models import load_model
@@ -124,6 +126,7 @@ def live_check(
     split: str = "held_out",
     cache_dir: str | Path | None = None,
     reuse_calibration_cache: bool = True,
+    concurrency: int = 1,
 ) -> dict[str, Any]:
     """Run the deployed guard chain on the artifact's held-out questions.
 
@@ -143,6 +146,7 @@ def live_check(
         reuse_calibration_cache: without ``cache_dir``, also read the answers and verdicts
             of the artifact's calibration cache, read-only (:mod:`.cache_reuse`; never
             written).
+        concurrency: guarded calls in flight at once (a chain question at a time: 1).
 
     Returns:
         ``{"summary": ..., "rows": [...], "guarantee": ...}``.
@@ -372,30 +376,28 @@ def _run_live(
     judges: dict[str, Any] | None,
     out: str | Path | None,
     progress: bool,
+    concurrency: int = 1,
 ) -> dict[str, Any]:
     store = cache.run_store()
     fingerprint = str(getattr(model, "fingerprint", "unknown"))
+    if isinstance(cfg.model, ChatModelSpec):  # as calibration keyed its answers
+        fingerprint = chat_model_fingerprint(model)
     cached = generate_answers(
         model, items, store, cfg, fingerprint=fingerprint, progress=False, batch_size=1
     )
     test_items = [it for it in items if it.id not in stored_cal]
-    replayed = replay_as_deployed(artifact.scorer.prepare(model), test_items, cached, cfg)
+    if isinstance(cfg.model, ChatModelSpec):  # scored from the stored answers' own metadata
+        test_scores = score_api_answers(artifact.scorer, test_items, cached)
+    else:
+        replayed = replay_as_deployed(artifact.scorer.prepare(model), test_items, cached, cfg)
+        test_scores = artifact.scorer.score_many(replayed)
     stored = dict(stored_cal)
-    stored.update(
-        zip(
-            [it.id for it in test_items],
-            artifact.scorer.score_many(replayed).tolist(),
-            strict=True,
-        )
-    )
+    stored.update(zip([it.id for it in test_items], test_scores.tolist(), strict=True))
     threshold = guard.threshold
     live_answers: dict[str, dict[str, Any]] = {}
     rows = []
-    for it in tqdm(items, desc="live", disable=not progress, unit="q"):
-        inputs: dict[str, Any] = {"question": it.prompt_text()}
-        if it.history:  # a conversation row: the earlier turns, as calibration sent them
-            inputs["history"] = history_messages(it.history)
-        msg = chains[it.kind][0].invoke(inputs)
+    messages = _ask_live(chains, items, concurrency, progress)
+    for it, msg in zip(items, messages, strict=True):
         info = msg.response_metadata["abstention"]
         meta = _generated(msg)
         withheld = msg.response_metadata.get("withheld_response") or {}
@@ -444,6 +446,34 @@ def _run_live(
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "live.json").write_text(json.dumps(result, indent=2, default=str))
     return result
+
+
+def _ask_live(
+    chains: Mapping[Any, Any], items: list[Any], concurrency: int, progress: bool
+) -> list[Any]:
+    """Each item's guarded response, ``concurrency`` calls in flight at once (the vLLM
+    backend batches them as a served deployment would; 1: one call at a time)."""
+
+    def inputs(it: Any) -> dict[str, Any]:
+        got: dict[str, Any] = {"question": it.prompt_text()}
+        if it.history:  # a conversation row: the earlier turns, as calibration sent them
+            got["history"] = history_messages(it.history)
+        return got
+
+    if concurrency <= 1:
+        return [
+            chains[it.kind][0].invoke(inputs(it))
+            for it in tqdm(items, desc="live", disable=not progress, unit="q")
+        ]
+    out: list[Any] = [None] * len(items)
+    for kind in {it.kind for it in items}:
+        where = [i for i, it in enumerate(items) if it.kind == kind]
+        answers = chains[kind][0].batch(
+            [inputs(items[i]) for i in where], config={"max_concurrency": int(concurrency)}
+        )
+        for i, msg in zip(where, answers, strict=True):
+            out[i] = msg
+    return out
 
 
 def _recorded_kernels(artifact: Any) -> dict[str, Any] | None:

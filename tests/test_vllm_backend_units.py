@@ -1,0 +1,309 @@
+"""The vLLM backend's pure parts, without an engine: what each backend serves, the config's
+``backend: vllm``, preflight, the engine's read-out of a capture, the deployment check of a
+response's engine record, the probes' backend and the chat model's payload and identity."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+from langchain_core.messages import AIMessage, ChatMessage, HumanMessage, SystemMessage
+
+from abstain_guard.backends import (
+    VLLM_CHAT_MODEL,
+    backend_of_model,
+    check_backend_serves,
+    scorer_needs,
+)
+from abstain_guard.backends.vllm_chat import VLLM_PYTHON_ENV, VLLMChatModel, engine_python
+from abstain_guard.backends.vllm_engine import read_out
+from abstain_guard.calibration.building.calibration_config import CalibrationConfig
+from abstain_guard.calibration.building.preflight import check_api_model
+from abstain_guard.chat_model_specs import ChatModelSpec, chat_model_identity
+from abstain_guard.deployment import (
+    DeploymentRecord,
+    api_response_mismatches,
+    backend_mismatches,
+)
+from abstain_guard.errors import (
+    BackendCapabilityError,
+    BackendError,
+    ConfigError,
+    InvalidInputError,
+    ScoringError,
+)
+from abstain_guard.metadata import ResponseMetadata, hidden_summary
+from abstain_guard.scorers import ScorerState, build_scorer
+from abstain_guard.scorers._registry import scorer_from_state
+
+API_SPEC = {"class_path": "langchain_openai:ChatOpenAI", "kwargs": {"model": "gpt-4o-mini"}}
+ENGINE = {"name": "vllm", "vllm_version": "0.32.0", "dtype": "float32", "layers": [15, 24]}
+
+# ---- what each backend serves --------------------------------------------------------
+
+
+def test_scorer_needs_per_family_and_kind() -> None:
+    assert scorer_needs("probe_mid") == {"hidden"}
+    assert scorer_needs("perplexity") == {"logprobs"}
+    assert scorer_needs("mean_token_entropy") == {"entropy"}
+    assert scorer_needs("likelihood_probe") == {"hidden", "logprobs", "entropy"}
+    assert scorer_needs("geometry") == {"geometry"}
+
+
+@pytest.mark.parametrize(
+    "kind", ["probe_mid", "likelihood_probe", "perplexity", "mean_token_entropy"]
+)
+def test_vllm_serves_probe_and_likelihood_scorers(kind: str) -> None:
+    check_backend_serves(kind, "vllm")
+    check_backend_serves(kind, "exact")
+
+
+def test_geometry_on_vllm_names_the_exact_backend() -> None:
+    with pytest.raises(ConfigError) as info:
+        check_backend_serves("geometry", "vllm", "my-model")
+    message = str(info.value)
+    assert "reads geometry" in message and "the vllm backend (my-model)" in message
+    assert "runs on the exact backend" in message and "backend: exact" in message
+
+
+def test_the_api_backend_serves_likelihoods_only() -> None:
+    check_backend_serves("perplexity", "api")
+    with pytest.raises(ConfigError, match="runs on the exact or vllm backend"):
+        check_backend_serves("probe_mid", "api")
+
+
+def test_backend_of_model() -> None:
+    assert backend_of_model(VLLMChatModel) == "vllm"
+    assert backend_of_model(ChatModelSpec(**API_SPEC).resolve_class()) == "api"
+    assert backend_of_model(None) == "api"
+
+
+# ---- the calibration config and preflight --------------------------------------------
+
+
+def test_backend_vllm_serves_the_model_through_vllm_chat_model() -> None:
+    config = CalibrationConfig(backend="vllm", scorer="probe_mid")
+    assert isinstance(config.model, ChatModelSpec)
+    assert (
+        config.model.class_path
+        == VLLM_CHAT_MODEL
+        == "abstain_guard.backends.vllm_chat:VLLMChatModel"
+    )
+    assert config.model.kwargs == {"model": "default"}
+    gguf = CalibrationConfig(backend="vllm", scorer="probe_mid", model="/m", gguf_file="q.gguf")
+    assert isinstance(gguf.model, ChatModelSpec)
+    assert gguf.model.kwargs == {"model": "/m", "gguf_file": "q.gguf"}
+    assert gguf.gguf_file is None
+    check_api_model(gguf, build=False)  # the GGUF file moved into the chat model's kwargs
+
+
+def test_backend_vllm_with_an_api_model_is_refused() -> None:
+    with pytest.raises(ConfigError, match="backend: vllm takes model as 'default'"):
+        CalibrationConfig(backend="vllm", scorer="probe_mid", model=API_SPEC)
+
+
+def test_a_spec_naming_vllm_chat_model_is_the_vllm_backend() -> None:
+    spec = {"class_path": VLLM_CHAT_MODEL, "kwargs": {"model": "default", "dtype": "bfloat16"}}
+    config = CalibrationConfig(scorer="probe_mid", model=spec)
+    assert config.backend == "vllm"
+    again = CalibrationConfig(backend="vllm", scorer="probe_mid", model=spec)
+    assert isinstance(again.model, ChatModelSpec) and again.model.kwargs["dtype"] == "bfloat16"
+    default = CalibrationConfig()
+    assert (default.backend, default.model) == ("exact", "default")
+
+
+def test_preflight_checks_the_scorer_against_the_backend() -> None:
+    with pytest.raises(ConfigError, match="runs on the exact backend"):
+        check_api_model(CalibrationConfig(backend="vllm", scorer="geometry"), build=False)
+    check_api_model(CalibrationConfig(backend="vllm", scorer="probe_mid"), build=False)
+    with pytest.raises(ConfigError, match="api backend"):
+        check_api_model(CalibrationConfig(model=API_SPEC, scorer="probe_mid"), build=False)
+    check_api_model(CalibrationConfig(model=API_SPEC, scorer="perplexity"), build=False)
+
+
+# ---- the engine's read-out -----------------------------------------------------------
+
+
+def test_read_out_uses_the_positions_predicting_the_generated_tokens() -> None:
+    rng = np.random.default_rng(0)
+    layers, prompt_len, num_tokens, width = [15, 24], 6, 4, 8
+    positions = range(0, prompt_len + num_tokens)  # prefill chunk rows + one extra step
+    rows = {x: {p: rng.normal(size=width).astype(np.float32) for p in positions} for x in layers}
+    capture: dict[str, Any] = {
+        "rows": {x: {p: r.tobytes() for p, r in by_pos.items()} for x, by_pos in rows.items()},
+        "entropy": {p: float(p) / 10 for p in positions},
+    }
+    entropy, hidden = read_out(capture, prompt_len, num_tokens, layers)
+    wanted = list(range(prompt_len - 1, prompt_len + num_tokens - 1))  # 5 .. 8
+    assert entropy == [p / 10 for p in wanted]
+    states = np.stack([np.stack([rows[x][p] for x in layers]) for p in wanted])
+    assert states.shape == (num_tokens, len(layers), width) and states.dtype == np.float32
+    expected = hidden_summary(states, layers)
+    assert hidden is not None and expected is not None
+    assert hidden["layers"] == layers
+    assert np.array_equal(np.asarray(hidden["last"]), np.asarray(expected["last"]))
+    assert np.array_equal(np.asarray(hidden["mean"]), np.asarray(expected["mean"]))
+    last = np.asarray(hidden["last"])  # the row at P + N - 2, not the extra step's
+    assert np.array_equal(last, np.stack([rows[15][8], rows[24][8]]).astype(np.float64))
+    del capture["rows"][24][7]
+    with pytest.raises(ValueError, match=r"lacks positions \[7\]"):
+        read_out(capture, prompt_len, num_tokens, layers)
+    del capture["entropy"][5]
+    with pytest.raises(ValueError, match=r"\[5, 7\]"):
+        read_out(capture, prompt_len, num_tokens, layers)
+
+
+def test_read_out_of_no_tokens_has_no_hidden_summary() -> None:
+    assert read_out({"rows": {1: {}}, "entropy": {}}, 3, 0, [1]) == ([], None)
+
+
+def test_the_engine_module_imports_without_vllm() -> None:
+    code = (
+        "import sys\n"
+        "for name in ('vllm', 'fastapi', 'uvicorn'):\n"
+        "    sys.modules[name] = None\n"
+        "import abstain_guard.backends.vllm_engine as m\n"
+        "assert callable(m.read_out)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+# ---- the deployment check ------------------------------------------------------------
+
+
+def _record(backend: str | None = "vllm") -> DeploymentRecord:
+    decoding: dict[str, Any] = {"temperature": 0.0, "decode_path": dict(ENGINE)}
+    if backend is not None:
+        decoding["backend"] = backend
+    return DeploymentRecord(decoding=decoding)
+
+
+def test_a_response_from_the_calibrated_engine_matches() -> None:
+    meta = {"backend": {**ENGINE, "pid": 123}}
+    assert backend_mismatches(_record(), meta) == []
+    assert api_response_mismatches(_record(), meta) == []
+
+
+@pytest.mark.parametrize(("key", "value"), [("vllm_version", "0.33.0"), ("layers", [14, 24])])
+def test_another_engine_is_one_problem_naming_the_key(key: str, value: Any) -> None:
+    meta = {"backend": {**ENGINE, key: value}}
+    for check in (backend_mismatches, api_response_mismatches):
+        (problem,) = check(_record(), meta)
+        assert f"{key} {value!r}" in problem and repr(ENGINE[key]) in problem
+
+
+def test_a_response_without_an_engine_record_is_refused() -> None:
+    (problem,) = backend_mismatches(_record(), {"logprobs": {"content": []}})
+    assert "not generated on the vLLM backend" in problem
+    assert backend_mismatches(_record(None), {}) == []
+    assert backend_mismatches(_record(None), {"backend": {"name": "other"}}) == []
+
+
+# ---- metadata and probes -------------------------------------------------------------
+
+
+def test_a_vllm_response_has_no_geometry() -> None:
+    hidden = {"layers": [1, 2], "mean": [[0.0]] * 2, "last": [[0.0]] * 2}
+    meta = ResponseMetadata.of({"backend": {"name": "vllm"}, "geometry": {"hidden": hidden}})
+    assert meta.backend_name() == "vllm"
+    with pytest.raises(BackendCapabilityError, match="vllm backend") as info:
+        meta.geometry()
+    assert isinstance(info.value, ScoringError)
+    assert ResponseMetadata.of({"geometry": {"hidden": hidden}}).backend_name() == "exact"
+
+
+def _split(seed: int, n: int, backend: str | None) -> list[tuple[dict[str, Any], bool]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        correct = bool(rng.random() < 0.5)
+        mean = rng.normal(size=(2, 6))
+        mean[0, 0] += 1.5 if correct else -1.5
+        meta: dict[str, Any] = {
+            "geometry": {"hidden": {"layers": [1, 2], "mean": mean.tolist(), "last": mean.tolist()}}
+        }
+        if backend is not None:
+            meta["backend"] = {"name": backend}
+        out.append((meta, correct))
+    return out
+
+
+def test_a_probe_fitted_on_vllm_keeps_and_checks_its_backend() -> None:
+    probe: Any = build_scorer("probe_mid").fit(_split(1, 40, "vllm"), _split(2, 40, "vllm"))
+    assert probe.backend_ == "vllm"
+    test = [r for r, _ in _split(3, 10, "vllm")]
+    scores = probe.score_many(test)
+    state = probe.get_state()
+    assert state.params["backend"] == "vllm"
+    params = json.loads(json.dumps(state.params))
+    loaded: Any = scorer_from_state(ScorerState(state.kind, params, dict(state.arrays)))
+    assert loaded.backend_ == "vllm"
+    assert np.array_equal(loaded.score_many(test), scores)
+    exact = [r for r, _ in _split(3, 2, None)]
+    with pytest.raises(ScoringError, match="exact backend but probe_mid was fitted"):
+        probe.score(exact[0])
+    params.pop("backend")
+    older: Any = scorer_from_state(ScorerState(state.kind, params, dict(state.arrays)))
+    assert older.backend_ == "exact"
+    assert np.isfinite(older.score_many(exact)).all()
+    with pytest.raises(ScoringError, match="vllm backend"):
+        older.score(test[0])
+
+
+def test_a_probe_is_not_fitted_on_mixed_backends() -> None:
+    with pytest.raises(ScoringError, match=r"several backends \(\['exact', 'vllm'\]\)"):
+        build_scorer("probe_mid").fit(_split(1, 40, "vllm"), _split(2, 40, None))  # type: ignore[attr-defined]
+
+
+# ---- the chat model ------------------------------------------------------------------
+
+
+def test_engine_python_needs_an_existing_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(BackendError, match="/nonexistent/python"):
+        engine_python("/nonexistent/python")
+    assert engine_python(sys.executable) == sys.executable
+    monkeypatch.setenv(VLLM_PYTHON_ENV, "/nonexistent/env-python")
+    with pytest.raises(BackendError, match="env-python"):
+        engine_python()
+    monkeypatch.setenv(VLLM_PYTHON_ENV, sys.executable)
+    assert engine_python() == sys.executable
+
+
+def test_engine_python_without_vllm_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert importlib.util.find_spec("vllm") is None  # this venv has no vLLM
+    monkeypatch.delenv(VLLM_PYTHON_ENV, raising=False)
+    with pytest.raises(BackendError, match=VLLM_PYTHON_ENV):
+        engine_python()
+
+
+def test_payload_maps_roles_and_budget() -> None:
+    model = VLLMChatModel()
+    messages = [SystemMessage("s"), HumanMessage("q"), AIMessage("a"), HumanMessage("q2")]
+    payload = model._payload(messages, {})
+    assert payload["messages"] == [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a"},
+        {"role": "user", "content": "q2"},
+    ]
+    assert (payload["max_tokens"], payload["top_logprobs"]) == (24, 5)
+    assert model._payload(messages, {"max_tokens": 7})["max_tokens"] == 7
+    assert VLLMChatModel(max_tokens=9)._payload(messages, {})["max_tokens"] == 9
+    with pytest.raises(InvalidInputError, match="text messages only"):
+        model._payload([HumanMessage(content=[{"type": "text", "text": "q"}])], {})
+    with pytest.raises(InvalidInputError, match="'chat' message"):
+        model._payload([ChatMessage(role="x", content="q")], {})
+
+
+def test_identity_leaves_out_transport_options() -> None:
+    model = VLLMChatModel(engine_url="http://x", python="/p", memory_fraction=0.3)
+    identity = chat_model_identity(model)
+    assert identity["class"] == VLLM_CHAT_MODEL
+    assert not {"engine_url", "python", "memory_fraction"} & set(identity["settings"])
+    assert chat_model_identity(VLLMChatModel(dtype="bfloat16"))["settings"] == {"dtype": "bfloat16"}

@@ -30,13 +30,15 @@ ENV_PREFIX = "ABSTAIN_GUARD_"
 
 #: ``ABSTAIN_GUARD_*`` variables that set up the process, not the guard's config (the local
 #: model's engines, CPU kernels and converted GGUF copies, :mod:`abstain_guard.adapters.threads`,
-#: :mod:`abstain_guard.adapters.kernel_env` and :mod:`abstain_guard.adapters.gguf_cache`):
+#: :mod:`abstain_guard.adapters.kernel_env` and :mod:`abstain_guard.adapters.gguf_cache`;
+#: the vLLM environment's interpreter, :mod:`abstain_guard.backends.vllm_chat`):
 #: ``from_env`` leaves them alone.
 PROCESS_ENV = (
     "ABSTAIN_GUARD_ENGINE_WORKERS",
     "ABSTAIN_GUARD_NATIVE_KERNELS",
     "ABSTAIN_GUARD_FOREIGN_KERNELS",
     "ABSTAIN_GUARD_MODEL_CACHE",
+    "ABSTAIN_GUARD_VLLM_PYTHON",
 )
 
 

@@ -126,11 +126,12 @@ def test_an_api_answer_longer_than_the_budget_is_a_mismatch() -> None:
 @pytest.mark.parametrize(
     ("extra", "says"),
     [
-        ({"scorer": "geometry"}, "hidden states"),
-        ({"scorer": "geometry_fast"}, "hidden states"),
+        ({"scorer": "geometry"}, "reads geometry, which the api backend"),
+        ({"scorer": "geometry_fast"}, "runs on the exact backend"),
+        ({"scorer": "probe_mid"}, "reads hidden, which the api backend"),
         ({"scorer": "mean_token_entropy"}, "top_logprobs_fallback"),
-        ({"scorer": "perplexity", "batch_decode": True}, "batch_decode apply to local"),
-        ({"scorer": "perplexity", "gguf_file": "x.gguf"}, "gguf_file apply to local"),
+        ({"scorer": "perplexity", "batch_decode": True}, "batch_decode apply to the project's"),
+        ({"scorer": "perplexity", "gguf_file": "x.gguf"}, "gguf_file apply to the project's"),
         ({"scorer": "perplexity", "executor": "ray"}, "use --executor local"),
     ],
 )

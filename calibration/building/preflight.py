@@ -210,14 +210,12 @@ def check_api_model(config: CalibrationConfig, *, build: bool = True) -> None:
     if not isinstance(spec, ChatModelSpec):
         return
     backend = backend_of_model(spec.resolve_class())
+    # an API model's mean_token_entropy reads top-logprobs entropies when asked to (below)
+    entropy_on_api = backend == "api" and config.scorer == "mean_token_entropy"
     for kind in [config.scorer, *(config.candidates or ())]:
-        if kind != AUTO_SCORER:
+        if kind != AUTO_SCORER and not (entropy_on_api and kind == config.scorer):
             check_backend_serves(kind, backend, spec.label)
-    if (
-        backend == "api"
-        and config.scorer == "mean_token_entropy"
-        and not config.scorer_params.get("top_logprobs_fallback")
-    ):
+    if entropy_on_api and not config.scorer_params.get("top_logprobs_fallback"):
         raise ConfigError(
             f"scorer 'mean_token_entropy' reads full-vocabulary entropies, which the API chat "
             f"model {spec.label} does not report; set scorer_params: {{top_logprobs_fallback: "

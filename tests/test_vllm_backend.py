@@ -1,0 +1,111 @@
+"""The vLLM backend on a real vLLM engine (vLLM's CPU build, the embedded model): a probe
+guard calibrated on vLLM, its decode path and scorer recorded, live = stored under 8
+concurrent callers, and a response from the project's engine refused.
+
+The engine runs in vLLM's own environment (``make install`` builds ``.venv-vllm``;
+``make test`` sets ``ABSTAIN_GUARD_VLLM_PYTHON``); one engine for the module. About a minute
+on two cores: 72 questions calibrated, 12 asked again.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from abstain_guard import AbstentionGuard
+from abstain_guard.backends.vllm_chat import VLLM_PYTHON_ENV, VLLMChatModel, stop_engines
+from abstain_guard.calibration.building.calibration_config import CalibrationConfig
+from abstain_guard.calibration.building.pipeline import calibrate
+from abstain_guard.calibration.measure.deployment_check import live_check
+from abstain_guard.chains import load_guard_chain
+from abstain_guard.config import GuardConfig
+from abstain_guard.errors import ArtifactMismatchError, ConfigError
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+#: The largest live-vs-stored score difference accepted under concurrency. vLLM's CPU
+#: backend is not batch-invariant: a response batched with others gets other last bits in
+#: its residual stream than it got at calibration (measured on this machine: 8.0e-7 of a
+#: probability at most, 40 questions, 8 at once; tokens identical). The bound is two orders
+#: above that and three below any score gap that matters.
+LIVE_BOUND = 1e-4
+
+
+@pytest.fixture(scope="module")
+def vllm_guard(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not os.environ.get(VLLM_PYTHON_ENV):
+        pytest.skip(f"{VLLM_PYTHON_ENV} is not set (make test sets it to .venv-vllm)")
+    out = tmp_path_factory.mktemp("vllm") / "guard"
+    config = CalibrationConfig(
+        backend="vllm", scorer="probe_mid", limit=72, cache_dir=str(out) + ".cache"
+    )
+    try:
+        calibrate("builtin", out, config=config, progress=False)
+        yield out
+    finally:
+        stop_engines()
+
+
+def test_a_probe_guard_calibrated_on_vllm_records_its_engine(vllm_guard: Path) -> None:
+    from abstain_guard import GuardArtifact
+
+    artifact = GuardArtifact.load(vllm_guard)
+    deployment = artifact.metadata["deployment"]
+    path = deployment["decoding"]["decode_path"]
+    assert deployment["decoding"]["backend"] == "vllm"
+    assert path["name"] == "vllm" and path["vllm_version"]
+    assert path["layers"] == [15, 24] and path["dtype"] == "float32"
+    assert path["capture_path"] == "single_pass_layer_hooks"
+    assert deployment["chat_model"]["class_path"].endswith("VLLMChatModel")
+    assert artifact.scorer.backend_ == "vllm"
+    assert np.isfinite(artifact.scores).all() and len(artifact.scores) >= 6
+
+
+def test_live_equals_stored_under_eight_concurrent_callers(vllm_guard: Path) -> None:
+    result = live_check(vllm_guard, limit=12, progress=False, concurrency=8)
+    summary = result["summary"]
+    assert summary["n"] == 12 and summary["unscorable"] == 0
+    assert summary["same_tokens"] == 1.0
+    assert summary["abs_score_diff_max"] <= LIVE_BOUND
+    rows = result["rows"]
+    flips = [r for r in rows if r["stored_answers"] == r["abstained"]]
+    gap = [abs(r["stored_score"] - result["threshold"]) for r in flips]
+    assert all(g <= LIVE_BOUND for g in gap)  # a decision moves only at the threshold
+
+
+def test_a_response_from_the_exact_engine_is_refused(vllm_guard: Path, default_model) -> None:
+    with pytest.raises(ArtifactMismatchError, match="model"):
+        load_guard_chain(vllm_guard, model=default_model)
+    guard = AbstentionGuard.from_artifact(
+        vllm_guard, default_model, config=GuardConfig(on_mismatch="warn")
+    )
+    message = guard.invoke("What is the capital of France?")
+    decision = message.response_metadata["abstention"]
+    assert decision["abstained"]  # fails closed: the probe reads vLLM's hidden states only
+    assert "vllm backend" in str(decision).lower()
+
+
+def test_geometry_is_refused_on_vllm_before_any_model_loads() -> None:
+    from abstain_guard.calibration.building.preflight import check_api_model
+
+    with pytest.raises(ConfigError, match="exact"):
+        check_api_model(CalibrationConfig(backend="vllm", scorer="geometry"), build=False)
+
+
+def test_the_engine_batches_concurrent_callers() -> None:
+    if not os.environ.get(VLLM_PYTHON_ENV):
+        pytest.skip(f"{VLLM_PYTHON_ENV} is not set (make test sets it to .venv-vllm)")
+    model = VLLMChatModel(max_tokens=8)
+    questions = [[("human", f"What is the capital of {c}?")] for c in ("France", "Peru")] * 4
+    alone = model.invoke(questions[0])
+    together = model.batch(questions, config={"max_concurrency": 8})
+    assert together[0].response_metadata["token_ids"] == alone.response_metadata["token_ids"]
+    assert all(
+        len(m.response_metadata["entropy"]) == len(m.response_metadata["token_ids"])
+        for m in together
+    )
+    hidden = together[0].response_metadata["geometry"]["hidden"]
+    assert np.asarray(hidden["mean"]).shape == (2, 576)

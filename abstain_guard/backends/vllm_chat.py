@@ -110,6 +110,7 @@ class _Engine:
         cmd += ["--max-model-len", str(options["max_model_len"])]
         if options.get("layers"):
             cmd += ["--layers", ",".join(str(x) for x in options["layers"])]
+        cmd += [str(a) for a in options.get("extra_args", ())]
         env = dict(os.environ)
         package_root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)

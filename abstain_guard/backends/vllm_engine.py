@@ -228,12 +228,18 @@ def build_app(args: argparse.Namespace) -> Any:
             gpu_memory_utilization=args.memory_fraction,
             enable_prefix_caching=not args.no_prefix_caching,
             worker_extension_cls=f"{__name__}.HiddenStateCapture",
+            load_format=args.load_format,
         )
         engine = AsyncLLM.from_engine_args(engine_args)
         model_config = engine.model_config
         num_layers = int(model_config.hf_config.num_hidden_layers)
         layers = list(args.layers) if args.layers else list(probe_layers(num_layers))
-        shape = (await engine.collective_rpc("install_capture", args=(layers,)))[0]
+        if args.no_capture:  # plain vLLM: the baseline bench/vllm_backend.py measures against
+            layers = []
+            hidden = int(getattr(model_config.hf_config, "hidden_size", 0) or 0)
+            shape = {"num_layers": num_layers, "hidden_size": hidden}
+        else:
+            shape = (await engine.collective_rpc("install_capture", args=(layers,)))[0]
         tokenizer = engine.get_tokenizer()
         state.update(engine=engine, tokenizer=tokenizer, layers=layers)
         state["info"] = {
@@ -245,7 +251,7 @@ def build_app(args: argparse.Namespace) -> Any:
             "num_layers": int(shape["num_layers"]),
             "hidden_size": int(shape["hidden_size"]),
             "layers": [int(x) for x in layers],
-            "capture_path": CAPTURE_PATH,
+            "capture_path": None if args.no_capture else CAPTURE_PATH,
             "enforce_eager": True,
             "prefix_caching": not args.no_prefix_caching,
             "batch_invariant": os.environ.get("VLLM_BATCH_INVARIANT", "0") == "1",
@@ -286,18 +292,23 @@ def build_app(args: argparse.Namespace) -> Any:
             async for out in engine.generate({"prompt_token_ids": prompt_ids}, params, rid):
                 final = out
         finally:
-            captured = await engine.collective_rpc("pop_capture", args=([rid],))
+            captured = (
+                [] if args.no_capture else await engine.collective_rpc("pop_capture", args=([rid],))
+            )
         if final is None or not final.outputs:
             raise HTTPException(500, "the engine returned no output")
         completion = final.outputs[0]
         ids = [int(t) for t in completion.token_ids]
-        capture = next((c[rid] for c in captured if rid in c), None)
-        if capture is None:
-            raise HTTPException(500, "the engine recorded no hidden states for the request")
-        try:
-            entropy, hidden = read_out(capture, len(prompt_ids), len(ids), layers)
-        except ValueError as exc:
-            raise HTTPException(500, f"incomplete capture: {exc}") from exc
+        entropy: list[float] | None = None
+        hidden: dict[str, Any] | None = None
+        if not args.no_capture:
+            capture = next((c[rid] for c in captured if rid in c), None)
+            if capture is None:
+                raise HTTPException(500, "the engine recorded no hidden states for the request")
+            try:
+                entropy, hidden = read_out(capture, len(prompt_ids), len(ids), layers)
+            except ValueError as exc:
+                raise HTTPException(500, f"incomplete capture: {exc}") from exc
         content = _logprob_content(tokenizer, ids, completion.logprobs)
         finish = "length" if completion.finish_reason == "length" else "stop"
         return {
@@ -330,6 +341,16 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--layers", type=lambda s: [int(x) for x in s.split(",")], default=None)
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument(
+        "--no-capture",
+        action="store_true",
+        help="plain vLLM (no hooks, no hidden states or entropies): a baseline to measure",
+    )
+    p.add_argument(
+        "--load-format",
+        default="auto",
+        help="vLLM's load_format ('dummy': random weights from the config, for benchmarks)",
+    )
     return p.parse_args(argv)
 
 

@@ -160,6 +160,7 @@ def _guard_options(args: argparse.Namespace) -> tuple[str, GuardConfig, dict[str
         lambda: positive(args.step_record_size, "--step-record-size"),
         lambda: _positive_seconds(args.step_record_ttl, "--step-record-ttl"),
         lambda: _positive_cpus(args.cpus_per_replica),
+        lambda: _backend_matches(args.backend, artifact),
     )
     steps = {
         k: v
@@ -189,15 +190,43 @@ def _model_service(args: argparse.Namespace) -> Any:
         lambda: positive(args.max_tokens, "--max-tokens"),
     )
     max_tokens = args.max_tokens or 256
-    model = load_chat_model(
-        args.model or "default", gguf_file=args.gguf_file, max_new_tokens=max_tokens
-    )
+    if args.backend == "vllm":  # the raw model on vLLM, for a side-by-side look
+        from abstain_guard.backends.vllm_chat import VLLMChatModel
+
+        model = VLLMChatModel(
+            model=args.model or "default", gguf_file=args.gguf_file, max_tokens=max_tokens
+        )
+        model.engine()
+    else:
+        model = load_chat_model(
+            args.model or "default", gguf_file=args.gguf_file, max_new_tokens=max_tokens
+        )
     return ModelService(
         model,
         model_name=args.model_name,
         max_tokens=max_tokens,
         max_in_flight=args.max_in_flight,
     )
+
+
+def _backend_matches(backend: str | None, artifact: str) -> None:
+    """``--backend`` (when given) names the backend the artifact was calibrated on.
+
+    Raises:
+        ConfigError: it names another one.
+    """
+    if backend is None:
+        return
+    from abstain_guard.artifact import GuardArtifact
+
+    decoding = (GuardArtifact.load(artifact).metadata.get("deployment") or {}).get("decoding")
+    recorded = "vllm" if (decoding or {}).get("backend") == "vllm" else "exact"
+    if backend != recorded:
+        raise ConfigError(
+            f"--backend {backend}: the artifact {artifact} was calibrated on the {recorded} "
+            f"backend and is served on it (its guarantee holds there); serve it with "
+            f"--backend {recorded}, or calibrate for {backend} (calibrate --backend {backend})."
+        )
 
 
 def _positive_cpus(value: float | None) -> None:
@@ -233,6 +262,13 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         "--model", help="with --no-guard: 'default' (embedded SmolLM2) or a local HF folder"
     )
     srv.add_argument("--gguf-file", help="with --no-guard: GGUF file inside --model")
+    srv.add_argument(
+        "--backend",
+        choices=("exact", "vllm"),
+        help="the engine: a guard is served on the backend its artifact was calibrated on "
+        "(given, it must be that one); with --no-guard, 'vllm' serves --model on vLLM "
+        "(docs/vllm.md)",
+    )
     srv.add_argument(
         "--max-tokens",
         type=int,

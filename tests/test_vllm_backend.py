@@ -10,7 +10,9 @@ on two cores: 72 questions calibrated, 12 asked again.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -109,3 +111,29 @@ def test_the_engine_batches_concurrent_callers() -> None:
     )
     hidden = together[0].response_metadata["geometry"]["hidden"]
     assert np.asarray(hidden["mean"]).shape == (2, 576)
+
+
+def test_served_on_vllm_through_the_openai_client_eight_at_once(vllm_guard: Path) -> None:
+    openai = pytest.importorskip("openai")
+    from abstain_guard.serve.runner import ServerThread
+    from abstain_guard.serve.service import GuardService
+
+    service = GuardService.from_artifact(vllm_guard, GuardConfig(participation=0.8))
+    questions = [f"What is the capital of {c}?" for c in ("France", "Peru", "Chile", "Kenya")]
+    with ServerThread(service) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+
+        def ask(question: str) -> Any:
+            return client.chat.completions.create(
+                model="abstain-guard", messages=[{"role": "user", "content": question}]
+            )
+
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(ask, questions * 2))
+    assert len(answers) == 8
+    for reply in answers:
+        assert reply.choices[0].message.content
+        decision = (reply.model_extra or {}).get("abstention") or {}
+        assert isinstance(decision.get("abstained", False), bool)
+    # the same question asked twice at once is answered the same way
+    assert answers[0].choices[0].message.content == answers[4].choices[0].message.content

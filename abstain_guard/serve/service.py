@@ -201,6 +201,9 @@ class GuardService(Admission):
         self.model_name = model_name
         models = find_chat_models(guard.bound_runnable)
         self.chat_model = models[0] if models else None
+        start = getattr(self.chat_model, "engine", None)
+        if callable(start):  # the vLLM backend: its engine is up before the first request
+            start()
         batch = int(getattr(self.chat_model, "max_batch_size", 8))
         queue = int(getattr(self.chat_model, "max_queue", 64))
         self.max_in_flight = max_in_flight or batch + queue

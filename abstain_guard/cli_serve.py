@@ -52,7 +52,12 @@ def _serve_replicas(args: argparse.Namespace) -> int:
             "--replicas / --ray-address serve a guard on Ray Serve; --no-guard runs in one "
             "process only (drop --replicas and --ray-address)."
         )
-    from abstain_guard.serve.ray_serve import ReplicaServer, ReplicaSpec, import_ray_serve
+    from abstain_guard.serve.ray_serve import (
+        ReplicaServer,
+        ReplicaSpec,
+        import_ray_serve,
+        shared_vllm_engine,
+    )
     from abstain_guard.serve.runner import is_loopback
 
     import_ray_serve()  # the extra is missing: say so before anything starts
@@ -66,6 +71,7 @@ def _serve_replicas(args: argparse.Namespace) -> int:
         steps=steps,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
         loopback=is_loopback(args.host),
+        engine_url=shared_vllm_engine(artifact),  # a vLLM guard: one engine for the replicas
     )
     server = ReplicaServer(
         spec,

@@ -72,6 +72,9 @@ class ReplicaSpec:
             :meth:`ReplicaServer.start`).
         monitor_timeout_s: how long a replica waits for the monitor actor before it
             answers 503 with ``Retry-After``.
+        engine_url: the vLLM engine every replica of a vLLM-calibrated guard generates on
+            (one engine, started by the driver: :func:`shared_vllm_engine`; None: the
+            project's engine, one per replica).
     """
 
     artifact: str
@@ -83,6 +86,7 @@ class ReplicaSpec:
     steps: dict[str, Any] = field(default_factory=dict)
     api_key: str | None = None
     loopback: bool = True
+    engine_url: str | None = None
     monitor_timeout_s: float = MONITOR_TIMEOUT_S
 
 
@@ -100,6 +104,8 @@ def build_replica(
         int(spec.steps.get("step_record_size", DEFAULT_MAX_ENTRIES)),
         float(spec.steps.get("step_record_ttl_s", DEFAULT_TTL_S)),
     )
+    if model is None and spec.engine_url is not None:
+        model = vllm_model_of(spec.artifact, spec.engine_url)
     service = GuardService.from_artifact(
         spec.artifact,
         GuardConfig.model_validate(spec.config),
@@ -111,6 +117,36 @@ def build_replica(
     )
     link.batch = int(getattr(service.chat_model, "max_batch_size", 1))
     return service, link
+
+
+def vllm_model_of(artifact: str, engine_url: str | None = None) -> Any:
+    """The vLLM backend's chat model an artifact calibrated on vLLM records (None for any
+    other artifact), attached to ``engine_url`` when given (a transport option: the model's
+    identity, so the guard's check, is the recorded one)."""
+    from abstain_guard.artifact import GuardArtifact
+    from abstain_guard.backends import VLLM_CHAT_MODEL
+    from abstain_guard.chat_model_specs import ChatModelSpec
+    from abstain_guard.deployment import DeploymentRecord
+
+    record = DeploymentRecord.from_metadata(GuardArtifact.load(artifact).metadata)
+    api = record.chat_model if record is not None else None
+    if api is None or api.spec.class_path != VLLM_CHAT_MODEL:
+        return None
+    kwargs = dict(api.spec.kwargs)
+    if engine_url is not None:
+        kwargs["engine_url"] = engine_url
+    return ChatModelSpec(class_path=VLLM_CHAT_MODEL, kwargs=kwargs).build()
+
+
+def shared_vllm_engine(artifact: str) -> str | None:
+    """Start (in this process, stopped at its exit) the one vLLM engine the replicas of a
+    vLLM-calibrated guard share, and return its URL; None for other artifacts. Ray Serve
+    routes requests to replicas; vLLM batches what they send to the one engine."""
+    model = vllm_model_of(artifact)
+    if model is None:
+        return None
+    url, _ = model.engine()
+    return str(url)
 
 
 class GuardReplica:

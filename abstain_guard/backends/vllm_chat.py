@@ -105,6 +105,7 @@ class _Engine:
         self.log = Path(tempfile.mkstemp(prefix="abstain_guard_vllm_", suffix=".log")[1])
         port = _free_port()
         cmd = [python, "-m", "abstain_guard.backends.vllm_engine", "--model", str(folder)]
+        cmd += ["--exit-with-parent"]
         cmd += ["--port", str(port), "--dtype", str(options["dtype"])]
         cmd += ["--memory-fraction", str(options["memory_fraction"])]
         cmd += ["--max-model-len", str(options["max_model_len"])]

@@ -347,6 +347,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="plain vLLM (no hooks, no hidden states or entropies): a baseline to measure",
     )
     p.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop when the process that started the engine exits (how VLLMChatModel starts it)",
+    )
+    p.add_argument(
         "--load-format",
         default="auto",
         help="vLLM's load_format ('dummy': random weights from the config, for benchmarks)",
@@ -354,10 +359,27 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _exit_with_parent(parent: int) -> None:
+    """End this engine (and vLLM's processes, in its session) when ``parent`` is gone: an
+    engine started by a guard process that was killed must not keep its memory."""
+    import signal
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import uvicorn
 
     args = _parse(argv)
+    if args.exit_with_parent:
+        _exit_with_parent(os.getppid())
     app = build_app(args)
     print(json.dumps({"engine": "starting", "port": args.port}), file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -37,9 +37,11 @@ from langchain_core.callbacks import (
     AsyncCallbackManagerForLLMRun,
     CallbackManagerForLLMRun,
 )
-from langchain_core.language_models import BaseChatModel
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.runnables import Runnable
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field
 
 from abstain_guard.errors import BackendError, InvalidInputError
@@ -47,6 +49,7 @@ from abstain_guard.metadata import BACKEND, ENTROPY, GEOMETRY, HIDDEN, LOGPROBS
 
 __all__ = [
     "ENGINE_RECORD_KEYS",
+    "LIVE_BOUND",
     "VLLM_PYTHON_ENV",
     "VLLMChatModel",
     "engine_python",
@@ -68,6 +71,13 @@ ENGINE_RECORD_KEYS = (
     "prefix_caching",
     "batch_invariant",
 )
+
+#: The largest |live − stored| score move the library states for a guard served on a vLLM
+#: engine that is not batch-invariant (vLLM's CPU backend): a response batched with others
+#: gets other last bits in its residual stream than at calibration. Measured: 1.4e-6 at most
+#: (40 held-out questions, 8 in flight; bench/vllm_backend.json), tokens identical; recorded
+#: in the artifact's ``decoding`` and held by tests/test_vllm_backend.py.
+LIVE_BOUND = 1e-4
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
 
@@ -265,12 +275,40 @@ class VLLMChatModel(BaseChatModel):
         return {k: record.get(k) for k in ENGINE_RECORD_KEYS}
 
     def decoding_settings(self) -> dict[str, Any]:
-        """The deployment record's ``decoding``: greedy, on the vLLM backend, this engine."""
-        return {"temperature": 0.0, "backend": "vllm", "decode_path": self.engine_record()}
+        """The deployment record's ``decoding``: greedy, on the vLLM backend, this engine,
+        and the live-vs-stored bound the library states for it (:data:`LIVE_BOUND`; 0 on a
+        batch-invariant engine)."""
+        path = self.engine_record()
+        bound = 0.0 if path.get("batch_invariant") else LIVE_BOUND
+        return {"temperature": 0.0, "backend": "vllm", "decode_path": path, "live_bound": bound}
+
+    def bind_tools(
+        self,
+        tools: Sequence[Any],
+        *,
+        tool_choice: str | dict[str, Any] | bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """This model with ``tools`` bound to every call (OpenAI-format schemas), rendered
+        and read as the exact engine renders and reads them (:mod:`.vllm_tools`);
+        ``tool_choice`` as :meth:`GeometryChatModel.bind_tools` takes it. ``strict`` and
+        ``parallel_tool_calls`` are accepted and ignored."""
+        kwargs.pop("strict", None)
+        kwargs.pop("parallel_tool_calls", None)
+        schemas = [convert_to_openai_tool(t) for t in tools]
+        return self.bind(tools=schemas, tool_choice=tool_choice, **kwargs)
+
+    def _prompter(self) -> Any:
+        from .vllm_tools import prompter_for
+
+        return prompter_for(str(_model_folder(self.model, self.gguf_file)))
 
     # ---- generation --------------------------------------------------------------------
 
-    def _payload(self, messages: Sequence[BaseMessage], kwargs: Mapping[str, Any]) -> dict:
+    def _payload(
+        self, messages: Sequence[BaseMessage], kwargs: Mapping[str, Any]
+    ) -> tuple[dict, Any]:
+        """The request body, and the call's tool setup (None without tools)."""
         budget = kwargs.get("max_tokens", self.max_tokens)
         if budget is None:
             from abstain_guard.prompts import MAX_NEW_TOKENS
@@ -287,7 +325,31 @@ class VLLMChatModel(BaseChatModel):
             if not isinstance(m.content, str):
                 raise InvalidInputError("The vLLM backend sends text messages only.")
             chat.append({"role": role, "content": m.content})
-        return {"messages": chat, "max_tokens": int(budget), "top_logprobs": self.top_logprobs}
+        body: dict[str, Any] = {
+            "messages": chat,
+            "max_tokens": int(budget),
+            "top_logprobs": self.top_logprobs,
+        }
+        tools, choice = kwargs.get("tools"), kwargs.get("tool_choice")
+        tool_turns = any(
+            m.type == "tool" or (isinstance(m, AIMessage) and m.tool_calls) for m in messages
+        )
+        if not tools and not tool_turns and choice in (None, "auto", "none"):
+            return body, None  # the engine renders plain chat with vLLM's own template
+        ids, setup = self._prompter().prompt(messages, tools, choice)
+        body["prompt_token_ids"] = ids
+        if setup is not None and setup.end_markers:
+            body["stop"] = list(setup.end_markers)
+        return body, setup
+
+    def _with_calls(self, result: ChatResult, body: Mapping[str, Any], setup: Any) -> ChatResult:
+        if setup is None:
+            return result
+        message = result.generations[0].message
+        assert isinstance(message, AIMessage)
+        meta = message.response_metadata
+        read = self._prompter().read(message, body["prompt_token_ids"], meta["token_ids"], setup)
+        return ChatResult(generations=[ChatGeneration(message=read)])
 
     def _result(self, body: Mapping[str, Any], info: Mapping[str, Any]) -> ChatResult:
         record = {"name": "vllm", **info}
@@ -321,13 +383,13 @@ class VLLMChatModel(BaseChatModel):
         if stop:
             raise InvalidInputError("The vLLM backend generates without stop strings.")
         url, info = self.engine()
-        payload = self._payload(messages, kwargs)
+        payload, setup = self._payload(messages, kwargs)
         try:
             response = httpx.post(url + "/generate", json=payload, timeout=self.request_timeout)
             body = response.raise_for_status().json()
         except httpx.HTTPError as exc:
             raise self._error(url, exc) from exc
-        return self._result(body, info)
+        return self._with_calls(self._result(body, info), body, setup)
 
     async def _agenerate(
         self,
@@ -339,14 +401,14 @@ class VLLMChatModel(BaseChatModel):
         if stop:
             raise InvalidInputError("The vLLM backend generates without stop strings.")
         url, info = self.engine()
-        payload = self._payload(messages, kwargs)
+        payload, setup = self._payload(messages, kwargs)
         try:
             async with httpx.AsyncClient(timeout=self.request_timeout) as client:
                 response = await client.post(url + "/generate", json=payload)
                 body = response.raise_for_status().json()
         except httpx.HTTPError as exc:
             raise self._error(url, exc) from exc
-        return self._result(body, info)
+        return self._with_calls(self._result(body, info), body, setup)
 
 
 def _model_folder(model: str, gguf_file: str | None) -> Path:

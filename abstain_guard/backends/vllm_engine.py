@@ -283,8 +283,14 @@ def build_app(args: argparse.Namespace) -> Any:
         if prompt_ids is None:
             rendered = tokenizer.apply_chat_template(messages, **template_kwargs)
             prompt_ids = list(rendered["input_ids"] if isinstance(rendered, Mapping) else rendered)
+        stop = [str(x) for x in body.get("stop") or []]  # a tool call's end marker, kept
         params = SamplingParams(
-            temperature=0.0, max_tokens=max_tokens, logprobs=max(top, 0), seed=0
+            temperature=0.0,
+            max_tokens=max_tokens,
+            logprobs=max(top, 0),
+            seed=0,
+            stop=stop or None,
+            include_stop_str_in_output=bool(stop),
         )
         rid = f"ag-{uuid.uuid4().hex}"
         final = None

@@ -1,0 +1,77 @@
+"""Tool calling on the vLLM backend: prompts rendered, and replies read, by the project's own
+tool code (:mod:`abstain_guard.adapters.tools`), so a tool call on vLLM is the call the exact
+engine would make from the same tokens.
+
+With tools bound, :class:`~.vllm_chat.VLLMChatModel` renders the prompt here — the chat
+template with ``tools=`` (or the prompted fallback's system block), the tool-call and
+tool-result turns as the exact engine renders them, a forced call's opening — sends the
+token ids to the engine, stops where the format ends a call, and reads the reply for calls
+(names and arguments checked against the schemas; an unreadable call is an
+``invalid_tool_call``, never an exception). Needs the ``local`` extra (the tokenizer).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessage
+
+__all__ = ["ToolPrompter", "prompter_for"]
+
+
+class ToolPrompter:
+    """The tokenizer and tool-call format of one model folder."""
+
+    def __init__(self, folder: Path) -> None:
+        from transformers import AutoTokenizer
+
+        from abstain_guard.adapters.tool_formats import detect_tool_call_format
+
+        self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        template = getattr(self.tokenizer, "chat_template", None)
+        self.template = template if isinstance(template, str) else None
+        self.format = detect_tool_call_format(self.template)
+
+    def prompt(
+        self, messages: Sequence[BaseMessage], tools: Sequence[Any] | None, choice: Any
+    ) -> tuple[list[int], Any]:
+        """``(prompt ids, ToolSetup or None)`` of a call with ``tools`` bound."""
+        from abstain_guard.adapters.encoding import ToolRendering, chat_dicts, prompt_ids
+        from abstain_guard.adapters.tool_formats import template_has_tool_role
+        from abstain_guard.adapters.tools import tool_setup
+
+        setup = tool_setup(tools, choice, self.format)
+        rendering = ToolRendering(
+            format=setup.format if setup is not None else self.format,
+            tool_role=template_has_tool_role(self.template),
+            block=setup.prompt_block if setup is not None else None,
+        )
+        dicts = chat_dicts(messages, None, rendering)
+        ids = prompt_ids(self.tokenizer, dicts, setup.template_tools if setup else None)
+        if setup is not None and setup.prefill:
+            prefill = self.tokenizer(setup.prefill, add_special_tokens=False)["input_ids"]
+            ids.extend(int(t) for t in prefill)
+        return ids, setup
+
+    def read(
+        self, message: AIMessage, prompt: Sequence[int], token_ids: Sequence[int], setup: Any
+    ) -> AIMessage:
+        """``message`` with the calls its tokens make (as the exact engine reads them)."""
+        from abstain_guard.adapters.tools import decode_keeping, run_seed, with_tool_calls
+
+        if setup is None:
+            return message
+        text = setup.prefill + decode_keeping(self.tokenizer, token_ids, setup.spec.markers)
+        for marker in setup.end_markers:  # generation stopped at the end of the call
+            if marker in text:
+                text = text[: text.index(marker) + len(marker)]
+        return with_tool_calls(message, setup.read(text, run_seed(list(prompt), token_ids)))
+
+
+@functools.lru_cache(maxsize=8)
+def prompter_for(folder: str) -> ToolPrompter:
+    """One :class:`ToolPrompter` per model folder in this process."""
+    return ToolPrompter(Path(folder))

@@ -4,7 +4,7 @@ concurrent callers, and a response from the project's engine refused.
 
 The engine runs in vLLM's own environment (``make install`` builds ``.venv-vllm``;
 ``make test`` sets ``ABSTAIN_GUARD_VLLM_PYTHON``); one engine for the module. About a minute
-on two cores: 72 questions calibrated, 12 asked again.
+on two cores: 56 questions calibrated, 8 asked again.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def vllm_guard(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip(f"{VLLM_PYTHON_ENV} is not set (make test sets it to .venv-vllm)")
     out = tmp_path_factory.mktemp("vllm") / "guard"
     config = CalibrationConfig(
-        backend="vllm", scorer="probe_mid", limit=72, cache_dir=str(out) + ".cache"
+        backend="vllm", scorer="probe_mid", limit=56, cache_dir=str(out) + ".cache"
     )
     try:
         calibrate("builtin", out, config=config, progress=False)
@@ -67,13 +67,13 @@ def test_a_probe_guard_calibrated_on_vllm_records_its_engine(vllm_guard: Path) -
     assert path["capture_path"] == "single_pass_layer_hooks"
     assert deployment["chat_model"]["class_path"].endswith("VLLMChatModel")
     assert artifact.scorer.backend_ == "vllm"
-    assert np.isfinite(artifact.scores).all() and len(artifact.scores) >= 6
+    assert np.isfinite(artifact.scores).all() and len(artifact.scores) >= 4
 
 
 def test_live_equals_stored_under_eight_concurrent_callers(vllm_guard: Path) -> None:
-    result = live_check(vllm_guard, limit=12, progress=False, concurrency=8)
+    result = live_check(vllm_guard, limit=8, progress=False, concurrency=8)
     summary = result["summary"]
-    assert summary["n"] == 12 and summary["unscorable"] == 0
+    assert summary["n"] == 8 and summary["unscorable"] == 0
     assert summary["same_tokens"] == 1.0
     assert summary["abs_score_diff_max"] <= LIVE_BOUND
     rows = result["rows"]

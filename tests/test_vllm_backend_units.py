@@ -285,7 +285,8 @@ def test_engine_python_without_vllm_names_the_variable(monkeypatch: pytest.Monke
 def test_payload_maps_roles_and_budget() -> None:
     model = VLLMChatModel()
     messages = [SystemMessage("s"), HumanMessage("q"), AIMessage("a"), HumanMessage("q2")]
-    payload = model._payload(messages, {})
+    payload, setup = model._payload(messages, {})
+    assert setup is None and "prompt_token_ids" not in payload  # no tools: vLLM renders it
     assert payload["messages"] == [
         {"role": "system", "content": "s"},
         {"role": "user", "content": "q"},
@@ -293,8 +294,8 @@ def test_payload_maps_roles_and_budget() -> None:
         {"role": "user", "content": "q2"},
     ]
     assert (payload["max_tokens"], payload["top_logprobs"]) == (24, 5)
-    assert model._payload(messages, {"max_tokens": 7})["max_tokens"] == 7
-    assert VLLMChatModel(max_tokens=9)._payload(messages, {})["max_tokens"] == 9
+    assert model._payload(messages, {"max_tokens": 7})[0]["max_tokens"] == 7
+    assert VLLMChatModel(max_tokens=9)._payload(messages, {})[0]["max_tokens"] == 9
     with pytest.raises(InvalidInputError, match="text messages only"):
         model._payload([HumanMessage(content=[{"type": "text", "text": "q"}])], {})
     with pytest.raises(InvalidInputError, match="'chat' message"):

@@ -123,6 +123,12 @@ class _Engine:
             cmd += ["--layers", ",".join(str(x) for x in options["layers"])]
         cmd += [str(a) for a in options.get("extra_args", ())]
         env = dict(os.environ)
+        if env.get("ATEN_CPU_CAPABILITY") == "default":
+            # ATen's scalar kernels (the foreign-kernel mode's pin, adapters/kernel_env.py):
+            # vLLM compiles its sampler with inductor, whose C++ code needs a vector
+            # capability ("at::vec has not been declared"); the engine keeps the library's
+            # portable one. Its bound to calibration is measured, not bitwise.
+            env["ATEN_CPU_CAPABILITY"] = "avx2"
         package_root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         with open(self.log, "wb") as log:

@@ -41,8 +41,8 @@ demo: $(STAMP)
 # process loads the embedded model once. A new test file lands in the foreground part.
 # Measured on the idle 2-core machine (AMD EPYC, AVX-512): make test 8 min 37 s from a fresh
 # model cache, make test-foreign 8 min 49 s after it (before the vLLM backend); with the vLLM
-# module (a real engine, tests/test_vllm_backend.py) make test took 13 min 50 s (foreground
-# 13:12, alongside 11:56): over the 10-minute goal, to be won back.
+# module (a real engine, tests/test_vllm_backend.py) make test takes 12 min 32 s on the idle
+# machine (foreground 11:34, alongside 10:16): over the 10-minute goal, to be won back.
 TEST_SHARD ?= tests/test_calibrate_ray.py tests/test_agent_calibration.py tests/test_agent_steps_real.py \
 	tests/test_serve_replicas.py
 PYTEST := $(BIN)/pytest -p no:cacheprovider

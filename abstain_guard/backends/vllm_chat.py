@@ -243,6 +243,12 @@ class VLLMChatModel(BaseChatModel):
 
     # ---- the engine --------------------------------------------------------------------
 
+    def _url(self) -> str:
+        """The engine's URL: an attached one as given (no request), else :meth:`engine`'s."""
+        if self.engine_url is not None:
+            return self.engine_url.rstrip("/")
+        return self.engine()[0]
+
     def engine(self) -> tuple[str, dict[str, Any]]:
         """``(url, info)`` of the engine this model generates on (started on first use)."""
         if self.engine_url is not None:
@@ -357,8 +363,10 @@ class VLLMChatModel(BaseChatModel):
         read = self._prompter().read(message, body["prompt_token_ids"], meta["token_ids"], setup)
         return ChatResult(generations=[ChatGeneration(message=read)])
 
-    def _result(self, body: Mapping[str, Any], info: Mapping[str, Any]) -> ChatResult:
-        record = {"name": "vllm", **info}
+    def _result(self, body: Mapping[str, Any]) -> ChatResult:
+        """The message of an engine response; its ``backend`` record is the one the engine
+        sent with it (what computed this response, not what answered ``/info`` earlier)."""
+        record = {"name": "vllm", **body["engine"]}
         meta = {
             "model_name": str(self.model),
             "finish_reason": body["finish_reason"],
@@ -379,6 +387,15 @@ class VLLMChatModel(BaseChatModel):
             detail = f": {exc.response.text[:300]}"
         return BackendError(f"The vLLM engine at {url} failed the request ({exc}){detail}.")
 
+    def _request(
+        self, messages: Sequence[BaseMessage], stop: list[str] | None, kwargs: Mapping[str, Any]
+    ) -> tuple[str, dict, Any]:
+        """``(engine URL, request body, tool setup)`` of one call (sync and async alike)."""
+        if stop:
+            raise InvalidInputError("The vLLM backend generates without stop strings.")
+        payload, setup = self._payload(messages, kwargs)
+        return self._url(), payload, setup
+
     def _generate(
         self,
         messages: list[BaseMessage],
@@ -386,16 +403,13 @@ class VLLMChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        if stop:
-            raise InvalidInputError("The vLLM backend generates without stop strings.")
-        url, info = self.engine()
-        payload, setup = self._payload(messages, kwargs)
+        url, payload, setup = self._request(messages, stop, kwargs)
         try:
             response = httpx.post(url + "/generate", json=payload, timeout=self.request_timeout)
             body = response.raise_for_status().json()
         except httpx.HTTPError as exc:
             raise self._error(url, exc) from exc
-        return self._with_calls(self._result(body, info), body, setup)
+        return self._with_calls(self._result(body), body, setup)
 
     async def _agenerate(
         self,
@@ -404,17 +418,14 @@ class VLLMChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        if stop:
-            raise InvalidInputError("The vLLM backend generates without stop strings.")
-        url, info = self.engine()
-        payload, setup = self._payload(messages, kwargs)
+        url, payload, setup = self._request(messages, stop, kwargs)
         try:
             async with httpx.AsyncClient(timeout=self.request_timeout) as client:
                 response = await client.post(url + "/generate", json=payload)
                 body = response.raise_for_status().json()
         except httpx.HTTPError as exc:
             raise self._error(url, exc) from exc
-        return self._with_calls(self._result(body, info), body, setup)
+        return self._with_calls(self._result(body), body, setup)
 
 
 def _model_folder(model: str, gguf_file: str | None) -> Path:

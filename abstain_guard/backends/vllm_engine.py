@@ -26,7 +26,7 @@ capture path, batch invariance); ``POST /generate``: ``{"messages", "max_tokens"
 "top_logprobs", "tools"?}`` → the response's ``prompt_token_ids``, ``token_ids``, ``tokens``,
 OpenAI-style ``logprobs``, ``entropy`` and ``hidden`` (``{"layers", "last", "mean"}``, the
 layout of :func:`abstain_guard.metadata.hidden_summary`), greedy, computed in vLLM's own
-batches.
+batches, and ``engine`` (the ``/info`` record of the engine that computed it).
 """
 
 from __future__ import annotations
@@ -326,6 +326,7 @@ def build_app(args: argparse.Namespace) -> Any:
             "logprobs": {"content": content},
             "entropy": entropy,
             "hidden": hidden,
+            "engine": dict(state["info"]),  # what computed it: the response's own record
         }
 
     return app

@@ -15,6 +15,8 @@ and free JSON metadata. On disk it is a directory::
     <raw files>        ScorerState files, e.g. calibrator.ubj (XGBoost)
     action_risk.npz    optional: statistic [n] float64, each calibration run's action
                        statistic (a step-gated agent: :mod:`abstain_guard.action_risk`)
+    stream.npz         optional: first [n] float64, each answer's first-chunk score
+                       (certified streaming: :mod:`abstain_guard.partial_release`)
 
 Loading never executes code: JSON, numpy arrays without pickle, and raw bytes handed to
 the scorer's ``from_state``. A missing file raises ArtifactNotFoundError, a changed or
@@ -77,6 +79,7 @@ from abstain_guard.artifact_files import (
     SCHEMA_VERSION,
     SCORER_JSON,
     SCORER_NPZ,
+    STREAM,
     canonical_json,
     check_json,
     check_target,
@@ -102,6 +105,7 @@ from abstain_guard.errors import (
     InvalidInputError,
 )
 from abstain_guard.groups import GroupRules, check_groups, group_rules, require_groups
+from abstain_guard.partial_release import check_stream_statistics
 from abstain_guard.scorers import Scorer, ScorerState, scorer_from_state
 from abstain_guard.selection import ScorerSelection
 
@@ -129,6 +133,9 @@ class GuardArtifact:
         action_statistic: each calibration run's action statistic, shape ``[n]`` (float64,
             ``inf`` for a run without a wrong tool call), or None; needed for
             ``GuardConfig(action_risk_target=...)`` (:mod:`abstain_guard.action_risk`).
+        stream_first: each calibration answer's first-chunk score ``[n]`` (``inf``: none)
+            when calibrated with a chunk rule (the scores are then the stream statistics,
+            :mod:`abstain_guard.streaming`), else None.
         selection: how the scorer was chosen among candidates on these calibration answers
             (``metadata["selection"]``, :class:`~abstain_guard.selection.ScorerSelection`), or
             None; every rule then certifies at δ/K.
@@ -147,6 +154,7 @@ class GuardArtifact:
         created: str | None = None,
         groups: ArrayLike | None = None,
         action_statistic: ArrayLike | None = None,
+        stream_first: ArrayLike | None = None,
     ) -> None:
         if not isinstance(scorer, Scorer):
             raise InvalidInputError(
@@ -163,6 +171,9 @@ class GuardArtifact:
             None
             if action_statistic is None
             else check_action_statistics(action_statistic, self.scores.size)
+        )
+        self.stream_first = (
+            None if stream_first is None else check_stream_statistics(stream_first, self.scores)[0]
         )
         if model_fingerprint is not None and not isinstance(model_fingerprint, str):
             raise InvalidInputError("model_fingerprint must be a string or None.")
@@ -188,6 +199,7 @@ class GuardArtifact:
         metadata: Mapping[str, Any] | None = None,
         groups: ArrayLike | None = None,
         action_statistic: ArrayLike | None = None,
+        stream_first: ArrayLike | None = None,
     ) -> GuardArtifact:
         """Create an artifact from a fitted scorer and its calibration scores and labels.
 
@@ -202,6 +214,8 @@ class GuardArtifact:
             action_statistic: each calibration run's action statistic (a step-gated agent,
                 :func:`abstain_guard.action_risk.action_statistic`), shape ``[n]``; needed
                 for ``GuardConfig(action_risk_target=...)``.
+            stream_first: each answer's first-chunk score (calibrated with a chunk rule:
+                ``scores`` are the stream statistics), shape ``[n]``.
         """
         return cls(
             scorer,
@@ -211,6 +225,7 @@ class GuardArtifact:
             metadata=metadata,
             groups=groups,
             action_statistic=action_statistic,
+            stream_first=stream_first,
         )
 
     @property
@@ -247,6 +262,7 @@ class GuardArtifact:
             cfg.delta,
             cfg.on_infeasible,
             cfg.action_risk_target,
+            cfg.partial_release_target,
         )
         rule = self._rules.get(key)
         if rule is None:
@@ -256,6 +272,7 @@ class GuardArtifact:
                 cfg,
                 selection=self.selection,
                 action_statistic=self.action_statistic,
+                stream_first=self.stream_first,
             )
             self._rules[key] = rule
         return rule
@@ -350,6 +367,8 @@ class GuardArtifact:
             files[name] = bytes(data)
         if self.action_statistic is not None:
             files[ACTION_RISK] = npz_bytes({"statistic": self.action_statistic})
+        if self.stream_first is not None:
+            files[STREAM] = npz_bytes({"first": self.stream_first})
         return files
 
     def _manifest(self, files: Mapping[str, bytes]) -> dict[str, Any]:
@@ -466,6 +485,12 @@ class GuardArtifact:
                     f"{ACTION_RISK} must hold 'statistic', has {sorted(stored)}."
                 )
             action = stored["statistic"]
+        first = None
+        if STREAM in data:  # optional (calibrated with a chunk rule)
+            stream = load_npz(data[STREAM], STREAM, limit)
+            if set(stream) != {"first"}:
+                raise ArtifactSchemaError(f"{STREAM} must hold 'first', has {sorted(stream)}.")
+            first = stream["first"]
         try:
             scorer_json = parse_json(data[SCORER_JSON], SCORER_JSON)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -519,6 +544,7 @@ class GuardArtifact:
                 created=manifest.get("created"),
                 groups=calib.get("groups"),
                 action_statistic=action,
+                stream_first=first,
             )
         except (InvalidInputError, InsufficientDataError) as exc:
             raise ArtifactSchemaError(f"Invalid calibration data in the artifact: {exc}") from exc

@@ -51,7 +51,12 @@ ACTION_RISK = "action_risk.npz"
 """Optional: ``statistic`` [n] float64, each calibration run's action statistic
 (:mod:`abstain_guard.action_risk`); its own file, so loaders that predate it still read the
 artifact."""
-RESERVED_FILE_NAMES = {MANIFEST, CALIBRATION, SCORER_JSON, SCORER_NPZ, ACTION_RISK}
+STREAM = "stream.npz"
+"""Optional: ``first`` [n] float64, each calibration answer's first-chunk score (``inf``:
+no interior chunk end) under the artifact's chunk rule (certified streaming,
+:mod:`abstain_guard.partial_release`); the stream statistics are ``calibration.npz``'s
+scores."""
+RESERVED_FILE_NAMES = {MANIFEST, CALIBRATION, SCORER_JSON, SCORER_NPZ, ACTION_RISK, STREAM}
 SAFE_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 #: Default cap on the uncompressed bytes of one ``.npz`` file's arrays at load (512 MiB).

@@ -80,6 +80,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         "agent_step_limit": args.agent_step_limit,
         "agent_gating": args.agent_gating,
         "max_new_tokens": args.max_new_tokens,
+        "chunk_rule": args.chunk_rule,
     }
     if args.config:
         config = CalibrationConfig.from_file(args.config, **overrides)
@@ -375,6 +376,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cal.add_argument(
         "--max-new-tokens", type=int, help="token budget of every model call (default: per kind)"
+    )
+    cal.add_argument(
+        "--chunk-rule",
+        help="calibrate for certified streaming: score each answer at every chunk end of this "
+        "rule ('sentence', 'clause' or 'tokens:K') and calibrate on the maximum, so the guard "
+        "releases answers chunk by chunk as they are generated (docs/streaming.md)",
     )
     cal.add_argument("--quiet", action="store_true", help="no progress bars")
     cal.set_defaults(func=_calibrate)

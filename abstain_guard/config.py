@@ -108,6 +108,11 @@ class GuardConfig(BaseModel):
             δ/2, so both hold together with probability >= 1−δ
             (:mod:`abstain_guard.action_risk`, docs/guarantees.md). Needs an artifact from
             ``calibrate --agent`` on rows with expected tool calls.
+        partial_release_target: ρ, for an artifact calibrated with a chunk rule (certified
+            streaming, risk mode): also certify that the probability of a stream showing
+            text and then being stopped is <= ρ; τ is the largest threshold passing both,
+            each at δ/2 (:mod:`abstain_guard.partial_release`, docs/guarantees.md). Without
+            it the decision still reports the certified partial-release rate at τ.
         abstain_message: the text of the abstention message.
         on_error: ``"abstain"`` (fail closed: a response that cannot be scored is withheld
             and the reason recorded) or ``"raise"`` (raise GuardError).
@@ -160,6 +165,7 @@ class GuardConfig(BaseModel):
     risk_target: float | None = Field(default=None, gt=0.0, lt=1.0)
     delta: float = Field(default=0.1, gt=0.0, lt=1.0)
     action_risk_target: float | None = Field(default=None, gt=0.0, lt=1.0)
+    partial_release_target: float | None = Field(default=None, gt=0.0, lt=1.0)
     abstain_message: str = "I don't know."
     on_error: Literal["abstain", "raise"] = "abstain"
     scorer: str | None = None
@@ -200,6 +206,14 @@ class GuardConfig(BaseModel):
         if self.action_risk_target is not None and self.group_by is not None:
             raise ValueError(
                 "action_risk_target is certified for the pooled rule only; drop group_by"
+            )
+        if self.partial_release_target is not None and (
+            self.mode != "risk" or self.action_risk_target is not None or self.group_by
+        ):
+            raise ValueError(
+                "partial_release_target needs mode='risk' with a risk_target, without "
+                "action_risk_target or group_by (it is certified beside the pooled error rate "
+                "of completed streams)"
             )
         if isinstance(self.group_by, str) and not self.group_by.strip():
             raise ValueError("group_by must name a key of the input (or be a function or None)")

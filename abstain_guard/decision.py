@@ -21,8 +21,13 @@ from abstain_guard.action_risk import (
     uncertifiable_joint,
 )
 from abstain_guard.config import GuardConfig
-from abstain_guard.errors import InsufficientDataError, UncertifiableTargetError
+from abstain_guard.errors import ConfigError, InsufficientDataError, UncertifiableTargetError
 from abstain_guard.frontier import smallest_certifiable_risk
+from abstain_guard.partial_release import (
+    PartialReleaseCertificate,
+    partial_release_certificate,
+    partial_release_guarantee,
+)
 from abstain_guard.selection import ScorerSelection, participation_lower_bound
 
 __all__ = ["DecisionRule", "decision_rule"]
@@ -98,6 +103,7 @@ def decision_rule(
     config: GuardConfig,
     selection: ScorerSelection | None = None,
     action_statistic: ArrayLike | None = None,
+    stream_first: ArrayLike | None = None,
 ) -> DecisionRule:
     """Compute the decision rule for ``config``'s target from calibration scores and labels.
 
@@ -105,16 +111,35 @@ def decision_rule(
     :class:`~abstain_guard.selection.ScorerSelection`); risk mode then certifies at
     ``config.delta`` / K, so ``config.delta`` holds for the chosen scorer
     (:mod:`abstain_guard.selection`), and participation mode adds the PAC lower bound that
-    accounts for the choice.
+    accounts for the choice. ``stream_first``: each answer's first-chunk score when the
+    artifact was calibrated with a chunk rule (``scores`` are then the stream statistics);
+    the guarantee then carries the ``partial_release`` block, and
+    ``config.partial_release_target`` restricts τ to the thresholds certified to keep it
+    (:mod:`abstain_guard.partial_release`).
     """
+    if config.partial_release_target is not None and stream_first is None:
+        raise ConfigError(
+            "partial_release_target needs an artifact calibrated with a chunk rule "
+            "(calibrate with chunk_rule: 'sentence', 'clause' or 'tokens:K'); this one decides "
+            "whole answers, which never release text before the decision"
+        )
     if config.mode == "risk":
         assert config.risk_target is not None
         action: ActionRiskCertificate | None = None
+        partial: PartialReleaseCertificate | None = None
         delta = config.delta
         level = delta / selection.n_candidates if selection is not None else delta
         with warnings.catch_warnings(record=True):
             warnings.simplefilter("always", conformal.ConformalWarning)
-            if config.action_risk_target is None:
+            if config.partial_release_target is not None:  # both targets, each at δ/2
+                assert stream_first is not None
+                partial = partial_release_certificate(
+                    stream_first, scores, config.partial_release_target, level / 2
+                )
+                res = conformal.risk_threshold(
+                    scores, correct, config.risk_target, level / 2, ceiling=partial.ceiling
+                )
+            elif config.action_risk_target is None:
                 res = conformal.risk_threshold(scores, correct, config.risk_target, level)
             else:  # both targets: the run-level one and the action risk, each at δ/2
                 res, action = joint_risk_threshold(
@@ -127,6 +152,15 @@ def decision_rule(
                 )
                 if not res.feasible and config.on_infeasible != "abstain_all":
                     raise uncertifiable_joint(res, action, config.delta)
+        if partial is not None and not res.feasible and config.on_infeasible != "abstain_all":
+            raise UncertifiableTargetError(
+                f"risk_target={config.risk_target:g} and partial_release_target="
+                f"{partial.target:g} cannot be certified together at delta={delta:g} from "
+                f"these {res.n} calibration answers (each at {res.delta:.3g}; the partial-"
+                f"release band alone is +-{partial.margin:.3f} per distribution function). "
+                "Raise a target or delta, calibrate on more answers, or set "
+                "on_infeasible='abstain_all'."
+            )
         if not res.feasible and config.on_infeasible != "abstain_all":
             raise _uncertifiable(scores, correct, res, delta, selection)
         for note in res.warnings:
@@ -156,6 +190,17 @@ def decision_rule(
         if action is not None:
             guarantee.update(
                 action_guarantee(action, require_action_statistics(action_statistic), res)
+            )
+        if stream_first is not None:
+            guarantee.update(
+                partial_release_guarantee(
+                    stream_first,
+                    scores,
+                    res.threshold,
+                    partial.level if partial is not None else level,
+                    partial,
+                    res.delta,
+                )
             )
         return DecisionRule(res.threshold, "risk", res.risk_target, guarantee)
 
@@ -220,6 +265,11 @@ def decision_rule(
         )
     if selection is not None:
         guarantee["selection"] = _participation_selection(selection, config.delta, part)
+    if stream_first is not None and math.isfinite(threshold):
+        level = config.delta / (selection.n_candidates if selection is not None else 1)
+        guarantee.update(
+            partial_release_guarantee(stream_first, scores, threshold, level, None, 0.0)
+        )
     guarantee["warnings"] = notes
     for note in notes:
         logger.warning("abstain_guard participation threshold: %s", note)

@@ -30,13 +30,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from abstain_guard.agent_steps import Gating, Labelling
 from abstain_guard.chat_model_specs import ChatModelRecord, identity_mismatches
 from abstain_guard.errors import ArtifactSchemaError
+from abstain_guard.streaming import ChunkRule
 
 __all__ = [
     "API_UNVERIFIED",
@@ -45,6 +46,7 @@ __all__ = [
     "AgentRecord",
     "DeploymentRecord",
     "PromptRecord",
+    "StreamingRecord",
     "api_response_mismatches",
     "backend_mismatches",
     "conversation_mismatches",
@@ -156,6 +158,25 @@ class AgentRecord(BaseModel):
     runs: dict[str, Any] = Field(default_factory=dict)
 
 
+class StreamingRecord(BaseModel):
+    """How an artifact calibrated for certified streaming decides
+    (:mod:`abstain_guard.streaming`): ``chunk_rule`` (``"sentence"``, ``"clause"``,
+    ``"tokens:K"``) and the statistic its scores are (the maximum of the prefix scores);
+    ``chunks``: what the calibration answers' chunks looked like (answers, answers with an
+    interior chunk end, mean interior chunk ends)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    chunk_rule: str
+    statistic: Literal["max_prefix_score"] = "max_prefix_score"
+    chunks: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("chunk_rule")
+    @classmethod
+    def _rule(cls, value: str) -> str:
+        return str(ChunkRule.parse(value))
+
+
 class DeploymentRecord(BaseModel):
     """The generation settings an artifact was calibrated with (``metadata["deployment"]``).
 
@@ -173,6 +194,9 @@ class DeploymentRecord(BaseModel):
         conversations: calibrated on conversations (some rows carried earlier turns, which
             the prompt put between the system prompt and the question); False: on single
             questions, so a response whose prompt carried earlier messages is refused.
+        streaming: calibrated for certified streaming (:class:`StreamingRecord`): every
+            answer, streamed or not, is decided on its prefix scores' maximum under that
+            chunk rule; None: whole answers.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -185,6 +209,7 @@ class DeploymentRecord(BaseModel):
     chat_model: ChatModelRecord | None = None
     agent: AgentRecord | None = None
     conversations: bool = False
+    streaming: StreamingRecord | None = None
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any]) -> DeploymentRecord | None:

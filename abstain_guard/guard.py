@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 from langchain_core.callbacks.manager import (
     AsyncCallbackManagerForChainRun,
     CallbackManagerForChainRun,
 )
-from langchain_core.messages import AIMessage
+from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableSerializable
 from langchain_core.runnables.config import run_in_executor
 from pydantic import BaseModel, ConfigDict, PrivateAttr
@@ -36,6 +36,15 @@ from abstain_guard.errors import (
 from abstain_guard.monitor import GuardMonitor
 from abstain_guard.monitor_binding import fit_monitor
 from abstain_guard.policy import AbstentionPolicy, as_guard_config
+from abstain_guard.runnables import find_chat_models
+from abstain_guard.stream_guard import (
+    GateEvent,
+    acertified_stream,
+    as_chunks,
+    certified_stream,
+    check_streamable,
+)
+from abstain_guard.streaming import ChunkRule
 from abstain_guard.tracing import arecord_decision, record_decision
 
 # AbstentionPolicy lives in abstain_guard.policy; imported here for the guard (and for code
@@ -56,9 +65,15 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
 
     It composes in LCEL (``prompt | guard | StrOutputParser()``), supports ``invoke``,
     ``ainvoke``, ``batch``/``abatch`` (honouring ``max_concurrency``), and ``stream`` /
-    ``astream``, which stay buffered: they yield one message, the answer or the abstention,
-    after the decision, never a token of an answer before it is decided (the wrapped model
-    may stream token by token; the guard waits for its whole answer to score it). Note that
+    ``astream``. With an artifact calibrated for whole answers they are buffered: one
+    message, the answer or the abstention, after the decision. With an artifact calibrated
+    with a chunk rule (certified streaming, :mod:`abstain_guard.streaming`) they release the
+    answer chunk by chunk while it is generated, each chunk only once the answer up to its
+    end has been scored and the running maximum is still under τ; the first chunk that
+    crosses τ stops generation and the last chunk is the abstention. The last chunk carries
+    the decision (``response_metadata["abstention"]``, with ``streaming``) either way, and
+    ``invoke`` decides such an artifact's answers the same way (the certificate is on the
+    maximum). No text of an answer is ever given out before it passed. Note that
     ``astream_events`` also reports the wrapped model's own run, whose
     ``on_chat_model_stream`` events carry the undecided tokens; show users the guard's
     output (or filter with ``exclude_types=["chat_model"]``), not those events.
@@ -120,6 +135,8 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
                 f"{type(prepared).__name__}, not a runnable."
             )
         self._policy.check_models(prepared)
+        if self._policy.chunk_rule is not None:
+            check_streamable(self.artifact.scorer.kind, find_chat_models(prepared))
         self._prepared = prepared
 
     @classmethod
@@ -146,6 +163,11 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
     def decision_rule(self) -> DecisionRule:
         """The threshold and guarantee in force."""
         return self._policy.rule
+
+    @property
+    def chunk_rule(self) -> ChunkRule | None:
+        """The artifact's chunk rule (certified streaming), or None: whole answers."""
+        return self._policy.chunk_rule
 
     @property
     def threshold(self) -> float:
@@ -193,6 +215,12 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
         config: RunnableConfig,
         **kwargs: Any,
     ) -> AIMessage:
+        if self._policy.chunk_rule is not None:  # decided on the prefix scores' maximum
+            last = None
+            for event in self._gate(input, run_manager, config, **kwargs):
+                last = event
+            assert last is not None and last.message is not None
+            return last.message
         group = self._policy.group_of(input, config.get("metadata"))
         try:
             output = self._prepared.invoke(input, config, **kwargs)
@@ -211,6 +239,12 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
         config: RunnableConfig,
         **kwargs: Any,
     ) -> AIMessage:
+        if self._policy.chunk_rule is not None:  # decided on the prefix scores' maximum
+            last = None
+            async for event in self._agate(input, run_manager, config, **kwargs):
+                last = event
+            assert last is not None and last.message is not None
+            return last.message
         group = self._policy.group_of(input, config.get("metadata"))
         try:
             output = await self._prepared.ainvoke(input, config, **kwargs)
@@ -237,3 +271,108 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
         return await self._acall_with_config(
             functools.partial(self._arun, **kwargs), input, config, run_type="chain"
         )
+
+    # --- certified streaming ------------------------------------------------------------
+
+    def _gate(
+        self,
+        input: Any,
+        run_manager: CallbackManagerForChainRun,
+        config: RunnableConfig,
+        **kwargs: Any,
+    ) -> Iterator[GateEvent]:
+        """The certified stream of one input (:mod:`abstain_guard.stream_guard`): released
+        text events, then the decision (observed and traced before it is yielded)."""
+        rule = self._policy.chunk_rule
+        assert rule is not None
+        group = self._policy.group_of(input, config.get("metadata"))
+        try:
+            for event in certified_stream(
+                self._policy, rule, lambda: self._prepared.stream(input, config, **kwargs), group
+            ):
+                if event.decision is not None:
+                    self._observe(event.decision, run_manager)
+                    record_decision(event.decision, run_manager=run_manager, config=config)
+                yield event
+        except ContextLengthError as exc:
+            message, decision = self._policy.decide_unanswerable(exc, group)
+            self._observe(decision, run_manager)
+            record_decision(decision, run_manager=run_manager, config=config)
+            yield GateEvent("decision", message=message, decision=decision)
+
+    async def _agate(
+        self,
+        input: Any,
+        run_manager: AsyncCallbackManagerForChainRun,
+        config: RunnableConfig,
+        **kwargs: Any,
+    ) -> AsyncIterator[GateEvent]:
+        """Async :meth:`_gate`."""
+        rule = self._policy.chunk_rule
+        assert rule is not None
+        group = self._policy.group_of(input, config.get("metadata"))
+        try:
+            async for event in acertified_stream(
+                self._policy, rule, lambda: self._prepared.astream(input, config, **kwargs), group
+            ):
+                if event.decision is not None:
+                    self._observe(event.decision, run_manager)
+                    await arecord_decision(event.decision, run_manager=run_manager, config=config)
+                yield event
+        except ContextLengthError as exc:
+            message, decision = self._policy.decide_unanswerable(exc, group)
+            self._observe(decision, run_manager)
+            await arecord_decision(decision, run_manager=run_manager, config=config)
+            yield GateEvent("decision", message=message, decision=decision)
+
+    def _stream_chunks(
+        self,
+        inputs: Iterator[Any],
+        run_manager: CallbackManagerForChainRun,
+        config: RunnableConfig,
+        **kwargs: Any,
+    ) -> Iterator[AIMessageChunk]:
+        for input in inputs:
+            for event in self._gate(input, run_manager, config, **kwargs):
+                yield from as_chunks(event)
+
+    async def _astream_chunks(
+        self,
+        inputs: AsyncIterator[Any],
+        run_manager: AsyncCallbackManagerForChainRun,
+        config: RunnableConfig,
+        **kwargs: Any,
+    ) -> AsyncIterator[AIMessageChunk]:
+        async for input in inputs:
+            async for event in self._agate(input, run_manager, config, **kwargs):
+                for chunk in as_chunks(event):
+                    yield chunk
+
+    def stream(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Iterator[AIMessage]:
+        """Buffered (one message after the decision), or with a chunk rule certified: the
+        answer's chunks as they pass, the last one carrying the decision (class docstring)."""
+        if self._policy.chunk_rule is None:
+            yield from super().stream(input, config, **kwargs)
+            return
+        yield from self._transform_stream_with_config(
+            iter([input]), functools.partial(self._stream_chunks, **kwargs), config, "chain"
+        )
+
+    async def astream(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AsyncIterator[AIMessage]:
+        """Async :meth:`stream`."""
+        if self._policy.chunk_rule is None:
+            async for out in super().astream(input, config, **kwargs):
+                yield out
+            return
+
+        async def one() -> AsyncIterator[Any]:
+            yield input
+
+        async for chunk in self._atransform_stream_with_config(
+            one(), functools.partial(self._astream_chunks, **kwargs), config, "chain"
+        ):
+            yield chunk

@@ -47,6 +47,7 @@ from abstain_guard.groups import GroupRules, group_of
 from abstain_guard.kernels import kernel_differences, kernel_note
 from abstain_guard.metadata import ResponseMetadata
 from abstain_guard.runnables import find_chat_models
+from abstain_guard.streaming import ChunkRule
 from abstain_guard.tracing import logger
 
 __all__ = ["AbstentionPolicy", "as_guard_config"]
@@ -106,6 +107,12 @@ class AbstentionPolicy:
             artifact.group_rules(self.config) if self.config.group_by is not None else None
         )
         self.deployment: DeploymentRecord | None = DeploymentRecord.from_metadata(artifact.metadata)
+        #: certified streaming's chunk rule (the artifact's), None: whole answers
+        self.chunk_rule: ChunkRule | None = (
+            ChunkRule.parse(self.deployment.streaming.chunk_rule)
+            if self.deployment is not None and self.deployment.streaming is not None
+            else None
+        )
         self._standing_warnings: list[str] = []
 
     def mismatch(self, problems: list[str], where: str) -> list[str]:
@@ -305,6 +312,11 @@ class AbstentionPolicy:
         reason = f"{type(exc).__name__}: {exc}"
         decision.update(abstained=True, score=None, reason="input too long", error=reason)
         return self._abstention(None, decision), decision
+
+    def abstention_message(self, message: Any, decision: dict[str, Any]) -> AIMessage:
+        """The abstention message for ``decision`` (``message``: the withheld answer, or
+        the part of it generated before a certified stream stopped; None for none)."""
+        return self._abstention(message, decision)
 
     def _abstention(self, message: Any, decision: dict[str, Any]) -> AIMessage:
         kwargs: dict[str, Any] = {}

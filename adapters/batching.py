@@ -95,6 +95,9 @@ class GenerationRequest:
     #: streaming). It must be quick; raising :class:`GenerationCancelled` stops the row, any
     #: other exception is logged and ignored.
     on_token: Callable[[int], None] | None = None
+    #: Called, like ``on_token`` and after it, with a :class:`RowSnapshot` of the row so far
+    #: (certified streaming scores the answer so far at chunk ends); the same rules apply.
+    on_snapshot: Callable[[RowSnapshot], None] | None = None
     #: the prefix path (:mod:`.prefix`): None runs the prompt in one pass; a number runs it
     #: split after that many tokens (0: not split), the prefix from the model's store
     prefix: int | None = None
@@ -111,6 +114,34 @@ class RowResult:
     steps: list[StepFeatures]
     #: the engine's :class:`~.threads.DecodePath` as recorded (:meth:`DecodePath.record`)
     decode_path: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RowSnapshot:
+    """A generating row as it stands after a token: shallow copies of its token ids, the
+    logits ``[V]`` that predicted each and its capture steps (append-only in the row, so the
+    copies never change). :meth:`result` is the :class:`RowResult` the row would have had
+    if it had finished here."""
+
+    token_ids: list[int]
+    logits: list[torch.Tensor]
+    steps: list[StepFeatures]
+    decode_path: dict[str, Any]
+
+    @property
+    def token(self) -> int:
+        """The newest token id."""
+        return self.token_ids[-1]
+
+    def result(self) -> RowResult:
+        """The row's result cut here (``finish_reason="partial"``)."""
+        return RowResult(
+            token_ids=list(self.token_ids),
+            logits=torch.stack(self.logits).float(),
+            finish_reason="partial",
+            steps=list(self.steps),
+            decode_path=dict(self.decode_path),
+        )
 
 
 @dataclass
@@ -142,6 +173,17 @@ class Row:
     def position(self) -> int:
         """Position of the newest token (the input of the next decode step)."""
         return len(self.request.prompt) + len(self.ids) - 1
+
+    def snapshot(self) -> RowSnapshot:
+        """The row so far (:class:`RowSnapshot`)."""
+        steps = self.session.steps if self.session is not None else []
+        n = len(self.ids)
+        return RowSnapshot(
+            token_ids=list(self.ids),
+            logits=list(self.logits),
+            steps=list(steps[:n]),
+            decode_path=self.path.record() if self.path is not None else {},
+        )
 
     def result(self) -> RowResult:
         """The finished row's result."""
@@ -414,9 +456,12 @@ class BatchEngine:
         tok = choose_token(logits, row.request, row.generator)
         row.ids.append(tok)
         row.logits.append(logits)
-        if row.request.on_token is not None:
+        if row.request.on_token is not None or row.request.on_snapshot is not None:
             try:
-                row.request.on_token(tok)
+                if row.request.on_token is not None:
+                    row.request.on_token(tok)
+                if row.request.on_snapshot is not None:
+                    row.request.on_snapshot(row.snapshot())
             except GenerationCancelled:
                 row.finish = "cancelled"
                 self.cancelled += 1
@@ -512,6 +557,7 @@ __all__ = [
     "HookMux",
     "Row",
     "RowResult",
+    "RowSnapshot",
     "RowsCache",
     "choose_token",
     "register_rows_attention",

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from langchain_core.callbacks import (
@@ -104,6 +104,9 @@ class GeometryChatModel(StreamingMixin, BatchMixin, ReplayMixin, BaseChatModel):
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    #: its streams serve the answer's prefixes to a certified stream (abstain_guard.streaming)
+    serves_prefixes: ClassVar[bool] = True
 
     model_name: str = DEFAULT_MODEL_NAME
     max_new_tokens: int = 64

@@ -15,9 +15,11 @@ from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackMana
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk
 
+from abstain_guard.streaming import PrefixSink, StreamPrefix, active_prefix_sink
+
 from .batching import RowResult
 from .chat_host import ChatHost
-from .generation import TokenCallback, submit_generation, to_generated
+from .generation import submit_generation, to_generated
 from .streaming import (
     IncrementalText,
     async_token_channel,
@@ -49,11 +51,13 @@ class StreamingMixin(ChatHost):
         (:func:`.streaming.reply_chunks`), then the last chunk."""
         opts, setup = self._settings(stop, kwargs)
         prompt, split = self._prompt(messages, setup)
-        ids, future = token_channel(self._submitter(prompt, opts, split))
+        sink = self._prefix_sink(setup)
+        ids, future = token_channel(self._submitter(prompt, opts, split, sink is not None))
         text = IncrementalText(self.tokenizer, opts["stop"]) if setup is None else None
         with contextlib.closing(ids):  # a consumer that stops reading cancels the request
-            for tok in ids:
-                if text is not None and (piece := text.push(tok)):
+            for item in ids:
+                piece = self._token_piece(item, text, sink, messages, prompt, opts)
+                if piece is not None:
                     chunk = text_chunk(piece)
                     if run_manager:
                         run_manager.on_llm_new_token(piece, chunk=chunk)
@@ -76,11 +80,13 @@ class StreamingMixin(ChatHost):
         loop (no executor thread per call)."""
         opts, setup = self._settings(stop, kwargs)
         prompt, split = self._prompt(messages, setup)
-        ids, future = async_token_channel(self._submitter(prompt, opts, split))
+        sink = self._prefix_sink(setup)
+        ids, future = async_token_channel(self._submitter(prompt, opts, split, sink is not None))
         text = IncrementalText(self.tokenizer, opts["stop"]) if setup is None else None
         async with contextlib.aclosing(ids):  # a consumer that stops cancels the request
-            async for tok in ids:
-                if text is not None and (piece := text.push(tok)):
+            async for item in ids:
+                piece = self._token_piece(item, text, sink, messages, prompt, opts)
+                if piece is not None:
                     chunk = text_chunk(piece)
                     if run_manager:
                         await run_manager.on_llm_new_token(piece, chunk=chunk)
@@ -94,6 +100,44 @@ class StreamingMixin(ChatHost):
         yield last_chunk(msg)
 
     @staticmethod
+    def _prefix_sink(setup: ToolSetup | None) -> PrefixSink | None:
+        """The certified stream's prefix sink (:mod:`abstain_guard.streaming`), marked as
+        served; None without one, or with tools bound (a reply that may be a tool call is
+        held back whole, so there is no text to release early)."""
+        sink = active_prefix_sink()
+        if sink is None or setup is not None:
+            return None
+        sink.served = True
+        return sink
+
+    def _token_piece(
+        self,
+        item: Any,
+        text: IncrementalText | None,
+        sink: PrefixSink | None,
+        messages: Sequence[BaseMessage],
+        prompt: list[int],
+        opts: dict[str, Any],
+    ) -> str | None:
+        """The text chunk to yield for one channel item (a token id, or with a ``sink`` the
+        row's :class:`.batching.RowSnapshot`), None for nothing. At a chunk end of the
+        sink's rule the answer so far goes into the sink first (the message ``invoke``
+        would return had generation stopped there), and a chunk is always yielded (maybe
+        empty), so the consumer sees the chunk end right after its text."""
+        tok = item.token if sink is not None else int(item)
+        piece = text.push(tok) if text is not None else ""
+        if sink is not None and sink.rule.ends_at(item.token_ids, self._answer_text):
+            prefix = self._finished(messages, prompt, item.result(), opts, None)
+            sink.put(StreamPrefix(len(item.token_ids), prefix))
+            return piece
+        return piece or None
+
+    def _answer_text(self, ids: Sequence[int]) -> str:
+        """The text of generated ids as an answer's text is decoded (the chunk rules read
+        it; special tokens skipped)."""
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
+
+    @staticmethod
     def _closing_chunks(msg: AIMessage, text: IncrementalText | None) -> list[ChatGenerationChunk]:
         """The chunks after the token stream, before the metadata chunk: the text not yet
         released (``text``; without tools) or the whole reply with its tool calls."""
@@ -103,12 +147,13 @@ class StreamingMixin(ChatHost):
         return [text_chunk(rest)] if rest else []
 
     def _submitter(
-        self, prompt: list[int], opts: dict[str, Any], split: int | None
-    ) -> Callable[[TokenCallback], Future[RowResult]]:
+        self, prompt: list[int], opts: dict[str, Any], split: int | None, snapshots: bool = False
+    ) -> Callable[[Callable[[Any], None]], Future[RowResult]]:
         """Queues one streamed request for ``prompt`` (as ``invoke`` would, split at
-        ``split`` on the prefix path) when called with its token callback."""
+        ``split`` on the prefix path) when called with its callback: the token callback, or
+        with ``snapshots`` the row-snapshot callback."""
 
-        def submit(on_token: TokenCallback) -> Future[RowResult]:
+        def submit(callback: Callable[[Any], None]) -> Future[RowResult]:
             (future,) = submit_generation(
                 self._s,
                 [prompt],
@@ -116,8 +161,9 @@ class StreamingMixin(ChatHost):
                 opts,
                 self._reference,
                 limits=self._limits,
-                on_tokens=[on_token],
+                on_tokens=[None if snapshots else callback],
                 prefixes=[split],
+                on_snapshots=[callback if snapshots else None],
             )
             return future
 

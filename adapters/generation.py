@@ -26,7 +26,7 @@ from langchain_core.messages.ai import UsageMetadata
 from abstain_guard.deployment import sha256_text
 from abstain_guard.errors import ContextLengthError, InvalidInputError
 
-from .batching import GenerationRequest, RowResult
+from .batching import GenerationRequest, RowResult, RowSnapshot
 from .capture import StepFeatures
 from .loading import LoadedModel
 from .response_metadata import geometry_json, token_metadata
@@ -114,6 +114,7 @@ def new_token_budget(prompts: Sequence[Sequence[int]], max_new: int, context_len
 
 #: Called with each token id as the scheduler chooses it (in its worker thread).
 TokenCallback = Callable[[int], None]
+SnapshotCallback = Callable[[RowSnapshot], None]
 
 
 @dataclass
@@ -151,14 +152,19 @@ def generation_requests(
     keep_states: bool = False,
     on_tokens: Sequence[TokenCallback | None] | None = None,
     prefixes: Sequence[int | None] | None = None,
+    on_snapshots: Sequence[SnapshotCallback | None] | None = None,
 ) -> list[GenerationRequest]:
     """One request per prompt, each with its own token budget (``max_new`` capped by the
     context window for that prompt). ``on_tokens[i]`` (optional) is called in the
     scheduler's thread with each token id of prompt ``i`` as it is chosen (streaming).
     ``prefixes[i]``: where prompt ``i`` splits on the prefix path (:mod:`.prefix`; None or
-    no list: the prompt in one pass)."""
+    no list: the prompt in one pass). ``on_snapshots[i]``: called with a
+    :class:`.batching.RowSnapshot` of row ``i`` after each token (certified streaming)."""
     ctx = loaded.spec.context_length
     callbacks = list(on_tokens) if on_tokens is not None else [None] * len(prompts)
+    snaps = list(on_snapshots) if on_snapshots is not None else [None] * len(prompts)
+    if len(snaps) != len(prompts):
+        raise InvalidInputError(f"{len(snaps)} snapshot callbacks for {len(prompts)} prompts")
     splits = list(prefixes) if prefixes is not None else [None] * len(prompts)
     if len(callbacks) != len(prompts) or len(splits) != len(prompts):
         raise InvalidInputError(
@@ -179,9 +185,10 @@ def generation_requests(
             reference=reference,
             keep_states=keep_states,
             on_token=on_token,
+            on_snapshot=on_snapshot,
             prefix=split,
         )
-        for p, on_token, split in zip(prompts, callbacks, splits, strict=True)
+        for p, on_token, split, on_snapshot in zip(prompts, callbacks, splits, snaps, strict=True)
     ]
 
 
@@ -209,13 +216,14 @@ def submit_generation(
     limits: Mapping[str, Any] | None = None,
     on_tokens: Sequence[TokenCallback | None] | None = None,
     prefixes: Sequence[int | None] | None = None,
+    on_snapshots: Sequence[SnapshotCallback | None] | None = None,
 ) -> list[Future[RowResult]]:
     """Queue one request per prompt on the model's scheduler (:mod:`.scheduler`); raises
     SchedulerFullError when its queue cannot take them. ``limits``: ``max_batch``,
     ``max_queue`` and ``batch_decode`` of the scheduler; ``on_tokens``, ``prefixes``: see
     :func:`generation_requests`."""
     requests = generation_requests(
-        loaded, prompts, max_new, opts, reference, keep_states, on_tokens, prefixes
+        loaded, prompts, max_new, opts, reference, keep_states, on_tokens, prefixes, on_snapshots
     )
     return scheduler_for(loaded, **dict(limits or {})).submit(requests)
 
@@ -370,6 +378,7 @@ def generation_record(
 __all__ = [
     "GENERATION_OPTIONS",
     "Generated",
+    "SnapshotCallback",
     "TokenCallback",
     "agenerate_tokens",
     "call_options",

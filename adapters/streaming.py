@@ -119,12 +119,13 @@ _DONE = object()
 
 
 def token_channel(
-    submit: Callable[[Callable[[int], None]], Future[Any]],
-) -> tuple[Generator[int, None, None], Future[Any]]:
+    submit: Callable[[Callable[[Any], None]], Future[Any]],
+) -> tuple[Generator[Any, None, None], Future[Any]]:
     """Submit a request whose token callback feeds a thread-safe queue.
 
     ``submit(on_token)`` queues the request and returns its future. Returns an iterator
-    over the token ids as they are chosen (it ends when the future is done: the tokens are
+    over what the callback is given (the token ids as they are chosen, or the
+    :class:`.batching.RowSnapshot` after each one) (it ends when the future is done: the tokens are
     all put before the result is set, in the same worker thread) and the future. Closing
     the iterator before the end (the consumer went away) cancels the request: a queued one
     never starts, a running one stops at its next token (:class:`.GenerationCancelled`).
@@ -132,7 +133,7 @@ def token_channel(
     tokens: queue.SimpleQueue[Any] = queue.SimpleQueue()
     gone = threading.Event()
 
-    def put(tok: int) -> None:
+    def put(tok: Any) -> None:
         if gone.is_set():
             raise GenerationCancelled
         tokens.put(tok)
@@ -140,10 +141,10 @@ def token_channel(
     future = submit(put)
     future.add_done_callback(lambda _f: tokens.put(_DONE))
 
-    def ids() -> Generator[int, None, None]:
+    def ids() -> Generator[Any, None, None]:
         try:
             while (tok := tokens.get()) is not _DONE:
-                yield int(tok)
+                yield tok
         finally:
             _cancel(future, gone)
 
@@ -157,8 +158,8 @@ def _cancel(future: Future[Any], gone: threading.Event) -> None:
 
 
 def async_token_channel(
-    submit: Callable[[Callable[[int], None]], Future[Any]],
-) -> tuple[AsyncGenerator[int, None], Future[Any]]:
+    submit: Callable[[Callable[[Any], None]], Future[Any]],
+) -> tuple[AsyncGenerator[Any, None], Future[Any]]:
     """:func:`token_channel` for a coroutine: the worker thread hands each id to the running
     event loop (``loop.call_soon_threadsafe``), so the loop never blocks on the queue."""
     loop = asyncio.get_running_loop()
@@ -169,7 +170,7 @@ def async_token_channel(
         with contextlib.suppress(RuntimeError):  # a closed loop: the consumer is gone
             loop.call_soon_threadsafe(tokens.put_nowait, item)
 
-    def put_token(tok: int) -> None:
+    def put_token(tok: Any) -> None:
         if gone.is_set():
             raise GenerationCancelled
         put(tok)
@@ -177,10 +178,10 @@ def async_token_channel(
     future = submit(put_token)
     future.add_done_callback(lambda _f: put(_DONE))
 
-    async def ids() -> AsyncGenerator[int, None]:
+    async def ids() -> AsyncGenerator[Any, None]:
         try:
             while (tok := await tokens.get()) is not _DONE:
-                yield int(tok)
+                yield tok
         finally:
             _cancel(future, gone)
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -57,12 +57,16 @@ from abstain_guard.serve.openai_format import (
     decision_headers,
     new_completion_id,
     sse_chunks,
+    sse_decided_end,
+    sse_released,
+    sse_role,
 )
 from abstain_guard.serve.passthrough import ModelService
 from abstain_guard.serve.schemas import RequestLimits, RequestRefused, parse_request
 from abstain_guard.serve.service import GuardService
 
 __all__ = ["api_key_dependency", "create_app"]
+
 
 logger = logging.getLogger("abstain_guard.serve")
 
@@ -211,11 +215,53 @@ def create_app(
         sink.request_done(route if route in ROUTES else "other", response.status_code)
         return response
 
+    async def _certified_body(
+        first: tuple[str, Any],
+        events: AsyncGenerator[tuple[str, Any], None],
+        completion_id: str,
+        parsed: Any,
+        admitted: bool,
+        start: float,
+    ) -> AsyncIterator[str]:
+        """A certified stream's server-sent events: each released piece as it passes, then
+        the decided end (:func:`~abstain_guard.serve.openai_format.sse_decided_end`). The
+        decision is recorded (monitor, counts) before its chunk leaves; a stream that ends
+        otherwise (the client went away) gives its place back and stops generation."""
+        created = int(time.time())
+        finished = False
+        try:
+            yield sse_role(completion_id, service.model_name, created)
+            kind, value = first
+            while kind == "text":
+                if value:
+                    yield sse_released(completion_id, service.model_name, created, value)
+                kind, value = await anext(events)
+            answer, rest = value
+            if admitted and answer.outcome:
+                await sink.finish(completion_id, answer.outcome)
+            finished = True
+            group = answer.decision.get("group")
+            sink.decided(answer.abstained, time.perf_counter() - start, True, group)
+            for part in sse_decided_end(
+                answer,
+                rest,
+                completion_id=completion_id,
+                model=service.model_name,
+                created=created,
+                logprobs=(parsed.top_logprobs or 0) if parsed.logprobs else None,
+                include_usage=parsed.include_usage,
+            ):
+                yield part
+        finally:
+            if admitted and not finished:
+                sink.release(completion_id)
+            await events.aclose()
+
     @app.post("/v1/chat/completions", dependencies=keyed)
     async def chat_completions(request: Request) -> Response:
         start = time.perf_counter()
         completion_id = new_completion_id()  # the request's key in admission order
-        admitted = finished = False
+        admitted = finished = handed_off = False
         try:
             parsed = parse_request(await _read_body(request, limits), limits)
             question: Any = service.question(parsed)
@@ -223,6 +269,15 @@ def create_app(
             if admitted:  # its place in the deployment's admission order
                 await sink.admit(completion_id)
             service.admit()  # no await between taking a place and answer(), which frees it
+            if parsed.stream and isinstance(service, GuardService) and service.certified_streaming:
+                events = service.stream_answer(question)  # released as it passes
+                first = await anext(events)  # generation started: errors are still statuses
+                handed_off = True  # the stream's body finishes or releases the place
+                return StreamingResponse(
+                    _certified_body(first, events, completion_id, parsed, admitted, start),
+                    media_type="text/event-stream",
+                    headers={"X-Abstain-Guard-Streaming": "certified"},
+                )
             answer = await service.answer(question)
             if admitted and answer.outcome:  # one decision per run: its outcome
                 await sink.finish(completion_id, answer.outcome)  # before the answer leaves
@@ -238,7 +293,7 @@ def create_app(
                 RequestRefused(f"{type(exc).__name__}: {exc}", status=500, kind="server_error")
             )
         finally:  # ended without a decision (refused, failed, cancelled): give up the place
-            if admitted and not finished:
+            if admitted and not finished and not handed_off:
                 sink.release(completion_id)
         decided = answer.abstained if answer.outcome else None  # None: no guard, a tool call
         group = answer.decision.get("group") if answer.outcome else None

@@ -17,12 +17,20 @@ from typing import Any
 from abstain_guard.serve.service import GuardedAnswer, json_number, json_safe
 
 __all__ = [
+    "STOPPED_FINISH_REASON",
     "completion_body",
     "decision_headers",
     "new_completion_id",
     "openai_logprobs",
     "sse_chunks",
+    "sse_decided_end",
+    "sse_released",
+    "sse_role",
 ]
+
+#: The ``finish_reason`` of a certified stream the guard stopped (OpenAI's value for content
+#: a filter withheld): the last chunk carries the abstention message and the decision.
+STOPPED_FINISH_REASON = "content_filter"
 
 #: The decision fields a client sees (``reason`` and ``error`` say why, too).
 DECISION_FIELDS = ("abstained", "score", "threshold", "mode", "target", "guarantee", "scorer")
@@ -51,7 +59,7 @@ def new_completion_id() -> str:
 def decision_of(answer: GuardedAnswer) -> dict[str, Any]:
     """The decision as the response shows it (JSON-safe)."""
     shown = {k: answer.decision.get(k) for k in (*DECISION_FIELDS, "reason", "error")}
-    for key in STEP_FIELDS:  # tool results before it; with step gating, the run so far
+    for key in (*STEP_FIELDS, "streaming"):  # the run so far; a certified stream's chunks
         if key in answer.decision:
             shown[key] = answer.decision[key]
     return dict(json_safe(shown))
@@ -193,6 +201,47 @@ def sse_chunks(
             {"delta": {"tool_calls": calls}, "logprobs": None, "finish_reason": None},
         )
     last: dict[str, Any] = {"delta": {}, "logprobs": None, "finish_reason": answer.finish_reason}
+    if answer.decision:
+        last["abstention"] = decision_of(answer)
+    yield _chunk(completion_id, model, created, last)
+    if include_usage:
+        yield _chunk(completion_id, model, created, None, usage=_usage(answer))
+    yield "data: [DONE]\n\n"
+
+
+def sse_role(completion_id: str, model: str, created: int) -> str:
+    """The first chunk of a stream: the assistant role, no content yet."""
+    choice = {"delta": {"role": "assistant", "content": ""}, "logprobs": None}
+    return _chunk(completion_id, model, created, {**choice, "finish_reason": None})
+
+
+def sse_released(completion_id: str, model: str, created: int, text: str) -> str:
+    """A chunk of a certified stream's answer that passed the guard (released text)."""
+    choice = {"delta": {"content": text}, "logprobs": None, "finish_reason": None}
+    return _chunk(completion_id, model, created, choice)
+
+
+def sse_decided_end(
+    answer: GuardedAnswer,
+    rest: str,
+    *,
+    completion_id: str,
+    model: str,
+    created: int,
+    logprobs: int | None,
+    include_usage: bool,
+) -> Iterator[str]:
+    """The end of a certified stream: an answered one's last text (``rest``) with its
+    logprobs (all of the answer's tokens, when asked for) and its finish reason; a stopped
+    one's abstention message with ``finish_reason`` :data:`STOPPED_FINISH_REASON`. The
+    decision (with its ``streaming`` block) rides on that chunk; then the usage chunk when
+    asked for, and ``[DONE]``."""
+    stopped = answer.abstained
+    last: dict[str, Any] = {
+        "delta": {"content": answer.content if stopped else rest},
+        "logprobs": None if logprobs is None or stopped else openai_logprobs(answer, logprobs),
+        "finish_reason": STOPPED_FINISH_REASON if stopped else answer.finish_reason,
+    }
     if answer.decision:
         last["abstention"] = decision_of(answer)
     yield _chunk(completion_id, model, created, last)

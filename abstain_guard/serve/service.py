@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
@@ -334,6 +335,45 @@ class GuardService(Admission):
         finally:
             self.in_flight -= 1
         return answer_of(message)
+
+    @property
+    def certified_streaming(self) -> bool:
+        """Whether a streamed completion is a certified stream (the artifact's chunk rule:
+        text released chunk by chunk as it passes); else it is buffered."""
+        return getattr(self.guard, "chunk_rule", None) is not None and not self.record.tools
+
+    async def stream_answer(self, call: GuardCall) -> AsyncGenerator[tuple[str, Any], None]:
+        """The certified stream of ``call`` (a place must have been taken with
+        :meth:`admit`; it is given back when the stream ends): ``("text", piece)`` for each
+        released piece, then ``("decision", (GuardedAnswer, rest))``, ``rest`` the answer's
+        text not yet released (``""`` for an abstention).
+
+        Raises:
+            RequestRefused: 503 when the model's queue is full.
+        """
+        released: list[str] = []
+        try:
+            async for chunk in self.chain.astream(
+                call.inputs(), config={"metadata": dict(call.metadata)}
+            ):
+                meta = chunk.response_metadata or {}
+                if "abstention" not in meta:
+                    released.append(str(chunk.content))
+                    yield "text", str(chunk.content)
+                    continue
+                rest = str(chunk.content)
+                stopped = bool(meta["abstention"].get("abstained"))
+                message = AIMessage(
+                    content=rest if stopped else "".join(released) + rest,
+                    response_metadata=dict(meta),
+                    usage_metadata=chunk.usage_metadata,
+                    id=chunk.id,
+                )
+                yield "decision", (answer_of(message), "" if stopped else rest)
+        except SchedulerFullError as exc:
+            raise self.queue_full(exc) from exc
+        finally:
+            self.in_flight -= 1
 
     def _tool_model(self, tool_choice: str | None) -> Any:
         """The (prepared) chat model with the calibrated tools and budget bound."""

@@ -19,7 +19,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from abstain_guard.chat_model_specs import ChatModelRecord, ChatModelSpec
-from abstain_guard.deployment import DeploymentRecord, PromptRecord
+from abstain_guard.deployment import DeploymentRecord, PromptRecord, StreamingRecord
 from abstain_guard.errors import CalibrationError
 from abstain_guard.kernels import bit_deciding
 from abstain_guard.metadata import HIDDEN
@@ -428,13 +428,16 @@ def replay_as_deployed(
 
 
 def deployment_record(
-    model: Any, config: CalibrationConfig, items: Sequence[QAItem]
+    model: Any,
+    config: CalibrationConfig,
+    items: Sequence[QAItem],
+    streaming: StreamingRecord | None = None,
 ) -> DeploymentRecord:
     """What the deployed guard must run to be exchangeable with this calibration: the model
     fingerprint, chat template, decoding, and per question kind the system prompt, token
     budget and user-message rendering; whether any question carried earlier turns
     (``conversations``); for an API chat model its spec (no secrets), class and
-    settings."""
+    settings; calibrated for certified streaming, its ``streaming`` record."""
     settings = getattr(model, "decoding_settings", None)
     fingerprint = getattr(model, "fingerprint", None)
     api = None
@@ -455,4 +458,5 @@ def deployment_record(
             for kind in sorted({it.kind for it in items})
         },
         conversations=any(it.history for it in items),
+        streaming=streaming,
     )

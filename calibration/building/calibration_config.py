@@ -20,6 +20,7 @@ from abstain_guard.chat_model_specs import ChatModelSpec, is_secret
 from abstain_guard.config import read_config_file
 from abstain_guard.errors import ConfigError
 from abstain_guard.scorers import scorer_names
+from abstain_guard.streaming import ChunkRule
 
 __all__ = [
     "AUTO_SCORER",
@@ -93,6 +94,13 @@ class CalibrationConfig(BaseModel):
         "stops the run before the tool calls of the first call whose running maximum crosses "
         "the threshold (runs are calibrated whole: docs/guarantees.md); 'final_answer' gates "
         "only final answers (tool calls run ungated; a weaker statement)",
+    )
+    chunk_rule: str | None = Field(
+        None,
+        description="calibrate for certified streaming: score every answer at each chunk end "
+        "of this rule ('sentence', 'clause' or 'tokens:K') and calibrate on the maximum, so "
+        "the guard can release an answer chunk by chunk (docs/streaming.md); None: whole "
+        "answers",
     )
     judge: str | dict[str, Any] = Field("lexical", description="judge name or spec")
     scorer: str = Field(
@@ -241,6 +249,27 @@ class CalibrationConfig(BaseModel):
             )
         if self.agent is not None and self.scorer == AUTO_SCORER:
             raise ValueError("scorer 'auto' is not supported with an agent; name the scorer")
+        return self
+
+    @model_validator(mode="after")
+    def _check_chunk_rule(self) -> CalibrationConfig:
+        if self.chunk_rule is None:
+            return self
+        object.__setattr__(self, "chunk_rule", str(ChunkRule.parse(self.chunk_rule)))
+        where = (
+            "an agent"
+            if self.agent is not None
+            else "a chat model spec (API or vLLM)"
+            if isinstance(self.model, ChatModelSpec)
+            else "scorer 'auto'"
+            if self.selects
+            else None
+        )
+        if where is not None:
+            raise ValueError(
+                f"chunk_rule is not supported with {where}: certified streaming is calibrated "
+                "on final answers of the project's engine with a named scorer"
+            )
         return self
 
     @property

@@ -69,6 +69,7 @@ from .online_geometry import (
 )
 from .preflight import preflight
 from .store import RunStore, run_locks
+from .stream_calibration import calibration_stream_scores
 
 logger = logging.getLogger("abstain_guard.calibration")
 
@@ -286,6 +287,20 @@ def _calibrate(
     judgments = run.judgments
     excluded = [it.id for it in ordered if judgments[it.id].correct is None]
     labeled = labeled_splits(splits, judgments)
+    stream = None  # certified streaming: the scores become the stream statistics
+    if cfg.chunk_rule is not None:
+        t = _now()
+        stream = calibration_stream_scores(
+            scorer.prepare(model),
+            scorer,
+            labeled["calibration"],
+            answers,
+            cal_scores,
+            cfg,
+            progress,
+        )
+        cal_scores = stream.statistic
+        timings["chunk ends"] = _now() - t
     accuracy = {
         name: float(np.mean(labels(labeled[name], judgments))) if labeled[name] else float("nan")
         for name in SPLIT_NAMES
@@ -317,7 +332,10 @@ def _calibrate(
         "test_ids": [it.id for it in labeled["test"]],
         "calibration_ids": [it.id for it in labeled["calibration"]],
         "items_sha256": items_digest(items),
-        "deployment": (deployment or deployment_record(model, cfg, items)).to_json(),
+        "deployment": (
+            deployment
+            or deployment_record(model, cfg, items, None if stream is None else stream.record)
+        ).to_json(),
     }
     if selection is not None:
         metadata["selection"] = selection.to_json()
@@ -329,6 +347,7 @@ def _calibrate(
         metadata=metadata,
         groups=cal_groups,
         action_statistic=cal_actions,
+        stream_first=None if stream is None else stream.first,
     )
     artifact.save(out, overwrite=True)
     timings["total"] = _now() - t0

@@ -69,19 +69,24 @@ class ReplayMixin:
         *,
         tools: Sequence[Any] | None = None,
         tool_choice: Any = None,
+        cuts: Sequence[Sequence[int]] | None = None,
     ) -> list[ReplayResult]:
         """:meth:`replay` for many pairs, ``batch_size`` left-padded sequences per forward;
         on the prefix path (:attr:`prefix_cache`) each pair alone, split as generation splits
-        it (:mod:`.prefix`)."""
+        it (:mod:`.prefix`). ``cuts[i]``: numbers of response tokens after which pair
+        ``i``'s metadata is also returned (``ReplayResult.cuts``, same forward pass)."""
         if batch_size <= 0:
             raise InvalidInputError(f"batch_size must be positive, got {batch_size}")
+        if cuts is not None and len(cuts) != len(items):
+            raise InvalidInputError(f"{len(cuts)} cut lists for {len(items)} pairs")
         encoded = []
-        for messages, response in items:
+        for j, (messages, response) in enumerate(items):
             prompt, resp, split = self._encode_chat(messages, response, tools, tool_choice)
             from_text = isinstance(response, str)
-            encoded.append(
-                replay_item(self._s, prompt, resp, from_text, self.replay_add_eos, split)
-            )
+            item = replay_item(self._s, prompt, resp, from_text, self.replay_add_eos, split)
+            if cuts is not None:
+                item.cuts = tuple(int(t) for t in cuts[j])
+            encoded.append(item)
         return replay_items(
             self._s,
             encoded,

@@ -40,6 +40,9 @@ class ReplayItem:
     source: str
     #: where the prompt splits on the prefix path (:mod:`.prefix`); 0: one pass, batched
     prefix: int = 0
+    #: numbers of response tokens after which the response's metadata is also wanted
+    #: (``ReplayResult.cuts``), each in 1..len(response)
+    cuts: tuple[int, ...] = ()
 
 
 def replay_item(
@@ -231,14 +234,44 @@ def _replay_chunk(
             meta["geometry"] = geometry_json(num_layers, geo)
         else:
             meta["geometry"] = None
+        cuts = [
+            _cut_metadata(tokenizer, model_name, it, logits[i, n_max - n :], t, top_logprobs)
+            for t in it.cuts
+        ]
+        if step is not None and capture_geometry:
+            for t, cut in zip(it.cuts, cuts, strict=True):
+                cut["geometry"] = geometry_json(
+                    num_layers, slice_step(step, i, n_max - n, n_max - n + t)
+                )
         if return_states and step is not None:
             assert step.post_attn is not None and step.post_mlp is not None
             states = TokenStates(
                 post_attn=step.post_attn[i, n_max - n :].copy(),
                 post_mlp=step.post_mlp[i, n_max - n :].copy(),
             )
-        results.append(ReplayResult(metadata=meta, states=states))
+        results.append(ReplayResult(metadata=meta, states=states, cuts=cuts))
     return results
+
+
+def _cut_metadata(
+    tokenizer: Any,
+    model_name: str,
+    item: ReplayItem,
+    logits: torch.Tensor,
+    t: int,
+    top_logprobs: int,
+) -> dict[str, Any]:
+    """The token metadata of ``item``'s response cut after ``t`` tokens, from the rows of
+    its forward pass that predict them (``logits`` ``[n, V]``; geometry added by the
+    caller): each row reads only the tokens before it, so it is the cut's own."""
+    if not 1 <= t <= len(item.response):
+        raise InvalidInputError(f"cut after {t} tokens of a {len(item.response)}-token response")
+    meta = token_metadata(
+        tokenizer, model_name, item.prompt, item.response[:t], logits[:t], "partial", top_logprobs
+    )
+    meta["replay_source"] = item.source
+    meta["geometry"] = None
+    return meta
 
 
 def _empty_result(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -45,6 +45,10 @@ class ReplayResult:
 
     metadata: dict[str, Any]
     states: TokenStates | None = None
+    #: the metadata of the response cut after each requested number of tokens (certified
+    #: streaming's chunk ends), from the same forward pass: what the engine's message would
+    #: have been had generation stopped there (``finish_reason="partial"``)
+    cuts: list[dict[str, Any]] = field(default_factory=list)
 
 
 _MEAN_KEYS = ("post_attn_in", "post_mlp_in", "post_attn_out", "post_mlp_out")

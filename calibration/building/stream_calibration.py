@@ -1,10 +1,12 @@
 """Calibrating for certified streaming: every calibration answer scored at each chunk end of
 the config's chunk rule (:mod:`abstain_guard.streaming`).
 
-Each answer of ``n`` tokens is cut after each interior chunk end ``t < n`` and the cut is
-replayed behind the same prompt (one sequence per forward pass, as
-:func:`.answers.replay_as_deployed` replays whole answers): the metadata the live stream's
-prefix carries, since every feature at a position reads only the tokens before it. The
+Each answer of ``n`` tokens is replayed behind the same prompt (one sequence per forward
+pass, as :func:`.answers.replay_as_deployed` replays whole answers) and its metadata read
+off that pass cut after each interior chunk end ``t < n`` (``replay_batch(cuts=...)``): the
+metadata the live stream's prefix carries, since every feature at a position reads only the
+tokens before it (equal up to the last bits of float32: the live decode steps and one
+forward pass reduce in other orders, as for whole answers). The
 scorer scores each cut; the answer's statistic is the maximum over its cuts and the whole
 answer (what the guard stops on), its first-chunk score the first cut's (``inf`` when it has
 none). Artifact building only; the live side is :mod:`abstain_guard.stream_guard`.
@@ -68,10 +70,10 @@ def stream_scores(
     rule = ChunkRule.parse(rule)
     decode = answer_decoder(model.tokenizer)
     ends = [rule.interior_ends(ids, decode) for _, ids in pairs]
-    cuts = [(messages, ids[:t]) for (messages, ids), e in zip(pairs, ends, strict=True) for t in e]
     flat: list[float] = []
-    if cuts:
-        metas = [r.metadata for r in model.replay_batch(cuts, batch_size=1, progress=progress)]
+    if any(ends):  # one forward pass per answer, its cuts read off it
+        results = model.replay_batch(pairs, batch_size=1, progress=progress, cuts=ends)
+        metas = [cut for r in results for cut in r.cuts]
         flat = [float(x) for x in scorer.score_many(metas)]
     prefix_scores, at = [], 0
     for e in ends:

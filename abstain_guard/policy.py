@@ -86,6 +86,15 @@ def _withheld(message: Any) -> dict[str, Any]:
 _KERNEL_NOTES_GIVEN: set[str] = set()
 
 
+#: Why a guard calibrated for certified streaming cannot decide a whole answer alone.
+WHOLE_ANSWER_REFUSED = (
+    "the artifact was calibrated with a chunk rule: its threshold is on the maximum of the "
+    "answer's prefix scores, which a finished message does not carry; run the answer through "
+    "AbstentionGuard (invoke/stream, certified streaming) or use an artifact calibrated on "
+    "whole answers"
+)
+
+
 class AbstentionPolicy:
     """Scores a message and turns it into the guard's output (shared by guard and middleware).
 
@@ -257,6 +266,8 @@ class AbstentionPolicy:
         if step is not None:
             decision.update(step=step, step_score=None, run_statistic=previous)
         try:
+            if self.chunk_rule is not None and step is None:
+                raise ScoringError(WHOLE_ANSWER_REFUSED)
             score = self.score(message)
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"

@@ -298,3 +298,12 @@ def test_model_that_serves_no_prefixes_is_refused_and_fails_closed():
     art = _stream_artifact()
     with pytest.raises(ArtifactMismatchError, match="serve the answer's prefixes"):
         AbstentionGuard(ScriptedChatModel(script=SCRIPT, fingerprint="m-1"), artifact=art)
+
+
+def test_a_whole_message_alone_is_not_decided_on_a_stream_artifact(stream_guard):
+    """decide() (and the agent middleware, which decides finished messages) cannot read the
+    prefix scores the threshold is on: fail closed, saying why."""
+    message = PrefixScriptedChatModel(script=SCRIPT, fingerprint="m-1").invoke("good")
+    out = stream_guard.decide(message)
+    decision = out.response_metadata["abstention"]
+    assert decision["abstained"] and "chunk rule" in decision["error"]

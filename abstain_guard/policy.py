@@ -95,6 +95,21 @@ WHOLE_ANSWER_REFUSED = (
 )
 
 
+def batch_variance_note(bound: float) -> dict[str, Any]:
+    """``guarantee["batch_variance"]`` of an engine whose kernels are not batch-invariant:
+    a live score may differ from the one calibration would have stored by up to ``bound``
+    (measured when the backend was built: docs/vllm.md), so a score within ``bound`` of τ
+    may be decided otherwise than calibration would have."""
+    return {
+        "bound": bound,
+        "statement": (
+            f"this engine's scores depend on which requests share its batches: a live score "
+            f"may differ from calibration's by up to {bound:g}, so a score within {bound:g} "
+            "of the threshold may be decided the other way"
+        ),
+    }
+
+
 class AbstentionPolicy:
     """Scores a message and turns it into the guard's output (shared by guard and middleware).
 
@@ -208,6 +223,9 @@ class AbstentionPolicy:
             guarantee = {**guarantee, "warnings": [*guarantee.get("warnings", []), *extra]}
         if self.deployment is not None and self.deployment.chat_model is not None:
             guarantee = {**guarantee, "unverified": [API_UNVERIFIED]}
+        bound = self.deployment.decoding.get("live_bound") if self.deployment else None
+        if bound is not None:  # an engine whose scores move with its batches (vLLM on CPU)
+            guarantee = {**guarantee, "batch_variance": batch_variance_note(float(bound))}
         return {
             "scorer": self.artifact.scorer.name,
             "threshold": rule.threshold,

@@ -308,3 +308,34 @@ def test_identity_leaves_out_transport_options() -> None:
     assert identity["class"] == VLLM_CHAT_MODEL
     assert not {"engine_url", "python", "memory_fraction"} & set(identity["settings"])
     assert chat_model_identity(VLLMChatModel(dtype="bfloat16"))["settings"] == {"dtype": "bfloat16"}
+
+
+def test_a_decision_on_a_batch_variant_engine_states_the_bound() -> None:
+    """Every decision of a guard calibrated on vLLM (CPU: not batch-invariant) says by how
+    much a live score may differ from calibration's (the recorded ``live_bound``)."""
+    import numpy as np
+    from langchain_core.messages import AIMessage
+
+    from abstain_guard import GuardArtifact, GuardConfig, PerplexityScorer
+    from abstain_guard.deployment import DeploymentRecord
+    from abstain_guard.policy import AbstentionPolicy
+
+    record = DeploymentRecord(decoding={"temperature": 0.0, "live_bound": 1e-4})
+    art = GuardArtifact.from_calibration(
+        scorer=PerplexityScorer(),
+        scores=np.linspace(1.0, 3.0, 50),
+        correct=np.arange(50) % 3 != 0,
+        metadata={"deployment": record.to_json()},
+    )
+    policy = AbstentionPolicy(art, GuardConfig(participation=0.8, on_mismatch="warn"))
+    message = AIMessage(
+        content="Paris",
+        response_metadata={"logprobs": {"content": [{"token": "Paris", "logprob": -0.1}]}},
+    )
+    _, decision = policy.decide(message)
+    assert decision["guarantee"]["batch_variance"]["bound"] == 1e-4
+    plain = GuardArtifact.from_calibration(
+        scorer=PerplexityScorer(), scores=art.scores, correct=art.correct
+    )
+    _, decision = AbstentionPolicy(plain, GuardConfig(participation=0.8)).decide(message)
+    assert "batch_variance" not in decision["guarantee"]

@@ -18,7 +18,8 @@ test split is held out), at the same certified risk target:
   stream's running maximum against its offline statistic).
 
     python bench/streaming.py --artifact runs/stream_guard --whole abstain_guard/default_guard \\
-        --rules sentence,clause,tokens:4,tokens:8 --timing 24 --json bench/streaming.json
+        --rules sentence,clause,tokens:4,tokens:8 --live-rules tokens:8 --timing 24 \\
+        --json bench/streaming.json
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import json
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -38,44 +38,64 @@ import numpy as np
 
 from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.adapters.kernels import kernel_facts
+from abstain_guard.calibration.building.answers import generate_answers, generated_pairs
+from abstain_guard.calibration.building.calibration_config import CalibrationConfig
+from abstain_guard.calibration.building.judging import (
+    build_judges,
+    judge_answers,
+    labeled_items,
+    labels,
+)
+from abstain_guard.calibration.building.store import RunStore
 from abstain_guard.calibration.building.stream_calibration import answer_decoder
-from abstain_guard.calibration.measure.cache_reuse import evaluate_cache
-from abstain_guard.calibration.measure.held_out import collect_held_out
+from abstain_guard.calibration.measure.held_out import artifact_splits
 from abstain_guard.chains import load_guard_chain
 from abstain_guard.decision import decision_rule
+from abstain_guard.deployment import DeploymentRecord, StreamingRecord
 from abstain_guard.errors import UncertifiableTargetError
-from abstain_guard.prompts import build_messages
 from abstain_guard.runnables import find_chat_models
 from abstain_guard.streaming import ChunkRule, first_release_statistic, stream_statistic
 
 
-def _all_cut_scores(model: Any, scorer: Any, held: Any, cfg: Any) -> list[np.ndarray]:
-    """Each held-out answer's score after every token ``t = 1..n-1`` (``[n-1]``)."""
-    pairs = [
-        (build_messages(it, cfg.get("system_prompt")), list(meta["token_ids"]))
-        for it, meta in zip(held.items, held.metadata, strict=True)
-    ]
-    cuts = [list(range(1, len(ids))) for _, ids in pairs]
-    results = model.replay_batch(pairs, batch_size=1, cuts=cuts, progress=True)
-    out = []
-    for r in results:
-        out.append(
-            np.asarray(scorer.score_many(r.cuts), dtype=np.float64) if r.cuts else np.zeros(0)
+class Held:
+    """The held-out answers (calibration split first, then test) of a calibration run:
+    items, whole-answer metadata, labels, and every answer's score after each token."""
+
+    def __init__(self, art: Any, chat: Any, cache_dir: Path, progress: bool = True) -> None:
+        cfg = CalibrationConfig(**art.metadata.get("config", {}))
+        _, pool, _ = artifact_splits(art)
+        store = RunStore(cache_dir / "run.sqlite", read_only=True)
+        fingerprint = str(getattr(chat, "fingerprint", "unknown"))
+        answers = generate_answers(
+            chat, pool, store, cfg, fingerprint=fingerprint, progress=progress, batch_size=1
         )
-    return out
+        judges = build_judges(cfg, cache_dir / "judgments.sqlite")
+        verdicts = judge_answers(judges, pool, answers, progress=progress)
+        n_cal = len(labeled_items(pool[: len(art.metadata["calibration_ids"])], verdicts))
+        self.items = labeled_items(pool, verdicts)
+        self.correct = np.array(labels(self.items, verdicts))
+        self.n_calibration = n_cal
+        pairs = generated_pairs(self.items, answers, cfg)
+        cuts = [list(range(1, len(ids))) for _, ids in pairs]
+        scoring = art.scorer.prepare(chat)
+        t0 = time.perf_counter()  # one forward pass per answer, every cut read off it
+        results = scoring.replay_batch(pairs, batch_size=1, cuts=cuts, progress=progress)
+        self.replay_seconds = time.perf_counter() - t0
+        self.metadata = [r.metadata for r in results]
+        self.whole = np.asarray(art.scorer.score_many(self.metadata), dtype=np.float64)
+        self.cuts = [
+            np.asarray(art.scorer.score_many(r.cuts), dtype=np.float64) if r.cuts else np.zeros(0)
+            for r in results
+        ]
 
 
 def _rule_stats(
-    rule: ChunkRule | None,
-    held: Any,
-    whole: np.ndarray,
-    cuts: list[np.ndarray],
-    decode: Any,
+    rule: ChunkRule | None, held: Held, decode: Any
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(M, F, tokens before the first release)`` per held-out answer under ``rule``
     (None: buffered, whole answers: M = whole score, F = inf, the whole answer first)."""
     m, f, first_t = [], [], []
-    for meta, s, c in zip(held.metadata, whole, cuts, strict=True):
+    for meta, s, c in zip(held.metadata, held.whole, held.cuts, strict=True):
         ids = list(meta["token_ids"])
         ends = [] if rule is None else rule.interior_ends(ids, decode)
         prefix = [float(c[t - 1]) for t in ends]
@@ -162,16 +182,41 @@ async def _run_all(chain: Any, questions: list[str], concurrency: int) -> list[d
 
 
 def _summary(rows: list[dict[str, Any]], wall: float) -> dict[str, Any]:
-    firsts = [r["first_text_s"] for r in rows]
+    """Seconds to the first released text of the answered questions (what a user of an
+    answered question waits for; an abstention's first text is its decision) and to the
+    decision of every question."""
+    answered = [r["first_text_s"] for r in rows if not r["abstained"]]
     decisions = [r["decision_s"] for r in rows]
     return {
         "n": len(rows),
+        "answered": len(answered),
         "wall_s": wall,
-        "first_text_s_median": statistics.median(firsts),
-        "first_text_s_p95": float(np.percentile(firsts, 95)),
+        "first_text_s_answered_median": statistics.median(answered) if answered else None,
+        "first_text_s_answered_mean": statistics.mean(answered) if answered else None,
         "decision_s_median": statistics.median(decisions),
-        "abstained": sum(r["abstained"] for r in rows),
+        "decision_s_p95": float(np.percentile(decisions, 95)),
     }
+
+
+def _rule_artifact(art: Any, rule: ChunkRule, held: Held, decode: Any) -> GuardArtifact:
+    """The artifact ``calibrate --chunk-rule rule`` builds from these calibration answers
+    (their statistics under ``rule``, read off the same replay), for timing the rule live."""
+    m, f, _ = _rule_stats(rule, held, decode)
+    n = held.n_calibration
+    record = DeploymentRecord.from_metadata(art.metadata)
+    assert record is not None
+    meta = dict(art.metadata)
+    meta["deployment"] = record.model_copy(
+        update={"streaming": StreamingRecord(chunk_rule=str(rule))}
+    ).to_json()
+    return GuardArtifact.from_calibration(
+        scorer=art.scorer,
+        scores=m[:n],
+        correct=held.correct[:n],
+        model_fingerprint=art.model_fingerprint,
+        metadata=meta,
+        stream_first=f[:n],
+    )
 
 
 def main() -> int:
@@ -182,32 +227,28 @@ def main() -> int:
     ap.add_argument("--risk-target", type=float, default=0.35)
     ap.add_argument("--delta", type=float, default=0.1)
     ap.add_argument("--timing", type=int, default=24, help="test questions timed live")
+    ap.add_argument(
+        "--live-rules", default="tokens:8", help="rules timed live besides the artifact's"
+    )
     ap.add_argument("--json", help="also write the JSON here")
     args = ap.parse_args()
 
     art = GuardArtifact.load(args.artifact)
     whole_art = GuardArtifact.load(args.whole)
     config = GuardConfig(mode="risk", risk_target=args.risk_target, delta=args.delta)
-    chain, guard, _ = load_guard_chain(art, config)
+    _, guard, _ = load_guard_chain(art, config)
     (chat,) = find_chat_models(guard.bound_runnable)
-    with tempfile.TemporaryDirectory() as tmp:
-        cache = evaluate_cache(tmp, art, args.artifact)
-        held = collect_held_out(art, chat, cache=cache, progress=True)
-    cfg = art.metadata.get("config", {})
-    scorer = art.scorer
-    whole = np.asarray(scorer.score_many(held.metadata), dtype=np.float64)
-    t0 = time.perf_counter()
-    cuts = _all_cut_scores(scorer.prepare(chat), scorer, held, cfg)
-    cut_seconds = time.perf_counter() - t0
+    cache_dir = Path(art.metadata["cache_dir"])
+    held = Held(art, chat, cache_dir)
     decode = answer_decoder(chat.tokenizer)
     offline = []
-    m_b, f_b, t_b = _rule_stats(None, held, whole, cuts, decode)
+    m_b, f_b, t_b = _rule_stats(None, held, decode)
     offline.append(_offline("buffered (whole answers)", m_b, f_b, t_b, held, art, args))
     stored: dict[str, float] = {}
     own = guard.chunk_rule
     for name in args.rules.split(","):
         rule = ChunkRule.parse(name)
-        m, f, first_t = _rule_stats(rule, held, whole, cuts, decode)
+        m, f, first_t = _rule_stats(rule, held, decode)
         offline.append(_offline(str(rule), m, f, first_t, held, art, args))
         if own is not None and str(rule) == str(own):
             stored = {it.question: float(x) for it, x in zip(held.items, m, strict=True)}
@@ -222,15 +263,21 @@ def main() -> int:
 
     test_items = held.items[n_cal:][: args.timing]
     questions = [it.question for it in test_items]
-    whole_chain, _, _ = load_guard_chain(whole_art, config, model=chat)
+    timed = [(f"certified {own}", art)] + [
+        (f"certified {r}", _rule_artifact(art, ChunkRule.parse(r), held, decode))
+        for r in args.live_rules.split(",")
+        if r and str(ChunkRule.parse(r)) != str(own)
+    ]
+    timed.append(("buffered", whole_art))
     live: dict[str, Any] = {}
-    for label, c in (("certified", chain), ("buffered", whole_chain)):
+    for label, artifact in timed:
+        c, _, _ = load_guard_chain(artifact, config, model=chat)
         asyncio.run(_run_all(c, questions[:2], 1))  # warm
         for conc in (1, 8):
             t = time.perf_counter()
             rows = asyncio.run(_run_all(c, questions, conc))
-            live[f"{label}_{conc}"] = _summary(rows, time.perf_counter() - t)
-            if label == "certified" and conc == 1:
+            live[f"{label} x{conc}"] = _summary(rows, time.perf_counter() - t)
+            if label == f"certified {own}" and conc == 1:
                 diffs = [
                     abs(r["statistic"] - stored[q])
                     for r, q in zip(rows, questions, strict=True)
@@ -240,9 +287,15 @@ def main() -> int:
                     "n": len(diffs),
                     "max_abs_diff": max(diffs) if diffs else None,
                 }
-    for conc in (1, 8):
-        c, b = live[f"certified_{conc}"], live[f"buffered_{conc}"]
-        live[f"first_text_ratio_{conc}"] = c["first_text_s_median"] / b["first_text_s_median"]
+    ratios = {}
+    for label, _ in timed[:-1]:
+        for conc in (1, 8):
+            c, b = live[f"{label} x{conc}"], live[f"buffered x{conc}"]
+            if c["first_text_s_answered_median"] and b["first_text_s_answered_median"]:
+                ratios[f"{label} x{conc}"] = (
+                    c["first_text_s_answered_median"] / b["first_text_s_answered_median"]
+                )
+    live["first_text_answered_ratio_to_buffered"] = ratios
     out = {
         "artifact": args.artifact,
         "whole_artifact": args.whole,
@@ -251,7 +304,7 @@ def main() -> int:
         "delta": args.delta,
         "n_candidates": art.n_candidates,
         "held_out": {"calibration": n_cal, "test": len(held.items) - n_cal},
-        "cut_replay_seconds": cut_seconds,
+        "replay_seconds_all_cuts": held.replay_seconds,
         "artifact_statistics_recomputed_max_abs_diff": recompute,
         "offline": offline,
         "live": live,

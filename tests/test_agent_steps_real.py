@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.model, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
 FACTORY = "examples.lookup_agent:build_agent"
 BUDGET = 48
-N = 16  # 8 calibration runs (ratios 1:1:4:2), 8 replayed live
+N = 24
 
 
 @pytest.fixture(scope="module")

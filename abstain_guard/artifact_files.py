@@ -388,7 +388,10 @@ def _not_found(root: Path) -> ArtifactNotFoundError:
 def _open_snapshot(root: Path) -> _Snapshot:
     """Open ``root``; raises _Retry when it is missing only because a save is replacing it."""
     if not root.is_dir():
-        if root.is_dir() or _save_in_progress(root):  # the rename fallback of a save
+        # the rename fallback of a save: the directory is missing between its two renames.
+        # Siblings first, then the directory again: a save that finished between the two
+        # looks (no siblings left) has put the directory back.
+        if _save_in_progress(root) or root.is_dir():
             raise _Retry(_not_found(root))
         raise _not_found(root)
     try:

@@ -42,7 +42,7 @@ demo: $(STAMP)
 # foreground part. Measured on the idle 2-core machine (AMD EPYC, AVX-512): make test
 # 8 min 37 s before the vLLM backend, 12 min 32 s with its module in the foreground; with
 # certified streaming's module, the vLLM module in the background and the step-gating module
-# on 16 agent runs: 9 min 29 s (foreground 8:35, background 9:17).
+# on 16 agent runs: 9 min 29 s and 9 min 49 s in two runs (background 9:17, 9:35).
 TEST_SHARD ?= tests/test_calibrate_ray.py tests/test_agent_calibration.py tests/test_agent_steps_real.py \
 	tests/test_serve_replicas.py tests/test_vllm_backend.py
 PYTEST := $(BIN)/pytest -p no:cacheprovider

@@ -170,8 +170,20 @@ class StreamGate:
         }
 
 
-def _prefixes(sink: PrefixSink) -> list[StreamPrefix]:
-    return sink.take()
+def _events_of(gate: StreamGate, sink: PrefixSink, chunk: Any) -> tuple[list[GateEvent], bool]:
+    """What one chunk of the wrapped stream gives: the text released at the chunk ends the
+    engine put into ``sink`` with it, and whether the stream stopped (the last event is then
+    the abstention)."""
+    gate.take(chunk)
+    events = []
+    for prefix in sink.take():
+        out = gate.chunk_end(prefix)
+        if out is None:
+            events.append(_stop_event(gate))
+            return events, True
+        if out:
+            events.append(GateEvent("text", text=out))
+    return events, False
 
 
 def certified_stream(
@@ -187,14 +199,10 @@ def certified_stream(
     gate = StreamGate(policy, rule, group)
     with open_prefix_sink(rule) as sink, contextlib.closing(iter(stream())) as chunks:
         for chunk in chunks:
-            gate.take(chunk)
-            for prefix in _prefixes(sink):
-                out = gate.chunk_end(prefix)
-                if out is None:
-                    yield _stop_event(gate)
-                    return
-                if out:
-                    yield GateEvent("text", text=out)
+            events, stopped = _events_of(gate, sink, chunk)
+            yield from events
+            if stopped:
+                return
     yield _final_event(gate, sink.served)
 
 
@@ -210,14 +218,11 @@ async def acertified_stream(
         chunks = stream()
         try:
             async for chunk in chunks:
-                gate.take(chunk)
-                for prefix in _prefixes(sink):
-                    out = gate.chunk_end(prefix)
-                    if out is None:
-                        yield _stop_event(gate)
-                        return
-                    if out:
-                        yield GateEvent("text", text=out)
+                events, stopped = _events_of(gate, sink, chunk)
+                for event in events:
+                    yield event
+                if stopped:
+                    return
         finally:
             await chunks.aclose()
     yield _final_event(gate, sink.served)

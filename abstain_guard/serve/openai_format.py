@@ -176,12 +176,7 @@ def sse_chunks(
     content comes in one chunk once the answer has been scored.
     """
     created = int(time.time())
-    yield _chunk(
-        completion_id,
-        model,
-        created,
-        {"delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None},
-    )
+    yield sse_role(completion_id, model, created)
     yield _chunk(
         completion_id,
         model,
@@ -201,6 +196,19 @@ def sse_chunks(
             {"delta": {"tool_calls": calls}, "logprobs": None, "finish_reason": None},
         )
     last: dict[str, Any] = {"delta": {}, "logprobs": None, "finish_reason": answer.finish_reason}
+    yield from _sse_end(answer, last, completion_id, model, created, include_usage)
+
+
+def _sse_end(
+    answer: GuardedAnswer,
+    last: dict[str, Any],
+    completion_id: str,
+    model: str,
+    created: int,
+    include_usage: bool,
+) -> Iterator[str]:
+    """The last choice chunk (``last``, with the decision when there is one), the usage
+    chunk when asked for, and ``[DONE]``."""
     if answer.decision:
         last["abstention"] = decision_of(answer)
     yield _chunk(completion_id, model, created, last)
@@ -242,9 +250,4 @@ def sse_decided_end(
         "logprobs": None if logprobs is None or stopped else openai_logprobs(answer, logprobs),
         "finish_reason": STOPPED_FINISH_REASON if stopped else answer.finish_reason,
     }
-    if answer.decision:
-        last["abstention"] = decision_of(answer)
-    yield _chunk(completion_id, model, created, last)
-    if include_usage:
-        yield _chunk(completion_id, model, created, None, usage=_usage(answer))
-    yield "data: [DONE]\n\n"
+    yield from _sse_end(answer, last, completion_id, model, created, include_usage)

@@ -290,15 +290,7 @@ def _calibrate(
     stream = None  # certified streaming: the scores become the stream statistics
     if cfg.chunk_rule is not None:
         t = _now()
-        stream = calibration_stream_scores(
-            scorer.prepare(model),
-            scorer,
-            labeled["calibration"],
-            answers,
-            cal_scores,
-            cfg,
-            progress,
-        )
+        stream = calibration_stream_scores(run, scorer, labeled["calibration"], answers, cal_scores)
         cal_scores = stream.statistic
         timings["chunk ends"] = _now() - t
     accuracy = {

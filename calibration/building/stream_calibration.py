@@ -97,21 +97,21 @@ def stream_scores(
 
 
 def calibration_stream_scores(
-    model: Any,
+    run: Any,
     scorer: Any,
     items: Sequence[QAItem],
     answers: AnswerRows,
     whole_scores: Sequence[float] | np.ndarray,
-    config: CalibrationConfig,
-    progress: bool = False,
 ) -> StreamScores:
-    """:func:`stream_scores` of the calibration split's answers (``config.chunk_rule``)."""
+    """:func:`stream_scores` of the calibration split's answers: ``run`` is the pipeline's
+    run (its model, prepared by ``scorer``, its config's ``chunk_rule`` and ``progress``)."""
+    config: CalibrationConfig = run.config
     assert config.chunk_rule is not None
     return stream_scores(
-        model,
+        scorer.prepare(run.model),
         scorer,
         generated_pairs(items, answers, config),
         whole_scores,
         config.chunk_rule,
-        progress,
+        run.progress,
     )

@@ -45,7 +45,7 @@ demo: $(STAMP)
 # on 16 agent runs: 9 min 29 s and 9 min 49 s in two runs (background 9:17, 9:35).
 TEST_SHARD ?= tests/test_calibrate_ray.py tests/test_agent_calibration.py tests/test_agent_steps_real.py \
 	tests/test_serve_replicas.py tests/test_vllm_backend.py
-PYTEST := $(BIN)/pytest -p no:cacheprovider
+PYTEST := $(BIN)/pytest -p no:cacheprovider --durations=25 --durations-min=4
 define run_suite
 	@log=$$(mktemp); \
 	( $(2) $(1) $(PYTEST) $(TEST_SHARD) ) > $$log 2>&1 & shard=$$!; \

@@ -13,11 +13,12 @@ test split is held out), at the same certified risk target:
   text is released (answered questions);
 * **live, the artifact's rule**: ``--timing`` test questions through the deployed guard
   chain, one at a time and 8 at once, certified streaming (the stream artifact) vs buffered
-  (the same chain on the whole-answer rule: time to first text = time to the decision);
+  (the same calibration answers on the whole-answer rule, the same model, prompt and budget:
+  time to first text = time to the decision);
   seconds to the first released text and to the decision, and live = stored (each completed
   stream's running maximum against its offline statistic).
 
-    python bench/streaming.py --artifact runs/stream_guard --whole abstain_guard/default_guard \\
+    python bench/streaming.py --artifact runs/stream_guard \\
         --rules sentence,clause,tokens:4,tokens:8 --live-rules tokens:8 --timing 24 \\
         --json bench/streaming.json
 """
@@ -198,31 +199,30 @@ def _summary(rows: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     }
 
 
-def _rule_artifact(art: Any, rule: ChunkRule, held: Held, decode: Any) -> GuardArtifact:
+def _rule_artifact(art: Any, rule: ChunkRule | None, held: Held, decode: Any) -> GuardArtifact:
     """The artifact ``calibrate --chunk-rule rule`` builds from these calibration answers
-    (their statistics under ``rule``, read off the same replay), for timing the rule live."""
+    (their statistics under ``rule``, read off the same replay; None: whole answers, the
+    buffered guard ``calibrate`` without a chunk rule builds), for timing the rule live."""
     m, f, _ = _rule_stats(rule, held, decode)
     n = held.n_calibration
     record = DeploymentRecord.from_metadata(art.metadata)
     assert record is not None
+    streaming = None if rule is None else StreamingRecord(chunk_rule=str(rule))
     meta = dict(art.metadata)
-    meta["deployment"] = record.model_copy(
-        update={"streaming": StreamingRecord(chunk_rule=str(rule))}
-    ).to_json()
+    meta["deployment"] = record.model_copy(update={"streaming": streaming}).to_json()
     return GuardArtifact.from_calibration(
         scorer=art.scorer,
         scores=m[:n],
         correct=held.correct[:n],
         model_fingerprint=art.model_fingerprint,
         metadata=meta,
-        stream_first=f[:n],
+        stream_first=None if rule is None else f[:n],
     )
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--artifact", required=True, help="a guard calibrated with a chunk rule")
-    ap.add_argument("--whole", required=True, help="the same guard calibrated on whole answers")
     ap.add_argument("--rules", default="sentence,clause,tokens:4,tokens:8")
     ap.add_argument("--risk-target", type=float, default=0.35)
     ap.add_argument("--delta", type=float, default=0.1)
@@ -234,7 +234,6 @@ def main() -> int:
     args = ap.parse_args()
 
     art = GuardArtifact.load(args.artifact)
-    whole_art = GuardArtifact.load(args.whole)
     config = GuardConfig(mode="risk", risk_target=args.risk_target, delta=args.delta)
     _, guard, _ = load_guard_chain(art, config)
     (chat,) = find_chat_models(guard.bound_runnable)
@@ -268,7 +267,7 @@ def main() -> int:
         for r in args.live_rules.split(",")
         if r and str(ChunkRule.parse(r)) != str(own)
     ]
-    timed.append(("buffered", whole_art))
+    timed.append(("buffered", _rule_artifact(art, None, held, decode)))
     live: dict[str, Any] = {}
     for label, artifact in timed:
         c, _, _ = load_guard_chain(artifact, config, model=chat)
@@ -298,7 +297,6 @@ def main() -> int:
     live["first_text_answered_ratio_to_buffered"] = ratios
     out = {
         "artifact": args.artifact,
-        "whole_artifact": args.whole,
         "artifact_rule": None if own is None else str(own),
         "risk_target": args.risk_target,
         "delta": args.delta,

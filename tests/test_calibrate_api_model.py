@@ -28,7 +28,8 @@ openai = pytest.importorskip("openai")
 langchain_openai = pytest.importorskip("langchain_openai")
 
 SECRET = "sk-calibration-key-never-written"
-ITEMS = [it for it in builtin_probe_set(relations=("capital", "currency"))][:40]
+#: 24 questions split 1:1:4:1: 13 calibration answers, each asked again live.
+ITEMS = [it for it in builtin_probe_set(relations=("capital", "currency"))][:24]
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +101,7 @@ def test_a_guard_calibrated_on_the_api_model_scores_live_as_stored(
     summary = calibrate(ITEMS, tmp_path / "guard", config=cfg, progress=False)
     art = GuardArtifact.load(tmp_path / "guard")
     n = summary.split_sizes["calibration"]
-    assert n >= 20 and art.scores.shape == (n,)
+    assert n >= 12 and art.scores.shape == (n,)
     record = art.metadata["deployment"]
     assert record["chat_model"]["spec"]["kwargs"] == _kwargs(server)  # no api_key
     assert record["chat_model"]["settings"]["logprobs"] is True  # asked for

@@ -82,7 +82,7 @@ def test_agent_middleware(default_model) -> None:
 
 
 def test_api_model_perplexity(default_model) -> None:
-    msgs = _load("api_model_perplexity").main(default_model, n_questions=24)
+    msgs = _load("api_model_perplexity").main(default_model, n_questions=16)
     assert len(msgs) == 2
     for msg in msgs:
         info = msg.response_metadata["abstention"]

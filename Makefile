@@ -61,7 +61,7 @@ test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/ruff format --check .
 	$(call run_suite,,$(BIN)/mypy abstain_guard adapters calibration &&)
 
-# The suite again as a machine with another processor computes (adapters/kernel_env.py):
+# The suite again as a machine with another processor computes (adapters/engine/kernel_env.py):
 # ATen's scalar kernels and MKL's AVX2 branch are pinned instead, so a test that assumes
 # the calibration machine, or a process that escapes the pin, fails here as it would there.
 test-foreign: $(STAMP) $(VLLM_STAMP)

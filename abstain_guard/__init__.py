@@ -11,23 +11,50 @@ Typical use::
                                           config=GuardConfig(mode="risk", risk_target=0.2))
     msg = guard.invoke("Who wrote Hamlet?")
     msg.response_metadata["abstention"]["abstained"]
+
+The package, by concept (``docs/architecture.md``; which may import which:
+``tests/test_layout.py``), from the bottom up:
+
+* ``errors``, ``config`` (:class:`GuardConfig`), ``default`` (the shipped guard) — the public
+  entry points, with this module and the command line (``cli/``);
+* ``guarantee/`` — conformal thresholds, risk control, decision rules and certificates;
+* ``contract/`` — what calibration and deployment agree on (deployment record, prompts,
+  response metadata, chat model specs, kernel facts, stream rule);
+* ``adapters/`` (``abstain_guard.adapters``) and ``backends/`` — the engines: a local model
+  with exact geometry, the vLLM backend;
+* ``scorers/`` — every scorer, one file per method;
+* ``artifact/`` — what calibration writes and the guard loads;
+* ``monitor/`` — the drift monitor;
+* ``guard/`` — the LangChain face: the runnable, the agent middleware, their policy;
+* ``serve/`` — the OpenAI-compatible server; ``calibration/`` (``abstain_guard.calibration``)
+  — building and measuring an artifact, offline.
+
+``lazy`` and ``deprecated_paths`` are import machinery (lazy package attributes; the old
+module paths, kept for one release).
+
+May import: ``abstain_guard.guard``, ``abstain_guard.monitor``, ``abstain_guard.artifact``,
+``abstain_guard.scorers``, ``abstain_guard.contract``, ``abstain_guard.guarantee``,
+``abstain_guard.config``, ``abstain_guard.default``, ``abstain_guard.deprecated_paths``,
+``abstain_guard.errors``, ``abstain_guard._version``.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
-from abstain_guard import conformal, deprecated_paths, errors
+from abstain_guard import deprecated_paths, errors
 from abstain_guard._version import __version__
-from abstain_guard.artifact import GuardArtifact
+from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
-from abstain_guard.decision import DecisionRule
+from abstain_guard.contract.metadata import ResponseMetadata
+from abstain_guard.contract.prompts import question_prompt
 from abstain_guard.default import default_artifact_path
-from abstain_guard.guard import AbstentionGuard
-from abstain_guard.metadata import ResponseMetadata
-from abstain_guard.monitor import GuardMonitor
-from abstain_guard.policy import AbstentionPolicy
-from abstain_guard.prompts import question_prompt
+from abstain_guard.guarantee import conformal
+from abstain_guard.guarantee.decision import DecisionRule
+from abstain_guard.guard.policy import AbstentionPolicy
+from abstain_guard.guard.runnable import AbstentionGuard
+from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.scorers import (
     MaxSequenceProbabilityScorer,
     MeanTokenEntropyScorer,
@@ -40,11 +67,15 @@ from abstain_guard.scorers import (
 )
 
 # Old import paths (abstain_guard.scoring, abstain_guard.likelihood,
-# abstain_guard.calibration.inference.*) keep working for one release, with a DeprecationWarning.
+# abstain_guard.calibration.inference.*, the modules issue 49 regrouped) keep working for one
+# release, with a DeprecationWarning.
 deprecated_paths.install()
+# `conformal` is public here (from abstain_guard import conformal); its module lives in the
+# guarantee now, and `import abstain_guard.conformal` gives that same module.
+sys.modules.setdefault(f"{__name__}.conformal", conformal)
 
 if TYPE_CHECKING:
-    from abstain_guard.middleware import AbstentionMiddleware as AbstentionMiddleware
+    from abstain_guard.guard.middleware import AbstentionMiddleware as AbstentionMiddleware
 
 
 __all__ = [
@@ -76,7 +107,7 @@ __all__ = [
 # `agents` extra (langchain v1).
 def __getattr__(name: str) -> Any:
     if name == "AbstentionMiddleware":
-        from abstain_guard.middleware import AbstentionMiddleware as AbstentionMiddleware
+        from abstain_guard.guard.middleware import AbstentionMiddleware as AbstentionMiddleware
 
         return AbstentionMiddleware
     raise AttributeError(f"module 'abstain_guard' has no attribute {name!r}")

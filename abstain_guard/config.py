@@ -29,10 +29,11 @@ __all__ = ["ENV_PREFIX", "PROCESS_ENV", "GuardConfig", "read_config_file"]
 ENV_PREFIX = "ABSTAIN_GUARD_"
 
 #: ``ABSTAIN_GUARD_*`` variables that set up the process, not the guard's config (the local
-#: model's engines, CPU kernels and converted GGUF copies, :mod:`abstain_guard.adapters.threads`,
-#: :mod:`abstain_guard.adapters.kernel_env` and :mod:`abstain_guard.adapters.gguf_cache`;
-#: the vLLM environment's interpreter, :mod:`abstain_guard.backends.vllm_chat`):
-#: ``from_env`` leaves them alone.
+#: model's engines, CPU kernels and converted GGUF copies,
+#: :mod:`abstain_guard.adapters.engine.threads`,
+#: :mod:`abstain_guard.adapters.engine.kernel_env` and
+#: :mod:`abstain_guard.adapters.model.gguf_cache`; the vLLM environment's interpreter,
+#: :mod:`abstain_guard.backends.vllm_chat`): ``from_env`` leaves them alone.
 PROCESS_ENV = (
     "ABSTAIN_GUARD_ENGINE_WORKERS",
     "ABSTAIN_GUARD_NATIVE_KERNELS",
@@ -106,13 +107,13 @@ class GuardConfig(BaseModel):
             that the probability of a run executing a wrong tool call (stopped runs
             included) is <= ε_a; τ is then the largest threshold passing both tests, each at
             δ/2, so both hold together with probability >= 1−δ
-            (:mod:`abstain_guard.action_risk`, docs/guarantees.md). Needs an artifact from
+            (:mod:`abstain_guard.guarantee.action_risk`, docs/guarantees.md). Needs an artifact from
             ``calibrate --agent`` on rows with expected tool calls.
         partial_release_target: ρ, for an artifact calibrated with a chunk rule (certified
             streaming, risk mode): also certify that the probability of a stream showing
             text and then being stopped is <= ρ; τ is the largest threshold passing both,
-            each at δ/2 (:mod:`abstain_guard.partial_release`, docs/guarantees.md). Without
-            it the decision still reports the certified partial-release rate at τ.
+            each at δ/2 (:mod:`abstain_guard.guarantee.partial_release`, docs/guarantees.md).
+            Without it the decision still reports the certified partial-release rate at τ.
         abstain_message: the text of the abstention message.
         on_error: ``"abstain"`` (fail closed: a response that cannot be scored is withheld
             and the reason recorded) or ``"raise"`` (raise GuardError).
@@ -150,7 +151,7 @@ class GuardConfig(BaseModel):
             ``"abstain"`` (default, fail closed) or ``"pooled"`` (the pooled rule, with a
             warning in the decision).
         on_abstain: where an agent run goes when the guard stops it
-            (:class:`~abstain_guard.middleware.AbstentionMiddleware` only): ``"end"``
+            (:class:`~abstain_guard.guard.middleware.AbstentionMiddleware` only): ``"end"``
             (default: the run ends with the abstention message), ``"interrupt"`` (a human
             reviews the pending tool calls or answer with the score and τ — approve, edit or
             reject — through LangGraph's ``interrupt``; needs a checkpointer) or

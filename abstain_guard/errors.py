@@ -263,7 +263,7 @@ class MonitorUnavailableError(AbstainGuardError, RuntimeError):
 
 class KernelMismatchWarning(UserWarning):
     """A guarded response was computed on other CPU / GPU kernels than the calibration
-    (:mod:`abstain_guard.kernels`): its score may differ from what calibration would have
+    (:mod:`abstain_guard.contract.kernels`): its score may differ from what calibration would have
     stored in its last bits. Given once per guard, with the stated tolerance and the number
     of calibration scores close enough to the threshold to flip."""
 

@@ -27,10 +27,14 @@ from typing import Any
 import numpy as np
 
 from abstain_guard import GuardArtifact
-from abstain_guard.calibration.building.agents import AGENT_NS, _message_json, agent_inputs
-from abstain_guard.calibration.building.answers import means_digest
-from abstain_guard.calibration.building.datasets import QAItem
-from abstain_guard.calibration.building.store import content_key
+from abstain_guard.calibration.building.answering.agents import (
+    AGENT_NS,
+    _message_json,
+    agent_inputs,
+)
+from abstain_guard.calibration.building.answering.answer_rows import means_digest
+from abstain_guard.calibration.building.questions.datasets import QAItem
+from abstain_guard.calibration.building.run.store import content_key
 from abstain_guard.calibration.measure.held_out import artifact_items
 from abstain_guard.calibration.measure.metrics import auroc, auroc_interval
 

@@ -19,7 +19,7 @@ other way round, so every held-out run is counted once out of sample:
 Both guards use the same ε: the smallest risk target both certify at δ = 0.1 on each fold
 (the larger of the two).
 
-Actions (:mod:`abstain_guard.action_risk`): the step guard's executed wrong tool calls are
+Actions (:mod:`abstain_guard.guarantee.action_risk`): the step guard's executed wrong tool calls are
 split into those of the runs it let through and those of the runs it stopped (which ran
 before the stop); ``certified_action_risk`` gives, on each fold, the smallest ε_a certified
 at δ for the step guard's τ (P(a run executes a wrong tool call) ≤ ε_a, every run counted,
@@ -52,35 +52,35 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from abstain_guard.action_risk import action_statistic, certified_action_risk  # noqa: E402
-from abstain_guard.agent_steps import run_statistic, stopping_step  # noqa: E402
 from abstain_guard.artifact import GuardArtifact  # noqa: E402
 from abstain_guard.calibration.building.agent_calibration import run_step_scores  # noqa: E402
-from abstain_guard.calibration.building.agents import (  # noqa: E402
+from abstain_guard.calibration.building.answering.agents import (  # noqa: E402
     has_final_answer,
     run_agents,
     step_messages,
 )
-from abstain_guard.calibration.building.answers import means_digest  # noqa: E402
-from abstain_guard.calibration.building.calibration_config import (  # noqa: E402
+from abstain_guard.calibration.building.answering.answer_rows import means_digest  # noqa: E402
+from abstain_guard.calibration.building.answering.models import load_model  # noqa: E402
+from abstain_guard.calibration.building.judges.judging import build_judges, judge_answers  # noqa: E402
+from abstain_guard.calibration.building.pipeline import calibrate  # noqa: E402
+from abstain_guard.calibration.building.run.calibration_config import (  # noqa: E402
     CalibrationConfig,
 )
-from abstain_guard.calibration.building.judging import build_judges, judge_answers  # noqa: E402
-from abstain_guard.calibration.building.models import load_model  # noqa: E402
-from abstain_guard.calibration.building.pipeline import calibrate  # noqa: E402
+from abstain_guard.calibration.building.run.store import RunStore  # noqa: E402
 from abstain_guard.calibration.building.run_labels import (  # noqa: E402
     call_verdicts,
     run_judgment,
     step_labels,
 )
-from abstain_guard.calibration.building.store import RunStore  # noqa: E402
 from abstain_guard.calibration.measure.deployment_check import live_check  # noqa: E402
 from abstain_guard.calibration.measure.held_out import artifact_items  # noqa: E402
 from abstain_guard.calibration.measure.metrics import auroc, auroc_interval  # noqa: E402
 from abstain_guard.config import GuardConfig  # noqa: E402
-from abstain_guard.decision import decision_rule  # noqa: E402
-from abstain_guard.deployment import DeploymentRecord  # noqa: E402
-from abstain_guard.frontier import smallest_certifiable_risk  # noqa: E402
+from abstain_guard.contract.deployment import DeploymentRecord  # noqa: E402
+from abstain_guard.guarantee.action_risk import action_statistic, certified_action_risk  # noqa: E402
+from abstain_guard.guarantee.agent_steps import run_statistic, stopping_step  # noqa: E402
+from abstain_guard.guarantee.decision import decision_rule  # noqa: E402
+from abstain_guard.guarantee.frontier import smallest_certifiable_risk  # noqa: E402
 
 DATA = "builtin-lookup"
 FACTORY = "examples.lookup_agent:build_agent"

@@ -32,9 +32,9 @@ from scipy.stats import binomtest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from abstain_guard.calibration.building.agents import agent_inputs, run_agent  # noqa: E402
+from abstain_guard.calibration.building.answering.agents import agent_inputs, run_agent  # noqa: E402
 from abstain_guard.calibration.building.judges import LexicalJudge  # noqa: E402
-from abstain_guard.calibration.building.probe import builtin_probe_set  # noqa: E402
+from abstain_guard.calibration.building.questions.probe import builtin_probe_set  # noqa: E402
 from examples.country_agent import (  # noqa: E402
     SYSTEM_PROMPT,
     TOOL_RELATIONS,

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_load import QUESTIONS
 
 from abstain_guard.adapters import load_default_model
-from abstain_guard.adapters.kernels import kernel_facts
-from abstain_guard.prompts import system_prompt_for
+from abstain_guard.adapters.engine.kernels import kernel_facts
+from abstain_guard.contract.prompts import system_prompt_for
 
 
 def main() -> None:

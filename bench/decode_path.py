@@ -1,4 +1,4 @@
-"""What the library's thread choices rest on (adapters/threads.py), measured on this machine.
+"""What the library's thread choices rest on (adapters/engine/threads.py), measured on this machine.
 
 For the embedded model (plain transformers forwards, no capture, greedy):
 
@@ -26,7 +26,7 @@ import torch
 from transformers import DynamicCache
 
 from abstain_guard.adapters import load_default_model
-from abstain_guard.adapters.threads import model_rows_are_independent, process_cpus
+from abstain_guard.adapters.engine.threads import model_rows_are_independent, process_cpus
 
 
 def decode_step_s(hf: Any, rows: int, threads: int, steps: int = 16, prompt: int = 40) -> float:

@@ -2,7 +2,7 @@
 
 Runs the shipped guard (``abstain_guard/default_guard``: SmolLM2-135M-Instruct, geometry_plus
 scorer, calibrated on 960 built-in probe questions) exactly as deployed
-(:func:`~abstain_guard.chains.load_guard_chain`, one question per call) on four pools and
+(:func:`~abstain_guard.guard.chains.load_guard_chain`, one question per call) on four pools and
 writes, per question, the live score, the decision and the artifact judge's verdict of the
 answer (the withheld one for an abstention) to ``--out`` (JSON). ``bench/drift_monitor.py``
 then feeds these scores to :class:`~abstain_guard.monitor.GuardMonitor`.
@@ -70,7 +70,7 @@ def _perturbed_model(noise: float, seed: int) -> Any:
     import torch
 
     from abstain_guard.adapters import GeometryChatModel
-    from abstain_guard.adapters.loading import (
+    from abstain_guard.adapters.model.loading import (
         DEFAULT_GGUF,
         DEFAULT_MODEL_NAME,
         default_model_path,
@@ -102,11 +102,11 @@ def main() -> None:
     args = parser.parse_args()
 
     from abstain_guard.calibration.building.judges.registry import make_judge
-    from abstain_guard.calibration.building.named_datasets import load_named_dataset
-    from abstain_guard.calibration.building.probe import builtin_probe_set
-    from abstain_guard.chains import load_guard_chain
+    from abstain_guard.calibration.building.questions.named_datasets import load_named_dataset
+    from abstain_guard.calibration.building.questions.probe import builtin_probe_set
     from abstain_guard.config import GuardConfig
     from abstain_guard.default import DEFAULT_ARTIFACT_DIR
+    from abstain_guard.guard.chains import load_guard_chain
 
     out = Path(args.out)
     result: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {"pools": {}}

@@ -43,9 +43,9 @@ from typing import Any
 import numpy as np
 
 from abstain_guard import GuardArtifact, GuardConfig
-from abstain_guard.decision import decision_rule
 from abstain_guard.default import DEFAULT_ARTIFACT_DIR
-from abstain_guard.drift import wilson_interval
+from abstain_guard.guarantee.decision import decision_rule
+from abstain_guard.guarantee.intervals import wilson_interval
 from abstain_guard.monitor import GuardMonitor
 
 PART = GuardConfig(participation=0.8)

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from test_adapters_exactness import PROMPT, reference_features, slow_reference
 from tiny_models import FAMILIES, tiny_chat_model
 
-import abstain_guard.adapters.capture as capture_module
+import abstain_guard.adapters.capture.session as capture_module
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

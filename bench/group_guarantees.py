@@ -1,7 +1,7 @@
 """Per-group guarantees in simulation, and pooled vs per-group rules on the probe set.
 
 Part 1 — validity. Calibration sets are drawn from known populations with groups; each is
-thresholded by ``abstain_guard.groups.group_rules`` (the code the guard runs), and each
+thresholded by ``abstain_guard.guarantee.groups.group_rules`` (the code the guard runs), and each
 group's *true* participation and error rate among answered at its threshold are computed
 on the population. Reported per group:
 
@@ -26,7 +26,7 @@ with group-specific levels (see :func:`synthetic_population`).
 Part 2 — the probe set, per relation: 5-fold cross-fitting on the shipped guard's 960 stored
 calibration answers (no model run): each fold is decided by the pooled and by the per-group
 rule calibrated on the other four folds; per relation, answered / questions and wrong /
-answered with 95 % Wilson intervals (``abstain_guard.groups.group_rates``).
+answered with 95 % Wilson intervals (``abstain_guard.guarantee.groups.group_rates``).
 
 Run (212 s on 2 cores; the output of the last run is bench/group_guarantees.json)::
 
@@ -50,7 +50,7 @@ from numpy.typing import NDArray
 
 from abstain_guard import GuardArtifact, GuardConfig, default_artifact_path
 from abstain_guard.calibration.measure.group_report import cross_fitted_groups, groups_markdown
-from abstain_guard.groups import group_rules
+from abstain_guard.guarantee.groups import group_rules
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ model, the calibrated prompt, budget and decoding) under ``GuardConfig(group_by=
 the relation passed in the run metadata; each answer is judged with the artifact's judge
 (lexical). For the same answer and score it records the per-group decision (the guard's) and
 the pooled one (score ≤ the pooled threshold), and prints per relation: answered / questions
-and wrong / answered with 95 % Wilson intervals (``abstain_guard.groups.group_rates``).
+and wrong / answered with 95 % Wilson intervals (``abstain_guard.guarantee.groups.group_rates``).
 
 Run (loads the model; 492 s on 2 cores; the last run is bench/group_probe_heldout.json)::
 
@@ -25,12 +25,12 @@ import time
 import numpy as np
 
 from abstain_guard import GuardArtifact, GuardConfig, default_artifact_path
-from abstain_guard.calibration.building.calibration_config import CalibrationConfig
-from abstain_guard.calibration.building.items import load_items
 from abstain_guard.calibration.building.judges.registry import make_judge
+from abstain_guard.calibration.building.questions.items import load_items
+from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
 from abstain_guard.calibration.measure.group_report import groups_markdown
-from abstain_guard.chains import load_guard_chain
-from abstain_guard.groups import group_rates
+from abstain_guard.guarantee.groups import group_rates
+from abstain_guard.guard.chains import load_guard_chain
 
 
 def main() -> None:

@@ -58,8 +58,8 @@ from abstain_guard.calibration.building.judges import (
     LLMJudge,
     summarize_judgments,
 )
-from abstain_guard.calibration.building.probe import builtin_probe_set
-from abstain_guard.prompts import build_messages
+from abstain_guard.calibration.building.questions.probe import builtin_probe_set
+from abstain_guard.contract.prompts import build_messages
 
 #: A few-shot grading prompt that also suits base models (the last turn is the verdict).
 FEW_SHOT = ChatPromptTemplate.from_messages(

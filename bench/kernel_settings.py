@@ -53,11 +53,11 @@ def _worker() -> None:
 
     from abstain_guard import GuardArtifact, GuardConfig, default_artifact_path
     from abstain_guard.adapters import load_default_model
-    from abstain_guard.adapters.kernels import kernel_facts
-    from abstain_guard.adapters.threads import model_rows_are_independent
+    from abstain_guard.adapters.engine.kernels import kernel_facts
+    from abstain_guard.adapters.engine.threads import model_rows_are_independent
     from abstain_guard.calibration.measure.held_out import artifact_items
-    from abstain_guard.chains import load_guard_chain
-    from abstain_guard.kernels import bit_deciding
+    from abstain_guard.contract.kernels import bit_deciding
+    from abstain_guard.guard.chains import load_guard_chain
 
     model = load_default_model(max_new_tokens=24)
     hf = model.hf_model

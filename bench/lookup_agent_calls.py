@@ -30,13 +30,13 @@ sys.path.insert(0, str(ROOT))
 
 from langchain_core.utils.function_calling import convert_to_openai_tool  # noqa: E402
 
-from abstain_guard.calibration.building.agent_questions import lookup_questions  # noqa: E402
-from abstain_guard.calibration.building.agents import agent_inputs, run_agent  # noqa: E402
+from abstain_guard.calibration.building.answering.agents import agent_inputs, run_agent  # noqa: E402
 from abstain_guard.calibration.building.judges import LexicalJudge  # noqa: E402
 from abstain_guard.calibration.building.judges.tool_calls import (  # noqa: E402
     judge_tool_calls,
     run_tool_label,
 )
+from abstain_guard.calibration.building.questions.agent_questions import lookup_questions  # noqa: E402
 from examples.lookup_agent import TOOLS, build_agent  # noqa: E402
 
 

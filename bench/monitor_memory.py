@@ -30,10 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from abstain_guard.conformal import participation_threshold
-from abstain_guard.decision import DecisionRule
-from abstain_guard.drift import ConformalTestMartingale
+from abstain_guard.guarantee.conformal import participation_threshold
+from abstain_guard.guarantee.decision import DecisionRule
 from abstain_guard.monitor import GuardMonitor
+from abstain_guard.monitor.drift import ConformalTestMartingale
 
 
 def _grown(update: object, live: np.ndarray) -> float:

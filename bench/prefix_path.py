@@ -1,8 +1,9 @@
 """The prefix path's prompt pass against the one-pass path's, side by side (one JSON line).
 
 For the questions of ``bench/serve_load.py`` asked as the shipped guard asks them (its system
-prompt, the chat template), one engine (:class:`~abstain_guard.adapters.batching.BatchEngine`)
-runs each prompt pass plus the choice of the first token, alone, on one BLAS thread:
+prompt, the chat template), one engine
+(:class:`~abstain_guard.adapters.engine.batching.BatchEngine`) runs each prompt pass plus the choice
+of the first token, alone, on one BLAS thread:
 
 * ``one_pass_ms`` / ``prefix_ms``: the median over questions of the median over
   ``--repeats`` interleaved repeats, per capture mode (``full``, ``none``), and
@@ -32,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_load import QUESTIONS
 
 from abstain_guard.adapters import load_default_model
-from abstain_guard.adapters.batching import BatchEngine, GenerationRequest
-from abstain_guard.adapters.kernels import kernel_facts
-from abstain_guard.adapters.prefix import prefix_store
-from abstain_guard.prompts import system_prompt_for
+from abstain_guard.adapters.engine.batching import BatchEngine, GenerationRequest
+from abstain_guard.adapters.engine.kernels import kernel_facts
+from abstain_guard.adapters.engine.prefix import prefix_store
+from abstain_guard.contract.prompts import system_prompt_for
 
 
 def _first(engine: BatchEngine, prompt: list[int], split: int | None, capture: bool) -> Any:

@@ -3,7 +3,7 @@
 A random-weight model of a published shape (``bench/real_shapes.py``; needs only torch,
 transformers and numpy) runs, per prefix length P and capture mode, the prompt pass and first
 token of P shared tokens + ``--suffix`` tokens of its own through the library's engine
-(:class:`~abstain_guard.adapters.batching.BatchEngine`):
+(:class:`~abstain_guard.adapters.engine.batching.BatchEngine`):
 
 * ``one_pass_s`` / ``prefix_s``: medians over ``--repeats`` interleaved repeats (the prefix
   already in the store), ``prefix_miss_s`` (the first request: the prefix computed), and
@@ -66,7 +66,7 @@ def _first(mods: dict[str, Any], loaded: Any, prompt: list[int], split: int | No
 
 def measure(args: argparse.Namespace, device: str) -> dict[str, Any]:
     mods = rs.import_engine()
-    prefix_mod = importlib.import_module("abstain_guard.adapters.prefix")
+    prefix_mod = importlib.import_module("abstain_guard.adapters.engine.prefix")
     overrides = SMOKE if args.smoke else None
     dtype = torch.float32 if args.smoke else rs.DTYPES[args.dtype]
     hf = rs.build_model(

@@ -47,10 +47,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np
 
-from abstain_guard.calibration.building.datasets import QAItem
 from abstain_guard.calibration.building.judges import LexicalJudge
-from abstain_guard.calibration.building.probe import PROBE_RELATIONS_V2, builtin_probe_set
-from abstain_guard.prompts import build_messages
+from abstain_guard.calibration.building.questions.datasets import QAItem
+from abstain_guard.calibration.building.questions.probe import PROBE_RELATIONS_V2, builtin_probe_set
+from abstain_guard.contract.prompts import build_messages
 
 
 def stratified(items: list[QAItem], n: int, bins: int, seed: int) -> list[tuple[int, QAItem]]:

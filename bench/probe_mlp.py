@@ -36,15 +36,15 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from abstain_guard.artifact import GuardArtifact
-from abstain_guard.calibration.building.answers import generate_answers
-from abstain_guard.calibration.building.calibration_config import CalibrationConfig
-from abstain_guard.calibration.building.judging import (
+from abstain_guard.calibration.building.answering.answers import generate_answers
+from abstain_guard.calibration.building.answering.models import load_model
+from abstain_guard.calibration.building.judges.judging import (
     build_judges,
     judge_answers,
     labeled_items,
     labels,
 )
-from abstain_guard.calibration.building.models import load_model
+from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
 from abstain_guard.calibration.measure.cache_reuse import evaluate_cache
 from abstain_guard.calibration.measure.fitted_baselines import reference_metadata
 from abstain_guard.calibration.measure.held_out import artifact_splits

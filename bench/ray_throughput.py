@@ -6,8 +6,8 @@ For each replica count, a fresh local Ray cluster (``--cpus`` CPUs) starts that 
 of the embedded model (each with the driver's torch thread count, as ``calibrate`` does, so
 the answers are bitwise the local run's), waits until they are loaded, then generates the
 first ``--questions`` built-in probe questions through
-:meth:`~abstain_guard.calibration.building.executors.RayExecutor.generate` in the chunks a local
-run uses (``batch_size`` questions, one kind per chunk; no capture, as train / held-out
+:meth:`~abstain_guard.calibration.building.answering.executors.RayExecutor.generate` in the chunks a
+local run uses (``batch_size`` questions, one kind per chunk; no capture, as train / held-out
 generation without means). Model loading is timed apart. Also checks that both runs gave the
 same answers (token ids), and, as the baseline, times the same chunks generated in this
 process without Ray (what ``--executor local`` does). Prints one JSON line.
@@ -22,12 +22,13 @@ import os
 import time
 from typing import Any
 
-from abstain_guard.calibration.building.answers import generate_chunk, plan_chunks
-from abstain_guard.calibration.building.calibration_config import CalibrationConfig
-from abstain_guard.calibration.building.datasets import QAItem
-from abstain_guard.calibration.building.executors import RayExecutor, local_threads
-from abstain_guard.calibration.building.models import load_model
-from abstain_guard.calibration.building.probe import builtin_probe_set
+from abstain_guard.calibration.building.answering.answer_rows import plan_chunks
+from abstain_guard.calibration.building.answering.answers import generate_chunk
+from abstain_guard.calibration.building.answering.executors import RayExecutor, local_threads
+from abstain_guard.calibration.building.answering.models import load_model
+from abstain_guard.calibration.building.questions.datasets import QAItem
+from abstain_guard.calibration.building.questions.probe import builtin_probe_set
+from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
 
 
 def _timing(

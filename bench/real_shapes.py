@@ -115,8 +115,14 @@ def import_engine() -> dict[str, Any]:
                 pkg = types.ModuleType(name)
                 pkg.__path__ = [str(ROOT / folder)]
                 sys.modules[name] = pkg
-    names = ("batching", "capture", "loading", "kernels", "types")
-    return {n: importlib.import_module(f"abstain_guard.adapters.{n}") for n in names}
+    homes = {
+        "batching": "engine.batching",
+        "capture": "capture.session",
+        "loading": "model.loading",
+        "kernels": "engine.kernels",
+        "types": "capture.types",
+    }
+    return {n: importlib.import_module(f"abstain_guard.adapters.{m}") for n, m in homes.items()}
 
 
 def shape_config(
@@ -263,7 +269,7 @@ def engine_generate(
 
     mods = import_engine()
     batching = mods["batching"]
-    threads = importlib.import_module("abstain_guard.adapters.threads")
+    threads = importlib.import_module("abstain_guard.adapters.engine.threads")
     prompts = prompt if prompt and isinstance(prompt[0], list) else [prompt]
     engine = batching.BatchEngine(loaded, max_rows=len(prompts))
     if shared_steps is not None:

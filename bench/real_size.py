@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_shapes as rs
 from capture_overhead import PeakRSS
 
-from abstain_guard.adapters.kernels import kernel_facts
+from abstain_guard.adapters.engine.kernels import kernel_facts
 
 VARIANTS = ("plain", "engine", "full", "fast", "full_regroup")
 

@@ -6,8 +6,8 @@
 For an artifact whose scorer was chosen among K candidates on its own calibration answers
 before the library recorded selections (the shipped default guard: `probe_mid` among 13,
 issue 46). No model runs: Bonferroni needs only the chosen scorer's stored calibration scores
-and labels (:func:`abstain_guard.selection.record_choice`). The candidates, the risk target
-and δ come from the calibration config (``candidates``, ``risk_target``, ``delta``), the same
+and labels (:func:`abstain_guard.guarantee.selection.record_choice`). The candidates, the risk
+target and δ come from the calibration config (``candidates``, ``risk_target``, ``delta``), the same
 keys with which ``calibrate`` writes the block itself. The artifact is rewritten through
 :meth:`GuardArtifact.save` (atomic, checksums recomputed), reloaded and checked, and the
 certificate it now carries is printed as JSON.
@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from abstain_guard.artifact import GuardArtifact
-from abstain_guard.calibration.building.calibration_config import CalibrationConfig
+from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
 from abstain_guard.config import GuardConfig
-from abstain_guard.frontier import FRONTIER_DELTAS, smallest_certifiable_risk
-from abstain_guard.selection import record_choice
+from abstain_guard.guarantee.frontier import FRONTIER_DELTAS, smallest_certifiable_risk
+from abstain_guard.guarantee.selection import record_choice
 
 
 def record(artifact_dir: Path, config: CalibrationConfig, data: str, choice: str) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Simulate the risk-mode procedures on realistic populations and pick the default.
 
 Risk mode certifies "at most ε of the answered questions are wrong, with probability ≥ 1−δ
-over the calibration draw". Each procedure of ``abstain_guard.risk_control`` (and MAPIE's
+over the calibration draw". Each procedure of ``abstain_guard.guarantee.risk_control`` (and MAPIE's
 ``BinaryClassificationController`` as an outside reference) is run on many calibration
 sets drawn from a known population; for each the threshold's *true* error rate among
 answered questions and its true participation are computed on the population.
@@ -60,7 +60,7 @@ from numpy.typing import NDArray
 
 from abstain_guard import GuardArtifact, default_artifact_path
 from abstain_guard.errors import AbstainGuardError
-from abstain_guard.risk_control import (
+from abstain_guard.guarantee.risk_control import (
     DEFAULT_RISK_METHOD,
     RISK_METHODS,
     candidate_ranks,

@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from abstain_guard.adapters import ReplayResult, TokenStates
-from abstain_guard.adapters.geometry import phi_from_states
+from abstain_guard.adapters.capture.geometry import phi_from_states
 from abstain_guard.scorers.geometry import GeometryScorer
 
 L, D = 30, 576

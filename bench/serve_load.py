@@ -236,8 +236,8 @@ def decode_path_of(artifact: str | None) -> dict[str, Any] | None:
     (``load_guard_chain`` loads the model on it)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from abstain_guard.artifact import GuardArtifact
+    from abstain_guard.contract.deployment import DeploymentRecord
     from abstain_guard.default import default_artifact_path
-    from abstain_guard.deployment import DeploymentRecord
 
     art = GuardArtifact.load(artifact or default_artifact_path())
     record = DeploymentRecord.from_metadata(art.metadata)

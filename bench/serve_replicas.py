@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_load import QUESTIONS, _p95, malformed, well_formed
 
 from abstain_guard import GuardConfig, default_artifact_path
-from abstain_guard.monitor_log import read_log
+from abstain_guard.monitor.log import read_log
 from abstain_guard.serve.ray_serve import ReplicaServer, ReplicaSpec
 from abstain_guard.serve.runner import free_port
 

@@ -38,24 +38,24 @@ from typing import Any
 import numpy as np
 
 from abstain_guard import GuardArtifact, GuardConfig
-from abstain_guard.adapters.kernels import kernel_facts
-from abstain_guard.calibration.building.answers import generate_answers, generated_pairs
-from abstain_guard.calibration.building.calibration_config import CalibrationConfig
-from abstain_guard.calibration.building.judging import (
+from abstain_guard.adapters.engine.kernels import kernel_facts
+from abstain_guard.calibration.building.answering.answers import generate_answers, generated_pairs
+from abstain_guard.calibration.building.answering.stream_calibration import answer_decoder
+from abstain_guard.calibration.building.judges.judging import (
     build_judges,
     judge_answers,
     labeled_items,
     labels,
 )
-from abstain_guard.calibration.building.store import RunStore
-from abstain_guard.calibration.building.stream_calibration import answer_decoder
+from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
+from abstain_guard.calibration.building.run.store import RunStore
 from abstain_guard.calibration.measure.held_out import artifact_splits
-from abstain_guard.chains import load_guard_chain
-from abstain_guard.decision import decision_rule
-from abstain_guard.deployment import DeploymentRecord, StreamingRecord
+from abstain_guard.contract.deployment import DeploymentRecord, StreamingRecord
+from abstain_guard.contract.runnables import find_chat_models
+from abstain_guard.contract.streaming import ChunkRule, first_release_statistic, stream_statistic
 from abstain_guard.errors import UncertifiableTargetError
-from abstain_guard.runnables import find_chat_models
-from abstain_guard.streaming import ChunkRule, first_release_statistic, stream_statistic
+from abstain_guard.guarantee.decision import decision_rule
+from abstain_guard.guard.chains import load_guard_chain
 
 
 class Held:

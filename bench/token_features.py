@@ -25,13 +25,13 @@ from typing import Any
 import numpy as np
 
 from abstain_guard import GuardArtifact
-from abstain_guard.calibration.building.answers import generate_answers, generated_pairs
-from abstain_guard.calibration.building.calibration_config import CalibrationConfig
-from abstain_guard.calibration.building.judging import build_judges, judge_answers
-from abstain_guard.calibration.building.models import load_model
+from abstain_guard.calibration.building.answering.answers import generate_answers, generated_pairs
+from abstain_guard.calibration.building.answering.models import load_model
+from abstain_guard.calibration.building.judges.judging import build_judges, judge_answers
 from abstain_guard.calibration.building.preflight import preflight
-from abstain_guard.calibration.building.store import RunStore
-from abstain_guard.metadata import ResponseMetadata
+from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
+from abstain_guard.calibration.building.run.store import RunStore
+from abstain_guard.contract.metadata import ResponseMetadata
 from abstain_guard.scorers import token_block
 
 SPLITS = ("reference", "train", "calibration", "test")

@@ -84,20 +84,20 @@ def set_requests(spec: str) -> None:
 
 
 def processor() -> dict[str, Any]:
-    from abstain_guard.adapters.kernels import kernel_facts
+    from abstain_guard.adapters.engine.kernels import kernel_facts
 
     return {"machine": platform.machine(), "python": sys.version.split()[0], **kernel_facts()}
 
 
 def cpu_bench(args: argparse.Namespace) -> dict[str, Any]:
     from abstain_guard import GuardArtifact
-    from abstain_guard.adapters.vllm_folder import vllm_model_folder as folder_of
+    from abstain_guard.adapters.model.vllm_folder import vllm_model_folder as folder_of
     from abstain_guard.backends.vllm_chat import _Engine, engine_python, stop_engines
-    from abstain_guard.calibration.building.calibration_config import CalibrationConfig
-    from abstain_guard.calibration.building.items import load_items
+    from abstain_guard.calibration.building.questions.items import load_items
+    from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
     from abstain_guard.calibration.measure.deployment_check import live_check
-    from abstain_guard.chains import load_guard_chain
     from abstain_guard.default import default_artifact_path
+    from abstain_guard.guard.chains import load_guard_chain
 
     artifact = GuardArtifact.load(args.artifact)
     record = artifact.metadata["deployment"]
@@ -222,7 +222,7 @@ def gpu_bench(args: argparse.Namespace) -> dict[str, Any]:
         "eos_token_id": 1,
     }
     (folder / "config.json").write_text(json.dumps(config))
-    from abstain_guard.adapters.vllm_folder import vllm_model_folder
+    from abstain_guard.adapters.model.vllm_folder import vllm_model_folder
 
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         src = vllm_model_folder("default") / name

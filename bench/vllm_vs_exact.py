@@ -25,9 +25,10 @@ import warnings
 
 import numpy as np
 
-from abstain_guard import GuardArtifact, conformal
+from abstain_guard import GuardArtifact
 from abstain_guard.calibration.measure.metrics import auroc
-from abstain_guard.frontier import smallest_certifiable_risk
+from abstain_guard.guarantee import conformal
+from abstain_guard.guarantee.frontier import smallest_certifiable_risk
 
 B = 2000
 EPS, DELTA = 0.35, 0.1

@@ -58,7 +58,7 @@ from sklearn.model_selection import StratifiedKFold
 from abstain_guard import GuardArtifact
 from abstain_guard.adapters import ReferenceMeans
 from abstain_guard.calibration.measure.ranking import scorer_table
-from abstain_guard.frontier import certifiable_frontier
+from abstain_guard.guarantee.frontier import certifiable_frontier
 from abstain_guard.scorers import ReferenceInputs, TokenBlock
 from abstain_guard.scorers.geometry import GeometryScorer
 from abstain_guard.scorers.geometry_plus import (

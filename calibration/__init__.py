@@ -13,6 +13,9 @@ answer live in :mod:`abstain_guard.scorers`):
 nothing on the live path (the guard, the scorers) imports ``calibration``. See
 ``docs/architecture.md``.
 
+May import: ``abstain_guard.calibration.building``, ``abstain_guard.calibration.measure``,
+``abstain_guard.deprecated_paths``, ``abstain_guard.lazy``.
+
 Typical use::
 
     from . import CalibrationConfig, calibrate
@@ -26,13 +29,13 @@ from typing import TYPE_CHECKING, Any
 from abstain_guard.deprecated_paths import moved_attribute_getter
 from abstain_guard.lazy import lazy_attributes
 
-from .building.calibration_config import CalibrationConfig
-from .building.dataset_files import load_dataset
-from .building.datasets import QAItem, split_items
 from .building.judges import Judge, Judgment, make_judge
-from .building.named_datasets import load_named_dataset
 from .building.pipeline import CalibrationSummary, calibrate
-from .building.probe import builtin_probe_set
+from .building.questions.dataset_files import load_dataset
+from .building.questions.datasets import QAItem, split_items
+from .building.questions.named_datasets import load_named_dataset
+from .building.questions.probe import builtin_probe_set
+from .building.run.calibration_config import CalibrationConfig
 
 if TYPE_CHECKING:
     from .measure.deployment_check import live_check

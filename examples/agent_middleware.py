@@ -13,7 +13,7 @@ from typing import Any
 from langchain.agents import create_agent
 
 from abstain_guard import AbstentionMiddleware, GuardConfig, default_artifact_path
-from abstain_guard.prompts import SHORT_ANSWER_SYSTEM_PROMPT
+from abstain_guard.contract.prompts import SHORT_ANSWER_SYSTEM_PROMPT
 
 
 def main(model: Any = None) -> list[Any]:

@@ -27,7 +27,7 @@ from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import tool
 
-from abstain_guard.calibration.building.lookup_facts import country_facts_text
+from abstain_guard.calibration.building.questions.lookup_facts import country_facts_text
 
 SYSTEM_PROMPT = (
     "You answer questions about countries in one short sentence. To look up a country's "
@@ -75,8 +75,8 @@ def main(artifact: str, model: Any = None, questions: list[str] | None = None) -
     """Deploy the calibrated agent with the guard and ask a few questions; return the final
     messages (each with ``response_metadata["abstention"]``, incl. ``tool_steps``)."""
     from abstain_guard import AbstentionMiddleware, GuardArtifact, GuardConfig
-    from abstain_guard.chains import load_chat_model
-    from abstain_guard.deployment import DeploymentRecord
+    from abstain_guard.contract.deployment import DeploymentRecord
+    from abstain_guard.guard.chains import load_chat_model
 
     art = GuardArtifact.load(artifact)
     record = DeploymentRecord.from_metadata(art.metadata)

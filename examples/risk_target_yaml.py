@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from abstain_guard import AbstentionGuard, GuardConfig, default_artifact_path
+from abstain_guard.contract.prompts import question_prompt
 from abstain_guard.errors import UncertifiableTargetError
-from abstain_guard.prompts import question_prompt
 
 CONFIG = Path(__file__).with_name("guard.yaml")
 

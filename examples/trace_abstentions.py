@@ -16,7 +16,7 @@ from uuid import UUID
 from langchain_core.callbacks import BaseCallbackHandler
 
 from abstain_guard import AbstentionGuard, GuardConfig, default_artifact_path
-from abstain_guard.prompts import question_prompt
+from abstain_guard.contract.prompts import question_prompt
 
 
 class AbstentionLog(BaseCallbackHandler):

@@ -1,6 +1,6 @@
 """What the guard promises about CPU kernels, for tests that run a calibrated guard on this
 machine: no warning where the bit-deciding kernel facts equal calibration's, otherwise
-exactly the kernel note and nothing else (``abstain_guard.kernels``).
+exactly the kernel note and nothing else (``abstain_guard.contract.kernels``).
 
 A test that asserted "no warning" assumed the calibration machine: it failed on a processor
 whose native kernels are not the pinned ones (issue 45), and in the foreign-kernel mode
@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from abstain_guard import GuardArtifact
-from abstain_guard.adapters.kernels import kernel_facts
-from abstain_guard.deployment import DeploymentRecord
-from abstain_guard.kernels import kernel_differences, kernel_note
+from abstain_guard.adapters.engine.kernels import kernel_facts
+from abstain_guard.contract.deployment import DeploymentRecord
+from abstain_guard.contract.kernels import kernel_differences, kernel_note
 
 
 def calibration_kernel_differences(

@@ -18,7 +18,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field
 
 from abstain_guard import GuardArtifact, PerplexityScorer
-from abstain_guard.deployment import (
+from abstain_guard.contract.deployment import (
     AgentRecord,
     DeploymentRecord,
     PromptRecord,

@@ -52,7 +52,7 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory):
     (``make test-foreign``) other kernels than the driver's, so its answers would differ."""
     import ray
 
-    from abstain_guard.adapters.kernel_env import pinned_kernel_env
+    from abstain_guard.adapters.engine.kernel_env import pinned_kernel_env
 
     saved = {k: os.environ.pop(k) for k in pinned_kernel_env()}
     try:

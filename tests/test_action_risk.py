@@ -1,5 +1,5 @@
-"""Action risk (``abstain_guard.action_risk``): P(a wrong tool call is executed under the step
-guard) certified unconditionally, alone and beside the run-level error among accepted runs.
+"""Action risk (``abstain_guard.guarantee.action_risk``): P(a wrong tool call is executed under the
+step guard) certified unconditionally, alone and beside the run-level error among accepted runs.
 
 Synthetic agent runs: 1-4 model calls; every call but the last calls a tool, wrong with a
 probability that grows with its step score; the last call is the final answer, wrong with a
@@ -17,8 +17,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from abstain_guard import GuardArtifact, GuardConfig, PerplexityScorer, conformal
-from abstain_guard.action_risk import (
+from abstain_guard import GuardArtifact, GuardConfig, PerplexityScorer
+from abstain_guard.artifact.files import ACTION_RISK, CALIBRATION, load_npz
+from abstain_guard.calibration.building.agent_calibration import calibration_action_statistics
+from abstain_guard.calibration.building.questions.datasets import QAItem
+from abstain_guard.calibration.building.questions.tool_labels import ExpectedCall
+from abstain_guard.errors import (
+    ActionRiskUnavailableError,
+    ArtifactMismatchError,
+    ConfigError,
+    InvalidInputError,
+    UncertifiableTargetError,
+)
+from abstain_guard.guarantee import conformal
+from abstain_guard.guarantee.action_risk import (
     ACTION_DELTA_SHARE,
     action_losses,
     action_risk_certificate,
@@ -27,20 +39,9 @@ from abstain_guard.action_risk import (
     check_action_statistics,
     joint_risk_threshold,
 )
-from abstain_guard.agent_steps import run_statistic, stopping_step
-from abstain_guard.artifact_files import ACTION_RISK, CALIBRATION, load_npz
-from abstain_guard.calibration.building.agent_calibration import calibration_action_statistics
-from abstain_guard.calibration.building.datasets import QAItem
-from abstain_guard.calibration.building.tool_labels import ExpectedCall
-from abstain_guard.decision import decision_rule
-from abstain_guard.errors import (
-    ActionRiskUnavailableError,
-    ArtifactMismatchError,
-    ConfigError,
-    InvalidInputError,
-    UncertifiableTargetError,
-)
-from abstain_guard.risk_control import binomial_p_values
+from abstain_guard.guarantee.agent_steps import run_statistic, stopping_step
+from abstain_guard.guarantee.decision import decision_rule
+from abstain_guard.guarantee.risk_control import binomial_p_values
 
 REPS = 300
 

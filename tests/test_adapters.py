@@ -28,13 +28,13 @@ from abstain_guard.adapters import (
     eos_token_ids,
     load_default_model,
 )
-from abstain_guard.adapters.geometry import (
+from abstain_guard.adapters.capture.geometry import (
     angles,
     normalized_l1_proximity,
     phi_from_states,
     theta_from_states,
 )
-from abstain_guard.adapters.hook_routes import ACTIVE_ROUTES
+from abstain_guard.adapters.capture.hook_routes import ACTIVE_ROUTES
 from abstain_guard.errors import (
     ContextLengthError,
     InsufficientDataError,

@@ -1,6 +1,6 @@
 """Exactness of geometry capture on tiny random-weight models of every supported family.
 
-The reference here is written independently of adapters/capture.py: an *eager* copy of the
+The reference here is written independently of adapters/capture/session.py: an *eager* copy of the
 model with ``output_attentions=True`` gives the full attention matrices (soft-capped for
 Gemma-2; without the sink column for gpt-oss, so rows sum to less than 1); the value vectors
 are recomputed from the attention module's input and its weights (``v_proj``, the value

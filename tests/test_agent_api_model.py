@@ -13,10 +13,10 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from abstain_guard import AbstentionMiddleware, GuardArtifact, GuardConfig
-from abstain_guard.calibration.building.calibration_config import CalibrationConfig
 from abstain_guard.calibration.building.pipeline import calibrate
-from abstain_guard.calibration.building.probe import builtin_probe_set
-from abstain_guard.deployment import DeploymentRecord
+from abstain_guard.calibration.building.questions.probe import builtin_probe_set
+from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
+from abstain_guard.contract.deployment import DeploymentRecord
 from abstain_guard.serve.passthrough import ModelService
 from abstain_guard.serve.runner import ServerThread
 

@@ -23,15 +23,15 @@ from langchain_core.tracers.base import BaseTracer
 from langchain_core.tracers.schemas import Run
 
 from abstain_guard import AbstentionMiddleware, GuardArtifact, GuardConfig
-from abstain_guard.calibration.building import agents as agents_module
-from abstain_guard.calibration.building.calibration_config import CalibrationConfig
+from abstain_guard.calibration.building.answering import agents as agents_module
 from abstain_guard.calibration.building.pipeline import calibrate
-from abstain_guard.calibration.building.probe import builtin_probe_set
-from abstain_guard.calibration.building.store import RunStore
+from abstain_guard.calibration.building.questions.probe import builtin_probe_set
+from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
+from abstain_guard.calibration.building.run.store import RunStore
 from abstain_guard.calibration.measure.deployment_check import live_check
-from abstain_guard.deployment import DeploymentRecord
+from abstain_guard.contract.deployment import DeploymentRecord
 from abstain_guard.errors import ArtifactMismatchError
-from abstain_guard.tracing import EVENT_NAME
+from abstain_guard.guard.tracing import EVENT_NAME
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

@@ -1,9 +1,9 @@
 """What an agent artifact records and how responses are checked against it
-(abstain_guard/deployment.py: AgentRecord, tool_mismatches)."""
+(abstain_guard/contract/deployment.py: AgentRecord, tool_mismatches)."""
 
 from __future__ import annotations
 
-from abstain_guard.deployment import (
+from abstain_guard.contract.deployment import (
     AgentRecord,
     DeploymentRecord,
     PromptRecord,

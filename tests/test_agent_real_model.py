@@ -32,8 +32,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from abstain_guard import AbstentionMiddleware, GuardArtifact, GuardConfig, default_artifact_path
 from abstain_guard.calibration.measure.held_out import artifact_items
-from abstain_guard.deployment import DeploymentRecord
-from abstain_guard.tracing import EVENT_NAME
+from abstain_guard.contract.deployment import DeploymentRecord
+from abstain_guard.guard.tracing import EVENT_NAME
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

@@ -12,10 +12,10 @@ from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
 
-from abstain_guard.calibration.building import agents
-from abstain_guard.calibration.building.agents import AGENT_NS, RUN_RECORD, run_agents
-from abstain_guard.calibration.building.datasets import QAItem
-from abstain_guard.calibration.building.store import RunStore, content_key
+from abstain_guard.calibration.building.answering import agents
+from abstain_guard.calibration.building.answering.agents import AGENT_NS, RUN_RECORD, run_agents
+from abstain_guard.calibration.building.questions.datasets import QAItem
+from abstain_guard.calibration.building.run.store import RunStore, content_key
 
 ITEM = QAItem(id="q1", question="Capital of Peru?", answers=("Lima",))
 KEY_PARTS = ["fp", "m:f"]

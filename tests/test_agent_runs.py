@@ -1,4 +1,4 @@
-"""Agent runs for calibration (calibration/building/agents.py): how a run ends, what is
+"""Agent runs for calibration (calibration/building/answering/agents.py): how a run ends, what is
 recorded of it, and what the artifact's agent record summarises. A scripted LangChain chat
 model drives a real ``create_agent`` graph through each ending; the real model runs the
 same code in tests/test_agent_calibration.py."""
@@ -13,7 +13,7 @@ from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import tool
 
-from abstain_guard.calibration.building.agents import (
+from abstain_guard.calibration.building.answering.agents import (
     FINAL_ANSWER,
     AgentRun,
     load_agent_factory,
@@ -23,8 +23,8 @@ from abstain_guard.calibration.building.agents import (
     run_row,
     runs_summary,
 )
-from abstain_guard.calibration.building.datasets import QAItem
-from abstain_guard.calibration.building.store import RunStore
+from abstain_guard.calibration.building.questions.datasets import QAItem
+from abstain_guard.calibration.building.run.store import RunStore
 from abstain_guard.errors import CalibrationError, ConfigError
 
 

@@ -1,4 +1,4 @@
-"""Step gating (``abstain_guard.agent_steps``): the running maximum, the first step that
+"""Step gating (``abstain_guard.guarantee.agent_steps``): the running maximum, the first step that
 stops a run, and by simulation the run-level guarantee of the early-stopping guard.
 
 Synthetic agent runs: 1-4 model calls, each call wrong with a probability that grows with
@@ -15,9 +15,9 @@ import math
 import numpy as np
 import pytest
 
-from abstain_guard.agent_steps import run_statistic, running_statistic, stopping_step
 from abstain_guard.config import GuardConfig
-from abstain_guard.decision import decision_rule
+from abstain_guard.guarantee.agent_steps import run_statistic, running_statistic, stopping_step
+from abstain_guard.guarantee.decision import decision_rule
 
 
 def test_the_running_maximum_only_grows_and_ends_at_the_run_statistic() -> None:

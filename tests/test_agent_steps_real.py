@@ -20,11 +20,11 @@ import pytest
 from langchain_core.messages import HumanMessage, ToolMessage
 
 from abstain_guard import AbstentionMiddleware, GuardArtifact, GuardConfig
-from abstain_guard.calibration.building.calibration_config import CalibrationConfig
-from abstain_guard.calibration.building.items import load_items
 from abstain_guard.calibration.building.pipeline import calibrate
+from abstain_guard.calibration.building.questions.items import load_items
+from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
 from abstain_guard.calibration.measure.deployment_check import live_check
-from abstain_guard.deployment import DeploymentRecord
+from abstain_guard.contract.deployment import DeploymentRecord
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

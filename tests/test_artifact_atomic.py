@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from abstain_guard import GuardArtifact, PerplexityScorer, artifact_files
-from abstain_guard import artifact as artifact_module
+from abstain_guard import GuardArtifact, PerplexityScorer
+from abstain_guard.artifact import files as artifact_files
+from abstain_guard.artifact import guard_artifact as artifact_module
 from abstain_guard.errors import (
     AbstainGuardError,
     ArtifactError,

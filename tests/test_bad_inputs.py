@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-import abstain_guard.chains
-from abstain_guard import cli
+import abstain_guard.guard.chains
 from abstain_guard.artifact import GuardArtifact
 from abstain_guard.calibration.building import pipeline, preflight
 from abstain_guard.calibration.measure import deployment_check, held_out
+from abstain_guard.cli import commands as cli
 from abstain_guard.errors import (
     ConfigError,
     DatasetError,
@@ -42,7 +42,7 @@ def guarded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
     for module in (pipeline, held_out, deployment_check):
         monkeypatch.setattr(module, "load_model", fail)
-    monkeypatch.setattr(abstain_guard.chains, "load_chat_model", fail)
+    monkeypatch.setattr(abstain_guard.guard.chains, "load_chat_model", fail)
     monkeypatch.chdir(tmp_path)
     for name in list(os.environ):
         if name.startswith("ABSTAIN_GUARD_"):

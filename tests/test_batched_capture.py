@@ -1,6 +1,6 @@
 """Decode steps are captured at the end of the step for all layers at once
-(:mod:`abstain_guard.adapters.decode_step`); the per-layer hooks still capture prompt blocks,
-replays and rows whose session keeps no ``u``. Both must give bitwise the same numbers: the
+(:mod:`abstain_guard.adapters.capture.decode_step`); the per-layer hooks still capture prompt
+blocks, replays and rows whose session keeps no ``u``. Both must give bitwise the same numbers: the
 per-layer path is the one the exactness tests compare with full-matrix references."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from tiny_models import FAMILIES, tiny_chat_model
 
-from abstain_guard.adapters import capture
-from abstain_guard.adapters.batching import BatchEngine, GenerationRequest
 from abstain_guard.adapters.capture import CaptureSession
-from abstain_guard.adapters.decode_step import DecodeStepCapture
-from abstain_guard.adapters.encoding import prompt_ids
-from abstain_guard.adapters.types import ReferenceMeans
+from abstain_guard.adapters.capture import session as capture
+from abstain_guard.adapters.capture.decode_step import DecodeStepCapture
+from abstain_guard.adapters.capture.types import ReferenceMeans
+from abstain_guard.adapters.engine.batching import BatchEngine, GenerationRequest
+from abstain_guard.adapters.engine.encoding import prompt_ids
 
 QUESTIONS = ("Capital of Peru?", "Who wrote the Iliad, and when?", "2+2?")
 FEATURES = ("omega", "theta", "phi_in", "phi_out", "post_attn", "post_mlp")

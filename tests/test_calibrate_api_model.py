@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from abstain_guard import GuardArtifact, GuardConfig
-from abstain_guard.calibration.building.calibration_config import CalibrationConfig
 from abstain_guard.calibration.building.pipeline import calibrate
-from abstain_guard.calibration.building.probe import builtin_probe_set
-from abstain_guard.chains import load_guard_chain
+from abstain_guard.calibration.building.questions.probe import builtin_probe_set
+from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
 from abstain_guard.errors import ArtifactMismatchError, LogprobsMissingError
+from abstain_guard.guard.chains import load_guard_chain
 from abstain_guard.serve.passthrough import ModelService
 from abstain_guard.serve.runner import ServerThread
 

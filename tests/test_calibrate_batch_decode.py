@@ -19,11 +19,11 @@ from test_pipeline_resume import ITEMS, HashJudge, _config, _judges
 from tiny_models import tiny_chat_model
 
 from abstain_guard import GuardArtifact, GuardConfig
-from abstain_guard.adapters.scheduler import scheduler_for
+from abstain_guard.adapters.engine.scheduler import scheduler_for
 from abstain_guard.calibration.building.pipeline import calibrate
-from abstain_guard.chains import load_guard_chain
-from abstain_guard.deployment import DeploymentRecord
+from abstain_guard.contract.deployment import DeploymentRecord
 from abstain_guard.errors import ArtifactMismatchError
+from abstain_guard.guard.chains import load_guard_chain
 
 
 def _generation_rows(cache: Path) -> list[dict[str, Any]]:

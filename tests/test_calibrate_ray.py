@@ -23,11 +23,11 @@ import pytest
 import ray
 
 from abstain_guard import GuardArtifact, GuardConfig
-from abstain_guard.calibration.building.calibration_config import CalibrationConfig
-from abstain_guard.calibration.building.executors import RayExecutor
+from abstain_guard.calibration.building.answering.executors import RayExecutor
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.building.preflight import check_executor
-from abstain_guard.calibration.building.probe import builtin_probe_set
+from abstain_guard.calibration.building.questions.probe import builtin_probe_set
+from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
 from abstain_guard.cli import build_parser
 from abstain_guard.errors import ConfigError, DistributedChunkError
 

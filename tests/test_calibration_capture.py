@@ -21,23 +21,22 @@ from tiny_models import char_tokenizer, tiny_chat_model, tiny_hf_model
 
 from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.adapters import GeometryChatModel
-from abstain_guard.adapters.scheduler import GenerationScheduler
-from abstain_guard.calibration.building.answers import (
+from abstain_guard.adapters.engine.scheduler import GenerationScheduler
+from abstain_guard.calibration.building.answering.answer_rows import STATES_NS, means_digest
+from abstain_guard.calibration.building.answering.answers import (
     PIPELINED_CHUNKS,
-    STATES_NS,
     chunks_in_flight,
     generate_answers,
     generated_pairs,
-    means_digest,
 )
-from abstain_guard.calibration.building.online_geometry import (
+from abstain_guard.calibration.building.answering.online_geometry import (
     fit_reference_means,
     reference_responses,
 )
 from abstain_guard.calibration.building.pipeline import calibrate
-from abstain_guard.calibration.building.store import RunStore
-from abstain_guard.chains import load_guard_chain
+from abstain_guard.calibration.building.run.store import RunStore
 from abstain_guard.errors import CacheError
+from abstain_guard.guard.chains import load_guard_chain
 from abstain_guard.scorers import token_block
 
 #: Captured (KV-cached generation) vs replayed (one teacher-forced pass) features of the

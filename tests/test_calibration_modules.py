@@ -45,9 +45,9 @@ def test_calibration_imports_itself_relatively():
 @pytest.mark.parametrize(
     "module",
     [
-        "building/executors.py",
+        "building/answering/executors.py",
         "building/agent_calibration.py",
-        "building/online_geometry.py",
+        "building/answering/online_geometry.py",
         "measure/held_out.py",
         "measure/deployment_check.py",
         "measure/agent_live.py",
@@ -55,7 +55,8 @@ def test_calibration_imports_itself_relatively():
 )
 def test_steps_do_not_import_the_orchestrator(module):
     """Helpers several steps share (load_model, build_judges, judge_answers, the labels) live
-    in building/models.py and building/judging.py, not in the pipeline that runs the steps."""
+    in building/answering/models.py and building/judges/judging.py, not in the pipeline that
+    runs the steps."""
     found = [
         node.lineno
         for node in _imports(CALIBRATION / module)
@@ -67,13 +68,14 @@ def test_steps_do_not_import_the_orchestrator(module):
 @pytest.mark.parametrize(
     ("old", "new", "name"),
     [
-        ("config", "calibration_config", "CalibrationConfig"),
-        ("generation", "answers", "generate_answers"),
+        ("config", "run.calibration_config", "CalibrationConfig"),
+        ("generation", "answering.answers", "generate_answers"),
     ],
 )
 def test_renamed_modules_keep_their_old_names_for_a_release(old, new, name):
     prefix = "abstain_guard.calibration.building."
     sys.modules.pop(prefix + old, None)
+    module = importlib.import_module(prefix + old)
     with pytest.warns(DeprecationWarning, match=new):
-        module = importlib.import_module(prefix + old)
-    assert getattr(module, name) is getattr(importlib.import_module(prefix + new), name)
+        value = getattr(module, name)
+    assert value is getattr(importlib.import_module(prefix + new), name)

@@ -1,4 +1,4 @@
-"""Memory-bounded exact capture (adapters/source_parts.py) and the fast capture mode.
+"""Memory-bounded exact capture (adapters/capture/source_parts.py) and the fast capture mode.
 
 The sparse (decode step) and source-chunked dense strategies must equal an independent
 float64 computation of the parts, and the full-matrix reference of
@@ -17,10 +17,10 @@ import torch
 from test_adapters_exactness import PROMPT, family_case, reference_features
 from tiny_models import FAMILIES, tiny_chat_model
 
-import abstain_guard.adapters.architectures as architectures
-import abstain_guard.adapters.capture as capture_module
+import abstain_guard.adapters.capture.architectures as architectures
+import abstain_guard.adapters.capture.session as capture_module
 from abstain_guard.adapters import ReferenceMeans
-from abstain_guard.adapters.source_parts import (
+from abstain_guard.adapters.capture.source_parts import (
     cached_numerators,
     dense_numerators,
     head_max_abs,
@@ -29,8 +29,8 @@ from abstain_guard.adapters.source_parts import (
     proximity_from_numerators,
     sparse_numerators,
 )
+from abstain_guard.contract.metadata import ResponseMetadata
 from abstain_guard.errors import CaptureModeError, InvalidInputError
-from abstain_guard.metadata import ResponseMetadata
 
 STRATEGIES = ("cached", "dense", "sparse")
 

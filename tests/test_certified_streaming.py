@@ -17,26 +17,26 @@ from langchain_core.outputs import ChatGenerationChunk
 
 from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig, PerplexityScorer
 from abstain_guard.calibration import CalibrationConfig
-from abstain_guard.decision import decision_rule
-from abstain_guard.deployment import DeploymentRecord, StreamingRecord
+from abstain_guard.contract.deployment import DeploymentRecord, StreamingRecord
+from abstain_guard.contract.streaming import (
+    ChunkRule,
+    StreamPrefix,
+    active_prefix_sink,
+    first_release_statistic,
+    stream_statistic,
+)
 from abstain_guard.errors import (
     ArtifactMismatchError,
     ConfigError,
     InvalidInputError,
     UncertifiableTargetError,
 )
-from abstain_guard.partial_release import (
+from abstain_guard.guarantee.decision import decision_rule
+from abstain_guard.guarantee.partial_release import (
     certified_partial_release,
     dkw_margin,
     partial_release_certificate,
     partial_release_rate,
-)
-from abstain_guard.streaming import (
-    ChunkRule,
-    StreamPrefix,
-    active_prefix_sink,
-    first_release_statistic,
-    stream_statistic,
 )
 
 # -- chunk rules -------------------------------------------------------------------------------

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from abstain_guard import GuardArtifact, GuardConfig
-from abstain_guard.calibration.building.calibration_config import CalibrationConfig
-from abstain_guard.calibration.building.items import load_items
 from abstain_guard.calibration.building.pipeline import calibrate
-from abstain_guard.chains import load_guard_chain
-from abstain_guard.deployment import DeploymentRecord
+from abstain_guard.calibration.building.questions.items import load_items
+from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
+from abstain_guard.contract.deployment import DeploymentRecord
+from abstain_guard.contract.streaming import open_prefix_sink
+from abstain_guard.guard.chains import load_guard_chain
 from abstain_guard.serve.runner import ServerThread
 from abstain_guard.serve.service import GuardService
-from abstain_guard.streaming import open_prefix_sink
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from abstain_guard.calibration.building.calibration_config import CalibrationConfig
 from abstain_guard.calibration.building.pipeline import calibrate
-from abstain_guard.chat_model_specs import (
+from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
+from abstain_guard.cli import run
+from abstain_guard.contract.chat_model_specs import (
     ChatModelRecord,
     ChatModelSpec,
     chat_model_fingerprint,
@@ -19,8 +20,11 @@ from abstain_guard.chat_model_specs import (
     identity_mismatches,
     is_secret,
 )
-from abstain_guard.cli import run
-from abstain_guard.deployment import DeploymentRecord, PromptRecord, api_response_mismatches
+from abstain_guard.contract.deployment import (
+    DeploymentRecord,
+    PromptRecord,
+    api_response_mismatches,
+)
 from abstain_guard.errors import ConfigError
 
 langchain_openai = pytest.importorskip("langchain_openai")

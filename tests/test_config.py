@@ -112,8 +112,8 @@ def test_from_env_unknown_variable() -> None:
 def test_the_process_variables_of_the_library_are_not_config_fields() -> None:
     """Engines and CPU kernels are set up by ``ABSTAIN_GUARD_*`` variables the library itself
     reads: a deployment that sets them must still read its config from the environment."""
-    from abstain_guard.adapters.kernel_env import NATIVE_KERNELS_ENV
-    from abstain_guard.adapters.threads import ENGINE_WORKERS_ENV
+    from abstain_guard.adapters.engine.kernel_env import NATIVE_KERNELS_ENV
+    from abstain_guard.adapters.engine.threads import ENGINE_WORKERS_ENV
 
     env = {ENGINE_WORKERS_ENV: "2", NATIVE_KERNELS_ENV: "1", "ABSTAIN_GUARD_PARTICIPATION": "0.9"}
     assert GuardConfig.from_env(env).participation == 0.9

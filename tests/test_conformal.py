@@ -11,9 +11,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from abstain_guard import conformal
 from abstain_guard.errors import InsufficientDataError, InvalidInputError
-from abstain_guard.risk_control import RISK_METHODS
+from abstain_guard.guarantee import conformal
+from abstain_guard.guarantee.risk_control import RISK_METHODS
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
 alphas = st.floats(min_value=0.001, max_value=0.999)

@@ -12,8 +12,8 @@ import warnings
 import numpy as np
 import pytest
 
-from abstain_guard import conformal
-from abstain_guard.risk_control import DEFAULT_RISK_METHOD
+from abstain_guard.guarantee import conformal
+from abstain_guard.guarantee.risk_control import DEFAULT_RISK_METHOD
 
 REPS = 1000
 

@@ -14,22 +14,25 @@ from pathlib import Path
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
-from abstain_guard.calibration.building.answers import deployment_record
-from abstain_guard.calibration.building.calibration_config import CalibrationConfig
-from abstain_guard.calibration.building.conversations import conversation_units, parse_history
-from abstain_guard.calibration.building.dataset_files import load_dataset
-from abstain_guard.calibration.building.datasets import QAItem, split_items
-from abstain_guard.calibration.building.items import load_items, question_key
-from abstain_guard.calibration.building.probe import builtin_probe_set
-from abstain_guard.calibration.building.store import content_key
-from abstain_guard.deployment import (
+from abstain_guard.calibration.building.answering.answers import deployment_record
+from abstain_guard.calibration.building.questions.conversations import (
+    conversation_units,
+    parse_history,
+)
+from abstain_guard.calibration.building.questions.dataset_files import load_dataset
+from abstain_guard.calibration.building.questions.datasets import QAItem, split_items
+from abstain_guard.calibration.building.questions.items import load_items, question_key
+from abstain_guard.calibration.building.questions.probe import builtin_probe_set
+from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
+from abstain_guard.calibration.building.run.store import content_key
+from abstain_guard.contract.deployment import (
     DeploymentRecord,
     PromptRecord,
     generation_mismatches,
     sha256_text,
 )
+from abstain_guard.contract.prompts import build_messages, messages_to_json, question_prompt
 from abstain_guard.errors import DatasetError, InvalidInputError
-from abstain_guard.prompts import build_messages, messages_to_json, question_prompt
 
 TURNS = [
     {"role": "user", "content": "Tell me about Peru."},
@@ -332,8 +335,8 @@ def test_the_record_says_whether_calibration_had_conversations() -> None:
 
 def test_the_generation_record_counts_earlier_messages() -> None:
     pytest.importorskip("torch")
-    from abstain_guard.adapters.encoding import chat_dicts
-    from abstain_guard.adapters.generation import generation_record
+    from abstain_guard.adapters.engine.encoding import chat_dicts
+    from abstain_guard.adapters.engine.generation import generation_record
 
     opts = {"max_new_tokens": 24, "temperature": 0.0, "top_p": 1.0, "top_k": None, "stop": []}
     call = AIMessage(content="", tool_calls=[{"name": "f", "args": {}, "id": "1"}])

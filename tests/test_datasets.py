@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from abstain_guard.calibration.building.dataset_files import load_dataset
-from abstain_guard.calibration.building.datasets import QAItem, split_items
-from abstain_guard.calibration.building.named_datasets import load_named_dataset
+from abstain_guard.calibration.building.questions.dataset_files import load_dataset
+from abstain_guard.calibration.building.questions.datasets import QAItem, split_items
+from abstain_guard.calibration.building.questions.named_datasets import load_named_dataset
 from abstain_guard.errors import DatasetError, InvalidInputError
 
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 from tiny_models import tiny_chat_model
 
-from abstain_guard.adapters.threads import (
+from abstain_guard.adapters.engine.threads import (
     ENGINE_WORKERS_ENV,
     MIN_DECODE_ROWS,
     DecodePath,
@@ -28,7 +28,7 @@ from abstain_guard.adapters.threads import (
     engine_workers,
     process_cpus,
 )
-from abstain_guard.deployment import decode_path_problem
+from abstain_guard.contract.deployment import decode_path_problem
 
 QUESTION = "What is the capital of Peru?"
 

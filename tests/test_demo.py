@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from abstain_guard import GuardArtifact, GuardConfig, default_artifact_path
 from abstain_guard.calibration.measure.demo import RISK_TARGET, risk_config, summary_table
-from abstain_guard.frontier import smallest_certifiable_risk
-from abstain_guard.selection import per_candidate_delta
+from abstain_guard.guarantee.frontier import smallest_certifiable_risk
+from abstain_guard.guarantee.selection import per_candidate_delta
 
 
 def test_demo_leads_with_the_risk_target_the_shipped_guard_certifies():

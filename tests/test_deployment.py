@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from abstain_guard import GuardArtifact, GuardConfig, PerplexityScorer
-from abstain_guard.deployment import (
+from abstain_guard.contract.deployment import (
     DeploymentRecord,
     PromptRecord,
     generation_mismatches,

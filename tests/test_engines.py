@@ -16,11 +16,11 @@ import torch
 from tiny_models import CONCURRENT_PROMPTS, assert_same_answer, tiny_chat_model
 
 from abstain_guard.adapters import GeometryChatModel
-from abstain_guard.adapters.attention import attention_implementation
-from abstain_guard.adapters.hook_routes import install_routes, is_routed, routed
-from abstain_guard.adapters.loading import ModelLock
-from abstain_guard.adapters.scheduler import GenerationScheduler
-from abstain_guard.adapters.threads import ENGINE_WORKERS_ENV
+from abstain_guard.adapters.capture.attention import attention_implementation
+from abstain_guard.adapters.capture.hook_routes import install_routes, is_routed, routed
+from abstain_guard.adapters.engine.scheduler import GenerationScheduler
+from abstain_guard.adapters.engine.threads import ENGINE_WORKERS_ENV
+from abstain_guard.adapters.model.loading import ModelLock
 
 PROMPTS = [*CONCURRENT_PROMPTS, "Seven", "The eighth prompt is here."]
 

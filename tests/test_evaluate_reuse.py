@@ -24,15 +24,15 @@ import pytest
 from test_calibration_capture import CountingChatModel, _counting, _geo_config
 from test_pipeline_resume import ITEMS, HashJudge, _judges
 
-from abstain_guard import cli
 from abstain_guard.artifact import GuardArtifact
 from abstain_guard.calibration.building.judges.cache import CachedJudge, JudgmentCache
 from abstain_guard.calibration.building.pipeline import calibrate
-from abstain_guard.calibration.building.run_lock import RunLock, lock_path
-from abstain_guard.calibration.building.store import LayeredStore, RunStore, lock_holder
+from abstain_guard.calibration.building.run.lock import RunLock, lock_path
+from abstain_guard.calibration.building.run.store import LayeredStore, RunStore, lock_holder
 from abstain_guard.calibration.measure import held_out
 from abstain_guard.calibration.measure.cache_reuse import evaluate_cache
 from abstain_guard.calibration.measure.held_out import evaluate
+from abstain_guard.cli import commands as cli
 from abstain_guard.errors import CacheError
 
 

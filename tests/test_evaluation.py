@@ -8,7 +8,6 @@ import warnings
 import numpy as np
 import pytest
 
-from abstain_guard import conformal
 from abstain_guard.calibration.measure.hypotheses import hypothesis_checks, validate_importance
 from abstain_guard.calibration.measure.metrics import auroc_interval, bootstrap_intervals
 from abstain_guard.calibration.measure.ranking import scorer_table
@@ -25,6 +24,7 @@ from abstain_guard.calibration.measure.simulation import (
     resplit_simulation,
 )
 from abstain_guard.errors import InsufficientDataError, InvalidInputError
+from abstain_guard.guarantee import conformal
 
 
 def _synthetic(n: int, seed: int, shift: float = 1.0) -> tuple[np.ndarray, np.ndarray]:

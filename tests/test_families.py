@@ -20,10 +20,10 @@ from test_adapters_exactness import PROMPT, reference_features, slow_reference
 from test_scheduler import PROMPTS, _run_threads
 from tiny_models import FAMILIES, assert_same_answer, char_tokenizer, tiny_chat_model, tiny_hf_model
 
-import abstain_guard.adapters.architectures as arch
-import abstain_guard.adapters.capture as capture_module
+import abstain_guard.adapters.capture.architectures as arch
+import abstain_guard.adapters.capture.session as capture_module
 from abstain_guard.adapters import GeometryChatModel
-from abstain_guard.adapters.architectures import (
+from abstain_guard.adapters.capture.architectures import (
     SUPPORTED_ARCHITECTURES,
     LayerSpec,
     build_spec,
@@ -41,8 +41,9 @@ def test_readme_lists_exactly_the_registry() -> None:
     )
     assert block is not None, "README.md lost its supported-models markers"
     assert block.group(1).strip() == supported_models_markdown(), (
-        "README.md's supported models differ from SUPPORTED_ARCHITECTURES: paste the output "
-        "of abstain_guard.adapters.architectures.supported_models_markdown() between the markers"
+        "README.md's supported models differ from SUPPORTED_ARCHITECTURES: paste the output of "
+        "abstain_guard.adapters.capture.architectures.supported_models_markdown() between the "
+        "markers"
     )
 
 

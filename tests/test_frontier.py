@@ -9,10 +9,11 @@ import warnings
 import numpy as np
 import pytest
 
-from abstain_guard import GuardArtifact, GuardConfig, conformal
-from abstain_guard.decision import decision_rule
+from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.errors import ConfigError, UncertifiableTargetError
-from abstain_guard.frontier import (
+from abstain_guard.guarantee import conformal
+from abstain_guard.guarantee.decision import decision_rule
+from abstain_guard.guarantee.frontier import (
     certifiable_frontier,
     perfect_scorer_certifies,
     smallest_certifiable_risk,

@@ -29,9 +29,9 @@ from abstain_guard.adapters import ReferenceMeans, ReplayResult
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.measure import metrics
 from abstain_guard.calibration.measure.permutation_importance import permutation_importance
-from abstain_guard.chains import load_guard_chain
+from abstain_guard.contract.metadata import ResponseMetadata
 from abstain_guard.errors import CaptureModeError, ScoringError
-from abstain_guard.metadata import ResponseMetadata
+from abstain_guard.guard.chains import load_guard_chain
 from abstain_guard.scorers import (
     ScorerState,
     family_slices,

@@ -12,7 +12,7 @@ import pytest
 from sklearn.covariance import OAS, LedoitWolf
 
 from abstain_guard.adapters import ReferenceMeans, ReplayResult, TokenStates
-from abstain_guard.adapters.geometry import phi_from_states
+from abstain_guard.adapters.capture.geometry import phi_from_states
 from abstain_guard.calibration.measure import metrics
 from abstain_guard.calibration.measure.permutation_importance import permutation_importance
 from abstain_guard.errors import (

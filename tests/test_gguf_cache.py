@@ -1,4 +1,4 @@
-"""The converted copy of a GGUF checkpoint (adapters/gguf_cache.py) is the same model: the
+"""The converted copy of a GGUF checkpoint (adapters/model/gguf_cache.py) is the same model: the
 same weights bit for bit, config, tokenizer, chat template, generation config and
 fingerprint, named as the original folder; a copy that disagrees is not used; ``off``
 turns the cache off."""
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from abstain_guard.adapters import gguf_cache
-from abstain_guard.adapters.loading import (
+from abstain_guard.adapters.model import gguf_cache
+from abstain_guard.adapters.model.loading import (
     DEFAULT_GGUF,
     _load_converted,
     default_model_path,

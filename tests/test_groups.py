@@ -19,7 +19,6 @@ from langchain_core.messages import AIMessage
 from langchain_core.prompts import ChatPromptTemplate
 
 from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig, PerplexityScorer
-from abstain_guard.conformal import participation_threshold, risk_threshold
 from abstain_guard.errors import (
     ArtifactMismatchError,
     ConfigError,
@@ -28,7 +27,8 @@ from abstain_guard.errors import (
     InvalidInputError,
     UncertifiableTargetError,
 )
-from abstain_guard.groups import check_groups, group_rates, group_rules, resolve_group
+from abstain_guard.guarantee.conformal import participation_threshold, risk_threshold
+from abstain_guard.guarantee.groups import check_groups, group_rates, group_rules, resolve_group
 
 
 def _data(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -441,8 +441,8 @@ def test_serve_takes_the_group_from_the_request_metadata() -> None:
 def _chain_and_guard(art: GuardArtifact, config: GuardConfig) -> tuple[object, ...]:
     from _serve_fakes import ToolScriptModel
 
-    from abstain_guard.chains import load_guard_chain
-    from abstain_guard.deployment import DeploymentRecord
+    from abstain_guard.contract.deployment import DeploymentRecord
+    from abstain_guard.guard.chains import load_guard_chain
 
     chain, guard, loaded = load_guard_chain(art, config, model=ToolScriptModel())
     record = DeploymentRecord.from_metadata(loaded.metadata)

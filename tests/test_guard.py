@@ -22,10 +22,10 @@ from langchain_core.tracers.base import BaseTracer
 from langchain_core.tracers.schemas import Run
 
 from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig, PerplexityScorer
+from abstain_guard.contract.metadata import ResponseLike
+from abstain_guard.contract.runnables import map_chat_models
 from abstain_guard.errors import ArtifactMismatchError, GuardError, ScoringError
-from abstain_guard.metadata import ResponseLike
 from abstain_guard.monitor import GuardMonitor
-from abstain_guard.runnables import map_chat_models
 from abstain_guard.scorers import Scorer, ScorerState, register_scorer
 
 KEYS = {"abstained", "score", "threshold", "scorer", "mode", "target", "guarantee"}

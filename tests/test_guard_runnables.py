@@ -1,4 +1,4 @@
-"""abstain_guard.runnables: find and replace chat models inside runnable trees."""
+"""abstain_guard.contract.runnables: find and replace chat models inside runnable trees."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnableBranch, RunnableLambda, RunnableParallel
 
-from abstain_guard.runnables import find_chat_models, map_chat_models
+from abstain_guard.contract.runnables import find_chat_models, map_chat_models
 
 
 def _m(name: str) -> ScriptedChatModel:

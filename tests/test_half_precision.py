@@ -13,16 +13,16 @@ from test_adapters_exactness import PROMPT, reference_features, slow_reference
 from tiny_models import FAMILIES, tiny_chat_model
 
 from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig, PerplexityScorer
-from abstain_guard.adapters.kernels import kernel_facts
-from abstain_guard.calibration.building.answers import numerics_key
-from abstain_guard.deployment import (
+from abstain_guard.adapters.engine.kernels import kernel_facts
+from abstain_guard.calibration.building.answering.answers import numerics_key
+from abstain_guard.contract.deployment import (
     DeploymentRecord,
     PromptRecord,
     dtype_mismatches,
     generation_mismatches,
 )
+from abstain_guard.contract.kernels import bit_deciding
 from abstain_guard.errors import ArtifactMismatchError
-from abstain_guard.kernels import bit_deciding
 
 RECORD = DeploymentRecord(decoding={"temperature": 0.0, "dtype": "bfloat16", "device_type": "cpu"})
 

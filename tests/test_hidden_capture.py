@@ -10,7 +10,7 @@ import pytest
 from langchain_core.messages import HumanMessage
 from tiny_models import tiny_chat_model
 
-from abstain_guard.metadata import ResponseMetadata, hidden_summary, probe_layers
+from abstain_guard.contract.metadata import ResponseMetadata, hidden_summary, probe_layers
 
 PROMPT = "Tell me the capital of Portugal, please."
 

@@ -14,7 +14,7 @@ import torch
 from langchain_core.messages import AIMessage
 
 from abstain_guard import GuardArtifact, GuardConfig, PerplexityScorer
-from abstain_guard.adapters.kernel_env import (
+from abstain_guard.adapters.engine.kernel_env import (
     FOREIGN_KERNEL_ENV,
     FOREIGN_KERNELS_ENV,
     NATIVE_KERNELS_ENV,
@@ -23,18 +23,18 @@ from abstain_guard.adapters.kernel_env import (
     pinned_kernel_env,
     requested_kernel_env,
 )
-from abstain_guard.adapters.kernels import kernel_facts, mkl_branch
+from abstain_guard.adapters.engine.kernels import kernel_facts, mkl_branch
 from abstain_guard.calibration.measure.deployment_check import kernel_summary
-from abstain_guard.deployment import DeploymentRecord, PromptRecord, sha256_text
-from abstain_guard.errors import KernelMismatchWarning
-from abstain_guard.kernels import (
+from abstain_guard.contract.deployment import DeploymentRecord, PromptRecord, sha256_text
+from abstain_guard.contract.kernels import (
     STATED_TOLERANCE,
     bit_deciding,
     kernel_differences,
     kernel_note,
     near_threshold,
 )
-from abstain_guard.policy import AbstentionPolicy
+from abstain_guard.errors import KernelMismatchWarning
+from abstain_guard.guard.policy import AbstentionPolicy
 
 HERE = {
     "torch": "2.13.0+cpu",
@@ -89,7 +89,7 @@ def test_a_started_process_gets_the_kernels_this_one_records(
     """What Ray replicas, Ray Serve replicas and the monitor actor are started with: the
     kernel variables as set here and the library's mode flags, so a child computes on the
     kernels its parent records."""
-    from abstain_guard.calibration.building.executors import replica_env
+    from abstain_guard.calibration.building.answering.executors import replica_env
 
     monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
     monkeypatch.setenv(FOREIGN_KERNELS_ENV, "1")
@@ -106,7 +106,7 @@ def test_a_child_started_with_the_pinned_environment_computes_on_the_recorded_ke
     started with other settings computes on other kernels:
     ``test_a_setting_the_user_exported_wins_and_is_recorded``)."""
     code = (
-        "from abstain_guard.adapters.kernels import kernel_facts;"
+        "from abstain_guard.adapters.engine.kernels import kernel_facts;"
         "import torch; torch.ones(3).exp().sum();"
         "f = kernel_facts('cpu'); print(f['aten_capability'], f['mkl_branch'])"
     )
@@ -244,7 +244,7 @@ def test_a_setting_the_user_exported_wins_and_is_recorded() -> None:
     """The library only fills in unset variables: a user who forces other kernels gets them,
     and the record (read back from ATen, not from the setting) says which ran."""
     code = (
-        "from abstain_guard.adapters.kernels import kernel_facts;"
+        "from abstain_guard.adapters.engine.kernels import kernel_facts;"
         "import torch; torch.ones(3).exp().sum();"
         "f = kernel_facts('cpu'); print(f['aten_capability'], f['env']['ATEN_CPU_CAPABILITY'])"
     )

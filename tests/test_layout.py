@@ -1,8 +1,15 @@
-"""The repository's layout survives the tools people put around it.
+"""The repository's layout survives the tools people put around it, and the package reads
+by concept from its folder names (issue 49).
 
 A folder named like build output (``build/``, ``dist/``, ...) is dropped by the standard
 Python ``.gitignore`` (an unanchored ``build/`` pattern), by packaging tools and by code-map
 tools; a package of ours under such a name would vanish from a fork without an error.
+
+Layout by concept (``docs/architecture.md``): :data:`MAY_IMPORT` says which subpackage may
+import which; every import follows it (module level and inside functions), no module imports
+one that imports it back (directly or through others), no package but ``scorers/`` (one file
+a method) holds more than :data:`MAX_MODULES` modules and no module is longer than
+:data:`MAX_LINES` lines. Each package's docstring states its row of the table.
 
 Layout by when code runs (DESIGN.md): the live scoring path — the guard, the middleware, the
 scorers in ``abstain_guard/scorers/`` — imports nothing under ``calibration/`` (offline
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -67,64 +75,6 @@ def test_every_code_folder_is_an_installed_package():
     )
 
 
-def _top_level_imports(body: list[ast.stmt]) -> list[ast.stmt]:
-    """Import statements at module level, including those under ``if`` (``TYPE_CHECKING``
-    imports count: a type-only circle is still a circle for readers and type checkers)."""
-    found: list[ast.stmt] = []
-    for node in body:
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            found.append(node)
-        elif isinstance(node, ast.If):
-            found.extend(_top_level_imports(node.body) + _top_level_imports(node.orelse))
-    return found
-
-
-def _imports_of(path: Path, package: str) -> set[str]:
-    """Modules of ``package`` that ``path`` imports at module level (lazy imports inside
-    functions are not counted)."""
-    tree = ast.parse(path.read_text())
-    names: set[str] = set()
-    for node in _top_level_imports(tree.body):
-        if isinstance(node, ast.ImportFrom):
-            if node.level == 1 and node.module:
-                names.add(node.module.split(".")[0])
-            elif node.level == 1:
-                names.update(alias.name for alias in node.names)
-            elif node.module and node.module.startswith(package + "."):
-                names.add(node.module[len(package) + 1 :].split(".")[0])
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.startswith(package + "."):
-                    names.add(alias.name[len(package) + 1 :].split(".")[0])
-    return names
-
-
-def test_adapters_have_no_import_cycle():
-    """Imports inside ``adapters/`` run one way: no module imports one that imports it back
-    (directly or through others) at module level."""
-    folder = ROOT / "adapters"
-    modules = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
-    graph = {
-        m: _imports_of(folder / f"{m}.py", "abstain_guard.adapters") & modules for m in modules
-    }
-    cycles: list[list[str]] = []
-
-    def visit(node: str, stack: list[str], done: set[str]) -> None:
-        if node in stack:
-            cycles.append([*stack[stack.index(node) :], node])
-            return
-        if node in done:
-            return
-        for nxt in sorted(graph[node]):
-            visit(nxt, [*stack, node], done)
-        done.add(node)
-
-    done: set[str] = set()
-    for m in sorted(modules):
-        visit(m, [], done)
-    assert cycles == [], f"import cycles in adapters/: {cycles}"
-
-
 # --- the live scoring path (issue 35) ------------------------------------------------------
 
 PACKAGE_FOLDERS = {
@@ -133,7 +83,11 @@ PACKAGE_FOLDERS = {
     "abstain_guard": ROOT / "abstain_guard",
 }
 SCORERS = ROOT / "abstain_guard" / "scorers"
-LIVE_ENTRY_POINTS = ("abstain_guard.guard", "abstain_guard.middleware", "abstain_guard.policy")
+LIVE_ENTRY_POINTS = (
+    "abstain_guard.guard.runnable",
+    "abstain_guard.guard.middleware",
+    "abstain_guard.guard.policy",
+)
 """Where a question enters the guard: the runnable, the agent middleware, their policy."""
 HEAVY = ("torch", "transformers", "xgboost")
 
@@ -303,3 +257,374 @@ def test_no_private_name_is_imported_across_modules():
     assert found >= PRIVATE_IMPORTS_PENDING, (
         f"fixed, remove from PRIVATE_IMPORTS_PENDING: {PRIVATE_IMPORTS_PENDING - found}"
     )
+
+
+# --- which subpackage may import which (issue 49) --------------------------------------------
+
+_G = "abstain_guard"
+_A = "abstain_guard.adapters"
+_B = "abstain_guard.calibration.building"
+MAY_IMPORT: dict[str, set[str]] = {
+    # the top level's own modules, at the bottom (``abstain_guard`` itself is the top)
+    f"{_G}.errors": set(),
+    f"{_G}._version": set(),
+    f"{_G}.lazy": set(),
+    f"{_G}.deprecated_paths": set(),
+    f"{_G}.config": {f"{_G}.errors"},
+    f"{_G}.default": {f"{_G}.errors"},
+    # the guarantee: scores and labels in, rules and certificates out
+    f"{_G}.guarantee": {f"{_G}.config", f"{_G}.errors"},
+    # what calibration and deployment agree on; what a chat model and the guard exchange
+    f"{_G}.contract": {f"{_G}.guarantee", f"{_G}.deprecated_paths", f"{_G}.errors"},
+    # the local engine (abstain_guard.adapters), from capture up to the chat model
+    f"{_A}.capture": {f"{_G}.contract", f"{_G}.errors"},
+    f"{_A}.tools": {f"{_G}.contract", f"{_G}.errors"},
+    f"{_A}.model": {f"{_A}.capture", f"{_G}.errors"},
+    f"{_A}.engine": {
+        f"{_A}.capture",
+        f"{_A}.model",
+        f"{_A}.tools",
+        f"{_G}.contract",
+        f"{_G}.errors",
+    },
+    f"{_A}.chat": {
+        *(f"{_A}.{sub}" for sub in ("capture", "engine", "model", "tools")),
+        f"{_G}.contract",
+        f"{_G}.errors",
+    },
+    _A: {f"{_A}.{sub}" for sub in ("capture", "chat", "engine", "model", "tools")},
+    f"{_G}.scorers": {_A, f"{_G}.contract", f"{_G}.errors", f"{_G}.lazy"},
+    f"{_G}.backends": {f"{_G}.scorers", _A, f"{_G}.contract", f"{_G}.errors"},
+    f"{_G}.artifact": {
+        f"{_G}.scorers",
+        f"{_G}.guarantee",
+        f"{_G}.config",
+        f"{_G}.errors",
+        f"{_G}._version",
+    },
+    f"{_G}.monitor": {f"{_G}.artifact", f"{_G}.guarantee", f"{_G}.config", f"{_G}.errors"},
+    # the LangChain face
+    f"{_G}.guard": {
+        f"{_G}.monitor",
+        f"{_G}.artifact",
+        f"{_G}.backends",
+        _A,
+        f"{_G}.contract",
+        f"{_G}.guarantee",
+        f"{_G}.config",
+        f"{_G}.errors",
+    },
+    f"{_G}.serve": {
+        f"{_G}.guard",
+        f"{_G}.monitor",
+        f"{_G}.artifact",
+        f"{_G}.backends",
+        _A,
+        f"{_G}.contract",
+        f"{_G}.guarantee",
+        f"{_G}.config",
+        f"{_G}.errors",
+    },
+    # offline: building (run < questions < judges < answering < the pipeline), then measuring
+    f"{_B}.run": {
+        f"{_G}.backends",
+        f"{_G}.scorers",
+        f"{_G}.contract",
+        f"{_G}.config",
+        f"{_G}.errors",
+    },
+    f"{_B}.questions": {f"{_B}.run", f"{_G}.contract", f"{_G}.guarantee", f"{_G}.errors"},
+    f"{_B}.judges": {
+        f"{_B}.questions",
+        f"{_B}.run",
+        f"{_A}.tools",
+        f"{_G}.scorers",
+        f"{_G}.errors",
+    },
+    f"{_B}.answering": {
+        f"{_B}.judges",
+        f"{_B}.questions",
+        f"{_B}.run",
+        f"{_G}.guard",
+        _A,
+        f"{_G}.scorers",
+        f"{_G}.contract",
+        f"{_G}.errors",
+    },
+    _B: {
+        *(f"{_B}.{sub}" for sub in ("answering", "judges", "questions", "run")),
+        f"{_G}.monitor",
+        f"{_G}.artifact",
+        f"{_G}.backends",
+        f"{_G}.scorers",
+        _A,
+        f"{_G}.contract",
+        f"{_G}.guarantee",
+        f"{_G}.errors",
+    },
+    f"{_G}.calibration.measure": {
+        _B,
+        f"{_G}.guard",
+        f"{_G}.monitor",
+        f"{_G}.artifact",
+        f"{_G}.scorers",
+        f"{_G}.contract",
+        f"{_G}.guarantee",
+        f"{_G}.config",
+        f"{_G}.errors",
+        f"{_G}.lazy",
+    },
+    f"{_G}.calibration": {
+        _B,
+        f"{_G}.calibration.measure",
+        f"{_G}.deprecated_paths",
+        f"{_G}.lazy",
+    },
+    # the entry points on top
+    f"{_G}.cli": {
+        f"{_G}.serve",
+        f"{_G}.calibration",
+        f"{_G}.guard",
+        f"{_G}.artifact",
+        f"{_G}.backends",
+        f"{_G}.scorers",
+        f"{_G}.config",
+        f"{_G}.default",
+        f"{_G}.errors",
+    },
+    _G: {
+        f"{_G}.guard",
+        f"{_G}.monitor",
+        f"{_G}.artifact",
+        f"{_G}.scorers",
+        f"{_G}.contract",
+        f"{_G}.guarantee",
+        f"{_G}.config",
+        f"{_G}.default",
+        f"{_G}.deprecated_paths",
+        f"{_G}.errors",
+        f"{_G}._version",
+    },
+}
+"""Unit → the units it may import. A unit is a package (with everything under it that is not
+a unit of its own) or one of the top level's modules; an allowed unit covers the units under
+it (``abstain_guard.adapters`` covers ``abstain_guard.adapters.engine``). Nothing may import
+``abstain_guard`` itself (the top). Every import counts as an arrow: at module level, inside a
+function (a lazy import is a dependency too), and under ``if TYPE_CHECKING:`` (a type-only
+arrow still ties the two packages together for readers and type checkers)."""
+
+MAX_MODULES = 18
+"""Modules a package may hold (``__init__`` aside); ``scorers/`` is exempt (one file a method)."""
+MAX_LINES = 600
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the installed package: dotted name → source file."""
+    found: dict[str, Path] = {}
+    for package, folder in PACKAGE_FOLDERS.items():
+        for path in folder.rglob("*.py"):
+            if "__pycache__" in path.parts:
+                continue
+            parts = path.relative_to(folder).with_suffix("").parts
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            found[".".join([package, *parts])] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imported(module: str, path: Path) -> set[str]:
+    """The modules of the package that ``module`` imports anywhere in its file (module level,
+    functions, ``TYPE_CHECKING``). ``from pkg import name`` is an arrow to ``pkg.name`` when
+    that is a module, else to ``pkg`` (its ``__init__``)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1])
+                source = f"{base}.{node.module}" if node.module else base
+            else:
+                source = node.module or ""
+            submodules = {f"{source}.{alias.name}" for alias in node.names} & MODULES.keys()
+            found |= submodules
+            if len(submodules) < len(node.names):
+                found.add(source)
+    return {m for m in found if m in MODULES and m != module}
+
+
+IMPORTS = {module: _imported(module, path) for module, path in MODULES.items()}
+
+
+def _unit(module: str) -> str | None:
+    """The row of :data:`MAY_IMPORT` that ``module`` belongs to (None: no row)."""
+    if module in MAY_IMPORT:
+        return module
+    rows = [u for u in MAY_IMPORT if u != _G and module.startswith(u + ".")]
+    return max(rows, key=len) if rows else None
+
+
+def _covers(allowed: str, unit: str) -> bool:
+    return unit == allowed or unit.startswith(allowed + ".")
+
+
+def _may_import(source: str, target: str) -> bool:
+    return source == target or any(_covers(a, target) for a in MAY_IMPORT[source])
+
+
+def test_every_module_has_a_row_in_the_table():
+    """A new module lands in a package that has a row, or the table gets one."""
+    homeless = sorted(m for m in MODULES if _unit(m) is None)
+    assert homeless == [], f"modules without a row in MAY_IMPORT: {homeless}"
+    stale = sorted(u for u in MAY_IMPORT if u not in MODULES)
+    assert stale == [], f"rows of MAY_IMPORT that name no module or package: {stale}"
+    unknown = sorted({a for allowed in MAY_IMPORT.values() for a in allowed} - MAY_IMPORT.keys())
+    assert unknown == [], f"MAY_IMPORT allows units that have no row: {unknown}"
+
+
+def test_the_table_points_down():
+    """The rule itself has no circle: following the allowed arrows never comes back, so every
+    arrow the package may have points down a layer."""
+    assert all(_G not in allowed for allowed in MAY_IMPORT.values()), "nothing imports the top"
+    edges = {
+        unit: {other for other in MAY_IMPORT if other != unit and _may_import(unit, other)}
+        for unit in MAY_IMPORT
+    }
+    cycles = _cycles(edges)
+    assert cycles == [], f"MAY_IMPORT allows circles: {cycles}"
+
+
+def test_every_import_follows_the_table():
+    """Every arrow between two units of the package is one :data:`MAY_IMPORT` allows."""
+    climbing = sorted(
+        f"{module} -> {target}"
+        for module, targets in IMPORTS.items()
+        for target in targets
+        if not _may_import(_unit(module) or module, _unit(target) or target)
+    )
+    assert climbing == [], (
+        "imports that MAY_IMPORT does not allow (move the code, or change the table and the "
+        f"package docstrings with it): {climbing}"
+    )
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle per strongly connected part of ``graph`` with more than one node (or a
+    node that imports itself), each as a closed path."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            part = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                part.append(member)
+                if member == node:
+                    break
+            if len(part) > 1 or node in graph.get(node, ()):
+                found.append(sorted(part))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circle_anywhere():
+    """No module of ``abstain_guard``, ``adapters/`` or ``calibration/`` imports one that
+    imports it back, directly or through others — counting imports inside functions and under
+    ``TYPE_CHECKING`` (see :data:`MAY_IMPORT`)."""
+    assert _cycles(IMPORTS) == [], f"import circles (each a set of modules): {_cycles(IMPORTS)}"
+
+
+def _package_folders() -> list[Path]:
+    return sorted(
+        {p.parent for folder in PACKAGE_FOLDERS.values() for p in folder.rglob("__init__.py")}
+    )
+
+
+def test_no_package_holds_more_than_max_modules():
+    counts = {
+        str(folder.relative_to(ROOT)): len([p for p in folder.glob("*.py") if p.stem != "__init__"])
+        for folder in _package_folders()
+        if folder != SCORERS
+    }
+    crowded = {folder: n for folder, n in counts.items() if n > MAX_MODULES}
+    assert crowded == {}, f"packages with more than {MAX_MODULES} modules: {crowded}"
+
+
+def test_no_module_is_longer_than_max_lines():
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in MODULES.values()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}, f"modules longer than {MAX_LINES} lines: {long}"
+
+
+_MAY_IMPORT_LINE = re.compile(r"^May import:(.*?)(?:\n\s*\n|\Z)", re.S | re.M)
+
+
+@pytest.mark.parametrize("unit", sorted(u for u in MAY_IMPORT if MODULES[u].name == "__init__.py"))
+def test_each_package_docstring_states_its_row(unit: str):
+    """A package's docstring says what lives there and, in a paragraph ``May import: ...``,
+    exactly the units its row of :data:`MAY_IMPORT` allows."""
+    doc = ast.get_docstring(ast.parse(MODULES[unit].read_text())) or ""
+    match = _MAY_IMPORT_LINE.search(doc)
+    assert match, f"{unit}: the package docstring has no 'May import:' paragraph"
+    stated = set(re.findall(r"``(abstain_guard[\w.]*)``", match.group(1)))
+    assert stated == MAY_IMPORT[unit], (
+        f"{unit}: the docstring says it may import {sorted(stated)}, "
+        f"MAY_IMPORT says {sorted(MAY_IMPORT[unit])}"
+    )
+
+
+def test_no_module_imports_an_old_path():
+    """The package imports the new paths only: the old ones (``deprecated_paths``) are for
+    other people's code, for one release."""
+    from abstain_guard.deprecated_paths import MOVED_MODULES
+
+    old = {
+        f"{module}: {name}"
+        for module, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for name in (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)]
+        )
+        if name in MOVED_MODULES
+    }
+    assert old == set(), f"modules that import a deprecated path: {sorted(old)}"
+
+
+def test_importing_the_package_warns_of_nothing():
+    """``import abstain_guard`` (and the scorers, the command line) with deprecation warnings
+    as errors: no module of ours reads a moved name."""
+    code = "import abstain_guard, abstain_guard.scorers, abstain_guard.cli, abstain_guard.guard"
+    out = subprocess.run(
+        [sys.executable, "-W", "error::DeprecationWarning", "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]

@@ -11,24 +11,24 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
-from abstain_guard.calibration.building.agent_questions import (
+from abstain_guard.calibration.building.questions.agent_questions import (
     LOOKUP_RELATIONS,
     PER_RELATION,
     TOOLS,
     lookup_questions,
     tool_result,
 )
-from abstain_guard.calibration.building.calibration_config import CalibrationConfig
-from abstain_guard.calibration.building.items import items_digest, load_items
-from abstain_guard.calibration.building.judges.text import normalize_answer
-from abstain_guard.calibration.building.lookup_facts import (
+from abstain_guard.calibration.building.questions.answer_text import normalize_answer
+from abstain_guard.calibration.building.questions.items import items_digest, load_items
+from abstain_guard.calibration.building.questions.lookup_facts import (
     STATE_CAPITAL_ALIASES,
     STATE_CAPITALS,
     city_facts_text,
     country_facts_text,
     state_facts_text,
 )
-from abstain_guard.calibration.building.probe import builtin_probe_set
+from abstain_guard.calibration.building.questions.probe import builtin_probe_set
+from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
 from abstain_guard.errors import InvalidInputError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 
 from abstain_guard import AbstentionMiddleware, GuardArtifact, GuardConfig, PerplexityScorer
-from abstain_guard.deployment import DeploymentRecord, PromptRecord
+from abstain_guard.contract.deployment import DeploymentRecord, PromptRecord
 from abstain_guard.errors import ArtifactMismatchError
 
 CONFIDENT = [-0.01, -0.02]

@@ -17,7 +17,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
 from abstain_guard import AbstentionMiddleware, GuardArtifact, GuardConfig, PerplexityScorer
-from abstain_guard.deployment import AgentRecord, DeploymentRecord, PromptRecord
+from abstain_guard.contract.deployment import AgentRecord, DeploymentRecord, PromptRecord
 from abstain_guard.errors import ArtifactMismatchError, ConfigError
 from abstain_guard.monitor import GuardMonitor
 
@@ -214,7 +214,7 @@ def test_fallback_without_a_fallback_is_a_config_error() -> None:
 def test_the_trace_records_the_step_the_score_tau_and_the_action() -> None:
     from langchain_core.callbacks import BaseCallbackHandler
 
-    from abstain_guard.tracing import otel_attributes
+    from abstain_guard.guard.tracing import otel_attributes
 
     events: list[Any] = []
 

@@ -1,5 +1,5 @@
-"""GuardMonitor (abstain_guard/monitor.py): fed decisions of a real policy, it alarms on a
-shift (log warning, OpenTelemetry event, callback, state) and not on exchangeable traffic;
+"""GuardMonitor (abstain_guard/monitor/guard_monitor.py): fed decisions of a real policy, it alarms
+on a shift (log warning, OpenTelemetry event, callback, state) and not on exchangeable traffic;
 feedback is taken once per known decision; its log round-trips."""
 
 from __future__ import annotations

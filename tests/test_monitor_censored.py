@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from abstain_guard import GuardArtifact, PerplexityScorer
-from abstain_guard.drift import ConformalTestMartingale, censored_p_value
 from abstain_guard.monitor import GuardMonitor
+from abstain_guard.monitor.drift import ConformalTestMartingale, censored_p_value
 
 
 def _artifact() -> GuardArtifact:

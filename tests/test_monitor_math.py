@@ -1,4 +1,4 @@
-"""The drift monitor's sequential tests (abstain_guard.drift): against MAPIE 1.6's
+"""The drift monitor's sequential tests (abstain_guard.monitor.drift): against MAPIE 1.6's
 ``mapie.exchangeability_testing`` on the same inputs (those tests only need MAPIE), and
 against their laws under the null, in tests that can fail — the p-values are independent
 uniforms (Kolmogorov–Smirnov, chi-square on consecutive pairs) and the answered indicators
@@ -19,15 +19,15 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from abstain_guard import groups
-from abstain_guard.drift import (
+from abstain_guard.errors import InvalidInputError
+from abstain_guard.guarantee import groups
+from abstain_guard.guarantee.intervals import wilson_interval
+from abstain_guard.monitor.drift import (
     ConformalTestMartingale,
     ParticipationEProcess,
     RiskEProcess,
     smoothed_p_value,
-    wilson_interval,
 )
-from abstain_guard.errors import InvalidInputError
 
 
 @pytest.fixture(scope="module")

@@ -19,13 +19,13 @@ from tiny_models import char_tokenizer, tiny_chat_model, tiny_hf_model
 
 from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig
 from abstain_guard.adapters import GeometryChatModel
-from abstain_guard.calibration.building.calibration_config import CalibrationConfig
-from abstain_guard.calibration.building.datasets import QAItem
 from abstain_guard.calibration.building.judges import Judge, Judgment
 from abstain_guard.calibration.building.judges.cache import CachedJudge, JudgmentCache
 from abstain_guard.calibration.building.pipeline import calibrate
-from abstain_guard.chains import load_guard_chain
+from abstain_guard.calibration.building.questions.datasets import QAItem
+from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
 from abstain_guard.errors import ArtifactMismatchError
+from abstain_guard.guard.chains import load_guard_chain
 
 
 class HashJudge(Judge):

@@ -10,18 +10,18 @@ from pathlib import Path
 import pytest
 
 from abstain_guard.calibration.building import pipeline
-from abstain_guard.calibration.building.calibration_config import CalibrationConfig
-from abstain_guard.calibration.building.datasets import QAItem
-from abstain_guard.calibration.building.items import (
+from abstain_guard.calibration.building.pipeline import calibrate
+from abstain_guard.calibration.building.questions.datasets import QAItem
+from abstain_guard.calibration.building.questions.items import (
     check_split_sizes,
     load_items,
     min_calibration_size,
 )
-from abstain_guard.calibration.building.pipeline import calibrate
-from abstain_guard.calibration.building.store import RunStore, content_key
+from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
+from abstain_guard.calibration.building.run.store import RunStore, content_key
 from abstain_guard.cli import main
-from abstain_guard.conformal import ConformalWarning
 from abstain_guard.errors import ConfigError, DatasetError, InsufficientDataError, JudgeError
+from abstain_guard.guarantee.conformal import ConformalWarning
 
 
 @pytest.fixture(autouse=True)
@@ -158,7 +158,7 @@ def test_named_public_sets_drop_broken_golds_and_count_them(tmp_path: Path) -> N
 
 
 def test_builtin_v1_is_the_first_release_of_the_probe_set() -> None:
-    from abstain_guard.calibration.building.items import BUILTIN_V1
+    from abstain_guard.calibration.building.questions.items import BUILTIN_V1
 
     first, _ = load_items(BUILTIN_V1, CalibrationConfig())
     current, _ = load_items("builtin", CalibrationConfig())

@@ -1,4 +1,4 @@
-"""The prefix path (:mod:`abstain_guard.adapters.prefix`): prompt passes split after the
+"""The prefix path (:mod:`abstain_guard.adapters.engine.prefix`): prompt passes split after the
 shared prefix, the prefix computed once per model.
 
 What must hold: where a prompt splits depends on the prompt alone; a prefix from the store
@@ -16,17 +16,17 @@ import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
 from tiny_models import FAMILIES, assert_same_answer, tiny_chat_model
 
-from abstain_guard.adapters import capture
-from abstain_guard.adapters.encoding import prompt_head
-from abstain_guard.adapters.prefix import (
+from abstain_guard.adapters.capture import session as capture
+from abstain_guard.adapters.engine.encoding import prompt_head
+from abstain_guard.adapters.engine.prefix import (
     PREFIX_RULE,
     PrefixStore,
     common_prefix,
     prefix_store,
     split_point,
 )
-from abstain_guard.chains import calibrated_on_prefix
-from abstain_guard.deployment import decode_path_problem
+from abstain_guard.contract.deployment import decode_path_problem
+from abstain_guard.guard.chains import calibrated_on_prefix
 
 SYSTEM = "You answer questions about geography briefly."
 MESSAGES = [SystemMessage(SYSTEM), HumanMessage("Capital of Peru?")]
@@ -106,7 +106,7 @@ def test_every_capture_strategy_is_exact_after_a_prefix(
     the budget (0), from their max-norms; both exact."""
     monkeypatch.setattr(capture, "DEFAULT_STRATEGY", strategy)
     if budget is not None:
-        monkeypatch.setattr("abstain_guard.adapters.prefix.CACHE_BUDGET_BYTES", budget)
+        monkeypatch.setattr("abstain_guard.adapters.engine.prefix.CACHE_BUDGET_BYTES", budget)
     on, off = _pair("qwen2")
     a, b = on.invoke(MESSAGES), off.invoke(MESSAGES)
     (state,) = prefix_store(on._shared)._items.values()

@@ -8,9 +8,9 @@ from collections import Counter
 
 import pytest
 
-from abstain_guard.calibration.building.datasets import QAItem, split_items
 from abstain_guard.calibration.building.judges import LexicalJudge, normalize_answer
-from abstain_guard.calibration.building.probe import (
+from abstain_guard.calibration.building.questions.datasets import QAItem, split_items
+from abstain_guard.calibration.building.questions.probe import (
     PROBE_RELATIONS,
     PROBE_RELATIONS_V1,
     PROBE_RELATIONS_V2,
@@ -191,7 +191,7 @@ def test_the_default_model_knows_the_popular_new_questions(probe, default_model)
     """The new relations are answerable and their aliases judge the model's answers: of the
     ten most popular questions of each, the model gets some right (measured: 9, 10, 3 and 4
     of 10)."""
-    from abstain_guard.prompts import build_messages
+    from abstain_guard.contract.prompts import build_messages
 
     judge = LexicalJudge()
     tops = [

@@ -17,8 +17,8 @@ from tiny_models import tiny_chat_model
 from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.measure.held_out import evaluate
-from abstain_guard.chains import load_guard_chain
-from abstain_guard.runnables import map_chat_models
+from abstain_guard.contract.runnables import map_chat_models
+from abstain_guard.guard.chains import load_guard_chain
 
 
 @pytest.fixture(scope="module")

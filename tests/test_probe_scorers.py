@@ -134,11 +134,11 @@ def test_registry_and_evaluate_accept_them() -> None:
 
 
 def test_calibrate_can_deploy_probes() -> None:
-    from abstain_guard.calibration.building.calibration_config import (
+    from abstain_guard.calibration.building.answering.online_geometry import captures_geometry
+    from abstain_guard.calibration.building.run.calibration_config import (
         FIT_SCORERS,
         CalibrationConfig,
     )
-    from abstain_guard.calibration.building.online_geometry import captures_geometry
 
     assert "probe_concat" in FIT_SCORERS and "type_floor" not in FIT_SCORERS
     assert CalibrationConfig(scorer="probe_upper").scorer == "probe_upper"

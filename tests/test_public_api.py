@@ -15,10 +15,16 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = (
     "abstain_guard",
     "abstain_guard.adapters",
+    "abstain_guard.adapters.capture",
+    "abstain_guard.adapters.tools",
+    "abstain_guard.artifact",
     "abstain_guard.calibration",
     "abstain_guard.calibration.building",
     "abstain_guard.calibration.building.judges",
     "abstain_guard.calibration.measure",
+    "abstain_guard.cli",
+    "abstain_guard.guard",
+    "abstain_guard.monitor",
     "abstain_guard.scorers",
     "abstain_guard.serve",
 )
@@ -102,6 +108,29 @@ def test_names_cited_in_docs_and_examples_resolve(document: Path) -> None:
     cited = _cited_names(document.read_text(encoding="utf-8"))
     broken = sorted({f"{m}:{n}" if n else m for m, n in cited if not _resolves(m, n)})
     assert not broken, f"{document.name} cites names that do not exist: {broken}"
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_docs_and_examples_cite_no_deprecated_path(document: Path) -> None:
+    """The documentation teaches the current paths: a module that moved
+    (``abstain_guard.deprecated_paths``) is cited by its new name."""
+    from abstain_guard.deprecated_paths import MOVED_MODULES
+
+    cited = _cited_names(document.read_text(encoding="utf-8"))
+    old = sorted(
+        {
+            module
+            for module, name in cited
+            for prefix in _prefixes(module if name is None else f"{module}.{name}")
+            if prefix in MOVED_MODULES
+        }
+    )
+    assert not old, f"{document.name} cites moved modules: {old}"
+
+
+def _prefixes(dotted: str) -> list[str]:
+    parts = dotted.split(".")
+    return [".".join(parts[:cut]) for cut in range(1, len(parts) + 1)]
 
 
 def test_the_citation_scanner_finds_both_forms() -> None:

@@ -26,7 +26,7 @@ from abstain_guard.calibration.building.recalibrate import (
 from abstain_guard.cli import main
 from abstain_guard.errors import InsufficientDataError, InvalidInputError, MonitorLogError
 from abstain_guard.monitor import GuardMonitor
-from abstain_guard.monitor_log import MonitorRecord, read_log
+from abstain_guard.monitor.log import MonitorRecord, read_log
 
 CONFIG = GuardConfig(participation=0.8)
 RISK = GuardConfig(mode="risk", risk_target=0.3, delta=0.1)
@@ -137,7 +137,7 @@ def test_recalibration_after_alarm_restores_participation(old_artifact: Path, tm
 def _band_log(path: Path, header: dict, tau: float, rng: np.random.Generator) -> None:
     """A monitor log of 100 decisions before the shift and 400 after, a random half of them
     labeled, as the guard with threshold ``tau`` logs them (the events of
-    :func:`~abstain_guard.monitor_log.write_events`, written directly: 400 logs)."""
+    :func:`~abstain_guard.monitor.log.write_events`, written directly: 400 logs)."""
     before, before_correct = _population(rng, 100, shifted=False)
     after, after_correct = _population(rng, 400, shifted=True)
     scores = np.concatenate([before, after])

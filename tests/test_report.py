@@ -25,7 +25,7 @@ from abstain_guard.calibration.measure.tables import (
 )
 from abstain_guard.cli import main
 from abstain_guard.errors import InvalidInputError
-from abstain_guard.frontier import frontier_document
+from abstain_guard.guarantee.frontier import frontier_document
 
 
 def _geometries(y: np.ndarray, rng: np.random.Generator, num_layers: int = 3) -> list[dict]:

@@ -1,4 +1,4 @@
-"""The risk-mode procedures (abstain_guard.risk_control): their label-free plans, the
+"""The risk-mode procedures (abstain_guard.guarantee.risk_control): their label-free plans, the
 selection on hand-made p-values, the hand-made case the original procedure gets wrong, and a
 small version of bench/risk_control.py's simulation on the shipped artifact's answers."""
 
@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from abstain_guard import GuardArtifact, GuardConfig, conformal, default_artifact_path
-from abstain_guard.decision import decision_rule
+from abstain_guard import GuardArtifact, GuardConfig, default_artifact_path
 from abstain_guard.errors import InvalidInputError
-from abstain_guard.risk_control import (
+from abstain_guard.guarantee import conformal
+from abstain_guard.guarantee.decision import decision_rule
+from abstain_guard.guarantee.risk_control import (
     DEFAULT_RISK_METHOD,
     RISK_METHODS,
     RiskPlan,

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from abstain_guard.calibration.building import pipeline
-from abstain_guard.calibration.building.calibration_config import CalibrationConfig
-from abstain_guard.calibration.building.datasets import QAItem
 from abstain_guard.calibration.building.judges import Judge, Judgment
 from abstain_guard.calibration.building.judges.cache import CachedJudge, JudgmentCache
 from abstain_guard.calibration.building.pipeline import calibrate
-from abstain_guard.calibration.building.store import RunLock, RunStore, run_locks
+from abstain_guard.calibration.building.questions.datasets import QAItem
+from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
+from abstain_guard.calibration.building.run.store import RunLock, RunStore, run_locks
 from abstain_guard.errors import CacheError, CalibrationError, CalibrationLockedError
 
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from abstain_guard.calibration.building.datasets import QAItem
 from abstain_guard.calibration.building.judges.base import Judgment
 from abstain_guard.calibration.building.judges.tool_calls import run_tool_label
+from abstain_guard.calibration.building.questions.datasets import QAItem
+from abstain_guard.calibration.building.questions.tool_labels import ExpectedCall
 from abstain_guard.calibration.building.run_labels import (
     call_verdicts,
     run_judgment,
     step_labels,
 )
-from abstain_guard.calibration.building.tool_labels import ExpectedCall
 
 PERU = ExpectedCall.of("country_facts", {"country": "Peru"})
 RIGHT = Judgment(True, 1.0, "matches 'Lima'")

@@ -18,8 +18,8 @@ import torch
 from tiny_models import CONCURRENT_PROMPTS, assert_same_answer, tiny_chat_model
 
 from abstain_guard.adapters import GeometryChatModel, ReferenceMeans
-from abstain_guard.adapters.scheduler import GenerationScheduler, scheduler_for
-from abstain_guard.adapters.threads import (
+from abstain_guard.adapters.engine.scheduler import GenerationScheduler, scheduler_for
+from abstain_guard.adapters.engine.threads import (
     ENGINE_WORKERS_ENV,
     MIN_DECODE_ROWS,
     blas_threads,

@@ -1,5 +1,5 @@
 """Choosing the scorer among K candidates on the calibration answers keeps δ (issue 46):
-every candidate certified at δ/K (:mod:`abstain_guard.selection`), the artifact records a
+every candidate certified at δ/K (:mod:`abstain_guard.guarantee.selection`), the artifact records a
 ``selection`` block, and a guard loaded from it certifies at δ/K — the shipped default guard
 included (``probe_mid`` chosen among 13 scorers)."""
 
@@ -13,23 +13,24 @@ from typing import Any
 import numpy as np
 import pytest
 
-from abstain_guard import GuardArtifact, GuardConfig, conformal, default_artifact_path
-from abstain_guard.calibration.building.calibration_config import CalibrationConfig
+from abstain_guard import GuardArtifact, GuardConfig, default_artifact_path
+from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
 from abstain_guard.errors import (
     ArtifactSchemaError,
     ConfigError,
     InvalidInputError,
     UncertifiableTargetError,
 )
-from abstain_guard.frontier import frontier_document, smallest_certifiable_risk
-from abstain_guard.scorers import build_scorer
-from abstain_guard.selection import (
+from abstain_guard.guarantee import conformal
+from abstain_guard.guarantee.frontier import frontier_document, smallest_certifiable_risk
+from abstain_guard.guarantee.selection import (
     ScorerSelection,
     participation_lower_bound,
     per_candidate_delta,
     record_choice,
     select_scorer,
 )
+from abstain_guard.scorers import build_scorer
 
 SHIPPED_CANDIDATES = (
     "geometry",
@@ -246,7 +247,7 @@ def test_a_selection_block_that_does_not_fit_the_artifact_is_refused(tmp_path: P
     _artifact(_recorded(plain)).save(tmp_path / "guard")
     manifest = json.loads((tmp_path / "guard" / "manifest.json").read_text())
     manifest["metadata"]["selection"]["chosen"] = "other1"
-    from abstain_guard.artifact_files import canonical_json, sha256_hex
+    from abstain_guard.artifact.files import canonical_json, sha256_hex
 
     manifest.pop("manifest_sha256")
     manifest["manifest_sha256"] = sha256_hex(canonical_json(manifest))

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from abstain_guard import GuardConfig, default_artifact_path
-from abstain_guard.monitor_log import read_log
+from abstain_guard.monitor.log import read_log
 from abstain_guard.serve.monitor_actor import DeploymentMonitor
 
 CONFIG = GuardConfig(participation=0.8).model_dump(mode="json")

@@ -19,7 +19,7 @@ from _kernel_notes import assert_only_kernel_notes
 from ray import serve
 
 from abstain_guard import GuardArtifact, GuardConfig, default_artifact_path
-from abstain_guard.monitor_log import read_log
+from abstain_guard.monitor.log import read_log
 from abstain_guard.serve.ray_serve import ReplicaServer, ReplicaSpec
 from abstain_guard.serve.runner import free_port
 

@@ -10,7 +10,7 @@ import pytest
 from _serve_fakes import ToolScriptModel, artifact
 
 from abstain_guard import GuardConfig
-from abstain_guard.cli_serve import serve_monitor
+from abstain_guard.cli.serve import serve_monitor
 from abstain_guard.serve.app import create_app, service_monitor
 from abstain_guard.serve.service import GuardService
 

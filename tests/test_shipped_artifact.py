@@ -3,7 +3,7 @@
 Loading goes through the registry and the metadata reader, scoring through the live chain
 (recorded prompt and budget): any change to loading, generation, capture or the scorer that
 moves a score shows up here as live != stored. Where this machine's bit-deciding kernel
-facts are the calibration's (:func:`abstain_guard.kernels.bit_deciding`) the scores must
+facts are the calibration's (:func:`abstain_guard.contract.kernels.bit_deciding`) the scores must
 agree to float64 rounding; on other kernels (another CPU model, another forced ATen
 capability) within the library's stated tolerance, with the guard's kernel note in every
 decision. ``make test-foreign`` runs it on ATen's scalar kernels and MKL's AVX2 branch, where
@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 from _kernel_notes import calibration_kernel_differences
 
-from abstain_guard import GuardArtifact, default_artifact_path, policy
+from abstain_guard import GuardArtifact, default_artifact_path
 from abstain_guard.calibration.measure.held_out import artifact_items
-from abstain_guard.chains import load_guard_chain
+from abstain_guard.contract.kernels import STATED_TOLERANCE
 from abstain_guard.errors import KernelMismatchWarning
-from abstain_guard.kernels import STATED_TOLERANCE
+from abstain_guard.guard import policy
+from abstain_guard.guard.chains import load_guard_chain
 
 pytestmark = pytest.mark.model
 

@@ -21,8 +21,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig, PerplexityScorer
 from abstain_guard.adapters import GeometryChatModel
-from abstain_guard.adapters.scheduler import scheduler_for
-from abstain_guard.adapters.streaming import IncrementalText, cut_at_stop
+from abstain_guard.adapters.engine.scheduler import scheduler_for
+from abstain_guard.adapters.engine.streaming import IncrementalText, cut_at_stop
 from abstain_guard.errors import ModelError
 
 QUESTION = "hello there"

@@ -10,16 +10,19 @@ from typing import Any
 
 import pytest
 
-from abstain_guard.calibration.building.dataset_files import load_dataset
-from abstain_guard.calibration.building.datasets import QAItem, split_items
-from abstain_guard.calibration.building.items import items_digest
 from abstain_guard.calibration.building.judges.tool_calls import (
     CallVerdict,
     judge_tool_calls,
     normalize_arg_string,
     run_tool_label,
 )
-from abstain_guard.calibration.building.tool_labels import ExpectedCall, parse_expected_calls
+from abstain_guard.calibration.building.questions.dataset_files import load_dataset
+from abstain_guard.calibration.building.questions.datasets import QAItem, split_items
+from abstain_guard.calibration.building.questions.items import items_digest
+from abstain_guard.calibration.building.questions.tool_labels import (
+    ExpectedCall,
+    parse_expected_calls,
+)
 from abstain_guard.errors import InvalidInputError
 
 

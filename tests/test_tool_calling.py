@@ -1,5 +1,5 @@
-"""Tool calling on GeometryChatModel: the formats of adapters/tools.py (detection, parsing,
-prefill), the rendering of tool calls and results (adapters/encoding.py), bind_tools on
+"""Tool calling on GeometryChatModel: the formats of adapters/tools/calls.py (detection, parsing,
+prefill), the rendering of tool calls and results (adapters/engine/encoding.py), bind_tools on
 tiny random models of every family with hand-written templates of each format (prompt ids,
 generation record, forced calls, replay, streaming, batch, create_agent), and a few calls
 of the real embedded model (marked ``model`` and ``slow``)."""
@@ -27,8 +27,8 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from tiny_models import FAMILIES, char_tokenizer, tiny_chat_model
 
 from abstain_guard.adapters import GeometryChatModel
-from abstain_guard.adapters.encoding import ToolRendering, chat_dicts, short_id
-from abstain_guard.adapters.streaming import reply_chunks
+from abstain_guard.adapters.engine.encoding import ToolRendering, chat_dicts, short_id
+from abstain_guard.adapters.engine.streaming import reply_chunks
 from abstain_guard.adapters.tools import (
     FORMATS,
     HERMES,
@@ -48,7 +48,7 @@ from abstain_guard.adapters.tools import (
     tool_args_error,
     tool_prefill,
 )
-from abstain_guard.deployment import sha256_text, tools_sha256
+from abstain_guard.contract.deployment import sha256_text, tools_sha256
 from abstain_guard.errors import InvalidInputError
 
 
@@ -357,7 +357,7 @@ def _recorded_choice(choice: Any) -> Any:
     """What agent calibration records as a model call's ``tool_choice``."""
     from uuid import uuid4
 
-    from abstain_guard.calibration.building.agents import OfferRecorder
+    from abstain_guard.calibration.building.answering.agents import OfferRecorder
 
     recorder = OfferRecorder()
     params = {"tools": [SCHEMA], "tool_choice": choice}
@@ -370,8 +370,8 @@ def _recorded_choice(choice: Any) -> Any:
 def test_one_reading_of_tool_choice_everywhere(choice: Any) -> None:
     """The local model (applies it), agent calibration (records it) and the server (compares
     a request's with the calibrated one) read a tool_choice the same way: one function."""
+    from abstain_guard.contract.tool_choice import tool_choice_name
     from abstain_guard.serve.conversation import requested_tool_choice
-    from abstain_guard.tool_choice import tool_choice_name
 
     applied = normalize_tool_choice(choice, NAMES)
     assert applied == tool_choice_name(choice) == _recorded_choice(choice)
@@ -937,7 +937,7 @@ def test_an_invalid_call_is_the_same_in_calibration_and_live(
     it, with one error, and the agent never runs the tool."""
     from langchain.agents import create_agent
 
-    from abstain_guard.calibration.building.agents import run_agent
+    from abstain_guard.calibration.building.answering.agents import run_agent
 
     ran: list[str] = []
 

@@ -29,7 +29,7 @@ from abstain_guard import (
     GuardConfig,
     PerplexityScorer,
 )
-from abstain_guard.tracing import EVENT_NAME, otel_attributes
+from abstain_guard.guard.tracing import EVENT_NAME, otel_attributes
 
 SCRIPT = {
     "easy": ("Paris", [-0.01]),  # perplexity 1.01: answered

@@ -1,4 +1,4 @@
-"""The shared score / label validator (abstain_guard.validation)."""
+"""The shared score / label validator (abstain_guard.guarantee.validation)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from abstain_guard.errors import InsufficientDataError, InvalidInputError
-from abstain_guard.validation import check_labels, check_scores, require_both_classes
+from abstain_guard.guarantee.validation import check_labels, check_scores, require_both_classes
 
 
 def test_scores_inf_only_where_allowed() -> None:

@@ -24,12 +24,12 @@ from abstain_guard.backends.vllm_chat import (
     VLLMChatModel,
     stop_engines,
 )
-from abstain_guard.calibration.building.calibration_config import CalibrationConfig
 from abstain_guard.calibration.building.pipeline import calibrate
+from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
 from abstain_guard.calibration.measure.deployment_check import live_check
-from abstain_guard.chains import load_guard_chain
 from abstain_guard.config import GuardConfig
 from abstain_guard.errors import ArtifactMismatchError, ConfigError
+from abstain_guard.guard.chains import load_guard_chain
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

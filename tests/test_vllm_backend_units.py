@@ -22,14 +22,15 @@ from abstain_guard.backends import (
 )
 from abstain_guard.backends.vllm_chat import VLLM_PYTHON_ENV, VLLMChatModel, engine_python
 from abstain_guard.backends.vllm_engine import read_out
-from abstain_guard.calibration.building.calibration_config import CalibrationConfig
 from abstain_guard.calibration.building.preflight import check_api_model
-from abstain_guard.chat_model_specs import ChatModelSpec, chat_model_identity
-from abstain_guard.deployment import (
+from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
+from abstain_guard.contract.chat_model_specs import ChatModelSpec, chat_model_identity
+from abstain_guard.contract.deployment import (
     DeploymentRecord,
     api_response_mismatches,
     backend_mismatches,
 )
+from abstain_guard.contract.metadata import ResponseMetadata, hidden_summary
 from abstain_guard.errors import (
     BackendCapabilityError,
     BackendError,
@@ -37,7 +38,6 @@ from abstain_guard.errors import (
     InvalidInputError,
     ScoringError,
 )
-from abstain_guard.metadata import ResponseMetadata, hidden_summary
 from abstain_guard.scorers import ScorerState, build_scorer
 from abstain_guard.scorers._registry import scorer_from_state
 
@@ -317,8 +317,8 @@ def test_a_decision_on_a_batch_variant_engine_states_the_bound() -> None:
     from langchain_core.messages import AIMessage
 
     from abstain_guard import GuardArtifact, GuardConfig, PerplexityScorer
-    from abstain_guard.deployment import DeploymentRecord
-    from abstain_guard.policy import AbstentionPolicy
+    from abstain_guard.contract.deployment import DeploymentRecord
+    from abstain_guard.guard.policy import AbstentionPolicy
 
     record = DeploymentRecord(decoding={"temperature": 0.0, "live_bound": 1e-4})
     art = GuardArtifact.from_calibration(

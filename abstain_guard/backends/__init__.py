@@ -16,6 +16,9 @@ backend       writes
 
 A scorer is calibrated, and deployed, only on a backend that writes what it reads;
 :func:`check_backend_serves` says which one to use otherwise.
+
+May import: ``abstain_guard.scorers``, ``abstain_guard.adapters`` (inside the vLLM chat model),
+``abstain_guard.contract``, ``abstain_guard.errors``.
 """
 
 from __future__ import annotations

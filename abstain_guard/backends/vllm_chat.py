@@ -44,8 +44,8 @@ from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field
 
+from abstain_guard.contract.metadata import BACKEND, ENTROPY, GEOMETRY, HIDDEN, LOGPROBS
 from abstain_guard.errors import BackendError, InvalidInputError
-from abstain_guard.metadata import BACKEND, ENTROPY, GEOMETRY, HIDDEN, LOGPROBS
 
 __all__ = [
     "ENGINE_RECORD_KEYS",
@@ -124,7 +124,7 @@ class _Engine:
         cmd += [str(a) for a in options.get("extra_args", ())]
         env = dict(os.environ)
         if env.get("ATEN_CPU_CAPABILITY") == "default":
-            # ATen's scalar kernels (the foreign-kernel mode's pin, adapters/kernel_env.py):
+            # ATen's scalar kernels (the foreign-kernel mode's pin, adapters/engine/kernel_env.py):
             # vLLM compiles its sampler with inductor, whose C++ code needs a vector
             # capability ("at::vec has not been declared"); the engine keeps the library's
             # portable one. Its bound to calibration is measured, not bitwise.
@@ -208,7 +208,7 @@ class VLLMChatModel(BaseChatModel):
         top_logprobs: alternatives per token in ``logprobs`` (0: the chosen token's only).
         dtype: the weights' dtype on the engine.
         layers: decoder layers whose residual stream is recorded (default: the probe layers
-            :func:`abstain_guard.metadata.probe_layers`).
+            :func:`abstain_guard.contract.metadata.probe_layers`).
         engine_url: a running engine; unset: one is started (and shared in this process).
         python: the vLLM environment's interpreter (see :func:`engine_python`).
         memory_fraction: vLLM's ``gpu_memory_utilization`` (on the CPU backend, the share of
@@ -323,7 +323,7 @@ class VLLMChatModel(BaseChatModel):
         """The request body, and the call's tool setup (None without tools)."""
         budget = kwargs.get("max_tokens", self.max_tokens)
         if budget is None:
-            from abstain_guard.prompts import MAX_NEW_TOKENS
+            from abstain_guard.contract.prompts import MAX_NEW_TOKENS
 
             budget = MAX_NEW_TOKENS["open"]
         chat = []
@@ -429,9 +429,9 @@ class VLLMChatModel(BaseChatModel):
 
 
 def _model_folder(model: str, gguf_file: str | None) -> Path:
-    """The folder the engine loads (prepared by :mod:`abstain_guard.adapters.vllm_folder`)."""
+    """The folder the engine loads (prepared by :mod:`abstain_guard.adapters.model.vllm_folder`)."""
     try:
-        from abstain_guard.adapters.vllm_folder import vllm_model_folder
+        from abstain_guard.adapters.model.vllm_folder import vllm_model_folder
     except ImportError as exc:  # no torch/transformers here: a ready folder is needed
         folder = Path(model)
         if model != "default" and (folder / "config.json").is_file():

@@ -25,7 +25,7 @@ speculative decoding (one row per request per step).
 capture path, batch invariance); ``POST /generate``: ``{"messages", "max_tokens",
 "top_logprobs", "tools"?}`` → the response's ``prompt_token_ids``, ``token_ids``, ``tokens``,
 OpenAI-style ``logprobs``, ``entropy`` and ``hidden`` (``{"layers", "last", "mean"}``, the
-layout of :func:`abstain_guard.metadata.hidden_summary`), greedy, computed in vLLM's own
+layout of :func:`abstain_guard.contract.metadata.hidden_summary`), greedy, computed in vLLM's own
 batches, and ``engine`` (the ``/info`` record of the engine that computed it).
 """
 
@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from abstain_guard.metadata import hidden_summary, probe_layers
+from abstain_guard.contract.metadata import hidden_summary, probe_layers
 
 __all__ = [
     "CAPTURE_PATH",

@@ -28,7 +28,7 @@ class ToolPrompter:
     def __init__(self, folder: Path) -> None:
         from transformers import AutoTokenizer
 
-        from abstain_guard.adapters.tool_formats import detect_tool_call_format
+        from abstain_guard.adapters.tools.formats import detect_tool_call_format
 
         self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         template = getattr(self.tokenizer, "chat_template", None)
@@ -39,9 +39,9 @@ class ToolPrompter:
         self, messages: Sequence[BaseMessage], tools: Sequence[Any] | None, choice: Any
     ) -> tuple[list[int], Any]:
         """``(prompt ids, ToolSetup or None)`` of a call with ``tools`` bound."""
-        from abstain_guard.adapters.encoding import ToolRendering, chat_dicts, prompt_ids
-        from abstain_guard.adapters.tool_formats import template_has_tool_role
-        from abstain_guard.adapters.tools import tool_setup
+        from abstain_guard.adapters.engine.encoding import ToolRendering, chat_dicts, prompt_ids
+        from abstain_guard.adapters.tools.calls import tool_setup
+        from abstain_guard.adapters.tools.formats import template_has_tool_role
 
         setup = tool_setup(tools, choice, self.format)
         rendering = ToolRendering(
@@ -60,7 +60,7 @@ class ToolPrompter:
         self, message: AIMessage, prompt: Sequence[int], token_ids: Sequence[int], setup: Any
     ) -> AIMessage:
         """``message`` with the calls its tokens make (as the exact engine reads them)."""
-        from abstain_guard.adapters.tools import decode_keeping, run_seed, with_tool_calls
+        from abstain_guard.adapters.tools.calls import decode_keeping, run_seed, with_tool_calls
 
         if setup is None:
             return message

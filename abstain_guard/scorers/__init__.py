@@ -24,6 +24,9 @@ module named ``sar`` and a function named ``sar`` cannot share the package's nam
 ``import abstain_guard.scorers`` loads neither torch, transformers nor xgboost: the scorers
 that need them are imported on first use (PEP 562), by name or through the registry.
 
+May import: ``abstain_guard.adapters`` (the torch scorers, imported on first use),
+``abstain_guard.contract``, ``abstain_guard.errors``, ``abstain_guard.lazy``.
+
 Example::
 
     from abstain_guard.scorers import build_scorer

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from abstain_guard.metadata import ResponseLike
+from abstain_guard.contract.metadata import ResponseLike
 
 __all__ = ["JSONValue", "Scorer", "ScorerState"]
 

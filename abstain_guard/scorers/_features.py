@@ -18,10 +18,10 @@ from typing import Any, Literal
 import numpy as np
 
 from abstain_guard.adapters import ReferenceMeans
-from abstain_guard.adapters.geometry import phi_from_states
+from abstain_guard.adapters.capture.geometry import phi_from_states
+from abstain_guard.contract.metadata import ResponseMetadata
+from abstain_guard.contract.runnables import map_chat_models
 from abstain_guard.errors import InsufficientDataError, InvalidInputError, ScoringError
-from abstain_guard.metadata import ResponseMetadata
-from abstain_guard.runnables import map_chat_models
 
 __all__ = [
     "FAMILIES",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from abstain_guard.contract.metadata import ResponseLike, ResponseMetadata
 from abstain_guard.errors import ScoringError
-from abstain_guard.metadata import ResponseLike, ResponseMetadata
 from abstain_guard.scorers._base import Scorer, ScorerState
 
 __all__ = ["StatelessScorer", "token_logprobs"]

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from abstain_guard.contract.metadata import ResponseLike, ResponseMetadata
 from abstain_guard.errors import ConfigError
-from abstain_guard.metadata import ResponseLike, ResponseMetadata
 from abstain_guard.scorers._base import Scorer, ScorerState
 
 __all__ = ["ModelScorer", "prompt_and_answer_ids", "question_from_prompt", "right_padded"]

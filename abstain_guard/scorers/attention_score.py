@@ -8,9 +8,9 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from abstain_guard.adapters.attention import attention_implementation
+from abstain_guard.adapters.capture.attention import attention_implementation
+from abstain_guard.contract.metadata import ResponseLike
 from abstain_guard.errors import InvalidInputError
-from abstain_guard.metadata import ResponseLike
 from abstain_guard.scorers._model_access import ModelScorer, prompt_and_answer_ids
 
 __all__ = ["AttentionScoreScorer", "attention_score"]

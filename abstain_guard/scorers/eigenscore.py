@@ -8,8 +8,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from abstain_guard.contract.metadata import ResponseLike
 from abstain_guard.errors import InvalidInputError
-from abstain_guard.metadata import ResponseLike
 from abstain_guard.scorers._model_access import prompt_and_answer_ids
 from abstain_guard.scorers._sampling import SampleSource, SamplingScorer
 

@@ -29,13 +29,13 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from abstain_guard.adapters import ReferenceMeans
+from abstain_guard.contract.metadata import ResponseLike
 from abstain_guard.errors import (
     ArtifactSchemaError,
     InvalidInputError,
     NotFittedError,
     ScoringError,
 )
-from abstain_guard.metadata import ResponseLike
 from abstain_guard.scorers._base import Scorer, ScorerState
 from abstain_guard.scorers._calibrator import (
     DEFAULT_XGB_PARAMS,

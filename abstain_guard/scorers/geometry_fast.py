@@ -13,7 +13,7 @@ the ω_dir columns of Ω and ignores ω_prop), so calibration can fit it on answ
 either way. Deployed, it runs the model in fast capture: :meth:`prepare` installs its
 reference means into every ``GeometryChatModel`` of the runnable *and* switches it to
 ``capture="fast"``, and calibration generates the answers it stores scores for with the same
-fast model (:func:`~abstain_guard.calibration.building.online_geometry.scoring_model`).
+fast model (:func:`~abstain_guard.calibration.building.answering.online_geometry.scoring_model`).
 """
 
 from __future__ import annotations

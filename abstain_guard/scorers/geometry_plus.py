@@ -31,6 +31,7 @@ from sklearn.linear_model import LogisticRegressionCV
 from sklearn.model_selection import StratifiedKFold
 
 from abstain_guard.adapters import ReferenceMeans
+from abstain_guard.contract.metadata import ResponseLike
 from abstain_guard.errors import (
     ArtifactSchemaError,
     InsufficientDataError,
@@ -38,7 +39,6 @@ from abstain_guard.errors import (
     NotFittedError,
     ScoringError,
 )
-from abstain_guard.metadata import ResponseLike
 from abstain_guard.scorers._base import Scorer, ScorerState
 from abstain_guard.scorers._calibrator import CovarianceKind, Gaussian, fit_gaussian
 from abstain_guard.scorers._features import (

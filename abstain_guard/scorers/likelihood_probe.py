@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 import numpy as np
 from scipy.special import expit
 
+from abstain_guard.contract.metadata import ResponseLike, ResponseMetadata
 from abstain_guard.errors import ArtifactSchemaError, ScoringError
-from abstain_guard.metadata import ResponseLike, ResponseMetadata
 from abstain_guard.scorers._base import ScorerState
 from abstain_guard.scorers._linear_probe import (
     LinearProbe,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from abstain_guard.metadata import ResponseLike
+from abstain_guard.contract.metadata import ResponseLike
 from abstain_guard.scorers._likelihood import StatelessScorer, token_logprobs
 
 __all__ = ["MaxSequenceProbabilityScorer"]

@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from abstain_guard.contract.metadata import ResponseLike, ResponseMetadata
 from abstain_guard.errors import ScoringError
-from abstain_guard.metadata import ResponseLike, ResponseMetadata
 from abstain_guard.scorers._base import Scorer, ScorerState
 
 __all__ = ["MeanTokenEntropyScorer"]

@@ -7,8 +7,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from abstain_guard.contract.metadata import ResponseLike
 from abstain_guard.errors import ConfigError
-from abstain_guard.metadata import ResponseLike
 from abstain_guard.scorers._model_access import (
     ModelScorer,
     prompt_and_answer_ids,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-from abstain_guard.metadata import ResponseLike
+from abstain_guard.contract.metadata import ResponseLike
 from abstain_guard.scorers._likelihood import StatelessScorer, token_logprobs
 
 __all__ = ["PerplexityScorer"]

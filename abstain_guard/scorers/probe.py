@@ -4,7 +4,7 @@ stream of one or two layers, the strongest closed-book baseline in the literatur
 
 Input: ``response_metadata["geometry"]["hidden"]`` — the decoder-layer outputs e^l at a
 middle layer (``L // 2``) and an upper layer (``4L // 5``)
-(:func:`abstain_guard.metadata.probe_layers`), at the position that predicts the last
+(:func:`abstain_guard.contract.metadata.probe_layers`), at the position that predicts the last
 generated token (``"last"``) or averaged over the positions that predict each generated
 token (``"mean"``). The chat model records them while generating and replay records the
 same, so the live guard reads exactly what calibration stored.
@@ -28,14 +28,14 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from scipy.special import expit
 
+from abstain_guard.contract.metadata import EXACT_ENGINE, ResponseLike, ResponseMetadata
+from abstain_guard.contract.runnables import map_chat_models
 from abstain_guard.errors import (
     ArtifactSchemaError,
     InvalidInputError,
     NotFittedError,
     ScoringError,
 )
-from abstain_guard.metadata import EXACT_ENGINE, ResponseLike, ResponseMetadata
-from abstain_guard.runnables import map_chat_models
 from abstain_guard.scorers._base import Scorer, ScorerState
 from abstain_guard.scorers._features import CaptureMode, with_capture
 from abstain_guard.scorers._linear_probe import (

@@ -7,8 +7,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from abstain_guard.contract.metadata import ResponseLike
 from abstain_guard.errors import InvalidInputError
-from abstain_guard.metadata import ResponseLike
 from abstain_guard.scorers._aux_models import SentenceSimilarity
 from abstain_guard.scorers._model_access import prompt_and_answer_ids, question_from_prompt
 from abstain_guard.scorers._sampling import SampleSource, SamplingScorer

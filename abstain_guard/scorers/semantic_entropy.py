@@ -10,8 +10,8 @@ from typing import Any, ClassVar
 import numpy as np
 from scipy.special import logsumexp
 
+from abstain_guard.contract.metadata import ResponseLike
 from abstain_guard.errors import ConfigError, InvalidInputError
-from abstain_guard.metadata import ResponseLike
 from abstain_guard.scorers._aux_models import (
     ChatModelEquivalence,
     EquivalenceJudge,

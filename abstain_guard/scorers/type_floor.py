@@ -8,7 +8,7 @@ number. Within one type it is constant (within-type AUROC 0.5 by construction), 
 without types it is one constant (AUROC 0.5).
 
 It is a measuring floor, not a guard: the type is read from
-``response_metadata["question_group"]`` (:data:`abstain_guard.metadata.QUESTION_GROUP`),
+``response_metadata["question_group"]`` (:data:`abstain_guard.contract.metadata.QUESTION_GROUP`),
 which ``abstain-guard evaluate`` sets from the data set's type field; a chat model never
 writes it. ``None`` there is a type of its own (questions without a type).
 """
@@ -21,8 +21,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from abstain_guard.contract.metadata import QUESTION_GROUP, ResponseLike, response_metadata_of
 from abstain_guard.errors import ArtifactSchemaError, NotFittedError, ScoringError
-from abstain_guard.metadata import QUESTION_GROUP, ResponseLike, response_metadata_of
 from abstain_guard.scorers._base import Scorer, ScorerState
 
 __all__ = ["TypeFloorScorer", "question_group"]

@@ -49,7 +49,7 @@ from abstain_guard.errors import (
     MonitorUnavailableError,
     UnknownRunError,
 )
-from abstain_guard.monitor import GuardMonitor
+from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.serve.metrics import CONTENT_TYPE_LATEST
 from abstain_guard.serve.monitor_link import LocalMonitorLink, MonitorLink
 from abstain_guard.serve.openai_format import (

@@ -24,9 +24,9 @@ from langchain_core.messages import (
     ToolMessage,
 )
 
+from abstain_guard.contract.tool_choice import tool_choice_name
 from abstain_guard.errors import InvalidInputError
 from abstain_guard.serve.schemas import ChatMessageIn, RequestRefused
-from abstain_guard.tool_choice import tool_choice_name
 
 __all__ = [
     "SYSTEM_ROLES",
@@ -186,9 +186,10 @@ def split_turns(messages: Sequence[ChatMessageIn]) -> Turns:
 
 
 def requested_tool_choice(choice: Any) -> str | None:
-    """A request's ``tool_choice`` read by :func:`abstain_guard.tool_choice.tool_choice_name`
-    (None, ``"auto"``, ``"none"``, ``"any"`` or a tool's name), the reading the local chat
-    model applies and agent calibration records.
+    """A request's ``tool_choice`` read by
+    :func:`abstain_guard.contract.tool_choice.tool_choice_name` (None, ``"auto"``, ``"none"``,
+    ``"any"`` or a tool's name), the reading the local chat model applies and agent calibration
+    records.
 
     Raises:
         RequestRefused: a ``tool_choice`` that is none of these (400).

@@ -5,13 +5,13 @@ refuses (400, saying what was calibrated and what to do) a request that would be
 otherwise:
 
 * ``tools``: exactly the calibrated tool schemas (compared by
-  :func:`~abstain_guard.deployment.tools_sha256`), none for an artifact calibrated without;
+  :func:`~abstain_guard.contract.deployment.tools_sha256`), none for an artifact calibrated without;
   ``tool_choice``: one calibration's runs had at the same model call of a run (the
   assistant turns after the question so far; ``AgentRecord.call_tool_choices``), so a
   client forcing the first call of an agent calibrated forced is accepted; for an artifact
   that records only the final answers' choice, that one (``auto`` when none);
 * earlier turns before the question: only an artifact calibrated on conversations
-  (:attr:`~abstain_guard.deployment.DeploymentRecord.calibrated_on_conversations`), in the
+  (:attr:`~abstain_guard.contract.deployment.DeploymentRecord.calibrated_on_conversations`), in the
   calibrated shape (alternating user / assistant turns);
 * assistant tool calls and tool results: only an artifact calibrated on an agent; after the
   question only the agent's steps may follow, ending with tool results.
@@ -26,11 +26,11 @@ from typing import Any
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from abstain_guard.deployment import DeploymentRecord, conversation_refusal, tools_sha256
-from abstain_guard.prompts import history_problem
+from abstain_guard.contract.deployment import DeploymentRecord, conversation_refusal, tools_sha256
+from abstain_guard.contract.prompts import history_problem
+from abstain_guard.contract.tool_choice import AUTO, NONE, REQUIRED, free_choice
 from abstain_guard.serve.conversation import Turns, is_tool_turn, requested_tool_choice
 from abstain_guard.serve.schemas import ChatCompletionRequest, RequestRefused
-from abstain_guard.tool_choice import AUTO, NONE, REQUIRED, free_choice
 
 __all__ = ["check_tools", "check_turns", "request_tools", "tool_name"]
 

@@ -42,10 +42,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from abstain_guard.artifact import GuardArtifact
+from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
 from abstain_guard.errors import DuplicateFeedbackError, MonitorUnavailableError, UnknownRunError
-from abstain_guard.monitor import GuardMonitor
+from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.serve.arrival import ArrivalOrder
 from abstain_guard.serve.metrics import ServerMetrics
 from abstain_guard.serve.monitor_link import feedback_body, start_journal

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from abstain_guard.monitor import GuardMonitor
+from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.serve.admission import Admission
 from abstain_guard.serve.arrival import ArrivalOrder
 from abstain_guard.serve.journal import DecisionJournal, journal_path, recover

@@ -21,13 +21,13 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage
 
+from abstain_guard.contract.tool_choice import AUTO, NONE
 from abstain_guard.errors import InvalidInputError, SchedulerFullError
 from abstain_guard.serve.admission import Admission
 from abstain_guard.serve.conversation import requested_tool_choice, to_messages
 from abstain_guard.serve.guard_rules import request_tools
 from abstain_guard.serve.schemas import ChatCompletionRequest, RequestRefused
 from abstain_guard.serve.service import GuardedAnswer, answer_of
-from abstain_guard.tool_choice import AUTO, NONE
 
 __all__ = ["ModelCall", "ModelService"]
 

@@ -123,10 +123,10 @@ def vllm_model_of(artifact: str, engine_url: str | None = None) -> Any:
     """The vLLM backend's chat model an artifact calibrated on vLLM records (None for any
     other artifact), attached to ``engine_url`` when given (a transport option: the model's
     identity, so the guard's check, is the recorded one)."""
-    from abstain_guard.artifact import GuardArtifact
+    from abstain_guard.artifact.guard_artifact import GuardArtifact
     from abstain_guard.backends import VLLM_CHAT_MODEL
-    from abstain_guard.chat_model_specs import ChatModelSpec
-    from abstain_guard.deployment import DeploymentRecord
+    from abstain_guard.contract.chat_model_specs import ChatModelSpec
+    from abstain_guard.contract.deployment import DeploymentRecord
 
     record = DeploymentRecord.from_metadata(GuardArtifact.load(artifact).metadata)
     api = record.chat_model if record is not None else None
@@ -179,7 +179,7 @@ class GuardReplica:
 def replica_deployment(spec: ReplicaSpec, replicas: int, cpus_per_replica: float) -> Any:
     """The bound Ray Serve application: ``replicas`` replicas of :class:`GuardReplica`, each
     reserving ``cpus_per_replica`` CPUs and computing with that many threads."""
-    from abstain_guard.adapters.threads import ENGINE_WORKERS_ENV  # torch: heavy
+    from abstain_guard.adapters.engine.threads import ENGINE_WORKERS_ENV  # torch: heavy
 
     _, serve = import_ray_serve()
     threads = str(max(1, int(cpus_per_replica)))
@@ -243,9 +243,9 @@ def start_monitor(
 
 
 def _kernel_env() -> dict[str, str]:
-    """:func:`abstain_guard.adapters.kernel_env.pinned_kernel_env` (imported here: it loads
+    """:func:`abstain_guard.adapters.engine.kernel_env.pinned_kernel_env` (imported here: it loads
     torch, which the serving core does not need at import time)."""
-    from abstain_guard.adapters.kernel_env import pinned_kernel_env
+    from abstain_guard.adapters.engine.kernel_env import pinned_kernel_env
 
     return pinned_kernel_env()
 

@@ -16,7 +16,7 @@ from types import TracebackType
 
 import uvicorn
 
-from abstain_guard.monitor import GuardMonitor
+from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.serve.app import create_app
 from abstain_guard.serve.passthrough import ModelService
 from abstain_guard.serve.schemas import RequestLimits

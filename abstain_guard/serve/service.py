@@ -2,7 +2,7 @@
 many requests it takes at once.
 
 :class:`GuardService` builds the chain exactly as the CLI's ``ask``, ``demo`` and
-``evaluate --live`` do (:func:`abstain_guard.chains.load_guard_chain`: the artifact's model,
+``evaluate --live`` do (:func:`abstain_guard.guard.chains.load_guard_chain`: the artifact's model,
 system prompt, token budget and decoding), turns an OpenAI request into the one question the
 guard was calibrated to answer (refusing, with a 4xx, anything that would run it otherwise),
 and runs it on the async path (``ainvoke``). It admits at most ``max_in_flight`` requests at
@@ -37,12 +37,13 @@ from typing import Any, cast
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
-from abstain_guard.chains import load_guard_chain
 from abstain_guard.config import GuardConfig
-from abstain_guard.deployment import DeploymentRecord
+from abstain_guard.contract.deployment import DeploymentRecord
+from abstain_guard.contract.prompts import question_prompt
+from abstain_guard.contract.runnables import find_chat_models
 from abstain_guard.errors import ContextLengthError, SchedulerFullError
-from abstain_guard.prompts import question_prompt
-from abstain_guard.runnables import find_chat_models
+from abstain_guard.guard.chains import load_guard_chain
+from abstain_guard.guard.tracing import arecord_decision
 from abstain_guard.serve.admission import Admission
 from abstain_guard.serve.conversation import openai_tool_calls, split_turns
 from abstain_guard.serve.guard_rules import check_tools, check_turns, tool_name
@@ -63,7 +64,6 @@ from abstain_guard.serve.step_record import (
     StepStore,
     check_run_group,
 )
-from abstain_guard.tracing import arecord_decision
 
 __all__ = ["Admission", "GuardCall", "GuardService", "GuardedAnswer", "answer_of"]
 
@@ -167,7 +167,7 @@ class GuardService(Admission):
     """The deployed guard chain and the rules a request must follow to keep its guarantee.
 
     Args:
-        chain: ``prompt | guard`` from :func:`~abstain_guard.chains.load_guard_chain`.
+        chain: ``prompt | guard`` from :func:`~abstain_guard.guard.chains.load_guard_chain`.
         guard: the :class:`~abstain_guard.guard.AbstentionGuard` inside it.
         record: the artifact's deployment record.
         kind: the question kind served (its prompt record is what requests must match).

@@ -1,5 +1,5 @@
 """Step gating over HTTP: each model call of an agent run decided on the run's running
-maximum, as :class:`~abstain_guard.middleware.AbstentionMiddleware` decides it in-process.
+maximum, as :class:`~abstain_guard.guard.middleware.AbstentionMiddleware` decides it in-process.
 
 A run's position and earlier step scores come from the request and the server's
 :class:`~abstain_guard.serve.step_record.StepRecord`: the position is the number of
@@ -28,9 +28,9 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
-from abstain_guard.agent_steps import Gating
-from abstain_guard.deployment import DeploymentRecord, tool_steps_problem
+from abstain_guard.contract.deployment import DeploymentRecord, tool_steps_problem
 from abstain_guard.errors import ArtifactMismatchError
+from abstain_guard.guarantee.agent_steps import Gating
 from abstain_guard.serve.conversation import openai_tool_calls
 from abstain_guard.serve.schemas import RequestRefused
 from abstain_guard.serve.step_record import StepEntry, StepRecord, context_digest, step_key

@@ -1,7 +1,7 @@
 """The server's own record of the step decisions it issued (step gating of agent runs).
 
-With step gating (``AgentRecord.gating == "steps"``, :mod:`abstain_guard.agent_steps`) every
-model call of a run is decided on the run's running maximum of step scores. Over HTTP a run
+With step gating (``AgentRecord.gating == "steps"``, :mod:`abstain_guard.guarantee.agent_steps`)
+every model call of a run is decided on the run's running maximum of step scores. Over HTTP a run
 is a sequence of requests: the client sends the question, gets a tool call, runs it and sends
 the conversation back with the result. The earlier steps' scores must come from the server —
 a score a client sends could be anything — so the server keeps each answered tool-calling

@@ -1,19 +1,33 @@
-"""Building an artifact, once, offline: data sets (:mod:`.datasets`, :mod:`.dataset_files`,
-:mod:`.named_datasets`), the built-in probe set (:mod:`.probe`), judges (:mod:`.judges`),
-the generation step (:mod:`.answers`), judging and labels (:mod:`.judging`), the model
-(:mod:`.models`), the pipeline (:mod:`.pipeline`, ``abstain-guard calibrate``; its settings in
-:mod:`.calibration_config`) and its resumable run cache (:mod:`.store`)."""
+"""Building an artifact, once, offline (``abstain-guard calibrate``).
+
+Its own modules are the steps that use everything below: the pipeline (:mod:`.pipeline`), the
+checks before a model loads (:mod:`.preflight`), agent calibration (:mod:`.agent_calibration`,
+with the labels of agent runs, :mod:`.run_labels`) and recalibration from a monitor log
+(:mod:`.recalibrate`). Below them, by concept:
+
+* :mod:`.answering` — the model answers the questions (local, API, agents, Ray);
+* :mod:`.judges` — judges and judging a run's answers (the labels);
+* :mod:`.questions` — data sets, the built-in probe set, the lookup agent's questions;
+* :mod:`.run` — the run's settings (:class:`CalibrationConfig`), its resumable cache and lock.
+
+May import: ``abstain_guard.calibration.building.answering``,
+``abstain_guard.calibration.building.judges``, ``abstain_guard.calibration.building.questions``,
+``abstain_guard.calibration.building.run``, ``abstain_guard.monitor``,
+``abstain_guard.artifact``, ``abstain_guard.backends``, ``abstain_guard.scorers``,
+``abstain_guard.adapters``, ``abstain_guard.contract``, ``abstain_guard.guarantee``,
+``abstain_guard.errors``.
+"""
 
 from __future__ import annotations
 
-from .calibration_config import CalibrationConfig
-from .dataset_files import DatasetReport, load_dataset
-from .datasets import QAItem, split_items
 from .judges import make_judge
-from .named_datasets import NAMED_DATASETS, load_named_dataset
 from .pipeline import CalibrationSummary, calibrate
-from .probe import builtin_probe_set
-from .store import RunStore
+from .questions.dataset_files import DatasetReport, load_dataset
+from .questions.datasets import QAItem, split_items
+from .questions.named_datasets import NAMED_DATASETS, load_named_dataset
+from .questions.probe import builtin_probe_set
+from .run.calibration_config import CalibrationConfig
+from .run.store import RunStore
 
 __all__ = [
     "NAMED_DATASETS",

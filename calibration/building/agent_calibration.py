@@ -7,17 +7,18 @@ answers, fit the scorer, score the calibration split as the middleware will.
    tool schemas, tool results and any forced-call prefill included), and the scorer is
    fitted on them;
 2. calibration and test questions: the agent is built again around
-   ``scorer.prepare(model)`` — the model :class:`~abstain_guard.middleware.AbstentionMiddleware`
-   puts in the agent's model calls — and runs; each final answer (with step gating: each
-   model call, and the run by its running maximum, :mod:`abstain_guard.agent_steps`) is
-   scored from the message the model returned, the object the middleware scores live.
+   ``scorer.prepare(model)`` — the model
+   :class:`~abstain_guard.guard.middleware.AbstentionMiddleware` puts in the agent's model calls —
+   and runs; each final answer (with step gating: each model call, and the run by its running
+   maximum, :mod:`abstain_guard.guarantee.agent_steps`) is scored from the message the model
+   returned, the object the middleware scores live.
 
 With step gating (``agent_gating="steps"``, the default) a run's label is the run's
 (:mod:`.run_labels`: no final answer, a wrong tool call or a missing expected call makes it
 wrong) and every calibration run is in the calibration set; with ``"final_answer"`` only
 runs with a final answer are, labelled by it. With step gating on rows that carry expected
 tool calls, each calibration run's action statistic (its running maximum at its first wrong
-tool call, :mod:`abstain_guard.action_risk`) is returned too, for the action-risk
+tool call, :mod:`abstain_guard.guarantee.action_risk`) is returned too, for the action-risk
 certificate (``GuardConfig(action_risk_target=...)``).
 """
 
@@ -28,13 +29,18 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from abstain_guard.action_risk import action_statistic
-from abstain_guard.agent_steps import run_statistic
-from abstain_guard.chat_model_specs import ChatModelRecord, ChatModelSpec
-from abstain_guard.deployment import AgentRecord, DeploymentRecord, PromptRecord, sha256_text
+from abstain_guard.contract.chat_model_specs import ChatModelRecord, ChatModelSpec
+from abstain_guard.contract.deployment import (
+    AgentRecord,
+    DeploymentRecord,
+    PromptRecord,
+    sha256_text,
+)
 from abstain_guard.errors import CalibrationError
+from abstain_guard.guarantee.action_risk import action_statistic
+from abstain_guard.guarantee.agent_steps import run_statistic
 
-from .agents import (
+from .answering.agents import (
     has_final_answer,
     load_agent_factory,
     offered_once,
@@ -42,13 +48,13 @@ from .agents import (
     runs_summary,
     step_messages,
 )
-from .answers import HELD_OUT, AnswerRow, AnswerRows, means_digest
-from .calibration_config import FIT_SCORERS, CalibrationConfig
-from .datasets import QAItem
+from .answering.answer_rows import HELD_OUT, AnswerRow, AnswerRows, means_digest
 from .judges.base import Judgment
-from .judging import Verdicts, check_two_classes, labeled_items, labels
+from .judges.judging import Verdicts, check_two_classes, labeled_items, labels
+from .questions.datasets import QAItem
+from .run.calibration_config import FIT_SCORERS, CalibrationConfig
+from .run.store import RunStore
 from .run_labels import call_verdicts, run_judgment, step_labels
-from .store import RunStore
 
 __all__ = [
     "AgentCalibrationRun",
@@ -61,8 +67,9 @@ __all__ = [
 
 class AgentCalibrationRun(Protocol):
     """What agent calibration uses of the pipeline's run (``pipeline._Run`` is one): the
-    model and its fingerprint, the run cache, the executor (a :class:`~.executors.RayExecutor`
-    or None), the progress switch, and the judging step with the verdicts it collects."""
+    model and its fingerprint, the run cache, the executor (a
+    :class:`~.answering.executors.RayExecutor` or None), the progress switch, and the judging step
+    with the verdicts it collects."""
 
     model: Any
     store: RunStore
@@ -145,7 +152,7 @@ def calibration_action_statistics(
     step_scores: Sequence[Sequence[float]],
     schemas: Sequence[Mapping[str, Any]] | None,
 ) -> np.ndarray | None:
-    """Each calibration run's action statistic (:func:`abstain_guard.action_risk.
+    """Each calibration run's action statistic (:func:`abstain_guard.guarantee.action_risk.
     action_statistic`: the running maximum of ``step_scores`` at its first model call with a
     wrong tool call, ``inf`` when none), ``[n]``; None when a row has no expected calls (its
     wrong calls cannot be told, so no action risk can be certified)."""
@@ -183,7 +190,7 @@ def calibrate_agent_splits(
     the cached rows per question id, the fitted scorer, the calibration split's scores
     (its labeled items in order) and their action statistics (step gating on rows with
     expected calls, else None: :func:`calibration_action_statistics`)."""
-    from abstain_guard.adapters.replay import replay_token_ids
+    from abstain_guard.adapters.engine.replay import replay_token_ids
 
     assert config.agent is not None
     factory = load_agent_factory(config.agent)

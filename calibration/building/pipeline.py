@@ -1,6 +1,6 @@
 """The resumable calibration pipeline behind ``abstain-guard calibrate``.
 
-Steps (each cached in a :class:`~abstain_guard.calibration.building.store.RunStore` next to the
+Steps (each cached in a :class:`~abstain_guard.calibration.building.run.store.RunStore` next to the
 output, so a killed run resumes where it stopped):
 
 1. load and validate the questions, the judge and the sizes — before any model is loaded;
@@ -10,7 +10,7 @@ output, so a killed run resumes where it stopped):
 4. judge each answer (cached per judge identity and content);
 5. fit the scorer on the reference and train splits, score the calibration split. A geometry
    scorer's inputs are captured while generating (reference split first, judged, its means
-   fitted, then the other splits with Φ online; see :mod:`.online_geometry`); answers not
+   fitted, then the other splits with Φ online; see :mod:`.answering.online_geometry`); answers not
    generated that way are replayed teacher-forced;
 6. write a :class:`~abstain_guard.artifact.GuardArtifact` (fitted scorer, calibration scores
    and labels, model fingerprint, judge identity) that the guard loads.
@@ -28,29 +28,34 @@ from typing import Any
 
 import numpy as np
 
-from abstain_guard.artifact import GuardArtifact
-from abstain_guard.chat_model_specs import ChatModelSpec, chat_model_fingerprint
+from abstain_guard.artifact.guard_artifact import GuardArtifact
+from abstain_guard.contract.chat_model_specs import ChatModelSpec, chat_model_fingerprint
+from abstain_guard.guarantee.selection import ScorerSelection, record_choice, select_scorer
 from abstain_guard.scorers import build_scorer
-from abstain_guard.selection import ScorerSelection, record_choice, select_scorer
 
 from .agent_calibration import (
     agent_deployment_record,
     calibrate_agent_splits,
 )
-from .answers import (
-    HELD_OUT,
-    AnswerRows,
+from .answering.answer_rows import HELD_OUT, AnswerRows
+from .answering.answers import (
     deployment_record,
     generate_answers,
     generated_pairs,
     replay_as_deployed,
 )
-from .api_generation import api_labeled, score_api_answers
-from .calibration_config import FIT_SCORERS, CalibrationConfig
-from .datasets import SPLIT_NAMES, QAItem
-from .items import items_digest
+from .answering.api_generation import api_labeled, score_api_answers
+from .answering.models import load_model
+from .answering.online_geometry import (
+    captures_geometry,
+    ensure_reference_arrays,
+    fit_captured,
+    fit_reference_means,
+    scoring_model,
+)
+from .answering.stream_calibration import calibration_stream_scores
 from .judges.base import summarize_judgments
-from .judging import (
+from .judges.judging import (
     Verdicts,
     build_judges,
     check_two_classes,
@@ -59,17 +64,11 @@ from .judging import (
     labeled_splits,
     labels,
 )
-from .models import load_model
-from .online_geometry import (
-    captures_geometry,
-    ensure_reference_arrays,
-    fit_captured,
-    fit_reference_means,
-    scoring_model,
-)
 from .preflight import preflight
-from .store import RunStore, run_locks
-from .stream_calibration import calibration_stream_scores
+from .questions.datasets import SPLIT_NAMES, QAItem
+from .questions.items import items_digest
+from .run.calibration_config import FIT_SCORERS, CalibrationConfig
+from .run.store import RunStore, run_locks
 
 logger = logging.getLogger("abstain_guard.calibration")
 
@@ -150,7 +149,7 @@ def calibrate(
         chat_models: named LangChain chat models that LLM judges in the config refer to.
         progress: show progress bars.
         on_generation_chunk: called after each generated chunk is stored (for tests).
-        executor: an already started :class:`~.executors.RayExecutor` (else, with
+        executor: an already started :class:`~.answering.executors.RayExecutor` (else, with
             ``config.executor == "ray"``, one is started here and shut down at the end):
             generation and judging run on its replicas, the rest here.
 
@@ -193,7 +192,7 @@ def calibrate(
     with run_locks(out, cache_dir):
         started = None
         if executor is None and cfg.executor == "ray" and model is None:
-            from .executors import RayExecutor
+            from .answering.executors import RayExecutor
 
             executor = started = RayExecutor.start(cfg)
         try:
@@ -254,7 +253,7 @@ def _calibrate(
     if judges is None:
         judges = build_judges(cfg, cache_dir / "judgments.sqlite", chat_models)
         if executor is not None and chat_models is None:
-            from .ray_judges import distribute_judges
+            from .answering.ray_judges import distribute_judges
 
             distribute_judges(judges, cfg, executor)
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -406,7 +405,8 @@ def select_candidates(
     (generated once: later candidates read the run cache; geometry-capturing candidates go
     first so their inputs are captured while generating), certify each at delta/K and keep
     the one certifying the most participation at ``risk_target``
-    (:func:`abstain_guard.selection.select_scorer`): ``(answers, scorer, scores, selection)``.
+    (:func:`abstain_guard.guarantee.selection.select_scorer`): ``(answers, scorer, scores,
+    selection)``.
     """
     config = run.config
     assert config.candidates is not None and config.risk_target is not None
@@ -524,7 +524,7 @@ class _Run:
     ) -> tuple[AnswerRows, Verdicts, Any]:
         """The reference split with states, judged, its means fitted; then train (batched)
         and held-out (one per call) with Φ online, generated by ``held_model`` (the scorer's
-        capture mode, :func:`.online_geometry.scoring_model`; default: the run's model).
+        capture mode, :func:`.answering.online_geometry.scoring_model`; default: the run's model).
         Returns answers, verdicts and means."""
         reference = splits["reference"]
         answers = self.generate(reference, None, "states")

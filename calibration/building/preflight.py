@@ -5,13 +5,14 @@
   be a file nor inside ``out``;
 * the model: the folder (and GGUF file) exists, and its context window (read from
   ``config.json``, or known for the embedded model) leaves room for ``max_new_tokens``;
-* a chat model named by a :class:`~abstain_guard.chat_model_specs.ChatModelSpec` (an API
+* a chat model named by a :class:`~abstain_guard.contract.chat_model_specs.ChatModelSpec` (an API
   model, or the vLLM backend): a scorer its backend serves
   (:func:`abstain_guard.backends.check_backend_serves`: likelihood scorers on an API model,
   probe and likelihood scorers on vLLM, geometry only on the project's engine), no
   ``gguf_file`` nor ``batch_decode``, and the model builds from its kwargs (no request sent);
 * the judge spec and ``scorer_params`` (nothing loaded);
-* the questions (:func:`~abstain_guard.calibration.building.items.load_items`: malformed rows,
+* the questions (:func:`~abstain_guard.calibration.building.questions.items.load_items`: malformed
+rows,
   non-string answers, duplicates), their length against the context window (a character cap:
   :data:`CHARS_PER_TOKEN` characters per token of room), and the split sizes.
 
@@ -31,7 +32,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from abstain_guard.backends import backend_of_model, check_backend_serves
-from abstain_guard.chat_model_specs import ChatModelSpec
+from abstain_guard.contract.chat_model_specs import ChatModelSpec
+from abstain_guard.contract.prompts import MAX_NEW_TOKENS
 from abstain_guard.errors import (
     AbstainGuardError,
     ConfigError,
@@ -40,11 +42,10 @@ from abstain_guard.errors import (
     OutputPathError,
     PreflightError,
 )
-from abstain_guard.prompts import MAX_NEW_TOKENS
 
-from .calibration_config import AUTO_SCORER, CalibrationConfig
-from .datasets import QAItem, split_items
-from .items import check_split_sizes, load_items
+from .questions.datasets import QAItem, split_items
+from .questions.items import check_split_sizes, load_items
+from .run.calibration_config import AUTO_SCORER, CalibrationConfig
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -313,7 +314,7 @@ def check_agent(config: CalibrationConfig) -> None:
     """
     if config.agent is None:
         return
-    from .agents import load_agent_factory
+    from .answering.agents import load_agent_factory
 
     load_agent_factory(config.agent)
 

@@ -1,6 +1,6 @@
 """``abstain-guard recalibrate``: a new artifact from live decisions, no model run.
 
-The monitor log (:mod:`abstain_guard.monitor_log`) holds every live decision's score, computed
+The monitor log (:mod:`abstain_guard.monitor.log`) holds every live decision's score, computed
 by the artifact's own scorer on the deployed model's answers, its group, and the feedback
 labels. Those scores (and labels) are calibration data for the *same* scorer: the new
 artifact keeps the old scorer, model fingerprint and deployment record and replaces the
@@ -57,10 +57,10 @@ from typing import Any, Literal
 import numpy as np
 from scipy import stats
 
-from abstain_guard.artifact import GuardArtifact
+from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.errors import InsufficientDataError, InvalidInputError, MonitorLogError
-from abstain_guard.monitor import calibration_sha256
-from abstain_guard.monitor_log import MonitorRecord, read_log
+from abstain_guard.monitor.guard_monitor import calibration_sha256
+from abstain_guard.monitor.log import MonitorRecord, read_log
 
 __all__ = ["CHECK_LEVEL", "RecalibrationSummary", "pool_check", "recalibrate", "selection_check"]
 
@@ -69,7 +69,7 @@ Mode = Literal["participation", "risk"]
 #: Default significance level of the checks that refuse a selected sample or an invalid pool.
 CHECK_LEVEL = 0.01
 #: Settings of the old ``config`` metadata that load the deployed model (read by
-#: :func:`abstain_guard.chains.load_guard_chain`); they stay true for the new artifact. The
+#: :func:`abstain_guard.guard.chains.load_guard_chain`); they stay true for the new artifact. The
 #: rest of ``config`` (data, judge, splits, targets) described the old calibration set.
 _MODEL_CONFIG_KEYS = (
     "model",

@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .agents import has_final_answer, step_messages
-from .datasets import QAItem
+from .answering.agents import has_final_answer, step_messages
 from .judges.base import Judgment
 from .judges.tool_calls import judge_tool_calls
+from .questions.datasets import QAItem
 
 __all__ = ["RunCallVerdicts", "call_verdicts", "run_judgment", "step_labels"]
 

@@ -16,7 +16,12 @@ Modules, from the commands down to the arithmetic:
 * :mod:`.metrics` — AUROC, AUPRC, PRR and their bootstrap intervals;
 * :mod:`.report`, :mod:`.tables`, :mod:`.plots` — ``report.md``, its tables and figures.
 
-``measure`` sits on top: it imports ``building`` and ``inference``, which never import it.
+``measure`` sits on top: it imports ``building``, which never imports it.
+
+May import: ``abstain_guard.calibration.building``, ``abstain_guard.guard``,
+``abstain_guard.monitor``, ``abstain_guard.artifact``, ``abstain_guard.scorers``,
+``abstain_guard.contract``, ``abstain_guard.guarantee``, ``abstain_guard.config``,
+``abstain_guard.errors``, ``abstain_guard.lazy``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ agent as deployed, guarded, on the held-out questions and compare with calibrati
 
 The agent comes from the recorded factory. When the factory takes a ``middleware``
 argument (``factory(model, middleware=[...])``, as in ``examples/country_agent.py``), the
-guard goes in as :class:`~abstain_guard.middleware.AbstentionMiddleware` — exactly the
+guard goes in as :class:`~abstain_guard.guard.middleware.AbstentionMiddleware` — exactly the
 deployed agent. Otherwise the unguarded agent runs on the model the middleware would use
 (``scorer.prepare(model)``) and the guard's policy decides on its final answer; the report
 says which (``guarded_by``).
@@ -22,20 +22,20 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from abstain_guard.deployment import DeploymentRecord
+from abstain_guard.contract.deployment import DeploymentRecord
 from abstain_guard.errors import ConfigError
-from abstain_guard.policy import AbstentionPolicy
+from abstain_guard.guard.policy import AbstentionPolicy
 
-from ..building.agents import (
+from ..building.answering.agents import (
     agent_inputs,
     has_final_answer,
     load_agent_factory,
     run_agent,
     run_agents,
 )
-from ..building.answers import means_digest
-from ..building.calibration_config import CalibrationConfig
-from ..building.judging import build_judges, judge_answers
+from ..building.answering.answer_rows import means_digest
+from ..building.judges.judging import build_judges, judge_answers
+from ..building.run.calibration_config import CalibrationConfig
 from .agent_step_live import finish_row, step_live_row, stored_run_statistic
 from .cache_reuse import EvaluateCache
 
@@ -72,7 +72,7 @@ def agent_live_rows(
     that decided, and how the guard was put in (``"middleware"`` or ``"policy"``). Cached
     runs and verdicts are read from ``cache`` (and the calibration cache below it, if any)
     and new ones written to ``cache.directory``."""
-    from abstain_guard.middleware import AbstentionMiddleware
+    from abstain_guard.guard.middleware import AbstentionMiddleware
 
     assert record.agent is not None
     factory = load_agent_factory(record.agent.factory)
@@ -200,7 +200,7 @@ def _step_rows(
 ) -> tuple[list[dict[str, Any]], AbstentionPolicy, str]:
     """:func:`agent_live_rows` for step gating (:mod:`.agent_step_live`): the deployed agent
     with the middleware deciding on every model call."""
-    from abstain_guard.middleware import AbstentionMiddleware
+    from abstain_guard.guard.middleware import AbstentionMiddleware
 
     assert record.agent is not None
     factory = load_agent_factory(record.agent.factory)

@@ -1,6 +1,6 @@
 """``evaluate --live`` rows for an agent artifact calibrated with step gating.
 
-The deployed agent runs guarded (:class:`~abstain_guard.middleware.AbstentionMiddleware`
+The deployed agent runs guarded (:class:`~abstain_guard.guard.middleware.AbstentionMiddleware`
 decides on every model call, stopping the run before the tool calls of the first call whose
 running maximum crosses τ). Per run the row records each executed call's live step score
 beside the stored one (the same agent's cached run as calibration ran it), where the run
@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from abstain_guard.agent_steps import run_statistic
+from abstain_guard.guarantee.agent_steps import run_statistic
 
 from ..building.agent_calibration import run_step_scores
-from ..building.agents import AgentRun, run_row, step_messages
+from ..building.answering.agents import AgentRun, run_row, step_messages
 from ..building.judges.base import Judgment
 from ..building.run_labels import call_verdicts, run_judgment
 

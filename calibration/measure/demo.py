@@ -11,15 +11,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from abstain_guard.artifact import GuardArtifact
-from abstain_guard.chains import load_guard_chain
+from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
-from abstain_guard.decision import DecisionRule
 from abstain_guard.errors import ArtifactNotFoundError, UncertifiableTargetError
-from abstain_guard.frontier import smallest_certifiable_risk
+from abstain_guard.guarantee.decision import DecisionRule
+from abstain_guard.guarantee.frontier import smallest_certifiable_risk
+from abstain_guard.guard.chains import load_guard_chain
 
 from ..building.judges import LexicalJudge
-from ..building.probe import builtin_probe_set
+from ..building.questions.probe import builtin_probe_set
 
 
 def pick_questions(items: list[Any], ids: list[str], n: int) -> list[Any]:

@@ -2,7 +2,7 @@
 held-out questions and compare with what calibration stored.
 
 For every held-out question (the artifact's stored calibration and test ids) the guard chain
-from :func:`~abstain_guard.chains.load_guard_chain` — the recorded prompt,
+from :func:`~abstain_guard.guard.chains.load_guard_chain` — the recorded prompt,
 token budget and decoding, one question per call — generates, scores and decides. The
 report gives, per question, the live score beside the stored score (the artifact's
 calibration score, or for test questions the score of the cached answer replayed as
@@ -22,20 +22,20 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from abstain_guard.artifact import GuardArtifact
-from abstain_guard.chains import load_guard_chain
-from abstain_guard.chat_model_specs import ChatModelSpec, chat_model_fingerprint
-from abstain_guard.deployment import DeploymentRecord
+from abstain_guard.artifact.guard_artifact import GuardArtifact
+from abstain_guard.contract.chat_model_specs import ChatModelSpec, chat_model_fingerprint
+from abstain_guard.contract.deployment import DeploymentRecord
+from abstain_guard.contract.kernels import bit_deciding, kernel_differences, near_threshold
+from abstain_guard.contract.prompts import history_messages
 from abstain_guard.errors import AbstainGuardError, ConfigError
-from abstain_guard.kernels import bit_deciding, kernel_differences, near_threshold
-from abstain_guard.monitor import calibration_sha256
-from abstain_guard.prompts import history_messages
+from abstain_guard.guard.chains import load_guard_chain
+from abstain_guard.monitor.guard_monitor import calibration_sha256
 
-from ..building.answers import generate_answers, replay_as_deployed
-from ..building.api_generation import score_api_answers
-from ..building.calibration_config import CalibrationConfig
-from ..building.judging import build_judges, judge_answers
-from ..building.models import load_model
+from ..building.answering.answers import generate_answers, replay_as_deployed
+from ..building.answering.api_generation import score_api_answers
+from ..building.answering.models import load_model
+from ..building.judges.judging import build_judges, judge_answers
+from ..building.run.calibration_config import CalibrationConfig
 from .cache_reuse import EvaluateCache, evaluate_cache
 from .held_out import artifact_items
 
@@ -91,7 +91,7 @@ def kernel_summary(
     threshold: float,
 ) -> dict[str, Any]:
     """The kernels part of the live summary (pure): the bit-deciding kernel facts of the
-    calibration and of this run (:func:`abstain_guard.kernels.bit_deciding`), how they
+    calibration and of this run (:func:`abstain_guard.contract.kernels.bit_deciding`), how they
     differ, the measured max |live − stored| score over ``rows``, and how many of the
     calibration ``scores`` ``[n]`` lie within that distance of ``threshold`` (the decisions
     that move could flip)."""

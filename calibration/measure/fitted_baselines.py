@@ -13,13 +13,13 @@ from typing import Any
 
 import numpy as np
 
+from abstain_guard.contract.metadata import HIDDEN, QUESTION_GROUP
 from abstain_guard.errors import AbstainGuardError
-from abstain_guard.metadata import HIDDEN, QUESTION_GROUP
 from abstain_guard.scorers import build_scorer
 
-from ..building.answers import STATES_NS, AnswerRow
-from ..building.datasets import QAItem
-from ..building.online_geometry import reference_hidden
+from ..building.answering.answer_rows import STATES_NS, AnswerRow
+from ..building.answering.online_geometry import reference_hidden
+from ..building.questions.datasets import QAItem
 
 logger = logging.getLogger("abstain_guard.calibration")
 

@@ -5,10 +5,10 @@ intervals.
 Each held-out answer is decided by rules calibrated on the *other* answers (K-fold
 cross-fitting, :func:`cross_fitted_groups`): every answer is a test answer once, and no rule
 ever decides an answer it was calibrated on. The rules are the guard's own
-(:func:`abstain_guard.decision.decision_rule` pooled, :func:`abstain_guard.groups.group_rules`
-per group, ``group_fallback="abstain"``: a group that gets no rule of its own abstains). The
-Wilson intervals treat the K folds' decisions as independent draws, which they are only
-approximately (the folds' rules share calibration answers).
+(:func:`abstain_guard.guarantee.decision.decision_rule` pooled,
+:func:`abstain_guard.guarantee.groups.group_rules` per group, ``group_fallback="abstain"``: a group
+that gets no rule of its own abstains). The Wilson intervals treat the K folds' decisions as
+independent draws, which they are only approximately (the folds' rules share calibration answers).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from abstain_guard.config import GuardConfig
-from abstain_guard.decision import decision_rule
 from abstain_guard.errors import InsufficientDataError
-from abstain_guard.groups import group_rates, group_rules
+from abstain_guard.guarantee.decision import decision_rule
+from abstain_guard.guarantee.groups import group_rates, group_rules
 
 __all__ = ["cross_fitted_groups", "group_tables", "groups_markdown"]
 
@@ -51,7 +51,8 @@ def cross_fitted_groups(
 
     Returns:
         ``{"pooled": group_rates, "per_group": group_rates, "rule_kinds": {group: [kind per
-        fold]}, "folds", "seed", "target", "mode"}`` (:func:`abstain_guard.groups.group_rates`).
+        fold]}, "folds", "seed", "target", "mode"}``
+        (:func:`abstain_guard.guarantee.groups.group_rates`).
     """
     s = np.asarray(scores, dtype=np.float64)
     j = np.asarray(correct).astype(bool)

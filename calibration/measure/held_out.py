@@ -24,32 +24,27 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from abstain_guard.artifact import GuardArtifact
+from abstain_guard.artifact.guard_artifact import GuardArtifact
+from abstain_guard.contract.metadata import HIDDEN
 from abstain_guard.errors import (
     CalibrationError,
     ConfigError,
     DatasetError,
 )
-from abstain_guard.frontier import frontier_document
-from abstain_guard.metadata import HIDDEN
+from abstain_guard.guarantee.frontier import frontier_document
 from abstain_guard.scorers import SampleSource, build_scorer, scorer_names
 from abstain_guard.scorers.calibrated import CalibratedScorer
 from abstain_guard.scorers.geometry import GeometryScorer
 
-from ..building.answers import generate_answers, replay_as_deployed
-from ..building.calibration_config import CalibrationConfig
-from ..building.dataset_files import load_dataset
-from ..building.datasets import QAItem, split_items
-from ..building.items import (
-    BUILTIN_V1,
-    items_digest,
-    load_items,
-    named_spec,
-)
-from ..building.judging import build_judges, judge_answers, labeled_items, labels
-from ..building.models import load_model
-from ..building.named_datasets import load_named_dataset
-from ..building.online_geometry import reference_responses
+from ..building.answering.answers import generate_answers, replay_as_deployed
+from ..building.answering.models import load_model
+from ..building.answering.online_geometry import reference_responses
+from ..building.judges.judging import build_judges, judge_answers, labeled_items, labels
+from ..building.questions.dataset_files import load_dataset
+from ..building.questions.datasets import QAItem, split_items
+from ..building.questions.items import BUILTIN_V1, items_digest, load_items, named_spec
+from ..building.questions.named_datasets import load_named_dataset
+from ..building.run.calibration_config import CalibrationConfig
 from .cache_reuse import EvaluateCache, evaluate_cache
 from .fitted_baselines import cost, fitted_baseline_scores, reference_metadata, with_groups
 from .group_report import group_tables

@@ -17,7 +17,7 @@ from numpy.typing import ArrayLike, NDArray
 from scipy import stats
 
 from abstain_guard.errors import InsufficientDataError, InvalidInputError
-from abstain_guard.validation import check_labels
+from abstain_guard.guarantee.validation import check_labels
 
 __all__ = ["IMPORTANCE_FAMILIES", "hypothesis_checks", "validate_importance"]
 

@@ -35,7 +35,7 @@ from numpy.typing import ArrayLike, NDArray
 from sklearn.metrics import average_precision_score, roc_auc_score
 
 from abstain_guard.errors import InsufficientDataError, InvalidInputError
-from abstain_guard.validation import check_labels, check_scores, require_both_classes
+from abstain_guard.guarantee.validation import check_labels, check_scores, require_both_classes
 
 __all__ = [
     "INTERVAL_METRICS",

@@ -16,7 +16,7 @@ For one data set and a reference scorer (the artifact's, e.g. ``geometry``):
   most confident answers) and the area under that risk–participation curve (AURC);
   ``certified``: on the calibration split only, the smallest risk target ε certified at
   δ = 0.1 and the participation certified at ε = 0.35 (the numbers a user of that scorer's
-  guard sees; :mod:`abstain_guard.frontier`).
+  guard sees; :mod:`abstain_guard.guarantee.frontier`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from sklearn.metrics import roc_auc_score
 
-from abstain_guard.frontier import certifiable_frontier, smallest_certifiable_risk
+from abstain_guard.guarantee.frontier import certifiable_frontier, smallest_certifiable_risk
 
 from .metrics import bootstrap_draws, percentile_interval
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from abstain_guard.contract.metadata import ResponseLike
 from abstain_guard.errors import InvalidInputError
-from abstain_guard.metadata import ResponseLike
 from abstain_guard.scorers import TokenBlock, family_slices
 from abstain_guard.scorers.geometry import GeometryScorer
 

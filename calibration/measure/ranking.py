@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from abstain_guard.errors import InsufficientDataError, InvalidInputError
-from abstain_guard.validation import check_labels
+from abstain_guard.guarantee.validation import check_labels
 
 from .metrics import (
     INTERVAL_METRICS,

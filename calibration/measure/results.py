@@ -16,7 +16,7 @@ from numpy.typing import ArrayLike, NDArray
 from tqdm.auto import tqdm
 
 from abstain_guard.errors import InvalidInputError
-from abstain_guard.validation import check_labels
+from abstain_guard.guarantee.validation import check_labels
 
 from .hypotheses import hypothesis_checks, validate_importance
 from .metrics import check_nan_policy

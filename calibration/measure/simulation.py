@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from abstain_guard.conformal import conformal_rank
 from abstain_guard.errors import InsufficientDataError, InvalidInputError
-from abstain_guard.validation import check_labels, check_scores
+from abstain_guard.guarantee.conformal import conformal_rank
+from abstain_guard.guarantee.validation import check_labels, check_scores
 
 __all__ = [
     "DEFAULT_LEVELS",

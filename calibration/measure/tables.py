@@ -395,7 +395,7 @@ def calibrated_table_markdown(
 
 
 def frontier_markdown(frontier: Mapping[str, Any]) -> str:
-    """The certifiable frontier of one artifact (:func:`abstain_guard.frontier.
+    """The certifiable frontier of one artifact (:func:`abstain_guard.guarantee.frontier.
     frontier_document`): certified calibration participation per risk target ε and δ, and
     the smallest certifiable ε per δ."""
     deltas = list(frontier["participation"])

@@ -1,14 +1,27 @@
 """Judges: decide whether a generated answer is correct (the calibration labels).
 
-Offline judges (:mod:`.text`, :mod:`.lexical`, :mod:`.similarity`) need no model call;
+Offline judges (:mod:`.lexical`, :mod:`.similarity`; their answer text analysis is
+:mod:`..questions.answer_text`) need no model call;
 LLM judges (:mod:`.llm`, :mod:`.paper`) ask a chat model; :mod:`.tool_calls` judges an agent
 run's executed tool calls against a row's expected calls. The interface is in :mod:`.base`;
 :func:`make_judge` (:mod:`.registry`) builds any of them by name; :mod:`.cache` stores
-verdicts in the run cache.
+verdicts in the run cache; :mod:`.judging` judges a run's answers and turns the verdicts into
+the calibration labels.
+
+May import: ``abstain_guard.calibration.building.questions``,
+``abstain_guard.calibration.building.run``, ``abstain_guard.adapters.tools``,
+``abstain_guard.scorers``, ``abstain_guard.errors``.
 """
 
 from __future__ import annotations
 
+from ..questions.answer_text import (
+    REFUSAL_PATTERNS,
+    hedge_alternatives,
+    normalize_answer,
+    refusal_phrase,
+    token_f1,
+)
 from .base import (
     Judge,
     JudgeInput,
@@ -31,13 +44,6 @@ from .llm import (
 from .paper import PaperPipelineJudge, StatementRewriter
 from .registry import JUDGE_NAMES, make_judge
 from .similarity import SimilarityJudge
-from .text import (
-    REFUSAL_PATTERNS,
-    hedge_alternatives,
-    normalize_answer,
-    refusal_phrase,
-    token_f1,
-)
 from .tool_calls import CallVerdict, judge_tool_calls, run_tool_label
 
 __all__ = [

@@ -7,8 +7,8 @@ it, and each new verdict is committed as soon as it arrives, so a run killed mid
 everything judged so far. Judgments that could not be made (``correct is None``) are not
 cached by default, so a later run retries them.
 
-Storage is the project's :class:`~abstain_guard.calibration.building.store.RunStore` (SQLite in WAL
-mode, one transaction per write): a process killed mid-write leaves the database consistent
+Storage is the project's :class:`~abstain_guard.calibration.building.run.store.RunStore` (SQLite in
+WAL mode, one transaction per write): a process killed mid-write leaves the database consistent
 (the unfinished transaction is rolled back on the next open). It also brings the store's
 integrity checks: a file that is not SQLite, is damaged, truncated to 0 bytes, or holds an
 edited verdict raises :class:`~abstain_guard.errors.CacheError` naming the file to delete; a
@@ -25,7 +25,7 @@ from typing import Any
 
 from abstain_guard.errors import CacheError, JudgmentCacheError
 
-from ..store import LayeredStore, RunStore, content_key
+from ..run.store import LayeredStore, RunStore, content_key
 from .base import Judge, JudgeInput, Judgment, unpack_input
 
 __all__ = ["CachedJudge", "JudgmentCache", "judgment_key"]
@@ -34,7 +34,7 @@ __all__ = ["CachedJudge", "JudgmentCache", "judgment_key"]
 def judgment_key(
     question: str, gold_answers: Sequence[str], prediction: str, choices: Sequence[str] = ()
 ) -> str:
-    """The cache key of one judged answer: :func:`~abstain_guard.calibration.building.store.
+    """The cache key of one judged answer: :func:`~abstain_guard.calibration.building.run.store.
     content_key` of ``(question, gold answers, prediction)``, the options appended only when
     there are some (so keys of open questions do not change with an empty option list)."""
     options = (list(choices),) if choices else ()
@@ -54,12 +54,13 @@ def _typed() -> Iterator[None]:
 
 class JudgmentCache:
     """Judgments keyed by ``(judge identity, content key)`` in a SQLite
-    :class:`~abstain_guard.calibration.building.store.RunStore` (one namespace per judge identity).
+    :class:`~abstain_guard.calibration.building.run.store.RunStore` (one namespace per judge
+    identity).
 
     Args:
         path: the database file (created with its parent folders if missing).
         timeout: seconds to wait for another process's write lock.
-        read_from: read-only stores (:class:`~abstain_guard.calibration.building.store.
+        read_from: read-only stores (:class:`~abstain_guard.calibration.building.run.store.
             RunStore` with ``read_only=True``, e.g. the calibration run's judgments under
             ``evaluate``) whose verdicts are reused when this file has none; new verdicts are
             written to ``path`` only.

@@ -1,6 +1,6 @@
 """Rule-based judges: :class:`LexicalJudge` (open questions), :class:`NumericJudge` (math) and
 :class:`ChoiceJudge` (multiple choice). Text analysis lives in
-:mod:`abstain_guard.calibration.building.judges.text`; everything here is re-exported by
+:mod:`abstain_guard.calibration.building.questions.answer_text`; everything here is re-exported by
 :mod:`abstain_guard.calibration.building.judges`.
 """
 
@@ -13,8 +13,7 @@ from typing import Any, ClassVar, Literal
 
 from abstain_guard.errors import DatasetError, JudgeError
 
-from .base import Judge, Judgment
-from .text import (
+from ..questions.answer_text import (
     alias_tokens,
     answer_tokens,
     contains_tokens,
@@ -25,6 +24,7 @@ from .text import (
     token_f1,
     without_refusals,
 )
+from .base import Judge, Judgment
 
 __all__ = [
     "ChoiceJudge",
@@ -81,9 +81,9 @@ def _refusal(aliases: Sequence[Sequence[str]], prediction: str) -> str | None:
 
 class LexicalJudge(Judge):
     """Normalised whole-token matching against every gold alias (see
-    :mod:`~abstain_guard.calibration.building.judges.text` for the normalisation: accents and case
-    folded, one leading article dropped, articles inside an alias kept — ``"Vitamin A"`` never
-    matches ``"Vitamin C"``).
+    :mod:`~abstain_guard.calibration.building.questions.answer_text` for the normalisation: accents
+    and case folded, one leading article dropped, articles inside an alias kept — ``"Vitamin A"``
+    never matches ``"Vitamin C"``).
 
     Modes:
         ``"containment"`` (default): correct when some gold alias occurs in the prediction as a
@@ -98,8 +98,8 @@ class LexicalJudge(Judge):
 
     * **Empty prediction** → incorrect.
     * **Refusal** → incorrect with ``Judgment.refusal=True``: the prediction contains a phrase
-      of :data:`~abstain_guard.calibration.building.judges.text.REFUSAL_PATTERNS` ("I don't
-      know", "no comment", "I cannot answer", "I'm not sure", "unknown", "there is no
+      of :data:`~abstain_guard.calibration.building.questions.answer_text.REFUSAL_PATTERNS` ("I
+      don't know", "no comment", "I cannot answer", "I'm not sure", "unknown", "there is no
       answer", ...) and names no gold alias outside it. This holds when the gold is itself a refusal
       (TruthfulQA's "I have no comment."). An answer given despite a doubt ("I'm not sure, but
       it's Paris") is judged as an answer.
@@ -107,7 +107,7 @@ class LexicalJudge(Judge):
       ``either``, and comma lists closed by ``or``: ``"Paris, Lyon or Nice"``, items of at most
       three tokens) of which one names a gold alias and another is a distinct non-empty
       candidate naming none
-      (:func:`~abstain_guard.calibration.building.judges.text.hedge_alternatives`).
+      (:func:`~abstain_guard.calibration.building.questions.answer_text.hedge_alternatives`).
       Extra words describing the gold (``"Paris, the capital of France"``) are no hedge,
       nor are alternatives that all name gold aliases, nor ``"more or less"`` / ``"whether or
       not"``. Not detected: a bare comma list without ``or`` (``"Paris, Lyon, Nice"`` cannot be

@@ -3,7 +3,7 @@
 Pure functions over plain data. An executed call is a mapping ``{"name", "args"}`` (a
 LangChain ``ToolCall``, or a call as a cached agent run stores it:
 ``row["agent"]["messages"][i]["tool_calls"]``); an expected call is an
-:class:`~abstain_guard.calibration.building.tool_labels.ExpectedCall` (or such a mapping);
+:class:`~abstain_guard.calibration.building.questions.tool_labels.ExpectedCall` (or such a mapping);
 ``schemas`` are the OpenAI-format tool schemas the model was offered (a run's
 ``offered[i]["tools"]``).
 
@@ -11,7 +11,7 @@ A call is **correct** when it names an expected call's tool and its arguments eq
 call's arguments:
 
 1. **Validation.** With the tool's schema, the call's arguments must validate against it
-   with :func:`abstain_guard.adapters.tool_schema.tool_args_error` — the very check the
+   with :func:`abstain_guard.adapters.tools.schema.tool_args_error` — the very check the
    model's reply parsing applies, so calibration labels and deployment agree (an argument
    the schema does not declare, such as the ``"type": "string"`` the embedded model writes,
    fails it). A call that fails is wrong, whatever its values.
@@ -52,10 +52,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from abstain_guard.adapters.tool_schema import schema_name, tool_args_error, tool_parameters
+from abstain_guard.adapters.tools.schema import schema_name, tool_args_error, tool_parameters
 from abstain_guard.errors import InvalidInputError
 
-from ..tool_labels import ExpectedCall
+from ..questions.tool_labels import ExpectedCall
 
 __all__ = [
     "CallVerdict",

@@ -1,0 +1,21 @@
+"""The artifact: what calibration writes and the guard loads — the fitted scorer's state, the
+calibration scores and labels, the deployment record, the model fingerprint — and how it lives
+on disk.
+
+* :mod:`.guard_artifact` — :class:`~.guard_artifact.GuardArtifact`: the format, saving and
+  loading, and the rules it rebuilds from what it stores (decision, groups, selection);
+* :mod:`.files` — file names and encodings (canonical JSON, ``.npz`` without pickle, size
+  checks), atomic publication of a new version, reading one consistent snapshot.
+
+The package exports what the module ``abstain_guard.artifact`` exported before it became a
+package.
+
+May import: ``abstain_guard.scorers``, ``abstain_guard.guarantee``, ``abstain_guard.config``,
+``abstain_guard.errors``, ``abstain_guard._version``.
+"""
+
+from __future__ import annotations
+
+from abstain_guard.artifact.guard_artifact import MAX_ARRAY_BYTES, SCHEMA_VERSION, GuardArtifact
+
+__all__ = ["MAX_ARRAY_BYTES", "SCHEMA_VERSION", "GuardArtifact"]

@@ -1,0 +1,517 @@
+"""How an artifact lives on disk: the file names and their encodings (canonical JSON, ``.npz``
+without pickle, size checks from the headers), atomic publication of a new version, and
+reading one consistent snapshot while a save may be swapping it (see
+:mod:`abstain_guard.artifact` for the format and the guarantees)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import hashlib
+import io
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import stat
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from abstain_guard.errors import (
+    ArtifactError,
+    ArtifactIntegrityError,
+    ArtifactNotFoundError,
+    ArtifactSchemaError,
+    ArtifactTooLargeError,
+    ArtifactWriteError,
+    InvalidInputError,
+)
+from abstain_guard.guarantee.validation import check_labels, check_scores
+
+logger = logging.getLogger("abstain_guard")
+
+SCHEMA_VERSION = 1
+FORMAT_NAME = "abstain_guard.artifact"
+MANIFEST = "manifest.json"
+CALIBRATION = "calibration.npz"
+SCORER_JSON = "scorer.json"
+SCORER_NPZ = "scorer.npz"
+ACTION_RISK = "action_risk.npz"
+"""Optional: ``statistic`` [n] float64, each calibration run's action statistic
+(:mod:`abstain_guard.guarantee.action_risk`); its own file, so loaders that predate it still read
+the artifact."""
+STREAM = "stream.npz"
+"""Optional: ``first`` [n] float64, each calibration answer's first-chunk score (``inf``:
+no interior chunk end) under the artifact's chunk rule (certified streaming,
+:mod:`abstain_guard.guarantee.partial_release`); the stream statistics are ``calibration.npz``'s
+scores."""
+RESERVED_FILE_NAMES = {MANIFEST, CALIBRATION, SCORER_JSON, SCORER_NPZ, ACTION_RISK, STREAM}
+SAFE_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+#: Default cap on the uncompressed bytes of one ``.npz`` file's arrays at load (512 MiB).
+#: Override per call (``GuardArtifact.load(..., max_array_bytes=...)``) or here.
+MAX_ARRAY_BYTES = 512 * 2**20
+#: How long a load retries while a concurrent save replaces the artifact it is reading.
+READ_RETRY_SECONDS = 10.0
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def canonical_json(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
+    for name, arr in arrays.items():
+        if np.asarray(arr).dtype.hasobject:
+            raise InvalidInputError(
+                f"Array {name!r} has dtype object, which cannot be stored without pickle. "
+                "Convert it to a numeric or fixed-width string array."
+            )
+    buf = io.BytesIO()
+    np.savez(buf, **{k: np.asarray(v) for k, v in arrays.items()})  # type: ignore[arg-type]
+    return buf.getvalue()
+
+
+def _npy_nbytes(member: IO[bytes]) -> int:
+    """Bytes the array in one ``.npy`` member would occupy, from its header alone."""
+    version = np.lib.format.read_magic(member)
+    if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(member)
+    elif version == (2, 0):
+        shape, _, dtype = np.lib.format.read_array_header_2_0(member)
+    else:
+        raise ValueError(f"unsupported .npy format version {version}")
+    return math.prod(int(d) for d in shape) * int(dtype.itemsize)
+
+
+def _check_npz_size(data: bytes, name: str, limit: int) -> None:
+    """Raise ArtifactTooLargeError when the archive's arrays would inflate past ``limit``."""
+    total = 0
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        for info in archive.infolist():
+            with archive.open(info) as member:
+                size = _npy_nbytes(member) if info.filename.endswith(".npy") else info.file_size
+            total += max(size, 0)
+            if total > limit:
+                raise ArtifactTooLargeError(
+                    f"{name} would inflate to more than {limit:,} bytes (member "
+                    f"{info.filename!r} alone: {size:,} bytes; {len(data):,} bytes on disk). "
+                    "An artifact this large is damaged or hostile: re-create it. If you trust it, "
+                    "load it with GuardArtifact.load(..., max_array_bytes=<bytes>)."
+                )
+
+
+def load_npz(data: bytes, name: str, limit: int = MAX_ARRAY_BYTES) -> dict[str, np.ndarray]:
+    try:
+        _check_npz_size(data, name, limit)
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            return {k: npz[k] for k in npz.files}
+    except ArtifactError:
+        raise
+    except Exception as exc:  # ValueError (pickled objects), zipfile errors, ...
+        raise ArtifactSchemaError(
+            f"{name} is not a plain numpy archive ({exc}). Artifacts never contain pickled "
+            "objects; re-create the artifact with abstain_guard."
+        ) from exc
+
+
+def parse_json(raw: bytes, what: str) -> Any:
+    """JSON from bytes; a document nested too deeply is malformed, not a crash."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except RecursionError as exc:
+        raise ArtifactSchemaError(
+            f"{what} is nested too deeply to be an abstain_guard artifact file. Re-create the "
+            "artifact."
+        ) from exc
+
+
+def validate_calibration(scores: ArrayLike, correct: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    s = check_scores(scores)
+    c = check_labels(correct, s.size).astype(bool)
+    return s, c
+
+
+def check_json(obj: Any, what: str) -> None:
+    try:
+        canonical_json(obj)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidInputError(
+            f"{what} must be JSON-serializable (plain dicts, lists, strings, finite numbers): {exc}"
+        ) from exc
+
+
+# --- atomic publication (see the module docstring) -----------------------------------------
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2  # Linux renameat2 flag
+_RENAME_SWAP = 2  # macOS renamex_np flag
+_UNSUPPORTED = {errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV}
+_SIBLING = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>[0-9]+)(?:-[A-Za-z0-9_]+)?$")
+
+
+def _libc() -> Any:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except (OSError, TypeError):  # pragma: no cover - no C library to ask
+        return None
+
+
+_LIBC = _libc()
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two directory entries. False where the OS or file system cannot."""
+    libc = _LIBC
+    src, dst = os.fsencode(a), os.fsencode(b)
+    if sys.platform.startswith("linux") and libc is not None and hasattr(libc, "renameat2"):
+        rc = libc.renameat2(_AT_FDCWD, src, _AT_FDCWD, dst, _RENAME_EXCHANGE)
+    elif sys.platform == "darwin" and libc is not None and hasattr(libc, "renamex_np"):
+        rc = libc.renamex_np(src, dst, _RENAME_SWAP)
+    else:
+        return False
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in _UNSUPPORTED:
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):  # some platforms cannot fsync a directory
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. PermissionError: it exists
+        return True
+    return True
+
+
+def _siblings(target: Path) -> list[tuple[Path, int]]:
+    """Staging (``.tmp-``) and aside (``.old-``) folders of saves of ``target``, with PIDs."""
+    found: list[tuple[Path, int]] = []
+    with contextlib.suppress(OSError):
+        for entry in target.parent.iterdir():
+            m = _SIBLING.match(entry.name)
+            if m and m.group("name") == target.name:
+                found.append((entry, int(m.group("pid"))))
+    return found
+
+
+def sweep_leftovers(target: Path) -> None:
+    """Remove staging/aside folders left by killed saves (their PID no longer runs)."""
+    for entry, pid in _siblings(target):
+        if not _pid_alive(pid):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def write_staging(target: Path, files: Mapping[str, bytes]) -> Path:
+    """Every file written and fsynced in a new folder beside ``target``."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=target.parent))
+    try:
+        for name, data in files.items():
+            fd = os.open(tmp / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                with os.fdopen(fd, "wb", closefd=False) as fh:
+                    fh.write(data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp
+
+
+def _publish_by_renames(tmp: Path, target: Path) -> None:
+    """Fallback without an exchange: rename the current artifact aside, rename ours in."""
+    asides: list[Path] = []
+    try:
+        for _ in range(100):
+            aside = target.with_name(f".{target.name}.old-{os.getpid()}-{os.urandom(4).hex()}")
+            with contextlib.suppress(FileNotFoundError):  # another writer moved it already
+                os.rename(target, aside)
+                asides.append(aside)
+            try:
+                os.rename(tmp, target)
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+        raise ArtifactWriteError(
+            f"Could not replace {str(target)!r}: other processes kept replacing it. Save when "
+            "no other process writes the same artifact."
+        )
+    finally:
+        for aside in asides:
+            shutil.rmtree(aside, ignore_errors=True)
+
+
+def publish(tmp: Path, target: Path, overwrite: bool) -> None:
+    """Make the complete staging folder ``tmp`` the artifact at ``target``."""
+    try:
+        os.rename(tmp, target)  # no target yet (or an empty folder)
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+    if not overwrite:
+        raise ArtifactError(
+            f"{str(target)!r} was created by another process meanwhile; pass overwrite=True "
+            "to replace it."
+        )
+    if _exchange(tmp, target):
+        shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the displaced artifact
+    else:
+        _publish_by_renames(tmp, target)
+
+
+def check_target(target: Path, overwrite: bool) -> None:
+    """Refuse a target that is not (or may not be replaced by) an artifact.
+
+    Another writer may move ``target`` aside at any moment (the rename fallback of
+    ``_publish_by_renames``), so a path that vanishes between two checks counts as absent,
+    not as "not a directory" or "not an artifact".
+    """
+    try:
+        info = target.stat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(info.st_mode):
+        raise ArtifactError(f"{str(target)!r} exists and is not a directory.")
+    try:
+        empty = not any(target.iterdir())
+    except FileNotFoundError:
+        return
+    if empty:
+        return
+    if not overwrite:
+        raise ArtifactError(f"{str(target)!r} already exists; pass overwrite=True to replace it.")
+    manifest = target / MANIFEST
+    if not manifest.is_file() and target.exists() and not manifest.is_file():
+        raise ArtifactError(
+            f"{str(target)!r} is a non-empty directory without {MANIFEST}; refusing "
+            "to replace something that is not an artifact."
+        )
+
+
+def write_error(target: Path, exc: OSError) -> ArtifactWriteError:
+    reason = exc.strerror or str(exc)
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        hint = "The directory is not writable: save to a writable location or fix permissions."
+    elif exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = "The disk is full: free space or save elsewhere."
+    else:
+        hint = "Check the path and the disk, then save again."
+    return ArtifactWriteError(f"Could not write the artifact {str(target)!r} ({reason}). {hint}")
+
+
+# --- consistent reads ------------------------------------------------------------------------
+
+
+class _Snapshot:
+    """One artifact directory, opened once: every file is read relative to that descriptor,
+    so a concurrent exchange cannot mix two artifacts into one load."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._fd: int | None = None
+        if os.open in os.supports_dir_fd:
+            self._fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            st = os.fstat(self._fd)
+        else:  # pragma: no cover - platforms without dir_fd (Windows)
+            st = os.stat(root)
+        self.ident = (st.st_dev, st.st_ino)
+
+    def read(self, name: str) -> bytes | None:
+        """The file's bytes, or None when it does not exist (or is not a regular file)."""
+        try:
+            if self._fd is None:  # pragma: no cover
+                return (self.root / name).read_bytes()
+            fd = os.open(name, os.O_RDONLY, dir_fd=self._fd)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return None
+        with os.fdopen(fd, "rb") as fh:
+            return fh.read()
+
+    def replaced(self) -> bool:
+        """True when the path no longer names the directory this snapshot reads."""
+        try:
+            st = os.stat(self.root)
+        except OSError:
+            return True
+        return (st.st_dev, st.st_ino) != self.ident
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _not_found(root: Path) -> ArtifactNotFoundError:
+    return ArtifactNotFoundError(
+        f"No artifact directory at {str(root)!r}. Run calibration first (abstain-guard "
+        "calibrate) or pass the directory GuardArtifact.save wrote."
+    )
+
+
+def _open_snapshot(root: Path) -> _Snapshot:
+    """Open ``root``; raises _Retry when it is missing only because a save is replacing it."""
+    if not root.is_dir():
+        # the rename fallback of a save: the directory is missing between its two renames.
+        # Siblings first, then the directory again: a save that finished between the two
+        # looks (no siblings left) has put the directory back.
+        if _save_in_progress(root) or root.is_dir():
+            raise _Retry(_not_found(root))
+        raise _not_found(root)
+    try:
+        return _Snapshot(root)
+    except FileNotFoundError as exc:
+        raise _Retry(_not_found(root)) from exc
+    except OSError as exc:
+        raise ArtifactNotFoundError(
+            f"Could not open the artifact directory {str(root)!r} ({exc.strerror or exc})."
+        ) from exc
+
+
+def _save_in_progress(root: Path) -> bool:
+    return any(_pid_alive(pid) for _, pid in _siblings(root))
+
+
+# --- reading a manifest and its files from one snapshot ------------------------------------
+
+
+class _Retry(Exception):
+    """A read failed because a concurrent save replaced the directory: read again."""
+
+    def __init__(self, error: ArtifactError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _verified_manifest(snap: _Snapshot) -> dict[str, Any]:
+    root = snap.root
+    raw = snap.read(MANIFEST)
+    if raw is None:
+        raise ArtifactNotFoundError(
+            f"{str(root)!r} has no {MANIFEST}: it is not an artifact, or it is incomplete."
+        )
+    try:
+        manifest = parse_json(raw, f"{MANIFEST} in {str(root)!r}")
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ArtifactIntegrityError(
+            f"{MANIFEST} in {str(root)!r} is not valid JSON ({exc}): the artifact is "
+            "corrupted or truncated. Re-create or re-copy it."
+        ) from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
+        raise ArtifactSchemaError(
+            f"{MANIFEST} in {str(root)!r} is not an abstain_guard artifact manifest."
+        )
+    version = manifest.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ArtifactSchemaError(
+            f"Artifact schema version {version!r} is not supported (this abstain_guard reads "
+            f"version {SCHEMA_VERSION}). Upgrade abstain_guard or re-create the artifact."
+        )
+    claimed = manifest.pop("manifest_sha256", None)
+    try:
+        actual = sha256_hex(canonical_json(manifest))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ArtifactSchemaError(f"{MANIFEST} holds non-JSON values: {exc}") from exc
+    if claimed != actual:
+        raise ArtifactIntegrityError(
+            f"{MANIFEST} in {str(root)!r} was modified (its checksum does not match). "
+            "Re-create or re-copy the artifact."
+        )
+    _check_manifest_files(manifest)
+    return manifest
+
+
+def _check_manifest_files(manifest: Mapping[str, Any]) -> None:
+    checksums = manifest.get("checksums")
+    if not isinstance(checksums, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in checksums.items()
+    ):
+        raise ArtifactSchemaError(f"{MANIFEST} has no valid 'checksums' mapping.")
+    missing_required = sorted({CALIBRATION, SCORER_JSON, SCORER_NPZ} - set(checksums))
+    if missing_required:
+        raise ArtifactSchemaError(f"{MANIFEST} does not list required files {missing_required}.")
+    for name in checksums:
+        if not SAFE_FILE_NAME.match(name) or name == MANIFEST:
+            raise ArtifactSchemaError(f"{MANIFEST} lists an invalid file name {name!r}.")
+
+
+def _read_files(snap: _Snapshot, manifest: Mapping[str, Any]) -> dict[str, bytes]:
+    data: dict[str, bytes] = {}
+    for name, digest in sorted(manifest["checksums"].items()):
+        blob = snap.read(name)
+        if blob is None:
+            raise ArtifactNotFoundError(
+                f"Artifact file {name!r} is missing from {str(snap.root)!r}. Re-copy the whole "
+                "artifact directory."
+            )
+        if sha256_hex(blob) != digest:
+            raise ArtifactIntegrityError(
+                f"Artifact file {name!r} in {str(snap.root)!r} does not match its checksum (it "
+                "was modified or truncated). Re-create or re-copy the artifact."
+            )
+        data[name] = blob
+    return data
+
+
+def _read_once(root: Path, with_files: bool) -> tuple[dict[str, Any], dict[str, bytes]]:
+    snap = _open_snapshot(root)
+    try:
+        manifest = _verified_manifest(snap)
+        return manifest, (_read_files(snap, manifest) if with_files else {})
+    except (ArtifactNotFoundError, ArtifactIntegrityError) as exc:
+        if snap.replaced():  # a concurrent save replaced (and removed) what we were reading
+            raise _Retry(exc) from exc
+        raise
+    finally:
+        snap.close()
+
+
+def read_consistent(root: Path, with_files: bool) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The verified manifest (and files) of one complete artifact at ``root``, read again
+    while concurrent saves replace it (up to READ_RETRY_SECONDS)."""
+    deadline = time.monotonic() + READ_RETRY_SECONDS
+    delay = 0.001
+    while True:
+        try:
+            return _read_once(root, with_files)
+        except _Retry as retry:
+            if time.monotonic() > deadline:
+                raise retry.error from None
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)

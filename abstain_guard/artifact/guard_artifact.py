@@ -1,0 +1,586 @@
+"""`GuardArtifact`: what calibration produces and the guard loads.
+
+An artifact holds the fitted scorer's state, the calibration scores and labels (so a new
+target in the config re-thresholds instantly, with no model run), the model fingerprint
+and free JSON metadata. On disk it is a directory::
+
+    manifest.json      schema_version, created, model_fingerprint, scorer kind,
+                       sha256 checksums and sizes of every other file, metadata,
+                       and manifest_sha256 (a checksum of the manifest itself)
+    calibration.npz    scores [n] float64, correct [n] bool   (allow_pickle=False),
+                       and groups [n] unicode when calibration recorded each answer's
+                       group (per-group rules, :mod:`abstain_guard.guarantee.groups`)
+    scorer.json        ScorerState kind, params, names of its arrays and files
+    scorer.npz         ScorerState arrays                      (allow_pickle=False)
+    <raw files>        ScorerState files, e.g. calibrator.ubj (XGBoost)
+    action_risk.npz    optional: statistic [n] float64, each calibration run's action
+                       statistic (a step-gated agent: :mod:`abstain_guard.guarantee.action_risk`)
+    stream.npz         optional: first [n] float64, each answer's first-chunk score
+                       (certified streaming: :mod:`abstain_guard.guarantee.partial_release`)
+
+Loading never executes code: JSON, numpy arrays without pickle, and raw bytes handed to
+the scorer's ``from_state``. A missing file raises ArtifactNotFoundError, a changed or
+truncated file ArtifactIntegrityError, an unknown schema or malformed content (a manifest
+nested too deeply included) ArtifactSchemaError, an array that would inflate past
+``max_array_bytes`` (default :data:`MAX_ARRAY_BYTES`, read from each ``.npy`` header before
+anything is allocated) ArtifactTooLargeError, another model's artifact ArtifactMismatchError.
+
+Atomic replacement (readers never see a partial artifact). The artifact stays a plain
+directory (no symlinks, no version folders: copy it with ``cp -r``, ship it in a wheel, and
+any earlier loader reads it). :meth:`GuardArtifact.save`
+
+1. writes every file into a staging directory beside the target
+   (``.<name>.tmp-<pid>-<random>``, same file system), fsyncs each file and the directory;
+2. publishes it with one atomic directory *exchange*: ``renameat2(RENAME_EXCHANGE)`` on
+   Linux, ``renamex_np(RENAME_SWAP)`` on macOS. At every instant the target path is the
+   complete old artifact or the complete new one; the old one, now under the staging name,
+   is deleted and the parent directory fsynced. A first save (no target yet) is a plain
+   ``rename``.
+3. Where the file system cannot exchange, it falls back to rename-aside + rename-in
+   (``.<name>.old-<pid>-<random>``); the target is missing for the instant between the two.
+
+Readers are consistent in both cases: :meth:`GuardArtifact.load` opens the directory once and
+reads every file relative to that descriptor, so it reads one artifact, never a mix of two.
+If a concurrent save removes the directory it is reading (a file disappears), or the target
+is missing while a save's staging or aside folder exists beside it, the load starts again
+(for up to :data:`READ_RETRY_SECONDS`) and returns whichever complete artifact is current.
+
+Concurrent writers: each exchange publishes a complete artifact, so the last save to finish
+wins and nothing is left behind (each writer deletes what its exchange displaced; a staging
+or aside folder left by a killed process is removed by the next save once that PID is gone).
+Every failure is an :class:`~abstain_guard.errors.ArtifactError` (a read-only or full disk:
+:class:`~abstain_guard.errors.ArtifactWriteError`).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from abstain_guard._version import __version__
+from abstain_guard.artifact.files import (
+    ACTION_RISK,
+    CALIBRATION,
+    FORMAT_NAME,
+    MANIFEST,
+    MAX_ARRAY_BYTES,
+    RESERVED_FILE_NAMES,
+    SAFE_FILE_NAME,
+    SCHEMA_VERSION,
+    SCORER_JSON,
+    SCORER_NPZ,
+    STREAM,
+    canonical_json,
+    check_json,
+    check_target,
+    fsync_dir,
+    load_npz,
+    npz_bytes,
+    parse_json,
+    publish,
+    read_consistent,
+    sha256_hex,
+    sweep_leftovers,
+    validate_calibration,
+    write_error,
+    write_staging,
+)
+from abstain_guard.config import GuardConfig
+from abstain_guard.errors import (
+    AbstainGuardError,
+    ArtifactMismatchError,
+    ArtifactSchemaError,
+    InsufficientDataError,
+    InvalidInputError,
+)
+from abstain_guard.guarantee.action_risk import check_action_statistics, require_action_statistics
+from abstain_guard.guarantee.decision import DecisionRule, decision_rule
+from abstain_guard.guarantee.groups import GroupRules, check_groups, group_rules, require_groups
+from abstain_guard.guarantee.partial_release import check_stream_statistics
+from abstain_guard.guarantee.selection import ScorerSelection
+from abstain_guard.scorers import Scorer, ScorerState, scorer_from_state
+
+__all__ = ["MAX_ARRAY_BYTES", "SCHEMA_VERSION", "GuardArtifact"]
+
+logger = logging.getLogger("abstain_guard")
+
+
+# --- the artifact --------------------------------------------------------------------------
+
+
+class GuardArtifact:
+    """A fitted scorer plus its calibration scores and labels.
+
+    Build one with :meth:`from_calibration`, write it with :meth:`save`, read it with
+    :meth:`load`, and ask it for the threshold of any target with :meth:`decision_rule`.
+
+    Attributes:
+        scorer: the fitted :class:`~abstain_guard.scorers.Scorer`.
+        scores: calibration scores, shape ``[n]`` (float64).
+        correct: calibration labels, shape ``[n]`` (bool).
+        model_fingerprint: identity of the model the scores came from (or None).
+        metadata: free JSON dict (judge identity, data set, split sizes, ...).
+        groups: the group of each calibration answer, shape ``[n]`` (str), or None.
+        action_statistic: each calibration run's action statistic, shape ``[n]`` (float64,
+            ``inf`` for a run without a wrong tool call), or None; needed for
+            ``GuardConfig(action_risk_target=...)`` (:mod:`abstain_guard.guarantee.action_risk`).
+        stream_first: each calibration answer's first-chunk score ``[n]`` (``inf``: none)
+            when calibrated with a chunk rule (the scores are then the stream statistics,
+            :mod:`abstain_guard.contract.streaming`), else None.
+        selection: how the scorer was chosen among candidates on these calibration answers
+            (``metadata["selection"]``,
+            :class:`~abstain_guard.guarantee.selection.ScorerSelection`), or None; every rule then
+            certifies at δ/K.
+        created: ISO-8601 UTC creation time.
+        schema_version: the on-disk schema version.
+        path: where it was loaded from or last saved to (None for an in-memory artifact).
+    """
+
+    def __init__(
+        self,
+        scorer: Scorer,
+        scores: ArrayLike,
+        correct: ArrayLike,
+        model_fingerprint: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        created: str | None = None,
+        groups: ArrayLike | None = None,
+        action_statistic: ArrayLike | None = None,
+        stream_first: ArrayLike | None = None,
+    ) -> None:
+        if not isinstance(scorer, Scorer):
+            raise InvalidInputError(
+                f"scorer must be an abstain_guard Scorer, got {type(scorer).__name__}."
+            )
+        self.scorer = scorer
+        self.scores, self.correct = validate_calibration(scores, correct)
+        self.scores.setflags(write=False)
+        self.correct.setflags(write=False)
+        self.groups = None if groups is None else check_groups(groups, self.scores.size)
+        if self.groups is not None:
+            self.groups.setflags(write=False)
+        self.action_statistic = (
+            None
+            if action_statistic is None
+            else check_action_statistics(action_statistic, self.scores.size)
+        )
+        self.stream_first = (
+            None if stream_first is None else check_stream_statistics(stream_first, self.scores)[0]
+        )
+        if model_fingerprint is not None and not isinstance(model_fingerprint, str):
+            raise InvalidInputError("model_fingerprint must be a string or None.")
+        self.model_fingerprint = model_fingerprint
+        meta = dict(metadata or {})
+        check_json(meta, "metadata")
+        self.metadata: dict[str, Any] = meta
+        self.selection = _selection(meta.get("selection"), scorer.kind, int(self.scores.size))
+        self.created = created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        self.schema_version = SCHEMA_VERSION
+        self.path: Path | None = None
+        self._rules: dict[tuple[Any, ...], DecisionRule] = {}
+        self._group_rules: dict[tuple[Any, ...], GroupRules] = {}
+
+    @classmethod
+    def from_calibration(
+        cls,
+        *,
+        scorer: Scorer,
+        scores: ArrayLike,
+        correct: ArrayLike,
+        model_fingerprint: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        groups: ArrayLike | None = None,
+        action_statistic: ArrayLike | None = None,
+        stream_first: ArrayLike | None = None,
+    ) -> GuardArtifact:
+        """Create an artifact from a fitted scorer and its calibration scores and labels.
+
+        Args:
+            scorer: the fitted scorer that produced ``scores``.
+            scores: calibration uncertainty scores, shape ``[n]``, finite.
+            correct: calibration labels (0/1 or bool), shape ``[n]``.
+            model_fingerprint: identity of the chat model (checked by the guard).
+            metadata: free JSON metadata stored in the manifest.
+            groups: the group of each calibration answer (e.g. the probe relation), shape
+                ``[n]``; needed for per-group rules (``GuardConfig(group_by=...)``).
+            action_statistic: each calibration run's action statistic (a step-gated agent,
+                :func:`abstain_guard.guarantee.action_risk.action_statistic`), shape ``[n]``; needed
+                for ``GuardConfig(action_risk_target=...)``.
+            stream_first: each answer's first-chunk score (calibrated with a chunk rule:
+                ``scores`` are the stream statistics), shape ``[n]``.
+        """
+        return cls(
+            scorer,
+            scores,
+            correct,
+            model_fingerprint=model_fingerprint,
+            metadata=metadata,
+            groups=groups,
+            action_statistic=action_statistic,
+            stream_first=stream_first,
+        )
+
+    @property
+    def n(self) -> int:
+        """Number of calibration samples."""
+        return int(self.scores.size)
+
+    @property
+    def scorer_kind(self) -> str:
+        """The scorer's registry kind."""
+        return self.scorer.kind
+
+    def decision_rule(self, config: GuardConfig | None = None) -> DecisionRule:
+        """The threshold and guarantee for ``config``'s target, from the stored scores.
+
+        Raises:
+            ArtifactMismatchError: when ``config.scorer`` names another scorer kind.
+            ActionRiskUnavailableError: ``config.action_risk_target`` is set and the
+                artifact stores no action statistics.
+        """
+        cfg = config if config is not None else GuardConfig()
+        if cfg.scorer is not None and cfg.scorer != self.scorer.kind:
+            raise ArtifactMismatchError(
+                f"The config asks for scorer {cfg.scorer!r} but this artifact was calibrated "
+                f"with {self.scorer.kind!r}. Use an artifact for {cfg.scorer!r} or drop the "
+                "scorer setting."
+            )
+        if cfg.action_risk_target is not None:
+            require_action_statistics(self.action_statistic)
+        key = (
+            cfg.mode,
+            cfg.participation,
+            cfg.risk_target,
+            cfg.delta,
+            cfg.on_infeasible,
+            cfg.action_risk_target,
+            cfg.partial_release_target,
+        )
+        rule = self._rules.get(key)
+        if rule is None:
+            rule = decision_rule(
+                self.scores,
+                self.correct,
+                cfg,
+                selection=self.selection,
+                action_statistic=self.action_statistic,
+                stream_first=self.stream_first,
+            )
+            self._rules[key] = rule
+        return rule
+
+    @property
+    def n_candidates(self) -> int:
+        """K, the scorers this one was chosen among on its calibration answers (1: none)."""
+        return 1 if self.selection is None else self.selection.n_candidates
+
+    def group_rules(self, config: GuardConfig) -> GroupRules:
+        """Each calibration group's rule for ``config`` (``config.group_by`` set), from the
+        stored scores, labels and groups (:func:`abstain_guard.guarantee.groups.group_rules`).
+
+        Raises:
+            ArtifactMismatchError: the artifact records no calibration groups.
+            InsufficientDataError: a group is too small and ``group_fallback="raise"``.
+        """
+        groups = require_groups(self.groups, config)
+        key = (
+            config.mode,
+            config.participation,
+            config.risk_target,
+            config.delta,
+            config.on_infeasible,
+            tuple(sorted((config.group_targets or {}).items())),
+            config.group_delta,
+            config.group_fallback,
+            config.unknown_group,
+        )
+        rules = self._group_rules.get(key)
+        if rules is None:
+            pooled = self.decision_rule(config)
+            rules = group_rules(
+                self.scores,
+                self.correct,
+                groups,
+                config,
+                pooled=pooled,
+                selection=self.selection,
+            )
+            self._group_rules[key] = rules
+        return rules
+
+    def check_fingerprint(self, fingerprint: str | None) -> None:
+        """Raise ArtifactMismatchError when both fingerprints are set and differ."""
+        if fingerprint is None or self.model_fingerprint is None:
+            return
+        if str(fingerprint) != self.model_fingerprint:
+            raise ArtifactMismatchError(
+                f"This artifact was calibrated for model {self.model_fingerprint!r}, but the "
+                f"model in use is {str(fingerprint)!r}. Its thresholds do not transfer to "
+                "another model: calibrate again for this model, or load the matching model."
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"GuardArtifact(scorer={self.scorer.kind!r}, n={self.n}, "
+            f"accuracy={float(self.correct.mean()):.3f}, "
+            f"model_fingerprint={self.model_fingerprint!r})"
+        )
+
+    # --- save --------------------------------------------------------------------------
+
+    def _files(self) -> dict[str, bytes]:
+        state: ScorerState = self.scorer.get_state()
+        if not isinstance(state, ScorerState):
+            raise InvalidInputError(
+                f"{type(self.scorer).__name__}.get_state() must return a ScorerState."
+            )
+        for name in state.files:
+            if not SAFE_FILE_NAME.match(name) or name in RESERVED_FILE_NAMES:
+                raise InvalidInputError(
+                    f"Scorer file name {name!r} is not allowed (use letters, digits, '.', '_', "
+                    f"'-', not one of {sorted(RESERVED_FILE_NAMES)})."
+                )
+        check_json(state.params, "ScorerState.params")
+        scorer_json = {
+            "kind": state.kind,
+            "params": state.params,
+            "arrays": sorted(state.arrays),
+            "files": sorted(state.files),
+        }
+        calibration = {"scores": self.scores, "correct": self.correct}
+        if self.groups is not None:
+            calibration["groups"] = self.groups
+        files: dict[str, bytes] = {
+            CALIBRATION: npz_bytes(calibration),
+            SCORER_JSON: json.dumps(scorer_json, indent=2, sort_keys=True).encode(),
+            SCORER_NPZ: npz_bytes(state.arrays),
+        }
+        for name, data in state.files.items():
+            files[name] = bytes(data)
+        if self.action_statistic is not None:
+            files[ACTION_RISK] = npz_bytes({"statistic": self.action_statistic})
+        if self.stream_first is not None:
+            files[STREAM] = npz_bytes({"first": self.stream_first})
+        return files
+
+    def _manifest(self, files: Mapping[str, bytes]) -> dict[str, Any]:
+        manifest: dict[str, Any] = {
+            "format": FORMAT_NAME,
+            "schema_version": SCHEMA_VERSION,
+            "created": self.created,
+            "library_version": __version__,
+            "model_fingerprint": self.model_fingerprint,
+            "scorer": {"kind": self.scorer.kind, "name": self.scorer.name},
+            "n_calibration": self.n,
+            "accuracy": float(self.correct.mean()),
+            "checksums": {name: sha256_hex(data) for name, data in sorted(files.items())},
+            "sizes": {name: len(data) for name, data in sorted(files.items())},
+            "metadata": self.metadata,
+        }
+        if self.groups is not None:
+            names, counts = np.unique(self.groups, return_counts=True)
+            manifest["groups"] = {str(k): int(v) for k, v in zip(names, counts, strict=True)}
+        manifest["manifest_sha256"] = sha256_hex(canonical_json(manifest))
+        return manifest
+
+    def save(self, path: str | os.PathLike[str], overwrite: bool = False) -> Path:
+        """Write the artifact directory atomically (see the module docstring): a reader of
+        ``path`` sees the complete old artifact or the complete new one, never a mix, and of
+        concurrent saves the last to finish wins.
+
+        Args:
+            path: the directory to create.
+            overwrite: replace an existing artifact directory at ``path``. A non-empty
+                directory that is not an artifact is never replaced.
+
+        Returns:
+            The directory path.
+
+        Raises:
+            ArtifactError: ``path`` exists and may not be replaced.
+            ArtifactWriteError: the files could not be written (read-only or full disk, ...).
+        """
+        target = Path(path)
+        check_target(target, overwrite)
+        files = self._files()
+        manifest = self._manifest(files)
+        files[MANIFEST] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            sweep_leftovers(target)
+            tmp = write_staging(target, files)
+        except OSError as exc:
+            raise write_error(target, exc) from exc
+        try:
+            publish(tmp, target, overwrite)
+            fsync_dir(target.parent)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise write_error(target, exc) from exc
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self.path = target
+        return target
+
+    # --- load --------------------------------------------------------------------------
+
+    @classmethod
+    def read_manifest(cls, path: str | os.PathLike[str]) -> dict[str, Any]:
+        """Read and verify ``manifest.json`` (schema and self-checksum) without loading data."""
+        manifest, _ = read_consistent(Path(path), with_files=False)
+        return manifest
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        expected_fingerprint: str | None = None,
+        *,
+        max_array_bytes: int | None = None,
+    ) -> GuardArtifact:
+        """Load and verify an artifact directory.
+
+        Args:
+            path: the directory written by :meth:`save`.
+            expected_fingerprint: when given (and the artifact has a fingerprint), they
+                must be equal.
+            max_array_bytes: the most bytes the arrays of one ``.npz`` file may inflate to
+                (default :data:`MAX_ARRAY_BYTES`, 512 MiB), checked before allocating.
+
+        Raises:
+            ArtifactNotFoundError: the directory or a file is missing.
+            ArtifactIntegrityError: a file's checksum or size does not match the manifest.
+            ArtifactSchemaError: unsupported schema version or malformed content.
+            ArtifactTooLargeError: an array would inflate past ``max_array_bytes``.
+            ArtifactMismatchError: the artifact belongs to another model.
+        """
+        root = Path(path)
+        limit = MAX_ARRAY_BYTES if max_array_bytes is None else int(max_array_bytes)
+        manifest, data = read_consistent(root, with_files=True)
+
+        fingerprint = manifest.get("model_fingerprint")
+        if fingerprint is not None and not isinstance(fingerprint, str):
+            raise ArtifactSchemaError("manifest model_fingerprint must be a string or null.")
+
+        calib = load_npz(data[CALIBRATION], CALIBRATION, limit)
+        if set(calib) not in ({"scores", "correct"}, {"scores", "correct", "groups"}):
+            raise ArtifactSchemaError(
+                f"{CALIBRATION} must hold 'scores' and 'correct' (and optionally 'groups'), "
+                f"has {sorted(calib)}."
+            )
+        action = None
+        if ACTION_RISK in data:  # optional (artifacts before action risk have none)
+            stored = load_npz(data[ACTION_RISK], ACTION_RISK, limit)
+            if set(stored) != {"statistic"}:
+                raise ArtifactSchemaError(
+                    f"{ACTION_RISK} must hold 'statistic', has {sorted(stored)}."
+                )
+            action = stored["statistic"]
+        first = None
+        if STREAM in data:  # optional (calibrated with a chunk rule)
+            stream = load_npz(data[STREAM], STREAM, limit)
+            if set(stream) != {"first"}:
+                raise ArtifactSchemaError(f"{STREAM} must hold 'first', has {sorted(stream)}.")
+            first = stream["first"]
+        try:
+            scorer_json = parse_json(data[SCORER_JSON], SCORER_JSON)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ArtifactSchemaError(f"{SCORER_JSON} is not valid JSON: {exc}") from exc
+        if not isinstance(scorer_json, dict) or not isinstance(scorer_json.get("kind"), str):
+            raise ArtifactSchemaError(f"{SCORER_JSON} must be an object with a string 'kind'.")
+        arrays = load_npz(data[SCORER_NPZ], SCORER_NPZ, limit)
+        if sorted(arrays) != sorted(scorer_json.get("arrays", [])):
+            raise ArtifactSchemaError(
+                f"{SCORER_NPZ} holds arrays {sorted(arrays)} but {SCORER_JSON} lists "
+                f"{scorer_json.get('arrays')}."
+            )
+        file_names = scorer_json.get("files", [])
+        if not isinstance(file_names, list) or any(n not in data for n in file_names):
+            raise ArtifactSchemaError(
+                f"{SCORER_JSON} lists scorer files {file_names!r} that the manifest does not."
+            )
+        params = scorer_json.get("params", {})
+        if not isinstance(params, dict):
+            raise ArtifactSchemaError(f"{SCORER_JSON} 'params' must be an object.")
+        state = ScorerState(
+            kind=scorer_json["kind"],
+            params=params,
+            arrays=arrays,
+            files={n: data[n] for n in file_names},
+        )
+        manifest_kind = (manifest.get("scorer") or {}).get("kind")
+        if manifest_kind != state.kind:
+            raise ArtifactSchemaError(
+                f"Manifest scorer kind {manifest_kind!r} differs from {SCORER_JSON} kind "
+                f"{state.kind!r}."
+            )
+        try:
+            scorer = scorer_from_state(state)
+        except AbstainGuardError:
+            raise
+        except Exception as exc:
+            raise ArtifactSchemaError(
+                f"Could not rebuild the {state.kind!r} scorer from the artifact: {exc}"
+            ) from exc
+        metadata = manifest.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            raise ArtifactSchemaError("manifest metadata must be an object.")
+        try:
+            artifact = cls(
+                scorer,
+                calib["scores"],
+                calib["correct"],
+                model_fingerprint=fingerprint,
+                metadata=metadata,
+                created=manifest.get("created"),
+                groups=calib.get("groups"),
+                action_statistic=action,
+                stream_first=first,
+            )
+        except (InvalidInputError, InsufficientDataError) as exc:
+            raise ArtifactSchemaError(f"Invalid calibration data in the artifact: {exc}") from exc
+        artifact.path = root
+        if expected_fingerprint is not None:
+            if fingerprint is None:
+                logger.warning(
+                    "Artifact %s has no model fingerprint; cannot check it against %r.",
+                    root,
+                    expected_fingerprint,
+                )
+            artifact.check_fingerprint(expected_fingerprint)
+        return artifact
+
+
+def _selection(block: Any, kind: str, n: int) -> ScorerSelection | None:
+    """The artifact's ``selection`` block, checked against its scorer and calibration size.
+
+    Raises:
+        InvalidInputError: a malformed block, one that chose another scorer, or one made on
+            another number of calibration answers.
+    """
+    if block is None:
+        return None
+    if not isinstance(block, Mapping):
+        raise InvalidInputError("metadata 'selection' must be an object.")
+    selection = ScorerSelection.from_json(block)
+    if selection.chosen != kind:
+        raise InvalidInputError(
+            f"metadata 'selection' chose {selection.chosen!r} but the artifact's scorer is "
+            f"{kind!r}."
+        )
+    if selection.n != n:
+        raise InvalidInputError(
+            f"metadata 'selection' was made on {selection.n} calibration answers, the artifact "
+            f"holds {n}."
+        )
+    return selection

@@ -1,0 +1,21 @@
+"""The ``abstain-guard`` command line (console script ``abstain_guard.cli:main``).
+
+* :mod:`.commands` — the parser and the commands: calibrate, ask, evaluate, report, demo,
+  recalibrate;
+* :mod:`.serve` — ``abstain-guard serve``;
+* :mod:`.checks` — the checks the commands share.
+
+Heavy imports (torch, transformers, xgboost, FastAPI) happen inside the commands, so
+``--help`` and configuration errors are instant. The package exports what the module
+``abstain_guard.cli`` exported before it became a package.
+
+May import: ``abstain_guard.serve``, ``abstain_guard.calibration``, ``abstain_guard.guard``,
+``abstain_guard.artifact``, ``abstain_guard.backends``, ``abstain_guard.scorers``,
+``abstain_guard.config``, ``abstain_guard.default``, ``abstain_guard.errors``.
+"""
+
+from __future__ import annotations
+
+from abstain_guard.cli.commands import build_parser, main, run
+
+__all__ = ["build_parser", "main", "run"]

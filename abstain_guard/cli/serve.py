@@ -1,0 +1,340 @@
+"""``abstain-guard serve``: the guard (or, with ``--no-guard``, the raw model) as an
+OpenAI-compatible endpoint (the serve extra; imported inside the command)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from abstain_guard.config import GuardConfig
+from abstain_guard.default import DEFAULT_ARTIFACT_DIR
+from abstain_guard.errors import ConfigError
+
+from .checks import all_at_once, artifacts_exist, guard_config, positive
+
+
+def _serve(args: argparse.Namespace) -> int:
+    if args.replicas is not None and args.replicas < 1:
+        raise ConfigError(f"--replicas must be a positive integer, got {args.replicas}.")
+    if (args.replicas or 1) > 1 or args.ray_address is not None:
+        return _serve_replicas(args)
+    if args.cpus_per_replica is not None:
+        raise ConfigError("--cpus-per-replica only applies with --replicas 2+ or --ray-address.")
+    try:
+        from abstain_guard.serve.runner import serve
+    except ImportError as exc:
+        raise ConfigError(
+            f"abstain-guard serve needs the serve extra ({exc}); install it with "
+            "pip install 'abstain-guard[serve]'."
+        ) from exc
+    from abstain_guard.serve.schemas import RequestLimits
+
+    service = _model_service(args) if args.no_guard else _guard_service(args)
+    monitor = None if args.no_guard else serve_monitor(service, args.monitor_log)
+    serve(
+        service,
+        host=args.host,
+        port=args.port,
+        limits=RequestLimits(),
+        log_level="info" if args.verbose else "warning",
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        monitor=monitor,
+    )
+    return 0
+
+
+def _serve_replicas(args: argparse.Namespace) -> int:
+    """``--replicas N`` / ``--ray-address``: the guard's replicas on Ray Serve, one monitor."""
+    if args.no_guard:
+        raise ConfigError(
+            "--replicas / --ray-address serve a guard on Ray Serve; --no-guard runs in one "
+            "process only (drop --replicas and --ray-address)."
+        )
+    from abstain_guard.serve.ray_serve import (
+        ReplicaServer,
+        ReplicaSpec,
+        import_ray_serve,
+        shared_vllm_engine,
+    )
+    from abstain_guard.serve.runner import is_loopback
+
+    import_ray_serve()  # the extra is missing: say so before anything starts
+    artifact, config, steps = _guard_options(args)
+    spec = ReplicaSpec(
+        artifact=artifact,
+        config=config.model_dump(mode="json"),
+        kind=args.kind,
+        model_name=args.model_name,
+        max_in_flight=args.max_in_flight,
+        steps=steps,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        loopback=is_loopback(args.host),
+        engine_url=shared_vllm_engine(artifact),  # a vLLM guard: one engine for the replicas
+    )
+    server = ReplicaServer(
+        spec,
+        replicas=args.replicas or 1,
+        host=args.host,
+        port=args.port,
+        log_path=args.monitor_log,
+        cpus_per_replica=args.cpus_per_replica or 1.0,
+        ray_address=args.ray_address,
+    )
+
+    def started(server: ReplicaServer) -> None:
+        _say_monitor(server.state()["resumed"], args.monitor_log)
+        print(
+            f"abstain-guard serve: {server.replicas} replicas on Ray Serve at "
+            f"{server.base_url} (one drift monitor for all of them).",
+            file=sys.stderr,
+        )
+
+    server.run_until_signal(on_started=started)
+    return 0
+
+
+def serve_monitor(service: Any, log_path: str | None) -> Any:
+    """The drift monitor ``serve`` feeds (a fitted ``GuardMonitor``; None without a guard).
+
+    With ``--monitor-log`` naming an existing log, the monitor resumes it (its decisions and
+    feedback replayed: the tests go on, feedback for decisions from before the restart is
+    taken) and says so on stderr; without one it says that a restart starts the tests afresh.
+
+    Raises:
+        MonitorLogError: the log cannot be resumed (another artifact, rule or setting).
+    """
+    from abstain_guard.serve.app import service_monitor
+
+    monitor = service_monitor(service, log_path=log_path)
+    if monitor is None:
+        return None
+    _say_monitor(monitor.state()["resumed"], log_path)
+    return monitor
+
+
+def _say_monitor(resumed: dict[str, Any] | None, log_path: str | None) -> None:
+    """Say on stderr whether the monitor resumed ``log_path`` or keeps its tests in memory."""
+    if resumed is not None:
+        print(
+            f"abstain-guard serve: the drift monitor resumed {log_path} ({resumed['decisions']} "
+            f"decisions, {resumed['feedback']} feedback, {resumed['alarms']} alarms): its "
+            "tests go on, and their false-alarm bound holds over the whole log.",
+            file=sys.stderr,
+        )
+    elif log_path is None:
+        print(
+            "abstain-guard serve: no --monitor-log: the drift monitor keeps its tests in memory "
+            "only, so a restart starts them afresh (each restart spends another false-alarm "
+            "budget) and forgets the decisions feedback can label. Pass --monitor-log to "
+            "resume them.",
+            file=sys.stderr,
+        )
+
+
+#: The environment variable ``serve`` reads its API key from (``--api-key`` wins).
+API_KEY_ENV = "ABSTAIN_GUARD_API_KEY"
+
+
+def _guard_service(args: argparse.Namespace) -> Any:
+    """The guard of ``--artifact`` (default: the shipped one), checked before loading."""
+    from abstain_guard.serve.service import GuardService
+
+    artifact, config, steps = _guard_options(args)
+    return GuardService.from_artifact(
+        artifact,
+        config,
+        kind=args.kind,
+        model_name=args.model_name,
+        max_in_flight=args.max_in_flight,
+        **steps,
+    )
+
+
+def _guard_options(args: argparse.Namespace) -> tuple[str, GuardConfig, dict[str, Any]]:
+    """The artifact, guard config and step-record options of a guarded ``serve``, checked
+    (all problems at once)."""
+    artifact = args.artifact or str(DEFAULT_ARTIFACT_DIR)
+    local_only = [f for f in ("model", "gguf_file", "max_tokens") if getattr(args, f) is not None]
+    all_at_once(
+        lambda: _no_options(local_only, "only with --no-guard (a guard runs its artifact's"),
+        lambda: artifacts_exist([artifact]),
+        lambda: guard_config(args.config),
+        lambda: positive(args.port, "--port"),
+        lambda: positive(args.max_in_flight, "--max-in-flight"),
+        lambda: positive(args.step_record_size, "--step-record-size"),
+        lambda: _positive_seconds(args.step_record_ttl, "--step-record-ttl"),
+        lambda: _positive_cpus(args.cpus_per_replica),
+        lambda: _backend_matches(args.backend, artifact),
+    )
+    steps = {
+        k: v
+        for k, v in (
+            ("step_record_size", args.step_record_size),
+            ("step_record_ttl_s", args.step_record_ttl),
+        )
+        if v is not None
+    }
+    return artifact, guard_config(args.config), steps
+
+
+#: Options of a guard only (errors with ``--no-guard``).
+GUARD_ONLY = ("artifact", "config", "kind", "monitor_log", "step_record_size", "step_record_ttl")
+
+
+def _model_service(args: argparse.Namespace) -> Any:
+    """The raw model of ``--model`` without a guard (``--no-guard``)."""
+    from abstain_guard.guard.chains import load_chat_model
+    from abstain_guard.serve.passthrough import ModelService
+
+    guard_only = [f for f in GUARD_ONLY if getattr(args, f) is not None]
+    all_at_once(
+        lambda: _no_options(guard_only, "not with --no-guard (no guard runs: it serves the"),
+        lambda: positive(args.port, "--port"),
+        lambda: positive(args.max_in_flight, "--max-in-flight"),
+        lambda: positive(args.max_tokens, "--max-tokens"),
+    )
+    max_tokens = args.max_tokens or 256
+    if args.backend == "vllm":  # the raw model on vLLM, for a side-by-side look
+        from abstain_guard.backends.vllm_chat import VLLMChatModel
+
+        model = VLLMChatModel(
+            model=args.model or "default", gguf_file=args.gguf_file, max_tokens=max_tokens
+        )
+        model.engine()
+    else:
+        model = load_chat_model(
+            args.model or "default", gguf_file=args.gguf_file, max_new_tokens=max_tokens
+        )
+    return ModelService(
+        model,
+        model_name=args.model_name,
+        max_tokens=max_tokens,
+        max_in_flight=args.max_in_flight,
+    )
+
+
+def _backend_matches(backend: str | None, artifact: str) -> None:
+    """``--backend`` (when given) names the backend the artifact was calibrated on.
+
+    Raises:
+        ConfigError: it names another one.
+    """
+    if backend is None:
+        return
+    from abstain_guard.artifact.guard_artifact import GuardArtifact
+
+    decoding = (GuardArtifact.load(artifact).metadata.get("deployment") or {}).get("decoding")
+    recorded = "vllm" if (decoding or {}).get("backend") == "vllm" else "exact"
+    if backend != recorded:
+        raise ConfigError(
+            f"--backend {backend}: the artifact {artifact} was calibrated on the {recorded} "
+            f"backend and is served on it (its guarantee holds there); serve it with "
+            f"--backend {recorded}, or calibrate for {backend} (calibrate --backend {backend})."
+        )
+
+
+def _positive_cpus(value: float | None) -> None:
+    if value is not None and not value > 0:
+        raise ConfigError(f"--cpus-per-replica must be a positive number of CPUs, got {value}.")
+
+
+def _positive_seconds(value: float | None, option: str) -> None:
+    if value is not None and not value > 0:
+        raise ConfigError(f"{option} must be a positive number of seconds, got {value}.")
+
+
+def _no_options(names: list[str], why: str) -> None:
+    if names:
+        flags = ", ".join("--" + n.replace("_", "-") for n in names)
+        raise ConfigError(f"{flags}: {why} model).")
+
+
+def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add the ``serve`` command to the subparsers ``sub``; returns its parser."""
+    srv = sub.add_parser(
+        "serve", help="serve the guard as an OpenAI-compatible endpoint (serve extra)"
+    )
+    srv.add_argument("--artifact", help="artifact directory (default: the shipped guard)")
+    srv.add_argument("--config", help="guard config (YAML/TOML/JSON): mode, target")
+    srv.add_argument(
+        "--no-guard",
+        action="store_true",
+        help="serve the raw --model with OpenAI logprobs and no guard (a stand-in API model "
+        "to calibrate a perplexity guard on)",
+    )
+    srv.add_argument(
+        "--model", help="with --no-guard: 'default' (embedded SmolLM2) or a local HF folder"
+    )
+    srv.add_argument("--gguf-file", help="with --no-guard: GGUF file inside --model")
+    srv.add_argument(
+        "--backend",
+        choices=("exact", "vllm"),
+        help="the engine: a guard is served on the backend its artifact was calibrated on "
+        "(given, it must be that one); with --no-guard, 'vllm' serves --model on vLLM "
+        "(docs/vllm.md)",
+    )
+    srv.add_argument(
+        "--max-tokens",
+        type=int,
+        help="with --no-guard: the most new tokens a request may ask for (default 256)",
+    )
+    srv.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    srv.add_argument("--port", type=int, default=8000, help="port to listen on")
+    srv.add_argument(
+        "--kind",
+        choices=["open", "choice", "numeric"],
+        help="question kind to serve (default: the artifact's only kind)",
+    )
+    srv.add_argument("--model-name", default="abstain-guard", help="model id listed by /v1/models")
+    srv.add_argument(
+        "--max-in-flight",
+        type=int,
+        help="requests admitted at once, 429 beyond (default: the model's batch + queue)",
+    )
+    srv.add_argument(
+        "--step-record-size",
+        type=int,
+        help="agent step gating: the most step decisions kept for the runs' next requests "
+        "(default 100000; least recently used dropped first; a run whose earlier step was "
+        "dropped abstains)",
+    )
+    srv.add_argument(
+        "--step-record-ttl",
+        type=float,
+        help="agent step gating: seconds a step decision is kept (default 3600)",
+    )
+    srv.add_argument(
+        "--api-key",
+        help="require 'Authorization: Bearer <key>' on /v1/* (default: $ABSTAIN_GUARD_API_KEY); "
+        "without one, a server listening beyond loopback refuses /v1/feedback",
+    )
+    srv.add_argument(
+        "--monitor-log",
+        help="append every decision, feedback and drift alarm to this JSONL file (the "
+        "--feedback of abstain-guard recalibrate); an existing one is resumed: the monitor's "
+        "tests go on across restarts",
+    )
+    srv.add_argument(
+        "--replicas",
+        type=int,
+        help="model replicas on Ray Serve behind this endpoint, with one drift monitor for "
+        "all of them (ray extra; default 1: this process alone)",
+    )
+    srv.add_argument(
+        "--ray-address",
+        help="the Ray cluster for the replicas: 'auto' (the one 'ray start' runs here), "
+        "ray://HEAD:10001; unset: a local cluster (implies Ray Serve, also with 1 replica)",
+    )
+    srv.add_argument(
+        "--cpus-per-replica",
+        type=float,
+        help="with --replicas / --ray-address: CPUs each replica reserves and computes with "
+        "(default 1)",
+    )
+    srv.set_defaults(func=_serve)
+    return srv
+
+
+__all__ = ["API_KEY_ENV", "add_serve_parser"]

@@ -1,0 +1,530 @@
+"""What the guard must run exactly as it was calibrated, and the checks that it does.
+
+The conformal guarantee holds only if the score the guard computes at run time is
+exchangeable with the calibration scores: same model, same prompt (system prompt, chat
+template, question kind), same token budget, same decoding. Calibration stores those
+settings in the artifact as a :class:`DeploymentRecord` (``metadata["deployment"]``); a chat
+model that records its own settings per response (``response_metadata["generation"]``, as
+:class:`~abstain_guard.adapters.GeometryChatModel` does) is checked against it on every
+decision, and every chat model inside a guarded runnable is checked against the artifact's
+model fingerprint when the guard is built.
+
+What is compared (pure functions, no model needed):
+
+* per response: system-prompt hash → which calibrated question kind it is, then that kind's
+  ``max_new_tokens``, the decoding settings and the chat-template hash;
+* per chat model: ``fingerprint`` (a model without one cannot be verified);
+* per agent call (middleware): the system prompt and the tool schemas;
+* an API chat model (calibrated on a
+:class:`~abstain_guard.contract.chat_model_specs.ChatModelSpec`): its
+  class and settings when the guard is built, each answer's length against the budget; its
+  prompt and budget per call cannot be read from its responses and are listed as unverified
+  in every decision (``guarantee["unverified"]``).
+
+A mismatch is an :class:`~abstain_guard.errors.ArtifactMismatchError` unless the guard's
+config sets ``on_mismatch="warn"``; then it is recorded in ``guarantee["warnings"]`` and in
+the trace, and the guard goes on (the guarantee no longer holds as stated).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from abstain_guard.contract.chat_model_specs import ChatModelRecord, identity_mismatches
+from abstain_guard.contract.streaming import ChunkRule
+from abstain_guard.errors import ArtifactSchemaError
+from abstain_guard.guarantee.agent_steps import Gating, Labelling
+
+__all__ = [
+    "API_UNVERIFIED",
+    "DECODING_KEYS",
+    "NUMERICS_KEYS",
+    "AgentRecord",
+    "DeploymentRecord",
+    "PromptRecord",
+    "StreamingRecord",
+    "api_response_mismatches",
+    "backend_mismatches",
+    "conversation_mismatches",
+    "conversation_refusal",
+    "dtype_mismatches",
+    "generation_mismatches",
+    "model_mismatches",
+    "sha256_text",
+    "tool_steps_problem",
+    "tools_sha256",
+]
+
+DECODING_KEYS = ("temperature", "top_p", "top_k", "stop", "batch_decode", "decode_path")
+"""Decoding settings that must equal the calibrated ones. ``decode_path`` is the path the
+engine took (shared decode steps or rows alone, BLAS threads inside a step, padding; see
+:mod:`abstain_guard.adapters.engine.threads`): two paths differ in the last bits of every score."""
+
+NUMERICS_KEYS = ("dtype", "device_type")
+"""How the model's numbers were computed (``decoding`` and the generation record): the
+weights' dtype (``"float32"``, ``"bfloat16"``, ...) and the device type (``"cpu"``,
+``"cuda"``). A response in another dtype than calibration's is refused
+(:func:`dtype_mismatches`); the device type is recorded for the record's reader."""
+
+
+def sha256_text(text: str | None) -> str | None:
+    """Hex SHA-256 of ``text`` (UTF-8); None for None."""
+    if text is None:
+        return None
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def tools_sha256(tools: Sequence[Mapping[str, Any]] | None) -> str | None:
+    """Order-independent hash of tool schemas (OpenAI function format); None when no tools."""
+    if not tools:
+        return None
+    canon = sorted(json.dumps(t, sort_keys=True, default=str) for t in tools)
+    return hashlib.sha256("\n".join(canon).encode("utf-8")).hexdigest()
+
+
+class PromptRecord(BaseModel):
+    """How one kind of question was put to the model at calibration.
+
+    Attributes:
+        system_prompt: the system message text (None: no system message).
+        max_new_tokens: the token budget.
+        rendering: how the user message was built from a question (human-readable).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    system_prompt: str | None
+    max_new_tokens: int = Field(gt=0)
+    rendering: str = "{question}"
+
+    @property
+    def system_prompt_sha256(self) -> str | None:
+        """Hash of the system prompt (what responses record)."""
+        return sha256_text(self.system_prompt)
+
+
+class AgentRecord(BaseModel):
+    """How an agent was run at calibration (``abstain-guard calibrate --agent``): what the
+    guarantee of its final answers depends on besides the model and the prompt.
+
+    Attributes:
+        factory: ``"package.module:function"`` that built the agent from the model.
+        system_prompt: the system message the agent's model calls carried (None: none).
+        step_limit: LangGraph's ``recursion_limit`` each run had (every model call and every
+            tool round is one step); a run that reaches it ends without a final answer.
+        tool_call_format: how tools were offered and calls parsed
+            (:mod:`abstain_guard.adapters.tools`: ``"hermes"``, ``"llama3"``, ``"mistral"``,
+            ``"prompted"``), None for an API chat model (its provider parses calls).
+        tool_prompt_sha256: hash of the tool block added to the system prompt (the
+            ``"prompted"`` format), else None.
+        final_tool_choice: the ``tool_choice`` of the model calls that wrote final answers.
+        call_tool_choices: each model call's ``tool_choice`` by its position in the run
+            (``{"0": ["any"], "1": [None]}``: the first call forced, the second free);
+            empty for artifacts built before it was recorded.
+        tool_steps: how many tool steps (tool results) preceded the final answers of the
+            calibration runs (a histogram, ``{"1": 40, "2": 3}``); a deployed final answer
+            after a count outside its range (min..max) is a mismatch (a warning under step
+            gating, :func:`tool_steps_problem`). Empty: not recorded.
+        gating: ``"steps"``: every model call is scored and the run's running maximum is
+            compared with τ, stopping the run before the tool calls of the first call that
+            crosses it (:mod:`abstain_guard.guarantee.agent_steps`); ``"final_answer"``: only final
+            answers are gated (artifacts built before step gating).
+        labelling: what made a calibration run wrong: ``"final_answer"``, or
+            ``"final_answer_and_tool_calls"`` (also a wrong executed tool call, for rows
+            with ``expected_tool_calls``).
+        conversations: calibrated on conversations (rows with earlier messages).
+        runs: what the calibration runs looked like: ``n``, ``final_answers``,
+            ``without_final_answer`` (count per reason), ``tool_calls`` (mean, max and a
+            histogram of calls per run), ``tool_errors`` and ``invalid_tool_calls``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    factory: str
+    system_prompt: str | None = None
+    step_limit: int = Field(gt=0)
+    tool_call_format: str | None = None
+    tool_prompt_sha256: str | None = None
+    final_tool_choice: str | None = None
+    call_tool_choices: dict[str, list[str | None]] = Field(default_factory=dict)
+    tool_steps: dict[str, int] = Field(default_factory=dict)
+    gating: Gating = "final_answer"
+    labelling: Labelling = "final_answer"
+    conversations: bool = False
+    runs: dict[str, Any] = Field(default_factory=dict)
+
+
+class StreamingRecord(BaseModel):
+    """How an artifact calibrated for certified streaming decides
+    (:mod:`abstain_guard.contract.streaming`): ``chunk_rule`` (``"sentence"``, ``"clause"``,
+    ``"tokens:K"``) and the statistic its scores are (the maximum of the prefix scores);
+    ``chunks``: what the calibration answers' chunks looked like (answers, answers with an
+    interior chunk end, mean interior chunk ends)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    chunk_rule: str
+    statistic: Literal["max_prefix_score"] = "max_prefix_score"
+    chunks: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("chunk_rule")
+    @classmethod
+    def _rule(cls, value: str) -> str:
+        return str(ChunkRule.parse(value))
+
+
+class DeploymentRecord(BaseModel):
+    """The generation settings an artifact was calibrated with (``metadata["deployment"]``).
+
+    Attributes:
+        model_fingerprint: the chat model's fingerprint (None: unknown).
+        chat_template_sha256: hash of the tokenizer's chat template (None: no template).
+        decoding: temperature, top_p, top_k, stop and the decode mode (``batch_decode``)
+            as used at calibration, and the model's ``dtype`` and ``device_type``
+            (:data:`NUMERICS_KEYS`; absent from records written before they were recorded).
+        prompts: one :class:`PromptRecord` per question kind (``"open"``, ``"choice"``, ...).
+        tools: tool schemas the model was offered (agents), or None.
+        chat_model: the API chat model calibrated on (spec without secrets, class,
+            settings), or None for a local model (:mod:`abstain_guard.contract.chat_model_specs`).
+        agent: how the agent was run (:class:`AgentRecord`), None for a chain or a model.
+        conversations: calibrated on conversations (some rows carried earlier turns, which
+            the prompt put between the system prompt and the question); False: on single
+            questions, so a response whose prompt carried earlier messages is refused.
+        streaming: calibrated for certified streaming (:class:`StreamingRecord`): every
+            answer, streamed or not, is decided on its prefix scores' maximum under that
+            chunk rule; None: whole answers.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_fingerprint: str | None = None
+    chat_template_sha256: str | None = None
+    decoding: dict[str, Any] = Field(default_factory=dict)
+    prompts: dict[str, PromptRecord] = Field(default_factory=dict)
+    tools: list[dict[str, Any]] | None = None
+    chat_model: ChatModelRecord | None = None
+    agent: AgentRecord | None = None
+    conversations: bool = False
+    streaming: StreamingRecord | None = None
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, Any]) -> DeploymentRecord | None:
+        """The record stored in artifact metadata, or None for artifacts without one.
+
+        Raises:
+            ArtifactSchemaError: the stored record is malformed.
+        """
+        raw = metadata.get("deployment")
+        if raw is None:
+            return None
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            raise ArtifactSchemaError(
+                f"The artifact's deployment record is malformed: {exc}. Re-run calibrate."
+            ) from exc
+
+    @property
+    def calibrated_on_conversations(self) -> bool:
+        """Whether calibration had rows with earlier turns (``conversations``, or an agent
+        calibrated on conversations)."""
+        return self.conversations or (self.agent is not None and self.agent.conversations)
+
+    @property
+    def tools_sha256(self) -> str | None:
+        """Hash of the recorded tool schemas (None when calibrated without tools)."""
+        return tools_sha256(self.tools)
+
+    def kind(self, name: str | None = None) -> tuple[str, PromptRecord]:
+        """The prompt record of question kind ``name`` (or of the only kind).
+
+        Raises:
+            ArtifactSchemaError: no such kind, or several kinds and no name given.
+        """
+        if name is None:
+            if len(self.prompts) != 1:
+                raise ArtifactSchemaError(
+                    f"This artifact was calibrated on several question kinds "
+                    f"{sorted(self.prompts)}; say which one to run."
+                )
+            name = next(iter(self.prompts))
+        if name not in self.prompts:
+            raise ArtifactSchemaError(
+                f"This artifact has no question kind {name!r}; it has {sorted(self.prompts)}."
+            )
+        return name, self.prompts[name]
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict (what goes into artifact metadata)."""
+        return self.model_dump(mode="json")
+
+
+def generation_mismatches(
+    record: DeploymentRecord, generation: Mapping[str, Any] | None
+) -> list[str]:
+    """Why a response's recorded settings differ from the calibrated ones (empty: they match).
+
+    Args:
+        record: the artifact's deployment record.
+        generation: ``response_metadata["generation"]`` of the response (None: the chat
+            model records no settings, so they cannot be verified).
+    """
+    if generation is None:
+        return [
+            "the response carries no generation settings (response_metadata['generation']), so "
+            "its prompt, token budget and decoding cannot be checked against the calibration"
+        ]
+    problems: list[str] = []
+    sys_hash = generation.get("system_prompt_sha256")
+    matches = [k for k, p in record.prompts.items() if p.system_prompt_sha256 == sys_hash]
+    if not matches:
+        known = {k: p.system_prompt for k, p in record.prompts.items()}
+        problems.append(
+            "the system prompt differs from every calibrated one "
+            f"({known}); prompt the model exactly as at calibration"
+        )
+    else:
+        budgets = {record.prompts[k].max_new_tokens for k in matches}
+        if generation.get("max_new_tokens") not in budgets:
+            problems.append(
+                f"max_new_tokens={generation.get('max_new_tokens')} but calibration used "
+                f"{sorted(budgets)}; a different budget changes the scores"
+            )
+    for key in DECODING_KEYS:
+        if key in record.decoding and _norm(generation.get(key)) != _norm(record.decoding[key]):
+            if key == "decode_path":
+                problems.append(decode_path_problem(generation.get(key), record.decoding[key]))
+                continue
+            problems.append(
+                f"{key}={generation.get(key)!r} but calibration used {record.decoding[key]!r}"
+            )
+    problems.extend(dtype_mismatches(record, generation))
+    template = generation.get("chat_template_sha256")
+    if template != record.chat_template_sha256:
+        problems.append("the tokenizer's chat template differs from the calibrated one")
+    return (
+        problems + conversation_mismatches(record, generation) + tool_mismatches(record, generation)
+    )
+
+
+def decode_path_problem(got: Any, calibrated: Any) -> str:
+    """Why a response decoded on path ``got`` is refused by a guard calibrated on path
+    ``calibrated`` (records of :meth:`abstain_guard.adapters.engine.threads.DecodePath.record`)."""
+    return (
+        f"decode_path={got!r} but calibration used {calibrated!r}: the response was decoded "
+        f"with {_describe_path(got)}, the guard was calibrated with {_describe_path(calibrated)}; "
+        "the two differ in the last bits of every score. Load the model with the calibrated "
+        "batch_decode and prefix_cache on the same library version, or calibrate again on "
+        "this path"
+    )
+
+
+def _describe_path(record: Any) -> str:
+    if not isinstance(record, Mapping):
+        return "an unrecorded decode path" if record is None else repr(record)
+    prompt = (
+        f"prompt passes split after the shared prefix ({record['prefix']})"
+        if record.get("prefix")
+        else "each prompt in one pass"
+    )
+    if record.get("steps") == "shared":
+        return (
+            f"{prompt}, shared decode steps on {record.get('threads')} BLAS thread(s), padded "
+            f"to {record.get('min_rows')} rows"
+        )
+    if record.get("steps") == "alone":
+        return f"{prompt}, each row decoded alone on {record.get('threads')} BLAS thread(s)"
+    return repr(record)
+
+
+def dtype_mismatches(record: DeploymentRecord, generation: Mapping[str, Any]) -> list[str]:
+    """A response generated with the weights in another dtype than at calibration (its
+    geometry and log-probabilities differ by far more than the last bits, so the calibrated
+    threshold does not hold). Not checked for a record without a dtype (written before
+    dtypes were recorded)."""
+    calibrated = record.decoding.get("dtype")
+    if calibrated is None:
+        return []
+    got = generation.get("dtype")
+    if got == calibrated:
+        return []
+    return [
+        f"dtype={got!r} but calibration used {calibrated!r}: the response was generated with "
+        f"the model in {got or 'an unrecorded dtype'} and the guard was calibrated on "
+        f"{calibrated}; load the model with dtype=torch.{calibrated} (as at calibration) or "
+        f"calibrate again in {got or 'the dtype you deploy'}"
+    ]
+
+
+def conversation_mismatches(record: DeploymentRecord, generation: Mapping[str, Any]) -> list[str]:
+    """Why a response's prompt is not of a calibrated shape: it carried earlier messages
+    (``history_messages``: non-system messages before the last user message, tool-call
+    turns included) but the artifact was calibrated on single questions. A response that
+    records no count (an older model) cannot be checked here."""
+    earlier = generation.get("history_messages")
+    if not earlier or record.calibrated_on_conversations:
+        return []
+    return [conversation_refusal(int(earlier))]
+
+
+#: Where the data format of conversation rows is documented (named in refusals).
+CONVERSATIONS_DOC = "docs/agents.md (conversations)"
+
+
+def conversation_refusal(earlier: int) -> str:
+    """The refusal of a prompt with ``earlier`` messages before its question by an artifact
+    calibrated on single questions, saying how to calibrate on conversations."""
+    return (
+        f"this artifact was calibrated on single questions; this request carries {earlier} "
+        f"earlier message{'s' if earlier != 1 else ''} before its question: calibrate on "
+        "conversations (data rows with a 'history' list of earlier user/assistant turns and "
+        f"a 'conversation_id'; see {CONVERSATIONS_DOC}), or send one question at a time"
+    )
+
+
+def tool_mismatches(record: DeploymentRecord, generation: Mapping[str, Any]) -> list[str]:
+    """Why the tools a response was generated with differ from the calibrated ones: the
+    schemas offered (by hash), and for an agent the tool-call format and the prompted tool
+    block. A response without tool keys (a model that records none) offered no tools."""
+    problems: list[str] = []
+    offered = generation.get("tools_sha256")
+    if offered != record.tools_sha256:
+        calibrated = [_schema_name(t) for t in record.tools or []]
+        problems.append(
+            "the response was generated with other tools than calibration offered "
+            f"(calibrated: {calibrated or 'no tools'}); bind the calibrated tools"
+            if offered is not None
+            else f"the response was generated without tools but calibration offered {calibrated}"
+        )
+    agent = record.agent
+    if agent is not None and offered is not None:
+        fmt = generation.get("tool_call_format")
+        if agent.tool_call_format is not None and fmt != agent.tool_call_format:
+            problems.append(
+                f"tool_call_format={fmt!r} but calibration used {agent.tool_call_format!r}"
+            )
+        if generation.get("tool_prompt_sha256") != agent.tool_prompt_sha256:
+            problems.append("the tool block in the system prompt differs from the calibrated one")
+    return problems
+
+
+def _schema_name(schema: Mapping[str, Any]) -> str:
+    """The tool name of an OpenAI-format schema."""
+    return str((schema.get("function") or {}).get("name", schema.get("name", "?")))
+
+
+def _norm(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_norm(v) for v in value]
+    if value == []:
+        return None
+    return value
+
+
+def api_response_mismatches(record: DeploymentRecord, metadata: Mapping[str, Any]) -> list[str]:
+    """What can be checked of a response from an API chat model (which records no
+    generation settings): it generated no more tokens than the calibrated budget allows.
+    Its prompt cannot be checked from the response (see :data:`API_UNVERIFIED`)."""
+    problems = backend_mismatches(record, metadata)
+    budgets = [p.max_new_tokens for p in record.prompts.values()]
+    logprobs = metadata.get("logprobs")
+    content = logprobs.get("content") if isinstance(logprobs, Mapping) else None
+    n = len(content) if isinstance(content, list) else None
+    if n is None or not budgets or n <= max(budgets):
+        return problems
+    return [
+        *problems,
+        f"the response has {n} tokens but calibration's budget was {max(budgets)}; call the "
+        "model with the recorded max_tokens (load_guard_chain binds it)",
+    ]
+
+
+def backend_mismatches(record: DeploymentRecord, metadata: Mapping[str, Any]) -> list[str]:
+    """Where the engine that generated a response differs from the one calibration ran on
+    (``decoding["decode_path"]`` of an artifact calibrated on the vLLM backend against the
+    response's ``backend`` record: vLLM version, dtype, device, layers, capture path, ...)."""
+    if record.decoding.get("backend") != "vllm":
+        return []
+    path = record.decoding.get("decode_path")
+    calibrated = path if isinstance(path, Mapping) else {}
+    got = metadata.get("backend")
+    if not isinstance(got, Mapping):
+        return [
+            "the response was not generated on the vLLM backend the artifact was calibrated "
+            "on; generate with VLLMChatModel (load_guard_chain builds it)"
+        ]
+    differ = sorted(k for k in calibrated if got.get(k) != calibrated[k])
+    if not differ:
+        return []
+    pairs = ", ".join(f"{k} {got.get(k)!r} (calibrated {calibrated[k]!r})" for k in differ)
+    return [f"the vLLM engine differs from calibration's: {pairs}; recalibrate on this engine"]
+
+
+API_UNVERIFIED = (
+    "the system prompt and token budget of each call to the API chat model: its responses "
+    "record no generation settings, so only the model's class and settings and each "
+    "answer's length are checked; send every question through load_guard_chain's chain "
+    "(the recorded prompt, max_tokens bound)"
+)
+"""What a guard around an API chat model cannot verify (``guarantee["unverified"]``)."""
+
+
+def model_mismatches(
+    artifact_fingerprint: str | None,
+    models: Sequence[Any],
+    chat_model: ChatModelRecord | None = None,
+) -> list[str]:
+    """Why chat models inside a guarded runnable differ from the calibrated model.
+
+    Every chat model is checked (fallbacks too): a fingerprint that differs, or a model
+    without one while the artifact has one (it cannot be verified). A model without a
+    fingerprint of its own (an API chat model) is compared with ``chat_model``, the API
+    model the artifact was calibrated on, when there is one: class and settings.
+    """
+    if artifact_fingerprint is None:
+        return []
+    problems: list[str] = []
+    for model in models:
+        fp = getattr(model, "fingerprint", None)
+        if callable(fp):
+            fp = fp()
+        name = type(model).__name__
+        if fp is None and chat_model is not None:
+            problems.extend(identity_mismatches(chat_model, model))
+        elif fp is None:
+            problems.append(
+                f"chat model {name} has no fingerprint, so it cannot be verified to be the "
+                f"calibrated model {artifact_fingerprint!r}"
+            )
+        elif str(fp) != artifact_fingerprint:
+            problems.append(
+                f"chat model {name} is {str(fp)!r}, but this artifact was calibrated for "
+                f"{artifact_fingerprint!r}"
+            )
+    return problems
+
+
+def tool_steps_problem(record: DeploymentRecord, tool_steps: int) -> str | None:
+    """Why a final answer after ``tool_steps`` tool results is not what calibration saw
+    (None: it is, or nothing was recorded). One wording for the middleware and the server.
+
+    The comparison is with the *range* of counts calibration's final answers had
+    (:attr:`AgentRecord.tool_steps`, min..max), not membership in its histogram: a count
+    between two counts calibration saw (1 when it saw 0 and 2) is a run of the kind
+    calibrated, only rarer; one outside the range is a run longer or shorter than any
+    calibration run, which the calibration scores say nothing about."""
+    seen = record.agent.tool_steps if record.agent is not None else {}
+    counts = [int(k) for k in seen]
+    if not counts or min(counts) <= tool_steps <= max(counts):
+        return None
+    return (
+        f"this final answer came after {tool_steps} tool step(s), outside the range of "
+        f"calibration's final answers (between {min(counts)} and {max(counts)} tool steps: "
+        f"{dict(seen)} runs by tool steps); calibrate on questions that take as many steps, "
+        "or force the agent's tool use as calibrated"
+    )

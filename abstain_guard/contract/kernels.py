@@ -1,0 +1,148 @@
+"""Kernel facts: when a guard's live scores equal its stored ones bit for bit, and by how
+much they may move when they cannot.
+
+A local model's generation record carries the kernel facts of the process that computed it
+(``generation["kernels"]``, written by :func:`abstain_guard.adapters.engine.kernels.kernel_facts`)
+and the calibration's deployment record carries those of calibration
+(``decoding["kernels"]``). Where the parts that decide the last bits (:func:`bit_deciding`)
+are equal, live = stored bit for bit. Where they differ (another CPU vendor or model under
+MKL's ``AUTO`` branch, another ATen capability forced by the user, another torch or MKL
+version), every score may move in its last bits: the guard does not refuse, but warns once
+with :data:`STATED_TOLERANCE` and the number of calibration scores within that distance of
+the threshold (the only decisions that could flip), and records the note in every decision.
+``abstain-guard evaluate --live`` measures the real move on the deployment machine.
+
+Pure functions, no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "FIXED_MKL_BRANCHES",
+    "MEASURED_MOVES",
+    "STATED_TOLERANCE",
+    "bit_deciding",
+    "kernel_differences",
+    "kernel_note",
+    "near_threshold",
+]
+
+#: MKL branches whose results do not depend on the CPU model (MKL's CNR guarantee: every
+#: Intel CPU with the branch's instructions for a named ISA branch; every x86-64 CPU for
+#: ``COMPATIBLE``). Under ``AUTO`` or ``OFF`` the CPU itself decides, so it is compared.
+FIXED_MKL_BRANCHES = frozenset(
+    {"COMPATIBLE", "SSE2", "SSSE3", "SSE4_1", "SSE4_2", "AVX", "AVX2", "AVX512"}
+)
+
+#: Largest |live - stored| of a score between two kernel settings that the library states
+#: where the pair was not measured: ten times the largest move measured so far
+#: (:data:`MEASURED_MOVES`, 1.1e-5).
+STATED_TOLERANCE = 1e-4
+
+#: Moves of the 2026-11-24 shipped guard's scores (``geometry_plus`` on the embedded SmolLM2-135M,
+#: float32, 24 new tokens) between kernel settings: max |Δ| over its first calibration
+#: answers. ``bench/kernel_settings.py`` measures the simulated pairs on one machine;
+#: the last row was reported on another machine (issue 34).
+MEASURED_MOVES: tuple[dict[str, Any], ...] = (
+    {
+        "between": "ATen DEFAULT vs AVX2 (AMD EPYC with AVX2, MKL CNR off)",
+        "max_abs": 3.8e-6,
+        "answers": 8,
+        "command": "bench/kernel_settings.py (aten_default vs portable)",
+    },
+    {
+        "between": "MKL CNR off vs MKL_CBWR=AVX2, which runs AUTO on AMD EPYC with AVX2",
+        "max_abs": 2.8e-6,
+        "answers": 8,
+        "command": "bench/kernel_settings.py --settings portable,mkl_avx2",
+    },
+    {
+        "between": "MKL CNR off vs COMPATIBLE (AMD EPYC with AVX2)",
+        "max_abs": 2.5e-6,
+        "answers": 8,
+        "command": "bench/kernel_settings.py (mkl_compatible vs portable)",
+    },
+    {
+        "between": "AMD EPYC with AVX-512 vs AMD EPYC with AVX2 (nothing forced)",
+        "max_abs": 1.07e-5,
+        "answers": 8,
+        "command": "tests/test_shipped_artifact.py on both machines (issue 34)",
+    },
+)
+
+
+def bit_deciding(facts: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The kernel facts that decide the last bits of a forward (empty for None).
+
+    Always: torch version, device type, ATen capability, BLAS and MKL branch. On the CPU
+    under an MKL branch that is not fixed (:data:`FIXED_MKL_BRANCHES`): the CPU vendor,
+    model and vector extensions too (MKL dispatches on them). On an accelerator: its name."""
+    if not facts:
+        return {}
+    out: dict[str, Any] = {
+        key: facts.get(key)
+        for key in ("torch", "device_type", "aten_capability", "blas", "mkl_branch")
+    }
+    if facts.get("device_type") == "cpu":
+        if facts.get("mkl_branch") not in FIXED_MKL_BRANCHES:
+            cpu = facts.get("cpu") or {}
+            out["cpu"] = {
+                "vendor": cpu.get("vendor"),
+                "model": cpu.get("model"),
+                "isa": cpu.get("isa"),
+            }
+    else:
+        out["device_name"] = facts.get("device_name")
+    return out
+
+
+def kernel_differences(
+    live: Mapping[str, Any] | None, calibrated: Mapping[str, Any] | None
+) -> list[str]:
+    """How the bit-deciding facts of a live generation differ from calibration's (empty:
+    the same, or calibration recorded none). ``live`` None with a calibrated record is a
+    difference: the response does not say which kernels computed it."""
+    if not calibrated:
+        return []
+    if not live:
+        return ["the response records no kernel facts (generation['kernels'])"]
+    here, there = bit_deciding(live), bit_deciding(calibrated)
+    keys = sorted(set(here) | set(there))
+    return [
+        f"{k}: {here.get(k)!r} here vs {there.get(k)!r} at calibration"
+        for k in keys
+        if here.get(k) != there.get(k)
+    ]
+
+
+def near_threshold(scores: Sequence[float] | np.ndarray, threshold: float, distance: float) -> int:
+    """How many of ``scores`` ``[n]`` lie within ``distance`` of ``threshold`` (the decisions
+    a move of at most ``distance`` could flip); 0 for an infinite threshold."""
+    if not np.isfinite(threshold):
+        return 0
+    s = np.asarray(scores, dtype=np.float64)
+    return int(np.count_nonzero(np.abs(s - threshold) <= distance))
+
+
+def kernel_note(
+    differences: Sequence[str], scores: Sequence[float] | np.ndarray, threshold: float
+) -> str:
+    """The warning a guard gives once (and records in every decision) when the response's
+    kernels differ from calibration's."""
+    near = near_threshold(scores, threshold, STATED_TOLERANCE)
+    largest = max(m["max_abs"] for m in MEASURED_MOVES)
+    return (
+        "kernels: the response was computed on other CPU kernels than calibration ("
+        + "; ".join(differences)
+        + f"). Scores may differ from calibration's in their last bits: the library states "
+        f"|live - stored| <= {STATED_TOLERANCE:g} (largest move measured between kernel "
+        f"settings: {largest:.2g}; this pair is not measured). {near} of {len(scores)} "
+        f"calibration scores lie within {STATED_TOLERANCE:g} of the threshold "
+        f"{threshold:.6g}: only such decisions could flip. Run `abstain-guard evaluate "
+        "--live` on this machine to measure the move, or calibrate here."
+    )

@@ -1,0 +1,351 @@
+"""Choosing the scorer among K candidates without spending the certificate's δ.
+
+Risk mode certifies "at most ε of answered questions wrong, with probability ≥ 1−δ over the
+calibration set" for a scorer fixed *before* the calibration answers are read. Choosing the
+scorer on those same answers (the one that certifies the most, say) breaks that: each
+candidate's certificate fails with probability ≤ δ, but the chosen one is the one whose
+calibration draw looked best, and by a union bound only ``K·δ`` is left of the statement.
+
+The rule here (``"bonferroni"``): certify **every** candidate at δ/K with the usual
+Learn-then-Test procedure (:func:`abstain_guard.conformal.risk_threshold`), then ship any of
+them. With probability ≥ 1−δ all K certificates hold at once (union bound), so the shipped
+one's holds whichever it is and however it was picked, by its certified numbers included.
+:func:`select_scorer` picks the candidate with the most certified calibration participation
+at the risk target (ties: the first listed). The guard loaded from the artifact keeps the
+rule: it certifies every target at δ/K (:func:`abstain_guard.guarantee.decision.decision_rule` with
+the artifact's :class:`ScorerSelection`), so any ε and δ a deployment asks for stay valid.
+
+A participation target carries no δ, so the rule gives it a PAC statement instead
+(:func:`participation_lower_bound`): with τ the k-th smallest of n continuous calibration
+scores, the participation given the calibration set is Beta(k, n+1−k) distributed for a
+fixed scorer, so with probability ≥ 1−δ it is at least that Beta's δ/K quantile for every
+candidate at once, the chosen one included.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy import stats
+
+from abstain_guard.errors import InvalidInputError
+from abstain_guard.guarantee import conformal, risk_control
+
+__all__ = [
+    "SELECTION_RULE",
+    "CandidateCertificate",
+    "ScorerSelection",
+    "certify_candidate",
+    "choose_candidate",
+    "participation_lower_bound",
+    "per_candidate_delta",
+    "record_choice",
+    "select_scorer",
+]
+
+SELECTION_RULE = "bonferroni"
+"""The only rule: every candidate certified at δ/K (valid for any choice among them)."""
+
+MOST_PARTICIPATION = "most certified participation at the risk target (ties: first listed)"
+"""How :func:`select_scorer` chooses among the certified candidates."""
+
+
+def per_candidate_delta(delta: float, n_candidates: int) -> float:
+    """δ/K: the level each of ``n_candidates`` candidates is certified at so that all of
+    their certificates hold together with probability ≥ 1−``delta``."""
+    if int(n_candidates) < 1:
+        raise InvalidInputError(f"n_candidates must be at least 1, got {n_candidates!r}.")
+    if not 0.0 < float(delta) < 1.0:
+        raise InvalidInputError(f"delta must lie strictly between 0 and 1, got {delta!r}.")
+    return float(delta) / int(n_candidates)
+
+
+def participation_lower_bound(rank: int, n: int, level: float) -> float:
+    """The ``level`` quantile of Beta(rank, n+1−rank): for a scorer fixed before calibration
+    (continuous scores), P(answered | calibration set) is at least this with probability
+    ≥ 1−``level`` when τ is the ``rank``-th smallest of ``n`` calibration scores. 1.0 when
+    ``rank > n`` (τ = +∞ answers everything)."""
+    if int(rank) > int(n):
+        return 1.0
+    if int(rank) < 1:
+        return 0.0
+    return float(stats.beta.ppf(float(level), int(rank), int(n) + 1 - int(rank)))
+
+
+@dataclass(frozen=True)
+class CandidateCertificate:
+    """One candidate's risk certificate at the per-candidate level δ/K.
+
+    Attributes:
+        name: the scorer's name.
+        feasible: a threshold is certified.
+        participation: the share of calibration answers under the certified threshold.
+        threshold: the certified threshold (None when infeasible: abstain on everything).
+        rank: answers under the threshold (0 when infeasible).
+        empirical_risk: errors among those answers / rank (0.0 when infeasible).
+    """
+
+    name: str
+    feasible: bool
+    participation: float
+    threshold: float | None
+    rank: int
+    empirical_risk: float
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict (the artifact's ``selection.certificates`` entries)."""
+        return {
+            "feasible": self.feasible,
+            "participation": self.participation,
+            "threshold": self.threshold,
+            "rank": self.rank,
+            "empirical_risk": self.empirical_risk,
+        }
+
+    @classmethod
+    def from_json(cls, name: str, data: Mapping[str, Any]) -> CandidateCertificate:
+        """Inverse of :meth:`to_json`."""
+        threshold = data.get("threshold")
+        return cls(
+            name=str(name),
+            feasible=bool(data["feasible"]),
+            participation=float(data["participation"]),
+            threshold=None if threshold is None else float(threshold),
+            rank=int(data["rank"]),
+            empirical_risk=float(data["empirical_risk"]),
+        )
+
+
+@dataclass(frozen=True)
+class ScorerSelection:
+    """How the shipped scorer was chosen, and what keeps the certificate valid (the
+    artifact's ``selection`` block).
+
+    Attributes:
+        candidates: every scorer compared (K = its length), in the order given.
+        chosen: the shipped one (one of ``candidates``).
+        risk_target: ε the candidates were certified at.
+        delta: δ in total (the probability that any certificate fails).
+        data: which answers the candidates were compared and certified on.
+        n: how many calibration answers.
+        method: the Learn-then-Test procedure (a key of
+            :data:`abstain_guard.guarantee.risk_control.RISK_METHODS`).
+        choice: how ``chosen`` was picked (any rule keeps δ under Bonferroni).
+        certificates: each candidate's certificate at δ/K, where computed (every candidate
+            for ``calibrate --scorer auto``; the chosen one for a choice recorded after the
+            fact, whose other candidates' scores are not in the artifact).
+        rule: :data:`SELECTION_RULE`.
+    """
+
+    candidates: tuple[str, ...]
+    chosen: str
+    risk_target: float
+    delta: float
+    data: str
+    n: int
+    method: str
+    choice: str
+    certificates: dict[str, CandidateCertificate] = field(default_factory=dict)
+    rule: str = SELECTION_RULE
+
+    def __post_init__(self) -> None:
+        if len(self.candidates) < 1 or len(set(self.candidates)) != len(self.candidates):
+            raise InvalidInputError(
+                f"selection candidates must be distinct names, at least one: {self.candidates}"
+            )
+        if self.chosen not in self.candidates:
+            raise InvalidInputError(
+                f"the chosen scorer {self.chosen!r} is not among the candidates "
+                f"{list(self.candidates)}."
+            )
+        if self.rule != SELECTION_RULE:
+            raise InvalidInputError(
+                f"unknown selection rule {self.rule!r}; the one supported is {SELECTION_RULE!r}."
+            )
+        unknown = sorted(set(self.certificates) - set(self.candidates))
+        if unknown:
+            raise InvalidInputError(f"certificates for scorers not compared: {unknown}.")
+        per_candidate_delta(self.delta, len(self.candidates))  # validates δ
+
+    @property
+    def n_candidates(self) -> int:
+        """K."""
+        return len(self.candidates)
+
+    @property
+    def delta_per_candidate(self) -> float:
+        """δ/K, the level every candidate is certified at."""
+        return per_candidate_delta(self.delta, self.n_candidates)
+
+    def summary(self) -> dict[str, Any]:
+        """The part a decision's guarantee carries (no per-candidate certificates)."""
+        return {
+            "rule": self.rule,
+            "candidates": list(self.candidates),
+            "n_candidates": self.n_candidates,
+            "chosen": self.chosen,
+            "data": self.data,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict (stored under ``metadata["selection"]`` of the artifact)."""
+        return {
+            "rule": self.rule,
+            "candidates": list(self.candidates),
+            "chosen": self.chosen,
+            "choice": self.choice,
+            "data": self.data,
+            "n": self.n,
+            "risk_target": self.risk_target,
+            "delta": self.delta,
+            "delta_per_candidate": self.delta_per_candidate,
+            "method": self.method,
+            "certificates": {k: v.to_json() for k, v in self.certificates.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ScorerSelection:
+        """Inverse of :meth:`to_json`.
+
+        Raises:
+            InvalidInputError: a missing or malformed field, or a ``delta_per_candidate``
+                that is not ``delta / len(candidates)``.
+        """
+        try:
+            selection = cls(
+                candidates=tuple(str(c) for c in data["candidates"]),
+                chosen=str(data["chosen"]),
+                risk_target=float(data["risk_target"]),
+                delta=float(data["delta"]),
+                data=str(data["data"]),
+                n=int(data["n"]),
+                method=str(data["method"]),
+                choice=str(data["choice"]),
+                certificates={
+                    str(k): CandidateCertificate.from_json(str(k), v)
+                    for k, v in dict(data.get("certificates") or {}).items()
+                },
+                rule=str(data["rule"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, InvalidInputError):
+                raise
+            raise InvalidInputError(f"malformed selection block: {exc!r}") from exc
+        stored = data.get("delta_per_candidate")
+        if stored is not None and not math.isclose(
+            float(stored), selection.delta_per_candidate, rel_tol=1e-12
+        ):
+            raise InvalidInputError(
+                f"selection delta_per_candidate {stored!r} is not delta / K = "
+                f"{selection.delta_per_candidate!r}."
+            )
+        return selection
+
+
+def certify_candidate(
+    name: str,
+    scores: ArrayLike,
+    correct: ArrayLike,
+    risk_target: float,
+    level: float,
+    method: str = risk_control.DEFAULT_RISK_METHOD,
+) -> CandidateCertificate:
+    """``name``'s Learn-then-Test certificate of ``risk_target`` at ``level`` (δ/K)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", conformal.ConformalWarning)
+        res = conformal.risk_threshold(scores, correct, risk_target, level, method=method)
+    return CandidateCertificate(
+        name=name,
+        feasible=res.feasible,
+        participation=res.participation,
+        threshold=res.threshold if res.feasible else None,
+        rank=res.rank,
+        empirical_risk=res.empirical_risk,
+    )
+
+
+def choose_candidate(certificates: Sequence[CandidateCertificate]) -> str:
+    """The candidate with the most certified participation (ties, and none certified: the
+    first listed)."""
+    if not certificates:
+        raise InvalidInputError("choose_candidate needs at least one certificate.")
+    best = max(range(len(certificates)), key=lambda i: (certificates[i].participation, -i))
+    return certificates[best].name
+
+
+def select_scorer(
+    scores_by_candidate: Mapping[str, ArrayLike],
+    correct: ArrayLike,
+    risk_target: float,
+    delta: float,
+    *,
+    data: str,
+    method: str = risk_control.DEFAULT_RISK_METHOD,
+) -> ScorerSelection:
+    """Certify every candidate at δ/K on the same calibration answers and choose the one
+    certifying the most participation at ``risk_target``.
+
+    Args:
+        scores_by_candidate: each candidate's calibration scores ``[n]`` (same answers, same
+            order), in the order ties are broken.
+        correct: the calibration labels ``[n]``.
+        risk_target: ε.
+        delta: δ in total.
+        data: which answers these are (recorded in the selection block).
+        method: the Learn-then-Test procedure.
+    """
+    names = list(scores_by_candidate)
+    level = per_candidate_delta(delta, len(names))
+    certs = [
+        certify_candidate(name, scores_by_candidate[name], correct, risk_target, level, method)
+        for name in names
+    ]
+    return ScorerSelection(
+        candidates=tuple(names),
+        chosen=choose_candidate(certs),
+        risk_target=float(risk_target),
+        delta=float(delta),
+        data=data,
+        n=int(np.asarray(correct).size),
+        method=method,
+        choice=MOST_PARTICIPATION,
+        certificates={c.name: c for c in certs},
+    )
+
+
+def record_choice(
+    chosen: str,
+    scores: ArrayLike,
+    correct: ArrayLike,
+    candidates: Sequence[str],
+    risk_target: float,
+    delta: float,
+    *,
+    data: str,
+    choice: str,
+    method: str = risk_control.DEFAULT_RISK_METHOD,
+) -> ScorerSelection:
+    """The selection block of a scorer already chosen among ``candidates`` on these
+    calibration answers (by any rule, ``choice`` says which), certified at δ/K from its
+    own stored scores. Bonferroni needs no other candidate's scores: the chosen one's
+    certificate at δ/K holds whenever all K would."""
+    names = tuple(candidates)
+    level = per_candidate_delta(delta, len(names))
+    cert = certify_candidate(chosen, scores, correct, risk_target, level, method)
+    return ScorerSelection(
+        candidates=names,
+        chosen=chosen,
+        risk_target=float(risk_target),
+        delta=float(delta),
+        data=data,
+        n=int(np.asarray(correct).size),
+        method=method,
+        choice=choice,
+        certificates={chosen: cert},
+    )

@@ -1,0 +1,118 @@
+"""The calibrated guard chain as deployed: an artifact, its model and its recorded prompt.
+
+:func:`load_guard_chain` builds ``prompt | guard`` from an artifact's deployment record, so a
+question runs with the system prompt, token budget and decoding that calibration used (the
+guarantee needs it: exchangeability). :func:`load_chat_model` loads the chat model an
+artifact (or a calibration config) names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from abstain_guard.artifact.guard_artifact import GuardArtifact
+from abstain_guard.config import GuardConfig
+from abstain_guard.contract.chat_model_specs import ChatModelSpec, bind_budget
+from abstain_guard.contract.deployment import DeploymentRecord
+from abstain_guard.contract.prompts import MAX_NEW_TOKENS, question_prompt
+from abstain_guard.errors import CalibrationError
+from abstain_guard.guard.runnable import AbstentionGuard
+
+__all__ = ["calibrated_on_prefix", "load_chat_model", "load_guard_chain"]
+
+
+def load_chat_model(
+    model: str | ChatModelSpec = "default",
+    *,
+    gguf_file: str | None = None,
+    max_new_tokens: int | None = None,
+    batch_decode: bool = True,
+    prefix_cache: bool = True,
+) -> Any:
+    """The chat model ``model`` names (``"default"`` = embedded SmolLM2, else a local Hugging
+    Face folder, with ``gguf_file`` inside it if given), generating at most ``max_new_tokens``
+    (default: as many tokens as open questions get at calibration; the guarantee assumes the
+    same generation settings), in decode mode ``batch_decode`` (the same as at calibration:
+    the two modes differ in the last bits), on the prefix path or not (``prefix_cache``,
+    likewise as at calibration). A :class:`ChatModelSpec` (an API chat model)
+    is built from its name or class and kwargs, asking for logprobs; its budget is bound
+    per call (:func:`~abstain_guard.contract.chat_model_specs.bind_budget`)."""
+    if isinstance(model, ChatModelSpec):
+        return model.build()
+    # The adapters import torch and transformers; core must import without them.
+    from abstain_guard.adapters import GeometryChatModel, load_default_model
+
+    budget = max_new_tokens or MAX_NEW_TOKENS["open"]
+    if model == "default":
+        return load_default_model(
+            max_new_tokens=budget, batch_decode=batch_decode, prefix_cache=prefix_cache
+        )
+    return GeometryChatModel.from_pretrained(
+        model,
+        gguf_file=gguf_file,
+        max_new_tokens=budget,
+        batch_decode=batch_decode,
+        prefix_cache=prefix_cache,
+    )
+
+
+def calibrated_on_prefix(decoding: Any) -> bool:
+    """Whether the calibration's decoding record (``DeploymentRecord.decoding``) is on the
+    prefix path (``decode_path["prefix"]``): the loaded model takes the path its artifact was
+    calibrated on (an artifact from before the prefix path: the one-pass path)."""
+    path = decoding.get("decode_path") if isinstance(decoding, dict) else None
+    return bool(isinstance(path, dict) and path.get("prefix"))
+
+
+def load_guard_chain(
+    artifact_path: str | Path | Any,
+    guard_config: Any = None,
+    *,
+    model: Any = None,
+    kind: str | None = None,
+) -> tuple[Any, Any, Any]:
+    """Load an artifact (a directory, or an already loaded :class:`GuardArtifact`), its
+    model and a guard; return ``(chain, guard, artifact)``.
+
+    ``chain`` is ``prompt | guard`` built from the artifact's deployment record: it takes
+    ``{"question": ...}`` and runs the recorded system prompt, token budget and decoding of
+    question kind ``kind`` (default: the artifact's only kind), which the guarantee needs
+    (exchangeability). For ``kind="choice"`` the question must already list its lettered
+    options. Without ``model``, the model the artifact was calibrated with is loaded
+    (:func:`load_chat_model`); for an API chat model it is built from the recorded spec
+    (secrets were not recorded: the provider's key comes from the environment), or pass
+    the API model built as at calibration (``model=ChatOpenAI(..., logprobs=True)``: the
+    guard compares its class and settings with the recorded ones). An API model gets the
+    budget as ``max_tokens``.
+    """
+    artifact = (
+        artifact_path
+        if isinstance(artifact_path, GuardArtifact)
+        else GuardArtifact.load(artifact_path)
+    )
+    record = DeploymentRecord.from_metadata(artifact.metadata)
+    if record is None:
+        raise CalibrationError(
+            f"The artifact {artifact_path} has no deployment record (it predates recorded "
+            "generation settings), so the prompt and token budget it was calibrated with "
+            "are unknown. Re-run calibrate to rebuild it."
+        )
+    kind_name, prompt = record.kind(kind)
+    if model is None and record.chat_model is not None:
+        model = record.chat_model.spec.build()
+    if model is None:
+        settings = artifact.metadata.get("config", {})
+        model = load_chat_model(
+            settings.get("model", "default"),
+            gguf_file=settings.get("gguf_file"),
+            max_new_tokens=settings.get("max_new_tokens"),
+            batch_decode=bool(record.decoding.get("batch_decode", False)),
+            prefix_cache=calibrated_on_prefix(record.decoding),
+        )
+    if record.chat_model is None:
+        runnable = model.bind(max_new_tokens=prompt.max_new_tokens)
+    else:
+        runnable = bind_budget(model, prompt.max_new_tokens)
+    guard = AbstentionGuard(runnable, artifact=artifact, config=guard_config or GuardConfig())
+    return question_prompt(prompt.system_prompt, kind_name) | guard, guard, artifact

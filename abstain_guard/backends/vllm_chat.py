@@ -1,20 +1,23 @@
 """The vLLM backend's LangChain chat model: :class:`VLLMChatModel`.
 
-Generates on a vLLM engine (:mod:`.vllm_engine`) and returns, per response, what the probe
-and likelihood scorers read — token ids, OpenAI-style logprobs, full-vocabulary entropies and
-the probe layers' residual stream (``geometry["hidden"]``) — computed in vLLM's own batches,
-plus a ``backend`` record (vLLM version, dtype, device, layers, capture path) the guard checks
-against the artifact. Geometry scorers are refused on its responses
+Generates on **stock vLLM**: its OpenAI endpoint, started the way the team runs it (``vllm
+serve`` with its own flags: tensor parallelism, quantization, batching limits, compiled
+graphs, CUDA graphs) plus the guard's connector flag (:mod:`.vllm_connector`), which returns
+with each response what the probe and likelihood scorers read: the probe layers' residual
+stream (last row and mean over the answer), full-vocabulary token entropies, and the
+server's engine record (vLLM version, dtype, device, parallelism, compile mode, the served
+weights' sha256) that the guard checks against its calibration. Token ids and OpenAI
+logprobs come from vLLM itself. Geometry scorers are refused on its responses
 (:class:`~abstain_guard.errors.BackendCapabilityError`): Ω, Θ and Φ need the project's exact
 engine (:class:`~abstain_guard.adapters.GeometryChatModel`).
 
-The engine runs in its own process, in vLLM's own Python environment (vLLM pins a
-transformers range of its own): either started here (``engine_url`` unset: one engine per
-process and settings, shared by every model object, stopped at exit) with the interpreter
-``python`` names (else ``$ABSTAIN_GUARD_VLLM_PYTHON``, else this one when it imports vLLM),
-or already running (``engine_url="http://host:8011"``, started with ``python -m
-abstain_guard.backends.vllm_engine --model DIR``). Calls from many threads or tasks at once
-are batched by vLLM (continuous batching).
+The server runs in vLLM's own Python environment (vLLM pins a transformers range of its
+own): either started here (``engine_url`` unset: one server per process and settings, shared
+by every model object, stopped at exit; ``vllm_args`` are vLLM's own CLI flags, parsed by
+vLLM) with the interpreter ``python`` names (else ``$ABSTAIN_GUARD_VLLM_PYTHON``, else this
+one when it imports vLLM), or already running anywhere (``engine_url="http://host:8000"``,
+``api_key`` for its ``--api-key``). Calls from many threads or tasks at once are batched by
+vLLM (continuous batching).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ from pydantic import ConfigDict, Field
 from abstain_guard.contract.metadata import BACKEND, ENTROPY, GEOMETRY, HIDDEN, LOGPROBS
 from abstain_guard.errors import BackendError, InvalidInputError
 
+from .vllm_payload import PAYLOAD_KEY, decode_capture
+
 __all__ = [
     "ENGINE_RECORD_KEYS",
     "LIVE_BOUND",
@@ -58,25 +63,31 @@ __all__ = [
 
 #: The interpreter of vLLM's environment (``make install`` builds ``.venv-vllm``).
 VLLM_PYTHON_ENV = "ABSTAIN_GUARD_VLLM_PYTHON"
+#: The API key of an attached server (its ``--api-key``) when ``api_key`` is not given.
+VLLM_API_KEY_ENV = "VLLM_API_KEY"
 #: What a response's ``backend`` record and the artifact's decode path hold of the engine
-#: (a response whose values differ from calibration's is a mismatch).
+#: (a response whose values differ from calibration's is a mismatch): among them the served
+#: weights' sha256, so a server with other weights of the same shape is refused.
 ENGINE_RECORD_KEYS = (
     "name",
     "vllm_version",
+    "weights_sha256",
+    "quantization",
     "dtype",
     "device",
     "layers",
     "capture_path",
     "enforce_eager",
+    "compilation_mode",
+    "tensor_parallel_size",
     "prefix_caching",
     "batch_invariant",
 )
 
 #: The largest |live − stored| score move the library states for a guard served on a vLLM
 #: engine that is not batch-invariant (vLLM's CPU backend): a response batched with others
-#: gets other last bits in its residual stream than at calibration. Measured: 1.4e-6 at most
-#: (40 held-out questions, 8 in flight; bench/vllm_backend.json), tokens identical; recorded
-#: in the artifact's ``decoding`` and held by tests/test_vllm_backend.py.
+#: gets other last bits in its residual stream than at calibration. Recorded in the
+#: artifact's ``decoding``; bench/vllm_backend.json holds what was measured.
 LIVE_BOUND = 1e-4
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
@@ -109,25 +120,32 @@ def engine_python(python: str | None = None) -> str:
 
 
 class _Engine:
-    """One engine process (``python -m abstain_guard.backends.vllm_engine``)."""
+    """One stock vLLM OpenAI server (``vllm serve`` with the guard's connector), started
+    through :mod:`.vllm_engine` so that it stops when this process does."""
 
     def __init__(self, python: str, folder: Path, options: Mapping[str, Any]) -> None:
-        self.log = Path(tempfile.mkstemp(prefix="abstain_guard_vllm_", suffix=".log")[1])
+        from .vllm_engine import serve_command
+
+        fd, log_path = tempfile.mkstemp(prefix="abstain_guard_vllm_", suffix=".log")
+        os.close(fd)
+        self.log = Path(log_path)
         port = _free_port()
-        cmd = [python, "-m", "abstain_guard.backends.vllm_engine", "--model", str(folder)]
-        cmd += ["--exit-with-parent"]
-        cmd += ["--port", str(port), "--dtype", str(options["dtype"])]
-        cmd += ["--memory-fraction", str(options["memory_fraction"])]
-        cmd += ["--max-model-len", str(options["max_model_len"])]
-        if options.get("layers"):
-            cmd += ["--layers", ",".join(str(x) for x in options["layers"])]
-        cmd += [str(a) for a in options.get("extra_args", ())]
+        cmd = serve_command(
+            python,
+            folder,
+            port,
+            dtype=str(options["dtype"]),
+            max_model_len=int(options["max_model_len"]),
+            memory_fraction=float(options["memory_fraction"]),
+            layers=options.get("layers"),
+            vllm_args=[str(a) for a in options.get("vllm_args", ())],
+        )
         env = dict(os.environ)
         if env.get("ATEN_CPU_CAPABILITY") == "default":
             # ATen's scalar kernels (the foreign-kernel mode's pin, adapters/engine/kernel_env.py):
-            # vLLM compiles its sampler with inductor, whose C++ code needs a vector
-            # capability ("at::vec has not been declared"); the engine keeps the library's
-            # portable one. Its bound to calibration is measured, not bitwise.
+            # vLLM compiles with inductor, whose C++ code needs a vector capability ("at::vec
+            # has not been declared"); the engine keeps the library's portable one. Its bound
+            # to calibration is measured, not bitwise.
             env["ATEN_CPU_CAPABILITY"] = "avx2"
         package_root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
@@ -137,24 +155,23 @@ class _Engine:
             )
         self.url = f"http://127.0.0.1:{port}"
 
-    def wait(self, timeout: float) -> dict[str, Any]:
+    def wait(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise BackendError(
-                    f"The vLLM engine exited with code {self.process.returncode} while "
+                    f"The vLLM server exited with code {self.process.returncode} while "
                     f"starting; its log ends:\n{self.tail()}"
                 )
             try:
-                response = httpx.get(self.url + "/info", timeout=2.0)
-                if response.status_code == 200:
-                    return dict(response.json())
+                if httpx.get(self.url + "/v1/models", timeout=2.0).status_code == 200:
+                    return
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
         self.close()
         raise BackendError(
-            f"The vLLM engine did not answer within {timeout:.0f} s; its log ends:\n{self.tail()}"
+            f"The vLLM server did not answer within {timeout:.0f} s; its log ends:\n{self.tail()}"
         )
 
     def tail(self, lines: int = 30) -> str:
@@ -172,6 +189,8 @@ class _Engine:
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.process.pid, 9)
+        with contextlib.suppress(OSError):
+            self.log.unlink()
 
 
 def _free_port() -> int:
@@ -182,39 +201,47 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-_ENGINES: dict[tuple[Any, ...], tuple[_Engine, dict[str, Any]]] = {}
+_ENGINES: dict[tuple[Any, ...], _Engine] = {}
 _ENGINES_LOCK = threading.Lock()
+#: The engine record of each server URL, read once from a one-token request.
+_RECORDS: dict[str, dict[str, Any]] = {}
 
 
 def stop_engines() -> None:
-    """Stop every engine this process started (also run at exit)."""
+    """Stop every server this process started (also run at exit)."""
     with _ENGINES_LOCK:
-        for engine, _ in _ENGINES.values():
+        for engine in _ENGINES.values():
             engine.close()
         _ENGINES.clear()
+        _RECORDS.clear()
 
 
 atexit.register(stop_engines)
 
 
 class VLLMChatModel(BaseChatModel):
-    """A chat model generating greedily on vLLM, recording what the probe and likelihood
-    scorers read (see the module docstring).
+    """A chat model generating greedily on stock vLLM, recording what the probe and
+    likelihood scorers read (see the module docstring).
 
     Args:
         model: ``"default"`` (the embedded SmolLM2) or a local Hugging Face folder.
         gguf_file: a GGUF file inside ``model`` (converted once for vLLM).
         max_tokens: the token budget (``bind(max_tokens=...)`` per call wins).
         top_logprobs: alternatives per token in ``logprobs`` (0: the chosen token's only).
-        dtype: the weights' dtype on the engine.
-        layers: decoder layers whose residual stream is recorded (default: the probe layers
+        dtype: the weights' dtype on a server started here.
+        layers: decoder layers the server taps (default: the probe layers
             :func:`abstain_guard.contract.metadata.probe_layers`).
-        engine_url: a running engine; unset: one is started (and shared in this process).
+        engine_url: a running vLLM server (``http://host:port``) started with the guard's
+            connector; unset: one is started (and shared in this process).
+        api_key: the attached server's ``--api-key`` (default ``$VLLM_API_KEY``).
+        served_model: the name the server serves the model under (default: its first).
+        vllm_args: more ``vllm serve`` flags for a server started here, parsed by vLLM
+            (``["--tensor-parallel-size", "2", "--quantization", "fp8"]``).
         python: the vLLM environment's interpreter (see :func:`engine_python`).
         memory_fraction: vLLM's ``gpu_memory_utilization`` (on the CPU backend, the share of
             host memory it reserves).
-        max_model_len: the engine's context length.
-        startup_timeout: seconds to wait for a started engine.
+        max_model_len: the server's context length.
+        startup_timeout: seconds to wait for a started server.
         request_timeout: seconds to wait for one response.
     """
 
@@ -227,6 +254,9 @@ class VLLMChatModel(BaseChatModel):
     dtype: str = "float32"
     layers: list[int] | None = None
     engine_url: str | None = Field(default=None, exclude=True)
+    api_key: str | None = Field(default=None, exclude=True, repr=False)
+    served_model: str | None = Field(default=None, exclude=True)
+    vllm_args: list[str] = Field(default_factory=list, exclude=True)
     python: str | None = Field(default=None, exclude=True)
     memory_fraction: float = Field(default=0.15, exclude=True)
     max_model_len: int = 2048
@@ -241,50 +271,64 @@ class VLLMChatModel(BaseChatModel):
     def _identifying_params(self) -> dict[str, Any]:
         return {"model": self.model, "dtype": self.dtype, "layers": self.layers}
 
-    # ---- the engine --------------------------------------------------------------------
+    # ---- the server --------------------------------------------------------------------
+
+    def _headers(self) -> dict[str, str]:
+        key = self.api_key or os.environ.get(VLLM_API_KEY_ENV)
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
     def _url(self) -> str:
-        """The engine's URL: an attached one as given (no request), else :meth:`engine`'s."""
+        """The server's URL: an attached one as given (no request), else a started one."""
         if self.engine_url is not None:
-            return self.engine_url.rstrip("/")
-        return self.engine()[0]
-
-    def engine(self) -> tuple[str, dict[str, Any]]:
-        """``(url, info)`` of the engine this model generates on (started on first use)."""
-        if self.engine_url is not None:
-            url = self.engine_url.rstrip("/")
-            try:
-                info = httpx.get(url + "/info", timeout=10.0).raise_for_status().json()
-            except httpx.HTTPError as exc:
-                raise BackendError(
-                    f"The vLLM engine at {url} did not answer /info ({exc}); start it with "
-                    "`python -m abstain_guard.backends.vllm_engine --model DIR --port N` in "
-                    "the vLLM environment."
-                ) from exc
-            return url, dict(info)
+            return self.engine_url.rstrip("/").removesuffix("/v1")
         key: tuple[Any, ...] = (self.python, self.model, self.gguf_file, self.dtype)
         key += (tuple(self.layers or ()), self.memory_fraction, self.max_model_len)
+        key += (tuple(self.vllm_args),)
         with _ENGINES_LOCK:
             found = _ENGINES.get(key)
-            if found is None or found[0].process.poll() is not None:
+            if found is None or found.process.poll() is not None:
                 python = engine_python(self.python)
-                folder = _model_folder(self.model, self.gguf_file)
                 options = {
                     "dtype": self.dtype,
                     "memory_fraction": self.memory_fraction,
                     "max_model_len": self.max_model_len,
                     "layers": self.layers,
+                    "vllm_args": self.vllm_args,
                 }
-                started = _Engine(python, folder, options)
-                found = (started, started.wait(self.startup_timeout))
+                found = _Engine(python, _model_folder(self.model, self.gguf_file), options)
+                found.wait(self.startup_timeout)
                 _ENGINES[key] = found
-        return found[0].url, found[1]
+        return found.url
+
+    def _served_name(self, url: str) -> str:
+        if self.served_model:
+            return self.served_model
+        try:
+            response = httpx.get(url + "/v1/models", headers=self._headers(), timeout=30.0)
+            names = [m["id"] for m in response.raise_for_status().json()["data"]]
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            raise BackendError(
+                f"The vLLM server at {url} did not list its models ({exc}); is it a vLLM "
+                "OpenAI server (vllm serve), and is api_key its --api-key?"
+            ) from exc
+        if not names:
+            raise BackendError(f"The vLLM server at {url} serves no model.")
+        return str(names[0])
+
+    def engine(self) -> tuple[str, dict[str, Any]]:
+        """``(url, record)`` of the server this model generates on (started on first use):
+        the record its connector sends with a one-token answer, read once per server."""
+        url = self._url()
+        found = _RECORDS.get(url)
+        if found is None:
+            body = self._post(url, self._body([{"role": "user", "content": "Hi"}], 1, 0))
+            found = _RECORDS[url] = dict(self._capture(url, body)[2])
+        return url, found
 
     def engine_record(self) -> dict[str, Any]:
         """What the artifact's decode path records of the engine (:data:`ENGINE_RECORD_KEYS`)."""
         _, info = self.engine()
-        record = {"name": "vllm", **info}
-        return {k: record.get(k) for k in ENGINE_RECORD_KEYS}
+        return {k: info.get(k) for k in ENGINE_RECORD_KEYS}
 
     def decoding_settings(self) -> dict[str, Any]:
         """The deployment record's ``decoding``: greedy, on the vLLM backend, this engine,
@@ -317,10 +361,24 @@ class VLLMChatModel(BaseChatModel):
 
     # ---- generation --------------------------------------------------------------------
 
+    def _body(self, chat: list[dict[str, Any]] | None, budget: int, top: int) -> dict[str, Any]:
+        """An OpenAI request body asking for the capture (greedy, token ids returned)."""
+        body: dict[str, Any] = {
+            "max_tokens": int(budget),
+            "temperature": 0.0,
+            "logprobs": True,
+            "top_logprobs": int(top),
+            "return_token_ids": True,
+            "kv_transfer_params": {PAYLOAD_KEY: {}},
+        }
+        if chat is not None:
+            body["messages"] = chat
+        return body
+
     def _payload(
         self, messages: Sequence[BaseMessage], kwargs: Mapping[str, Any]
     ) -> tuple[dict, Any]:
-        """The request body, and the call's tool setup (None without tools)."""
+        """The request body (chat, or token ids with tools), and the call's tool setup."""
         budget = kwargs.get("max_tokens", self.max_tokens)
         if budget is None:
             from abstain_guard.contract.prompts import MAX_NEW_TOKENS
@@ -337,64 +395,95 @@ class VLLMChatModel(BaseChatModel):
             if not isinstance(m.content, str):
                 raise InvalidInputError("The vLLM backend sends text messages only.")
             chat.append({"role": role, "content": m.content})
-        body: dict[str, Any] = {
-            "messages": chat,
-            "max_tokens": int(budget),
-            "top_logprobs": self.top_logprobs,
-        }
         tools, choice = kwargs.get("tools"), kwargs.get("tool_choice")
         tool_turns = any(
             m.type == "tool" or (isinstance(m, AIMessage) and m.tool_calls) for m in messages
         )
         if not tools and not tool_turns and choice in (None, "auto", "none"):
-            return body, None  # the engine renders plain chat with vLLM's own template
-        ids, setup = self._prompter().prompt(messages, tools, choice)
-        body["prompt_token_ids"] = ids
-        if setup is not None and setup.end_markers:
-            body["stop"] = list(setup.end_markers)
+            return self._body(chat, int(budget), self.top_logprobs), None
+        prompter = self._prompter()
+        ids, setup = prompter.prompt(messages, tools, choice)
+        body = self._body(None, int(budget), self.top_logprobs)
+        body["prompt"] = ids  # the completions endpoint: the exact engine's rendering
+        stops = prompter.stop_token_ids(setup)
+        if stops:
+            body["stop_token_ids"] = stops
+        body["skip_special_tokens"] = False
         return body, setup
 
-    def _with_calls(self, result: ChatResult, body: Mapping[str, Any], setup: Any) -> ChatResult:
+    def _with_calls(self, result: ChatResult, setup: Any) -> ChatResult:
         if setup is None:
             return result
         message = result.generations[0].message
         assert isinstance(message, AIMessage)
         meta = message.response_metadata
-        read = self._prompter().read(message, body["prompt_token_ids"], meta["token_ids"], setup)
+        read = self._prompter().read(message, meta["prompt_token_ids"], meta["token_ids"], setup)
         return ChatResult(generations=[ChatGeneration(message=read)])
 
-    def _result(self, body: Mapping[str, Any]) -> ChatResult:
-        """The message of an engine response; its ``backend`` record is the one the engine
-        sent with it (what computed this response, not what answered ``/info`` earlier)."""
-        record = {"name": "vllm", **body["engine"]}
+    def _capture(self, url: str, body: Mapping[str, Any]) -> tuple[Any, Any, Mapping[str, Any]]:
+        choice = body["choices"][0]
+        try:
+            return decode_capture(body.get("kv_transfer_params"), len(choice["token_ids"]))
+        except BackendError as exc:
+            raise BackendError(f"{exc} (server {url})") from exc
+
+    def _result(self, url: str, body: Mapping[str, Any]) -> ChatResult:
+        """The message of a server response; its ``backend`` record is the one the server
+        sent with it (what computed this response, not what answered earlier)."""
+        choice = body["choices"][0]
+        entropy, hidden, engine = self._capture(url, body)
+        ids = [int(t) for t in choice["token_ids"]]
+        content = _logprob_content(choice.get("logprobs"), ids)
+        text = choice["message"]["content"] if "message" in choice else choice["text"]
         meta = {
             "model_name": str(self.model),
-            "finish_reason": body["finish_reason"],
-            "prompt_token_ids": body["prompt_token_ids"],
-            "token_ids": body["token_ids"],
-            "tokens": body["tokens"],
-            LOGPROBS: body["logprobs"],
-            ENTROPY: body["entropy"],
-            GEOMETRY: {HIDDEN: body["hidden"]},
-            BACKEND: {k: record.get(k) for k in ENGINE_RECORD_KEYS},
+            "finish_reason": choice.get("finish_reason"),
+            "prompt_token_ids": [
+                int(t) for t in body.get("prompt_token_ids") or choice.get("prompt_token_ids") or []
+            ],
+            "token_ids": ids,
+            "tokens": [c["token"] for c in content],
+            LOGPROBS: {"content": content},
+            ENTROPY: entropy,
+            GEOMETRY: {HIDDEN: hidden},
+            BACKEND: {k: engine.get(k) for k in ENGINE_RECORD_KEYS},
         }
-        message = AIMessage(content=str(body["text"]), response_metadata=meta)
+        message = AIMessage(content=str(text or ""), response_metadata=meta)
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     def _error(self, url: str, exc: Exception) -> BackendError:
         detail = ""
         if isinstance(exc, httpx.HTTPStatusError):
             detail = f": {exc.response.text[:300]}"
-        return BackendError(f"The vLLM engine at {url} failed the request ({exc}){detail}.")
+        return BackendError(f"The vLLM server at {url} failed the request ({exc}){detail}.")
 
     def _request(
         self, messages: Sequence[BaseMessage], stop: list[str] | None, kwargs: Mapping[str, Any]
     ) -> tuple[str, dict, Any]:
-        """``(engine URL, request body, tool setup)`` of one call (sync and async alike)."""
+        """``(endpoint URL, request body, tool setup)`` of one call (sync and async alike)."""
         if stop:
-            raise InvalidInputError("The vLLM backend generates without stop strings.")
+            raise InvalidInputError(
+                "The vLLM backend generates without stop strings (the capture needs the "
+                "engine to stop on a token)."
+            )
         payload, setup = self._payload(messages, kwargs)
-        return self._url(), payload, setup
+        url = self._url()
+        payload["model"] = self._served_name(url)
+        path = "/v1/completions" if "prompt" in payload else "/v1/chat/completions"
+        return url + path, payload, setup
+
+    def _post(self, url: str, payload: dict[str, Any]) -> dict[str, Any]:
+        payload.setdefault("model", self._served_name(url))
+        try:
+            response = httpx.post(
+                url + "/v1/chat/completions",
+                json=payload,
+                headers=self._headers(),
+                timeout=self.request_timeout,
+            )
+            return dict(response.raise_for_status().json())
+        except httpx.HTTPError as exc:
+            raise self._error(url, exc) from exc
 
     def _generate(
         self,
@@ -403,13 +492,15 @@ class VLLMChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        url, payload, setup = self._request(messages, stop, kwargs)
+        endpoint, payload, setup = self._request(messages, stop, kwargs)
         try:
-            response = httpx.post(url + "/generate", json=payload, timeout=self.request_timeout)
+            response = httpx.post(
+                endpoint, json=payload, headers=self._headers(), timeout=self.request_timeout
+            )
             body = response.raise_for_status().json()
         except httpx.HTTPError as exc:
-            raise self._error(url, exc) from exc
-        return self._with_calls(self._result(body), body, setup)
+            raise self._error(endpoint, exc) from exc
+        return self._with_calls(self._result(endpoint, body), setup)
 
     async def _agenerate(
         self,
@@ -418,14 +509,53 @@ class VLLMChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        url, payload, setup = self._request(messages, stop, kwargs)
+        endpoint, payload, setup = self._request(messages, stop, kwargs)
         try:
             async with httpx.AsyncClient(timeout=self.request_timeout) as client:
-                response = await client.post(url + "/generate", json=payload)
+                response = await client.post(endpoint, json=payload, headers=self._headers())
                 body = response.raise_for_status().json()
         except httpx.HTTPError as exc:
-            raise self._error(url, exc) from exc
-        return self._with_calls(self._result(body), body, setup)
+            raise self._error(endpoint, exc) from exc
+        return self._with_calls(self._result(endpoint, body), setup)
+
+
+def _logprob_content(logprobs: Any, ids: Sequence[int]) -> list[dict[str, Any]]:
+    """OpenAI ``logprobs.content`` (chat) or the completions layout, one entry per token
+    with its id (the chat layout names no ids)."""
+    if isinstance(logprobs, Mapping) and isinstance(logprobs.get("content"), list):
+        entries = list(logprobs["content"])
+    elif isinstance(logprobs, Mapping) and isinstance(logprobs.get("tokens"), list):
+        tops = logprobs.get("top_logprobs") or [None] * len(logprobs["tokens"])
+        entries = [
+            {
+                "token": t,
+                "logprob": lp,
+                "top_logprobs": [{"token": k, "logprob": v} for k, v in (top or {}).items()],
+            }
+            for t, lp, top in zip(
+                logprobs["tokens"], logprobs["token_logprobs"], tops, strict=False
+            )
+        ]
+    else:
+        entries = []
+    content = []
+    for k, t in enumerate(ids):
+        entry = entries[k] if k < len(entries) else {}
+        token = str(entry.get("token", ""))
+        logprob = entry.get("logprob")
+        content.append(
+            {
+                "token": token,
+                "token_id": int(t),
+                "logprob": float("nan") if logprob is None else float(logprob),
+                "bytes": entry.get("bytes") or list(token.encode("utf-8")),
+                "top_logprobs": [
+                    {"token": str(x.get("token", "")), "logprob": float(x["logprob"])}
+                    for x in entry.get("top_logprobs") or []
+                ],
+            }
+        )
+    return content
 
 
 def _model_folder(model: str, gguf_file: str | None) -> Path:

@@ -5,8 +5,8 @@ engine would make from the same tokens.
 With tools bound, :class:`~.vllm_chat.VLLMChatModel` renders the prompt here — the chat
 template with ``tools=`` (or the prompted fallback's system block), the tool-call and
 tool-result turns as the exact engine renders them, a forced call's opening — sends the
-token ids to the engine, stops where the format ends a call, and reads the reply for calls
-(names and arguments checked against the schemas; an unreadable call is an
+token ids to the server, stops on a call's end marker when it is one token, and reads the
+reply for calls (names and arguments checked against the schemas; an unreadable call is an
 ``invalid_tool_call``, never an exception). Needs the ``local`` extra (the tokenizer).
 """
 
@@ -55,6 +55,19 @@ class ToolPrompter:
             prefill = self.tokenizer(setup.prefill, add_special_tokens=False)["input_ids"]
             ids.extend(int(t) for t in prefill)
         return ids, setup
+
+    def stop_token_ids(self, setup: Any) -> list[int]:
+        """The ids of ``setup``'s end markers that are one token each: the server stops on
+        them (a stop *string* would end the answer after the engine moved on, without its
+        capture); a marker of several tokens is cut by :meth:`read` instead."""
+        if setup is None:
+            return []
+        ids = []
+        for marker in setup.end_markers:
+            encoded = self.tokenizer(marker, add_special_tokens=False)["input_ids"]
+            if len(encoded) == 1:
+                ids.append(int(encoded[0]))
+        return ids
 
     def read(
         self, message: AIMessage, prompt: Sequence[int], token_ids: Sequence[int], setup: Any

@@ -1,30 +1,31 @@
-"""The vLLM backend side by side with plain vLLM and the project's engine (issue 47).
+"""The guard on stock vLLM against stock vLLM (issue 55).
 
 On the embedded model, the same built-in probe questions (the last ``--questions`` of the
 set, greedy, the artifact's system prompt and budget), at 1, 8 and 32 requests in flight:
 
-(a) **plain vLLM**: the engine (:mod:`abstain_guard.backends.vllm_engine`) started with
-    ``--no-capture`` — no hooks, no hidden states, no entropies — asked over HTTP;
-(b) **the guarded vLLM backend**: the guard chain of a vLLM-calibrated artifact
-    (``load_guard_chain``: VLLMChatModel on a capturing engine, the probe scores every
-    response, the guard decides), called from as many threads;
-(c) **the shipped guard on the project's engine** (``abstain_guard/default_guard``) at 8.
+(a) **stock, default**: vLLM's OpenAI server (``vllm serve``: ``vllm.entrypoints.openai.
+    api_server``) with its default settings — compiled graphs on the CPU — asked for the
+    chat completion a user asks for (messages, ``max_tokens``, ``temperature: 0``);
+(b) **stock, --enforce-eager**: the same with eager execution (reference only);
+(c) **guarded**: the guard as a user deploys it — ``load_guard_chain`` on a probe guard
+    calibrated on vLLM: :class:`~abstain_guard.backends.vllm_chat.VLLMChatModel` on the same
+    stock server started with the guard's connector flag (default settings otherwise), the
+    probe scoring every response, the guard deciding.
 
-Phases interleave (plain, guarded, project; ``--repeats`` times) and each reports the
-median over repeats: throughput (requests/s over the phase's wall time) and p95 latency;
-``p95_over_solo`` is the p95 at each level over the median latency at 1. Engine start-up is
-not timed. Then ``evaluate --live`` at 8 concurrent on the artifact's held-out questions:
-``live_max_abs_diff`` (live − stored score) and ``live_same_decision``.
+Every side is called the same way: one ``httpx.post`` per request (the guard's client), from
+as many threads as requests in flight. Phases interleave (each repeat runs every level on
+every side, the side order rotating), and the JSON keeps each repeat's ratio beside the
+medians: throughput (answers/s over the phase's wall time) and p95 latency (``p95_over_solo``:
+p95 at a level over the median latency alone). Server start-up (vLLM compiles) is not timed.
 
-The last line is one JSON object: ``guarded_over_plain`` and ``p95_over_solo`` (keyed by
-concurrency), ``guarded_over_project_engine`` (at 8), ``live_max_abs_diff``,
-``live_same_decision``, every measurement, and the processor's facts.
-
-``--gpu``: a random-weight Qwen3-8B shape in bfloat16 (vLLM ``load_format=dummy``), plain vs
-guarded tokens/s at batch 1 and 32 and the engine's extra memory (run where a GPU is lent).
+Then live = stored: the guard chain on ``--live`` of the artifact's calibration questions at
+8 and 32 in flight against the scores calibration stored (max |live − stored|, decisions that
+differ and how far their scores sit from τ).
 
 Run (idle machine; vLLM's environment from ``make install``)::
 
+    .venv/bin/abstain-guard calibrate --data builtin --config configs/vllm_probe.yaml \\
+        --out runs/vllm_probe --limit 400
     ABSTAIN_GUARD_VLLM_PYTHON=.venv-vllm/bin/python .venv/bin/python bench/vllm_backend.py \\
         --artifact runs/vllm_probe > bench/vllm_backend.log
     tail -1 bench/vllm_backend.log > bench/vllm_backend.json
@@ -34,9 +35,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -72,31 +76,62 @@ def drive(call: Callable[[str], Any], questions: Sequence[str], concurrency: int
     }
 
 
-def levels(call: Callable[[str], Any], pool: Sequence[str], which: Sequence[int]) -> dict:
-    call(pool[0])  # warm: the first request of an engine pays one-off costs
-    return {str(c): drive(call, list(pool[: REQUESTS[c]]), c) for c in which}
+class StockServer:
+    """vLLM's OpenAI server, stock settings plus ``extra`` flags, in vLLM's environment."""
 
+    def __init__(self, python: str, folder: Path, port: int, extra: Sequence[str]) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        fd, log = tempfile.mkstemp(prefix="stock_vllm_", suffix=".log")
+        self.log = Path(log)
+        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder)]
+        cmd += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]
+        cmd += ["--max-model-len", "2048", "--seed", "0", "--gpu-memory-utilization", "0.15"]
+        self.process = subprocess.Popen(
+            [*cmd, *extra], stdout=fd, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        os.close(fd)
 
-def set_requests(spec: str) -> None:
-    """``--requests 16,48,96``: requests per level (1, 8, 32)."""
-    counts = [int(x) for x in spec.split(",")]
-    REQUESTS.update(dict(zip(LEVELS, counts, strict=True)))
+    def wait(self, timeout: float = 900.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"stock vLLM exited; see {self.log}")
+            try:
+                if httpx.get(self.url + "/v1/models", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        raise RuntimeError(f"stock vLLM did not start; see {self.log}")
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, 15)
+            self.process.wait(timeout=30)
+        self.log.unlink(missing_ok=True)
 
 
 def processor() -> dict[str, Any]:
     from abstain_guard.adapters.engine.kernels import kernel_facts
 
-    return {"machine": platform.machine(), "python": sys.version.split()[0], **kernel_facts()}
+    return {
+        "machine": platform.machine(),
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+        **kernel_facts(),
+    }
+
+
+def _ratio_stats(ratios: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
 
 
 def cpu_bench(args: argparse.Namespace) -> dict[str, Any]:
     from abstain_guard import GuardArtifact
-    from abstain_guard.adapters.model.vllm_folder import vllm_model_folder as folder_of
-    from abstain_guard.backends.vllm_chat import _Engine, engine_python, stop_engines
+    from abstain_guard.adapters.model.vllm_folder import vllm_model_folder
+    from abstain_guard.backends.vllm_chat import _free_port, engine_python, stop_engines
     from abstain_guard.calibration.building.questions.items import load_items
     from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
-    from abstain_guard.calibration.measure.deployment_check import live_check
-    from abstain_guard.default import default_artifact_path
     from abstain_guard.guard.chains import load_guard_chain
 
     artifact = GuardArtifact.load(args.artifact)
@@ -105,180 +140,126 @@ def cpu_bench(args: argparse.Namespace) -> dict[str, Any]:
     budget = int(record["prompts"]["open"]["max_new_tokens"])
     items, _ = load_items("builtin", CalibrationConfig())
     pool = [it.prompt_text() for it in items[-args.questions :]]
+    python = engine_python(None)
+    folder = vllm_model_folder("default")
+    servers = {
+        "stock_default": StockServer(python, folder, _free_port(), []),
+        "stock_eager": StockServer(python, folder, _free_port(), ["--enforce-eager"]),
+    }
+    chain, guard, _ = load_guard_chain(args.artifact)  # starts the guarded server
+    engine = guard.runnable.bound if hasattr(guard.runnable, "bound") else None
+    record_engine = engine.engine_record() if engine is not None else None
+    for server in servers.values():
+        server.wait()
 
-    def plain_phase() -> dict:
-        engine = _Engine(
-            engine_python(None),
-            folder_of("default"),
-            {
-                "dtype": "float32",
-                "memory_fraction": 0.15,
-                "max_model_len": 2048,
-                "extra_args": ["--no-capture"],
+    def plain(url: str) -> Callable[[str], Any]:
+        def call(q: str) -> Any:
+            body = {
+                "model": str(folder),
+                "messages": [{"role": "system", "content": system}, {"role": "user", "content": q}],
+                "max_tokens": budget,
+                "temperature": 0.0,
+            }
+            got = httpx.post(url + "/v1/chat/completions", json=body, timeout=600.0)
+            return got.raise_for_status().json()
+
+        return call
+
+    def guarded(q: str) -> Any:
+        message = chain.invoke({"question": q})
+        decision = message.response_metadata["abstention"]
+        if decision.get("error"):
+            raise RuntimeError(f"the guard could not score: {decision}")
+        return message
+
+    sides: dict[str, Callable[[str], Any]] = {
+        "stock_default": plain(servers["stock_default"].url),
+        "stock_eager": plain(servers["stock_eager"].url),
+        "guarded": guarded,
+    }
+    for call in sides.values():  # warm: each server's first request pays one-off costs
+        call(pool[0])
+        call(pool[1])
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
+    order = list(sides)
+    for repeat in range(args.repeats):
+        turn = order[repeat % len(order) :] + order[: repeat % len(order)]
+        for name in turn:
+            runs[name].append({str(c): drive(sides[name], pool[: REQUESTS[c]], c) for c in LEVELS})
+        print(json.dumps({"repeat": repeat, "order": turn}), file=sys.stderr, flush=True)
+    summary: dict[str, Any] = {}
+    for level in map(str, LEVELS):
+        per = {name: [r[level]["throughput_rps"] for r in runs[name]] for name in sides}
+        summary[level] = {
+            "throughput_rps_median": {n: statistics.median(v) for n, v in per.items()},
+            "guarded_over_stock_default": _ratio_stats(
+                [g / s for g, s in zip(per["guarded"], per["stock_default"], strict=True)]
+            ),
+            "guarded_over_stock_default_each_repeat": [
+                g / s for g, s in zip(per["guarded"], per["stock_default"], strict=True)
+            ],
+            "guarded_over_stock_eager_each_repeat": [
+                g / s for g, s in zip(per["guarded"], per["stock_eager"], strict=True)
+            ],
+            "p95_s_median": {
+                n: statistics.median(r[level]["p95_s"] for r in runs[n]) for n in sides
             },
-        )
-        try:
-            engine.wait(600)
-            client = httpx.Client(timeout=600)
-
-            def ask(q: str) -> Any:
-                messages = [{"role": "system", "content": system}, {"role": "user", "content": q}]
-                body = {"messages": messages, "max_tokens": budget, "top_logprobs": 5}
-                return client.post(engine.url + "/generate", json=body).raise_for_status()
-
-            return levels(ask, pool, LEVELS)
-        finally:
-            engine.close()
-
-    def guarded_phase() -> dict:
-        chain = load_guard_chain(args.artifact)[0]
-        try:
-            return levels(lambda q: chain.invoke({"question": q}), pool, LEVELS)
-        finally:
-            stop_engines()
-
-    def project_phase() -> dict:
-        chain = load_guard_chain(default_artifact_path())[0]
-        return levels(lambda q: chain.invoke({"question": q}), pool, (8,))
-
-    runs: dict[str, list[dict]] = {"plain": [], "guarded": [], "project_engine": []}
-    for r in range(args.repeats):
-        for name, phase in (
-            ("plain", plain_phase),
-            ("guarded", guarded_phase),
-            ("project_engine", project_phase),
-        ):
-            t = time.perf_counter()
-            runs[name].append(phase())
-            print(
-                json.dumps({"repeat": r, "phase": name, "s": time.perf_counter() - t}),
-                file=sys.stderr,
-                flush=True,
-            )
-
-    def median(name: str, level: str, key: str) -> float:
-        return float(statistics.median(run[level][key] for run in runs[name]))
-
-    out: dict[str, Any] = {"medians": {}}
-    for name, which in (("plain", LEVELS), ("guarded", LEVELS), ("project_engine", (8,))):
-        out["medians"][name] = {
-            str(c): {k: median(name, str(c), k) for k in ("throughput_rps", "p50_s", "p95_s")}
-            for c in which
         }
-    m = out["medians"]
-    out["guarded_over_plain"] = {
-        str(c): m["guarded"][str(c)]["throughput_rps"] / m["plain"][str(c)]["throughput_rps"]
-        for c in LEVELS
-    }
-    out["p95_over_solo"] = {
-        str(c): m["guarded"][str(c)]["p95_s"] / m["guarded"]["1"]["p50_s"] for c in LEVELS
-    }
-    out["plain_p95_over_solo"] = {
-        str(c): m["plain"][str(c)]["p95_s"] / m["plain"]["1"]["p50_s"] for c in LEVELS
-    }
-    out["guarded_over_project_engine"] = (
-        m["guarded"]["8"]["throughput_rps"] / m["project_engine"]["8"]["throughput_rps"]
-    )
-    live = live_check(args.artifact, limit=args.live, progress=False, concurrency=8)
+    solo = {n: statistics.median(r["1"]["p50_s"] for r in runs[n]) for n in sides}
+    for level in map(str, LEVELS):
+        summary[level]["p95_over_solo"] = {
+            n: summary[level]["p95_s_median"][n] / solo[n] for n in sides
+        }
+    live = live_bound(args) if args.live else None
+    for server in servers.values():
+        server.close()
     stop_engines()
-    summary = live["summary"]
-    out["live_max_abs_diff"] = summary["abs_score_diff_max"]
-    out["live_same_decision"] = summary["same_decision"]
-    out["live_same_tokens"] = summary["same_tokens"]
-    out["live_n"] = summary["n"]
-    out["runs"] = runs
-    out["artifact"] = str(args.artifact)
-    out["decode_path"] = record["decoding"].get("decode_path")
-    out["questions"] = len(pool)
-    out["repeats"] = args.repeats
-    out["processor"] = processor()
+    return {
+        "bench": "vllm_backend",
+        "questions": len(pool),
+        "budget": budget,
+        "repeats": args.repeats,
+        "requests": REQUESTS,
+        "summary": summary,
+        "live": live,
+        "guarded_engine": record_engine,
+        "runs": runs,
+        "processor": processor(),
+    }
+
+
+def live_bound(args: argparse.Namespace) -> dict[str, Any]:
+    """Live = stored on the artifact's calibration questions at 8 and 32 in flight."""
+    from abstain_guard.calibration.measure.deployment_check import live_check
+
+    out: dict[str, Any] = {}
+    for level in (8, 32):
+        result = live_check(
+            args.artifact, limit=args.live, progress=False, concurrency=level, split="calibration"
+        )
+        rows = result["rows"]
+        moved = [r for r in rows if r["stored_answers"] == r["abstained"]]
+        out[str(level)] = {
+            "n": result["summary"]["n"],
+            "max_abs_diff": result["summary"]["abs_score_diff_max"],
+            "same_tokens": result["summary"]["same_tokens"],
+            "decisions_differ": len(moved),
+            "their_distance_to_tau": [abs(r["stored_score"] - result["threshold"]) for r in moved],
+        }
     return out
 
 
-def gpu_bench(args: argparse.Namespace) -> dict[str, Any]:
-    """Random-weight Qwen3-8B shape, bfloat16: plain vs capturing engine, tokens/s at batch
-    1 and 32, and the memory the engine process holds (the capture's rows are per request)."""
-    import tempfile
-
-    from abstain_guard.backends.vllm_chat import _Engine, engine_python
-
-    folder = Path(tempfile.mkdtemp(prefix="qwen3-8b-shape-"))
-    config = {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "hidden_size": 4096,
-        "intermediate_size": 12288,
-        "num_hidden_layers": 36,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "vocab_size": 151936,
-        "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "bos_token_id": 0,
-        "eos_token_id": 1,
-    }
-    (folder / "config.json").write_text(json.dumps(config))
-    from abstain_guard.adapters.model.vllm_folder import vllm_model_folder
-
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        src = vllm_model_folder("default") / name
-        if src.exists():
-            (folder / name).write_bytes(src.read_bytes())
-    prompt = [{"role": "user", "content": "Write about the history of the printing press."}]
-    result: dict[str, Any] = {}
-    for mode, extra in (("plain", ["--no-capture"]), ("guarded", [])):
-        engine = _Engine(
-            engine_python(None),
-            folder,
-            {
-                "dtype": "bfloat16",
-                "memory_fraction": 0.85,
-                "max_model_len": 4096,
-                "extra_args": ["--load-format", "dummy", *extra],
-            },
-        )
-        try:
-            engine.wait(1200)
-            client = httpx.Client(timeout=1200)
-
-            def ask(_: str, client: httpx.Client = client, url: str = engine.url) -> Any:
-                body = {"messages": prompt, "max_tokens": 256, "top_logprobs": 0}
-                return client.post(url + "/generate", json=body).raise_for_status().json()
-
-            ask("")
-            for batch in (1, 32):
-                t = time.perf_counter()
-                with ThreadPoolExecutor(batch) as pool:
-                    outs = list(pool.map(ask, [""] * batch))
-                wall = time.perf_counter() - t
-                tokens = sum(len(o["token_ids"]) for o in outs)
-                result[f"{mode}_tokens_per_s_batch{batch}"] = tokens / wall
-        finally:
-            engine.close()
-    for b in (1, 32):
-        result[f"guarded_over_plain_batch{b}"] = (
-            result[f"guarded_tokens_per_s_batch{b}"] / result[f"plain_tokens_per_s_batch{b}"]
-        )
-    result["processor"] = processor()
-    return result
-
-
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--artifact", default="runs/vllm_probe", help="a vLLM-calibrated artifact")
-    p.add_argument("--questions", type=int, default=96)
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--live", type=int, default=40, help="held-out questions for the live check")
-    p.add_argument("--requests", default="16,48,96", help="requests at 1, 8 and 32 at once")
-    p.add_argument("--gpu", action="store_true")
-    args = p.parse_args()
-    set_requests(args.requests)
-    out = gpu_bench(args) if args.gpu else cpu_bench(args)
-    print(json.dumps(out))
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--artifact", default="runs/vllm_probe")
+    parser.add_argument("--questions", type=int, default=96)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--live", type=int, default=64, help="calibration questions asked live")
+    parser.add_argument("--requests", default=None, help="requests per level, e.g. 16,48,96")
+    args = parser.parse_args(argv)
+    if args.requests:
+        REQUESTS.update(dict(zip(LEVELS, map(int, args.requests.split(",")), strict=True)))
+    print(json.dumps(cpu_bench(args)))
     return 0
 
 

@@ -377,6 +377,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         f"{_G}.guard",
         f"{_G}.monitor",
         f"{_G}.artifact",
+        f"{_G}.backends",
         f"{_G}.scorers",
         f"{_G}.contract",
         f"{_G}.guarantee",

@@ -1,10 +1,13 @@
-"""The vLLM backend on a real vLLM engine (vLLM's CPU build, the embedded model): a probe
-guard calibrated on vLLM, its decode path and scorer recorded, live = stored under 8
-concurrent callers, and a response from the project's engine refused.
+"""The vLLM backend on stock vLLM (vLLM's CPU build, its OpenAI server with default
+settings — compiled graphs — plus the guard's connector flag and ``--tensor-parallel-size
+1``, the embedded model): a probe guard calibrated on vLLM, its decode path and scorer
+recorded, live = stored under 8 concurrent callers, a server with other weights refused, and
+a response from the project's engine refused.
 
-The engine runs in vLLM's own environment (``make install`` builds ``.venv-vllm``;
-``make test`` sets ``ABSTAIN_GUARD_VLLM_PYTHON``); one engine for the module. About a minute
-on two cores: 56 questions calibrated, 8 asked again.
+The server runs in vLLM's own environment (``make install`` builds ``.venv-vllm``;
+``make test`` sets ``ABSTAIN_GUARD_VLLM_PYTHON``); one server for the module. About two
+minutes on two cores: vLLM compiles the model (about 80 s), 56 questions calibrated, 8 asked
+again.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ from abstain_guard.guard.chains import load_guard_chain
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
+#: The server's engine flags, parsed by vLLM: tensor parallelism accepted (one rank here).
+TP = {"vllm_args": ["--tensor-parallel-size", "1"]}
+
 # LIVE_BOUND: the largest live-vs-stored score move accepted under concurrency. vLLM's CPU
 # backend is not batch-invariant: a response batched with others gets other last bits in its
 # residual stream than it got at calibration (measured here: 1.4e-6 at most, 40 questions, 8
@@ -45,7 +51,11 @@ def vllm_guard(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip(f"{VLLM_PYTHON_ENV} is not set (make test sets it to .venv-vllm)")
     out = tmp_path_factory.mktemp("vllm") / "guard"
     config = CalibrationConfig(
-        backend="vllm", scorer="probe_mid", limit=56, cache_dir=str(out) + ".cache"
+        backend="vllm",
+        scorer="probe_mid",
+        limit=56,
+        cache_dir=str(out) + ".cache",
+        **TP,
     )
     try:
         calibrate("builtin", out, config=config, progress=False)
@@ -64,14 +74,37 @@ def test_a_probe_guard_calibrated_on_vllm_records_its_engine(vllm_guard: Path) -
     assert deployment["decoding"]["live_bound"] == LIVE_BOUND  # CPU: not batch-invariant
     assert path["name"] == "vllm" and path["vllm_version"]
     assert path["layers"] == [15, 24] and path["dtype"] == "float32"
-    assert path["capture_path"] == "single_pass_layer_hooks"
+    assert path["capture_path"] == "compiled_tap_kv_connector"
+    assert path["enforce_eager"] is False and path["compilation_mode"] != "NONE"
+    assert path["tensor_parallel_size"] == 1
+    assert len(path["weights_sha256"]) == 64
     assert deployment["chat_model"]["class_path"].endswith("VLLMChatModel")
     assert artifact.scorer.backend_ == "vllm"
     assert np.isfinite(artifact.scores).all() and len(artifact.scores) >= 4
 
 
-def test_live_equals_stored_under_eight_concurrent_callers(vllm_guard: Path) -> None:
+def test_live_equals_stored_under_eight_concurrent_callers(
+    vllm_guard: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    seen = {"now": 0, "most": 0}
+    lock = threading.Lock()
+    generate = VLLMChatModel._generate
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with lock:
+            seen["now"] += 1
+            seen["most"] = max(seen["most"], seen["now"])
+        try:
+            return generate(self, *args, **kwargs)
+        finally:
+            with lock:
+                seen["now"] -= 1
+
+    monkeypatch.setattr(VLLMChatModel, "_generate", counted)
     result = live_check(vllm_guard, limit=8, progress=False, concurrency=8)
+    assert seen["most"] > 1  # the calls were in flight together (live_check passes it on)
     summary = result["summary"]
     assert summary["n"] == 8 and summary["unscorable"] == 0
     assert summary["same_tokens"] == 1.0
@@ -94,6 +127,49 @@ def test_a_response_from_the_exact_engine_is_refused(vllm_guard: Path, default_m
     assert "vllm backend" in str(decision).lower()
 
 
+def test_a_server_with_other_weights_is_refused_before_any_answer(vllm_guard: Path) -> None:
+    """The artifact records the served checkpoint's sha256; a server whose weights differ
+    (here: the artifact says calibration served other weights of the same shape) is refused
+    when the chain is built, and each of its responses is refused."""
+    from abstain_guard import GuardArtifact
+
+    other = GuardArtifact.load(vllm_guard)
+    other.metadata["deployment"]["decoding"]["decode_path"]["weights_sha256"] = "0" * 64
+    with pytest.raises(ArtifactMismatchError, match="weights_sha256"):
+        load_guard_chain(other)
+    with pytest.warns(UserWarning, match="weights_sha256"):
+        _, guard, _ = load_guard_chain(other, GuardConfig(on_mismatch="warn"))
+    # each response is checked too: an attached server (its weights unknown up front) is
+    # refused on its first answer
+    strict = AbstentionGuard(guard.runnable, artifact=other)
+    with pytest.raises(ArtifactMismatchError, match="weights_sha256"):
+        strict.invoke("What is the capital of France?")
+
+
+def test_evaluate_reads_calibrations_answers_and_generates_nothing(
+    vllm_guard: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """``abstain-guard evaluate`` right after ``calibrate`` on vLLM: the AUROC table from the
+    calibration cache's answers (not one answer generated), and a baseline vLLM cannot
+    score refused by name before anything runs."""
+    from abstain_guard.cli import main
+
+    def no_generation(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("evaluate generated an answer")
+
+    monkeypatch.setattr(VLLMChatModel, "_generate", no_generation)
+    monkeypatch.setattr(VLLMChatModel, "_agenerate", no_generation)
+    out = tmp_path / "report"
+    args = ["evaluate", "--artifact", str(vllm_guard), "--out", str(out), "--quiet"]
+    assert main([*args, "--baselines", "perplexity,mean_token_entropy", "--resplits", "5"]) == 0
+    printed = capsys.readouterr().out
+    assert "probe_mid" in printed and "perplexity" in printed and "auroc" in printed.lower()
+    again = ["evaluate", "--artifact", str(vllm_guard), "--out", str(tmp_path / "again")]
+    assert main([*again, "--quiet", "--baselines", "p_true"]) == 2
+    error = capsys.readouterr().err
+    assert "p_true" in error and "vllm backend" in error and not (tmp_path / "again").exists()
+
+
 def test_geometry_is_refused_on_vllm_before_any_model_loads() -> None:
     from abstain_guard.calibration.building.preflight import check_api_model
 
@@ -104,7 +180,7 @@ def test_geometry_is_refused_on_vllm_before_any_model_loads() -> None:
 def test_the_engine_batches_concurrent_callers() -> None:
     if not os.environ.get(VLLM_PYTHON_ENV):
         pytest.skip(f"{VLLM_PYTHON_ENV} is not set (make test sets it to .venv-vllm)")
-    model = VLLMChatModel(max_tokens=8)
+    model = VLLMChatModel(max_tokens=8, **TP)
     questions = [[("human", f"What is the capital of {c}?")] for c in ("France", "Peru")] * 4
     alone = model.invoke(questions[0])
     together = model.batch(questions, config={"max_concurrency": 8})
@@ -158,14 +234,17 @@ def test_a_tool_call_on_vllm_is_the_exact_engines_call(
         return "Paris"
 
     question = [("human", "What is the capital of France? Use the tool.")]
-    on_vllm = VLLMChatModel(max_tokens=64).bind_tools([capital_of], tool_choice="capital_of")
+    on_vllm = VLLMChatModel(max_tokens=64, **TP).bind_tools([capital_of], tool_choice="capital_of")
     exact = default_model_with(max_new_tokens=64).bind_tools([capital_of], tool_choice="capital_of")
     got, want = on_vllm.invoke(question), exact.invoke(question)
     assert got.tool_calls == want.tool_calls and got.tool_calls[0]["name"] == "capital_of"
     assert got.response_metadata["prompt_token_ids"] == want.response_metadata["prompt_token_ids"]
-    assert got.response_metadata["token_ids"] == want.response_metadata["token_ids"]
+    # the server stops on EOS or the budget (the marker is five tokens, no stop token): its
+    # tokens begin with the exact engine's, which stopped at the marker
+    exact_ids = want.response_metadata["token_ids"]
+    assert got.response_metadata["token_ids"][: len(exact_ids)] == exact_ids
     follow = [*question, want, ToolMessage("Paris", tool_call_id=want.tool_calls[0]["id"])]
-    again = VLLMChatModel(max_tokens=24).bind_tools([capital_of]).invoke(follow)
+    again = VLLMChatModel(max_tokens=24, **TP).bind_tools([capital_of]).invoke(follow)
     reference = default_model_with(max_new_tokens=24).bind_tools([capital_of]).invoke(follow)
     assert (
         again.response_metadata["prompt_token_ids"]

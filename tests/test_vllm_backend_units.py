@@ -21,7 +21,6 @@ from abstain_guard.backends import (
     scorer_needs,
 )
 from abstain_guard.backends.vllm_chat import VLLM_PYTHON_ENV, VLLMChatModel, engine_python
-from abstain_guard.backends.vllm_engine import read_out
 from abstain_guard.calibration.building.preflight import check_api_model
 from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
 from abstain_guard.contract.chat_model_specs import ChatModelSpec, chat_model_identity
@@ -30,7 +29,7 @@ from abstain_guard.contract.deployment import (
     api_response_mismatches,
     backend_mismatches,
 )
-from abstain_guard.contract.metadata import ResponseMetadata, hidden_summary
+from abstain_guard.contract.metadata import ResponseMetadata
 from abstain_guard.errors import (
     BackendCapabilityError,
     BackendError,
@@ -126,52 +125,30 @@ def test_preflight_checks_the_scorer_against_the_backend() -> None:
     check_api_model(CalibrationConfig(model=API_SPEC, scorer="perplexity"), build=False)
 
 
-# ---- the engine's read-out -----------------------------------------------------------
+# ---- the client side imports neither vLLM nor torch -----------------------------------
 
 
-def test_read_out_uses_the_positions_predicting_the_generated_tokens() -> None:
-    rng = np.random.default_rng(0)
-    layers, prompt_len, num_tokens, width = [15, 24], 6, 4, 8
-    positions = range(0, prompt_len + num_tokens)  # prefill chunk rows + one extra step
-    rows = {x: {p: rng.normal(size=width).astype(np.float32) for p in positions} for x in layers}
-    capture: dict[str, Any] = {
-        "rows": {x: {p: r.tobytes() for p, r in by_pos.items()} for x, by_pos in rows.items()},
-        "entropy": {p: float(p) / 10 for p in positions},
-    }
-    entropy, hidden = read_out(capture, prompt_len, num_tokens, layers)
-    wanted = list(range(prompt_len - 1, prompt_len + num_tokens - 1))  # 5 .. 8
-    assert entropy == [p / 10 for p in wanted]
-    states = np.stack([np.stack([rows[x][p] for x in layers]) for p in wanted])
-    assert states.shape == (num_tokens, len(layers), width) and states.dtype == np.float32
-    expected = hidden_summary(states, layers)
-    assert hidden is not None and expected is not None
-    assert hidden["layers"] == layers
-    assert np.array_equal(np.asarray(hidden["last"]), np.asarray(expected["last"]))
-    assert np.array_equal(np.asarray(hidden["mean"]), np.asarray(expected["mean"]))
-    last = np.asarray(hidden["last"])  # the row at P + N - 2, not the extra step's
-    assert np.array_equal(last, np.stack([rows[15][8], rows[24][8]]).astype(np.float64))
-    del capture["rows"][24][7]
-    with pytest.raises(ValueError, match=r"lacks positions \[7\]"):
-        read_out(capture, prompt_len, num_tokens, layers)
-    del capture["entropy"][5]
-    with pytest.raises(ValueError, match=r"\[5, 7\]"):
-        read_out(capture, prompt_len, num_tokens, layers)
-
-
-def test_read_out_of_no_tokens_has_no_hidden_summary() -> None:
-    assert read_out({"rows": {1: {}}, "entropy": {}}, 3, 0, [1]) == ([], None)
-
-
-def test_the_engine_module_imports_without_vllm() -> None:
+def test_the_client_and_launcher_modules_import_without_vllm() -> None:
     code = (
         "import sys\n"
         "for name in ('vllm', 'fastapi', 'uvicorn'):\n"
         "    sys.modules[name] = None\n"
         "import abstain_guard.backends.vllm_engine as m\n"
-        "assert callable(m.read_out)\n"
+        "import abstain_guard.backends.vllm_chat\n"
+        "import abstain_guard.backends.vllm_payload\n"
+        "cmd = m.serve_command('py', 'M', 8000, vllm_args=['--tensor-parallel-size', '2'])\n"
+        "assert '--kv-transfer-config' in cmd and cmd[-2:] == ['--tensor-parallel-size', '2']\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_command_with_its_own_connector_flag_keeps_it() -> None:
+    from abstain_guard.backends.vllm_engine import serve_command
+
+    own = ["--kv-transfer-config", '{"kv_connector": "MultiConnector"}']
+    cmd = serve_command("py", "M", 8000, vllm_args=own)
+    assert cmd.count("--kv-transfer-config") == 1 and cmd[-2:] == own
 
 
 # ---- the deployment check ------------------------------------------------------------
@@ -286,7 +263,9 @@ def test_payload_maps_roles_and_budget() -> None:
     model = VLLMChatModel()
     messages = [SystemMessage("s"), HumanMessage("q"), AIMessage("a"), HumanMessage("q2")]
     payload, setup = model._payload(messages, {})
-    assert setup is None and "prompt_token_ids" not in payload  # no tools: vLLM renders it
+    assert setup is None and "prompt" not in payload  # no tools: vLLM renders the chat
+    assert payload["kv_transfer_params"] == {"abstain_guard": {}}  # the capture is asked for
+    assert payload["return_token_ids"] and payload["temperature"] == 0.0
     assert payload["messages"] == [
         {"role": "system", "content": "s"},
         {"role": "user", "content": "q"},
@@ -303,10 +282,13 @@ def test_payload_maps_roles_and_budget() -> None:
 
 
 def test_identity_leaves_out_transport_options() -> None:
-    model = VLLMChatModel(engine_url="http://x", python="/p", memory_fraction=0.3)
+    model = VLLMChatModel(
+        engine_url="http://x", python="/p", memory_fraction=0.3, api_key="k", vllm_args=["-x"]
+    )
     identity = chat_model_identity(model)
     assert identity["class"] == VLLM_CHAT_MODEL
-    assert not {"engine_url", "python", "memory_fraction"} & set(identity["settings"])
+    transport = {"engine_url", "python", "memory_fraction", "api_key", "vllm_args"}
+    assert not transport & set(identity["settings"])
     assert chat_model_identity(VLLMChatModel(dtype="bfloat16"))["settings"] == {"dtype": "bfloat16"}
 
 

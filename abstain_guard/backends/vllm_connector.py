@@ -36,16 +36,13 @@ How (docs/vllm.md, "Inside stock vLLM"):
 
 from __future__ import annotations
 
-import hashlib
 import importlib.abc
 import importlib.util
-import json
 import os
 import sys
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -58,7 +55,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from abstain_guard.contract.metadata import probe_layers
 
 from .vllm_capture import finishes
-from .vllm_payload import CONNECTOR_NAME, PAYLOAD_KEY, connector_flag
+from .vllm_payload import CONNECTOR_NAME, PAYLOAD_KEY, connector_flag, weights_digest
 
 __all__ = [
     "CAPTURE_PATH",
@@ -76,7 +73,6 @@ MAX_ENTROPY_TOKENS = 8192
 #: Finished captures waiting for their request (a request aborted before it finished).
 _MAX_WAITING = 4096
 _RUNNER_MODULES = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.cpu_model_runner")
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 
 
 def _is_ours(vllm_config: Any) -> bool:
@@ -94,42 +90,6 @@ def tap_layers(vllm_config: Any) -> list[int]:
     if bad:
         raise ValueError(f"abstain_guard: layers {bad} are outside the model's {num} layers")
     return sorted(set(layers))
-
-
-# ---- the served weights' digest --------------------------------------------------------
-
-
-def weights_digest(model: str | os.PathLike[str]) -> str | None:
-    """sha256 over the weight files of a model folder (names, sizes and bytes, in name
-    order); None for a name that is not a local folder. Cached beside the user's cache by
-    path, size and modification time (a restart does not hash 100 GB again)."""
-    folder = Path(model)
-    if not folder.is_dir():
-        return None
-    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in _WEIGHT_SUFFIXES)
-    if not files:
-        return None
-    stamp = json.dumps([[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files])
-    key = hashlib.sha256((str(folder.resolve()) + stamp).encode()).hexdigest()[:32]
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "abstain_guard"
-    cached = cache / "weights" / f"{key}.sha256"
-    try:
-        return cached.read_text(encoding="ascii").strip()
-    except OSError:
-        pass
-    digest = hashlib.sha256()
-    for path in files:
-        digest.update(f"{path.name}\0{path.stat().st_size}\0".encode())
-        with open(path, "rb") as fh:
-            while chunk := fh.read(1 << 24):
-                digest.update(chunk)
-    value = digest.hexdigest()
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        cached.write_text(value, encoding="ascii")
-    except OSError:
-        pass
-    return value
 
 
 def engine_record(vllm_config: Any) -> dict[str, Any]:

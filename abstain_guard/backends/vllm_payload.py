@@ -10,8 +10,11 @@ times larger). NumPy only: the client side imports neither torch nor vLLM.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,6 +29,7 @@ __all__ = [
     "connector_flag",
     "decode_capture",
     "encode_capture",
+    "weights_digest",
 ]
 
 #: The connector's name and module (vLLM's ``--kv-transfer-config``).
@@ -34,6 +38,7 @@ CONNECTOR_MODULE = "abstain_guard.backends.vllm_connector"
 
 #: The key of the capture in ``kv_transfer_params`` (request and response).
 PAYLOAD_KEY = "abstain_guard"
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 #: Bumped when the payload's layout changes.
 PAYLOAD_VERSION = 1
 
@@ -122,3 +127,36 @@ def decode_capture(
     hidden = {"layers": layers, "last": last.tolist(), "mean": mean.tolist()}
     entropy = got.get("entropy")
     return (None if entropy is None else [float(x) for x in entropy]), hidden, engine
+
+
+def weights_digest(model: str | os.PathLike[str]) -> str | None:
+    """sha256 over the weight files of a model folder (names, sizes and bytes, in name
+    order); None for a name that is not a local folder. Cached beside the user's cache by
+    path, size and modification time (a restart does not hash 100 GB again)."""
+    folder = Path(model)
+    if not folder.is_dir():
+        return None
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in _WEIGHT_SUFFIXES)
+    if not files:
+        return None
+    stamp = json.dumps([[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files])
+    key = hashlib.sha256((str(folder.resolve()) + stamp).encode()).hexdigest()[:32]
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "abstain_guard"
+    cached = cache / "weights" / f"{key}.sha256"
+    try:
+        return cached.read_text(encoding="ascii").strip()
+    except OSError:
+        pass
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(f"{path.name}\0{path.stat().st_size}\0".encode())
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 24):
+                digest.update(chunk)
+    value = digest.hexdigest()
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached.write_text(value, encoding="ascii")
+    except OSError:
+        pass
+    return value

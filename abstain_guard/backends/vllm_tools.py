@@ -77,11 +77,26 @@ class ToolPrompter:
 
         if setup is None:
             return message
-        text = setup.prefill + decode_keeping(self.tokenizer, token_ids, setup.spec.markers)
-        for marker in setup.end_markers:  # generation stopped at the end of the call
+        ids = self._through_end_marker(list(token_ids), setup)
+        text = setup.prefill + decode_keeping(self.tokenizer, ids, setup.spec.markers)
+        for marker in setup.end_markers:  # the call ends at its marker
             if marker in text:
                 text = text[: text.index(marker) + len(marker)]
-        return with_tool_calls(message, setup.read(text, run_seed(list(prompt), token_ids)))
+        return with_tool_calls(message, setup.read(text, run_seed(list(prompt), ids)))
+
+    def _through_end_marker(self, token_ids: list[int], setup: Any) -> list[int]:
+        """``token_ids`` up to the token that completes an end marker (the tokens the exact
+        engine generates before it stops there): a marker of several tokens is no stop
+        token, so the server generates on to EOS or the budget."""
+        from abstain_guard.adapters.tools.calls import decode_keeping
+
+        if not setup.end_markers:
+            return token_ids
+        for k in range(1, len(token_ids) + 1):
+            text = decode_keeping(self.tokenizer, token_ids[:k], setup.spec.markers)
+            if any(marker in text for marker in setup.end_markers):
+                return token_ids[:k]
+        return token_ids
 
 
 @functools.lru_cache(maxsize=8)

@@ -88,8 +88,12 @@ TRANSPORT = frozenset(
         "default_query",
         "include_response_headers",
         # the vLLM backend's process options (abstain_guard.backends.vllm_chat): where the
-        # engine runs and how much memory it reserves, not what it answers
+        # server runs, how it is reached and what it reserves, not what it answers (what it
+        # answers with — weights, dtype, parallelism — is in each response's engine record)
         "engine_url",
+        "api_key",
+        "served_model",
+        "vllm_args",
         "python",
         "memory_fraction",
         "startup_timeout",

@@ -8,15 +8,16 @@ artifact (or a calibration config) names.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
 from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
 from abstain_guard.contract.chat_model_specs import ChatModelSpec, bind_budget
-from abstain_guard.contract.deployment import DeploymentRecord
+from abstain_guard.contract.deployment import DeploymentRecord, backend_mismatches
 from abstain_guard.contract.prompts import MAX_NEW_TOKENS, question_prompt
-from abstain_guard.errors import CalibrationError
+from abstain_guard.errors import ArtifactMismatchError, CalibrationError
 from abstain_guard.guard.runnable import AbstentionGuard
 
 __all__ = ["calibrated_on_prefix", "load_chat_model", "load_guard_chain"]
@@ -110,9 +111,27 @@ def load_guard_chain(
             batch_decode=bool(record.decoding.get("batch_decode", False)),
             prefix_cache=calibrated_on_prefix(record.decoding),
         )
+    config = guard_config or GuardConfig()
+    _check_engine(record, model, config)
     if record.chat_model is None:
         runnable = model.bind(max_new_tokens=prompt.max_new_tokens)
     else:
         runnable = bind_budget(model, prompt.max_new_tokens)
-    guard = AbstentionGuard(runnable, artifact=artifact, config=guard_config or GuardConfig())
+    guard = AbstentionGuard(runnable, artifact=artifact, config=config)
     return question_prompt(prompt.system_prompt, kind_name) | guard, guard, artifact
+
+
+def _check_engine(record: DeploymentRecord, model: Any, config: GuardConfig) -> None:
+    """A guard calibrated on vLLM checks the server it will answer from before any answer
+    (its engine record: vLLM version, served weights' sha256, dtype, layers, ...), not only
+    each response: a server with other weights is refused here, or warned about with
+    ``on_mismatch="warn"`` (each response is still checked, and fails closed)."""
+    engine_record = getattr(model, "engine_record", None)
+    if record.decoding.get("backend") != "vllm" or not callable(engine_record):
+        return
+    problems = backend_mismatches(record, {"backend": engine_record()})
+    if not problems:
+        return
+    if config.on_mismatch == "raise":
+        raise ArtifactMismatchError("; ".join(problems))
+    warnings.warn("; ".join(problems), stacklevel=3)

@@ -19,7 +19,8 @@ Modules, from the commands down to the arithmetic:
 ``measure`` sits on top: it imports ``building``, which never imports it.
 
 May import: ``abstain_guard.calibration.building``, ``abstain_guard.guard``,
-``abstain_guard.monitor``, ``abstain_guard.artifact``, ``abstain_guard.scorers``,
+``abstain_guard.monitor``, ``abstain_guard.artifact``, ``abstain_guard.backends``,
+``abstain_guard.scorers``,
 ``abstain_guard.contract``, ``abstain_guard.guarantee``, ``abstain_guard.config``,
 ``abstain_guard.errors``, ``abstain_guard.lazy``.
 """

@@ -207,6 +207,7 @@ def live_check(
             judges,
             out,
             progress,
+            concurrency=concurrency,
         )
 
 

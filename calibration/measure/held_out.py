@@ -25,6 +25,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from abstain_guard.artifact.guard_artifact import GuardArtifact
+from abstain_guard.backends import check_backend_serves
+from abstain_guard.contract.chat_model_specs import ChatModelSpec, chat_model_fingerprint
 from abstain_guard.contract.metadata import HIDDEN
 from abstain_guard.errors import (
     CalibrationError,
@@ -181,6 +183,13 @@ def artifact_splits(artifact: Any) -> tuple[str, list[QAItem], dict[str, list[QA
     return name, [by_id[i] for i in ids], splits
 
 
+def _backend_of(cfg: CalibrationConfig) -> str:
+    """``exact``, ``vllm`` or ``api``: the engine an artifact's answers came from."""
+    if cfg.backend == "vllm":
+        return "vllm"
+    return "api" if isinstance(cfg.model, ChatModelSpec) else "exact"
+
+
 def collect_held_out(
     artifact: Any,
     model: Any,
@@ -216,7 +225,10 @@ def collect_held_out(
         n_cal = len(artifact.metadata.get("calibration_ids", []))
     else:
         name, pool = read_data_spec(data, group_by=group_by, limit=limit)
+    spec_model = isinstance(cfg.model, ChatModelSpec)  # an API or vLLM chat model
     fingerprint = str(getattr(model, "fingerprint", "unknown"))
+    if spec_model:  # as calibration keyed its answers: the calibration cache is read back
+        fingerprint = chat_model_fingerprint(model)
     everything = pool + train + reference
     answers = generate_answers(
         model, pool, store, cfg, fingerprint=fingerprint, progress=progress, batch_size=1
@@ -235,7 +247,10 @@ def collect_held_out(
     train = labeled_items(train, judgments)
     reference = labeled_items(reference, judgments)
     scoring_model = artifact.scorer.prepare(model)
-    metadata = replay_as_deployed(scoring_model, pool, answers, cfg, progress)
+    if spec_model:  # scored from each answer's own response metadata, as deployed
+        metadata = [dict(answers[it.id].get("metadata") or {}) for it in pool]
+    else:
+        metadata = replay_as_deployed(scoring_model, pool, answers, cfg, progress)
     held = HeldOut(
         name=name,
         items=pool,
@@ -250,7 +265,7 @@ def collect_held_out(
             usable = usable and all(HIDDEN in ((m or {}).get("geometry") or {}) for m in cached)
         held.train_metadata = with_groups(
             cached  # type: ignore[arg-type]
-            if usable
+            if usable or spec_model
             else replay_as_deployed(scoring_model, train, answers, cfg, progress),
             train,
         )
@@ -357,6 +372,9 @@ def evaluate(
     entries = []
     for path, art in zip(paths, arts, strict=True):
         cfg = CalibrationConfig(**art.metadata.get("config", {}))
+        backend = _backend_of(cfg)
+        for name in names:  # before anything is generated: what the backend cannot score
+            check_backend_serves(name, backend, label=f"baseline of {path}")
         if model is None or getattr(model, "fingerprint", None) != art.model_fingerprint:
             model = load_model(cfg)
         art.check_fingerprint(getattr(model, "fingerprint", None))
@@ -387,7 +405,9 @@ def evaluate(
             scores,
             held.correct,
             groups=groups if any(g is not None for g in groups) else None,
-            geometries=[m["geometry"] for m in held.metadata] if held.metadata else None,
+            geometries=[m["geometry"] for m in held.metadata]
+            if held.metadata and _backend_of(cfg) == "exact"  # Ω, Θ, Φ: the exact engine's
+            else None,
             importance=importance,
             calibrated_scores_by_scorer=calibrated or None,
             n_resplits=n_resplits,

@@ -64,6 +64,17 @@ class CalibrationConfig(BaseModel):
         "scorers; `model` is then served by VLLMChatModel, recorded as its chat model; "
         "docs/vllm.md)",
     )
+    vllm_args: list[str] = Field(
+        default_factory=list,
+        description="backend vllm: more `vllm serve` flags for the server started for "
+        "calibration, parsed by vLLM (e.g. ['--tensor-parallel-size', '2']); recorded with "
+        "the chat model, so the deployed guard starts the same server",
+    )
+    engine_url: str | None = Field(
+        None,
+        description="backend vllm: a running vLLM server (started with the guard's connector "
+        "flag, docs/vllm.md) instead of starting one",
+    )
     system_prompt: str | None = Field(None, description="overrides the per-kind system prompt")
     max_new_tokens: int | None = Field(None, gt=0, description="None = per question kind")
     batch_size: int = Field(8, gt=0, description="questions generated per batch")
@@ -198,7 +209,10 @@ class CalibrationConfig(BaseModel):
         kwargs: dict[str, Any] = {"model": model}
         if data.get("gguf_file"):
             kwargs["gguf_file"] = data["gguf_file"]
-        rest = {k: v for k, v in data.items() if k != "gguf_file"}
+        for key in ("vllm_args", "engine_url"):
+            if data.get(key):
+                kwargs[key] = data[key]
+        rest = {k: v for k, v in data.items() if k not in ("gguf_file", "vllm_args", "engine_url")}
         return {**rest, "model": {"class_path": VLLM_CHAT_MODEL, "kwargs": kwargs}}
 
     @model_validator(mode="after")

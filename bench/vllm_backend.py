@@ -22,6 +22,12 @@ Then live = stored: the guard chain on ``--live`` of the artifact's calibration 
 8 and 32 in flight against the scores calibration stored (max |live − stored|, decisions that
 differ and how far their scores sit from τ).
 
+``--gpu`` (where a GPU is lent; not run yet): a random-weight Qwen3-8B shape in bfloat16
+(``--load-format dummy``, token-id prompts, ``--skip-tokenizer-init``), stock ``vllm serve``
+with its defaults (CUDA graphs on) against the same server with the connector flag, tokens/s
+at batch 1 and 32 (256-token prompts, 128 tokens each, ``ignore_eos``), every guarded
+response's capture checked.
+
 Run (idle machine; vLLM's environment from ``make install``)::
 
     .venv/bin/abstain-guard calibrate --data builtin --config configs/vllm_probe.yaml \\
@@ -249,6 +255,99 @@ def live_bound(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+#: A Qwen3-8B shape (random weights: vLLM's ``--load-format dummy``).
+QWEN3_8B = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+}
+
+
+def gpu_bench(args: argparse.Namespace) -> dict[str, Any]:
+    from abstain_guard.backends.vllm_chat import _free_port, engine_python
+    from abstain_guard.backends.vllm_payload import PAYLOAD_KEY, connector_flag, decode_capture
+
+    folder = Path(tempfile.mkdtemp(prefix="qwen3_8b_shape_"))
+    (folder / "config.json").write_text(json.dumps(QWEN3_8B))
+    common = ["--load-format", "dummy", "--skip-tokenizer-init", "--dtype", "bfloat16"]
+    common += ["--max-model-len", "4096", "--gpu-memory-utilization", "0.4"]
+    python = engine_python(None)
+    servers = {
+        "stock_default": StockServer(python, folder, _free_port(), common),
+        "guarded": StockServer(python, folder, _free_port(), [*common, *connector_flag()]),
+    }
+    for server in servers.values():
+        server.wait()
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1000, 100000, size=256).tolist() for _ in range(64)]
+
+    def call(name: str) -> Callable[[list[int]], int]:
+        def one(prompt: list[int]) -> int:
+            body: dict[str, Any] = {
+                "model": str(folder),
+                "prompt": prompt,
+                "max_tokens": 128,
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "return_token_ids": True,
+            }
+            if name == "guarded":
+                body["kv_transfer_params"] = {PAYLOAD_KEY: {}}
+            got = httpx.post(servers[name].url + "/v1/completions", json=body, timeout=600.0)
+            reply = got.raise_for_status().json()
+            ids = reply["choices"][0]["token_ids"]
+            if name == "guarded":
+                decode_capture(reply.get("kv_transfer_params"), len(ids))
+            return len(ids)
+
+        return one
+
+    def tokens_per_s(name: str, batch: int) -> float:
+        work = prompts[: max(batch, 4)] if batch > 1 else prompts[:4]
+        start = time.perf_counter()
+        with ThreadPoolExecutor(batch) as pool:
+            total = sum(pool.map(call(name), work))
+        return total / (time.perf_counter() - start)
+
+    for name in servers:
+        call(name)(prompts[0])
+    runs: dict[str, dict[str, list[float]]] = {n: {"1": [], "32": []} for n in servers}
+    for repeat in range(args.repeats):
+        order = list(servers) if repeat % 2 == 0 else list(reversed(servers))
+        for name in order:
+            for batch in (1, 32):
+                runs[name][str(batch)].append(tokens_per_s(name, batch))
+    for server in servers.values():
+        server.close()
+    ratios = {
+        b: [g / s for g, s in zip(runs["guarded"][b], runs["stock_default"][b], strict=True)]
+        for b in ("1", "32")
+    }
+    return {
+        "bench": "vllm_backend_gpu",
+        "shape": "Qwen3-8B (random weights), bfloat16",
+        "tokens_per_s": runs,
+        "guarded_over_stock_default": {b: _ratio_stats(r) for b, r in ratios.items()},
+        "guarded_over_stock_default_each_repeat": ratios,
+        "processor": processor(),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--artifact", default="runs/vllm_probe")
@@ -256,7 +355,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--live", type=int, default=64, help="calibration questions asked live")
     parser.add_argument("--requests", default=None, help="requests per level, e.g. 16,48,96")
+    parser.add_argument("--gpu", action="store_true", help="the Qwen3-8B shape on a GPU")
     args = parser.parse_args(argv)
+    if args.gpu:
+        print(json.dumps(gpu_bench(args)))
+        return 0
     if args.requests:
         REQUESTS.update(dict(zip(LEVELS, map(int, args.requests.split(",")), strict=True)))
     print(json.dumps(cpu_bench(args)))

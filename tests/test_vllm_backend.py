@@ -71,7 +71,13 @@ def test_a_probe_guard_calibrated_on_vllm_records_its_engine(vllm_guard: Path) -
     deployment = artifact.metadata["deployment"]
     path = deployment["decoding"]["decode_path"]
     assert deployment["decoding"]["backend"] == "vllm"
-    assert deployment["decoding"]["live_bound"] == LIVE_BOUND  # CPU: not batch-invariant
+    # CPU: not batch-invariant; the bound is the move measured on this server at 8 and 32
+    # in flight (the calibration answers asked again), ten times over, at least 1e-6
+    measured = deployment["decoding"]["live_bound_measured"]
+    assert set(measured["levels"]) == {"8", "32"}
+    assert all(v["n"] >= 4 and v["tokens_differ"] == 0 for v in measured["levels"].values())
+    bound = deployment["decoding"]["live_bound"]
+    assert bound == max(10 * measured["max_abs_diff"], 1e-6) and bound < LIVE_BOUND
     assert path["name"] == "vllm" and path["vllm_version"]
     assert path["layers"] == [15, 24] and path["dtype"] == "float32"
     assert path["capture_path"] == "compiled_tap_kv_connector"
@@ -108,11 +114,14 @@ def test_live_equals_stored_under_eight_concurrent_callers(
     summary = result["summary"]
     assert summary["n"] == 8 and summary["unscorable"] == 0
     assert summary["same_tokens"] == 1.0
-    assert summary["abs_score_diff_max"] <= LIVE_BOUND
+    from abstain_guard import GuardArtifact
+
+    bound = GuardArtifact.load(vllm_guard).metadata["deployment"]["decoding"]["live_bound"]
+    assert summary["abs_score_diff_max"] <= bound  # the recorded, measured bound
     rows = result["rows"]
     flips = [r for r in rows if r["stored_answers"] == r["abstained"]]
     gap = [abs(r["stored_score"] - result["threshold"]) for r in flips]
-    assert all(g <= LIVE_BOUND for g in gap)  # a decision moves only at the threshold
+    assert all(g <= bound for g in gap)  # a decision moves only at the threshold
 
 
 def test_a_response_from_the_exact_engine_is_refused(vllm_guard: Path, default_model) -> None:

@@ -143,6 +143,18 @@ def test_the_client_and_launcher_modules_import_without_vllm() -> None:
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "ranks"),
+    [([], 1), (["--tensor-parallel-size", "4"], 4), (["-tp", "2"], 2), (["-tp=8"], 8)],
+)
+def test_the_launcher_keeps_stock_vllms_core_reservation_per_rank(args: list, ranks: int) -> None:
+    # vLLM's CPU backend reserves one more core per rank when a KV connector is configured;
+    # the guard's moves no KV, so its server keeps stock vLLM's one core per rank
+    from abstain_guard.backends.vllm_engine import _ranks
+
+    assert _ranks(["--model", "M", *args]) == ranks
+
+
 def test_a_command_with_its_own_connector_flag_keeps_it() -> None:
     from abstain_guard.backends.vllm_engine import serve_command
 

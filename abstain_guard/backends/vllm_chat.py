@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import importlib.util
 import os
 import subprocess
@@ -45,7 +46,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, PrivateAttr
 
 from abstain_guard.contract.metadata import BACKEND, ENTROPY, GEOMETRY, HIDDEN, LOGPROBS
 from abstain_guard.errors import BackendError, InvalidInputError
@@ -84,10 +85,10 @@ ENGINE_RECORD_KEYS = (
     "batch_invariant",
 )
 
-#: The largest |live − stored| score move the library states for a guard served on a vLLM
-#: engine that is not batch-invariant (vLLM's CPU backend): a response batched with others
-#: gets other last bits in its residual stream than at calibration. Recorded in the
-#: artifact's ``decoding``; bench/vllm_backend.json holds what was measured.
+#: The largest |live − stored| score move stated for a guard served on a vLLM engine that is
+#: not batch-invariant (vLLM's CPU backend) when nothing was measured: a response batched
+#: with others gets other last bits in its residual stream than at calibration. Calibration
+#: measures the move on its server and states that instead (:meth:`record_live_bound`).
 LIVE_BOUND = 1e-4
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
@@ -203,8 +204,13 @@ def _free_port() -> int:
 
 _ENGINES: dict[tuple[Any, ...], _Engine] = {}
 _ENGINES_LOCK = threading.Lock()
-#: The engine record of each server URL, read once from a one-token request.
+#: One lock per server key: a server that takes minutes to start (vLLM compiles) blocks
+#: only the callers that wait for it.
+_STARTING: dict[tuple[Any, ...], threading.Lock] = {}
+#: The engine record of each server URL, read once from a one-token request, and the name
+#: it serves its model under (asked once).
 _RECORDS: dict[str, dict[str, Any]] = {}
+_SERVED: dict[str, str] = {}
 
 
 def stop_engines() -> None:
@@ -214,6 +220,7 @@ def stop_engines() -> None:
             engine.close()
         _ENGINES.clear()
         _RECORDS.clear()
+        _SERVED.clear()
 
 
 atexit.register(stop_engines)
@@ -262,6 +269,7 @@ class VLLMChatModel(BaseChatModel):
     max_model_len: int = 2048
     startup_timeout: float = Field(default=600.0, exclude=True)
     request_timeout: float = Field(default=600.0, exclude=True)
+    _measured_bound: dict[str, Any] | None = PrivateAttr(default=None)
 
     @property
     def _llm_type(self) -> str:
@@ -284,7 +292,9 @@ class VLLMChatModel(BaseChatModel):
         key: tuple[Any, ...] = (self.python, self.model, self.gguf_file, self.dtype)
         key += (tuple(self.layers or ()), self.memory_fraction, self.max_model_len)
         key += (tuple(self.vllm_args),)
-        with _ENGINES_LOCK:
+        with _ENGINES_LOCK:  # held only to find this key's lock: other servers start alongside
+            lock = _STARTING.setdefault(key, threading.Lock())
+        with lock:
             found = _ENGINES.get(key)
             if found is None or found.process.poll() is not None:
                 python = engine_python(self.python)
@@ -296,13 +306,16 @@ class VLLMChatModel(BaseChatModel):
                     "vllm_args": self.vllm_args,
                 }
                 found = _Engine(python, _model_folder(self.model, self.gguf_file), options)
+                _ENGINES[key] = found  # stop_engines() reaches a server still starting
                 found.wait(self.startup_timeout)
-                _ENGINES[key] = found
         return found.url
 
     def _served_name(self, url: str) -> str:
         if self.served_model:
             return self.served_model
+        known = _SERVED.get(url)
+        if known is not None:
+            return known
         try:
             response = httpx.get(url + "/v1/models", headers=self._headers(), timeout=30.0)
             names = [m["id"] for m in response.raise_for_status().json()["data"]]
@@ -313,7 +326,8 @@ class VLLMChatModel(BaseChatModel):
             ) from exc
         if not names:
             raise BackendError(f"The vLLM server at {url} serves no model.")
-        return str(names[0])
+        _SERVED[url] = str(names[0])
+        return _SERVED[url]
 
     def engine(self) -> tuple[str, dict[str, Any]]:
         """``(url, record)`` of the server this model generates on (started on first use):
@@ -330,13 +344,28 @@ class VLLMChatModel(BaseChatModel):
         _, info = self.engine()
         return {k: info.get(k) for k in ENGINE_RECORD_KEYS}
 
+    def record_live_bound(self, measured: Mapping[str, Any]) -> None:
+        """Keep the live-vs-stored move measured on this server (calibration measures it:
+        :func:`abstain_guard.calibration.building.answering.api_generation.measure_live_bound`);
+        :meth:`decoding_settings` then states its ``bound``."""
+        self._measured_bound = dict(measured)
+
     def decoding_settings(self) -> dict[str, Any]:
         """The deployment record's ``decoding``: greedy, on the vLLM backend, this engine,
-        and the live-vs-stored bound the library states for it (:data:`LIVE_BOUND`; 0 on a
-        batch-invariant engine)."""
+        and the live-vs-stored bound it states: 0 on a batch-invariant engine, else the
+        bound measured on this server (:meth:`record_live_bound`, with the measurement under
+        ``live_bound_measured``), else :data:`LIVE_BOUND`."""
         path = self.engine_record()
-        bound = 0.0 if path.get("batch_invariant") else LIVE_BOUND
-        return {"temperature": 0.0, "backend": "vllm", "decode_path": path, "live_bound": bound}
+        measured = self._measured_bound
+        settings: dict[str, Any] = {"temperature": 0.0, "backend": "vllm", "decode_path": path}
+        if path.get("batch_invariant"):
+            settings["live_bound"] = 0.0
+        elif measured is not None:
+            settings["live_bound"] = float(measured["bound"])
+            settings["live_bound_measured"] = measured
+        else:
+            settings["live_bound"] = LIVE_BOUND
+        return settings
 
     def bind_tools(
         self,
@@ -558,6 +587,7 @@ def _logprob_content(logprobs: Any, ids: Sequence[int]) -> list[dict[str, Any]]:
     return content
 
 
+@functools.lru_cache(maxsize=16)
 def _model_folder(model: str, gguf_file: str | None) -> Path:
     """The folder the engine loads (prepared by :mod:`abstain_guard.adapters.model.vllm_folder`)."""
     try:

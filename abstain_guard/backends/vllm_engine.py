@@ -78,9 +78,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         _exit_with_parent(os.getppid())
     if not any(a.startswith("--kv-transfer-config") for a in theirs):
         theirs += connector_flag(None)
+    # On the CPU, vLLM reserves one more core per rank when any KV connector is configured
+    # (for NIXL's transfers); the guard's connector moves no KV, so the server keeps stock
+    # vLLM's reservation (one core per rank) unless the caller set its own.
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", str(_ranks(theirs)))
     sys.argv = ["vllm serve", *theirs]
     runpy.run_module(SERVER_MODULE, run_name="__main__", alter_sys=True)
     return 0
+
+
+def _ranks(args: Sequence[str]) -> int:
+    """The tensor-parallel size a ``vllm serve`` command line asks for (1 if none)."""
+    for k, arg in enumerate(args):
+        for flag in ("--tensor-parallel-size", "-tp"):
+            if arg == flag and k + 1 < len(args):
+                return max(1, int(args[k + 1]))
+            if arg.startswith(flag + "="):
+                return max(1, int(arg.split("=", 1)[1]))
+    return 1
 
 
 def _split(args: list[str]) -> tuple[list[str], str, list[str]]:

@@ -59,6 +59,10 @@ def vllm_model_folder(model: str = "default", gguf_file: str | None = None) -> P
             return source
     root = cache_root() or Path(tempfile.gettempdir()) / "abstain_guard_vllm"
     hf_model, tokenizer = load_pretrained(source, gguf_file=gguf)
+    if gguf is not None and getattr(hf_model.config, "quantization_config", None) is not None:
+        # A first load reads the GGUF itself (and writes its converted copy): transformers
+        # flags that model quantized and will not save it. The converted copy saves.
+        hf_model, tokenizer = load_pretrained(source, gguf_file=gguf)
     fingerprint = model_fingerprint(hf_model)
     folder = root / f"{fingerprint[:32]}-vllm"
     marker = folder / VLLM_MARKER

@@ -44,7 +44,7 @@ from .answering.answers import (
     generated_pairs,
     replay_as_deployed,
 )
-from .answering.api_generation import api_labeled, score_api_answers
+from .answering.api_generation import api_labeled, measure_live_bound, score_api_answers
 from .answering.models import load_model
 from .answering.online_geometry import (
     captures_geometry,
@@ -566,7 +566,12 @@ def fit_and_score(
                 api_labeled(labeled["reference"], answers, judgments),
                 api_labeled(labeled["train"], answers, judgments),
             )
-        return scorer, score_api_answers(scorer, labeled["calibration"], answers)
+        scores = score_api_answers(scorer, labeled["calibration"], answers)
+        if callable(getattr(model, "record_live_bound", None)):  # a server that batches
+            model.record_live_bound(
+                measure_live_bound(model, scorer, labeled["calibration"], answers, config)
+            )
+        return scorer, scores
 
     def pairs(name: str) -> list[tuple[Any, list[int]]]:
         return generated_pairs(labeled[name], answers, config)

@@ -35,7 +35,13 @@ from ..run.calibration_config import CalibrationConfig
 from ..run.store import RunStore, content_key
 from .answer_rows import AnswerRow, AnswerRows, plan_chunks
 
-__all__ = ["api_answer_row", "api_labeled", "generate_api_answers", "score_api_answers"]
+__all__ = [
+    "api_answer_row",
+    "api_labeled",
+    "generate_api_answers",
+    "measure_live_bound",
+    "score_api_answers",
+]
 
 #: What an API answer's cache row keeps of its response metadata (the scorers read these;
 #: the vLLM backend also writes token ids, entropies, hidden states and its engine record).
@@ -179,3 +185,66 @@ def score_api_answers(scorer: Any, items: Sequence[QAItem], answers: AnswerRows)
                 f"The answer to {it.id!r} ({it.question[:80]!r}) cannot be scored: {exc}"
             ) from exc
     return np.asarray(scores, dtype=np.float64)
+
+
+#: Concurrency levels and questions of the live-bound measurement (:func:`measure_live_bound`).
+LIVE_BOUND_LEVELS = (8, 32)
+LIVE_BOUND_QUESTIONS = 32
+#: The stated bound over the largest move measured (the measurement is a sample of moves),
+#: and its floor: ten float32 roundings of a score near 1 (an engine that moved nothing on
+#: 64 answers may still move the last bit of another).
+LIVE_BOUND_MARGIN = 10.0
+LIVE_BOUND_FLOOR = 1e-6
+
+
+def measure_live_bound(
+    model: Any,
+    scorer: Any,
+    items: Sequence[QAItem],
+    answers: AnswerRows,
+    config: CalibrationConfig,
+    *,
+    levels: Sequence[int] = LIVE_BOUND_LEVELS,
+    limit: int = LIVE_BOUND_QUESTIONS,
+) -> dict[str, Any]:
+    """How far a live score moves from the stored one when the server batches: the first
+    ``limit`` of ``items`` (calibration questions) asked again as the guard asks them, at
+    each level of ``levels`` calls in flight, each answer scored and compared with its stored
+    answer's score. Returns ``{"levels": {level: {"n", "max_abs_diff", "tokens_differ"}},
+    "max_abs_diff", "bound", "margin"}``: ``bound`` is :data:`LIVE_BOUND_MARGIN` times the
+    largest move seen, at least :data:`LIVE_BOUND_FLOOR` (what the artifact states as
+    ``live_bound``)."""
+    sample = list(items[:limit])
+    budgets = {it.kind: max_new_tokens_for(it.kind, config.max_new_tokens) for it in sample}
+    chains = {
+        kind: question_prompt(config.system_prompt, kind) | bind_budget(model, budget)
+        for kind, budget in budgets.items()
+    }
+    stored = {it.id: answers[it.id].get("metadata") or {} for it in sample}
+    per_level: dict[str, dict[str, Any]] = {}
+    for level in levels:
+        diffs, tokens_differ = [], 0
+        for kind, chain in chains.items():
+            asked = [it for it in sample if it.kind == kind]
+            outputs = chain.batch(
+                [{"question": it.prompt_text()} for it in asked],
+                config={"max_concurrency": int(level)},
+            )
+            for it, out in zip(asked, outputs, strict=True):
+                meta = out.response_metadata
+                if list(meta.get("token_ids") or []) != list(stored[it.id].get("token_ids") or []):
+                    tokens_differ += 1
+                live = float(scorer.score(meta))
+                diffs.append(abs(live - float(scorer.score(stored[it.id]))))
+        per_level[str(level)] = {
+            "n": len(diffs),
+            "max_abs_diff": max(diffs, default=0.0),
+            "tokens_differ": tokens_differ,
+        }
+    largest = max((v["max_abs_diff"] for v in per_level.values()), default=0.0)
+    return {
+        "levels": per_level,
+        "max_abs_diff": largest,
+        "bound": max(LIVE_BOUND_MARGIN * largest, LIVE_BOUND_FLOOR),
+        "margin": LIVE_BOUND_MARGIN,
+    }

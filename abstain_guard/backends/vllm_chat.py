@@ -51,7 +51,7 @@ from pydantic import ConfigDict, Field, PrivateAttr
 from abstain_guard.contract.metadata import BACKEND, ENTROPY, GEOMETRY, HIDDEN, LOGPROBS
 from abstain_guard.errors import BackendError, InvalidInputError
 
-from .vllm_payload import PAYLOAD_KEY, decode_capture
+from .vllm_payload import PAYLOAD_KEY, decode_capture, logprob_content
 
 __all__ = [
     "ENGINE_RECORD_KEYS",
@@ -462,7 +462,7 @@ class VLLMChatModel(BaseChatModel):
         choice = body["choices"][0]
         entropy, hidden, engine = self._capture(url, body)
         ids = [int(t) for t in choice["token_ids"]]
-        content = _logprob_content(choice.get("logprobs"), ids)
+        content = logprob_content(choice.get("logprobs"), ids)
         text = choice["message"]["content"] if "message" in choice else choice["text"]
         meta = {
             "model_name": str(self.model),
@@ -546,45 +546,6 @@ class VLLMChatModel(BaseChatModel):
         except httpx.HTTPError as exc:
             raise self._error(endpoint, exc) from exc
         return self._with_calls(self._result(endpoint, body), setup)
-
-
-def _logprob_content(logprobs: Any, ids: Sequence[int]) -> list[dict[str, Any]]:
-    """OpenAI ``logprobs.content`` (chat) or the completions layout, one entry per token
-    with its id (the chat layout names no ids)."""
-    if isinstance(logprobs, Mapping) and isinstance(logprobs.get("content"), list):
-        entries = list(logprobs["content"])
-    elif isinstance(logprobs, Mapping) and isinstance(logprobs.get("tokens"), list):
-        tops = logprobs.get("top_logprobs") or [None] * len(logprobs["tokens"])
-        entries = [
-            {
-                "token": t,
-                "logprob": lp,
-                "top_logprobs": [{"token": k, "logprob": v} for k, v in (top or {}).items()],
-            }
-            for t, lp, top in zip(
-                logprobs["tokens"], logprobs["token_logprobs"], tops, strict=False
-            )
-        ]
-    else:
-        entries = []
-    content = []
-    for k, t in enumerate(ids):
-        entry = entries[k] if k < len(entries) else {}
-        token = str(entry.get("token", ""))
-        logprob = entry.get("logprob")
-        content.append(
-            {
-                "token": token,
-                "token_id": int(t),
-                "logprob": float("nan") if logprob is None else float(logprob),
-                "bytes": entry.get("bytes") or list(token.encode("utf-8")),
-                "top_logprobs": [
-                    {"token": str(x.get("token", "")), "logprob": float(x["logprob"])}
-                    for x in entry.get("top_logprobs") or []
-                ],
-            }
-        )
-    return content
 
 
 @functools.lru_cache(maxsize=16)

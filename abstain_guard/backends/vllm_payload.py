@@ -4,7 +4,8 @@ The connector (:mod:`.vllm_connector`) puts it in the response's ``kv_transfer_p
 under :data:`PAYLOAD_KEY`; :class:`~abstain_guard.backends.vllm_chat.VLLMChatModel` asks for
 it with ``kv_transfer_params: {PAYLOAD_KEY: {}}`` and reads it with :func:`decode_capture`.
 Rows travel as base64 of little-endian float32 (a JSON list of 4,096 floats would be four
-times larger). NumPy only: the client side imports neither torch nor vLLM.
+times larger). Also here: the OpenAI logprobs of a response read per token
+(:func:`logprob_content`). NumPy only: the client side imports neither torch nor vLLM.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "connector_flag",
     "decode_capture",
     "encode_capture",
+    "logprob_content",
     "weights_digest",
 ]
 
@@ -160,3 +162,42 @@ def weights_digest(model: str | os.PathLike[str]) -> str | None:
     except OSError:
         pass
     return value
+
+
+def logprob_content(logprobs: Any, ids: Sequence[int]) -> list[dict[str, Any]]:
+    """OpenAI ``logprobs.content`` (chat) or the completions layout, one entry per token
+    with its id (the chat layout names no ids)."""
+    if isinstance(logprobs, Mapping) and isinstance(logprobs.get("content"), list):
+        entries = list(logprobs["content"])
+    elif isinstance(logprobs, Mapping) and isinstance(logprobs.get("tokens"), list):
+        tops = logprobs.get("top_logprobs") or [None] * len(logprobs["tokens"])
+        entries = [
+            {
+                "token": t,
+                "logprob": lp,
+                "top_logprobs": [{"token": k, "logprob": v} for k, v in (top or {}).items()],
+            }
+            for t, lp, top in zip(
+                logprobs["tokens"], logprobs["token_logprobs"], tops, strict=False
+            )
+        ]
+    else:
+        entries = []
+    content = []
+    for k, t in enumerate(ids):
+        entry = entries[k] if k < len(entries) else {}
+        token = str(entry.get("token", ""))
+        logprob = entry.get("logprob")
+        content.append(
+            {
+                "token": token,
+                "token_id": int(t),
+                "logprob": float("nan") if logprob is None else float(logprob),
+                "bytes": entry.get("bytes") or list(token.encode("utf-8")),
+                "top_logprobs": [
+                    {"token": str(x.get("token", "")), "logprob": float(x["logprob"])}
+                    for x in entry.get("top_logprobs") or []
+                ],
+            }
+        )
+    return content

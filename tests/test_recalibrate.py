@@ -108,7 +108,7 @@ def test_recalibration_after_alarm_restores_participation(old_artifact: Path, tm
     source = new.metadata["calibration_source"]
     assert source["kind"] == "live_feedback" and not source["pooled"]
     assert source["mode"] == "participation" and source["labels"] == "monitor feedback"
-    assert new.metadata["recalibrated_from"]["artifact"] == str(old_artifact)
+    assert new.metadata["recalibrated_from"]["artifact"] == str(Path(old_artifact).resolve())
     assert len(source["feedback"]["run_ids"]) == 400
     assert new.scorer.kind == old.scorer.kind and new.model_fingerprint == "m-1"
     live = [r.score for r in monitor.records()][-400:]
@@ -465,3 +465,17 @@ def test_evaluate_live_on_a_recalibrated_artifact_names_the_original(
     sha = GuardArtifact.load(tmp_path / "new").metadata["recalibrated_from"]["calibration_sha256"]
     err = refusal()
     assert f"no artifact at {old_artifact} now" in err and sha in err
+
+
+def test_a_relative_artifact_path_is_recorded_absolute(
+    old_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``recalibrate runs/old-guard ...`` from some folder: the provenance names the old
+    artifact wherever the new one is read from later (it recorded the path as given)."""
+    policy, monitor, log = _logged(old_artifact, CONFIG, tmp_path)
+    scores, correct = _population(np.random.default_rng(5), 120, shifted=True)
+    _serve(policy, monitor, scores, correct)
+    monkeypatch.chdir(Path(old_artifact).parent)
+    recalibrate(Path(old_artifact).name, log, tmp_path / "new", last=100)
+    recorded = GuardArtifact.load(tmp_path / "new").metadata["recalibrated_from"]["artifact"]
+    assert Path(recorded).is_absolute() and recorded == str(Path(old_artifact).resolve())

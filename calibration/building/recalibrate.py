@@ -294,8 +294,9 @@ def _grouped(
 
 def _old_provenance(old: GuardArtifact, artifact: str | Path) -> dict[str, Any]:
     """Where the old artifact came from: its identity and its whole metadata."""
+    where = Path(artifact).resolve() if isinstance(artifact, (str, Path)) else artifact
     return {
-        "artifact": str(artifact),
+        "artifact": str(where),  # absolute: a relative path names nothing once moved
         "created": old.created,
         "model_fingerprint": old.model_fingerprint,
         "n_calibration": old.n,

@@ -23,6 +23,7 @@ import pytest
 import ray
 
 from abstain_guard import GuardArtifact, GuardConfig
+from abstain_guard.calibration.building.answering.answers import CALIBRATION_ROWS_PER_STEP
 from abstain_guard.calibration.building.answering.executors import RayExecutor
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.building.preflight import check_executor
@@ -72,10 +73,20 @@ def _same_artifact(a: Path, b: Path) -> None:
 LOCAL_CHUNKS: list[int] = []
 
 
+def _as_calibration_loads(model: Any) -> Any:
+    """``model`` with the rows per decode step ``load_model`` gives a model it loads."""
+    model.max_batch_size = max(model.max_batch_size, CALIBRATION_ROWS_PER_STEP)
+    return model
+
+
 @pytest.fixture(scope="module")
 def local_model(default_model_with: Any) -> Any:
-    """The model a local run of ``SETTINGS`` loads (the session's weights, not loaded again)."""
-    return default_model_with(max_new_tokens=SETTINGS["max_new_tokens"])
+    """The model a local run of ``SETTINGS`` loads (the session's weights, not loaded again),
+    with the rows per decode step calibration's ``load_model`` gives it (as each replica
+    has): the decode path is probed up to that many rows, and on some CPUs (an Intel Xeon
+    with MKL's branch left to the CPU) rows stay independent at 8 but not at 16, so a model
+    left at 8 would decode on shared steps while the replicas decode each row alone."""
+    return _as_calibration_loads(default_model_with(max_new_tokens=SETTINGS["max_new_tokens"]))
 
 
 @pytest.fixture(scope="module")
@@ -234,7 +245,9 @@ def test_agent_runs_on_ray_replicas_are_the_local_ones(
         "participation": 0.5,
     }
     local = _config(tmp_path, "local", **agent)
-    model = default_model_with(max_new_tokens=SETTINGS["max_new_tokens"])  # as loaded there
+    model = _as_calibration_loads(  # as loaded there (see local_model)
+        default_model_with(max_new_tokens=SETTINGS["max_new_tokens"])
+    )
     calibrate(items, tmp_path / "local", config=local, model=model, progress=False)
     calibrate(
         items,

@@ -23,8 +23,8 @@ import pytest
 import ray
 
 from abstain_guard import GuardArtifact, GuardConfig
-from abstain_guard.calibration.building.answering.answers import CALIBRATION_ROWS_PER_STEP
 from abstain_guard.calibration.building.answering.executors import RayExecutor
+from abstain_guard.calibration.building.answering.models import load_model
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.building.preflight import check_executor
 from abstain_guard.calibration.building.questions.probe import builtin_probe_set
@@ -73,20 +73,15 @@ def _same_artifact(a: Path, b: Path) -> None:
 LOCAL_CHUNKS: list[int] = []
 
 
-def _as_calibration_loads(model: Any) -> Any:
-    """``model`` with the rows per decode step ``load_model`` gives a model it loads."""
-    model.max_batch_size = max(model.max_batch_size, CALIBRATION_ROWS_PER_STEP)
-    return model
-
-
 @pytest.fixture(scope="module")
-def local_model(default_model_with: Any) -> Any:
-    """The model a local run of ``SETTINGS`` loads (the session's weights, not loaded again),
-    with the rows per decode step calibration's ``load_model`` gives it (as each replica
-    has): the decode path is probed up to that many rows, and on some CPUs (an Intel Xeon
-    with MKL's branch left to the CPU) rows stay independent at 8 but not at 16, so a model
-    left at 8 would decode on shared steps while the replicas decode each row alone."""
-    return _as_calibration_loads(default_model_with(max_new_tokens=SETTINGS["max_new_tokens"]))
+def local_model() -> Any:
+    """The model a local run of ``SETTINGS`` loads: calibration's own ``load_model``, with
+    the rows per decode step it gives every replica. Loaded here, not copied from the
+    session's model: the decode path is probed up to those rows (on an Intel Xeon with MKL's
+    branch left to the CPU rows stay independent at 8 but not at 16, so the session's model
+    at 8 rows decodes on shared steps while the replicas decode each row alone), and a copy
+    would share the session model's engine, whose path was chosen for 8 rows."""
+    return load_model(CalibrationConfig(max_new_tokens=SETTINGS["max_new_tokens"]))
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +222,7 @@ def _agent_runs(cache: Path) -> dict[str, str]:
 @pytest.mark.model
 @pytest.mark.slow
 def test_agent_runs_on_ray_replicas_are_the_local_ones(
-    default_model_with: Any,
+    local_model: Any,
     executor: RayExecutor,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -245,9 +240,7 @@ def test_agent_runs_on_ray_replicas_are_the_local_ones(
         "participation": 0.5,
     }
     local = _config(tmp_path, "local", **agent)
-    model = _as_calibration_loads(  # as loaded there (see local_model)
-        default_model_with(max_new_tokens=SETTINGS["max_new_tokens"])
-    )
+    model = local_model  # as loaded there
     calibrate(items, tmp_path / "local", config=local, model=model, progress=False)
     calibrate(
         items,

@@ -54,7 +54,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from abstain_guard.contract.metadata import probe_layers
 
-from .vllm_capture import finishes
+from .vllm_capture import RequestCapture, finishes, install_tap, step_from_runner
 from .vllm_payload import CONNECTOR_NAME, PAYLOAD_KEY, connector_flag, weights_digest
 
 __all__ = [
@@ -149,8 +149,6 @@ class _RunnerCapture:
     def __init__(self, runner: Any) -> None:
         from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
-        from .vllm_capture import RequestCapture, install_tap, step_from_runner
-
         config = runner.vllm_config
         if config.speculative_config is not None:
             raise ValueError(
@@ -176,7 +174,6 @@ class _RunnerCapture:
         )
         extra["abstain_guard_tap"] = {"layers": self.layers, "path": CAPTURE_PATH}
         config.additional_config = extra
-        self.step_from_runner = step_from_runner
         self.taps = install_tap(
             model.model.layers,
             self.layers,
@@ -210,7 +207,7 @@ class _RunnerCapture:
             model.compute_logits = logits_and_capture
 
     def on_logits(self, logits: Any) -> None:
-        self.step_from_runner(self.capture, self.taps, self.runner, logits)
+        step_from_runner(self.capture, self.taps, self.runner, logits)
 
     def on_sampled(self, output: Any) -> None:
         """Find the requests whose last token this step sampled; send their captures."""

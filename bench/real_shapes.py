@@ -274,7 +274,10 @@ def engine_generate(
     engine = batching.BatchEngine(loaded, max_rows=len(prompts))
     if shared_steps is not None:
         engine.path = threads.DecodePath(
-            "shared" if shared_steps else "alone", threads.DECODE_THREADS, 1
+            "shared" if shared_steps else "alone",
+            threads.DECODE_THREADS,
+            1,
+            max_rows=len(prompts) if shared_steps else 1,
         )
     reqs = [
         batching.GenerationRequest(

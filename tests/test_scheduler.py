@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -18,11 +19,14 @@ import torch
 from tiny_models import CONCURRENT_PROMPTS, assert_same_answer, tiny_chat_model
 
 from abstain_guard.adapters import GeometryChatModel, ReferenceMeans
+from abstain_guard.adapters.engine.batching import _step_groups
 from abstain_guard.adapters.engine.scheduler import GenerationScheduler, scheduler_for
 from abstain_guard.adapters.engine.threads import (
     ENGINE_WORKERS_ENV,
     MIN_DECODE_ROWS,
+    DecodePath,
     blas_threads,
+    independent_rows,
     rows_are_independent,
 )
 from abstain_guard.errors import AbstainGuardError, SchedulerFullError
@@ -205,19 +209,55 @@ def test_caller_holding_the_model_lock_runs_inline() -> None:
     assert_same_answer(solo, inline)
 
 
-def test_decode_rows_are_independent_of_batch_size() -> None:
-    """With one BLAS thread, rows from MIN_DECODE_ROWS on do not depend on the batch. (With
-    more threads, small matrices may be split differently per batch size: the engine probes
-    the model's own weights and falls back to one fixed decode shape, which the solo vs
-    concurrent tests below cover whatever the probe says.)"""
+def test_the_probe_finds_up_to_how_many_rows_each_row_keeps_its_bits() -> None:
+    """With one BLAS thread, rows from MIN_DECODE_ROWS on do not depend on the batch up to a
+    count that depends on the CPU and MKL's branch (for this shape: 12 and more on an AMD
+    EPYC and natively on an Intel Xeon, 6 on an Intel Xeon with ``MKL_CBWR=AVX2``, as
+    ``make test-foreign`` runs). ``independent_rows`` must return exactly that count: every
+    batch up to it gives each row the bits it has among MIN_DECODE_ROWS rows, and the batch
+    one row larger (when under the probe's bound) gives some row other bits."""
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn((48, 32), generator=gen)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    x = torch.randn((16, 32), generator=torch.Generator().manual_seed(0))
+    with blas_threads(1), torch.inference_mode():
+        cap = independent_rows(weight, MIN_DECODE_ROWS, 16)
+        assert cap >= MIN_DECODE_ROWS  # every CPU this suite has run on; else rows go alone
+        ref = torch.nn.functional.linear(x[:MIN_DECODE_ROWS], weight)
+
+        def keeps_bits(m: int) -> bool:
+            out = torch.nn.functional.linear(x[:m], weight)
+            flipped = torch.nn.functional.linear(x[:m].flip(0), weight).flip(0)
+            return torch.equal(out[:MIN_DECODE_ROWS], ref) and torch.equal(flipped, out)
+
+        assert all(keeps_bits(m) for m in range(MIN_DECODE_ROWS, cap + 1))
+        if cap < 16:
+            assert not keeps_bits(cap + 1)
+    assert rows_are_independent(weight, MIN_DECODE_ROWS, cap)
+
+
+def test_more_rows_than_one_step_holds_decode_in_several_shared_steps() -> None:
+    """A shared step holds at most ``path.max_rows`` rows (where the probe found rows
+    independent); more concurrent callers are split into near-even forwards, and every
+    caller still gets bitwise its solo answer, as with one forward for all."""
+    model = tiny_chat_model("llama", seed=5, max_new_tokens=10, batch_decode=True)
+    solo = [model.invoke(p) for p in PROMPTS]
+    engine = _scheduler(model).engines[0]
+    assert engine is not None and engine.path.steps == "shared"
+    wide = engine.path
+    engine.path = replace(wide, max_rows=MIN_DECODE_ROWS)  # 6 callers: forwards of 3 and 3
     try:
-        assert rows_are_independent(weight, MIN_DECODE_ROWS, 12)
+        assert engine.path.record() == wide.record()  # the cap is not part of the numbers
+        got = _run_threads(model, [lambda p=p: model.invoke(p) for p in PROMPTS])
     finally:
-        torch.set_num_threads(threads)
+        engine.path = wide
+    for a, b in zip(solo, got, strict=True):
+        assert_same_answer(a, b)
+    rows = list(range(9))
+    groups = _step_groups(rows, replace(wide, max_rows=6))  # type: ignore[arg-type]
+    assert [len(g) for g in groups] == [5, 4] and [r for g in groups for r in g] == rows
+    assert len(_step_groups(rows, replace(wide, max_rows=16))) == 1  # type: ignore[arg-type]
+    alone = DecodePath("alone", 1, 1)
+    assert [len(g) for g in _step_groups(rows, alone)] == [1] * 9  # type: ignore[arg-type]
 
 
 @pytest.mark.model

@@ -16,8 +16,10 @@
   product with a different kernel than a larger one, so a row computed alone would differ in
   the last bits from the same row computed among others; with every decode step at
   ``>= MIN_DECODE_ROWS`` rows a row's results do not depend on how many other rows there
-  are, nor on where in the batch it sits (:func:`rows_are_independent` checks this on the
-  model's own weights and falls back to a fixed batch shape where it does not hold).
+  are, nor on where in the batch it sits (:func:`~.threads.model_independent_rows` finds on
+  the model's own weights up to how many rows this holds on this CPU; more concurrent rows
+  take several forwards per step, and each row decodes alone where even
+  :data:`MIN_DECODE_ROWS` rows are not independent).
 
 Greedy and seeded sampling choose each row's token from that row's logits only (a
 per-row ``torch.Generator``), so batch composition never changes a row's tokens either.
@@ -386,6 +388,22 @@ def choose_token(
 # -- the engine -------------------------------------------------------------------------------
 
 
+def _step_groups(rows: list[Row], path: DecodePath) -> list[list[Row]]:
+    """The forwards of one decode step: each row alone, or shared steps of at most
+    ``path.max_rows`` rows (as even as possible: 9 rows with a cap of 6 are 5 and 4)."""
+    if path.steps != "shared":
+        return [[r] for r in rows]
+    cap = max(1, path.max_rows)
+    k = -(-len(rows) // cap)
+    size, extra = divmod(len(rows), k)
+    out, at = [], 0
+    for i in range(k):
+        n = size + (1 if i < extra else 0)
+        out.append(rows[at : at + n])
+        at += n
+    return out
+
+
 class BatchEngine:
     """Prefills new rows one at a time and decodes all active rows one token per step.
 
@@ -488,7 +506,7 @@ class BatchEngine:
         if not rows:
             return []
         self.widest = max(self.widest, len(rows))
-        groups = [rows] if self.path.steps == "shared" else [[r] for r in rows]
+        groups = _step_groups(rows, self.path)
         for group in groups:
             self._step_rows(group)
         done = [r for r in rows if r.finish is not None]

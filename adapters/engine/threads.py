@@ -70,6 +70,13 @@ class DecodePath:
     #: the prefix path's split rule (:data:`.prefix.PREFIX_RULE`), or None: the prompt in
     #: one pass
     prefix: str | None = None
+    #: most rows one shared step holds (more concurrent rows take several steps): the largest
+    #: count up to which the probe found rows independent on this CPU. Not recorded: every
+    #: count from ``min_rows`` to ``max_rows`` gives each row the same bits, so it changes
+    #: throughput, never a number (on an Intel Xeon with MKL's AVX2 branch rows stay
+    #: independent up to 6 rows, natively up to 15; a guard calibrated with 16 rows per
+    #: step then runs with 6).
+    max_rows: int = 1
 
     def record(self) -> dict[str, Any]:
         """The path as it appears in generation and deployment records (``prefix`` only on
@@ -128,10 +135,11 @@ def engine_workers(hf: nn.Module) -> int:
     return _positive_env(ENGINE_WORKERS_ENV) or process_cpus()
 
 
-def rows_are_independent(weight: torch.Tensor, rows: int, max_rows: int) -> bool:
-    """Whether ``x @ weight.T`` gives every row bitwise the same result for every batch of
-    ``rows..max_rows`` rows, wherever the row sits (probed with random rows, with the calling
-    thread's BLAS thread count). ``weight``: ``[out, in]``."""
+def independent_rows(weight: torch.Tensor, rows: int, max_rows: int) -> int:
+    """The largest ``m <= max_rows`` such that ``x @ weight.T`` gives every row bitwise the
+    same result for every batch of ``rows..m`` rows, wherever the row sits (probed with
+    random rows, with the calling thread's BLAS thread count); ``rows - 1`` when a batch of
+    ``rows`` already fails. ``weight``: ``[out, in]``."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn((max_rows, weight.shape[1]), generator=gen, dtype=weight.dtype)
     with torch.inference_mode():
@@ -139,27 +147,41 @@ def rows_are_independent(weight: torch.Tensor, rows: int, max_rows: int) -> bool
         for m in range(rows, max_rows + 1):
             out = torch.nn.functional.linear(x[:m], weight)
             if not torch.equal(out[:rows], ref):
-                return False
+                return m - 1
             flipped = torch.nn.functional.linear(x[:m].flip(0), weight).flip(0)
             if not torch.equal(flipped, out):
-                return False
-    return True
+                return m - 1
+    return max_rows
 
 
-def model_rows_are_independent(hf: nn.Module, rows: int, max_rows: int) -> bool:
-    """:func:`rows_are_independent` for every distinct shape of the model's linear layers
-    (LM head included), on the model's own weights (in their dtype, on the CPU). Never for
-    a mixture of experts (stacked expert weights, 3-D or more): an expert's product holds the rows
-    routed to it, so a row's last bits depend on the other rows of the step."""
+def rows_are_independent(weight: torch.Tensor, rows: int, max_rows: int) -> bool:
+    """Whether every batch of ``rows..max_rows`` rows is row-independent
+    (:func:`independent_rows` reaches ``max_rows``)."""
+    return independent_rows(weight, rows, max_rows) >= max_rows
+
+
+def model_independent_rows(hf: nn.Module, rows: int, max_rows: int) -> int:
+    """:func:`independent_rows` over every distinct shape of the model's linear layers (LM
+    head included; the smallest), on the model's own weights (in their dtype, on the CPU).
+    ``rows - 1`` for a mixture of experts (stacked expert weights, 3-D or more): an expert's
+    product holds the rows routed to it, so a row's last bits depend on the other rows of
+    the step."""
     if any(p.dim() >= 3 for p in hf.parameters()):
-        return False
+        return rows - 1
+    top = max_rows
     seen: set[tuple[int, ...]] = set()
     for m in hf.modules():
         if isinstance(m, nn.Linear) and tuple(m.weight.shape) not in seen:
             seen.add(tuple(m.weight.shape))
-            if not rows_are_independent(m.weight.detach().cpu(), rows, max_rows):
-                return False
-    return True
+            top = independent_rows(m.weight.detach().cpu(), rows, top)
+            if top < rows:
+                break
+    return top
+
+
+def model_rows_are_independent(hf: nn.Module, rows: int, max_rows: int) -> bool:
+    """Whether :func:`model_independent_rows` reaches ``max_rows``."""
+    return model_independent_rows(hf, rows, max_rows) >= max_rows
 
 
 _PATHS: WeakKeyDictionary[nn.Module, dict[tuple[bool, int], DecodePath]] = WeakKeyDictionary()
@@ -168,20 +190,24 @@ _PATHS: WeakKeyDictionary[nn.Module, dict[tuple[bool, int], DecodePath]] = WeakK
 def choose_decode_path(hf: nn.Module, shared: bool, max_rows: int) -> DecodePath:
     """The path the engine takes for ``hf``: shared steps on :data:`DECODE_THREADS` threads
     padded to :data:`MIN_DECODE_ROWS` when ``shared`` is asked for and the model's weights
-    show rows to be independent there (CPU only: GPU kernels are not probed and decode each
-    row alone); otherwise each row alone. Probed once per model and setting."""
+    show rows to be independent from there (CPU only: GPU kernels are not probed and decode
+    each row alone), each step holding at most as many rows as they stay independent for
+    (up to ``max_rows``: :attr:`DecodePath.max_rows`); otherwise each row alone. The path
+    does not depend on ``max_rows`` as long as :data:`MIN_DECODE_ROWS` rows are independent,
+    so models loaded with different batch bounds decode the same numbers. Probed once per
+    model and setting."""
     top = max(max_rows, MIN_DECODE_ROWS)
     cached = _PATHS.setdefault(hf, {})
     key = (shared, top)
     if key not in cached:
         device = next(hf.parameters()).device
-        ok = False
+        cap = 0
         if shared and device.type == "cpu":
             with blas_threads(DECODE_THREADS):
-                ok = model_rows_are_independent(hf, MIN_DECODE_ROWS, top)
+                cap = model_independent_rows(hf, MIN_DECODE_ROWS, top)
         cached[key] = (
-            DecodePath("shared", DECODE_THREADS, MIN_DECODE_ROWS)
-            if ok
+            DecodePath("shared", DECODE_THREADS, MIN_DECODE_ROWS, max_rows=cap)
+            if cap >= MIN_DECODE_ROWS
             else DecodePath("alone", DECODE_THREADS, 1)
         )
     return cached[key]
@@ -195,6 +221,8 @@ __all__ = [
     "blas_threads",
     "choose_decode_path",
     "engine_workers",
+    "independent_rows",
+    "model_independent_rows",
     "model_rows_are_independent",
     "process_cpus",
     "rows_are_independent",

@@ -56,7 +56,19 @@ STREAM = "stream.npz"
 no interior chunk end) under the artifact's chunk rule (certified streaming,
 :mod:`abstain_guard.guarantee.partial_release`); the stream statistics are ``calibration.npz``'s
 scores."""
-RESERVED_FILE_NAMES = {MANIFEST, CALIBRATION, SCORER_JSON, SCORER_NPZ, ACTION_RISK, STREAM}
+REVIEW = "review.npz"
+"""Optional: ``human`` [n] int8, people's verdicts on a uniformly random sample of the
+calibration answers (1 correct, 0 wrong, -1 not reviewed; :mod:`abstain_guard.guarantee.truth`);
+the draw (seed, size, ids) is in the manifest's ``metadata["review"]``."""
+RESERVED_FILE_NAMES = {
+    MANIFEST,
+    CALIBRATION,
+    SCORER_JSON,
+    SCORER_NPZ,
+    ACTION_RISK,
+    STREAM,
+    REVIEW,
+}
 SAFE_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 #: Default cap on the uncompressed bytes of one ``.npz`` file's arrays at load (512 MiB).

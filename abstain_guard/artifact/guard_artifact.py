@@ -74,6 +74,7 @@ from abstain_guard.artifact.files import (
     MANIFEST,
     MAX_ARRAY_BYTES,
     RESERVED_FILE_NAMES,
+    REVIEW,
     SAFE_FILE_NAME,
     SCHEMA_VERSION,
     SCORER_JSON,
@@ -106,7 +107,8 @@ from abstain_guard.guarantee.action_risk import check_action_statistics, require
 from abstain_guard.guarantee.decision import DecisionRule, decision_rule
 from abstain_guard.guarantee.groups import GroupRules, check_groups, group_rules, require_groups
 from abstain_guard.guarantee.partial_release import check_stream_statistics
-from abstain_guard.guarantee.selection import ScorerSelection
+from abstain_guard.guarantee.selection import selection_from_metadata
+from abstain_guard.guarantee.truth import check_human_labels
 from abstain_guard.scorers import Scorer, ScorerState, scorer_from_state
 
 __all__ = ["MAX_ARRAY_BYTES", "SCHEMA_VERSION", "GuardArtifact"]
@@ -156,6 +158,7 @@ class GuardArtifact:
         groups: ArrayLike | None = None,
         action_statistic: ArrayLike | None = None,
         stream_first: ArrayLike | None = None,
+        human: ArrayLike | None = None,
     ) -> None:
         if not isinstance(scorer, Scorer):
             raise InvalidInputError(
@@ -176,13 +179,14 @@ class GuardArtifact:
         self.stream_first = (
             None if stream_first is None else check_stream_statistics(stream_first, self.scores)[0]
         )
+        self.human = None if human is None else check_human_labels(human, self.scores.size)
         if model_fingerprint is not None and not isinstance(model_fingerprint, str):
             raise InvalidInputError("model_fingerprint must be a string or None.")
         self.model_fingerprint = model_fingerprint
         meta = dict(metadata or {})
         check_json(meta, "metadata")
         self.metadata: dict[str, Any] = meta
-        self.selection = _selection(meta.get("selection"), scorer.kind, int(self.scores.size))
+        self.selection = selection_from_metadata(meta.get("selection"), scorer.kind, self.n)
         self.created = created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         self.schema_version = SCHEMA_VERSION
         self.path: Path | None = None
@@ -201,6 +205,7 @@ class GuardArtifact:
         groups: ArrayLike | None = None,
         action_statistic: ArrayLike | None = None,
         stream_first: ArrayLike | None = None,
+        human: ArrayLike | None = None,
     ) -> GuardArtifact:
         """Create an artifact from a fitted scorer and its calibration scores and labels.
 
@@ -217,6 +222,9 @@ class GuardArtifact:
                 for ``GuardConfig(action_risk_target=...)``.
             stream_first: each answer's first-chunk score (calibrated with a chunk rule:
                 ``scores`` are the stream statistics), shape ``[n]``.
+            human: people's verdicts on a uniformly random sample of the answers (1
+                correct, 0 wrong, -1 not reviewed), shape ``[n]``: risk mode then certifies
+                the true error rate (:mod:`abstain_guard.guarantee.truth`).
         """
         return cls(
             scorer,
@@ -227,6 +235,7 @@ class GuardArtifact:
             groups=groups,
             action_statistic=action_statistic,
             stream_first=stream_first,
+            human=human,
         )
 
     @property
@@ -274,6 +283,7 @@ class GuardArtifact:
                 selection=self.selection,
                 action_statistic=self.action_statistic,
                 stream_first=self.stream_first,
+                human=self.human,
             )
             self._rules[key] = rule
         return rule
@@ -313,6 +323,7 @@ class GuardArtifact:
                 config,
                 pooled=pooled,
                 selection=self.selection,
+                human=self.human,
             )
             self._group_rules[key] = rules
         return rules
@@ -370,6 +381,8 @@ class GuardArtifact:
             files[ACTION_RISK] = npz_bytes({"statistic": self.action_statistic})
         if self.stream_first is not None:
             files[STREAM] = npz_bytes({"first": self.stream_first})
+        if self.human is not None:
+            files[REVIEW] = npz_bytes({"human": self.human})
         return files
 
     def _manifest(self, files: Mapping[str, bytes]) -> dict[str, Any]:
@@ -492,6 +505,12 @@ class GuardArtifact:
             if set(stream) != {"first"}:
                 raise ArtifactSchemaError(f"{STREAM} must hold 'first', has {sorted(stream)}.")
             first = stream["first"]
+        human = None
+        if REVIEW in data:  # optional (a reviewed sample was read back)
+            review = load_npz(data[REVIEW], REVIEW, limit)
+            if set(review) != {"human"}:
+                raise ArtifactSchemaError(f"{REVIEW} must hold 'human', has {sorted(review)}.")
+            human = review["human"]
         try:
             scorer_json = parse_json(data[SCORER_JSON], SCORER_JSON)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -546,6 +565,7 @@ class GuardArtifact:
                 groups=calib.get("groups"),
                 action_statistic=action,
                 stream_first=first,
+                human=human,
             )
         except (InvalidInputError, InsufficientDataError) as exc:
             raise ArtifactSchemaError(f"Invalid calibration data in the artifact: {exc}") from exc
@@ -559,28 +579,3 @@ class GuardArtifact:
                 )
             artifact.check_fingerprint(expected_fingerprint)
         return artifact
-
-
-def _selection(block: Any, kind: str, n: int) -> ScorerSelection | None:
-    """The artifact's ``selection`` block, checked against its scorer and calibration size.
-
-    Raises:
-        InvalidInputError: a malformed block, one that chose another scorer, or one made on
-            another number of calibration answers.
-    """
-    if block is None:
-        return None
-    if not isinstance(block, Mapping):
-        raise InvalidInputError("metadata 'selection' must be an object.")
-    selection = ScorerSelection.from_json(block)
-    if selection.chosen != kind:
-        raise InvalidInputError(
-            f"metadata 'selection' chose {selection.chosen!r} but the artifact's scorer is "
-            f"{kind!r}."
-        )
-    if selection.n != n:
-        raise InvalidInputError(
-            f"metadata 'selection' was made on {selection.n} calibration answers, the artifact "
-            f"holds {n}."
-        )
-    return selection

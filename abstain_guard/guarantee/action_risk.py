@@ -274,6 +274,7 @@ def joint_risk_threshold(
     action_risk_target: float,
     delta: float,
     method: str = risk_control.DEFAULT_RISK_METHOD,
+    human: ArrayLike | None = None,
 ) -> tuple[conformal.RiskThreshold, ActionRiskCertificate]:
     """The largest threshold that certifies both the run-level error among accepted runs
     ≤ ε and the action risk ≤ ε_a, together with probability ≥ 1−δ (δ split
@@ -282,7 +283,9 @@ def joint_risk_threshold(
     Returns:
         The run-level :class:`~abstain_guard.conformal.RiskThreshold` (at its share of δ,
         candidates below the action ceiling; ``threshold = -inf`` and ``feasible`` False
-        when no threshold passes both) and the :class:`ActionRiskCertificate`.
+        when no threshold passes both) and the :class:`ActionRiskCertificate`. ``human``:
+    people's verdicts on a random sample of the runs (:mod:`.truth`): the run-level error is
+    then certified on the truth; the action statistics stay the judge's tool-call verdicts.
     """
     dlt = _check_unit(delta, "delta")
     a = check_action_statistics(values, np.asarray(scores).size)
@@ -296,6 +299,7 @@ def joint_risk_threshold(
             dlt * (1.0 - ACTION_DELTA_SHARE),
             method,
             ceiling=action.ceiling,
+            human=human,
         )
     return res, action
 

@@ -31,7 +31,7 @@ from numpy.typing import ArrayLike
 from scipy import stats
 
 from abstain_guard.errors import InsufficientDataError, InvalidInputError
-from abstain_guard.guarantee import risk_control
+from abstain_guard.guarantee import risk_control, truth
 from abstain_guard.guarantee.validation import check_labels, check_scores, require_both_classes
 
 __all__ = [
@@ -166,6 +166,8 @@ class RiskThreshold:
         level: the significance level the certifying test was run at (δ for one chain,
             δ/s for one of s chains, δ/m on a Bonferroni grid, Holm's step level; 0.0
             when infeasible). ``certified_bound`` is the (1−level) upper bound.
+        reviewed: m, the answers with a human label the certificate used (0: it certifies
+            the judge's labels; > 0: the true error rate, :mod:`.truth`).
     """
 
     threshold: float
@@ -182,6 +184,7 @@ class RiskThreshold:
     method: str
     warnings: tuple[str, ...] = field(default_factory=tuple)
     level: float = 0.0
+    reviewed: int = 0
 
 
 # --- validation --------------------------------------------------------------------------
@@ -377,6 +380,14 @@ def _min_rank(risk_target: float, delta: float) -> int:
     return risk_control.min_rank(risk_target, delta)
 
 
+def plan_levels(plan: risk_control.RiskPlan) -> list[float]:
+    """Every level ``plan`` compares a p-value with: its one level, or Holm's δ/m … δ."""
+    if plan.kind != "holm":
+        return [plan.level]
+    m = len(plan.ranks)
+    return [plan.level * m / (m - j) for j in range(m)]
+
+
 def risk_threshold(
     scores: ArrayLike,
     correct: ArrayLike,
@@ -385,6 +396,7 @@ def risk_threshold(
     method: str = risk_control.DEFAULT_RISK_METHOD,
     *,
     ceiling: float = math.inf,
+    human: ArrayLike | None = None,
 ) -> RiskThreshold:
     """The largest threshold whose error rate among answered questions is ≤ ε w.p. ≥ 1−δ.
 
@@ -410,6 +422,11 @@ def risk_threshold(
             bound, :mod:`abstain_guard.guarantee.action_risk`): a rank at or above it fails its
             test, so a chain stops there and the rejected ranks are a subset of those without it —
             the guarantee is unchanged, whatever data the ceiling came from.
+        human: people's verdicts on a uniformly random sample of these answers (1 correct,
+            0 wrong, -1 not reviewed; :mod:`abstain_guard.guarantee.truth`): the ranks are
+            then tested on a bound of the *true* error count (the two-phase test), so the
+            certificate is about the truth, not the judge; ``correct`` stays the judge's
+            labels of every answer.
 
     Returns:
         A :class:`RiskThreshold`; when no threshold can be certified the threshold is
@@ -435,7 +452,13 @@ def risk_threshold(
     order = np.lexsort((j.astype(np.int8), s))  # by score, then incorrect (0) before correct
     s_sorted = s[order]
     err_sorted = (~j[order]).astype(np.int64)
-    p_values = risk_control.rank_p_values(err_sorted, eps)
+    truth_sorted = None
+    if human is None:
+        p_values = risk_control.rank_p_values(err_sorted, eps)
+    else:
+        h = truth.check_human_labels(human, n, require_reviewed=False)
+        truth_sorted = np.where(h == truth.NOT_REVIEWED, truth.NOT_REVIEWED, 1 - h)[order]
+        p_values = truth.truth_p_values(err_sorted, truth_sorted, eps, plan_levels(plan))
     if ceiling < math.inf:
         p_values = np.where(s_sorted < ceiling, p_values, 1.0)
     rank, level = risk_control.select_rank(plan, p_values, risk_control.candidate_ranks(s_sorted))
@@ -471,11 +494,17 @@ def risk_threshold(
             method=plan.method,
             warnings=(note,),
             level=0.0,
+            reviewed=0 if human is None else int((np.asarray(human) != -1).sum()),
         )
 
     errors_below = int(err_sorted[: k - 1].sum())
     trials = k - 1
     tested_level = float(level)
+    reviewed = 0
+    if truth_sorted is not None:  # the bounded true error count, at the binomial's share
+        errors_below = truth.bounded_errors(err_sorted, truth_sorted, k, tested_level)
+        tested_level *= 1.0 - truth.MISS_SHARE
+        reviewed = int((truth_sorted != truth.NOT_REVIEWED).sum())
     if errors_below >= trials:  # pragma: no cover - cannot be rejected, kept for safety
         cp_upper = 1.0
     else:
@@ -496,5 +525,6 @@ def risk_threshold(
         min_rank=plan.first_rank,
         method=plan.method,
         warnings=(),
-        level=tested_level,
+        level=float(level),
+        reviewed=reviewed,
     )

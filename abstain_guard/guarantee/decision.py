@@ -10,11 +10,12 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from numpy.typing import ArrayLike
 
 from abstain_guard.config import GuardConfig
 from abstain_guard.errors import ConfigError, InsufficientDataError, UncertifiableTargetError
-from abstain_guard.guarantee import conformal
+from abstain_guard.guarantee import conformal, truth
 from abstain_guard.guarantee.action_risk import (
     ActionRiskCertificate,
     action_guarantee,
@@ -104,6 +105,7 @@ def decision_rule(
     selection: ScorerSelection | None = None,
     action_statistic: ArrayLike | None = None,
     stream_first: ArrayLike | None = None,
+    human: ArrayLike | None = None,
 ) -> DecisionRule:
     """Compute the decision rule for ``config``'s target from calibration scores and labels.
 
@@ -115,7 +117,11 @@ def decision_rule(
     artifact was calibrated with a chunk rule (``scores`` are then the stream statistics);
     the guarantee then carries the ``partial_release`` block, and
     ``config.partial_release_target`` restricts τ to the thresholds certified to keep it
-    (:mod:`abstain_guard.guarantee.partial_release`).
+    (:mod:`abstain_guard.guarantee.partial_release`). ``human``: people's verdicts on a
+    uniformly random sample of the calibration answers (1 / 0, -1 not reviewed): risk mode
+    then certifies the true error rate (:mod:`abstain_guard.guarantee.truth`) and every
+    guarantee carries the judge's measured quality; without it the guarantee says it is
+    about the judge's labels.
     """
     if config.partial_release_target is not None and stream_first is None:
         raise ConfigError(
@@ -137,10 +143,17 @@ def decision_rule(
                     stream_first, scores, config.partial_release_target, level / 2
                 )
                 res = conformal.risk_threshold(
-                    scores, correct, config.risk_target, level / 2, ceiling=partial.ceiling
+                    scores,
+                    correct,
+                    config.risk_target,
+                    level / 2,
+                    ceiling=partial.ceiling,
+                    human=human,
                 )
             elif config.action_risk_target is None:
-                res = conformal.risk_threshold(scores, correct, config.risk_target, level)
+                res = conformal.risk_threshold(
+                    scores, correct, config.risk_target, level, human=human
+                )
             else:  # both targets: the run-level one and the action risk, each at δ/2
                 res, action = joint_risk_threshold(
                     scores,
@@ -149,6 +162,7 @@ def decision_rule(
                     config.risk_target,
                     config.action_risk_target,
                     level,
+                    human=human,
                 )
                 if not res.feasible and config.on_infeasible != "abstain_all":
                     raise uncertifiable_joint(res, action, config.delta)
@@ -168,9 +182,11 @@ def decision_rule(
         guarantee: dict[str, Any] = {
             "kind": "risk",
             "statement": (
-                f"with probability >= {1 - delta:g} over the calibration set, the error "
-                f"rate among answered questions is <= {res.risk_target:g}"
+                f"with probability >= {1 - delta:g} over the calibration set, the "
+                f"{'true ' if human is not None else ''}error rate among answered questions "
+                f"is <= {res.risk_target:g}"
                 + (_selection_text(selection, level) if selection is not None else "")
+                + f"; {truth.labels_statement(res.reviewed)}"
             ),
             "risk_target": res.risk_target,
             "delta": delta,
@@ -183,6 +199,7 @@ def decision_rule(
             "n": res.n,
             "method": res.method,
             "warnings": list(res.warnings),
+            **_labels_block(correct, human),
         }
         if selection is not None:
             guarantee["delta_per_candidate"] = level
@@ -270,10 +287,23 @@ def decision_rule(
         guarantee.update(
             partial_release_guarantee(stream_first, scores, threshold, level, None, 0.0)
         )
+    guarantee.update(_labels_block(correct, human))
     guarantee["warnings"] = notes
     for note in notes:
         logger.warning("abstain_guard participation threshold: %s", note)
     return DecisionRule(threshold, "participation", part.participation, guarantee)
+
+
+def _labels_block(correct: ArrayLike, human: ArrayLike | None) -> dict[str, Any]:
+    """What the guarantee's labels are (``labels``: "human" or "judge", ``reviewed``: m) and,
+    with a review, the judge's quality measured on it (:func:`.truth.judge_quality`). In
+    participation mode the participation guarantee needs no labels; its correctness bound
+    is on the judge's labels either way."""
+    reviewed = 0 if human is None else int((np.asarray(human) != truth.NOT_REVIEWED).sum())
+    out: dict[str, Any] = {"labels": "human" if reviewed else "judge", "reviewed": reviewed}
+    if reviewed:
+        out["judge_quality"] = truth.judge_quality(correct, human).to_json()  # type: ignore[arg-type]
+    return out
 
 
 def _participation_selection(

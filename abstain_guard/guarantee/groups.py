@@ -250,6 +250,7 @@ def group_rules(
     config: GuardConfig,
     pooled: DecisionRule | None = None,
     selection: ScorerSelection | None = None,
+    human: ArrayLike | None = None,
 ) -> GroupRules:
     """Each calibration group's rule for ``config``'s target (Mondrian calibration).
 
@@ -262,6 +263,9 @@ def group_rules(
         pooled: the pooled rule when already computed (else computed here).
         selection: how the scorer was chosen among candidates on these answers (the
             artifact's); every group's rule then certifies at its δ / K as well.
+        human: people's verdicts on a random sample of the answers (-1 not reviewed): each
+            group's rule certifies its true error rate from the reviewed answers of that
+            group (:mod:`abstain_guard.guarantee.truth`; a group with none certifies nothing).
 
     Raises:
         InsufficientDataError: ``group_fallback="raise"`` and some group is too small for a
@@ -271,8 +275,9 @@ def group_rules(
     s = np.asarray(scores, dtype=np.float64)
     j = np.asarray(correct).astype(bool)
     g = check_groups(groups, s.size)
+    h = None if human is None else np.asarray(human)
     if pooled is None:
-        pooled = decision_rule(s, j, config, selection=selection)
+        pooled = decision_rule(s, j, config, selection=selection, human=h)
     names = sorted(set(g.tolist()))
     delta_g = None
     if config.mode == "risk":
@@ -293,7 +298,9 @@ def group_rules(
         sizes[name] = int(mask.sum())
         cfg = _group_config(config, config.group_target(name), delta_g or config.delta)
         try:
-            own = decision_rule(s[mask], j[mask], cfg, selection=selection)
+            own = decision_rule(
+                s[mask], j[mask], cfg, selection=selection, human=None if h is None else h[mask]
+            )
         except InsufficientDataError as exc:
             reasons[name] = _reason(exc, cfg)
             continue

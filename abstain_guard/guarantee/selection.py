@@ -47,6 +47,7 @@ __all__ = [
     "per_candidate_delta",
     "record_choice",
     "select_scorer",
+    "selection_from_metadata",
 ]
 
 SELECTION_RULE = "bonferroni"
@@ -349,3 +350,28 @@ def record_choice(
         choice=choice,
         certificates={chosen: cert},
     )
+
+
+def selection_from_metadata(block: Any, kind: str, n: int) -> ScorerSelection | None:
+    """An artifact's ``selection`` block, checked against its scorer and calibration size.
+
+    Raises:
+        InvalidInputError: a malformed block, one that chose another scorer, or one made on
+            another number of calibration answers.
+    """
+    if block is None:
+        return None
+    if not isinstance(block, Mapping):
+        raise InvalidInputError("metadata 'selection' must be an object.")
+    selection = ScorerSelection.from_json(block)
+    if selection.chosen != kind:
+        raise InvalidInputError(
+            f"metadata 'selection' chose {selection.chosen!r} but the artifact's scorer is "
+            f"{kind!r}."
+        )
+    if selection.n != n:
+        raise InvalidInputError(
+            f"metadata 'selection' was made on {selection.n} calibration answers, the artifact "
+            f"holds {n}."
+        )
+    return selection

@@ -1,0 +1,305 @@
+"""The certificate on the truth: a judge's labels on every calibration answer plus a human
+verdict on a uniformly random sample of them.
+
+Risk mode certifies "among answered questions at most ε are wrong". With judge labels only,
+*wrong* means *wrong according to the judge*: a judge that calls wrong answers right moves
+the true error rate past ε without the certificate noticing. When a uniformly random sample
+of the calibration answers has been reviewed by people (drawn by the tool,
+:mod:`calibration.building.review`), the rank tests of :mod:`.risk_control` can be run on a
+bound of the *true* error count instead, and the certificate is about the truth.
+
+The two-phase test (double sampling). At rank k (threshold ``λ = U_(k)``), the t = k−1
+answers below it split into those judged wrong (J = 1) and judged right (J = 0), and into
+reviewed (Y known) and not. Their true error count is
+
+    E = Σ_reviewed Y  +  Σ_unreviewed, J=1 Y  +  Σ_unreviewed, J=0 Y
+      ≤ Σ_reviewed Y  +  #(unreviewed, J=1)  +  (M − u),
+
+where M is the number of *misses* (truly wrong, judged right) among all t₀ answers judged
+right below rank k and u the misses among the h₀ of them that were reviewed. The review
+sample is a uniformly random subset of the calibration answers, drawn independently of the
+scores and labels, so given everything else the h₀ reviewed ones are a uniformly random
+subset of the t₀: u is hypergeometric given M, and the exact upper confidence bound
+``M⁺ = max{M : P(Hypergeom(t₀, M, h₀) ≤ u) ≥ w·a}`` fails with probability ≤ w·a. The rank is
+rejected at level a when ``P(Binomial(t, ε) ≤ z) ≤ (1 − w)·a`` with
+``z = Σ_reviewed Y + #(unreviewed, J=1) + M⁺ − u``.
+
+Why it is valid, under the same conditions as the judge-only test (module
+:mod:`.risk_control`): conditionally on ``U_(k)``, the t answers below are i.i.d. with true
+error rate R(λ), so E ~ Binomial(t, R(λ)); under "R(λ) > ε", a rejection needs either
+M > M⁺ (probability ≤ w·a, whatever the data) or ``P(Binomial(t, ε) ≤ E) ≤ (1 − w)·a``
+(since E ≤ z otherwise; probability ≤ (1 − w)·a). The chain argument of
+:mod:`.risk_control` needs the test at the end of a good stretch to be valid when the
+answers below come from two stretches with the same true error rate ε: their true errors are
+then Binomial(N(c), ε) exactly, and the hypergeometric step holds for any fixed set of
+answers, so nothing changes. No assumption on the judge: it may be lenient, strict, or err
+exactly where the scorer is confident (the simulation in ``bench/judge_robust.py`` includes
+such judges). Judge errors that call right answers wrong are counted as errors where not
+reviewed (conservative). ``w`` (:data:`MISS_SHARE`) is fixed before any data: 0.5, chosen on
+simulated judges (``bench/judge_robust.py``), never on the data a certificate uses.
+
+With no review (m = 0) nothing is certified on the truth: the artifact then certifies the
+judge's labels and says so (:func:`labels_statement`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy import stats
+from sklearn.metrics import cohen_kappa_score
+
+from abstain_guard.errors import InvalidInputError
+
+__all__ = [
+    "MISS_SHARE",
+    "NOT_REVIEWED",
+    "JudgeQuality",
+    "bounded_errors",
+    "check_human_labels",
+    "judge_quality",
+    "labels_statement",
+    "miss_upper_bound",
+    "truth_p_values",
+    "truth_rejections",
+]
+
+#: Value of an answer no person reviewed in a human-label array (1 = correct, 0 = wrong).
+NOT_REVIEWED = -1
+
+MISS_SHARE = 0.5
+"""w: the share of each test's level spent on the bound of the judge's misses (the rest on
+the binomial test of the bounded error count). Fixed before any data (see the module)."""
+
+
+def check_human_labels(
+    values: ArrayLike, n: int, *, require_reviewed: bool = True
+) -> NDArray[np.int8]:
+    """The human labels as int8 ``[n]``: 1 correct, 0 wrong, :data:`NOT_REVIEWED` (-1).
+
+    Raises:
+        InvalidInputError: another shape, another value, or (``require_reviewed``) no
+            reviewed answer at all.
+    """
+    arr = np.asarray(values)
+    if arr.shape != (n,):
+        raise InvalidInputError(
+            f"human labels must have one entry per calibration answer, shape ({n},); got "
+            f"{arr.shape}."
+        )
+    if arr.dtype.kind not in "biu" or not np.isin(arr, (NOT_REVIEWED, 0, 1)).all():
+        raise InvalidInputError(
+            "human labels must be 1 (correct), 0 (wrong) or -1 (not reviewed), as integers."
+        )
+    out = arr.astype(np.int8)
+    if require_reviewed and not (out != NOT_REVIEWED).any():
+        raise InvalidInputError("human labels hold no reviewed answer (all -1).")
+    return out
+
+
+def miss_upper_bound(
+    misses: NDArray[np.integer],
+    reviewed: NDArray[np.integer],
+    population: NDArray[np.integer],
+    level: float,
+) -> NDArray[np.int64]:
+    """Exact upper confidence bound of the misses M among ``population`` answers judged
+    right, from ``misses`` among a uniformly random ``reviewed`` of them (elementwise):
+    ``max{M : P(Hypergeom(population, M, reviewed) ≤ misses) ≥ level}``, so that
+    ``P(M > bound) ≤ level``. Bisection over M (the tail grows as M falls)."""
+    u = np.asarray(misses, dtype=np.int64)
+    h = np.asarray(reviewed, dtype=np.int64)
+    t0 = np.asarray(population, dtype=np.int64)
+    lo = u.copy()  # P(X <= u | M = u) = 1
+    hi = t0 - (h - u)  # unreviewed ones all missed
+    while True:
+        active = lo < hi
+        if not active.any():
+            return lo
+        mid = (lo + hi + 1) // 2
+        ok = stats.hypergeom.cdf(u, t0, np.where(active, mid, lo), h) >= level
+        lo = np.where(active & ok, mid, lo)
+        hi = np.where(active & ~ok, mid - 1, hi)
+
+
+def _below(x: NDArray[np.integer]) -> NDArray[np.int64]:
+    """Counts strictly before each position along the last axis."""
+    x = np.asarray(x, dtype=np.int64)
+    return np.cumsum(x, axis=-1) - x
+
+
+def truth_rejections(
+    sorted_judge_errors: NDArray[np.integer],
+    sorted_truth: NDArray[np.integer],
+    risk_target: float,
+    level: float,
+    miss_share: float = MISS_SHARE,
+) -> NDArray[np.bool_]:
+    """The two-phase test of "the true error rate at U_(k) is > ε" at ``level`` for every
+    rank, ``[..., n]`` → ``[..., n]`` bool (see the module docstring).
+
+    Args:
+        sorted_judge_errors: 1 where the judge called the answer wrong, sorted by score.
+        sorted_truth: the reviewed answers' true errors (1 wrong, 0 correct), -1 where not
+            reviewed, in the same order.
+        risk_target: ε.
+        level: a, the level of each test.
+        miss_share: w, the share of ``level`` spent on the misses' bound.
+    """
+    j = np.asarray(sorted_judge_errors, dtype=np.int64)
+    y = np.asarray(sorted_truth, dtype=np.int64)
+    reviewed = y != NOT_REVIEWED
+    t = np.broadcast_to(np.arange(j.shape[-1]), j.shape)
+    errors_reviewed = _below(np.where(reviewed, y, 0))
+    judged_wrong_unreviewed = _below(~reviewed & (j == 1))
+    population = t - _below(j)  # judged right below
+    sample = _below(reviewed & (j == 0))
+    misses = _below(reviewed & (j == 0) & (y == 1))
+    bound = miss_upper_bound(misses, sample, population, miss_share * level)
+    z = errors_reviewed + judged_wrong_unreviewed + bound - misses
+    p = stats.binom.cdf(z, t, risk_target)
+    out = np.asarray(p <= (1.0 - miss_share) * level)
+    out[..., 0] = False  # no answers below rank 1
+    return out
+
+
+def bounded_errors(
+    sorted_judge_errors: NDArray[np.integer],
+    sorted_truth: NDArray[np.integer],
+    rank: int,
+    level: float,
+    miss_share: float = MISS_SHARE,
+) -> int:
+    """z at ``rank`` (the bound of the true errors among the rank−1 answers below it that
+    :func:`truth_rejections` tests at ``level``), for reporting."""
+    j = np.asarray(sorted_judge_errors, dtype=np.int64)[: rank - 1]
+    y = np.asarray(sorted_truth, dtype=np.int64)[: rank - 1]
+    reviewed = y != NOT_REVIEWED
+    misses = int((reviewed & (j == 0) & (y == 1)).sum())
+    bound = miss_upper_bound(
+        np.array(misses),
+        np.array(int((reviewed & (j == 0)).sum())),
+        np.array(int((j == 0).sum())),
+        miss_share * level,
+    )
+    return int(np.where(reviewed, y, 0).sum() + (~reviewed & (j == 1)).sum() + bound - misses)
+
+
+def truth_p_values(
+    sorted_judge_errors: NDArray[np.integer],
+    sorted_truth: NDArray[np.integer],
+    risk_target: float,
+    levels: Sequence[float],
+) -> NDArray[np.float64]:
+    """For every rank, the smallest of ``levels`` at which :func:`truth_rejections` rejects
+    (1 where none does): a p-value valid at each of those levels, ``P(p ≤ a) ≤ a`` for ``a``
+    in ``levels`` — all that a plan of :mod:`.risk_control` compares it with (one level for
+    chains and Bonferroni, Holm's δ/m … δ)."""
+    p = np.ones(np.shape(sorted_judge_errors), dtype=np.float64)
+    for a in sorted(set(float(x) for x in levels), reverse=True):
+        p = np.where(truth_rejections(sorted_judge_errors, sorted_truth, risk_target, a), a, p)
+    return p
+
+
+@dataclass(frozen=True)
+class JudgeQuality:
+    """How the judge agrees with the people on the reviewed answers (all of them, answered
+    or not), with exact 95 % Clopper-Pearson intervals and a bootstrap interval for κ.
+
+    ``lenient_rate``: among truly wrong answers, the share the judge called right (the error
+    that inflates a judge-only certificate); ``strict_rate``: among truly right answers,
+    the share it called wrong."""
+
+    m: int
+    agreement: float
+    agreement_ci: tuple[float, float]
+    kappa: float
+    kappa_ci: tuple[float, float]
+    lenient_rate: float | None
+    lenient_ci: tuple[float, float] | None
+    strict_rate: float | None
+    strict_ci: tuple[float, float] | None
+    wrong: int
+    right: int
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON (intervals as lists; None where a class was not reviewed)."""
+        out: dict[str, Any] = {}
+        for k, v in self.__dict__.items():
+            out[k] = list(v) if isinstance(v, tuple) else v
+        return out
+
+
+def _cp(k: int, n: int) -> tuple[float, float] | None:
+    if n == 0:
+        return None
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    return (float(ci.low), float(ci.high))
+
+
+def _kappas(j: NDArray[np.int64], y: NDArray[np.int64]) -> NDArray[np.float64]:
+    """Cohen's κ of binary labels along the last axis (``[..., m]`` → ``[...]``; 1 where
+    both raters give one class only and agree, 0 where chance agreement is total)."""
+    po = (j == y).mean(axis=-1)
+    pj, py = j.mean(axis=-1), y.mean(axis=-1)
+    pe = pj * py + (1 - pj) * (1 - py)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        k = (po - pe) / (1 - pe)
+    return np.where(pe >= 1.0, np.where(po >= 1.0, 1.0, 0.0), k)
+
+
+def judge_quality(
+    judge_correct: ArrayLike, human: ArrayLike, *, resamples: int = 1000, seed: int = 0
+) -> JudgeQuality:
+    """The judge's agreement with the reviewed answers' human labels.
+
+    Args:
+        judge_correct: the judge's labels of every calibration answer, ``[n]`` (1 correct).
+        human: :func:`check_human_labels` values, ``[n]``.
+        resamples: bootstrap resamples for κ's percentile interval (fixed ``seed``).
+    """
+    jc = np.asarray(judge_correct).astype(np.int64)
+    hl = check_human_labels(human, jc.size)
+    keep = hl != NOT_REVIEWED
+    j, y = jc[keep], hl[keep].astype(np.int64)
+    m = int(keep.sum())
+    agree = int((j == y).sum())
+    wrong = int((y == 0).sum())
+    right = m - wrong
+    lenient = int(((y == 0) & (j == 1)).sum())
+    strict = int(((y == 1) & (j == 0)).sum())
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, m, size=(resamples, m))
+    boot = _kappas(j[draws], y[draws])
+    return JudgeQuality(
+        m=m,
+        agreement=agree / m,
+        agreement_ci=_cp(agree, m) or (0.0, 1.0),
+        kappa=float(cohen_kappa_score(j, y)) if np.unique(np.r_[j, y]).size > 1 else 1.0,
+        kappa_ci=(float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))),
+        lenient_rate=lenient / wrong if wrong else None,
+        lenient_ci=_cp(lenient, wrong),
+        strict_rate=strict / right if right else None,
+        strict_ci=_cp(strict, right),
+        wrong=wrong,
+        right=right,
+    )
+
+
+def labels_statement(m: int, judge: str | None = None) -> str:
+    """What "wrong" means in a certificate: the people's verdicts (with ``m`` reviewed) or
+    the judge's (m = 0)."""
+    if m > 0:
+        return (
+            f"certified on human labels (m = {m} reviewed answers, a uniformly random sample "
+            "drawn by the tool; the judge's labels on the others, corrected by the review)"
+        )
+    who = f" ({judge})" if judge else ""
+    return (
+        f"certified on the judge's labels{who}, not on the truth: no answer was reviewed by a "
+        "person, so the judge's errors pass into the certificate"
+    )

@@ -1,0 +1,175 @@
+"""The certificate on the truth (abstain_guard.guarantee.truth): the two-phase test's parts
+checked against direct computation, its validity by simulation under judges that err where
+it hurts, and the judge's measured quality."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+from sklearn.metrics import cohen_kappa_score
+
+from abstain_guard import GuardArtifact, GuardConfig, PerplexityScorer
+from abstain_guard.artifact.files import REVIEW, load_npz
+from abstain_guard.errors import InvalidInputError
+from abstain_guard.guarantee import conformal, risk_control, truth
+
+
+def test_the_misses_bound_is_the_largest_count_the_hypergeometric_tail_allows() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        t0 = int(rng.integers(0, 60))
+        h = int(rng.integers(0, t0 + 1))
+        u = int(rng.integers(0, h + 1))
+        a = float(rng.uniform(0.001, 0.3))
+        got = int(truth.miss_upper_bound(np.array(u), np.array(h), np.array(t0), a))
+        allowed = [m for m in range(u, t0 - (h - u) + 1) if stats.hypergeom.cdf(u, t0, m, h) >= a]
+        assert got == max(allowed, default=0)  # t0 = 0: no answer judged right
+
+
+def test_the_misses_bound_covers_the_true_count_at_its_level() -> None:
+    """P(M > bound) <= a when the reviewed answers are a uniformly random subset."""
+    rng = np.random.default_rng(1)
+    t0, h, m_true, a = 300, 40, 21, 0.05
+    population = np.zeros(t0, dtype=int)
+    population[:m_true] = 1
+    fails = 0
+    for _ in range(4000):
+        sample = rng.choice(t0, h, replace=False)
+        u = int(population[sample].sum())
+        fails += int(truth.miss_upper_bound(np.array(u), np.array(h), np.array(t0), a)) < m_true
+    assert fails / 4000 <= a + 3 * np.sqrt(a * (1 - a) / 4000)
+
+
+def _draw(rng: np.random.Generator, n: int, m: int, judge: str) -> tuple[np.ndarray, ...]:
+    """Scores, true correctness, judge correctness and a review of m answers."""
+    s = rng.random(n)
+    wrong = rng.random(n) < 0.05 + 0.75 * s  # the error rate grows with the score
+    # "lenient" calls 40 % of wrong answers right; the other one every wrong answer where the
+    # scorer is confident
+    lenient = rng.random(n) < 0.4 if judge == "lenient" else s <= 0.5
+    judge_wrong = wrong & ~lenient
+    human = np.full(n, truth.NOT_REVIEWED, dtype=np.int8)
+    picked = rng.choice(n, m, replace=False)
+    human[picked] = (~wrong[picked]).astype(np.int8)
+    return s, ~wrong, ~judge_wrong, human
+
+
+def _true_risk(threshold: float) -> float:
+    """The population error rate among answered at ``threshold`` (scores uniform)."""
+    t = min(max(threshold, 0.0), 1.0)
+    return 0.05 + 0.75 * t / 2 if t > 0 else 0.0
+
+
+@pytest.mark.parametrize("judge", ["lenient", "confident_lenient"])
+def test_the_combined_certificate_holds_where_the_judge_only_one_fails(judge: str) -> None:
+    """A judge that calls wrong answers right: the judge-only certificate's true risk
+    exceeds ε in most draws; the combined one within δ (plus Monte Carlo error)."""
+    rng = np.random.default_rng(2)
+    eps, delta, draws = 0.3, 0.1, 150
+    over_judge = over_truth = certified = 0
+    for _ in range(draws):
+        s, _, judge_right, human = _draw(rng, 600, 150, judge)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", conformal.ConformalWarning)
+            only = conformal.risk_threshold(s, judge_right, eps, delta)
+            res = conformal.risk_threshold(s, judge_right, eps, delta, human=human)
+        over_judge += _true_risk(only.threshold) > eps
+        over_truth += res.feasible and _true_risk(res.threshold) > eps
+        certified += res.feasible
+        assert res.reviewed == 150
+    assert over_judge / draws > 0.5
+    assert over_truth / draws <= delta + 3 * np.sqrt(delta * (1 - delta) / draws)
+    assert certified >= draws // 10  # it still answers: not valid by abstaining alone
+
+
+def test_with_a_perfect_judge_and_review_the_certificate_is_close_to_the_judge_only_one() -> None:
+    rng = np.random.default_rng(3)
+    s = rng.random(1000)
+    right = rng.random(1000) >= 0.05 + 0.75 * s
+    human = np.full(1000, -1, dtype=np.int8)
+    picked = rng.choice(1000, 300, replace=False)
+    human[picked] = right[picked]
+    only = conformal.risk_threshold(s, right, 0.3, 0.1)
+    both = conformal.risk_threshold(s, right, 0.3, 0.1, human=human)
+    assert 0.8 * only.rank <= both.rank <= only.rank
+    assert both.certified_bound <= 0.3 and both.reviewed == 300
+
+
+def test_p_values_are_the_smallest_rejecting_level_of_the_plan() -> None:
+    rng = np.random.default_rng(4)
+    s, _, judge_right, human = _draw(rng, 400, 120, "lenient")
+    order = np.lexsort((judge_right.astype(np.int8), s))
+    j = (~judge_right[order]).astype(int)
+    y = np.where(human[order] == -1, -1, 1 - human[order])
+    plan = risk_control.plan_tests("holm", 0.35, 0.1, 400)
+    levels = conformal.plan_levels(plan)
+    p = truth.truth_p_values(j, y, 0.35, levels)
+    for a in levels:
+        assert np.array_equal(p <= a, truth.truth_rejections(j, y, 0.35, a))
+    assert set(np.unique(p)) <= set(levels) | {1.0}
+
+
+def test_bad_human_labels_are_refused_with_what_to_give() -> None:
+    with pytest.raises(InvalidInputError, match="one entry per calibration answer"):
+        truth.check_human_labels([1, 0], 3)
+    with pytest.raises(InvalidInputError, match=r"-1 \(not reviewed\)"):
+        truth.check_human_labels([1, 2, -1], 3)
+    with pytest.raises(InvalidInputError, match="no reviewed answer"):
+        truth.check_human_labels([-1, -1, -1], 3)
+
+
+def test_judge_quality_matches_sklearn_and_exact_intervals() -> None:
+    rng = np.random.default_rng(5)
+    y = rng.random(500) < 0.6
+    j = np.where(rng.random(500) < 0.1, ~y, y)
+    human = np.full(800, -1, dtype=np.int8)
+    judge = rng.random(800) < 0.5
+    idx = rng.choice(800, 500, replace=False)
+    human[idx] = y
+    judge[idx] = j
+    q = truth.judge_quality(judge, human, resamples=200)
+    assert q.m == 500 and q.agreement == pytest.approx(float((j == y).mean()))
+    assert q.kappa == pytest.approx(cohen_kappa_score(j, y))
+    assert q.kappa_ci[0] < q.kappa < q.kappa_ci[1]
+    lenient = int(((~y) & j).sum())
+    assert q.lenient_rate == pytest.approx(lenient / int((~y).sum()))
+    ci = stats.binomtest(lenient, int((~y).sum())).proportion_ci(method="exact")
+    assert q.lenient_ci == pytest.approx((ci.low, ci.high))
+    assert truth.labels_statement(500).startswith("certified on human labels (m = 500")
+    assert "not on the truth" in truth.labels_statement(0, "lexical")
+
+
+def test_the_artifact_keeps_the_review_and_its_decisions_say_on_whose_labels(
+    tmp_path: Path,
+) -> None:
+    rng = np.random.default_rng(6)
+    s, _, judge_right, human = _draw(rng, 800, 200, "lenient")
+    cfg = GuardConfig(mode="risk", risk_target=0.35, delta=0.1, on_infeasible="abstain_all")
+    art = GuardArtifact.from_calibration(
+        scorer=PerplexityScorer(), scores=s, correct=judge_right, human=human
+    )
+    root = art.save(tmp_path / "reviewed")
+    assert set(load_npz((root / REVIEW).read_bytes(), REVIEW)) == {"human"}
+    loaded = GuardArtifact.load(root)
+    assert loaded.human is not None and np.array_equal(loaded.human, human)
+    g = loaded.decision_rule(cfg).guarantee
+    assert g["labels"] == "human" and g["reviewed"] == 200
+    assert "true error rate" in g["statement"]
+    assert "certified on human labels (m = 200" in g["statement"]
+    q = g["judge_quality"]
+    assert q["m"] == 200 and 0.2 < q["lenient_rate"] < 0.6  # the judge misses 40 %
+    assert len(q["lenient_ci"]) == 2
+    plain = GuardArtifact.from_calibration(scorer=PerplexityScorer(), scores=s, correct=judge_right)
+    p = plain.decision_rule(cfg).guarantee
+    assert p["labels"] == "judge" and p["reviewed"] == 0 and "judge_quality" not in p
+    assert "not on the truth" in p["statement"]
+    # a lenient judge: the judge-only rule answers more than the truth allows
+    assert plain.decision_rule(cfg).threshold > loaded.decision_rule(cfg).threshold
+    with pytest.raises(InvalidInputError, match="no reviewed answer"):
+        GuardArtifact.from_calibration(
+            scorer=PerplexityScorer(), scores=s, correct=judge_right, human=np.full(800, -1)
+        )

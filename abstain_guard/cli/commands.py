@@ -32,6 +32,7 @@ from .checks import (
     positive,
     significance_level,
 )
+from .review import add_review_parsers
 from .serve import add_serve_parser
 
 __all__ = ["build_parser", "main", "run"]
@@ -83,7 +84,13 @@ def _calibrate(args: argparse.Namespace) -> int:
         "agent_gating": args.agent_gating,
         "max_new_tokens": args.max_new_tokens,
         "chunk_rule": args.chunk_rule,
+        "review_size": args.review,
+        "review_seed": args.review_seed,
+        "review_scope": args.review_scope,
     }
+    if args.judge_model or args.judge_base_url:  # an LLM judge by configuration alone
+        spec = {"name": "llm", "model": args.judge_model, "base_url": args.judge_base_url}
+        overrides["judge"] = {k: v for k, v in spec.items() if v is not None}
     if args.config:
         config = CalibrationConfig.from_file(args.config, **overrides)
     else:
@@ -328,6 +335,24 @@ def build_parser() -> argparse.ArgumentParser:
         "the guard certifies at delta/K, so delta holds whatever the choice",
     )
     cal.add_argument("--judge", help="judge name (default: lexical)")
+    cal.add_argument(
+        "--judge-model",
+        help="an LLM judge: an init_chat_model name ('openai:gpt-4o-mini'), or with "
+        "--judge-base-url the model the server serves; data rows may then lack answers",
+    )
+    cal.add_argument("--judge-base-url", help="OpenAI-compatible server of the LLM judge")
+    cal.add_argument(
+        "--review",
+        type=int,
+        help="draw N calibration answers for people to review (<out>.review.csv); then "
+        "abstain-guard review certifies the true error rate",
+    )
+    cal.add_argument("--review-seed", type=int, help="seed of the review draw")
+    cal.add_argument(
+        "--review-scope",
+        type=float,
+        help="draw the review among this share of the answers with the lowest scores (1)",
+    )
     cal.add_argument("--cache-dir", help="run cache (default: '<out>.cache')")
     cal.add_argument(
         "--system-prompt",
@@ -515,7 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--overwrite", action="store_true", help="replace an artifact at --out")
     rec.set_defaults(func=_recalibrate)
     srv = add_serve_parser(sub)
-    for sub_parser in (cal, ask, ev, rep, demo, srv, rec):
+    for sub_parser in (cal, ask, ev, rep, demo, srv, rec, *add_review_parsers(sub)):
         sub_parser.add_argument(
             "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
         )

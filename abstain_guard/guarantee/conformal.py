@@ -457,7 +457,7 @@ def risk_threshold(
         p_values = risk_control.rank_p_values(err_sorted, eps)
     else:
         h = truth.check_human_labels(human, n, require_reviewed=False)
-        truth_sorted = np.where(h == truth.NOT_REVIEWED, truth.NOT_REVIEWED, 1 - h)[order]
+        truth_sorted = np.where(h < 0, h, 1 - h)[order]  # errors; -1 / -2 kept
         p_values = truth.truth_p_values(err_sorted, truth_sorted, eps, plan_levels(plan))
     if ceiling < math.inf:
         p_values = np.where(s_sorted < ceiling, p_values, 1.0)
@@ -494,7 +494,7 @@ def risk_threshold(
             method=plan.method,
             warnings=(note,),
             level=0.0,
-            reviewed=0 if human is None else int((np.asarray(human) != -1).sum()),
+            reviewed=0 if human is None else int((np.asarray(human) >= 0).sum()),
         )
 
     errors_below = int(err_sorted[: k - 1].sum())
@@ -504,7 +504,7 @@ def risk_threshold(
     if truth_sorted is not None:  # the bounded true error count, at the binomial's share
         errors_below = truth.bounded_errors(err_sorted, truth_sorted, k, tested_level)
         tested_level *= 1.0 - truth.MISS_SHARE
-        reviewed = int((truth_sorted != truth.NOT_REVIEWED).sum())
+        reviewed = int((truth_sorted >= 0).sum())
     if errors_below >= trials:  # pragma: no cover - cannot be rejected, kept for safety
         cp_upper = 1.0
     else:

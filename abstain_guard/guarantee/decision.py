@@ -186,7 +186,7 @@ def decision_rule(
                 f"{'true ' if human is not None else ''}error rate among answered questions "
                 f"is <= {res.risk_target:g}"
                 + (_selection_text(selection, level) if selection is not None else "")
-                + f"; {truth.labels_statement(res.reviewed)}"
+                + f"; {truth.labels_statement(res.reviewed, eligible=_eligible(human))}"
             ),
             "risk_target": res.risk_target,
             "delta": delta,
@@ -294,12 +294,18 @@ def decision_rule(
     return DecisionRule(threshold, "participation", part.participation, guarantee)
 
 
+def _eligible(human: ArrayLike | None) -> int | None:
+    """Answers a scoped review could draw (None: every answer could be)."""
+    h = None if human is None else np.asarray(human)
+    return None if h is None or not (h == truth.OUT_OF_SCOPE).any() else int((h >= -1).sum())
+
+
 def _labels_block(correct: ArrayLike, human: ArrayLike | None) -> dict[str, Any]:
     """What the guarantee's labels are (``labels``: "human" or "judge", ``reviewed``: m) and,
     with a review, the judge's quality measured on it (:func:`.truth.judge_quality`). In
     participation mode the participation guarantee needs no labels; its correctness bound
     is on the judge's labels either way."""
-    reviewed = 0 if human is None else int((np.asarray(human) != truth.NOT_REVIEWED).sum())
+    reviewed = 0 if human is None else int((np.asarray(human) >= 0).sum())
     out: dict[str, Any] = {"labels": "human" if reviewed else "judge", "reviewed": reviewed}
     if reviewed:
         out["judge_quality"] = truth.judge_quality(correct, human).to_json()  # type: ignore[arg-type]

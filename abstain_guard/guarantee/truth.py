@@ -58,6 +58,7 @@ from abstain_guard.errors import InvalidInputError
 __all__ = [
     "MISS_SHARE",
     "NOT_REVIEWED",
+    "OUT_OF_SCOPE",
     "JudgeQuality",
     "bounded_errors",
     "check_human_labels",
@@ -71,6 +72,11 @@ __all__ = [
 #: Value of an answer no person reviewed in a human-label array (1 = correct, 0 = wrong).
 NOT_REVIEWED = -1
 
+#: Value of an answer outside the review's scope: a review drawn from the most confident
+#: answers only (``review_scope``) could not have drawn it. Ranks with such an answer below
+#: them are never certified (the reviewed ones would not be a uniform sample there).
+OUT_OF_SCOPE = -2
+
 MISS_SHARE = 0.5
 """w: the share of each test's level spent on the bound of the judge's misses (the rest on
 the binomial test of the bounded error count). Fixed before any data (see the module)."""
@@ -79,7 +85,8 @@ the binomial test of the bounded error count). Fixed before any data (see the mo
 def check_human_labels(
     values: ArrayLike, n: int, *, require_reviewed: bool = True
 ) -> NDArray[np.int8]:
-    """The human labels as int8 ``[n]``: 1 correct, 0 wrong, :data:`NOT_REVIEWED` (-1).
+    """The human labels as int8 ``[n]``: 1 correct, 0 wrong, :data:`NOT_REVIEWED` (-1),
+    :data:`OUT_OF_SCOPE` (-2).
 
     Raises:
         InvalidInputError: another shape, another value, or (``require_reviewed``) no
@@ -91,12 +98,13 @@ def check_human_labels(
             f"human labels must have one entry per calibration answer, shape ({n},); got "
             f"{arr.shape}."
         )
-    if arr.dtype.kind not in "biu" or not np.isin(arr, (NOT_REVIEWED, 0, 1)).all():
+    if arr.dtype.kind not in "biu" or not np.isin(arr, (OUT_OF_SCOPE, NOT_REVIEWED, 0, 1)).all():
         raise InvalidInputError(
-            "human labels must be 1 (correct), 0 (wrong) or -1 (not reviewed), as integers."
+            "human labels must be 1 (correct), 0 (wrong), -1 (not reviewed) or -2 (outside "
+            "the review's scope), as integers."
         )
     out = arr.astype(np.int8)
-    if require_reviewed and not (out != NOT_REVIEWED).any():
+    if require_reviewed and not (out >= 0).any():
         raise InvalidInputError("human labels hold no reviewed answer (all -1).")
     return out
 
@@ -145,14 +153,15 @@ def truth_rejections(
     Args:
         sorted_judge_errors: 1 where the judge called the answer wrong, sorted by score.
         sorted_truth: the reviewed answers' true errors (1 wrong, 0 correct), -1 where not
-            reviewed, in the same order.
+            reviewed, -2 outside the review's scope, in the same order.
         risk_target: ε.
         level: a, the level of each test.
         miss_share: w, the share of ``level`` spent on the misses' bound.
     """
     j = np.asarray(sorted_judge_errors, dtype=np.int64)
     y = np.asarray(sorted_truth, dtype=np.int64)
-    reviewed = y != NOT_REVIEWED
+    reviewed = y >= 0
+    outside = _below(y == OUT_OF_SCOPE) > 0  # an answer the draw could not reach lies below
     t = np.broadcast_to(np.arange(j.shape[-1]), j.shape)
     errors_reviewed = _below(np.where(reviewed, y, 0))
     judged_wrong_unreviewed = _below(~reviewed & (j == 1))
@@ -162,7 +171,7 @@ def truth_rejections(
     bound = miss_upper_bound(misses, sample, population, miss_share * level)
     z = errors_reviewed + judged_wrong_unreviewed + bound - misses
     p = stats.binom.cdf(z, t, risk_target)
-    out = np.asarray(p <= (1.0 - miss_share) * level)
+    out = np.asarray((p <= (1.0 - miss_share) * level) & ~outside)
     out[..., 0] = False  # no answers below rank 1
     return out
 
@@ -178,7 +187,7 @@ def bounded_errors(
     :func:`truth_rejections` tests at ``level``), for reporting."""
     j = np.asarray(sorted_judge_errors, dtype=np.int64)[: rank - 1]
     y = np.asarray(sorted_truth, dtype=np.int64)[: rank - 1]
-    reviewed = y != NOT_REVIEWED
+    reviewed = y >= 0
     misses = int((reviewed & (j == 0) & (y == 1)).sum())
     bound = miss_upper_bound(
         np.array(misses),
@@ -264,7 +273,7 @@ def judge_quality(
     """
     jc = np.asarray(judge_correct).astype(np.int64)
     hl = check_human_labels(human, jc.size)
-    keep = hl != NOT_REVIEWED
+    keep = hl >= 0
     j, y = jc[keep], hl[keep].astype(np.int64)
     m = int(keep.sum())
     agree = int((j == y).sum())
@@ -290,13 +299,19 @@ def judge_quality(
     )
 
 
-def labels_statement(m: int, judge: str | None = None) -> str:
-    """What "wrong" means in a certificate: the people's verdicts (with ``m`` reviewed) or
-    the judge's (m = 0)."""
+def labels_statement(m: int, judge: str | None = None, eligible: int | None = None) -> str:
+    """What "wrong" means in a certificate: the people's verdicts (with ``m`` reviewed,
+    drawn among ``eligible`` answers when the review had a scope) or the judge's (m = 0)."""
     if m > 0:
+        among = (
+            f" among the {eligible} most confident calibration answers"
+            if eligible is not None
+            else ""
+        )
         return (
-            f"certified on human labels (m = {m} reviewed answers, a uniformly random sample "
-            "drawn by the tool; the judge's labels on the others, corrected by the review)"
+            f"certified on human labels (m = {m} reviewed answers, a uniformly random sample"
+            f"{among} drawn by the tool; the judge's labels on the others, corrected by the "
+            "review)"
         )
     who = f" ({judge})" if judge else ""
     return (

@@ -67,6 +67,7 @@ from .judges.judging import (
 from .preflight import preflight
 from .questions.datasets import SPLIT_NAMES, QAItem
 from .questions.items import items_digest
+from .review import review_path, start_review, write_review_file
 from .run.calibration_config import FIT_SCORERS, CalibrationConfig
 from .run.store import RunStore, run_locks
 
@@ -330,6 +331,7 @@ def _calibrate(
     }
     if selection is not None:
         metadata["selection"] = selection.to_json()
+    review = start_review(out, metadata, cfg.review_size, cfg.review_seed, cal_scores, cfg)
     artifact = GuardArtifact.from_calibration(
         scorer=scorer,
         scores=cal_scores,
@@ -341,6 +343,8 @@ def _calibrate(
         stream_first=None if stream is None else stream.first,
     )
     artifact.save(out, overwrite=True)
+    if review is not None:
+        write_review_file(review_path(out), review, labeled["calibration"], answers)
     timings["total"] = _now() - t0
     summary = CalibrationSummary(
         out=str(out),
@@ -354,7 +358,7 @@ def _calibrate(
         skipped_rows=skipped,
         judgments=metadata["judgments"],
     )
-    (cache_dir / "summary.json").write_text(_json_dumps(asdict(summary)))
+    (cache_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2, default=str))
     return summary
 
 
@@ -451,10 +455,6 @@ def calibration_groups(items: Sequence[QAItem]) -> list[str] | None:
         )
         return None
     return [str(g) for g in groups]
-
-
-def _json_dumps(obj: Any) -> str:
-    return json.dumps(obj, indent=2, default=str)
 
 
 @dataclass

@@ -25,7 +25,9 @@ from .lexical import refusal_verdict
 
 __all__ = [
     "DEFAULT_JUDGE_HUMAN",
+    "DEFAULT_JUDGE_HUMAN_NO_REFERENCE",
     "DEFAULT_JUDGE_SYSTEM",
+    "DEFAULT_JUDGE_SYSTEM_NO_REFERENCE",
     "LLMJudge",
     "Verdict",
     "chat_model_identity",
@@ -55,6 +57,21 @@ DEFAULT_JUDGE_SYSTEM = (
 DEFAULT_JUDGE_HUMAN = (
     "Question: {question}\n{options}"
     "Reference answer(s): {gold}\n"
+    "Proposed answer: {prediction}\n\n"
+    "Is the proposed answer correct? Reply with a JSON object "
+    '{{"correct": true or false, "rationale": "<one short sentence>"}} and nothing else.'
+)
+
+
+DEFAULT_JUDGE_SYSTEM_NO_REFERENCE = (
+    "You are a strict, fair grader of short answers to questions. There is no reference "
+    "answer: decide from what you know whether the proposed answer is factually correct and "
+    "answers the question asked. It is incorrect if it states something false, hedges between "
+    "several candidates, refuses, or does not answer. If you are not sure it is correct, say "
+    "it is incorrect."
+)
+DEFAULT_JUDGE_HUMAN_NO_REFERENCE = (
+    "Question: {question}\n{options}"
     "Proposed answer: {prediction}\n\n"
     "Is the proposed answer correct? Reply with a JSON object "
     '{{"correct": true or false, "rationale": "<one short sentence>"}} and nothing else.'
@@ -140,7 +157,11 @@ class LLMJudge(Judge):
 
     The prompt (``prompt``: a ``ChatPromptTemplate`` with the variables ``question``, ``gold``,
     ``prediction`` and ``options``; default: :data:`DEFAULT_JUDGE_SYSTEM` /
-    :data:`DEFAULT_JUDGE_HUMAN`) asks for ``{"correct": bool, "rationale": str}``. When the
+    :data:`DEFAULT_JUDGE_HUMAN`) asks for ``{"correct": bool, "rationale": str}``. A question
+    without gold answers (a file of questions only) is asked with ``prompt_no_reference``
+    (variables ``question``, ``prediction``, ``options``; default
+    :data:`DEFAULT_JUDGE_SYSTEM_NO_REFERENCE` / :data:`DEFAULT_JUDGE_HUMAN_NO_REFERENCE`): the
+    model decides from what it knows, so its quality is what a human review measures. When the
     model supports ``with_structured_output`` the :class:`Verdict` schema is used (not, by
     default, for a local model whose template has no tools: ``tool_call_format ==
     "prompted"``); otherwise,
@@ -152,8 +173,9 @@ class LLMJudge(Judge):
     name = "llm"
     concurrent = True
     #: Bumped whenever verdicts change (2: refusals are incorrect without asking the model; a
-    #: cut-off JSON reply is read by its field; negated verdict words are flipped).
-    version: ClassVar[int] = 2
+    #: cut-off JSON reply is read by its field; negated verdict words are flipped; 3: the
+    #: reference-free prompt is part of the identity).
+    version: ClassVar[int] = 3
 
     def __init__(
         self,
@@ -161,6 +183,7 @@ class LLMJudge(Judge):
         prompt: Any = None,
         retries: int = 3,
         *,
+        prompt_no_reference: Any = None,
         structured: bool | None = None,
         backoff_initial: float = 1.0,
         backoff_max: float = 30.0,
@@ -170,6 +193,12 @@ class LLMJudge(Judge):
         self.chat_model = chat_model
         self.prompt = prompt or ChatPromptTemplate.from_messages(
             [("system", DEFAULT_JUDGE_SYSTEM), ("human", DEFAULT_JUDGE_HUMAN)]
+        )
+        self.prompt_no_reference = prompt_no_reference or ChatPromptTemplate.from_messages(
+            [
+                ("system", DEFAULT_JUDGE_SYSTEM_NO_REFERENCE),
+                ("human", DEFAULT_JUDGE_HUMAN_NO_REFERENCE),
+            ]
         )
         self.retries = retries
         self.backoff_initial = backoff_initial
@@ -196,11 +225,18 @@ class LLMJudge(Judge):
             backoff_initial,
             backoff_max,
         )
+        self._free_chain: Runnable[Any, Verdict] = with_retry(
+            self.prompt_no_reference | model | RunnableLambda(self._to_verdict),
+            retries,
+            backoff_initial,
+            backoff_max,
+        )
 
     def params(self) -> dict[str, Any]:
         return {
             "model": chat_model_identity(self.chat_model),
             "prompt": prompt_hash(repr(self.prompt)),
+            "prompt_no_reference": prompt_hash(repr(self.prompt_no_reference)),
             "version": self.version,
         }
 
@@ -241,8 +277,9 @@ class LLMJudge(Judge):
             "prediction": prediction,
             "options": options,
         }
+        chain = self._chain if gold_answers else self._free_chain
         try:
-            verdict = self._chain.invoke(inputs)
+            verdict = chain.invoke(inputs)
         except Exception as exc:  # an API or parse failure after all retries
             logger.warning(
                 "LLM judge %s failed after %d tries: %r", self.identity, self.retries, exc

@@ -27,12 +27,14 @@ on-disk cache (:mod:`abstain_guard.calibration.building.judges.cache`); rule-bas
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 
-from abstain_guard.errors import JudgeError
+from abstain_guard.contract.chat_model_specs import ChatModelSpec
+from abstain_guard.errors import ConfigError, JudgeError
 
 from .base import Judge
 from .lexical import (
@@ -53,7 +55,16 @@ _PARAMS: dict[str, tuple[str, ...]] = {
     "numeric": ("rel_tol", "abs_tol"),
     "choice": (),
     "similarity": ("model_path", "threshold", "cross_encoder_path", "batch_size", "device"),
-    "llm": ("model", "prompt", "retries", "structured", "backoff_initial", "backoff_max"),
+    "llm": (
+        "model",
+        "base_url",
+        "api_key_env",
+        "prompt",
+        "retries",
+        "structured",
+        "backoff_initial",
+        "backoff_max",
+    ),
     "paper": ("similarity", "judges", "rewriter", "max_gold_statements"),
 }
 
@@ -69,7 +80,14 @@ def make_judge(
         ``"lexical"`` / ``{"name": "lexical", "mode": "f1", "f1_threshold": 0.5}``;
         ``"numeric"``; ``"choice"``;
         ``{"name": "similarity", "model_path": ..., "threshold": 0.8, "cross_encoder_path": ...}``;
-        ``{"name": "llm", "model": "<key of chat_models>", "retries": 3}``;
+        ``{"name": "llm", "model": "<key of chat_models>", "retries": 3}``; without Python,
+        ``"model"`` may instead name the judge itself: a LangChain ``init_chat_model`` name
+        (``"openai:gpt-4o-mini"``), a :class:`~abstain_guard.contract.chat_model_specs.
+        ChatModelSpec` dict (``{"class_path": ..., "kwargs": {...}}``), or, with ``"base_url"``,
+        the model name an OpenAI-compatible server serves (a vLLM server of your own:
+        ``{"name": "llm", "base_url": "http://judge:8000/v1", "model": "Qwen/Qwen3-8B"}``; the
+        key is read from the environment variable ``api_key_env``, default
+        ``OPENAI_API_KEY``, and may be unset for a server without one);
         ``{"name": "paper", "similarity": <spec>, "judges": ["<key>", "<key>"] or
         [<llm spec>, ...], "rewriter": "<key>" or None}`` (``judges`` defaults to every chat
         model given, which must then be two);
@@ -111,6 +129,10 @@ def make_judge(
             return SimilarityJudge(**params)
         if name == "llm":
             key = params.pop("model", None)
+            base_url = params.pop("base_url", None)
+            key_env = params.pop("api_key_env", None)
+            if base_url is not None or isinstance(key, Mapping) or _is_spec_name(key, models):
+                return LLMJudge(_judge_model(key, base_url, key_env), **params)
             return LLMJudge(_chat_model(key, models, "llm judge"), **params)
         # paper
         sim_spec = params.get("similarity", "similarity")
@@ -143,6 +165,45 @@ def make_judge(
         )
     except TypeError as exc:
         raise JudgeError(f"bad parameters for judge {name!r}: {exc}") from exc
+
+
+def _is_spec_name(key: Any, models: Mapping[str, Any]) -> bool:
+    """``"provider:model"`` that is not the key of a chat model given from Python."""
+    return isinstance(key, str) and key not in models and ":" in key
+
+
+def _judge_model(key: Any, base_url: Any, key_env: Any) -> BaseChatModel:
+    """The LLM judge's chat model from configuration alone (see :func:`make_judge`); built
+    now (a client: nothing is called).
+
+    Raises:
+        JudgeError: no model named, or a spec that cannot be built.
+    """
+    if base_url is not None:
+        if not isinstance(key, str) or not key:
+            raise JudgeError(
+                "an LLM judge at base_url needs 'model': the model name the server serves "
+                "(GET <base_url>/models lists them)"
+            )
+        env = str(key_env or "OPENAI_API_KEY")
+        kwargs: dict[str, Any] = {
+            "base_url": str(base_url),
+            "model": key,
+            "api_key": os.environ.get(env) or "EMPTY",
+            "temperature": 0.0,
+        }
+        spec = ChatModelSpec(class_path="langchain_openai:ChatOpenAI", kwargs=kwargs)
+    elif isinstance(key, Mapping):
+        try:
+            spec = ChatModelSpec(**dict(key))
+        except (TypeError, ValueError) as exc:
+            raise JudgeError(f"the LLM judge's model spec {dict(key)} is not valid: {exc}") from exc
+    else:
+        spec = ChatModelSpec(chat_model=str(key))
+    try:
+        return spec.build()  # type: ignore[no-any-return]
+    except ConfigError as exc:
+        raise JudgeError(f"the LLM judge's model cannot be built: {exc}") from exc
 
 
 def _chat_model(key: Any, models: Mapping[str, Any], what: str) -> Any:

@@ -297,6 +297,7 @@ def load_dataset(
     log_skipped: bool = True,
     history: str | None = "history",
     conversation_id: str | None = "conversation_id",
+    answers_optional: bool = False,
 ) -> tuple[list[QAItem], DatasetReport]:
     """Read QA items from a JSON Lines or CSV/TSV file.
 
@@ -325,6 +326,8 @@ def load_dataset(
             See :mod:`~abstain_guard.calibration.building.questions.conversations`.
         conversation_id: field naming the conversation a row belongs to (rows sharing it
             stay in one split); a row without one is a conversation of its own.
+        answers_optional: an open question without a gold answer is kept (no aliases: an
+            LLM judge decides without a reference) instead of skipped.
 
     Returns:
         ``(items, report)``; rows without a question or answer, or with a malformed value, are
@@ -370,6 +373,7 @@ def load_dataset(
                 id_prefix=id_prefix or p.stem,
                 history=history,
                 conversation_id=conversation_id,
+                answers_optional=answers_optional and item_kind == "open",
             )
             if item is not None:
                 items.append(item)
@@ -403,6 +407,7 @@ def _row_to_item(
     id_prefix: str,
     history: str | None = None,
     conversation_id: str | None = None,
+    answers_optional: bool = False,
 ) -> QAItem | None:
     if not isinstance(row, Mapping):
         _skip(report, lineno, f"row is a {type(row).__name__}, not an object")
@@ -415,7 +420,7 @@ def _row_to_item(
         _skip(report, lineno, f"the question (field {question!r}) is a JSON {json_type_name(q)}")
         return None
     a = _get_path(row, answers)
-    if _is_blank(a):
+    if _is_blank(a) and not answers_optional:
         _skip(report, lineno, f"missing answer (field {answers!r})")
         return None
     option_texts: tuple[str, ...] = ()
@@ -432,11 +437,11 @@ def _row_to_item(
         elif kind == "numeric":
             aliases = (_numeric_gold(a[0] if isinstance(a, (list, tuple)) else a),)
         else:
-            aliases = _as_aliases(a, answer_sep)
+            aliases = () if _is_blank(a) else _as_aliases(a, answer_sep)
     except ValueError as exc:
         _skip(report, lineno, f"malformed answer: {exc}")
         return None
-    if not aliases:
+    if not aliases and not answers_optional:
         _skip(report, lineno, f"missing answer (field {answers!r})")
         return None
     try:

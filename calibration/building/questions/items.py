@@ -9,6 +9,7 @@ import unicodedata
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from abstain_guard.errors import DatasetError, InsufficientDataError
 from abstain_guard.guarantee import conformal
@@ -47,6 +48,13 @@ BUILTIN_LOOKUP = "builtin-lookup"
 """The lookup agent's questions with their expected tool calls
 (:func:`~.agent_questions.lookup_questions`, for ``examples/lookup_agent.py``);
 ``"builtin-lookup:capital,state_capital"``: those relations."""
+
+
+def judges_without_reference(judge: Any) -> bool:
+    """Whether the judge spec is an LLM judge, which can decide without a gold answer (a
+    file's rows may then be questions only)."""
+    name = judge if isinstance(judge, str) else (judge or {}).get("name", judge.get("type"))
+    return str(name).strip().lower() == "llm"
 
 
 def lookup_relations(data: str) -> list[str] | None:
@@ -131,6 +139,7 @@ def load_items(
             kind=config.kind,
             group_by=config.group_by,
             log_skipped=False,
+            answers_optional=judges_without_reference(config.judge),
         )
         problems = [f"{path}:{s.line}: {s.reason}" for s in report.skipped]
         items, duplicates = split_duplicates(items)
@@ -151,7 +160,8 @@ def load_items(
         items, duplicates = split_duplicates(items)
         _reject_or_skip(duplicates, config, "the questions")
         skipped += len(duplicates)
-    _, bad = split_unjudgeable(items)
+    free = judges_without_reference(config.judge)  # question-only rows: an LLM judge
+    _, bad = split_unjudgeable([it for it in items if it.answers or not free])
     if bad:
         raise DatasetError(
             f"{len(bad)} questions in {data} have gold answers that are empty or only articles "

@@ -114,7 +114,31 @@ class CalibrationConfig(BaseModel):
         "the guard can release an answer chunk by chunk (docs/streaming.md); None: whole "
         "answers",
     )
-    judge: str | dict[str, Any] = Field("lexical", description="judge name or spec")
+    judge: str | dict[str, Any] = Field(
+        "lexical",
+        description="judge name or spec; an LLM judge by configuration alone: {name: llm, "
+        "model: 'openai:gpt-4o-mini'} (an init_chat_model name) or {name: llm, base_url: "
+        "'http://host:8000/v1', model: '<served name>'} (any OpenAI-compatible server, vLLM "
+        "included). With an LLM judge, rows of a data file may be questions only",
+    )
+    review_size: int = Field(
+        0,
+        ge=0,
+        description="draw this many calibration answers uniformly at random for people to "
+        "review (written to <out>.review.csv; `abstain-guard review` reads the verdicts back): "
+        "the certificate is then about the true error rate, not the judge's (0: no review)",
+    )
+    review_seed: int | None = Field(
+        None, description="seed of the review draw (default: a fresh one, recorded)"
+    )
+    review_scope: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="draw the review among the calibration answers with the lowest scores "
+        "only, this share of them (e.g. 0.5): the ones the guard may answer; the certificate "
+        "then covers thresholds inside that share (chosen on scores alone, never labels)",
+    )
     scorer: str = Field(
         "geometry",
         description="the scorer the guard will use, or 'auto': the one of `candidates` that "

@@ -147,8 +147,11 @@ def test_missing_file_empty_file_and_bad_arguments(tmp_path: Path) -> None:
 
 
 def test_item_validation() -> None:
-    with pytest.raises(InvalidInputError):
-        QAItem("i", "Q?", ())
+    assert QAItem("i", "Q?", ()).answers == ()  # a question only (an LLM judge decides)
+    with pytest.raises(InvalidInputError, match="only empty gold"):
+        QAItem("i", "Q?", ("", " "))
+    with pytest.raises(InvalidInputError, match="no gold answer"):
+        QAItem("i", "Q?", (), kind="numeric")
     with pytest.raises(InvalidInputError):
         QAItem("i", "Q?", ("a",), kind="choice")
 

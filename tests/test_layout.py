@@ -349,6 +349,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         f"{_B}.run",
         f"{_A}.tools",
         f"{_G}.scorers",
+        f"{_G}.contract",
         f"{_G}.errors",
     },
     f"{_B}.answering": {

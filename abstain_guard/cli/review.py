@@ -46,7 +46,7 @@ def _review(args: argparse.Namespace) -> int:
 
 def _review_size(args: argparse.Namespace) -> int:
     from abstain_guard.artifact import GuardArtifact
-    from abstain_guard.calibration.measure.review_size import review_size_table
+    from abstain_guard.calibration.building.review import review_size_table
 
     artifacts_exist([args.artifact])
     if not 0.0 <= args.judge_error < 0.5:

@@ -501,9 +501,10 @@ def risk_threshold(
     trials = k - 1
     tested_level = float(level)
     reviewed = 0
-    if truth_sorted is not None:  # the bounded true error count, at the binomial's share
-        errors_below = truth.bounded_errors(err_sorted, truth_sorted, k, tested_level)
-        tested_level *= 1.0 - truth.MISS_SHARE
+    if truth_sorted is not None:  # the test that certified: its errors, trials and level
+        errors_below, trials, tested_level = truth.certifying_test(
+            err_sorted, truth_sorted, k, tested_level, eps
+        )
         reviewed = int((truth_sorted >= 0).sum())
     if errors_below >= trials:  # pragma: no cover - cannot be rejected, kept for safety
         cp_upper = 1.0

@@ -51,7 +51,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy import stats
-from sklearn.metrics import cohen_kappa_score
 
 from abstain_guard.errors import InvalidInputError
 
@@ -62,9 +61,11 @@ __all__ = [
     "JudgeQuality",
     "bounded_errors",
     "check_human_labels",
+    "combined_rejections",
     "judge_quality",
     "labels_statement",
     "miss_upper_bound",
+    "reviewed_rejections",
     "truth_p_values",
     "truth_rejections",
 ]
@@ -78,8 +79,13 @@ NOT_REVIEWED = -1
 OUT_OF_SCOPE = -2
 
 MISS_SHARE = 0.5
-"""w: the share of each test's level spent on the bound of the judge's misses (the rest on
-the binomial test of the bounded error count). Fixed before any data (see the module)."""
+"""w: the share of the two-phase test's level spent on the bound of the judge's misses (the
+rest on the binomial test of the bounded error count). Fixed before any data (see the
+module)."""
+
+REVIEWED_SHARE = 0.5
+"""s: the share of each rank's level spent on the reviewed answers' own test; the rest goes
+to the two-phase test. Fixed before any data (see the module)."""
 
 
 def check_human_labels(
@@ -134,7 +140,7 @@ def miss_upper_bound(
         hi = np.where(active & ~ok, mid - 1, hi)
 
 
-def _below(x: NDArray[np.integer]) -> NDArray[np.int64]:
+def _below(x: NDArray[Any]) -> NDArray[np.int64]:
     """Counts strictly before each position along the last axis."""
     x = np.asarray(x, dtype=np.int64)
     return np.cumsum(x, axis=-1) - x
@@ -176,6 +182,21 @@ def truth_rejections(
     return out
 
 
+def reviewed_rejections(
+    sorted_truth: NDArray[np.integer], risk_target: float, level: float
+) -> NDArray[np.bool_]:
+    """The reviewed answers' own rank test at ``level`` for every rank: ``P(Binomial(h, ε) ≤
+    y) ≤ level`` with h reviewed answers below the rank and y of them wrong (conditionally on
+    ``U_(k)`` they are i.i.d. from the answered region, the review being independent of the
+    labels), ``[..., n]`` → ``[..., n]`` bool."""
+    y = np.asarray(sorted_truth, dtype=np.int64)
+    h = _below(y >= 0)
+    wrong = _below(y == 1)
+    outside = _below(y == OUT_OF_SCOPE) > 0
+    p = np.where(h > 0, stats.binom.cdf(wrong, np.maximum(h, 1), risk_target), 1.0)
+    return np.asarray((p <= level) & ~outside)
+
+
 def bounded_errors(
     sorted_judge_errors: NDArray[np.integer],
     sorted_truth: NDArray[np.integer],
@@ -198,19 +219,57 @@ def bounded_errors(
     return int(np.where(reviewed, y, 0).sum() + (~reviewed & (j == 1)).sum() + bound - misses)
 
 
+def combined_rejections(
+    sorted_judge_errors: NDArray[np.integer],
+    sorted_truth: NDArray[np.integer],
+    risk_target: float,
+    level: float,
+    reviewed_share: float = REVIEWED_SHARE,
+) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
+    """The certificate's test at ``level`` for every rank: the two-phase test
+    (:func:`truth_rejections`) at ``(1 − s)·level`` or the reviewed answers' own test
+    (:func:`reviewed_rejections`) at ``s·level`` (s = ``reviewed_share``; a union bound, so
+    the level holds). Returns ``(two_phase, reviewed)``; a rank is rejected where either is."""
+    two = truth_rejections(
+        sorted_judge_errors, sorted_truth, risk_target, (1.0 - reviewed_share) * level
+    )
+    own = reviewed_rejections(sorted_truth, risk_target, reviewed_share * level)
+    return two, own
+
+
+def certifying_test(
+    sorted_judge_errors: NDArray[np.integer],
+    sorted_truth: NDArray[np.integer],
+    rank: int,
+    level: float,
+    risk_target: float,
+) -> tuple[int, int, float]:
+    """``(errors, trials, level)`` of the test that certified ``rank`` at ``level`` (for the
+    reported Clopper-Pearson bound): the two-phase test's bounded error count over the
+    rank−1 answers below, else the reviewed answers' errors over the reviewed below."""
+    two, _ = combined_rejections(sorted_judge_errors, sorted_truth, risk_target, level)
+    if two[..., rank - 1]:
+        share = (1.0 - REVIEWED_SHARE) * level
+        z = bounded_errors(sorted_judge_errors, sorted_truth, rank, share)
+        return z, rank - 1, share * (1.0 - MISS_SHARE)
+    y = np.asarray(sorted_truth)[: rank - 1]
+    return int((y == 1).sum()), int((y >= 0).sum()), REVIEWED_SHARE * level
+
+
 def truth_p_values(
     sorted_judge_errors: NDArray[np.integer],
     sorted_truth: NDArray[np.integer],
     risk_target: float,
     levels: Sequence[float],
 ) -> NDArray[np.float64]:
-    """For every rank, the smallest of ``levels`` at which :func:`truth_rejections` rejects
-    (1 where none does): a p-value valid at each of those levels, ``P(p ≤ a) ≤ a`` for ``a``
-    in ``levels`` — all that a plan of :mod:`.risk_control` compares it with (one level for
-    chains and Bonferroni, Holm's δ/m … δ)."""
+    """For every rank, the smallest of ``levels`` at which :func:`combined_rejections`
+    rejects (1 where none does): a p-value valid at each of those levels, ``P(p ≤ a) ≤ a``
+    for ``a`` in ``levels`` — all that a plan of :mod:`.risk_control` compares it with (one
+    level for chains and Bonferroni, Holm's δ/m … δ)."""
     p = np.ones(np.shape(sorted_judge_errors), dtype=np.float64)
     for a in sorted(set(float(x) for x in levels), reverse=True):
-        p = np.where(truth_rejections(sorted_judge_errors, sorted_truth, risk_target, a), a, p)
+        two, own = combined_rejections(sorted_judge_errors, sorted_truth, risk_target, a)
+        p = np.where(two | own, a, p)
     return p
 
 
@@ -252,7 +311,9 @@ def _cp(k: int, n: int) -> tuple[float, float] | None:
 
 def _kappas(j: NDArray[np.int64], y: NDArray[np.int64]) -> NDArray[np.float64]:
     """Cohen's κ of binary labels along the last axis (``[..., m]`` → ``[...]``; 1 where
-    both raters give one class only and agree, 0 where chance agreement is total)."""
+    both raters give one class only and agree, 0 where chance agreement is total). Written
+    here because the guard's core needs no scikit-learn; checked against
+    ``sklearn.metrics.cohen_kappa_score`` in the tests."""
     po = (j == y).mean(axis=-1)
     pj, py = j.mean(axis=-1), y.mean(axis=-1)
     pe = pj * py + (1 - pj) * (1 - py)
@@ -288,7 +349,7 @@ def judge_quality(
         m=m,
         agreement=agree / m,
         agreement_ci=_cp(agree, m) or (0.0, 1.0),
-        kappa=float(cohen_kappa_score(j, y)) if np.unique(np.r_[j, y]).size > 1 else 1.0,
+        kappa=float(_kappas(j, y)),
         kappa_ci=(float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))),
         lenient_rate=lenient / wrong if wrong else None,
         lenient_ci=_cp(lenient, wrong),

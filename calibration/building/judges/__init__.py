@@ -10,7 +10,7 @@ the calibration labels.
 
 May import: ``abstain_guard.calibration.building.questions``,
 ``abstain_guard.calibration.building.run``, ``abstain_guard.adapters.tools``,
-``abstain_guard.scorers``, ``abstain_guard.errors``.
+``abstain_guard.scorers``, ``abstain_guard.contract``, ``abstain_guard.errors``.
 """
 
 from __future__ import annotations

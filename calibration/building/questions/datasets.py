@@ -58,7 +58,8 @@ class QAItem:
         id: stable identifier (the file's id field, else ``"<file stem>:<line>"``).
         question: the question text (for ``kind="choice"`` without the options; see
             :meth:`prompt_text`).
-        answers: gold answer aliases; any of them counts as correct. For ``kind="choice"`` the
+        answers: gold answer aliases; any of them counts as correct (none: an open question
+            only, for a judge that decides without a reference). For ``kind="choice"`` the
             first alias is the gold option letter and the second the gold option text; for
             ``kind="numeric"`` the gold number as a plain string (``"70000"``).
         kind: ``"open"``, ``"choice"`` or ``"numeric"`` — which judge fits.
@@ -98,8 +99,10 @@ class QAItem:
             raise InvalidInputError(f"QAItem.kind must be one of {KINDS}, got {self.kind!r}")
         if not self.question.strip():
             raise InvalidInputError(f"QAItem {self.id!r} has an empty question")
-        if not self.answers or not any(a.strip() for a in self.answers):
-            raise InvalidInputError(f"QAItem {self.id!r} has no gold answer")
+        if self.answers and not any(a.strip() for a in self.answers):
+            raise InvalidInputError(f"QAItem {self.id!r} has only empty gold answers")
+        if not self.answers and self.kind != "open":
+            raise InvalidInputError(f"QAItem {self.id!r} ({self.kind}) has no gold answer")
         if self.kind == "choice" and not self.choices:
             raise InvalidInputError(f"QAItem {self.id!r} is a choice question without choices")
         if self.history:

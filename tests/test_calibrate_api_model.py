@@ -5,6 +5,8 @@ then deployed around the same ``ChatOpenAI``: its live scores are the stored one
 
 from __future__ import annotations
 
+import csv
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -14,9 +16,12 @@ import numpy as np
 import pytest
 
 from abstain_guard import GuardArtifact, GuardConfig
+from abstain_guard.calibration.building.judges.lexical import LexicalJudge
+from abstain_guard.calibration.building.judges.registry import make_judge
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.building.questions.probe import builtin_probe_set
 from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
+from abstain_guard.cli.commands import main
 from abstain_guard.errors import ArtifactMismatchError, LogprobsMissingError
 from abstain_guard.guard.chains import load_guard_chain
 from abstain_guard.serve.passthrough import ModelService
@@ -154,3 +159,58 @@ def test_an_api_model_without_logprobs_is_a_typed_error_naming_the_question(
         calibrate(ITEMS, tmp_path / "guard", config=cfg, progress=False)
     assert re.search(r"question '[^']+' \(", str(info.value))
     assert not (tmp_path / "guard").exists()
+
+
+def test_questions_only_judged_by_an_llm_judge_at_a_url_then_reviewed(
+    server: ServerThread, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file of questions without answers, judged by an LLM judge named in the config only,
+    a review drawn by calibrate, filled by "people" (the probe set's gold, checked
+    lexically), read back by ``abstain-guard review``: the decisions say they are certified
+    on human labels."""
+    data = tmp_path / "questions.jsonl"
+    data.write_text("".join(json.dumps({"question": it.question}) + "\n" for it in ITEMS))
+    # the embedded model is no judge (docs/results.md): through the URL it answers the
+    # question instead of giving a verdict, which is "no judgment", never a guess
+    at_url = make_judge(
+        {"name": "llm", "base_url": server.base_url, "model": "smollm2", "structured": False}
+    )
+    asked = _answered(server)
+    verdict = at_url.judge(ITEMS[0].question, (), "Lima")  # type: ignore[attr-defined]
+    assert _answered(server) > asked and verdict.correct in (None, True, False)
+    # the team's judge, named in the config alone (here a scripted LangChain chat model in
+    # place of a capable judge, which this offline machine does not have)
+    replies = ['{"correct": true}', '{"correct": false}', '{"correct": false}']
+    judge = {
+        "name": "llm",
+        "model": {
+            "class_path": "langchain_core.language_models.fake_chat_models:FakeListChatModel",
+            "kwargs": {"responses": replies},
+        },
+    }
+    cfg = _config(server, tmp_path, api_key="k").model_copy(
+        update={"judge": judge, "review_size": 6, "review_seed": 11, "delta": 0.2}
+    )
+    calibrate(data, tmp_path / "guard", config=cfg, progress=False)
+    review = tmp_path / "guard.review.csv"
+    rows = list(csv.DictReader(review.open()))
+    assert len(rows) == 6 and all(r["reference"] == "" and r["correct"] == "" for r in rows)
+    gold = {it.question: it.answers for it in ITEMS}
+    lexical = LexicalJudge()
+    for r in rows:  # the people's verdicts
+        ok = lexical.judge(r["question"], gold[r["question"]], r["answer"]).correct
+        r["correct"] = "yes" if ok else "no"
+    with review.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    argv = ["review", "--artifact", str(tmp_path / "guard"), "--labels", str(review)]
+    assert main([*argv, "--risk-target", "0.9", "--delta", "0.2"]) == 0
+    assert "read 6 reviewed answers" in capsys.readouterr().out
+    art = GuardArtifact.load(tmp_path / "guard")
+    assert art.metadata["review"]["seed"] == 11 and art.metadata["judge"]["open"].startswith("llm")
+    rule = art.decision_rule(
+        GuardConfig(mode="risk", risk_target=0.9, delta=0.2, on_infeasible="abstain_all")
+    )
+    assert "certified on human labels (m = 6" in rule.guarantee["statement"]
+    assert rule.guarantee["judge_quality"]["m"] == 6

@@ -317,7 +317,7 @@ def _calibrate(
         "judge": {k: getattr(j, "identity", type(j).__name__) for k, j in judges.items()},
         "config": cfg.model_dump(mode="json"),
         "split_sizes": {k: len(v) for k, v in labeled.items()},
-        "accuracy": accuracy,
+        "accuracy": {k: v if v == v else None for k, v in accuracy.items()},  # NaN: none
         "excluded_judgments": len(excluded),
         "judgments": summarize_judgments(judgments.values()),
         "cache_dir": str(cache_dir),

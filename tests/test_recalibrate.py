@@ -23,8 +23,14 @@ from abstain_guard.calibration.building.recalibrate import (
     recalibrate,
     selection_check,
 )
+from abstain_guard.calibration.measure.held_out import artifact_splits
 from abstain_guard.cli import main
-from abstain_guard.errors import InsufficientDataError, InvalidInputError, MonitorLogError
+from abstain_guard.errors import (
+    DatasetError,
+    InsufficientDataError,
+    InvalidInputError,
+    MonitorLogError,
+)
 from abstain_guard.monitor import GuardMonitor
 from abstain_guard.monitor.log import MonitorRecord, read_log
 
@@ -479,3 +485,16 @@ def test_a_relative_artifact_path_is_recorded_absolute(
     recalibrate(Path(old_artifact).name, log, tmp_path / "new", last=100)
     recorded = GuardArtifact.load(tmp_path / "new").metadata["recalibrated_from"]["artifact"]
     assert Path(recorded).is_absolute() and recorded == str(Path(old_artifact).resolve())
+
+
+def test_evaluate_of_a_recalibrated_artifact_without_data_is_refused(
+    old_artifact: Path, tmp_path: Path
+) -> None:
+    """Without ``--live``/``--data`` a recalibrated artifact has no held-out questions: the
+    evaluation is refused with what to pass, never run on the built-in set instead (it did:
+    the data fell back to "builtin")."""
+    policy, monitor, log = _logged(old_artifact, CONFIG, tmp_path)
+    _serve(policy, monitor, *_population(np.random.default_rng(22), 150, shifted=True))
+    recalibrate(old_artifact, log, tmp_path / "new")
+    with pytest.raises(DatasetError, match=r"recalibrated from live decisions.*--data FILE"):
+        artifact_splits(GuardArtifact.load(tmp_path / "new"))

@@ -153,10 +153,21 @@ def artifact_splits(artifact: Any) -> tuple[str, list[QAItem], dict[str, list[QA
             since calibration (its hash differs).
     """
     meta = artifact.metadata
+    if "data" not in meta:  # recalibrated from live decisions, or built by hand
+        origin = (
+            "was recalibrated from live decisions (its calibration_source metadata)"
+            if "calibration_source" in meta
+            else "records no data it was calibrated on"
+        )
+        raise DatasetError(
+            f"This artifact {origin}, so it has no held-out questions of its own to evaluate "
+            "on. Evaluate it on labeled questions with --data FILE, or the deployed chain "
+            "with --live --data FILE."
+        )
     # re-read as calibration read it; rows it skipped are skipped again (the content hash
     # below proves the questions are the same)
     cfg = CalibrationConfig(**{**meta.get("config", {}), "skip_bad_rows": True})
-    source = meta.get("data", "builtin")
+    source = meta["data"]
     items, _ = load_items(source, cfg)
     stored = meta.get("items_sha256")
     if source == "builtin" and stored is not None and items_digest(items) != stored:

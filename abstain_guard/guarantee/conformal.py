@@ -458,6 +458,7 @@ def risk_threshold(
     else:
         h = truth.check_human_labels(human, n, require_reviewed=False)
         truth_sorted = np.where(h < 0, h, 1 - h)[order]  # errors; -1 / -2 kept
+        plan = truth.plan_on_reviewed(method, eps, dlt, truth_sorted)
         p_values = truth.truth_p_values(err_sorted, truth_sorted, eps, plan_levels(plan))
     if ceiling < math.inf:
         p_values = np.where(s_sorted < ceiling, p_values, 1.0)

@@ -53,6 +53,7 @@ from numpy.typing import ArrayLike, NDArray
 from scipy import stats
 
 from abstain_guard.errors import InvalidInputError
+from abstain_guard.guarantee.risk_control import RiskPlan, plan_tests
 
 __all__ = [
     "MISS_SHARE",
@@ -65,6 +66,7 @@ __all__ = [
     "judge_quality",
     "labels_statement",
     "miss_upper_bound",
+    "plan_on_reviewed",
     "reviewed_rejections",
     "truth_p_values",
     "truth_rejections",
@@ -86,6 +88,24 @@ module)."""
 REVIEWED_SHARE = 0.5
 """s: the share of each rank's level spent on the reviewed answers' own test; the rest goes
 to the two-phase test. Fixed before any data (see the module)."""
+
+
+def plan_on_reviewed(
+    method: str, risk_target: float, delta: float, sorted_truth: NDArray[np.integer]
+) -> RiskPlan:
+    """The plan of ``method`` (:func:`.risk_control.plan_tests`) made for the m reviewed
+    answers, its ranks moved onto the whole calibration order: reviewed rank r becomes the
+    first rank with r reviewed answers below it. The chains then start where the reviewed
+    answers' own Learn-then-Test would (human-only LTT's plan, its number of chains and
+    levels) instead of at ranks with too few reviews below to reject. Depends on the scores
+    and the draw only, never on a label, as a plan must."""
+    positions = np.flatnonzero(np.asarray(sorted_truth) >= 0)
+    base = plan_tests(method, risk_target, delta, int(positions.size))
+    n = int(np.shape(sorted_truth)[-1])
+    ranks = sorted(
+        {int(positions[r - 1]) + 2 for r in base.ranks if int(positions[r - 1]) + 2 <= n}
+    )
+    return RiskPlan(base.method, base.kind, tuple(ranks), base.level)
 
 
 def check_human_labels(

@@ -303,12 +303,23 @@ def test_the_artifact_stores_the_action_statistics_in_a_file_of_their_own(tmp_pa
         reloaded.decision_rule(cfg)
     assert isinstance(info.value, ArtifactMismatchError)
     assert reloaded.decision_rule(cfg.with_overrides(action_risk_target=None)).mode == "risk"
-    with pytest.raises(InvalidInputError):
+    # the action statistic needs only the tool-call verdicts: runs whose final answer the
+    # judge could not label are in it too (here the last 40: their scores are not), so it
+    # may hold more runs than the run-level scores; the action certificate counts them all
+    every = GuardArtifact.from_calibration(
+        scorer=PerplexityScorer(),
+        scores=cal.stat[:-40],
+        correct=cal.right[:-40],
+        action_statistic=cal.action,
+    )
+    block = every.decision_rule(cfg).guarantee["action_risk"]
+    assert block["n"] == cal.action.size == every.n + 40
+    with pytest.raises(InvalidInputError, match="finite"):
         GuardArtifact.from_calibration(
             scorer=PerplexityScorer(),
             scores=cal.stat,
             correct=cal.right,
-            action_statistic=cal.action[:-1],
+            action_statistic=np.r_[cal.action[:-1], np.nan],
         )
 
 

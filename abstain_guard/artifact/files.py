@@ -48,7 +48,8 @@ CALIBRATION = "calibration.npz"
 SCORER_JSON = "scorer.json"
 SCORER_NPZ = "scorer.npz"
 ACTION_RISK = "action_risk.npz"
-"""Optional: ``statistic`` [n] float64, each calibration run's action statistic
+"""Optional: ``statistic`` [n_runs] float64, the action statistic of every calibration run
+(labeled or not, so possibly more than the n scores)
 (:mod:`abstain_guard.guarantee.action_risk`); its own file, so loaders that predate it still read
 the artifact."""
 STREAM = "stream.npz"

@@ -13,8 +13,9 @@ and free JSON metadata. On disk it is a directory::
     scorer.json        ScorerState kind, params, names of its arrays and files
     scorer.npz         ScorerState arrays                      (allow_pickle=False)
     <raw files>        ScorerState files, e.g. calibrator.ubj (XGBoost)
-    action_risk.npz    optional: statistic [n] float64, each calibration run's action
-                       statistic (a step-gated agent: :mod:`abstain_guard.guarantee.action_risk`)
+    action_risk.npz    optional: statistic [n_runs] float64, the action statistic of every
+                       calibration run, labeled or not (a step-gated agent:
+                       :mod:`abstain_guard.guarantee.action_risk`)
     stream.npz         optional: first [n] float64, each answer's first-chunk score
                        (certified streaming: :mod:`abstain_guard.guarantee.partial_release`)
 
@@ -132,7 +133,8 @@ class GuardArtifact:
         model_fingerprint: identity of the model the scores came from (or None).
         metadata: free JSON dict (judge identity, data set, split sizes, ...).
         groups: the group of each calibration answer, shape ``[n]`` (str), or None.
-        action_statistic: each calibration run's action statistic, shape ``[n]`` (float64,
+        action_statistic: every calibration run's action statistic, shape ``[n_runs]``
+            (n_runs ≥ n: runs whose final answer was not labeled count too; float64,
             ``inf`` for a run without a wrong tool call), or None; needed for
             ``GuardConfig(action_risk_target=...)`` (:mod:`abstain_guard.guarantee.action_risk`).
         stream_first: each calibration answer's first-chunk score ``[n]`` (``inf``: none)
@@ -174,7 +176,7 @@ class GuardArtifact:
         self.action_statistic = (
             None
             if action_statistic is None
-            else check_action_statistics(action_statistic, self.scores.size)
+            else check_action_statistics(action_statistic)  # every run: may exceed n
         )
         self.stream_first = (
             None if stream_first is None else check_stream_statistics(stream_first, self.scores)[0]
@@ -217,8 +219,9 @@ class GuardArtifact:
             metadata: free JSON metadata stored in the manifest.
             groups: the group of each calibration answer (e.g. the probe relation), shape
                 ``[n]``; needed for per-group rules (``GuardConfig(group_by=...)``).
-            action_statistic: each calibration run's action statistic (a step-gated agent,
-                :func:`abstain_guard.guarantee.action_risk.action_statistic`), shape ``[n]``; needed
+            action_statistic: every calibration run's action statistic (a step-gated agent,
+                :func:`abstain_guard.guarantee.action_risk.action_statistic`), labeled or
+                not, shape ``[n_runs]``; needed
                 for ``GuardConfig(action_risk_target=...)``.
             stream_first: each answer's first-chunk score (calibrated with a chunk rule:
                 ``scores`` are the stream statistics), shape ``[n]``.

@@ -288,7 +288,7 @@ def joint_risk_threshold(
     then certified on the truth; the action statistics stay the judge's tool-call verdicts.
     """
     dlt = _check_unit(delta, "delta")
-    a = check_action_statistics(values, np.asarray(scores).size)
+    a = check_action_statistics(values)  # every calibration run, labeled or not
     action = action_risk_certificate(a, action_risk_target, dlt * ACTION_DELTA_SHARE)
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always", conformal.ConformalWarning)

@@ -188,8 +188,9 @@ def calibrate_agent_splits(
     """Run, judge, fit and score (module docstring). ``run``: the pipeline's run (model,
     store, fingerprint, executor, its judging step; :class:`AgentCalibrationRun`). Returns
     the cached rows per question id, the fitted scorer, the calibration split's scores
-    (its labeled items in order) and their action statistics (step gating on rows with
-    expected calls, else None: :func:`calibration_action_statistics`)."""
+    (its labeled items in order) and the action statistics of every run of the split, labeled
+    or not (step gating on rows with expected calls, else None:
+    :func:`calibration_action_statistics`)."""
     from abstain_guard.adapters.engine.replay import replay_token_ids
 
     assert config.agent is not None
@@ -272,7 +273,12 @@ def calibrate_agent_splits(
     if steps_mode:  # the whole run's statistic (agent_steps.py): what the guard stops on
         steps = [run_step_scores(scorer, rows[it.id]) for it in calibration]
         scores = [run_statistic(s) for s in steps]
-        actions = calibration_action_statistics(calibration, rows, steps, schemas)
+        # the action statistic needs the tool-call verdicts only: every run of the split,
+        # also those whose final answer the judge could not label (leaving them out would
+        # select the runs the action certificate is computed on by the judge's success)
+        every = list(splits["calibration"])
+        every_steps = [run_step_scores(scorer, rows[it.id]) for it in every]
+        actions = calibration_action_statistics(every, rows, every_steps, schemas)
     else:
         scores = list(scorer.score_many([rows[it.id]["metadata"] for it in calibration]))
     return rows, scorer, np.asarray(scores, dtype=np.float64), actions

@@ -33,7 +33,11 @@ answered at the certified threshold; 0 when nothing is certified) for (b) and (c
 uniform and scoped to the 50 % lowest scores, the share of draws that certify anything, and
 the share of draws in which (c) certifies strictly more than (b) on the same review.
 
-Run (about 6 minutes on 2 cores)::
+**Where the judge pays** (``large_n``): the validity population with n = 1,000 and 5,000
+answers, m = 200 reviewed, a judge wrong on 1 %: human-only against combined,
+``--large-n-draws`` (default 100) draws.
+
+Run (about 15 minutes on one core)::
 
     .venv/bin/python bench/judge_robust.py --out bench/judge_robust.json
 """
@@ -150,6 +154,37 @@ def validity(draws: int, seed: int) -> dict[str, Any]:
     return out
 
 
+def large_n(draws: int, seed: int) -> dict[str, Any]:
+    """Where the judge's labels pay: the validity population with n = 1,000 and 5,000
+    calibration answers, m = 200 reviewed, a judge wrong on 1 % (symmetric): mean true
+    participation of human-only Learn-then-Test and of the combined certificate."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, Any] = {}
+    for n in (1000, 5000):
+        got: dict[str, list[float]] = {"human": [], "comb": []}
+        for _ in range(draws):
+            s = rng.random(n)
+            right = rng.random(n) >= 0.05 + 0.75 * s
+            jr = _flip(rng, right, 0.01)
+            h = _review(rng, s, right, M, 1.0)
+            for key, t in (
+                ("human", _human_only(s, h, EPS_VALID)),
+                ("comb", _certify(s, jr, EPS_VALID, h).threshold),
+            ):
+                got[key].append(min(max(t, 0.0), 1.0) if math.isfinite(t) else 0.0)
+        out[f"n={n}"] = {
+            k: {
+                "mean_true_participation": float(np.mean(v)),
+                "mean_se": float(np.std(v, ddof=1) / math.sqrt(draws)),
+            }
+            for k, v in got.items()
+        }
+        out[f"n={n}"]["combined_beats_human_only"] = float(
+            np.mean(np.asarray(got["comb"]) > np.asarray(got["human"]))
+        )
+    return out
+
+
 def _embedded_judge(rng: np.random.Generator, s: np.ndarray, right: np.ndarray) -> np.ndarray:
     """The embedded model's judge, simulated from its measured confusion (66/79, 4/21)."""
     calls_right = np.where(right, rng.random(s.size) >= 4 / 21, rng.random(s.size) < 66 / 79)
@@ -212,6 +247,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--draws", type=int, default=1000)
     parser.add_argument("--power-draws", type=int, default=200)
+    parser.add_argument("--large-n-draws", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--artifact", default="abstain_guard/default_guard")
     parser.add_argument("--out", default=None)
@@ -226,6 +262,7 @@ def main() -> None:
         },
         "validity": validity(args.draws, args.seed),
         "power": power(GuardArtifact.load(args.artifact), args.power_draws, args.seed + 1),
+        "large_n": large_n(args.large_n_draws, args.seed + 2),
     }
     result["seconds"] = round(time.perf_counter() - t0, 1)
     text = json.dumps(result, indent=2)

@@ -210,6 +210,10 @@ def test_a_guard_from_a_selected_artifact_certifies_at_delta_over_k(tmp_path: Pa
     assert part.threshold == plain.decision_rule(GuardConfig(participation=0.8)).threshold
     bound = part.guarantee["selection"]["participation_lower_bound"]
     assert bound == pytest.approx(participation_lower_bound(part.guarantee["rank"], 800, 0.02))
+    # the paper's correctness bound is not adjusted for the choice, and says so
+    chosen = part.guarantee["selection"]
+    assert chosen["correctness_bound_adjusted"] is False
+    assert "not adjusted for the choice" in chosen["statement"]
     # groups: each group's rule at its delta / K as well
     rules = loaded.group_rules(cfg.with_overrides(group_by="g"))
     for name in ("even", "odd"):

@@ -330,6 +330,9 @@ def _participation_selection(
             f"the scorer was chosen among {selection.n_candidates} candidates on this "
             f"calibration data: with probability >= {1 - delta:g} over the calibration set, "
             f"P(answered) >= {lower:.4g} (every candidate at delta/{selection.n_candidates}); "
-            "the interval above assumes a scorer fixed before calibration"
+            "the interval above assumes a scorer fixed before calibration, and so does the "
+            "conditional-correctness bound, which is not adjusted for the choice (risk mode "
+            "certifies the error rate among answered questions at delta/K)"
         ),
+        "correctness_bound_adjusted": False,
     }

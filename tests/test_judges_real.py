@@ -59,7 +59,7 @@ def test_llm_judge_with_the_embedded_model(judge_model: Any) -> None:
     assert out[3].refusal and out[3].correct is False
     # identities: stable across instances, tied to the model's generation settings
     assert LLMJudge(judge_model, retries=1).identity == judge.identity
-    assert "SmolLM2" in judge.identity and "version=2" in judge.identity
+    assert "SmolLM2" in judge.identity and f"version={LLMJudge.version}" in judge.identity
     shorter = judge_model.model_copy(update={"max_new_tokens": 8})
     assert LLMJudge(shorter).identity != judge.identity
 

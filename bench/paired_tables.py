@@ -15,8 +15,8 @@ the same draws as its interval, :func:`~abstain_guard.calibration.measure.paired
 bootstrap_p_value`). The Holm adjustment is redone here across **every results.json given**:
 every set × every scorer, overall and within type — the family the narrative draws from — and
 each comparison gets its Holm-adjusted p-value and verdict (``reference better``, ``baseline
-better``, ``no difference at family-wise 0.05``). ``--json`` writes, per set, the numbers every
-cell shows (raw and as printed), the p-values, Holm-adjusted p-values and verdicts, and the
+better``, ``not significant after Holm at family-wise 0.05``). ``--json`` writes, per set,
+the numbers every cell shows (raw and as printed), the p-values, Holm-adjusted p-values and verdicts, and the
 path and sha256 of each source results.json: the committed, auditable evidence. A results.json
 written before ``evaluate`` stored p-values has none: its comparisons are listed with ``null``
 p-values, left out of the family, and a warning names the file.
@@ -53,7 +53,7 @@ def _holm(p: dict[str, Any], comp: str) -> str:
     if adj is None:
         return "–"
     short = {"reference better": "ref. better", "baseline better": "baseline better"}
-    return f"{adj:.3g} ({short.get(p[f'{comp}_verdict'], 'no diff.')})"
+    return f"{adj:.3g} ({short.get(p[f'{comp}_verdict'], 'n.s.')})"
 
 
 def table_header(ref: str) -> list[str]:

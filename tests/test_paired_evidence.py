@@ -92,8 +92,8 @@ def test_holm_textbook_example() -> None:
 def test_verdicts() -> None:
     assert verdict(0.05, 0.01) == "reference better"
     assert verdict(-0.05, 0.05) == "baseline better"
-    assert verdict(-0.05, 0.051) == "no difference at family-wise 0.05"
-    assert verdict(0.05, float("nan")) == "no difference at family-wise 0.05"
+    assert verdict(-0.05, 0.051) == "not significant after Holm at family-wise 0.05"
+    assert verdict(0.05, float("nan")) == "not significant after Holm at family-wise 0.05"
 
 
 def _report(seed: int, n: int = 240) -> dict[str, Any]:
@@ -201,7 +201,7 @@ def test_tables_json_round_trips(tmp_path: Path, capsys: pytest.CaptureFixture[s
                 assert g["auroc_diff_verdict"] in {
                     "reference better",
                     "baseline better",
-                    "no difference at family-wise 0.05",
+                    "not significant after Holm at family-wise 0.05",
                 }
         row = "| " + " | ".join(got["headline"][c] for c in doc["headline_columns"]) + " |"
         assert row in md and "Holm p" in md

@@ -100,5 +100,5 @@ def test_evaluate_fits_the_probes_and_the_floor(tmp_path: Path, model: Any) -> N
         assert p["auroc_diff_verdict"] in {
             "reference better",
             "baseline better",
-            "no difference at family-wise 0.05",
+            "not significant after Holm at family-wise 0.05",
         }

@@ -53,7 +53,7 @@ COMPARISONS: tuple[str, ...] = ("auroc_diff", "within_diff")
 FAMILY_ALPHA = 0.05
 """Family-wise error rate of the Holm verdicts."""
 
-NO_DIFFERENCE = f"no difference at family-wise {FAMILY_ALPHA:g}"
+NO_DIFFERENCE = f"not significant after Holm at family-wise {FAMILY_ALPHA:g}"
 """The verdict when the Holm-adjusted p-value is above :data:`FAMILY_ALPHA`."""
 
 
@@ -107,7 +107,7 @@ def verdict(diff: float, holm_p: float, alpha: float = FAMILY_ALPHA) -> str:
     ``alpha`` (the sign of reference − baseline decides which), else ``"no difference at
     family-wise 0.05"`` (also for a NaN p-value)."""
     if not np.isfinite(holm_p) or holm_p > alpha or diff == 0:
-        return f"no difference at family-wise {alpha:g}"
+        return f"not significant after Holm at family-wise {alpha:g}"
     return "reference better" if diff > 0 else "baseline better"
 
 

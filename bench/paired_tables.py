@@ -16,10 +16,10 @@ bootstrap_p_value`). The Holm adjustment is redone here across **every results.j
 every set × every scorer, overall and within type — the family the narrative draws from — and
 each comparison gets its Holm-adjusted p-value and verdict (``reference better``, ``baseline
 better``, ``not significant after Holm at family-wise 0.05``). ``--json`` writes, per set,
-the numbers every cell shows (raw and as printed), the p-values, Holm-adjusted p-values and verdicts, and the
-path and sha256 of each source results.json: the committed, auditable evidence. A results.json
-written before ``evaluate`` stored p-values has none: its comparisons are listed with ``null``
-p-values, left out of the family, and a warning names the file.
+the numbers every cell shows (raw and as printed), the p-values, Holm-adjusted p-values and
+verdicts, and the path and sha256 of each source results.json: the committed, auditable
+evidence. A results.json written before ``evaluate`` stored p-values has none: its comparisons
+are listed with ``null`` p-values, left out of the family, and a warning names the file.
 """
 
 from __future__ import annotations

@@ -166,6 +166,27 @@ def _below(x: NDArray[Any]) -> NDArray[np.int64]:
     return np.cumsum(x, axis=-1) - x
 
 
+def _bounded_errors(
+    sorted_judge_errors: NDArray[np.integer], sorted_truth: NDArray[np.integer], level: float
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """``(z, t)`` at every rank: z bounds the true errors among the t answers below it
+    (reviewed errors + unreviewed judged wrong + the misses' bound at ``level`` − the misses
+    seen), ``[..., n]`` each (module docstring)."""
+    j = np.asarray(sorted_judge_errors, dtype=np.int64)
+    y = np.asarray(sorted_truth, dtype=np.int64)
+    reviewed = y >= 0
+    t = np.broadcast_to(np.arange(j.shape[-1]), j.shape)
+    misses = _below(reviewed & (j == 0) & (y == 1))
+    bound = miss_upper_bound(
+        misses,
+        _below(reviewed & (j == 0)),  # the reviewed among them
+        t - _below(j),  # judged right below
+        level,
+    )
+    z = _below(np.where(reviewed, y, 0)) + _below(~reviewed & (j == 1)) + bound - misses
+    return z, np.asarray(t)
+
+
 def truth_rejections(
     sorted_judge_errors: NDArray[np.integer],
     sorted_truth: NDArray[np.integer],
@@ -184,18 +205,8 @@ def truth_rejections(
         level: a, the level of each test.
         miss_share: w, the share of ``level`` spent on the misses' bound.
     """
-    j = np.asarray(sorted_judge_errors, dtype=np.int64)
-    y = np.asarray(sorted_truth, dtype=np.int64)
-    reviewed = y >= 0
-    outside = _below(y == OUT_OF_SCOPE) > 0  # an answer the draw could not reach lies below
-    t = np.broadcast_to(np.arange(j.shape[-1]), j.shape)
-    errors_reviewed = _below(np.where(reviewed, y, 0))
-    judged_wrong_unreviewed = _below(~reviewed & (j == 1))
-    population = t - _below(j)  # judged right below
-    sample = _below(reviewed & (j == 0))
-    misses = _below(reviewed & (j == 0) & (y == 1))
-    bound = miss_upper_bound(misses, sample, population, miss_share * level)
-    z = errors_reviewed + judged_wrong_unreviewed + bound - misses
+    z, t = _bounded_errors(sorted_judge_errors, sorted_truth, miss_share * level)
+    outside = _below(np.asarray(sorted_truth) == OUT_OF_SCOPE) > 0  # the draw could not reach
     p = stats.binom.cdf(z, t, risk_target)
     out = np.asarray((p <= (1.0 - miss_share) * level) & ~outside)
     out[..., 0] = False  # no answers below rank 1
@@ -226,17 +237,9 @@ def bounded_errors(
 ) -> int:
     """z at ``rank`` (the bound of the true errors among the rank−1 answers below it that
     :func:`truth_rejections` tests at ``level``), for reporting."""
-    j = np.asarray(sorted_judge_errors, dtype=np.int64)[: rank - 1]
-    y = np.asarray(sorted_truth, dtype=np.int64)[: rank - 1]
-    reviewed = y >= 0
-    misses = int((reviewed & (j == 0) & (y == 1)).sum())
-    bound = miss_upper_bound(
-        np.array(misses),
-        np.array(int((reviewed & (j == 0)).sum())),
-        np.array(int((j == 0).sum())),
-        miss_share * level,
-    )
-    return int(np.where(reviewed, y, 0).sum() + (~reviewed & (j == 1)).sum() + bound - misses)
+    j = np.asarray(sorted_judge_errors)[:rank]
+    z, _ = _bounded_errors(j, np.asarray(sorted_truth)[:rank], miss_share * level)
+    return int(z[rank - 1])
 
 
 def combined_rejections(
@@ -267,8 +270,9 @@ def certifying_test(
     """``(errors, trials, level)`` of the test that certified ``rank`` at ``level`` (for the
     reported Clopper-Pearson bound): the two-phase test's bounded error count over the
     rank−1 answers below, else the reviewed answers' errors over the reviewed below."""
-    two, _ = combined_rejections(sorted_judge_errors, sorted_truth, risk_target, level)
-    if two[..., rank - 1]:
+    below = np.asarray(sorted_judge_errors)[:rank], np.asarray(sorted_truth)[:rank]
+    two, _ = combined_rejections(*below, risk_target, level)  # counts below: rank's prefix
+    if two[rank - 1]:
         share = (1.0 - REVIEWED_SHARE) * level
         z = bounded_errors(sorted_judge_errors, sorted_truth, rank, share)
         return z, rank - 1, share * (1.0 - MISS_SHARE)

@@ -45,15 +45,7 @@ def record(artifact_dir: Path, config: CalibrationConfig, data: str, choice: str
         choice=choice,
     )
     metadata = {**art.metadata, "selection": selection.to_json()}
-    updated = GuardArtifact(
-        art.scorer,
-        art.scores,
-        art.correct,
-        model_fingerprint=art.model_fingerprint,
-        metadata=metadata,
-        created=art.created,
-        groups=art.groups,
-    )
+    updated = art.replace(metadata=metadata)
     updated.save(artifact_dir, overwrite=True)
     loaded = GuardArtifact.load(artifact_dir)
     assert loaded.selection == selection

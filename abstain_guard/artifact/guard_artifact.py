@@ -117,9 +117,6 @@ __all__ = ["MAX_ARRAY_BYTES", "SCHEMA_VERSION", "GuardArtifact"]
 logger = logging.getLogger("abstain_guard")
 
 
-# --- the artifact --------------------------------------------------------------------------
-
-
 class GuardArtifact:
     """A fitted scorer plus its calibration scores and labels.
 
@@ -330,6 +327,23 @@ class GuardArtifact:
             )
             self._group_rules[key] = rules
         return rules
+
+    def replace(
+        self, *, metadata: Mapping[str, Any], human: ArrayLike | None = None
+    ) -> GuardArtifact:
+        """This artifact with other ``metadata`` (and ``human`` when given), all else kept."""
+        return GuardArtifact(
+            self.scorer,
+            self.scores,
+            self.correct,
+            model_fingerprint=self.model_fingerprint,
+            metadata=metadata,
+            created=self.created,
+            groups=self.groups,
+            action_statistic=self.action_statistic,
+            stream_first=self.stream_first,
+            human=self.human if human is None else human,
+        )
 
     def check_fingerprint(self, fingerprint: str | None) -> None:
         """Raise ArtifactMismatchError when both fingerprints are set and differ."""

@@ -319,18 +319,7 @@ def apply_review(artifact_path: str | Path, labels: str | Path) -> GuardArtifact
         "labels_file": str(Path(labels).resolve()),
         "labels_sha256": hashlib.sha256(Path(labels).read_bytes()).hexdigest(),
     }
-    reviewed = GuardArtifact(
-        artifact.scorer,
-        artifact.scores,
-        artifact.correct,
-        model_fingerprint=artifact.model_fingerprint,
-        metadata=metadata,
-        created=artifact.created,
-        groups=artifact.groups,
-        action_statistic=artifact.action_statistic,
-        stream_first=artifact.stream_first,
-        human=human,
-    )
+    reviewed = artifact.replace(metadata=metadata, human=human)
     reviewed.save(artifact_path, overwrite=True)
     return reviewed
 

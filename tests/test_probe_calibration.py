@@ -102,3 +102,10 @@ def test_evaluate_fits_the_probes_and_the_floor(tmp_path: Path, model: Any) -> N
             "baseline better",
             "not significant after Holm at family-wise 0.05",
         }
+    # issue 57: six scorers and perplexity calibrated on train read the calibration answers:
+    # the ledger counts the seven in K
+    names = saved["ledger"]["names"]
+    assert names[0] == "geometry" and len(set(names)) == 7
+    reloaded = GuardArtifact.load(tmp_path / "geo")
+    assert reloaded.n_candidates == saved["ledger"]["n_candidates"] == 7
+    assert saved["frontier"]["candidates"] == 7

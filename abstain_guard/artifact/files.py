@@ -1,7 +1,34 @@
 """How an artifact lives on disk: the file names and their encodings (canonical JSON, ``.npz``
 without pickle, size checks from the headers), atomic publication of a new version, and
 reading one consistent snapshot while a save may be swapping it (see
-:mod:`abstain_guard.artifact` for the format and the guarantees)."""
+:mod:`abstain_guard.artifact` for the format and the guarantees).
+
+Atomic replacement (readers never see a partial artifact). The artifact stays a plain
+directory (no symlinks, no version folders: copy it with ``cp -r``, ship it in a wheel, and
+any earlier loader reads it). ``GuardArtifact.save``
+
+1. writes every file into a staging directory beside the target
+   (``.<name>.tmp-<pid>-<random>``, same file system), fsyncs each file and the directory;
+2. publishes it with one atomic directory *exchange*: ``renameat2(RENAME_EXCHANGE)`` on
+   Linux, ``renamex_np(RENAME_SWAP)`` on macOS. At every instant the target path is the
+   complete old artifact or the complete new one; the old one, now under the staging name,
+   is deleted and the parent directory fsynced. A first save (no target yet) is a plain
+   ``rename``.
+3. Where the file system cannot exchange, it falls back to rename-aside + rename-in
+   (``.<name>.old-<pid>-<random>``); the target is missing for the instant between the two.
+
+Readers are consistent in both cases: ``GuardArtifact.load`` opens the directory once and
+reads every file relative to that descriptor, so it reads one artifact, never a mix of two.
+If a concurrent save removes the directory it is reading (a file disappears), or the target
+is missing while a save's staging or aside folder exists beside it, the load starts again
+(for up to :data:`READ_RETRY_SECONDS`) and returns whichever complete artifact is current.
+
+Concurrent writers: each exchange publishes a complete artifact, so the last save to finish
+wins and nothing is left behind (each writer deletes what its exchange displaced; a staging
+or aside folder left by a killed process is removed by the next save once that PID is gone).
+Every failure is an :class:`~abstain_guard.errors.ArtifactError` (a read-only or full disk:
+:class:`~abstain_guard.errors.ArtifactWriteError`).
+"""
 
 from __future__ import annotations
 
@@ -61,7 +88,11 @@ REVIEW = "review.npz"
 """Optional: ``human`` [n] int8, people's verdicts on a uniformly random sample of the
 calibration answers (1 correct, 0 wrong, -1 not reviewed; :mod:`abstain_guard.guarantee.truth`);
 the draw (seed, size, ids) is in the manifest's ``metadata["review"]``."""
+LEDGER = "ledger.jsonl"
+"""Optional, outside the checksums: the selection ledger (:mod:`abstain_guard.guarantee.ledger`),
+JSON lines appended to after the artifact is published (:func:`append_ledger`)."""
 RESERVED_FILE_NAMES = {
+    LEDGER,
     MANIFEST,
     CALIBRATION,
     SCORER_JSON,
@@ -506,7 +537,11 @@ def _read_once(root: Path, with_files: bool) -> tuple[dict[str, Any], dict[str, 
     snap = _open_snapshot(root)
     try:
         manifest = _verified_manifest(snap)
-        return manifest, (_read_files(snap, manifest) if with_files else {})
+        files = _read_files(snap, manifest) if with_files else {}
+        ledger = snap.read(LEDGER) if with_files else None
+        if ledger is not None:  # unchecked: appended to after publication
+            files[LEDGER] = ledger
+        return manifest, files
     except (ArtifactNotFoundError, ArtifactIntegrityError) as exc:
         if snap.replaced():  # a concurrent save replaced (and removed) what we were reading
             raise _Retry(exc) from exc
@@ -516,8 +551,9 @@ def _read_once(root: Path, with_files: bool) -> tuple[dict[str, Any], dict[str, 
 
 
 def read_consistent(root: Path, with_files: bool) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """The verified manifest (and files) of one complete artifact at ``root``, read again
-    while concurrent saves replace it (up to READ_RETRY_SECONDS)."""
+    """The verified manifest (and files, with the unchecked :data:`LEDGER` when there is one)
+    of one complete artifact at ``root``, read again while concurrent saves replace it (up to
+    READ_RETRY_SECONDS)."""
     deadline = time.monotonic() + READ_RETRY_SECONDS
     delay = 0.001
     while True:
@@ -528,3 +564,21 @@ def read_consistent(root: Path, with_files: bool) -> tuple[dict[str, Any], dict[
                 raise retry.error from None
         time.sleep(delay)
         delay = min(delay * 2, 0.05)
+
+
+def append_ledger(root: Path, text: str) -> None:
+    """Append ``text`` (whole JSON lines) to the artifact's :data:`LEDGER` and fsync it.
+
+    Raises:
+        ArtifactNotFoundError: ``root`` is not an artifact directory.
+        ArtifactWriteError: the file cannot be written (a read-only install, a full disk).
+    """
+    if not (root / MANIFEST).is_file():
+        raise _not_found(root)
+    try:
+        with open(root / LEDGER, "a", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        raise write_error(root / LEDGER, exc) from exc

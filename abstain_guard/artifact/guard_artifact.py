@@ -26,31 +26,10 @@ nested too deeply included) ArtifactSchemaError, an array that would inflate pas
 ``max_array_bytes`` (default :data:`MAX_ARRAY_BYTES`, read from each ``.npy`` header before
 anything is allocated) ArtifactTooLargeError, another model's artifact ArtifactMismatchError.
 
-Atomic replacement (readers never see a partial artifact). The artifact stays a plain
-directory (no symlinks, no version folders: copy it with ``cp -r``, ship it in a wheel, and
-any earlier loader reads it). :meth:`GuardArtifact.save`
-
-1. writes every file into a staging directory beside the target
-   (``.<name>.tmp-<pid>-<random>``, same file system), fsyncs each file and the directory;
-2. publishes it with one atomic directory *exchange*: ``renameat2(RENAME_EXCHANGE)`` on
-   Linux, ``renamex_np(RENAME_SWAP)`` on macOS. At every instant the target path is the
-   complete old artifact or the complete new one; the old one, now under the staging name,
-   is deleted and the parent directory fsynced. A first save (no target yet) is a plain
-   ``rename``.
-3. Where the file system cannot exchange, it falls back to rename-aside + rename-in
-   (``.<name>.old-<pid>-<random>``); the target is missing for the instant between the two.
-
-Readers are consistent in both cases: :meth:`GuardArtifact.load` opens the directory once and
-reads every file relative to that descriptor, so it reads one artifact, never a mix of two.
-If a concurrent save removes the directory it is reading (a file disappears), or the target
-is missing while a save's staging or aside folder exists beside it, the load starts again
-(for up to :data:`READ_RETRY_SECONDS`) and returns whichever complete artifact is current.
-
-Concurrent writers: each exchange publishes a complete artifact, so the last save to finish
-wins and nothing is left behind (each writer deletes what its exchange displaced; a staging
-or aside folder left by a killed process is removed by the next save once that PID is gone).
-Every failure is an :class:`~abstain_guard.errors.ArtifactError` (a read-only or full disk:
-:class:`~abstain_guard.errors.ArtifactWriteError`).
+Saving is atomic and loading reads one consistent snapshot (readers never see a partial
+artifact): the procedure is in :mod:`abstain_guard.artifact.files`. ``ledger.jsonl``, the
+selection ledger (:mod:`abstain_guard.guarantee.ledger`), sits beside these files, outside
+the checksums: it is appended to after publication; :meth:`GuardArtifact.save` carries it.
 """
 
 from __future__ import annotations
@@ -60,7 +39,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +51,7 @@ from abstain_guard.artifact.files import (
     ACTION_RISK,
     CALIBRATION,
     FORMAT_NAME,
+    LEDGER,
     MANIFEST,
     MAX_ARRAY_BYTES,
     RESERVED_FILE_NAMES,
@@ -81,6 +61,7 @@ from abstain_guard.artifact.files import (
     SCORER_JSON,
     SCORER_NPZ,
     STREAM,
+    append_ledger,
     canonical_json,
     check_json,
     check_target,
@@ -107,8 +88,9 @@ from abstain_guard.errors import (
 from abstain_guard.guarantee.action_risk import check_action_statistics, require_action_statistics
 from abstain_guard.guarantee.decision import DecisionRule, decision_rule
 from abstain_guard.guarantee.groups import GroupRules, check_groups, group_rules, require_groups
+from abstain_guard.guarantee.ledger import LedgerEntry, ledger_lines, parse_ledger
 from abstain_guard.guarantee.partial_release import check_stream_statistics
-from abstain_guard.guarantee.selection import selection_from_metadata
+from abstain_guard.guarantee.selection import selection_from_metadata, with_ledger
 from abstain_guard.guarantee.truth import check_human_labels
 from abstain_guard.scorers import Scorer, ScorerState, scorer_from_state
 
@@ -137,10 +119,10 @@ class GuardArtifact:
         stream_first: each calibration answer's first-chunk score ``[n]`` (``inf``: none)
             when calibrated with a chunk rule (the scores are then the stream statistics,
             :mod:`abstain_guard.contract.streaming`), else None.
-        selection: how the scorer was chosen among candidates on these calibration answers
-            (``metadata["selection"]``,
-            :class:`~abstain_guard.guarantee.selection.ScorerSelection`), or None; every rule then
-            certifies at δ/K.
+        selection: how the scorer was chosen (``metadata["selection"]``), with the ledger's
+            looks joined (:class:`~abstain_guard.guarantee.selection.ScorerSelection`), or
+            None (K = 1); every rule certifies at δ/K.
+        ledger: the selection ledger's entries (``ledger.jsonl``).
         created: ISO-8601 UTC creation time.
         schema_version: the on-disk schema version.
         path: where it was loaded from or last saved to (None for an in-memory artifact).
@@ -158,6 +140,7 @@ class GuardArtifact:
         action_statistic: ArrayLike | None = None,
         stream_first: ArrayLike | None = None,
         human: ArrayLike | None = None,
+        ledger: Sequence[LedgerEntry] = (),
     ) -> None:
         if not isinstance(scorer, Scorer):
             raise InvalidInputError(
@@ -185,7 +168,9 @@ class GuardArtifact:
         meta = dict(metadata or {})
         check_json(meta, "metadata")
         self.metadata: dict[str, Any] = meta
-        self.selection = selection_from_metadata(meta.get("selection"), scorer.kind, self.n)
+        self.ledger = tuple(ledger)
+        block = selection_from_metadata(meta.get("selection"), scorer.kind, self.n)
+        self.selection = with_ledger(block, scorer.kind, self.n, self.ledger)
         self.created = created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         self.schema_version = SCHEMA_VERSION
         self.path: Path | None = None
@@ -208,23 +193,15 @@ class GuardArtifact:
     ) -> GuardArtifact:
         """Create an artifact from a fitted scorer and its calibration scores and labels.
 
-        Args:
-            scorer: the fitted scorer that produced ``scores``.
-            scores: calibration uncertainty scores, shape ``[n]``, finite.
-            correct: calibration labels (0/1 or bool), shape ``[n]``.
-            model_fingerprint: identity of the chat model (checked by the guard).
-            metadata: free JSON metadata stored in the manifest.
-            groups: the group of each calibration answer (e.g. the probe relation), shape
-                ``[n]``; needed for per-group rules (``GuardConfig(group_by=...)``).
-            action_statistic: every calibration run's action statistic (a step-gated agent,
-                :func:`abstain_guard.guarantee.action_risk.action_statistic`), labeled or
-                not, shape ``[n_runs]``; needed
-                for ``GuardConfig(action_risk_target=...)``.
-            stream_first: each answer's first-chunk score (calibrated with a chunk rule:
-                ``scores`` are the stream statistics), shape ``[n]``.
-            human: people's verdicts on a uniformly random sample of the answers (1
-                correct, 0 wrong, -1 not reviewed), shape ``[n]``: risk mode then certifies
-                the true error rate (:mod:`abstain_guard.guarantee.truth`).
+        Args (the attributes of the same names): scorer (the fitted scorer that produced
+        ``scores``), scores ``[n]`` (finite), correct ``[n]`` (0/1 or bool),
+        model_fingerprint (checked by the guard), metadata (free JSON, in the manifest),
+        groups ``[n]`` (for ``GuardConfig(group_by=...)``), action_statistic ``[n_runs]``
+        (every calibration run, labeled or not: for ``GuardConfig(action_risk_target=...)``),
+        stream_first ``[n]`` (calibrated with a chunk rule: ``scores`` are the stream
+        statistics), human ``[n]`` (people's verdicts on a uniformly random sample, -1 not
+        reviewed: risk mode then certifies the true error rate,
+        :mod:`abstain_guard.guarantee.truth`).
         """
         return cls(
             scorer,
@@ -290,8 +267,24 @@ class GuardArtifact:
 
     @property
     def n_candidates(self) -> int:
-        """K, the scorers this one was chosen among on its calibration answers (1: none)."""
+        """K: the scorers this one was chosen among on its calibration answers, and every
+        other one its ledger records on them (1: none)."""
         return 1 if self.selection is None else self.selection.n_candidates
+
+    def record_looks(self, entries: Sequence[LedgerEntry]) -> None:
+        """Append ``entries`` to the selection ledger (on disk too when the artifact was loaded
+        or saved) and count them in K from now on (:mod:`abstain_guard.guarantee.ledger`).
+
+        Raises:
+            ArtifactWriteError: the ledger file cannot be written (nothing is counted).
+        """
+        if self.path is not None:
+            append_ledger(self.path, ledger_lines(entries))
+        self.ledger = (*self.ledger, *entries)
+        block = selection_from_metadata(self.metadata.get("selection"), self.scorer.kind, self.n)
+        self.selection = with_ledger(block, self.scorer.kind, self.n, self.ledger)
+        self._rules.clear()
+        self._group_rules.clear()
 
     def group_rules(self, config: GuardConfig) -> GroupRules:
         """Each calibration group's rule for ``config`` (``config.group_by`` set), from the
@@ -343,6 +336,7 @@ class GuardArtifact:
             action_statistic=self.action_statistic,
             stream_first=self.stream_first,
             human=self.human if human is None else human,
+            ledger=self.ledger,
         )
 
     def check_fingerprint(self, fingerprint: str | None) -> None:
@@ -444,6 +438,8 @@ class GuardArtifact:
         files = self._files()
         manifest = self._manifest(files)
         files[MANIFEST] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+        if self.ledger:  # carried over, outside the checksums (it grows after publication)
+            files[LEDGER] = ledger_lines(self.ledger).encode()
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             sweep_leftovers(target)
@@ -572,6 +568,7 @@ class GuardArtifact:
         if not isinstance(metadata, dict):
             raise ArtifactSchemaError("manifest metadata must be an object.")
         try:
+            ledger = parse_ledger(data.get(LEDGER, b"").decode("utf-8", "replace"), LEDGER)
             artifact = cls(
                 scorer,
                 calib["scores"],
@@ -583,6 +580,7 @@ class GuardArtifact:
                 action_statistic=action,
                 stream_first=first,
                 human=human,
+                ledger=ledger,
             )
         except (InvalidInputError, InsufficientDataError) as exc:
             raise ArtifactSchemaError(f"Invalid calibration data in the artifact: {exc}") from exc

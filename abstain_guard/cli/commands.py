@@ -163,6 +163,13 @@ def _evaluate(args: argparse.Namespace) -> int:
     )
     print(json.dumps(results.get("headline", {}), indent=2))
     for name, entry in results.get("datasets", {}).items():
+        ledger = entry.get("ledger") or {}
+        if ledger.get("written"):
+            print(
+                f"\n{name}: {len(ledger['names'])} scorers read the calibration answers; the "
+                f"selection ledger ({ledger['path']}) now counts K = {ledger['n_candidates']}: "
+                "every target of this artifact is certified at delta/K from now on"
+            )
         if entry.get("frontier"):
             print(f"\n{name}: certifiable risk targets (certified calibration participation)")
             print(frontier_markdown(entry["frontier"]))
@@ -254,7 +261,7 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(
         Path(args.artifact),
         out=Path(args.out),
-        n_questions=args.questions,
+        **({} if args.questions is None else {"n_questions": args.questions}),
         guard_config=guard_config(None),
         risk_target=args.risk_target,
         delta=args.delta,
@@ -491,7 +498,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the shipped default guard on held-out questions")
     demo.add_argument("--artifact", default=str(DEFAULT_ARTIFACT_DIR), help="artifact directory")
     demo.add_argument("--out", default="demo_report", help="where to write the report")
-    demo.add_argument("--questions", type=int, default=24, help="how many questions to ask")
+    demo.add_argument(
+        "--questions",
+        type=int,
+        default=None,
+        help="how many held-out questions to ask (default 96, about a minute on two cores)",
+    )
     demo.add_argument(
         "--risk-target",
         type=float,

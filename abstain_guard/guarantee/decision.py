@@ -72,9 +72,7 @@ def _uncertifiable(
     one it can at the same delta (``res.delta`` is the level tested: δ/K after a selection)."""
     smallest = smallest_certifiable_risk(scores, correct, res.delta)
     at = f"delta={delta:g}" + (
-        f" ({res.delta:.3g} per candidate: the scorer was chosen among {selection.n_candidates})"
-        if selection is not None
-        else ""
+        f" ({res.delta:.3g} per candidate: {selection.account()})" if selection is not None else ""
     )
     can = (
         f"the smallest risk_target it certifies at {at} is {smallest:g}"
@@ -92,9 +90,9 @@ def _uncertifiable(
 
 def _selection_text(selection: ScorerSelection, level: float) -> str:
     return (
-        f"; the scorer was chosen among {selection.n_candidates} candidates on this "
-        f"calibration data and every candidate is certified at delta/{selection.n_candidates}"
-        f" = {level:.3g} (Bonferroni), so the choice is accounted for"
+        f"; {selection.account()}, and every one of the K is certified at "
+        f"delta/{selection.n_candidates} = {level:.3g} (Bonferroni), so the choice is accounted "
+        "for"
     )
 
 
@@ -327,8 +325,7 @@ def _participation_selection(
         "delta_per_candidate": level,
         "participation_lower_bound": lower,
         "statement": (
-            f"the scorer was chosen among {selection.n_candidates} candidates on this "
-            f"calibration data: with probability >= {1 - delta:g} over the calibration set, "
+            f"{selection.account()}: with probability >= {1 - delta:g} over the calibration set, "
             f"P(answered) >= {lower:.4g} (every candidate at delta/{selection.n_candidates}); "
             "the interval above assumes a scorer fixed before calibration, and so does the "
             "conditional-correctness bound, which is not adjusted for the choice (risk mode "

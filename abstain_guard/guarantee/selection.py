@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -36,9 +36,13 @@ from scipy import stats
 
 from abstain_guard.errors import InvalidInputError
 from abstain_guard.guarantee import conformal, risk_control
+from abstain_guard.guarantee.ledger import LedgerEntry, looked_at
 
 __all__ = [
+    "FIXED",
+    "RULES",
     "SELECTION_RULE",
+    "SELECTION_SPLIT",
     "CandidateCertificate",
     "ScorerSelection",
     "certify_candidate",
@@ -48,10 +52,22 @@ __all__ = [
     "record_choice",
     "select_scorer",
     "selection_from_metadata",
+    "with_ledger",
 ]
 
 SELECTION_RULE = "bonferroni"
-"""The only rule: every candidate certified at δ/K (valid for any choice among them)."""
+"""The candidates were compared on the calibration answers: every candidate certified at δ/K
+(valid for any choice among them)."""
+
+SELECTION_SPLIT = "selection_split"
+"""The candidates were compared on a selection split the certificate never reads: the chosen
+scorer certifies at δ (divided only by what the ledger records on the calibration answers)."""
+
+FIXED = "fixed"
+"""No choice on these answers: the scorer was named before them (K counts only the ledger)."""
+
+RULES = (SELECTION_RULE, SELECTION_SPLIT, FIXED)
+"""The selection rules an artifact may record."""
 
 MOST_PARTICIPATION = "most certified participation at the risk target (ties: first listed)"
 """How :func:`select_scorer` chooses among the certified candidates."""
@@ -140,13 +156,18 @@ class ScorerSelection:
         choice: how ``chosen`` was picked (any rule keeps δ under Bonferroni).
         certificates: each candidate's certificate at δ/K, where computed (every candidate
             for ``calibrate --scorer auto``; the chosen one for a choice recorded after the
-            fact, whose other candidates' scores are not in the artifact).
-        rule: :data:`SELECTION_RULE`.
+            fact, whose other candidates' scores are not in the artifact). Under
+            :data:`SELECTION_SPLIT`, the certificates are the ones the choice was made with,
+            on the selection split.
+        rule: one of :data:`RULES`.
+        evaluated: the names the artifact's selection ledger records on these calibration
+            answers (:mod:`abstain_guard.guarantee.ledger`; set when the artifact is loaded,
+            never stored in the block): they join K.
     """
 
     candidates: tuple[str, ...]
     chosen: str
-    risk_target: float
+    risk_target: float | None
     delta: float
     data: str
     n: int
@@ -154,6 +175,7 @@ class ScorerSelection:
     choice: str
     certificates: dict[str, CandidateCertificate] = field(default_factory=dict)
     rule: str = SELECTION_RULE
+    evaluated: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.candidates) < 1 or len(set(self.candidates)) != len(self.candidates):
@@ -165,9 +187,9 @@ class ScorerSelection:
                 f"the chosen scorer {self.chosen!r} is not among the candidates "
                 f"{list(self.candidates)}."
             )
-        if self.rule != SELECTION_RULE:
+        if self.rule not in RULES:
             raise InvalidInputError(
-                f"unknown selection rule {self.rule!r}; the one supported is {SELECTION_RULE!r}."
+                f"unknown selection rule {self.rule!r}; the supported ones are {list(RULES)}."
             )
         unknown = sorted(set(self.certificates) - set(self.candidates))
         if unknown:
@@ -175,9 +197,42 @@ class ScorerSelection:
         per_candidate_delta(self.delta, len(self.candidates))  # validates δ
 
     @property
+    def certified_among(self) -> tuple[str, ...]:
+        """The scorers whose certificates must hold together, before the ledger: every
+        candidate when they were compared on the calibration answers, else the chosen one."""
+        return self.candidates if self.rule == SELECTION_RULE else (self.chosen,)
+
+    @property
     def n_candidates(self) -> int:
-        """K."""
-        return len(self.candidates)
+        """K: :attr:`certified_among` and every name the ledger records on these calibration
+        answers, counted once each."""
+        return len(set(self.certified_among) | set(self.evaluated))
+
+    def account(self) -> str:
+        """How K is made up, in words (the decision's guarantee statements quote it)."""
+        extra = [n for n in self.evaluated if n not in self.certified_among]
+        if self.rule == SELECTION_RULE:
+            text = (
+                f"the scorer was chosen among {len(self.candidates)} candidates on this "
+                "calibration data"
+            )
+        elif self.rule == SELECTION_SPLIT:
+            text = (
+                f"the scorer was chosen among {len(self.candidates)} candidates on a selection "
+                "split this certificate never reads"
+            )
+        else:
+            text = "the scorer was named before this calibration data was read"
+        if extra:
+            text += (
+                f"; the artifact's ledger records {len(extra)} more scorers or rules evaluated "
+                "on this calibration data"
+            )
+        return f"{text} (K = {self.n_candidates})"
+
+    def with_ledger(self, entries: Sequence[LedgerEntry]) -> ScorerSelection:
+        """This selection with the ledger's names on the calibration answers joining K."""
+        return replace(self, evaluated=looked_at(entries))
 
     @property
     def delta_per_candidate(self) -> float:
@@ -192,6 +247,7 @@ class ScorerSelection:
             "n_candidates": self.n_candidates,
             "chosen": self.chosen,
             "data": self.data,
+            "ledger": [n for n in self.evaluated if n not in self.certified_among],
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -222,7 +278,7 @@ class ScorerSelection:
             selection = cls(
                 candidates=tuple(str(c) for c in data["candidates"]),
                 chosen=str(data["chosen"]),
-                risk_target=float(data["risk_target"]),
+                risk_target=None if data["risk_target"] is None else float(data["risk_target"]),
                 delta=float(data["delta"]),
                 data=str(data["data"]),
                 n=int(data["n"]),
@@ -238,7 +294,7 @@ class ScorerSelection:
             if isinstance(exc, InvalidInputError):
                 raise
             raise InvalidInputError(f"malformed selection block: {exc!r}") from exc
-        stored = data.get("delta_per_candidate")
+        stored = data.get("delta_per_candidate")  # before any ledger: K = certified_among
         if stored is not None and not math.isclose(
             float(stored), selection.delta_per_candidate, rel_tol=1e-12
         ):
@@ -350,6 +406,31 @@ def record_choice(
         choice=choice,
         certificates={chosen: cert},
     )
+
+
+def with_ledger(
+    selection: ScorerSelection | None, kind: str, n: int, entries: Sequence[LedgerEntry]
+) -> ScorerSelection | None:
+    """An artifact's selection with its ledger joined (:mod:`abstain_guard.guarantee.ledger`).
+    Without a selection block, a :data:`FIXED` one when the ledger records names other than
+    the artifact's own scorer ``kind`` on its ``n`` calibration answers; None when it does not
+    (K = 1)."""
+    if selection is not None:
+        return selection.with_ledger(entries) if entries else selection
+    if not set(looked_at(entries)) - {kind}:
+        return None
+    return ScorerSelection(
+        candidates=(kind,),
+        chosen=kind,
+        risk_target=None,
+        delta=0.1,  # unused: a fixed scorer certifies every δ it is asked for at δ/K
+        data="the artifact's calibration answers",
+        n=int(n),
+        method=risk_control.DEFAULT_RISK_METHOD,
+        choice="named before the calibration answers were read; the ledger records other "
+        "scorers evaluated on them since",
+        rule=FIXED,
+    ).with_ledger(entries)
 
 
 def selection_from_metadata(block: Any, kind: str, n: int) -> ScorerSelection | None:

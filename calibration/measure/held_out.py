@@ -24,16 +24,19 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from abstain_guard.artifact.files import LEDGER
 from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.backends import check_backend_serves
 from abstain_guard.contract.chat_model_specs import ChatModelSpec, chat_model_fingerprint
 from abstain_guard.contract.metadata import HIDDEN
 from abstain_guard.errors import (
+    ArtifactWriteError,
     CalibrationError,
     ConfigError,
     DatasetError,
 )
 from abstain_guard.guarantee.frontier import frontier_document
+from abstain_guard.guarantee.ledger import LedgerEntry
 from abstain_guard.scorers import SampleSource, build_scorer, scorer_names
 from abstain_guard.scorers.calibrated import CalibratedScorer
 from abstain_guard.scorers.geometry import GeometryScorer
@@ -331,6 +334,35 @@ def score_held_out(
     return scores, calibrated
 
 
+def record_looks(art: GuardArtifact, names: Sequence[str]) -> dict[str, Any]:
+    """Append one ledger entry per scorer evaluated on ``art``'s calibration and test answers
+    (:mod:`abstain_guard.guarantee.ledger`): what ``results.json`` records of it (the names,
+    K after them, and where the ledger is, or why it could not be written)."""
+    own = {art.scorer.name: art.scorer.kind}
+    looks = [
+        LedgerEntry.now(own.get(n, n), by="abstain-guard evaluate", answers="calibration+test")
+        for n in names
+    ]
+    try:
+        art.record_looks(looks)
+    except ArtifactWriteError as exc:
+        logger.warning(
+            "The selection ledger of %s was not written (%s): choosing or keeping a scorer "
+            "after this evaluation is a choice on the calibration answers; count these %d "
+            "scorers in K by hand.",
+            art.path,
+            exc,
+            len(looks),
+        )
+        return {"names": [e.name for e in looks], "written": False, "error": str(exc)}
+    return {
+        "names": [e.name for e in looks],
+        "written": art.path is not None,
+        "path": None if art.path is None else str(art.path / LEDGER),
+        "n_candidates": art.n_candidates,
+    }
+
+
 def evaluate(
     artifact: str | Path | Sequence[str | Path],
     out: str | Path,
@@ -426,6 +458,8 @@ def evaluate(
             nan_policy="omit",
             progress=progress,
         )
+        if data is None:  # the artifact's calibration answers were read: K grows
+            entry["ledger"] = record_looks(art, [*scores, *calibrated])
         entry["frontier"] = frontier_document(art.scores, art.correct, candidates=art.n_candidates)
         entry["costs"] = held.costs
         entry["paired"] = paired_report(

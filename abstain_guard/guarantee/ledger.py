@@ -1,0 +1,148 @@
+"""The selection ledger: every scorer and rule ever evaluated on an artifact's calibration
+answers, so that K in δ/K is counted from a record, not by hand.
+
+A certificate at δ holds for a scorer (and chunk rule, and anything else) fixed before the
+calibration answers are read. Each look at those answers that *could* change what is shipped
+— comparing scorers with ``abstain-guard evaluate``, which reads the calibration and test
+answers; trying chunk rules; an analysis in a notebook — is one more candidate in the union
+bound of :mod:`abstain_guard.guarantee.selection`: with K looks, every certificate at δ/K
+holds together with probability ≥ 1−δ, so the shipped one's holds however it was chosen,
+kept or replaced after those looks.
+
+The ledger is a JSON-lines file beside the artifact's files (``ledger.jsonl``, see
+:mod:`abstain_guard.artifact.files`), appended to and never checksummed (it grows after the
+artifact is published). One line is one :class:`LedgerEntry`. The guard's K is the number of
+distinct names among the selection's candidates (the chosen scorer alone when the choice was
+made on a selection split, or when the scorer was fixed before any data) and every ledger
+entry that read calibration answers (:func:`count_candidates`).
+
+Scope: the ledger counts the looks that were recorded. Looks made outside the library (or
+before it kept a ledger) are added by hand as ``by: "audit"`` entries with their evidence —
+the shipped default guard carries such an audit (docs/guarantees.md).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from abstain_guard.errors import InvalidInputError
+
+__all__ = [
+    "CALIBRATION_ANSWERS",
+    "LedgerEntry",
+    "count_candidates",
+    "ledger_lines",
+    "looked_at",
+    "parse_ledger",
+]
+
+CALIBRATION_ANSWERS = "calibration"
+"""``answers`` of an entry that read the calibration answers (with or without others)."""
+
+KINDS = ("scorer", "rule")
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One scorer or rule evaluated on (some of) an artifact's answers.
+
+    Attributes:
+        name: the scorer kind (``probe_mid``) or a rule's name (``chunk_rule:every_8``);
+            entries with the same name are one candidate however often they are evaluated.
+        kind: ``"scorer"`` or ``"rule"``.
+        by: what evaluated it (``"evaluate"``, ``"calibrate --scorer auto"``, ``"audit"``).
+        at: ISO-8601 UTC time of the evaluation (of the evidence, for an audit entry).
+        answers: which answers were read: ``"calibration"`` (with or without others)
+            counts towards K; ``"test"`` or ``"selection"`` (answers the certificate never
+            reads) does not.
+        evidence: for an audit entry, where the evaluation is recorded (a file, a commit).
+    """
+
+    name: str
+    kind: Literal["scorer", "rule"]
+    by: str
+    at: str
+    answers: str = CALIBRATION_ANSWERS
+    evidence: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise InvalidInputError(f"a ledger entry needs a non-empty name, got {self.name!r}.")
+        if self.kind not in KINDS:
+            raise InvalidInputError(
+                f"ledger entry {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}."
+            )
+
+    @property
+    def reads_calibration(self) -> bool:
+        """Whether this evaluation read calibration answers (it then counts towards K)."""
+        return CALIBRATION_ANSWERS in self.answers.split("+")
+
+    @classmethod
+    def now(
+        cls,
+        name: str,
+        *,
+        by: str,
+        kind: Literal["scorer", "rule"] = "scorer",
+        answers: str = CALIBRATION_ANSWERS,
+        evidence: str = "",
+    ) -> LedgerEntry:
+        """An entry stamped with the current UTC time."""
+        at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        return cls(name=name, kind=kind, by=by, at=at, answers=answers, evidence=evidence)
+
+
+def parse_ledger(text: str, source: str = "ledger.jsonl") -> list[LedgerEntry]:
+    """The entries of a JSON-lines ledger (blank lines skipped).
+
+    Raises:
+        InvalidInputError: a line that is not a JSON object with the entry's fields.
+    """
+    entries = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            entries.append(
+                LedgerEntry(
+                    name=row["name"],
+                    kind=row["kind"],
+                    by=str(row["by"]),
+                    at=str(row["at"]),
+                    answers=str(row.get("answers", CALIBRATION_ANSWERS)),
+                    evidence=str(row.get("evidence", "")),
+                )
+            )
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise InvalidInputError(
+                f"{source} line {number} is not a ledger entry ({exc!r}): each line must be a "
+                'JSON object with "name", "kind", "by" and "at". Repair or remove that line; '
+                "removing entries lowers K below what was looked at."
+            ) from exc
+    return entries
+
+
+def ledger_lines(entries: Iterable[LedgerEntry]) -> str:
+    """``entries`` as JSON lines (the inverse of :func:`parse_ledger`)."""
+    return "".join(json.dumps(asdict(e), sort_keys=True) + "\n" for e in entries)
+
+
+def looked_at(entries: Iterable[LedgerEntry]) -> tuple[str, ...]:
+    """The distinct names of the entries that read calibration answers, first seen first."""
+    names: dict[str, None] = {}
+    for entry in entries:
+        if entry.reads_calibration:
+            names.setdefault(entry.name, None)
+    return tuple(names)
+
+
+def count_candidates(base: Sequence[str], entries: Iterable[LedgerEntry]) -> int:
+    """K: the distinct names among ``base`` (the candidates the choice was made among, or
+    the chosen scorer alone) and every ledger entry that read calibration answers."""
+    return len(set(base) | set(looked_at(entries)))

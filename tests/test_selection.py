@@ -350,3 +350,61 @@ def test_calibrate_scorer_auto_ships_the_best_certified_candidate(tmp_path: Path
     assert np.array_equal(chosen.scores, art.scores)
     rule = art.decision_rule(GuardConfig(mode="risk", risk_target=0.9, on_infeasible="abstain_all"))
     assert rule.guarantee["delta_per_candidate"] == pytest.approx(0.1 / 3)
+
+
+def test_a_selection_split_chooses_on_answers_the_certificate_never_reads(tmp_path: Path) -> None:
+    """``selection_share``: the candidates are compared on a seeded draw of the calibration
+    answers, the chosen one certifies at δ (K = 1) on the others, and the artifact stores only
+    those (issue 57)."""
+    from test_pipeline_resume import ITEMS, HashJudge, _config, _judges
+    from tiny_models import tiny_chat_model
+
+    from abstain_guard.calibration.building.pipeline import calibrate
+    from abstain_guard.guarantee.selection import select_on_split
+
+    model = tiny_chat_model("llama", seed=0)
+    names = ("perplexity", "max_sequence_probability", "mean_token_entropy")
+    update = {"scorer": "auto", "candidates": names, "risk_target": 0.9, "ratios": (1, 1, 4, 1)}
+    judges = _judges(tmp_path, "auto", HashJudge())
+    calibrate(
+        ITEMS,
+        tmp_path / "all",
+        config=_config(tmp_path, "auto").model_copy(update=update),
+        model=model,
+        judges=judges,
+        progress=False,
+    )
+    every = GuardArtifact.load(tmp_path / "all")  # compared on every calibration answer
+    cfg = _config(tmp_path, "auto").model_copy(update={**update, "selection_share": 0.5})
+    calibrate(ITEMS, tmp_path / "split", config=cfg, model=model, judges=judges, progress=False)
+    art = GuardArtifact.load(tmp_path / "split")
+    sel = art.selection
+    assert sel is not None and sel.rule == "selection_split" and art.n_candidates == 1
+    chosen_ids, picked = art.metadata["calibration_ids"], art.metadata["selection_ids"]
+    assert not set(chosen_ids) & set(picked)
+    assert sorted(chosen_ids + picked) == sorted(every.metadata["calibration_ids"])
+    assert art.n == sel.n == len(chosen_ids) and art.metadata["split_sizes"]["selection"] == len(
+        picked
+    )
+    # the same draw, by hand: choose on the picked answers, keep the others
+    plain = {n: _scores_of(tmp_path, n, update, model, judges) for n in names}
+    by_hand, pick, keep = select_on_split(
+        plain, every.correct, 0.9, 0.1, share=0.5, seed=cfg.seed, data="x"
+    )
+    assert by_hand.chosen == sel.chosen == art.scorer.kind
+    assert np.array_equal(art.scores, plain[sel.chosen][keep])
+    assert [every.metadata["calibration_ids"][i] for i in pick] == picked
+    rule = art.decision_rule(GuardConfig(mode="risk", risk_target=0.9, on_infeasible="abstain_all"))
+    assert rule.guarantee.get("delta_per_candidate", 0.1) == pytest.approx(0.1)
+    with pytest.raises(ConfigError, match="selection_share"):
+        CalibrationConfig(scorer="perplexity", selection_share=0.5)
+
+
+def _scores_of(tmp: Path, name: str, update: dict[str, Any], model: Any, judges: Any) -> Any:
+    from test_pipeline_resume import ITEMS, _config
+
+    from abstain_guard.calibration.building.pipeline import calibrate
+
+    cfg = _config(tmp, "auto").model_copy(update={**update, "scorer": name, "candidates": None})
+    calibrate(ITEMS, tmp / name, config=cfg, model=model, judges=judges, progress=False)
+    return GuardArtifact.load(tmp / name).scores

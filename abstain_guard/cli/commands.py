@@ -69,6 +69,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         "scorer": args.scorer,
         "backend": args.backend,
         "candidates": args.candidates,
+        "selection_share": args.selection_share,
         "judge": args.judge,
         "cache_dir": args.cache_dir,
         "system_prompt": args.system_prompt,
@@ -340,6 +341,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(needed) and the one certifying the most participation is shipped; with a named "
         "--scorer, the ones it was chosen among. The artifact records a `selection` block and "
         "the guard certifies at delta/K, so delta holds whatever the choice",
+    )
+    cal.add_argument(
+        "--selection-share",
+        type=float,
+        help="with --scorer auto: choose among --candidates on this share of the calibration "
+        "answers (a seeded draw) and certify the chosen scorer at delta on the rest, which no "
+        "choice has read (instead of delta/K on all of them)",
     )
     cal.add_argument("--judge", help="judge name (default: lexical)")
     cal.add_argument(

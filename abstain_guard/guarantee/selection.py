@@ -50,6 +50,7 @@ __all__ = [
     "participation_lower_bound",
     "per_candidate_delta",
     "record_choice",
+    "select_on_split",
     "select_scorer",
     "selection_from_metadata",
     "with_ledger",
@@ -374,6 +375,68 @@ def select_scorer(
         choice=MOST_PARTICIPATION,
         certificates={c.name: c for c in certs},
     )
+
+
+def select_on_split(
+    scores_by_candidate: Mapping[str, ArrayLike],
+    correct: ArrayLike,
+    risk_target: float,
+    delta: float,
+    *,
+    share: float,
+    seed: int,
+    data: str,
+    method: str = risk_control.DEFAULT_RISK_METHOD,
+) -> tuple[ScorerSelection, np.ndarray, np.ndarray]:
+    """Choose the scorer on a selection split the certificate never reads.
+
+    A seeded uniform draw of ``round(share · n)`` of the ``n`` calibration answers is the
+    selection split: every candidate is certified there at δ/K and the one certifying the most
+    participation is chosen (:func:`select_scorer`); the chosen one then certifies at δ on the
+    other answers, which no choice has read (:data:`SELECTION_SPLIT`).
+
+    Args:
+        scores_by_candidate: each candidate's scores of the ``n`` answers ``[n]``.
+        correct: their labels ``[n]``.
+        risk_target, delta, data, method: as :func:`select_scorer`.
+        share: the selection split's share of the answers, in (0, 1).
+        seed: the draw's seed.
+
+    Returns:
+        ``(selection, pick, keep)``: the selection block (``n`` = the certifying answers),
+        and the sorted indices of the selection split ``[m]`` and of the certifying answers
+        ``[n - m]``.
+
+    Raises:
+        InvalidInputError: a share that leaves either part empty.
+    """
+    y = np.asarray(correct)
+    n = int(y.size)
+    m = round(float(share) * n)
+    if not 0.0 < float(share) < 1.0 or not 0 < m < n:
+        raise InvalidInputError(
+            f"selection share {share!r} of {n} calibration answers leaves a part empty; use a "
+            "share in (0, 1) that keeps answers on both sides."
+        )
+    order = np.random.default_rng(int(seed)).permutation(n)
+    pick, keep = np.sort(order[:m]), np.sort(order[m:])
+    compared = select_scorer(
+        {k: np.asarray(v, dtype=np.float64)[pick] for k, v in scores_by_candidate.items()},
+        y[pick],
+        risk_target,
+        delta,
+        data=data,
+        method=method,
+    )
+    selection = replace(
+        compared,
+        n=int(keep.size),
+        rule=SELECTION_SPLIT,
+        data=f"{data}: chosen on a seeded draw of {m} of its {n} answers (seed {int(seed)}), "
+        f"certified on the other {int(keep.size)}",
+        choice=f"{MOST_PARTICIPATION}, on the selection split",
+    )
+    return selection, pick, keep
 
 
 def record_choice(

@@ -30,7 +30,12 @@ import numpy as np
 
 from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.contract.chat_model_specs import ChatModelSpec, chat_model_fingerprint
-from abstain_guard.guarantee.selection import ScorerSelection, record_choice, select_scorer
+from abstain_guard.guarantee.selection import (
+    ScorerSelection,
+    record_choice,
+    select_on_split,
+    select_scorer,
+)
 from abstain_guard.scorers import build_scorer
 
 from .agent_calibration import (
@@ -41,10 +46,7 @@ from .answering.answer_rows import HELD_OUT, AnswerRows
 from .answering.answers import (
     deployment_record,
     generate_answers,
-    generated_pairs,
-    replay_as_deployed,
 )
-from .answering.api_generation import api_labeled, measure_live_bound, score_api_answers
 from .answering.models import load_model
 from .answering.online_geometry import (
     captures_geometry,
@@ -54,6 +56,7 @@ from .answering.online_geometry import (
     scoring_model,
 )
 from .answering.stream_calibration import calibration_stream_scores
+from .fitting import calibration_groups, fit_and_score, make_scorer
 from .judges.base import summarize_judgments
 from .judges.judging import (
     Verdicts,
@@ -121,10 +124,6 @@ def resolve_cache_dir(out: str | Path, config: CalibrationConfig) -> Path:
         return Path(config.cache_dir)
     out_path = Path(out)
     return out_path.with_name(out_path.name + ".cache")
-
-
-def _make_scorer(config: CalibrationConfig) -> Any:
-    return build_scorer(config.scorer, **config.scorer_params)
 
 
 def calibrate(
@@ -274,7 +273,7 @@ def _calibrate(
     selection: ScorerSelection | None = None
     cal_actions = None  # the calibration runs' action statistics (a step-gated agent)
     if cfg.agent:  # the user's agent, run as deployed (agent_calibration.py)
-        scorer = _make_scorer(cfg)
+        scorer = make_scorer(cfg)
         run.capture_mode = getattr(scorer, "capture", None)
         t = _now()
         answers, scorer, cal_scores, cal_actions = calibrate_agent_splits(run, splits, scorer, cfg)
@@ -323,6 +322,11 @@ def _calibrate(
         "cache_dir": str(cache_dir),
         "test_ids": [it.id for it in labeled["test"]],
         "calibration_ids": [it.id for it in labeled["calibration"]],
+        **(
+            {"selection_ids": [it.id for it in splits["selection"]]}
+            if "selection" in splits
+            else {}
+        ),
         "items_sha256": items_digest(items),
         "deployment": (
             deployment
@@ -372,7 +376,7 @@ def fit_scorer(
     on reference + train and score the calibration split: ``(answers, scorer, scores)``.
     A geometry scorer's inputs are captured while generating; answers already cached are
     never generated again (the fit replays what they lack)."""
-    scorer = _make_scorer(config)
+    scorer = make_scorer(config)
     run.config, run.capture_mode = config, getattr(scorer, "capture", None)
     on_engine = not isinstance(config.model, ChatModelSpec)  # a chat model: no capture pass
     if config.scorer in FIT_SCORERS and captures_geometry(scorer) and on_engine:
@@ -410,7 +414,9 @@ def select_candidates(
     first so their inputs are captured while generating), certify each at delta/K and keep
     the one certifying the most participation at ``risk_target``
     (:func:`abstain_guard.guarantee.selection.select_scorer`): ``(answers, scorer, scores,
-    selection)``.
+    selection)``. With ``selection_share`` the choice is made on a selection split of the
+    calibration answers (:func:`~abstain_guard.guarantee.selection.select_on_split`), which
+    leaves ``splits["calibration"]`` for ``splits["selection"]``.
     """
     config = run.config
     assert config.candidates is not None and config.risk_target is not None
@@ -425,36 +431,25 @@ def select_candidates(
     run.config = config
     labeled = labeled_splits(splits, run.judgments)
     correct = np.array(labels(labeled["calibration"], run.judgments))
-    selection = select_scorer(
-        {name: fitted[name][1] for name in names},
+    by_name = {name: fitted[name][1] for name in names}
+    if config.selection_share is None:
+        selection = select_scorer(
+            by_name, correct, config.risk_target, config.delta, data=_SELECTION_DATA
+        )
+        return answers, *fitted[selection.chosen], selection
+    selection, pick, keep = select_on_split(
+        by_name,
         correct,
         config.risk_target,
         config.delta,
+        share=config.selection_share,
+        seed=config.seed,
         data=_SELECTION_DATA,
     )
+    cal = labeled["calibration"]
+    splits["selection"], splits["calibration"] = [cal[i] for i in pick], [cal[i] for i in keep]
     scorer, scores = fitted[selection.chosen]
-    return answers, scorer, scores, selection
-
-
-def calibration_groups(items: Sequence[QAItem]) -> list[str] | None:
-    """Each calibration answer's group (the probe relation, or the data's ``group_by``
-    field), stored in the artifact for per-group rules; None when no item has one. Items
-    without a group among items with one: not stored, with a warning naming how many."""
-    groups = [it.group for it in items]
-    if all(g is None for g in groups):
-        return None
-    missing = sum(g is None for g in groups)
-    if missing:
-        logger.warning(
-            "%d of %d calibration questions have no group (%s empty): the artifact records "
-            "no groups, so per-group rules (GuardConfig(group_by=...)) are unavailable. Give "
-            "every row a group to record them.",
-            missing,
-            len(groups),
-            "the group_by field",
-        )
-        return None
-    return [str(g) for g in groups]
+    return answers, scorer, scores[keep], selection
 
 
 @dataclass
@@ -544,56 +539,3 @@ class _Run:
             rest += items
         self.judge(rest, answers)
         return answers, self.judgments, means
-
-
-def fit_and_score(
-    model: Any,
-    labeled: dict[str, list[QAItem]],
-    answers: AnswerRows,
-    judgments: Verdicts,
-    config: CalibrationConfig,
-    *,
-    progress: bool = True,
-) -> tuple[Any, np.ndarray]:
-    """Fit the configured scorer on reference/train and score the calibration split, reading
-    the geometry by replay (answers generated without capture). An API model's answers are
-    scored from their own metadata (what the live guard reads; no replay)."""
-    check_two_classes(labeled, judgments, config)
-    if isinstance(config.model, ChatModelSpec):  # scored, and fitted, from their metadata
-        scorer = _make_scorer(config)
-        if config.scorer in FIT_SCORERS:
-            scorer.fit(
-                api_labeled(labeled["reference"], answers, judgments),
-                api_labeled(labeled["train"], answers, judgments),
-            )
-        scores = score_api_answers(scorer, labeled["calibration"], answers)
-        if callable(getattr(model, "record_live_bound", None)):  # a server that batches
-            model.record_live_bound(
-                measure_live_bound(model, scorer, labeled["calibration"], answers, config)
-            )
-        return scorer, scores
-
-    def pairs(name: str) -> list[tuple[Any, list[int]]]:
-        return generated_pairs(labeled[name], answers, config)
-
-    def split_labels(name: str) -> list[bool]:
-        return labels(labeled[name], judgments)
-
-    bs = config.replay_batch_size
-    scorer = _make_scorer(config)
-    if config.scorer in FIT_SCORERS:
-        ref = model.replay_batch(
-            pairs("reference"), batch_size=bs, return_states=True, progress=progress
-        )
-        train = model.replay_batch(
-            pairs("train"), batch_size=bs, return_states=True, progress=progress
-        )
-        scorer.fit(
-            list(zip(ref, split_labels("reference"), strict=True)),
-            list(zip(train, split_labels("train"), strict=True)),
-        )
-        del ref, train
-    scoring_model = scorer.prepare(model)
-    cal = replay_as_deployed(scoring_model, labeled["calibration"], answers, config, progress)
-    scores = scorer.score_many(cal)
-    return scorer, np.asarray(scores, dtype=np.float64)

@@ -151,6 +151,14 @@ class CalibrationConfig(BaseModel):
         "(elsewhere, on this same split). Either way the artifact records a `selection` block "
         "and the guard certifies at delta/K",
     )
+    selection_share: float | None = Field(
+        None,
+        gt=0.0,
+        lt=1.0,
+        description="with scorer 'auto': the share of the calibration answers set aside to "
+        "choose the scorer on (a seeded draw); the chosen one then certifies at delta on the "
+        "rest, which no choice has read, instead of at delta/K on all of them",
+    )
     scorer_params: dict[str, Any] = Field(default_factory=dict)
     question: str = "question"
     answers: str = "answer"
@@ -265,6 +273,11 @@ class CalibrationConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_selection(self) -> CalibrationConfig:
+        if self.selection_share is not None and self.scorer != AUTO_SCORER:
+            raise ValueError(
+                "selection_share sets answers aside to choose the scorer on: it needs scorer "
+                "'auto' with candidates (a scorer named beforehand needs no selection split)"
+            )
         if self.candidates is None:
             if self.scorer == AUTO_SCORER:
                 raise ValueError(

@@ -17,6 +17,7 @@ from abstain_guard.calibration.measure.metrics import bootstrap_draws
 from abstain_guard.calibration.measure.paired import (
     adjust_family,
     bootstrap_p_value,
+    delong_difference,
     holm_adjust,
     paired_report,
     verdict,
@@ -126,7 +127,7 @@ def test_paired_report_p_values_and_family() -> None:
         assert sc["perplexity"]["auroc_diff_p"] < 0.01
     family = adjust_family(reports)
     assert family["size"] == 2 * 3 * 2 and reports[0]["family"] == family
-    assert family["smallest_attainable_holm_p"] == pytest.approx(12 * 2 / 1001)
+    assert family["test"] == "paired DeLong" and family["smallest_attainable_holm_p"] is None
     slots = [
         (rep["scorers"][name], comp)
         for rep in reports
@@ -222,3 +223,64 @@ def test_tables_without_p_values_warn(tmp_path: Path, capsys: pytest.CaptureFixt
     got = json.loads(out.read_text())
     assert got["family"]["size"] == 0
     assert got["sets"]["builtin"]["scorers"]["perplexity"]["auroc_diff_holm_p"] is None
+
+
+# --- issue 57: paired DeLong, so that no verdict turns on a single bootstrap draw ----------
+
+
+def test_delong_matches_mlstatkit_on_the_same_answers() -> None:
+    """Our paired DeLong against MLstatkit's ``Delong_test`` (aligned with R pROC's
+    roc.test): the same variance and p-value on continuous scores (no ties)."""
+    from MLstatkit import Delong_test
+
+    for seed, (sa, sb) in enumerate([(1.0, 0.7), (1.0, 1.0), (0.3, 1.2), (2.0, 0.0)]):
+        rng = np.random.default_rng(seed)
+        y = (rng.random(300) < 0.4).astype(int)
+        a, b = -sa * y + rng.normal(size=300), -sb * y + rng.normal(size=300)
+        z, p, *_, info = Delong_test(y, -a, -b)  # it reads higher = positive: our -score
+        diff, se, ours = delong_difference(a, b, y)
+        assert info["method"] == "delong"
+        assert se**2 == pytest.approx(info["var_diff"], rel=1e-9)
+        assert ours == pytest.approx(p, rel=1e-9, abs=1e-300)
+        assert diff / se == pytest.approx(-z, rel=1e-9)
+
+
+def test_delong_within_type_adds_the_disjoint_types_variances() -> None:
+    rng = np.random.default_rng(5)
+    n = 400
+    y = (rng.random(n) < 0.4).astype(int)
+    groups = np.where(np.arange(n) % 3 == 0, "x", "y")
+    groups[:3] = "z"  # too small for DeLong: left out, as in the within-type AUROC
+    a, b = -1.0 * y + rng.normal(size=n), -0.8 * y + rng.normal(size=n)
+    diffs, variances = [], []
+    for g in ("x", "y"):
+        m = groups == g
+        d, se, _ = delong_difference(a[m], b[m], y[m])
+        diffs.append(d)
+        variances.append(se**2)
+    diff, se, _ = delong_difference(a, b, y, groups=groups)
+    assert diff == pytest.approx(np.mean(diffs))
+    assert se == pytest.approx(np.sqrt(sum(variances)) / 2)
+    assert np.isnan(delong_difference(a, a, y)[2])  # identical rankings: no test, no verdict
+
+
+def test_delong_p_values_are_valid_under_the_null_and_reach_below_the_bootstrap_floor() -> None:
+    def p_of(signal_a: float, signal_b: float, seed: int) -> float:
+        rng = np.random.default_rng(seed)
+        y = (rng.random(200) < 0.4).astype(int)
+        a = -signal_a * y + rng.normal(size=200)
+        return delong_difference(a, -signal_b * y + rng.normal(size=200), y)[2]
+
+    null = np.array([p_of(1.0, 1.0, seed) for seed in range(300)])
+    assert np.mean(null <= 0.05) <= 0.09 and 0.4 <= float(np.mean(null)) <= 0.6
+    # a clear difference: far below 2/(B+1) for any affordable number of draws B
+    assert max(p_of(2.0, 0.0, seed) for seed in range(10)) < 1e-6
+
+
+def test_reports_test_with_delong_and_keep_the_bootstrap_p_for_reference() -> None:
+    rep = _report(3)
+    sc = rep["scorers"]["perplexity"]
+    assert sc["auroc_diff_p"] != sc["auroc_diff_bootstrap_p"]
+    assert sc["auroc_diff_se"] > 0 and sc["within_diff_se"] > 0
+    assert sc["auroc_diff_bootstrap_p"] >= 2 / 1001
+    assert "DeLong" in rep["method"] and "DeLong" in rep["p_value"]

@@ -13,7 +13,11 @@ one's holds whichever it is and however it was picked, by its certified numbers 
 :func:`select_scorer` picks the candidate with the most certified calibration participation
 at the risk target (ties: the first listed). The guard loaded from the artifact keeps the
 rule: it certifies every target at δ/K (:func:`abstain_guard.guarantee.decision.decision_rule` with
-the artifact's :class:`ScorerSelection`), so any ε and δ a deployment asks for stay valid.
+the artifact's :class:`ScorerSelection`), so any ε and δ a deployment asks for stay valid —
+fixed before the calibration answers are read (a target read off them is one more choice,
+docs/guarantees.md). K also counts every other name the artifact's selection ledger records
+on these answers (:mod:`abstain_guard.guarantee.ledger`), and a choice made on a selection
+split the certificate never reads costs nothing in δ (:func:`select_on_split`).
 
 A participation target carries no δ, so the rule gives it a PAC statement instead
 (:func:`participation_lower_bound`): with τ the k-th smallest of n continuous calibration

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
+from scipy.stats import norm, rankdata
 from sklearn.metrics import roc_auc_score
 
 from abstain_guard.guarantee.frontier import certifiable_frontier, smallest_certifiable_risk
@@ -38,6 +39,8 @@ __all__ = [
     "PARTICIPATIONS",
     "adjust_family",
     "bootstrap_p_value",
+    "delong_components",
+    "delong_difference",
     "holm_adjust",
     "paired_report",
     "selective_risk",
@@ -81,6 +84,69 @@ def bootstrap_p_value(diff_draws: ArrayLike) -> float:
     return float(min(1.0, 2.0 * min(below, above)))
 
 
+def delong_components(scores: ArrayLike, correct: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """AUROCs ``[k]`` of ``k`` uncertainty scorers (lower = more likely correct) and the
+    DeLong covariance of their estimates ``[k, k]`` on the same ``n`` answers.
+
+    DeLong, DeLong & Clarke-Pearson (1988), computed from midranks as Sun & Xu (2014):
+    with ``m`` correct and ``q`` wrong answers and ``z = -score``, each correct answer's
+    structural component is the share of wrong answers it outranks (ties count ½), each
+    wrong answer's the share of correct answers that outrank it; the covariance is
+    ``cov(V10)/m + cov(V01)/q``.
+
+    Args:
+        scores: ``[k, n]`` uncertainty scores (one row per scorer).
+        correct: ``[n]`` labels with both classes.
+    """
+    z = -np.atleast_2d(np.asarray(scores, dtype=np.float64))
+    y = np.asarray(correct, dtype=bool)
+    pos, neg = z[:, y], z[:, ~y]
+    m, q = pos.shape[1], neg.shape[1]
+    if m < 2 or q < 2:
+        raise ValueError("DeLong needs at least two correct and two wrong answers")
+    tx = rankdata(pos, axis=1)
+    ty = rankdata(neg, axis=1)
+    tz = rankdata(np.concatenate([pos, neg], axis=1), axis=1)
+    aucs = (tz[:, :m].sum(axis=1) / m - (m + 1) / 2.0) / q
+    v10 = (tz[:, :m] - tx) / q  # per correct answer: share of wrong ones it outranks
+    v01 = 1.0 - (tz[:, m:] - ty) / m  # per wrong answer: share of correct ones above it
+    cov = np.atleast_2d(np.cov(v10)) / m + np.atleast_2d(np.cov(v01)) / q
+    return aucs, cov
+
+
+def delong_difference(
+    reference: ArrayLike, other: ArrayLike, correct: ArrayLike, groups: ArrayLike | None = None
+) -> tuple[float, float, float]:
+    """Paired DeLong test of AUROC(reference) − AUROC(other) on the same answers:
+    ``(difference, standard error, two-sided p)`` from the normal approximation.
+
+    With ``groups``: the difference of the mean within-group AUROCs over the groups with at
+    least two answers of each class; the groups are disjoint, so the variances add
+    (``var = Σ var_g / G²``). NaN p when the standard error is 0 (identical rankings)."""
+    s = np.vstack([np.asarray(reference, dtype=np.float64), np.asarray(other, dtype=np.float64)])
+    y = np.asarray(correct, dtype=bool)
+    if groups is None:
+        parts = [np.ones(y.size, dtype=bool)]
+    else:
+        g = np.asarray(groups, dtype=object).astype(str)
+        parts = [g == v for v in sorted(set(g.tolist()))]
+    diffs, variances = [], []
+    for mask in parts:
+        yg = y[mask]
+        if min(int(yg.sum()), int((~yg).sum())) < 2:
+            continue
+        aucs, cov = delong_components(s[:, mask], yg)
+        diffs.append(float(aucs[0] - aucs[1]))
+        variances.append(float(cov[0, 0] + cov[1, 1] - 2.0 * cov[0, 1]))
+    if not diffs:
+        return float("nan"), float("nan"), float("nan")
+    diff = float(np.mean(diffs))
+    se = float(np.sqrt(max(0.0, sum(variances)) / len(diffs) ** 2))
+    if se == 0.0:
+        return diff, se, float("nan")
+    return diff, se, float(2.0 * norm.sf(abs(diff) / se))
+
+
 def holm_adjust(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values, in the input order (NaN entries stay NaN and are
     not counted in the family).
@@ -120,11 +186,12 @@ def adjust_family(reports: Sequence[dict[str, Any]], alpha: float = FAMILY_ALPHA
     (:func:`verdict`). Comparisons without a p-value are left out of the family and untouched.
 
     Returns:
-        ``{"method": "holm", "alpha", "size", "members", "smallest_attainable_holm_p"}``: the
-        family's description (also stored as ``"family"`` in every report). The last is
-        ``size · 2/(B+1)`` (:func:`bootstrap_p_value`'s floor): with ``B = 2000`` draws and 48
-        comparisons it is 0.048, so ``B`` must grow with the family for any verdict to be
-        possible.
+        ``{"method": "holm", "alpha", "size", "members", "test",
+        "smallest_attainable_holm_p"}``: the family's description (also stored as ``"family"``
+        in every report). The tests are paired DeLong (no floor on p: the last is None); a
+        report written before them tested with the bootstrap p-value, whose floor makes the
+        last ``size · 2/(B+1)`` — 0.048 with ``B = 2000`` draws and 48 comparisons, so a verdict
+        turned on single draws.
     """
     slots: list[tuple[dict[str, Any], str]] = []
     for rep in reports:
@@ -136,16 +203,22 @@ def adjust_family(reports: Sequence[dict[str, Any]], alpha: float = FAMILY_ALPHA
     for (entry, comp), adj in zip(slots, adjusted, strict=True):
         entry[f"{comp}_holm_p"] = adj
         entry[f"{comp}_verdict"] = verdict(float(entry[comp]), adj, alpha)
-    n_boot = [int(rep["n_boot"]) for rep in reports if rep.get("n_boot")]
+    # Reports written before DeLong tested with the bootstrap p-value, which is at least
+    # 2/(B+1): no Holm-adjusted p-value can then fall below size·2/(B+1).
+    bootstrap = [
+        int(rep["n_boot"])
+        for rep in reports
+        if rep.get("n_boot")
+        and not any("auroc_diff_bootstrap_p" in e for e in rep["scorers"].values())
+    ]
     family = {
         "method": "holm",
         "alpha": alpha,
         "size": len(slots),
         "members": "every set x every scorer vs the reference, overall and within type",
-        # The bootstrap p-value is at least 2/(B+1), so no Holm-adjusted p-value can fall below
-        # size·2/(B+1): above alpha, no comparison could be declared a difference at all.
+        "test": "paired bootstrap (a report without DeLong)" if bootstrap else "paired DeLong",
         "smallest_attainable_holm_p": (
-            min(1.0, len(slots) * 2.0 / (min(n_boot) + 1)) if n_boot and slots else None
+            min(1.0, len(slots) * 2.0 / (min(bootstrap) + 1)) if bootstrap and slots else None
         ),
     }
     for rep in reports:
@@ -174,13 +247,18 @@ def _within_draws(
     for g in sorted({str(v) for v in groups.tolist() if v is not None}):
         mask = groups.astype(str) == g
         yg = y[mask]
-        if yg.min() == yg.max():
+        if min(int(yg.sum()), int(yg.size - yg.sum())) < 2:  # as delong_difference's types
             continue
         points.append(float(roc_auc_score(yg, -s[mask])))
         draws.append(bootstrap_draws(s[mask], yg, ("auroc",), n_boot=n_boot, seed=rng)["auroc"])
     if not points:
         return float("nan"), None, 0
     return float(np.mean(points)), np.mean(draws, axis=0), len(points)
+
+
+def _finite_or_none(p: float) -> float | None:
+    """A p-value for the family, or None (left out of it) when it is not finite."""
+    return float(p) if np.isfinite(p) else None
 
 
 def _interval(draws: np.ndarray) -> list[float]:
@@ -228,10 +306,12 @@ def paired_report(
     within: dict[str, tuple[float, np.ndarray | None, int]] = {}
     out: dict[str, Any] = {}
     n_groups = 0
+    arrays: dict[str, np.ndarray] = {}
     for name, raw in scores_by_scorer.items():
         s = np.asarray(raw, dtype=np.float64)
         if s.shape != y.shape or not np.all(np.isfinite(s)):
             continue
+        arrays[name] = s
         draws[name] = bootstrap_draws(s, y, ("auroc",), n_boot=n_boot, seed=seed)["auroc"]
         entry: dict[str, Any] = {
             "auroc": float(roc_auc_score(y, -s)),
@@ -261,20 +341,26 @@ def paired_report(
                 continue
             entry["auroc_diff"] = out[reference]["auroc"] - entry["auroc"]
             entry["auroc_diff_ci"] = _interval(draws[reference] - draws[name])
-            entry["auroc_diff_p"] = bootstrap_p_value(draws[reference] - draws[name])
+            _, se, p = delong_difference(arrays[reference], arrays[name], y)
+            entry.update(auroc_diff_se=se, auroc_diff_p=_finite_or_none(p))
+            entry["auroc_diff_bootstrap_p"] = bootstrap_p_value(draws[reference] - draws[name])
             ref_w, other_w = within.get(reference), within.get(name)
             if ref_w and other_w and ref_w[1] is not None and other_w[1] is not None:
                 entry["within_diff"] = ref_w[0] - other_w[0]
                 entry["within_diff_ci"] = _interval(ref_w[1] - other_w[1])
-                entry["within_diff_p"] = bootstrap_p_value(ref_w[1] - other_w[1])
+                _, se, p = delong_difference(arrays[reference], arrays[name], y, groups=g)
+                entry.update(within_diff_se=se, within_diff_p=_finite_or_none(p))
+                entry["within_diff_bootstrap_p"] = bootstrap_p_value(ref_w[1] - other_w[1])
     return {
         "reference": reference,
         "n_correct": int(y.sum()),
         "n_incorrect": int(y.size - y.sum()),
         "n_groups_used": n_groups,
-        "method": "paired class-stratified percentile bootstrap, same resamples for all scorers",
-        "p_value": "two-sided, min(1, 2*min((k_le+1)/(B+1), (k_ge+1)/(B+1))) over the difference's "
-        "B draws (k_le <= 0, k_ge >= 0); unadjusted",
+        "method": "intervals: paired class-stratified percentile bootstrap, same resamples for "
+        "all scorers; tests: paired DeLong (within type: per-type DeLong variances added)",
+        "p_value": "*_p: two-sided paired DeLong, normal approximation, unadjusted (the Holm "
+        "family's); *_bootstrap_p: min(1, 2*min((k_le+1)/(B+1), (k_ge+1)/(B+1))) over the "
+        "difference's B draws, for reference",
         "n_boot": int(n_boot),
         "scorers": out,
     }

@@ -1,6 +1,6 @@
 """Step gating on the embedded model: the three-tool lookup agent of
 ``examples/lookup_agent.py`` (the first call forced to call a tool, so the model picks the
-tool and its argument) calibrated with ``calibrate --agent`` on a dozen questions with
+tool and its argument) calibrated with ``calibrate --agent`` on eight questions with
 their expected calls, then deployed with ``AbstentionMiddleware``.
 
 What must hold: the artifact records step gating, the tool-call labelling, each call's
@@ -31,8 +31,8 @@ pytestmark = [pytest.mark.model, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
 FACTORY = "examples.lookup_agent:build_agent"
 BUDGET = 48
-N = 12  # split 1:1:8:2: 8 calibration runs, replayed live
-N_CAL = 8
+N = 8  # split 1:1:4:2: 4 calibration runs, replayed live
+N_CAL = 4
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def calibrated(lookup_model: Any, tmp_path_factory: pytest.TempPathFactory) -> A
         agent_step_limit=8,  # as examples/lookup_agent.yaml
         scorer="perplexity",
         max_new_tokens=BUDGET,
-        ratios=(1, 1, 8, 2),
+        ratios=(1, 1, 4, 2),
         participation=0.5,
         cache_dir=str(tmp / "run.cache"),
         limit=N,  # the first N of the built-in lookup questions (relations mixed)

@@ -187,3 +187,30 @@ def test_served_stream_stopped_after_chunk_j_shows_nothing_past_chunk_j_minus_1(
     assert shown and cut.startswith(shown)  # nothing beyond chunk j - 1's tokens
     assert final[0].choices[0].delta.content == "I don't know."
     assert decision["streaming"]["released_chars"] == len(shown)
+
+
+def test_a_chunk_end_at_the_last_token_scores_as_the_whole_answer(default_model: Any) -> None:
+    """Issue 57: the live engine tests the chunk rule at every generated token, the last one
+    included, while calibration scores interior ends (``t < n``) and then the whole answer.
+    The n-token prefix the live stream puts into the sink is the whole answer: its score is
+    the whole answer's ``s_{m+1}``, so the running maximum is calibration's ``M``. Bitwise:
+    both messages are built from the same decode steps' log-probabilities by the same code
+    (no replay), on any kernels."""
+    from langchain_core.messages import HumanMessage
+
+    from abstain_guard.contract.streaming import ChunkRule
+    from abstain_guard.scorers import build_scorer
+
+    scorer = build_scorer("perplexity")
+    for question in ("What is the capital of France?", "Name the currency of Japan."):
+        with open_prefix_sink(ChunkRule.parse("tokens:1")) as sink:  # every token ends one
+            chunks = list(default_model.stream([HumanMessage(question)]))
+            prefixes = sink.take()
+        whole = chunks[0]
+        for c in chunks[1:]:
+            whole = whole + c
+        n = len(whole.response_metadata["token_ids"])
+        assert [p.tokens for p in prefixes] == list(range(1, n + 1))
+        last = prefixes[-1].message
+        assert last.response_metadata["token_ids"] == whole.response_metadata["token_ids"]
+        assert float(scorer.score(last)) == float(scorer.score(whole))

@@ -84,6 +84,9 @@ default-guard: $(STAMP)
 	rm -rf abstain_guard/default_guard
 	$(BIN)/abstain-guard calibrate --data builtin --out abstain_guard/default_guard \
 		--config configs/default_guard.yaml --cache-dir runs/default_guard.cache
+	# the looks at these answers made outside the library before probe_mid was chosen (the
+	# audit of issue 57): the selection ledger starts with them, evaluate appends its own
+	cp bench/shipped_guard_audit.jsonl abstain_guard/default_guard/ledger.jsonl
 	$(BIN)/abstain-guard evaluate --artifact abstain_guard/default_guard --out runs/report-builtin
 	$(BIN)/abstain-guard evaluate --artifact abstain_guard/default_guard --live --limit 300 \
 		--out runs/live-builtin

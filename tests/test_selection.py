@@ -1,7 +1,7 @@
 """Choosing the scorer among K candidates on the calibration answers keeps δ (issue 46):
 every candidate certified at δ/K (:mod:`abstain_guard.guarantee.selection`), the artifact records a
 ``selection`` block, and a guard loaded from it certifies at δ/K — the shipped default guard
-included (``probe_mid`` chosen among 13 scorers)."""
+included (``probe_mid`` chosen among 13 scorers, 7 more looks in its ledger: K = 20)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from abstain_guard.errors import (
 )
 from abstain_guard.guarantee import conformal
 from abstain_guard.guarantee.frontier import frontier_document, smallest_certifiable_risk
+from abstain_guard.guarantee.ledger import parse_ledger
 from abstain_guard.guarantee.selection import (
     ScorerSelection,
     participation_lower_bound,
@@ -31,6 +32,8 @@ from abstain_guard.guarantee.selection import (
     select_scorer,
 )
 from abstain_guard.scorers import build_scorer
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SHIPPED_CANDIDATES = (
     "geometry",
@@ -283,24 +286,32 @@ def test_the_calibration_config_takes_auto_and_candidates() -> None:
 # --- the shipped default guard ----------------------------------------------------------------
 
 
-def test_the_shipped_guard_records_its_selection_and_certifies_at_delta_over_13() -> None:
+def test_the_shipped_guard_records_its_selection_and_certifies_at_delta_over_20() -> None:
+    """probe_mid was chosen among the power run's 13 scorers; the audit of issue 57 found 7
+    more looks at the same answers before the choice (bench/shipped_guard_audit.jsonl), kept
+    in the artifact's selection ledger: K = 20."""
     art = GuardArtifact.load(default_artifact_path())
     sel = art.selection
     assert sel is not None
     assert sel.candidates == SHIPPED_CANDIDATES and sel.chosen == "probe_mid" == art.scorer.kind
     assert sel.rule == "bonferroni" and sel.n == art.n == 1345
     assert (sel.risk_target, sel.delta) == (0.35, 0.1)
-    assert sel.delta_per_candidate == pytest.approx(0.1 / 13)
+    audit = (ROOT / "bench" / "shipped_guard_audit.jsonl").read_text(encoding="utf-8")
+    assert [e.name for e in art.ledger] == [e.name for e in parse_ledger(audit)]
+    assert all(e.by == "audit" and e.evidence for e in art.ledger)
+    assert art.n_candidates == sel.n_candidates == 20
+    assert sel.delta_per_candidate == pytest.approx(0.1 / 20)
     assert "calibration split" in sel.data
     rule = art.decision_rule(GuardConfig(mode="risk", risk_target=0.35, delta=0.1))
-    alone = _risk(art.scores, art.correct, 0.35, 0.1 / 13)
-    assert rule.threshold == alone.threshold == sel.certificates["probe_mid"].threshold
-    assert rule.guarantee["calibration_participation"] == pytest.approx(370 / 1345)
+    alone = _risk(art.scores, art.correct, 0.35, 0.1 / 20)
+    assert rule.threshold == alone.threshold
+    assert rule.guarantee["calibration_participation"] == pytest.approx(368 / 1345)
     assert "chosen among 13 candidates" in rule.guarantee["statement"]
-    # the smallest certifiable risk target at delta 0.1, selection accounted for
-    assert smallest_certifiable_risk(art.scores, art.correct, 0.1 / 13) == 0.18
+    assert "ledger records 7 more" in rule.guarantee["statement"]
+    # the smallest certifiable risk target at delta 0.1, every look accounted for
+    assert smallest_certifiable_risk(art.scores, art.correct, 0.1 / 20) == 0.19
     with pytest.raises(UncertifiableTargetError):
-        art.decision_rule(GuardConfig(mode="risk", risk_target=0.17, delta=0.1))
+        art.decision_rule(GuardConfig(mode="risk", risk_target=0.18, delta=0.1))
 
 
 # --- calibrate --scorer auto, end to end on the tiny random-weight model ----------------------

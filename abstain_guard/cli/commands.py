@@ -320,8 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="scorer for the guard (default: geometry, the paper's); one of "
         + ", ".join(scorer_names(family=("likelihood", "geometry", "probe")))
         + ". Every one carries the same guarantee. The shipped guard uses probe_mid: on the "
-        "probe set it certified the most participation at risk 0.35 (27.5 %% as shipped, paying "
-        "delta/13 for the choice among 13 scorers; geometry 8 %%); "
+        "probe set it certified the most participation at risk 0.35 (27.4 %% as shipped, paying "
+        "delta/20 for the choice: 13 scorers compared and 7 more looks found by an audit; "
+        "geometry 8 %%); "
         "on SciQ and NQ-open geometry ties the best probe and beats probe_mid on NQ-open. "
         "`evaluate --baselines probes` measures "
         "them on your data (docs/results.md, 'Is geometry worth its cost?'). 'auto' chooses "

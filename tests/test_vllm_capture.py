@@ -207,6 +207,10 @@ def test_the_tap_runs_inside_a_compiled_graph() -> None:
         h, r = model.layers[0](x, torch.zeros_like(x))
         h, r = model.layers[1].forward(h, r)
     np.testing.assert_allclose(taps[0][:5].numpy(), (h + r).numpy(), rtol=1e-6, atol=1e-6)
+    # issue 57: installing again (a second connector, a reload) taps once, into the same buffer
+    hooks = len(model.layers[1]._forward_hooks)
+    again = install_tap(model.layers, [1], 16, D, torch.float32, torch.device("cpu"))
+    assert again[0] is taps[0] and len(model.layers[1]._forward_hooks) == hooks == 1
 
 
 def test_the_stop_rule_is_vllms() -> None:

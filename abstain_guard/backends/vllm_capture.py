@@ -66,11 +66,16 @@ def install_tap(
     (one tensor per layer: buffers that alias one storage would be graph inputs that alias).
 
     Must run before the model is first called: torch.compile traces the hooks into the graph
-    (a hook added later would not run in the compiled graph).
+    (a hook added later would not run in the compiled graph). Installing again on a layer
+    already tapped returns its buffer and adds no second hook.
     """
     taps = []
     for layer in layers:
         module = decoder_layers[layer]
+        existing = getattr(module, "_abstain_guard_tap", None)
+        if isinstance(existing, torch.Tensor) and existing.shape == (rows, hidden_size):
+            taps.append(existing)
+            continue
         tap = torch.zeros(rows, hidden_size, dtype=dtype, device=device)
         module.register_buffer("_abstain_guard_tap", tap, persistent=False)
 

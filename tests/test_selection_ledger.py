@@ -143,6 +143,15 @@ def test_a_ledger_that_is_not_json_lines_stops_the_load(tmp_path: Path) -> None:
         GuardArtifact.load(tmp_path / "guard")
 
 
+def test_a_ledger_that_cannot_be_read_stops_the_load(tmp_path: Path) -> None:
+    # a ledger skipped as "absent" would certify at delta/K with the looks it records left
+    # out of K; before this test the load died with an untyped IsADirectoryError
+    _artifact(None).save(tmp_path / "guard")
+    (tmp_path / "guard" / LEDGER).mkdir()
+    with pytest.raises(ArtifactSchemaError, match=r"not a regular file.*cannot be counted in K"):
+        GuardArtifact.load(tmp_path / "guard")
+
+
 def test_no_ledger_leaves_every_existing_artifact_as_it_was(tmp_path: Path) -> None:
     art = _artifact(_recorded(_artifact(None), k=5))
     art.save(tmp_path / "guard")

@@ -46,7 +46,6 @@ import shutil
 import stat
 import sys
 import tempfile
-import time
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -57,8 +56,6 @@ from numpy.typing import ArrayLike
 
 from abstain_guard.errors import (
     ArtifactError,
-    ArtifactIntegrityError,
-    ArtifactNotFoundError,
     ArtifactSchemaError,
     ArtifactTooLargeError,
     ArtifactWriteError,
@@ -90,7 +87,8 @@ calibration answers (1 correct, 0 wrong, -1 not reviewed; :mod:`abstain_guard.gu
 the draw (seed, size, ids) is in the manifest's ``metadata["review"]``."""
 LEDGER = "ledger.jsonl"
 """Optional, outside the checksums: the selection ledger (:mod:`abstain_guard.guarantee.ledger`),
-JSON lines appended to after the artifact is published (:func:`append_ledger`)."""
+JSON lines appended to after the artifact is published
+(:func:`abstain_guard.artifact.reading.append_ledger`)."""
 RESERVED_FILE_NAMES = {
     LEDGER,
     MANIFEST,
@@ -380,205 +378,6 @@ def write_error(target: Path, exc: OSError) -> ArtifactWriteError:
     return ArtifactWriteError(f"Could not write the artifact {str(target)!r} ({reason}). {hint}")
 
 
-# --- consistent reads ------------------------------------------------------------------------
-
-
-class _Snapshot:
-    """One artifact directory, opened once: every file is read relative to that descriptor,
-    so a concurrent exchange cannot mix two artifacts into one load."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self._fd: int | None = None
-        if os.open in os.supports_dir_fd:
-            self._fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-            st = os.fstat(self._fd)
-        else:  # pragma: no cover - platforms without dir_fd (Windows)
-            st = os.stat(root)
-        self.ident = (st.st_dev, st.st_ino)
-
-    def read(self, name: str) -> bytes | None:
-        """The file's bytes, or None when it does not exist (or is not a regular file)."""
-        try:
-            if self._fd is None:  # pragma: no cover
-                return (self.root / name).read_bytes()
-            fd = os.open(name, os.O_RDONLY, dir_fd=self._fd)
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            return None
-        with os.fdopen(fd, "rb") as fh:
-            return fh.read()
-
-    def replaced(self) -> bool:
-        """True when the path no longer names the directory this snapshot reads."""
-        try:
-            st = os.stat(self.root)
-        except OSError:
-            return True
-        return (st.st_dev, st.st_ino) != self.ident
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
-def _not_found(root: Path) -> ArtifactNotFoundError:
-    return ArtifactNotFoundError(
-        f"No artifact directory at {str(root)!r}. Run calibration first (abstain-guard "
-        "calibrate) or pass the directory GuardArtifact.save wrote."
-    )
-
-
-def _open_snapshot(root: Path) -> _Snapshot:
-    """Open ``root``; raises _Retry when it is missing only because a save is replacing it."""
-    if not root.is_dir():
-        # the rename fallback of a save: the directory is missing between its two renames.
-        # Siblings first, then the directory again: a save that finished between the two
-        # looks (no siblings left) has put the directory back.
-        if _save_in_progress(root) or root.is_dir():
-            raise _Retry(_not_found(root))
-        raise _not_found(root)
-    try:
-        return _Snapshot(root)
-    except FileNotFoundError as exc:
-        raise _Retry(_not_found(root)) from exc
-    except OSError as exc:
-        raise ArtifactNotFoundError(
-            f"Could not open the artifact directory {str(root)!r} ({exc.strerror or exc})."
-        ) from exc
-
-
-def _save_in_progress(root: Path) -> bool:
+def save_in_progress(root: Path) -> bool:
+    """True while a live save's staging or aside folder sits beside ``root``."""
     return any(_pid_alive(pid) for _, pid in _siblings(root))
-
-
-# --- reading a manifest and its files from one snapshot ------------------------------------
-
-
-class _Retry(Exception):
-    """A read failed because a concurrent save replaced the directory: read again."""
-
-    def __init__(self, error: ArtifactError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def _verified_manifest(snap: _Snapshot) -> dict[str, Any]:
-    root = snap.root
-    raw = snap.read(MANIFEST)
-    if raw is None:
-        raise ArtifactNotFoundError(
-            f"{str(root)!r} has no {MANIFEST}: it is not an artifact, or it is incomplete."
-        )
-    try:
-        manifest = parse_json(raw, f"{MANIFEST} in {str(root)!r}")
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ArtifactIntegrityError(
-            f"{MANIFEST} in {str(root)!r} is not valid JSON ({exc}): the artifact is "
-            "corrupted or truncated. Re-create or re-copy it."
-        ) from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
-        raise ArtifactSchemaError(
-            f"{MANIFEST} in {str(root)!r} is not an abstain_guard artifact manifest."
-        )
-    version = manifest.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise ArtifactSchemaError(
-            f"Artifact schema version {version!r} is not supported (this abstain_guard reads "
-            f"version {SCHEMA_VERSION}). Upgrade abstain_guard or re-create the artifact."
-        )
-    claimed = manifest.pop("manifest_sha256", None)
-    try:
-        actual = sha256_hex(canonical_json(manifest))
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise ArtifactSchemaError(f"{MANIFEST} holds non-JSON values: {exc}") from exc
-    if claimed != actual:
-        raise ArtifactIntegrityError(
-            f"{MANIFEST} in {str(root)!r} was modified (its checksum does not match). "
-            "Re-create or re-copy the artifact."
-        )
-    _check_manifest_files(manifest)
-    return manifest
-
-
-def _check_manifest_files(manifest: Mapping[str, Any]) -> None:
-    checksums = manifest.get("checksums")
-    if not isinstance(checksums, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in checksums.items()
-    ):
-        raise ArtifactSchemaError(f"{MANIFEST} has no valid 'checksums' mapping.")
-    missing_required = sorted({CALIBRATION, SCORER_JSON, SCORER_NPZ} - set(checksums))
-    if missing_required:
-        raise ArtifactSchemaError(f"{MANIFEST} does not list required files {missing_required}.")
-    for name in checksums:
-        if not SAFE_FILE_NAME.match(name) or name == MANIFEST:
-            raise ArtifactSchemaError(f"{MANIFEST} lists an invalid file name {name!r}.")
-
-
-def _read_files(snap: _Snapshot, manifest: Mapping[str, Any]) -> dict[str, bytes]:
-    data: dict[str, bytes] = {}
-    for name, digest in sorted(manifest["checksums"].items()):
-        blob = snap.read(name)
-        if blob is None:
-            raise ArtifactNotFoundError(
-                f"Artifact file {name!r} is missing from {str(snap.root)!r}. Re-copy the whole "
-                "artifact directory."
-            )
-        if sha256_hex(blob) != digest:
-            raise ArtifactIntegrityError(
-                f"Artifact file {name!r} in {str(snap.root)!r} does not match its checksum (it "
-                "was modified or truncated). Re-create or re-copy the artifact."
-            )
-        data[name] = blob
-    return data
-
-
-def _read_once(root: Path, with_files: bool) -> tuple[dict[str, Any], dict[str, bytes]]:
-    snap = _open_snapshot(root)
-    try:
-        manifest = _verified_manifest(snap)
-        files = _read_files(snap, manifest) if with_files else {}
-        ledger = snap.read(LEDGER) if with_files else None
-        if ledger is not None:  # unchecked: appended to after publication
-            files[LEDGER] = ledger
-        return manifest, files
-    except (ArtifactNotFoundError, ArtifactIntegrityError) as exc:
-        if snap.replaced():  # a concurrent save replaced (and removed) what we were reading
-            raise _Retry(exc) from exc
-        raise
-    finally:
-        snap.close()
-
-
-def read_consistent(root: Path, with_files: bool) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """The verified manifest (and files, with the unchecked :data:`LEDGER` when there is one)
-    of one complete artifact at ``root``, read again while concurrent saves replace it (up to
-    READ_RETRY_SECONDS)."""
-    deadline = time.monotonic() + READ_RETRY_SECONDS
-    delay = 0.001
-    while True:
-        try:
-            return _read_once(root, with_files)
-        except _Retry as retry:
-            if time.monotonic() > deadline:
-                raise retry.error from None
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
-
-
-def append_ledger(root: Path, text: str) -> None:
-    """Append ``text`` (whole JSON lines) to the artifact's :data:`LEDGER` and fsync it.
-
-    Raises:
-        ArtifactNotFoundError: ``root`` is not an artifact directory.
-        ArtifactWriteError: the file cannot be written (a read-only install, a full disk).
-    """
-    if not (root / MANIFEST).is_file():
-        raise _not_found(root)
-    try:
-        with open(root / LEDGER, "a", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-    except OSError as exc:
-        raise write_error(root / LEDGER, exc) from exc

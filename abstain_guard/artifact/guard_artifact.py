@@ -61,7 +61,6 @@ from abstain_guard.artifact.files import (
     SCORER_JSON,
     SCORER_NPZ,
     STREAM,
-    append_ledger,
     canonical_json,
     check_json,
     check_target,
@@ -70,13 +69,13 @@ from abstain_guard.artifact.files import (
     npz_bytes,
     parse_json,
     publish,
-    read_consistent,
     sha256_hex,
     sweep_leftovers,
     validate_calibration,
     write_error,
     write_staging,
 )
+from abstain_guard.artifact.reading import append_ledger, read_consistent
 from abstain_guard.config import GuardConfig
 from abstain_guard.errors import (
     AbstainGuardError,
@@ -90,7 +89,7 @@ from abstain_guard.guarantee.decision import DecisionRule, decision_rule
 from abstain_guard.guarantee.groups import GroupRules, check_groups, group_rules, require_groups
 from abstain_guard.guarantee.ledger import LedgerEntry, ledger_lines, parse_ledger
 from abstain_guard.guarantee.partial_release import check_stream_statistics
-from abstain_guard.guarantee.selection import selection_from_metadata, with_ledger
+from abstain_guard.guarantee.selection import ScorerSelection, recorded_selection
 from abstain_guard.guarantee.truth import check_human_labels
 from abstain_guard.scorers import Scorer, ScorerState, scorer_from_state
 
@@ -169,8 +168,7 @@ class GuardArtifact:
         check_json(meta, "metadata")
         self.metadata: dict[str, Any] = meta
         self.ledger = tuple(ledger)
-        block = selection_from_metadata(meta.get("selection"), scorer.kind, self.n)
-        self.selection = with_ledger(block, scorer.kind, self.n, self.ledger)
+        self.selection = self._selection()
         self.created = created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         self.schema_version = SCHEMA_VERSION
         self.path: Path | None = None
@@ -271,6 +269,11 @@ class GuardArtifact:
         other one its ledger records on them (1: none)."""
         return 1 if self.selection is None else self.selection.n_candidates
 
+    def _selection(self) -> ScorerSelection | None:
+        """How the scorer was chosen (the metadata's block) with the ledger's looks joined."""
+        block = self.metadata.get("selection")
+        return recorded_selection(block, self.scorer.kind, self.n, self.ledger)
+
     def record_looks(self, entries: Sequence[LedgerEntry]) -> None:
         """Append ``entries`` to the selection ledger (on disk too when the artifact was loaded
         or saved) and count them in K from now on (:mod:`abstain_guard.guarantee.ledger`).
@@ -281,8 +284,7 @@ class GuardArtifact:
         if self.path is not None:
             append_ledger(self.path, ledger_lines(entries))
         self.ledger = (*self.ledger, *entries)
-        block = selection_from_metadata(self.metadata.get("selection"), self.scorer.kind, self.n)
-        self.selection = with_ledger(block, self.scorer.kind, self.n, self.ledger)
+        self.selection = self._selection()
         self._rules.clear()
         self._group_rules.clear()
 

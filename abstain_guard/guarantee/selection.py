@@ -54,10 +54,10 @@ __all__ = [
     "participation_lower_bound",
     "per_candidate_delta",
     "record_choice",
+    "recorded_selection",
     "select_on_split",
     "select_scorer",
     "selection_from_metadata",
-    "with_ledger",
 ]
 
 SELECTION_RULE = "bonferroni"
@@ -475,13 +475,14 @@ def record_choice(
     )
 
 
-def with_ledger(
-    selection: ScorerSelection | None, kind: str, n: int, entries: Sequence[LedgerEntry]
+def recorded_selection(
+    block: Any, kind: str, n: int, entries: Sequence[LedgerEntry]
 ) -> ScorerSelection | None:
-    """An artifact's selection with its ledger joined (:mod:`abstain_guard.guarantee.ledger`).
-    Without a selection block, a :data:`FIXED` one when the ledger records names other than
-    the artifact's own scorer ``kind`` on its ``n`` calibration answers; None when it does not
-    (K = 1)."""
+    """An artifact's selection: its metadata ``block`` (:func:`selection_from_metadata`) with
+    its ledger joined (:mod:`abstain_guard.guarantee.ledger`). Without a block, a
+    :data:`FIXED` one when the ledger records names other than the artifact's own scorer
+    ``kind`` on its ``n`` calibration answers; None when it does not (K = 1)."""
+    selection = selection_from_metadata(block, kind, n)
     if selection is not None:
         return selection.with_ledger(entries) if entries else selection
     if not set(looked_at(entries)) - {kind}:

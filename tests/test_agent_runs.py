@@ -5,12 +5,15 @@ same code in tests/test_agent_calibration.py."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
 from langchain.agents import create_agent
+from langchain_core.language_models import BaseChatModel
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
 
 from abstain_guard.calibration.building.answering.agents import (
@@ -118,6 +121,44 @@ def test_runs_are_cached_per_question_and_not_run_again(tmp_path):
         progress=False,
     )
     assert other["q1"]["text"] == "Cusco."
+
+
+class _Together(BaseChatModel):
+    """Answers each question with itself only once ``barrier.parties`` calls wait at once:
+    runs made one after another break the barrier (each run then ends in an error)."""
+
+    barrier: Any
+
+    @property
+    def _llm_type(self) -> str:
+        return "together"
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        return self
+
+    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any):
+        self.barrier.wait()
+        question = next(m.content for m in messages if isinstance(m, HumanMessage))
+        return ChatResult(generations=[ChatGeneration(message=AIMessage(f"re: {question}"))])
+
+
+def test_runs_go_concurrently_and_each_row_is_its_own_questions(tmp_path):
+    # calibration passes config.batch_size: a local model's scheduler then decodes the runs'
+    # steps together (bitwise what each gets alone, tests/test_scheduler.py)
+    items = [QAItem(id=f"q{i}", question=f"Question {i}?", answers=("x",)) for i in range(3)]
+    agent = create_agent(_Together(barrier=threading.Barrier(3, timeout=10)), tools=[])
+    rows = run_agents(
+        agent,
+        items,
+        RunStore(tmp_path / "run.sqlite"),
+        key_parts=["fp", "m:f"],
+        step_limit=5,
+        progress=False,
+        concurrency=3,
+    )
+    assert {k: r["text"] for k, r in rows.items()} == {
+        f"q{i}": f"re: Question {i}?" for i in range(3)
+    }
 
 
 def _row(reason: str, calls: int = 0, system: str | None = "S", tools: Any = None) -> dict:

@@ -93,6 +93,7 @@ def agent_live_rows(
             None if reference is None else means_digest(reference),
         ],
         step_limit=step_limit,
+        concurrency=cfg.batch_size,
         progress=False,
     )
     test_items = [it for it in items if it.id not in stored_cal]

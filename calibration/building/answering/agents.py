@@ -26,7 +26,8 @@ import importlib
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, cast
 from uuid import UUID
@@ -247,6 +248,24 @@ def run_agent(agent: Any, inputs: Sequence[BaseMessage], step_limit: int) -> Age
     return AgentRun(None, "no_final_answer", as_json, recorder.calls)
 
 
+def run_rows(
+    agent: Any, items: Sequence[QAItem], step_limit: int, concurrency: int = 1
+) -> Iterator[tuple[QAItem, AnswerRow]]:
+    """``(item, run_row(...))`` for each of ``items``, as each run ends, with up to
+    ``concurrency`` runs in flight (threads): a local model's scheduler decodes the runs'
+    steps together and gives each bitwise what it gets alone
+    (:mod:`abstain_guard.adapters.engine.scheduler`), a served model gets concurrent
+    requests. Rows are yielded in this thread, so the caller stores them without locks."""
+    if concurrency <= 1 or len(items) <= 1:
+        for it in items:
+            yield it, run_row(run_agent(agent, agent_inputs(it), step_limit))
+        return
+    with ThreadPoolExecutor(max_workers=min(concurrency, len(items))) as pool:
+        futures = {pool.submit(run_agent, agent, agent_inputs(it), step_limit): it for it in items}
+        for future in as_completed(futures):
+            yield futures[future], run_row(future.result())
+
+
 def run_row(run: AgentRun) -> AnswerRow:
     """The cached row of one run: the final answer like a generated answer's row (text,
     finish reason, the scorers' metadata incl. geometry) plus the run's record, whose AI
@@ -294,6 +313,7 @@ def run_agents(
     executor: Any = None,
     factory: str | None = None,
     scorer: Any = None,
+    concurrency: int = 1,
 ) -> AnswerRows:
     """One cached run per question: ``{item.id: row}`` (:func:`run_row`, plus ``"key"``).
 
@@ -302,7 +322,8 @@ def run_agents(
     (one cached before the tool-argument schema check misses); every new run is stored
     as soon as it ends. With ``executor`` (a :class:`~.executors.RayExecutor`) the runs go to
     its replicas, which build the agent themselves from ``factory`` around their model
-    (prepared by ``scorer`` when given); ``agent`` is then not run here.
+    (prepared by ``scorer`` when given); ``agent`` is then not run here. Locally, up to
+    ``concurrency`` runs are in flight at once (:func:`run_rows`).
     """
     keys = {it.id: run_key(it, key_parts, step_limit) for it in items}
     done = store.get_many(AGENT_NS, list(keys.values()))
@@ -321,9 +342,9 @@ def run_agents(
         executor.run_agents(
             todo, factory=factory, scorer=scorer, step_limit=step_limit, on_done=keep
         )
-    for it in todo:
-        if executor is None:
-            keep(it, run_row(run_agent(agent, agent_inputs(it), step_limit)))
+    if executor is None:
+        for it, row in run_rows(agent, todo, step_limit, concurrency):
+            keep(it, row)
     bar.close()
     return {it.id: cast(AnswerRow, {**done[keys[it.id]], "key": keys[it.id]}) for it in items}
 

@@ -154,16 +154,14 @@ class _Replica:
         """The cached rows (:func:`~.agents.run_row`) of the agent ``factory`` builds around
         this replica's model — prepared by ``scorer`` when given, as the middleware
         prepares it — run on each question of ``chunk``."""
-        from .agents import (
-            agent_inputs,
-            load_agent_factory,
-            run_agent,
-            run_row,
-        )
+        from .agents import load_agent_factory, run_rows
 
         model = self.model if scorer is None else scorer.prepare(self.model)
         agent = load_agent_factory(factory)(model)
-        return [run_row(run_agent(agent, agent_inputs(it), step_limit)) for it in chunk]
+        rows = {
+            it.id: row for it, row in run_rows(agent, chunk, step_limit, self.config.batch_size)
+        }
+        return [rows[it.id] for it in chunk]
 
     def replay_token_ids(
         self, pairs: list[tuple[list[int], list[int]]], batch_size: int, return_states: bool

@@ -60,14 +60,29 @@ LEVELS = (1, 8, 32)
 REQUESTS = {1: 16, 8: 48, 32: 96}
 
 
+def completion_tokens(reply: Any) -> int:
+    """Tokens generated for one reply: the OpenAI body's ``usage`` (stock), or the guarded
+    message's token ids (answered, or withheld when the guard abstained)."""
+    if isinstance(reply, dict):
+        return int(reply["usage"]["completion_tokens"])
+    meta = reply.response_metadata
+    ids = meta.get("token_ids")
+    if ids is None:
+        ids = (meta.get("withheld_response") or {}).get("response_metadata", {})["token_ids"]
+    return len(ids)
+
+
 def drive(call: Callable[[str], Any], questions: Sequence[str], concurrency: int) -> dict:
-    """``call`` on every question, ``concurrency`` at once: throughput and latencies."""
+    """``call`` on every question, ``concurrency`` at once: throughput, latencies and the
+    tokens each question's reply generated (so the sides are seen to do the same work)."""
     latencies: list[float] = []
+    tokens: dict[str, int] = {}
 
     def timed(q: str) -> None:
         t = time.perf_counter()
-        call(q)
+        reply = call(q)
         latencies.append(time.perf_counter() - t)
+        tokens[q] = completion_tokens(reply)
 
     start = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
@@ -79,6 +94,7 @@ def drive(call: Callable[[str], Any], questions: Sequence[str], concurrency: int
         "throughput_rps": len(questions) / wall,
         "p50_s": float(np.percentile(latencies, 50)),
         "p95_s": float(np.percentile(latencies, 95)),
+        "completion_tokens": [tokens[q] for q in questions],
     }
 
 
@@ -211,6 +227,14 @@ def cpu_bench(args: argparse.Namespace) -> dict[str, Any]:
                 n: statistics.median(r[level]["p95_s"] for r in runs[n]) for n in sides
             },
         }
+    first = {n: runs[n][0]["32"]["completion_tokens"] for n in sides}
+    summary["completion_tokens"] = {
+        "total": {n: sum(v) for n, v in first.items()},
+        "questions_with_other_count_than_stock_default": {
+            n: sum(a != b for a, b in zip(v, first["stock_default"], strict=True))
+            for n, v in first.items()
+        },
+    }
     solo = {n: statistics.median(r["1"]["p50_s"] for r in runs[n]) for n in sides}
     for level in map(str, LEVELS):
         summary[level]["p95_over_solo"] = {

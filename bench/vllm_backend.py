@@ -12,8 +12,9 @@ set, greedy, the artifact's system prompt and budget), at 1, 8 and 32 requests i
     stock server started with the guard's connector flag (default settings otherwise), the
     probe scoring every response, the guard deciding.
 
-Every side is called the same way: one ``httpx.post`` per request (the guard's client), from
-as many threads as requests in flight. Phases interleave (each repeat runs every level on
+Every side is called the same way: through one ``httpx.Client`` per process (a connection
+pool with keep-alive and one TLS context, as the guard's client does), from as many threads as
+requests in flight. Phases interleave (each repeat runs every level on
 every side, the side order rotating), and the JSON keeps each repeat's ratio beside the
 medians: throughput (answers/s over the phase's wall time) and p95 latency (``p95_over_solo``:
 p95 at a level over the median latency alone). Server start-up (vLLM compiles) is not timed.
@@ -174,6 +175,8 @@ def cpu_bench(args: argparse.Namespace) -> dict[str, Any]:
     for server in servers.values():
         server.wait()
 
+    client = httpx.Client(limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+
     def plain(url: str) -> Callable[[str], Any]:
         def call(q: str) -> Any:
             body = {
@@ -182,7 +185,7 @@ def cpu_bench(args: argparse.Namespace) -> dict[str, Any]:
                 "max_tokens": budget,
                 "temperature": 0.0,
             }
-            got = httpx.post(url + "/v1/chat/completions", json=body, timeout=600.0)
+            got = client.post(url + "/v1/chat/completions", json=body, timeout=600.0)
             return got.raise_for_status().json()
 
         return call

@@ -333,3 +333,44 @@ def test_a_decision_on_a_batch_variant_engine_states_the_bound() -> None:
     )
     _, decision = AbstentionPolicy(plain, GuardConfig(participation=0.8)).decide(message)
     assert "batch_variance" not in decision["guarantee"]
+
+
+def test_requests_to_a_server_share_one_connection_and_tls_context() -> None:
+    # httpx.post per request built a new client, TLS context and TCP connection each time:
+    # half of the guard client's CPU at 8 in flight (docs/vllm.md); now one pool per process
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    peers: list[int] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive
+
+        def do_GET(self) -> None:  # /v1/models: the served name
+            self._reply(b'{"data": [{"id": "m"}]}')
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self._reply(b'{"ok": true}')
+
+        def _reply(self, body: bytes) -> None:
+            peers.append(self.client_address[1])
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        model = VLLMChatModel(engine_url=url)
+        for _ in range(3):
+            assert model._post(url, {"model": "m", "messages": []}) == {"ok": True}
+    finally:
+        server.shutdown()
+    assert len(peers) >= 3 and len(set(peers)) == 1, peers  # one connection, kept alive

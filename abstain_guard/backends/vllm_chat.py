@@ -576,7 +576,9 @@ def _tls_context() -> ssl.SSLContext:
 
 @atexit.register
 def _close_http() -> None:
-    for client in _HTTP.values():
+    """Close this process's client (a forked child's copy of its parent's is the parent's)."""
+    client = _HTTP.pop(os.getpid(), None)
+    if client is not None:
         client.close()
 
 

@@ -40,7 +40,6 @@ import importlib.abc
 import importlib.util
 import os
 import sys
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +54,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from abstain_guard.contract.metadata import probe_layers
 
 from .vllm_capture import RequestCapture, finishes, install_tap, step_from_runner
+from .vllm_mailbox import CaptureMailbox
 from .vllm_payload import CONNECTOR_NAME, PAYLOAD_KEY, connector_flag, weights_digest
 
 __all__ = [
@@ -70,8 +70,6 @@ __all__ = [
 CAPTURE_PATH = "compiled_tap_kv_connector"
 #: Longest answer whose token entropies are kept (longer: entropy None, hidden still exact).
 MAX_ENTROPY_TOKENS = 8192
-#: Finished captures waiting for their request (a request aborted before it finished).
-_MAX_WAITING = 4096
 _RUNNER_MODULES = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.cpu_model_runner")
 
 
@@ -388,11 +386,8 @@ class AbstainGuardConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
         super().__init__(vllm_config, role, kv_cache_config)
         register()  # the runner is already patched when the plugin loaded; harmless again
-        self._new: list[str] = []
-        self._wanted: set[str] = set()
-        self._pending: dict[str, dict[str, Any]] = {}
-        self._arrived: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        self._record = engine_record(vllm_config) if role == KVConnectorRole.SCHEDULER else {}
+        record = engine_record(vllm_config) if role == KVConnectorRole.SCHEDULER else {}
+        self._mailbox = CaptureMailbox(record)
 
     # worker side: nothing moves through the KV cache
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
@@ -429,46 +424,19 @@ class AbstainGuardConnector(KVConnectorBase_V1):
     def on_new_request(self, request: Any) -> None:
         params = getattr(request, "kv_transfer_params", None)
         if isinstance(params, Mapping) and PAYLOAD_KEY in params:
-            self._new.append(request.request_id)
-            self._wanted.add(request.request_id)
+            self._mailbox.want(request.request_id)
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
-        meta = GuardConnectorMetadata(wanted=self._new)
-        self._new = []
-        return meta
+        return GuardConnectorMetadata(wanted=self._mailbox.take_new())
 
     def update_connector_output(self, connector_output: Any) -> None:
         meta = getattr(connector_output, "kv_connector_worker_meta", None)
-        if not isinstance(meta, GuardWorkerMetadata):
-            return
-        for req, capture in meta.captures.items():
-            target = self._pending.pop(req, None)
-            if target is not None:  # the response object is still being assembled
-                target.clear()
-                target.update(capture, engine=self._record)
-            else:
-                self._arrived[req] = capture
-                while len(self._arrived) > _MAX_WAITING:
-                    self._arrived.popitem(last=False)
+        if isinstance(meta, GuardWorkerMetadata):
+            self._mailbox.arrive(meta.captures)
 
     def request_finished(
         self, request: Any, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
-        req = request.request_id
-        if req not in self._wanted:
-            return False, None
-        self._wanted.discard(req)
-        capture = self._arrived.pop(req, None)
-        if capture is not None:
-            return False, {PAYLOAD_KEY: {**capture, "engine": self._record}}
-        # The worker's capture of this step arrives with the same model output, after the
-        # finished requests are handled (Scheduler.update_from_output): filled in place then.
-        target = {
-            "error": "the engine finished the request without its capture (aborted, or cut "
-            "by a stop string)",
-            "engine": self._record,
-        }
-        self._pending[req] = target
-        while len(self._pending) > _MAX_WAITING:
-            self._pending.pop(next(iter(self._pending)))
-        return False, {PAYLOAD_KEY: target}
+        # filled in place when the step's worker output arrives (:mod:`.vllm_mailbox`)
+        payload = self._mailbox.finished(request.request_id)
+        return False, None if payload is None else {PAYLOAD_KEY: payload}

@@ -1,0 +1,87 @@
+"""The scheduler side of the vLLM connector's bookkeeping: which requests asked for a
+capture, and how a worker's capture meets its request's response. Pure Python (no vLLM):
+:class:`~.vllm_connector.AbstainGuardConnector` delegates to :class:`CaptureMailbox`, and the
+tests drive it without an engine.
+
+The order vLLM gives (``Scheduler.update_from_output``): a request that finishes in a step is
+handed to ``request_finished`` *before* the worker's captures of that step reach
+``update_connector_output``. So ``request_finished`` returns a payload dict that is filled in
+place when the capture arrives — vLLM builds the OpenAI response from it after the step.
+Until then it says why there is no capture; a response that leaves the engine still saying
+so (aborted, cut by a stop string, or evicted below) is refused by the client
+(:func:`~.vllm_payload.decode_capture` raises ``BackendError``), and the guard fails closed.
+A capture is never attached to another request's response.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["MAX_WAITING", "NO_CAPTURE", "CaptureMailbox"]
+
+#: Most captures, and most payloads, kept waiting for their other half. A finished request
+#: waits for its capture only until the same step's worker output arrives, so more than this
+#: many requests finishing in one step would be needed to evict one (it then keeps
+#: :data:`NO_CAPTURE`); a capture waits only for a request that never finishes (aborted
+#: between the worker's sampling and the scheduler's bookkeeping).
+MAX_WAITING = 4096
+#: The payload's error when the engine finished a request without its capture.
+NO_CAPTURE = (
+    "the engine finished the request without its capture (aborted, or cut by a stop string)"
+)
+
+
+class CaptureMailbox:
+    """Captures matched to their requests (scheduler side; one per engine)."""
+
+    def __init__(self, engine: Mapping[str, Any], max_waiting: int = MAX_WAITING) -> None:
+        self.engine = dict(engine)
+        self.max_waiting = max_waiting
+        self._new: list[str] = []
+        self._wanted: set[str] = set()
+        self._pending: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._arrived: OrderedDict[str, dict[str, Any]] = OrderedDict()
+
+    def want(self, request_id: str) -> None:
+        """A new request asked for its capture."""
+        self._new.append(request_id)
+        self._wanted.add(request_id)
+
+    def take_new(self) -> list[str]:
+        """The requests that asked since the last call (sent to the workers this step)."""
+        new, self._new = self._new, []
+        return new
+
+    def finished(self, request_id: str) -> dict[str, Any] | None:
+        """The payload of a request that just finished (None: it asked for none). Filled in
+        place by :meth:`arrive` when its capture comes with the step's worker output."""
+        if request_id not in self._wanted:
+            return None
+        self._wanted.discard(request_id)
+        capture = self._arrived.pop(request_id, None)
+        if capture is not None:
+            return {**capture, "engine": self.engine}
+        target: dict[str, Any] = {"error": NO_CAPTURE, "engine": self.engine}
+        self._pending[request_id] = target
+        while len(self._pending) > self.max_waiting:
+            self._pending.popitem(last=False)  # the oldest keeps its error: refused, not wrong
+        return target
+
+    def arrive(self, captures: Mapping[str, Mapping[str, Any]]) -> None:
+        """Captures of requests whose last token a worker sampled in this step."""
+        for request_id, capture in captures.items():
+            target = self._pending.pop(request_id, None)
+            if target is not None:  # the response is still being assembled
+                target.clear()
+                target.update(capture, engine=self.engine)
+            else:
+                self._arrived[request_id] = dict(capture)
+                while len(self._arrived) > self.max_waiting:
+                    self._arrived.popitem(last=False)
+
+    @property
+    def waiting(self) -> tuple[int, int]:
+        """``(payloads waiting for a capture, captures waiting for a request)``."""
+        return len(self._pending), len(self._arrived)

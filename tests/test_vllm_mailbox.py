@@ -1,0 +1,92 @@
+"""The vLLM connector's scheduler-side bookkeeping (:class:`CaptureMailbox`), driven in the
+order vLLM calls it, without an engine: each response carries its own request's capture or
+an error the client refuses (the guard then fails closed), never another request's capture,
+and what waits is bounded."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from abstain_guard.backends.vllm_mailbox import NO_CAPTURE, CaptureMailbox
+from abstain_guard.backends.vllm_payload import PAYLOAD_KEY, decode_capture, encode_capture
+from abstain_guard.errors import BackendError
+
+ENGINE = {"vllm": "test", "capture_path": "compiled_tap_kv_connector"}
+
+
+def _capture(seed: int, num_tokens: int = 3) -> dict:
+    rng = np.random.default_rng(seed)
+    last, mean = rng.normal(size=(1, 8)), rng.normal(size=(1, 8))
+    return encode_capture([5], last, mean, [0.1 * seed] * num_tokens, num_tokens)
+
+
+def _read(payload: dict | None, num_tokens: int = 3) -> tuple:
+    return decode_capture({PAYLOAD_KEY: payload}, num_tokens)
+
+
+def test_a_capture_arriving_after_its_request_finished_fills_that_response() -> None:
+    box = CaptureMailbox(ENGINE)
+    box.want("a")
+    box.want("b")
+    assert box.take_new() == ["a", "b"] and box.take_new() == []
+    payload = box.finished("a")  # vLLM hands finished requests over before the step's output
+    assert payload is not None and payload["error"] == NO_CAPTURE
+    box.arrive({"a": _capture(1)})
+    entropy, hidden, engine = _read(payload)
+    assert entropy == pytest.approx([0.1] * 3) and engine == ENGINE
+    assert hidden is not None and hidden["layers"] == [5]
+    assert box.waiting == (0, 0)
+
+
+def test_a_capture_arriving_first_waits_for_its_request() -> None:
+    box = CaptureMailbox(ENGINE)
+    box.want("a")
+    box.arrive({"a": _capture(2)})
+    assert box.waiting == (0, 1)
+    entropy, _, _ = _read(box.finished("a"))
+    assert entropy == pytest.approx([0.2] * 3)
+    assert box.waiting == (0, 0)
+
+
+def test_a_request_that_asked_for_no_capture_gets_none() -> None:
+    box = CaptureMailbox(ENGINE)
+    assert box.finished("other") is None
+    box.want("a")
+    box.finished("a")
+    assert box.finished("a") is None  # handed over once
+
+
+def test_an_aborted_request_is_refused_by_the_client() -> None:
+    """vLLM finishes an aborted request (client gone, or cut by a stop string) without its
+    worker sampling a last token: no capture ever arrives, and the response says so."""
+    box = CaptureMailbox(ENGINE)
+    box.want("aborted")
+    payload = box.finished("aborted")
+    box.arrive({})  # the step's worker output has nothing for it
+    with pytest.raises(BackendError, match="aborted"):
+        _read(payload)
+
+
+def test_an_evicted_response_keeps_its_error_and_no_capture_goes_astray() -> None:
+    """More responses waiting than the bound (4,096 finishing in one step on a real engine):
+    the oldest keeps its error, the others get their own captures, and the evicted one's late
+    capture lands in no response."""
+    box = CaptureMailbox(ENGINE, max_waiting=2)
+    for r in ("a", "b", "c"):
+        box.want(r)
+    payloads = {r: box.finished(r) for r in ("a", "b", "c")}
+    assert box.waiting == (2, 0)
+    box.arrive({r: _capture(i + 1) for i, r in enumerate(("a", "b", "c"))})
+    with pytest.raises(BackendError, match="without its capture"):
+        _read(payloads["a"])
+    assert _read(payloads["b"])[0] == pytest.approx([0.2] * 3)
+    assert _read(payloads["c"])[0] == pytest.approx([0.3] * 3)
+    # "a"'s capture waits as an orphan, bounded, and is never handed to a later request
+    assert box.waiting == (0, 1)
+    box.want("d")
+    for i in range(5):
+        box.arrive({f"orphan{i}": _capture(10 + i)})
+    assert box.waiting == (0, 2)
+    with pytest.raises(BackendError, match="without its capture"):
+        _read(box.finished("d"))

@@ -27,10 +27,10 @@ from abstain_guard.errors import ConfigError
 from abstain_guard.guard.policy import AbstentionPolicy
 
 from ..building.answering.agents import (
-    agent_inputs,
+    AgentRun,
     has_final_answer,
+    iter_runs,
     load_agent_factory,
-    run_agent,
     run_agents,
 )
 from ..building.answering.answer_rows import means_digest
@@ -126,8 +126,9 @@ def agent_live_rows(
         agent = factory(prepared)
     rows: list[dict[str, Any]] = []
     answers: dict[str, dict[str, Any]] = {}
-    for it in tqdm(items, desc="live agent", disable=not progress, unit="q"):
-        run = run_agent(agent, agent_inputs(it), step_limit)
+    runs = _guarded_runs(agent, items, step_limit, cfg.batch_size, "live agent", progress)
+    for it in items:
+        run = runs[it.id]
         final = run.final
         if final is not None and guarded_by == "policy":
             final, _ = policy.decide(final)
@@ -164,6 +165,19 @@ def agent_live_rows(
         live["correct"] = verdicts[live["id"]].correct if live["id"] in verdicts else None
     cache.log_reuse(store, judges)
     return rows, policy, guarded_by
+
+
+def _guarded_runs(
+    agent: Any, items: list[Any], step_limit: int, concurrency: int, desc: str, progress: bool
+) -> dict[str, AgentRun]:
+    """The guarded agent's run of each item, ``concurrency`` (the config's ``batch_size``)
+    in flight at once, as calibration ran the unguarded ones (:func:`iter_runs`)."""
+    runs: dict[str, AgentRun] = {}
+    with tqdm(total=len(items), desc=desc, disable=not progress, unit="q") as bar:
+        for it, run in iter_runs(agent, items, step_limit, concurrency):
+            runs[it.id] = run
+            bar.update()
+    return runs
 
 
 def _no_answer_row(
@@ -216,11 +230,13 @@ def _step_rows(
     threshold = middleware.policy.rule.threshold
     rows: list[dict[str, Any]] = []
     answers: dict[str, dict[str, Any]] = {}
-    for it in tqdm(items, desc="live agent (steps)", disable=not progress, unit="q"):
+    step_limit = record.agent.step_limit
+    runs = _guarded_runs(agent, items, step_limit, cfg.batch_size, "live agent (steps)", progress)
+    for it in items:
         stored = stored_cal.get(it.id)
         if stored is None:
             stored = stored_run_statistic(artifact.scorer, unguarded[it.id])
-        run = run_agent(agent, agent_inputs(it), record.agent.step_limit)
+        run = runs[it.id]
         row = step_live_row(
             it, run, unguarded[it.id], artifact.scorer, stored, threshold, record.tools
         )

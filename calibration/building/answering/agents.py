@@ -248,22 +248,30 @@ def run_agent(agent: Any, inputs: Sequence[BaseMessage], step_limit: int) -> Age
     return AgentRun(None, "no_final_answer", as_json, recorder.calls)
 
 
-def run_rows(
+def iter_runs(
     agent: Any, items: Sequence[QAItem], step_limit: int, concurrency: int = 1
-) -> Iterator[tuple[QAItem, AnswerRow]]:
-    """``(item, run_row(...))`` for each of ``items``, as each run ends, with up to
-    ``concurrency`` runs in flight (threads): a local model's scheduler decodes the runs'
-    steps together and gives each bitwise what it gets alone
-    (:mod:`abstain_guard.adapters.engine.scheduler`), a served model gets concurrent
-    requests. Rows are yielded in this thread, so the caller stores them without locks."""
+) -> Iterator[tuple[QAItem, AgentRun]]:
+    """``(item, run)`` for each of ``items``, as each run ends, with up to ``concurrency``
+    runs in flight (threads): a local model's scheduler decodes the runs' steps together and
+    gives each bitwise what it gets alone (:mod:`abstain_guard.adapters.engine.scheduler`),
+    a served model gets concurrent requests. Runs are yielded in this thread, so the caller
+    stores them without locks; with ``concurrency`` 1 they run in this thread, in order."""
     if concurrency <= 1 or len(items) <= 1:
         for it in items:
-            yield it, run_row(run_agent(agent, agent_inputs(it), step_limit))
+            yield it, run_agent(agent, agent_inputs(it), step_limit)
         return
     with ThreadPoolExecutor(max_workers=min(concurrency, len(items))) as pool:
         futures = {pool.submit(run_agent, agent, agent_inputs(it), step_limit): it for it in items}
         for future in as_completed(futures):
-            yield futures[future], run_row(future.result())
+            yield futures[future], future.result()
+
+
+def run_rows(
+    agent: Any, items: Sequence[QAItem], step_limit: int, concurrency: int = 1
+) -> Iterator[tuple[QAItem, AnswerRow]]:
+    """``(item, run_row(...))`` for each of ``items`` (:func:`iter_runs`)."""
+    for it, run in iter_runs(agent, items, step_limit, concurrency):
+        yield it, run_row(run)
 
 
 def run_row(run: AgentRun) -> AnswerRow:

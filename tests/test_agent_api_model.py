@@ -79,8 +79,11 @@ def test_an_api_model_agent_calibrates_and_deploys_with_live_equal_to_stored(
     by_id = {it.id: it for it in ITEMS}
     stored = dict(zip(art.metadata["calibration_ids"], art.scores.tolist(), strict=True))
     steps = []
-    for item_id, score in stored.items():
-        state = agent.invoke({"messages": [HumanMessage(by_id[item_id].prompt_text())]})
+    # the runs at once, as a served agent takes them (LangGraph's batch: one thread per run)
+    states = agent.batch(
+        [{"messages": [HumanMessage(by_id[item_id].prompt_text())]} for item_id in stored]
+    )
+    for score, state in zip(stored.values(), states, strict=True):
         decision = state["messages"][-1].response_metadata["abstention"]
         assert decision["score"] == pytest.approx(score, abs=1e-6)
         steps.append(decision["tool_steps"])

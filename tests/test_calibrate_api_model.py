@@ -43,6 +43,14 @@ def server(default_model: Any) -> Any:
         yield srv
 
 
+@pytest.fixture(scope="module")
+def answers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One calibration cache for the module's runs on the same questions and settings: the
+    model answers each question once (the judge and review differ, which the cache keys
+    apart)."""
+    return tmp_path_factory.mktemp("answers")
+
+
 def _kwargs(server: ServerThread, **extra: Any) -> dict[str, Any]:
     return {"model": "smollm2", "base_url": server.base_url, "max_retries": 0, **extra}
 
@@ -100,9 +108,9 @@ def test_the_raw_model_answers_with_logprobs_and_no_decision(server: ServerThrea
 
 
 def test_a_guard_calibrated_on_the_api_model_scores_live_as_stored(
-    server: ServerThread, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    server: ServerThread, tmp_path: Path, answers: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cfg = _config(server, tmp_path, api_key=SECRET)
+    cfg = _config(server, answers, api_key=SECRET)
     summary = calibrate(ITEMS, tmp_path / "guard", config=cfg, progress=False)
     art = GuardArtifact.load(tmp_path / "guard")
     n = summary.split_sizes["calibration"]
@@ -112,7 +120,7 @@ def test_a_guard_calibrated_on_the_api_model_scores_live_as_stored(
     assert record["chat_model"]["settings"]["logprobs"] is True  # asked for
     assert art.model_fingerprint == record["model_fingerprint"]
     assert art.model_fingerprint.startswith("chat_model:")
-    written = [*Path(tmp_path / "guard").rglob("*"), *Path(tmp_path / "run.cache").rglob("*")]
+    written = [*Path(tmp_path / "guard").rglob("*"), *Path(answers / "run.cache").rglob("*")]
     assert not [p for p in written if p.is_file() and SECRET.encode() in p.read_bytes()]
 
     # deployed around the same ChatOpenAI (built by the user, another key): live = stored
@@ -120,9 +128,9 @@ def test_a_guard_calibrated_on_the_api_model_scores_live_as_stored(
     chain, guard, _ = load_guard_chain(art, GuardConfig(participation=0.5), model=chat)
     by_id = {it.id: it for it in ITEMS}
     cal = [by_id[i] for i in art.metadata["calibration_ids"]]
-    decisions = [
-        chain.invoke({"question": it.prompt_text()}).response_metadata["abstention"] for it in cal
-    ]
+    # asked at once, as a served model is (LangChain's batch: one thread per question)
+    replies = chain.batch([{"question": it.prompt_text()} for it in cal])
+    decisions = [r.response_metadata["abstention"] for r in replies]
     live = np.array([d["score"] for d in decisions])
     assert np.array_equal(live, art.scores)
     threshold = guard.threshold
@@ -162,7 +170,7 @@ def test_an_api_model_without_logprobs_is_a_typed_error_naming_the_question(
 
 
 def test_questions_only_judged_by_an_llm_judge_at_a_url_then_reviewed(
-    server: ServerThread, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    server: ServerThread, tmp_path: Path, answers: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A file of questions without answers, judged by an LLM judge named in the config only,
     a review drawn by calibrate, filled by "people" (the probe set's gold, checked
@@ -188,7 +196,7 @@ def test_questions_only_judged_by_an_llm_judge_at_a_url_then_reviewed(
             "kwargs": {"responses": replies},
         },
     }
-    cfg = _config(server, tmp_path, api_key="k").model_copy(
+    cfg = _config(server, answers, api_key="k").model_copy(
         update={"judge": judge, "review_size": 6, "review_seed": 11, "delta": 0.2}
     )
     calibrate(data, tmp_path / "guard", config=cfg, progress=False)

@@ -172,14 +172,17 @@ def test_agent_on_the_real_model_calls_a_tool_first_and_ends(default_model_with:
     the model picks which; a call whose arguments fail the schema is parsed as an invalid
     call, which ends the run) and the run ends with an AI message that calls none."""
     agent = lookup_agent.build_agent(default_model_with(max_new_tokens=48))
-    for question in (
+    questions = (
         "What is the capital of Peru?",
         "What is the capital of Ohio?",
         "In which country is the city Osaka?",
-    ):
-        state = agent.invoke(
-            {"messages": [HumanMessage(content=question)]}, config={"recursion_limit": 8}
-        )
+    )
+    # the runs at once (the model's scheduler decodes their steps together)
+    states = agent.batch(
+        [{"messages": [HumanMessage(content=q)]} for q in questions],
+        config={"recursion_limit": 8},
+    )
+    for state in states:
         messages = state["messages"][1:]
         first = messages[0]
         assert isinstance(first, AIMessage)

@@ -19,6 +19,7 @@ from test_pipeline_resume import ITEMS, HashJudge, _config, _judges
 from tiny_models import tiny_chat_model
 
 from abstain_guard import GuardArtifact, GuardConfig
+from abstain_guard.adapters.capture.session import default_parts
 from abstain_guard.adapters.engine.scheduler import scheduler_for
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.contract.deployment import DeploymentRecord
@@ -63,6 +64,7 @@ def test_the_decode_mode_is_recorded_and_keys_the_cache(batched_run: tuple[Path,
     record = DeploymentRecord.from_metadata(art.metadata)
     assert record is not None and record.decoding["batch_decode"] is True
     shared = {"steps": "shared", "threads": 1, "min_rows": 4, "prefix": "system_turn"}
+    shared["parts"] = default_parts().record()  # the attention-parts rule (test_parts_rule)
     assert record.decoding["decode_path"] == shared
     rows = _generation_rows(tmp / "guard.cache")
     assert rows and all(r["metadata"]["generation"]["batch_decode"] is True for r in rows)
@@ -119,6 +121,7 @@ def test_rows_alone_calibration_keys_apart_from_batch_decode(
         "threads": 1,
         "min_rows": 1,
         "prefix": "system_turn",
+        "parts": default_parts().record(),
     }
     modes = [
         r["metadata"]["generation"]["batch_decode"] for r in _generation_rows(tmp / "guard.cache")

@@ -20,6 +20,7 @@ import pytest
 import torch
 from tiny_models import tiny_chat_model
 
+from abstain_guard.adapters.capture.session import default_parts
 from abstain_guard.adapters.engine.threads import (
     ENGINE_WORKERS_ENV,
     MIN_DECODE_ROWS,
@@ -73,6 +74,7 @@ def test_one_blas_thread_in_the_environment_changes_nothing(default_model: Any) 
         "threads": 1,
         "min_rows": MIN_DECODE_ROWS,
         "prefix": "system_turn",
+        "parts": default_parts().record(),
     }
     assert there == json.loads(json.dumps(here))  # bitwise: JSON floats round-trip exactly
 

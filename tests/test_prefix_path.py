@@ -103,10 +103,11 @@ def test_every_capture_strategy_is_exact_after_a_prefix(
     monkeypatch: pytest.MonkeyPatch, strategy: str, budget: int | None
 ) -> None:
     """The request's session continues from the prefix's kept parts or, when they did not fit
-    the budget (0), from their max-norms; both exact."""
+    the budget (0; the prefix is computed under its request's budget), from their max-norms;
+    both exact."""
     monkeypatch.setattr(capture, "DEFAULT_STRATEGY", strategy)
     if budget is not None:
-        monkeypatch.setattr("abstain_guard.adapters.engine.prefix.CACHE_BUDGET_BYTES", budget)
+        monkeypatch.setattr(capture, "CACHE_BUDGET_BYTES", budget)
     on, off = _pair("qwen2")
     a, b = on.invoke(MESSAGES), off.invoke(MESSAGES)
     (state,) = prefix_store(on._shared)._items.values()

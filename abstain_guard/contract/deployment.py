@@ -319,8 +319,8 @@ def decode_path_problem(got: Any, calibrated: Any) -> str:
         f"decode_path={got!r} but calibration used {calibrated!r}: the response was decoded "
         f"with {_describe_path(got)}, the guard was calibrated with {_describe_path(calibrated)}; "
         "the two differ in the last bits of every score. Load the model with the calibrated "
-        "batch_decode and prefix_cache on the same library version, or calibrate again on "
-        "this path"
+        "batch_decode and prefix_cache on the same library version (a guard sets the "
+        "calibrated attention-parts rule itself), or calibrate again on this path"
     )
 
 
@@ -332,6 +332,12 @@ def _describe_path(record: Any) -> str:
         if record.get("prefix")
         else "each prompt in one pass"
     )
+    parts = record.get("parts")
+    if isinstance(parts, Mapping):
+        prompt += (
+            f", attention parts kept within {parts.get('cache_budget_bytes')} bytes and dense "
+            f"up to {parts.get('dense_max_sources')} sources"
+        )
     if record.get("steps") == "shared":
         return (
             f"{prompt}, shared decode steps on {record.get('threads')} BLAS thread(s), padded "

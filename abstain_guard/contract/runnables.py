@@ -18,7 +18,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import Runnable
 from pydantic import BaseModel
 
-__all__ = ["find_chat_models", "map_chat_models"]
+__all__ = ["find_chat_models", "map_chat_models", "with_calibrated_capture"]
 
 
 def _children(runnable: Any) -> list[tuple[str, Any]]:
@@ -87,3 +87,22 @@ def find_chat_models(runnable: Any) -> list[BaseChatModel]:
 
     map_chat_models(runnable, visit)
     return found
+
+
+def with_calibrated_capture(runnable: Any, decoding: Any) -> Any:
+    """``runnable`` with every local model in it capturing under the attention-parts rule its
+    artifact was calibrated with (``decoding["decode_path"]["parts"]`` of the deployment
+    record; a path recorded without one: the legacy rule). Unchanged where the calibration
+    recorded no decode path (an API model, a hand-built artifact) and for models without
+    the rule (API and vLLM models). The rule picks between exact strategies whose float32
+    results differ in the last bits, so the guard deploys the one it was calibrated on."""
+    path = decoding.get("decode_path") if isinstance(decoding, Mapping) else None
+    if not isinstance(path, Mapping):
+        return runnable
+    parts = path.get("parts")
+
+    def adopt(model: BaseChatModel) -> Any:
+        adopt_rule = getattr(model, "with_capture_parts", None)
+        return model if adopt_rule is None else adopt_rule(parts)
+
+    return map_chat_models(runnable, adopt)

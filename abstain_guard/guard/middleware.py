@@ -63,6 +63,7 @@ from typing_extensions import NotRequired
 from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
 from abstain_guard.contract.deployment import sha256_text, tool_steps_problem, tools_sha256
+from abstain_guard.contract.runnables import with_calibrated_capture
 from abstain_guard.contract.tool_choice import free_choice, recorded_tool_choice
 from abstain_guard.errors import ConfigError
 from abstain_guard.guarantee.agent_steps import running_statistic
@@ -156,6 +157,8 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         prepared = self.artifact.scorer.prepare(model)
         if not isinstance(prepared, BaseChatModel):
             prepared = model
+        if self.policy.deployment is not None:
+            prepared = with_calibrated_capture(prepared, self.policy.deployment.decoding)
         self.policy.check_models(prepared)
         self._prepared[id(model)] = (model, prepared)
         return prepared

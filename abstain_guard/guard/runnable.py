@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
-from abstain_guard.contract.runnables import find_chat_models
+from abstain_guard.contract.runnables import find_chat_models, with_calibrated_capture
 from abstain_guard.contract.streaming import ChunkRule
 from abstain_guard.errors import (
     ContextLengthError,
@@ -134,6 +134,9 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
                 f"{type(self.artifact.scorer).__name__}.prepare returned "
                 f"{type(prepared).__name__}, not a runnable."
             )
+        deployment = self._policy.deployment
+        if deployment is not None:
+            prepared = with_calibrated_capture(prepared, deployment.decoding)
         self._policy.check_models(prepared)
         if self._policy.chunk_rule is not None:
             check_streamable(self.artifact.scorer.kind, find_chat_models(prepared))

@@ -50,6 +50,7 @@ from .decode_step import DecodeInputs, decode_features
 from .features import CAPTURE_MODES, StepFeatures, block_features
 from .geometry_torch import mlp_proximity, row_probabilities
 from .hook_routes import install_routes, routed
+from .parts_rule import PartsRule
 from .source_parts import (
     cached_numerators,
     dense_numerators,
@@ -68,15 +69,22 @@ from .types import ReferenceMeans
 STRATEGIES = ("auto", "cached", "sparse", "dense")
 #: Strategy of sessions that are not given one (tests force each strategy through it).
 DEFAULT_STRATEGY = "auto"
-#: Memory "auto" may spend per session on kept ``u`` (L·B·positions·H·D float32): 256 MiB is
-#: ~410 positions of the default model (30 layers, 9 heads, D = 576); longer generations
-#: (and larger models) use the bound-based strategies, whose extra memory is ``L·S·H``.
-CACHE_BUDGET_BYTES = 256 << 20
+#: Memory "auto" may spend per session on kept ``u`` (L·B·positions·H·D float32): 384 MiB is
+#: ~640 positions of the default model (30 layers, 9 heads, D = 576), an agent's tool
+#: prompt and its answer; longer generations (and larger models) use the bound-based
+#: strategies, whose extra memory is ``L·S·H``.
+CACHE_BUDGET_BYTES = 384 << 20
 SPARSE_MAX_ROWS = 4
-#: "auto" keeps the dense strategy for decode steps over at most this many source positions:
-#: on the default model at ~50 sources a 24-token answer took 4.1–4.6 s dense vs 6.0–7.7 s
-#: sparse (per-step Python overhead of the corrections); sparse pays off on long prompts.
-DENSE_MAX_SOURCES = 512
+#: "auto" keeps the dense strategy for decode steps of sessions over the budget up to this
+#: many source positions. Measured on the default model (a 14-token answer, Intel Xeon):
+#: 421 prompt positions dense 4.6-7.2 s, sparse 3.6-3.7 s, cached 2.6-2.9 s; 133 positions
+#: dense 3.7-5.1 s, sparse 4.4 s; at ~50 sources dense wins (per-step overhead of sparse).
+DENSE_MAX_SOURCES = 192
+
+
+def default_parts() -> PartsRule:
+    """The rule of sessions not given one (the module's settings, read now)."""
+    return PartsRule(CACHE_BUDGET_BYTES, DENSE_MAX_SOURCES)
 
 
 class CaptureSession:
@@ -94,6 +102,8 @@ class CaptureSession:
     capture: "full" (Ω, Θ, Φ) or "fast" (Θ, Φ, ω_dir; no per-source decomposition).
     strategy: how full capture computes the attention proximities (:data:`STRATEGIES`);
         all are exact, "auto" is the fastest.
+    cache_budget_bytes, dense_max_sources: "auto"'s :class:`PartsRule` (default: the
+        module's :data:`CACHE_BUDGET_BYTES` and :data:`DENSE_MAX_SOURCES`).
     """
 
     def __init__(
@@ -109,6 +119,7 @@ class CaptureSession:
         capture: str = "full",
         strategy: str | None = None,
         cache_budget_bytes: int | None = None,
+        dense_max_sources: int | None = None,
     ) -> None:
         strategy = DEFAULT_STRATEGY if strategy is None else strategy
         if capture not in CAPTURE_MODES:
@@ -156,6 +167,11 @@ class CaptureSession:
         #: max-norms ‖u^h_s‖_∞ per layer, [B, max_len, H] (generation without kept u)
         self._unorm: list[torch.Tensor | None] = [None] * self.num_layers
         budget = CACHE_BUDGET_BYTES if cache_budget_bytes is None else cache_budget_bytes
+        #: the budget "auto" kept ``u`` within (a prefix of this session is computed with it)
+        self.cache_budget_bytes = budget
+        self.dense_max_sources = (
+            DENSE_MAX_SOURCES if dense_max_sources is None else dense_max_sources
+        )
         layer = spec.layers[0]
         need = 4 * self.num_layers * batch_size * max_len * layer.num_heads * spec.hidden_size
         #: kept u^h_s of every position per layer, [B, H, max_len, D] (strategy "cached")
@@ -300,7 +316,7 @@ class CaptureSession:
         self.sparse = self.strategy == "sparse" or (
             self.strategy == "auto"
             and self.n_rows <= SPARSE_MAX_ROWS
-            and self.p0 + q_len > DENSE_MAX_SOURCES
+            and self.p0 + q_len > self.dense_max_sources
         )
 
     def on_attention(
@@ -532,4 +548,10 @@ class CaptureSession:
         self._reset_step()
 
 
-__all__ = ["CAPTURE_MODES", "STRATEGIES", "CaptureSession", "StepFeatures"]
+__all__ = [
+    "CAPTURE_MODES",
+    "STRATEGIES",
+    "CaptureSession",
+    "StepFeatures",
+    "default_parts",
+]

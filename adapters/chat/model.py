@@ -10,7 +10,7 @@ replay).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -34,6 +34,8 @@ from abstain_guard.contract.metadata import GENERATION
 from abstain_guard.errors import InvalidInputError, ModelError
 
 from ..capture.architectures import ArchitectureSpec
+from ..capture.parts_rule import PartsRule
+from ..capture.session import default_parts
 from ..capture.types import ReferenceMeans
 from ..engine.encoding import (
     AnswerLike,
@@ -150,6 +152,14 @@ class GeometryChatModel(StreamingMixin, BatchMixin, ReplayMixin, BaseChatModel):
             "once per prefix and reused (much less work per request under load). Its numbers "
             "differ in the last bits from one whole pass: the path is recorded (decode_path "
             "prefix) and a guard refuses responses decoded on another path"
+        ),
+    )
+    capture_parts: PartsRule | None = Field(
+        default=None,
+        description=(
+            "full capture's attention-parts rule (None: the library's default). The guard "
+            "sets the rule its artifact was calibrated with (with_capture_parts): the "
+            "strategies it picks differ in the last bits, so it is part of decode_path"
         ),
     )
     replay_add_eos: bool = Field(
@@ -424,7 +434,17 @@ class GeometryChatModel(StreamingMixin, BatchMixin, ReplayMixin, BaseChatModel):
         defaults = {k: getattr(self, k) for k in GENERATION_OPTIONS}
         opts = call_options(defaults, self.stop, stop, kwargs)
         opts["capture"] = self.capture  # geometry capture mode (a model field, not per call)
+        opts["parts"] = self.capture_parts  # and its attention-parts rule
         return opts
+
+    def with_capture_parts(self, record: Mapping[str, Any] | None) -> GeometryChatModel:
+        """This model (a shallow copy sharing the weights, lock and scheduler when the rule
+        differs) capturing with the attention-parts rule of a decode path's ``parts`` record
+        (None: the legacy rule of paths recorded without it, :data:`LEGACY_PARTS`)."""
+        rule = PartsRule.from_record(record)
+        if (self.capture_parts or default_parts()) == rule:
+            return self
+        return self.model_copy(update={"capture_parts": rule})
 
     def _generate(
         self,
@@ -543,7 +563,8 @@ class GeometryChatModel(StreamingMixin, BatchMixin, ReplayMixin, BaseChatModel):
         the function the engine itself calls; the prefix path with :attr:`prefix_cache`), as
         its responses record it."""
         path = choose_decode_path(self.hf_model, self.batch_decode, self.max_batch_size)
-        return replace(path, prefix=PREFIX_RULE if self.prefix_cache else None).record()
+        prefix = PREFIX_RULE if self.prefix_cache else None
+        return replace(path, prefix=prefix, parts=self.capture_parts or default_parts()).record()
 
     def engine_workers(self) -> int:
         """Engines this model's scheduler runs side by side

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from abstain_guard.errors import InvalidInputError
 
+from ..capture.parts_rule import PartsRule
 from ..capture.types import ReferenceMeans, ReplayResult
 from ..engine.encoding import AnswerLike
 from ..engine.replay import replay_item, replay_items
@@ -23,6 +24,7 @@ class ReplayMixin:
         capture_geometry: bool
         top_logprobs: int
         capture: str
+        capture_parts: PartsRule | None
         replay_add_eos: bool
         _reference: ReferenceMeans | None
 
@@ -98,6 +100,7 @@ class ReplayMixin:
             return_states=return_states,
             progress=progress,
             capture=self.capture,
+            parts=self.capture_parts,
         )
 
 

@@ -54,7 +54,8 @@ from ..capture.attention import (
 )
 from ..capture.decode_step import DecodeStepCapture
 from ..capture.hook_routes import Hook, routed
-from ..capture.session import CaptureSession, StepFeatures
+from ..capture.parts_rule import PartsRule
+from ..capture.session import CaptureSession, StepFeatures, default_parts
 from ..capture.types import ReferenceMeans
 from ..model.loading import LoadedModel, eos_token_ids, pad_token_id
 from .prefix import PREFIX_RULE, start_from_prefix
@@ -103,6 +104,9 @@ class GenerationRequest:
     #: the prefix path (:mod:`.prefix`): None runs the prompt in one pass; a number runs it
     #: split after that many tokens (0: not split), the prefix from the model's store
     prefix: int | None = None
+    #: full capture's attention-parts rule (None: the library's default,
+    #: :func:`..capture.session.default_parts`)
+    parts: PartsRule | None = None
 
 
 @dataclass
@@ -435,6 +439,7 @@ class BatchEngine:
         every forward) and choose its first token; returns the row, finished or still active
         (it is then in :attr:`active`)."""
         hf = self.loaded.hf_model
+        parts = request.parts or default_parts()
         session = (
             CaptureSession(
                 self.loaded.spec,
@@ -443,6 +448,8 @@ class BatchEngine:
                 reference=request.reference,
                 keep_states=request.keep_states,
                 capture=request.capture_mode,
+                cache_budget_bytes=parts.cache_budget_bytes,
+                dense_max_sources=parts.dense_max_sources,
             )
             if request.capture
             else None
@@ -450,7 +457,7 @@ class BatchEngine:
         gen = None
         if request.seed is not None:
             gen = torch.Generator(device="cpu").manual_seed(int(request.seed))
-        path = self.path
+        path = replace(self.path, parts=parts)
         if request.prefix is not None:
             path = replace(path, prefix=PREFIX_RULE)
         kw: dict[str, Any] = {"logits_to_keep": 1} if self._keep_one else {}

@@ -187,6 +187,7 @@ def generation_requests(
             on_token=on_token,
             on_snapshot=on_snapshot,
             prefix=split,
+            parts=opts.get("parts"),
         )
         for p, on_token, split, on_snapshot in zip(prompts, callbacks, splits, snaps, strict=True)
     ]

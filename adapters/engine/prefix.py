@@ -85,12 +85,15 @@ class PrefixState:
         return copy.deepcopy(self.cache)
 
 
-def compute_prefix(loaded: Any, ids: Sequence[int], full: bool) -> PrefixState:
+def compute_prefix(
+    loaded: Any, ids: Sequence[int], full: bool, budget: int | None = None
+) -> PrefixState:
     """Run ``ids`` alone (batch 1, one BLAS thread) and keep what a request needs of it:
     with ``full``, under full capture (whose attention function the rest of the prompt pass
-    uses too) with the parts kept where the session's own "auto" rule keeps them (they fit
-    :data:`~..capture.session.CACHE_BUDGET_BYTES`; a request that keeps parts has a longer session,
-    so its prefix's parts fit too), their max-norms otherwise."""
+    uses too) with the parts kept where the request's "auto" rule keeps them (they fit its
+    session's ``budget``, default :data:`~..capture.session.CACHE_BUDGET_BYTES`; a request
+    that keeps parts has a longer session, so its prefix's parts fit too), their max-norms
+    otherwise."""
     hf = loaded.hf_model
     session = None
     if full:
@@ -100,7 +103,7 @@ def compute_prefix(loaded: Any, ids: Sequence[int], full: bool) -> PrefixState:
             max_len=len(ids),
             capture="full",
             strategy="auto",
-            cache_budget_bytes=CACHE_BUDGET_BYTES,
+            cache_budget_bytes=CACHE_BUDGET_BYTES if budget is None else budget,
         )
     cache = DynamicCache(config=hf.config)
     device = next(hf.parameters()).device
@@ -119,14 +122,20 @@ class PrefixStore:
 
     def __init__(self, size: int = STORE_SIZE) -> None:
         self.size = size
-        self._items: OrderedDict[tuple[bool, tuple[int, ...]], PrefixState] = OrderedDict()
+        self._items: OrderedDict[tuple[bool, int | None, tuple[int, ...]], PrefixState] = (
+            OrderedDict()
+        )
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
-    def get(self, loaded: Any, ids: Sequence[int], full: bool) -> PrefixState:
-        """The state of prefix ``ids`` (full capture or plain), computed if missing."""
-        key = (full, tuple(int(t) for t in ids))
+    def get(
+        self, loaded: Any, ids: Sequence[int], full: bool, budget: int | None = None
+    ) -> PrefixState:
+        """The state of prefix ``ids`` (full capture or plain; full under the memory
+        ``budget`` of :func:`compute_prefix`), computed if missing."""
+        budget = (CACHE_BUDGET_BYTES if budget is None else budget) if full else None
+        key = (full, budget, tuple(int(t) for t in ids))
         with self._lock:
             state = self._items.get(key)
             if state is not None:
@@ -134,7 +143,7 @@ class PrefixStore:
                 self.hits += 1
                 return state
             self.misses += 1
-        state = compute_prefix(loaded, key[1], full)
+        state = compute_prefix(loaded, key[2], full, budget)
         with self._lock:
             self._items.setdefault(key, state)
             self._items.move_to_end(key)
@@ -172,7 +181,8 @@ def start_from_prefix(
     if split <= 0:
         return DynamicCache(config=hf.config), list(prompt)
     full = session is not None and session.needs_attention
-    state = prefix_store(loaded).get(loaded, prompt[:split], full)
+    budget = session.cache_budget_bytes if session is not None else None
+    state = prefix_store(loaded).get(loaded, prompt[:split], full, budget)
     if session is not None:
         session.load_prefix(state)
     return state.new_cache(), list(prompt[split:])

@@ -21,7 +21,8 @@ from tqdm.auto import tqdm
 from abstain_guard.errors import ContextLengthError, InvalidInputError
 
 from ..capture.attention import capture_mode
-from ..capture.session import CaptureSession, StepFeatures
+from ..capture.parts_rule import PartsRule
+from ..capture.session import CaptureSession, StepFeatures, default_parts
 from ..capture.types import ReferenceMeans, ReplayResult, TokenStates
 from ..model.loading import LoadedModel, eos_token_ids, pad_token_id
 from .encoding import left_padded
@@ -80,6 +81,7 @@ def replay_items(
     return_states: bool = False,
     progress: bool = False,
     capture: str = "full",
+    parts: PartsRule | None = None,
 ) -> list[ReplayResult]:
     """Replay ``items``, ``batch_size`` left-padded sequences per forward pass (a tqdm bar
     over the batches with ``progress``), geometry in ``capture`` mode ("full" or "fast").
@@ -102,6 +104,7 @@ def replay_items(
             top_logprobs=top_logprobs,
             return_states=return_states,
             capture=capture,
+            parts=parts,
         )
 
     bar = tqdm(total=len(spans), desc="replay", unit="batch", disable=not progress)
@@ -168,10 +171,12 @@ def _replay_chunk(
     top_logprobs: int,
     return_states: bool,
     capture: str = "full",
+    parts: PartsRule | None = None,
 ) -> list[ReplayResult]:
-    """One forward pass over ``items``. The rows of interest are the ``n_max`` positions
-    (longest response) before the last one, which predict response tokens; a response of
-    ``n`` tokens takes the last ``n`` of them."""
+    """One forward pass over ``items`` (full capture under the attention-parts rule
+    ``parts``, default the library's, as the model generated). The rows of interest are the
+    ``n_max`` positions (longest response) before the last one, which predict response
+    tokens; a response of ``n`` tokens takes the last ``n`` of them."""
     hf = loaded.hf_model
     tokenizer = loaded.tokenizer
     num_layers = loaded.spec.num_layers
@@ -187,6 +192,7 @@ def _replay_chunk(
         ]
     split = items[0].prefix if b == 1 else 0
     eos_ids = eos_token_ids(hf, tokenizer)
+    rule = parts or default_parts()
     with loaded.lock.shared():
         session = (
             CaptureSession(
@@ -197,6 +203,8 @@ def _replay_chunk(
                 keep_states=return_states,
                 cache_values=split > 0,
                 capture=capture,
+                cache_budget_bytes=rule.cache_budget_bytes,
+                dense_max_sources=rule.dense_max_sources,
             )
             if capture_geometry or return_states
             else None
@@ -341,6 +349,7 @@ def replay_token_ids(
         return_states=return_states,
         progress=progress,
         capture=model.capture,
+        parts=model.capture_parts,
     )
 
 

@@ -43,6 +43,8 @@ from weakref import WeakKeyDictionary
 import torch
 from torch import nn
 
+from ..capture.parts_rule import LEGACY_PARTS, PartsRule
+
 #: Fewest rows a shared decode step runs with (dummy rows fill up): the smallest row count
 #: from which one-thread BLAS computes every row the same way whatever the batch size.
 MIN_DECODE_ROWS = 4
@@ -77,14 +79,20 @@ class DecodePath:
     #: independent up to 6 rows, natively up to 15; a guard calibrated with 16 rows per
     #: step then runs with 6).
     max_rows: int = 1
+    #: full capture's attention-parts rule (:class:`~..capture.parts_rule.PartsRule`); None
+    #: and :data:`~..capture.parts_rule.LEGACY_PARTS` record alike
+    parts: PartsRule | None = None
 
     def record(self) -> dict[str, Any]:
         """The path as it appears in generation and deployment records (``prefix`` only on
-        the prefix path, so records of the one-pass path read as they always did)."""
+        the prefix path, ``parts`` only for a rule other than the legacy one, so records of
+        earlier paths read as they always did)."""
         out: dict[str, Any] = {"steps": self.steps, "threads": self.threads}
         out["min_rows"] = self.min_rows
         if self.prefix is not None:
             out["prefix"] = self.prefix
+        if self.parts is not None and self.parts != LEGACY_PARTS:
+            out["parts"] = self.parts.record()
         return out
 
 

@@ -27,6 +27,7 @@ from abstain_guard.contract.chat_model_specs import ChatModelSpec, chat_model_fi
 from abstain_guard.contract.deployment import DeploymentRecord
 from abstain_guard.contract.kernels import bit_deciding, kernel_differences, near_threshold
 from abstain_guard.contract.prompts import history_messages
+from abstain_guard.contract.runnables import with_calibrated_capture
 from abstain_guard.errors import AbstainGuardError, ConfigError
 from abstain_guard.guard.chains import load_guard_chain
 from abstain_guard.monitor.guard_monitor import calibration_sha256
@@ -158,6 +159,8 @@ def live_check(
         model = load_model(cfg)
     _, items, _ = artifact_items(artifact)
     record = DeploymentRecord.from_metadata(artifact.metadata)
+    if record is not None:  # a local model captures under the calibrated rule
+        model = with_calibrated_capture(model, record.decoding)
     if record is not None and record.agent is not None:
         return _live_agent(
             artifact,

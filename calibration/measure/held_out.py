@@ -28,7 +28,9 @@ from abstain_guard.artifact.files import LEDGER
 from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.backends import check_backend_serves
 from abstain_guard.contract.chat_model_specs import ChatModelSpec, chat_model_fingerprint
+from abstain_guard.contract.deployment import DeploymentRecord
 from abstain_guard.contract.metadata import HIDDEN
+from abstain_guard.contract.runnables import with_calibrated_capture
 from abstain_guard.errors import (
     ArtifactWriteError,
     CalibrationError,
@@ -421,9 +423,10 @@ def evaluate(
         if model is None or getattr(model, "fingerprint", None) != art.model_fingerprint:
             model = load_model(cfg)
         art.check_fingerprint(getattr(model, "fingerprint", None))
+        record = DeploymentRecord.from_metadata(art.metadata)
         held = collect_held_out(
             art,
-            model,
+            model if record is None else with_calibrated_capture(model, record.decoding),
             data=data,
             group_by=group_by,
             limit=limit,

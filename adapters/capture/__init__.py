@@ -8,6 +8,7 @@
 * :mod:`.hook_routes` — hooks that stay registered and are routed per calling context;
 * :mod:`.architectures` — where the hooks go in each supported family;
 * :mod:`.source_parts` — exact attention proximities without a per-source cache;
+* :mod:`.parts_rule` — the rule by which "auto" picks their strategy (part of the decode path);
 * :mod:`.geometry` (NumPy: the definitions) and :mod:`.geometry_torch` (their torch
   versions);
 * :mod:`.types` — the data containers (``TokenStates``, ``ReplayResult``,

@@ -548,10 +548,6 @@ class CaptureSession:
         self._reset_step()
 
 
-__all__ = [
-    "CAPTURE_MODES",
-    "STRATEGIES",
-    "CaptureSession",
-    "StepFeatures",
-    "default_parts",
-]
+# default_parts is public too; __all__ stays what abstain_guard.adapters.capture exported as a
+# module (tests/test_deprecated_paths.py)
+__all__ = ["CAPTURE_MODES", "STRATEGIES", "CaptureSession", "StepFeatures"]

@@ -48,8 +48,9 @@ demo: $(STAMP)
 # On an Intel Xeon (AVX-512, 2 cores), 2026-11-28: 13:36 to 15:13 over five runs. Each part
 # alone takes over 10 min (background 11:02 on 1.3 cores, foreground 12:12 on 1.1) and both
 # need 1,631 core-s, so 13.6 min is this machine's floor until the suite computes less.
-TEST_SHARD ?= tests/test_calibrate_ray.py tests/test_agent_calibration.py tests/test_agent_steps_real.py \
-	tests/test_serve_replicas.py tests/test_vllm_backend.py
+# The Ray tests last: the session's cluster idles at ~0.05 core until the process ends.
+TEST_SHARD ?= tests/test_agent_calibration.py tests/test_agent_steps_real.py tests/test_vllm_backend.py \
+	tests/test_calibrate_ray.py tests/test_serve_replicas.py
 PYTEST := $(BIN)/pytest -p no:cacheprovider --durations=25 --durations-min=4
 # OpenMP threads that wait sleep instead of spinning: the Ray replicas (2 threads each, as the
 # driver) and the other pytest process oversubscribe the 2 cores, and spinning waiters then

@@ -45,9 +45,11 @@ demo: $(STAMP)
 # (TEST_ENV) 9 min 42 s and 9 min 13 s (foreground 8:54 / 8:27, background 9:29 / 8:59; the
 # Ray calibration fixture 87 s instead of 106 s, 49 s alone). Three processes were slower
 # (10:29 and 10:49 spinning, over 11 min passive): beside two others the Ray fixtures stretch.
-# On an Intel Xeon (AVX-512, 2 cores), 2026-11-28: 13:36 to 15:13 over five runs. Each part
-# alone takes over 10 min (background 11:02 on 1.3 cores, foreground 12:12 on 1.1) and both
-# need 1,631 core-s, so 13.6 min is this machine's floor until the suite computes less.
+# On an Intel Xeon (AVX-512, 2 cores), 2026-11-28: 13:36 to 15:13 over five runs, then 12:12.
+# Each part alone takes over 10 min (background 11:02 on 1.3 cores, foreground 12:12 on 1.1).
+# 2026-11-29, after agent runs went concurrent and the attention-parts rule changed: 12:42 and
+# 12:48 (foreground 12:01 / 12:34, background 11:17 / 11:03), the machine busy throughout
+# (1,436 / 1,407 core-s); make test-foreign 12:48. Ten minutes needs ~20 % less CPU.
 # The Ray tests last: the session's cluster idles at ~0.05 core until the process ends.
 TEST_SHARD ?= tests/test_agent_calibration.py tests/test_agent_steps_real.py tests/test_vllm_backend.py \
 	tests/test_calibrate_ray.py tests/test_serve_replicas.py

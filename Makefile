@@ -50,9 +50,12 @@ demo: $(STAMP)
 # 2026-11-29, after agent runs went concurrent and the attention-parts rule changed: 12:42 and
 # 12:48 (foreground 12:01 / 12:34, background 11:17 / 11:03), the machine busy throughout
 # (1,436 / 1,407 core-s); make test-foreign 12:48. Ten minutes needs ~20 % less CPU.
-# The Ray tests last: the session's cluster idles at ~0.05 core until the process ends.
+# The Ray tests last: the session's cluster idles at ~0.05 core until the process ends. The
+# kernel and real-shape tests (child processes, ~47 s alone) balance the parts: the
+# background part ended 1.5 min before the foreground in the last runs.
 TEST_SHARD ?= tests/test_agent_calibration.py tests/test_agent_steps_real.py tests/test_vllm_backend.py \
-	tests/test_calibrate_ray.py tests/test_serve_replicas.py
+	tests/test_kernels.py tests/test_real_shapes.py tests/test_calibrate_ray.py \
+	tests/test_serve_replicas.py
 PYTEST := $(BIN)/pytest -p no:cacheprovider --durations=25 --durations-min=4
 # OpenMP threads that wait sleep instead of spinning: the Ray replicas (2 threads each, as the
 # driver) and the other pytest process oversubscribe the 2 cores, and spinning waiters then

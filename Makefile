@@ -52,7 +52,7 @@ demo: $(STAMP)
 # (1,436 / 1,407 core-s); make test-foreign 12:48. With the kernel and real-shape tests moved
 # to the background part: 10:19 and 10:39 (foreground 9:56 / 10:05, background 10:05 /
 # 10:23; 1,185 / 1,220 busy core-s): the moved tests' child processes cost the foreground more
-# CPU than they do here (not explained yet).
+# CPU than they do here (not explained yet). Control, same code, the previous list: 12:20.
 # The Ray tests last: the session's cluster idles at ~0.05 core until the process ends. The
 # kernel and real-shape tests (child processes, ~47 s alone) balance the parts: the
 # background part ended 1.5 min before the foreground in the last runs.

@@ -89,13 +89,15 @@ def find_chat_models(runnable: Any) -> list[BaseChatModel]:
     return found
 
 
-def with_calibrated_capture(runnable: Any, decoding: Any) -> Any:
+def with_calibrated_capture(runnable: Any, deployment: Any) -> Any:
     """``runnable`` with every local model in it capturing under the attention-parts rule its
-    artifact was calibrated with (``decoding["decode_path"]["parts"]`` of the deployment
-    record; a path recorded without one: the legacy rule). Unchanged where the calibration
-    recorded no decode path (an API model, a hand-built artifact) and for models without
-    the rule (API and vLLM models). The rule picks between exact strategies whose float32
-    results differ in the last bits, so the guard deploys the one it was calibrated on."""
+    artifact was calibrated with (``deployment.decoding["decode_path"]["parts"]`` of the
+    artifact's :class:`~.deployment.DeploymentRecord`; a path recorded without one: the legacy
+    rule). Unchanged without a record or a recorded decode path (an API model, a hand-built
+    artifact) and for models without the rule (API and vLLM models). The rule picks between
+    exact strategies whose float32 results differ in the last bits, so the guard deploys the
+    one it was calibrated on."""
+    decoding = getattr(deployment, "decoding", None)
     path = decoding.get("decode_path") if isinstance(decoding, Mapping) else None
     if not isinstance(path, Mapping):
         return runnable

@@ -157,8 +157,7 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         prepared = self.artifact.scorer.prepare(model)
         if not isinstance(prepared, BaseChatModel):
             prepared = model
-        if self.policy.deployment is not None:
-            prepared = with_calibrated_capture(prepared, self.policy.deployment.decoding)
+        prepared = with_calibrated_capture(prepared, self.policy.deployment)
         self.policy.check_models(prepared)
         self._prepared[id(model)] = (model, prepared)
         return prepared

@@ -134,9 +134,7 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
                 f"{type(self.artifact.scorer).__name__}.prepare returned "
                 f"{type(prepared).__name__}, not a runnable."
             )
-        deployment = self._policy.deployment
-        if deployment is not None:
-            prepared = with_calibrated_capture(prepared, deployment.decoding)
+        prepared = with_calibrated_capture(prepared, self._policy.deployment)
         self._policy.check_models(prepared)
         if self._policy.chunk_rule is not None:
             check_streamable(self.artifact.scorer.kind, find_chat_models(prepared))

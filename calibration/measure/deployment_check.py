@@ -159,8 +159,7 @@ def live_check(
         model = load_model(cfg)
     _, items, _ = artifact_items(artifact)
     record = DeploymentRecord.from_metadata(artifact.metadata)
-    if record is not None:  # a local model captures under the calibrated rule
-        model = with_calibrated_capture(model, record.decoding)
+    model = with_calibrated_capture(model, record)  # a local model: the calibrated rule
     if record is not None and record.agent is not None:
         return _live_agent(
             artifact,

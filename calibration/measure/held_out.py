@@ -423,10 +423,9 @@ def evaluate(
         if model is None or getattr(model, "fingerprint", None) != art.model_fingerprint:
             model = load_model(cfg)
         art.check_fingerprint(getattr(model, "fingerprint", None))
-        record = DeploymentRecord.from_metadata(art.metadata)
         held = collect_held_out(
             art,
-            model if record is None else with_calibrated_capture(model, record.decoding),
+            with_calibrated_capture(model, DeploymentRecord.from_metadata(art.metadata)),
             data=data,
             group_by=group_by,
             limit=limit,

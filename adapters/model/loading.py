@@ -223,7 +223,9 @@ def load_pretrained(
         tokenizer = AutoTokenizer.from_pretrained(folder, **kw)
         if device_map is not None:
             kw["device_map"] = device_map
-        hf_model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kw)
+        # the config read above, so a GGUF file's metadata is parsed twice (tokenizer,
+        # weights) instead of three times: ~4 s of a ~23 s first load of the default model
+        hf_model = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=dtype, **kw)
     except OSError as exc:
         raise ModelNotFoundError(f"cannot load the model in {str(folder)!r}: {exc}") from exc
     if converted is not None:

@@ -90,3 +90,21 @@ def test_the_cache_can_be_turned_off_and_is_not_a_config_field(
     assert gguf_cache.cache_root() == tmp_path
     env = {gguf_cache.MODEL_CACHE_ENV: "off", "ABSTAIN_GUARD_PARTICIPATION": "0.9"}
     assert GuardConfig.from_env(env).participation == 0.9
+
+
+def test_tensor_name_maps_are_shared_only_inside_the_block() -> None:
+    """transformers builds gguf-py's tensor-name map at every module of the model; inside
+    ``shared_tensor_name_maps`` each ``(arch, n_blocks)`` map is built once and is the map a
+    fresh build gives; outside, gguf-py's own function is back."""
+    gguf = pytest.importorskip("gguf")
+    original = gguf.get_tensor_name_map
+    arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == "llama")
+    with gguf_cache.shared_tensor_name_maps():
+        first = gguf.get_tensor_name_map(arch, 30)
+        assert gguf.get_tensor_name_map(arch, 30) is first
+        assert gguf.get_tensor_name_map(arch, 2) is not first
+    assert gguf.get_tensor_name_map is original
+    assert first.mapping == original(arch, 30).mapping
+    with pytest.raises(RuntimeError), gguf_cache.shared_tensor_name_maps():
+        raise RuntimeError("a load that fails")
+    assert gguf.get_tensor_name_map is original

@@ -1,11 +1,13 @@
 """A converted copy of a GGUF checkpoint, so that a process loads it in a second, not twenty.
 
-transformers reads a GGUF file by parsing it four times (config, tokenizer, tensor names,
-tensors) and de-quantizing every tensor: about 18 s for the embedded SmolLM2-135M on this
-machine, paid by every process that loads it (each test process, each Ray replica, each
-served replica). The de-quantized model is an ordinary Hugging Face checkpoint, so the first
-load writes it once as one (``model.safetensors``, ``config.json`` without the GGUF
-``quantization_config``, the generation config and the tokenizer files) and later loads read
+transformers reads a GGUF file by parsing it (config, tokenizer, tensors; ``load_pretrained``
+passes the config on instead of letting it be parsed again, and
+:func:`shared_tensor_name_maps` builds the tensor-name map once) and de-quantizing every
+tensor: about 22 s for the embedded SmolLM2-135M on this machine, paid by every process that
+loads it (each test process, each Ray replica, each served replica). The de-quantized model
+is an ordinary Hugging Face checkpoint, so the first load writes it once as one
+(``model.safetensors``, ``config.json`` without the GGUF ``quantization_config``, the
+generation config and the tokenizer files) and later loads read
 that folder (0.3 s). The weights are the same tensors bit for bit, the config, tokenizer
 and chat template the same, so the model fingerprint is the same
 (``tests/test_gguf_cache.py``); a copy whose fingerprint disagrees with the one recorded
@@ -20,13 +22,16 @@ pickle, loading it executes no code.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +40,13 @@ from safetensors.torch import save_model
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MODEL_CACHE_ENV", "cache_root", "converted_folder", "write_converted"]
+__all__ = [
+    "MODEL_CACHE_ENV",
+    "cache_root",
+    "converted_folder",
+    "shared_tensor_name_maps",
+    "write_converted",
+]
 
 #: Where converted checkpoints live; ``off`` turns the cache off.
 MODEL_CACHE_ENV = "ABSTAIN_GUARD_MODEL_CACHE"
@@ -122,3 +133,30 @@ def write_converted(
         logger.debug("converted copy of %s not written: %s", gguf, exc)
         shutil.rmtree(tmp, ignore_errors=True)
         return folder.joinpath(MARKER).is_file()
+
+
+_NAME_MAPS_LOCK = threading.Lock()
+
+
+@contextmanager
+def shared_tensor_name_maps() -> Iterator[None]:
+    """Within the block, ``gguf.get_tensor_name_map(arch, n_blocks)`` builds each map once.
+
+    transformers maps a GGUF file's tensor names onto the model's by walking every module
+    (``get_gguf_hf_weights_map``) and builds gguf-py's ``TensorNameMap`` anew at each of
+    them: for SmolLM2-135M's ~300 modules that was 9 s of a 23 s load on this machine. The
+    map is only read (``get_name``), so one map per ``(arch, n_blocks)`` gives the same
+    names; the tensors loaded are the same (``tests/test_gguf_cache.py``). Blocks are
+    serialised (the function is swapped on gguf-py's module for the block, then restored)."""
+    try:
+        import gguf
+    except ImportError:  # transformers raises its own error for a GGUF load without gguf-py
+        yield
+        return
+    with _NAME_MAPS_LOCK:
+        original = gguf.get_tensor_name_map
+        gguf.get_tensor_name_map = functools.cache(original)
+        try:
+            yield
+        finally:
+            gguf.get_tensor_name_map = original

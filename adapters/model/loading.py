@@ -33,7 +33,7 @@ from abstain_guard.errors import InvalidInputError, ModelNotFoundError
 from ..capture.architectures import ArchitectureSpec, build_spec, check_supported
 from ..capture.attention import register_attention
 from ..capture.hook_routes import install_routes
-from .gguf_cache import converted_folder, write_converted
+from .gguf_cache import converted_folder, shared_tensor_name_maps, write_converted
 
 logger = logging.getLogger(__name__)
 
@@ -225,7 +225,10 @@ def load_pretrained(
             kw["device_map"] = device_map
         # the config read above, so a GGUF file's metadata is parsed twice (tokenizer,
         # weights) instead of three times: ~4 s of a ~23 s first load of the default model
-        hf_model = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=dtype, **kw)
+        with shared_tensor_name_maps():
+            hf_model = AutoModelForCausalLM.from_pretrained(
+                folder, config=config, dtype=dtype, **kw
+            )
     except OSError as exc:
         raise ModelNotFoundError(f"cannot load the model in {str(folder)!r}: {exc}") from exc
     if converted is not None:

@@ -47,15 +47,17 @@ demo: $(STAMP)
 # (10:29 and 10:49 spinning, over 11 min passive): beside two others the Ray fixtures stretch.
 # On an Intel Xeon (AVX-512, 2 cores), 2026-11-28: 13:36 to 15:13 over five runs, then 12:12.
 # Each part alone takes over 10 min (background 11:02 on 1.3 cores, foreground 12:12 on 1.1).
-# 2026-11-29, after agent runs went concurrent and the attention-parts rule changed: 12:42 and
-# 12:48 (foreground 12:01 / 12:34, background 11:17 / 11:03), the machine busy throughout
-# (1,436 / 1,407 core-s); make test-foreign 12:48. With the kernel and real-shape tests moved
-# to the background part: 10:19 and 10:39 (foreground 9:56 / 10:05, background 10:05 /
-# 10:23; 1,185 / 1,220 busy core-s): the moved tests' child processes cost the foreground more
-# CPU than they do here (not explained yet). Control, same code, the previous list: 12:20.
-# The Ray tests last: the session's cluster idles at ~0.05 core until the process ends. The
-# kernel and real-shape tests (child processes, ~47 s alone) balance the parts: the
-# background part ended 1.5 min before the foreground in the last runs.
+# 2026-11-29: 12:42 and 12:48 (1,436 / 1,407 busy core-s); with the kernel and real-shape tests
+# in the background part 10:19 and 10:39 (1,185 / 1,220 core-s; control, same code, the
+# previous list: 12:20). Those runs had mypy's cache from earlier runs, as had the next two
+# (busy CPU from /proc/stat): 10:58 (1,240 core-s) before one engine per process, 9:51 (1,087)
+# after. From a fresh clone's state (no .mypy_cache, no bytecode; ~/.cache as after make demo):
+# 10:45 (1,207), 10:57, 12:10 (1,365: tests this stop did not touch took ~10 % more CPU than in
+# the run before) and 11:14 (1,314). The machine is busy
+# throughout; where the time goes, per process (10:57 run): the foreground pytest 540 core-s,
+# the background one 241, Ray's replicas ~190, the vLLM server ~190 (its compile ~80 of them:
+# vLLM 0.32's CPU build never loads its own compile cache), mypy ~30.
+# The Ray tests last: the session's cluster idles at ~0.05 core until the process ends.
 TEST_SHARD ?= tests/test_agent_calibration.py tests/test_agent_steps_real.py tests/test_vllm_backend.py \
 	tests/test_kernels.py tests/test_real_shapes.py tests/test_calibrate_ray.py \
 	tests/test_serve_replicas.py

@@ -3,10 +3,10 @@
 transformers reads a GGUF file by parsing it (config, tokenizer, tensors; ``load_pretrained``
 passes the config on instead of letting it be parsed again, and
 :func:`shared_tensor_name_maps` builds the tensor-name map once) and de-quantizing every
-tensor: about 22 s for the embedded SmolLM2-135M on this machine, paid by every process that
-loads it (each test process, each Ray replica, each served replica). The de-quantized model
-is an ordinary Hugging Face checkpoint, so the first load writes it once as one
-(``model.safetensors``, ``config.json`` without the GGUF ``quantization_config``, the
+tensor: about 22 s for the embedded SmolLM2-135M on a 2-core Intel Xeon, paid by every
+process that loads it (each test process, each Ray replica, each served replica). The
+de-quantized model is an ordinary Hugging Face checkpoint, so the first load writes it once
+as one (``model.safetensors``, ``config.json`` without the GGUF ``quantization_config``, the
 generation config and the tokenizer files) and later loads read
 that folder (0.3 s). The weights are the same tensors bit for bit, the config, tokenizer
 and chat template the same, so the model fingerprint is the same
@@ -144,7 +144,8 @@ def shared_tensor_name_maps() -> Iterator[None]:
 
     transformers maps a GGUF file's tensor names onto the model's by walking every module
     (``get_gguf_hf_weights_map``) and builds gguf-py's ``TensorNameMap`` anew at each of
-    them: for SmolLM2-135M's ~300 modules that was 9 s of a 23 s load on this machine. The
+    them: for SmolLM2-135M's ~300 modules ~9 s (py-spy) of its load, which went from 27.7 to
+    21.6 s on a 2-core Intel Xeon with the map built once. The
     map is only read (``get_name``), so one map per ``(arch, n_blocks)`` gives the same
     names; the tensors loaded are the same (``tests/test_gguf_cache.py``). Blocks are
     serialised (the function is swapped on gguf-py's module for the block, then restored)."""

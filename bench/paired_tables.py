@@ -10,16 +10,25 @@ within type, the selective risk (error among the 10/20/30 % most confident; AURC
 the calibration split only, the smallest certified ε at δ = 0.1 and the participation
 certified at ε = 0.35. Numbers are read from ``results.json`` (``paired`` entry).
 
-Every difference carries its two-sided paired-bootstrap p-value (computed by ``evaluate`` from
-the same draws as its interval, :func:`~abstain_guard.calibration.measure.paired.
-bootstrap_p_value`). The Holm adjustment is redone here across **every results.json given**:
-every set × every scorer, overall and within type — the family the narrative draws from — and
-each comparison gets its Holm-adjusted p-value and verdict (``reference better``, ``baseline
-better``, ``not significant after Holm at family-wise 0.05``). ``--json`` writes, per set,
-the numbers every cell shows (raw and as printed), the p-values, Holm-adjusted p-values and
-verdicts, and the path and sha256 of each source results.json: the committed, auditable
-evidence. A results.json written before ``evaluate`` stored p-values has none: its comparisons
-are listed with ``null`` p-values, left out of the family, and a warning names the file.
+Every difference carries its two-sided paired DeLong p-value (computed by ``evaluate``,
+:func:`calibration.measure.paired.delong_difference`; within type, the per-type DeLong
+variances added); the intervals are paired-bootstrap percentiles. The Holm adjustment is redone
+here across **every results.json given**: every set × every scorer, overall and within type —
+the family the narrative draws from — and each comparison gets its Holm-adjusted p-value and
+verdict (``reference better``, ``baseline better``, ``not significant after Holm at family-wise
+0.05``). ``--json`` writes, per set, the numbers every cell shows (raw and as printed), the
+p-values, Holm-adjusted p-values and verdicts, and the path and sha256 of each source
+results.json: the committed, auditable evidence. A results.json written before ``evaluate``
+stored p-values has none: its comparisons are listed with ``null`` p-values, left out of the
+family, and a warning names the file.
+
+``--also bench/probe_mlp.json`` (repeatable) adds comparisons made on the same held-out answers
+outside these tables — ``bench/probe_mlp.py``'s MLP − logistic probe per feature set — to the
+same Holm family, and lists them with their adjusted p-values and verdicts (``also`` in the
+JSON).
+
+    python bench/paired_tables.py runs/power_report_*/results.json --also bench/probe_mlp.json \
+        --json bench/paired_tables.json > bench/paired_tables.md
 """
 
 from __future__ import annotations
@@ -127,8 +136,9 @@ def table(entry: dict[str, Any]) -> str:
     lines += [
         "",
         certified + "`*`: the paired 95 % interval excludes 0 (unadjusted). Holm p: the "
-        f"paired-bootstrap p-value Holm-adjusted over the {family.get('size', 0)} comparisons of "
-        f"every set and scorer given, with its verdict at family-wise {FAMILY_ALPHA:g}. "
+        f"paired {family.get('test', 'DeLong')} p-value Holm-adjusted over the "
+        f"{family.get('size', 0)} comparisons of the family (every set and scorer given, and "
+        f"any `--also`), with its verdict at family-wise {FAMILY_ALPHA:g}. "
         f"Within-type over {paired['n_groups_used']} types with both classes.",
     ]
     return "\n".join(lines)
@@ -240,16 +250,48 @@ _SCORER_NUMBERS = (
 )
 
 
-def load_entries(paths: list[Path]) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+def _read(path: Path, sources: list[dict[str, str]]) -> Any:
+    """``path``'s JSON; its path and sha256 are appended to ``sources``."""
+    raw = path.read_bytes()
+    sources.append({"path": str(path), "sha256": hashlib.sha256(raw).hexdigest()})
+    return json.loads(raw)
+
+
+def load_also(paths: list[Path], sources: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """The paired reports of ``bench/probe_mlp.py`` results, one per feature set (copies, each
+    tagged ``label``, ``source`` and ``artifact``), to join the Holm family."""
+    reports = []
+    for path in paths:
+        doc = _read(path, sources)
+        features = doc.get("features", {})
+        missing = [k for k, f in features.items() if "paired" not in f]
+        if not features or missing:
+            raise SystemExit(
+                f"{path}: no paired report for {missing or 'any feature set'}; rerun "
+                "bench/probe_mlp.py (it stores one per feature set)"
+            )
+        for kind, f in features.items():
+            rep = copy.deepcopy(f["paired"])
+            rep.update(
+                label=f"{doc.get('data', '?')} {kind}: mlp − logistic",
+                source=str(path),
+                artifact=doc.get("artifact"),
+            )
+            reports.append(rep)
+    return reports
+
+
+def load_entries(
+    paths: list[Path], also: list[Path] | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, str]], list[dict[str, Any]]]:
     """The data-set entries of every results.json (each tagged with its ``source`` path), Holm-
-    adjusted as one family across all of them (:func:`adjust_family`, on copies: the files are
-    not changed), and ``[{"path", "sha256"}]`` of the files read."""
+    adjusted as one family across all of them and the ``also`` reports (:func:`load_also`;
+    :func:`adjust_family`, on copies: the files are not changed), ``[{"path", "sha256"}]`` of
+    the files read, and the adjusted ``also`` reports."""
     entries: list[dict[str, Any]] = []
     sources: list[dict[str, str]] = []
     for path in paths:
-        raw = path.read_bytes()
-        sources.append({"path": str(path), "sha256": hashlib.sha256(raw).hexdigest()})
-        doc = json.loads(raw)
+        doc = _read(path, sources)
         sets = doc["datasets"].values() if isinstance(doc["datasets"], dict) else doc["datasets"]
         for e in sets:
             entry = copy.deepcopy(e)
@@ -267,8 +309,50 @@ def load_entries(paths: list[Path]) -> tuple[list[dict[str, Any]], list[dict[str
                     "rerun abstain-guard evaluate",
                     file=sys.stderr,
                 )
-    adjust_family([e["paired"] for e in entries])
-    return entries, sources
+    extra = load_also(list(also or []), sources)
+    adjust_family([e["paired"] for e in entries] + extra)
+    return entries, sources, extra
+
+
+def also_evidence(rep: dict[str, Any]) -> dict[str, Any]:
+    """One ``--also`` comparison set: the reference, counts and per compared scorer its
+    difference, interval, p-value, Holm-adjusted p-value and verdict."""
+    keys = ("auroc", "auroc_ci", *(f"auroc_diff{x}" for x in ("", "_ci", "_p", "_holm_p")))
+    return {
+        "source": rep["source"],
+        "artifact": rep["artifact"],
+        "reference": rep["reference"],
+        "reference_auroc": rep["scorers"][rep["reference"]]["auroc"],
+        "n_correct": rep["n_correct"],
+        "n_incorrect": rep["n_incorrect"],
+        "compared": {
+            name: {**{k: e.get(k) for k in keys}, "verdict": e.get("auroc_diff_verdict")}
+            for name, e in rep["scorers"].items()
+            if name != rep["reference"]
+        },
+    }
+
+
+def also_table(extra: list[dict[str, Any]]) -> str:
+    """The ``--also`` comparisons, Holm-adjusted in the same family, as markdown."""
+    if not extra:
+        return ""
+    lines = [
+        "Comparisons on the same held-out answers outside the tables above, in the same "
+        "Holm family:",
+        "",
+        "| comparison | reference − scorer | Holm p | held-out correct / incorrect |",
+        "|---|---:|---:|---:|",
+    ]
+    for rep in extra:
+        for name, e in rep["scorers"].items():
+            if name == rep["reference"]:
+                continue
+            lines.append(
+                f"| {rep['label']} | {_diff(e.get('auroc_diff'), e.get('auroc_diff_ci'))} | "
+                f"{_holm(e, 'auroc_diff')} | {rep['n_correct']} / {rep['n_incorrect']} |"
+            )
+    return "\n".join(lines)
 
 
 def set_evidence(entry: dict[str, Any]) -> dict[str, Any]:
@@ -305,18 +389,25 @@ def set_evidence(entry: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def evidence(paths: list[Path]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The JSON document ``--json`` writes and the (adjusted) entries the markdown is made from."""
-    entries, sources = load_entries(paths)
+def evidence(
+    paths: list[Path], also: list[Path] | None = None
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The JSON document ``--json`` writes, and the (adjusted) entries and ``also`` reports the
+    markdown is made from."""
+    entries, sources, extra = load_entries(paths, also)
     family = entries[0]["paired"]["family"] if entries else {}
+    if extra:
+        family["members"] += "; and " + ", ".join(r["label"] for r in extra)
+    argv = [str(p) for p in paths] + [a for p in also or [] for a in ("--also", str(p))]
     doc = {
-        "generated_by": "bench/paired_tables.py " + " ".join(str(p) for p in paths),
+        "generated_by": "bench/paired_tables.py " + " ".join(argv),
         "sources": sources,
         "family": family,
         "headline_columns": list(HEADLINE_COLUMNS),
         "sets": {e["name"]: set_evidence(e) for e in entries},
+        "also": {r["label"]: also_evidence(r) for r in extra},
     }
-    return doc, entries
+    return doc, entries, extra
 
 
 def _strict(value: Any) -> Any:
@@ -331,11 +422,14 @@ def _strict(value: Any) -> Any:
     return value
 
 
-def markdown(entries: list[dict[str, Any]]) -> str:
-    """The headline table, then per set its full table and its cost table."""
+def markdown(entries: list[dict[str, Any]], extra: list[dict[str, Any]] | None = None) -> str:
+    """The headline table, then per set its full table and its cost table, then the ``--also``
+    comparisons."""
     parts = [HEADLINE_HEADER, *(headline(e) for e in entries), ""]
     for entry in entries:
         parts += [table(entry), "", costs(entry), ""]
+    if extra:
+        parts += [also_table(extra), ""]
     return "\n".join(parts)
 
 
@@ -345,9 +439,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--json", type=Path, default=None, help="write the audited evidence here as JSON"
     )
+    parser.add_argument(
+        "--also",
+        type=Path,
+        action="append",
+        default=[],
+        help="a bench/probe_mlp.py result whose comparisons join the Holm family (repeatable)",
+    )
     args = parser.parse_args(argv)
-    doc, entries = evidence(args.results)
-    print(markdown(entries))
+    doc, entries, extra = evidence(args.results, args.also)
+    print(markdown(entries, extra))
     if args.json is not None:
         text = json.dumps(_strict(doc), indent=1, allow_nan=False)
         args.json.write_text(text + "\n", encoding="utf-8")

@@ -15,15 +15,17 @@ of the reference + train answers fit
 and both are scored on the held-out (calibration + test) answers, read from the generation
 cache (the metadata calibration stored; the live guard reads the same, live = stored).
 Prints one JSON line: per feature set, each model's AUROC with its 95 % class-stratified
-bootstrap interval, and the paired difference (mlp − logistic) with its interval, on the
-same resamples (:func:`calibration.measure.paired.paired_report`).
+bootstrap interval, the paired difference (mlp − logistic) with its interval, on the same
+resamples, and its two-sided paired DeLong p-value (unadjusted), and the whole paired report
+(:func:`calibration.measure.paired.paired_report`). ``bench/paired_tables.py --also
+bench/probe_mlp.json`` puts these two comparisons into the Holm family of the power tables,
+since they were made on the same held-out answers before ``probe_mid`` was chosen.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 import warnings
 from pathlib import Path
@@ -35,6 +37,7 @@ from sklearn.neural_network import MLPClassifier
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
+from abstain_guard.adapters.engine.kernels import kernel_facts
 from abstain_guard.artifact import GuardArtifact
 from abstain_guard.calibration.building.answering.answers import generate_answers
 from abstain_guard.calibration.building.answering.models import load_model
@@ -144,8 +147,10 @@ def main() -> None:
             },
             "mlp_minus_logistic": round(s["logistic"]["auroc_diff"], 4),
             "mlp_minus_logistic_ci": s["logistic"]["auroc_diff_ci"],
+            "mlp_minus_logistic_p": s["logistic"]["auroc_diff_p"],
+            "paired": report,
         }
-    result["machine"] = {"processor": platform.processor() or platform.machine()}
+    result["kernel_facts"] = kernel_facts("cpu")
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(result))
 

@@ -284,3 +284,54 @@ def test_reports_test_with_delong_and_keep_the_bootstrap_p_for_reference() -> No
     assert sc["auroc_diff_se"] > 0 and sc["within_diff_se"] > 0
     assert sc["auroc_diff_bootstrap_p"] >= 2 / 1001
     assert "DeLong" in rep["method"] and "DeLong" in rep["p_value"]
+
+
+def test_comparisons_outside_the_tables_join_the_holm_family(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 57 item 3: bench/probe_mlp.py's MLP − logistic comparisons were made on the same
+    held-out answers; ``--also`` puts them in the one Holm family with the tables'."""
+    bench = _bench()
+    paths = _results_json(tmp_path, ("builtin", "sciq"))
+    rng = np.random.default_rng(7)
+    y = (rng.random(300) < 0.3).astype(int)
+    features = {
+        kind: {
+            "paired": paired_report(
+                {"mlp": -s * y + rng.normal(size=300), "logistic": -1.0 * y + rng.normal(size=300)},
+                y,
+                reference="mlp",
+                n_boot=200,
+            )
+        }
+        for kind, s in (("probe_concat", 1.0), ("probe_concat_last", 3.0))
+    }
+    mlp = tmp_path / "probe_mlp.json"
+    mlp.write_text(json.dumps({"artifact": "runs/x", "data": "builtin", "features": features}))
+    out = tmp_path / "paired_tables.json"
+    bench.main([*map(str, paths), "--also", str(mlp), "--json", str(out)])
+    md = capsys.readouterr().out
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert doc["family"]["size"] == 2 * 3 * 2 + 2 and "mlp − logistic" in doc["family"]["members"]
+    assert doc["sources"][-1]["sha256"] == hashlib.sha256(mlp.read_bytes()).hexdigest()
+    ps = [
+        json.loads(p.read_text())["datasets"][n]["paired"]["scorers"][s][f"{c}_p"]
+        for p, n in zip(paths, ("builtin", "sciq"), strict=True)
+        for s in ("probe_mid", "perplexity", "probe_upper")
+        for c in ("auroc_diff", "within_diff")
+    ]
+    ps += [features[k]["paired"]["scorers"]["logistic"]["auroc_diff_p"] for k in features]
+    expected = holm_adjust(ps)
+    also = [doc["also"][f"builtin {k}: mlp − logistic"]["compared"]["logistic"] for k in features]
+    assert [a["auroc_diff_holm_p"] for a in also] == pytest.approx(expected[-2:])
+    assert doc["sets"]["builtin"]["scorers"]["perplexity"]["auroc_diff_holm_p"] == pytest.approx(
+        expected[2]
+    )
+    assert also[1]["verdict"] == "reference better"  # the 3σ MLP against the 1σ logistic
+    assert "builtin probe_concat_last: mlp − logistic" in md
+    # a probe_mlp.json written before it stored its paired reports is refused, not skipped
+    for f in features.values():
+        f.pop("paired")
+    mlp.write_text(json.dumps({"data": "builtin", "features": features}))
+    with pytest.raises(SystemExit, match=r"rerun bench/probe_mlp\.py"):
+        bench.main([*map(str, paths), "--also", str(mlp)])

@@ -8,10 +8,12 @@ For one data set and a reference scorer (the artifact's, e.g. ``geometry``):
   on the labels and row ``r`` of the seed's stream);
 * ``within_diff``: the same for the mean within-type AUROC (types with both classes; the
   answers resampled within each type and class, the same resamples for both scorers);
-* ``auroc_diff_p`` / ``within_diff_p``: the two-sided paired-bootstrap p-value of each
-  difference, from the same draws as its interval (:func:`bootstrap_p_value`);
-  :func:`adjust_family` then Holm-adjusts them across every comparison of a report (every set ×
-  every scorer, overall and within type) and adds ``*_holm_p`` and ``*_verdict``;
+* ``auroc_diff_p`` / ``within_diff_p``: the two-sided paired DeLong p-value of each
+  difference (:func:`delong_difference`; within type, the per-type variances added), and
+  ``*_bootstrap_p`` the paired-bootstrap one from the draws of its interval
+  (:func:`bootstrap_p_value`); :func:`adjust_family` then Holm-adjusts the DeLong ones across
+  every comparison of a report (every set × every scorer, overall and within type) and adds
+  ``*_holm_p`` and ``*_verdict``;
 * per scorer, ``selective``: the error among the answered at 10/20/30/50 % participation (the
   most confident answers) and the area under that risk–participation curve (AURC);
   ``certified``: on the calibration split only, the smallest risk target ε certified at
@@ -279,9 +281,10 @@ def paired_report(
 ) -> dict[str, Any]:
     """Paired differences against ``reference`` and per-scorer selective/certified numbers.
 
-    Each difference carries its two-sided paired-bootstrap p-value (:func:`bootstrap_p_value`
-    on the same draws as its interval); these are unadjusted — :func:`adjust_family` adds the
-    Holm-adjusted ones across a report's sets.
+    Each difference carries its two-sided paired DeLong p-value (:func:`delong_difference`;
+    within type, the per-type variances added) and, for reference, the paired-bootstrap one
+    (:func:`bootstrap_p_value`, on the same draws as its interval); these are unadjusted —
+    :func:`adjust_family` adds the Holm-adjusted ones across a report's sets.
 
     Args:
         scores_by_scorer: scorer → ``[n]`` uncertainty scores of the same held-out answers.

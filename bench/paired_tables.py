@@ -136,7 +136,7 @@ def table(entry: dict[str, Any]) -> str:
     lines += [
         "",
         certified + "`*`: the paired 95 % interval excludes 0 (unadjusted). Holm p: the "
-        f"paired {family.get('test', 'DeLong')} p-value Holm-adjusted over the "
+        f"{family.get('test', 'paired DeLong')} p-value Holm-adjusted over the "
         f"{family.get('size', 0)} comparisons of the family (every set and scorer given, and "
         f"any `--also`), with its verdict at family-wise {FAMILY_ALPHA:g}. "
         f"Within-type over {paired['n_groups_used']} types with both classes.",
@@ -326,7 +326,13 @@ def also_evidence(rep: dict[str, Any]) -> dict[str, Any]:
         "n_correct": rep["n_correct"],
         "n_incorrect": rep["n_incorrect"],
         "compared": {
-            name: {**{k: e.get(k) for k in keys}, "verdict": e.get("auroc_diff_verdict")}
+            name: {
+                **{k: e.get(k) for k in keys},
+                "verdict": e.get("auroc_diff_verdict"),
+                "better": {"reference better": rep["reference"], "baseline better": name}.get(
+                    e.get("auroc_diff_verdict", "")
+                ),
+            }
             for name, e in rep["scorers"].items()
             if name != rep["reference"]
         },
@@ -341,16 +347,20 @@ def also_table(extra: list[dict[str, Any]]) -> str:
         "Comparisons on the same held-out answers outside the tables above, in the same "
         "Holm family:",
         "",
-        "| comparison | reference − scorer | Holm p | held-out correct / incorrect |",
+        "| comparison | difference (paired) | Holm p | held-out correct / incorrect |",
         "|---|---:|---:|---:|",
     ]
     for rep in extra:
         for name, e in rep["scorers"].items():
             if name == rep["reference"]:
                 continue
+            adj = e.get("auroc_diff_holm_p")
+            said = {"reference better": rep["reference"], "baseline better": name}
+            winner = said.get(e.get("auroc_diff_verdict", ""))
+            holm = "–" if adj is None else f"{adj:.3g} ({f'{winner} better' if winner else 'n.s.'})"
             lines.append(
                 f"| {rep['label']} | {_diff(e.get('auroc_diff'), e.get('auroc_diff_ci'))} | "
-                f"{_holm(e, 'auroc_diff')} | {rep['n_correct']} / {rep['n_incorrect']} |"
+                f"{holm} | {rep['n_correct']} / {rep['n_incorrect']} |"
             )
     return "\n".join(lines)
 

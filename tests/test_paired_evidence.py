@@ -335,3 +335,31 @@ def test_comparisons_outside_the_tables_join_the_holm_family(
     mlp.write_text(json.dumps({"data": "builtin", "features": features}))
     with pytest.raises(SystemExit, match=r"rerun bench/probe_mlp\.py"):
         bench.main([*map(str, paths), "--also", str(mlp)])
+
+
+def test_the_readme_table_is_the_committed_evidence() -> None:
+    """Issue 57: README's "Is geometry worth its cost?" rows are, cell for cell, the headline
+    rows of the committed ``bench/paired_tables.json`` (so an auditor re-derives every README
+    figure from it), and that JSON's family is the whole one: DeLong, every set and scorer, and
+    the MLP comparisons of ``bench/probe_mlp.json`` (its sha256 recorded)."""
+    doc = json.loads((ROOT / "bench" / "paired_tables.json").read_text(encoding="utf-8"))
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for name, entry in doc["sets"].items():
+        cells = entry["headline"]
+        row = "| " + " | ".join(cells[c] for c in doc["headline_columns"]) + " |"
+        assert row in readme, f"README's {name} row is not the committed evidence"
+    family = doc["family"]
+    assert family["test"] == "paired DeLong" and family["smallest_attainable_holm_p"] is None
+    per_set = {
+        name: sum(
+            e.get(f"{c}_holm_p") is not None
+            for e in entry["scorers"].values()
+            for c in ("auroc_diff", "within_diff")
+        )
+        for name, entry in doc["sets"].items()
+    }
+    assert family["size"] == sum(per_set.values()) + len(doc["also"]) == 50
+    mlp = ROOT / "bench" / "probe_mlp.json"
+    digest = hashlib.sha256(mlp.read_bytes()).hexdigest()
+    assert {"path": "bench/probe_mlp.json", "sha256": digest} in doc["sources"]
+    assert f"Holm-adjusted over the {family['size']} comparisons" in readme

@@ -323,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
         "probe set it certified the most participation at risk 0.35 (27.4 %% as shipped, paying "
         "delta/20 for the choice: 13 scorers compared and 7 more looks found by an audit; "
         "geometry 8 %%); "
-        "on SciQ and NQ-open geometry ties the best probe and beats probe_mid on NQ-open. "
+        "on SciQ and NQ-open no probe differs significantly from geometry (paired DeLong, "
+        "Holm over 50 comparisons). "
         "`evaluate --baselines probes` measures "
         "them on your data (docs/results.md, 'Is geometry worth its cost?'). 'auto' chooses "
         "among --candidates",

@@ -314,6 +314,12 @@ def load_entries(
     return entries, sources, extra
 
 
+def _also_winner(rep: dict[str, Any], name: str) -> str | None:
+    """The scorer an ``--also`` comparison's verdict names better (None: not significant)."""
+    said = {"reference better": rep["reference"], "baseline better": name}
+    return said.get(rep["scorers"][name].get("auroc_diff_verdict", ""))
+
+
 def also_evidence(rep: dict[str, Any]) -> dict[str, Any]:
     """One ``--also`` comparison set: the reference, counts and per compared scorer its
     difference, interval, p-value, Holm-adjusted p-value and verdict."""
@@ -329,9 +335,7 @@ def also_evidence(rep: dict[str, Any]) -> dict[str, Any]:
             name: {
                 **{k: e.get(k) for k in keys},
                 "verdict": e.get("auroc_diff_verdict"),
-                "better": {"reference better": rep["reference"], "baseline better": name}.get(
-                    e.get("auroc_diff_verdict", "")
-                ),
+                "better": _also_winner(rep, name),
             }
             for name, e in rep["scorers"].items()
             if name != rep["reference"]
@@ -355,8 +359,7 @@ def also_table(extra: list[dict[str, Any]]) -> str:
             if name == rep["reference"]:
                 continue
             adj = e.get("auroc_diff_holm_p")
-            said = {"reference better": rep["reference"], "baseline better": name}
-            winner = said.get(e.get("auroc_diff_verdict", ""))
+            winner = _also_winner(rep, name)
             holm = "–" if adj is None else f"{adj:.3g} ({f'{winner} better' if winner else 'n.s.'})"
             lines.append(
                 f"| {rep['label']} | {_diff(e.get('auroc_diff'), e.get('auroc_diff_ci'))} | "
@@ -405,7 +408,7 @@ def evidence(
     """The JSON document ``--json`` writes, and the (adjusted) entries and ``also`` reports the
     markdown is made from."""
     entries, sources, extra = load_entries(paths, also)
-    family = entries[0]["paired"]["family"] if entries else {}
+    family = dict(entries[0]["paired"]["family"]) if entries else {}
     if extra:
         family["members"] += "; and " + ", ".join(r["label"] for r in extra)
     argv = [str(p) for p in paths] + [a for p in also or [] for a in ("--also", str(p))]

@@ -7,6 +7,7 @@ after chunk j shows nothing past chunk j - 1."""
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -87,8 +88,13 @@ def test_live_prefix_scores_are_the_stored_ones(calibrated: Any, default_model: 
     art = GuardArtifact.load(tmp / "guard")
     chain, guard, _ = load_guard_chain(art, GuardConfig(participation=0.8), model=default_model)
     ids = art.metadata["calibration_ids"]
-    for i in range(4):
-        live, whole, _ = _prefix_scores(guard, chain, items[ids[i]].question)
+    # four streams at once, each under its own sink (a context variable: one per thread),
+    # their decode steps shared by the engine as a server's would be
+    with ThreadPoolExecutor(4) as pool:
+        streamed = list(
+            pool.map(lambda i: _prefix_scores(guard, chain, items[ids[i]].question), range(4))
+        )
+    for i, (live, whole, _) in enumerate(streamed):
         assert max([whole, *live]) == pytest.approx(art.scores[i], rel=1e-5)
         stored_first = art.stream_first[i]
         assert (not live and stored_first == np.inf) or live[0] == pytest.approx(

@@ -37,15 +37,20 @@ def live_and_stored(model, n: int) -> tuple[list[float], list[float], list[list[
     by_id = {item.id: item for item in held_out}
     calibration_ids = list(artifact.metadata["calibration_ids"])
     assert len(calibration_ids) == artifact.scores.shape[0]
-    live, stored, notes = [], [], []
-    for index, item_id in enumerate(calibration_ids[:n]):
-        item = by_id[item_id]
-        chain, _, _ = load_guard_chain(artifact, model=model, kind=item.kind)
-        message = chain.invoke({"question": item.prompt_text()})
-        decision = message.response_metadata["abstention"]
-        live.append(decision["score"])
-        stored.append(float(artifact.scores[index]))
-        notes.append(list(decision["guarantee"].get("warnings", [])))
+    items = [by_id[item_id] for item_id in calibration_ids[:n]]
+    (kind,) = {item.kind for item in items}
+    chain, _, _ = load_guard_chain(artifact, model=model, kind=kind)
+    # asked at once, as a deployment is (LangChain's batch, one thread per question): the
+    # engine decodes them in shared steps, which give each row the bits it gets alone
+    # (adapters/engine/threads.py; tests/test_scheduler.py)
+    replies = chain.batch(
+        [{"question": item.prompt_text()} for item in items],
+        config={"max_concurrency": model.max_batch_size},
+    )
+    decisions = [reply.response_metadata["abstention"] for reply in replies]
+    live = [decision["score"] for decision in decisions]
+    stored = [float(score) for score in artifact.scores[:n]]
+    notes = [list(decision["guarantee"].get("warnings", [])) for decision in decisions]
     return live, stored, notes
 
 
@@ -65,8 +70,9 @@ def test_shipped_artifact_scores_its_calibration_answers_identically(
         # being OFF -- the same CPU model): the guard decodes on the recorded path and
         # computes bitwise the same features; the scores agree to float64 rounding (measured
         # max |Δ| = 1.1e-16: calibration evaluated its answers as one batch through a BLAS
-        # matrix-vector product, the guard one at a time). Anything that changes the prompt,
-        # budget, decode path, tokens, capture or scorer moves a score by far more (~1e-5).
+        # matrix-vector product, the guard each answer on its own). Anything that changes the
+        # prompt, budget, decode path, tokens, capture or scorer moves a score by far more
+        # (~1e-5).
         assert all(not n for n in notes) and not warned, (notes, warned)
         np.testing.assert_allclose(live, stored, rtol=0, atol=1e-12)
         return

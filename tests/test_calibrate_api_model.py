@@ -60,7 +60,7 @@ def _config(server: ServerThread, tmp: Path, **kwargs: Any) -> CalibrationConfig
         model={"class_path": "langchain_openai:ChatOpenAI", "kwargs": _kwargs(server, **kwargs)},
         scorer="perplexity",
         max_new_tokens=12,
-        batch_size=4,
+        batch_size=8,
         ratios=(1, 1, 4, 1),
         participation=0.5,
         cache_dir=str(tmp / "run.cache"),

@@ -54,10 +54,13 @@ demo: $(STAMP)
 # after. From a fresh clone's state (no .mypy_cache, no bytecode; ~/.cache as after make demo):
 # 10:45 (1,207), 10:57, 12:10 (1,365: tests this stop did not touch took ~10 % more CPU than in
 # the run before), 11:14 (1,314), 11:38 (1,364) and 11:44 (1,369, at 0fb7bd7); make test-foreign
-# 12:54. The machine is busy throughout; where the time goes, per process (10:57 run): the
-# foreground pytest 540 core-s, the background one 241, Ray's replicas ~190, the vLLM server
-# ~190 (its compile ~80 of them: vLLM 0.32's CPU build never loads its own compile cache),
-# mypy ~30.
+# 12:54. Then the built-in probe set built once per process (it had been built ~20 times, 1-2 s
+# each) and four tests asking at once what they asked one by one (fc422b8): 9:22 (1,095 core-s),
+# 11:12 (1,313: the same code, every test ~20 % slower, the machine's own speed) and 9:18
+# (1,085). The two cores are busy throughout, so the wall is the CPU over two; where it goes,
+# per process: the foreground pytest ~490 core-s, the background one ~220, Ray's workers ~180,
+# the vLLM server ~175 (its compile ~75 of them: vLLM 0.32's CPU build never loads its own
+# compile cache), mypy ~34, other child processes ~40.
 # The Ray tests last: the session's cluster idles at ~0.05 core until the process ends.
 TEST_SHARD ?= tests/test_agent_calibration.py tests/test_agent_steps_real.py tests/test_vllm_backend.py \
 	tests/test_kernels.py tests/test_real_shapes.py tests/test_calibrate_ray.py \

@@ -194,9 +194,11 @@ def test_a_chunk_that_keeps_failing_is_reported_and_the_others_are_stored(
                 raise RuntimeError("this chunk always fails")
             return [it.id for it in chunk]
 
+    # all a chunk's report reads of a question is its id: a stand-in shipped by value, so the
+    # stand-in replicas' processes import no calibration code (~6 core-s each with QAItem)
     @dataclasses.dataclass(frozen=True)
-    class _Question:  # all a chunk's report reads of an item: its id (shipped by value too,
-        id: str  # so the stand-ins' processes import no calibration code: ~6 s each)
+    class _Question:
+        id: str
 
     actors = [ray.remote(num_cpus=0)(_PickyReplica).remote() for _ in range(2)]
     ex = RayExecutor(ray=ray, actors=actors, infos=ray.get([a.info.remote() for a in actors]))

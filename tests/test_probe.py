@@ -14,6 +14,7 @@ from abstain_guard.calibration.building.questions.probe import (
     PROBE_RELATIONS,
     PROBE_RELATIONS_V1,
     PROBE_RELATIONS_V2,
+    _probe_items,
     builtin_probe_set,
 )
 from abstain_guard.errors import InvalidInputError
@@ -78,6 +79,11 @@ def test_first_release_subset_is_unchanged(probe, v1) -> None:
 
 
 def test_deterministic_and_seeded_order(probe) -> None:
+    _probe_items.cache_clear()  # built afresh, not read from this process's cache
+    assert builtin_probe_set() == probe
+    # each call returns a list of its own: a caller's edits reach no other caller
+    mine = builtin_probe_set()
+    mine.pop()
     assert builtin_probe_set() == probe
     other = builtin_probe_set(seed=1)
     assert other != probe

@@ -55,10 +55,11 @@ demo: $(STAMP)
 # 10:45 (1,207), 10:57, 12:10 (1,365: tests this stop did not touch took ~10 % more CPU than in
 # the run before), 11:14 (1,314), 11:38 (1,364) and 11:44 (1,369, at 0fb7bd7); make test-foreign
 # 12:54. Then the built-in probe set built once per process (it had been built ~20 times, 1-2 s
-# each) and four tests made cheaper (three ask at once what they asked one by one; Ray stand-in
-# replicas that import no calibration code) (fc422b8): 9:22 (1,095 core-s),
+# each) and four tests made cheaper (two ask at once what they asked one by one, one generates 8
+# a batch instead of 4, Ray stand-in replicas import no calibration code) (fc422b8): 9:22 (1,095),
 # 11:12 (1,313: the same code, every test ~20 % slower, the machine's own speed) and 9:18
-# (1,085). The two cores are busy throughout, so the wall is the CPU over two; where it goes,
+# (1,085); at 09a48f5 (test-only edits) 9:05 (1,060) and 9:10 (1,067); make test-foreign 11:56.
+# The two cores are busy throughout, so the wall is the CPU over two; where it goes,
 # per process: the foreground pytest ~490 core-s, the background one ~220, Ray's workers ~180,
 # the vLLM server ~175 (its compile ~75 of them: vLLM 0.32's CPU build never loads its own
 # compile cache), mypy ~34, other child processes ~40.

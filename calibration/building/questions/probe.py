@@ -62,6 +62,7 @@ import math
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import numpy as np
@@ -247,7 +248,7 @@ def _geonames() -> tuple[dict[str, Any], dict[str, list[str]]]:
     return countries, _capital_cities(countries, gc.get_cities())
 
 
-def _country_items(relations: set[str]) -> list[QAItem]:
+def _country_items(relations: AbstractSet[str]) -> list[QAItem]:
     countries, alternates = _geonames()
     items: list[QAItem] = []
     for iso in sorted(countries):
@@ -295,7 +296,7 @@ def _country_items(relations: set[str]) -> list[QAItem]:
     return items
 
 
-def _element_items(relations: set[str]) -> list[QAItem]:
+def _element_items(relations: AbstractSet[str]) -> list[QAItem]:
     import periodictable  # optional (the `local` extra); only the built-in probe set needs it
 
     items: list[QAItem] = []
@@ -390,8 +391,8 @@ def _probe_items(chosen: frozenset[str]) -> tuple[QAItem, ...]:
     frozen, so every caller shares them)."""
     items: list[QAItem] = []
     if chosen & {"capital", "currency", "continent"}:
-        items += _country_items(set(chosen))
+        items += _country_items(chosen)
     if chosen & {"element_symbol", "element_name", "element_number"}:
-        items += _element_items(set(chosen))
-    items += relation_items(set(chosen))  # after the first release's, so those keep their order
+        items += _element_items(chosen)
+    items += relation_items(chosen)  # after the first release's, so those keep their order
     return tuple(kept for it in items if (kept := without_leaked_aliases(it)) is not None)

@@ -42,6 +42,7 @@ import math
 import re
 import unicodedata
 from collections import defaultdict
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from .datasets import QAItem
@@ -372,7 +373,7 @@ _BUILDERS = {
 }
 
 
-def relation_items(relations: set[str]) -> list[QAItem]:
+def relation_items(relations: AbstractSet[str]) -> list[QAItem]:
     """The items of the chosen :data:`PROBE_RELATIONS_V2`, relation by relation in that
     order, each in a fixed order (before the shared leakage filter)."""
     items: list[QAItem] = []

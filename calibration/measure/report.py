@@ -159,62 +159,33 @@ def _hypothesis_rows(datasets: Mapping[str, Any]) -> list[str]:
     return rows
 
 
-def write_report(
-    results: Mapping[str, Any],
-    out_dir: str | Path,
-    title: str = "abstain-guard evaluation",
-    commands: Sequence[str] | None = None,
-) -> Path:
-    """Write ``results.json``, the PNG plots, ``report.md`` (which embeds them) and
-    ``headline.md`` (:func:`headline_markdown`, the same block as the top of ``report.md``)
-    into ``out_dir`` (created if needed); return the path of ``report.md``.
-
-    Args:
-        results: the results document (:func:`.results.build_results`).
-        out_dir: output directory.
-        title: the report's heading.
-        commands: shell commands that produced the results, listed in the report.
-    """
-    datasets = check_results(results)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(
-        json.dumps(jsonable(results), indent=2, allow_nan=False) + "\n", encoding="utf-8"
-    )
-
-    md: list[str] = [f"# {title}", ""]
-    meta = results.get("metadata") or {}
-    if meta:
-        for k, v in meta.items():
-            md.append(f"- **{k}**: {v}")
-        md.append("")
-    if commands:
-        md += ["Commands:", "", "```", *commands, "```", ""]
-    md += [
-        "Every number below is in `results.json`. Uncertainty scores: higher = more uncertain.",
+def _metric_section(
+    results: Mapping[str, Any], metric: str, intro: Sequence[str] = ()
+) -> list[str]:
+    return [
+        f"## {METRIC_LABELS[metric]}",
         "",
+        *intro,
+        results_table_markdown(results, metric),
+        interval_note(results, metric),
     ]
-    headline = headline_markdown(results)
-    (out / "headline.md").write_text(headline, encoding="utf-8")
-    md += [f"## {METRIC_LABELS['auroc']}", "", headline]
-    for metric in ("auprc", "prr"):
-        md += [
-            f"## {METRIC_LABELS[metric]}",
-            "",
-            results_table_markdown(results, metric),
-            interval_note(results, metric),
-        ]
+
+
+def _metric_sections(results: Mapping[str, Any], datasets: Mapping[str, Any]) -> list[str]:
+    """The AUPRC and PRR tables, within-type AUROC and the calibrated baselines where any data
+    set has them."""
+    md = [*_metric_section(results, "auprc"), *_metric_section(results, "prr")]
     if any(e.get("within_group") for e in datasets.values()):
-        md += [
-            f"## {METRIC_LABELS['within_group_auroc']}",
-            "",
-            "A score can look strong only because it recognises which *kinds* of question the "
-            "model usually gets wrong; within-type AUROC shows whether it knows which *answers* "
-            "are wrong.",
-            "",
-            results_table_markdown(results, "within_group_auroc"),
-            interval_note(results, "within_group_auroc"),
-        ]
+        md += _metric_section(
+            results,
+            "within_group_auroc",
+            (
+                "A score can look strong only because it recognises which *kinds* of question "
+                "the model usually gets wrong; within-type AUROC shows whether it knows which "
+                "*answers* are wrong.",
+                "",
+            ),
+        )
     if any(e.get("calibrated_scorers") for e in datasets.values()):
         md += ["## Calibrated baselines", ""]
         for metric in ("auroc", "auprc"):
@@ -225,7 +196,12 @@ def write_report(
                 "",
                 calibrated_table_markdown(results, metric),
             ]
-    md += [
+    return md
+
+
+def _guarantee_sections(results: Mapping[str, Any], datasets: Mapping[str, Any]) -> list[str]:
+    """The pooled guarantee table, the per-group tables and the hypothesis checks."""
+    md = [
         "## Conformal abstention: do the guarantees hold?",
         "",
         "Mean over random calibration/test resplits. The participation guarantee is "
@@ -257,96 +233,156 @@ def write_report(
             *hyp_rows,
             "",
         ]
-    with_imp = {d: e["importance"] for d, e in datasets.items() if e.get("importance")}
-    if len(with_imp) > 1:
-        fams = [f for f in IMPORTANCE_FAMILIES if all(f in imp for imp in with_imp.values())]
-        avg = {
-            f: {
-                f"{m}_drop_{k}": float(
-                    np.mean([float(imp[f][f"{m}_drop_mean"]) for imp in with_imp.values()])
-                    if k == "mean"
-                    else np.std(
-                        [float(imp[f][f"{m}_drop_mean"]) for imp in with_imp.values()], ddof=1
-                    )
-                )
-                for m in ("auroc", "auprc")
-                for k in ("mean", "sd")
-            }
-            for f in fams
-        }
-        if avg:
-            plot_importance(f"mean over {len(with_imp)} data sets", avg, out / "importance.png")
-            md += [
-                "## Permutation importance, averaged over data sets (paper Figure 9)",
-                "",
-                "Bars: mean over data sets of each data set's mean drop; error bars: sd across "
-                "data sets.",
-                "",
-                "![permutation importance averaged over data sets](importance.png)",
-                "",
-            ]
+    return md
 
-    for d, entry in datasets.items():
-        slug = _slug(d)
+
+def _averaged_importance(datasets: Mapping[str, Any], out: Path) -> list[str]:
+    """The permutation importance averaged over data sets (plotted), where more than one data
+    set has it."""
+    with_imp = {d: e["importance"] for d, e in datasets.items() if e.get("importance")}
+    if len(with_imp) <= 1:
+        return []
+    fams = [f for f in IMPORTANCE_FAMILIES if all(f in imp for imp in with_imp.values())]
+    avg: dict[str, dict[str, float]] = {}
+    for f in fams:
+        avg[f] = {}
+        for m in ("auroc", "auprc"):
+            drops = [float(imp[f][f"{m}_drop_mean"]) for imp in with_imp.values()]
+            avg[f][f"{m}_drop_mean"] = float(np.mean(drops))
+            avg[f][f"{m}_drop_sd"] = float(np.std(drops, ddof=1))
+    if not avg:
+        return []
+    plot_importance(f"mean over {len(with_imp)} data sets", avg, out / "importance.png")
+    return [
+        "## Permutation importance, averaged over data sets (paper Figure 9)",
+        "",
+        "Bars: mean over data sets of each data set's mean drop; error bars: sd across data sets.",
+        "",
+        "![permutation importance averaged over data sets](importance.png)",
+        "",
+    ]
+
+
+def _dataset_plots(d: str, entry: Mapping[str, Any], out: Path) -> list[str]:
+    """One data set's simulation plots and its certifiable-risk frontier."""
+    slug = _slug(d)
+    md: list[str] = []
+    if simulated_scorers(entry):
+        cc_png = f"{slug}_conditional_correctness.png"
+        part_png = f"{slug}_participation.png"
+        plot_conditional_correctness(d, entry, out / cc_png)
+        plot_participation(d, entry, out / part_png)
         md += [
-            f"## Data set: {d}",
+            f"![{d}: conditional correctness vs participation]({cc_png})",
             "",
-            f"{entry.get('n', '?')} responses, {entry.get('n_correct', '?')} correct "
-            f"(accuracy {float(entry.get('accuracy', float('nan'))):.3f})"
-            + (f", {entry['n_groups']} question types" if entry.get("n_groups") else "")
-            + ".",
+            f"![{d}: empirical participation vs target]({part_png})",
             "",
         ]
-        if simulated_scorers(entry):
-            cc_png = f"{slug}_conditional_correctness.png"
-            part_png = f"{slug}_participation.png"
-            plot_conditional_correctness(d, entry, out / cc_png)
-            plot_participation(d, entry, out / part_png)
-            md += [
-                f"![{d}: conditional correctness vs participation]({cc_png})",
-                "",
-                f"![{d}: empirical participation vs target]({part_png})",
-                "",
-            ]
-        if entry.get("frontier"):
-            png = f"{slug}_frontier.png"
-            plot_frontier(d, entry["frontier"], out / png)
-            md += [
-                f"### {d}: certifiable risk targets",
-                "",
-                "Risk mode certifies 'at most ε of the answered questions are wrong, with "
-                "probability ≥ 1−δ'. Certified participation on the artifact's calibration "
-                "answers:",
-                "",
-                frontier_markdown(entry["frontier"]),
-                f"![{d}: certifiable frontier]({png})",
-                "",
-            ]
-        for s, sc in (entry.get("scorers") or {}).items():
-            if "error" in sc:
-                md += [f"### {d} / {s}", "", f"Not evaluated: {sc['error']}", ""]
-            elif sc.get("participation"):
-                md += [f"### {d} / {s}", "", _levels_table(sc)]
-        if entry.get("hypothesis"):
-            png = f"{slug}_hypothesis.png"
-            plot_hypothesis(d, entry["hypothesis"], out / png)
-            md += [f"![{d}: hypothesis checks]({png})", ""]
-        if entry.get("importance"):
-            png = f"{slug}_importance.png"
-            plot_importance(d, entry["importance"], out / png)
-            md += [
-                f"![{d}: permutation importance]({png})",
-                "",
-                "| Signal | AUROC drop | AUPRC drop |",
-                "|---|---:|---:|",
-            ]
-            for fam, v in entry["importance"].items():
-                md.append(
-                    f"| {fam} | {float(v['auroc_drop_mean']):.4f} "
-                    f"± {float(v['auroc_drop_sd']):.4f} "
-                    f"| {float(v['auprc_drop_mean']):.4f} ± {float(v['auprc_drop_sd']):.4f} |"
-                )
-            md.append("")
+    if entry.get("frontier"):
+        png = f"{slug}_frontier.png"
+        plot_frontier(d, entry["frontier"], out / png)
+        md += [
+            f"### {d}: certifiable risk targets",
+            "",
+            "Risk mode certifies 'at most ε of the answered questions are wrong, with "
+            "probability ≥ 1−δ'. Certified participation on the artifact's calibration "
+            "answers:",
+            "",
+            frontier_markdown(entry["frontier"]),
+            f"![{d}: certifiable frontier]({png})",
+            "",
+        ]
+    return md
+
+
+def _dataset_signals(d: str, entry: Mapping[str, Any], out: Path) -> list[str]:
+    """One data set's hypothesis plot and its permutation importance (plot and table)."""
+    slug = _slug(d)
+    md: list[str] = []
+    if entry.get("hypothesis"):
+        png = f"{slug}_hypothesis.png"
+        plot_hypothesis(d, entry["hypothesis"], out / png)
+        md += [f"![{d}: hypothesis checks]({png})", ""]
+    if entry.get("importance"):
+        png = f"{slug}_importance.png"
+        plot_importance(d, entry["importance"], out / png)
+        md += [
+            f"![{d}: permutation importance]({png})",
+            "",
+            "| Signal | AUROC drop | AUPRC drop |",
+            "|---|---:|---:|",
+        ]
+        for fam, v in entry["importance"].items():
+            md.append(
+                f"| {fam} | {float(v['auroc_drop_mean']):.4f} "
+                f"± {float(v['auroc_drop_sd']):.4f} "
+                f"| {float(v['auprc_drop_mean']):.4f} ± {float(v['auprc_drop_sd']):.4f} |"
+            )
+        md.append("")
+    return md
+
+
+def _dataset_section(d: str, entry: Mapping[str, Any], out: Path) -> list[str]:
+    """One data set's summary line, plots, per-scorer level tables and signal checks."""
+    md = [
+        f"## Data set: {d}",
+        "",
+        f"{entry.get('n', '?')} responses, {entry.get('n_correct', '?')} correct "
+        f"(accuracy {float(entry.get('accuracy', float('nan'))):.3f})"
+        + (f", {entry['n_groups']} question types" if entry.get("n_groups") else "")
+        + ".",
+        "",
+        *_dataset_plots(d, entry, out),
+    ]
+    for s, sc in (entry.get("scorers") or {}).items():
+        if "error" in sc:
+            md += [f"### {d} / {s}", "", f"Not evaluated: {sc['error']}", ""]
+        elif sc.get("participation"):
+            md += [f"### {d} / {s}", "", _levels_table(sc)]
+    return md + _dataset_signals(d, entry, out)
+
+
+def write_report(
+    results: Mapping[str, Any],
+    out_dir: str | Path,
+    title: str = "abstain-guard evaluation",
+    commands: Sequence[str] | None = None,
+) -> Path:
+    """Write ``results.json``, the PNG plots, ``report.md`` (which embeds them) and
+    ``headline.md`` (:func:`headline_markdown`, the same block as the top of ``report.md``)
+    into ``out_dir`` (created if needed); return the path of ``report.md``.
+
+    Args:
+        results: the results document (:func:`.results.build_results`).
+        out_dir: output directory.
+        title: the report's heading.
+        commands: shell commands that produced the results, listed in the report.
+    """
+    datasets = check_results(results)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(
+        json.dumps(jsonable(results), indent=2, allow_nan=False) + "\n", encoding="utf-8"
+    )
+
+    md: list[str] = [f"# {title}", ""]
+    meta = results.get("metadata") or {}
+    if meta:
+        md += [*(f"- **{k}**: {v}" for k, v in meta.items()), ""]
+    if commands:
+        md += ["Commands:", "", "```", *commands, "```", ""]
+    md += [
+        "Every number below is in `results.json`. Uncertainty scores: higher = more uncertain.",
+        "",
+    ]
+    headline = headline_markdown(results)
+    (out / "headline.md").write_text(headline, encoding="utf-8")
+    md += [f"## {METRIC_LABELS['auroc']}", "", headline]
+    md += _metric_sections(results, datasets)
+    md += _guarantee_sections(results, datasets)
+    md += _averaged_importance(datasets, out)
+    for d, entry in datasets.items():
+        md += _dataset_section(d, entry, out)
     path = out / "report.md"
     path.write_text("\n".join(md), encoding="utf-8")
     return path

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -24,7 +24,7 @@ try:  # Python 3.11+
 except ImportError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-__all__ = ["ENV_PREFIX", "PROCESS_ENV", "GuardConfig", "read_config_file"]
+__all__ = ["ENV_PREFIX", "PROCESS_ENV", "RULE", "GuardConfig", "read_config_file"]
 
 ENV_PREFIX = "ABSTAIN_GUARD_"
 
@@ -90,6 +90,25 @@ def _format_validation_error(exc: ValidationError, valid: list[str]) -> str:
         else:
             parts.append(f"{loc}: {err.get('msg')} (got {err.get('input')!r})")
     return "Invalid guard configuration: " + "; ".join(parts) + "."
+
+
+class _ChangesRule:
+    """The mark of a :class:`GuardConfig` field that changes the decision rule (τ, its
+    certificate or the per-group rules): :meth:`GuardConfig.rule_key` is made of them."""
+
+    def __repr__(self) -> str:
+        return "RULE"
+
+
+#: ``Annotated[<type>, RULE]`` marks a field the rule depends on.
+RULE = _ChangesRule()
+
+
+def _hashable(value: Any) -> Hashable:
+    """A field's value as a hashable one (a mapping: its sorted items)."""
+    if isinstance(value, Mapping):
+        return tuple(sorted(value.items()))
+    return value  # type: ignore[no-any-return]
 
 
 class GuardConfig(BaseModel):
@@ -161,22 +180,22 @@ class GuardConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    mode: Literal["participation", "risk"] = "participation"
-    participation: float = Field(default=0.8, gt=0.0, lt=1.0)
-    risk_target: float | None = Field(default=None, gt=0.0, lt=1.0)
-    delta: float = Field(default=0.1, gt=0.0, lt=1.0)
-    action_risk_target: float | None = Field(default=None, gt=0.0, lt=1.0)
-    partial_release_target: float | None = Field(default=None, gt=0.0, lt=1.0)
+    mode: Annotated[Literal["participation", "risk"], RULE] = "participation"
+    participation: Annotated[float, RULE] = Field(default=0.8, gt=0.0, lt=1.0)
+    risk_target: Annotated[float | None, RULE] = Field(default=None, gt=0.0, lt=1.0)
+    delta: Annotated[float, RULE] = Field(default=0.1, gt=0.0, lt=1.0)
+    action_risk_target: Annotated[float | None, RULE] = Field(default=None, gt=0.0, lt=1.0)
+    partial_release_target: Annotated[float | None, RULE] = Field(default=None, gt=0.0, lt=1.0)
     abstain_message: str = "I don't know."
     on_error: Literal["abstain", "raise"] = "abstain"
     scorer: str | None = None
     on_mismatch: Literal["raise", "warn"] = "raise"
-    on_infeasible: Literal["raise", "answer_all", "abstain_all"] = "raise"
+    on_infeasible: Annotated[Literal["raise", "answer_all", "abstain_all"], RULE] = "raise"
     group_by: str | Callable[[Any], Any] | None = None
-    group_targets: dict[str, float] | None = None
-    group_delta: Literal["per_group", "union"] = "per_group"
-    group_fallback: Literal["raise", "pooled", "abstain"] = "raise"
-    unknown_group: Literal["abstain", "pooled"] = "abstain"
+    group_targets: Annotated[dict[str, float] | None, RULE] = None
+    group_delta: Annotated[Literal["per_group", "union"], RULE] = "per_group"
+    group_fallback: Annotated[Literal["raise", "pooled", "abstain"], RULE] = "raise"
+    unknown_group: Annotated[Literal["abstain", "pooled"], RULE] = "abstain"
     on_abstain: Literal["end", "interrupt", "fallback"] = "end"
 
     def __init__(self, **data: Any) -> None:
@@ -242,6 +261,17 @@ class GuardConfig(BaseModel):
             assert self.risk_target is not None
             return self.risk_target
         return self.participation
+
+    @classmethod
+    def rule_fields(cls) -> tuple[str, ...]:
+        """The fields marked :data:`RULE`, in declaration order."""
+        return tuple(n for n, f in cls.model_fields.items() if RULE in f.metadata)
+
+    def rule_key(self) -> tuple[tuple[str, Hashable], ...]:
+        """What the rule depends on, hashable: ``(field, value)`` for every field marked
+        :data:`RULE`. Every cache of rules keys on it, so two configs share a rule exactly
+        when they agree on these fields."""
+        return tuple((name, _hashable(getattr(self, name))) for name in self.rule_fields())
 
     def group_target(self, group: str) -> float:
         """The target of ``group``: its ``group_targets`` entry, else :attr:`target`."""

@@ -240,15 +240,7 @@ class GuardArtifact:
             )
         if cfg.action_risk_target is not None:
             require_action_statistics(self.action_statistic)
-        key = (
-            cfg.mode,
-            cfg.participation,
-            cfg.risk_target,
-            cfg.delta,
-            cfg.on_infeasible,
-            cfg.action_risk_target,
-            cfg.partial_release_target,
-        )
+        key = cfg.rule_key()
         rule = self._rules.get(key)
         if rule is None:
             rule = decision_rule(
@@ -297,17 +289,7 @@ class GuardArtifact:
             InsufficientDataError: a group is too small and ``group_fallback="raise"``.
         """
         groups = require_groups(self.groups, config)
-        key = (
-            config.mode,
-            config.participation,
-            config.risk_target,
-            config.delta,
-            config.on_infeasible,
-            tuple(sorted((config.group_targets or {}).items())),
-            config.group_delta,
-            config.group_fallback,
-            config.unknown_group,
-        )
+        key = config.rule_key()
         rules = self._group_rules.get(key)
         if rules is None:
             pooled = self.decision_rule(config)

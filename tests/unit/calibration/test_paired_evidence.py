@@ -23,7 +23,7 @@ from abstain_guard.calibration.measure.paired import (
     verdict,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _bench() -> ModuleType:

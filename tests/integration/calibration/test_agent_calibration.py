@@ -35,7 +35,7 @@ from abstain_guard.guard.tracing import EVENT_NAME
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 FACTORY = "examples.country_agent:build_forced_agent"
 DATA = "builtin:capital,currency,continent"
 #: 7 questions: 1 reference, 1 train, 4 calibration (the fewest that certify participation

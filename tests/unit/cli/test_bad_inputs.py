@@ -28,7 +28,7 @@ from abstain_guard.errors import (
 )
 from abstain_guard.scorers import build_scorer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 class ModelLoaded(AssertionError):

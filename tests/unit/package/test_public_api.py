@@ -11,7 +11,7 @@ import pytest
 
 from abstain_guard.scorers import scorer_class, scorer_names, scorer_spec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = (
     "abstain_guard",
     "abstain_guard.adapters",

@@ -33,7 +33,7 @@ from abstain_guard.guarantee.selection import (
 )
 from abstain_guard.scorers import build_scorer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 SHIPPED_CANDIDATES = (
     "geometry",

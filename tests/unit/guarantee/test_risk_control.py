@@ -197,7 +197,7 @@ def test_the_guard_records_the_method_name() -> None:
     assert rule.guarantee["feasible"] and math.isfinite(rule.threshold)
 
 
-FIRST_RELEASE = Path(__file__).with_name("data") / "first_release_calibration.json"
+FIRST_RELEASE = Path(__file__).resolve().parents[2] / "data" / "first_release_calibration.json"
 """The first shipped guard's 107 calibration answers: the 2nd most confident one is wrong,
 which stops the original fixed-sequence test (a realistic population, kept as a fixture)."""
 

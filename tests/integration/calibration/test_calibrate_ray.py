@@ -236,7 +236,7 @@ def test_agent_runs_on_ray_replicas_are_the_local_ones(
     """``calibrate --agent --executor ray``: the replicas build the agent from its factory
     and run the questions; every stored run (messages, tool calls, final answer's ids and
     logprobs) is bitwise the local run's, and so is the artifact."""
-    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # examples/ is importable
+    monkeypatch.chdir(Path(__file__).resolve().parents[3])  # examples/ is importable
     items = builtin_probe_set(relations=("capital", "currency", "continent"))[:4]
     agent = {  # one question per split: 4 agent runs here and 4 on the replicas
         "agent": "examples.country_agent:build_forced_agent",

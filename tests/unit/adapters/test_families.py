@@ -31,7 +31,7 @@ from abstain_guard.adapters.capture.architectures import (
 )
 from abstain_guard.errors import InvalidInputError, UnsupportedArchitectureError
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[3] / "README.md"
 
 
 def test_readme_lists_exactly_the_registry() -> None:

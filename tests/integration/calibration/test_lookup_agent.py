@@ -31,7 +31,7 @@ from abstain_guard.calibration.building.questions.probe import builtin_probe_set
 from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
 from abstain_guard.errors import InvalidInputError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

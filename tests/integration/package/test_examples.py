@@ -12,7 +12,7 @@ from langchain_core.messages import AIMessage
 
 from abstain_guard import GuardConfig
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 pytestmark = pytest.mark.model
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 BUILD_OUTPUT_NAMES = {"build", "dist", "out", "target", "_build", "site-packages"}
 SOURCE_ROOTS = ("abstain_guard", "adapters", "calibration", "tests", "bench", "examples")
 

@@ -44,7 +44,7 @@ FORCED = {"call_tool_choices": {"0": ["any"], "1": [None]}, "tool_steps": {"1": 
 PERU = {"role": "user", "content": "What is the capital of Peru?"}
 CHILE = {"role": "user", "content": "What is the capital of Chile?"}
 ATLANTIS = {"role": "user", "content": "What is the capital of Atlantis?"}
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _guard(

@@ -252,7 +252,7 @@ def test_calibration_stores_the_scores_the_fast_guard_computes_live(tmp_path: Pa
 def test_the_benchmark_reads_the_columns_the_scorer_reads() -> None:
     """bench/fast_capture.py turns full token blocks into fast ones: the same columns as
     ``token_block(..., capture="fast")`` of the same response."""
-    bench = Path(__file__).resolve().parents[1] / "bench"
+    bench = Path(__file__).resolve().parents[3] / "bench"
     sys.path.insert(0, str(bench))
     try:
         spec = importlib.util.spec_from_file_location(

@@ -318,7 +318,7 @@ def test_guard_without_group_by_is_unchanged() -> None:
 
 
 def _bench() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "bench" / "group_guarantees.py"
+    path = Path(__file__).resolve().parents[3] / "bench" / "group_guarantees.py"
     spec = importlib.util.spec_from_file_location("bench_group_guarantees", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

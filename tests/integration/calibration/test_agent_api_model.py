@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 pytest.importorskip("langchain_openai")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 ITEMS = builtin_probe_set(relations=("capital", "currency", "continent"))[:8]
 
 

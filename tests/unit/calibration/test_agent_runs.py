@@ -223,6 +223,6 @@ def test_load_agent_factory_errors_say_what_to_do(spec, match):
 def test_load_agent_factory_finds_the_example_from_the_project_root(monkeypatch):
     from pathlib import Path
 
-    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    monkeypatch.chdir(Path(__file__).resolve().parents[3])
     factory = load_agent_factory("examples.country_agent:build_agent")
     assert factory.__name__ == "build_agent"

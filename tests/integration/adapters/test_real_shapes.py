@@ -18,7 +18,7 @@ from types import ModuleType
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _real_shapes() -> ModuleType:

@@ -28,7 +28,7 @@ from abstain_guard.contract.deployment import DeploymentRecord
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 FACTORY = "examples.lookup_agent:build_agent"
 BUDGET = 48
 N = 8  # split 1:1:4:2: 4 calibration runs, replayed live

@@ -221,7 +221,6 @@ def test_the_probe_finds_up_to_how_many_rows_each_row_keeps_its_bits() -> None:
     x = torch.randn((16, 32), generator=torch.Generator().manual_seed(0))
     with blas_threads(1), torch.inference_mode():
         cap = independent_rows(weight, MIN_DECODE_ROWS, 16)
-        assert cap >= MIN_DECODE_ROWS  # every CPU this suite has run on; else rows go alone
         ref = torch.nn.functional.linear(x[:MIN_DECODE_ROWS], weight)
 
         def keeps_bits(m: int) -> bool:
@@ -231,8 +230,9 @@ def test_the_probe_finds_up_to_how_many_rows_each_row_keeps_its_bits() -> None:
 
         assert all(keeps_bits(m) for m in range(MIN_DECODE_ROWS, cap + 1))
         if cap < 16:
-            assert not keeps_bits(cap + 1)
-    assert rows_are_independent(weight, MIN_DECODE_ROWS, cap)
+            assert not keeps_bits(max(cap + 1, MIN_DECODE_ROWS))
+        # probed and asserted under the same thread count: another count may give other bits
+        assert rows_are_independent(weight, MIN_DECODE_ROWS, cap)
 
 
 def test_more_rows_than_one_step_holds_decode_in_several_shared_steps() -> None:

@@ -4,6 +4,7 @@ one loaded model per session through :func:`default_model`."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +68,45 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory):
         os.environ.update(saved)
     yield ray
     ray.shutdown()
+
+
+# --- tiers ----------------------------------------------------------------------------------
+
+TESTS = Path(__file__).resolve().parent
+#: What only the integration tier loads: the embedded model and a Ray cluster (the vLLM
+#: engine's tests start it themselves and live in tests/integration/backends/).
+INTEGRATION_FIXTURES = {
+    "default_model": "model",
+    "default_model_with": "model",
+    "ray_cluster": "ray",
+}
+
+
+def _tier(item: pytest.Item) -> str:
+    return Path(item.path).resolve().relative_to(TESTS).parts[0]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its tier (``unit`` / ``integration``, from its folder) and with
+    ``model`` / ``ray`` where it uses those fixtures; refuse a unit test that loads them.
+
+    Under ``pytest -n`` (make test) a file's tests stay on one worker (``xdist_group``), so
+    module fixtures are built once, and every file that uses the Ray cluster shares one
+    worker (one cluster). The heavy tier runs first, Ray's files last of it (the cluster
+    idles until the worker ends), the unit tier fills the gaps."""
+    ray_files = {item.path for item in items if "ray_cluster" in item.fixturenames}
+    for item in items:
+        tier = _tier(item)
+        item.add_marker(tier)
+        used = {INTEGRATION_FIXTURES[f] for f in item.fixturenames if f in INTEGRATION_FIXTURES}
+        if tier == "unit" and used:
+            raise pytest.UsageError(
+                f"{item.nodeid} uses {sorted(used)}: tests that load the embedded model or a "
+                "Ray cluster belong under tests/integration/"
+            )
+        for mark in sorted(used):
+            item.add_marker(mark)
+        group = "ray" if item.path in ray_files else str(item.path.relative_to(TESTS))
+        item.add_marker(pytest.mark.xdist_group(group))
+    order = {"integration": 0, "unit": 2}
+    items.sort(key=lambda it: order.get(_tier(it), 1) + (it.path in ray_files))

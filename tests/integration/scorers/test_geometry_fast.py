@@ -10,18 +10,15 @@ fast capture and stores the scores the deployed guard computes live.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sqlite3
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from test_adapters_exactness import PROMPT
-from test_geometry_scorer import _npz_round_trip, _split
-from test_pipeline_resume import ITEMS, HashJudge, _config, _judges
+from _geometry_fakes import PROMPT, _npz_round_trip, _split
+from _pipeline_fakes import ITEMS, HashJudge, _config, _judges
 from tiny_models import FAMILIES, tiny_chat_model
 
 from abstain_guard import GuardArtifact, GuardConfig
@@ -247,28 +244,6 @@ def test_calibration_stores_the_scores_the_fast_guard_computes_live(tmp_path: Pa
         float(np.max(np.abs(np.asarray(live) - art.scores))),
     )
     np.testing.assert_array_equal(np.asarray(live), art.scores)
-
-
-def test_the_benchmark_reads_the_columns_the_scorer_reads() -> None:
-    """bench/fast_capture.py turns full token blocks into fast ones: the same columns as
-    ``token_block(..., capture="fast")`` of the same response."""
-    bench = Path(__file__).resolve().parents[3] / "bench"
-    sys.path.insert(0, str(bench))
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "bench_fast_capture", bench / "fast_capture.py"
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(bench))
-    r = _split(4, 1, "omega")[0][0]
-    means = ReferenceMeans.from_states([r.states], [r.states])
-    converted = module.fast_block(token_block(r, means), L)
-    np.testing.assert_array_equal(
-        converted.geometry, token_block(r, means, capture="fast").geometry
-    )
 
 
 def test_permutation_importance_uses_the_fast_layout(fitted: Any) -> None:

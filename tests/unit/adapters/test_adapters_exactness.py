@@ -18,9 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _geometry_fakes import PROMPT
 from tiny_models import FAMILIES, tiny_chat_model, tiny_hf_model
-
-PROMPT = "Tell me the capital of Portugal, please."
 
 
 def _prox_full(z: np.ndarray, parts: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from test_adapters_exactness import PROMPT, reference_features, slow_reference
+from _geometry_fakes import PROMPT, reference_features, slow_reference
 from test_scheduler import PROMPTS, _run_threads
 from tiny_models import FAMILIES, assert_same_answer, char_tokenizer, tiny_chat_model, tiny_hf_model
 

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from test_adapters_exactness import PROMPT, reference_features, slow_reference
+from _geometry_fakes import PROMPT, reference_features, slow_reference
 from tiny_models import FAMILIES, tiny_chat_model
 
-from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig, PerplexityScorer
+from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig
 from abstain_guard.adapters.engine.kernels import kernel_facts
 from abstain_guard.calibration.building.answering.answers import numerics_key
 from abstain_guard.contract.deployment import (
@@ -23,6 +23,7 @@ from abstain_guard.contract.deployment import (
 )
 from abstain_guard.contract.kernels import bit_deciding
 from abstain_guard.errors import ArtifactMismatchError
+from abstain_guard.scorers import PerplexityScorer
 
 RECORD = DeploymentRecord(decoding={"temperature": 0.0, "dtype": "bfloat16", "device_type": "cpu"})
 

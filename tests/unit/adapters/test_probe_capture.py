@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _pipeline_fakes import ITEMS
 from langchain_core.messages import HumanMessage, SystemMessage
-from test_pipeline_resume import ITEMS
 from tiny_models import FAMILIES, tiny_chat_model
 
 from abstain_guard.scorers._registry import build_scorer

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_pipeline_resume import ITEMS, HashJudge, _config, _judges
+from _pipeline_fakes import ITEMS, HashJudge, _config, _judges
 from tiny_models import tiny_chat_model
 
 from abstain_guard import GuardArtifact, GuardConfig

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _pipeline_fakes import ITEMS, HashJudge, _artifact_files, _config, _judges
 from pydantic import Field
-from test_pipeline_resume import ITEMS, HashJudge, _artifact_files, _config, _judges
 from tiny_models import char_tokenizer, tiny_chat_model, tiny_hf_model
 
 from abstain_guard import GuardArtifact, GuardConfig

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_pipeline_resume import ITEMS, HashJudge, _config, _judges
+from _pipeline_fakes import ITEMS, HashJudge, _config, _judges
 from tiny_models import tiny_chat_model
 
 from abstain_guard import GuardArtifact, GuardConfig
@@ -135,8 +135,8 @@ def test_a_recalibrated_artifact_is_refused_with_what_to_run_instead(tmp_path: P
     """A guard recalibrated from feedback has live decisions, not held-out questions, as its
     calibration set: the live check says so before loading anything (it raised a bare
     ValueError from zip(strict=True) on the missing calibration ids before)."""
-    from abstain_guard import PerplexityScorer
     from abstain_guard.errors import ConfigError
+    from abstain_guard.scorers import PerplexityScorer
 
     rng = np.random.default_rng(0)
     art = GuardArtifact.from_calibration(

@@ -21,17 +21,17 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _pipeline_fakes import ITEMS, HashJudge, _judges
 from test_calibration_capture import CountingChatModel, _counting, _geo_config
-from test_pipeline_resume import ITEMS, HashJudge, _judges
 
-from abstain_guard.artifact import GuardArtifact
+from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.calibration.building.judges.cache import CachedJudge, JudgmentCache
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.building.run.lock import RunLock, lock_path
 from abstain_guard.calibration.building.run.store import LayeredStore, RunStore, lock_holder
 from abstain_guard.calibration.measure import held_out
 from abstain_guard.calibration.measure.cache_reuse import evaluate_cache
-from abstain_guard.calibration.measure.held_out import evaluate
+from abstain_guard.calibration.measure.held_out import EvaluateOptions, evaluate
 from abstain_guard.cli import commands as cli
 from abstain_guard.errors import CacheError
 
@@ -93,9 +93,7 @@ def test_evaluate_after_calibrate_generates_and_judges_nothing_new(
     results = evaluate(
         tmp / "geo",
         tmp_path / "rep",
-        baselines="none",
-        n_resplits=20,
-        importance_repeats=1,
+        options=EvaluateOptions(baselines="none", n_resplits=20, importance_repeats=1),
         progress=False,
         model=model,
         judges=_eval_judges(tmp_path / "rep" / "cache", cache, judge),

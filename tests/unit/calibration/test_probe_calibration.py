@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_pipeline_resume import ITEMS, HashJudge, _config, _judges
+from _pipeline_fakes import ITEMS, HashJudge, _config, _judges
 from tiny_models import tiny_chat_model
 
 from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.calibration.building.pipeline import calibrate
-from abstain_guard.calibration.measure.held_out import evaluate
+from abstain_guard.calibration.measure.held_out import EvaluateOptions, evaluate
 from abstain_guard.contract.runnables import map_chat_models
 from abstain_guard.guard.chains import load_guard_chain
 
@@ -74,11 +74,13 @@ def test_evaluate_fits_the_probes_and_the_floor(tmp_path: Path, model: Any) -> N
     res = evaluate(
         tmp_path / "geo",
         tmp_path / "report",
-        baselines="probe_mid,probe_concat_last,type_floor,perplexity,geometry_plus",
-        n_resplits=5,
+        options=EvaluateOptions(
+            baselines="probe_mid,probe_concat_last,type_floor,perplexity,geometry_plus",
+            n_resplits=5,
+            cache_dir=tmp_path / "geo.cache",
+        ),
         progress=False,
         model=model,
-        cache_dir=tmp_path / "geo.cache",
         judges=judges,
     )
     [entry] = res["datasets"].values() if isinstance(res["datasets"], dict) else res["datasets"]

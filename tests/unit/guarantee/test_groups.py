@@ -4,21 +4,19 @@ artifact's groups, and the guard deciding by the question's group."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import logging
 import math
-import sys
 import warnings
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 from _core_fakes import ScriptedChatModel
+from group_simulation import simulate_cell, synthetic_population
 from langchain_core.messages import AIMessage
 from langchain_core.prompts import ChatPromptTemplate
 
-from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig, PerplexityScorer
+from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig
 from abstain_guard.errors import (
     ArtifactMismatchError,
     ConfigError,
@@ -29,6 +27,7 @@ from abstain_guard.errors import (
 )
 from abstain_guard.guarantee.conformal import participation_threshold, risk_threshold
 from abstain_guard.guarantee.groups import check_groups, group_rates, group_rules, resolve_group
+from abstain_guard.scorers import PerplexityScorer
 
 
 def _data(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -314,17 +313,7 @@ def test_guard_without_group_by_is_unchanged() -> None:
     assert "group" not in d and "group_rule" not in d
 
 
-# --- validity in simulation (bench/group_guarantees.py with fewer draws) -----------------------
-
-
-def _bench() -> ModuleType:
-    path = Path(__file__).resolve().parents[3] / "bench" / "group_guarantees.py"
-    spec = importlib.util.spec_from_file_location("bench_group_guarantees", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+# --- validity in simulation (experiments/groups/group_guarantees.py with fewer draws) --------
 
 
 @pytest.mark.parametrize(
@@ -337,12 +326,11 @@ def _bench() -> ModuleType:
     ids=["participation", "risk-per-group", "risk-union"],
 )
 def test_group_rules_are_valid_in_simulation(config: dict[str, object]) -> None:
-    bench = _bench()
-    pop = bench.synthetic_population(seed=5, size=5000)
+    pop = synthetic_population(seed=5, size=5000)
     cfg = GuardConfig(group_by="g", group_fallback="abstain", on_infeasible="abstain_all", **config)  # type: ignore[arg-type]
     logging.disable(logging.WARNING)
     try:
-        cell = bench.simulate_cell(pop, n=600, config=cfg, reps=150, seed=11)
+        cell = simulate_cell(pop, n=600, config=cfg, reps=150, seed=11)
     finally:
         logging.disable(logging.NOTSET)
     assert cell["valid"], cell
@@ -359,7 +347,7 @@ def test_group_rules_are_valid_in_simulation(config: dict[str, object]) -> None:
 
 
 def test_calibrate_records_each_calibration_answers_group(tmp_path: Path) -> None:
-    from test_pipeline_resume import ITEMS, HashJudge, _config, _judges
+    from _pipeline_fakes import ITEMS, HashJudge, _config, _judges
     from tiny_models import tiny_chat_model
 
     from abstain_guard.calibration.building.pipeline import calibrate, calibration_groups
@@ -388,10 +376,12 @@ def test_calibrate_records_each_calibration_answers_group(tmp_path: Path) -> Non
 def test_evaluate_report_shows_pooled_and_group_rules_per_group(tmp_path: Path) -> None:
     from abstain_guard.calibration.measure.group_report import group_tables
     from abstain_guard.calibration.measure.report import write_report
-    from abstain_guard.calibration.measure.results import evaluate_scores
+    from abstain_guard.calibration.measure.results import MeasureSettings, evaluate_scores
 
     s, j, g = _data()
-    results = evaluate_scores({"perplexity": s}, j, name="toy", n_resplits=20, n_boot=0)
+    results = evaluate_scores(
+        {"perplexity": s}, j, name="toy", settings=MeasureSettings(n_resplits=20, n_boot=0)
+    )
     tables = group_tables(s, j, [*g[:-1], None], participation=0.8, risk_target=0.35)
     assert set(tables) == {"participation 0.8", "risk 0.35 at delta 0.1"}
     part = tables["participation 0.8"]

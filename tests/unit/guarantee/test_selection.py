@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _selection_fakes import _artifact, _recorded
 
 from abstain_guard import GuardArtifact, GuardConfig, default_artifact_path
 from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
@@ -31,7 +32,6 @@ from abstain_guard.guarantee.selection import (
     record_choice,
     select_scorer,
 )
-from abstain_guard.scorers import build_scorer
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -166,28 +166,6 @@ def test_a_selection_block_round_trips_and_rejects_nonsense() -> None:
 # --- the artifact and the guard -------------------------------------------------------------
 
 
-def _artifact(selection: ScorerSelection | None, n: int = 800, seed: int = 4) -> GuardArtifact:
-    rng = np.random.default_rng(seed)
-    correct = rng.random(n) < 0.6
-    scores = np.where(correct, 0.3, 0.7) + rng.normal(0, 0.25, n)
-    metadata = {} if selection is None else {"selection": selection.to_json()}
-    groups = np.where(np.arange(n) % 2 == 0, "even", "odd")
-    return GuardArtifact.from_calibration(
-        scorer=build_scorer("perplexity"),
-        scores=scores,
-        correct=correct,
-        metadata=metadata,
-        groups=groups,
-    )
-
-
-def _recorded(art: GuardArtifact, k: int = 5) -> ScorerSelection:
-    names = ["perplexity"] + [f"other{i}" for i in range(k - 1)]
-    return record_choice(
-        "perplexity", art.scores, art.correct, names, 0.3, 0.1, data="cal", choice="by hand"
-    )
-
-
 def test_a_guard_from_a_selected_artifact_certifies_at_delta_over_k(tmp_path: Path) -> None:
     plain = _artifact(None)
     sel = _recorded(plain)
@@ -287,8 +265,8 @@ def test_the_calibration_config_takes_auto_and_candidates() -> None:
 
 
 def test_the_shipped_guard_records_its_selection_and_certifies_at_delta_over_20() -> None:
-    """probe_mid was chosen among the power run's 13 scorers; the audit of issue 57 found 7
-    more looks at the same answers before the choice (bench/shipped_guard_audit.jsonl), kept
+    """probe_mid was chosen among the power run's 13 scorers; an audit found 7
+    more looks at the same answers before the choice (configs/default_guard/audit.jsonl), kept
     in the artifact's selection ledger: K = 20."""
     art = GuardArtifact.load(default_artifact_path())
     sel = art.selection
@@ -296,7 +274,7 @@ def test_the_shipped_guard_records_its_selection_and_certifies_at_delta_over_20(
     assert sel.candidates == SHIPPED_CANDIDATES and sel.chosen == "probe_mid" == art.scorer.kind
     assert sel.rule == "bonferroni" and sel.n == art.n == 1345
     assert (sel.risk_target, sel.delta) == (0.35, 0.1)
-    audit = (ROOT / "bench" / "shipped_guard_audit.jsonl").read_text(encoding="utf-8")
+    audit = (ROOT / "configs" / "default_guard" / "audit.jsonl").read_text(encoding="utf-8")
     assert [e.name for e in art.ledger] == [e.name for e in parse_ledger(audit)]
     assert all(e.by == "audit" and e.evidence for e in art.ledger)
     assert art.n_candidates == sel.n_candidates == 20
@@ -318,7 +296,7 @@ def test_the_shipped_guard_records_its_selection_and_certifies_at_delta_over_20(
 
 
 def test_calibrate_scorer_auto_ships_the_best_certified_candidate(tmp_path: Path) -> None:
-    from test_pipeline_resume import ITEMS, HashJudge, _config, _judges
+    from _pipeline_fakes import ITEMS, HashJudge, _config, _judges
     from tiny_models import tiny_chat_model
 
     from abstain_guard.calibration.building.pipeline import calibrate
@@ -367,7 +345,7 @@ def test_a_selection_split_chooses_on_answers_the_certificate_never_reads(tmp_pa
     """``selection_share``: the candidates are compared on a seeded draw of the calibration
     answers, the chosen one certifies at δ (K = 1) on the others, and the artifact stores only
     those (issue 57)."""
-    from test_pipeline_resume import ITEMS, HashJudge, _config, _judges
+    from _pipeline_fakes import ITEMS, HashJudge, _config, _judges
     from tiny_models import tiny_chat_model
 
     from abstain_guard.calibration.building.pipeline import calibrate
@@ -412,7 +390,7 @@ def test_a_selection_split_chooses_on_answers_the_certificate_never_reads(tmp_pa
 
 
 def _scores_of(tmp: Path, name: str, update: dict[str, Any], model: Any, judges: Any) -> Any:
-    from test_pipeline_resume import ITEMS, _config
+    from _pipeline_fakes import ITEMS, _config
 
     from abstain_guard.calibration.building.pipeline import calibrate
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_selection import _artifact, _recorded
+from _selection_fakes import _artifact, _recorded
 
 from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.artifact.files import LEDGER

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_geometry_scorer import _npz_round_trip, _response, _split
+from _geometry_fakes import _npz_round_trip, _response, _split
 
 from abstain_guard import GuardArtifact
 from abstain_guard.adapters import ReplayResult

@@ -6,8 +6,8 @@ model that returns logprobs works with the likelihood scorers alone.
 
 Typical use::
 
-    from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig
-    guard = AbstentionGuard.from_artifact("guard/", chat_model,
+    from abstain_guard import AbstentionGuard, GuardConfig, default_artifact_path
+    guard = AbstentionGuard.from_artifact(default_artifact_path(), chat_model,
                                           config=GuardConfig(mode="risk", risk_target=0.2))
     msg = guard.invoke("Who wrote Hamlet?")
     msg.response_metadata["abstention"]["abstained"]
@@ -22,57 +22,31 @@ The package, by concept (``docs/architecture.md``; which may import which:
   response metadata, chat model specs, kernel facts, stream rule);
 * ``adapters/`` (``abstain_guard.adapters``) and ``backends/`` — the engines: a local model
   with exact geometry, the vLLM backend;
-* ``scorers/`` — every scorer, one file per method;
+* ``scorers/`` — every scorer, one file per method, and their registry;
 * ``artifact/`` — what calibration writes and the guard loads;
 * ``monitor/`` — the drift monitor;
 * ``guard/`` — the LangChain face: the runnable, the agent middleware, their policy;
 * ``serve/`` — the OpenAI-compatible server; ``calibration/`` (``abstain_guard.calibration``)
   — building and measuring an artifact, offline.
 
-``lazy`` and ``deprecated_paths`` are import machinery (lazy package attributes; the old
-module paths, kept for one release).
+``lazy`` is import machinery (lazy package attributes).
 
 May import: ``abstain_guard.guard``, ``abstain_guard.monitor``, ``abstain_guard.artifact``,
-``abstain_guard.scorers``, ``abstain_guard.contract``, ``abstain_guard.guarantee``,
-``abstain_guard.config``, ``abstain_guard.default``, ``abstain_guard.deprecated_paths``,
-``abstain_guard.errors``, ``abstain_guard._version``.
+``abstain_guard.contract``, ``abstain_guard.config``, ``abstain_guard.default``,
+``abstain_guard._version``.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, Any
 
-from abstain_guard import deprecated_paths, errors
 from abstain_guard._version import __version__
 from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
-from abstain_guard.contract.metadata import ResponseMetadata
 from abstain_guard.contract.prompts import question_prompt
 from abstain_guard.default import default_artifact_path
-from abstain_guard.guarantee import conformal
-from abstain_guard.guarantee.decision import DecisionRule
-from abstain_guard.guard.policy import AbstentionPolicy
 from abstain_guard.guard.runnable import AbstentionGuard
 from abstain_guard.monitor.guard_monitor import GuardMonitor
-from abstain_guard.scorers import (
-    MaxSequenceProbabilityScorer,
-    MeanTokenEntropyScorer,
-    PerplexityScorer,
-    Scorer,
-    ScorerState,
-    build_scorer,
-    register_scorer,
-    scorer_names,
-)
-
-# Old import paths (abstain_guard.scoring, abstain_guard.likelihood,
-# abstain_guard.calibration.inference.*, the modules issue 49 regrouped) keep working for one
-# release, with a DeprecationWarning.
-deprecated_paths.install()
-# `conformal` is public here (from abstain_guard import conformal); its module lives in the
-# guarantee now, and `import abstain_guard.conformal` gives that same module.
-sys.modules.setdefault(f"{__name__}.conformal", conformal)
 
 if TYPE_CHECKING:
     from abstain_guard.guard.middleware import AbstentionMiddleware as AbstentionMiddleware
@@ -80,25 +54,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AbstentionGuard",
-    "AbstentionPolicy",
-    "DecisionRule",
     "GuardArtifact",
     "GuardConfig",
     "GuardMonitor",
-    "MaxSequenceProbabilityScorer",
-    "MeanTokenEntropyScorer",
-    "PerplexityScorer",
-    "ResponseMetadata",
-    "Scorer",
-    "ScorerState",
     "__version__",
-    "build_scorer",
-    "conformal",
     "default_artifact_path",
-    "errors",
     "question_prompt",
-    "register_scorer",
-    "scorer_names",
 ]
 
 

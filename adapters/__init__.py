@@ -30,21 +30,14 @@ from .engine import kernel_env  # noqa: F401  (first: asks for portable CPU kern
 from .capture.architectures import SUPPORTED_ARCHITECTURES
 from .capture.types import ReferenceMeans, ReplayResult, TokenStates
 from .chat.model import GeometryChatModel, load_default_model
-from .model.loading import default_model_path, eos_token_ids
-from .tools.calls import FORMATS as TOOL_CALL_FORMATS
-from .tools.calls import detect_tool_call_format, parse_tool_calls, prompted_tool_block
+from .model.loading import default_model_path
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
-    "TOOL_CALL_FORMATS",
     "GeometryChatModel",
     "ReferenceMeans",
     "ReplayResult",
     "TokenStates",
     "default_model_path",
-    "detect_tool_call_format",
-    "eos_token_ids",
     "load_default_model",
-    "parse_tool_calls",
-    "prompted_tool_block",
 ]

@@ -14,25 +14,25 @@ nothing on the live path (the guard, the scorers) imports ``calibration``. See
 ``docs/architecture.md``.
 
 May import: ``abstain_guard.calibration.building``, ``abstain_guard.calibration.measure``,
-``abstain_guard.deprecated_paths``, ``abstain_guard.lazy``.
+``abstain_guard.lazy``.
 
 Typical use::
 
-    from . import CalibrationConfig, calibrate
+    from abstain_guard.calibration import CalibrationConfig, calibrate
     summary = calibrate("builtin", "guard/", config=CalibrationConfig(limit=600))
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from abstain_guard.deprecated_paths import moved_attribute_getter
 from abstain_guard.lazy import lazy_attributes
 
-from .building.judges import Judge, Judgment, make_judge
+from .building.judges.base import Judge, Judgment
+from .building.judges.registry import make_judge
 from .building.pipeline import CalibrationSummary, calibrate
 from .building.questions.dataset_files import load_dataset
-from .building.questions.datasets import QAItem, split_items
+from .building.questions.datasets import QAItem
 from .building.questions.named_datasets import load_named_dataset
 from .building.questions.probe import builtin_probe_set
 from .building.run.calibration_config import CalibrationConfig
@@ -54,7 +54,6 @@ __all__ = [
     "load_dataset",
     "load_named_dataset",
     "make_judge",
-    "split_items",
 ]
 
 # Lazy: these import torch, transformers and xgboost; building configs, reading data sets
@@ -63,15 +62,4 @@ _HOME = {
     "evaluate": "abstain_guard.calibration.measure.held_out",
     "live_check": "abstain_guard.calibration.measure.deployment_check",
 }
-# Moved to abstain_guard.scorers (issue 35): the old names work, with a DeprecationWarning,
-# until the next release.
-_MOVED = {
-    "CalibratedScorer": "abstain_guard.scorers.calibrated",
-    "GeometryScorer": "abstain_guard.scorers.geometry",
-}
-_lazy = lazy_attributes(__name__, _HOME)
-_moved = moved_attribute_getter(__name__, _MOVED.get)
-
-
-def __getattr__(name: str) -> Any:
-    return _moved(name) if name in _MOVED else _lazy(name)
+__getattr__ = lazy_attributes(__name__, _HOME)

@@ -17,7 +17,7 @@ from langchain_core.tools import tool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field
 
-from abstain_guard import GuardArtifact, PerplexityScorer
+from abstain_guard import GuardArtifact
 from abstain_guard.contract.deployment import (
     AgentRecord,
     DeploymentRecord,
@@ -25,6 +25,7 @@ from abstain_guard.contract.deployment import (
     sha256_text,
     tools_sha256,
 )
+from abstain_guard.scorers import PerplexityScorer
 
 AGENT_PROMPT = "You answer questions about capitals. Use the tools."
 QA_PROMPT = "Answer the question with only the answer."

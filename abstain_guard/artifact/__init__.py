@@ -7,15 +7,6 @@ on disk.
 * :mod:`.files` — file names and encodings (canonical JSON, ``.npz`` without pickle, size
   checks), atomic publication of a new version, reading one consistent snapshot.
 
-The package exports what the module ``abstain_guard.artifact`` exported before it became a
-package.
-
 May import: ``abstain_guard.scorers``, ``abstain_guard.guarantee``, ``abstain_guard.config``,
 ``abstain_guard.errors``, ``abstain_guard._version``.
 """
-
-from __future__ import annotations
-
-from abstain_guard.artifact.guard_artifact import MAX_ARRAY_BYTES, SCHEMA_VERSION, GuardArtifact
-
-__all__ = ["MAX_ARRAY_BYTES", "SCHEMA_VERSION", "GuardArtifact"]

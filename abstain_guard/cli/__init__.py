@@ -6,8 +6,8 @@
 * :mod:`.checks` — the checks the commands share.
 
 Heavy imports (torch, transformers, xgboost, FastAPI) happen inside the commands, so
-``--help`` and configuration errors are instant. The package exports what the module
-``abstain_guard.cli`` exported before it became a package.
+``--help`` and configuration errors are instant. The package exports :func:`main`, the console
+script.
 
 May import: ``abstain_guard.serve``, ``abstain_guard.calibration``, ``abstain_guard.guard``,
 ``abstain_guard.artifact``, ``abstain_guard.backends``, ``abstain_guard.scorers``,
@@ -16,6 +16,6 @@ May import: ``abstain_guard.serve``, ``abstain_guard.calibration``, ``abstain_gu
 
 from __future__ import annotations
 
-from abstain_guard.cli.commands import build_parser, main, run
+from abstain_guard.cli.commands import main
 
-__all__ = ["build_parser", "main", "run"]
+__all__ = ["main"]

@@ -45,7 +45,7 @@ def _review(args: argparse.Namespace) -> int:
 
 
 def _review_size(args: argparse.Namespace) -> int:
-    from abstain_guard.artifact import GuardArtifact
+    from abstain_guard.artifact.guard_artifact import GuardArtifact
     from abstain_guard.calibration.building.review import review_size_table
 
     artifacts_exist([args.artifact])

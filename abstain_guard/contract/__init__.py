@@ -19,6 +19,5 @@ scores to be exchangeable with live ones, and what a chat model and the guard ex
 The engines (``abstain_guard.adapters``, ``abstain_guard.backends``) write to it, the scorers
 read it, the guard checks it.
 
-May import: ``abstain_guard.guarantee``, ``abstain_guard.deprecated_paths``,
-``abstain_guard.errors``.
+May import: ``abstain_guard.guarantee``, ``abstain_guard.errors``.
 """

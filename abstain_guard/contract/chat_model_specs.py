@@ -34,7 +34,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
-from abstain_guard.deprecated_paths import current_class_path
 from abstain_guard.errors import ConfigError
 
 __all__ = [
@@ -334,8 +333,7 @@ def identity_mismatches(record: ChatModelRecord, model: Any) -> list[str]:
     """Why ``model`` is not the API chat model ``record`` was calibrated on (empty: it is):
     another class, or settings that differ (each named, calibrated vs deployed)."""
     identity = chat_model_identity(model)
-    # a class recorded under a module that has moved since is the same class
-    if identity["class"] != current_class_path(record.class_path):
+    if identity["class"] != record.class_path:
         return [
             f"chat model {identity['class']} is not the calibrated {record.class_path} "
             f"({record.spec.label})"

@@ -32,7 +32,7 @@ count at τ, at most q — an event of probability P(Binomial(n, R_a(τ*)) ≤ q
 P(Binomial(n, ε_a) ≤ q) ≤ δ.
 
 **Both targets** (:func:`joint_risk_threshold`): the largest τ that passes the run-level
-Learn-then-Test procedure at δ/2 (:func:`abstain_guard.conformal.risk_threshold`, its
+Learn-then-Test procedure at δ/2 (:func:`abstain_guard.guarantee.conformal.risk_threshold`, its
 candidates restricted to thresholds below the action ceiling, which only removes rejections)
 and lies below the action ceiling at δ/2. Each certificate fails with probability ≤ δ/2,
 so by the union bound both hold together with probability ≥ 1−δ. (A fixed sequence testing
@@ -281,7 +281,7 @@ def joint_risk_threshold(
     :data:`ACTION_DELTA_SHARE`; module docstring).
 
     Returns:
-        The run-level :class:`~abstain_guard.conformal.RiskThreshold` (at its share of δ,
+        The run-level :class:`~abstain_guard.guarantee.conformal.RiskThreshold` (at its share of δ,
         candidates below the action ceiling; ``threshold = -inf`` and ``feasible`` False
         when no threshold passes both) and the :class:`ActionRiskCertificate`. ``human``:
     people's verdicts on a random sample of the runs (:mod:`.truth`): the run-level error is

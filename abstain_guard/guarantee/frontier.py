@@ -6,7 +6,8 @@ certify ε at all depends on its size, its accuracy and how well the scorer rank
 answers first. The frontier is, per δ, the certified calibration participation for each ε
 and the smallest ε that is certified at all; the guard refuses a target below it
 (:class:`~abstain_guard.errors.UncertifiableTargetError`) unless told to abstain on
-everything. Pure numpy: the thresholds come from :func:`abstain_guard.conformal.risk_threshold`.
+everything. Pure numpy: the thresholds come from
+:func:`abstain_guard.guarantee.conformal.risk_threshold`.
 """
 
 from __future__ import annotations

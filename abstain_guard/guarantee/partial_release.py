@@ -24,7 +24,7 @@ and the bound holds at a τ chosen on the same calibration answers
 **With a target** ρ (:func:`partial_release_certificate`): the *ceiling* is the lowest
 calibration value where ``R̂_p + 2c`` exceeds ρ; every τ below it is certified (on the band's
 event), so the error certificate's candidates are restricted to thresholds below it
-(:func:`abstain_guard.conformal.risk_threshold`'s ``ceiling``), each certificate at δ/2
+(:func:`abstain_guard.guarantee.conformal.risk_threshold`'s ``ceiling``), each certificate at δ/2
 (union bound), as for the action risk of step-gated agents (:mod:`abstain_guard.guarantee.
 action_risk`). Thresholds above a later dip of ``R̂_p`` are given up: they lie above most
 stream statistics, where the error target fails anyway.

@@ -7,8 +7,8 @@ candidate's certificate fails with probability ≤ δ, but the chosen one is the
 calibration draw looked best, and by a union bound only ``K·δ`` is left of the statement.
 
 The rule here (``"bonferroni"``): certify **every** candidate at δ/K with the usual
-Learn-then-Test procedure (:func:`abstain_guard.conformal.risk_threshold`), then ship any of
-them. With probability ≥ 1−δ all K certificates hold at once (union bound), so the shipped
+Learn-then-Test procedure (:func:`abstain_guard.guarantee.conformal.risk_threshold`), then ship
+any of them. With probability ≥ 1−δ all K certificates hold at once (union bound), so the shipped
 one's holds whichever it is and however it was picked, by its certified numbers included.
 :func:`select_scorer` picks the candidate with the most certified calibration participation
 at the risk target (ties: the first listed). The guard loaded from the artifact keeps the

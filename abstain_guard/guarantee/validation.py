@@ -1,6 +1,6 @@
 """One validator for uncertainty scores and 0/1 correctness labels, pure numpy.
 
-The conformal thresholds (:mod:`abstain_guard.conformal`), the calibration artifact
+The conformal thresholds (:mod:`abstain_guard.guarantee.conformal`), the calibration artifact
 (:mod:`abstain_guard.artifact`) and the evaluation metrics
 (:mod:`abstain_guard.calibration.measure.metrics`) all take the same two inputs:
 

@@ -11,18 +11,8 @@
 * :mod:`.tracing` — each decision as callback event, run tags and OpenTelemetry attributes;
 * :mod:`.chains` — :func:`~.chains.load_guard_chain`: an artifact's guard chain as deployed.
 
-The package exports what the module ``abstain_guard.guard`` exported before it became a
-package.
-
 May import: ``abstain_guard.monitor``, ``abstain_guard.artifact``, ``abstain_guard.backends``,
 ``abstain_guard.adapters`` (inside :func:`~.chains.load_chat_model` only),
 ``abstain_guard.contract``, ``abstain_guard.guarantee``, ``abstain_guard.config``,
 ``abstain_guard.errors``.
 """
-
-from __future__ import annotations
-
-from abstain_guard.guard.policy import AbstentionPolicy
-from abstain_guard.guard.runnable import AbstentionGuard
-
-__all__ = ["AbstentionGuard", "AbstentionPolicy"]

@@ -102,7 +102,7 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
     Args:
         artifact: a :class:`GuardArtifact` or the path of an artifact directory.
         config: a :class:`GuardConfig` (or mapping); defaults to participation 0.8.
-        monitor: a :class:`~abstain_guard.monitor.GuardMonitor` fed one decision per run
+        monitor: a :class:`~abstain_guard.GuardMonitor` fed one decision per run
             (the accepted final answer, or the step that stopped the run; fitted here when
             it is not yet); the decision's ``run_id`` (the message id) is the key of
             ``monitor.record_feedback``.

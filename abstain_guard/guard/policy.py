@@ -1,5 +1,5 @@
 """`AbstentionPolicy`: how one message becomes the guard's output, shared by the
-:class:`~abstain_guard.guard.AbstentionGuard` runnable and the agent
+:class:`~abstain_guard.AbstentionGuard` runnable and the agent
 :class:`~abstain_guard.guard.middleware.AbstentionMiddleware`.
 
 The policy holds the artifact and the config's decision rule (τ and its guarantee, one per

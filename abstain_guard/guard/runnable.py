@@ -85,7 +85,7 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
         artifact: the :class:`GuardArtifact` from calibration.
         config: a :class:`GuardConfig` (or a mapping of its fields); defaults to
             participation 0.8.
-        monitor: a :class:`~abstain_guard.monitor.GuardMonitor` fed every decision (fitted
+        monitor: a :class:`~abstain_guard.GuardMonitor` fed every decision (fitted
             here on the artifact and config when it is not yet); each decision then carries
             ``run_id``, the key of ``monitor.record_feedback``.
 

@@ -10,33 +10,6 @@
   decisions come and resuming a monitor from it;
 * :mod:`.binding` — a monitor bound to a guard: fitted on its artifact and rule.
 
-The package exports what the module ``abstain_guard.monitor`` exported before it became a
-package.
-
 May import: ``abstain_guard.artifact``, ``abstain_guard.guarantee``, ``abstain_guard.config``,
 ``abstain_guard.errors``.
 """
-
-from __future__ import annotations
-
-from abstain_guard.monitor.guard_monitor import (
-    LOG_FORMAT,
-    SHARING,
-    TESTS,
-    Alarm,
-    GuardMonitor,
-    MonitorRecord,
-    calibration_sha256,
-    read_log,
-)
-
-__all__ = [
-    "LOG_FORMAT",
-    "SHARING",
-    "TESTS",
-    "Alarm",
-    "GuardMonitor",
-    "MonitorRecord",
-    "calibration_sha256",
-    "read_log",
-]

@@ -1,7 +1,7 @@
 """Binding a drift monitor to a guard: the guard fits an unfitted monitor on its artifact
 and config, and refuses a fitted one that watches another calibration set or another rule
 (its tests would check a threshold and target the guard does not use). Shared by
-:class:`~abstain_guard.guard.AbstentionGuard` and the agent middleware."""
+:class:`~abstain_guard.AbstentionGuard` and the agent middleware."""
 
 from __future__ import annotations
 

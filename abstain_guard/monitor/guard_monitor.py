@@ -248,7 +248,7 @@ class GuardMonitor(MonitorLogMixin):
         return thresholds(self.false_alarm, self.feedback_false_alarm, s)
 
     def fit_artifact(self, artifact: Any, config: Any = None) -> GuardMonitor:
-        """:meth:`fit` on a :class:`~abstain_guard.artifact.GuardArtifact` and the rule of
+        """:meth:`fit` on a :class:`~abstain_guard.GuardArtifact` and the rule of
         ``config`` (a :class:`~abstain_guard.config.GuardConfig`; default participation
         0.8). With ``config.group_by``, every group is tested against its own rule
         (``config.group_delta`` shares ``false_alarm``)."""

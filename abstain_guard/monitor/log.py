@@ -1,4 +1,4 @@
-"""The monitor log: a JSONL file of a :class:`~abstain_guard.monitor.GuardMonitor`'s events
+"""The monitor log: a JSONL file of a :class:`~abstain_guard.GuardMonitor`'s events
 (``start`` headers naming the artifact's calibration set and rule, ``decision`` records,
 ``feedback`` labels, ``alarm`` events), appended as they happen (``log_path``) or written at
 once (``GuardMonitor.write_log``); ``abstain-guard recalibrate`` reads it."""

@@ -1,4 +1,4 @@
-"""Writing and resuming a :class:`~abstain_guard.monitor.GuardMonitor`'s log.
+"""Writing and resuming a :class:`~abstain_guard.GuardMonitor`'s log.
 
 :class:`MonitorLogMixin` holds the monitor's log methods: the ``start`` header (what a
 resume must agree on), appending events as they happen (``log_path``), writing a snapshot
@@ -36,7 +36,7 @@ _RESUME_KEYS = {
 
 
 class MonitorLogMixin:
-    """The log methods of :class:`~abstain_guard.monitor.GuardMonitor` (which sets the
+    """The log methods of :class:`~abstain_guard.GuardMonitor` (which sets the
     attributes annotated here in ``__init__`` and ``fit``)."""
 
     false_alarm: float

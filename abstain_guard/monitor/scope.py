@@ -1,4 +1,4 @@
-"""The parts of a :class:`~abstain_guard.monitor.GuardMonitor`: one scope's three tests
+"""The parts of a :class:`~abstain_guard.GuardMonitor`: one scope's three tests
 (:class:`Scope`: every decision, or one group's), the :class:`Alarm` a test raises, and the
 small helpers they share (timestamps, the calibration set's identity, OpenTelemetry)."""
 

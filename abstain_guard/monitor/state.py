@@ -1,6 +1,6 @@
-"""What a :class:`~abstain_guard.monitor.GuardMonitor` reports, as pure functions of its
+"""What a :class:`~abstain_guard.GuardMonitor` reports, as pure functions of its
 scopes: the alarm thresholds and the false-alarm bound they give (in numbers and in words),
-each group's part of :meth:`~abstain_guard.monitor.GuardMonitor.state`, and the tests
+each group's part of :meth:`~abstain_guard.GuardMonitor.state`, and the tests
 summarised over groups."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A scorer maps one chat-model response to a float, **higher = more uncertain**. Its fitted
 state (if any) is a :class:`ScorerState`: JSON parameters, numpy arrays and raw files
-(for example an XGBoost UBJ model), which :class:`~abstain_guard.artifact.GuardArtifact`
+(for example an XGBoost UBJ model), which :class:`~abstain_guard.GuardArtifact`
 writes without pickle. Every scorer class subclasses :class:`Scorer` and lives in
 :mod:`abstain_guard.scorers`, one file per method.
 """

@@ -12,8 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from abstain_guard.adapters import eos_token_ids
-from abstain_guard.adapters.model.loading import pad_token_id
+from abstain_guard.adapters.model.loading import eos_token_ids, pad_token_id
 from abstain_guard.errors import ConfigError, InvalidInputError, ScoringError
 from abstain_guard.scorers._base import Scorer, ScorerState
 from abstain_guard.scorers._model_access import ModelScorer, right_padded

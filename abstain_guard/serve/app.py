@@ -1,7 +1,7 @@
 """The FastAPI app: ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /v1/feedback``,
 ``GET /v1/monitor``, ``GET /healthz``, ``GET /metrics``.
 
-Every guard decision is fed to the server's :class:`~abstain_guard.monitor.GuardMonitor`
+Every guard decision is fed to the server's :class:`~abstain_guard.GuardMonitor`
 under its completion id (the response's ``id``), in the order the requests were admitted,
 not the order they finished (:mod:`abstain_guard.serve.arrival`: a short answer overtakes a
 long one, and length goes with the score); ``POST /v1/feedback`` with ``{"id":

@@ -2,7 +2,7 @@
 
 :class:`DeploymentMonitor` is the body of a Ray actor (one per deployment, named, on the
 node that started the deployment, where ``--monitor-log`` is written). It holds what a single
-server holds in its memory: the :class:`~abstain_guard.monitor.GuardMonitor` with its
+server holds in its memory: the :class:`~abstain_guard.GuardMonitor` with its
 anytime-valid tests and its append-only log, the admission order
 (:class:`~abstain_guard.serve.arrival.ArrivalOrder`) and the Prometheus registry. Every
 replica reaches it through a :class:`RayMonitorLink`:
@@ -83,7 +83,7 @@ class DeploymentMonitor:
         artifact: the artifact directory the replicas serve (its calibration set and rule).
         config: the guard config (``GuardConfig.model_dump()``), as the replicas get it.
         log_path: the ``--monitor-log`` (an existing one is resumed).
-        monitor_options: other :class:`~abstain_guard.monitor.GuardMonitor` settings.
+        monitor_options: other :class:`~abstain_guard.GuardMonitor` settings.
         reap_s: seconds between checks of the replicas holding places (0: no checks).
         steps: the step record's ``step_record_size`` / ``step_record_ttl_s`` (``serve``'s
             ``--step-record-*``).

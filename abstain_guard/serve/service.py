@@ -168,7 +168,7 @@ class GuardService(Admission):
 
     Args:
         chain: ``prompt | guard`` from :func:`~abstain_guard.guard.chains.load_guard_chain`.
-        guard: the :class:`~abstain_guard.guard.AbstentionGuard` inside it.
+        guard: the :class:`~abstain_guard.AbstentionGuard` inside it.
         record: the artifact's deployment record.
         kind: the question kind served (its prompt record is what requests must match).
         model_name: the id ``/v1/models`` lists and responses carry.

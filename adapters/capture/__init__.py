@@ -14,14 +14,5 @@
 * :mod:`.types` — the data containers (``TokenStates``, ``ReplayResult``,
   ``ReferenceMeans``).
 
-The package exports what the module ``abstain_guard.adapters.capture`` exported before it
-became a package.
-
 May import: ``abstain_guard.contract``, ``abstain_guard.errors``.
 """
-
-from __future__ import annotations
-
-from .session import CAPTURE_MODES, STRATEGIES, CaptureSession, StepFeatures
-
-__all__ = ["CAPTURE_MODES", "STRATEGIES", "CaptureSession", "StepFeatures"]

@@ -548,6 +548,4 @@ class CaptureSession:
         self._reset_step()
 
 
-# default_parts is public too; __all__ stays what abstain_guard.adapters.capture exported as a
-# module (tests/test_deprecated_paths.py)
 __all__ = ["CAPTURE_MODES", "STRATEGIES", "CaptureSession", "StepFeatures"]

@@ -17,29 +17,3 @@ May import: ``abstain_guard.calibration.building.answering``,
 ``abstain_guard.adapters``, ``abstain_guard.contract``, ``abstain_guard.guarantee``,
 ``abstain_guard.errors``.
 """
-
-from __future__ import annotations
-
-from .judges import make_judge
-from .pipeline import CalibrationSummary, calibrate
-from .questions.dataset_files import DatasetReport, load_dataset
-from .questions.datasets import QAItem, split_items
-from .questions.named_datasets import NAMED_DATASETS, load_named_dataset
-from .questions.probe import builtin_probe_set
-from .run.calibration_config import CalibrationConfig
-from .run.store import RunStore
-
-__all__ = [
-    "NAMED_DATASETS",
-    "CalibrationConfig",
-    "CalibrationSummary",
-    "DatasetReport",
-    "QAItem",
-    "RunStore",
-    "builtin_probe_set",
-    "calibrate",
-    "load_dataset",
-    "load_named_dataset",
-    "make_judge",
-    "split_items",
-]

@@ -12,7 +12,7 @@ output, so a killed run resumes where it stopped):
    scorer's inputs are captured while generating (reference split first, judged, its means
    fitted, then the other splits with Φ online; see :mod:`.answering.online_geometry`); answers not
    generated that way are replayed teacher-forced;
-6. write a :class:`~abstain_guard.artifact.GuardArtifact` (fitted scorer, calibration scores
+6. write a :class:`~abstain_guard.GuardArtifact` (fitted scorer, calibration scores
    and labels, model fingerprint, judge identity) that the guard loads.
 """
 

@@ -48,7 +48,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from abstain_guard.artifact import GuardArtifact
+from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.errors import InvalidInputError
 from abstain_guard.guarantee import conformal
 

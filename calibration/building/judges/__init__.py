@@ -15,41 +15,15 @@ May import: ``abstain_guard.calibration.building.questions``,
 
 from __future__ import annotations
 
-from ..questions.answer_text import (
-    REFUSAL_PATTERNS,
-    hedge_alternatives,
-    normalize_answer,
-    refusal_phrase,
-    token_f1,
-)
-from .base import (
-    Judge,
-    JudgeInput,
-    Judgment,
-    summarize_judgments,
-)
-from .lexical import (
-    ChoiceJudge,
-    LexicalJudge,
-    NumericJudge,
-    extract_final_number,
-    refusal_of,
-    usable_aliases,
-)
-from .llm import (
-    LLMJudge,
-    chat_model_identity,
-    parse_verdict,
-)
+from .base import Judge, JudgeInput, Judgment
+from .lexical import ChoiceJudge, LexicalJudge, NumericJudge
+from .llm import LLMJudge
 from .paper import PaperPipelineJudge, StatementRewriter
 from .registry import JUDGE_NAMES, make_judge
 from .similarity import SimilarityJudge
-from .tool_calls import CallVerdict, judge_tool_calls, run_tool_label
 
 __all__ = [
     "JUDGE_NAMES",
-    "REFUSAL_PATTERNS",
-    "CallVerdict",
     "ChoiceJudge",
     "Judge",
     "JudgeInput",
@@ -60,17 +34,5 @@ __all__ = [
     "PaperPipelineJudge",
     "SimilarityJudge",
     "StatementRewriter",
-    "chat_model_identity",
-    "extract_final_number",
-    "hedge_alternatives",
-    "judge_tool_calls",
     "make_judge",
-    "normalize_answer",
-    "parse_verdict",
-    "refusal_of",
-    "refusal_phrase",
-    "run_tool_label",
-    "summarize_judgments",
-    "token_f1",
-    "usable_aliases",
 ]

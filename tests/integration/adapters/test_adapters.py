@@ -25,7 +25,6 @@ from abstain_guard.adapters import (
     ReferenceMeans,
     ReplayResult,
     TokenStates,
-    eos_token_ids,
     load_default_model,
 )
 from abstain_guard.adapters.capture.geometry import (
@@ -35,6 +34,7 @@ from abstain_guard.adapters.capture.geometry import (
     theta_from_states,
 )
 from abstain_guard.adapters.capture.hook_routes import ACTIVE_ROUTES
+from abstain_guard.adapters.model.loading import eos_token_ids
 from abstain_guard.errors import (
     ContextLengthError,
     InsufficientDataError,

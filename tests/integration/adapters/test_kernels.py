@@ -13,7 +13,7 @@ import pytest
 import torch
 from langchain_core.messages import AIMessage
 
-from abstain_guard import GuardArtifact, GuardConfig, PerplexityScorer
+from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.adapters.engine.kernel_env import (
     FOREIGN_KERNEL_ENV,
     FOREIGN_KERNELS_ENV,
@@ -35,6 +35,7 @@ from abstain_guard.contract.kernels import (
 )
 from abstain_guard.errors import KernelMismatchWarning
 from abstain_guard.guard.policy import AbstentionPolicy
+from abstain_guard.scorers import PerplexityScorer
 
 HERE = {
     "torch": "2.13.0+cpu",

@@ -29,7 +29,7 @@ from tiny_models import FAMILIES, char_tokenizer, tiny_chat_model
 from abstain_guard.adapters import GeometryChatModel
 from abstain_guard.adapters.engine.encoding import ToolRendering, chat_dicts, short_id
 from abstain_guard.adapters.engine.streaming import reply_chunks
-from abstain_guard.adapters.tools import (
+from abstain_guard.adapters.tools.calls import (
     FORMATS,
     HERMES,
     LLAMA3,

@@ -29,7 +29,7 @@ from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.building.preflight import check_executor
 from abstain_guard.calibration.building.questions.probe import builtin_probe_set
 from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
-from abstain_guard.cli import build_parser
+from abstain_guard.cli.commands import build_parser
 from abstain_guard.errors import ConfigError, DistributedChunkError
 
 #: 32 questions split 12 / 8 / 8 / 4 (reference / train / calibration / test): both classes

@@ -8,7 +8,8 @@ from collections import Counter
 
 import pytest
 
-from abstain_guard.calibration.building.judges import LexicalJudge, normalize_answer
+from abstain_guard.calibration.building.judges import LexicalJudge
+from abstain_guard.calibration.building.questions.answer_text import normalize_answer
 from abstain_guard.calibration.building.questions.datasets import QAItem, split_items
 from abstain_guard.calibration.building.questions.probe import (
     PROBE_RELATIONS,

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from tiny_models import FAMILIES, tiny_chat_model
 
-from abstain_guard.adapters.capture import CaptureSession
 from abstain_guard.adapters.capture import session as capture
 from abstain_guard.adapters.capture.decode_step import DecodeStepCapture
 from abstain_guard.adapters.capture.types import ReferenceMeans
@@ -89,7 +88,7 @@ def test_end_of_step_capture_equals_the_per_layer_hooks_bitwise(
     model = tiny_chat_model(family, seed=5)
     deferred, finished = _generate(model, mode, max_rows=3)
     assert finished > 0  # decode steps did take the end-of-step path
-    monkeypatch.setattr(CaptureSession, "defers_decode", lambda self: False)
+    monkeypatch.setattr(capture.CaptureSession, "defers_decode", lambda self: False)
     hooked, none = _generate(model, mode, max_rows=3)
     assert none == 0
     steps = _assert_same(deferred, hooked)
@@ -117,15 +116,15 @@ def test_rows_without_kept_parts_keep_the_per_layer_hooks(monkeypatch: pytest.Mo
     # the shortest prompt's row keeps u, the others do not
     monkeypatch.setattr(capture, "CACHE_BUDGET_BYTES", per_position * (min(lengths) + 9))
     kinds = []
-    original = CaptureSession.defers_decode
+    original = capture.CaptureSession.defers_decode
 
-    def spy(self: CaptureSession) -> bool:
+    def spy(self: capture.CaptureSession) -> bool:
         kinds.append(original(self))
         return kinds[-1]
 
-    monkeypatch.setattr(CaptureSession, "defers_decode", spy)
+    monkeypatch.setattr(capture.CaptureSession, "defers_decode", spy)
     mixed, finished = _generate(model, "full", max_rows=3)
     assert finished > 0 and True in kinds and False in kinds
-    monkeypatch.setattr(CaptureSession, "defers_decode", lambda self: False)
+    monkeypatch.setattr(capture.CaptureSession, "defers_decode", lambda self: False)
     hooked, _ = _generate(model, "full", max_rows=3)
     _assert_same(mixed, hooked)

@@ -19,11 +19,12 @@ from langchain_core.messages import AIMessage, AIMessageChunk
 from tiny_models import tiny_chat_model
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig, PerplexityScorer
+from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig
 from abstain_guard.adapters import GeometryChatModel
 from abstain_guard.adapters.engine.scheduler import scheduler_for
 from abstain_guard.adapters.engine.streaming import IncrementalText, cut_at_stop
 from abstain_guard.errors import ModelError
+from abstain_guard.scorers import PerplexityScorer
 
 QUESTION = "hello there"
 

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from abstain_guard import GuardArtifact, GuardConfig, PerplexityScorer
+from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.errors import (
     ArtifactError,
     ArtifactIntegrityError,
@@ -21,7 +21,7 @@ from abstain_guard.errors import (
     ArtifactSchemaError,
     InvalidInputError,
 )
-from abstain_guard.scorers import Scorer, ScorerState, register_scorer
+from abstain_guard.scorers import PerplexityScorer, Scorer, ScorerState, register_scorer
 
 
 class TableScorer(Scorer):

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from abstain_guard import GuardArtifact, PerplexityScorer
+from abstain_guard import GuardArtifact
 from abstain_guard.artifact import files as artifact_files
 from abstain_guard.artifact import guard_artifact as artifact_module
 from abstain_guard.errors import (
@@ -28,6 +28,7 @@ from abstain_guard.errors import (
     ArtifactTooLargeError,
     ArtifactWriteError,
 )
+from abstain_guard.scorers import PerplexityScorer
 
 N_CAL = 40
 

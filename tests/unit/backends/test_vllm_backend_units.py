@@ -310,9 +310,10 @@ def test_a_decision_on_a_batch_variant_engine_states_the_bound() -> None:
     import numpy as np
     from langchain_core.messages import AIMessage
 
-    from abstain_guard import GuardArtifact, GuardConfig, PerplexityScorer
+    from abstain_guard import GuardArtifact, GuardConfig
     from abstain_guard.contract.deployment import DeploymentRecord
     from abstain_guard.guard.policy import AbstentionPolicy
+    from abstain_guard.scorers import PerplexityScorer
 
     record = DeploymentRecord(decoding={"temperature": 0.0, "live_bound": 1e-4})
     art = GuardArtifact.from_calibration(

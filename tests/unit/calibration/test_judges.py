@@ -10,11 +10,10 @@ from abstain_guard.calibration.building.judges import (
     Judgment,
     LexicalJudge,
     NumericJudge,
-    extract_final_number,
     make_judge,
-    normalize_answer,
-    token_f1,
 )
+from abstain_guard.calibration.building.judges.lexical import extract_final_number
+from abstain_guard.calibration.building.questions.answer_text import normalize_answer, token_f1
 from abstain_guard.errors import DatasetError, JudgeError
 
 

@@ -30,8 +30,8 @@ from abstain_guard.calibration.building.judges import (
     NumericJudge,
     PaperPipelineJudge,
     SimilarityJudge,
-    summarize_judgments,
 )
+from abstain_guard.calibration.building.judges.base import summarize_judgments
 from abstain_guard.calibration.building.judges.cache import CachedJudge, JudgmentCache, judgment_key
 from abstain_guard.errors import DatasetError
 

@@ -28,9 +28,9 @@ from abstain_guard.calibration.building.judges import (
     SimilarityJudge,
     StatementRewriter,
     make_judge,
-    parse_verdict,
 )
 from abstain_guard.calibration.building.judges.cache import CachedJudge, JudgmentCache, judgment_key
+from abstain_guard.calibration.building.judges.llm import parse_verdict
 from abstain_guard.errors import JudgeError
 
 

@@ -17,7 +17,7 @@ from langchain_core.messages import AIMessage
 from scipy import stats
 
 import abstain_guard
-from abstain_guard import AbstentionPolicy, GuardArtifact, GuardConfig, PerplexityScorer
+from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.calibration.building.recalibrate import (
     CHECK_LEVEL,
     recalibrate,
@@ -31,8 +31,10 @@ from abstain_guard.errors import (
     InvalidInputError,
     MonitorLogError,
 )
-from abstain_guard.monitor import GuardMonitor
+from abstain_guard.guard.policy import AbstentionPolicy
+from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.monitor.log import MonitorRecord, read_log
+from abstain_guard.scorers import PerplexityScorer
 
 CONFIG = GuardConfig(participation=0.8)
 RISK = GuardConfig(mode="risk", risk_target=0.3, delta=0.1)

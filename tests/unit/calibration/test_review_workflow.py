@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from abstain_guard import GuardArtifact, GuardConfig, PerplexityScorer
+from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.calibration.building.judges.llm import LLMJudge
 from abstain_guard.calibration.building.judges.registry import make_judge
 from abstain_guard.calibration.building.questions.dataset_files import load_dataset
@@ -28,6 +28,7 @@ from abstain_guard.calibration.building.review import (
 )
 from abstain_guard.cli.commands import main
 from abstain_guard.errors import InvalidInputError, JudgeError
+from abstain_guard.scorers import PerplexityScorer
 
 N = 600
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import abstain_guard.guard.chains
-from abstain_guard.artifact import GuardArtifact
+from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.calibration.building import pipeline, preflight
 from abstain_guard.calibration.measure import deployment_check, held_out
 from abstain_guard.cli import commands as cli

@@ -11,7 +11,7 @@ import pytest
 
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
-from abstain_guard.cli import run
+from abstain_guard.cli.commands import run
 from abstain_guard.contract.chat_model_specs import (
     ChatModelRecord,
     ChatModelSpec,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from abstain_guard import GuardArtifact, GuardConfig, PerplexityScorer
+from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.contract.deployment import (
     DeploymentRecord,
     PromptRecord,
@@ -16,6 +16,7 @@ from abstain_guard.contract.deployment import (
     tools_sha256,
 )
 from abstain_guard.errors import ArtifactSchemaError, InsufficientDataError
+from abstain_guard.scorers import PerplexityScorer
 
 SYSTEM = "Answer with only the answer."
 RECORD = DeploymentRecord(

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from abstain_guard import GuardArtifact, GuardConfig, PerplexityScorer
+from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.artifact.files import ACTION_RISK, CALIBRATION, load_npz
 from abstain_guard.calibration.building.agent_calibration import calibration_action_statistics
 from abstain_guard.calibration.building.questions.datasets import QAItem
@@ -42,6 +42,7 @@ from abstain_guard.guarantee.action_risk import (
 from abstain_guard.guarantee.agent_steps import run_statistic, stopping_step
 from abstain_guard.guarantee.decision import decision_rule
 from abstain_guard.guarantee.risk_control import binomial_p_values
+from abstain_guard.scorers import PerplexityScorer
 
 REPS = 300
 

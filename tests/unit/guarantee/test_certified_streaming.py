@@ -15,7 +15,7 @@ from _core_fakes import ScriptedChatModel, logprob_metadata
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk
 
-from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig, PerplexityScorer
+from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig
 from abstain_guard.calibration import CalibrationConfig
 from abstain_guard.contract.deployment import DeploymentRecord, StreamingRecord
 from abstain_guard.contract.streaming import (
@@ -38,6 +38,7 @@ from abstain_guard.guarantee.partial_release import (
     partial_release_certificate,
     partial_release_rate,
 )
+from abstain_guard.scorers import PerplexityScorer
 
 # -- chunk rules -------------------------------------------------------------------------------
 

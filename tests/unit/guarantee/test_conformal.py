@@ -1,4 +1,4 @@
-"""Property tests (hypothesis) and input validation for abstain_guard.conformal."""
+"""Property tests (hypothesis) and input validation for abstain_guard.guarantee.conformal."""
 
 from __future__ import annotations
 

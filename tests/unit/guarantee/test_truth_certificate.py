@@ -12,10 +12,11 @@ import pytest
 from scipy import stats
 from sklearn.metrics import cohen_kappa_score
 
-from abstain_guard import GuardArtifact, GuardConfig, PerplexityScorer
+from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.artifact.files import REVIEW, load_npz
 from abstain_guard.errors import InvalidInputError
 from abstain_guard.guarantee import conformal, risk_control, truth
+from abstain_guard.scorers import PerplexityScorer
 
 
 def test_the_misses_bound_is_the_largest_count_the_hypergeometric_tail_allows() -> None:

@@ -21,12 +21,12 @@ from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.tracers.base import BaseTracer
 from langchain_core.tracers.schemas import Run
 
-from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig, PerplexityScorer
+from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig
 from abstain_guard.contract.metadata import ResponseLike
 from abstain_guard.contract.runnables import map_chat_models
 from abstain_guard.errors import ArtifactMismatchError, GuardError, ScoringError
-from abstain_guard.monitor import GuardMonitor
-from abstain_guard.scorers import Scorer, ScorerState, register_scorer
+from abstain_guard.monitor.guard_monitor import GuardMonitor
+from abstain_guard.scorers import PerplexityScorer, Scorer, ScorerState, register_scorer
 
 KEYS = {"abstained", "score", "threshold", "scorer", "mode", "target", "guarantee"}
 

@@ -10,7 +10,8 @@ from _core_fakes import ScriptedChatModel
 from langchain_core.tracers.langchain import LangChainTracer
 from langsmith import Client
 
-from abstain_guard import AbstentionGuard, GuardArtifact, PerplexityScorer
+from abstain_guard import AbstentionGuard, GuardArtifact
+from abstain_guard.scorers import PerplexityScorer
 
 
 class RecordingClient(Client):

@@ -15,9 +15,10 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 
-from abstain_guard import AbstentionMiddleware, GuardArtifact, GuardConfig, PerplexityScorer
+from abstain_guard import AbstentionMiddleware, GuardArtifact, GuardConfig
 from abstain_guard.contract.deployment import DeploymentRecord, PromptRecord
 from abstain_guard.errors import ArtifactMismatchError
+from abstain_guard.scorers import PerplexityScorer
 
 CONFIDENT = [-0.01, -0.02]
 UNSURE = [-2.0, -2.5]

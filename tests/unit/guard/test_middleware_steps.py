@@ -16,10 +16,11 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
-from abstain_guard import AbstentionMiddleware, GuardArtifact, GuardConfig, PerplexityScorer
+from abstain_guard import AbstentionMiddleware, GuardArtifact, GuardConfig
 from abstain_guard.contract.deployment import AgentRecord, DeploymentRecord, PromptRecord
 from abstain_guard.errors import ArtifactMismatchError, ConfigError
-from abstain_guard.monitor import GuardMonitor
+from abstain_guard.monitor.guard_monitor import GuardMonitor
+from abstain_guard.scorers import PerplexityScorer
 
 CONFIDENT = [-0.01, -0.02]  # perplexity ~1.02: under τ
 UNSURE = [-2.0, -2.5]  # perplexity ~9.5: over τ

@@ -22,14 +22,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Tracer
 
-from abstain_guard import (
-    AbstentionGuard,
-    AbstentionMiddleware,
-    GuardArtifact,
-    GuardConfig,
-    PerplexityScorer,
-)
+from abstain_guard import AbstentionGuard, AbstentionMiddleware, GuardArtifact, GuardConfig
 from abstain_guard.guard.tracing import EVENT_NAME, otel_attributes
+from abstain_guard.scorers import PerplexityScorer
 
 SCRIPT = {
     "easy": ("Paris", [-0.01]),  # perplexity 1.01: answered

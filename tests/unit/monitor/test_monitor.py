@@ -17,7 +17,7 @@ import pytest
 from _core_fakes import logprob_metadata
 from langchain_core.messages import AIMessage
 
-from abstain_guard import AbstentionPolicy, GuardArtifact, GuardConfig, PerplexityScorer
+from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.errors import (
     ArtifactMismatchError,
     DuplicateFeedbackError,
@@ -26,7 +26,9 @@ from abstain_guard.errors import (
     NotFittedError,
     UnknownRunError,
 )
-from abstain_guard.monitor import Alarm, GuardMonitor, read_log
+from abstain_guard.guard.policy import AbstentionPolicy
+from abstain_guard.monitor.guard_monitor import Alarm, GuardMonitor, read_log
+from abstain_guard.scorers import PerplexityScorer
 
 RISK = GuardConfig(mode="risk", risk_target=0.35, delta=0.1)
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from abstain_guard import GuardArtifact, PerplexityScorer
-from abstain_guard.monitor import GuardMonitor
+from abstain_guard import GuardArtifact
 from abstain_guard.monitor.drift import ConformalTestMartingale, censored_p_value
+from abstain_guard.monitor.guard_monitor import GuardMonitor
+from abstain_guard.scorers import PerplexityScorer
 
 
 def _artifact() -> GuardArtifact:

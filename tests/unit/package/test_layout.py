@@ -1,5 +1,5 @@
 """The repository's layout survives the tools people put around it, and the package reads
-by concept from its folder names (issue 49).
+by concept from its folder names.
 
 A folder named like build output (``build/``, ``dist/``, ...) is dropped by the standard
 Python ``.gitignore`` (an unanchored ``build/`` pattern), by packaging tools and by code-map
@@ -269,7 +269,7 @@ def test_no_private_name_is_imported_across_modules():
     )
 
 
-# --- which subpackage may import which (issue 49) --------------------------------------------
+# --- which subpackage may import which ----------------------------------------------------
 
 _G = "abstain_guard"
 _A = "abstain_guard.adapters"
@@ -279,13 +279,12 @@ MAY_IMPORT: dict[str, set[str]] = {
     f"{_G}.errors": set(),
     f"{_G}._version": set(),
     f"{_G}.lazy": set(),
-    f"{_G}.deprecated_paths": set(),
     f"{_G}.config": {f"{_G}.errors"},
     f"{_G}.default": {f"{_G}.errors"},
     # the guarantee: scores and labels in, rules and certificates out
     f"{_G}.guarantee": {f"{_G}.config", f"{_G}.errors"},
     # what calibration and deployment agree on; what a chat model and the guard exchange
-    f"{_G}.contract": {f"{_G}.guarantee", f"{_G}.deprecated_paths", f"{_G}.errors"},
+    f"{_G}.contract": {f"{_G}.guarantee", f"{_G}.errors"},
     # the local engine (abstain_guard.adapters), from capture up to the chat model
     f"{_A}.capture": {f"{_G}.contract", f"{_G}.errors"},
     f"{_A}.tools": {f"{_G}.contract", f"{_G}.errors"},
@@ -384,12 +383,10 @@ MAY_IMPORT: dict[str, set[str]] = {
         f"{_G}.guarantee",
         f"{_G}.config",
         f"{_G}.errors",
-        f"{_G}.lazy",
     },
     f"{_G}.calibration": {
         _B,
         f"{_G}.calibration.measure",
-        f"{_G}.deprecated_paths",
         f"{_G}.lazy",
     },
     # the entry points on top
@@ -408,13 +405,9 @@ MAY_IMPORT: dict[str, set[str]] = {
         f"{_G}.guard",
         f"{_G}.monitor",
         f"{_G}.artifact",
-        f"{_G}.scorers",
         f"{_G}.contract",
-        f"{_G}.guarantee",
         f"{_G}.config",
         f"{_G}.default",
-        f"{_G}.deprecated_paths",
-        f"{_G}.errors",
         f"{_G}._version",
     },
 }
@@ -599,29 +592,9 @@ def test_each_package_docstring_states_its_row(unit: str):
     )
 
 
-def test_no_module_imports_an_old_path():
-    """The package imports the new paths only: the old ones (``deprecated_paths``) are for
-    other people's code, for one release."""
-    from abstain_guard.deprecated_paths import MOVED_MODULES
-
-    old = {
-        f"{module}: {name}"
-        for module, path in MODULES.items()
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.Import | ast.ImportFrom)
-        for name in (
-            [a.name for a in node.names]
-            if isinstance(node, ast.Import)
-            else [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)]
-        )
-        if name in MOVED_MODULES
-    }
-    assert old == set(), f"modules that import a deprecated path: {sorted(old)}"
-
-
 def test_importing_the_package_warns_of_nothing():
     """``import abstain_guard`` (and the scorers, the command line) with deprecation warnings
-    as errors: no module of ours reads a moved name."""
+    as errors: no module of ours uses a deprecated API at import time."""
     code = "import abstain_guard, abstain_guard.scorers, abstain_guard.cli, abstain_guard.guard"
     out = subprocess.run(
         [sys.executable, "-W", "error::DeprecationWarning", "-c", code],

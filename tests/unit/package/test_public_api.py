@@ -1,5 +1,5 @@
-"""Every public name resolves: package exports, the scorer registry, and each name README,
-docs and examples import or cite."""
+"""The public surface: what each package exports, that every exported name resolves, the
+scorer registry, and each name README, docs and examples import or cite."""
 
 from __future__ import annotations
 
@@ -15,19 +15,20 @@ ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = (
     "abstain_guard",
     "abstain_guard.adapters",
-    "abstain_guard.adapters.capture",
-    "abstain_guard.adapters.tools",
-    "abstain_guard.artifact",
+    "abstain_guard.backends",
     "abstain_guard.calibration",
-    "abstain_guard.calibration.building",
     "abstain_guard.calibration.building.judges",
-    "abstain_guard.calibration.measure",
     "abstain_guard.cli",
-    "abstain_guard.guard",
-    "abstain_guard.monitor",
     "abstain_guard.scorers",
-    "abstain_guard.serve",
 )
+"""The packages with a public ``__init__`` (``__all__``); every other package's ``__init__`` is
+its docstring only, and its names are imported from the module that defines them."""
+FOLDERS = {
+    "abstain_guard": "abstain_guard",
+    "adapters": "abstain_guard.adapters",
+    "calibration": "abstain_guard.calibration",
+}
+"""Each installed folder → its package name (``package-dir`` in pyproject.toml)."""
 DOCUMENTS = sorted(
     [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "examples").glob("*.py")]
 )
@@ -44,14 +45,44 @@ def test_every_exported_name_resolves(package: str) -> None:
     assert not missing, f"{package}.__all__ names that do not resolve: {missing}"
 
 
+def test_the_top_level_exports_what_a_user_needs() -> None:
+    import abstain_guard
+
+    assert set(abstain_guard.__all__) == {
+        "AbstentionGuard",
+        "GuardArtifact",
+        "GuardConfig",
+        "GuardMonitor",
+        "__version__",
+        "default_artifact_path",
+        "question_prompt",
+    }
+    # lazy, outside __all__: it needs the optional `agents` extra
+    from abstain_guard import AbstentionMiddleware
+
+    assert AbstentionMiddleware.__name__ == "AbstentionMiddleware"
+    with pytest.raises(AttributeError):
+        abstain_guard.conformal  # noqa: B018  (no alias: abstain_guard.guarantee.conformal)
+
+
+def _package_names() -> list[str]:
+    names = []
+    for folder, package in FOLDERS.items():
+        for init in sorted((ROOT / folder).rglob("__init__.py")):
+            parts = init.parent.relative_to(ROOT / folder).parts
+            names.append(".".join((package, *parts)))
+    return names
+
+
+def test_only_the_public_packages_export_names() -> None:
+    """No re-exports for old paths: a package that is not public holds only its docstring."""
+    exporting = {p for p in _package_names() if hasattr(importlib.import_module(p), "__all__")}
+    assert exporting == set(PACKAGES)
+
+
 def test_calibration_package_exports_its_entry_points() -> None:
     from abstain_guard.calibration import CalibrationConfig, calibrate, evaluate
 
-    # The scorer's old home keeps working for one release (it lives in abstain_guard.scorers).
-    with pytest.warns(DeprecationWarning, match=r"abstain_guard\.scorers\.geometry"):
-        from abstain_guard.calibration import GeometryScorer
-
-    assert GeometryScorer.kind == "geometry"
     assert callable(calibrate) and callable(evaluate)
     assert CalibrationConfig().scorer == "geometry"
 
@@ -110,36 +141,13 @@ def test_names_cited_in_docs_and_examples_resolve(document: Path) -> None:
     assert not broken, f"{document.name} cites names that do not exist: {broken}"
 
 
-@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.relative_to(ROOT).as_posix())
-def test_docs_and_examples_cite_no_deprecated_path(document: Path) -> None:
-    """The documentation teaches the current paths: a module that moved
-    (``abstain_guard.deprecated_paths``) is cited by its new name."""
-    from abstain_guard.deprecated_paths import MOVED_MODULES
-
-    cited = _cited_names(document.read_text(encoding="utf-8"))
-    old = sorted(
-        {
-            module
-            for module, name in cited
-            for prefix in _prefixes(module if name is None else f"{module}.{name}")
-            if prefix in MOVED_MODULES
-        }
-    )
-    assert not old, f"{document.name} cites moved modules: {old}"
-
-
-def _prefixes(dotted: str) -> list[str]:
-    parts = dotted.split(".")
-    return [".".join(parts[:cut]) for cut in range(1, len(parts) + 1)]
-
-
 def test_the_citation_scanner_finds_both_forms() -> None:
     text = (
         "```python\nfrom abstain_guard import (\n    AbstentionGuard,\n    Nope,\n)\n\n```\n"
-        "See `abstain_guard.conformal.risk_threshold` and `abstain_guard.nothing_here`.\n"
+        "See `abstain_guard.guarantee.conformal.risk_threshold` and `abstain_guard.nothing_here`.\n"
     )
     cited = _cited_names(text)
     assert ("abstain_guard", "AbstentionGuard") in cited
     assert not _resolves("abstain_guard", "Nope")
-    assert _resolves("abstain_guard.conformal.risk_threshold", None)
+    assert _resolves("abstain_guard.guarantee.conformal.risk_threshold", None)
     assert not _resolves("abstain_guard.nothing_here", None)

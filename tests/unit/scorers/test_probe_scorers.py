@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from abstain_guard.artifact import GuardArtifact
+from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.calibration.measure.held_out import parse_baselines
 from abstain_guard.calibration.measure.paired import paired_report, selective_risk
 from abstain_guard.errors import NotFittedError, ScoringError

@@ -8,9 +8,14 @@ import numpy as np
 import pytest
 from langchain_core.messages import AIMessage
 
-from abstain_guard import MaxSequenceProbabilityScorer, MeanTokenEntropyScorer, PerplexityScorer
 from abstain_guard.errors import ScoringError
-from abstain_guard.scorers import scorer_class, scorer_from_state
+from abstain_guard.scorers import (
+    MaxSequenceProbabilityScorer,
+    MeanTokenEntropyScorer,
+    PerplexityScorer,
+    scorer_class,
+    scorer_from_state,
+)
 
 
 def _message(logprobs: list[float], **extra: object) -> AIMessage:

@@ -15,7 +15,7 @@ import pytest
 from _serve_fakes import ToolScriptModel, artifact
 
 from abstain_guard import GuardConfig
-from abstain_guard.monitor import GuardMonitor
+from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.serve.app import create_app
 from abstain_guard.serve.arrival import ArrivalOrder
 from abstain_guard.serve.schemas import RequestRefused

@@ -14,7 +14,7 @@ from _serve_fakes import ToolScriptModel, artifact
 from fastapi.testclient import TestClient
 
 from abstain_guard import GuardConfig
-from abstain_guard.monitor import GuardMonitor
+from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.serve.app import create_app
 from abstain_guard.serve.passthrough import ModelService
 from abstain_guard.serve.runner import ServerThread, is_loopback

@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from abstain_guard import GuardArtifact, GuardConfig
-from abstain_guard.monitor import GuardMonitor
+from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.serve.app import create_app
 from abstain_guard.serve.monitor_actor import DeploymentMonitor, RayMonitorLink
 from abstain_guard.serve.service import GuardService

@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 
 from abstain_guard import GuardConfig, default_artifact_path
 from abstain_guard.errors import DecisionJournalError
-from abstain_guard.monitor import GuardMonitor
+from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.monitor.log import read_log
 from abstain_guard.serve.app import create_app
 from abstain_guard.serve.journal import DecisionJournal, journal_path

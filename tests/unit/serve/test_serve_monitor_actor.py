@@ -154,7 +154,7 @@ def test_the_deployments_metrics_count_every_replicas_requests() -> None:
     ],
 )
 def test_replica_options_are_checked(argv: list[str], message: str) -> None:
-    from abstain_guard.cli import build_parser
+    from abstain_guard.cli.commands import build_parser
     from abstain_guard.errors import ConfigError
 
     args = build_parser().parse_args(["serve", *argv])

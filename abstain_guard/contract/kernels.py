@@ -46,26 +46,26 @@ STATED_TOLERANCE = 1e-4
 
 #: Moves of the 2026-11-24 shipped guard's scores (``geometry_plus`` on the embedded SmolLM2-135M,
 #: float32, 24 new tokens) between kernel settings: max |Δ| over its first calibration
-#: answers. ``bench/kernel_settings.py`` measures the simulated pairs on one machine;
+#: answers. ``bench/speed/kernel_settings.py`` measures the simulated pairs on one machine;
 #: the last row was reported on another machine (issue 34).
 MEASURED_MOVES: tuple[dict[str, Any], ...] = (
     {
         "between": "ATen DEFAULT vs AVX2 (AMD EPYC with AVX2, MKL CNR off)",
         "max_abs": 3.8e-6,
         "answers": 8,
-        "command": "bench/kernel_settings.py (aten_default vs portable)",
+        "command": "bench/speed/kernel_settings.py (aten_default vs portable)",
     },
     {
         "between": "MKL CNR off vs MKL_CBWR=AVX2, which runs AUTO on AMD EPYC with AVX2",
         "max_abs": 2.8e-6,
         "answers": 8,
-        "command": "bench/kernel_settings.py --settings portable,mkl_avx2",
+        "command": "bench/speed/kernel_settings.py --settings portable,mkl_avx2",
     },
     {
         "between": "MKL CNR off vs COMPATIBLE (AMD EPYC with AVX2)",
         "max_abs": 2.5e-6,
         "answers": 8,
-        "command": "bench/kernel_settings.py (mkl_compatible vs portable)",
+        "command": "bench/speed/kernel_settings.py (mkl_compatible vs portable)",
     },
     {
         "between": "AMD EPYC with AVX-512 vs AMD EPYC with AVX2 (nothing forced)",

@@ -53,7 +53,7 @@ the disjoint cases, the chain fails with probability ≤ level. This needs conse
 (a chain that skips ranks can jump over a good stretch). Bonferroni over the chains (or over
 single ranks) adds the levels. Holm is exact when R increases past its first crossing of ε
 (the true nulls are then the ranks above a count M, and every p-value is valid given M); for
-a general R it is an approximation, checked by ``bench/risk_control.py``.
+a general R it is an approximation, checked by ``experiments/risk_control/risk_control.py``.
 
 Every plan except the late start is monotone: a looser ε or δ never certifies fewer
 answers (:func:`plan_tests`).
@@ -108,7 +108,8 @@ over ranks of the calibration scores; see the module docstring for why each is v
 
 DEFAULT_RISK_METHOD: RiskMethod = "fixed_sequence_multistart"
 """The procedure risk mode uses unless told otherwise: the highest mean certified
-participation among the valid procedures in ``bench/risk_control.py`` (docs/guarantees.md)."""
+participation among the valid procedures in ``experiments/risk_control/risk_control.py``
+(docs/guarantees.md)."""
 
 _TOLERANCE = 0.5
 """A late start tolerates an error rate of ``_TOLERANCE · ε`` among the answers below it."""

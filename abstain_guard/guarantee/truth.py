@@ -33,10 +33,11 @@ M > M⁺ (probability ≤ w·a, whatever the data) or ``P(Binomial(t, ε) ≤ E)
 answers below come from two stretches with the same true error rate ε: their true errors are
 then Binomial(N(c), ε) exactly, and the hypergeometric step holds for any fixed set of
 answers, so nothing changes. No assumption on the judge: it may be lenient, strict, or err
-exactly where the scorer is confident (the simulation in ``bench/judge_robust.py`` includes
-such judges). Judge errors that call right answers wrong are counted as errors where not
-reviewed (conservative). ``w`` (:data:`MISS_SHARE`) is fixed before any data: 0.5, chosen on
-simulated judges (``bench/judge_robust.py``), never on the data a certificate uses.
+exactly where the scorer is confident (the simulation in
+``experiments/judges/judge_robust.py`` includes such judges). Judge errors that call right
+answers wrong are counted as errors where not reviewed (conservative). ``w``
+(:data:`MISS_SHARE`) is fixed before any data: 0.5, chosen on simulated judges
+(``experiments/judges/judge_robust.py``), never on the data a certificate uses.
 
 With no review (m = 0) nothing is certified on the truth: the artifact then certifies the
 judge's labels and says so (:func:`labels_statement`).

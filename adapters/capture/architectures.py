@@ -87,7 +87,7 @@ WO_KEEP_SHARE = 0.2
 #: ... and the copies are always kept up to this size (tiny and small models: SmolLM2 keeps
 #: 80 MB), and always for a model on these device types: on the CPU the regrouping is a
 #: transposed copy that cost ~60 ms per layer and token at Qwen3-1.7B's width (measured,
-#: ``bench/real_size.py``: full capture's decode step 1.35-1.5x), on a GPU microseconds.
+#: ``bench/memory/real_size.py``: full capture's decode step 1.35-1.5x), on a GPU microseconds.
 WO_KEEP_MIN_BYTES = 256 << 20
 WO_KEEP_DEVICE_TYPES = ("cpu",)
 

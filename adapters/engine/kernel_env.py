@@ -8,7 +8,7 @@ that compute our ops choose their kernels by the processor unless told otherwise
   the order of reductions. The library asks for ``ATEN_CPU_CAPABILITY=avx2``, which every
   x86-64 CPU of the last decade runs, so an AVX-512 server computes these ops as an AVX2
   laptop does. ATen reads it once, at the first kernel it dispatches. Cost: none measured
-  (``bench/kernel_settings.py``).
+  (``bench/speed/kernel_settings.py``).
 * MKL's matrix products (every linear layer) pick a code branch per CPU; with conditional
   numerical reproducibility off (its default) the CPU decides. ``MKL_CBWR=AVX2`` would make
   every Intel CPU with AVX2 compute them alike (MKL's documented guarantee; on other
@@ -55,7 +55,7 @@ PORTABLE_KERNEL_ENV: dict[str, str] = {"ATEN_CPU_CAPABILITY": "avx2"}
 
 #: What the library pins instead with :data:`FOREIGN_KERNELS_ENV` ``=1``: ATen's scalar
 #: kernels and MKL's AVX2 branch (which runs MKL's ``AUTO`` branch on non-Intel CPUs); both
-#: change the last bits of a forward on every x86-64 machine (``bench/kernel_settings.py``).
+#: change the last bits of a forward on every x86-64 machine (``bench/speed/kernel_settings.py``).
 FOREIGN_KERNEL_ENV: dict[str, str] = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "AVX2"}
 
 #: Set to ``1`` to compute as another machine would (:data:`FOREIGN_KERNEL_ENV`): the mode in

@@ -3,7 +3,7 @@ library itself (never by ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``), and recorde
 
 On CPU, a matrix product's last bits depend on the BLAS kernel, and the kernel depends on the
 number of rows and the number of threads. Two facts, measured on SmolLM2-135M on a 2-core
-x86 machine (``bench/decode_path.py``):
+x86 machine (``bench/speed/decode_path.py``):
 
 * with **one** BLAS thread, every row of ``x @ W.T`` is bitwise the same for every batch of
   4 to 8+ rows wherever the row sits; 1 to 3 rows use other kernels. With two threads no

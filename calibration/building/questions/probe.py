@@ -12,7 +12,7 @@ Relations (:attr:`QAItem.group`), their :attr:`QAItem.popularity` and how often 
 model (SmolLM2-135M-Instruct, calibration prompt, 24 new tokens, greedy) answers them right by
 the lexical judge (first release: all items, from the default guard's calibration run; the
 others: two seeded samples of 150 items per relation stratified by popularity, pooled — 292,
-199 and 230 distinct items — and all 50 state capitals; ``bench/probe_accuracy.py``;
+199 and 230 distinct items — and all 50 state capitals; ``experiments/probe_set/probe_accuracy.py``;
 ``pop``: population):
 
 ======================  =================================================  ============  =====  ====

@@ -54,7 +54,7 @@ def test_the_records_carry_dtype_and_device_type() -> None:
 
 #: Largest |capture - float64 reference| measured over the 13 tiny families, seeds 3 and 4,
 #: 8 new tokens each, generation and replay
-#: (``python bench/family_exactness.py --dtypes bfloat16,float16``):
+#: (``python experiments/family_exactness/family_exactness.py --dtypes bfloat16,float16``):
 #: bfloat16 Ω 4.0e-2, Θ 3.1e-2; float16 Ω 1.2e-2, Θ 3.1e-3; float32 Ω, Θ <= 1e-5. The
 #: reference runs the same (rounded) weights in float64, so this is the model's own
 #: half-precision forward, not capture (see the state test below). Tolerances: ~1.5x those.

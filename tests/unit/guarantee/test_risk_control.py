@@ -1,6 +1,7 @@
 """The risk-mode procedures (abstain_guard.guarantee.risk_control): their label-free plans, the
 selection on hand-made p-values, the hand-made case the original procedure gets wrong, and a
-small version of bench/risk_control.py's simulation on the shipped artifact's answers."""
+small version of experiments/risk_control/risk_control.py's simulation on the shipped artifact's
+answers."""
 
 from __future__ import annotations
 

@@ -30,7 +30,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 BUILD_OUTPUT_NAMES = {"build", "dist", "out", "target", "_build", "site-packages"}
-SOURCE_ROOTS = ("abstain_guard", "adapters", "calibration", "tests", "bench", "examples")
+SOURCE_ROOTS = (
+    "abstain_guard",
+    "adapters",
+    "calibration",
+    "tests",
+    "bench",
+    "examples",
+    "experiments",
+)
 
 
 def _package_dirs() -> list[Path]:

@@ -1,0 +1,398 @@
+"""The guard on stock vLLM against stock vLLM.
+
+On the embedded model, the same built-in probe questions (the last ``--questions`` of the
+set, greedy, the artifact's system prompt and budget), at 1, 8 and 32 requests in flight:
+
+(a) **stock, default**: vLLM's OpenAI server (``vllm serve``: ``vllm.entrypoints.openai.
+    api_server``) with its default settings — compiled graphs on the CPU — asked for the
+    chat completion a user asks for (messages, ``max_tokens``, ``temperature: 0``);
+(b) **stock, --enforce-eager**: the same with eager execution (reference only);
+(c) **guarded**: the guard as a user deploys it — ``load_guard_chain`` on a probe guard
+    calibrated on vLLM: :class:`~abstain_guard.backends.vllm_chat.VLLMChatModel` on the same
+    stock server started with the guard's connector flag (default settings otherwise), the
+    probe scoring every response, the guard deciding.
+
+Every side is called the same way: through one ``httpx.Client`` per process (a connection
+pool with keep-alive and one TLS context, as the guard's client does), from as many threads as
+requests in flight. Phases interleave (each repeat runs every level on
+every side, the side order rotating), and the JSON keeps each repeat's ratio beside the
+medians: throughput (answers/s over the phase's wall time) and p95 latency (``p95_over_solo``:
+p95 at a level over the median latency alone). Server start-up (vLLM compiles) is not timed.
+
+Then live = stored: the guard chain on ``--live`` of the artifact's calibration questions at
+8 and 32 in flight against the scores calibration stored (max |live − stored|, decisions that
+differ and how far their scores sit from τ).
+
+``--gpu`` (where a GPU is lent; not run yet): a random-weight Qwen3-8B shape in bfloat16
+(``--load-format dummy``, token-id prompts, ``--skip-tokenizer-init``), stock ``vllm serve``
+with its defaults (CUDA graphs on) against the same server with the connector flag, tokens/s
+at batch 1 and 32 (256-token prompts, 128 tokens each, ``ignore_eos``), every guarded
+response's capture checked.
+
+Run (idle machine; vLLM's environment from ``make install``)::
+
+    .venv/bin/abstain-guard calibrate --data builtin --config configs/vllm_probe.yaml \\
+        --out runs/vllm_probe --limit 400
+    ABSTAIN_GUARD_VLLM_PYTHON=.venv-vllm/bin/python .venv/bin/python bench/serving/vllm_backend.py \
+        \\
+        --artifact runs/vllm_probe > runs/vllm_backend.log
+    tail -1 runs/vllm_backend.log > bench/serving/vllm_backend.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+LEVELS = (1, 8, 32)
+REQUESTS = {1: 16, 8: 48, 32: 96}
+
+
+def completion_tokens(reply: Any) -> int:
+    """Tokens generated for one reply: the OpenAI body's ``usage`` (stock), or the guarded
+    message's token ids (answered, or withheld when the guard abstained)."""
+    if isinstance(reply, dict):
+        return int(reply["usage"]["completion_tokens"])
+    meta = reply.response_metadata
+    ids = meta.get("token_ids")
+    if ids is None:
+        ids = (meta.get("withheld_response") or {}).get("response_metadata", {})["token_ids"]
+    return len(ids)
+
+
+def drive(call: Callable[[str], Any], questions: Sequence[str], concurrency: int) -> dict:
+    """``call`` on every question, ``concurrency`` at once: throughput, latencies and the
+    tokens each question's reply generated (so the sides are seen to do the same work)."""
+    latencies: list[float] = []
+    tokens: dict[str, int] = {}
+
+    def timed(q: str) -> None:
+        t = time.perf_counter()
+        reply = call(q)
+        latencies.append(time.perf_counter() - t)
+        tokens[q] = completion_tokens(reply)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(timed, questions))
+    wall = time.perf_counter() - start
+    return {
+        "requests": len(questions),
+        "wall_s": wall,
+        "throughput_rps": len(questions) / wall,
+        "p50_s": float(np.percentile(latencies, 50)),
+        "p95_s": float(np.percentile(latencies, 95)),
+        "completion_tokens": [tokens[q] for q in questions],
+    }
+
+
+class StockServer:
+    """vLLM's OpenAI server, stock settings plus ``extra`` flags, in vLLM's environment."""
+
+    def __init__(self, python: str, folder: Path, port: int, extra: Sequence[str]) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        fd, log = tempfile.mkstemp(prefix="stock_vllm_", suffix=".log")
+        self.log = Path(log)
+        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder)]
+        cmd += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]
+        cmd += ["--max-model-len", "2048", "--seed", "0", "--gpu-memory-utilization", "0.15"]
+        self.process = subprocess.Popen(
+            [*cmd, *extra], stdout=fd, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        os.close(fd)
+
+    def wait(self, timeout: float = 900.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"stock vLLM exited; see {self.log}")
+            try:
+                if httpx.get(self.url + "/v1/models", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        raise RuntimeError(f"stock vLLM did not start; see {self.log}")
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, 15)
+            self.process.wait(timeout=30)
+        self.log.unlink(missing_ok=True)
+
+
+def processor() -> dict[str, Any]:
+    from abstain_guard.adapters.engine.kernels import kernel_facts
+
+    return {
+        "machine": platform.machine(),
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+        **kernel_facts(),
+    }
+
+
+def _ratio_stats(ratios: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+
+
+def cpu_bench(args: argparse.Namespace) -> dict[str, Any]:
+    from abstain_guard import GuardArtifact
+    from abstain_guard.adapters.model.vllm_folder import vllm_model_folder
+    from abstain_guard.backends.vllm_chat import _free_port, engine_python, stop_engines
+    from abstain_guard.calibration.building.questions.items import load_items
+    from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
+    from abstain_guard.guard.chains import load_guard_chain
+
+    artifact = GuardArtifact.load(args.artifact)
+    record = artifact.metadata["deployment"]
+    system = record["prompts"]["open"]["system_prompt"]
+    budget = int(record["prompts"]["open"]["max_new_tokens"])
+    items, _ = load_items("builtin", CalibrationConfig())
+    pool = [it.prompt_text() for it in items[-args.questions :]]
+    python = engine_python(None)
+    folder = vllm_model_folder("default")
+    servers = {
+        "stock_default": StockServer(python, folder, _free_port(), []),
+        "stock_eager": StockServer(python, folder, _free_port(), ["--enforce-eager"]),
+    }
+    chain, guard, _ = load_guard_chain(args.artifact)  # starts the guarded server
+    engine = guard.runnable.bound if hasattr(guard.runnable, "bound") else None
+    record_engine = engine.engine_record() if engine is not None else None
+    for server in servers.values():
+        server.wait()
+
+    client = httpx.Client(limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+
+    def plain(url: str) -> Callable[[str], Any]:
+        def call(q: str) -> Any:
+            body = {
+                "model": str(folder),
+                "messages": [{"role": "system", "content": system}, {"role": "user", "content": q}],
+                "max_tokens": budget,
+                "temperature": 0.0,
+            }
+            got = client.post(url + "/v1/chat/completions", json=body, timeout=600.0)
+            return got.raise_for_status().json()
+
+        return call
+
+    def guarded(q: str) -> Any:
+        message = chain.invoke({"question": q})
+        decision = message.response_metadata["abstention"]
+        if decision.get("error"):
+            raise RuntimeError(f"the guard could not score: {decision}")
+        return message
+
+    sides: dict[str, Callable[[str], Any]] = {
+        "stock_default": plain(servers["stock_default"].url),
+        "stock_eager": plain(servers["stock_eager"].url),
+        "guarded": guarded,
+    }
+    for call in sides.values():  # warm: each server's first request pays one-off costs
+        call(pool[0])
+        call(pool[1])
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
+    order = list(sides)
+    for repeat in range(args.repeats):
+        turn = order[repeat % len(order) :] + order[: repeat % len(order)]
+        for name in turn:
+            runs[name].append({str(c): drive(sides[name], pool[: REQUESTS[c]], c) for c in LEVELS})
+        print(json.dumps({"repeat": repeat, "order": turn}), file=sys.stderr, flush=True)
+    summary: dict[str, Any] = {}
+    for level in map(str, LEVELS):
+        per = {name: [r[level]["throughput_rps"] for r in runs[name]] for name in sides}
+        summary[level] = {
+            "throughput_rps_median": {n: statistics.median(v) for n, v in per.items()},
+            "guarded_over_stock_default": _ratio_stats(
+                [g / s for g, s in zip(per["guarded"], per["stock_default"], strict=True)]
+            ),
+            "guarded_over_stock_default_each_repeat": [
+                g / s for g, s in zip(per["guarded"], per["stock_default"], strict=True)
+            ],
+            "guarded_over_stock_eager_each_repeat": [
+                g / s for g, s in zip(per["guarded"], per["stock_eager"], strict=True)
+            ],
+            "p95_s_median": {
+                n: statistics.median(r[level]["p95_s"] for r in runs[n]) for n in sides
+            },
+        }
+    first = {n: runs[n][0]["32"]["completion_tokens"] for n in sides}
+    summary["completion_tokens"] = {
+        "total": {n: sum(v) for n, v in first.items()},
+        "questions_with_other_count_than_stock_default": {
+            n: sum(a != b for a, b in zip(v, first["stock_default"], strict=True))
+            for n, v in first.items()
+        },
+    }
+    solo = {n: statistics.median(r["1"]["p50_s"] for r in runs[n]) for n in sides}
+    for level in map(str, LEVELS):
+        summary[level]["p95_over_solo"] = {
+            n: summary[level]["p95_s_median"][n] / solo[n] for n in sides
+        }
+    live = live_bound(args) if args.live else None
+    for server in servers.values():
+        server.close()
+    stop_engines()
+    return {
+        "bench": "vllm_backend",
+        "questions": len(pool),
+        "budget": budget,
+        "repeats": args.repeats,
+        "requests": REQUESTS,
+        "summary": summary,
+        "live": live,
+        "guarded_engine": record_engine,
+        "runs": runs,
+        "processor": processor(),
+    }
+
+
+def live_bound(args: argparse.Namespace) -> dict[str, Any]:
+    """Live = stored on the artifact's calibration questions at 8 and 32 in flight."""
+    from abstain_guard.calibration.measure.deployment_check import live_check
+
+    out: dict[str, Any] = {}
+    for level in (8, 32):
+        result = live_check(
+            args.artifact, limit=args.live, progress=False, concurrency=level, split="calibration"
+        )
+        rows = result["rows"]
+        moved = [r for r in rows if r["stored_answers"] == r["abstained"]]
+        out[str(level)] = {
+            "n": result["summary"]["n"],
+            "max_abs_diff": result["summary"]["abs_score_diff_max"],
+            "same_tokens": result["summary"]["same_tokens"],
+            "decisions_differ": len(moved),
+            "their_distance_to_tau": [abs(r["stored_score"] - result["threshold"]) for r in moved],
+        }
+    return out
+
+
+#: A Qwen3-8B shape (random weights: vLLM's ``--load-format dummy``).
+QWEN3_8B = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+}
+
+
+def gpu_bench(args: argparse.Namespace) -> dict[str, Any]:
+    from abstain_guard.backends.vllm_chat import _free_port, engine_python
+    from abstain_guard.backends.vllm_payload import PAYLOAD_KEY, connector_flag, decode_capture
+
+    folder = Path(tempfile.mkdtemp(prefix="qwen3_8b_shape_"))
+    (folder / "config.json").write_text(json.dumps(QWEN3_8B))
+    common = ["--load-format", "dummy", "--skip-tokenizer-init", "--dtype", "bfloat16"]
+    common += ["--max-model-len", "4096", "--gpu-memory-utilization", "0.4"]
+    python = engine_python(None)
+    servers = {
+        "stock_default": StockServer(python, folder, _free_port(), common),
+        "guarded": StockServer(python, folder, _free_port(), [*common, *connector_flag()]),
+    }
+    for server in servers.values():
+        server.wait()
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1000, 100000, size=256).tolist() for _ in range(64)]
+
+    def call(name: str) -> Callable[[list[int]], int]:
+        def one(prompt: list[int]) -> int:
+            body: dict[str, Any] = {
+                "model": str(folder),
+                "prompt": prompt,
+                "max_tokens": 128,
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "return_token_ids": True,
+            }
+            if name == "guarded":
+                body["kv_transfer_params"] = {PAYLOAD_KEY: {}}
+            got = httpx.post(servers[name].url + "/v1/completions", json=body, timeout=600.0)
+            reply = got.raise_for_status().json()
+            ids = reply["choices"][0]["token_ids"]
+            if name == "guarded":
+                decode_capture(reply.get("kv_transfer_params"), len(ids))
+            return len(ids)
+
+        return one
+
+    def tokens_per_s(name: str, batch: int) -> float:
+        work = prompts[: max(batch, 4)] if batch > 1 else prompts[:4]
+        start = time.perf_counter()
+        with ThreadPoolExecutor(batch) as pool:
+            total = sum(pool.map(call(name), work))
+        return total / (time.perf_counter() - start)
+
+    for name in servers:
+        call(name)(prompts[0])
+    runs: dict[str, dict[str, list[float]]] = {n: {"1": [], "32": []} for n in servers}
+    for repeat in range(args.repeats):
+        order = list(servers) if repeat % 2 == 0 else list(reversed(servers))
+        for name in order:
+            for batch in (1, 32):
+                runs[name][str(batch)].append(tokens_per_s(name, batch))
+    for server in servers.values():
+        server.close()
+    ratios = {
+        b: [g / s for g, s in zip(runs["guarded"][b], runs["stock_default"][b], strict=True)]
+        for b in ("1", "32")
+    }
+    return {
+        "bench": "vllm_backend_gpu",
+        "shape": "Qwen3-8B (random weights), bfloat16",
+        "tokens_per_s": runs,
+        "guarded_over_stock_default": {b: _ratio_stats(r) for b, r in ratios.items()},
+        "guarded_over_stock_default_each_repeat": ratios,
+        "processor": processor(),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--artifact", default="runs/vllm_probe")
+    parser.add_argument("--questions", type=int, default=96)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--live", type=int, default=64, help="calibration questions asked live")
+    parser.add_argument("--requests", default=None, help="requests per level, e.g. 16,48,96")
+    parser.add_argument("--gpu", action="store_true", help="the Qwen3-8B shape on a GPU")
+    args = parser.parse_args(argv)
+    if args.gpu:
+        print(json.dumps(gpu_bench(args)))
+        return 0
+    if args.requests:
+        REQUESTS.update(dict(zip(LEVELS, map(int, args.requests.split(",")), strict=True)))
+    print(json.dumps(cpu_bench(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

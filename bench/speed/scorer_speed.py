@@ -10,7 +10,8 @@ processes on a shared machine do not inflate) of many repetitions; the budget is
 Beside it, in the same run, the perplexity scorer (the likelihood baseline) on the same
 message: ``over_perplexity`` is what geometry costs per answer over it.
 
-Usage: ``python bench/speed/scorer_speed.py [--responses 2000] [--tokens 10]``.
+Usage: ``python bench/speed/scorer_speed.py [--responses 2000] [--tokens 10]``; the result:
+``python bench/speed/scorer_speed.py | tail -1 > bench/speed/scorer_speed.json``.
 The last printed line is one JSON object.
 """
 

@@ -138,7 +138,12 @@ def _ask(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     if args.live:
         return _evaluate_live(args)
-    from abstain_guard.calibration.measure.held_out import evaluate, parse_baselines
+    from abstain_guard.calibration.measure.held_out import (
+        EvaluateOptions,
+        HeldOutSource,
+        evaluate,
+        parse_baselines,
+    )
     from abstain_guard.calibration.measure.tables import frontier_markdown
 
     all_at_once(
@@ -153,14 +158,14 @@ def _evaluate(args: argparse.Namespace) -> int:
     results = evaluate(
         args.artifact or [DEFAULT_ARTIFACT_DIR],
         out=args.out,
-        data=args.data,
-        group_by=args.group_by,
-        baselines=args.baselines,
-        n_resplits=args.resplits,
-        limit=args.limit,
+        source=HeldOutSource(data=args.data, group_by=args.group_by, limit=args.limit),
+        options=EvaluateOptions(
+            baselines=args.baselines,
+            n_resplits=args.resplits,
+            cache_dir=_cache_dir(args),
+            reuse_calibration_cache=not args.no_reuse_calibration_cache,
+        ),
         progress=not args.quiet,
-        cache_dir=_cache_dir(args),
-        reuse_calibration_cache=not args.no_reuse_calibration_cache,
     )
     print(json.dumps(results.get("headline", {}), indent=2))
     for name, entry in results.get("datasets", {}).items():

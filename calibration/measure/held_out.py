@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,7 +58,7 @@ from .group_report import group_tables
 from .paired import adjust_family, paired_report
 from .permutation_importance import permutation_importance
 from .report import write_report
-from .results import build_results, evaluate_dataset
+from .results import MeasureSettings, build_results, evaluate_dataset
 
 logger = logging.getLogger("abstain_guard.calibration")
 
@@ -206,13 +206,91 @@ def _backend_of(cfg: CalibrationConfig) -> str:
     return "api" if isinstance(cfg.model, ChatModelSpec) else "exact"
 
 
+@dataclass(frozen=True)
+class HeldOutSource:
+    """Which questions ``evaluate`` answers: the artifact's own held-out splits
+    (``data=None``) or another labeled file.
+
+    Attributes:
+        data: a JSONL/CSV path, or ``name=path`` for a named reader (``sciq=/data/sciq``).
+        group_by: the question-type field of ``data`` (within-type AUROC).
+        limit: the first N questions of ``data``.
+    """
+
+    data: str | None = None
+    group_by: str | None = None
+    limit: int | None = None
+
+
+@dataclass
+class _Questions:
+    """The held-out pool and the train and reference splits of one artifact's evaluation."""
+
+    name: str
+    pool: list[QAItem]
+    train: list[QAItem] = field(default_factory=list)
+    reference: list[QAItem] = field(default_factory=list)
+    n_calibration: int = 0
+
+    def labeled(self, judgments: Any) -> _Questions:
+        """The questions whose answers have a verdict (``n_calibration`` counted among them)."""
+        return _Questions(
+            self.name,
+            labeled_items(self.pool, judgments),
+            labeled_items(self.train, judgments),
+            labeled_items(self.reference, judgments),
+            sum(1 for _ in labeled_items(self.pool[: self.n_calibration], judgments)),
+        )
+
+
+def _questions(artifact: Any, source: HeldOutSource, fitted_baselines: bool) -> _Questions:
+    if source.data is not None:
+        name, pool = read_data_spec(source.data, group_by=source.group_by, limit=source.limit)
+        return _Questions(name, pool)
+    name, pool, splits = artifact_splits(artifact)
+    return _Questions(
+        name,
+        pool,
+        train=splits["train"],
+        reference=splits["reference"] if fitted_baselines else [],
+        n_calibration=len(artifact.metadata.get("calibration_ids", [])),
+    )
+
+
+def _train_metadata(
+    train: list[QAItem], answers: dict[str, Any], replay: Callable[..., Any], hidden: bool
+) -> list[dict[str, Any]]:
+    """The train answers' metadata: as cached where it holds what the baselines read
+    (log-probabilities; the hidden-state summaries too when probes are fitted), replayed
+    otherwise."""
+    cached = [answers[it.id].get("metadata") for it in train]
+    usable = all(m and "logprobs" in m for m in cached)
+    if hidden:  # the probes read the hidden-state summaries too
+        usable = usable and all(HIDDEN in ((m or {}).get("geometry") or {}) for m in cached)
+    return with_groups(cached if usable else replay(train), train)  # type: ignore[arg-type]
+
+
+def _reference_metadata(
+    artifact: Any, qs: _Questions, answers: dict[str, Any], store: Any
+) -> tuple[Any, list[dict[str, Any]]]:
+    """The artifact's reference means and the reference answers' metadata: with Φ from the
+    cached states (``geometry_plus``) where the means exist, the hidden summaries (probes)
+    otherwise."""
+    means = getattr(artifact.scorer, "reference_means_", None)
+    try:
+        if means is None:
+            raise CalibrationError("no reference means")
+        ref_meta = reference_responses(qs.reference, answers, store, means)
+    except CalibrationError:
+        ref_meta = [reference_metadata(answers[it.id], store) for it in qs.reference]
+    return means, with_groups(ref_meta, qs.reference)
+
+
 def collect_held_out(
     artifact: Any,
     model: Any,
     *,
-    data: str | None = None,
-    group_by: str | None = None,
-    limit: int | None = None,
+    source: HeldOutSource = HeldOutSource(),
     progress: bool = True,
     cache: EvaluateCache,
     judges: dict[str, Any] | None = None,
@@ -231,71 +309,46 @@ def collect_held_out(
     """
     cfg = CalibrationConfig(**artifact.metadata.get("config", {}))
     store = cache.run_store()
-    train: list[QAItem] = []
-    reference: list[QAItem] = []
-    n_cal = 0
-    if data is None:
-        name, pool, splits = artifact_splits(artifact)
-        train = splits["train"]
-        reference = splits["reference"] if fitted_baselines else []
-        n_cal = len(artifact.metadata.get("calibration_ids", []))
-    else:
-        name, pool = read_data_spec(data, group_by=group_by, limit=limit)
+    qs = _questions(artifact, source, fitted_baselines)
     spec_model = isinstance(cfg.model, ChatModelSpec)  # an API or vLLM chat model
     fingerprint = str(getattr(model, "fingerprint", "unknown"))
     if spec_model:  # as calibration keyed its answers: the calibration cache is read back
         fingerprint = chat_model_fingerprint(model)
-    everything = pool + train + reference
     answers = generate_answers(
-        model, pool, store, cfg, fingerprint=fingerprint, progress=progress, batch_size=1
+        model, qs.pool, store, cfg, fingerprint=fingerprint, progress=progress, batch_size=1
     )
     answers.update(
         generate_answers(
-            model, train + reference, store, cfg, fingerprint=fingerprint, progress=progress
+            model, qs.train + qs.reference, store, cfg, fingerprint=fingerprint, progress=progress
         )
     )
     if judges is None:
         judges = build_judges(cfg, cache.directory / "judgments.sqlite", read_from=cache.judgments)
-    judgments = judge_answers(judges, everything, answers, progress=progress)
+    judgments = judge_answers(judges, qs.pool + qs.train + qs.reference, answers, progress=progress)
     cache.log_reuse(store, judges)
-    n_cal = sum(1 for it in labeled_items(pool[:n_cal], judgments))
-    pool = labeled_items(pool, judgments)
-    train = labeled_items(train, judgments)
-    reference = labeled_items(reference, judgments)
+    qs = qs.labeled(judgments)
     scoring_model = artifact.scorer.prepare(model)
-    if spec_model:  # scored from each answer's own response metadata, as deployed
-        metadata = [dict(answers[it.id].get("metadata") or {}) for it in pool]
-    else:
-        metadata = replay_as_deployed(scoring_model, pool, answers, cfg, progress)
+
+    def replay(items: list[QAItem]) -> list[dict[str, Any]]:
+        if spec_model:  # scored from each answer's own response metadata, as deployed
+            return [dict(answers[it.id].get("metadata") or {}) for it in items]
+        return replay_as_deployed(scoring_model, items, answers, cfg, progress)
+
     held = HeldOut(
-        name=name,
-        items=pool,
-        metadata=with_groups(metadata, pool),
-        correct=np.array(labels(pool, judgments)),
-        n_calibration=n_cal,
+        name=qs.name,
+        items=qs.pool,
+        metadata=with_groups(replay(qs.pool), qs.pool),
+        correct=np.array(labels(qs.pool, judgments)),
+        n_calibration=qs.n_calibration,
     )
-    if train:
-        cached = [answers[it.id].get("metadata") for it in train]
-        usable = all(m and "logprobs" in m for m in cached)
-        if fitted_baselines:  # the probes read the hidden-state summaries too
-            usable = usable and all(HIDDEN in ((m or {}).get("geometry") or {}) for m in cached)
-        held.train_metadata = with_groups(
-            cached  # type: ignore[arg-type]
-            if usable or spec_model
-            else replay_as_deployed(scoring_model, train, answers, cfg, progress),
-            train,
+    if qs.train:
+        held.train_metadata = _train_metadata(qs.train, answers, replay, fitted_baselines)
+        held.train_correct = np.array(labels(qs.train, judgments))
+    if qs.reference:
+        held.reference_means, held.reference_metadata = _reference_metadata(
+            artifact, qs, answers, store
         )
-        held.train_correct = np.array(labels(train, judgments))
-    if reference:
-        held.reference_means = getattr(artifact.scorer, "reference_means_", None)
-        try:  # with Φ from the cached states (geometry_plus), hidden summaries (probes)
-            if held.reference_means is None:
-                raise CalibrationError("no reference means")
-            ref_meta = reference_responses(reference, answers, store, held.reference_means)
-        except CalibrationError:
-            ref_meta = [reference_metadata(answers[it.id], store) for it in reference]
-        held.reference_metadata = with_groups(ref_meta, reference)
-        held.reference_correct = np.array(labels(reference, judgments))
+        held.reference_correct = np.array(labels(qs.reference, judgments))
     return held
 
 
@@ -365,140 +418,114 @@ def record_looks(art: GuardArtifact, names: Sequence[str]) -> dict[str, Any]:
     }
 
 
-def evaluate(
-    artifact: str | Path | Sequence[str | Path],
-    out: str | Path,
-    *,
-    data: str | None = None,
-    group_by: str | None = None,
-    baselines: str | Sequence[str] = "likelihood",
-    n_resplits: int = 1000,
-    limit: int | None = None,
-    num_samples: int = 5,
-    importance_repeats: int = 5,
-    seed: int = 0,
-    progress: bool = True,
-    model: Any = None,
-    cache_dir: str | Path | None = None,
-    reuse_calibration_cache: bool = True,
-    judges: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Evaluate one or more artifacts and write ``results.json``, plots and ``report.md``.
+@dataclass(frozen=True)
+class EvaluateOptions:
+    """What ``evaluate`` measures besides the artifact's scorer, and where it caches.
 
-    Args:
-        artifact: an artifact directory, or several (one data set each, one report).
-        out: the report directory.
-        data: evaluate on this file instead of the artifact's own held-out splits
-            (``name=path`` uses a named reader, e.g. ``sciq=/data/sciq``).
-        group_by: the question-type field of ``data`` (within-type AUROC).
-        baselines: "likelihood" (default), "all", "none", or a comma list.
+    Attributes:
+        baselines: "likelihood" (default), "all", "none", or a comma list
+            (:func:`parse_baselines`).
         n_resplits: random calibration/test resplits for the participation curves.
-        limit: first N questions of ``data``.
         num_samples: K for the sampling baselines.
         importance_repeats: permutations per feature family (geometry scorer).
         seed: resplit seed.
-        progress: progress bars.
-        model: an already loaded chat model to reuse.
         cache_dir: where answers and verdicts are cached, read and written (default
             ``<out>/cache``). Nothing is written elsewhere.
         reuse_calibration_cache: without ``cache_dir``, also read the answers and verdicts
             of the artifact's calibration cache, read-only (:mod:`.cache_reuse`); a cache
             that is gone or cannot be read is skipped with a log line.
-        judges: judges per question kind (default: the artifact's judge, cached).
-
-    Returns:
-        The results document (also written to ``out/results.json``), with a ``headline``
-        entry: AUROC per data set and scorer.
     """
-    paths = [artifact] if isinstance(artifact, (str, Path)) else list(artifact)
-    names = parse_baselines(baselines)
-    arts = [GuardArtifact.load(p) for p in paths]
-    t0 = time.perf_counter()
-    entries = []
-    for path, art in zip(paths, arts, strict=True):
-        cfg = CalibrationConfig(**art.metadata.get("config", {}))
-        backend = _backend_of(cfg)
-        for name in names:  # before anything is generated: what the backend cannot score
-            check_backend_serves(name, backend, label=f"baseline of {path}")
-        if model is None or getattr(model, "fingerprint", None) != art.model_fingerprint:
-            model = load_model(cfg)
-        art.check_fingerprint(getattr(model, "fingerprint", None))
-        held = collect_held_out(
-            art,
-            with_calibrated_capture(model, DeploymentRecord.from_metadata(art.metadata)),
-            data=data,
-            group_by=group_by,
-            limit=limit,
-            progress=progress,
-            cache=EvaluateCache(Path(cache_dir))
-            if cache_dir is not None
-            else evaluate_cache(Path(out) / "cache", art, path, reuse=reuse_calibration_cache),
-            judges=judges,
-            fitted_baselines=any(n in FITTED_BASELINES for n in names),
-        )
-        scores, calibrated = score_held_out(
-            held, art, model, names, num_samples=num_samples, progress=progress
-        )
-        importance = None
-        if isinstance(art.scorer, GeometryScorer):
-            importance = permutation_importance(
-                art.scorer, held.metadata, held.correct.tolist(), n_repeats=importance_repeats
-            ).to_dict()
-        groups: list[Any] = [it.group for it in held.items]
-        entry = evaluate_dataset(
-            held.name,
-            scores,
-            held.correct,
-            groups=groups if any(g is not None for g in groups) else None,
-            geometries=[m["geometry"] for m in held.metadata]
-            if held.metadata and _backend_of(cfg) == "exact"  # Ω, Θ, Φ: the exact engine's
-            else None,
-            importance=importance,
-            calibrated_scores_by_scorer=calibrated or None,
-            n_resplits=n_resplits,
-            seed=seed,
-            nan_policy="omit",
-            progress=progress,
-        )
-        if data is None:  # the artifact's calibration answers were read: K grows
-            entry["ledger"] = record_looks(art, [*scores, *calibrated])
-        entry["frontier"] = frontier_document(art.scores, art.correct, candidates=art.n_candidates)
-        entry["costs"] = held.costs
-        entry["paired"] = paired_report(
+
+    baselines: str | Sequence[str] = "likelihood"
+    n_resplits: int = 1000
+    num_samples: int = 5
+    importance_repeats: int = 5
+    seed: int = 0
+    cache_dir: str | Path | None = None
+    reuse_calibration_cache: bool = True
+
+    def cache(self, out: str | Path, art: GuardArtifact, path: str | Path) -> EvaluateCache:
+        """The evaluation's cache of ``art`` (loaded from ``path``)."""
+        if self.cache_dir is not None:
+            return EvaluateCache(Path(self.cache_dir))
+        return evaluate_cache(Path(out) / "cache", art, path, reuse=self.reuse_calibration_cache)
+
+
+def _dataset_entry(
+    held: HeldOut,
+    art: GuardArtifact,
+    scores: dict[str, np.ndarray],
+    calibrated: dict[str, np.ndarray],
+    options: EvaluateOptions,
+    progress: bool,
+) -> dict[str, Any]:
+    """One data set's entry of the results document: the metrics and resplit simulation of
+    every scorer (:func:`.results.evaluate_dataset`), with permutation importance on a
+    geometry artifact and Ω, Θ, Φ hypothesis checks from the exact engine."""
+    importance = None
+    if isinstance(art.scorer, GeometryScorer):
+        importance = permutation_importance(
+            art.scorer, held.metadata, held.correct.tolist(), n_repeats=options.importance_repeats
+        ).to_dict()
+    exact = _backend_of(CalibrationConfig(**art.metadata.get("config", {}))) == "exact"
+    return evaluate_dataset(
+        held.name,
+        scores,
+        held.correct,
+        groups=_groups(held),
+        geometries=[m["geometry"] for m in held.metadata] if held.metadata and exact else None,
+        importance=importance,
+        calibrated_scores_by_scorer=calibrated or None,
+        settings=MeasureSettings(
+            n_resplits=options.n_resplits, seed=options.seed, nan_policy="omit", progress=progress
+        ),
+    )
+
+
+def _groups(held: HeldOut) -> list[Any] | None:
+    """The held-out questions' types, ``None`` when none has one."""
+    groups: list[Any] = [it.group for it in held.items]
+    return groups if any(g is not None for g in groups) else None
+
+
+def _comparisons(
+    held: HeldOut, art: GuardArtifact, scores: dict[str, np.ndarray], seed: int
+) -> dict[str, Any]:
+    """The certifiable frontier, the scorers' costs and the paired comparisons with the
+    artifact's scorer."""
+    return {
+        "frontier": frontier_document(art.scores, art.correct, candidates=art.n_candidates),
+        "costs": held.costs,
+        "paired": paired_report(
             scores,
             held.correct,
             reference=art.scorer.name,
-            groups=groups if any(g is not None for g in groups) else None,
+            groups=_groups(held),
             calibration=np.arange(held.correct.size) < held.n_calibration,
             seed=seed,
-        )
-        entry["artifact"] = str(path)
-        entry["evaluated_on"] = data or "held-out calibration + test splits"
-        if entry.get("n_groups"):  # pooled vs per-group rule, per group (group_report.py)
-            entry["groups"] = group_tables(
-                scores[art.scorer.name],
-                held.correct,
-                groups,
-                cfg.participation,
-                cfg.risk_target,
-                cfg.delta,
-                seed=seed,
-            )
-        entries.append(entry)
-    # One family for the whole report: every set x every scorer, overall and within type.
-    adjust_family([e["paired"] for e in entries])
-    results = build_results(
-        entries,
-        metadata={
-            "artifacts": [str(p) for p in paths],
-            "data": data,
-            "baselines": names,
-            "n_resplits": n_resplits,
-            "num_samples": num_samples,
-            "seconds": time.perf_counter() - t0,
-        },
+        ),
+    }
+
+
+def _group_rules(
+    held: HeldOut, art: GuardArtifact, scores: dict[str, np.ndarray], seed: int
+) -> dict[str, Any]:
+    """The pooled and the per-group rule, per group (:mod:`.group_report`)."""
+    cfg = CalibrationConfig(**art.metadata.get("config", {}))
+    return group_tables(
+        scores[art.scorer.name],
+        held.correct,
+        [it.group for it in held.items],
+        cfg.participation,
+        cfg.risk_target,
+        cfg.delta,
+        seed=seed,
     )
-    results["headline"] = {
+
+
+def _headline(entries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """AUROC (and its interval) per data set and scorer."""
+    return {
         e["name"]: {
             s: {"auroc": round(v["auroc"], 3), "auroc_ci": v.get("auroc_ci")}
             for s, v in e["scorers"].items()
@@ -506,5 +533,87 @@ def evaluate(
         }
         for e in entries
     }
+
+
+def _model_for(art: GuardArtifact, path: str | Path, names: Sequence[str], model: Any) -> Any:
+    """``model`` when it is the artifact's, else the artifact's model loaded; refused before
+    anything is generated when the artifact's backend cannot score a baseline."""
+    cfg = CalibrationConfig(**art.metadata.get("config", {}))
+    backend = _backend_of(cfg)
+    for name in names:
+        check_backend_serves(name, backend, label=f"baseline of {path}")
+    if model is None or getattr(model, "fingerprint", None) != art.model_fingerprint:
+        model = load_model(cfg)
+    art.check_fingerprint(getattr(model, "fingerprint", None))
+    return model
+
+
+def evaluate(
+    artifact: str | Path | Sequence[str | Path],
+    out: str | Path,
+    *,
+    source: HeldOutSource = HeldOutSource(),
+    options: EvaluateOptions = EvaluateOptions(),
+    progress: bool = True,
+    model: Any = None,
+    judges: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Evaluate one or more artifacts and write ``results.json``, plots and ``report.md``.
+
+    Args:
+        artifact: an artifact directory, or several (one data set each, one report).
+        out: the report directory.
+        source: the questions: the artifact's own held-out splits (default) or another file.
+        options: the baselines, the resplit simulation and the cache.
+        progress: progress bars.
+        model: an already loaded chat model to reuse.
+        judges: judges per question kind (default: the artifact's judge, cached).
+
+    Returns:
+        The results document (also written to ``out/results.json``), with a ``headline``
+        entry: AUROC per data set and scorer.
+    """
+    paths = [artifact] if isinstance(artifact, (str, Path)) else list(artifact)
+    names = parse_baselines(options.baselines)
+    arts = [GuardArtifact.load(p) for p in paths]
+    t0 = time.perf_counter()
+    entries = []
+    for path, art in zip(paths, arts, strict=True):
+        model = _model_for(art, path, names, model)
+        held = collect_held_out(
+            art,
+            with_calibrated_capture(model, DeploymentRecord.from_metadata(art.metadata)),
+            source=source,
+            progress=progress,
+            cache=options.cache(out, art, path),
+            judges=judges,
+            fitted_baselines=any(n in FITTED_BASELINES for n in names),
+        )
+        scores, calibrated = score_held_out(
+            held, art, model, names, num_samples=options.num_samples, progress=progress
+        )
+        entry = _dataset_entry(held, art, scores, calibrated, options, progress)
+        if source.data is None:  # the artifact's calibration answers were read: K grows
+            entry["ledger"] = record_looks(art, [*scores, *calibrated])
+        entry.update(_comparisons(held, art, scores, options.seed))
+        entry["artifact"] = str(path)
+        entry["evaluated_on"] = source.data or "held-out calibration + test splits"
+        if entry.get("n_groups"):  # pooled vs per-group rule, per group
+            entry["groups"] = _group_rules(held, art, scores, options.seed)
+        entries.append(entry)
+    # One family for the whole report: every set x every scorer, overall and within type.
+    adjust_family([e["paired"] for e in entries])
+    results = build_results(
+        entries,
+        metadata={
+            "artifacts": [str(p) for p in paths],
+            "data": source.data,
+            "baselines": names,
+            "n_resplits": options.n_resplits,
+            "num_samples": options.num_samples,
+            "seconds": time.perf_counter() - t0,
+        },
+    )
+    results["headline"] = _headline(entries)
     write_report(results, out)
     return results

@@ -9,6 +9,7 @@ AUROC, hypothesis checks and permutation importance.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -28,9 +29,49 @@ from .simulation import (
     resplit_simulation,
 )
 
-__all__ = ["SCHEMA_VERSION", "build_results", "evaluate_dataset", "evaluate_scores"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "MeasureSettings",
+    "build_results",
+    "evaluate_dataset",
+    "evaluate_scores",
+]
 
 SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    """How every scorer of a data set is measured.
+
+    Attributes:
+        levels, n_resplits, calibration_fraction, seed: the resplit simulation
+            (:func:`.simulation.resplit_simulation`; ``seed`` also seeds the bootstrap).
+        nan_policy: see :func:`.ranking.scorer_table`.
+        n_boot, confidence: bootstrap intervals of the ranking metrics (``n_boot=0``: none);
+            see :func:`.ranking.scorer_table`.
+        progress: show a tqdm bar over scorers.
+    """
+
+    levels: Sequence[float] = DEFAULT_LEVELS
+    n_resplits: int = 1000
+    calibration_fraction: float = 0.5
+    seed: int = 0
+    nan_policy: Literal["raise", "omit"] = "raise"
+    n_boot: int = 2000
+    confidence: float = 0.95
+    progress: bool = False
+
+    def bootstrap(self) -> dict[str, Any] | None:
+        """How the intervals were made (``None`` when ``n_boot=0``)."""
+        if self.n_boot <= 0:
+            return None
+        return {
+            "n_boot": int(self.n_boot),
+            "confidence": float(self.confidence),
+            "seed": self.seed,
+            "method": "percentile, resampling correct and incorrect answers separately",
+        }
 
 
 def _scorer_entries(
@@ -38,35 +79,30 @@ def _scorer_entries(
     y: NDArray[np.int64],
     groups: ArrayLike | None,
     levels: Sequence[float],
-    n_resplits: int,
-    calibration_fraction: float,
-    seed: int,
-    nan_policy: Literal["raise", "omit"],
-    progress: bool,
+    settings: MeasureSettings,
     desc: str,
-    n_boot: int,
-    confidence: float,
 ) -> dict[str, dict[str, Any]]:
     table = scorer_table(
         scores_by_scorer,
         y,
         groups=groups,
-        nan_policy=nan_policy,
-        n_boot=n_boot,
-        confidence=confidence,
-        seed=seed,
+        nan_policy=settings.nan_policy,
+        n_boot=settings.n_boot,
+        confidence=settings.confidence,
+        seed=settings.seed,
     )
-    for name in tqdm(list(scores_by_scorer), desc=desc, disable=not progress, leave=False):
+    names = list(scores_by_scorer)
+    for name in tqdm(names, desc=desc, disable=not settings.progress, leave=False):
         if "error" in table[name]:
             continue
-        s, keep = select_scored(name, scores_by_scorer[name], y, nan_policy)
+        s, keep = select_scored(name, scores_by_scorer[name], y, settings.nan_policy)
         sim = resplit_simulation(
             s[keep],
             y[keep],
             levels=levels,
-            n_resplits=n_resplits,
-            calibration_fraction=calibration_fraction,
-            seed=seed,
+            n_resplits=settings.n_resplits,
+            calibration_fraction=settings.calibration_fraction,
+            seed=settings.seed,
         )
         table[name]["participation"] = sim.pop("levels")
         table[name]["resplit"] = sim
@@ -77,18 +113,12 @@ def evaluate_dataset(
     name: str,
     scores_by_scorer: Mapping[str, ArrayLike],
     correct: ArrayLike,
+    *,
     groups: ArrayLike | None = None,
     geometries: Sequence[Mapping[str, Any] | None] | None = None,
     importance: Any = None,
     calibrated_scores_by_scorer: Mapping[str, ArrayLike] | None = None,
-    levels: Sequence[float] = DEFAULT_LEVELS,
-    n_resplits: int = 1000,
-    calibration_fraction: float = 0.5,
-    seed: int = 0,
-    nan_policy: Literal["raise", "omit"] = "raise",
-    progress: bool = False,
-    n_boot: int = 2000,
-    confidence: float = 0.95,
+    settings: MeasureSettings = MeasureSettings(),
 ) -> dict[str, Any]:
     """Everything the report shows for one data set, as a JSON-ready dict.
 
@@ -101,12 +131,7 @@ def evaluate_dataset(
         importance: optional permutation importance (Figure 9), see :func:`validate_importance`.
         calibrated_scores_by_scorer: optional scores of the calibrated baselines (appendix
             tables), evaluated exactly like the raw scorers.
-        levels, n_resplits, calibration_fraction, seed: the resplit simulation (``seed`` also
-            seeds the bootstrap).
-        nan_policy: see :func:`scorer_table`.
-        progress: show a tqdm bar over scorers.
-        n_boot, confidence: bootstrap intervals of the ranking metrics (``n_boot=0``: none);
-            see :func:`scorer_table`.
+        settings: the resplit simulation, the bootstrap and the NaN policy.
 
     Returns:
         ``{"name", "n", "n_correct", "n_incorrect", "accuracy", "levels", "bootstrap",
@@ -118,38 +143,14 @@ def evaluate_dataset(
         ``bootstrap`` records how the intervals were made (``None`` when ``n_boot=0``).
         Participation summaries are described in :func:`resplit_simulation`.
     """
-    check_nan_policy(nan_policy)
+    check_nan_policy(settings.nan_policy)
     y = check_labels(correct)
-    lv = [float(v) for v in check_levels(levels)]
-    scorers = _scorer_entries(
-        scores_by_scorer,
-        y,
-        groups,
-        lv,
-        n_resplits,
-        calibration_fraction,
-        seed,
-        nan_policy,
-        progress,
-        f"{name}: scorers",
-        n_boot,
-        confidence,
-    )
+    lv = [float(v) for v in check_levels(settings.levels)]
+    scorers = _scorer_entries(scores_by_scorer, y, groups, lv, settings, f"{name}: scorers")
     calibrated = None
     if calibrated_scores_by_scorer:
         calibrated = _scorer_entries(
-            calibrated_scores_by_scorer,
-            y,
-            None,
-            lv,
-            n_resplits,
-            calibration_fraction,
-            seed,
-            nan_policy,
-            progress,
-            f"{name}: calibrated",
-            n_boot,
-            confidence,
+            calibrated_scores_by_scorer, y, None, lv, settings, f"{name}: calibrated"
         )
     within = None
     n_groups = None
@@ -158,9 +159,6 @@ def evaluate_dataset(
             s: entry.pop("within_group") for s, entry in scorers.items() if "error" not in entry
         }
         n_groups = len({str(g) for g in np.asarray(groups, dtype=object).tolist() if g is not None})
-    hypothesis = None
-    if geometries is not None:
-        hypothesis = hypothesis_checks(geometries, y)
     return {
         "name": name,
         "n": int(y.size),
@@ -168,21 +166,12 @@ def evaluate_dataset(
         "n_incorrect": int(y.size - y.sum()),
         "accuracy": float(y.mean()),
         "levels": [level_key(v) for v in lv],
-        "bootstrap": (
-            {
-                "n_boot": int(n_boot),
-                "confidence": float(confidence),
-                "seed": seed,
-                "method": "percentile, resampling correct and incorrect answers separately",
-            }
-            if n_boot > 0
-            else None
-        ),
+        "bootstrap": settings.bootstrap(),
         "scorers": scorers,
         "calibrated_scorers": calibrated,
         "within_group": within,
         "n_groups": n_groups,
-        "hypothesis": hypothesis,
+        "hypothesis": hypothesis_checks(geometries, y) if geometries is not None else None,
         "importance": validate_importance(importance) if importance is not None else None,
     }
 

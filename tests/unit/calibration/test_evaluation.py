@@ -12,6 +12,7 @@ from abstain_guard.calibration.measure.hypotheses import hypothesis_checks, vali
 from abstain_guard.calibration.measure.metrics import auroc_interval, bootstrap_intervals
 from abstain_guard.calibration.measure.ranking import scorer_table
 from abstain_guard.calibration.measure.results import (
+    MeasureSettings,
     build_results,
     evaluate_dataset,
     evaluate_scores,
@@ -45,7 +46,7 @@ def _paper_reference(cal_s, cal_y, test_s, test_y, level):
     c = u.size
     # 1−β = sup{q in (0,1): Quantile(⌈q(c+1)⌉/c, 𝒰) ≤ τ}, by brute force over a fine grid.
     # A quantile level above 1 selects no element of 𝒰, so it never satisfies the condition
-    # (also when τ = +inf; abstain_guard.guarantee.conformal reads it the same way: 1−β = c/(c+1)).
+    # (also when τ = +inf; abstain_guard.conformal reads it the same way: 1−β = c/(c+1)).
     qs = np.linspace(1e-7, 1 - 1e-7, 200001)
     ranks = np.ceil(qs * (c + 1)).astype(int)
     ok = (ranks <= c) & (u[np.clip(ranks, 1, c) - 1] <= tau) if c else np.zeros(qs.size, bool)
@@ -207,7 +208,10 @@ def test_scorer_table_nan_policy() -> None:
     broken = scorer_table({"s": u, "dead": np.full(5, np.nan)}, y, nan_policy="omit")
     assert broken["dead"]["n"] == 0 and "empty" in broken["dead"]["error"]
     entry = evaluate_dataset(
-        "d", {"s": u, "dead": np.full(5, np.nan)}, y, n_resplits=5, nan_policy="omit"
+        "d",
+        {"s": u, "dead": np.full(5, np.nan)},
+        y,
+        settings=MeasureSettings(n_resplits=5, nan_policy="omit"),
     )
     assert "participation" in entry["scorers"]["s"] and "error" in entry["scorers"]["dead"]
     with pytest.raises(InvalidInputError, match="one score per labeled response"):
@@ -322,7 +326,7 @@ def test_evaluate_dataset_layout() -> None:
         y,
         groups=groups,
         calibrated_scores_by_scorer={"perplexity": s + rng.normal(size=80)},
-        n_resplits=50,
+        settings=MeasureSettings(n_resplits=50),
     )
     results = build_results([entry], {"model": "toy"})
     sc = results["datasets"]["toy"]["scorers"]["geometry"]
@@ -336,7 +340,7 @@ def test_evaluate_dataset_layout() -> None:
     assert results["datasets"]["toy"]["hypothesis"] is None
     with pytest.raises(InvalidInputError, match="twice"):
         build_results([entry, entry])
-    one = evaluate_scores({"g": s}, y, name="d", n_resplits=10)
+    one = evaluate_scores({"g": s}, y, name="d", settings=MeasureSettings(n_resplits=10))
     assert one["datasets"]["d"]["scorers"]["g"]["resplit"]["n_resplits"] == 10
 
 
@@ -350,7 +354,7 @@ def test_intervals_and_counts_in_the_results() -> None:
         y,
         groups=groups,
         calibrated_scores_by_scorer={"noise": rng.normal(size=120)},
-        n_resplits=20,
+        settings=MeasureSettings(n_resplits=20),
     )
     assert entry["n_correct"] == int(y.sum()) and entry["n_incorrect"] == int((1 - y).sum())
     assert entry["bootstrap"]["n_boot"] == 2000 and entry["bootstrap"]["confidence"] == 0.95
@@ -374,11 +378,12 @@ def test_intervals_and_counts_in_the_results() -> None:
 
 def test_intervals_can_be_switched_off_and_follow_nan_policy() -> None:
     s, y = _synthetic(60, seed=22)
-    off = evaluate_dataset("d", {"s": s}, y, n_resplits=5, n_boot=0)
+    off = evaluate_dataset("d", {"s": s}, y, settings=MeasureSettings(n_resplits=5, n_boot=0))
     assert off["bootstrap"] is None and "auroc_ci" not in off["scorers"]["s"]
     with_nan = s.copy()
     with_nan[[1, 7]] = np.nan
-    on = evaluate_dataset("d", {"s": with_nan}, y, n_resplits=5, nan_policy="omit", n_boot=300)
+    omit = MeasureSettings(n_resplits=5, nan_policy="omit", n_boot=300)
+    on = evaluate_dataset("d", {"s": with_nan}, y, settings=omit)
     sc = on["scorers"]["s"]
     expected = bootstrap_intervals(with_nan, y, n_boot=300, nan_policy="omit")
     assert {m: tuple(sc[f"{m}_ci"]) for m in expected} == expected

@@ -14,7 +14,11 @@ from abstain_guard.calibration.measure.report import (
     jsonable,
     write_report,
 )
-from abstain_guard.calibration.measure.results import build_results, evaluate_dataset
+from abstain_guard.calibration.measure.results import (
+    MeasureSettings,
+    build_results,
+    evaluate_dataset,
+)
 from abstain_guard.calibration.measure.tables import (
     COUNTS_ROW,
     calibrated_table_markdown,
@@ -73,7 +77,7 @@ def results() -> dict:
                 geometries=_geometries(y, rng) if name == "NQ-open" else None,
                 importance=importance,
                 calibrated_scores_by_scorer={"perplexity": scores["perplexity"] * 2.0},
-                n_resplits=60,
+                settings=MeasureSettings(n_resplits=60),
             )
         )
     return build_results(entries, {"model": "toy", "n_resplits": 60})
@@ -153,8 +157,7 @@ def test_report_with_a_failed_scorer(tmp_path: Path) -> None:
         "d",
         {"ok": rng.random(40), "dead": np.full(40, np.nan)},
         y,
-        n_resplits=10,
-        nan_policy="omit",
+        settings=MeasureSettings(n_resplits=10, nan_policy="omit"),
     )
     md = write_report(build_results([entry]), tmp_path).read_text(encoding="utf-8")
     assert "| dead | – |" in md and "Not evaluated:" in md

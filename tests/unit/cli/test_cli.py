@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from abstain_guard.calibration.building import pipeline
-from abstain_guard.calibration.measure.results import evaluate_scores
+from abstain_guard.calibration.measure.results import MeasureSettings, evaluate_scores
 from abstain_guard.cli import main
 
 
@@ -43,7 +43,7 @@ def test_report_merges_results(tmp_path: Path) -> None:
     for name in ("alpha", "beta"):
         correct = rng.random(80) < 0.4
         scores = {"s": rng.random(80) + (~correct) * 0.5}
-        doc = evaluate_scores(scores, correct, name=name, n_resplits=50)
+        doc = evaluate_scores(scores, correct, name=name, settings=MeasureSettings(n_resplits=50))
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(doc, default=float))
         paths.append(str(path))
@@ -55,9 +55,8 @@ def test_report_merges_results(tmp_path: Path) -> None:
 
 
 def test_evaluate_without_live_refuses_an_agent_artifact(tmp_path: Path, capsys) -> None:
-    from abstain_guard import GuardArtifact
+    from abstain_guard import GuardArtifact, PerplexityScorer
     from abstain_guard.contract.deployment import AgentRecord, DeploymentRecord, PromptRecord
-    from abstain_guard.scorers import PerplexityScorer
 
     record = DeploymentRecord(
         prompts={"open": PromptRecord(system_prompt=None, max_new_tokens=48)},

@@ -74,7 +74,8 @@ def not_agent_artifacts(paths: Sequence[str | Path]) -> None:
             "are its runs', which evaluate without --live cannot make (it answers each "
             "question with the bare model). Run `abstain-guard evaluate --live` (the agent as "
             "deployed, guarded, on the held-out questions; per-step live vs stored and the "
-            "run error among accepted runs), or bench/power/agent_steps.py for the lookup agent."
+            "run error among accepted runs), or experiments/agents/agent_steps.py for the lookup "
+            "agent."
         )
 
 

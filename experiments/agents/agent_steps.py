@@ -33,7 +33,7 @@ bit for bit (``evaluate --live``).
 
 Usage::
 
-    python bench/power/agent_steps.py [--out runs/lookup_agent] [--config ...] [--live 12]
+    python experiments/agents/agent_steps.py [--out runs/lookup_agent] [--config ...] [--live 12]
 
 Prints one JSON line (keys in the module's ``main``).
 """
@@ -396,7 +396,7 @@ def main() -> None:
         seconds_per_guarded_run=round(live_s / max(1, ls.get("n") or 0), 2),
         calibration_questions=n_items,
         calibrate_seconds_this_call=round(calibrate_s, 1),
-        command="python bench/power/agent_steps.py",
+        command="python experiments/agents/agent_steps.py",
     )
     print(json.dumps(result))
 

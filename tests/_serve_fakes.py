@@ -18,6 +18,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field
 
 from abstain_guard import GuardArtifact
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.contract.deployment import (
     AgentRecord,
     DeploymentRecord,
@@ -168,8 +169,7 @@ def artifact(
     )
     return GuardArtifact.from_calibration(
         scorer=PerplexityScorer(),
-        scores=scores,
-        correct=correct,
+        calibration=CalibrationSet(scores, correct),
         model_fingerprint="m-1",
         metadata={"deployment": record.to_json()},
     )

@@ -48,6 +48,7 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -71,33 +72,47 @@ MANIFEST = "manifest.json"
 CALIBRATION = "calibration.npz"
 SCORER_JSON = "scorer.json"
 SCORER_NPZ = "scorer.npz"
-ACTION_RISK = "action_risk.npz"
-"""Optional: ``statistic`` [n_runs] float64, the action statistic of every calibration run
-(labeled or not, so possibly more than the n scores)
-(:mod:`abstain_guard.guarantee.action_risk`); its own file, so loaders that predate it still read
-the artifact."""
-STREAM = "stream.npz"
-"""Optional: ``first`` [n] float64, each calibration answer's first-chunk score (``inf``:
-no interior chunk end) under the artifact's chunk rule (certified streaming,
-:mod:`abstain_guard.guarantee.partial_release`); the stream statistics are ``calibration.npz``'s
-scores."""
-REVIEW = "review.npz"
-"""Optional: ``human`` [n] int8, people's verdicts on a uniformly random sample of the
-calibration answers (1 correct, 0 wrong, -1 not reviewed; :mod:`abstain_guard.guarantee.truth`);
-the draw (seed, size, ids) is in the manifest's ``metadata["review"]``."""
 LEDGER = "ledger.jsonl"
 """Optional, outside the checksums: the selection ledger (:mod:`abstain_guard.guarantee.ledger`),
 JSON lines appended to after the artifact is published
 (:func:`abstain_guard.artifact.reading.append_ledger`)."""
+
+
+@dataclass(frozen=True)
+class SideFile:
+    """An optional ``.npz`` beside ``calibration.npz`` holding one array of the calibration set.
+
+    Attributes:
+        field: the :class:`~abstain_guard.artifact.calibration_set.CalibrationSet` field stored.
+        name: the file name.
+        key: the array's name inside the file.
+    """
+
+    field: str
+    name: str
+    key: str
+
+
+SIDE_FILES = (
+    # statistic [n_runs] float64: the action statistic of every calibration run, labeled or
+    # not (:mod:`abstain_guard.guarantee.action_risk`)
+    SideFile("action_statistic", "action_risk.npz", "statistic"),
+    # first [n] float64: each answer's first-chunk score under the artifact's chunk rule
+    # (certified streaming, :mod:`abstain_guard.guarantee.partial_release`)
+    SideFile("stream_first", "stream.npz", "first"),
+    # human [n] int8: people's verdicts on a random sample (1, 0, -1 not reviewed;
+    # :mod:`abstain_guard.guarantee.truth`); the draw is in ``metadata["review"]``
+    SideFile("human", "review.npz", "human"),
+)
+"""The calibration set's optional arrays, one file each: an artifact without one reads as
+before."""
 RESERVED_FILE_NAMES = {
     LEDGER,
     MANIFEST,
     CALIBRATION,
     SCORER_JSON,
     SCORER_NPZ,
-    ACTION_RISK,
-    STREAM,
-    REVIEW,
+    *(side.name for side in SIDE_FILES),
 }
 SAFE_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 

@@ -13,11 +13,9 @@ and free JSON metadata. On disk it is a directory::
     scorer.json        ScorerState kind, params, names of its arrays and files
     scorer.npz         ScorerState arrays                      (allow_pickle=False)
     <raw files>        ScorerState files, e.g. calibrator.ubj (XGBoost)
-    action_risk.npz    optional: statistic [n_runs] float64, the action statistic of every
-                       calibration run, labeled or not (a step-gated agent:
-                       :mod:`abstain_guard.guarantee.action_risk`)
-    stream.npz         optional: first [n] float64, each answer's first-chunk score
-                       (certified streaming: :mod:`abstain_guard.guarantee.partial_release`)
+    <side files>       optional, one array of the calibration set each
+                       (:data:`~abstain_guard.artifact.files.SIDE_FILES`): action_risk.npz,
+                       stream.npz, review.npz
 
 Loading never executes code: JSON, numpy arrays without pickle, and raw bytes handed to
 the scorer's ``from_state``. A missing file raises ArtifactNotFoundError, a changed or
@@ -34,6 +32,7 @@ the checksums: it is appended to after publication; :meth:`GuardArtifact.save` c
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import logging
@@ -44,23 +43,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numpy.typing import ArrayLike
 
 from abstain_guard._version import __version__
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.artifact.files import (
-    ACTION_RISK,
     CALIBRATION,
     FORMAT_NAME,
     LEDGER,
     MANIFEST,
     MAX_ARRAY_BYTES,
     RESERVED_FILE_NAMES,
-    REVIEW,
     SAFE_FILE_NAME,
     SCHEMA_VERSION,
     SCORER_JSON,
     SCORER_NPZ,
-    STREAM,
+    SIDE_FILES,
     canonical_json,
     check_json,
     check_target,
@@ -71,7 +68,6 @@ from abstain_guard.artifact.files import (
     publish,
     sha256_hex,
     sweep_leftovers,
-    validate_calibration,
     write_error,
     write_staging,
 )
@@ -84,83 +80,59 @@ from abstain_guard.errors import (
     InsufficientDataError,
     InvalidInputError,
 )
-from abstain_guard.guarantee.action_risk import check_action_statistics, require_action_statistics
+from abstain_guard.guarantee.action_risk import require_action_statistics
 from abstain_guard.guarantee.decision import DecisionRule, decision_rule
-from abstain_guard.guarantee.groups import GroupRules, check_groups, group_rules, require_groups
+from abstain_guard.guarantee.groups import GroupRules, group_rules, require_groups
 from abstain_guard.guarantee.ledger import LedgerEntry, ledger_lines, parse_ledger
-from abstain_guard.guarantee.partial_release import check_stream_statistics
 from abstain_guard.guarantee.selection import ScorerSelection, recorded_selection
-from abstain_guard.guarantee.truth import check_human_labels
 from abstain_guard.scorers import Scorer, ScorerState, scorer_from_state
 
-__all__ = ["MAX_ARRAY_BYTES", "SCHEMA_VERSION", "GuardArtifact"]
+__all__ = ["GuardArtifact"]
 
 logger = logging.getLogger("abstain_guard")
 
 
 class GuardArtifact:
-    """A fitted scorer plus its calibration scores and labels.
+    """A fitted scorer plus its calibration set (scores, labels and the optional arrays).
 
     Build one with :meth:`from_calibration`, write it with :meth:`save`, read it with
     :meth:`load`, and ask it for the threshold of any target with :meth:`decision_rule`.
 
     Attributes:
         scorer: the fitted :class:`~abstain_guard.scorers.Scorer`.
-        scores: calibration scores, shape ``[n]`` (float64).
-        correct: calibration labels, shape ``[n]`` (bool).
+        calibration: the :class:`~abstain_guard.artifact.calibration_set.CalibrationSet`; its
+            arrays read as attributes of the artifact too (``scores`` ``[n]``, ``correct``,
+            ``groups``, ``action_statistic``, ``stream_first``, ``human``).
         model_fingerprint: identity of the model the scores came from (or None).
         metadata: free JSON dict (judge identity, data set, split sizes, ...).
-        groups: the group of each calibration answer, shape ``[n]`` (str), or None.
-        action_statistic: every calibration run's action statistic, shape ``[n_runs]``
-            (n_runs ≥ n: runs whose final answer was not labeled count too; float64,
-            ``inf`` for a run without a wrong tool call), or None; needed for
-            ``GuardConfig(action_risk_target=...)`` (:mod:`abstain_guard.guarantee.action_risk`).
-        stream_first: each calibration answer's first-chunk score ``[n]`` (``inf``: none)
-            when calibrated with a chunk rule (the scores are then the stream statistics,
-            :mod:`abstain_guard.contract.streaming`), else None.
         selection: how the scorer was chosen (``metadata["selection"]``), with the ledger's
             looks joined (:class:`~abstain_guard.guarantee.selection.ScorerSelection`), or
             None (K = 1); every rule certifies at δ/K.
         ledger: the selection ledger's entries (``ledger.jsonl``).
         created: ISO-8601 UTC creation time.
-        schema_version: the on-disk schema version.
         path: where it was loaded from or last saved to (None for an in-memory artifact).
     """
 
     def __init__(
         self,
         scorer: Scorer,
-        scores: ArrayLike,
-        correct: ArrayLike,
+        calibration: CalibrationSet,
+        *,
         model_fingerprint: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         created: str | None = None,
-        groups: ArrayLike | None = None,
-        action_statistic: ArrayLike | None = None,
-        stream_first: ArrayLike | None = None,
-        human: ArrayLike | None = None,
         ledger: Sequence[LedgerEntry] = (),
     ) -> None:
         if not isinstance(scorer, Scorer):
             raise InvalidInputError(
                 f"scorer must be an abstain_guard Scorer, got {type(scorer).__name__}."
             )
+        if not isinstance(calibration, CalibrationSet):
+            raise InvalidInputError(
+                f"calibration must be a CalibrationSet, got {type(calibration).__name__}."
+            )
         self.scorer = scorer
-        self.scores, self.correct = validate_calibration(scores, correct)
-        self.scores.setflags(write=False)
-        self.correct.setflags(write=False)
-        self.groups = None if groups is None else check_groups(groups, self.scores.size)
-        if self.groups is not None:
-            self.groups.setflags(write=False)
-        self.action_statistic = (
-            None
-            if action_statistic is None
-            else check_action_statistics(action_statistic)  # every run: may exceed n
-        )
-        self.stream_first = (
-            None if stream_first is None else check_stream_statistics(stream_first, self.scores)[0]
-        )
-        self.human = None if human is None else check_human_labels(human, self.scores.size)
+        self.calibration = calibration
         if model_fingerprint is not None and not isinstance(model_fingerprint, str):
             raise InvalidInputError("model_fingerprint must be a string or None.")
         self.model_fingerprint = model_fingerprint
@@ -170,7 +142,6 @@ class GuardArtifact:
         self.ledger = tuple(ledger)
         self.selection = self._selection()
         self.created = created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        self.schema_version = SCHEMA_VERSION
         self.path: Path | None = None
         self._rules: dict[tuple[Any, ...], DecisionRule] = {}
         self._group_rules: dict[tuple[Any, ...], GroupRules] = {}
@@ -180,48 +151,51 @@ class GuardArtifact:
         cls,
         *,
         scorer: Scorer,
-        scores: ArrayLike,
-        correct: ArrayLike,
+        calibration: CalibrationSet,
         model_fingerprint: str | None = None,
         metadata: Mapping[str, Any] | None = None,
-        groups: ArrayLike | None = None,
-        action_statistic: ArrayLike | None = None,
-        stream_first: ArrayLike | None = None,
-        human: ArrayLike | None = None,
     ) -> GuardArtifact:
-        """Create an artifact from a fitted scorer and its calibration scores and labels.
+        """A new artifact from a fitted scorer and the calibration set it scored.
 
-        Args (the attributes of the same names): scorer (the fitted scorer that produced
-        ``scores``), scores ``[n]`` (finite), correct ``[n]`` (0/1 or bool),
-        model_fingerprint (checked by the guard), metadata (free JSON, in the manifest),
-        groups ``[n]`` (for ``GuardConfig(group_by=...)``), action_statistic ``[n_runs]``
-        (every calibration run, labeled or not: for ``GuardConfig(action_risk_target=...)``),
-        stream_first ``[n]`` (calibrated with a chunk rule: ``scores`` are the stream
-        statistics), human ``[n]`` (people's verdicts on a uniformly random sample, -1 not
-        reviewed: risk mode then certifies the true error rate,
-        :mod:`abstain_guard.guarantee.truth`).
+        Args: scorer (the fitted scorer that produced ``calibration.scores``), calibration,
+        model_fingerprint (checked by the guard), metadata (free JSON, in the manifest).
         """
-        return cls(
-            scorer,
-            scores,
-            correct,
-            model_fingerprint=model_fingerprint,
-            metadata=metadata,
-            groups=groups,
-            action_statistic=action_statistic,
-            stream_first=stream_first,
-            human=human,
-        )
+        return cls(scorer, calibration, model_fingerprint=model_fingerprint, metadata=metadata)
+
+    @property
+    def scores(self) -> np.ndarray:
+        """Calibration scores ``[n]`` (float64, read-only)."""
+        return self.calibration.scores
+
+    @property
+    def correct(self) -> np.ndarray:
+        """Calibration labels ``[n]`` (bool, read-only)."""
+        return self.calibration.correct
+
+    @property
+    def groups(self) -> np.ndarray | None:
+        """Each calibration answer's group ``[n]``, or None."""
+        return self.calibration.groups
+
+    @property
+    def action_statistic(self) -> np.ndarray | None:
+        """Every calibration run's action statistic ``[n_runs]``, or None."""
+        return self.calibration.action_statistic
+
+    @property
+    def stream_first(self) -> np.ndarray | None:
+        """Each calibration answer's first-chunk score ``[n]``, or None."""
+        return self.calibration.stream_first
+
+    @property
+    def human(self) -> np.ndarray | None:
+        """People's verdicts on the reviewed sample ``[n]`` (-1 not reviewed), or None."""
+        return self.calibration.human
 
     @property
     def n(self) -> int:
         """Number of calibration samples."""
-        return int(self.scores.size)
-
-    @property
-    def scorer_kind(self) -> str:
-        """The scorer's registry kind."""
-        return self.scorer.kind
+        return self.calibration.n
 
     def decision_rule(self, config: GuardConfig | None = None) -> DecisionRule:
         """The threshold and guarantee for ``config``'s target, from the stored scores.
@@ -306,20 +280,18 @@ class GuardArtifact:
         return rules
 
     def replace(
-        self, *, metadata: Mapping[str, Any], human: ArrayLike | None = None
+        self, *, metadata: Mapping[str, Any], human: np.ndarray | None = None
     ) -> GuardArtifact:
         """This artifact with other ``metadata`` (and ``human`` when given), all else kept."""
+        calibration = self.calibration
+        if human is not None:
+            calibration = dataclasses.replace(calibration, human=human)
         return GuardArtifact(
             self.scorer,
-            self.scores,
-            self.correct,
+            calibration,
             model_fingerprint=self.model_fingerprint,
             metadata=metadata,
             created=self.created,
-            groups=self.groups,
-            action_statistic=self.action_statistic,
-            stream_first=self.stream_first,
-            human=self.human if human is None else human,
             ledger=self.ledger,
         )
 
@@ -372,12 +344,10 @@ class GuardArtifact:
         }
         for name, data in state.files.items():
             files[name] = bytes(data)
-        if self.action_statistic is not None:
-            files[ACTION_RISK] = npz_bytes({"statistic": self.action_statistic})
-        if self.stream_first is not None:
-            files[STREAM] = npz_bytes({"first": self.stream_first})
-        if self.human is not None:
-            files[REVIEW] = npz_bytes({"human": self.human})
+        for side in SIDE_FILES:
+            array = getattr(self.calibration, side.field)
+            if array is not None:
+                files[side.name] = npz_bytes({side.key: array})
         return files
 
     def _manifest(self, files: Mapping[str, bytes]) -> dict[str, Any]:
@@ -477,94 +447,21 @@ class GuardArtifact:
         root = Path(path)
         limit = MAX_ARRAY_BYTES if max_array_bytes is None else int(max_array_bytes)
         manifest, data = read_consistent(root, with_files=True)
-
         fingerprint = manifest.get("model_fingerprint")
         if fingerprint is not None and not isinstance(fingerprint, str):
             raise ArtifactSchemaError("manifest model_fingerprint must be a string or null.")
-
-        calib = load_npz(data[CALIBRATION], CALIBRATION, limit)
-        if set(calib) not in ({"scores", "correct"}, {"scores", "correct", "groups"}):
-            raise ArtifactSchemaError(
-                f"{CALIBRATION} must hold 'scores' and 'correct' (and optionally 'groups'), "
-                f"has {sorted(calib)}."
-            )
-        action = None
-        if ACTION_RISK in data:  # optional (artifacts before action risk have none)
-            stored = load_npz(data[ACTION_RISK], ACTION_RISK, limit)
-            if set(stored) != {"statistic"}:
-                raise ArtifactSchemaError(
-                    f"{ACTION_RISK} must hold 'statistic', has {sorted(stored)}."
-                )
-            action = stored["statistic"]
-        first = None
-        if STREAM in data:  # optional (calibrated with a chunk rule)
-            stream = load_npz(data[STREAM], STREAM, limit)
-            if set(stream) != {"first"}:
-                raise ArtifactSchemaError(f"{STREAM} must hold 'first', has {sorted(stream)}.")
-            first = stream["first"]
-        human = None
-        if REVIEW in data:  # optional (a reviewed sample was read back)
-            review = load_npz(data[REVIEW], REVIEW, limit)
-            if set(review) != {"human"}:
-                raise ArtifactSchemaError(f"{REVIEW} must hold 'human', has {sorted(review)}.")
-            human = review["human"]
-        try:
-            scorer_json = parse_json(data[SCORER_JSON], SCORER_JSON)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ArtifactSchemaError(f"{SCORER_JSON} is not valid JSON: {exc}") from exc
-        if not isinstance(scorer_json, dict) or not isinstance(scorer_json.get("kind"), str):
-            raise ArtifactSchemaError(f"{SCORER_JSON} must be an object with a string 'kind'.")
-        arrays = load_npz(data[SCORER_NPZ], SCORER_NPZ, limit)
-        if sorted(arrays) != sorted(scorer_json.get("arrays", [])):
-            raise ArtifactSchemaError(
-                f"{SCORER_NPZ} holds arrays {sorted(arrays)} but {SCORER_JSON} lists "
-                f"{scorer_json.get('arrays')}."
-            )
-        file_names = scorer_json.get("files", [])
-        if not isinstance(file_names, list) or any(n not in data for n in file_names):
-            raise ArtifactSchemaError(
-                f"{SCORER_JSON} lists scorer files {file_names!r} that the manifest does not."
-            )
-        params = scorer_json.get("params", {})
-        if not isinstance(params, dict):
-            raise ArtifactSchemaError(f"{SCORER_JSON} 'params' must be an object.")
-        state = ScorerState(
-            kind=scorer_json["kind"],
-            params=params,
-            arrays=arrays,
-            files={n: data[n] for n in file_names},
-        )
-        manifest_kind = (manifest.get("scorer") or {}).get("kind")
-        if manifest_kind != state.kind:
-            raise ArtifactSchemaError(
-                f"Manifest scorer kind {manifest_kind!r} differs from {SCORER_JSON} kind "
-                f"{state.kind!r}."
-            )
-        try:
-            scorer = scorer_from_state(state)
-        except AbstainGuardError:
-            raise
-        except Exception as exc:
-            raise ArtifactSchemaError(
-                f"Could not rebuild the {state.kind!r} scorer from the artifact: {exc}"
-            ) from exc
         metadata = manifest.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise ArtifactSchemaError("manifest metadata must be an object.")
+        scorer = _stored_scorer(manifest, data, limit)
         try:
-            ledger = parse_ledger(data.get(LEDGER, b"").decode("utf-8", "replace"), LEDGER)
             artifact = cls(
                 scorer,
-                calib["scores"],
-                calib["correct"],
+                _stored_calibration(data, limit),
                 model_fingerprint=fingerprint,
                 metadata=metadata,
                 created=manifest.get("created"),
-                groups=calib.get("groups"),
-                action_statistic=action,
-                stream_first=first,
-                human=human,
-                ledger=ledger,
+                ledger=parse_ledger(data.get(LEDGER, b"").decode("utf-8", "replace"), LEDGER),
             )
         except (InvalidInputError, InsufficientDataError) as exc:
             raise ArtifactSchemaError(f"Invalid calibration data in the artifact: {exc}") from exc
@@ -578,3 +475,85 @@ class GuardArtifact:
                 )
             artifact.check_fingerprint(expected_fingerprint)
         return artifact
+
+
+def _stored_calibration(data: Mapping[str, bytes], limit: int) -> CalibrationSet:
+    """The calibration set from ``calibration.npz`` and the side files present.
+
+    Raises:
+        ArtifactSchemaError: a file holds other arrays than its own.
+    """
+    calib = load_npz(data[CALIBRATION], CALIBRATION, limit)
+    if set(calib) not in ({"scores", "correct"}, {"scores", "correct", "groups"}):
+        raise ArtifactSchemaError(
+            f"{CALIBRATION} must hold 'scores' and 'correct' (and optionally 'groups'), "
+            f"has {sorted(calib)}."
+        )
+    side_arrays: dict[str, np.ndarray] = {}
+    for side in SIDE_FILES:
+        if side.name not in data:
+            continue
+        stored = load_npz(data[side.name], side.name, limit)
+        if set(stored) != {side.key}:
+            raise ArtifactSchemaError(f"{side.name} must hold {side.key!r}, has {sorted(stored)}.")
+        side_arrays[side.field] = stored[side.key]
+    return CalibrationSet(
+        calib["scores"], calib["correct"], groups=calib.get("groups"), **side_arrays
+    )
+
+
+def _stored_state(data: Mapping[str, bytes], limit: int) -> ScorerState:
+    """The scorer's state from ``scorer.json``, ``scorer.npz`` and the raw files it lists.
+
+    Raises:
+        ArtifactSchemaError: malformed JSON, or files that disagree with it.
+    """
+    try:
+        scorer_json = parse_json(data[SCORER_JSON], SCORER_JSON)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ArtifactSchemaError(f"{SCORER_JSON} is not valid JSON: {exc}") from exc
+    if not isinstance(scorer_json, dict) or not isinstance(scorer_json.get("kind"), str):
+        raise ArtifactSchemaError(f"{SCORER_JSON} must be an object with a string 'kind'.")
+    arrays = load_npz(data[SCORER_NPZ], SCORER_NPZ, limit)
+    if sorted(arrays) != sorted(scorer_json.get("arrays", [])):
+        raise ArtifactSchemaError(
+            f"{SCORER_NPZ} holds arrays {sorted(arrays)} but {SCORER_JSON} lists "
+            f"{scorer_json.get('arrays')}."
+        )
+    file_names = scorer_json.get("files", [])
+    if not isinstance(file_names, list) or any(n not in data for n in file_names):
+        raise ArtifactSchemaError(
+            f"{SCORER_JSON} lists scorer files {file_names!r} that the manifest does not."
+        )
+    params = scorer_json.get("params", {})
+    if not isinstance(params, dict):
+        raise ArtifactSchemaError(f"{SCORER_JSON} 'params' must be an object.")
+    return ScorerState(
+        kind=scorer_json["kind"],
+        params=params,
+        arrays=arrays,
+        files={n: data[n] for n in file_names},
+    )
+
+
+def _stored_scorer(manifest: Mapping[str, Any], data: Mapping[str, bytes], limit: int) -> Scorer:
+    """The fitted scorer rebuilt from its stored state (the manifest names the same kind).
+
+    Raises:
+        ArtifactSchemaError: the kinds differ, or the scorer cannot be rebuilt.
+    """
+    state = _stored_state(data, limit)
+    manifest_kind = (manifest.get("scorer") or {}).get("kind")
+    if manifest_kind != state.kind:
+        raise ArtifactSchemaError(
+            f"Manifest scorer kind {manifest_kind!r} differs from {SCORER_JSON} kind "
+            f"{state.kind!r}."
+        )
+    try:
+        return scorer_from_state(state)
+    except AbstainGuardError:
+        raise
+    except Exception as exc:
+        raise ArtifactSchemaError(
+            f"Could not rebuild the {state.kind!r} scorer from the artifact: {exc}"
+        ) from exc

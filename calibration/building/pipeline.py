@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.contract.chat_model_specs import ChatModelSpec, chat_model_fingerprint
 from abstain_guard.guarantee.selection import (
@@ -338,13 +339,15 @@ def _calibrate(
     review = start_review(out, metadata, cfg.review_size, cfg.review_seed, cal_scores, cfg)
     artifact = GuardArtifact.from_calibration(
         scorer=scorer,
-        scores=cal_scores,
-        correct=cal_correct,
+        calibration=CalibrationSet(
+            cal_scores,
+            cal_correct,
+            groups=cal_groups,
+            action_statistic=cal_actions,
+            stream_first=None if stream is None else stream.first,
+        ),
         model_fingerprint=fingerprint,
         metadata=metadata,
-        groups=cal_groups,
-        action_statistic=cal_actions,
-        stream_first=None if stream is None else stream.first,
     )
     artifact.save(out, overwrite=True)
     if review is not None:

@@ -57,6 +57,7 @@ from typing import Any, Literal
 import numpy as np
 from scipy import stats
 
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.errors import InsufficientDataError, InvalidInputError, MonitorLogError
 from abstain_guard.monitor.guard_monitor import calibration_sha256
@@ -456,11 +457,9 @@ def recalibrate(
     scores, correct, labeled = _arrays(old, live, pool)
     new = GuardArtifact.from_calibration(
         scorer=old.scorer,
-        scores=scores,
-        correct=correct,
+        calibration=CalibrationSet(scores, correct, groups=groups),
         model_fingerprint=old.model_fingerprint,
         metadata=_new_metadata(old, artifact, source),
-        groups=groups,
     )
     return RecalibrationSummary(
         out=new.save(out, overwrite=overwrite),

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.config import GuardConfig
 from abstain_guard.scorers import PerplexityScorer
 
@@ -76,7 +77,7 @@ def test_the_artifact_caches_one_rule_per_key() -> None:
     scores = rng.normal(size=200)
     correct = (scores + rng.normal(size=200) < 0.5).astype(int)
     artifact = GuardArtifact.from_calibration(
-        scorer=PerplexityScorer(), scores=scores, correct=correct
+        scorer=PerplexityScorer(), calibration=CalibrationSet(scores, correct)
     )
     first = artifact.decision_rule(GuardConfig(participation=0.8))
     assert artifact.decision_rule(GuardConfig(participation=0.8, on_error="raise")) is first

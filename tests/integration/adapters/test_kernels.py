@@ -24,6 +24,7 @@ from abstain_guard.adapters.engine.kernel_env import (
     requested_kernel_env,
 )
 from abstain_guard.adapters.engine.kernels import kernel_facts, mkl_branch
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.calibration.measure.deployment_check import kernel_summary
 from abstain_guard.contract.deployment import DeploymentRecord, PromptRecord, sha256_text
 from abstain_guard.contract.kernels import (
@@ -179,8 +180,7 @@ def _policy(on_mismatch: str = "raise") -> AbstentionPolicy:
     )
     artifact = GuardArtifact.from_calibration(
         scorer=PerplexityScorer(),
-        scores=scores,
-        correct=rng.uniform(size=200) > (scores - 1) / 2,
+        calibration=CalibrationSet(scores, rng.uniform(size=200) > (scores - 1) / 2),
         model_fingerprint="m-1",
         metadata={"deployment": record.to_json()},
     )

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from abstain_guard import GuardArtifact, GuardConfig
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.building.questions.items import load_items
 from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
@@ -122,11 +123,11 @@ def stopping(calibrated: Any, default_model: Any) -> Any:
     i, k, tau = pairs[0]
     crafted = GuardArtifact.from_calibration(
         scorer=art.scorer,
-        scores=np.full(art.n, tau),
-        correct=np.arange(art.n) % 2 == 0,
+        calibration=CalibrationSet(
+            np.full(art.n, tau), np.arange(art.n) % 2 == 0, stream_first=np.full(art.n, tau)
+        ),
         model_fingerprint=art.model_fingerprint,
         metadata=art.metadata,
-        stream_first=np.full(art.n, tau),
     )
     crafted.save(tmp / "crafted")
     chain, guard, _ = load_guard_chain(crafted, GuardConfig(participation=0.5), model=default_model)

@@ -15,6 +15,7 @@ from _kernel_notes import assert_only_kernel_notes
 from langchain_core.messages import AIMessage, HumanMessage
 
 from abstain_guard import GuardArtifact, GuardConfig, default_artifact_path
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.errors import ArtifactMismatchError
 from abstain_guard.serve.passthrough import ModelService
 from abstain_guard.serve.runner import ServerThread
@@ -231,10 +232,9 @@ def test_a_conversation_is_served_only_by_a_guard_calibrated_on_conversations(
     deployment = {**shipped.metadata["deployment"], "conversations": True}
     marked = GuardArtifact(
         shipped.scorer,
-        shipped.scores,
-        shipped.correct,
-        shipped.model_fingerprint,
-        {**shipped.metadata, "deployment": deployment},
+        CalibrationSet(shipped.scores, shipped.correct),
+        model_fingerprint=shipped.model_fingerprint,
+        metadata={**shipped.metadata, "deployment": deployment},
     )
     conversations = GuardService.from_artifact(
         marked, GuardConfig(participation=0.8), model=default_model

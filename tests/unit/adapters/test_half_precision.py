@@ -14,6 +14,7 @@ from tiny_models import FAMILIES, tiny_chat_model
 
 from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig
 from abstain_guard.adapters.engine.kernels import kernel_facts
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.calibration.building.answering.answers import numerics_key
 from abstain_guard.contract.deployment import (
     DeploymentRecord,
@@ -131,8 +132,7 @@ def _guard(model: Any, calibrated_dtype: str) -> AbstentionGuard:
     scores = np.linspace(0.0, 1.0, 20)
     artifact = GuardArtifact.from_calibration(
         scorer=PerplexityScorer(),
-        scores=scores,
-        correct=np.arange(20) % 2 == 0,
+        calibration=CalibrationSet(scores, np.arange(20) % 2 == 0),
         model_fingerprint=model.fingerprint,
         metadata={"deployment": record.to_json()},
     )

@@ -23,6 +23,7 @@ from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig
 from abstain_guard.adapters import GeometryChatModel
 from abstain_guard.adapters.engine.scheduler import scheduler_for
 from abstain_guard.adapters.engine.streaming import IncrementalText, cut_at_stop
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.errors import ModelError
 from abstain_guard.scorers import PerplexityScorer
 
@@ -315,8 +316,7 @@ def test_guard_stream_yields_only_the_decided_message(
     scores = rng.uniform(1.0, 3.0, size=200)
     artifact = GuardArtifact.from_calibration(
         scorer=PerplexityScorer(),
-        scores=scores,
-        correct=rng.uniform(size=200) > (scores - 1.0) / 2.0,
+        calibration=CalibrationSet(scores, rng.uniform(size=200) > (scores - 1.0) / 2.0),
         model_fingerprint=model.fingerprint,
     )
     guard = AbstentionGuard(model, artifact=artifact, config=GuardConfig(participation=0.8))

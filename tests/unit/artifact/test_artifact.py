@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from abstain_guard import GuardArtifact, GuardConfig
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.errors import (
     ArtifactError,
     ArtifactIntegrityError,
@@ -67,8 +68,7 @@ def saved(tmp_path: Path, calibration: tuple[np.ndarray, np.ndarray]) -> Path:
     scorer = TableScorer(np.arange(6, dtype=np.float32).reshape(2, 3), b"\x00UBJ-model\xff", 2.5)
     artifact = GuardArtifact.from_calibration(
         scorer=scorer,
-        scores=scores,
-        correct=correct,
+        calibration=CalibrationSet(scores, correct),
         model_fingerprint="smollm2-135m:abc123",
         metadata={"judge": "lexical", "splits": {"calibration": 120}},
     )
@@ -126,7 +126,9 @@ def test_new_target_rethresholds_from_stored_scores(saved: Path) -> None:
 
 def test_perplexity_artifact_round_trip(tmp_path: Path, calibration: tuple) -> None:
     scores, correct = calibration
-    art = GuardArtifact.from_calibration(scorer=PerplexityScorer(), scores=scores, correct=correct)
+    art = GuardArtifact.from_calibration(
+        scorer=PerplexityScorer(), calibration=CalibrationSet(scores, correct)
+    )
     loaded = GuardArtifact.load(art.save(tmp_path / "p"))
     assert isinstance(loaded.scorer, PerplexityScorer) and loaded.model_fingerprint is None
     cfg = GuardConfig()
@@ -231,18 +233,20 @@ def test_invalid_inputs(calibration: tuple, tmp_path: Path) -> None:
     scores, correct = calibration
     with pytest.raises(InvalidInputError, match="same length"):
         GuardArtifact.from_calibration(
-            scorer=PerplexityScorer(), scores=scores, correct=correct[:-1]
+            scorer=PerplexityScorer(), calibration=CalibrationSet(scores, correct[:-1])
         )
     with pytest.raises(InvalidInputError, match="NaN"):
         GuardArtifact.from_calibration(
-            scorer=PerplexityScorer(), scores=[1.0, float("nan")], correct=[1, 0]
+            scorer=PerplexityScorer(), calibration=CalibrationSet([1.0, float("nan")], [1, 0])
         )
     with pytest.raises(InvalidInputError, match="JSON"):
         GuardArtifact.from_calibration(
-            scorer=PerplexityScorer(), scores=scores, correct=correct, metadata={"x": object()}
+            scorer=PerplexityScorer(),
+            calibration=CalibrationSet(scores, correct),
+            metadata={"x": object()},
         )
     bad = TableScorer(np.array([object()], dtype=object), b"")
-    art = GuardArtifact.from_calibration(scorer=bad, scores=scores, correct=correct)
+    art = GuardArtifact.from_calibration(scorer=bad, calibration=CalibrationSet(scores, correct))
     with pytest.raises(InvalidInputError, match="pickle"):
         art.save(tmp_path / "never-written")
     assert not (tmp_path / "never-written").exists()

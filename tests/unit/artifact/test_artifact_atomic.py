@@ -20,6 +20,7 @@ import pytest
 from abstain_guard import GuardArtifact
 from abstain_guard.artifact import files as artifact_files
 from abstain_guard.artifact import guard_artifact as artifact_module
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.errors import (
     AbstainGuardError,
     ArtifactError,
@@ -37,8 +38,7 @@ def _artifact(writer: int) -> GuardArtifact:
     rng = np.random.default_rng(writer)
     return GuardArtifact.from_calibration(
         scorer=PerplexityScorer(),
-        scores=rng.uniform(1.0, 3.0, N_CAL),
-        correct=rng.uniform(size=N_CAL) > 0.4,
+        calibration=CalibrationSet(rng.uniform(1.0, 3.0, N_CAL), rng.uniform(size=N_CAL) > 0.4),
         metadata={"writer": writer, "pad": "x" * (500 * writer)},
     )
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from langchain_core.messages import AIMessage, ChatMessage, HumanMessage, SystemMessage
 
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.backends import (
     VLLM_CHAT_MODEL,
     backend_of_model,
@@ -318,8 +319,7 @@ def test_a_decision_on_a_batch_variant_engine_states_the_bound() -> None:
     record = DeploymentRecord(decoding={"temperature": 0.0, "live_bound": 1e-4})
     art = GuardArtifact.from_calibration(
         scorer=PerplexityScorer(),
-        scores=np.linspace(1.0, 3.0, 50),
-        correct=np.arange(50) % 3 != 0,
+        calibration=CalibrationSet(np.linspace(1.0, 3.0, 50), np.arange(50) % 3 != 0),
         metadata={"deployment": record.to_json()},
     )
     policy = AbstentionPolicy(art, GuardConfig(participation=0.8, on_mismatch="warn"))
@@ -330,7 +330,7 @@ def test_a_decision_on_a_batch_variant_engine_states_the_bound() -> None:
     _, decision = policy.decide(message)
     assert decision["guarantee"]["batch_variance"]["bound"] == 1e-4
     plain = GuardArtifact.from_calibration(
-        scorer=PerplexityScorer(), scores=art.scores, correct=art.correct
+        scorer=PerplexityScorer(), calibration=CalibrationSet(art.scores, art.correct)
     )
     _, decision = AbstentionPolicy(plain, GuardConfig(participation=0.8)).decide(message)
     assert "batch_variance" not in decision["guarantee"]

@@ -17,6 +17,7 @@ from _pipeline_fakes import ITEMS, HashJudge, _config, _judges
 from tiny_models import tiny_chat_model
 
 from abstain_guard import GuardArtifact, GuardConfig
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.measure.deployment_check import live_check
 from abstain_guard.calibration.measure.held_out import artifact_items
@@ -117,7 +118,12 @@ def test_evaluation_uses_the_artifacts_ids_and_refuses_changed_data(
         [{"id": it.id, "question": it.question + "?", "answer": "x"} for it in ITEMS],
     )
     meta = {**art.metadata, "data": str(changed)}
-    moved = GuardArtifact(art.scorer, art.scores, art.correct, art.model_fingerprint, meta)
+    moved = GuardArtifact(
+        art.scorer,
+        CalibrationSet(art.scores, art.correct),
+        model_fingerprint=art.model_fingerprint,
+        metadata=meta,
+    )
     with pytest.raises(DatasetError, match="changed since"):
         artifact_items(moved)
 
@@ -126,7 +132,12 @@ def test_evaluation_uses_the_artifacts_ids_and_refuses_changed_data(
         [{"id": it.id, "question": it.question, "answer": "x"} for it in ITEMS[:10]],
     )
     meta = {**art.metadata, "data": str(fewer), "items_sha256": None}
-    gone = GuardArtifact(art.scorer, art.scores, art.correct, art.model_fingerprint, meta)
+    gone = GuardArtifact(
+        art.scorer,
+        CalibrationSet(art.scores, art.correct),
+        model_fingerprint=art.model_fingerprint,
+        metadata=meta,
+    )
     with pytest.raises(DatasetError, match="not in"):
         artifact_items(gone)
 
@@ -141,8 +152,7 @@ def test_a_recalibrated_artifact_is_refused_with_what_to_run_instead(tmp_path: P
     rng = np.random.default_rng(0)
     art = GuardArtifact.from_calibration(
         scorer=PerplexityScorer(),
-        scores=rng.uniform(1, 3, 50),
-        correct=rng.uniform(size=50) > 0.5,
+        calibration=CalibrationSet(rng.uniform(1, 3, 50), rng.uniform(size=50) > 0.5),
         metadata={"recalibrated_from": {"artifact": "runs/old-guard"}, "config": {}},
     )
     art.save(tmp_path / "new")

@@ -24,6 +24,7 @@ import pytest
 from _pipeline_fakes import ITEMS, HashJudge, _judges
 from test_calibration_capture import CountingChatModel, _counting, _geo_config
 
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.calibration.building.judges.cache import CachedJudge, JudgmentCache
 from abstain_guard.calibration.building.pipeline import calibrate
@@ -164,10 +165,9 @@ def test_a_moved_or_busy_calibration_cache_is_not_read(
     shutil.copytree(tmp / "geo.cache", moved)
     gone = GuardArtifact(
         art.scorer,
-        art.scores,
-        art.correct,
-        art.model_fingerprint,
-        {**art.metadata, "cache_dir": str(tmp_path / "missing")},
+        CalibrationSet(art.scores, art.correct),
+        model_fingerprint=art.model_fingerprint,
+        metadata={**art.metadata, "cache_dir": str(tmp_path / "missing")},
     )
     with caplog.at_level(logging.WARNING, logger="abstain_guard.calibration"):
         cache = evaluate_cache(tmp_path / "ev", gone, tmp_path / "art")

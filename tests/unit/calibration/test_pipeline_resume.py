@@ -169,7 +169,7 @@ def test_geometry_scorer_end_to_end_on_tiny_model(tmp_path: Path, model: Any) ->
         progress=False,
     )
     art = GuardArtifact.load(tmp_path / "geo")
-    assert art.scorer_kind == "geometry"
+    assert art.scorer.kind == "geometry"
     chain, _, _ = load_guard_chain(tmp_path / "geo", GuardConfig(participation=0.5), model=model)
     msg = chain.invoke({"question": "What is item 7?"})
     info = msg.response_metadata["abstention"]

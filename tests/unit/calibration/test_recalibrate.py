@@ -18,6 +18,7 @@ from scipy import stats
 
 import abstain_guard
 from abstain_guard import GuardArtifact, GuardConfig
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.calibration.building.recalibrate import (
     CHECK_LEVEL,
     recalibrate,
@@ -60,7 +61,9 @@ def _message(score: float) -> AIMessage:
 def old_artifact(tmp_path: Path) -> Path:
     scores, correct = _population(np.random.default_rng(0), 300, shifted=False)
     art = GuardArtifact.from_calibration(
-        scorer=PerplexityScorer(), scores=scores, correct=correct, model_fingerprint="m-1"
+        scorer=PerplexityScorer(),
+        calibration=CalibrationSet(scores, correct),
+        model_fingerprint="m-1",
     )
     return art.save(tmp_path / "old")
 
@@ -332,9 +335,12 @@ def test_groups_are_kept_for_a_group_by_deployment(tmp_path: Path) -> None:
     rng = np.random.default_rng(16)
     scores, correct = _population(rng, 300, shifted=False)
     old = GuardArtifact.from_calibration(
-        scorer=PerplexityScorer(), scores=scores, correct=correct, model_fingerprint="m-1",
-        groups=rng.choice(["capital", "currency"], size=300),
-    ).save(tmp_path / "old")  # fmt: skip
+        scorer=PerplexityScorer(),
+        calibration=CalibrationSet(
+            scores, correct, groups=rng.choice(["capital", "currency"], size=300)
+        ),
+        model_fingerprint="m-1",
+    ).save(tmp_path / "old")
     policy, monitor, log = _logged(old, GROUPED, tmp_path)
     live, live_correct = _population(rng, 210, shifted=True)
     groups = [None if i % 21 == 0 else str(rng.choice(["capital", "currency"])) for i in range(210)]
@@ -368,9 +374,11 @@ def test_old_provenance_moves_under_recalibrated_from(tmp_path: Path) -> None:
         "accuracy": {"calibration": 0.7},
     }
     old = GuardArtifact.from_calibration(
-        scorer=PerplexityScorer(), scores=scores, correct=correct, model_fingerprint="m-1",
+        scorer=PerplexityScorer(),
+        calibration=CalibrationSet(scores, correct),
+        model_fingerprint="m-1",
         metadata=metadata,
-    ).save(tmp_path / "old")  # fmt: skip
+    ).save(tmp_path / "old")
     no_generation_record = GuardConfig(participation=0.8, on_mismatch="warn")
     policy, monitor, log = _logged(old, no_generation_record, tmp_path)
     live, live_correct = _population(np.random.default_rng(18), 120, shifted=True)
@@ -392,7 +400,7 @@ def test_old_provenance_moves_under_recalibrated_from(tmp_path: Path) -> None:
 
 def test_log_of_another_artifact_is_refused(old_artifact: Path, tmp_path: Path) -> None:
     scores, correct = _population(np.random.default_rng(8), 100, shifted=False)
-    other = GuardArtifact(PerplexityScorer(), scores, correct)
+    other = GuardArtifact(PerplexityScorer(), CalibrationSet(scores, correct))
     log = tmp_path / "other.jsonl"
     monitor = GuardMonitor(seed=0, log_path=log).fit_artifact(other, CONFIG)
     _serve(AbstentionPolicy(other, CONFIG), monitor, scores[:50], correct[:50])

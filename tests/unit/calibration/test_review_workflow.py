@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from abstain_guard import GuardArtifact, GuardConfig
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.calibration.building.judges.llm import LLMJudge
 from abstain_guard.calibration.building.judges.registry import make_judge
 from abstain_guard.calibration.building.questions.dataset_files import load_dataset
@@ -45,7 +46,7 @@ def _calibrated(tmp_path: Path, scope: float = 1.0) -> tuple[Path, np.ndarray, l
     draw = start_review(out, metadata, 200, 7, s, type("C", (), {"review_scope": scope})())
     assert draw is not None
     GuardArtifact.from_calibration(
-        scorer=PerplexityScorer(), scores=s, correct=judge_right, metadata=metadata
+        scorer=PerplexityScorer(), calibration=CalibrationSet(s, judge_right), metadata=metadata
     ).save(out)
     answers = {it.id: {"text": f"answer {it.id}"} for it in items}
     write_review_file(review_path(out), draw, items, answers)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import abstain_guard.guard.chains
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.calibration.building import pipeline, preflight
 from abstain_guard.calibration.measure import deployment_check, held_out
@@ -105,8 +106,7 @@ def _artifact(tmp: Path, name: str = "art") -> str:
     ids = [f"q:{i}" for i in range(1, 21)]
     art = GuardArtifact.from_calibration(
         scorer=build_scorer("perplexity"),
-        scores=np.linspace(0.1, 2.0, 10),
-        correct=np.arange(10) % 2 == 0,
+        calibration=CalibrationSet(np.linspace(0.1, 2.0, 10), np.arange(10) % 2 == 0),
         model_fingerprint="fp",
         metadata={
             "data": data,
@@ -427,7 +427,8 @@ def test_an_over_long_input_abstains_unless_on_error_raise() -> None:
             raise ContextLengthError("the prompt has 9000 tokens; the context window is 8192.")
 
     art = GuardArtifact.from_calibration(
-        scorer=build_scorer("perplexity"), scores=np.linspace(1, 3, 20), correct=[1, 0] * 10
+        scorer=build_scorer("perplexity"),
+        calibration=CalibrationSet(np.linspace(1, 3, 20), [1, 0] * 10),
     )
     guard = AbstentionGuard(TooLong(), artifact=art, config=GuardConfig(participation=0.5))
     for out in (guard.invoke("x" * 100_000), asyncio.run(guard.ainvoke("x"))):

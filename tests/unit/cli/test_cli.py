@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.calibration.building import pipeline
 from abstain_guard.calibration.measure.results import MeasureSettings, evaluate_scores
 from abstain_guard.cli import main
@@ -65,8 +66,7 @@ def test_evaluate_without_live_refuses_an_agent_artifact(tmp_path: Path, capsys)
     rng = np.random.default_rng(0)
     GuardArtifact.from_calibration(
         scorer=PerplexityScorer(),
-        scores=rng.uniform(size=20),
-        correct=rng.uniform(size=20) > 0.5,
+        calibration=CalibrationSet(rng.uniform(size=20), rng.uniform(size=20) > 0.5),
         metadata={"deployment": record.to_json()},
     ).save(tmp_path / "agent")
     code = main(["evaluate", "--artifact", str(tmp_path / "agent"), "--out", str(tmp_path / "r")])

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from abstain_guard import GuardArtifact, GuardConfig
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.contract.deployment import (
     DeploymentRecord,
     PromptRecord,
@@ -110,7 +111,9 @@ def test_tool_hash_ignores_order_but_not_content() -> None:
 
 def _artifact(scores: np.ndarray) -> GuardArtifact:
     correct = np.arange(scores.size) % 2 == 0
-    return GuardArtifact.from_calibration(scorer=PerplexityScorer(), scores=scores, correct=correct)
+    return GuardArtifact.from_calibration(
+        scorer=PerplexityScorer(), calibration=CalibrationSet(scores, correct)
+    )
 
 
 def test_infeasible_participation_raises_with_the_size_that_works() -> None:

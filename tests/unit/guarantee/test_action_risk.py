@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from abstain_guard import GuardArtifact, GuardConfig
-from abstain_guard.artifact.files import ACTION_RISK, CALIBRATION, load_npz
+from abstain_guard.artifact.calibration_set import CalibrationSet
+from abstain_guard.artifact.files import CALIBRATION, load_npz
 from abstain_guard.calibration.building.agent_calibration import calibration_action_statistics
 from abstain_guard.calibration.building.questions.datasets import QAItem
 from abstain_guard.calibration.building.questions.tool_labels import ExpectedCall
@@ -281,12 +282,13 @@ def test_the_artifact_stores_the_action_statistics_in_a_file_of_their_own(tmp_pa
     cal = _calibration()
     cfg = GuardConfig(mode="risk", risk_target=0.3, action_risk_target=0.06)
     art = GuardArtifact.from_calibration(
-        scorer=PerplexityScorer(), scores=cal.stat, correct=cal.right, action_statistic=cal.action
+        scorer=PerplexityScorer(),
+        calibration=CalibrationSet(cal.stat, cal.right, action_statistic=cal.action),
     )
     root = art.save(tmp_path / "agent")
     calibration = load_npz((root / CALIBRATION).read_bytes(), CALIBRATION)
     assert set(calibration) == {"scores", "correct"}  # what earlier loaders accept
-    stored = load_npz((root / ACTION_RISK).read_bytes(), ACTION_RISK)
+    stored = load_npz((root / "action_risk.npz").read_bytes(), "action_risk.npz")
     assert np.array_equal(stored["statistic"], cal.action)
     loaded = GuardArtifact.load(root)
     assert loaded.action_statistic is not None
@@ -295,10 +297,10 @@ def test_the_artifact_stores_the_action_statistics_in_a_file_of_their_own(tmp_pa
     # an artifact without them (calibrated before action risk): a typed refusal that says
     # what to do; the run-level rule alone still works
     old = GuardArtifact.from_calibration(
-        scorer=PerplexityScorer(), scores=cal.stat, correct=cal.right
+        scorer=PerplexityScorer(), calibration=CalibrationSet(cal.stat, cal.right)
     )
     old_root = old.save(tmp_path / "old")
-    assert not (old_root / ACTION_RISK).exists()
+    assert not (old_root / "action_risk.npz").exists()
     reloaded = GuardArtifact.load(old_root)
     with pytest.raises(ActionRiskUnavailableError, match="calibrate --agent") as info:
         reloaded.decision_rule(cfg)
@@ -309,18 +311,16 @@ def test_the_artifact_stores_the_action_statistics_in_a_file_of_their_own(tmp_pa
     # may hold more runs than the run-level scores; the action certificate counts them all
     every = GuardArtifact.from_calibration(
         scorer=PerplexityScorer(),
-        scores=cal.stat[:-40],
-        correct=cal.right[:-40],
-        action_statistic=cal.action,
+        calibration=CalibrationSet(cal.stat[:-40], cal.right[:-40], action_statistic=cal.action),
     )
     block = every.decision_rule(cfg).guarantee["action_risk"]
     assert block["n"] == cal.action.size == every.n + 40
     with pytest.raises(InvalidInputError, match="finite"):
         GuardArtifact.from_calibration(
             scorer=PerplexityScorer(),
-            scores=cal.stat,
-            correct=cal.right,
-            action_statistic=np.r_[cal.action[:-1], np.nan],
+            calibration=CalibrationSet(
+                cal.stat, cal.right, action_statistic=np.r_[cal.action[:-1], np.nan]
+            ),
         )
 
 

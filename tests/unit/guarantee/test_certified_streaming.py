@@ -16,6 +16,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk
 
 from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.calibration import CalibrationConfig
 from abstain_guard.contract.deployment import DeploymentRecord, StreamingRecord
 from abstain_guard.contract.streaming import (
@@ -224,11 +225,11 @@ def _stream_artifact(rule: str = "tokens:1") -> GuardArtifact:
     record = DeploymentRecord(model_fingerprint="m-1", streaming=StreamingRecord(chunk_rule=rule))
     return GuardArtifact.from_calibration(
         scorer=PerplexityScorer(),
-        scores=scores,
-        correct=correct,
+        calibration=CalibrationSet(
+            scores, correct, stream_first=scores - rng.uniform(0, 0.5, size=300)
+        ),
         model_fingerprint="m-1",
         metadata={"deployment": record.to_json()},
-        stream_first=scores - rng.uniform(0, 0.5, size=300),
     )
 
 

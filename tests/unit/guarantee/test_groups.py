@@ -17,6 +17,7 @@ from langchain_core.messages import AIMessage
 from langchain_core.prompts import ChatPromptTemplate
 
 from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.errors import (
     ArtifactMismatchError,
     ConfigError,
@@ -220,10 +221,8 @@ def _artifact(groups: np.ndarray | None) -> GuardArtifact:
     correct = rng.random(n) < 0.6
     return GuardArtifact.from_calibration(
         scorer=PerplexityScorer(),
-        scores=scores,
-        correct=correct,
+        calibration=CalibrationSet(scores, correct, groups=g if groups is None else groups),
         model_fingerprint="m-1",
-        groups=g if groups is None else groups,
     )
 
 
@@ -238,7 +237,7 @@ def test_artifact_round_trip_keeps_groups(tmp_path: Path) -> None:
     assert loaded.group_rules(cfg) is loaded.group_rules(cfg)  # cached per config
 
     plain = GuardArtifact.from_calibration(
-        scorer=PerplexityScorer(), scores=art.scores, correct=art.correct
+        scorer=PerplexityScorer(), calibration=CalibrationSet(art.scores, art.correct)
     )
     path2 = plain.save(tmp_path / "plain")
     assert GuardArtifact.load(path2).groups is None
@@ -409,7 +408,12 @@ def test_serve_takes_the_group_from_the_request_metadata() -> None:
     g = np.where(np.arange(120) < 60, "a", "b")
     scores = np.concatenate([base.scores, np.linspace(0.5, 1.0, 60)])  # b: 1.05 is too high
     correct = np.concatenate([base.correct, base.correct])
-    art = GuardArtifact(base.scorer, scores, correct, "m-1", metadata=base.metadata, groups=g)
+    art = GuardArtifact(
+        base.scorer,
+        CalibrationSet(scores, correct, groups=g),
+        model_fingerprint="m-1",
+        metadata=base.metadata,
+    )
     service = GuardService(
         *_chain_and_guard(art, GuardConfig(group_by="relation", participation=0.8))
     )

@@ -13,7 +13,8 @@ from scipy import stats
 from sklearn.metrics import cohen_kappa_score
 
 from abstain_guard import GuardArtifact, GuardConfig
-from abstain_guard.artifact.files import REVIEW, load_npz
+from abstain_guard.artifact.calibration_set import CalibrationSet
+from abstain_guard.artifact.files import load_npz
 from abstain_guard.errors import InvalidInputError
 from abstain_guard.guarantee import conformal, risk_control, truth
 from abstain_guard.scorers import PerplexityScorer
@@ -152,10 +153,10 @@ def test_the_artifact_keeps_the_review_and_its_decisions_say_on_whose_labels(
     s, _, judge_right, human = _draw(rng, 800, 200, "lenient")
     cfg = GuardConfig(mode="risk", risk_target=0.35, delta=0.1, on_infeasible="abstain_all")
     art = GuardArtifact.from_calibration(
-        scorer=PerplexityScorer(), scores=s, correct=judge_right, human=human
+        scorer=PerplexityScorer(), calibration=CalibrationSet(s, judge_right, human=human)
     )
     root = art.save(tmp_path / "reviewed")
-    assert set(load_npz((root / REVIEW).read_bytes(), REVIEW)) == {"human"}
+    assert set(load_npz((root / "review.npz").read_bytes(), "review.npz")) == {"human"}
     loaded = GuardArtifact.load(root)
     assert loaded.human is not None and np.array_equal(loaded.human, human)
     g = loaded.decision_rule(cfg).guarantee
@@ -165,7 +166,9 @@ def test_the_artifact_keeps_the_review_and_its_decisions_say_on_whose_labels(
     q = g["judge_quality"]
     assert q["m"] == 200 and 0.2 < q["lenient_rate"] < 0.6  # the judge misses 40 %
     assert len(q["lenient_ci"]) == 2
-    plain = GuardArtifact.from_calibration(scorer=PerplexityScorer(), scores=s, correct=judge_right)
+    plain = GuardArtifact.from_calibration(
+        scorer=PerplexityScorer(), calibration=CalibrationSet(s, judge_right)
+    )
     p = plain.decision_rule(cfg).guarantee
     assert p["labels"] == "judge" and p["reviewed"] == 0 and "judge_quality" not in p
     assert "not on the truth" in p["statement"]
@@ -173,5 +176,6 @@ def test_the_artifact_keeps_the_review_and_its_decisions_say_on_whose_labels(
     assert plain.decision_rule(cfg).threshold > loaded.decision_rule(cfg).threshold
     with pytest.raises(InvalidInputError, match="no reviewed answer"):
         GuardArtifact.from_calibration(
-            scorer=PerplexityScorer(), scores=s, correct=judge_right, human=np.full(800, -1)
+            scorer=PerplexityScorer(),
+            calibration=CalibrationSet(s, judge_right, human=np.full(800, -1)),
         )

@@ -22,6 +22,7 @@ from langchain_core.tracers.base import BaseTracer
 from langchain_core.tracers.schemas import Run
 
 from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.contract.metadata import ResponseLike
 from abstain_guard.contract.runnables import map_chat_models
 from abstain_guard.errors import ArtifactMismatchError, GuardError, ScoringError
@@ -44,7 +45,9 @@ def artifact() -> GuardArtifact:
     scores = rng.uniform(1.0, 3.0, size=300)
     correct = rng.uniform(size=300) > (scores - 1.0) / 2.0
     return GuardArtifact.from_calibration(
-        scorer=PerplexityScorer(), scores=scores, correct=correct, model_fingerprint="m-1"
+        scorer=PerplexityScorer(),
+        calibration=CalibrationSet(scores, correct),
+        model_fingerprint="m-1",
     )
 
 
@@ -245,7 +248,7 @@ register_scorer(ExplodingScorer.kind, ExplodingScorer)
 
 def test_scoring_failure_abstains_and_records_why(model: BaseChatModel) -> None:
     art = GuardArtifact.from_calibration(
-        scorer=ExplodingScorer(), scores=[1.0, 2.0, 3.0, 4.0], correct=[1, 1, 0, 0]
+        scorer=ExplodingScorer(), calibration=CalibrationSet([1.0, 2.0, 3.0, 4.0], [1, 1, 0, 0])
     )
     g = AbstentionGuard(model, artifact=art, config=GuardConfig(participation=0.5))
     handler = EventRecorder()
@@ -359,7 +362,7 @@ class PreparedModel(ScriptedChatModel):
 
 def test_prepare_is_applied(model: ScriptedChatModel) -> None:
     art = GuardArtifact.from_calibration(
-        scorer=PreparingScorer(), scores=[0.0, 1.0, 2.0, 3.0], correct=[1, 1, 0, 0]
+        scorer=PreparingScorer(), calibration=CalibrationSet([0.0, 1.0, 2.0, 3.0], [1, 1, 0, 0])
     )
     prompt = ChatPromptTemplate.from_messages([("human", "{q}")])
     g = AbstentionGuard(prompt | model, artifact=art, config=GuardConfig(participation=0.5))
@@ -412,10 +415,10 @@ def test_a_pooled_monitor_under_per_group_rules_is_refused(model: ScriptedChatMo
     groups = np.array(["a", "b"] * 200)
     art = GuardArtifact.from_calibration(
         scorer=PerplexityScorer(),
-        scores=scores,
-        correct=rng.uniform(size=400) > (scores - 1.0) / 2.0,
+        calibration=CalibrationSet(
+            scores, rng.uniform(size=400) > (scores - 1.0) / 2.0, groups=groups
+        ),
         model_fingerprint="m-1",
-        groups=groups,
     )
     grouped = GuardConfig(participation=0.8, group_by="tenant", group_targets={"a": 0.6})
     pooled = GuardMonitor(seed=0).fit_artifact(art, GuardConfig(participation=0.8))

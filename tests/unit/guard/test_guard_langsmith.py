@@ -11,6 +11,7 @@ from langchain_core.tracers.langchain import LangChainTracer
 from langsmith import Client
 
 from abstain_guard import AbstentionGuard, GuardArtifact
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.scorers import PerplexityScorer
 
 
@@ -33,7 +34,9 @@ def test_langsmith_run_carries_the_decision() -> None:
     rng = np.random.default_rng(0)
     scores = rng.uniform(1.0, 3.0, size=100)
     correct = rng.uniform(size=100) > (scores - 1.0) / 2.0
-    art = GuardArtifact.from_calibration(scorer=PerplexityScorer(), scores=scores, correct=correct)
+    art = GuardArtifact.from_calibration(
+        scorer=PerplexityScorer(), calibration=CalibrationSet(scores, correct)
+    )
     guard = AbstentionGuard(
         ScriptedChatModel(script={"hard": ("x", [-3.0]), "easy": ("y", [-0.01])}), artifact=art
     )

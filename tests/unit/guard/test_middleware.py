@@ -16,6 +16,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 
 from abstain_guard import AbstentionMiddleware, GuardArtifact, GuardConfig
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.contract.deployment import DeploymentRecord, PromptRecord
 from abstain_guard.errors import ArtifactMismatchError
 from abstain_guard.scorers import PerplexityScorer
@@ -30,7 +31,9 @@ def artifact() -> GuardArtifact:
     scores = rng.uniform(1.0, 3.0, size=300)
     correct = rng.uniform(size=300) > (scores - 1.0) / 2.0
     return GuardArtifact.from_calibration(
-        scorer=PerplexityScorer(), scores=scores, correct=correct, model_fingerprint="m-1"
+        scorer=PerplexityScorer(),
+        calibration=CalibrationSet(scores, correct),
+        model_fingerprint="m-1",
     )
 
 
@@ -118,7 +121,12 @@ def _recorded_artifact(artifact: GuardArtifact, system_prompt: str) -> GuardArti
         prompts={"open": PromptRecord(system_prompt=system_prompt, max_new_tokens=24)},
     )
     meta = {**artifact.metadata, "deployment": record.to_json()}
-    return GuardArtifact(artifact.scorer, artifact.scores, artifact.correct, "m-1", meta)
+    return GuardArtifact(
+        artifact.scorer,
+        CalibrationSet(artifact.scores, artifact.correct),
+        model_fingerprint="m-1",
+        metadata=meta,
+    )
 
 
 def _agent_with(artifact: GuardArtifact, model: QueueChatModel, tools: list, **cfg: Any) -> Any:

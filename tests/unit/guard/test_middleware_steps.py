@@ -17,6 +17,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
 from abstain_guard import AbstentionMiddleware, GuardArtifact, GuardConfig
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.contract.deployment import AgentRecord, DeploymentRecord, PromptRecord
 from abstain_guard.errors import ArtifactMismatchError, ConfigError
 from abstain_guard.monitor.guard_monitor import GuardMonitor
@@ -48,8 +49,7 @@ def _artifact(**agent: Any) -> GuardArtifact:
     )
     return GuardArtifact.from_calibration(
         scorer=PerplexityScorer(),
-        scores=scores,
-        correct=correct,
+        calibration=CalibrationSet(scores, correct),
         model_fingerprint="m-1",
         metadata={"deployment": record.to_json()},
     )

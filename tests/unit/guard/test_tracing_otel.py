@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Tracer
 
 from abstain_guard import AbstentionGuard, AbstentionMiddleware, GuardArtifact, GuardConfig
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.guard.tracing import EVENT_NAME, otel_attributes
 from abstain_guard.scorers import PerplexityScorer
 
@@ -39,7 +40,9 @@ def artifact() -> GuardArtifact:
     scores = rng.uniform(1.0, 3.0, size=300)
     correct = rng.uniform(size=300) > (scores - 1.0) / 2.0
     return GuardArtifact.from_calibration(
-        scorer=PerplexityScorer(), scores=scores, correct=correct, model_fingerprint="m-1"
+        scorer=PerplexityScorer(),
+        calibration=CalibrationSet(scores, correct),
+        model_fingerprint="m-1",
     )
 
 

@@ -18,6 +18,7 @@ from _core_fakes import logprob_metadata
 from langchain_core.messages import AIMessage
 
 from abstain_guard import GuardArtifact, GuardConfig
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.errors import (
     ArtifactMismatchError,
     DuplicateFeedbackError,
@@ -45,7 +46,9 @@ def _message(score: float) -> AIMessage:
 @pytest.fixture(scope="module")
 def artifact() -> GuardArtifact:
     scores, correct = _population(np.random.default_rng(0), 400)
-    return GuardArtifact.from_calibration(scorer=PerplexityScorer(), scores=scores, correct=correct)
+    return GuardArtifact.from_calibration(
+        scorer=PerplexityScorer(), calibration=CalibrationSet(scores, correct)
+    )
 
 
 def _feed(monitor: GuardMonitor, policy: AbstentionPolicy, scores, correct=None) -> list[str]:
@@ -188,7 +191,9 @@ def test_the_guard_feeds_its_monitor_and_decisions_carry_run_ids(artifact: Guard
     monitor.record_feedback(ids[0], correct=True)
     assert monitor.state()["tests"]["risk"]["n"] == 1
     other = GuardMonitor().fit_artifact(
-        GuardArtifact(PerplexityScorer(), artifact.scores[:100], artifact.correct[:100])
+        GuardArtifact(
+            PerplexityScorer(), CalibrationSet(artifact.scores[:100], artifact.correct[:100])
+        )
     )
     with pytest.raises(ArtifactMismatchError, match="another artifact"):
         AbstentionGuard(ScriptedChatModel(), artifact=artifact, monitor=other)
@@ -232,9 +237,11 @@ def grouped() -> GuardArtifact:
     parts = [(*_group_population(rng, g, 400), [g] * 400) for g in ("a", "b")]
     return GuardArtifact.from_calibration(
         scorer=PerplexityScorer(),
-        scores=np.concatenate([p[0] for p in parts]),
-        correct=np.concatenate([p[1] for p in parts]),
-        groups=np.concatenate([p[2] for p in parts]),
+        calibration=CalibrationSet(
+            np.concatenate([p[0] for p in parts]),
+            np.concatenate([p[1] for p in parts]),
+            groups=np.concatenate([p[2] for p in parts]),
+        ),
     )
 
 
@@ -427,7 +434,9 @@ def test_a_restart_refuses_a_log_it_cannot_resume(artifact: GuardArtifact, tmp_p
         GuardMonitor(log_path=log).fit_artifact(artifact, GuardConfig(participation=0.9))
     with pytest.raises(MonitorLogError, match="another monitor settings"):
         GuardMonitor(log_path=log, false_alarm=0.05).fit_artifact(artifact, RISK)
-    other = GuardArtifact(PerplexityScorer(), artifact.scores[:100], artifact.correct[:100])
+    other = GuardArtifact(
+        PerplexityScorer(), CalibrationSet(artifact.scores[:100], artifact.correct[:100])
+    )
     with pytest.raises(MonitorLogError, match="another artifact"):
         GuardMonitor(log_path=log).fit_artifact(other)
     snapshot = monitor.write_log(tmp_path / "snapshot.jsonl")

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from abstain_guard import GuardArtifact
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.monitor.drift import ConformalTestMartingale, censored_p_value
 from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.scorers import PerplexityScorer
@@ -19,7 +20,7 @@ def _artifact() -> GuardArtifact:
     rng = np.random.default_rng(3)
     scores = rng.uniform(1.0, 3.0, size=400)
     return GuardArtifact.from_calibration(
-        scorer=PerplexityScorer(), scores=scores, correct=rng.uniform(size=400) < 0.7
+        scorer=PerplexityScorer(), calibration=CalibrationSet(scores, rng.uniform(size=400) < 0.7)
     )
 
 

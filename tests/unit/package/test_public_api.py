@@ -50,6 +50,7 @@ def test_the_top_level_exports_what_a_user_needs() -> None:
 
     assert set(abstain_guard.__all__) == {
         "AbstentionGuard",
+        "CalibrationSet",
         "GuardArtifact",
         "GuardConfig",
         "GuardMonitor",

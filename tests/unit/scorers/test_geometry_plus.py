@@ -14,6 +14,7 @@ from _geometry_fakes import _npz_round_trip, _response, _split
 
 from abstain_guard import GuardArtifact
 from abstain_guard.adapters import ReplayResult
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.calibration.measure import metrics
 from abstain_guard.errors import (
     ArtifactSchemaError,
@@ -148,7 +149,7 @@ def test_state_round_trip_and_artifact(tmp_path: Path) -> None:
     assert isinstance(loaded, GeometryPlusScorer) and loaded.features == RESPONSE_FEATURES[:-1]
     scores = scorer.score_many(data)
     art = GuardArtifact.from_calibration(
-        scorer=scorer, scores=scores, correct=np.arange(12) % 2 == 0
+        scorer=scorer, calibration=CalibrationSet(scores, np.arange(12) % 2 == 0)
     )
     art.save(tmp_path / "guard")
     again = GuardArtifact.load(tmp_path / "guard")

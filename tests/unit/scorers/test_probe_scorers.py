@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.calibration.measure.held_out import parse_baselines
 from abstain_guard.calibration.measure.paired import paired_report, selective_risk
@@ -80,7 +81,7 @@ def test_probe_separates_and_round_trips(kind: str, tmp_path: Path) -> None:
         ScorerState(state.kind, json.loads(json.dumps(state.params)), dict(state.arrays))
     )
     assert np.array_equal(loaded.score_many(data), scores)
-    art = GuardArtifact.from_calibration(scorer=scorer, scores=scores, correct=y)
+    art = GuardArtifact.from_calibration(scorer=scorer, calibration=CalibrationSet(scores, y))
     art.save(tmp_path / "guard")
     assert np.array_equal(GuardArtifact.load(tmp_path / "guard").scorer.score_many(data), scores)
 

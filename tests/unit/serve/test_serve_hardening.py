@@ -24,6 +24,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from abstain_guard import GuardArtifact, GuardConfig
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.serve.app import create_app
 from abstain_guard.serve.monitor_actor import DeploymentMonitor, RayMonitorLink
@@ -131,7 +132,12 @@ def _grouped() -> GuardArtifact:
     groups = np.where(np.arange(120) < 60, "a", "b")
     scores = np.concatenate([base.scores, np.linspace(0.5, 1.0, 60)])
     correct = np.concatenate([base.correct, base.correct])
-    return GuardArtifact(base.scorer, scores, correct, "m-1", metadata=base.metadata, groups=groups)
+    return GuardArtifact(
+        base.scorer,
+        CalibrationSet(scores, correct, groups=groups),
+        model_fingerprint="m-1",
+        metadata=base.metadata,
+    )
 
 
 def test_metrics_count_each_group_and_feedback_reads_its_own_groups_test() -> None:

@@ -23,6 +23,7 @@ from _serve_fakes import TOOLS, ToolScriptModel, artifact
 from fastapi.testclient import TestClient
 
 from abstain_guard import GuardArtifact, GuardConfig
+from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.serve.app import create_app
 from abstain_guard.serve.monitor_actor import DeploymentMonitor
 from abstain_guard.serve.ray_serve import ReplicaSpec, build_replica
@@ -85,7 +86,10 @@ def _grouped_service() -> GuardService:
     scores = np.concatenate([base.scores, np.linspace(0.5, 1.0, 60)])
     correct = np.concatenate([base.correct, base.correct])
     grouped = GuardArtifact(
-        base.scorer, scores, correct, "m-1", metadata=base.metadata, groups=groups
+        base.scorer,
+        CalibrationSet(scores, correct, groups=groups),
+        model_fingerprint="m-1",
+        metadata=base.metadata,
     )
     config = GuardConfig(participation=0.8, group_by="relation")
     return GuardService.from_artifact(grouped, config, model=ToolScriptModel())

@@ -17,7 +17,8 @@ TEST_FILE ?=
 # policy changes no computed bit); Python writes bytecode even where the environment disables it.
 PYTEST := OMP_WAIT_POLICY=PASSIVE PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -p no:cacheprovider
 PARALLEL := -n $(WORKERS) --dist loadgroup --durations=15 --durations-min=5
-.PHONY: help install demo test test-fast test-foreign lint typecheck default-guard results bench clean
+.PHONY: help install demo test test-fast test-foreign lint typecheck default-guard results bench \
+	bench-check clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -92,8 +93,12 @@ results: $(STAMP) ## docs/results: one artifact a data set, baselines beside it
 	$(BIN)/abstain-guard report --out docs/results \
 		--results runs/report-builtin/results.json runs/report-datasets/results.json
 
-bench: $(STAMP) ## the speed benchmarks (JSON beside each script)
-	for script in bench/speed/*.py; do $(BIN)/python $$script || exit 1; done
+bench: $(STAMP) ## the CPU speed benchmarks, JSON beside each script (bench/README.md: the rest)
+	$(BIN)/python bench/speed/capture_overhead.py | tail -1 > bench/speed/capture_overhead.json
+	$(BIN)/python bench/speed/scorer_speed.py | tail -1 > bench/speed/scorer_speed.json
+
+bench-check: $(STAMP) ## the benchmarks' and the studies' own tests
+	$(PYTEST) -q bench experiments
 
 clean: ## remove both environments and build output
 	rm -rf $(VENV) $(VLLM_VENV) build dist *.egg-info

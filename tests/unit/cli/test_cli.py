@@ -56,8 +56,9 @@ def test_report_merges_results(tmp_path: Path) -> None:
 
 
 def test_evaluate_without_live_refuses_an_agent_artifact(tmp_path: Path, capsys) -> None:
-    from abstain_guard import GuardArtifact, PerplexityScorer
+    from abstain_guard import GuardArtifact
     from abstain_guard.contract.deployment import AgentRecord, DeploymentRecord, PromptRecord
+    from abstain_guard.scorers import PerplexityScorer
 
     record = DeploymentRecord(
         prompts={"open": PromptRecord(system_prompt=None, max_new_tokens=48)},

@@ -193,7 +193,7 @@ class CacheError(CalibrationError):
 
 
 class JudgmentCacheError(CacheError, JudgeError):
-    """The judgment cache is damaged (also a :class:`JudgeError`, as it was before)."""
+    """The judgment cache is damaged (also a :class:`JudgeError`: a judge's failure)."""
 
 
 # --- command line and run preflight ------------------------------------------------------

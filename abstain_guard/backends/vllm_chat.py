@@ -557,8 +557,8 @@ _HTTP_LOCK = threading.Lock()
 
 def _http() -> httpx.Client:
     """This process's client for the servers: one connection pool (keep-alive) and one TLS
-    context for every request. ``httpx.post`` builds both per request: the TLS context alone
-    was half of the guard client's CPU at 8 requests in flight (about 25 ms a request)."""
+    context for every request (``httpx.post`` builds both per request, and the TLS context is
+    the costly part)."""
     with _HTTP_LOCK:
         client = _HTTP.get(os.getpid())  # per process: a forked child opens its own sockets
         if client is None:

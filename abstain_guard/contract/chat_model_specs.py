@@ -45,7 +45,6 @@ __all__ = [
     "chat_model_identity",
     "class_path",
     "identity_mismatches",
-    "is_local_chat_model",
     "is_secret",
     "public_kwargs",
 ]
@@ -350,12 +349,6 @@ def identity_mismatches(record: ChatModelRecord, model: Any) -> list[str]:
         f"chat model {record.spec.label} is set up otherwise than at calibration: "
         + ", ".join(diffs)
     ]
-
-
-def is_local_chat_model(model: Any) -> bool:
-    """Whether ``model`` is a local model that replays and records its own generations
-    (``GeometryChatModel``), rather than an API chat model."""
-    return callable(getattr(model, "replay_batch", None))
 
 
 def bind_budget(model: Any, max_tokens: int) -> Any:

@@ -39,14 +39,6 @@ def l1_distances(z: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
     return dist.reshape(*lead, n)
 
 
-def torch_proximity(z: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
-    """Normalised L1 proximity. ``z [..., D]``, ``parts [..., n, D]`` -> ``[..., n]``."""
-    zn = z.abs().sum(-1, keepdim=True)
-    num = (zn - l1_distances(z, parts)).clamp_min(0.0)
-    den = num.sum(-1, keepdim=True)
-    return torch.where(den > 0, num / den.clamp_min(_ZERO), torch.zeros_like(num))
-
-
 def mlp_proximity(post_attn: torch.Tensor, post_mlp: torch.Tensor) -> torch.Tensor:
     """``C_MLP[t, t] = prox(e[t], m[t])`` over the parts (e~[t], m[t]). ``[..., D] -> [...]``."""
     m = post_mlp - post_attn
@@ -109,5 +101,4 @@ __all__ = [
     "mlp_proximity",
     "row_probabilities",
     "torch_angles",
-    "torch_proximity",
 ]

@@ -170,26 +170,19 @@ def calibrate(
     cache_dir = resolve_cache_dir(out, cfg)
     # every cheap check (paths, model folder and context, judge, scorer_params, rows, lengths,
     # split sizes) before anything is written (the locks too) or loaded, all problems at once
-    first, *others = _preflight_configs(cfg)
-    checked = preflight(
-        data,
-        out,
-        cache_dir,
-        first,
-        check_model=model is None,
-        check_judge=judges is None,
-        chat_models=chat_models,
-    )
-    for other in others:  # scorer: auto — every candidate's own checks (scorer, sizes)
+    # (scorer: auto — every candidate's own checks: scorer, sizes)
+    checked, *_ = [
         preflight(
             data,
             out,
             cache_dir,
-            other,
-            check_model=False,
-            check_judge=False,
+            checked_cfg,
+            check_model=i == 0 and model is None,
+            check_judge=i == 0 and judges is None,
             chat_models=chat_models,
         )
+        for i, checked_cfg in enumerate(_preflight_configs(cfg))
+    ]
     with run_locks(out, cache_dir):
         started = None
         if executor is None and cfg.executor == "ray" and model is None:
@@ -197,18 +190,8 @@ def calibrate(
 
             executor = started = RayExecutor.start(cfg)
         try:
-            return _calibrate(
-                data,
-                checked,
-                out,
-                config=cfg,
-                model=model,
-                judges=judges,
-                chat_models=chat_models,
-                progress=progress,
-                on_generation_chunk=on_generation_chunk,
-                executor=executor,
-            )
+            given = _Given(model, judges, chat_models, executor, progress, on_generation_chunk)
+            return _calibrate(data, checked, out, cfg, given)
         finally:
             if started is not None:
                 started.shutdown()
@@ -231,94 +214,110 @@ def _preflight_configs(config: CalibrationConfig) -> list[CalibrationConfig]:
     ]
 
 
-def _calibrate(
-    data: str | Path | Sequence[QAItem],
-    checked: tuple[list[QAItem], int, dict[str, list[QAItem]]],
-    out: str | Path,
-    *,
-    config: CalibrationConfig | None = None,
-    model: Any = None,
-    judges: dict[str, Any] | None = None,
-    chat_models: dict[str, Any] | None = None,
-    progress: bool = True,
-    on_generation_chunk: Callable[[int], None] | None = None,
-    executor: Any = None,
-) -> CalibrationSummary:
-    """:func:`calibrate`'s steps after its checks (``checked``: the items, the skipped row
-    count and the splits from :func:`preflight`), run while its locks are held."""
-    cfg = config or CalibrationConfig()
-    timings: dict[str, float] = {}
-    t0 = _now()
-    cache_dir = resolve_cache_dir(out, cfg)
-    items, skipped, splits = checked
+@dataclass(frozen=True)
+class _Given:
+    """What the caller of :func:`calibrate` built already (``None``: built here), and how
+    the run reports progress."""
+
+    model: Any = None
+    judges: dict[str, Any] | None = None
+    chat_models: dict[str, Any] | None = None
+    executor: Any = None
+    progress: bool = True
+    on_generation_chunk: Callable[[int], None] | None = None
+
+
+@dataclass
+class _Fitted:
+    """One run's answers, its fitted scorer and the calibration split's scores."""
+
+    answers: AnswerRows
+    scorer: Any
+    scores: np.ndarray
+    actions: Any = None  # the calibration runs' action statistics (a step-gated agent)
+    selection: ScorerSelection | None = None
+    deployment: Any = None  # the agent's deployment record
+    stream: Any = None  # certified streaming: the stream statistics
+
+
+def _start_run(cfg: CalibrationConfig, cache_dir: Path, given: _Given, t0: float) -> _Run:
+    """The run's judges (distributed to the executor's replicas), its store and its model."""
+    judges = given.judges
     if judges is None:
-        judges = build_judges(cfg, cache_dir / "judgments.sqlite", chat_models)
-        if executor is not None and chat_models is None:
+        judges = build_judges(cfg, cache_dir / "judgments.sqlite", given.chat_models)
+        if given.executor is not None and given.chat_models is None:
             from .answering.ray_judges import distribute_judges
 
-            distribute_judges(judges, cfg, executor)
+            distribute_judges(judges, cfg, given.executor)
     cache_dir.mkdir(parents=True, exist_ok=True)
     store = RunStore(cache_dir / "run.sqlite")
-
+    model = given.model
     if model is None:
-        model = executor.driver_model(cfg) if executor is not None else load_model(cfg)
+        model = given.executor.driver_model(cfg) if given.executor is not None else load_model(cfg)
     fingerprint = str(getattr(model, "fingerprint", "unknown"))
     if isinstance(cfg.model, ChatModelSpec):  # an API model: its class and settings
         fingerprint = chat_model_fingerprint(model)
-    timings["load"] = _now() - t0
+    timings = {"load": _now() - t0}
+    run = _Run(
+        model, store, cfg, fingerprint, judges, given.progress, given.on_generation_chunk, timings
+    )
+    run.executor = given.executor
+    return run
 
-    ordered = [it for name in SPLIT_NAMES for it in splits[name]]
-    run = _Run(model, store, cfg, fingerprint, judges, progress, on_generation_chunk, timings)
-    run.executor = executor
-    deployment = None
-    selection: ScorerSelection | None = None
-    cal_actions = None  # the calibration runs' action statistics (a step-gated agent)
-    if cfg.agent:  # the user's agent, run as deployed (agent_calibration.py)
+
+def _answer_and_fit(
+    run: _Run, splits: dict[str, list[QAItem]], ordered: list[QAItem], items: list[QAItem]
+) -> _Fitted:
+    """The user's agent run as deployed (:mod:`.agent_calibration`), every candidate on the
+    same answers (certified at delta/K), or the configured scorer fitted."""
+    cfg = run.config
+    if cfg.agent:
         scorer = make_scorer(cfg)
         run.capture_mode = getattr(scorer, "capture", None)
         t = _now()
-        answers, scorer, cal_scores, cal_actions = calibrate_agent_splits(run, splits, scorer, cfg)
-        timings["agent runs"] = _now() - t - timings.get("judge", 0.0)
-        deployment = agent_deployment_record(model, cfg, items, list(answers.values()))
-    elif cfg.selects:  # every candidate on the same answers, certified at delta/K
-        answers, scorer, cal_scores, selection = select_candidates(run, splits, ordered)
-    else:
-        answers, scorer, cal_scores = fit_scorer(run, splits, ordered, cfg)
-    judgments = run.judgments
-    excluded = [it.id for it in ordered if judgments[it.id].correct is None]
-    labeled = labeled_splits(splits, judgments)
-    stream = None  # certified streaming: the scores become the stream statistics
-    if cfg.chunk_rule is not None:
-        t = _now()
-        stream = calibration_stream_scores(run, scorer, labeled["calibration"], answers, cal_scores)
-        cal_scores = stream.statistic
-        timings["chunk ends"] = _now() - t
-    accuracy = {
+        answers, scorer, scores, actions = calibrate_agent_splits(run, splits, scorer, cfg)
+        run.timings["agent runs"] = _now() - t - run.timings.get("judge", 0.0)
+        deployment = agent_deployment_record(run.model, cfg, items, list(answers.values()))
+        return _Fitted(answers, scorer, scores, actions=actions, deployment=deployment)
+    if cfg.selects:
+        answers, scorer, scores, selection = select_candidates(run, splits, ordered)
+        return _Fitted(answers, scorer, scores, selection=selection)
+    return _Fitted(*fit_scorer(run, splits, ordered, cfg))
+
+
+def _accuracy(labeled: dict[str, list[QAItem]], judgments: Verdicts) -> dict[str, float]:
+    """Each split's accuracy (NaN where none of its answers is labeled)."""
+    return {
         name: float(np.mean(labels(labeled[name], judgments))) if labeled[name] else float("nan")
         for name in SPLIT_NAMES
     }
-    cal_correct = np.array(labels(labeled["calibration"], judgments))
-    cal_groups = calibration_groups(labeled["calibration"])
-    if selection is None and cfg.candidates:  # chosen among them elsewhere on this split
-        assert cfg.risk_target is not None  # the config requires it with candidates
-        selection = record_choice(
-            cfg.scorer,
-            cal_scores,
-            cal_correct,
-            cfg.candidates,
-            cfg.risk_target,
-            cfg.delta,
-            data=_SELECTION_DATA,
-            choice="named in the calibration config (chosen before this run on this split)",
-        )
 
+
+def _metadata(
+    data: str | Path | Sequence[QAItem],
+    run: _Run,
+    items: list[QAItem],
+    splits: dict[str, list[QAItem]],
+    labeled: dict[str, list[QAItem]],
+    fitted: _Fitted,
+    cache_dir: Path,
+) -> dict[str, Any]:
+    """The artifact's metadata: where its questions, judge and configuration came from, the
+    splits and their accuracy, and the deployment it was calibrated for."""
+    cfg, judgments = run.config, run.judgments
+    stream_record = None if fitted.stream is None else fitted.stream.record
     metadata: dict[str, Any] = {
         "data": str(data) if isinstance(data, (str, Path)) else "python",
-        "judge": {k: getattr(j, "identity", type(j).__name__) for k, j in judges.items()},
+        "judge": {k: getattr(j, "identity", type(j).__name__) for k, j in run.judges.items()},
         "config": cfg.model_dump(mode="json"),
         "split_sizes": {k: len(v) for k, v in labeled.items()},
-        "accuracy": {k: v if v == v else None for k, v in accuracy.items()},  # NaN: none
-        "excluded_judgments": len(excluded),
+        "accuracy": {
+            k: v if v == v else None  # NaN: none
+            for k, v in _accuracy(labeled, judgments).items()
+        },
+        "excluded_judgments": sum(
+            judgments[it.id].correct is None for name in SPLIT_NAMES for it in splits[name]
+        ),
         "judgments": summarize_judgments(judgments.values()),
         "cache_dir": str(cache_dir),
         "test_ids": [it.id for it in labeled["test"]],
@@ -330,12 +329,62 @@ def _calibrate(
         ),
         "items_sha256": items_digest(items),
         "deployment": (
-            deployment
-            or deployment_record(model, cfg, items, None if stream is None else stream.record)
+            fitted.deployment or deployment_record(run.model, cfg, items, stream_record)
         ).to_json(),
     }
-    if selection is not None:
-        metadata["selection"] = selection.to_json()
+    if fitted.selection is not None:
+        metadata["selection"] = fitted.selection.to_json()
+    return metadata
+
+
+def _calibration_labels(run: _Run, fitted: _Fitted, calibration: list[QAItem]) -> np.ndarray:
+    """The calibration split's labels; with a chunk rule the scores become the stream
+    statistics, and a scorer named among candidates records that choice."""
+    cfg = run.config
+    if cfg.chunk_rule is not None:
+        t = _now()
+        fitted.stream = calibration_stream_scores(
+            run, fitted.scorer, calibration, fitted.answers, fitted.scores
+        )
+        fitted.scores = fitted.stream.statistic
+        run.timings["chunk ends"] = _now() - t
+    cal_correct = np.array(labels(calibration, run.judgments))
+    if fitted.selection is None and cfg.candidates:  # chosen among them elsewhere on this split
+        assert cfg.risk_target is not None  # the config requires it with candidates
+        fitted.selection = record_choice(
+            cfg.scorer,
+            fitted.scores,
+            cal_correct,
+            cfg.candidates,
+            cfg.risk_target,
+            cfg.delta,
+            data=_SELECTION_DATA,
+            choice="named in the calibration config (chosen before this run on this split)",
+        )
+    return cal_correct
+
+
+def _calibrate(
+    data: str | Path | Sequence[QAItem],
+    checked: tuple[list[QAItem], int, dict[str, list[QAItem]]],
+    out: str | Path,
+    cfg: CalibrationConfig,
+    given: _Given,
+) -> CalibrationSummary:
+    """:func:`calibrate`'s steps after its checks (``checked``: the items, the skipped row
+    count and the splits from :func:`preflight`), run while its locks are held."""
+    t0 = _now()
+    cache_dir = resolve_cache_dir(out, cfg)
+    items, skipped, splits = checked
+    run = _start_run(cfg, cache_dir, given, t0)
+    ordered = [it for name in SPLIT_NAMES for it in splits[name]]
+    fitted = _answer_and_fit(run, splits, ordered, items)
+    labeled = labeled_splits(splits, run.judgments)
+    cal_correct = _calibration_labels(run, fitted, labeled["calibration"])
+    cal_scores, cal_actions, stream = fitted.scores, fitted.actions, fitted.stream
+    cal_groups = calibration_groups(labeled["calibration"])
+    scorer, answers = fitted.scorer, fitted.answers
+    metadata = _metadata(data, run, items, splits, labeled, fitted, cache_dir)
     review = start_review(out, metadata, cfg.review_size, cfg.review_seed, cal_scores, cfg)
     artifact = GuardArtifact.from_calibration(
         scorer=scorer,
@@ -346,22 +395,22 @@ def _calibrate(
             action_statistic=cal_actions,
             stream_first=None if stream is None else stream.first,
         ),
-        model_fingerprint=fingerprint,
+        model_fingerprint=run.fingerprint,
         metadata=metadata,
     )
     artifact.save(out, overwrite=True)
     if review is not None:
         write_review_file(review_path(out), review, labeled["calibration"], answers)
-    timings["total"] = _now() - t0
+    run.timings["total"] = _now() - t0
     summary = CalibrationSummary(
         out=str(out),
         cache_dir=str(cache_dir),
         n_items=len(items),
-        split_sizes={k: len(v) for k, v in labeled.items()},
-        accuracy=accuracy,
-        excluded_judgments=len(excluded),
+        split_sizes=metadata["split_sizes"],
+        accuracy=_accuracy(labeled, run.judgments),
+        excluded_judgments=metadata["excluded_judgments"],
         scorer=scorer.kind,
-        seconds=timings,
+        seconds=run.timings,
         skipped_rows=skipped,
         judgments=metadata["judgments"],
     )

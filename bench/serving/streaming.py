@@ -40,6 +40,7 @@ import numpy as np
 from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.adapters.engine.kernels import kernel_facts
 from abstain_guard.artifact.calibration_set import CalibrationSet
+from abstain_guard.calibration.building.answering.answer_rows import GenerationOptions
 from abstain_guard.calibration.building.answering.answers import generate_answers, generated_pairs
 from abstain_guard.calibration.building.answering.stream_calibration import answer_decoder
 from abstain_guard.calibration.building.judges.judging import (
@@ -69,7 +70,12 @@ class Held:
         store = RunStore(cache_dir / "run.sqlite", read_only=True)
         fingerprint = str(getattr(chat, "fingerprint", "unknown"))
         answers = generate_answers(
-            chat, pool, store, cfg, fingerprint=fingerprint, progress=progress, batch_size=1
+            chat,
+            pool,
+            store,
+            cfg,
+            fingerprint=fingerprint,
+            options=GenerationOptions(batch_size=1, progress=progress),
         )
         judges = build_judges(cfg, cache_dir / "judgments.sqlite")
         verdicts = judge_answers(judges, pool, answers, progress=progress)

@@ -43,7 +43,7 @@ from .agent_calibration import (
     agent_deployment_record,
     calibrate_agent_splits,
 )
-from .answering.answer_rows import HELD_OUT, AnswerRows
+from .answering.answer_rows import HELD_OUT, AnswerRows, GenerationOptions
 from .answering.answers import (
     deployment_record,
     generate_answers,
@@ -537,14 +537,16 @@ class _Run:
             self.store,
             self.config,
             fingerprint=self.fingerprint,
-            progress=self.progress,
-            on_chunk=self.on_chunk,
-            batch_size=size,
-            capture=capture,
-            reference=means,
-            executor=None
-            if self.executor is None
-            else self.executor.with_capture_mode(None if model is None else self.capture_mode),
+            options=GenerationOptions(
+                batch_size=size,
+                capture=capture,
+                reference=means,
+                executor=None
+                if self.executor is None
+                else self.executor.with_capture_mode(None if model is None else self.capture_mode),
+                progress=self.progress,
+                on_chunk=self.on_chunk,
+            ),
         )
         self.timings["generate"] = self.timings.get("generate", 0.0) + _now() - t
         return answers

@@ -32,6 +32,7 @@ from abstain_guard.errors import AbstainGuardError, ConfigError
 from abstain_guard.guard.chains import load_guard_chain
 from abstain_guard.monitor.guard_monitor import calibration_sha256
 
+from ..building.answering.answer_rows import GenerationOptions
 from ..building.answering.answers import generate_answers, replay_as_deployed
 from ..building.answering.api_generation import score_api_answers
 from ..building.answering.models import load_model
@@ -386,7 +387,12 @@ def _run_live(
     if isinstance(cfg.model, ChatModelSpec):  # as calibration keyed its answers
         fingerprint = chat_model_fingerprint(model)
     cached = generate_answers(
-        model, items, store, cfg, fingerprint=fingerprint, progress=False, batch_size=1
+        model,
+        items,
+        store,
+        cfg,
+        fingerprint=fingerprint,
+        options=GenerationOptions(batch_size=1, progress=False),
     )
     test_items = [it for it in items if it.id not in stored_cal]
     if isinstance(cfg.model, ChatModelSpec):  # scored from the stored answers' own metadata

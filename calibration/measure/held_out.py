@@ -43,6 +43,7 @@ from abstain_guard.scorers import SampleSource, build_scorer, scorer_names
 from abstain_guard.scorers.calibrated import CalibratedScorer
 from abstain_guard.scorers.geometry import GeometryScorer
 
+from ..building.answering.answer_rows import GenerationOptions
 from ..building.answering.answers import generate_answers, replay_as_deployed
 from ..building.answering.models import load_model
 from ..building.answering.online_geometry import reference_responses
@@ -315,11 +316,21 @@ def collect_held_out(
     if spec_model:  # as calibration keyed its answers: the calibration cache is read back
         fingerprint = chat_model_fingerprint(model)
     answers = generate_answers(
-        model, qs.pool, store, cfg, fingerprint=fingerprint, progress=progress, batch_size=1
+        model,
+        qs.pool,
+        store,
+        cfg,
+        fingerprint=fingerprint,
+        options=GenerationOptions(batch_size=1, progress=progress),
     )
     answers.update(
         generate_answers(
-            model, qs.train + qs.reference, store, cfg, fingerprint=fingerprint, progress=progress
+            model,
+            qs.train + qs.reference,
+            store,
+            cfg,
+            fingerprint=fingerprint,
+            options=GenerationOptions(progress=progress),
         )
     )
     if judges is None:

@@ -40,6 +40,7 @@ from sklearn.preprocessing import StandardScaler
 
 from abstain_guard.adapters.engine.kernels import kernel_facts
 from abstain_guard.artifact.guard_artifact import GuardArtifact
+from abstain_guard.calibration.building.answering.answer_rows import GenerationOptions
 from abstain_guard.calibration.building.answering.answers import generate_answers
 from abstain_guard.calibration.building.answering.models import load_model
 from abstain_guard.calibration.building.judges.judging import (
@@ -100,10 +101,10 @@ def main() -> None:
     cache = evaluate_cache(Path(args.out) / "cache", art, args.artifact)
     store = cache.run_store()
     fp = str(getattr(model, "fingerprint", "unknown"))
-    answers = generate_answers(
-        model, held, store, cfg, fingerprint=fp, progress=False, batch_size=1
-    )
-    answers.update(generate_answers(model, fitting, store, cfg, fingerprint=fp, progress=False))
+    quiet = GenerationOptions(progress=False)
+    alone = GenerationOptions(batch_size=1, progress=False)
+    answers = generate_answers(model, held, store, cfg, fingerprint=fp, options=alone)
+    answers.update(generate_answers(model, fitting, store, cfg, fingerprint=fp, options=quiet))
     judges = build_judges(cfg, cache.directory / "judgments.sqlite", read_from=cache.judgments)
     judgments = judge_answers(judges, held + fitting, answers, progress=False)
     held = labeled_items(held, judgments)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from abstain_guard import GuardArtifact
+from abstain_guard.calibration.building.answering.answer_rows import GenerationOptions
 from abstain_guard.calibration.building.answering.answers import generate_answers, generated_pairs
 from abstain_guard.calibration.building.answering.models import load_model
 from abstain_guard.calibration.building.judges.judging import build_judges, judge_answers
@@ -78,7 +79,7 @@ def main() -> None:
                 store,
                 cfg,
                 fingerprint=fingerprint,
-                batch_size=size,
+                options=GenerationOptions(batch_size=size),
             )
         )
     judges = build_judges(cfg, args.cache_dir / "judgments.sqlite", None)

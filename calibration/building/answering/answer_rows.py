@@ -11,8 +11,9 @@ questions to the latter, which needs nothing of the former.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
-from typing import Any, Literal, TypedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypedDict, cast
 
 import numpy as np
 
@@ -25,6 +26,8 @@ __all__ = [
     "AnswerRow",
     "AnswerRows",
     "Capture",
+    "GenerationOptions",
+    "keyed_rows",
     "means_digest",
     "plan_chunks",
 ]
@@ -76,6 +79,37 @@ AnswerRows = dict[str, AnswerRow]
 #: the geometry and per-token states (the reference split of a geometry scorer: its means are
 #: fitted on them), or the geometry with Φ computed online from fitted reference means.
 Capture = Literal["none", "states", "geometry"]
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """How :func:`.answers.generate_answers` generates the answers it does not find cached.
+
+    Attributes:
+        batch_size: questions a call (default ``config.batch_size``); ``1`` generates each
+            question as its own call would, as the deployed guard does.
+        capture: what is captured while generating (:data:`Capture`).
+        reference: the fitted reference means, for ``capture="geometry"``.
+        executor: generates the chunks elsewhere (e.g. :class:`~.executors.RayExecutor`).
+        progress: show a progress bar.
+        on_chunk: called with each chunk's index once it is stored (for tests).
+    """
+
+    batch_size: int | None = None
+    capture: Capture = "none"
+    reference: Any = None
+    executor: Any = None
+    progress: bool = True
+    on_chunk: Callable[[int], None] | None = None
+
+
+def keyed_rows(
+    items: Sequence[QAItem], rows: Mapping[str, Any], keys: Mapping[str, str]
+) -> AnswerRows:
+    """``{item.id: row}`` for ``items`` from the cache ``rows`` (by key), each row with its
+    ``key``."""
+    return {it.id: cast(AnswerRow, {**rows[keys[it.id]], "key": keys[it.id]}) for it in items}
+
 
 #: Run-store namespace of the arrays captured with ``capture="states"`` (``omega``,
 #: ``theta`` ``[N, 2L-1]``, ``post_attn``, ``post_mlp`` ``[N, L, D]``), keyed like the answer.

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -39,6 +39,8 @@ from .answer_rows import (
     AnswerRow,
     AnswerRows,
     Capture,
+    GenerationOptions,
+    keyed_rows,
     means_digest,
     plan_chunks,
 )
@@ -101,68 +103,19 @@ def numerics_key(model: Any) -> dict[str, Any]:
     return {**key, "kernels": kernels} if kernels else key
 
 
-def generate_answers(
+def _generation_keys(
     model: Any,
     items: Sequence[QAItem],
-    store: RunStore,
     config: CalibrationConfig,
-    *,
     fingerprint: str,
-    progress: bool = True,
-    on_chunk: Callable[[int], None] | None = None,
-    batch_size: int | None = None,
-    capture: Capture = "none",
-    reference: Any = None,
-    executor: Any = None,
-) -> AnswerRows:
-    """Greedy answers for ``items``, batched, cached per item in ``store``.
-
-    Chunk boundaries are fixed by the order of ``items`` (not by what is already cached), so
-    a resumed run feeds the model exactly the batches an uninterrupted run would. Returns
-    ``{item.id: {"text", "finish_reason", "metadata", "key"}}`` where ``metadata`` holds the
-    generation's token ids (what calibration replays: the exact tokens, EOS only when the
-    model produced it), OpenAI-style logprobs, entropies and generation settings, and ``key``
-    is the answer's cache key. ``batch_size`` overrides ``config.batch_size``; ``1``
-    generates each question as its own call would, as the deployed guard does (cached apart
-    from batched answers): alone, or -- on a model with ``batch_decode``, whose scheduler
-    gives every call of a batch bitwise its solo answer -- ``config.batch_size`` calls at a
-    time sharing decode steps. Answers of different decode paths are cached apart (their last
-    bits differ).
-
-    ``capture`` (see :data:`Capture`): with ``"states"`` the geometry and per-token states go
-    to ``store`` as arrays (namespace :data:`STATES_NS`, written before the answer's row);
-    with ``"geometry"`` the model carries ``reference`` (``model.with_reference``), so
-    ``metadata["geometry"]`` holds Ω, Θ and Φ, and the row records ``reference`` = the means'
-    digest. An answer already cached is never generated again, whatever it captured.
-
-    ``executor`` (e.g. :class:`~.executors.RayExecutor`) generates the chunks not yet cached
-    elsewhere (``executor.generate(todo, capture=, reference=, on_done=)``, ``todo`` a list
-    of ``(chunk index, items)``); each finished chunk comes back here and is stored, so the
-    cache, the keys and the chunk boundaries are the same as a local run's.
-    """
-    if isinstance(config.model, ChatModelSpec):  # an API model: asked as deployed, no capture
-        from .api_generation import generate_api_answers
-
-        return generate_api_answers(
-            model,
-            items,
-            store,
-            config,
-            fingerprint=fingerprint,
-            progress=progress,
-            on_chunk=on_chunk,
-        )
-    size = config.batch_size if batch_size is None else batch_size
-    alone = size == 1
+    alone: bool,
+) -> dict[str, str]:
+    """Each item's generation cache key: the model's fingerprint, the messages, the budget,
+    whether it was generated alone, the decode path and the numerics that decide its bits."""
     path = decode_path_of(model)
-    shared_steps = path is not None and path.get("steps") == "shared"
     mode: dict[str, Any] = {"decode_path": path} if path else {}
     mode.update(numerics_key(model))
-    if alone and shared_steps:
-        # the scheduler gives each call of a batch bitwise its solo answer; more than one
-        # model batch per chunk was slower (445 s vs 395 s for calibrate on 300 questions)
-        size = config.batch_size
-    keys = {
+    return {
         it.id: content_key(
             "gen",
             fingerprint,
@@ -171,8 +124,97 @@ def generate_answers(
         )
         for it in items
     }
+
+
+def _generate_pipelined(
+    model: Any,
+    todo: list[tuple[int, list[QAItem]]],
+    config: CalibrationConfig,
+    options: GenerationOptions,
+    size: int,
+    store_chunk: Callable[[int, list[QAItem], list[ChunkAnswer]], None],
+) -> None:
+    """Generate the chunks ``todo`` here, :func:`chunks_in_flight` at a time, storing each
+    (in order) as it finishes."""
+    geometry = options.capture == "geometry"
+    runner = model.with_reference(options.reference) if geometry else model
+    digest = means_digest(options.reference) if geometry else None
+    path = decode_path_of(model)
+    engines = getattr(runner, "engine_workers", None)
+    window = chunks_in_flight(
+        path is not None and path.get("steps") == "shared",
+        int(getattr(runner, "max_batch_size", size) or size),
+        size,
+        int(engines()) if callable(engines) else 1,
+    )
+    pool = ThreadPoolExecutor(max_workers=window, thread_name_prefix="chunk")
+    running: deque[tuple[int, list[QAItem], Future[list[ChunkAnswer]]]] = deque()
+    try:
+        for index, chunk in todo:
+            job = pool.submit(generate_chunk, runner, chunk, config, options.capture, digest)
+            running.append((index, chunk, job))
+            if len(running) >= window:
+                first, items_, job = running.popleft()
+                store_chunk(first, items_, job.result())
+        while running:
+            first, items_, job = running.popleft()
+            store_chunk(first, items_, job.result())
+    finally:  # on an error or a kill, the chunk already running finishes, unstored
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def generate_answers(
+    model: Any,
+    items: Sequence[QAItem],
+    store: RunStore,
+    config: CalibrationConfig,
+    *,
+    fingerprint: str,
+    options: GenerationOptions | None = None,
+) -> AnswerRows:
+    """Greedy answers for ``items``, batched, cached per item in ``store``.
+
+    Chunk boundaries are fixed by the order of ``items`` (not by what is already cached), so
+    a resumed run feeds the model exactly the batches an uninterrupted run would. Returns
+    ``{item.id: {"text", "finish_reason", "metadata", "key"}}`` where ``metadata`` holds the
+    generation's token ids (what calibration replays: the exact tokens, EOS only when the
+    model produced it), OpenAI-style logprobs, entropies and generation settings, and ``key``
+    is the answer's cache key. ``options.batch_size`` overrides ``config.batch_size``; ``1``
+    generates each question as its own call would, as the deployed guard does (cached apart
+    from batched answers): alone, or -- on a model with ``batch_decode``, whose scheduler
+    gives every call of a batch bitwise its solo answer -- ``config.batch_size`` calls at a
+    time sharing decode steps. Answers of different decode paths are cached apart (their last
+    bits differ).
+
+    ``options.capture`` (see :data:`Capture`): with ``"states"`` the geometry and per-token
+    states go to ``store`` as arrays (namespace :data:`STATES_NS`, written before the
+    answer's row); with ``"geometry"`` the model carries ``options.reference``
+    (``model.with_reference``), so ``metadata["geometry"]`` holds Ω, Θ and Φ, and the row
+    records ``reference`` = the means' digest. An answer already cached is never generated
+    again, whatever it captured.
+
+    ``options.executor`` (e.g. :class:`~.executors.RayExecutor`) generates the chunks not yet
+    cached elsewhere (``executor.generate(todo, capture=, reference=, on_done=)``, ``todo`` a
+    list of ``(chunk index, items)``); each finished chunk comes back here and is stored, so
+    the cache, the keys and the chunk boundaries are the same as a local run's.
+    """
+    options = options or GenerationOptions()
+    if isinstance(config.model, ChatModelSpec):  # an API model: asked as deployed, no capture
+        from .api_generation import generate_api_answers
+
+        return generate_api_answers(
+            model, items, store, config, fingerprint=fingerprint, options=options
+        )
+    size = config.batch_size if options.batch_size is None else options.batch_size
+    alone = size == 1
+    path = decode_path_of(model)
+    if alone and path is not None and path.get("steps") == "shared":
+        # the scheduler gives each call of a batch bitwise its solo answer; more than one
+        # model batch per chunk was slower (445 s vs 395 s for calibrate on 300 questions)
+        size = config.batch_size
+    keys = _generation_keys(model, items, config, fingerprint, alone)
     done = store.get_many("generation", list(keys.values()))
-    bar = tqdm(total=len(items), desc="generating", disable=not progress, unit="q")
+    bar = tqdm(total=len(items), desc="generating", disable=not options.progress, unit="q")
     bar.update(sum(1 for it in items if keys[it.id] in done))
     todo = [
         (index, chunk)
@@ -189,37 +231,17 @@ def generate_answers(
         store.put_many("generation", fresh)
         done.update(fresh)
         bar.update(len(chunk))
-        if on_chunk is not None:
-            on_chunk(index)
+        if options.on_chunk is not None:
+            options.on_chunk(index)
 
-    if executor is not None and todo:
-        executor.generate(todo, capture=capture, reference=reference, on_done=store_chunk)
-    elif todo:
-        runner = model.with_reference(reference) if capture == "geometry" else model
-        digest = means_digest(reference) if capture == "geometry" else None
-        engines = getattr(runner, "engine_workers", None)
-        window = chunks_in_flight(
-            shared_steps,
-            int(getattr(runner, "max_batch_size", size) or size),
-            size,
-            int(engines()) if callable(engines) else 1,
+    if options.executor is not None and todo:
+        options.executor.generate(
+            todo, capture=options.capture, reference=options.reference, on_done=store_chunk
         )
-        pool = ThreadPoolExecutor(max_workers=window, thread_name_prefix="chunk")
-        running: deque[tuple[int, list[QAItem], Future[list[ChunkAnswer]]]] = deque()
-        try:
-            for index, chunk in todo:
-                job = pool.submit(generate_chunk, runner, chunk, config, capture, digest)
-                running.append((index, chunk, job))
-                if len(running) >= window:
-                    first, items_, job = running.popleft()
-                    store_chunk(first, items_, job.result())
-            while running:
-                first, items_, job = running.popleft()
-                store_chunk(first, items_, job.result())
-        finally:  # on an error or a kill, the chunk already running finishes, unstored
-            pool.shutdown(wait=True, cancel_futures=True)
+    elif todo:
+        _generate_pipelined(model, todo, config, options, size, store_chunk)
     bar.close()
-    return {it.id: cast(AnswerRow, {**done[keys[it.id]], "key": keys[it.id]}) for it in items}
+    return keyed_rows(items, done, keys)
 
 
 #: One generated answer: its cache row, and with ``capture="states"`` its arrays (Ω, Θ

@@ -14,8 +14,8 @@ run sends only the questions not yet answered.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -33,7 +33,7 @@ from ..judges.judging import labels
 from ..questions.datasets import QAItem
 from ..run.calibration_config import CalibrationConfig
 from ..run.store import RunStore, content_key
-from .answer_rows import AnswerRow, AnswerRows, plan_chunks
+from .answer_rows import AnswerRow, AnswerRows, GenerationOptions, keyed_rows, plan_chunks
 
 __all__ = [
     "api_answer_row",
@@ -94,8 +94,7 @@ def generate_api_answers(
     config: CalibrationConfig,
     *,
     fingerprint: str,
-    progress: bool = True,
-    on_chunk: Callable[[int], None] | None = None,
+    options: GenerationOptions | None = None,
 ) -> AnswerRows:
     """Answers of ``model`` (an API chat model) to ``items``, as the deployed guard asks
     them: ``{item.id: {"text", "finish_reason", "metadata", "key"}}``.
@@ -108,6 +107,7 @@ def generate_api_answers(
         LogprobsMissingError: an answer carries no logprobs.
         CalibrationError: a request failed (the answers received so far are kept).
     """
+    options = options or GenerationOptions()
     budgets = {it.kind: max_new_tokens_for(it.kind, config.max_new_tokens) for it in items}
     engine = getattr(model, "engine_record", None)  # the vLLM backend: its engine's facts
     mode = {"engine": engine()} if callable(engine) else {}
@@ -125,7 +125,7 @@ def generate_api_answers(
         kind: question_prompt(config.system_prompt, kind) | bind_budget(model, budget)
         for kind, budget in budgets.items()
     }
-    bar = tqdm(total=len(items), desc="asking", disable=not progress, unit="q")
+    bar = tqdm(total=len(items), desc="asking", disable=not options.progress, unit="q")
     bar.update(sum(1 for it in items if keys[it.id] in done))
     size = config.batch_size
     for chunk_index, chunk in plan_chunks(items, size):
@@ -154,10 +154,10 @@ def generate_api_answers(
                 "are cached; fix the cause (server, key, rate limit) and run again to "
                 "send only the rest."
             ) from exc
-        if on_chunk is not None:
-            on_chunk(chunk_index)
+        if options.on_chunk is not None:
+            options.on_chunk(chunk_index)
     bar.close()
-    return {it.id: cast(AnswerRow, {**done[keys[it.id]], "key": keys[it.id]}) for it in items}
+    return keyed_rows(items, done, keys)
 
 
 def api_labeled(

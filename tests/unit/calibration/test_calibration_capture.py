@@ -22,7 +22,11 @@ from tiny_models import char_tokenizer, tiny_chat_model, tiny_hf_model
 from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.adapters import GeometryChatModel
 from abstain_guard.adapters.engine.scheduler import GenerationScheduler
-from abstain_guard.calibration.building.answering.answer_rows import STATES_NS, means_digest
+from abstain_guard.calibration.building.answering.answer_rows import (
+    STATES_NS,
+    GenerationOptions,
+    means_digest,
+)
 from abstain_guard.calibration.building.answering.answers import (
     PIPELINED_CHUNKS,
     chunks_in_flight,
@@ -103,7 +107,9 @@ def test_captured_features_equal_replayed_features(tmp_path: Path, model: Any) -
     store = RunStore(tmp_path / "run.sqlite")
     fp = model.fingerprint
     reference, train, held_out = ITEMS[:16], ITEMS[16:32], ITEMS[32:40]
-    ref = generate_answers(model, reference, store, cfg, fingerprint=fp, capture="states")
+    ref = generate_answers(
+        model, reference, store, cfg, fingerprint=fp, options=GenerationOptions(capture="states")
+    )
     labels = {it.id: {"correct": i % 2 == 0} for i, it in enumerate(reference)}
     means = fit_reference_means(reference, ref, labels, store)
 
@@ -142,9 +148,7 @@ def test_captured_features_equal_replayed_features(tmp_path: Path, model: Any) -
             store,
             cfg,
             fingerprint=fp,
-            batch_size=size,
-            capture="geometry",
-            reference=means,
+            options=GenerationOptions(batch_size=size, capture="geometry", reference=means),
         )
         assert all(got[it.id]["reference"] == means_digest(means) for it in items)
         again = scoring.replay_batch(generated_pairs(items, got, cfg), batch_size=1)

@@ -18,11 +18,12 @@ artifact's judge).
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from typing import Any
 
 from tqdm.auto import tqdm
 
-from abstain_guard.contract.deployment import DeploymentRecord
+from abstain_guard.contract.deployment import AgentRecord, DeploymentRecord
 from abstain_guard.errors import ConfigError
 from abstain_guard.guard.policy import AbstentionPolicy
 
@@ -39,7 +40,7 @@ from ..building.run.calibration_config import CalibrationConfig
 from .agent_step_live import finish_row, step_live_row, stored_run_statistic
 from .cache_reuse import EvaluateCache
 
-__all__ = ["agent_live_rows", "takes_middleware"]
+__all__ = ["LiveAgent", "agent_live_rows", "takes_middleware"]
 
 
 def takes_middleware(factory: Any) -> bool:
@@ -56,12 +57,69 @@ def _final_meta(message: Any) -> dict[str, Any]:
     return dict(withheld.get("response_metadata") or {}) if withheld else meta
 
 
+@dataclass(frozen=True)
+class LiveAgent:
+    """What the live check of an agent artifact runs: the artifact, its calibration config
+    and deployment record (with its agent), the model and the guard's configuration."""
+
+    artifact: Any
+    cfg: CalibrationConfig
+    record: DeploymentRecord
+    model: Any
+    guard_config: Any
+
+    @property
+    def agent(self) -> AgentRecord:
+        """The recorded agent (the record of an agent artifact always has one)."""
+        assert self.record.agent is not None
+        return self.record.agent
+
+
+def _unguarded_runs(live: LiveAgent, items: list[Any], store: Any) -> dict[str, Any]:
+    """The unguarded agent's cached (or new) run of each item, keyed as calibration keys
+    its runs."""
+    prepared = live.artifact.scorer.prepare(live.model)
+    reference = getattr(prepared, "reference", None)
+    factory = load_agent_factory(live.agent.factory)
+    return run_agents(
+        factory(prepared),
+        items,
+        store,
+        key_parts=[
+            str(getattr(live.model, "fingerprint", "unknown")),
+            live.agent.factory,
+            "as deployed",
+            getattr(live.artifact.scorer, "capture", None),  # as calibration keys its runs
+            None if reference is None else means_digest(reference),
+        ],
+        step_limit=live.agent.step_limit,
+        concurrency=live.cfg.batch_size,
+        progress=False,
+    )
+
+
+def _judge_live(
+    live: LiveAgent,
+    items: list[Any],
+    answers: dict[str, dict[str, Any]],
+    cache: EvaluateCache,
+    judges: dict[str, Any] | None,
+    store: Any,
+) -> dict[str, Any]:
+    """The verdicts on the live final answers (cached in ``cache``), what was reused from
+    the calibration cache (answers read from ``store``, verdicts) logged."""
+    if judges is None:
+        judges = build_judges(
+            live.cfg, cache.directory / "judgments.sqlite", read_from=cache.judgments
+        )
+    judged = [it for it in items if it.id in answers]
+    verdicts = judge_answers(judges, judged, answers, progress=False)
+    cache.log_reuse(store, judges)
+    return verdicts
+
+
 def agent_live_rows(
-    artifact: Any,
-    cfg: CalibrationConfig,
-    record: DeploymentRecord,
-    model: Any,
-    guard_config: Any,
+    live: LiveAgent,
     items: list[Any],
     stored_cal: dict[str, float],
     cache: EvaluateCache,
@@ -74,59 +132,33 @@ def agent_live_rows(
     and new ones written to ``cache.directory``."""
     from abstain_guard.guard.middleware import AbstentionMiddleware
 
-    assert record.agent is not None
-    factory = load_agent_factory(record.agent.factory)
-    step_limit = record.agent.step_limit
-    prepared = artifact.scorer.prepare(model)
-    reference = getattr(prepared, "reference", None)
     store = cache.run_store()
-    fingerprint = str(getattr(model, "fingerprint", "unknown"))
-    unguarded = run_agents(
-        factory(prepared),
-        items,
-        store,
-        key_parts=[
-            fingerprint,
-            record.agent.factory,
-            "as deployed",
-            getattr(artifact.scorer, "capture", None),  # as calibration keys its runs
-            None if reference is None else means_digest(reference),
-        ],
-        step_limit=step_limit,
-        concurrency=cfg.batch_size,
-        progress=False,
-    )
-    test_items = [it for it in items if it.id not in stored_cal]
+    unguarded = _unguarded_runs(live, items, store)
+    if live.agent.gating == "steps":
+        rows, policy, answers = _step_rows(live, items, stored_cal, unguarded, progress)
+        verdicts = _judge_live(live, items, answers, cache, judges, store)
+        for row in rows:
+            finish_row(row, verdicts.get(row["id"]))
+        return rows, policy, "middleware"
+    scorer = live.artifact.scorer
     stored: dict[str, float | None] = dict(stored_cal)
-    for it in test_items:
-        row = unguarded[it.id]
-        stored[it.id] = (
-            float(artifact.scorer.score(row["metadata"])) if has_final_answer(row) else None
-        )
-    if record.agent.gating == "steps":
-        return _step_rows(
-            artifact,
-            cfg,
-            record,
-            model,
-            guard_config,
-            items,
-            stored_cal,
-            cache,
-            judges,
-            unguarded,
-            progress,
-        )
+    for it in items:
+        if it.id not in stored_cal:
+            row = unguarded[it.id]
+            stored[it.id] = float(scorer.score(row["metadata"])) if has_final_answer(row) else None
+    factory = load_agent_factory(live.agent.factory)
     if takes_middleware(factory):
-        middleware = AbstentionMiddleware(artifact, config=guard_config)
+        middleware = AbstentionMiddleware(live.artifact, config=live.guard_config)
         policy, guarded_by = middleware.policy, "middleware"
-        agent = factory(model, middleware=[middleware])
+        agent = factory(live.model, middleware=[middleware])
     else:
-        policy, guarded_by = AbstentionPolicy(artifact, guard_config), "policy"
-        agent = factory(prepared)
+        policy, guarded_by = AbstentionPolicy(live.artifact, live.guard_config), "policy"
+        agent = factory(scorer.prepare(live.model))
     rows: list[dict[str, Any]] = []
     answers: dict[str, dict[str, Any]] = {}
-    runs = _guarded_runs(agent, items, step_limit, cfg.batch_size, "live agent", progress)
+    runs = _guarded_runs(
+        agent, items, live.agent.step_limit, live.cfg.batch_size, "live agent", progress
+    )
     for it in items:
         run = runs[it.id]
         final = run.final
@@ -135,36 +167,44 @@ def agent_live_rows(
         if final is None:  # no final answer: nothing to gate (counted, not scored)
             rows.append(_no_answer_row(it, run.reason, stored_cal, stored))
             continue
-        info = final.response_metadata["abstention"]
-        meta = _final_meta(final)
-        withheld = final.response_metadata.get("withheld_response") or {}
-        answers[it.id] = {"text": str(withheld.get("content", final.content))}
-        cached = unguarded[it.id].get("metadata") or {}
-        kept = stored[it.id]
-        rows.append(
-            {
-                "id": it.id,
-                "split": "calibration" if it.id in stored_cal else "test",
-                "question": it.question,
-                "answer": answers[it.id]["text"],
-                "live_score": info["score"],
-                "stored_score": stored[it.id],
-                "stored_answers": kept is not None and bool(kept <= policy.rule.threshold),
-                "abstained": bool(info["abstained"]),
-                "same_tokens": list(meta.get("token_ids", [])) == list(cached.get("token_ids", [])),
-                "tool_steps": sum(1 for m in run.messages if m["role"] == "tool"),
-                "tool_calls": run.tool_calls,
-                "reason": run.reason,
-            }
-        )
-    if judges is None:
-        judges = build_judges(cfg, cache.directory / "judgments.sqlite", read_from=cache.judgments)
-    judged = [it for it in items if it.id in answers]
-    verdicts = judge_answers(judges, judged, answers, progress=False)
-    for live in rows:
-        live["correct"] = verdicts[live["id"]].correct if live["id"] in verdicts else None
-    cache.log_reuse(store, judges)
+        row = _answer_row(it, run, final, stored_cal, stored[it.id], unguarded[it.id], policy)
+        answers[it.id] = {"text": row["answer"]}
+        rows.append(row)
+    verdicts = _judge_live(live, items, answers, cache, judges, store)
+    for row in rows:
+        row["correct"] = verdicts[row["id"]].correct if row["id"] in verdicts else None
     return rows, policy, guarded_by
+
+
+def _answer_row(
+    item: Any,
+    run: AgentRun,
+    final: Any,
+    stored_cal: dict[str, float],
+    stored: float | None,
+    unguarded: dict[str, Any],
+    policy: AbstentionPolicy,
+) -> dict[str, Any]:
+    """The row of a guarded run with a final answer: its live score and decision beside the
+    stored score and the unguarded run's tokens."""
+    info = final.response_metadata["abstention"]
+    meta = _final_meta(final)
+    withheld = final.response_metadata.get("withheld_response") or {}
+    cached = unguarded.get("metadata") or {}
+    return {
+        "id": item.id,
+        "split": "calibration" if item.id in stored_cal else "test",
+        "question": item.question,
+        "answer": str(withheld.get("content", final.content)),
+        "live_score": info["score"],
+        "stored_score": stored,
+        "stored_answers": stored is not None and bool(stored <= policy.rule.threshold),
+        "abstained": bool(info["abstained"]),
+        "same_tokens": list(meta.get("token_ids", [])) == list(cached.get("token_ids", [])),
+        "tool_steps": sum(1 for m in run.messages if m["role"] == "tool"),
+        "tool_calls": run.tool_calls,
+        "reason": run.reason,
+    }
 
 
 def _guarded_runs(
@@ -201,54 +241,42 @@ def _no_answer_row(
 
 
 def _step_rows(
-    artifact: Any,
-    cfg: CalibrationConfig,
-    record: DeploymentRecord,
-    model: Any,
-    guard_config: Any,
+    live: LiveAgent,
     items: list[Any],
     stored_cal: dict[str, float],
-    cache: EvaluateCache,
-    judges: dict[str, Any] | None,
     unguarded: dict[str, Any],
     progress: bool,
-) -> tuple[list[dict[str, Any]], AbstentionPolicy, str]:
-    """:func:`agent_live_rows` for step gating (:mod:`.agent_step_live`): the deployed agent
-    with the middleware deciding on every model call."""
+) -> tuple[list[dict[str, Any]], AbstentionPolicy, dict[str, dict[str, Any]]]:
+    """The rows of :func:`agent_live_rows` for step gating (:mod:`.agent_step_live`), not yet
+    judged: the deployed agent with the middleware deciding on every model call. Returns the
+    rows, the policy and the final answers to judge."""
     from abstain_guard.guard.middleware import AbstentionMiddleware
 
-    assert record.agent is not None
-    factory = load_agent_factory(record.agent.factory)
+    factory = load_agent_factory(live.agent.factory)
     if not takes_middleware(factory):
         raise ConfigError(
-            f"{record.agent.factory} takes no middleware argument, and step gating stops a "
+            f"{live.agent.factory} takes no middleware argument, and step gating stops a "
             "run inside the agent: give the factory a `middleware` parameter passed to "
             "create_agent (examples/lookup_agent.py)"
         )
-    middleware = AbstentionMiddleware(artifact, config=guard_config)
-    agent = factory(model, middleware=[middleware])
+    middleware = AbstentionMiddleware(live.artifact, config=live.guard_config)
+    agent = factory(live.model, middleware=[middleware])
     threshold = middleware.policy.rule.threshold
+    scorer = live.artifact.scorer
     rows: list[dict[str, Any]] = []
     answers: dict[str, dict[str, Any]] = {}
-    step_limit = record.agent.step_limit
-    runs = _guarded_runs(agent, items, step_limit, cfg.batch_size, "live agent (steps)", progress)
+    runs = _guarded_runs(
+        agent, items, live.agent.step_limit, live.cfg.batch_size, "live agent (steps)", progress
+    )
     for it in items:
         stored = stored_cal.get(it.id)
         if stored is None:
-            stored = stored_run_statistic(artifact.scorer, unguarded[it.id])
-        run = runs[it.id]
+            stored = stored_run_statistic(scorer, unguarded[it.id])
         row = step_live_row(
-            it, run, unguarded[it.id], artifact.scorer, stored, threshold, record.tools
+            it, runs[it.id], unguarded[it.id], scorer, stored, threshold, live.record.tools
         )
         row["split"] = "calibration" if it.id in stored_cal else "test"
         if row["answer"] is not None:
             answers[it.id] = {"text": row["answer"]}
         rows.append(row)
-    if judges is None:
-        judges = build_judges(cfg, cache.directory / "judgments.sqlite", read_from=cache.judgments)
-    judged = [it for it in items if it.id in answers]
-    verdicts = judge_answers(judges, judged, answers, progress=False)
-    for row in rows:
-        finish_row(row, verdicts.get(row["id"]))
-    cache.log_reuse(cache.run_store(), judges)
-    return rows, middleware.policy, "middleware"
+    return rows, middleware.policy, answers

@@ -319,24 +319,14 @@ def _live_agent(
     reuse: bool,
 ) -> dict[str, Any]:
     """:func:`live_check` for an agent artifact (:mod:`.agent_live`)."""
-    from .agent_live import agent_live_rows
+    from .agent_live import LiveAgent, agent_live_rows
     from .agent_step_live import step_summary
 
     items, stored_cal = _select(artifact, items, split, limit)
     with tempfile.TemporaryDirectory(prefix="abstain-guard-live-") as scratch:
         where = _live_cache(artifact, artifact_path, cache_dir, out, scratch, reuse=reuse)
-        rows, policy, guarded_by = agent_live_rows(
-            artifact,
-            cfg,
-            record,
-            model,
-            guard_config,
-            items,
-            stored_cal,
-            where,
-            judges,
-            progress,
-        )
+        live = LiveAgent(artifact, cfg, record, model, guard_config)
+        rows, policy, guarded_by = agent_live_rows(live, items, stored_cal, where, judges, progress)
     answered = [r for r in rows if not r.get("no_final_answer")]
     rule = policy.rule
     summary: dict[str, Any]

@@ -45,6 +45,10 @@ class ConfigError(AbstainGuardError, ValueError):
     """A configuration file, environment variable or option is malformed or unknown."""
 
 
+class MissingExtraError(AbstainGuardError, ImportError):
+    """An optional dependency is not installed; the message names the extra that installs it."""
+
+
 # --- models ----------------------------------------------------------------------------
 
 
@@ -298,6 +302,7 @@ __all__ = [
     "JudgmentCacheError",
     "KernelMismatchWarning",
     "LogprobsMissingError",
+    "MissingExtraError",
     "ModelError",
     "ModelNotFoundError",
     "MonitorLogError",

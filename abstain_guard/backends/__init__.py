@@ -46,26 +46,13 @@ BACKEND_FIELDS: dict[str, frozenset[str]] = {
 #: The ``class_path`` of the vLLM backend's chat model (what ``backend: vllm`` builds).
 VLLM_CHAT_MODEL = "abstain_guard.backends.vllm_chat:VLLMChatModel"
 
-_FAMILY_NEEDS: dict[str, frozenset[str]] = {
-    "likelihood": frozenset({"logprobs"}),
-    "probe": frozenset({"hidden"}),
-    "geometry": frozenset({"geometry"}),
-    "floor": frozenset(),
-    "model": frozenset({"model"}),
-    "sampling": frozenset({"model"}),
-}
-_KIND_NEEDS: dict[str, frozenset[str]] = {
-    "mean_token_entropy": frozenset({"entropy"}),
-    "likelihood_probe": frozenset({"hidden", "logprobs", "entropy"}),
-}
-
 
 def scorer_needs(kind: str) -> frozenset[str]:
-    """The response fields scorer ``kind`` reads (a custom scorer: the exact engine's)."""
-    if kind in _KIND_NEEDS:
-        return _KIND_NEEDS[kind]
-    family = scorer_spec(kind).family
-    return _FAMILY_NEEDS.get(family, BACKEND_FIELDS["exact"])
+    """The response fields scorer ``kind`` reads, as its class declares them
+    (:attr:`Scorer.reads <abstain_guard.scorers.Scorer>`; a custom scorer that declares none:
+    the exact engine's)."""
+    reads = scorer_spec(kind).reads
+    return BACKEND_FIELDS["exact"] if reads is None else reads
 
 
 def backend_of_model(model_class: Any) -> str:

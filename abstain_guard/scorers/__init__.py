@@ -2,10 +2,11 @@
 
 A scorer maps one chat-model response to a float, **higher = more uncertain**
 (:class:`Scorer`); artifacts store its ``kind`` and the registry (:func:`build_scorer`,
-:func:`scorer_from_state`, :func:`scorer_names`) resolves the kind to its module here.
+:func:`scorer_from_state`, :func:`scorer_names`) resolves the kind to its class here.
 
 * likelihood, reading only logprobs (no torch): :mod:`.perplexity`,
   :mod:`.max_sequence_probability`, :mod:`.mean_token_entropy`;
+* hidden-state probes: :mod:`.probe` (one class, six presets), :mod:`.likelihood_probe`;
 * hidden-state geometry (the paper's method): :mod:`.geometry`, :mod:`.geometry_fast`
   (the features fast capture produces), :mod:`.geometry_plus` (with the likelihood, judged per
   response);
@@ -14,6 +15,7 @@ A scorer maps one chat-model response to a float, **higher = more uncertain**
 * K sampled answers per prompt: :mod:`.sar`, :mod:`.semantic_entropy`, :mod:`.eigenscore`.
 
 Shared helpers are private modules: ``_base`` (the protocol), ``_registry``, ``_likelihood``,
+``_linear_probe`` (the logistic model the probes and ``geometry_plus`` store as arrays),
 ``_features`` (the token inputs of the geometry scorers), ``_calibrator`` (Gaussians and
 XGBoost), ``_model_access`` (scorers that run the model), ``_sampling`` (K samples per
 prompt), ``_aux_models`` (sentence-similarity and NLI models). Their public names are exported
@@ -21,11 +23,12 @@ here; import them from :mod:`abstain_guard.scorers`, not from the private module
 formulas of a method live in its module (``abstain_guard.scorers.sar.token_sar``, ...): a
 module named ``sar`` and a function named ``sar`` cannot share the package's namespace.
 
-``import abstain_guard.scorers`` loads neither torch, transformers nor xgboost: the scorers
-that need them are imported on first use (PEP 562), by name or through the registry.
+``import abstain_guard.scorers`` loads neither torch, transformers, scikit-learn nor xgboost:
+a scorer module imports them where it fits, runs XGBoost or runs the model, so every stored
+linear probe and likelihood scorer loads and scores with numpy and scipy alone.
 
-May import: ``abstain_guard.adapters`` (the torch scorers, imported on first use),
-``abstain_guard.contract``, ``abstain_guard.errors``, ``abstain_guard.lazy``.
+May import: ``abstain_guard.adapters`` (inside the functions that run the model),
+``abstain_guard.contract``, ``abstain_guard.errors``.
 
 Example::
 
@@ -36,13 +39,31 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from abstain_guard.lazy import lazy_attributes
+from abstain_guard.scorers._aux_models import (
+    ChatModelEquivalence,
+    EquivalenceJudge,
+    NLIEquivalence,
+    SentenceSimilarity,
+    SimilarityEquivalence,
+    default_similarity_model_path,
+)
 from abstain_guard.scorers._base import JSONValue, Scorer, ScorerState
+from abstain_guard.scorers._calibrator import Gaussian, fit_gaussian, response_uncertainty
+from abstain_guard.scorers._features import (
+    FAMILIES,
+    CaptureMode,
+    ReferenceInputs,
+    TokenBlock,
+    family_slices,
+    feature_width,
+    layers_of_width,
+    reference_inputs,
+    token_block,
+    with_capture,
+)
 from abstain_guard.scorers._likelihood import token_logprobs
+from abstain_guard.scorers._model_access import ModelScorer, question_from_prompt
 from abstain_guard.scorers._registry import (
-    ScorerInput,
     ScorerSpec,
     build_scorer,
     register_scorer,
@@ -51,90 +72,21 @@ from abstain_guard.scorers._registry import (
     scorer_names,
     scorer_spec,
 )
+from abstain_guard.scorers._sampling import Sample, SampleSource
+from abstain_guard.scorers.attention_score import AttentionScoreScorer
+from abstain_guard.scorers.calibrated import CalibratedScorer
+from abstain_guard.scorers.eigenscore import EigenScoreScorer
+from abstain_guard.scorers.geometry import GeometryScorer
+from abstain_guard.scorers.geometry_fast import GeometryFastScorer
+from abstain_guard.scorers.geometry_plus import GeometryPlusScorer
+from abstain_guard.scorers.likelihood_probe import LikelihoodProbeScorer
 from abstain_guard.scorers.max_sequence_probability import MaxSequenceProbabilityScorer
 from abstain_guard.scorers.mean_token_entropy import MeanTokenEntropyScorer
+from abstain_guard.scorers.p_true import PTRUE_PROMPT, PTrueScorer
 from abstain_guard.scorers.perplexity import PerplexityScorer
-
-if TYPE_CHECKING:
-    from abstain_guard.scorers._aux_models import (
-        ChatModelEquivalence,
-        EquivalenceJudge,
-        NLIEquivalence,
-        SentenceSimilarity,
-        SimilarityEquivalence,
-        default_similarity_model_path,
-    )
-    from abstain_guard.scorers._calibrator import Gaussian, fit_gaussian, response_uncertainty
-    from abstain_guard.scorers._features import (
-        FAMILIES,
-        CaptureMode,
-        ReferenceInputs,
-        TokenBlock,
-        family_slices,
-        feature_width,
-        layers_of_width,
-        reference_inputs,
-        token_block,
-        with_capture,
-    )
-    from abstain_guard.scorers._model_access import ModelScorer, question_from_prompt
-    from abstain_guard.scorers._sampling import Sample, SampleSource
-    from abstain_guard.scorers.attention_score import AttentionScoreScorer
-    from abstain_guard.scorers.calibrated import CalibratedScorer
-    from abstain_guard.scorers.eigenscore import EigenScoreScorer
-    from abstain_guard.scorers.geometry import GeometryScorer
-    from abstain_guard.scorers.geometry_fast import GeometryFastScorer
-    from abstain_guard.scorers.geometry_plus import GeometryPlusScorer
-    from abstain_guard.scorers.p_true import PTRUE_PROMPT, PTrueScorer
-    from abstain_guard.scorers.sar import SARScorer
-    from abstain_guard.scorers.semantic_entropy import SIMILARITY_THRESHOLD, SemanticEntropyScorer
-
-# Lazy: these modules import torch, transformers, sklearn or xgboost. The guard imports the
-# one scorer module its artifact names, through the registry; nothing else loads them.
-_HOME = {
-    **dict.fromkeys(
-        (
-            "ChatModelEquivalence",
-            "EquivalenceJudge",
-            "NLIEquivalence",
-            "SentenceSimilarity",
-            "SimilarityEquivalence",
-            "default_similarity_model_path",
-        ),
-        "abstain_guard.scorers._aux_models",
-    ),
-    **dict.fromkeys(
-        ("Gaussian", "fit_gaussian", "response_uncertainty"), "abstain_guard.scorers._calibrator"
-    ),
-    **dict.fromkeys(
-        (
-            "FAMILIES",
-            "CaptureMode",
-            "ReferenceInputs",
-            "TokenBlock",
-            "family_slices",
-            "feature_width",
-            "layers_of_width",
-            "reference_inputs",
-            "token_block",
-            "with_capture",
-        ),
-        "abstain_guard.scorers._features",
-    ),
-    **dict.fromkeys(("ModelScorer", "question_from_prompt"), "abstain_guard.scorers._model_access"),
-    **dict.fromkeys(("Sample", "SampleSource"), "abstain_guard.scorers._sampling"),
-    "AttentionScoreScorer": "abstain_guard.scorers.attention_score",
-    "CalibratedScorer": "abstain_guard.scorers.calibrated",
-    "EigenScoreScorer": "abstain_guard.scorers.eigenscore",
-    "GeometryScorer": "abstain_guard.scorers.geometry",
-    "GeometryFastScorer": "abstain_guard.scorers.geometry_fast",
-    "GeometryPlusScorer": "abstain_guard.scorers.geometry_plus",
-    **dict.fromkeys(("PTRUE_PROMPT", "PTrueScorer"), "abstain_guard.scorers.p_true"),
-    "SARScorer": "abstain_guard.scorers.sar",
-    **dict.fromkeys(
-        ("SIMILARITY_THRESHOLD", "SemanticEntropyScorer"), "abstain_guard.scorers.semantic_entropy"
-    ),
-}
+from abstain_guard.scorers.probe import HiddenStateProbe
+from abstain_guard.scorers.sar import SARScorer
+from abstain_guard.scorers.semantic_entropy import SIMILARITY_THRESHOLD, SemanticEntropyScorer
 
 __all__ = [
     "FAMILIES",
@@ -150,7 +102,9 @@ __all__ = [
     "GeometryFastScorer",
     "GeometryPlusScorer",
     "GeometryScorer",
+    "HiddenStateProbe",
     "JSONValue",
+    "LikelihoodProbeScorer",
     "MaxSequenceProbabilityScorer",
     "MeanTokenEntropyScorer",
     "ModelScorer",
@@ -162,7 +116,6 @@ __all__ = [
     "Sample",
     "SampleSource",
     "Scorer",
-    "ScorerInput",
     "ScorerSpec",
     "ScorerState",
     "SemanticEntropyScorer",
@@ -187,5 +140,3 @@ __all__ = [
     "token_logprobs",
     "with_capture",
 ]
-
-__getattr__ = lazy_attributes(__name__, _HOME)

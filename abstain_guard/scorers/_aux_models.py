@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
-import torch
 from langchain_core.messages import HumanMessage
 
 from abstain_guard.errors import ConfigError, ModelNotFoundError
@@ -137,6 +136,8 @@ class NLIEquivalence:
     def equivalent(self, question: str, a: str, b: str) -> bool:
         premise = [f"{question} {a}", f"{question} {b}"]
         hypothesis = [f"{question} {b}", f"{question} {a}"]
+        import torch
+
         enc = self.tokenizer(premise, hypothesis, return_tensors="pt", padding=True)
         with torch.no_grad():
             logits = self.model(**enc).logits

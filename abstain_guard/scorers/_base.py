@@ -4,23 +4,57 @@ A scorer maps one chat-model response to a float, **higher = more uncertain**. I
 state (if any) is a :class:`ScorerState`: JSON parameters, numpy arrays and raw files
 (for example an XGBoost UBJ model), which :class:`~abstain_guard.GuardArtifact`
 writes without pickle. Every scorer class subclasses :class:`Scorer` and lives in
-:mod:`abstain_guard.scorers`, one file per method.
+:mod:`abstain_guard.scorers`, one file per method; it declares what the registry needs to know
+about it (:attr:`Scorer.kind`, :attr:`~Scorer.family`, :attr:`~Scorer.reads`,
+:attr:`~Scorer.presets`).
+
+A scorer module imports only numpy, scipy and the core package at import time: what fitting,
+XGBoost or a forward pass needs is imported where it is used (:func:`optional_module`), so
+that every stored scorer that scores with arrays alone loads and scores in the core install.
 """
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, ClassVar
 
 import numpy as np
 
 from abstain_guard.contract.metadata import ResponseLike
+from abstain_guard.errors import MissingExtraError
 
-__all__ = ["JSONValue", "Scorer", "ScorerState"]
+__all__ = ["EXTRAS", "JSONValue", "Scorer", "ScorerState", "optional_module"]
 
 JSONValue = Any
+
+EXTRAS: dict[str, str] = {
+    "torch": "local",
+    "transformers": "local",
+    "sentence_transformers": "local",
+    "sklearn": "calibration",
+    "xgboost": "calibration",
+}
+"""The package extra that installs each optional top-level module a scorer imports."""
+
+
+def optional_module(name: str, what: str) -> ModuleType:
+    """``import name`` (``"xgboost"``, ``"sklearn.linear_model"``), needed for ``what``.
+
+    Raises:
+        MissingExtraError: it is not installed; the message names the extra to install.
+    """
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        extra = EXTRAS.get(name.partition(".")[0], "local")
+        raise MissingExtraError(
+            f"{what} needs {name}, which could not be imported ({exc}). Install it with "
+            f"pip install 'abstain-guard[{extra}]'."
+        ) from exc
 
 
 @dataclass
@@ -41,9 +75,29 @@ class ScorerState:
 
 
 class Scorer(ABC):
-    """Base class of every uncertainty scorer (higher score = more uncertain)."""
+    """Base class of every uncertainty scorer (higher score = more uncertain).
 
-    kind: ClassVar[str]
+    What a scorer class declares (the registry reads these, nothing else keeps them):
+
+    * ``kind`` — its registry name, stored in artifacts (never rename one);
+    * ``family`` — ``"likelihood"``, ``"geometry"``, ``"probe"`` (hidden-state probes),
+      ``"calibrated"``, ``"model"`` (one forward pass per answer), ``"sampling"`` (K sampled
+      answers) or ``"custom"``;
+    * ``reads`` — the response fields it reads (what a backend must write:
+      :data:`abstain_guard.backends.BACKEND_FIELDS`); ``"model"`` means it is built with the
+      chat model (a ``"sampling"`` scorer with a shared sample source too); ``None``: not
+      declared (a custom scorer, built from its parameters alone, served by the exact engine);
+    * ``presets`` — further kinds it is stored under, each with its constructor parameters
+      (one class, several named variants).
+
+    A scorer with a ``fit`` method is fitted on the reference and train answers before the
+    conformal step.
+    """
+
+    kind: str
+    family: ClassVar[str] = "custom"
+    reads: ClassVar[frozenset[str] | None] = None
+    presets: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
 
     @property
     def name(self) -> str:

@@ -1,21 +1,27 @@
 """The geometry scorer's calibrator: shrinkage Gaussians (Mahalanobis distances), the
 XGBoost model from token features to a calibrated token confidence, and the perplexity-style
-aggregate of token confidences into one response uncertainty (paper §4.5)."""
+aggregate of token confidences into one response uncertainty (paper §4.5).
+
+A Gaussian's distance and the aggregate are numpy; scikit-learn is imported to fit a
+Gaussian, XGBoost to train or run the calibrator (:func:`xgboost_module`: refused by name,
+with the extra that installs it, where it is missing)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import xgboost as xgb
 from scipy.linalg import solve_triangular
-from sklearn.covariance import OAS, LedoitWolf
-from sklearn.model_selection import train_test_split
 
 from abstain_guard.errors import InsufficientDataError, InvalidInputError, ScoringError
+from abstain_guard.scorers._base import optional_module
+
+if TYPE_CHECKING:
+    import xgboost as xgb
 
 __all__ = [
     "DEFAULT_XGB_PARAMS",
@@ -27,6 +33,7 @@ __all__ = [
     "fit_gaussian",
     "fit_xgb_calibrator",
     "response_uncertainty",
+    "xgboost_module",
 ]
 
 CovarianceKind = Literal["ledoit_wolf", "oas"]
@@ -46,6 +53,15 @@ DEFAULT_XGB_PARAMS: dict[str, Any] = {
 
 PROB_FLOOR = 1e-6
 """Calibrated confidences are clipped to ``[PROB_FLOOR, 1]`` before the log."""
+
+
+def xgboost_module() -> ModuleType:
+    """``xgboost``, which the XGBoost calibrator needs to train and to score.
+
+    Raises:
+        MissingExtraError: it is not installed (naming the extra that installs it).
+    """
+    return optional_module("xgboost", "The XGBoost calibrator (geometry scorers, calibrated)")
 
 
 def response_uncertainty(token_confidences: np.ndarray, floor: float = PROB_FLOOR) -> float:
@@ -83,6 +99,15 @@ class Gaussian:
         z = (x - self.mean) @ self.whiten
         return np.sqrt(np.einsum("ij,ij->i", z, z))
 
+    def arrays(self, name: str) -> dict[str, np.ndarray]:
+        """Its arrays as ``name.mean`` and ``name.whiten`` (for a scorer's state)."""
+        return {f"{name}.mean": self.mean, f"{name}.whiten": self.whiten}
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray], name: str) -> Gaussian:
+        """The Gaussian :meth:`arrays` stored under ``name`` (KeyError when one is missing)."""
+        return cls(arrays[f"{name}.mean"], arrays[f"{name}.whiten"])
+
 
 def fit_gaussian(x: np.ndarray, covariance: CovarianceKind = "ledoit_wolf") -> Gaussian:
     """Fit mean and shrinkage covariance to rows ``x`` ``[n, F]`` (``n ≥ 2``).
@@ -113,7 +138,8 @@ def fit_gaussian(x: np.ndarray, covariance: CovarianceKind = "ledoit_wolf") -> G
             "All token feature vectors are identical: a Gaussian cannot be fitted. "
             "The reference responses carry no geometric variation; use more varied data."
         )
-    estimator = LedoitWolf() if covariance == "ledoit_wolf" else OAS()
+    shrinkage = optional_module("sklearn.covariance", "Fitting a Gaussian")
+    estimator = shrinkage.LedoitWolf() if covariance == "ledoit_wolf" else shrinkage.OAS()
     estimator.fit(x)
     cov = np.asarray(estimator.covariance_, dtype=np.float64)
     mean = np.asarray(estimator.location_, dtype=np.float64)
@@ -156,6 +182,7 @@ def fit_xgb_calibrator(
     Raises:
         InsufficientDataError: if ``y`` has a single class.
     """
+    boost = xgboost_module()
     y = np.asarray(y, dtype=np.float64)
     if np.unique(y).size < 2:
         raise InsufficientDataError(
@@ -170,17 +197,18 @@ def fit_xgb_calibrator(
     n_val = round(validation_fraction * len(uniq))
     counts = np.bincount(group_labels.astype(int), minlength=2)
     if validation_fraction > 0 and n_val >= 2 and counts.min() >= 4:
-        _, g_val = train_test_split(
+        selection = optional_module("sklearn.model_selection", "Training the calibrator")
+        _, g_val = selection.train_test_split(
             uniq, test_size=n_val, stratify=group_labels, random_state=random_state
         )
         val_mask = np.isin(groups, g_val)
         train_idx, val_idx = np.flatnonzero(~val_mask), np.flatnonzero(val_mask)
     p = dict(params)
     p.setdefault("seed", random_state)
-    dtrain = xgb.DMatrix(x[train_idx], label=y[train_idx])
+    dtrain = boost.DMatrix(x[train_idx], label=y[train_idx])
     if val_idx is not None and np.unique(y[val_idx]).size == 2:
-        dval = xgb.DMatrix(x[val_idx], label=y[val_idx])
-        booster = xgb.train(
+        dval = boost.DMatrix(x[val_idx], label=y[val_idx])
+        booster = boost.train(
             p,
             dtrain,
             num_boost_round=num_boost_round,
@@ -192,7 +220,7 @@ def fit_xgb_calibrator(
         booster = booster[: best + 1]
         info = {"early_stopping": True, "best_iteration": best}
     else:
-        booster = xgb.train(p, dtrain, num_boost_round=num_boost_round, verbose_eval=False)
+        booster = boost.train(p, dtrain, num_boost_round=num_boost_round, verbose_eval=False)
         info["best_iteration"] = num_boost_round - 1
     booster.set_param({"nthread": 1})
     return booster, info
@@ -204,8 +232,12 @@ def booster_to_bytes(booster: xgb.Booster) -> bytes:
 
 
 def booster_from_bytes(raw: bytes) -> xgb.Booster:
-    """Load a booster written by :func:`booster_to_bytes`."""
-    booster = xgb.Booster()
+    """Load a booster written by :func:`booster_to_bytes`.
+
+    Raises:
+        MissingExtraError: XGBoost is not installed.
+    """
+    booster = xgboost_module().Booster()
     booster.load_model(bytearray(raw))
     booster.set_param({"nthread": 1})
     return booster

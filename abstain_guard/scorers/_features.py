@@ -7,27 +7,35 @@ R^{7L−3}`` (``capture="fast"``: no ω_prop). Ω and Θ come from the response'
 or from ``geometry['phi_in'/'phi_out']`` written by a model that carries the scorer's means
 (``model.with_reference(...)``). The fast vector is read from a fast-capture response
 (``omega_dir``) or from a full-capture one (its ω_dir columns, ``omega[:, 0::2]``).
+
+The reference means are the adapters' :class:`~abstain_guard.adapters.ReferenceMeans`, so a
+geometry scorer's means (and Φ from hidden states) need the ``local`` extra
+(:func:`adapters_module`); a message that carries Φ is read with numpy alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from abstain_guard.adapters import ReferenceMeans
-from abstain_guard.adapters.capture.geometry import phi_from_states
 from abstain_guard.contract.metadata import ResponseMetadata
 from abstain_guard.contract.runnables import map_chat_models
 from abstain_guard.errors import InsufficientDataError, InvalidInputError, ScoringError
+from abstain_guard.scorers._base import optional_module
+
+if TYPE_CHECKING:
+    from abstain_guard.adapters import ReferenceMeans
 
 __all__ = [
     "FAMILIES",
     "CaptureMode",
     "ReferenceInputs",
     "TokenBlock",
+    "adapters_module",
     "family_slices",
     "feature_width",
     "install_reference",
@@ -46,6 +54,15 @@ FAMILIES: tuple[str, ...] = ("omega", "theta", "phi_in", "phi_out")
 CaptureMode = Literal["full", "fast"]
 """The features a scorer reads: ``"full"`` (Ω, Θ, Φ: ``8L−4`` per token) or ``"fast"``
 (ω_dir, Θ, Φ: ``7L−3``; what ``GeometryChatModel(capture="fast")`` produces)."""
+
+
+def adapters_module() -> ModuleType:
+    """:mod:`abstain_guard.adapters` (torch), where the reference means and Φ live.
+
+    Raises:
+        MissingExtraError: torch or transformers is not installed.
+    """
+    return optional_module("abstain_guard.adapters", "The geometry scorers' reference means")
 
 
 def _omega_width(num_layers: int, capture: CaptureMode) -> int:
@@ -149,6 +166,8 @@ def token_block(
     n = omega.shape[0] if omega.ndim == 2 else 0
     logprob = meta.logprobs()
     if states is not None and means is not None:
+        from abstain_guard.adapters.capture.geometry import phi_from_states
+
         post_attn = _as_numpy(states.post_attn)
         post_mlp = _as_numpy(states.post_mlp)
         phi_in = _as_numpy(
@@ -273,7 +292,7 @@ def reference_inputs(
                 "Every reference response must carry hidden states: pass ReplayResults from "
                 "model.replay(..., return_states=True)."
             )
-        means = ReferenceMeans.from_states(
+        means = adapters_module().ReferenceMeans.from_states(
             [s for s, c in zip(states, labels, strict=True) if c],
             [s for s, c in zip(states, labels, strict=True) if not c],
         )
@@ -299,8 +318,12 @@ def means_state(means: ReferenceMeans) -> dict[str, np.ndarray]:
 
 
 def means_from_state(arrays: Mapping[str, np.ndarray]) -> ReferenceMeans:
-    """The means stored by :func:`means_state` among a scorer state's arrays."""
-    return ReferenceMeans.from_arrays(
+    """The means stored by :func:`means_state` among a scorer state's arrays.
+
+    Raises:
+        MissingExtraError: the adapters (torch) are not installed.
+    """
+    return adapters_module().ReferenceMeans.from_arrays(  # type: ignore[no-any-return]
         {k[len(_MEANS_PREFIX) :]: v for k, v in arrays.items() if k.startswith(_MEANS_PREFIX)}
     )
 

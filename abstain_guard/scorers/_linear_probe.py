@@ -3,7 +3,9 @@ cross-validation on the fitting answers only, stored as plain arrays (no pickle)
 row by row with an exactly rounded sum (:func:`row_dot`) so a response scored alone gets
 bitwise its score in a batch, on any processor.
 
-Shared by the hidden-state probes (:mod:`.probe`) and :mod:`.likelihood_probe`.
+Scoring is numpy alone, in the core install and the full one the same way; scikit-learn is
+imported only to fit (:func:`fit_linear_probe`, :func:`out_of_fold_logits`). Shared by the
+hidden-state probes (:mod:`.probe`), :mod:`.likelihood_probe` and :mod:`.geometry_plus`.
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sklearn.linear_model import LogisticRegression, LogisticRegressionCV
-from sklearn.model_selection import StratifiedKFold
 
 from abstain_guard.errors import ArtifactSchemaError, InsufficientDataError, InvalidInputError
+from abstain_guard.scorers._base import optional_module
 
 __all__ = [
     "PROBE_CS",
@@ -38,10 +39,10 @@ def row_dot(z: np.ndarray, coef: np.ndarray) -> np.ndarray:
 
     Each product is one IEEE multiplication and each row's sum is exactly rounded
     (:func:`math.fsum`), so a row's value does not depend on the order of the additions:
-    not on the number of rows, numpy's SIMD width (AVX2 vs AVX-512 reduce in other orders:
-    a plain ``(z * coef).sum(axis=1)`` moved a score by 5.6e-17 between a batch and a lone
-    row on an AVX-512 machine) or a BLAS kernel. A response scored alone gets bitwise the
-    score calibration gave it in a batch, on every processor."""
+    not on the number of rows, numpy's SIMD width (AVX2 and AVX-512 reduce in other orders,
+    so a plain ``(z * coef).sum(axis=1)`` differs in the last bit between a batch and a lone
+    row) or a BLAS kernel. A response scored alone gets bitwise the score calibration gave
+    it in a batch, on every processor."""
     prod = np.asarray(z, dtype=np.float64) * np.asarray(coef, dtype=np.float64)
     if prod.ndim != 2:
         raise InvalidInputError(f"row_dot needs rows [n, F], got shape {prod.shape}.")
@@ -117,15 +118,6 @@ class LinearProbe:
         return probe
 
 
-def _model(cs: Sequence[float], folds: int, seed: int) -> LogisticRegressionCV:
-    return LogisticRegressionCV(
-        Cs=list(cs),
-        cv=StratifiedKFold(folds, shuffle=True, random_state=seed),
-        scoring="roc_auc",
-        max_iter=5_000,
-    )
-
-
 def _standardise(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     mean = x.mean(axis=0)
     scale = x.std(axis=0)
@@ -133,14 +125,27 @@ def _standardise(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return (x - mean) / scale, mean, scale
 
 
+def _folds(folds: int, seed: int) -> Any:
+    selection = optional_module("sklearn.model_selection", "Fitting a linear probe")
+    return selection.StratifiedKFold(folds, shuffle=True, random_state=seed)
+
+
 def fit_linear_probe(
-    x: np.ndarray, correct: np.ndarray, cs: Sequence[float], folds: int, seed: int, what: str
+    x: np.ndarray,
+    correct: np.ndarray,
+    cs: Sequence[float],
+    folds: int,
+    seed: int,
+    what: str,
+    *,
+    max_iter: int = 5_000,
 ) -> LinearProbe:
     """Fit on rows ``x [n, F]`` with labels ``correct [n]``; C by ``folds``-fold stratified
-    CV (AUROC) over ``cs``.
+    CV (AUROC) over ``cs``. ``what`` names the scorer in the error message.
 
     Raises:
         InsufficientDataError: fewer than ``folds`` answers of a class.
+        MissingExtraError: scikit-learn is not installed.
     """
     y = np.asarray(correct, dtype=bool)
     counts = np.bincount(y.astype(int), minlength=2)
@@ -149,8 +154,11 @@ def fit_linear_probe(
             f"{what} is fitted on {counts[1]} correct and {counts[0]} incorrect answers; it "
             f"needs at least {folds} of each for its cross-validation. Use more questions."
         )
+    linear = optional_module("sklearn.linear_model", "Fitting a linear probe")
     z, mean, scale = _standardise(np.asarray(x, dtype=np.float64))
-    model = _model(cs, folds, seed)
+    model = linear.LogisticRegressionCV(
+        Cs=list(cs), cv=_folds(folds, seed), scoring="roc_auc", max_iter=max_iter
+    )
     with warnings.catch_warnings():  # scikit-learn 1.8 announces 1.10 API changes
         warnings.simplefilter("ignore", FutureWarning)
         model.fit(z, y)
@@ -170,11 +178,12 @@ def out_of_fold_logits(
 ) -> np.ndarray:
     """Logits of each fitting row from a model (strength ``C``, standardised within the
     fold) that did not see it: the honest input of a second-stage model."""
+    linear = optional_module("sklearn.linear_model", "Fitting a linear probe")
     y = np.asarray(correct, dtype=bool)
     out = np.empty(len(y), dtype=np.float64)
     x = np.asarray(x, dtype=np.float64)
-    for fit_idx, held_idx in StratifiedKFold(folds, shuffle=True, random_state=seed).split(x, y):
+    for fit_idx, held_idx in _folds(folds, seed).split(x, y):
         z, mean, scale = _standardise(x[fit_idx])
-        model = LogisticRegression(C=C, max_iter=5_000).fit(z, y[fit_idx])
+        model = linear.LogisticRegression(C=C, max_iter=5_000).fit(z, y[fit_idx])
         out[held_idx] = model.decision_function((x[held_idx] - mean) / scale)
     return out

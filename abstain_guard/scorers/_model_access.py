@@ -1,14 +1,14 @@
 """What the model-based scorers share: a base class holding the chat model, the prompt and
 answer ids of a response, the question inside a chat-templated prompt, and right-padded
-batches for one forward pass."""
+batches for one forward pass. torch is imported where a forward pass runs: these scorers
+are built with a local chat model, which brings it."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
-import torch
 
 from abstain_guard.contract.metadata import ResponseLike, ResponseMetadata
 from abstain_guard.errors import ConfigError
@@ -65,6 +65,8 @@ def question_from_prompt(tokenizer: Any, prompt_ids: Sequence[int]) -> str:
 def right_padded(sequences: Sequence[Sequence[int]]) -> tuple[Any, Any, Any]:
     """Right-padded ``input_ids`` / ``attention_mask`` ``[n, max_len]`` and the index of each
     sequence's last token ``[n]`` (torch tensors)."""
+    import torch
+
     width = max(len(s) for s in sequences)
     ids = torch.zeros((len(sequences), width), dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -76,6 +78,9 @@ def right_padded(sequences: Sequence[Sequence[int]]) -> tuple[Any, Any, Any]:
 
 class ModelScorer(Scorer):
     """Shared plumbing: holds the model, stores config-only state, needs ``model=`` to load."""
+
+    family: ClassVar[str] = "model"
+    reads: ClassVar[frozenset[str]] = frozenset({"model"})
 
     def __init__(self, model: Any) -> None:
         if model is None or not hasattr(model, "hf_model"):
@@ -108,6 +113,8 @@ class ModelScorer(Scorer):
 
     def _forward_last_logits(self, sequences: list[list[int]], batch_size: int = 16) -> np.ndarray:
         """Next-token log-probabilities after each sequence ``[n, V]`` (right-padded)."""
+        import torch
+
         hf = self.model.hf_model
         rows = []
         for start in range(0, len(sequences), batch_size):

@@ -1,25 +1,29 @@
-"""The scorer registry: the one list of scorers.
+"""The scorer registry, derived from the scorer classes themselves.
 
 Artifacts store a scorer's ``kind``; the guard, ``calibrate``, ``evaluate``, the CLI and the
 docs read :func:`scorer_names` / :func:`scorer_spec`; :func:`build_scorer` is the one way to
-build a scorer by name and :func:`scorer_from_state` rebuilds a stored one. Each built-in
-kind points at its own module in :mod:`abstain_guard.scorers` by a ``"module:Class"`` string,
-imported on first use, so that the scorers needing torch or xgboost are loaded only when an
-artifact or a config names them. The kinds are stored in artifacts: never rename one.
+build a scorer by name and :func:`scorer_from_state` rebuilds a stored one. Every class in
+the built-in scorer modules (:data:`BUILT_IN_MODULES`, in the order listings show them) is
+registered under its ``kind`` — or under each of its ``presets`` — with the family and the
+fields it declares (:class:`~abstain_guard.scorers._base.Scorer`). Scorer modules import
+only numpy and scipy when loaded, so the registry loads no optional dependency. The kinds
+are stored in artifacts: never rename one.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+import inspect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from abstain_guard.errors import ArtifactSchemaError, ConfigError
 from abstain_guard.scorers._base import Scorer, ScorerState
 
 __all__ = [
-    "ScorerInput",
+    "BUILT_IN_MODULES",
     "ScorerSpec",
     "build_scorer",
     "register_scorer",
@@ -29,205 +33,78 @@ __all__ = [
     "scorer_spec",
 ]
 
-
-ScorerInput = Literal["metadata", "model", "samples"]
-"""What a scorer reads: the response metadata only, the chat model too (a forward pass per
-response), or K sampled answers per prompt as well."""
+BUILT_IN_MODULES: tuple[str, ...] = (
+    "perplexity",
+    "max_sequence_probability",
+    "mean_token_entropy",
+    "geometry",
+    "geometry_fast",
+    "geometry_plus",
+    "probe",
+    "likelihood_probe",
+    "calibrated",
+    "p_true",
+    "attention_score",
+    "eigenscore",
+    "sar",
+    "semantic_entropy",
+)
+"""The modules of :mod:`abstain_guard.scorers` that define the built-in scorers."""
 
 
 @dataclass(frozen=True)
 class ScorerSpec:
-    """One registered scorer.
+    """One registered kind: a scorer class and the constructor parameters of its preset.
 
-    Attributes:
-        kind: registry name, stored in artifacts (``ScorerState.kind``).
-        target: the class, or ``"module:Class"`` imported on first use (scorers that need
-            torch or xgboost live in the optional ``local`` extra, so core must not import
-            them eagerly).
-        family: ``"likelihood"``, ``"geometry"``, ``"probe"`` (hidden-state probes),
-            ``"floor"`` (``type_floor``), ``"model"`` (P(True), attention score),
-            ``"sampling"`` (SAR, semantic entropy, EigenScore), ``"calibrated"`` or
-            ``"custom"``.
-        reads: what :func:`build_scorer` must pass (see :data:`ScorerInput`).
-        fitted: ``True`` when the scorer is fitted on reference/train answers before the
-            conformal step (``calibrate`` generates those splits for it).
-        summary: one line for the CLI and docs.
+    Everything else is the class's own declaration: :attr:`family`, :attr:`reads`,
+    :attr:`fitted` (it has a ``fit``) and :attr:`summary` (its docstring's first line).
     """
 
     kind: str
-    target: str | type[Scorer]
-    family: str
-    reads: ScorerInput = "metadata"
-    fitted: bool = False
-    summary: str = ""
+    cls: type[Scorer]
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def family(self) -> str:
+        return self.cls.family
+
+    @property
+    def reads(self) -> frozenset[str] | None:
+        return self.cls.reads
+
+    @property
+    def fitted(self) -> bool:
+        return callable(getattr(self.cls, "fit", None))
+
+    @property
+    def summary(self) -> str:
+        return (inspect.getdoc(self.cls) or self.kind).split("\n\n")[0].replace("\n", " ")
 
 
-_HOME = "abstain_guard.scorers"
-
-_REGISTRY: dict[str, ScorerSpec] = {
-    spec.kind: spec
-    for spec in (
-        ScorerSpec(
-            "perplexity",
-            f"{_HOME}.perplexity:PerplexityScorer",
-            "likelihood",
-            summary="exp(-mean token log-probability) (paper Eq. 1)",
-        ),
-        ScorerSpec(
-            "max_sequence_probability",
-            f"{_HOME}.max_sequence_probability:MaxSequenceProbabilityScorer",
-            "likelihood",
-            summary="-sum of token log-probabilities",
-        ),
-        ScorerSpec(
-            "mean_token_entropy",
-            f"{_HOME}.mean_token_entropy:MeanTokenEntropyScorer",
-            "likelihood",
-            summary="mean full-vocabulary token entropy",
-        ),
-        ScorerSpec(
-            "geometry",
-            f"{_HOME}.geometry:GeometryScorer",
-            "geometry",
-            fitted=True,
-            summary="hidden-state geometry -> Mahalanobis -> XGBoost -> perplexity (paper 4.5)",
-        ),
-        ScorerSpec(
-            "geometry_fast",
-            f"{_HOME}.geometry_fast:GeometryFastScorer",
-            "geometry",
-            fitted=True,
-            summary="geometry on fast-capture features (omega_dir, theta, phi; no omega_prop); "
-            "deployed with capture='fast'",
-        ),
-        ScorerSpec(
-            "geometry_plus",
-            f"{_HOME}.geometry_plus:GeometryPlusScorer",
-            "geometry",
-            fitted=True,
-            summary="geometry distances + likelihood summarised per response -> logistic "
-            "model -> P(wrong)",
-        ),
-        ScorerSpec(
-            "probe_mid",
-            f"{_HOME}.probe:ProbeMid",
-            "probe",
-            fitted=True,
-            summary="SAPLMA-style logistic probe: residual stream, middle layer (L//2), "
-            "mean over generated tokens",
-        ),
-        ScorerSpec(
-            "probe_upper",
-            f"{_HOME}.probe:ProbeUpper",
-            "probe",
-            fitted=True,
-            summary="SAPLMA-style logistic probe: residual stream, upper layer (4L//5), "
-            "mean over generated tokens",
-        ),
-        ScorerSpec(
-            "probe_concat",
-            f"{_HOME}.probe:ProbeConcat",
-            "probe",
-            fitted=True,
-            summary="SAPLMA-style logistic probe: residual stream, middle + upper layers, "
-            "mean over generated tokens",
-        ),
-        ScorerSpec(
-            "probe_mid_last",
-            f"{_HOME}.probe:ProbeMidLast",
-            "probe",
-            fitted=True,
-            summary="SAPLMA-style logistic probe: residual stream, middle layer (L//2), "
-            "last generated position",
-        ),
-        ScorerSpec(
-            "probe_upper_last",
-            f"{_HOME}.probe:ProbeUpperLast",
-            "probe",
-            fitted=True,
-            summary="SAPLMA-style logistic probe: residual stream, upper layer (4L//5), "
-            "last generated position",
-        ),
-        ScorerSpec(
-            "probe_concat_last",
-            f"{_HOME}.probe:ProbeConcatLast",
-            "probe",
-            fitted=True,
-            summary="SAPLMA-style logistic probe: residual stream, middle + upper layers, "
-            "last generated position",
-        ),
-        ScorerSpec(
-            "likelihood_probe",
-            f"{_HOME}.likelihood_probe:LikelihoodProbeScorer",
-            "probe",
-            fitted=True,
-            summary="probe_concat's out-of-fold logit + likelihood summary -> logistic model",
-        ),
-        ScorerSpec(
-            "type_floor",
-            f"{_HOME}.type_floor:TypeFloorScorer",
-            "floor",
-            fitted=True,
-            summary="1 - train accuracy of the question's type (a measuring floor, not a guard)",
-        ),
-        ScorerSpec(
-            "calibrated",
-            f"{_HOME}.calibrated:CalibratedScorer",
-            "calibrated",
-            fitted=True,
-            summary="XGBoost calibration of any one-dimensional score (paper appendix)",
-        ),
-        ScorerSpec(
-            "p_true",
-            f"{_HOME}.p_true:PTrueScorer",
-            "model",
-            reads="model",
-            summary="-log p('True') when the model judges its own answer",
-        ),
-        ScorerSpec(
-            "attention_score",
-            f"{_HOME}.attention_score:AttentionScoreScorer",
-            "model",
-            reads="model",
-            summary="LLM-Check attention log-determinant at layer L//2",
-        ),
-        ScorerSpec(
-            "eigenscore",
-            f"{_HOME}.eigenscore:EigenScoreScorer",
-            "sampling",
-            reads="samples",
-            summary="log-determinant of K sampled answers' middle-layer embeddings",
-        ),
-        ScorerSpec(
-            "sar",
-            f"{_HOME}.sar:SARScorer",
-            "sampling",
-            reads="samples",
-            summary="shifting attention to relevance over K sampled answers",
-        ),
-        ScorerSpec(
-            "semantic_entropy",
-            f"{_HOME}.semantic_entropy:SemanticEntropyScorer",
-            "sampling",
-            reads="samples",
-            summary="entropy over meaning classes of K sampled answers",
-        ),
-    )
-}
+def _specs(cls: type[Scorer]) -> list[ScorerSpec]:
+    presets = cls.presets or {cls.kind: {}}
+    return [ScorerSpec(kind, cls, dict(params)) for kind, params in presets.items()]
 
 
-def register_scorer(
-    kind: str,
-    cls: type[Scorer] | str,
-    *,
-    family: str = "custom",
-    reads: ScorerInput = "metadata",
-    fitted: bool = False,
-    summary: str = "",
-) -> None:
-    """Register a scorer class (or ``"module:Class"`` path) under ``kind`` so artifacts
-    that store it can be loaded."""
-    _REGISTRY[kind] = ScorerSpec(kind, cls, family, reads, fitted, summary)
+@functools.cache
+def _registry() -> dict[str, ScorerSpec]:
+    out: dict[str, ScorerSpec] = {}
+    for name in BUILT_IN_MODULES:
+        module = importlib.import_module(f"abstain_guard.scorers.{name}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if (
+                cls.__module__ == module.__name__
+                and issubclass(cls, Scorer)
+                and "kind" in vars(cls)
+            ):
+                out.update((spec.kind, spec) for spec in _specs(cls))
+    return out
+
+
+def register_scorer(cls: type[Scorer]) -> None:
+    """Register a custom scorer class under its ``kind`` (and its ``presets``), so that
+    artifacts which store it can be loaded."""
+    _registry().update((s.kind, s) for s in _specs(cls))
 
 
 def scorer_spec(kind: str) -> ScorerSpec:
@@ -236,48 +113,28 @@ def scorer_spec(kind: str) -> ScorerSpec:
     Raises:
         ArtifactSchemaError: if ``kind`` is not registered.
     """
-    spec = _REGISTRY.get(kind)
+    spec = _registry().get(kind)
     if spec is None:
         raise ArtifactSchemaError(
-            f"Unknown scorer kind {kind!r}; known kinds: {sorted(_REGISTRY)}. "
+            f"Unknown scorer kind {kind!r}; known kinds: {sorted(_registry())}. "
             "Register custom scorers with abstain_guard.scorers.register_scorer before loading."
         )
     return spec
 
 
-def scorer_names(
-    *, family: str | Sequence[str] | None = None, fitted: bool | None = None
-) -> tuple[str, ...]:
-    """Registered kinds in registry order, optionally only some families / fitted ones."""
+def scorer_names(*, family: str | Sequence[str] | None = None) -> tuple[str, ...]:
+    """Registered kinds in registry order, optionally only those of some families."""
     families = (family,) if isinstance(family, str) else family
-    return tuple(
-        s.kind
-        for s in _REGISTRY.values()
-        if (families is None or s.family in families) and (fitted is None or s.fitted == fitted)
-    )
+    return tuple(s.kind for s in _registry().values() if families is None or s.family in families)
 
 
 def scorer_class(kind: str) -> type[Scorer]:
-    """Resolve a registered scorer kind to its class.
+    """The class of a registered scorer kind.
 
     Raises:
-        ArtifactSchemaError: if ``kind`` is not registered or its module cannot be imported.
+        ArtifactSchemaError: if ``kind`` is not registered.
     """
-    spec = scorer_spec(kind)
-    target = spec.target
-    if isinstance(target, str):
-        module_name, _, attr = target.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:  # pragma: no cover - depends on installed extras
-            raise ArtifactSchemaError(
-                f"Scorer {kind!r} needs {module_name}, which could not be imported ({exc}). "
-                "Install the local extra: pip install 'abstain-guard[local]'."
-            ) from exc
-        resolved: type[Scorer] = getattr(module, attr)
-        _REGISTRY[kind] = replace(spec, target=resolved)
-        return resolved
-    return target
+    return scorer_spec(kind).cls
 
 
 def build_scorer(kind: str, *, model: Any = None, samples: Any = None, **params: Any) -> Scorer:
@@ -285,26 +142,26 @@ def build_scorer(kind: str, *, model: Any = None, samples: Any = None, **params:
 
     Args:
         kind: a registered kind (:func:`scorer_names`).
-        model: the chat model, for scorers that read it (``reads`` ``"model"``/``"samples"``).
+        model: the chat model, for scorers that read it (``"model"`` in their ``reads``).
         samples: a shared ``SampleSource`` for sampling scorers (built from ``model`` when
             not given); scorers sharing one draw K samples once per prompt.
-        **params: constructor parameters of the scorer.
+        **params: constructor parameters of the scorer (over its preset's).
 
     Raises:
         ConfigError: ``kind`` needs the chat model and none was given.
     """
     spec = scorer_spec(kind)
-    cls = scorer_class(kind)
-    if spec.reads == "metadata":
-        return cls(**params)
+    cls, kwargs = spec.cls, {**spec.params, **params}
+    if "model" not in (spec.reads or ()):
+        return cls(**kwargs)
     if model is None:
         raise ConfigError(
             f"Scorer {kind!r} reads the chat model ({spec.summary}); pass model=... "
             "(the GeometryChatModel that produced the responses)."
         )
-    if spec.reads == "samples":
-        return cls(model, samples=samples, **params)  # type: ignore[call-arg]
-    return cls(model, **params)  # type: ignore[call-arg]
+    if spec.family == "sampling":
+        return cls(model, samples=samples, **kwargs)  # type: ignore[call-arg]
+    return cls(model, **kwargs)  # type: ignore[call-arg]
 
 
 def scorer_from_state(state: ScorerState) -> Scorer:

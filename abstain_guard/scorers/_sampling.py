@@ -1,18 +1,17 @@
 """What the sampling scorers share: K answers sampled per prompt (:class:`SampleSource`,
 cached by prompt tokens so that scorers scored on the same responses share one set of K
-samples) and the base class of the scorers that read them (lm-polygraph definitions)."""
+samples) and the base class of the scorers that read them (lm-polygraph definitions). torch
+and the adapters are imported where samples are drawn (a local chat model brings them)."""
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
-import torch
 
-from abstain_guard.adapters.model.loading import eos_token_ids, pad_token_id
 from abstain_guard.errors import ConfigError, InvalidInputError, ScoringError
 from abstain_guard.scorers._base import Scorer, ScorerState
 from abstain_guard.scorers._model_access import ModelScorer, right_padded
@@ -82,6 +81,10 @@ class SampleSource:
         return self._samples[key]
 
     def _generate(self, prompt: tuple[int, ...]) -> list[Sample]:
+        import torch
+
+        from abstain_guard.adapters.model.loading import eos_token_ids, pad_token_id
+
         hf = self.model.hf_model
         tok = self.model.tokenizer
         eos = set(eos_token_ids(hf, tok))
@@ -134,6 +137,8 @@ class SampleSource:
         samples = [s for s in self.samples(key) if s.content_ids]
         if not samples:
             raise ScoringError("Every sampled answer was empty; no embedding to take.")
+        import torch
+
         hf = self.model.hf_model
         layer = int(hf.config.num_hidden_layers // 2)
         seqs = [list(key) + s.content_ids for s in samples]
@@ -147,6 +152,10 @@ class SampleSource:
 
 
 class SamplingScorer(ModelScorer):
+    """What the scorers over K sampled answers share: the sample source and its settings."""
+
+    family: ClassVar[str] = "sampling"
+
     def __init__(self, model: Any, samples: SampleSource | None, num_samples: int) -> None:
         super().__init__(model)
         if samples is not None and samples.model is not model:

@@ -3,12 +3,10 @@ one layer's self-attention over prompt + answer."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
-import torch
 
-from abstain_guard.adapters.capture.attention import attention_implementation
 from abstain_guard.contract.metadata import ResponseLike
 from abstain_guard.errors import InvalidInputError
 from abstain_guard.scorers._model_access import ModelScorer, prompt_and_answer_ids
@@ -34,7 +32,7 @@ class AttentionScoreScorer(ModelScorer):
     restored afterwards (do not score concurrently with generation on the same model).
     """
 
-    kind: ClassVar[str] = "attention_score"
+    kind = "attention_score"
 
     def __init__(self, model: Any, layer: int | None = None) -> None:
         super().__init__(model)
@@ -45,6 +43,10 @@ class AttentionScoreScorer(ModelScorer):
 
     def diagonals(self, response: ResponseLike) -> np.ndarray:
         """Attention diagonals ``[H, T]`` of the scored layer."""
+        import torch
+
+        from abstain_guard.adapters.capture.attention import attention_implementation
+
         hf = self.model.hf_model
         prompt, answer = prompt_and_answer_ids(response)
         layer = self.layer if self.layer is not None else int(hf.config.num_hidden_layers // 2)

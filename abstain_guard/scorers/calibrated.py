@@ -38,7 +38,8 @@ class CalibratedScorer(Scorer):
         base: any scorer (its score is the single feature).
     """
 
-    kind: ClassVar[str] = "calibrated"
+    kind = "calibrated"
+    family: ClassVar[str] = "calibrated"
 
     def __init__(
         self,

@@ -4,7 +4,7 @@ INSIDE; lm-polygraph ``EigenScore``): the pure formula :func:`eigenscore` and
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +33,7 @@ class EigenScoreScorer(SamplingScorer):
     """EigenScore (LLM-Check / INSIDE; lm-polygraph ``EigenScore``): middle-layer
     (``L//2``) embedding of the last token of each of K samples, ``α = 1e-3``."""
 
-    kind: ClassVar[str] = "eigenscore"
+    kind = "eigenscore"
 
     def __init__(
         self,

@@ -24,11 +24,10 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
-from abstain_guard.adapters import ReferenceMeans
 from abstain_guard.contract.metadata import ResponseLike
 from abstain_guard.errors import (
     ArtifactSchemaError,
@@ -59,6 +58,9 @@ from abstain_guard.scorers._features import (
     token_block,
 )
 
+if TYPE_CHECKING:
+    from abstain_guard.adapters import ReferenceMeans
+
 __all__ = ["GeometryScorer", "LabeledResponses", "Variant"]
 
 Variant = Literal["paper", "raw"]
@@ -86,7 +88,9 @@ class GeometryScorer(Scorer):
     ``fit_info_``.
     """
 
-    kind: ClassVar[str] = "geometry"
+    kind = "geometry"
+    family: ClassVar[str] = "geometry"
+    reads: ClassVar[frozenset[str]] = frozenset({"geometry"})
     capture: ClassVar[CaptureMode] = "full"
     """The token features read (:func:`.features.token_block`): ``"full"`` — Ω, Θ, Φ."""
 
@@ -170,7 +174,7 @@ class GeometryScorer(Scorer):
     ) -> GeometryScorer:
         """:meth:`fit` from inputs already read: the reference split
         (:func:`.features.reference_inputs`) and the train split's token blocks with their
-        labels ``[n_train]`` (Φ with ``reference.means``). ``bench/within_type.py`` uses it."""
+        labels ``[n_train]`` (Φ with ``reference.means``)."""
         ref = reference
         self.reference_means_ = ref.means
         self.num_layers_ = ref.num_layers
@@ -295,14 +299,8 @@ class GeometryScorer(Scorer):
         json.dumps(params)  # fail early on a non-JSON xgb parameter
         arrays = means_state(self.reference_means_)
         if self.variant == "paper":
-            arrays.update(
-                {
-                    "gaussian_corr.mean": self.gaussian_corr_.mean,
-                    "gaussian_corr.whiten": self.gaussian_corr_.whiten,
-                    "gaussian_inc.mean": self.gaussian_inc_.mean,
-                    "gaussian_inc.whiten": self.gaussian_inc_.whiten,
-                }
-            )
+            arrays.update(self.gaussian_corr_.arrays("gaussian_corr"))
+            arrays.update(self.gaussian_inc_.arrays("gaussian_inc"))
         return ScorerState(
             kind=self.kind,
             params=params,
@@ -329,12 +327,8 @@ class GeometryScorer(Scorer):
             scorer.fit_info_ = dict(p.get("fit_info", {}))
             scorer.reference_means_ = means_from_state(state.arrays)
             if scorer.variant == "paper":
-                scorer.gaussian_corr_ = Gaussian(
-                    state.arrays["gaussian_corr.mean"], state.arrays["gaussian_corr.whiten"]
-                )
-                scorer.gaussian_inc_ = Gaussian(
-                    state.arrays["gaussian_inc.mean"], state.arrays["gaussian_inc.whiten"]
-                )
+                scorer.gaussian_corr_ = Gaussian.from_arrays(state.arrays, "gaussian_corr")
+                scorer.gaussian_inc_ = Gaussian.from_arrays(state.arrays, "gaussian_inc")
             scorer.booster_ = booster_from_bytes(state.files["calibrator.ubj"])
         except KeyError as exc:
             raise ArtifactSchemaError(

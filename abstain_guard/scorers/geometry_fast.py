@@ -30,7 +30,7 @@ class GeometryFastScorer(GeometryScorer):
     """:class:`~.geometry.GeometryScorer` on fast-capture features (ω_dir, Θ, Φ^in, Φ^out;
     ``7L−3`` per token); higher = more uncertain. Same arguments, fit and state."""
 
-    kind: ClassVar[str] = "geometry_fast"
+    kind = "geometry_fast"
     capture: ClassVar[CaptureMode] = "fast"
 
     @property

@@ -21,16 +21,12 @@ are read exactly as for :class:`~.geometry.GeometryScorer` (full capture: Ω nee
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from scipy.special import expit
-from sklearn.linear_model import LogisticRegressionCV
-from sklearn.model_selection import StratifiedKFold
 
-from abstain_guard.adapters import ReferenceMeans
 from abstain_guard.contract.metadata import ResponseLike
 from abstain_guard.errors import (
     ArtifactSchemaError,
@@ -50,7 +46,10 @@ from abstain_guard.scorers._features import (
     reference_inputs,
     token_block,
 )
-from abstain_guard.scorers._linear_probe import row_dot
+from abstain_guard.scorers._linear_probe import LinearProbe, check_cs, fit_linear_probe
+
+if TYPE_CHECKING:
+    from abstain_guard.adapters import ReferenceMeans
 
 __all__ = ["DEFAULT_CS", "RESPONSE_FEATURES", "GeometryPlusScorer", "response_features"]
 
@@ -129,11 +128,13 @@ class GeometryPlusScorer(Scorer):
         random_state: seed of the cross-validation folds.
 
     Fitted attributes: ``reference_means_``, ``num_layers_``, ``gaussian_corr_``,
-    ``gaussian_inc_``, ``feature_mean_`` / ``feature_scale_`` ``[F]`` (standardisation),
-    ``coef_`` ``[F]``, ``intercept_``, ``C_`` (the chosen strength), ``fit_info_``.
+    ``gaussian_inc_``, ``model_`` (:class:`~._linear_probe.LinearProbe` on the standardised
+    response summary: its strength ``C`` chosen by cross-validation), ``fit_info_``.
     """
 
-    kind: ClassVar[str] = "geometry_plus"
+    kind = "geometry_plus"
+    family: ClassVar[str] = "geometry"
+    reads: ClassVar[frozenset[str]] = frozenset({"geometry"})
 
     def __init__(
         self,
@@ -154,14 +155,9 @@ class GeometryPlusScorer(Scorer):
                 f"features must be a non-empty subset of {list(RESPONSE_FEATURES)}; "
                 f"unknown: {unknown}."
             )
-        cs = tuple(float(c) for c in cs)
-        if not cs or any(not np.isfinite(c) or c <= 0 for c in cs):
-            raise InvalidInputError(f"cs must be positive finite numbers, got {cs!r}.")
-        if int(cv_folds) < 2:
-            raise InvalidInputError(f"cv_folds must be at least 2, got {cv_folds}.")
         self.covariance: CovarianceKind = covariance
         self.features = tuple(f for f in RESPONSE_FEATURES if f in set(features))
-        self.cs = cs
+        self.cs = check_cs(cs, cv_folds)
         self.cv_folds = int(cv_folds)
         self.min_reference_responses = int(min_reference_responses)
         self.random_state = int(random_state)
@@ -169,7 +165,7 @@ class GeometryPlusScorer(Scorer):
     # ---- fitting ---------------------------------------------------------------------
 
     def _check_fitted(self) -> None:
-        if not hasattr(self, "coef_"):
+        if not hasattr(self, "model_"):
             raise NotFittedError(
                 "GeometryPlusScorer is not fitted: call fit(reference, train) or load it "
                 "from an artifact first."
@@ -209,7 +205,7 @@ class GeometryPlusScorer(Scorer):
     ) -> GeometryPlusScorer:
         """:meth:`fit` from inputs already read: the reference split
         (:func:`.features.reference_inputs`) and the train split's token blocks with their
-        labels ``[n_train]`` (Φ with ``reference.means``). ``bench/within_type.py`` uses it."""
+        labels ``[n_train]`` (Φ with ``reference.means``)."""
         y = np.asarray(train_labels, dtype=bool)
         counts = np.bincount(y.astype(int), minlength=2)
         if counts.min() < self.cv_folds:
@@ -222,33 +218,20 @@ class GeometryPlusScorer(Scorer):
         self.num_layers_ = reference.num_layers
         self.gaussian_corr_ = fit_gaussian(reference.tokens(correct=True), self.covariance)
         self.gaussian_inc_ = fit_gaussian(reference.tokens(correct=False), self.covariance)
-        x = self._features(train_blocks)
-        mean = x.mean(axis=0)
-        scale = x.std(axis=0)
-        scale[scale <= 0] = 1.0
-        model = LogisticRegressionCV(
-            Cs=list(self.cs),
-            cv=StratifiedKFold(self.cv_folds, shuffle=True, random_state=self.random_state),
-            scoring="roc_auc",
+        self.model_ = fit_linear_probe(
+            self._features(train_blocks),
+            y,
+            self.cs,
+            self.cv_folds,
+            self.random_state,
+            "The geometry_plus scorer",
             max_iter=10_000,
         )
-        with warnings.catch_warnings():  # scikit-learn 1.8 announces 1.10 API changes
-            warnings.simplefilter("ignore", FutureWarning)
-            model.fit((x - mean) / scale, y)
-        self.feature_mean_ = mean
-        self.feature_scale_ = scale
-        self.coef_ = np.asarray(model.coef_[0], dtype=np.float64)
-        self.intercept_ = float(model.intercept_[0])
-        self.C_ = float(model.C_[0])
-        cv_auroc = np.asarray(next(iter(model.scores_.values())), dtype=np.float64)  # [folds, Cs]
         self.fit_info_ = {
             **reference.counts(),
             "train_responses": [int(counts[1]), int(counts[0])],
-            "C": self.C_,
-            "cv_auroc_by_C": {
-                str(c): round(float(a), 4)
-                for c, a in zip(self.cs, cv_auroc.mean(axis=0), strict=True)
-            },
+            "C": self.model_.C,
+            "cv_auroc_by_C": self.model_.cv_auroc,
         }
         return self
 
@@ -279,13 +262,10 @@ class GeometryPlusScorer(Scorer):
         self._check_fitted()
         if not blocks:
             return np.zeros(0, dtype=np.float64)
-        z = (self._features(blocks) - self.feature_mean_) / self.feature_scale_
-        # an exactly rounded row sum (not ``z @ coef``, whose BLAS kernel depends on the row
-        # count, nor numpy's ``sum``, whose order depends on the SIMD width): a response
-        # scored alone gets bitwise the score it gets in a batch on any processor, so the
-        # guard's live score equals the one calibration stored for the same answer
-        logit = row_dot(z, self.coef_) + self.intercept_
-        return np.asarray(expit(-logit), dtype=np.float64)
+        # an exactly rounded row sum (:func:`~._linear_probe.row_dot`): a response scored
+        # alone gets bitwise the score it gets in a batch on any processor, so the guard's
+        # live score equals the one calibration stored for the same answer
+        return np.asarray(expit(-self.model_.logits(self._features(blocks))), dtype=np.float64)
 
     def score(self, response: ResponseLike) -> float:
         """Predicted probability that ``response`` is wrong (higher = more uncertain)."""
@@ -313,21 +293,19 @@ class GeometryPlusScorer(Scorer):
             "random_state": self.random_state,
             "num_layers": self.num_layers_,
             "features": list(self.features),
-            "C": self.C_,
-            "intercept": self.intercept_,
+            "C": self.model_.C,
+            "intercept": self.model_.intercept,
             "fit_info": self.fit_info_,
         }
         json.dumps(params)
         arrays = means_state(self.reference_means_)
         arrays.update(
             {
-                "gaussian_corr.mean": self.gaussian_corr_.mean,
-                "gaussian_corr.whiten": self.gaussian_corr_.whiten,
-                "gaussian_inc.mean": self.gaussian_inc_.mean,
-                "gaussian_inc.whiten": self.gaussian_inc_.whiten,
-                "feature_mean": self.feature_mean_,
-                "feature_scale": self.feature_scale_,
-                "coef": self.coef_,
+                **self.gaussian_corr_.arrays("gaussian_corr"),
+                **self.gaussian_inc_.arrays("gaussian_inc"),
+                "feature_mean": self.model_.mean,
+                "feature_scale": self.model_.scale,
+                "coef": self.model_.coef,
             }
         )
         return ScorerState(kind=self.kind, params=params, arrays=arrays)
@@ -353,23 +331,25 @@ class GeometryPlusScorer(Scorer):
                 random_state=p["random_state"],
             )
             scorer.num_layers_ = int(p["num_layers"])
-            scorer.C_ = float(p["C"])
-            scorer.intercept_ = float(p["intercept"])
             scorer.fit_info_ = dict(p.get("fit_info", {}))
             scorer.reference_means_ = means_from_state(a)
-            scorer.gaussian_corr_ = Gaussian(a["gaussian_corr.mean"], a["gaussian_corr.whiten"])
-            scorer.gaussian_inc_ = Gaussian(a["gaussian_inc.mean"], a["gaussian_inc.whiten"])
-            scorer.feature_mean_ = np.asarray(a["feature_mean"], dtype=np.float64)
-            scorer.feature_scale_ = np.asarray(a["feature_scale"], dtype=np.float64)
-            scorer.coef_ = np.asarray(a["coef"], dtype=np.float64)
+            scorer.gaussian_corr_ = Gaussian.from_arrays(a, "gaussian_corr")
+            scorer.gaussian_inc_ = Gaussian.from_arrays(a, "gaussian_inc")
+            scorer.model_ = LinearProbe(
+                mean=np.asarray(a["feature_mean"], dtype=np.float64),
+                scale=np.asarray(a["feature_scale"], dtype=np.float64),
+                coef=np.asarray(a["coef"], dtype=np.float64),
+                intercept=float(p["intercept"]),
+                C=float(p["C"]),
+                cv_auroc=dict(p.get("fit_info", {}).get("cv_auroc_by_C", {})),
+            )
         except KeyError as exc:
             raise ArtifactSchemaError(
                 f"geometry_plus scorer state is missing {exc}; the artifact is incomplete."
             ) from exc
         n_f = len(scorer.features)
-        if any(
-            v.shape != (n_f,) for v in (scorer.coef_, scorer.feature_mean_, scorer.feature_scale_)
-        ):
+        model = scorer.model_
+        if any(v.shape != (n_f,) for v in (model.coef, model.mean, model.scale)):
             raise ArtifactSchemaError(
                 f"geometry_plus coefficients must have {n_f} entries; the artifact is corrupt."
             )

@@ -67,7 +67,9 @@ class LikelihoodProbeScorer(ProbeScorerBase):
     ``fit_info_``.
     """
 
-    kind: ClassVar[str] = "likelihood_probe"
+    kind = "likelihood_probe"
+    family: ClassVar[str] = "probe"
+    reads: ClassVar[frozenset[str]] = frozenset({"hidden", "logprobs", "entropy"})
     fitted_attr: ClassVar[str] = "stack_"
 
     @staticmethod

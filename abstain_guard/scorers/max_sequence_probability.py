@@ -15,7 +15,9 @@ __all__ = ["MaxSequenceProbabilityScorer"]
 class MaxSequenceProbabilityScorer(StatelessScorer):
     """Negative log-probability of the whole answer: ``−Σ_t log p_t`` (lm-polygraph MSP)."""
 
-    kind: ClassVar[str] = "max_sequence_probability"
+    kind = "max_sequence_probability"
+    family: ClassVar[str] = "likelihood"
+    reads: ClassVar[frozenset[str]] = frozenset({"logprobs"})
 
     def score(self, response: ResponseLike) -> float:
         lp = token_logprobs(response)

@@ -56,7 +56,9 @@ class MeanTokenEntropyScorer(Scorer):
             Default False (missing entropies raise ScoringError).
     """
 
-    kind: ClassVar[str] = "mean_token_entropy"
+    kind = "mean_token_entropy"
+    family: ClassVar[str] = "likelihood"
+    reads: ClassVar[frozenset[str]] = frozenset({"entropy"})
 
     def __init__(self, top_logprobs_fallback: bool = False) -> None:
         self.top_logprobs_fallback = bool(top_logprobs_fallback)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +30,7 @@ class PTrueScorer(ModelScorer):
     through the model's chat template (``chat_template=False``: raw text, as lm-polygraph
     for base models)."""
 
-    kind: ClassVar[str] = "p_true"
+    kind = "p_true"
 
     def __init__(self, model: Any, chat_template: bool = True, batch_size: int = 16) -> None:
         super().__init__(model)

@@ -22,7 +22,9 @@ class PerplexityScorer(StatelessScorer):
     around any chat model that returns OpenAI-style logprobs (no torch needed).
     """
 
-    kind: ClassVar[str] = "perplexity"
+    kind = "perplexity"
+    family: ClassVar[str] = "likelihood"
+    reads: ClassVar[frozenset[str]] = frozenset({"logprobs"})
 
     def score(self, response: ResponseLike) -> float:
         lp = token_logprobs(response)

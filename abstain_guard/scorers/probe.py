@@ -14,16 +14,19 @@ fitted on; never calibration), features standardised, L2 strength chosen by 5-fo
 cross-validation (AUROC) on those answers only. Score: the predicted probability that the
 answer is wrong (higher = more uncertain).
 
-Kinds: ``probe_mid``, ``probe_upper``, ``probe_concat`` (both layers side by side) read the
-mean over generated tokens; ``probe_mid_last``, ``probe_upper_last``, ``probe_concat_last``
-the last position.
+One class, :class:`HiddenStateProbe`, with the layer and the token summary as parameters;
+its presets are the kinds artifacts store: ``probe_mid``, ``probe_upper``, ``probe_concat``
+(both layers side by side) read the mean over generated tokens; ``probe_mid_last``,
+``probe_upper_last``, ``probe_concat_last`` the last position.
+
+Scoring is numpy (:class:`~._linear_probe.LinearProbe`); scikit-learn is imported to fit.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 
 import numpy as np
 from scipy.special import expit
@@ -46,33 +49,26 @@ from abstain_guard.scorers._linear_probe import (
 )
 
 __all__ = [
-    "PROBE_KINDS",
     "HiddenStateProbe",
-    "ProbeConcat",
-    "ProbeConcatLast",
-    "ProbeMid",
-    "ProbeMidLast",
+    "Layer",
     "ProbeScorerBase",
-    "ProbeUpper",
-    "ProbeUpperLast",
+    "Summary",
     "backend_of",
     "check_backend",
     "hidden_features",
     "labeled_responses",
+    "probe_kind",
 ]
 
 Layer = Literal["mid", "upper", "concat"]
+"""The residual stream read: the middle layer, the upper one, or both side by side."""
 Summary = Literal["mean", "last"]
+"""Over the generated tokens: their mean, or the position predicting the last one."""
 
-PROBE_KINDS: dict[str, tuple[Layer, Summary]] = {
-    "probe_mid": ("mid", "mean"),
-    "probe_upper": ("upper", "mean"),
-    "probe_concat": ("concat", "mean"),
-    "probe_mid_last": ("mid", "last"),
-    "probe_upper_last": ("upper", "last"),
-    "probe_concat_last": ("concat", "last"),
-}
-"""Each probe kind's layer choice and token summary."""
+
+def probe_kind(layer: Layer, summary: Summary) -> str:
+    """The registry kind of a probe: ``probe_<layer>``, with ``_last`` for the last position."""
+    return f"probe_{layer}" + ("_last" if summary == "last" else "")
 
 
 def hidden_features(response: ResponseLike, layer: Layer, summary: Summary) -> np.ndarray:
@@ -191,21 +187,48 @@ class ProbeScorerBase(Scorer):
 
 
 class HiddenStateProbe(ProbeScorerBase):
-    """Logistic probe on the residual stream (a kind of :data:`PROBE_KINDS`).
+    """SAPLMA-style logistic probe on the residual stream of the probe layers.
 
     Args:
+        layer: ``"mid"`` (``L // 2``), ``"upper"`` (``4L // 5``) or ``"concat"`` (both).
+        summary: ``"mean"`` over the generated tokens or the ``"last"`` position.
         cs: inverse L2 strengths; cross-validation on the fitting answers picks one.
         cv_folds: stratified folds of that cross-validation.
         random_state: seed of the folds.
+
+    Its kind is :func:`probe_kind` of the layer and summary (one of :attr:`presets`).
 
     Fitted attributes: ``probe_`` (:class:`~._linear_probe.LinearProbe`), ``width_`` (the
     feature count), ``backend_`` (the backend whose hidden states it was fitted on: a
     response from another is refused), ``fit_info_``.
     """
 
-    kind: ClassVar[str] = "probe_concat"
-    layer: ClassVar[Layer] = "concat"
-    summary: ClassVar[Summary] = "mean"
+    kind = "probe_concat"
+    family: ClassVar[str] = "probe"
+    reads: ClassVar[frozenset[str]] = frozenset({"hidden"})
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        probe_kind(layer, summary): {"layer": layer, "summary": summary}
+        for summary in get_args(Summary)
+        for layer in get_args(Layer)
+    }
+
+    def __init__(
+        self,
+        layer: Layer = "concat",
+        summary: Summary = "mean",
+        cs: Sequence[float] = PROBE_CS,
+        cv_folds: int = 5,
+        random_state: int = 0,
+    ) -> None:
+        if layer not in get_args(Layer) or summary not in get_args(Summary):
+            raise InvalidInputError(
+                f"A probe reads layer {get_args(Layer)} and summary {get_args(Summary)}; got "
+                f"layer={layer!r}, summary={summary!r}."
+            )
+        super().__init__(cs, cv_folds, random_state)
+        self.layer: Layer = layer
+        self.summary: Summary = summary
+        self.kind = probe_kind(layer, summary)
 
     def features(self, responses: Sequence[Any]) -> np.ndarray:
         """``[n, F]`` probe inputs."""
@@ -228,6 +251,7 @@ class HiddenStateProbe(ProbeScorerBase):
         Raises:
             InsufficientDataError: fewer than ``cv_folds`` answers of a class.
             ScoringError: an answer without hidden-state summaries.
+            MissingExtraError: scikit-learn is not installed.
         """
         del reference_means
         responses, y = labeled_responses(reference, train)
@@ -282,69 +306,32 @@ class HiddenStateProbe(ProbeScorerBase):
 
     @classmethod
     def from_state(cls, state: ScorerState) -> HiddenStateProbe:
-        """Rebuild a fitted probe from :meth:`get_state` output."""
+        """Rebuild a fitted probe from :meth:`get_state` output.
+
+        Raises:
+            ArtifactSchemaError: the state is malformed, or its layer and summary are not
+                those of its kind.
+        """
         p = dict(state.params)
-        if (p.get("layer"), p.get("summary")) != (cls.layer, cls.summary):
-            raise ArtifactSchemaError(
-                f"The {state.kind} state reads layer={p.get('layer')!r}, "
-                f"summary={p.get('summary')!r}; {cls.kind} reads {cls.layer!r}, {cls.summary!r}."
-            )
         try:
-            scorer = cls(cs=p["cs"], cv_folds=p["cv_folds"], random_state=p["random_state"])
+            scorer = cls(
+                layer=p["layer"],
+                summary=p["summary"],
+                cs=p["cs"],
+                cv_folds=p["cv_folds"],
+                random_state=p["random_state"],
+            )
             scorer.width_ = int(p["width"])
-            scorer.backend_ = str(p.get("backend", EXACT_ENGINE))  # older states: exact
+            scorer.backend_ = str(p.get("backend", EXACT_ENGINE))  # a state without: exact
         except (KeyError, InvalidInputError) as exc:
             raise ArtifactSchemaError(f"The {state.kind} state is malformed ({exc}).") from exc
+        if scorer.kind != state.kind:
+            raise ArtifactSchemaError(
+                f"The {state.kind} state reads layer={scorer.layer!r}, "
+                f"summary={scorer.summary!r}: those of {scorer.kind}, not of {state.kind}."
+            )
         scorer.probe_ = LinearProbe.from_parts(p, state.arrays, "probe.")
         scorer.fit_info_ = dict(p.get("fit_info", {}))
         if scorer.probe_.coef.shape != (scorer.width_,):
             raise ArtifactSchemaError(f"The {state.kind} coefficients do not match its width.")
         return scorer
-
-
-class ProbeMid(HiddenStateProbe):
-    """Middle layer (``L // 2``), mean over generated tokens."""
-
-    kind: ClassVar[str] = "probe_mid"
-    layer: ClassVar[Layer] = "mid"
-    summary: ClassVar[Summary] = "mean"
-
-
-class ProbeUpper(HiddenStateProbe):
-    """Upper layer (``4L // 5``), mean over generated tokens."""
-
-    kind: ClassVar[str] = "probe_upper"
-    layer: ClassVar[Layer] = "upper"
-    summary: ClassVar[Summary] = "mean"
-
-
-class ProbeConcat(HiddenStateProbe):
-    """Both layers side by side, mean over generated tokens."""
-
-    kind: ClassVar[str] = "probe_concat"
-    layer: ClassVar[Layer] = "concat"
-    summary: ClassVar[Summary] = "mean"
-
-
-class ProbeMidLast(HiddenStateProbe):
-    """Middle layer at the position predicting the last generated token."""
-
-    kind: ClassVar[str] = "probe_mid_last"
-    layer: ClassVar[Layer] = "mid"
-    summary: ClassVar[Summary] = "last"
-
-
-class ProbeUpperLast(HiddenStateProbe):
-    """Upper layer at the position predicting the last generated token."""
-
-    kind: ClassVar[str] = "probe_upper_last"
-    layer: ClassVar[Layer] = "upper"
-    summary: ClassVar[Summary] = "last"
-
-
-class ProbeConcatLast(HiddenStateProbe):
-    """Both layers at the position predicting the last generated token."""
-
-    kind: ClassVar[str] = "probe_concat_last"
-    layer: ClassVar[Layer] = "concat"
-    summary: ClassVar[Summary] = "last"

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -64,7 +64,7 @@ class SARScorer(SamplingScorer):
         t: SAR temperature.
     """
 
-    kind: ClassVar[str] = "sar"
+    kind = "sar"
 
     def __init__(
         self,

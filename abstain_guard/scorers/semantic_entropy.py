@@ -5,7 +5,7 @@ lm-polygraph ``SemanticEntropy``), its pure formulas :func:`greedy_semantic_clas
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 from scipy.special import logsumexp
@@ -78,7 +78,7 @@ class SemanticEntropyScorer(SamplingScorer):
         ConfigError: when neither ``judge`` nor ``nli_model_path`` is given.
     """
 
-    kind: ClassVar[str] = "semantic_entropy"
+    kind = "semantic_entropy"
 
     def __init__(
         self,

@@ -45,7 +45,7 @@ from abstain_guard.errors import (
 
 from .questions.datasets import QAItem, split_items
 from .questions.items import check_split_sizes, load_items
-from .run.calibration_config import AUTO_SCORER, CalibrationConfig
+from .run.calibration_config import AUTO_SCORER, TYPE_FLOOR, CalibrationConfig
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -214,7 +214,7 @@ def check_api_model(config: CalibrationConfig, *, build: bool = True) -> None:
     # an API model's mean_token_entropy reads top-logprobs entropies when asked to (below)
     entropy_on_api = backend == "api" and config.scorer == "mean_token_entropy"
     for kind in [config.scorer, *(config.candidates or ())]:
-        if kind != AUTO_SCORER and not (entropy_on_api and kind == config.scorer):
+        if kind not in (AUTO_SCORER, TYPE_FLOOR) and not (entropy_on_api and kind == config.scorer):
             check_backend_serves(kind, backend, spec.label)
     if entropy_on_api and not config.scorer_params.get("top_logprobs_fallback"):
         raise ConfigError(

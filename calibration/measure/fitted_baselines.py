@@ -1,7 +1,18 @@
-"""The baselines ``evaluate`` fits on the artifact's reference and train answers (issue 37):
-the hidden-state probes, likelihood + probe, the type-only floor and ``geometry_plus``;
-never on calibration or test. Also what they read: each answer's question type and the
-reference answers' hidden-state summaries."""
+"""The baselines ``evaluate`` fits on the artifact's reference and train answers:
+the hidden-state probes, likelihood + probe, the type-only floor (:class:`TypeFloor`) and
+``geometry_plus``; never on calibration or test. Also what they read: each answer's question
+type and the reference answers' hidden-state summaries.
+
+``type_floor`` is a score that knows only the question's type: 1 − the accuracy of the
+question's type on the fitting answers (Laplace-smoothed, ``(correct + 1) / (answers + 2)``;
+a type never seen there gets the overall accuracy). It reads nothing the model produced, so
+its AUROC is how much of any scorer's AUROC type detection alone buys on mixed data: report
+it beside every pooled number. Within one type it is constant (within-type AUROC 0.5 by
+construction), and on a set without types it is one constant (AUROC 0.5). It is a measuring
+floor, not a scorer a guard could deploy (so not in the scorer registry): the type is read
+from ``response_metadata["question_group"]``, which ``evaluate`` sets from the data set's type
+field (:func:`with_groups`); a chat model never writes it. ``None`` there is a type of its own.
+"""
 
 from __future__ import annotations
 
@@ -13,17 +24,104 @@ from typing import Any
 
 import numpy as np
 
-from abstain_guard.contract.metadata import HIDDEN, QUESTION_GROUP
-from abstain_guard.errors import AbstainGuardError
-from abstain_guard.scorers import build_scorer
+from abstain_guard.contract.metadata import (
+    HIDDEN,
+    QUESTION_GROUP,
+    ResponseLike,
+    response_metadata_of,
+)
+from abstain_guard.errors import AbstainGuardError, NotFittedError, ScoringError
+from abstain_guard.scorers import ScorerState, build_scorer, scorer_names
 
 from ..building.answering.answer_rows import STATES_NS, AnswerRow
 from ..building.answering.online_geometry import reference_hidden
 from ..building.questions.datasets import QAItem
+from ..building.run.calibration_config import TYPE_FLOOR
 
 logger = logging.getLogger("abstain_guard.calibration")
 
-__all__ = ["cost", "fitted_baseline_scores", "reference_metadata", "with_groups"]
+__all__ = [
+    "FITTED_BASELINES",
+    "TypeFloor",
+    "cost",
+    "fitted_baseline_scores",
+    "question_group",
+    "reference_metadata",
+    "with_groups",
+]
+
+FITTED_BASELINES = (*scorer_names(family="probe"), TYPE_FLOOR, "geometry_plus")
+"""Baselines fitted on the artifact's reference and train answers (never calibration): the
+hidden-state probes, likelihood + probe, the type-only floor, and ``geometry_plus`` (on an
+artifact of a geometry scorer, with its reference means)."""
+
+_NONE = "\x00none"  # the JSON key of questions without a type
+
+
+def question_group(response: ResponseLike) -> str:
+    """The question's type as a string key (``None`` -> a key of its own).
+
+    Raises:
+        ScoringError: the response carries no ``question_group`` entry.
+    """
+    meta = response_metadata_of(getattr(response, "metadata", response))
+    if QUESTION_GROUP not in meta:
+        raise ScoringError(
+            "type_floor scores the question's type, read from "
+            "response_metadata['question_group'], which this response does not carry. It is "
+            "a measuring floor (abstain-guard evaluate --baselines type_floor sets it), not a "
+            "deployable guard."
+        )
+    group = meta[QUESTION_GROUP]
+    return _NONE if group is None else str(group)
+
+
+class TypeFloor:
+    """1 − smoothed train accuracy of the question's type (higher = more uncertain).
+
+    Fitted attributes: ``accuracy_`` (``{type: smoothed accuracy}``), ``overall_`` (the
+    fitting answers' accuracy), ``counts_`` (``{type: [correct, answers]}``).
+    """
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "accuracy_"):
+            raise NotFittedError("TypeFloor is not fitted: call fit(reference, train) first.")
+
+    def fit(
+        self,
+        reference: Sequence[tuple[Any, bool]],
+        train: Sequence[tuple[Any, bool]],
+        *,
+        reference_means: Any = None,
+    ) -> TypeFloor:
+        """Count correct answers per type over the reference and train answers."""
+        del reference_means
+        counts: dict[str, list[int]] = {}
+        for response, correct in [*reference, *train]:
+            c = counts.setdefault(question_group(response), [0, 0])
+            c[0] += int(bool(correct))
+            c[1] += 1
+        total = sum(c[1] for c in counts.values())
+        self.overall_ = sum(c[0] for c in counts.values()) / total if total else 0.5
+        self.counts_ = counts
+        self.accuracy_ = {g: (c[0] + 1) / (c[1] + 2) for g, c in counts.items()}
+        return self
+
+    def score(self, response: ResponseLike) -> float:
+        """1 − the smoothed accuracy of the response's question type."""
+        self._check_fitted()
+        return float(1.0 - self.accuracy_.get(question_group(response), self.overall_))
+
+    def score_many(self, responses: Sequence[ResponseLike]) -> np.ndarray:
+        """Scores ``[n]``."""
+        return np.asarray([self.score(r) for r in responses], dtype=np.float64)
+
+    def get_state(self) -> ScorerState:
+        """The per-type counts and accuracies (JSON only; ``evaluate`` reports its size)."""
+        self._check_fitted()
+        params = {"overall": self.overall_, "counts": self.counts_, "accuracy": self.accuracy_}
+        json.dumps(params)
+        return ScorerState(kind=TYPE_FLOOR, params=params)
 
 
 def with_groups(metadata: Sequence[dict[str, Any]], items: Sequence[QAItem]) -> list[Any]:
@@ -63,7 +161,8 @@ def fitted_baseline_scores(held: Any, names: Sequence[str]) -> dict[str, np.ndar
     for name in names:
         t0 = time.perf_counter()
         try:
-            scorer = build_scorer(name).fit(  # type: ignore[attr-defined]
+            unfitted = TypeFloor() if name == TYPE_FLOOR else build_scorer(name)
+            scorer = unfitted.fit(  # type: ignore[union-attr]
                 ref, train, reference_means=held.reference_means
             )
             t1 = time.perf_counter()

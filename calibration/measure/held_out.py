@@ -52,9 +52,15 @@ from ..building.questions.dataset_files import load_dataset
 from ..building.questions.datasets import QAItem, split_items
 from ..building.questions.items import BUILTIN_V1, items_digest, load_items, named_spec
 from ..building.questions.named_datasets import load_named_dataset
-from ..building.run.calibration_config import CalibrationConfig
+from ..building.run.calibration_config import TYPE_FLOOR, CalibrationConfig
 from .cache_reuse import EvaluateCache, evaluate_cache
-from .fitted_baselines import cost, fitted_baseline_scores, reference_metadata, with_groups
+from .fitted_baselines import (
+    FITTED_BASELINES,
+    cost,
+    fitted_baseline_scores,
+    reference_metadata,
+    with_groups,
+)
 from .group_report import group_tables
 from .paired import adjust_family, paired_report
 from .permutation_importance import permutation_importance
@@ -65,10 +71,6 @@ logger = logging.getLogger("abstain_guard.calibration")
 
 LIKELIHOOD = scorer_names(family="likelihood")
 MODEL_BASELINES = scorer_names(family=("model", "sampling"))
-FITTED_BASELINES = (*scorer_names(family=("probe", "floor")), "geometry_plus")
-"""Baselines fitted on the artifact's reference and train answers (never calibration): the
-hidden-state probes, likelihood + probe, the type-only floor, and ``geometry_plus`` (the
-shipped guard's scorer; on an artifact of a geometry scorer, with its reference means)."""
 KNOWN_BASELINES = LIKELIHOOD + MODEL_BASELINES + FITTED_BASELINES
 BASELINE_PARAMS: dict[str, dict[str, Any]] = {"semantic_entropy": {"judge": "similarity"}}
 """Constructor parameters of baselines in ``evaluate`` (offline equivalence judge)."""
@@ -551,7 +553,7 @@ def _model_for(art: GuardArtifact, path: str | Path, names: Sequence[str], model
     anything is generated when the artifact's backend cannot score a baseline."""
     cfg = CalibrationConfig(**art.metadata.get("config", {}))
     backend = _backend_of(cfg)
-    for name in names:
+    for name in (n for n in names if n != TYPE_FLOOR):  # the floor reads no model output
         check_backend_serves(name, backend, label=f"baseline of {path}")
     if model is None or getattr(model, "fingerprint", None) != art.model_fingerprint:
         model = load_model(cfg)

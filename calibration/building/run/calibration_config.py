@@ -27,6 +27,7 @@ __all__ = [
     "FIT_SCORERS",
     "KNOWN_SCORERS",
     "LIKELIHOOD_SCORERS",
+    "TYPE_FLOOR",
     "CalibrationConfig",
 ]
 
@@ -35,6 +36,10 @@ FIT_SCORERS = scorer_names(family=("geometry", "probe"))
 KNOWN_SCORERS = LIKELIHOOD_SCORERS + FIT_SCORERS
 """Scorers ``calibrate`` can build an artifact for: they read the metadata of one answer
 (the geometry scorer also reads the reference/train answers it is fitted on)."""
+
+TYPE_FLOOR = "type_floor"
+"""``evaluate``'s measuring floor (the question's type only): not a scorer, but a name a named
+scorer's candidates may hold, since a look at the calibration answers counts in δ/K."""
 
 AUTO_SCORER = "auto"
 """``scorer: auto``: calibrate every one of ``candidates``, certify each at δ/K and ship the
@@ -288,7 +293,7 @@ class CalibrationConfig(BaseModel):
         names = list(self.candidates)
         if len(set(names)) != len(names) or len(names) < 2:
             raise ValueError(f"candidates must be at least two distinct scorers, got {names}")
-        known = KNOWN_SCORERS if self.scorer == AUTO_SCORER else scorer_names()
+        known = KNOWN_SCORERS if self.scorer == AUTO_SCORER else (*scorer_names(), TYPE_FLOOR)
         unknown = [c for c in names if c not in known]
         if unknown:
             raise ValueError(f"unknown candidates {unknown}; choose among {list(known)}")

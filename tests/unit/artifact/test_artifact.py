@@ -51,7 +51,7 @@ class TableScorer(Scorer):
         return cls(state.arrays["weights"], state.files["calibrator.ubj"], state.params["scale"])
 
 
-register_scorer(TableScorer.kind, TableScorer)
+register_scorer(TableScorer)
 
 
 @pytest.fixture

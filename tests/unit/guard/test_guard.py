@@ -243,7 +243,7 @@ class ExplodingScorer(Scorer):
         return cls()
 
 
-register_scorer(ExplodingScorer.kind, ExplodingScorer)
+register_scorer(ExplodingScorer)
 
 
 def test_scoring_failure_abstains_and_records_why(model: BaseChatModel) -> None:

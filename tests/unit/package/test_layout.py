@@ -310,7 +310,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         f"{_G}.errors",
     },
     _A: {f"{_A}.{sub}" for sub in ("capture", "chat", "engine", "model", "tools")},
-    f"{_G}.scorers": {_A, f"{_G}.contract", f"{_G}.errors", f"{_G}.lazy"},
+    f"{_G}.scorers": {_A, f"{_G}.contract", f"{_G}.errors"},
     f"{_G}.backends": {f"{_G}.scorers", _A, f"{_G}.contract", f"{_G}.errors"},
     f"{_G}.artifact": {
         f"{_G}.scorers",

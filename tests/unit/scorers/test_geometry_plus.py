@@ -75,7 +75,7 @@ def test_response_features_need_entropy() -> None:
 def test_separates_on_geometry(family: str) -> None:
     scorer = GeometryPlusScorer().fit(_split(1, 80, family), _split(2, 120, family))
     assert _auroc(scorer, _split(3, 120, family)) > 0.85
-    assert scorer.C_ > 0.0 and scorer.fit_info_["train_responses"][0] > 0
+    assert scorer.model_.C > 0.0 and scorer.fit_info_["train_responses"][0] > 0
 
 
 def test_separates_on_likelihood_alone() -> None:

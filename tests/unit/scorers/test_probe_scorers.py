@@ -13,10 +13,18 @@ from sklearn.metrics import roc_auc_score
 
 from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.artifact.guard_artifact import GuardArtifact
+from abstain_guard.calibration.measure.fitted_baselines import TypeFloor
 from abstain_guard.calibration.measure.held_out import parse_baselines
 from abstain_guard.calibration.measure.paired import paired_report, selective_risk
-from abstain_guard.errors import NotFittedError, ScoringError
-from abstain_guard.scorers import ScorerState, build_scorer, scorer_names, scorer_spec
+from abstain_guard.default import default_artifact_path
+from abstain_guard.errors import InvalidInputError, NotFittedError, ScoringError
+from abstain_guard.scorers import (
+    HiddenStateProbe,
+    ScorerState,
+    build_scorer,
+    scorer_names,
+    scorer_spec,
+)
 from abstain_guard.scorers._registry import scorer_from_state
 
 D = 12
@@ -102,9 +110,26 @@ def test_probe_errors() -> None:
         scorer_from_state(wrong_kind)
 
 
+def test_one_probe_class_its_presets_are_the_stored_kinds() -> None:
+    """The six probe kinds are presets of one class: its layer and token summary."""
+    assert set(HiddenStateProbe.presets) == set(PROBES)
+    for kind in PROBES:
+        scorer = build_scorer(kind)
+        assert type(scorer) is HiddenStateProbe and scorer.kind == kind
+        assert (scorer.layer, scorer.summary) == (
+            kind.split("_")[1],
+            "last" if kind.endswith("_last") else "mean",
+        )
+    assert HiddenStateProbe(layer="upper", summary="last").kind == "probe_upper_last"
+    with pytest.raises(InvalidInputError, match="layer"):
+        HiddenStateProbe(layer="lower")  # type: ignore[arg-type]
+    shipped = GuardArtifact.load(default_artifact_path()).scorer
+    assert isinstance(shipped, HiddenStateProbe) and shipped.kind == "probe_mid"
+
+
 def test_type_floor() -> None:
     ref, train = _split(1, 40, groups=True), _split(2, 40, groups=True)
-    floor = build_scorer("type_floor").fit(ref, train)  # type: ignore[attr-defined]
+    floor = TypeFloor().fit(ref, train)
     counts = {"easy": [0, 0], "hard": [0, 0]}
     for r, c in [*ref, *train]:
         counts[r["question_group"]][0] += int(c)
@@ -115,9 +140,9 @@ def test_type_floor() -> None:
     assert floor.score({"question_group": "unseen"}) == pytest.approx(1 - overall)
     with pytest.raises(ScoringError, match="measuring floor"):
         floor.score({"logprobs": {}})
-    again = scorer_from_state(floor.get_state())
-    assert again.score({"question_group": "easy"}) == floor.score({"question_group": "easy"})
-    untyped = build_scorer("type_floor").fit(_split(1, 20), [])  # type: ignore[attr-defined]
+    state = floor.get_state()
+    assert state.kind == "type_floor" and state.params["accuracy"] == floor.accuracy_
+    untyped = TypeFloor().fit(_split(1, 20), [])
     assert len({untyped.score(r) for r, _ in _split(5, 10)}) == 1  # one constant: AUROC 0.5
 
 
@@ -125,7 +150,9 @@ def test_registry_and_evaluate_accept_them() -> None:
     probes = scorer_names(family="probe")
     assert set(PROBES) | {"likelihood_probe"} == set(probes)
     assert all("probe" in k for k in probes)
-    assert scorer_spec("type_floor").family == "floor" and scorer_spec("type_floor").fitted
+    assert all(scorer_spec(k).fitted and scorer_spec(k).reads >= {"hidden"} for k in probes)
+    # the type floor is a measuring floor of evaluate, not a scorer an artifact can hold
+    assert "type_floor" not in scorer_names()
     assert parse_baselines("probe_concat,type_floor,perplexity") == [
         "probe_concat",
         "type_floor",

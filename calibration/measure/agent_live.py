@@ -135,11 +135,11 @@ def agent_live_rows(
     store = cache.run_store()
     unguarded = _unguarded_runs(live, items, store)
     if live.agent.gating == "steps":
-        rows, policy, answers = _step_rows(live, items, stored_cal, unguarded, progress)
-        verdicts = _judge_live(live, items, answers, cache, judges, store)
-        for row in rows:
-            finish_row(row, verdicts.get(row["id"]))
-        return rows, policy, "middleware"
+        step_rows, step_policy, finals = _step_rows(live, items, stored_cal, unguarded, progress)
+        judged = _judge_live(live, items, finals, cache, judges, store)
+        for step_row in step_rows:
+            finish_row(step_row, judged.get(step_row["id"]))
+        return step_rows, step_policy, "middleware"
     scorer = live.artifact.scorer
     stored: dict[str, float | None] = dict(stored_cal)
     for it in items:

@@ -525,10 +525,11 @@ def _group_rules(
 ) -> dict[str, Any]:
     """The pooled and the per-group rule, per group (:mod:`.group_report`)."""
     cfg = CalibrationConfig(**art.metadata.get("config", {}))
+    groups: list[Any] = [it.group for it in held.items]
     return group_tables(
         scores[art.scorer.name],
         held.correct,
-        [it.group for it in held.items],
+        groups,
         cfg.participation,
         cfg.risk_target,
         cfg.delta,

@@ -52,3 +52,7 @@ def _config(tmp: Path, name: str, scorer: str = "perplexity") -> CalibrationConf
 def _judges(tmp: Path, name: str, judge: Judge) -> dict[str, Any]:
     cached = CachedJudge(judge, JudgmentCache(tmp / f"{name}.cache" / "judgments.sqlite"))
     return {"open": cached, "choice": cached, "numeric": cached}
+
+
+def _artifact_files(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.name != "manifest.json"}

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _pipeline_fakes import ITEMS, HashJudge, _config, _judges
+from _pipeline_fakes import ITEMS, HashJudge, _artifact_files, _config, _judges
 from pydantic import Field
 from tiny_models import char_tokenizer, tiny_chat_model, tiny_hf_model
 
@@ -42,10 +42,6 @@ class CountingChatModel(GeometryChatModel):
     def _generate(self, *args: Any, **kwargs: Any) -> Any:
         self.single_calls += 1
         return super()._generate(*args, **kwargs)
-
-
-def _artifact_files(path: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.name != "manifest.json"}
 
 
 def test_calibrate_writes_an_artifact_the_guard_uses(tmp_path: Path, model: Any) -> None:

@@ -14,6 +14,7 @@ artifact or reads a response.
 * :mod:`.action_risk` — the probability that a wrong tool call is executed;
 * :mod:`.partial_release` — the probability that a certified stream shows text and stops;
 * :mod:`.intervals` — the Wilson interval every report of a rate uses;
+* :mod:`.in_distribution` — the two-sample check of live against stored sampled scores;
 * :mod:`.validation` — the one validator of scores and labels.
 
 May import: ``abstain_guard.config``, ``abstain_guard.errors`` (the rule for every package:

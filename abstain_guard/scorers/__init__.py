@@ -13,13 +13,17 @@ A scorer maps one chat-model response to a float, **higher = more uncertain**
 * :mod:`.calibrated` — the paper's XGBoost calibration of any one-dimensional score;
 * one forward pass per answer: :mod:`.p_true`, :mod:`.attention_score`;
 * K sampled answers per prompt: :mod:`.sar`, :mod:`.semantic_entropy`, :mod:`.eigenscore`.
+* black-box, text only, on any LangChain chat model: :mod:`.blackbox` (semantic sets and the
+  spectral scores of K sampled answers), :mod:`.verbalized_confidence`.
 
 Shared helpers are private modules: ``_base`` (the protocol), ``_registry``, ``_likelihood``,
 ``_linear_probe`` (the logistic model the probes and ``geometry_plus`` store as arrays),
 ``_features`` (the token inputs of the geometry scorers), ``_calibrator`` (Gaussians and
 XGBoost), ``_model_access`` (scorers that run the model), ``_sampling`` (K samples per
-prompt), ``_aux_models`` (sentence-similarity and NLI models). Their public names are exported
-here; import them from :mod:`abstain_guard.scorers`, not from the private module. The pure
+prompt), ``_aux_models`` (sentence-similarity and NLI models), ``_blackbox_sampling`` (the
+sampling plan and the chat-model wrapper of the black-box scorers), ``_similarity_graph``
+(their formulas). Their public names are exported here; import them from
+:mod:`abstain_guard.scorers`, not from the private module. The pure
 formulas of a method live in its module (``abstain_guard.scorers.sar.token_sar``, ...): a
 module named ``sar`` and a function named ``sar`` cannot share the package's namespace.
 
@@ -48,6 +52,11 @@ from abstain_guard.scorers._aux_models import (
     default_similarity_model_path,
 )
 from abstain_guard.scorers._base import JSONValue, Scorer, ScorerState
+from abstain_guard.scorers._blackbox_sampling import (
+    SampledChatModel,
+    SamplingPlan,
+    SimilarityModel,
+)
 from abstain_guard.scorers._calibrator import Gaussian, fit_gaussian, response_uncertainty
 from abstain_guard.scorers._features import (
     FAMILIES,
@@ -74,6 +83,7 @@ from abstain_guard.scorers._registry import (
 )
 from abstain_guard.scorers._sampling import Sample, SampleSource
 from abstain_guard.scorers.attention_score import AttentionScoreScorer
+from abstain_guard.scorers.blackbox import BlackBoxScorer
 from abstain_guard.scorers.calibrated import CalibratedScorer
 from abstain_guard.scorers.eigenscore import EigenScoreScorer
 from abstain_guard.scorers.geometry import GeometryScorer
@@ -87,12 +97,14 @@ from abstain_guard.scorers.perplexity import PerplexityScorer
 from abstain_guard.scorers.probe import HiddenStateProbe
 from abstain_guard.scorers.sar import SARScorer
 from abstain_guard.scorers.semantic_entropy import SIMILARITY_THRESHOLD, SemanticEntropyScorer
+from abstain_guard.scorers.verbalized_confidence import VerbalizedConfidenceScorer
 
 __all__ = [
     "FAMILIES",
     "PTRUE_PROMPT",
     "SIMILARITY_THRESHOLD",
     "AttentionScoreScorer",
+    "BlackBoxScorer",
     "CalibratedScorer",
     "CaptureMode",
     "ChatModelEquivalence",
@@ -115,13 +127,17 @@ __all__ = [
     "SARScorer",
     "Sample",
     "SampleSource",
+    "SampledChatModel",
+    "SamplingPlan",
     "Scorer",
     "ScorerSpec",
     "ScorerState",
     "SemanticEntropyScorer",
     "SentenceSimilarity",
     "SimilarityEquivalence",
+    "SimilarityModel",
     "TokenBlock",
+    "VerbalizedConfidenceScorer",
     "build_scorer",
     "default_similarity_model_path",
     "family_slices",

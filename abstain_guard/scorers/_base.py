@@ -82,7 +82,8 @@ class Scorer(ABC):
     * ``kind`` — its registry name, stored in artifacts (never rename one);
     * ``family`` — ``"likelihood"``, ``"geometry"``, ``"probe"`` (hidden-state probes),
       ``"calibrated"``, ``"model"`` (one forward pass per answer), ``"sampling"`` (K sampled
-      answers) or ``"custom"``;
+      answers), ``"blackbox"`` (K answers sampled from any chat model, text only) or
+      ``"custom"``;
     * ``reads`` — the response fields it reads (what a backend must write:
       :data:`abstain_guard.backends.BACKEND_FIELDS`); ``"model"`` means it is built with the
       chat model (a ``"sampling"`` scorer with a shared sample source too); ``None``: not

@@ -48,6 +48,8 @@ BUILT_IN_MODULES: tuple[str, ...] = (
     "eigenscore",
     "sar",
     "semantic_entropy",
+    "blackbox",
+    "verbalized_confidence",
 )
 """The modules of :mod:`abstain_guard.scorers` that define the built-in scorers."""
 

@@ -95,6 +95,11 @@ class BackendCapabilityError(ScoringError):
     (geometry on the vLLM backend: it is computed only by the project's exact engine)."""
 
 
+class ConfidenceParseError(ScoringError):
+    """A verbalized-confidence reply states no single confidence from 0 to 100 (a refusal,
+    a range, another scale): the answer cannot be scored and the guard abstains."""
+
+
 class GuardError(AbstainGuardError):
     """The guard could not reach a decision and is configured to raise (``on_error="raise"``)."""
 
@@ -120,6 +125,13 @@ class ArtifactSchemaError(ArtifactError):
 
 class ArtifactMismatchError(ArtifactError):
     """The artifact was calibrated for a different model (fingerprint mismatch) or scorer."""
+
+
+class SamplingMismatchError(ArtifactMismatchError):
+    """The answers were sampled otherwise than at calibration (k, temperature, how the
+    primary answer is chosen, the confidence prompt), or the similarity model that compares
+    them has other weights: deploy with the calibrated sampling plan and model, or
+    recalibrate."""
 
 
 class ActionRiskUnavailableError(ArtifactMismatchError):
@@ -288,6 +300,7 @@ __all__ = [
     "CalibrationError",
     "CalibrationLockedError",
     "CaptureModeError",
+    "ConfidenceParseError",
     "ConfigError",
     "ContextLengthError",
     "DatasetError",
@@ -311,6 +324,7 @@ __all__ = [
     "OutputPathError",
     "PreflightError",
     "ResultsFileError",
+    "SamplingMismatchError",
     "SchedulerFullError",
     "ScoringError",
     "UnknownRunError",

@@ -9,7 +9,7 @@ the k samples concurrently (one ``batch`` / ``abatch`` per question, ``max_concu
 calls in flight) and returns the primary answer with the samples in
 ``response_metadata["samples"]`` (:data:`SAMPLES_KEY`), recorded with the plan they were
 drawn under. The scorer refuses samples drawn under another plan
-(:class:`~abstain_guard.errors.ArtifactMismatchError`).
+(:class:`~abstain_guard.errors.SamplingMismatchError`).
 
 :class:`SimilarityModel` names the model that compares answers: a sentence-transformers
 bi-encoder (the shipped all-MiniLM-L6-v2 by default) or a local NLI classifier; it is
@@ -39,7 +39,7 @@ from pydantic import ConfigDict
 
 from abstain_guard.contract.metadata import ResponseLike, response_metadata_of
 from abstain_guard.contract.runnables import find_chat_models, map_chat_models
-from abstain_guard.errors import ArtifactMismatchError, ConfigError, ScoringError
+from abstain_guard.errors import ConfigError, SamplingMismatchError, ScoringError
 from abstain_guard.scorers._similarity_graph import (
     cosine_similarities,
     equivalent_by_threshold,
@@ -132,12 +132,12 @@ class SimilarityModel:
         """The model a stored record names, checked against its digest.
 
         Raises:
-            ArtifactMismatchError: the model found there has other weights.
+            SamplingMismatchError: the model found there has other weights.
         """
         name = str(record["name"])
         model = cls(str(record["kind"]), None if name == DEFAULT_SIMILARITY_NAME else name)
         if model.digest != record["digest"]:
-            raise ArtifactMismatchError(
+            raise SamplingMismatchError(
                 f"The similarity model {name} at {model.path} has weights {model.digest}, "
                 f"but the scorer was calibrated with {record['digest']}: install the model "
                 "it was calibrated with, or recalibrate."
@@ -272,7 +272,7 @@ def read_samples(response: ResponseLike, plan: SamplingPlan) -> SampledAnswers:
     Raises:
         ScoringError: the response carries no samples (it was not generated through
             :class:`SampledChatModel`), or they are malformed.
-        ArtifactMismatchError: they were drawn under another plan.
+        SamplingMismatchError: they were drawn under another plan.
     """
     block = response_metadata_of(response).get(SAMPLES_KEY)
     if not isinstance(block, Mapping):
@@ -283,7 +283,7 @@ def read_samples(response: ResponseLike, plan: SamplingPlan) -> SampledAnswers:
         )
     problems = plan.mismatches(dict(block.get("plan") or {}))
     if problems:
-        raise ArtifactMismatchError(
+        raise SamplingMismatchError(
             "The response's answers were sampled otherwise than at calibration: "
             + ", ".join(problems)
             + ". Deploy with the calibrated sampling plan, or recalibrate."
@@ -428,7 +428,7 @@ def with_sampling(runnable: Any, plan: SamplingPlan) -> Any:
 
     Raises:
         ConfigError: ``runnable`` holds no chat model.
-        ArtifactMismatchError: it holds one already wrapped under another plan.
+        SamplingMismatchError: it holds one already wrapped under another plan.
     """
     if not find_chat_models(runnable):
         raise ConfigError(
@@ -440,7 +440,7 @@ def with_sampling(runnable: Any, plan: SamplingPlan) -> Any:
             return SampledChatModel(inner=model, plan=plan)
         problems = plan.mismatches(model.plan.record())
         if problems:
-            raise ArtifactMismatchError(
+            raise SamplingMismatchError(
                 "The chat model already samples under another plan: " + ", ".join(problems)
             )
         return model

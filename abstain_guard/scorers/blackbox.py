@@ -193,7 +193,7 @@ class BlackBoxScorer(Scorer):
 
         Raises:
             ScoringError: the response carries no samples.
-            ArtifactMismatchError: they were drawn under another plan.
+            SamplingMismatchError: they were drawn under another plan.
         """
         return self.score_samples(read_samples(response, self.plan))
 
@@ -245,7 +245,7 @@ class BlackBoxScorer(Scorer):
         """Rebuild a stored scorer.
 
         Raises:
-            ArtifactMismatchError: the similarity model installed here has other weights
+            SamplingMismatchError: the similarity model installed here has other weights
                 than the one it was calibrated with.
         """
         params = dict(state.params)

@@ -3,7 +3,8 @@
 parser :func:`parse_verbalized_confidence`). Works on any LangChain chat model: no logprobs.
 
 A reply that states no single confidence (a refusal, a range, another scale) cannot be
-scored: :class:`~abstain_guard.errors.ScoringError`, so the guard fails closed and abstains
+scored: :class:`~abstain_guard.errors.ConfidenceParseError` (a ``ScoringError``), so the
+guard fails closed and abstains
 (or raises, ``on_error="raise"``).
 """
 
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from abstain_guard.contract.metadata import ResponseLike
-from abstain_guard.errors import ConfigError, ScoringError
+from abstain_guard.errors import ConfidenceParseError, ConfigError, ScoringError
 from abstain_guard.scorers._base import Scorer, ScorerState
 from abstain_guard.scorers._blackbox_sampling import (
     SamplingPlan,
@@ -48,7 +49,7 @@ def parse_verbalized_confidence(reply: str) -> float:
     percent sign). A value stated twice the same way (``"85. Confidence 85%"``) is one value.
 
     Raises:
-        ScoringError: the reply states no number, several different ones (``"70 or 80"``),
+        ConfidenceParseError: the reply states no number, several different ones (``"70 or 80"``),
             one above 100, or one on another scale (``"8/10"``).
     """
     text = _SCALE.sub(" ", str(reply))
@@ -57,7 +58,9 @@ def parse_verbalized_confidence(reply: str) -> float:
         rest = text[match.end(1) :]
         other = _OTHER_SCALE.match(rest)
         if other is not None and other.group(1) != "100":
-            raise ScoringError(f"The confidence reply {reply!r} uses another scale than 0-100.")
+            raise ConfidenceParseError(
+                f"The confidence reply {reply!r} uses another scale than 0-100."
+            )
         number, unit = match.group(1), match.group(2)
         value = float(number)
         if unit is None and "." in number and 0.0 < value < 1.0:
@@ -67,12 +70,12 @@ def parse_verbalized_confidence(reply: str) -> float:
     distinct = with_unit or {v for v, _ in values}
     if len(distinct) != 1:
         what = "no confidence" if not distinct else f"several ({sorted(distinct)})"
-        raise ScoringError(
+        raise ConfidenceParseError(
             f"The confidence reply {reply!r} states {what}; one number from 0 to 100 is needed."
         )
     value = distinct.pop()
     if not 0.0 <= value <= 100.0:
-        raise ScoringError(f"The confidence reply {reply!r} states {value}, outside 0-100.")
+        raise ConfidenceParseError(f"The confidence reply {reply!r} states {value}, outside 0-100.")
     return value / 100.0
 
 
@@ -123,7 +126,7 @@ class VerbalizedConfidenceScorer(Scorer):
 
         Raises:
             ScoringError: no samples, or a reply stating no single confidence.
-            ArtifactMismatchError: sampled under another plan.
+            SamplingMismatchError: sampled under another plan.
         """
         reply = read_samples(response, self.plan).confidence_reply
         if reply is None:

@@ -20,7 +20,13 @@ from pydantic import Field
 
 from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig
 from abstain_guard.artifact.calibration_set import CalibrationSet
-from abstain_guard.errors import ArtifactMismatchError, ConfigError, ScoringError
+from abstain_guard.errors import (
+    ArtifactMismatchError,
+    ConfidenceParseError,
+    ConfigError,
+    SamplingMismatchError,
+    ScoringError,
+)
 from abstain_guard.scorers._base import ScorerState
 from abstain_guard.scorers._blackbox_sampling import (
     SAMPLES_KEY,
@@ -197,7 +203,7 @@ def test_a_model_without_a_temperature_cannot_be_sampled() -> None:
 def test_a_model_already_sampling_under_another_plan_is_refused() -> None:
     model = SamplingFake(answers=ANSWERS)
     other = scorer(temperature=1.0).prepare(model)
-    with pytest.raises(ArtifactMismatchError, match=r"temperature=1\.0"):
+    with pytest.raises(SamplingMismatchError, match=r"temperature=1\.0"):
         scorer().prepare(other)
     assert scorer().prepare(scorer().prepare(model)).plan == scorer().plan  # same plan: kept
 
@@ -273,14 +279,14 @@ def test_a_stored_scorer_refuses_another_similarity_model() -> None:
     loaded = BlackBoxScorer.from_state(state)
     assert loaded.get_state() == state
     state.params["similarity"] = {**state.params["similarity"], "digest": "f" * 64}
-    with pytest.raises(ArtifactMismatchError, match="weights"):
+    with pytest.raises(SamplingMismatchError, match="weights"):
         BlackBoxScorer.from_state(state)
 
 
 def test_responses_sampled_otherwise_are_refused() -> None:
     _, msg = _sampled()
     for other in (scorer(num_samples=4), scorer(temperature=1.0), scorer(primary="medoid")):
-        with pytest.raises(ArtifactMismatchError, match="sampled otherwise"):
+        with pytest.raises(SamplingMismatchError, match="sampled otherwise"):
             other.score(msg)
     with pytest.raises(ScoringError, match="no sampled answers"):
         scorer().score(AIMessage(content="Paris"))
@@ -324,7 +330,7 @@ def test_verbalized_confidence_is_parsed(reply: str, confidence: float) -> None:
     ["", "I cannot say.", "70 or 80", "between 70 and 80", "8/10", "7 out of 10", "150", "-5"],
 )
 def test_a_reply_with_no_single_confidence_is_a_scoring_error(reply: str) -> None:
-    with pytest.raises(ScoringError):
+    with pytest.raises(ConfidenceParseError):
         parse_verbalized_confidence(reply)
 
 
@@ -369,7 +375,9 @@ def test_the_guard_samples_through_the_scorer_and_fails_closed_on_an_unparsed_re
     msg = refusing.invoke([HumanMessage("Capital of France?")])
     decision = msg.response_metadata["abstention"]
     assert decision["abstained"] and decision["reason"] == "scoring failed"
-    assert "ScoringError" in decision["error"]
+    assert decision["error"].startswith("ConfidenceParseError")
+    assert issubclass(ConfidenceParseError, ScoringError)
+    assert issubclass(SamplingMismatchError, ArtifactMismatchError)
 
 
 def test_a_stored_state_rebuilds_the_same_plan() -> None:

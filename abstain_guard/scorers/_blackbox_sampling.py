@@ -25,16 +25,17 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from langchain_core.callbacks.manager import (
     AsyncCallbackManagerForLLMRun,
     CallbackManagerForLLMRun,
 )
-from langchain_core.language_models import BaseChatModel
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.runnables import RunnableConfig
 from pydantic import ConfigDict
 
 from abstain_guard.contract.metadata import ResponseLike, response_metadata_of
@@ -202,7 +203,7 @@ class SamplingPlan:
 
     num_samples: int
     temperature: float
-    primary: Literal["first", "medoid"] = "first"
+    primary: str = "first"
     similarity: SimilarityModel | None = field(default=None, compare=False)
     confidence_prompt: str | None = None
     max_concurrency: int = field(default=8, compare=False)
@@ -348,9 +349,9 @@ class SampledChatModel(BaseChatModel):
             )
         return self.inner.model_copy(update={"temperature": float(self.plan.temperature)})
 
-    def _config(self) -> dict[str, Any]:
+    def _config(self) -> RunnableConfig:
         """The samples' run config (an LLM run has no child runs: they are traced apart)."""
-        return {"max_concurrency": int(self.plan.max_concurrency), "run_name": "sample"}
+        return RunnableConfig(max_concurrency=int(self.plan.max_concurrency), run_name="sample")
 
     def _result(
         self,
@@ -396,8 +397,8 @@ class SampledChatModel(BaseChatModel):
     ) -> ChatResult:
         sampler = self._sampler()
         config = self._config()
-        inputs = [messages] * int(self.plan.num_samples)
-        outputs = sampler.batch(inputs, config=config, stop=stop, **kwargs)  # type: ignore[arg-type]
+        inputs: list[LanguageModelInput] = [messages] * int(self.plan.num_samples)
+        outputs = sampler.batch(inputs, config=config, stop=stop, **kwargs)
         index = self.plan.choose(_texts(outputs))
         asked = self._confidence_messages(messages, outputs[index])
         reply = None if asked is None else sampler.invoke(asked, config, stop=stop, **kwargs)
@@ -412,8 +413,8 @@ class SampledChatModel(BaseChatModel):
     ) -> ChatResult:
         sampler = self._sampler()
         config = self._config()
-        inputs = [messages] * int(self.plan.num_samples)
-        outputs = await sampler.abatch(inputs, config=config, stop=stop, **kwargs)  # type: ignore[arg-type]
+        inputs: list[LanguageModelInput] = [messages] * int(self.plan.num_samples)
+        outputs = await sampler.abatch(inputs, config=config, stop=stop, **kwargs)
         index = self.plan.choose(_texts(outputs))
         asked = self._confidence_messages(messages, outputs[index])
         reply = None

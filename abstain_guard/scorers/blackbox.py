@@ -180,9 +180,12 @@ class BlackBoxScorer(Scorer):
         self.eigenvalue_threshold = float(eigenvalue_threshold)
         self.of = of
         self.plan = SamplingPlan(
-            int(num_samples), float(temperature), primary, self.similarity,  # type: ignore[arg-type]
+            int(num_samples),
+            float(temperature),
+            primary,
+            self.similarity,
             max_concurrency=int(max_concurrency),
-        )  # fmt: skip
+        )
 
     def prepare(self, runnable: Any) -> Any:
         """``runnable`` with its chat model sampling under this scorer's plan."""

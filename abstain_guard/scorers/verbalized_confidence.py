@@ -113,9 +113,13 @@ class VerbalizedConfidenceScorer(Scorer):
         if primary == "medoid" and similarity is None:
             similarity = SimilarityModel("embedding", similarity_model)
         self.plan = SamplingPlan(
-            int(num_samples), float(temperature), primary, similarity,  # type: ignore[arg-type]
-            confidence_prompt=str(prompt), max_concurrency=int(max_concurrency),
-        )  # fmt: skip
+            int(num_samples),
+            float(temperature),
+            primary,
+            similarity,
+            confidence_prompt=str(prompt),
+            max_concurrency=int(max_concurrency),
+        )
 
     def prepare(self, runnable: Any) -> Any:
         """``runnable`` with its chat model answering and stating its confidence."""

@@ -27,7 +27,8 @@ def _review(args: argparse.Namespace) -> int:
         mode="risk", risk_target=args.risk_target, delta=args.delta, on_infeasible="abstain_all"
     )
     g = artifact.decision_rule(config).guarantee
-    q = g["judge_quality"]
+    q = g.judge_quality
+    assert q is not None
     print(
         f"judge on the review: agreement {q['agreement']:.3f} "
         f"[{q['agreement_ci'][0]:.3f}, {q['agreement_ci'][1]:.3f}], kappa {q['kappa']:.3f} "
@@ -39,7 +40,7 @@ def _review(args: argparse.Namespace) -> int:
             print(f"  {name} rate {rate:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]")
     print(
         f"risk_target {args.risk_target:g} at delta {args.delta:g}: participation "
-        f"{g['calibration_participation']:.3f} ({g['statement']})"
+        f"{g.calibration_participation:.3f} ({g.statement})"
     )
     return 0
 

@@ -326,7 +326,7 @@ def uncertifiable_joint(
 def action_guarantee(
     action: ActionRiskCertificate, values: ArrayLike, res: conformal.RiskThreshold
 ) -> dict[str, Any]:
-    """The decision guarantee's ``action_risk`` block at the jointly chosen threshold
+    """The certificate's ``action_risk`` block at the jointly chosen threshold
     (:func:`joint_risk_threshold`'s results; ``values``: the calibration runs' statistics)."""
     joint = res.delta + action.level
     block = action.summary(values, res.threshold)
@@ -338,4 +338,4 @@ def action_guarantee(
         f"{action.level:.3g} (union bound)"
     )
     block["run_level_level"] = res.delta
-    return {"action_risk": block}
+    return block

@@ -1,20 +1,28 @@
-"""From calibration scores and a config to the rule the guard applies: a threshold on the
-uncertainty score and the guarantee it carries (participation or risk mode; see
-``docs/guarantees.md``)."""
+"""From calibration scores and a config to the rule the guard applies (a threshold on the
+uncertainty score and the :class:`~.certificate.Certificate` it carries, participation or
+risk mode; see ``docs/guarantees.md``), and the :class:`Decision` a rule makes on one
+response."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import warnings
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from abstain_guard.config import GuardConfig
-from abstain_guard.errors import ConfigError, InsufficientDataError, UncertifiableTargetError
+from abstain_guard.errors import (
+    ConfigError,
+    InsufficientDataError,
+    InvalidInputError,
+    UncertifiableTargetError,
+)
 from abstain_guard.guarantee import conformal, truth
 from abstain_guard.guarantee.action_risk import (
     ActionRiskCertificate,
@@ -23,6 +31,7 @@ from abstain_guard.guarantee.action_risk import (
     require_action_statistics,
     uncertifiable_joint,
 )
+from abstain_guard.guarantee.certificate import Certificate
 from abstain_guard.guarantee.frontier import smallest_certifiable_risk
 from abstain_guard.guarantee.partial_release import (
     PartialReleaseCertificate,
@@ -31,7 +40,7 @@ from abstain_guard.guarantee.partial_release import (
 )
 from abstain_guard.guarantee.selection import ScorerSelection, participation_lower_bound
 
-__all__ = ["DecisionRule", "decision_rule"]
+__all__ = ["Decision", "DecisionRule", "decision_rule"]
 
 logger = logging.getLogger("abstain_guard")
 
@@ -48,29 +57,203 @@ class DecisionRule:
         threshold: τ (``inf``: answer everything; ``-inf``: abstain on everything).
         mode: ``"participation"`` or ``"risk"``.
         target: 1−α (participation mode) or ε (risk mode).
-        guarantee: JSON-ready description of what is guaranteed (see docs/guarantees.md).
+        guarantee: what is guaranteed (see docs/guarantees.md).
     """
 
     threshold: float
     mode: str
     target: float
-    guarantee: dict[str, Any] = field(default_factory=dict)
+    guarantee: Certificate
 
     def answers(self, score: float) -> bool:
         """True when a response with this score is answered (``score <= threshold``)."""
         return bool(score <= self.threshold)
 
 
+# --- the decision on one response --------------------------------------------------------
+
+#: The JSON keys of a decision, in order; a field that does not apply is left out.
+_DECISION_KEYS = (
+    "scorer",
+    "threshold",
+    "mode",
+    "target",
+    "guarantee",
+    "group",
+    "group_rule",
+    "step",
+    "step_score",
+    "run_statistic",
+    "unknown_tool_calls",
+    "abstained",
+    "score",
+    "reason",
+    "error",
+    "streaming",
+    "gating",
+    "tool_calls",
+    "tool_steps",
+    "certified",
+    "action",
+    "review",
+    "continued_by",
+    "run_id",
+)
+#: The keys every decision of a rule writes (their None included).
+_ALWAYS = frozenset(_DECISION_KEYS[:5]) | {"abstained", "score", "reason", "error"}
+#: The keys of a decision the fallback's messages carry (not scored, no certificate).
+_FALLBACK_KEYS = (
+    "abstained",
+    "score",
+    "threshold",
+    "scorer",
+    "reason",
+    "action",
+    "certified",
+    "continued_by",
+    "gating",
+    "tool_calls",
+    "tool_steps",
+    "stopped",
+)
+_TUPLES = ("tool_calls", "unknown_tool_calls")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The guard's decision on one response (``response_metadata["abstention"]`` holds its
+    :meth:`to_dict`).
+
+    Attributes:
+        abstained: whether the response was withheld.
+        score: its score (None: not scored).
+        threshold: τ of the rule that decided.
+        scorer: the scorer's name.
+        reason, error: why (``"score <= threshold"``, ``"scoring failed"``, ...) and the
+            error that prevented scoring (None: none).
+        mode, target, guarantee: the rule's mode, target and certificate (None on a
+            message a fallback made after the guard stopped the run: not decided).
+        group, group_rule: with per-group rules, the question's group and whose rule
+            decided (``"group"``, ``"pooled"`` or ``"abstain"``).
+        step, step_score, run_statistic: step gating's model call (0-based), its own score
+            and the run's running maximum the rule compared with τ.
+        unknown_tool_calls: tool calls of the run whose step has no record.
+        streaming: certified streaming's block (chunks decided and released).
+        gating, tool_calls, tool_steps: an agent's gating, the call's tool names and the
+            tool results before it.
+        certified, action, review, continued_by: where an agent run went after a stop and
+            whether it is still inside the certificate.
+        stopped: on a fallback's message, the stopping decision's step, scores and τ.
+        run_id: the monitor's key of the decision.
+    """
+
+    abstained: bool
+    score: float | None
+    threshold: float | None = None
+    scorer: str = ""
+    reason: str = ""
+    error: str | None = None
+    mode: str | None = None
+    target: float | None = None
+    guarantee: Certificate | None = None
+    group: str | None = None
+    group_rule: str | None = None
+    step: int | None = None
+    step_score: float | None = None
+    run_statistic: float | None = None
+    unknown_tool_calls: tuple[str, ...] | None = None
+    streaming: Mapping[str, Any] | None = None
+    gating: str | None = None
+    tool_calls: tuple[str, ...] | None = None
+    tool_steps: int | None = None
+    certified: bool | None = None
+    action: str | None = None
+    review: str | None = None
+    continued_by: str | None = None
+    stopped: Mapping[str, Any] | None = None
+    run_id: str | None = None
+
+    def replace(self, **changes: Any) -> Decision:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+    def _written(self, key: str) -> bool:
+        if self.guarantee is None:
+            return key in _FALLBACK_KEYS or getattr(self, key) is not None
+        if key in _ALWAYS:
+            return True
+        if key == "group":
+            return self.group_rule is not None
+        if key in ("step_score", "run_statistic"):
+            return self.step is not None
+        return getattr(self, key) is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (what messages, traces, logs, journals and ``serve`` carry)."""
+        keys = (*_FALLBACK_KEYS, "run_id") if self.guarantee is None else _DECISION_KEYS
+        out: dict[str, Any] = {}
+        for key in keys:
+            if not self._written(key):
+                continue
+            value = getattr(self, key)
+            if isinstance(value, Certificate):
+                value = value.to_dict()
+            elif key in _TUPLES and value is not None:
+                value = list(value)
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            out[key] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Decision:
+        """Read :meth:`to_dict`'s form back.
+
+        Raises:
+            InvalidInputError: a key no decision has, or a missing one.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        missing = sorted({"abstained", "score", "threshold", "scorer", "reason"} - set(data))
+        if unknown or missing:
+            raise InvalidInputError(
+                f"not a guard decision: unknown keys {unknown}, missing keys {missing}"
+            )
+        values = dict(data)
+        if values.get("guarantee") is not None:
+            values["guarantee"] = Certificate.from_dict(values["guarantee"])
+        for key in _TUPLES:
+            if values.get(key) is not None:
+                values[key] = tuple(values[key])
+        return cls(**values)
+
+
+# --- the rule ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Calibration:
+    """What a rule is computed from (:func:`decision_rule`'s arguments)."""
+
+    scores: ArrayLike
+    correct: ArrayLike
+    selection: ScorerSelection | None = None
+    action_statistic: ArrayLike | None = None
+    stream_first: ArrayLike | None = None
+    human: ArrayLike | None = None
+
+    def level(self, delta: float) -> float:
+        """δ per candidate scorer: δ/K after a selection, else δ."""
+        return delta / self.selection.n_candidates if self.selection is not None else delta
+
+
 def _uncertifiable(
-    scores: ArrayLike,
-    correct: ArrayLike,
-    res: conformal.RiskThreshold,
-    delta: float,
-    selection: ScorerSelection | None = None,
+    cal: _Calibration, res: conformal.RiskThreshold, delta: float
 ) -> UncertifiableTargetError:
     """The error for a risk target this calibration set cannot certify, naming the smallest
     one it can at the same delta (``res.delta`` is the level tested: δ/K after a selection)."""
-    smallest = smallest_certifiable_risk(scores, correct, res.delta)
+    smallest = smallest_certifiable_risk(cal.scores, cal.correct, res.delta)
+    selection = cal.selection
     at = f"delta={delta:g}" + (
         f" ({res.delta:.3g} per candidate: {selection.account()})" if selection is not None else ""
     )
@@ -127,98 +310,139 @@ def decision_rule(
             "(calibrate with chunk_rule: 'sentence', 'clause' or 'tokens:K'); this one decides "
             "whole answers, which never release text before the decision"
         )
+    cal = _Calibration(scores, correct, selection, action_statistic, stream_first, human)
     if config.mode == "risk":
-        assert config.risk_target is not None
-        action: ActionRiskCertificate | None = None
-        partial: PartialReleaseCertificate | None = None
-        delta = config.delta
-        level = delta / selection.n_candidates if selection is not None else delta
-        with warnings.catch_warnings(record=True):
-            warnings.simplefilter("always", conformal.ConformalWarning)
-            if config.partial_release_target is not None:  # both targets, each at δ/2
-                assert stream_first is not None
-                partial = partial_release_certificate(
-                    stream_first, scores, config.partial_release_target, level / 2
-                )
-                res = conformal.risk_threshold(
-                    scores,
-                    correct,
-                    config.risk_target,
-                    level / 2,
-                    ceiling=partial.ceiling,
-                    human=human,
-                )
-            elif config.action_risk_target is None:
-                res = conformal.risk_threshold(
-                    scores, correct, config.risk_target, level, human=human
-                )
-            else:  # both targets: the run-level one and the action risk, each at δ/2
-                res, action = joint_risk_threshold(
-                    scores,
-                    correct,
-                    require_action_statistics(action_statistic),
-                    config.risk_target,
-                    config.action_risk_target,
-                    level,
-                    human=human,
-                )
-                if not res.feasible and config.on_infeasible != "abstain_all":
-                    raise uncertifiable_joint(res, action, config.delta)
-        if partial is not None and not res.feasible and config.on_infeasible != "abstain_all":
-            raise UncertifiableTargetError(
-                f"risk_target={config.risk_target:g} and partial_release_target="
-                f"{partial.target:g} cannot be certified together at delta={delta:g} from "
-                f"these {res.n} calibration answers (each at {res.delta:.3g}; the partial-"
-                f"release band alone is +-{partial.margin:.3f} per distribution function). "
-                "Raise a target or delta, calibrate on more answers, or set "
-                "on_infeasible='abstain_all'."
-            )
-        if not res.feasible and config.on_infeasible != "abstain_all":
-            raise _uncertifiable(scores, correct, res, delta, selection)
-        for note in res.warnings:
-            logger.warning("abstain_guard risk threshold: %s", note)
-        guarantee: dict[str, Any] = {
-            "kind": "risk",
-            "statement": (
-                f"with probability >= {1 - delta:g} over the calibration set, the "
-                f"{'true ' if human is not None else ''}error rate among answered questions "
-                f"is <= {res.risk_target:g}"
-                + (_selection_text(selection, level) if selection is not None else "")
-                + f"; {truth.labels_statement(res.reviewed, eligible=_eligible(human))}"
-            ),
-            "risk_target": res.risk_target,
-            "delta": delta,
-            "confidence": 1.0 - delta,
-            "feasible": res.feasible,
-            "certified_bound": res.certified_bound,
-            "calibration_participation": res.participation,
-            "calibration_risk": res.empirical_risk,
-            "rank": res.rank,
-            "n": res.n,
-            "method": res.method,
-            "warnings": list(res.warnings),
-            **_labels_block(correct, human),
-        }
-        if selection is not None:
-            guarantee["delta_per_candidate"] = level
-            guarantee["selection"] = selection.summary()
-        if action is not None:
-            guarantee.update(
-                action_guarantee(action, require_action_statistics(action_statistic), res)
-            )
-        if stream_first is not None:
-            guarantee.update(
-                partial_release_guarantee(
-                    stream_first,
-                    scores,
-                    res.threshold,
-                    partial.level if partial is not None else level,
-                    partial,
-                    res.delta,
-                )
-            )
-        return DecisionRule(res.threshold, "risk", res.risk_target, guarantee)
+        return _risk_rule(cal, config)
+    return _participation_rule(cal, config)
 
+
+# --- risk mode ---------------------------------------------------------------------------
+
+_RiskTests = tuple[
+    conformal.RiskThreshold, ActionRiskCertificate | None, PartialReleaseCertificate | None
+]
+
+
+def _risk_tests(cal: _Calibration, config: GuardConfig) -> _RiskTests:
+    """The run-level risk threshold and, with their targets, the action-risk or
+    partial-release certificate tested beside it (each at δ/2)."""
+    assert config.risk_target is not None
+    level = cal.level(config.delta)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always", conformal.ConformalWarning)
+        if config.partial_release_target is not None:
+            assert cal.stream_first is not None
+            partial = partial_release_certificate(
+                cal.stream_first, cal.scores, config.partial_release_target, level / 2
+            )
+            res = conformal.risk_threshold(
+                cal.scores,
+                cal.correct,
+                config.risk_target,
+                level / 2,
+                ceiling=partial.ceiling,
+                human=cal.human,
+            )
+            return res, None, partial
+        if config.action_risk_target is None:
+            res = conformal.risk_threshold(
+                cal.scores, cal.correct, config.risk_target, level, human=cal.human
+            )
+            return res, None, None
+        res, action = joint_risk_threshold(
+            cal.scores,
+            cal.correct,
+            require_action_statistics(cal.action_statistic),
+            config.risk_target,
+            config.action_risk_target,
+            level,
+            human=cal.human,
+        )
+        return res, action, None
+
+
+def _refuse_uncertifiable(cal: _Calibration, config: GuardConfig, tests: _RiskTests) -> None:
+    """Raise when no threshold certifies the targets, unless ``on_infeasible="abstain_all"``."""
+    res, action, partial = tests
+    if res.feasible or config.on_infeasible == "abstain_all":
+        return
+    if action is not None:
+        raise uncertifiable_joint(res, action, config.delta)
+    if partial is not None:
+        raise UncertifiableTargetError(
+            f"risk_target={config.risk_target:g} and partial_release_target="
+            f"{partial.target:g} cannot be certified together at delta={config.delta:g} from "
+            f"these {res.n} calibration answers (each at {res.delta:.3g}; the partial-"
+            f"release band alone is +-{partial.margin:.3f} per distribution function). "
+            "Raise a target or delta, calibrate on more answers, or set "
+            "on_infeasible='abstain_all'."
+        )
+    raise _uncertifiable(cal, res, config.delta)
+
+
+def _risk_rule(cal: _Calibration, config: GuardConfig) -> DecisionRule:
+    tests = _risk_tests(cal, config)
+    _refuse_uncertifiable(cal, config, tests)
+    res, action, partial = tests
+    for note in res.warnings:
+        logger.warning("abstain_guard risk threshold: %s", note)
+    delta, level = config.delta, cal.level(config.delta)
+    statement = (
+        f"with probability >= {1 - delta:g} over the calibration set, the "
+        f"{'true ' if cal.human is not None else ''}error rate among answered questions "
+        f"is <= {res.risk_target:g}"
+        + (_selection_text(cal.selection, level) if cal.selection is not None else "")
+        + f"; {truth.labels_statement(res.reviewed, eligible=_eligible(cal.human))}"
+    )
+    certificate = Certificate(
+        kind="risk",
+        statement=statement,
+        risk_target=res.risk_target,
+        delta=delta,
+        confidence=1.0 - delta,
+        feasible=res.feasible,
+        certified_bound=res.certified_bound,
+        calibration_participation=res.participation,
+        calibration_risk=res.empirical_risk,
+        rank=res.rank,
+        n=res.n,
+        method=res.method,
+        warnings=tuple(res.warnings),
+        **_labels(cal),
+        delta_per_candidate=level if cal.selection is not None else None,
+        selection=cal.selection.summary() if cal.selection is not None else None,
+        action_risk=(
+            None
+            if action is None
+            else action_guarantee(action, require_action_statistics(cal.action_statistic), res)
+        ),
+        partial_release=(
+            None
+            if cal.stream_first is None
+            else partial_release_guarantee(
+                cal.stream_first,
+                cal.scores,
+                res.threshold,
+                partial.level if partial is not None else level,
+                partial,
+                res.delta,
+            )
+        ),
+    )
+    return DecisionRule(res.threshold, "risk", res.risk_target, certificate)
+
+
+# --- participation mode ------------------------------------------------------------------
+
+
+def _participation_threshold(
+    scores: ArrayLike, config: GuardConfig
+) -> tuple[conformal.ParticipationThreshold, float, list[str]]:
+    """The conformal threshold, τ after ``on_infeasible`` and the notes about them.
+
+    Raises:
+        InsufficientDataError: too few scores for a finite τ and ``on_infeasible="raise"``.
+    """
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always", conformal.ConformalWarning)
         part = conformal.participation_threshold(scores, config.alpha)
@@ -239,57 +463,70 @@ def decision_rule(
                 f"rank {part.rank} > n = {part.n}: on_infeasible='abstain_all', the guard "
                 f"abstains on every question (needs n >= {need} for this target)."
             ]
-    ties = conformal.ties_at_threshold(scores, threshold)
+    return part, threshold, notes
+
+
+def _correctness_fields(cal: _Calibration, alpha: float, notes: list[str]) -> dict[str, Any]:
+    """The conditional-correctness bound's certificate fields (its notes join ``notes``)."""
+    try:
+        cb = conformal.conditional_correctness_bound(cal.scores, cal.correct, alpha)
+    except InsufficientDataError as exc:
+        notes.append(f"conditional-correctness bound unavailable: {exc}")
+        return {}
+    notes.extend(n for n in cb.warnings if n not in notes)
+    return {
+        "conditional_correctness_bound": cb.bound,
+        "coverage_correct": cb.coverage_correct,
+        "beta": cb.beta,
+        "sigma": _finite_or_none(cb.sigma),
+        "accuracy": cb.accuracy,
+        "c": cb.c,
+    }
+
+
+def _participation_rule(cal: _Calibration, config: GuardConfig) -> DecisionRule:
+    part, threshold, notes = _participation_threshold(cal.scores, config)
+    ties = conformal.ties_at_threshold(cal.scores, threshold)
     if ties > 1:
         notes.append(
             f"{ties} calibration scores equal the threshold {threshold:g}: with tied scores "
             "participation can exceed the upper end of the guaranteed interval (a scorer "
             "with continuous scores avoids this)."
         )
-    guarantee = {
-        "kind": "participation",
-        "statement": (
+    correctness = _correctness_fields(cal, config.alpha, notes)
+    partial = None
+    if cal.stream_first is not None and math.isfinite(threshold):
+        level = cal.level(config.delta)
+        partial = partial_release_guarantee(
+            cal.stream_first, cal.scores, threshold, level, None, 0.0
+        )
+    for note in notes:
+        logger.warning("abstain_guard participation threshold: %s", note)
+    certificate = Certificate(
+        kind="participation",
+        statement=(
             f"P(answered) is in [{part.interval.lower:g}, {part.interval.upper:g}) for an "
             "exchangeable test question"
         ),
-        "participation": part.participation,
-        "alpha": part.alpha,
-        "participation_interval": [part.interval.lower, part.interval.upper],
-        "rank": part.rank,
-        "n": part.n,
-        "infinite_threshold": part.infinite,
-        "on_infeasible": config.on_infeasible if part.infinite else None,
-        "ties_at_threshold": ties,
-    }
-    try:
-        cb = conformal.conditional_correctness_bound(scores, correct, config.alpha)
-    except InsufficientDataError as exc:
-        notes.append(f"conditional-correctness bound unavailable: {exc}")
-        guarantee["conditional_correctness_bound"] = None
-    else:
-        notes.extend(n for n in cb.warnings if n not in notes)
-        guarantee.update(
-            {
-                "conditional_correctness_bound": cb.bound,
-                "coverage_correct": cb.coverage_correct,
-                "beta": cb.beta,
-                "sigma": _finite_or_none(cb.sigma),
-                "accuracy": cb.accuracy,
-                "c": cb.c,
-            }
-        )
-    if selection is not None:
-        guarantee["selection"] = _participation_selection(selection, config.delta, part)
-    if stream_first is not None and math.isfinite(threshold):
-        level = config.delta / (selection.n_candidates if selection is not None else 1)
-        guarantee.update(
-            partial_release_guarantee(stream_first, scores, threshold, level, None, 0.0)
-        )
-    guarantee.update(_labels_block(correct, human))
-    guarantee["warnings"] = notes
-    for note in notes:
-        logger.warning("abstain_guard participation threshold: %s", note)
-    return DecisionRule(threshold, "participation", part.participation, guarantee)
+        participation=part.participation,
+        alpha=part.alpha,
+        participation_interval=(part.interval.lower, part.interval.upper),
+        rank=part.rank,
+        n=part.n,
+        infinite_threshold=part.infinite,
+        on_infeasible=config.on_infeasible if part.infinite else None,
+        ties_at_threshold=ties,
+        **correctness,
+        selection=(
+            None
+            if cal.selection is None
+            else _participation_selection(cal.selection, config.delta, part)
+        ),
+        partial_release=partial,
+        **_labels(cal),
+        warnings=tuple(notes),
+    )
+    return DecisionRule(threshold, "participation", part.participation, certificate)
 
 
 def _eligible(human: ArrayLike | None) -> int | None:
@@ -298,15 +535,16 @@ def _eligible(human: ArrayLike | None) -> int | None:
     return None if h is None or not (h == truth.OUT_OF_SCOPE).any() else int((h >= -1).sum())
 
 
-def _labels_block(correct: ArrayLike, human: ArrayLike | None) -> dict[str, Any]:
+def _labels(cal: _Calibration) -> dict[str, Any]:
     """What the guarantee's labels are (``labels``: "human" or "judge", ``reviewed``: m) and,
     with a review, the judge's quality measured on it (:func:`.truth.judge_quality`). In
     participation mode the participation guarantee needs no labels; its correctness bound
     is on the judge's labels either way."""
+    human = cal.human
     reviewed = 0 if human is None else int((np.asarray(human) >= 0).sum())
     out: dict[str, Any] = {"labels": "human" if reviewed else "judge", "reviewed": reviewed}
     if reviewed:
-        out["judge_quality"] = truth.judge_quality(correct, human).to_json()  # type: ignore[arg-type]
+        out["judge_quality"] = truth.judge_quality(cal.correct, human).to_json()  # type: ignore[arg-type]
     return out
 
 

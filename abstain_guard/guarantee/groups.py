@@ -4,9 +4,10 @@ A pooled threshold keeps its promise on average over the calibration mix: on the
 probe set a pooled rule that answers 80 % overall answers some relations almost always and
 others rarely. With ``GuardConfig(group_by=...)`` every group g of the calibration set gets
 its own rule, computed by the same functions as the pooled one
-(:func:`abstain_guard.guarantee.decision.decision_rule`, i.e. :func:`abstain_guard.conformal.
-participation_threshold` and :func:`abstain_guard.conformal.risk_threshold`) on the n_g
-calibration answers of that group alone. This is Mondrian (group-conditional) conformal
+(:func:`~abstain_guard.guarantee.decision.decision_rule`, i.e.
+:func:`~abstain_guard.guarantee.conformal.participation_threshold` and
+:func:`~abstain_guard.guarantee.conformal.risk_threshold`) on the n_g calibration answers of
+that group alone. This is Mondrian (group-conditional) conformal
 prediction (Vovk et al. 2003; Vovk, Gammerman & Shafer, *Algorithmic Learning in a Random
 World*, ch. 4): given the groups of the calibration answers, those of group g are i.i.d.
 draws from the group's own distribution, so each single-group statement holds conditionally
@@ -52,6 +53,7 @@ from abstain_guard.errors import (
     InvalidInputError,
     UncertifiableTargetError,
 )
+from abstain_guard.guarantee.certificate import Certificate
 from abstain_guard.guarantee.conformal import min_calibration_size
 from abstain_guard.guarantee.decision import DecisionRule, decision_rule
 from abstain_guard.guarantee.frontier import smallest_certifiable_risk
@@ -196,7 +198,7 @@ class GroupRules:
 
 
 def _with_group(rule: DecisionRule, group: str | None, **extra: Any) -> DecisionRule:
-    guarantee = {**rule.guarantee, "group": group, **extra}
+    guarantee = rule.guarantee.replace(group=group, **extra)
     return DecisionRule(rule.threshold, rule.mode, rule.target, guarantee)
 
 
@@ -209,7 +211,7 @@ def _pooled_fallback(pooled: DecisionRule, group: str | None, note: str) -> Deci
         pooled,
         group,
         scope="pooled",
-        warnings=[*pooled.guarantee.get("warnings", []), warning],
+        warnings=(*pooled.guarantee.warnings, warning),
     )
 
 
@@ -219,13 +221,13 @@ def _abstain_rule(pooled: DecisionRule, group: str | None, note: str) -> Decisio
         -math.inf,
         pooled.mode,
         pooled.target,
-        {
-            "kind": pooled.mode,
-            "group": group,
-            "scope": "abstain",
-            "statement": statement,
-            "warnings": [f"{note}: {statement}"],
-        },
+        Certificate(
+            kind=pooled.mode,
+            group=group,
+            scope="abstain",
+            statement=statement,
+            warnings=(f"{note}: {statement}",),
+        ),
     )
 
 
@@ -304,7 +306,7 @@ def group_rules(
         except InsufficientDataError as exc:
             reasons[name] = _reason(exc, cfg)
             continue
-        if not own.guarantee.get("feasible", True):
+        if own.guarantee.feasible is False:
             eps, dlt = cfg.risk_target, cfg.delta
             reasons[name] = f"no threshold certifies risk_target={eps:g} at delta={dlt:g}"
             if config.group_fallback == "raise":  # say what it can certify (a search)
@@ -316,7 +318,7 @@ def group_rules(
         extra: dict[str, Any] = {
             "scope": "group",
             "group_n": sizes[name],
-            "statement": f"for a question of group {name!r}: {own.guarantee['statement']}",
+            "statement": f"for a question of group {name!r}: {own.guarantee.statement}",
         }
         if delta_g is not None:
             extra.update(delta_sharing=config.group_delta, delta_total=config.delta)

@@ -150,7 +150,7 @@ def partial_release_guarantee(
     certificate: PartialReleaseCertificate | None,
     other_level: float,
 ) -> dict[str, Any]:
-    """The decision guarantee's ``partial_release`` block at ``threshold``: the calibration
+    """The certificate's ``partial_release`` block at ``threshold``: the calibration
     rate, the bound certified at ``level`` (uniform in τ) and, with a ``certificate``, its
     target and ceiling; ``other_level``: the error statement's δ (the union bound)."""
     f, m = check_stream_statistics(first, statistic)
@@ -180,4 +180,4 @@ def partial_release_guarantee(
             "(a bound uniform in the threshold, so valid at this one; together with the "
             f"error statement with probability >= {1 - together:g})"
         )
-    return {"partial_release": block}
+    return block

@@ -35,6 +35,7 @@ from typing import Any, Literal
 from langchain_core.messages import AIMessage
 
 from abstain_guard.errors import InvalidInputError
+from abstain_guard.guarantee.decision import Decision
 
 __all__ = [
     "CONTINUED",
@@ -53,17 +54,18 @@ FINAL_ANSWER_ACTION = "final_answer"
 Review = Literal["approved", "edited", "rejected"]
 
 
-def review_request(withheld: Mapping[str, Any], decision: Mapping[str, Any]) -> dict[str, Any]:
+def review_request(withheld: Mapping[str, Any], decision: Decision) -> dict[str, Any]:
     """The ``interrupt`` payload for a stopped step: one action per withheld tool call (or
     the withheld final answer as ``final_answer`` with ``{"content": ...}``), each with a
     description naming the score and τ, and the guard's decision under ``abstention``."""
     calls = list(withheld.get("tool_calls") or [])
-    score = decision.get("step_score", decision.get("score"))
+    stepped = decision.step is not None  # the step's own score and the run's maximum
+    score = decision.step_score if stepped else decision.score
+    statistic = decision.run_statistic if stepped else decision.score
     why = (
         f"The abstention guard stopped this step: step score {_fmt(score)}, run statistic "
-        f"{_fmt(decision.get('run_statistic', decision.get('score')))} > τ "
-        f"{_fmt(decision.get('threshold'))}. Approving it takes the run outside the "
-        "guard's certificate."
+        f"{_fmt(statistic)} > τ {_fmt(decision.threshold)}. Approving it takes the run "
+        "outside the guard's certificate."
     )
     if calls:
         actions = [
@@ -83,7 +85,7 @@ def review_request(withheld: Mapping[str, Any], decision: Mapping[str, Any]) -> 
     return {
         "action_requests": actions,
         "review_configs": configs,
-        "abstention": dict(decision),
+        "abstention": decision.to_dict(),
     }
 
 

@@ -67,8 +67,9 @@ from abstain_guard.contract.runnables import with_calibrated_capture
 from abstain_guard.contract.tool_choice import free_choice, recorded_tool_choice
 from abstain_guard.errors import ConfigError
 from abstain_guard.guarantee.agent_steps import running_statistic
+from abstain_guard.guarantee.decision import Decision
 from abstain_guard.guard.abstain_actions import CONTINUED, apply_review, review_request
-from abstain_guard.guard.policy import AbstentionPolicy
+from abstain_guard.guard.policy import AbstentionPolicy, decision_of, with_decision
 from abstain_guard.guard.tracing import arecord_decision, record_decision
 from abstain_guard.monitor.binding import fit_monitor
 from abstain_guard.monitor.guard_monitor import GuardMonitor
@@ -247,7 +248,7 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
 
     def _decide(
         self, state: Any, runtime: Any, last: AIMessage, continued: str | None = None
-    ) -> tuple[AIMessage, dict[str, Any]]:
+    ) -> tuple[AIMessage, Decision]:
         """The policy's decision on ``last``: with step gating on the run's running maximum
         (:mod:`abstain_guard.guarantee.agent_steps`) from the earlier calls of this turn."""
         group = self.policy.group_of(state, _run_metadata(runtime))
@@ -262,10 +263,10 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
             if continued:  # outside the certificate: each later step on its own score
                 previous = None
             message, decision = self.policy.decide(last, notes, group, step=step, previous=previous)
-            decision["gating"] = "steps"
-            decision["tool_calls"] = [c["name"] for c in last.tool_calls]
-        decision["tool_steps"] = tool_steps
-        return message, decision
+            decision = decision.replace(
+                gating="steps", tool_calls=tuple(c["name"] for c in last.tool_calls)
+            )
+        return message, decision.replace(tool_steps=tool_steps)
 
     def check_tool_steps(self, tool_steps: int) -> list[str]:
         """A final answer after ``tool_steps`` tool results, outside the range of counts
@@ -286,12 +287,14 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
             return [f"agent run: {problem}"]
         return self.policy.mismatch([problem], "agent run")
 
-    def _observe(self, decision: dict[str, Any], message: AIMessage) -> None:
-        if self.monitor is not None:
-            decision["run_id"] = self.monitor.observe(decision, run_id=message.id)
+    def _observe(self, decision: Decision, message: AIMessage) -> Decision:
+        """The decision with the monitor's ``run_id`` (as it is without a monitor)."""
+        if self.monitor is None:
+            return decision
+        return decision.replace(run_id=self.monitor.observe(decision, run_id=message.id))
 
-    def _outcome(self, state: Any, runtime: Any) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-        """The state update and the decision of one model call (``(None, {})``: nothing to
+    def _outcome(self, state: Any, runtime: Any) -> tuple[dict[str, Any] | None, Decision | None]:
+        """The state update and the decision of one model call (``(None, None)``: nothing to
         decide). A stopped step goes where ``config.on_abstain`` says; a fallback agent is
         left to the caller (the update's ``_fallback_agent``: the messages to run it on)."""
         handover = _handover(state)
@@ -299,82 +302,86 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
             return self._fallback_call(state, handover)
         last = self._to_decide(state)
         if last is None:
-            return None, {}
+            return None, None
         continued = _continued(state)
         message, decision = self._decide(state, runtime, last, continued)
-        decision["certified"] = not continued
-        if continued:
-            decision["continued_by"] = continued
-        if not decision.get("abstained"):
+        decision = decision.replace(certified=not continued, continued_by=continued or None)
+        if not decision.abstained:
             if not last.tool_calls and not continued:
-                self._observe(decision, last)  # the run's outcome: accepted
-            return {"messages": [message]}, decision
-        action = self.config.on_abstain
-        decision["action"] = action
-        if action == "interrupt":  # resumed runs execute this again, up to interrupt()
-            withheld = message.response_metadata.get("withheld_response") or {}
-            response = interrupt(review_request(withheld, decision))
-            kept, review = apply_review(last, response, max(1, len(last.tool_calls)))
-            decision["review"] = review
-            if kept is not None:  # approved or edited: the run leaves the certificate
-                decision.update(certified=False, continued_by=review)
-            if not continued:
-                self._observe(decision, last)
-            if kept is None:  # rejected: the run ends with the abstention
-                return {"messages": [message], "jump_to": "end"}, decision
-            meta = {**(kept.response_metadata or {}), "abstention": {**decision, "action": review}}
-            return {"messages": [kept.model_copy(update={"response_metadata": meta})]}, decision
-        if action == "fallback":
-            decision.update(certified=False, continued_by="fallback")
+                decision = self._observe(decision, last)  # the run's outcome: accepted
+            return {"messages": [with_decision(message, decision)]}, decision
+        decision = decision.replace(action=self.config.on_abstain)
+        if decision.action == "interrupt":  # resumed runs execute this again, up to interrupt()
+            return self._review(last, message, decision, continued)
+        if decision.action == "fallback":
+            decision = decision.replace(certified=False, continued_by="fallback")
         if not continued:
-            self._observe(decision, last)
-        if action == "fallback":
-            stopped = {k: decision[k] for k in _STOPPED_FIELDS if k in decision}
-            if isinstance(self.fallback, BaseChatModel):  # it makes this call and the rest
-                update = {
-                    "messages": [RemoveMessage(id=str(last.id))],
-                    FALLBACK_KEY: {"turn": _turn_of(state), "stopped": stopped},
-                    "jump_to": "model",
-                }
-                return update, decision
-            prior = [m for m in state["messages"] if m.id != last.id]
-            handoff = {"_fallback_agent": prior, "_removed": str(last.id), "_stopped": stopped}
-            return handoff, decision
-        return {"messages": [message], "jump_to": "end"}, decision
+            decision = self._observe(decision, last)
+        if decision.action != "fallback":
+            return {"messages": [with_decision(message, decision)], "jump_to": "end"}, decision
+        data = decision.to_dict()
+        stopped = {k: data[k] for k in _STOPPED_FIELDS if k in data}
+        if isinstance(self.fallback, BaseChatModel):  # it makes this call and the rest
+            update = {
+                "messages": [RemoveMessage(id=str(last.id))],
+                FALLBACK_KEY: {"turn": _turn_of(state), "stopped": stopped},
+                "jump_to": "model",
+            }
+            return update, decision
+        prior = [m for m in state["messages"] if m.id != last.id]
+        handoff = {"_fallback_agent": prior, "_removed": str(last.id), "_stopped": stopped}
+        return handoff, decision
+
+    def _review(
+        self, last: AIMessage, message: AIMessage, decision: Decision, continued: str | None
+    ) -> tuple[dict[str, Any], Decision]:
+        """A stopped step a human reviews (``on_abstain="interrupt"``): rejected, the run ends
+        with the abstention; approved or edited, it goes on outside the certificate."""
+        withheld = message.response_metadata.get("withheld_response") or {}
+        response = interrupt(review_request(withheld, decision))
+        kept, review = apply_review(last, response, max(1, len(last.tool_calls)))
+        decision = decision.replace(review=review)
+        if kept is not None:  # approved or edited: the run leaves the certificate
+            decision = decision.replace(certified=False, continued_by=review)
+        if not continued:
+            decision = self._observe(decision, last)
+        if kept is None:  # rejected: the run ends with the abstention
+            return {"messages": [with_decision(message, decision)], "jump_to": "end"}, decision
+        kept = with_decision(kept, decision.replace(action=review))
+        return {"messages": [kept]}, decision
 
     def _continuation(
         self, stopped: Mapping[str, Any], message: AIMessage, tool_steps: int
-    ) -> dict[str, Any]:
+    ) -> Decision:
         """The decision recorded on a message the fallback made after the guard stopped the
         turn: not scored (the fallback is not the calibrated model) and not gated, outside
         the certificate, with the stopping decision's step, scores and τ under ``stopped``."""
-        return {
-            "abstained": False,
-            "score": None,
-            "threshold": stopped.get("threshold"),
-            "scorer": self.artifact.scorer.name,
-            "reason": "made by the fallback after the guard stopped the run: not gated",
-            "action": "fallback",
-            "certified": False,
-            "continued_by": "fallback",
-            "gating": self.gating,
-            "tool_calls": [c["name"] for c in message.tool_calls],
-            "tool_steps": tool_steps,
-            "stopped": dict(stopped),
-        }
+        return Decision(
+            abstained=False,
+            score=None,
+            threshold=stopped.get("threshold"),
+            scorer=self.artifact.scorer.name,
+            reason="made by the fallback after the guard stopped the run: not gated",
+            action="fallback",
+            certified=False,
+            continued_by="fallback",
+            gating=self.gating,
+            tool_calls=tuple(c["name"] for c in message.tool_calls),
+            tool_steps=tool_steps,
+            stopped=dict(stopped),
+        )
 
     def _fallback_call(
         self, state: Any, handover: Mapping[str, Any]
-    ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    ) -> tuple[dict[str, Any] | None, Decision | None]:
         """The update and decision for a fallback chat model's call in the turn handed over
         to it: the message annotated (``certified: false``, ``continued_by: "fallback"``);
         its final answer ends the hand-over."""
         last = (state.get("messages") or [None])[-1]
         if not isinstance(last, AIMessage):
-            return None, {}
+            return None, None
         decision = self._continuation(handover.get("stopped") or {}, last, _tool_steps(state))
-        meta = {**(last.response_metadata or {}), "abstention": decision}
-        update: dict[str, Any] = {"messages": [last.model_copy(update={"response_metadata": meta})]}
+        update: dict[str, Any] = {"messages": [with_decision(last, decision)]}
         if not last.tool_calls:
             update[FALLBACK_KEY] = None
         return update, decision
@@ -387,9 +394,9 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         for message in new:
             if isinstance(message, AIMessage):
                 steps = _tool_steps({"messages": [*prior, *marked]})
-                decision = self._continuation(update["_stopped"], message, steps)
-                meta = {**(message.response_metadata or {}), "abstention": decision}
-                message = message.model_copy(update={"response_metadata": meta})
+                message = with_decision(
+                    message, self._continuation(update["_stopped"], message, steps)
+                )
             marked.append(message)
         return {"messages": [RemoveMessage(id=update["_removed"]), *marked], "jump_to": "end"}
 
@@ -399,7 +406,7 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         abstention the run is stopped before any of the call's tool calls run and goes where
         ``config.on_abstain`` says (:mod:`abstain_guard.guard.abstain_actions`)."""
         update, decision = self._outcome(state, runtime)
-        if decision:
+        if decision is not None:
             record_decision(decision)
         if update is not None and "_fallback_agent" in update:
             prior = update["_fallback_agent"]
@@ -412,7 +419,7 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
     async def aafter_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
         """Async :meth:`after_model`."""
         update, decision = self._outcome(state, runtime)
-        if decision:
+        if decision is not None:
             await arecord_decision(decision)
         if update is not None and "_fallback_agent" in update:
             prior = update["_fallback_agent"]
@@ -466,9 +473,9 @@ def _continued(state: Any) -> str | None:
     if _handover(state) is not None:
         return "fallback"
     for m in _this_turn(state):
-        action = ((m.response_metadata or {}).get("abstention") or {}).get("action")
-        if isinstance(m, AIMessage) and action in CONTINUED:
-            return str(action)
+        decision = decision_of(m) if isinstance(m, AIMessage) else None
+        if decision is not None and decision.action in CONTINUED:
+            return str(decision.action)
     return None
 
 
@@ -510,8 +517,8 @@ def _run_so_far(state: Any, policy: AbstentionPolicy) -> tuple[int, float | None
     earlier = [m for m in _this_turn(state) if isinstance(m, AIMessage)][:-1]
     previous: float | None = None
     for m in earlier:
-        decision = (m.response_metadata or {}).get("abstention") or {}
-        score = decision.get("step_score")
+        decision = decision_of(m)
+        score = decision.step_score if decision is not None else None
         previous = running_statistic(
             previous, float(score) if score is not None else policy.score(m)
         )

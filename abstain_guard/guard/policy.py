@@ -12,7 +12,7 @@ Example::
 
     policy = AbstentionPolicy(GuardArtifact.load("guard/"), GuardConfig(target=0.9))
     message, decision = policy.decide(ai_message)
-    decision["abstained"], decision["score"], decision["threshold"]
+    decision.abstained, decision.score, decision.threshold
 """
 
 from __future__ import annotations
@@ -46,11 +46,12 @@ from abstain_guard.errors import (
     ScoringError,
 )
 from abstain_guard.guarantee.agent_steps import running_statistic
-from abstain_guard.guarantee.decision import DecisionRule
+from abstain_guard.guarantee.certificate import Certificate
+from abstain_guard.guarantee.decision import Decision, DecisionRule
 from abstain_guard.guarantee.groups import GroupRules, group_of
 from abstain_guard.guard.tracing import logger
 
-__all__ = ["AbstentionPolicy", "as_guard_config"]
+__all__ = ["AbstentionPolicy", "as_guard_config", "decision_of", "with_decision"]
 
 
 def as_guard_config(config: GuardConfig | Mapping[str, Any] | None) -> GuardConfig:
@@ -64,6 +65,19 @@ def as_guard_config(config: GuardConfig | Mapping[str, Any] | None) -> GuardConf
     raise InvalidInputError(
         f"config must be a GuardConfig, a mapping or None, got {type(config).__name__}."
     )
+
+
+def with_decision(message: AIMessage, decision: Decision) -> AIMessage:
+    """``message`` carrying ``decision`` (``response_metadata["abstention"]``, its JSON)."""
+    meta = {**(message.response_metadata or {}), "abstention": decision.to_dict()}
+    return message.model_copy(update={"response_metadata": meta})
+
+
+def decision_of(message: Any) -> Decision | None:
+    """The decision a message carries (:func:`with_decision`), or None."""
+    meta = getattr(message, "response_metadata", None) or {}
+    data = meta.get("abstention")
+    return Decision.from_dict(data) if data else None
 
 
 def _withheld(message: Any) -> dict[str, Any]:
@@ -213,26 +227,34 @@ class AbstentionPolicy:
         rule, kind = self.groups.rule_for(group)
         return rule, {"group": group, "group_rule": kind}
 
-    def _base(
-        self, extra_warnings: list[str] | None = None, rule: DecisionRule | None = None
-    ) -> dict[str, Any]:
-        rule = rule or self.rule
-        guarantee = rule.guarantee
-        extra = self._standing_warnings + list(extra_warnings or [])
-        if extra:
-            guarantee = {**guarantee, "warnings": [*guarantee.get("warnings", []), *extra]}
+    def _certificate(self, rule: DecisionRule, extra_warnings: list[str]) -> Certificate:
+        """The rule's certificate as this deployment carries it: the standing and the
+        response's warnings, what an API model leaves unverified, an engine's batch variance."""
+        certificate = rule.guarantee.with_warnings(self._standing_warnings + extra_warnings)
         if self.deployment is not None and self.deployment.chat_model is not None:
-            guarantee = {**guarantee, "unverified": [API_UNVERIFIED]}
+            certificate = certificate.replace(unverified=(API_UNVERIFIED,))
         bound = self.deployment.decoding.get("live_bound") if self.deployment else None
         if bound is not None:  # an engine whose scores move with its batches (vLLM on CPU)
-            guarantee = {**guarantee, "batch_variance": batch_variance_note(float(bound))}
-        return {
-            "scorer": self.artifact.scorer.name,
-            "threshold": rule.threshold,
-            "mode": rule.mode,
-            "target": rule.target,
-            "guarantee": guarantee,
-        }
+            certificate = certificate.replace(batch_variance=batch_variance_note(float(bound)))
+        return certificate
+
+    def _decision(
+        self,
+        group: str | None,
+        extra_warnings: list[str] | None = None,
+        **fields: Any,
+    ) -> Decision:
+        """The decision under the rule of ``group`` with ``fields`` (abstained, score, ...)."""
+        rule, group_fields = self._rule(group)
+        return Decision(
+            scorer=self.artifact.scorer.name,
+            threshold=rule.threshold,
+            mode=rule.mode,
+            target=rule.target,
+            guarantee=self._certificate(rule, list(extra_warnings or [])),
+            **group_fields,
+            **fields,
+        )
 
     def score(self, message: Any) -> float:
         """The scorer's score of ``message``; raises ScoringError on anything unusable."""
@@ -258,8 +280,8 @@ class AbstentionPolicy:
         *,
         step: int | None = None,
         previous: float | None = None,
-    ) -> tuple[AIMessage, dict[str, Any]]:
-        """Score ``message`` and return ``(output message, decision dict)``.
+    ) -> tuple[AIMessage, Decision]:
+        """Score ``message`` and return ``(output message, decision)``.
 
         With ``step`` (an agent's model call, 0-based, step gating: :mod:`~abstain_guard.
         guarantee.agent_steps`) the rule decides on the run's running maximum ``max(previous,
@@ -278,11 +300,8 @@ class AbstentionPolicy:
             ArtifactMismatchError: the response was generated with other settings than the
                 artifact was calibrated with (``config.on_mismatch == "raise"``).
         """
-        rule, group_fields = self._rule(group)
-        decision = self._base([*(warnings or []), *self.response_warnings(message)], rule)
-        decision.update(group_fields)
-        if step is not None:
-            decision.update(step=step, step_score=None, run_statistic=previous)
+        notes = [*(warnings or []), *self.response_warnings(message)]
+        stepped: dict[str, Any] = {} if step is None else {"step": step, "run_statistic": previous}
         try:
             if self.chunk_rule is not None and step is None:
                 raise ScoringError(WHOLE_ANSWER_REFUSED)
@@ -294,60 +313,55 @@ class AbstentionPolicy:
                     f"The guard could not score the response ({reason}). Set on_error='abstain' "
                     "to withhold unscorable responses instead."
                 ) from exc
-            decision.update(abstained=True, score=None, reason="scoring failed", error=reason)
+            decision = self._decision(
+                group, notes, **stepped, abstained=True, score=None, reason="scoring failed",
+                error=reason,
+            )  # fmt: skip
             return self._abstention(message, decision), decision
         if step is not None:
-            decision.update(step_score=score)
-            score = running_statistic(previous, score)
-            decision.update(run_statistic=score)
+            stepped["step_score"] = score
+            score = stepped["run_statistic"] = running_statistic(previous, score)
+        rule, group_fields = self._rule(group)
         answered = rule.answers(score)
-        decision.update(
-            abstained=not answered,
-            score=score,
-            reason="score <= threshold" if answered else "score > threshold",
-            error=None,
-        )
+        reason = "score <= threshold" if answered else "score > threshold"
         if group_fields.get("group_rule") == "abstain":
-            decision["reason"] = "group without a rule: abstain"
+            reason = "group without a rule: abstain"
+        decision = self._decision(
+            group, notes, **stepped, abstained=not answered, score=score, reason=reason
+        )
         if answered:
             assert isinstance(message, AIMessage)
-            meta = {**(message.response_metadata or {}), "abstention": decision}
-            return message.model_copy(update={"response_metadata": meta}), decision
+            return with_decision(message, decision), decision
         return self._abstention(message, decision), decision
 
     def abstain(
         self, reason: str, error: str, group: str | None = None, **fields: Any
-    ) -> tuple[AIMessage, dict[str, Any]]:
+    ) -> tuple[AIMessage, Decision]:
         """Abstain without scoring (nothing to score, or nothing that may be scored): the
         abstention message and its decision (``score=None``, ``reason``, ``error`` and the
-        extra ``fields``) under the rule of ``group``."""
-        rule, group_fields = self._rule(group)
-        decision = self._base(rule=rule)
-        decision.update(group_fields)
-        decision.update(fields)
-        decision.update(abstained=True, score=None, reason=reason, error=error)
+        extra ``fields``, :class:`~abstain_guard.guarantee.decision.Decision`'s) under the
+        rule of ``group``."""
+        decision = self._decision(
+            group, None, **fields, abstained=True, score=None, reason=reason, error=error
+        )
         return self._abstention(None, decision), decision
 
     def decide_unanswerable(
         self, exc: ContextLengthError, group: str | None = None
-    ) -> tuple[AIMessage, dict[str, Any]]:
+    ) -> tuple[AIMessage, Decision]:
         """Abstain on an input the model cannot take (too long for its context window) when
         ``on_error="abstain"``; with ``"raise"`` the error propagates."""
         if self.config.on_error == "raise":
             raise exc
-        rule, group_fields = self._rule(group)
-        decision = self._base(rule=rule)
-        decision.update(group_fields)
         reason = f"{type(exc).__name__}: {exc}"
-        decision.update(abstained=True, score=None, reason="input too long", error=reason)
-        return self._abstention(None, decision), decision
+        return self.abstain("input too long", reason, group)
 
-    def abstention_message(self, message: Any, decision: dict[str, Any]) -> AIMessage:
+    def abstention_message(self, message: Any, decision: Decision) -> AIMessage:
         """The abstention message for ``decision`` (``message``: the withheld answer, or
         the part of it generated before a certified stream stopped; None for none)."""
         return self._abstention(message, decision)
 
-    def _abstention(self, message: Any, decision: dict[str, Any]) -> AIMessage:
+    def _abstention(self, message: Any, decision: Decision) -> AIMessage:
         kwargs: dict[str, Any] = {}
         if isinstance(message, AIMessage):
             kwargs["id"] = message.id
@@ -355,6 +369,9 @@ class AbstentionPolicy:
                 kwargs["usage_metadata"] = message.usage_metadata
         return AIMessage(
             content=self.config.abstain_message,
-            response_metadata={"abstention": decision, "withheld_response": _withheld(message)},
+            response_metadata={
+                "abstention": decision.to_dict(),
+                "withheld_response": _withheld(message),
+            },
             **kwargs,
         )

@@ -34,8 +34,8 @@ from abstain_guard.errors import (
     ContextLengthError,
     InvalidInputError,
 )
-from abstain_guard.guarantee.decision import DecisionRule
-from abstain_guard.guard.policy import AbstentionPolicy, as_guard_config
+from abstain_guard.guarantee.decision import Decision, DecisionRule
+from abstain_guard.guard.policy import AbstentionPolicy, as_guard_config, with_decision
 from abstain_guard.guard.stream_gate import (
     GateEvent,
     acertified_stream,
@@ -205,10 +205,22 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
 
     # --- running ------------------------------------------------------------------------
 
-    def _observe(self, decision: dict[str, Any], run_manager: Any) -> None:
-        if self.monitor is not None:
-            run_id = str(run_manager.run_id) if run_manager is not None else None
-            decision["run_id"] = self.monitor.observe(decision, run_id=run_id)
+    def _observe(
+        self, message: AIMessage, decision: Decision, run_manager: Any
+    ) -> tuple[AIMessage, Decision]:
+        """The monitor's record of the decision: its ``run_id`` on the decision and message."""
+        if self.monitor is None:
+            return message, decision
+        run_id = str(run_manager.run_id) if run_manager is not None else None
+        decision = decision.replace(run_id=self.monitor.observe(decision, run_id=run_id))
+        return with_decision(message, decision), decision
+
+    def _observed(self, event: GateEvent, run_manager: Any) -> GateEvent:
+        """A certified stream's event with its decision observed (text events as they are)."""
+        if event.decision is None or event.message is None:
+            return event
+        message, decision = self._observe(event.message, event.decision, run_manager)
+        return GateEvent(event.kind, event.text, message, decision)
 
     def _run(
         self,
@@ -230,7 +242,7 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
             message, decision = self._policy.decide_unanswerable(exc, group)
         else:
             message, decision = self._policy.decide(output, group=group)
-        self._observe(decision, run_manager)
+        message, decision = self._observe(message, decision, run_manager)
         record_decision(decision, run_manager=run_manager, config=config)
         return message
 
@@ -256,7 +268,7 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
             message, decision = await run_in_executor(
                 config, self._policy.decide, output, None, group
             )
-        self._observe(decision, run_manager)
+        message, decision = self._observe(message, decision, run_manager)
         await arecord_decision(decision, run_manager=run_manager, config=config)
         return message
 
@@ -292,13 +304,13 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
             for event in certified_stream(
                 self._policy, rule, lambda: self._prepared.stream(input, config, **kwargs), group
             ):
+                event = self._observed(event, run_manager)
                 if event.decision is not None:
-                    self._observe(event.decision, run_manager)
                     record_decision(event.decision, run_manager=run_manager, config=config)
                 yield event
         except ContextLengthError as exc:
             message, decision = self._policy.decide_unanswerable(exc, group)
-            self._observe(decision, run_manager)
+            message, decision = self._observe(message, decision, run_manager)
             record_decision(decision, run_manager=run_manager, config=config)
             yield GateEvent("decision", message=message, decision=decision)
 
@@ -317,13 +329,13 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
             async for event in acertified_stream(
                 self._policy, rule, lambda: self._prepared.astream(input, config, **kwargs), group
             ):
+                event = self._observed(event, run_manager)
                 if event.decision is not None:
-                    self._observe(event.decision, run_manager)
                     await arecord_decision(event.decision, run_manager=run_manager, config=config)
                 yield event
         except ContextLengthError as exc:
             message, decision = self._policy.decide_unanswerable(exc, group)
-            self._observe(decision, run_manager)
+            message, decision = self._observe(message, decision, run_manager)
             await arecord_decision(decision, run_manager=run_manager, config=config)
             yield GateEvent("decision", message=message, decision=decision)
 

@@ -27,7 +27,8 @@ from langchain_core.messages.utils import message_chunk_to_message
 from abstain_guard.backends import scorer_needs
 from abstain_guard.contract.streaming import ChunkRule, PrefixSink, StreamPrefix, open_prefix_sink
 from abstain_guard.errors import ArtifactMismatchError, ScoringError
-from abstain_guard.guard.policy import AbstentionPolicy
+from abstain_guard.guarantee.decision import Decision
+from abstain_guard.guard.policy import AbstentionPolicy, with_decision
 
 __all__ = [
     "GateEvent",
@@ -77,7 +78,7 @@ class GateEvent:
     kind: Literal["text", "decision"]
     text: str = ""
     message: AIMessage | None = None
-    decision: dict[str, Any] | None = None
+    decision: Decision | None = None
 
 
 @dataclass
@@ -91,7 +92,7 @@ class StreamGate:
     chunks: int = 0
     released: str = ""
     pending: str = ""
-    stopped: dict[str, Any] | None = None
+    stopped: Decision | None = None
     _whole: BaseMessageChunk | None = field(default=None, repr=False)
 
     def take(self, chunk: Any) -> None:
@@ -113,8 +114,8 @@ class StreamGate:
             prefix.message, group=self.group, step=self.chunks, previous=self.running
         )
         self.chunks += 1
-        self.running = decision.get("run_statistic")
-        if decision["abstained"]:
+        self.running = decision.run_statistic
+        if decision.abstained:
             self.stopped = self._finish(decision, prefix.tokens)
             return None
         out, self.pending = self.pending, ""
@@ -134,7 +135,7 @@ class StreamGate:
         msg = message_chunk_to_message(self._whole)
         return msg if isinstance(msg, AIMessage) else None
 
-    def final(self, served: bool) -> tuple[AIMessage, dict[str, Any], str]:
+    def final(self, served: bool) -> tuple[AIMessage, Decision, str]:
         """The whole answer's decision on the running maximum: ``(message, decision, text
         still to release)`` (the text is ``""`` for an abstention)."""
         whole = self.message()
@@ -142,23 +143,22 @@ class StreamGate:
             msg, decision = self.policy.abstain(
                 "scoring failed", f"ScoringError: {NOT_SERVED}", self.group
             )
-            decision["streaming"] = self._block(None, False)
-            return msg, decision, ""
+            decision = decision.replace(streaming=self._block(None, False))
+            return with_decision(msg, decision), decision, ""
         msg, decision = self.policy.decide(
             whole, group=self.group, step=self.chunks, previous=self.running
         )
         self.chunks += 1
         decision = self._finish(decision, None)
-        msg.response_metadata["abstention"] = decision
-        if decision["abstained"]:
+        msg = with_decision(msg, decision)
+        if decision.abstained:
             return msg, decision, ""
         rest, self.pending = self.pending, ""
         self.released += rest
         return msg, decision, rest
 
-    def _finish(self, decision: dict[str, Any], tokens: int | None) -> dict[str, Any]:
-        decision["streaming"] = self._block(tokens, bool(decision["abstained"]))
-        return decision
+    def _finish(self, decision: Decision, tokens: int | None) -> Decision:
+        return decision.replace(streaming=self._block(tokens, decision.abstained))
 
     def _block(self, tokens: int | None, abstained: bool) -> dict[str, Any]:
         return {
@@ -245,7 +245,7 @@ def as_chunks(event: GateEvent) -> list[AIMessageChunk]:
         return [AIMessageChunk(content=event.text)]
     assert event.message is not None
     msg = event.message
-    content = event.text if not event.decision or not event.decision["abstained"] else msg.content
+    content = event.text if not event.decision or not event.decision.abstained else msg.content
     return [
         AIMessageChunk(
             content=content,

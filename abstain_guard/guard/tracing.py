@@ -25,7 +25,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
-from collections.abc import Mapping
 from typing import Any
 from uuid import UUID
 
@@ -34,6 +33,8 @@ from langchain_core.callbacks.manager import adispatch_custom_event, dispatch_cu
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import var_child_runnable_config
 from langchain_core.tracers.base import BaseTracer
+
+from abstain_guard.guarantee.decision import Decision
 
 __all__ = [
     "ABSTAINED_TAG",
@@ -75,18 +76,18 @@ _OTEL_FIELDS = (
 )
 
 
-def decision_tags(decision: Mapping[str, Any]) -> list[str]:
+def decision_tags(decision: Decision) -> list[str]:
     """``["abstained"]`` or ``["answered"]`` (plus ``"abstain_guard"``)."""
-    return [ABSTAINED_TAG if decision.get("abstained") else ANSWERED_TAG, "abstain_guard"]
+    return [ABSTAINED_TAG if decision.abstained else ANSWERED_TAG, "abstain_guard"]
 
 
-def _annotate_runs(run_manager: Any, run_id: UUID | None, decision: Mapping[str, Any]) -> None:
+def _annotate_runs(run_manager: Any, run_id: UUID | None, decision: Decision) -> None:
     tags = decision_tags(decision)
-    metadata = {EVENT_NAME: dict(decision)}
+    metadata = {EVENT_NAME: decision.to_dict()}
     event = {
         "name": EVENT_NAME,
         "time": _dt.datetime.now(_dt.timezone.utc).isoformat(),
-        "kwargs": dict(decision),
+        "kwargs": decision.to_dict(),
     }
     updated: list[Any] = []
     if run_manager is not None and run_id is not None:
@@ -117,20 +118,20 @@ def _annotate_runs(run_manager: Any, run_id: UUID | None, decision: Mapping[str,
         logger.debug("Could not annotate the LangSmith run tree", exc_info=True)
 
 
-def _log(decision: Mapping[str, Any]) -> None:
-    failed = decision.get("error") is not None
+def _log(decision: Decision) -> None:
+    failed = decision.error is not None
     level = logging.WARNING if failed else logging.INFO
     logger.log(
         level,
         "abstain_guard %s: score=%s threshold=%s scorer=%s mode=%s target=%s%s",
-        "abstained" if decision.get("abstained") else "answered",
-        decision.get("score"),
-        decision.get("threshold"),
-        decision.get("scorer"),
-        decision.get("mode"),
-        decision.get("target"),
-        f" error={decision.get('error')}" if failed else "",
-        extra={EVENT_NAME: dict(decision)},
+        "abstained" if decision.abstained else "answered",
+        decision.score,
+        decision.threshold,
+        decision.scorer,
+        decision.mode,
+        decision.target,
+        f" error={decision.error}" if failed else "",
+        extra={EVENT_NAME: decision.to_dict()},
     )
 
 
@@ -148,7 +149,7 @@ def _otel_value(value: Any) -> Any:
     return None
 
 
-def otel_attributes(decision: Mapping[str, Any]) -> dict[str, Any]:
+def otel_attributes(decision: Decision) -> dict[str, Any]:
     """The decision as flat OpenTelemetry attributes: ``abstain_guard.<field>`` for
     abstained, score, threshold, scorer, mode, target, reason, error, and for agents
     tool_steps, step, step_score, run_statistic, action, review and certified (None values
@@ -156,12 +157,12 @@ def otel_attributes(decision: Mapping[str, Any]) -> dict[str, Any]:
     ``abstain_guard.guarantee.<key>`` for each of its scalar or list-of-scalar entries."""
     attrs: dict[str, Any] = {}
     for name in _OTEL_FIELDS:
-        value = _otel_value(decision.get(name))
+        value = _otel_value(getattr(decision, name))
         if value is not None:
             attrs[OTEL_PREFIX + name] = value
-    guarantee = decision.get("guarantee")
-    if isinstance(guarantee, Mapping):
-        attrs[OTEL_PREFIX + "guarantee"] = json.dumps(dict(guarantee), default=str)
+    if decision.guarantee is not None:
+        guarantee = decision.guarantee.to_dict()
+        attrs[OTEL_PREFIX + "guarantee"] = json.dumps(guarantee, default=str)
         for key, item in guarantee.items():
             value = _otel_value(item)
             if value is not None:
@@ -169,7 +170,7 @@ def otel_attributes(decision: Mapping[str, Any]) -> dict[str, Any]:
     return attrs
 
 
-def _record_otel(decision: Mapping[str, Any]) -> None:
+def _record_otel(decision: Decision) -> None:
     """Attributes and an ``abstention`` event on the current OpenTelemetry span (nothing
     when opentelemetry-api is not installed or no span is recording)."""
     try:
@@ -199,7 +200,7 @@ def _context_run(run_manager: Any) -> tuple[Any, UUID | None]:
 
 
 def record_decision(
-    decision: Mapping[str, Any],
+    decision: Decision,
     *,
     run_manager: Any = None,
     config: RunnableConfig | None = None,
@@ -208,7 +209,7 @@ def record_decision(
     the current OpenTelemetry span.
 
     Args:
-        decision: the ``abstention`` dict (abstained, score, threshold, ...).
+        decision: the guard's decision (events, metadata and logs carry its JSON form).
         run_manager: the guard's run manager (its ``run_id`` and handlers).
         config: the child config of the guard's run (custom events are dispatched with it;
             without one, the config in context is used, if any).
@@ -216,7 +217,7 @@ def record_decision(
     manager, run_id = _context_run(run_manager)
     _annotate_runs(manager, run_id, decision)
     try:
-        dispatch_custom_event(EVENT_NAME, dict(decision), config=config)
+        dispatch_custom_event(EVENT_NAME, decision.to_dict(), config=config)
     except RuntimeError:  # no parent run (called outside any runnable): nothing to notify
         logger.debug("abstention event not dispatched: no parent run")
     _record_otel(decision)
@@ -224,7 +225,7 @@ def record_decision(
 
 
 async def arecord_decision(
-    decision: Mapping[str, Any],
+    decision: Decision,
     *,
     run_manager: Any = None,
     config: RunnableConfig | None = None,
@@ -233,7 +234,7 @@ async def arecord_decision(
     manager, run_id = _context_run(run_manager)
     _annotate_runs(manager, run_id, decision)
     try:
-        await adispatch_custom_event(EVENT_NAME, dict(decision), config=config)
+        await adispatch_custom_event(EVENT_NAME, decision.to_dict(), config=config)
     except RuntimeError:
         logger.debug("abstention event not dispatched: no parent run")
     _record_otel(decision)

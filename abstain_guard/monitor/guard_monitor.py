@@ -69,7 +69,7 @@ from abstain_guard.errors import (
     NotFittedError,
     UnknownRunError,
 )
-from abstain_guard.guarantee.decision import DecisionRule
+from abstain_guard.guarantee.decision import Decision, DecisionRule
 from abstain_guard.guarantee.intervals import wilson_interval
 from abstain_guard.monitor.log import LOG_FORMAT, MonitorRecord, read_log
 from abstain_guard.monitor.resume import MonitorLogMixin
@@ -287,9 +287,9 @@ class GuardMonitor(MonitorLogMixin):
     # --- observing -----------------------------------------------------------------------
 
     def observe(
-        self, decision: Mapping[str, Any], run_id: str | None = None, group: str | None = None
+        self, decision: Decision, run_id: str | None = None, group: str | None = None
     ) -> str:
-        """Record one decision (the guard's ``abstention`` dict) and update the label-free
+        """Record one decision (the guard's) and update the label-free
         tests; return its run id (``run_id``, or a new one), the key for feedback.
 
         ``group`` (default: the decision's ``group``, if any) is kept in the record and,
@@ -310,12 +310,14 @@ class GuardMonitor(MonitorLogMixin):
         """
         self._fitted()
         rid = str(run_id) if run_id is not None else uuid.uuid4().hex
-        score = decision.get("score")
+        score = decision.score
         score = float(score) if score is not None and math.isfinite(float(score)) else None
-        threshold = float(decision.get("threshold", self.rule_.threshold))
-        abstained = bool(decision.get("abstained"))
+        threshold = float(
+            decision.threshold if decision.threshold is not None else self.rule_.threshold
+        )
+        abstained = bool(decision.abstained)
         censored = (
-            decision.get("gating") == "steps" and abstained and score is not None
+            decision.gating == "steps" and abstained and score is not None
         ) and score > threshold
         with self._lock:
             if rid in self.records_:
@@ -327,7 +329,7 @@ class GuardMonitor(MonitorLogMixin):
                 score=score,
                 abstained=abstained,
                 threshold=threshold,
-                group=group if group is not None else decision.get("group"),
+                group=group if group is not None else decision.group,
                 action=_run_action(decision),
                 censored=bool(censored),
             )
@@ -493,7 +495,8 @@ class GuardMonitor(MonitorLogMixin):
                 scope = self.scopes_[None]
                 tests = scope.tests(self.thresholds_, self._alarmed(scope))
             scored = self.decisions_ - self.unscored_
-            band = None if self.grouped_ else self.rule_.guarantee.get("participation_interval")
+            interval = None if self.grouped_ else self.rule_.guarantee.participation_interval
+            band = None if interval is None else list(interval)
             return {
                 "decisions": self.decisions_,
                 "scored": scored,
@@ -525,10 +528,10 @@ class GuardMonitor(MonitorLogMixin):
             return list(self.records_.values())
 
 
-def _run_action(decision: Mapping[str, Any]) -> str | None:
+def _run_action(decision: Decision) -> str | None:
     """Where a decision's run went (its ``action``), except that a stopped step a human
     rejected ended the run with the abstention: ``"end"`` (not handed off)."""
-    action = decision.get("action")
-    if action == "interrupt" and decision.get("review") == "rejected":
+    action = decision.action
+    if action == "interrupt" and decision.review == "rejected":
         return "end"
     return None if action is None else str(action)

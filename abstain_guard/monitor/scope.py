@@ -122,7 +122,7 @@ class Scope:
         # participation mode fixes the rank before the scores are seen: the urn is exact
         # (a fallback group's pooled rank is not a rank among its own scores)
         fixed = rule.mode == "participation" and kind != "fallback"
-        rank = rule.guarantee.get("rank") if fixed else None
+        rank = rule.guarantee.rank if fixed else None
         self.participation = ParticipationEProcess(reference, rule.threshold, rng, rank=rank)
         self.risk = RiskEProcess(float(epsilon)) if epsilon is not None else None
         self.decisions = 0

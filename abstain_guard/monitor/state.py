@@ -137,13 +137,17 @@ def feedback_summary(fb: Mapping[str, int]) -> dict[str, Any]:
     }
 
 
+def _listed(interval: tuple[float, float] | None) -> list[float] | None:
+    return None if interval is None else list(interval)
+
+
 def scope_state(scope: Scope, thresholds: Mapping[str, float], alarmed: set[str]) -> dict[str, Any]:
     """One group's part of ``GuardMonitor.state``: its rule, counts, rates and tests."""
     return {
         "rule": scope.kind,
         "threshold": scope.rule.threshold,
         "target": scope.rule.target,
-        "band": scope.rule.guarantee.get("participation_interval"),
+        "band": _listed(scope.rule.guarantee.participation_interval),
         "n_calibration": scope.n_calibration,
         "decisions": scope.decisions,
         "answered": scope.answered,

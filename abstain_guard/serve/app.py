@@ -240,7 +240,7 @@ def create_app(
             if admitted and answer.outcome:
                 await sink.finish(completion_id, answer.outcome)
             finished = True
-            group = answer.decision.get("group")
+            group = answer.decision.group if answer.decision is not None else None
             sink.decided(answer.abstained, time.perf_counter() - start, True, group)
             for part in sse_decided_end(
                 answer,
@@ -296,7 +296,7 @@ def create_app(
             if admitted and not finished and not handed_off:
                 sink.release(completion_id)
         decided = answer.abstained if answer.outcome else None  # None: no guard, a tool call
-        group = answer.decision.get("group") if answer.outcome else None
+        group = answer.outcome.group if answer.outcome is not None else None
         sink.decided(decided, time.perf_counter() - start, parsed.stream, group)
         logprobs = (parsed.top_logprobs or 0) if parsed.logprobs else None
         headers = decision_headers(answer)

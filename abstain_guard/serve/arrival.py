@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from abstain_guard.errors import DecisionJournalError
+from abstain_guard.guarantee.decision import Decision
 from abstain_guard.serve.journal import DecisionJournal, FeedHealth
 
 __all__ = ["ArrivalOrder", "Feed"]
@@ -42,7 +43,7 @@ __all__ = ["ArrivalOrder", "Feed"]
 logger = logging.getLogger("abstain_guard.serve")
 
 #: What receives each decision, in admission order: ``feed(decision, run_id)``.
-Feed = Callable[[Mapping[str, Any], str], Any]
+Feed = Callable[[Decision, str], Any]
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class _Outcome:
     """How one admitted request ended: its decision and id, or nothing to feed."""
 
     run_id: str | None = None
-    decision: Mapping[str, Any] | None = None
+    decision: Decision | None = None
 
 
 class ArrivalOrder:
@@ -98,7 +99,7 @@ class ArrivalOrder:
             return len(self._ended)
 
     def finish(
-        self, ticket: int, run_id: str | None = None, decision: Mapping[str, Any] | None = None
+        self, ticket: int, run_id: str | None = None, decision: Decision | None = None
     ) -> None:
         """End request ``ticket``: with ``decision`` under ``run_id``, or (either None) with
         nothing to feed. Only the first call per ticket counts, so a handler may call it
@@ -127,7 +128,7 @@ class ArrivalOrder:
         with self._lock:
             return self._next <= ticket < self._issued and ticket not in self._ended
 
-    def _hold(self, run_id: str, decision: Mapping[str, Any], ticket: int | None) -> None:
+    def _hold(self, run_id: str, decision: Decision, ticket: int | None) -> None:
         """Journal ``decision``; on failure count it, give up ``ticket``'s place, raise."""
         try:
             self.journal.hold(run_id, decision, ticket)
@@ -137,7 +138,7 @@ class ArrivalOrder:
                 self.finish(ticket)
             raise
 
-    def feed_now(self, run_id: str, decision: Mapping[str, Any]) -> None:
+    def feed_now(self, run_id: str, decision: Decision) -> None:
         """Journal and feed a decision without a place in the order (its place was taken
         before a restart of this process).
 
@@ -168,7 +169,7 @@ class ArrivalOrder:
             if event is not None:
                 event.set()
 
-    def _feed_one(self, run_id: str, decision: Mapping[str, Any]) -> None:
+    def _feed_one(self, run_id: str, decision: Decision) -> None:
         """Feed one decision and mark it in the journal; a failure is an alarm (the decision
         stays in the journal), never a stop for the decisions after it."""
         try:

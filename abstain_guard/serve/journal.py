@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from abstain_guard.errors import DecisionJournalError
+from abstain_guard.guarantee.decision import Decision
 
 __all__ = ["DecisionJournal", "FeedHealth", "HeldDecision", "journal_path", "recover"]
 
@@ -54,7 +55,7 @@ class HeldDecision:
     (None: fed out of turn, e.g. a place taken before a restart)."""
 
     run_id: str
-    decision: dict[str, Any]
+    decision: Decision
     ticket: int | None = None
 
 
@@ -157,7 +158,7 @@ class DecisionJournal:
                 os.truncate(self.path, size)
             raise
 
-    def hold(self, run_id: str, decision: Mapping[str, Any], ticket: int | None = None) -> None:
+    def hold(self, run_id: str, decision: Decision, ticket: int | None = None) -> None:
         """Write ``decision`` (durably) before it is acknowledged.
 
         Raises:
@@ -167,7 +168,7 @@ class DecisionJournal:
         with self._lock:
             if self.path is not None:
                 event = {"event": "held", "run_id": run_id, "ticket": ticket,
-                         "decision": dict(decision)}  # fmt: skip
+                         "decision": decision.to_dict()}  # fmt: skip
                 try:
                     self._write(event, self.fsync)
                 except (OSError, TypeError, ValueError) as exc:
@@ -228,7 +229,8 @@ class DecisionJournal:
                     "line (the decisions it held may then be missing from the monitor log)."
                 ) from exc
             if kind == "held":
-                held[run_id] = HeldDecision(run_id, dict(event["decision"]), event.get("ticket"))
+                decision = Decision.from_dict(event["decision"])
+                held[run_id] = HeldDecision(run_id, decision, event.get("ticket"))
             elif kind == "fed":
                 held.pop(run_id, None)
         return sorted(held.values(), key=lambda h: (h.ticket is None, h.ticket or 0))
@@ -243,7 +245,7 @@ class DecisionJournal:
             with open(tmp, "w", encoding="utf-8") as fh:
                 for h in keep or []:
                     event = {"event": "held", "run_id": h.run_id, "ticket": h.ticket,
-                             "decision": h.decision}  # fmt: skip
+                             "decision": h.decision.to_dict()}  # fmt: skip
                     fh.write(json.dumps(event, default=_jsonable) + "\n")
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -252,7 +254,7 @@ class DecisionJournal:
 
 def recover(
     journal: DecisionJournal,
-    feed: Callable[[Mapping[str, Any], str], Any],
+    feed: Callable[[Decision, str], Any],
     logged: Callable[[str], bool],
 ) -> int:
     """Feed every decision ``journal`` holds that the monitor log does not (``logged(run_id)``

@@ -45,6 +45,7 @@ from typing import Any
 from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
 from abstain_guard.errors import DuplicateFeedbackError, MonitorUnavailableError, UnknownRunError
+from abstain_guard.guarantee.decision import Decision
 from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.serve.arrival import ArrivalOrder
 from abstain_guard.serve.metrics import ServerMetrics
@@ -205,7 +206,7 @@ class DeploymentMonitor:
     def _fed_by(self, replica: str) -> None:
         self.decisions_by_replica[replica] = self.decisions_by_replica.get(replica, 0) + 1
 
-    async def finish(self, key: str, decision: Mapping[str, Any]) -> None:
+    async def finish(self, key: str, decision: Decision) -> None:
         """End request ``key`` with ``decision``: journaled before this returns, fed in
         admission order (at once if its place is unknown here: taken before a restart of
         this actor; not again if the journal or the log already had it, a call Ray retried).
@@ -352,8 +353,8 @@ class RayMonitorLink:
         if not await self.call("admit", key, self.replica):
             await self.register()
 
-    async def finish(self, key: str, decision: Mapping[str, Any]) -> None:
-        await self.call("finish", key, dict(decision))
+    async def finish(self, key: str, decision: Decision) -> None:
+        await self.call("finish", key, decision)
 
     def release(self, key: str) -> None:
         self.actor.release.remote(key)

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from abstain_guard.guarantee.decision import Decision
 from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.serve.admission import Admission
 from abstain_guard.serve.arrival import ArrivalOrder
@@ -47,7 +48,7 @@ class MonitorLink(Protocol):
         """Take request ``key``'s place in admission order."""
         ...
 
-    async def finish(self, key: str, decision: Mapping[str, Any]) -> None:
+    async def finish(self, key: str, decision: Decision) -> None:
         """End request ``key`` with its decision (fed in admission order under ``key``);
         the decision is journaled when this returns.
 
@@ -167,7 +168,7 @@ class LocalMonitorLink:
         if self.arrival is not None:
             self._tickets[key] = self.arrival.admit()
 
-    async def finish(self, key: str, decision: Mapping[str, Any]) -> None:
+    async def finish(self, key: str, decision: Decision) -> None:
         ticket = self._tickets.pop(key, None)
         if self.arrival is not None and ticket is not None:
             self.arrival.finish(ticket, key, decision)

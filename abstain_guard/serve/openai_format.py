@@ -58,10 +58,11 @@ def new_completion_id() -> str:
 
 def decision_of(answer: GuardedAnswer) -> dict[str, Any]:
     """The decision as the response shows it (JSON-safe)."""
-    shown = {k: answer.decision.get(k) for k in (*DECISION_FIELDS, "reason", "error")}
+    data = answer.decision.to_dict() if answer.decision is not None else {}
+    shown = {k: data.get(k) for k in (*DECISION_FIELDS, "reason", "error")}
     for key in (*STEP_FIELDS, "streaming"):  # the run so far; a certified stream's chunks
-        if key in answer.decision:
-            shown[key] = answer.decision[key]
+        if key in data:
+            shown[key] = data[key]
     return dict(json_safe(shown))
 
 
@@ -69,17 +70,17 @@ def decision_headers(answer: GuardedAnswer) -> dict[str, str]:
     """``X-Abstain-Guard-*`` headers: abstained, score, threshold, mode, target and the
     guarantee (compact JSON); none without a guard."""
     d = answer.decision
-    if not d:
+    if d is None:
         return {}
-    score = d.get("score")
+    guarantee = d.guarantee.to_dict() if d.guarantee is not None else {}
     return {
         "X-Abstain-Guard-Abstained": "true" if answer.abstained else "false",
-        "X-Abstain-Guard-Score": "none" if score is None else repr(float(score)),
-        "X-Abstain-Guard-Threshold": str(json_number(d.get("threshold"))),
-        "X-Abstain-Guard-Mode": str(d.get("mode")),
-        "X-Abstain-Guard-Target": str(d.get("target")),
+        "X-Abstain-Guard-Score": "none" if d.score is None else repr(float(d.score)),
+        "X-Abstain-Guard-Threshold": str(json_number(d.threshold)),
+        "X-Abstain-Guard-Mode": str(d.mode),
+        "X-Abstain-Guard-Target": str(d.target),
         "X-Abstain-Guard-Guarantee": json.dumps(
-            json_safe(d.get("guarantee") or {}), separators=(",", ":"), ensure_ascii=True
+            json_safe(guarantee), separators=(",", ":"), ensure_ascii=True
         ),
     }
 
@@ -129,7 +130,7 @@ def completion_body(
         "logprobs": None if logprobs is None else openai_logprobs(answer, logprobs),
         "finish_reason": answer.finish_reason,
     }
-    if answer.decision:
+    if answer.decision is not None:
         choice["abstention"] = decision_of(answer)
     return {
         "id": completion_id,
@@ -209,7 +210,7 @@ def _sse_end(
 ) -> Iterator[str]:
     """The last choice chunk (``last``, with the decision when there is one), the usage
     chunk when asked for, and ``[DONE]``."""
-    if answer.decision:
+    if answer.decision is not None:
         last["abstention"] = decision_of(answer)
     yield _chunk(completion_id, model, created, last)
     if include_usage:

@@ -42,7 +42,9 @@ from abstain_guard.contract.deployment import DeploymentRecord
 from abstain_guard.contract.prompts import question_prompt
 from abstain_guard.contract.runnables import find_chat_models
 from abstain_guard.errors import ContextLengthError, SchedulerFullError
+from abstain_guard.guarantee.decision import Decision
 from abstain_guard.guard.chains import load_guard_chain
+from abstain_guard.guard.policy import decision_of, with_decision
 from abstain_guard.guard.tracing import arecord_decision
 from abstain_guard.serve.admission import Admission
 from abstain_guard.serve.conversation import openai_tool_calls, split_turns
@@ -88,7 +90,7 @@ class GuardedAnswer:
     """
 
     content: str
-    decision: dict[str, Any]
+    decision: Decision | None
     logprobs: list[dict[str, Any]] | None
     finish_reason: str
     prompt_tokens: int
@@ -98,14 +100,14 @@ class GuardedAnswer:
     @property
     def abstained(self) -> bool:
         """Whether the answer was withheld."""
-        return bool(self.decision.get("abstained"))
+        return self.decision is not None and self.decision.abstained
 
     @property
-    def outcome(self) -> dict[str, Any] | None:
+    def outcome(self) -> Decision | None:
         """The decision when it ends the run (a final answer or an abstention): what the
         monitor and the decision counts take, one per run as the middleware feeds them; None
         for a tool call that lets the run go on, or without a decision."""
-        if not self.decision or self.tool_calls:
+        if self.decision is None or self.tool_calls:
             return None
         return self.decision
 
@@ -113,13 +115,14 @@ class GuardedAnswer:
 def answer_of(message: AIMessage) -> GuardedAnswer:
     """The answer of a chat model's (or the guard's) message."""
     meta = message.response_metadata or {}
-    decision = dict(meta.get("abstention") or {})
+    decision = decision_of(message)
+    abstained = decision is not None and decision.abstained
     usage: dict[str, Any] = dict(message.usage_metadata or {})
     logprobs = None
-    if not decision.get("abstained"):
+    if not abstained:
         logprobs = list((meta.get("logprobs") or {}).get("content") or [])
-    finish = meta.get("finish_reason") if not decision.get("abstained") else "stop"
-    calls = openai_tool_calls(message) if not decision.get("abstained") else []
+    finish = meta.get("finish_reason") if not abstained else "stop"
+    calls = openai_tool_calls(message) if not abstained else []
     return GuardedAnswer(
         content=str(message.content),
         decision=decision,
@@ -362,7 +365,8 @@ class GuardService(Admission):
                     yield "text", str(chunk.content)
                     continue
                 rest = str(chunk.content)
-                stopped = bool(meta["abstention"].get("abstained"))
+                decided = decision_of(chunk)
+                stopped = decided is not None and decided.abstained
                 message = AIMessage(
                     content=rest if stopped else "".join(released) + rest,
                     response_metadata=dict(meta),
@@ -417,9 +421,9 @@ class GuardService(Admission):
                 message, decision = await self._decide(reply, call, group, snapshot)
         if snapshot is not None:
             await snapshot.flush()  # an answered step is kept before the answer leaves
-        decision["tool_steps"] = sum(isinstance(m, ToolMessage) for m in call.steps)
+        decision = decision.replace(tool_steps=sum(isinstance(m, ToolMessage) for m in call.steps))
         await arecord_decision(decision)
-        return message
+        return with_decision(message, decision)
 
     async def _decide(
         self,
@@ -427,7 +431,7 @@ class GuardService(Admission):
         call: GuardCall,
         group: str | None,
         snapshot: StepSnapshot | None = None,
-    ) -> tuple[AIMessage, dict[str, Any]]:
+    ) -> tuple[AIMessage, Decision]:
         """The policy's decision on ``reply`` (with step gating on the run's running maximum,
         and an answered tool call put in ``snapshot``, the run's view of the step store)."""
         policy = self.guard.policy
@@ -438,9 +442,10 @@ class GuardService(Admission):
         message, decision = await asyncio.to_thread(
             lambda: policy.decide(reply, notes, group, step=run.position, previous=run.previous)
         )
-        decision["gating"] = "steps"
-        decision["tool_calls"] = [c["name"] for c in reply.tool_calls]
-        if reply.tool_calls and not decision.get("abstained") and snapshot is not None:
+        decision = decision.replace(
+            gating="steps", tool_calls=tuple(c["name"] for c in reply.tool_calls)
+        )
+        if reply.tool_calls and not decision.abstained and snapshot is not None:
             remember_step(cast(StepRecord, snapshot), run, reply, decision)  # put: see read
         return message, decision
 

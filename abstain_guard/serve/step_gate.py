@@ -31,6 +31,7 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from abstain_guard.contract.deployment import DeploymentRecord, tool_steps_problem
 from abstain_guard.errors import ArtifactMismatchError
 from abstain_guard.guarantee.agent_steps import Gating
+from abstain_guard.guarantee.decision import Decision
 from abstain_guard.serve.conversation import openai_tool_calls
 from abstain_guard.serve.schemas import RequestRefused
 from abstain_guard.serve.step_record import StepEntry, StepRecord, context_digest, step_key
@@ -93,21 +94,22 @@ def run_so_far(
     return RunSoFar(position, previous, context_digest(question, history, steps), unknown)
 
 
-def remember_step(record: StepRecord, run: RunSoFar, reply: AIMessage, decision: Any) -> None:
+def remember_step(record: StepRecord, run: RunSoFar, reply: AIMessage, decision: Decision) -> None:
     """Keep an answered tool-calling step's decision under the calls returned to the client."""
+    assert decision.step_score is not None and decision.run_statistic is not None
     record.put(
         step_key(run.context, reply),
         StepEntry(
             step=run.position,
-            step_score=float(decision["step_score"]),
-            run_statistic=float(decision["run_statistic"]),
+            step_score=float(decision.step_score),
+            run_statistic=float(decision.run_statistic),
         ),
     )
 
 
 def unknown_steps_abstention(
     policy: Any, group: str | None, run: RunSoFar, record: StepRecord
-) -> tuple[AIMessage, dict[str, Any]]:
+) -> tuple[AIMessage, Decision]:
     """The abstention for a run whose earlier steps have no record (nothing generated)."""
     return policy.abstain(  # type: ignore[no-any-return]
         UNKNOWN_STEPS,
@@ -124,7 +126,7 @@ def unknown_steps_abstention(
         step=run.position,
         step_score=None,
         run_statistic=None,
-        unknown_tool_calls=list(run.unknown),
+        unknown_tool_calls=tuple(run.unknown),
     )
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from abstain_guard.guarantee.agent_steps import run_statistic
+from abstain_guard.guarantee.certificate import Certificate
 
 from ..building.agent_calibration import run_step_scores
 from ..building.answering.agents import AgentRun, run_row, step_messages
@@ -91,7 +92,7 @@ def finish_row(row: dict[str, Any], answer: Judgment | None) -> None:
     row["correct"] = None if row["abstained"] else run_judgment(answer, live, calls).correct
 
 
-def step_summary(rows: list[dict[str, Any]], guarantee: Mapping[str, Any]) -> dict[str, Any]:
+def step_summary(rows: list[dict[str, Any]], guarantee: Certificate) -> dict[str, Any]:
     """The live summary of step-gated runs (pure)."""
     accepted = [r for r in rows if not r["abstained"]]
     judged = [r for r in accepted if r["correct"] is not None]
@@ -104,12 +105,12 @@ def step_summary(rows: list[dict[str, Any]], guarantee: Mapping[str, Any]) -> di
         "participation_stored": float(np.mean([r["stored_answers"] for r in rows]))
         if rows
         else None,
-        "guaranteed_interval": guarantee.get("participation_interval"),
+        "guaranteed_interval": guarantee.to_dict().get("participation_interval"),
         "accepted": len(accepted),
         "run_error_accepted_live": (
             1.0 - float(np.mean([r["correct"] for r in judged])) if judged else None
         ),
-        "risk_target": guarantee.get("risk_target"),
+        "risk_target": guarantee.risk_target,
         "same_decision": float(np.mean([r["stored_answers"] != r["abstained"] for r in rows]))
         if rows
         else None,

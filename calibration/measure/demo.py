@@ -107,10 +107,10 @@ def _mode_summary(rows: list[dict[str, Any]], abstained_key: str) -> dict[str, A
 def _target_text(rule: DecisionRule) -> str:
     """The target of a rule in words: ``error ≤ 0.35 (δ 0.1)`` / ``answer 80 %``."""
     if rule.mode == "risk":
-        delta = rule.guarantee.get("delta")
+        delta = rule.guarantee.delta
         return f"error ≤ {rule.target:g}" + (f" (δ {delta:g})" if delta is not None else "")
-    band = rule.guarantee.get("participation_interval")
-    if isinstance(band, list | tuple) and len(band) == 2:
+    band = rule.guarantee.participation_interval
+    if band is not None:
         return f"answer {100 * band[0]:.1f}–{100 * band[1]:.1f} %"
     return f"answer {100 * rule.target:.0f} %"
 
@@ -200,12 +200,12 @@ def run_demo(
         f"\nrisk mode: risk_target={risk_rule.target:g} delta={risk_cfg.delta:g} "
         f"threshold={risk_rule.threshold:.4g}"
     )
-    print(f"guarantee: {risk_rule.guarantee.get('statement')}")
+    print(f"guarantee: {risk_rule.guarantee.statement}")
     print(
         f"participation mode (same answers): target={part_rule.target:g} "
         f"threshold={part_rule.threshold:.4g}"
     )
-    print(f"guarantee: {part_rule.guarantee.get('statement')}\n")
+    print(f"guarantee: {part_rule.guarantee.statement}\n")
     print("risk    | particip. | score  judged  question")
     for row in rows[:LISTED]:
         risk = "ABSTAIN" if row["risk_abstained"] else "ANSWER "

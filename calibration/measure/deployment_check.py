@@ -29,7 +29,9 @@ from abstain_guard.contract.kernels import bit_deciding, kernel_differences, nea
 from abstain_guard.contract.prompts import history_messages
 from abstain_guard.contract.runnables import with_calibrated_capture
 from abstain_guard.errors import AbstainGuardError, ConfigError
+from abstain_guard.guarantee.certificate import Certificate
 from abstain_guard.guard.chains import load_guard_chain
+from abstain_guard.guard.policy import decision_of
 from abstain_guard.monitor.guard_monitor import calibration_sha256
 
 from ..building.answering.answer_rows import GenerationOptions
@@ -53,7 +55,7 @@ def _generated(message: Any) -> dict[str, Any]:
     return meta
 
 
-def summarize_live(rows: list[dict[str, Any]], guarantee: dict[str, Any]) -> dict[str, Any]:
+def summarize_live(rows: list[dict[str, Any]], guarantee: Certificate) -> dict[str, Any]:
     """Aggregate the per-question rows of :func:`live_check` (pure).
 
     Returns participation (live and from the stored scores), accuracy and error when
@@ -68,14 +70,14 @@ def summarize_live(rows: list[dict[str, Any]], guarantee: dict[str, Any]) -> dic
         "n": len(rows),
         "participation_live": float(np.mean([not r["abstained"] for r in rows])),
         "participation_stored": float(np.mean([r["stored_answers"] for r in rows])),
-        "guaranteed_interval": guarantee.get("participation_interval"),
+        "guaranteed_interval": guarantee.to_dict().get("participation_interval"),
         "accuracy_when_answered_live": (
             float(np.mean([r["correct"] for r in judged])) if judged else None
         ),
         "error_when_answered_live": (
             1.0 - float(np.mean([r["correct"] for r in judged])) if judged else None
         ),
-        "risk_target": guarantee.get("risk_target"),
+        "risk_target": guarantee.risk_target,
         "answered": len(answered),
         "same_tokens": float(np.mean([r["same_tokens"] for r in rows])),
         "same_decision": float(np.mean([r["stored_answers"] != r["abstained"] for r in rows])),
@@ -346,7 +348,7 @@ def _live_agent(
         "threshold": rule.threshold,
         "mode": rule.mode,
         "target": rule.target,
-        "guarantee": rule.guarantee,
+        "guarantee": rule.guarantee.to_dict(),
         "summary": summary,
         "rows": rows,
     }
@@ -397,7 +399,8 @@ def _run_live(
     rows = []
     messages = _ask_live(chains, items, concurrency, progress)
     for it, msg in zip(items, messages, strict=True):
-        info = msg.response_metadata["abstention"]
+        info = decision_of(msg)
+        assert info is not None
         meta = _generated(msg)
         withheld = msg.response_metadata.get("withheld_response") or {}
         live_answers[it.id] = {"text": str(withheld.get("content", msg.content))}
@@ -407,10 +410,10 @@ def _run_live(
                 "split": "calibration" if it.id in stored_cal else "test",
                 "question": it.question,
                 "answer": live_answers[it.id]["text"],
-                "live_score": info["score"],
+                "live_score": info.score,
                 "stored_score": stored[it.id],
                 "stored_answers": bool(stored[it.id] <= threshold),
-                "abstained": bool(info["abstained"]),
+                "abstained": info.abstained,
                 "same_tokens": list(meta.get("token_ids", []))
                 == list(cached[it.id]["metadata"]["token_ids"]),
             }
@@ -428,7 +431,7 @@ def _run_live(
         "threshold": threshold,
         "mode": rule.mode,
         "target": rule.target,
-        "guarantee": rule.guarantee,
+        "guarantee": rule.guarantee.to_dict(),
         "summary": {
             **summarize_live(rows, rule.guarantee),
             "kernels": kernel_summary(

@@ -216,7 +216,7 @@ def test_guard_on_other_kernels_warns_once_and_notes_every_decision() -> None:
     near = near_threshold(policy.artifact.scores, policy.rule.threshold, STATED_TOLERANCE)
     assert f"{near} of 200 calibration scores" in note
     for d in decisions:
-        assert d["guarantee"]["warnings"] == [f"{note}"]
+        assert d.guarantee.warnings == (f"{note}",)
 
 
 def test_guard_on_the_calibrated_kernels_says_nothing() -> None:
@@ -224,7 +224,7 @@ def test_guard_on_the_calibrated_kernels_says_nothing() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", KernelMismatchWarning)
         _, decision = policy.decide(_message(HERE))
-    assert not decision["guarantee"].get("warnings")
+    assert not decision.guarantee.warnings
 
 
 def test_live_check_kernel_summary() -> None:

@@ -220,5 +220,5 @@ def test_questions_only_judged_by_an_llm_judge_at_a_url_then_reviewed(
     rule = art.decision_rule(
         GuardConfig(mode="risk", risk_target=0.9, delta=0.2, on_infeasible="abstain_all")
     )
-    assert "certified on human labels (m = 6" in rule.guarantee["statement"]
-    assert rule.guarantee["judge_quality"]["m"] == 6
+    assert "certified on human labels (m = 6" in rule.guarantee.statement
+    assert rule.guarantee.judge_quality["m"] == 6

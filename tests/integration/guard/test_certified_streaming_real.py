@@ -76,7 +76,7 @@ def test_the_artifact_records_the_rule_and_the_prefix_statistics(calibrated: Any
     assert has.sum() == record.streaming.chunks["with_interior_chunk_end"] > 0
     assert (first[has] <= art.scores[has]).all()  # the statistic is the maximum
     guarantee = art.decision_rule(GuardConfig(participation=0.8)).guarantee
-    assert guarantee["partial_release"]["n"] == art.n
+    assert guarantee.partial_release is not None and guarantee.partial_release["n"] == art.n
 
 
 def test_live_prefix_scores_are_the_stored_ones(calibrated: Any, default_model: Any) -> None:

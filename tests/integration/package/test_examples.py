@@ -53,7 +53,7 @@ def test_risk_target_yaml(default_model) -> None:
     # the YAML's 0.3, or the smallest target the shipped calibration set certifies
     assert rule.target == pytest.approx(out["config"].risk_target)
     assert rule.target >= 0.3
-    assert rule.guarantee["feasible"] and rule.threshold > float("-inf")
+    assert rule.guarantee.feasible and rule.threshold > float("-inf")
     for info in out["decisions"].values():
         assert info["mode"] == "risk"
         _consistent(info)

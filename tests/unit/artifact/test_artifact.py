@@ -117,11 +117,11 @@ def test_new_target_rethresholds_from_stored_scores(saved: Path) -> None:
     r50 = loaded.decision_rule(GuardConfig(participation=0.5))
     assert r50.threshold < r80.threshold
     assert r80.threshold == np.sort(loaded.scores)[int(np.ceil(0.8 * 121)) - 1]
-    assert r80.guarantee["participation_interval"] == pytest.approx([0.8, 0.8 + 1 / 121])
-    assert 0 < r80.guarantee["conditional_correctness_bound"] < 1
+    assert r80.guarantee.participation_interval == pytest.approx([0.8, 0.8 + 1 / 121])
+    assert 0 < r80.guarantee.conditional_correctness_bound < 1
     risk = loaded.decision_rule(GuardConfig(mode="risk", risk_target=0.3))
     assert risk.mode == "risk" and risk.target == 0.3
-    assert risk.guarantee["certified_bound"] <= 0.3 or not risk.guarantee["feasible"]
+    assert risk.guarantee.certified_bound <= 0.3 or not risk.guarantee.feasible
 
 
 def test_perplexity_artifact_round_trip(tmp_path: Path, calibration: tuple) -> None:

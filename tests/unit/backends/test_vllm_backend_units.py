@@ -328,12 +328,12 @@ def test_a_decision_on_a_batch_variant_engine_states_the_bound() -> None:
         response_metadata={"logprobs": {"content": [{"token": "Paris", "logprob": -0.1}]}},
     )
     _, decision = policy.decide(message)
-    assert decision["guarantee"]["batch_variance"]["bound"] == 1e-4
+    assert decision.guarantee.batch_variance["bound"] == 1e-4
     plain = GuardArtifact.from_calibration(
         scorer=PerplexityScorer(), calibration=CalibrationSet(art.scores, art.correct)
     )
     _, decision = AbstentionPolicy(plain, GuardConfig(participation=0.8)).decide(message)
-    assert "batch_variance" not in decision["guarantee"]
+    assert decision.guarantee.batch_variance is None
 
 
 def test_requests_to_a_server_share_one_connection_and_tls_context() -> None:

@@ -198,7 +198,7 @@ def test_participation_takes_every_scored_decision(old_artifact: Path, tmp_path:
     stored as incorrect and counted."""
     policy, monitor, log = _logged(old_artifact, CONFIG, tmp_path)
     scores, correct = _population(np.random.default_rng(7), 300, shifted=True)
-    _serve(policy, monitor, scores, correct, label=lambda i, d: not d["abstained"])
+    _serve(policy, monitor, scores, correct, label=lambda i, d: not d.abstained)
     summary = recalibrate(old_artifact, log, tmp_path / "new")
     new = GuardArtifact.load(tmp_path / "new")
     logged = monitor.records()
@@ -321,7 +321,7 @@ def test_labels_on_answered_questions_only_are_refused(old_artifact: Path, tmp_p
     """Risk mode (asked for explicitly on a participation log)."""
     policy, monitor, log = _logged(old_artifact, CONFIG, tmp_path)
     scores, correct = _population(np.random.default_rng(7), 300, shifted=True)
-    _serve(policy, monitor, scores, correct, label=lambda i, d: not d["abstained"])
+    _serve(policy, monitor, scores, correct, label=lambda i, d: not d.abstained)
     with pytest.raises(InsufficientDataError, match="not a score-blind sample"):
         recalibrate(old_artifact, log, tmp_path / "new", mode="risk")
 
@@ -355,7 +355,7 @@ def test_groups_are_kept_for_a_group_by_deployment(tmp_path: Path) -> None:
         "left_out_without_group": 10,
     }
     _, decision = AbstentionPolicy(new, GROUPED).decide(_message(1.5), group="currency")
-    assert decision["group"] == "currency" and decision["group_rule"] == "group"
+    assert decision.group == "currency" and decision.group_rule == "group"
 
 
 def test_old_provenance_moves_under_recalibrated_from(tmp_path: Path) -> None:

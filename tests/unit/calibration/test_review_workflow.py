@@ -104,7 +104,7 @@ def test_review_file_hides_the_judge_and_is_read_back_into_the_artifact(tmp_path
     g = loaded.decision_rule(
         GuardConfig(mode="risk", risk_target=0.35, on_infeasible="abstain_all")
     ).guarantee
-    assert g["labels"] == "human" and "certified on human labels (m = 200" in g["statement"]
+    assert g.labels == "human" and "certified on human labels (m = 200" in g.statement
 
 
 def test_a_review_of_other_answers_is_refused(tmp_path: Path) -> None:
@@ -138,7 +138,7 @@ def test_a_scoped_review_certifies_only_inside_its_scope(tmp_path: Path) -> None
     )
     # rank 301 is the last rank with only in-scope answers below it
     assert rule.threshold <= np.sort(artifact.scores)[N // 2]
-    assert "among the 300 most confident" in rule.guarantee["statement"]
+    assert "among the 300 most confident" in rule.guarantee.statement
 
 
 def test_the_review_cli_prints_the_judge_quality(

@@ -122,10 +122,10 @@ def test_infeasible_participation_raises_with_the_size_that_works() -> None:
         art.decision_rule(GuardConfig(participation=0.9))
     answer_all = art.decision_rule(GuardConfig(participation=0.9, on_infeasible="answer_all"))
     assert answer_all.threshold == np.inf and answer_all.answers(1e9)
-    assert answer_all.guarantee["on_infeasible"] == "answer_all"
+    assert answer_all.guarantee.on_infeasible == "answer_all"
     abstain_all = art.decision_rule(GuardConfig(participation=0.9, on_infeasible="abstain_all"))
     assert abstain_all.threshold == -np.inf and not abstain_all.answers(-1e9)
-    assert any("abstains on every" in w for w in abstain_all.guarantee["warnings"])
+    assert any("abstains on every" in w for w in abstain_all.guarantee.warnings)
     # the smallest size that works is enough
     _artifact(np.linspace(0.0, 1.0, 9)).decision_rule(GuardConfig(participation=0.9))
 
@@ -134,8 +134,8 @@ def test_ties_at_the_threshold_are_reported() -> None:
     rule = _artifact(np.array([1.0, 2.0, 2.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])).decision_rule(
         GuardConfig(participation=0.3)
     )
-    assert rule.threshold == 2.0 and rule.guarantee["ties_at_threshold"] == 3
-    assert any("3 calibration scores equal the threshold" in w for w in rule.guarantee["warnings"])
+    assert rule.threshold == 2.0 and rule.guarantee.ties_at_threshold == 3
+    assert any("3 calibration scores equal the threshold" in w for w in rule.guarantee.warnings)
     distinct = _artifact(np.arange(9.0)).decision_rule(GuardConfig(participation=0.3))
-    assert distinct.guarantee["ties_at_threshold"] == 1
-    assert not any("equal the threshold" in w for w in distinct.guarantee["warnings"])
+    assert distinct.guarantee.ties_at_threshold == 1
+    assert not any("equal the threshold" in w for w in distinct.guarantee.warnings)

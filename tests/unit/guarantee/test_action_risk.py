@@ -252,7 +252,7 @@ def test_the_decision_rule_states_both_certificates() -> None:
     cal = _calibration()
     cfg = GuardConfig(mode="risk", risk_target=0.3, delta=0.1, action_risk_target=0.06)
     rule = decision_rule(cal.stat, cal.right, cfg, action_statistic=cal.action)
-    block = rule.guarantee["action_risk"]
+    block = rule.guarantee.action_risk
     assert block["certified"] and block["action_risk_target"] == 0.06
     assert block["level"] == pytest.approx(0.05) and block["run_level_level"] == pytest.approx(0.05)
     assert block["calibration_runs_with_wrong_call_executed"] <= block["max_count"]
@@ -275,7 +275,7 @@ def test_the_decision_rule_states_both_certificates() -> None:
         cfg.with_overrides(action_risk_target=0.001, on_infeasible="abstain_all"),
         action_statistic=cal.action,
     )
-    assert none.threshold == -math.inf and none.guarantee["action_risk"]["certified"]
+    assert none.threshold == -math.inf and none.guarantee.action_risk["certified"]
 
 
 def test_the_artifact_stores_the_action_statistics_in_a_file_of_their_own(tmp_path: Path) -> None:
@@ -313,7 +313,7 @@ def test_the_artifact_stores_the_action_statistics_in_a_file_of_their_own(tmp_pa
         scorer=PerplexityScorer(),
         calibration=CalibrationSet(cal.stat[:-40], cal.right[:-40], action_statistic=cal.action),
     )
-    block = every.decision_rule(cfg).guarantee["action_risk"]
+    block = every.decision_rule(cfg).guarantee.action_risk
     assert block["n"] == cal.action.size == every.n + 40
     with pytest.raises(InvalidInputError, match="finite"):
         GuardArtifact.from_calibration(

@@ -76,7 +76,7 @@ def test_the_early_stopping_guard_keeps_run_error_under_epsilon_with_probability
         stats = np.array([run_statistic(s.tolist()) for s in cal_steps])
         config = GuardConfig(mode="risk", risk_target=eps, delta=delta, on_infeasible="abstain_all")
         rule = decision_rule(stats, cal_right, config)
-        feasible += bool(rule.guarantee["feasible"])
+        feasible += bool(rule.guarantee.feasible)
         through = _deploy(test_steps, rule.threshold)
         if through.any():
             violations += float(1.0 - test_right[through].mean()) > eps

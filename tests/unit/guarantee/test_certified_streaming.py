@@ -144,7 +144,7 @@ def test_decision_rule_with_a_partial_release_target():
     f, m = _draw(rng, 3000)
     correct = rng.uniform(size=3000) > m / 3  # higher statistic, more often wrong
     plain = decision_rule(m, correct, GuardConfig(mode="risk", risk_target=0.2), stream_first=f)
-    block = plain.guarantee["partial_release"]
+    block = plain.guarantee.partial_release
     assert block["level"] == 0.1 and block["certified_bound"] >= block["calibration_rate"]
     both = decision_rule(
         m,
@@ -152,9 +152,9 @@ def test_decision_rule_with_a_partial_release_target():
         GuardConfig(mode="risk", risk_target=0.2, partial_release_target=0.15),
         stream_first=f,
     )
-    assert both.guarantee["partial_release"]["ceiling"] > both.threshold
-    assert both.guarantee["partial_release"]["certified_bound"] <= 0.15
-    assert both.guarantee["delta"] == 0.1 and both.guarantee["partial_release"]["level"] == 0.05
+    assert both.guarantee.partial_release["ceiling"] > both.threshold
+    assert both.guarantee.partial_release["certified_bound"] <= 0.15
+    assert both.guarantee.delta == 0.1 and both.guarantee.partial_release["level"] == 0.05
     with pytest.raises(UncertifiableTargetError, match="partial_release_target"):
         decision_rule(
             m,
@@ -247,7 +247,7 @@ def test_artifact_keeps_its_stream_record(tmp_path):
     back = GuardArtifact.load(tmp_path / "a")
     np.testing.assert_array_equal(back.stream_first, art.stream_first)
     assert DeploymentRecord.from_metadata(back.metadata).streaming.chunk_rule == "sentence"
-    assert "partial_release" in back.decision_rule(GuardConfig(participation=0.8)).guarantee
+    assert back.decision_rule(GuardConfig(participation=0.8)).guarantee.partial_release is not None
 
 
 def test_answered_stream_releases_every_chunk_then_the_decision(stream_guard):

@@ -77,14 +77,14 @@ def test_guard_refuses_a_target_below_the_frontier_and_names_the_smallest() -> N
     except UncertifiableTargetError as exc:
         assert exc.smallest_risk_target == smallest
     rule = decision_rule(scores, correct, GuardConfig(mode="risk", risk_target=smallest))
-    assert rule.guarantee["feasible"] and math.isfinite(rule.threshold)
+    assert rule.guarantee.feasible and math.isfinite(rule.threshold)
     # explicit opt-in: abstain on everything
     opted = decision_rule(
         scores,
         correct,
         GuardConfig(mode="risk", risk_target=0.05, on_infeasible="abstain_all"),
     )
-    assert opted.threshold == -math.inf and not opted.guarantee["feasible"]
+    assert opted.threshold == -math.inf and not opted.guarantee.feasible
 
 
 def test_risk_mode_cannot_answer_everything_when_infeasible() -> None:

@@ -59,7 +59,7 @@ def test_group_thresholds_are_the_single_group_thresholds(participation: float) 
     for name in ("a", "b"):
         own = participation_threshold(s[g == name], 1 - participation)
         assert rules.kinds[name] == "group" and rules.rules[name].threshold == own.threshold
-        assert rules.rules[name].guarantee["participation_interval"] == pytest.approx(
+        assert rules.rules[name].guarantee.participation_interval == pytest.approx(
             [participation, participation + 1 / ((g == name).sum() + 1)]
         )
     assert rules.pooled.threshold == participation_threshold(s, 1 - participation).threshold
@@ -113,8 +113,8 @@ def test_risk_rules_use_the_shared_delta(sharing: str) -> None:
         rule = rules.rules[name]
         if own.feasible:
             assert rules.kinds[name] == "group" and rule.threshold == own.threshold
-            assert rule.guarantee["delta"] == pytest.approx(level)
-            assert rule.guarantee["statement"].startswith(f"for a question of group {name!r}")
+            assert rule.guarantee.delta == pytest.approx(level)
+            assert rule.guarantee.statement.startswith(f"for a question of group {name!r}")
         else:
             assert rules.kinds[name] == "abstain" and rule.threshold == -math.inf
 
@@ -145,8 +145,8 @@ def test_small_group_fallbacks(caplog: pytest.LogCaptureFixture) -> None:
     assert "'c'" in caplog.text
     rule, kind = pooled.rule_for("c")
     assert kind == "pooled" and rule.threshold == pooled.pooled.threshold
-    assert rule.guarantee["scope"] == "pooled"
-    assert any("not for this group" in w for w in rule.guarantee["warnings"])
+    assert rule.guarantee.scope == "pooled"
+    assert any("not for this group" in w for w in rule.guarantee.warnings)
     assert "needs at least 9" in pooled.reasons["c"]
 
     abstain = group_rules(s, j, g, _cfg(participation=0.9, group_fallback="abstain"))
@@ -164,7 +164,7 @@ def test_unknown_group_abstains_by_default_or_takes_the_pooled_rule() -> None:
     pooled = group_rules(s, j, g, _cfg(group_fallback="pooled", unknown_group="pooled"))
     rule, kind = pooled.rule_for("zzz")
     assert kind == "pooled" and rule.threshold == pooled.pooled.threshold
-    assert "'zzz', not calibrated" in rule.guarantee["warnings"][-1]
+    assert "'zzz', not calibrated" in rule.guarantee.warnings[-1]
 
 
 def test_resolve_group_and_check_groups() -> None:

@@ -194,8 +194,8 @@ def test_one_wrong_among_the_most_confident_kills_only_the_original_chain() -> N
 def test_the_guard_records_the_method_name() -> None:
     scores, correct = _one_early_error()
     rule = decision_rule(scores, correct, GuardConfig(mode="risk", risk_target=0.5, delta=0.1))
-    assert rule.guarantee["method"] == DEFAULT_RISK_METHOD
-    assert rule.guarantee["feasible"] and math.isfinite(rule.threshold)
+    assert rule.guarantee.method == DEFAULT_RISK_METHOD
+    assert rule.guarantee.feasible and math.isfinite(rule.threshold)
 
 
 FIRST_RELEASE = Path(__file__).resolve().parents[2] / "data" / "first_release_calibration.json"

@@ -179,20 +179,20 @@ def test_a_guard_from_a_selected_artifact_certifies_at_delta_over_k(tmp_path: Pa
     assert rule.threshold == alone.threshold == sel.certificates["perplexity"].threshold
     assert rule.threshold < plain.decision_rule(cfg).threshold
     g = rule.guarantee
-    assert g["delta"] == 0.1 and g["confidence"] == 0.9
-    assert g["delta_per_candidate"] == pytest.approx(0.02)
-    assert g["selection"]["n_candidates"] == 5 and g["selection"]["rule"] == "bonferroni"
-    assert "chosen among 5 candidates" in g["statement"] and "accounted for" in g["statement"]
+    assert g.delta == 0.1 and g.confidence == 0.9
+    assert g.delta_per_candidate == pytest.approx(0.02)
+    assert g.selection["n_candidates"] == 5 and g.selection["rule"] == "bonferroni"
+    assert "chosen among 5 candidates" in g.statement and "accounted for" in g.statement
     # any other delta a deployment asks for is divided by K too
     other = loaded.decision_rule(cfg.with_overrides(delta=0.2))
     assert other.threshold == _risk(art.scores, art.correct, 0.3, 0.2 / 5).threshold
     # participation mode: same threshold, plus the PAC bound accounting for the choice
     part = loaded.decision_rule(GuardConfig(participation=0.8))
     assert part.threshold == plain.decision_rule(GuardConfig(participation=0.8)).threshold
-    bound = part.guarantee["selection"]["participation_lower_bound"]
-    assert bound == pytest.approx(participation_lower_bound(part.guarantee["rank"], 800, 0.02))
+    bound = part.guarantee.selection["participation_lower_bound"]
+    assert bound == pytest.approx(participation_lower_bound(part.guarantee.rank, 800, 0.02))
     # the paper's correctness bound is not adjusted for the choice, and says so
-    chosen = part.guarantee["selection"]
+    chosen = part.guarantee.selection
     assert chosen["correctness_bound_adjusted"] is False
     assert "not adjusted for the choice" in chosen["statement"]
     # groups: each group's rule at its delta / K as well
@@ -283,9 +283,9 @@ def test_the_shipped_guard_records_its_selection_and_certifies_at_delta_over_20(
     rule = art.decision_rule(GuardConfig(mode="risk", risk_target=0.35, delta=0.1))
     alone = _risk(art.scores, art.correct, 0.35, 0.1 / 20)
     assert rule.threshold == alone.threshold
-    assert rule.guarantee["calibration_participation"] == pytest.approx(368 / 1345)
-    assert "chosen among 13 candidates" in rule.guarantee["statement"]
-    assert "ledger records 7 more" in rule.guarantee["statement"]
+    assert rule.guarantee.calibration_participation == pytest.approx(368 / 1345)
+    assert "chosen among 13 candidates" in rule.guarantee.statement
+    assert "ledger records 7 more" in rule.guarantee.statement
     # the smallest certifiable risk target at delta 0.1, every look accounted for
     assert smallest_certifiable_risk(art.scores, art.correct, 0.1 / 20) == 0.19
     with pytest.raises(UncertifiableTargetError):
@@ -338,7 +338,7 @@ def test_calibrate_scorer_auto_ships_the_best_certified_candidate(tmp_path: Path
     chosen = GuardArtifact.load(tmp_path / sel.chosen)
     assert np.array_equal(chosen.scores, art.scores)
     rule = art.decision_rule(GuardConfig(mode="risk", risk_target=0.9, on_infeasible="abstain_all"))
-    assert rule.guarantee["delta_per_candidate"] == pytest.approx(0.1 / 3)
+    assert rule.guarantee.delta_per_candidate == pytest.approx(0.1 / 3)
 
 
 def test_a_selection_split_chooses_on_answers_the_certificate_never_reads(tmp_path: Path) -> None:
@@ -384,7 +384,8 @@ def test_a_selection_split_chooses_on_answers_the_certificate_never_reads(tmp_pa
     assert np.array_equal(art.scores, plain[sel.chosen][keep])
     assert [every.metadata["calibration_ids"][i] for i in pick] == picked
     rule = art.decision_rule(GuardConfig(mode="risk", risk_target=0.9, on_infeasible="abstain_all"))
-    assert rule.guarantee.get("delta_per_candidate", 0.1) == pytest.approx(0.1)
+    per_candidate = rule.guarantee.delta_per_candidate
+    assert (0.1 if per_candidate is None else per_candidate) == pytest.approx(0.1)
     with pytest.raises(ConfigError, match="selection_share"):
         CalibrationConfig(scorer="perplexity", selection_share=0.5)
 

@@ -71,10 +71,10 @@ def test_ledger_names_beyond_the_candidates_raise_k_and_the_certified_threshold(
     assert art.n_candidates == 7
     after = art.decision_rule(cfg)  # the cached rule was dropped
     assert after.threshold == _risk_threshold(art, 0.3, 0.1 / 7) < before.threshold
-    assert after.guarantee["delta_per_candidate"] == pytest.approx(0.1 / 7)
-    assert after.guarantee["selection"]["ledger"] == ["probe_mid", "type_floor"]
-    assert "ledger records 2 more" in after.guarantee["statement"]
-    assert "(K = 7)" in after.guarantee["statement"]
+    assert after.guarantee.delta_per_candidate == pytest.approx(0.1 / 7)
+    assert after.guarantee.selection["ledger"] == ["probe_mid", "type_floor"]
+    assert "ledger records 2 more" in after.guarantee.statement
+    assert "(K = 7)" in after.guarantee.statement
     # on disk: the next load counts the same K; a save carries the ledger, outside checksums
     loaded = GuardArtifact.load(tmp_path / "guard")
     assert loaded.n_candidates == 7 and len(loaded.ledger) == 4
@@ -99,7 +99,7 @@ def test_a_scorer_fixed_before_the_data_pays_only_for_what_was_looked_at(tmp_pat
     assert loaded.selection.rule == "fixed"
     rule = loaded.decision_rule(cfg)
     assert rule.threshold == _risk_threshold(loaded, 0.3, 0.1 / 3)
-    assert "named before this calibration data was read" in rule.guarantee["statement"]
+    assert "named before this calibration data was read" in rule.guarantee.statement
 
 
 def test_a_choice_on_a_selection_split_certifies_at_delta_until_the_ledger_grows() -> None:
@@ -121,7 +121,7 @@ def test_a_choice_on_a_selection_split_certifies_at_delta_until_the_ledger_grows
     assert art.decision_rule(cfg).threshold == plain.decision_rule(cfg).threshold
     assert (
         "selection split this certificate never reads"
-        in (art.decision_rule(cfg).guarantee["statement"])
+        in (art.decision_rule(cfg).guarantee.statement)
     )
     art.record_looks(_looks("geometry", "probe_mid"))  # compared again, on calibration answers
     assert art.n_candidates == 3

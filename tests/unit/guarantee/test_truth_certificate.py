@@ -160,18 +160,18 @@ def test_the_artifact_keeps_the_review_and_its_decisions_say_on_whose_labels(
     loaded = GuardArtifact.load(root)
     assert loaded.human is not None and np.array_equal(loaded.human, human)
     g = loaded.decision_rule(cfg).guarantee
-    assert g["labels"] == "human" and g["reviewed"] == 200
-    assert "true error rate" in g["statement"]
-    assert "certified on human labels (m = 200" in g["statement"]
-    q = g["judge_quality"]
+    assert g.labels == "human" and g.reviewed == 200
+    assert "true error rate" in g.statement
+    assert "certified on human labels (m = 200" in g.statement
+    q = g.judge_quality
     assert q["m"] == 200 and 0.2 < q["lenient_rate"] < 0.6  # the judge misses 40 %
     assert len(q["lenient_ci"]) == 2
     plain = GuardArtifact.from_calibration(
         scorer=PerplexityScorer(), calibration=CalibrationSet(s, judge_right)
     )
     p = plain.decision_rule(cfg).guarantee
-    assert p["labels"] == "judge" and p["reviewed"] == 0 and "judge_quality" not in p
-    assert "not on the truth" in p["statement"]
+    assert p.labels == "judge" and p.reviewed == 0 and p.judge_quality is None
+    assert "not on the truth" in p.statement
     # a lenient judge: the judge-only rule answers more than the truth allows
     assert plain.decision_rule(cfg).threshold > loaded.decision_rule(cfg).threshold
     with pytest.raises(InvalidInputError, match="no reviewed answer"):

@@ -323,7 +323,7 @@ def test_opt_in_mismatch_is_recorded_in_the_guarantee(artifact: GuardArtifact) -
     (_, traced, _, _), *_ = handler.custom
     assert any("no fingerprint" in w for w in traced["guarantee"]["warnings"])
     # the artifact's own rule is not modified by a decision's warnings
-    assert not any("fingerprint" in w for w in guard.decision_rule.guarantee["warnings"])
+    assert not any("fingerprint" in w for w in guard.decision_rule.guarantee.warnings)
 
 
 class PreparingScorer(Scorer):

@@ -215,6 +215,7 @@ def test_fallback_without_a_fallback_is_a_config_error() -> None:
 def test_the_trace_records_the_step_the_score_tau_and_the_action() -> None:
     from langchain_core.callbacks import BaseCallbackHandler
 
+    from abstain_guard.guarantee.decision import Decision
     from abstain_guard.guard.tracing import otel_attributes
 
     events: list[Any] = []
@@ -228,7 +229,7 @@ def test_the_trace_records_the_step_the_score_tau_and_the_action() -> None:
     agent.invoke({"messages": [HumanMessage("Capital of Peru?")]}, config={"callbacks": [Events()]})
     (decision,) = events
     assert decision["step"] == 0 and decision["action"] == "end" and decision["abstained"]
-    attrs = otel_attributes(decision)
+    attrs = otel_attributes(Decision.from_dict(decision))
     assert attrs["abstain_guard.step"] == 0 and attrs["abstain_guard.action"] == "end"
     assert attrs["abstain_guard.step_score"] > attrs["abstain_guard.threshold"]
     assert attrs["abstain_guard.certified"] is True

@@ -24,6 +24,7 @@ from opentelemetry.trace import Tracer
 
 from abstain_guard import AbstentionGuard, AbstentionMiddleware, GuardArtifact, GuardConfig
 from abstain_guard.artifact.calibration_set import CalibrationSet
+from abstain_guard.guarantee.decision import Decision
 from abstain_guard.guard.tracing import EVENT_NAME, otel_attributes
 from abstain_guard.scorers import PerplexityScorer
 
@@ -83,7 +84,7 @@ def _check_span(span: ReadableSpan, decision: dict[str, Any]) -> None:
     assert attrs["abstain_guard.guarantee.kind"] == decision["guarantee"]["kind"]
     events = [e for e in span.events if e.name == EVENT_NAME]
     assert len(events) == 1
-    assert dict(events[0].attributes or {}) == otel_attributes(decision)
+    assert dict(events[0].attributes or {}) == otel_attributes(Decision.from_dict(decision))
 
 
 @pytest.mark.parametrize(("question", "abstained"), [("easy", False), ("hard", True)])
@@ -149,7 +150,7 @@ def test_every_attribute_is_kept_by_the_sdk(
 ) -> None:
     """The SDK drops attribute values of unsupported types; none of ours is dropped."""
     decision = guard.invoke("easy").response_metadata["abstention"]
-    attrs = otel_attributes(decision)
+    attrs = otel_attributes(Decision.from_dict(decision))
     assert "abstain_guard.guarantee.participation_interval" in attrs
     tracer, exporter = otel
     with tracer.start_as_current_span("request") as span:

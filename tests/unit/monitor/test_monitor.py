@@ -27,6 +27,7 @@ from abstain_guard.errors import (
     NotFittedError,
     UnknownRunError,
 )
+from abstain_guard.guarantee.decision import Decision
 from abstain_guard.guard.policy import AbstentionPolicy
 from abstain_guard.monitor.guard_monitor import Alarm, GuardMonitor, read_log
 from abstain_guard.scorers import PerplexityScorer
@@ -56,14 +57,14 @@ def _feed(monitor: GuardMonitor, policy: AbstentionPolicy, scores, correct=None)
     for i, s in enumerate(scores):
         _, decision = policy.decide(_message(float(s)))
         ids.append(monitor.observe(decision))
-        if correct is not None and not decision["abstained"]:
+        if correct is not None and not decision.abstained:
             monitor.record_feedback(ids[-1], bool(correct[i]))
     return ids
 
 
 def test_unfitted_monitor_says_how_to_fit() -> None:
     with pytest.raises(NotFittedError, match="fit_artifact"):
-        GuardMonitor().observe({"score": 1.0, "abstained": False})
+        GuardMonitor().observe(Decision(abstained=False, score=1.0))
     with pytest.raises(InvalidInputError, match="false_alarm"):
         GuardMonitor(false_alarm=1.5).fit([1.0, 2.0], None)  # type: ignore[arg-type]
 
@@ -76,7 +77,7 @@ def test_exchangeable_traffic_raises_no_alarm(artifact: GuardArtifact) -> None:
     state = monitor.state()
     assert not state["alarm"] and monitor.alarms == []
     assert state["decisions"] == state["scored"] == 600
-    k, n = policy.rule.guarantee["rank"], artifact.n
+    k, n = policy.rule.guarantee.rank, artifact.n
     assert state["expected_participation"] == pytest.approx(k / (n + 1))
     lo, hi = state["answered_interval"]
     assert lo <= state["answered_rate"] <= hi
@@ -140,7 +141,7 @@ def test_feedback_is_taken_once_for_known_decisions(artifact: GuardArtifact) -> 
     assert (fb["answered"], fb["abstained"], fb["errors"]) == (1, 1, 1)
     assert monitor.state()["tests"]["risk"]["n"] == 1
     with pytest.raises(InvalidInputError, match="already recorded"):
-        monitor.observe({"score": 1.5, "abstained": False}, run_id=answered)
+        monitor.observe(Decision(abstained=False, score=1.5), run_id=answered)
     _feed(monitor, policy, [1.5, 1.5])  # max_records = 3: the first decision is dropped
     with pytest.raises(UnknownRunError, match="older than the last 3"):
         monitor.record_feedback(answered, correct=True)
@@ -148,7 +149,7 @@ def test_feedback_is_taken_once_for_known_decisions(artifact: GuardArtifact) -> 
 
 def test_unscored_decisions_are_counted_not_tested(artifact: GuardArtifact) -> None:
     monitor = GuardMonitor(seed=0).fit_artifact(artifact)
-    monitor.observe({"score": None, "abstained": True, "reason": "scoring failed"})
+    monitor.observe(Decision(abstained=True, score=None, reason="scoring failed"))
     state = monitor.state()
     assert (state["decisions"], state["unscored"], state["tests"]["exchangeability"]["n"]) == (
         1, 1, 0
@@ -162,7 +163,7 @@ def test_log_path_and_write_log_round_trip(artifact: GuardArtifact, tmp_path: Pa
     monitor = GuardMonitor(seed=5, log_path=log).fit_artifact(artifact, RISK)
     scores, correct = _population(np.random.default_rng(6), 80, a=5.0, b=2.0)
     ids = _feed(monitor, policy, scores, correct)
-    monitor.observe({"score": 1.2, "abstained": False, "group": "capital"}, run_id="g-1")
+    monitor.observe(Decision(abstained=False, score=1.2, group="capital"), run_id="g-1")
     header, appended = read_log(log)
     _, written = read_log(monitor.write_log(tmp_path / "written.jsonl"))
     assert [r.run_id for r in appended] == [*ids, "g-1"] == [r.run_id for r in written]
@@ -260,7 +261,7 @@ def _feed_group(
     for s in scores:
         _, decision = policy.decide(_message(float(s)), group=group)
         ids.append(monitor.observe(decision))
-        if wrong is not None and not decision["abstained"]:
+        if wrong is not None and not decision.abstained:
             answered += 1
             monitor.record_feedback(ids[-1], correct=not wrong(answered))
     return ids
@@ -401,7 +402,7 @@ def test_a_restart_resumes_the_tests_exactly(
             for i, s in enumerate(scores):
                 _, decision = policy.decide(_message(float(s)), group=g)
                 rid = first.observe(decision)
-                if i % 3 == 0 and not decision["abstained"]:
+                if i % 3 == 0 and not decision.abstained:
                     first.record_feedback(rid, correct=bool(i % 2) or step == 0)
                 elif i % 3 == 1:
                     kept.append(rid)  # labeled after the restart

@@ -6,11 +6,13 @@ run went (a review a human rejected is not handed off)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from abstain_guard import GuardArtifact
 from abstain_guard.artifact.calibration_set import CalibrationSet
+from abstain_guard.guarantee.decision import Decision
 from abstain_guard.monitor.drift import ConformalTestMartingale, censored_p_value
 from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.scorers import PerplexityScorer
@@ -24,19 +26,19 @@ def _artifact() -> GuardArtifact:
     )
 
 
-def _stopped(threshold: float, score: float, **extra: object) -> dict[str, object]:
+def _stopped(threshold: float, score: float, **extra: Any) -> Decision:
     """A step-gated decision that stopped a run at its second call (partial statistic)."""
-    return {
-        "abstained": True,
-        "score": score,
-        "threshold": threshold,
-        "gating": "steps",
-        "step": 1,
-        "step_score": score,
-        "run_statistic": score,
-        "action": "end",
-        **extra,
-    }
+    fields: dict[str, Any] = {"action": "end", **extra}
+    return Decision(
+        abstained=True,
+        score=score,
+        threshold=threshold,
+        gating="steps",
+        step=1,
+        step_score=score,
+        run_statistic=score,
+        **fields,
+    )
 
 
 def test_a_censored_p_value_is_uniform_below_the_share_of_scores_above_tau() -> None:
@@ -74,7 +76,7 @@ def test_the_monitor_ranks_a_stopped_runs_partial_statistic_only_as_above_tau(
     assert min(p / b for p, b in zip(p_values, bounds, strict=True)) < 0.05
     assert 0.4 < float(np.mean(np.divide(p_values, bounds))) < 0.6
     # a final-answer-gated abstention is a whole answer's score: ranked as it is
-    final = monitor.observe({**_stopped(tau, tau + 1e-9), "gating": None}, run_id="final")
+    final = monitor.observe(_stopped(tau, tau + 1e-9).replace(gating=None), run_id="final")
     assert monitor.records_[final].censored is False
     # a restart replays the log to the same p-values (the censoring is logged)
     resumed = GuardMonitor(seed=1, log_path=log).fit_artifact(art)

@@ -14,7 +14,6 @@ import asyncio
 import logging
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 from _serve_fakes import ToolScriptModel, artifact
@@ -22,6 +21,7 @@ from fastapi.testclient import TestClient
 
 from abstain_guard import GuardConfig, default_artifact_path
 from abstain_guard.errors import DecisionJournalError
+from abstain_guard.guarantee.decision import Decision
 from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.monitor.log import read_log
 from abstain_guard.serve.app import create_app
@@ -44,8 +44,8 @@ def _monitor(log: Path) -> DeploymentMonitor:
     )
 
 
-def _decision(score: float) -> dict[str, Any]:
-    return {"abstained": False, "score": score, "threshold": 10.0}
+def _decision(score: float) -> Decision:
+    return Decision(abstained=False, score=score, threshold=10.0)
 
 
 def _logged(log: Path) -> list[str]:
@@ -139,8 +139,8 @@ def test_a_failed_monitor_log_write_is_an_alarm_and_the_decision_is_kept(
 def test_a_journal_keeps_only_what_is_not_yet_fed(tmp_path: Path) -> None:
     path = tmp_path / "j.journal"
     journal = DecisionJournal(path, compact_bytes=1)
-    journal.hold("x", {"score": 1.0, "abstained": False}, ticket=1)
-    journal.hold("y", {"score": 2.0, "abstained": True}, ticket=0)
+    journal.hold("x", Decision(abstained=False, score=1.0), ticket=1)
+    journal.hold("y", Decision(abstained=True, score=2.0), ticket=0)
     assert [h.run_id for h in journal.pending()] == ["y", "x"]  # admission order
     journal.fed("y")
     assert [h.run_id for h in journal.pending()] == ["x"] and len(journal) == 1

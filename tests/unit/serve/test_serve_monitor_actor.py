@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from abstain_guard import GuardConfig, default_artifact_path
+from abstain_guard.guarantee.decision import Decision
 from abstain_guard.monitor.log import read_log
 from abstain_guard.serve.monitor_actor import DeploymentMonitor
 
@@ -29,8 +29,8 @@ def _monitor(log: Path | None = None) -> DeploymentMonitor:
     )
 
 
-def _decision(score: float) -> dict[str, Any]:
-    return {"abstained": False, "score": score, "threshold": 10.0}
+def _decision(score: float) -> Decision:
+    return Decision(abstained=False, score=score, threshold=10.0)
 
 
 def test_two_replicas_feed_one_log_in_the_deployments_admission_order(tmp_path: Path) -> None:

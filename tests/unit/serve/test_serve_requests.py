@@ -11,6 +11,8 @@ import pytest
 
 pytest.importorskip("fastapi")
 from abstain_guard.cli import main
+from abstain_guard.guarantee.certificate import Certificate
+from abstain_guard.guarantee.decision import Decision
 from abstain_guard.serve.openai_format import (
     completion_body,
     decision_headers,
@@ -70,15 +72,17 @@ def test_image_parts_cannot_be_guarded() -> None:
 
 ANSWER = GuardedAnswer(
     content="Paris",
-    decision={
-        "abstained": False,
-        "score": 0.25,
-        "threshold": float("inf"),
-        "mode": "participation",
-        "target": 0.8,
-        "guarantee": {"kind": "participation", "interval": [0.8, 0.81]},
-        "scorer": "geometry_plus",
-    },
+    decision=Decision(
+        abstained=False,
+        score=0.25,
+        threshold=float("inf"),
+        mode="participation",
+        target=0.8,
+        guarantee=Certificate(
+            kind="participation", statement="", participation_interval=(0.8, 0.81)
+        ),
+        scorer="geometry_plus",
+    ),
     logprobs=[
         {
             "token": "Paris",

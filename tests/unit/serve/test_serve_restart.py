@@ -11,6 +11,7 @@ from _serve_fakes import ToolScriptModel, artifact
 
 from abstain_guard import GuardConfig
 from abstain_guard.cli.serve import serve_monitor
+from abstain_guard.guarantee.decision import Decision
 from abstain_guard.serve.app import create_app, service_monitor
 from abstain_guard.serve.service import GuardService
 
@@ -54,7 +55,7 @@ def test_serve_says_whether_its_monitor_resumed(
     assert serve_monitor(_service(), None) is not None
     assert "no --monitor-log" in capsys.readouterr().err
     first = serve_monitor(_service(), str(log))
-    first.observe({"score": 0.5, "abstained": False})
+    first.observe(Decision(abstained=False, score=0.5))
     assert "resumed" not in capsys.readouterr().err
     resumed = serve_monitor(_service(), str(log))
     assert resumed.state()["decisions"] == 1

@@ -30,8 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from abstain_guard.guarantee.certificate import Certificate
 from abstain_guard.guarantee.conformal import participation_threshold
-from abstain_guard.guarantee.decision import DecisionRule
+from abstain_guard.guarantee.decision import Decision, DecisionRule
 from abstain_guard.monitor.drift import ConformalTestMartingale
 from abstain_guard.monitor.guard_monitor import GuardMonitor
 
@@ -70,11 +71,12 @@ def main(decisions: int = 50_000, n: int = 1000) -> dict[str, Any]:
     martingale = ConformalTestMartingale(reference, rng=rng)
     history = _grown(martingale.update, live)
     tau = participation_threshold(reference, 0.2)
-    rule = DecisionRule(tau.threshold, "participation", 0.8, {"rank": tau.rank})
+    certificate = Certificate(kind="participation", statement="", rank=tau.rank)
+    rule = DecisionRule(tau.threshold, "participation", 0.8, certificate)
     monitor = GuardMonitor(seed=0).fit(reference, rule)
 
     def observe(score: float) -> None:
-        rid = monitor.observe({"score": score, "abstained": score > tau.threshold},
+        rid = monitor.observe(Decision(abstained=score > tau.threshold, score=score),
                               run_id=f"chatcmpl-{uuid.uuid4().hex}")  # fmt: skip
         monitor.record_feedback(rid, correct=True)
 

@@ -45,7 +45,7 @@ import numpy as np
 
 from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.default import DEFAULT_ARTIFACT_DIR
-from abstain_guard.guarantee.decision import decision_rule
+from abstain_guard.guarantee.decision import Decision, decision_rule
 from abstain_guard.guarantee.intervals import wilson_interval
 from abstain_guard.monitor.guard_monitor import GuardMonitor
 
@@ -77,7 +77,7 @@ def _null_rep(
     answered = 0
     for t, s in enumerate(live, 1):
         abstained = bool(s > rule.threshold)
-        rid = monitor.observe({"score": float(s), "abstained": abstained})
+        rid = monitor.observe(Decision(abstained=abstained, score=float(s)))
         answered += not abstained
         if not abstained:
             monitor.record_feedback(rid, bool(rng.uniform() >= eps))
@@ -132,7 +132,7 @@ def _delays(
             row = rows[i]
             before = len(monitor.alarms)
             abstained = bool(row["score"] > rule.threshold)
-            rid = monitor.observe({"score": row["score"], "abstained": abstained})
+            rid = monitor.observe(Decision(abstained=abstained, score=row["score"]))
             if not abstained and row["correct"] is not None:
                 monitor.record_feedback(rid, bool(row["correct"]))
             for alarm in monitor.alarms[before:]:
@@ -190,13 +190,13 @@ def real_shifts(path: Path, reps: int, only: str | None = None) -> dict[str, Any
     out["calibration"] = {
         "n": art.n,
         "threshold_participation_0.8": cal_rule.threshold,
-        "band": cal_rule.guarantee["participation_interval"],
+        "band": cal_rule.guarantee.to_dict()["participation_interval"],
         "mean_score": float(np.mean(art.scores)),
         "risk_mode_0.35": {
             "threshold": art.decision_rule(RISK).threshold,
-            "calibration_participation": art.decision_rule(RISK).guarantee[
-                "calibration_participation"
-            ],
+            "calibration_participation": (
+                art.decision_rule(RISK).guarantee.calibration_participation
+            ),
         },
     }
     return out

@@ -74,9 +74,9 @@ def record(
         "ledger": [e.name for e in loaded.ledger],
         "risk_target": config.risk_target,
         "delta": config.delta,
-        "certified_participation": rule.guarantee["calibration_participation"],
+        "certified_participation": rule.guarantee.calibration_participation,
         "threshold": rule.threshold,
-        "statement": rule.guarantee["statement"],
+        "statement": rule.guarantee.statement,
         "smallest_risk_target": {
             f"{d:g}": smallest_certifiable_risk(loaded.scores, loaded.correct, d / k)
             for d in FRONTIER_DELTAS

@@ -48,7 +48,7 @@ from ..building.answering.answers import generate_answers, replay_as_deployed
 from ..building.answering.models import load_model
 from ..building.answering.online_geometry import reference_responses
 from ..building.judges.judging import build_judges, judge_answers, labeled_items, labels
-from ..building.questions.dataset_files import load_dataset
+from ..building.questions.dataset_files import Fields, load_dataset
 from ..building.questions.datasets import QAItem, split_items
 from ..building.questions.items import BUILTIN_V1, items_digest, load_items, named_spec
 from ..building.questions.named_datasets import load_named_dataset
@@ -134,7 +134,7 @@ def read_data_spec(
         name = Path(spec).stem
         if not Path(spec).exists():
             raise DatasetError(f"Data file {spec} does not exist.")
-        items, report = load_dataset(spec, group_by=group_by, limit=limit)
+        items, report = load_dataset(spec, Fields(group_by=group_by), limit=limit)
     if report.skipped:
         logger.warning("%s: skipped %d bad rows", spec, len(report.skipped))
     if not items:

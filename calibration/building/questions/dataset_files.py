@@ -15,7 +15,7 @@ import logging
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from .conversations import conversation_fields, json_type_name
 from .datasets import KINDS, Kind, QAItem, choice_letter
 from .tool_labels import tool_label_fields
 
-__all__ = ["DatasetReport", "SkippedRow", "load_dataset"]
+__all__ = ["DatasetReport", "Fields", "SkippedRow", "load_dataset"]
 
 logger = logging.getLogger(__name__)
 
@@ -281,53 +281,80 @@ def _rows(path: Path, report: DatasetReport) -> Iterator[tuple[int, Any]]:
 # --- the generic reader --------------------------------------------------------------------
 
 
-def load_dataset(
-    path: str | Path,
-    *,
-    question: str = "question",
-    answers: str = "answer",
-    choices: str | None = None,
-    kind: Kind | None = None,
-    group_by: str | None = None,
-    id_field: str | None = None,
-    popularity: str | None = None,
-    answer_sep: str | None = None,
-    id_prefix: str | None = None,
-    limit: int | None = None,
-    log_skipped: bool = True,
-    history: str | None = "history",
-    conversation_id: str | None = "conversation_id",
-    answers_optional: bool = False,
-) -> tuple[list[QAItem], DatasetReport]:
-    """Read QA items from a JSON Lines or CSV/TSV file.
+@dataclass(frozen=True)
+class Fields:
+    """Where a row holds each part of a QA item: dotted paths such as ``"question.stem"``.
 
-    Args:
-        path: the file (``.jsonl``/``.ndjson``/``.json`` lines, ``.csv``, ``.tsv``).
-        question: field (dotted path) holding the question.
-        answers: field holding the gold answer: a string or a list of string aliases (a
-            number only for ``kind="numeric"``, or an option index for ``"choice"``; a
-            boolean or an object is a malformed row).
-        choices: field holding the options (a list of strings or of ``{"label", "text"}``);
-            makes the items ``kind="choice"``, the answer then being a label, index or text.
+    Attributes:
+        question: the question.
+        answers: the gold answer: a string or a list of string aliases (a number only for
+            ``kind="numeric"``, or an option index for ``"choice"``; a boolean or an object is
+            a malformed row).
+        choices: the options (a list of strings or of ``{"label", "text"}``); makes the items
+            ``kind="choice"``, the answer then being a label, index or text.
         kind: ``"open"``, ``"choice"`` or ``"numeric"``; default ``"choice"`` when ``choices``
             is given, else ``"open"``. For ``"numeric"`` the gold number is the text after the
             last ``####`` (GSM8K) or the answer itself.
-        group_by: field copied into :attr:`QAItem.group` (for stratified splits and reports).
-        id_field: field holding a stable id (default ``"<id_prefix>:<line>"``).
-        popularity: field holding a numeric popularity.
+        group_by: copied into :attr:`QAItem.group` (for stratified splits and reports).
+        id_field: a stable id (default ``"<id_prefix>:<line>"``).
+        popularity: a numeric popularity.
         answer_sep: split string answers on this separator (e.g. ``"; "`` for TruthfulQA CSV).
         id_prefix: prefix of line-based ids (default: the file name without extension).
-        limit: stop after this many loaded items.
-        log_skipped: log a warning per skipped row (callers that report the rows themselves
-            pass False).
-        history: field holding the earlier turns of a conversation row (a list of
-            ``{"role": "user" | "assistant", "content"}``; in CSV/TSV that list as a JSON
-            string); the row's question is the next user turn. None: no history field.
-            See :mod:`~abstain_guard.calibration.building.questions.conversations`.
-        conversation_id: field naming the conversation a row belongs to (rows sharing it
-            stay in one split); a row without one is a conversation of its own.
+        history: the earlier turns of a conversation row (a list of ``{"role": "user" |
+            "assistant", "content"}``; in CSV/TSV that list as a JSON string); the row's
+            question is the next user turn. None: no history field. See
+            :mod:`~abstain_guard.calibration.building.questions.conversations`.
+        conversation_id: the conversation a row belongs to (rows sharing it stay in one
+            split); a row without one is a conversation of its own.
         answers_optional: an open question without a gold answer is kept (no aliases: an
             LLM judge decides without a reference) instead of skipped.
+    """
+
+    question: str = "question"
+    answers: str = "answer"
+    choices: str | None = None
+    kind: Kind | None = None
+    group_by: str | None = None
+    id_field: str | None = None
+    popularity: str | None = None
+    answer_sep: str | None = None
+    id_prefix: str | None = None
+    history: str | None = "history"
+    conversation_id: str | None = "conversation_id"
+    answers_optional: bool = False
+
+    def resolved(self, path: Path) -> Fields:
+        """These fields with the kind, the id prefix and ``answers_optional`` settled.
+
+        Raises:
+            InvalidInputError: an unknown kind, or ``"choice"`` without a ``choices`` field.
+        """
+        if self.kind is not None and self.kind not in KINDS:
+            raise InvalidInputError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        kind: Kind = self.kind or ("choice" if self.choices else "open")
+        if kind == "choice" and not self.choices:
+            raise InvalidInputError("kind='choice' needs the `choices` field")
+        return replace(
+            self,
+            kind=kind,
+            id_prefix=self.id_prefix or path.stem,
+            answers_optional=self.answers_optional and kind == "open",
+        )
+
+
+def load_dataset(
+    path: str | Path,
+    fields: Fields | None = None,
+    *,
+    limit: int | None = None,
+    log_skipped: bool = True,
+) -> tuple[list[QAItem], DatasetReport]:
+    """Read QA items from a JSON Lines or CSV/TSV file (``.jsonl``/``.ndjson``/``.json``
+    lines, ``.csv``, ``.tsv``) whose rows hold them where ``fields`` says (default
+    :class:`Fields`).
+
+    ``limit`` stops after that many loaded items; ``log_skipped=False`` logs no warning per
+    skipped row (for callers that report the rows themselves).
 
     Returns:
         ``(items, report)``; rows without a question or answer, or with a malformed value, are
@@ -342,13 +369,9 @@ def load_dataset(
         raise DatasetError(
             f"data file {p} not found; pass a JSONL/CSV file path, or 'builtin' for the probe set"
         )
-    if kind is not None and kind not in KINDS:
-        raise InvalidInputError(f"kind must be one of {KINDS}, got {kind!r}")
     if limit is not None and limit < 1:
         raise InvalidInputError(f"limit must be a positive integer, got {limit}")
-    item_kind: Kind = kind or ("choice" if choices else "open")
-    if item_kind == "choice" and not choices:
-        raise InvalidInputError("kind='choice' needs the `choices` field")
+    mapping = (fields or Fields()).resolved(p)
     report = DatasetReport(source=str(p), log=log_skipped)
     items: list[QAItem] = []
     try:
@@ -357,26 +380,10 @@ def load_dataset(
                 report.rows -= 1
                 report.limited = True
                 break
-            item = _row_to_item(
-                row,
-                lineno,
-                p,
-                report,
-                question=question,
-                answers=answers,
-                choices=choices,
-                kind=item_kind,
-                group_by=group_by,
-                id_field=id_field,
-                popularity=popularity,
-                answer_sep=answer_sep,
-                id_prefix=id_prefix or p.stem,
-                history=history,
-                conversation_id=conversation_id,
-                answers_optional=answers_optional and item_kind == "open",
-            )
-            if item is not None:
-                items.append(item)
+            try:
+                items.append(_row_to_item(row, lineno, p, mapping))
+            except _Skipped as exc:
+                _skip(report, lineno, str(exc))
     except (OSError, UnicodeDecodeError) as exc:
         raise DatasetError(f"cannot read {p}: {exc}") from exc
     report.loaded = len(items)
@@ -385,101 +392,51 @@ def load_dataset(
         raise DatasetError(
             f"{p} has no usable rows ({report.rows} rows read"
             + (f"; e.g. {reasons}" if reasons else "")
-            + f"). Check the field mapping: question={question!r}, answers={answers!r}"
+            + f"). Check the field mapping: question={mapping.question!r}, "
+            f"answers={mapping.answers!r}"
         )
     return items, report
 
 
-def _row_to_item(
-    row: Any,
-    lineno: int,
-    path: Path,
-    report: DatasetReport,
-    *,
-    question: str,
-    answers: str,
-    choices: str | None,
-    kind: Kind,
-    group_by: str | None,
-    id_field: str | None,
-    popularity: str | None,
-    answer_sep: str | None,
-    id_prefix: str,
-    history: str | None = None,
-    conversation_id: str | None = None,
-    answers_optional: bool = False,
-) -> QAItem | None:
+class _Skipped(Exception):
+    """A row that cannot become an item; the message is the reason reported for its line."""
+
+
+def _row_to_item(row: Any, lineno: int, path: Path, fields: Fields) -> QAItem:
+    """The item of one row under :meth:`Fields.resolved` fields.
+
+    Raises:
+        _Skipped: the row has no question or answer, or a malformed value.
+    """
     if not isinstance(row, Mapping):
-        _skip(report, lineno, f"row is a {type(row).__name__}, not an object")
-        return None
-    q = _get_path(row, question)
+        raise _Skipped(f"row is a {type(row).__name__}, not an object")
+    q = _get_path(row, fields.question)
     if _is_blank(q):
-        _skip(report, lineno, f"missing question (field {question!r})")
-        return None
+        raise _Skipped(f"missing question (field {fields.question!r})")
     if not isinstance(q, str):
-        _skip(report, lineno, f"the question (field {question!r}) is a JSON {json_type_name(q)}")
-        return None
-    a = _get_path(row, answers)
-    if _is_blank(a) and not answers_optional:
-        _skip(report, lineno, f"missing answer (field {answers!r})")
-        return None
-    option_texts: tuple[str, ...] = ()
-    try:
-        if kind == "choice":
-            assert choices is not None
-            c = _get_path(row, choices)
-            if _is_blank(c):
-                _skip(report, lineno, f"missing choices (field {choices!r})")
-                return None
-            labels, option_texts = _choice_texts(c)
-            gold = _choice_gold(a, labels, option_texts)
-            aliases: tuple[str, ...] = gold
-        elif kind == "numeric":
-            aliases = (_numeric_gold(a[0] if isinstance(a, (list, tuple)) else a),)
-        else:
-            aliases = () if _is_blank(a) else _as_aliases(a, answer_sep)
-    except ValueError as exc:
-        _skip(report, lineno, f"malformed answer: {exc}")
-        return None
-    if not aliases and not answers_optional:
-        _skip(report, lineno, f"missing answer (field {answers!r})")
-        return None
+        raise _Skipped(f"the question (field {fields.question!r}) is a JSON {json_type_name(q)}")
+    aliases, option_texts = _gold(row, fields)
     try:
         turns, conversation = conversation_fields(
-            {f: _field(row, f) for f in (history, conversation_id) if f is not None},
-            history,
-            conversation_id,
+            {f: _field(row, f) for f in (fields.history, fields.conversation_id) if f is not None},
+            fields.history,
+            fields.conversation_id,
         )
         calls, ordered = tool_label_fields(
             {f: _field(row, f) for f in ("expected_tool_calls", "tool_calls_ordered")}
         )
     except ValueError as exc:
-        _skip(report, lineno, str(exc))
-        return None
-    item_id = f"{id_prefix}:{lineno}"
-    if id_field is not None:
-        raw_id = _get_path(row, id_field)
-        if not _is_blank(raw_id):
-            item_id = str(raw_id)
-    group = None
-    if group_by is not None:
-        g = _get_path(row, group_by)
-        group = None if _is_blank(g) else str(g)
-    pop = None
-    if popularity is not None:
-        v = _get_path(row, popularity)
-        try:
-            pop = None if _is_blank(v) else float(v)
-        except (TypeError, ValueError):
-            pop = None
+        raise _Skipped(str(exc)) from exc
+    raw_id = _optional(row, fields.id_field)
+    assert fields.kind is not None
     return QAItem(
-        id=item_id,
+        id=f"{fields.id_prefix}:{lineno}" if raw_id is None else str(raw_id),
         question=" ".join(str(q).split()),
         answers=aliases,
-        kind=kind,
+        kind=fields.kind,
         choices=option_texts,
-        group=group,
-        popularity=pop,
+        group=None if (g := _optional(row, fields.group_by)) is None else str(g),
+        popularity=_popularity(_optional(row, fields.popularity)),
         source=str(path),
         line=lineno,
         history=turns,
@@ -487,3 +444,48 @@ def _row_to_item(
         expected_tool_calls=calls,
         tool_calls_ordered=ordered,
     )
+
+
+def _gold(row: Mapping[str, Any], fields: Fields) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(gold aliases, option texts)`` of a row (no option texts unless ``kind="choice"``).
+
+    Raises:
+        _Skipped: no answer (unless ``answers_optional``), no choices, or a malformed one.
+    """
+    missing = _Skipped(f"missing answer (field {fields.answers!r})")
+    a = _get_path(row, fields.answers)
+    if _is_blank(a) and not fields.answers_optional:
+        raise missing
+    option_texts: tuple[str, ...] = ()
+    try:
+        if fields.kind == "choice":
+            assert fields.choices is not None
+            c = _get_path(row, fields.choices)
+            if _is_blank(c):
+                raise _Skipped(f"missing choices (field {fields.choices!r})")
+            labels, option_texts = _choice_texts(c)
+            aliases: tuple[str, ...] = _choice_gold(a, labels, option_texts)
+        elif fields.kind == "numeric":
+            aliases = (_numeric_gold(a[0] if isinstance(a, (list, tuple)) else a),)
+        else:
+            aliases = () if _is_blank(a) else _as_aliases(a, fields.answer_sep)
+    except ValueError as exc:
+        raise _Skipped(f"malformed answer: {exc}") from exc
+    if not aliases and not fields.answers_optional:
+        raise missing
+    return aliases, option_texts
+
+
+def _optional(row: Mapping[str, Any], path: str | None) -> Any:
+    """The value at ``path``, None where no path is given or the value is blank."""
+    if path is None:
+        return None
+    value = _get_path(row, path)
+    return None if _is_blank(value) else value
+
+
+def _popularity(value: Any) -> float | None:
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None

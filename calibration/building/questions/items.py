@@ -20,7 +20,7 @@ from ..run.calibration_config import FIT_SCORERS, CalibrationConfig
 from ..run.store import content_key
 from .agent_questions import LOOKUP_RELATIONS, lookup_questions
 from .answer_text import alias_tokens
-from .dataset_files import load_dataset
+from .dataset_files import Fields, load_dataset
 from .datasets import QAItem
 from .named_datasets import NAMED_DATASETS, load_named_dataset
 from .probe import PROBE_RELATIONS_V1, builtin_probe_set
@@ -131,16 +131,15 @@ def load_items(
                 f"Data file {path} does not exist. Pass a JSONL/CSV file with 'question' and "
                 "'answer' fields, or --data builtin for the built-in probe set."
             )
-        items, report = load_dataset(
-            path,
+        fields = Fields(
             question=config.question,
             answers=config.answers,
             choices=config.choices,
             kind=config.kind,
             group_by=config.group_by,
-            log_skipped=False,
             answers_optional=judges_without_reference(config.judge),
         )
+        items, report = load_dataset(path, fields, log_skipped=False)
         problems = [f"{path}:{s.line}: {s.reason}" for s in report.skipped]
         items, duplicates = split_duplicates(items)
         problems += duplicates

@@ -4,15 +4,12 @@ SciQ, GSM8K, CommonsenseQA and the TriviaQA subset (a folder or a file path).
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from abstain_guard.errors import DatasetError
 
-from .dataset_files import DatasetReport, load_dataset
+from .dataset_files import DatasetReport, Fields, load_dataset
 from .datasets import QAItem
 
 __all__ = ["NAMED_DATASETS", "load_named_dataset"]
@@ -21,30 +18,30 @@ __all__ = ["NAMED_DATASETS", "load_named_dataset"]
 @dataclass(frozen=True)
 class _NamedFormat:
     files: tuple[str, ...]  # candidate file names inside the folder, first found wins
-    options: Mapping[str, Any]
+    fields: Fields
     extra_aliases: str | None = None  # a second alias field (TruthfulQA "Correct Answers")
 
 
 NAMED_DATASETS: dict[str, _NamedFormat] = {
-    "nq_open": _NamedFormat(("NQ-open.dev.jsonl",), {"answers": "answer"}),
+    "nq_open": _NamedFormat(("NQ-open.dev.jsonl",), Fields()),
     "truthfulqa": _NamedFormat(
         ("TruthfulQA.csv",),
-        {"question": "Question", "answers": "Best Answer", "group_by": "Category"},
+        Fields(question="Question", answers="Best Answer", group_by="Category"),
         extra_aliases="Correct Answers",
     ),
-    "sciq": _NamedFormat(("sciq_test.jsonl",), {"answers": "answer"}),
-    "gsm8k": _NamedFormat(("test.jsonl",), {"answers": "answer", "kind": "numeric"}),
+    "sciq": _NamedFormat(("sciq_test.jsonl",), Fields()),
+    "gsm8k": _NamedFormat(("test.jsonl",), Fields(kind="numeric")),
     "commonsenseqa": _NamedFormat(
         ("dev_rand_split.jsonl",),
-        {
-            "question": "question.stem",
-            "answers": "answerKey",
-            "choices": "question.choices",
-            "kind": "choice",
-            "id_field": "id",
-        },
+        Fields(
+            question="question.stem",
+            answers="answerKey",
+            choices="question.choices",
+            kind="choice",
+            id_field="id",
+        ),
     ),
-    "triviaqa": _NamedFormat(("triviaqa_test.jsonl",), {"answers": "answers", "id_field": "id"}),
+    "triviaqa": _NamedFormat(("triviaqa_test.jsonl",), Fields(answers="answers", id_field="id")),
 }
 
 
@@ -87,15 +84,13 @@ def load_named_dataset(
         path = r
     else:
         raise DatasetError(f"{r} does not exist; pass the {name} folder or file")
+    items, report = load_dataset(path, replace(fmt.fields, id_prefix=key), limit=limit)
     if fmt.extra_aliases is None:
-        return load_dataset(path, limit=limit, id_prefix=key, **fmt.options)
-    items, report = load_dataset(path, limit=limit, id_prefix=key, **fmt.options)
+        return items, report
     extra, _ = load_dataset(
         path,
+        Fields(question=fmt.fields.question, answers=fmt.extra_aliases, answer_sep=";"),
         limit=limit,
-        question=fmt.options.get("question", "question"),
-        answers=fmt.extra_aliases,
-        answer_sep=";",
     )
     by_line = {it.line: it.answers for it in extra}
     merged = []
@@ -104,5 +99,5 @@ def load_named_dataset(
         for a in by_line.get(it.line, ()):
             if a not in aliases:
                 aliases.append(a)
-        merged.append(dataclasses.replace(it, answers=tuple(aliases)))
+        merged.append(replace(it, answers=tuple(aliases)))
     return merged, report

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from abstain_guard.calibration.building.questions.dataset_files import load_dataset
+from abstain_guard.calibration.building.questions.dataset_files import Fields, load_dataset
 from abstain_guard.calibration.building.questions.datasets import QAItem, split_items
 from abstain_guard.calibration.building.questions.named_datasets import load_named_dataset
 from abstain_guard.errors import DatasetError, InvalidInputError
@@ -68,7 +68,7 @@ def test_dotted_paths_ids_groups_and_limit(tmp_path: Path) -> None:
     ]
     f = _jsonl(tmp_path / "d.jsonl", rows)
     items, report = load_dataset(
-        f, question="q.stem", answers="gold.v", id_field="id", group_by="meta.t", limit=3
+        f, Fields(question="q.stem", answers="gold.v", id_field="id", group_by="meta.t"), limit=3
     )
     assert [it.id for it in items] == ["q0", "q1", "q2"]
     assert all(it.group == "x" for it in items)
@@ -81,7 +81,7 @@ def test_csv_with_separator_and_multiline_records(tmp_path: Path) -> None:
         '\ufeffQuestion,Best,Correct\nQ1?,A1,"a; b; A1"\n"Q2\nspans lines?",A2,c\n,A3,d\nQ4?,,\n',
         encoding="utf-8",
     )
-    items, report = load_dataset(f, question="Question", answers="Correct", answer_sep=";")
+    items, report = load_dataset(f, Fields(question="Question", answers="Correct", answer_sep=";"))
     assert items[0].answers == ("a", "b", "A1")
     assert items[1].question == "Q2 spans lines?" and items[1].line == 3
     assert [(s.line, s.reason.split(" (")[0]) for s in report.skipped] == [
@@ -106,7 +106,7 @@ def test_choice_and_numeric_kinds(tmp_path: Path) -> None:
         ],
     )
     items, report = load_dataset(
-        f, question="question.stem", answers="answerKey", choices="question.choices"
+        f, Fields(question="question.stem", answers="answerKey", choices="question.choices")
     )
     assert items[0].kind == "choice" and items[0].answers == ("B", "library")
     assert items[0].choices == ("bank", "library")
@@ -123,7 +123,7 @@ def test_choice_and_numeric_kinds(tmp_path: Path) -> None:
             {"question": "none?", "answer": "#### many"},
         ],
     )
-    items, report = load_dataset(g, kind="numeric")
+    items, report = load_dataset(g, Fields(kind="numeric"))
     assert [it.answers for it in items] == [("4",), ("1234",), ("-3.5",)]
     assert [s.line for s in report.skipped] == [4]
 

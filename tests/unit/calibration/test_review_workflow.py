@@ -15,7 +15,7 @@ from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.calibration.building.judges.llm import LLMJudge
 from abstain_guard.calibration.building.judges.registry import make_judge
-from abstain_guard.calibration.building.questions.dataset_files import load_dataset
+from abstain_guard.calibration.building.questions.dataset_files import Fields, load_dataset
 from abstain_guard.calibration.building.questions.datasets import QAItem
 from abstain_guard.calibration.building.review import (
     REVIEW_COLUMNS,
@@ -197,7 +197,7 @@ def test_an_llm_judge_by_configuration_alone(monkeypatch: pytest.MonkeyPatch) ->
 def test_question_only_rows_load_for_an_llm_judge(tmp_path: Path) -> None:
     data = tmp_path / "q.jsonl"
     data.write_text('{"question": "Capital of Peru?"}\n{"question": "2+2?", "answer": "4"}\n')
-    items, report = load_dataset(data, answers_optional=True)
+    items, report = load_dataset(data, Fields(answers_optional=True))
     assert [it.answers for it in items] == [(), ("4",)] and not report.skipped
     items, report = load_dataset(data)
     assert len(items) == 1 and "missing answer" in report.skipped[0].reason

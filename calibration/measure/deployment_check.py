@@ -30,6 +30,7 @@ from abstain_guard.contract.prompts import history_messages
 from abstain_guard.contract.runnables import with_calibrated_capture
 from abstain_guard.errors import AbstainGuardError, ConfigError
 from abstain_guard.guarantee.certificate import Certificate
+from abstain_guard.guarantee.in_distribution import SAMPLED_FAMILIES, live_matches_stored
 from abstain_guard.guard.chains import load_guard_chain
 from abstain_guard.guard.policy import decision_of
 from abstain_guard.monitor.guard_monitor import calibration_sha256
@@ -43,7 +44,7 @@ from ..building.run.calibration_config import CalibrationConfig
 from .cache_reuse import EvaluateCache, evaluate_cache
 from .held_out import artifact_items
 
-__all__ = ["kernel_summary", "live_check", "summarize_live"]
+__all__ = ["in_distribution", "kernel_summary", "live_check", "summarize_live"]
 
 
 def _generated(message: Any) -> dict[str, Any]:
@@ -85,6 +86,24 @@ def summarize_live(rows: list[dict[str, Any]], guarantee: Certificate) -> dict[s
         "abs_score_diff_max": float(diffs.max()) if diffs.size else None,
         "unscorable": len(rows) - len(scored),
     }
+
+
+def in_distribution(scorer: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """For a scorer whose scores are sampled (its family in ``SAMPLED_FAMILIES``), the
+    two-sample check of the rows' live against their stored scores,
+    ``{"in_distribution": DistributionCheck.to_dict() | None}`` (None: fewer than 2 scored
+    rows); ``{}`` for any other scorer, whose live scores equal the stored ones."""
+    if getattr(scorer, "family", None) not in SAMPLED_FAMILIES:
+        return {}
+    pairs = [
+        (r["live_score"], r["stored_score"])
+        for r in rows
+        if r["live_score"] is not None and r["stored_score"] is not None
+    ]
+    if len(pairs) < 2:
+        return {"in_distribution": None}
+    live, stored = zip(*pairs, strict=True)
+    return {"in_distribution": live_matches_stored(live, stored).to_dict()}
 
 
 def kernel_summary(
@@ -434,6 +453,7 @@ def _run_live(
         "guarantee": rule.guarantee.to_dict(),
         "summary": {
             **summarize_live(rows, rule.guarantee),
+            **in_distribution(artifact.scorer, rows),
             "kernels": kernel_summary(
                 _recorded_kernels(artifact),
                 _model_kernels(model),

@@ -45,3 +45,22 @@ def test_unusable_inputs_are_typed_errors() -> None:
         live_matches_stored([1.0], [1.0, 2.0])
     with pytest.raises(InvalidInputError):
         live_matches_stored([1.0, 2.0], [1.0, 2.0], level=1.5)
+
+
+def test_the_live_check_reports_it_for_sampled_scorers_only() -> None:
+    from abstain_guard.calibration.measure.deployment_check import in_distribution
+    from abstain_guard.scorers import BlackBoxScorer, PerplexityScorer
+
+    rng = np.random.default_rng(2)
+    rows = [
+        {"live_score": float(a), "stored_score": float(b)}
+        for a, b in zip(rng.gamma(2.0, size=30), rng.gamma(2.0, size=30), strict=True)
+    ]
+    rows.append({"live_score": None, "stored_score": 1.0})  # unscorable: left out
+    got = in_distribution(BlackBoxScorer, rows)["in_distribution"]
+    expected = live_matches_stored(
+        [r["live_score"] for r in rows[:30]], [r["stored_score"] for r in rows[:30]]
+    )
+    assert got == expected.to_dict() and got["n_live"] == 30
+    assert in_distribution(BlackBoxScorer, rows[:1]) == {"in_distribution": None}
+    assert in_distribution(PerplexityScorer(), rows) == {}  # live = stored, checked bitwise

@@ -121,20 +121,31 @@ def _judge_runs(
             step_fit[it.id] = step_labels(row, verdict, answer, calls)
 
 
+def _token_ids(meta: Mapping[str, Any], what: str) -> tuple[Any, Any]:
+    """``(prompt ids, generated ids)`` of one model call's metadata."""
+    if meta.get("prompt_token_ids") is None or meta.get("token_ids") is None:
+        raise CalibrationError(
+            f"{what} carries no prompt/response token ids; the agent's model must be a "
+            "GeometryChatModel (or an API model with a likelihood scorer)."
+        )
+    return meta["prompt_token_ids"], meta["token_ids"]
+
+
 def _step_pairs(items: Sequence[QAItem], rows: AnswerRows) -> list[Any]:
     """The (prompt ids, generated ids) of every model call of ``items``' runs, in order."""
-    pairs = []
-    for it in items:
-        for t, step in enumerate(step_messages(rows[it.id])):
-            meta = step.get("metadata") or {}
-            if meta.get("prompt_token_ids") is None or meta.get("token_ids") is None:
-                raise CalibrationError(
-                    f"Model call {t + 1} of the run for {it.id!r} carries no prompt/response "
-                    "token ids; the agent's model must be a GeometryChatModel (or an API "
-                    "model with a likelihood scorer)."
-                )
-            pairs.append((meta["prompt_token_ids"], meta["token_ids"]))
-    return pairs
+    return [
+        _token_ids(step.get("metadata") or {}, f"Model call {t + 1} of the run for {it.id!r}")
+        for it in items
+        for t, step in enumerate(step_messages(rows[it.id]))
+    ]
+
+
+def _id_pairs(items: Sequence[QAItem], rows: AnswerRows) -> list[Any]:
+    """The (prompt ids, generated ids) of ``items``' final answers."""
+    return [
+        _token_ids(rows[it.id].get("metadata") or {}, f"The final answer to {it.id!r}")
+        for it in items
+    ]
 
 
 def run_step_scores(scorer: Any, row: Mapping[str, Any]) -> list[float]:
@@ -165,20 +176,6 @@ def calibration_action_statistics(
     return np.asarray(out, dtype=np.float64)
 
 
-def _id_pairs(items: Sequence[QAItem], rows: AnswerRows) -> list[Any]:
-    pairs = []
-    for it in items:
-        meta = rows[it.id].get("metadata") or {}
-        if meta.get("prompt_token_ids") is None or meta.get("token_ids") is None:
-            raise CalibrationError(
-                f"The final answer to {it.id!r} carries no prompt/response token ids; the "
-                "agent's model must be a GeometryChatModel (or an API model with a "
-                "likelihood scorer)."
-            )
-        pairs.append((meta["prompt_token_ids"], meta["token_ids"]))
-    return pairs
-
-
 def calibrate_agent_splits(
     run: AgentCalibrationRun,
     splits: dict[str, list[QAItem]],
@@ -191,99 +188,109 @@ def calibrate_agent_splits(
     (its labeled items in order) and the action statistics of every run of the split, labeled
     or not (step gating on rows with expected calls, else None:
     :func:`calibration_action_statistics`)."""
-    from abstain_guard.adapters.engine.replay import replay_token_ids
-
     assert config.agent is not None
-    factory = load_agent_factory(config.agent)
-    model, store = run.model, run.store
-    base = [run.fingerprint, config.agent]
     fit_items = [*splits["reference"], *splits["train"]]
-    executor = run.executor
-    remote = {"executor": executor, "factory": config.agent}
-    rows = run_agents(
-        None if executor is not None else factory(model),
-        fit_items,
-        store,
-        key_parts=[*base, "plain"],
-        step_limit=config.agent_step_limit,
-        concurrency=config.batch_size,
-        progress=run.progress,
-        desc="agent runs (fit)",
-        **remote,
-    )
-    steps_mode = config.agent_gating == "steps"
+    rows = _run_agents(run, config, fit_items, run.model, "plain", desc="agent runs (fit)")
     schemas = offered_once(list(rows.values()))["tools"]
     step_fit: dict[str, list[bool]] = {}
     _judge_runs(run, fit_items, rows, config, schemas, step_fit)
     labeled = {n: labeled_items(splits[n], run.judgments) for n in ("reference", "train")}
     check_two_classes(labeled, run.judgments, config)
-    pairs_of = _step_pairs if steps_mode else _id_pairs
-
-    def fit_labels(items: Sequence[QAItem]) -> list[bool]:
-        if not steps_mode:
-            return labels(items, run.judgments)
-        return [ok for it in items for ok in step_fit[it.id]]
-
     if config.scorer in FIT_SCORERS:
-        fitted = {
-            n: replay_token_ids(
-                model,
-                pairs_of(labeled[n], rows),
-                batch_size=config.replay_batch_size,
-                return_states=True,
-                progress=run.progress,
-            )
-            if executor is None
-            else executor.replay_token_ids(
-                pairs_of(labeled[n], rows),
-                batch_size=config.replay_batch_size,
-                return_states=True,
-            )
-            for n in ("reference", "train")
-        }
-        scorer.fit(
-            *[
-                list(zip(fitted[n], fit_labels(labeled[n]), strict=True))
-                for n in ("reference", "train")
-            ]
-        )
-    prepared = scorer.prepare(model) if executor is None else None
+        _fit_on_replay(run, scorer, config, labeled, rows, step_fit)
+    prepared = scorer.prepare(run.model) if run.executor is None else None
     reference = getattr(scorer, "reference_means_", None)
     held = [it for name in HELD_OUT for it in splits[name]]
+    deployed = [
+        "as deployed",
+        getattr(scorer, "capture", None),
+        None if reference is None else means_digest(reference),
+    ]
     rows.update(
-        run_agents(
-            None if executor is not None else factory(prepared),
-            held,
-            store,
-            key_parts=[
-                *base,
-                "as deployed",
-                getattr(scorer, "capture", None),
-                None if reference is None else means_digest(reference),
-            ],
-            step_limit=config.agent_step_limit,
-            concurrency=config.batch_size,
-            progress=run.progress,
-            desc="agent runs (held out)",
-            scorer=scorer,
-            **remote,
+        _run_agents(
+            run, config, held, prepared, *deployed, desc="agent runs (held out)", scorer=scorer
         )
     )
     _judge_runs(run, held, rows, config, schemas, step_fit)
     calibration = labeled_items(splits["calibration"], run.judgments)
-    actions = None
-    if steps_mode:  # the whole run's statistic (agent_steps.py): what the guard stops on
-        steps = [run_step_scores(scorer, rows[it.id]) for it in calibration]
-        scores = [run_statistic(s) for s in steps]
-        # the action statistic needs the tool-call verdicts only: every run of the split,
-        # also those whose final answer the judge could not label (leaving them out would
-        # select the runs the action certificate is computed on by the judge's success)
-        every = list(splits["calibration"])
-        every_steps = [run_step_scores(scorer, rows[it.id]) for it in every]
-        actions = calibration_action_statistics(every, rows, every_steps, schemas)
-    else:
+    if config.agent_gating != "steps":
         scores = list(scorer.score_many([rows[it.id]["metadata"] for it in calibration]))
+        return rows, scorer, np.asarray(scores, dtype=np.float64), None
+    # the whole run's statistic (:mod:`abstain_guard.guarantee.agent_steps`): what the guard
+    # stops on
+    scores = [run_statistic(run_step_scores(scorer, rows[it.id])) for it in calibration]
+    # the action statistic needs the tool-call verdicts only: every run of the split, also
+    # those whose final answer the judge could not label (leaving them out would select the
+    # runs the action certificate is computed on by the judge's success)
+    every = list(splits["calibration"])
+    every_steps = [run_step_scores(scorer, rows[it.id]) for it in every]
+    actions = calibration_action_statistics(every, rows, every_steps, schemas)
     return rows, scorer, np.asarray(scores, dtype=np.float64), actions
+
+
+def _run_agents(
+    run: AgentCalibrationRun,
+    config: CalibrationConfig,
+    items: Sequence[QAItem],
+    model: Any,
+    *key: Any,
+    desc: str,
+    scorer: Any = None,
+) -> AnswerRows:
+    """:func:`run_agents` of ``items`` with the agent built around ``model`` (on the
+    executor's replicas when the run has one), cached under the run's fingerprint, the
+    factory and ``key``."""
+    assert config.agent is not None
+    factory = load_agent_factory(config.agent)
+    return run_agents(
+        factory(model) if run.executor is None else None,
+        items,
+        run.store,
+        key_parts=[run.fingerprint, config.agent, *key],
+        step_limit=config.agent_step_limit,
+        concurrency=config.batch_size,
+        progress=run.progress,
+        desc=desc,
+        executor=run.executor,
+        factory=config.agent,
+        scorer=scorer,
+    )
+
+
+def _fit_on_replay(
+    run: AgentCalibrationRun,
+    scorer: Any,
+    config: CalibrationConfig,
+    labeled: Mapping[str, Sequence[QAItem]],
+    rows: AnswerRows,
+    step_fit: Mapping[str, list[bool]],
+) -> None:
+    """Fit ``scorer`` on the replayed states of the reference and train runs: of their final
+    answers, or with step gating of every model call (labelled by ``step_fit``)."""
+    from abstain_guard.adapters.engine.replay import replay_token_ids
+
+    steps = config.agent_gating == "steps"
+    fitted = []
+    for name in ("reference", "train"):
+        pairs = (_step_pairs if steps else _id_pairs)(labeled[name], rows)
+        if run.executor is None:
+            states = replay_token_ids(
+                run.model,
+                pairs,
+                batch_size=config.replay_batch_size,
+                return_states=True,
+                progress=run.progress,
+            )
+        else:
+            states = run.executor.replay_token_ids(
+                pairs, batch_size=config.replay_batch_size, return_states=True
+            )
+        if steps:
+            fit_labels = [ok for it in labeled[name] for ok in step_fit[it.id]]
+        else:
+            fit_labels = labels(labeled[name], run.judgments)
+        fitted.append(list(zip(states, fit_labels, strict=True)))
+    scorer.fit(*fitted)
 
 
 def agent_deployment_record(

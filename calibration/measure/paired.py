@@ -1,4 +1,4 @@
-"""Paired comparisons of scorers on the same held-out answers (issue 37).
+"""Paired comparisons of scorers on the same held-out answers.
 
 For one data set and a reference scorer (the artifact's, e.g. ``geometry``):
 
@@ -24,6 +24,7 @@ For one data set and a reference scorer (the artifact's, e.g. ``geometry``):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -188,12 +189,8 @@ def adjust_family(reports: Sequence[dict[str, Any]], alpha: float = FAMILY_ALPHA
     (:func:`verdict`). Comparisons without a p-value are left out of the family and untouched.
 
     Returns:
-        ``{"method": "holm", "alpha", "size", "members", "test",
-        "smallest_attainable_holm_p"}``: the family's description (also stored as ``"family"``
-        in every report). The tests are paired DeLong (no floor on p: the last is None); a
-        report written before them tested with the bootstrap p-value, whose floor makes the
-        last ``size · 2/(B+1)`` — 0.048 with ``B = 2000`` draws and 48 comparisons, so a verdict
-        turned on single draws.
+        ``{"method": "holm", "alpha", "size", "members", "test"}``: the family's description
+        (also stored as ``"family"`` in every report).
     """
     slots: list[tuple[dict[str, Any], str]] = []
     for rep in reports:
@@ -205,23 +202,12 @@ def adjust_family(reports: Sequence[dict[str, Any]], alpha: float = FAMILY_ALPHA
     for (entry, comp), adj in zip(slots, adjusted, strict=True):
         entry[f"{comp}_holm_p"] = adj
         entry[f"{comp}_verdict"] = verdict(float(entry[comp]), adj, alpha)
-    # Reports written before DeLong tested with the bootstrap p-value, which is at least
-    # 2/(B+1): no Holm-adjusted p-value can then fall below size·2/(B+1).
-    bootstrap = [
-        int(rep["n_boot"])
-        for rep in reports
-        if rep.get("n_boot")
-        and not any("auroc_diff_bootstrap_p" in e for e in rep["scorers"].values())
-    ]
     family = {
         "method": "holm",
         "alpha": alpha,
         "size": len(slots),
         "members": "every set x every scorer vs the reference, overall and within type",
-        "test": "paired bootstrap (a report without DeLong)" if bootstrap else "paired DeLong",
-        "smallest_attainable_holm_p": (
-            min(1.0, len(slots) * 2.0 / (min(bootstrap) + 1)) if bootstrap and slots else None
-        ),
+        "test": "paired DeLong",
     }
     for rep in reports:
         rep["family"] = dict(family)
@@ -267,6 +253,50 @@ def _interval(draws: np.ndarray) -> list[float]:
     return [round(v, 4) for v in percentile_interval(draws)]
 
 
+@dataclass(frozen=True)
+class _Scored:
+    """One scorer's ``[n]`` scores, their AUROC bootstrap draws ``[B]`` and, with types,
+    :func:`_within_draws`'s ``(mean within-type AUROC, its draws or None, types used)``."""
+
+    scores: np.ndarray
+    auroc: float
+    draws: np.ndarray
+    within: tuple[float, np.ndarray | None, int] | None
+
+
+def _certified(s: np.ndarray, y: np.ndarray, risk_target: float, delta: float) -> dict[str, Any]:
+    """What the calibration split ``s, y`` certifies (:mod:`abstain_guard.guarantee.frontier`)."""
+    [point] = certifiable_frontier(s, y, [risk_target], [delta])
+    return {
+        "n": int(y.size),
+        "n_correct": int(y.sum()),
+        "smallest_risk_target": smallest_certifiable_risk(s, y, delta),
+        "participation_at_target": point.participation if point.feasible else 0.0,
+        "risk_target": risk_target,
+        "delta": delta,
+    }
+
+
+def _differences(
+    ref: _Scored, other: _Scored, y: np.ndarray, groups: np.ndarray | None
+) -> dict[str, Any]:
+    """Reference − other, overall and (when both have within-type draws) within type: the
+    point, its paired interval, DeLong standard error and p, and the bootstrap p."""
+    out: dict[str, Any] = {}
+    comparisons = [("auroc_diff", ref.auroc - other.auroc, ref.draws - other.draws, None)]
+    if ref.within and other.within and ref.within[1] is not None and other.within[1] is not None:
+        within = (ref.within[0] - other.within[0], ref.within[1] - other.within[1], groups)
+        comparisons.append(("within_diff", *within))
+    for key, point, draws, by in comparisons:
+        _, se, p = delong_difference(ref.scores, other.scores, y, groups=by)
+        out[key] = point
+        out[f"{key}_ci"] = _interval(draws)
+        out[f"{key}_se"] = se
+        out[f"{key}_p"] = _finite_or_none(p)
+        out[f"{key}_bootstrap_p"] = bootstrap_p_value(draws)
+    return out
+
+
 def paired_report(
     scores_by_scorer: Mapping[str, ArrayLike],
     correct: ArrayLike,
@@ -305,55 +335,35 @@ def paired_report(
     y = np.asarray(correct, dtype=np.int64)
     g = None if groups is None else np.asarray(groups, dtype=object)
     cal = None if calibration is None else np.asarray(calibration, dtype=bool)
-    draws: dict[str, np.ndarray] = {}
-    within: dict[str, tuple[float, np.ndarray | None, int]] = {}
+    scored: dict[str, _Scored] = {}
     out: dict[str, Any] = {}
-    n_groups = 0
-    arrays: dict[str, np.ndarray] = {}
     for name, raw in scores_by_scorer.items():
         s = np.asarray(raw, dtype=np.float64)
         if s.shape != y.shape or not np.all(np.isfinite(s)):
             continue
-        arrays[name] = s
-        draws[name] = bootstrap_draws(s, y, ("auroc",), n_boot=n_boot, seed=seed)["auroc"]
-        entry: dict[str, Any] = {
-            "auroc": float(roc_auc_score(y, -s)),
-            "auroc_ci": _interval(draws[name]),
+        one = scored[name] = _Scored(
+            s,
+            float(roc_auc_score(y, -s)),
+            bootstrap_draws(s, y, ("auroc",), n_boot=n_boot, seed=seed)["auroc"],
+            None if g is None else _within_draws(s, y, g, n_boot, seed),
+        )
+        out[name] = entry = {
+            "auroc": one.auroc,
+            "auroc_ci": _interval(one.draws),
             "selective": selective_risk(s, y),
         }
-        if g is not None:
-            w_point, w_draws, n_groups = within[name] = _within_draws(s, y, g, n_boot, seed)
-            entry["within_auroc"] = w_point
-            if w_draws is not None:
-                entry["within_auroc_ci"] = _interval(w_draws)
+        if one.within is not None:
+            entry["within_auroc"] = one.within[0]
+            if one.within[1] is not None:
+                entry["within_auroc_ci"] = _interval(one.within[1])
         if cal is not None and cal.any():
-            yc = y[cal]
-            [point] = certifiable_frontier(s[cal], yc, [risk_target], [delta])
-            entry["certified"] = {
-                "n": int(cal.sum()),
-                "n_correct": int(yc.sum()),
-                "smallest_risk_target": smallest_certifiable_risk(s[cal], yc, delta),
-                "participation_at_target": point.participation if point.feasible else 0.0,
-                "risk_target": risk_target,
-                "delta": delta,
-            }
-        out[name] = entry
-    if reference in draws:
+            entry["certified"] = _certified(s[cal], y[cal], risk_target, delta)
+    if reference in scored:
         for name, entry in out.items():
-            if name == reference:
-                continue
-            entry["auroc_diff"] = out[reference]["auroc"] - entry["auroc"]
-            entry["auroc_diff_ci"] = _interval(draws[reference] - draws[name])
-            _, se, p = delong_difference(arrays[reference], arrays[name], y)
-            entry.update(auroc_diff_se=se, auroc_diff_p=_finite_or_none(p))
-            entry["auroc_diff_bootstrap_p"] = bootstrap_p_value(draws[reference] - draws[name])
-            ref_w, other_w = within.get(reference), within.get(name)
-            if ref_w and other_w and ref_w[1] is not None and other_w[1] is not None:
-                entry["within_diff"] = ref_w[0] - other_w[0]
-                entry["within_diff_ci"] = _interval(ref_w[1] - other_w[1])
-                _, se, p = delong_difference(arrays[reference], arrays[name], y, groups=g)
-                entry.update(within_diff_se=se, within_diff_p=_finite_or_none(p))
-                entry["within_diff_bootstrap_p"] = bootstrap_p_value(ref_w[1] - other_w[1])
+            if name != reference:
+                entry.update(_differences(scored[reference], scored[name], y, g))
+    last = next(reversed(scored.values()), None)
+    n_groups = 0 if last is None or last.within is None else last.within[2]
     return {
         "reference": reference,
         "n_correct": int(y.sum()),

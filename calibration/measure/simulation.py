@@ -265,55 +265,55 @@ def resplit_simulation(
         scores, correct, levels, n_resplits, calibration_fraction, seed, chunk_size
     )
     y = check_labels(correct)
-    n_cal, r = arr.n_calibration, arr.participation.shape[0]
-    out_levels: dict[str, dict[str, Any]] = {}
-    for j, p in enumerate(arr.levels):
-        k = _rank(p, n_cal)
-        lo, hi = float(p), float(p) + 1.0 / (n_cal + 1)
-        part_mean, part_sd = _mean_sd(arr.participation[:, j])
-        part_se = part_sd / math.sqrt(r)
-        cc = arr.conditional_correctness[:, j]
-        has = np.isfinite(cc)
-        cc_mean, cc_sd = _mean_sd(cc)
-        b_mean, b_sd = _mean_sd(arr.bound[:, j])
-        above = cc[has] >= arr.bound[has, j]
-        gap_mean, gap_sd = _mean_sd(cc[has] - arr.bound[has, j])
-        gap_se = gap_sd / math.sqrt(max(1, int(has.sum())))
-        out_levels[level_key(float(p))] = {
-            "target_participation": float(p),
-            "band": [lo, hi],
-            "calibration_rank": k,
-            "threshold_infinite": bool(k > n_cal),
-            "expected_participation": min(k, n_cal + 1) / (n_cal + 1),
-            "empirical_participation": part_mean,
-            "empirical_participation_sd": part_sd,
-            "empirical_participation_se": part_se,
-            "participation_in_band": bool(lo <= part_mean < hi),
-            "participation_in_band_within_3se": bool(
-                lo - 3 * part_se <= part_mean < hi + 3 * part_se
-            ),
-            "mean_answered": float(arr.n_answered[:, j].mean()),
-            "conditional_correctness": cc_mean,
-            "conditional_correctness_sd": cc_sd,
-            "n_resplits_none_answered": int((~has).sum()),
-            "paper_bound": b_mean,
-            "paper_bound_sd": b_sd,
-            "one_minus_beta": float(arr.one_minus_beta[:, j].mean()),
-            "correctness_at_or_above_bound": bool(has.any() and cc_mean >= b_mean),
-            "correctness_minus_bound_mean": gap_mean,
-            "correctness_minus_bound_se": gap_se,
-            "correctness_at_or_above_bound_within_3se": bool(has.any() and gap_mean >= -3 * gap_se),
-            "fraction_resplits_at_or_above_bound": (
-                float(above.mean()) if above.size else float("nan")
-            ),
-        }
+    out_levels = {level_key(float(p)): _level_summary(arr, j) for j, p in enumerate(arr.levels)}
     return {
         "n": int(y.size),
-        "n_calibration": n_cal,
+        "n_calibration": arr.n_calibration,
         "n_test": arr.n_test,
-        "n_resplits": r,
+        "n_resplits": arr.participation.shape[0],
         "calibration_fraction": float(calibration_fraction),
         "seed": seed if isinstance(seed, int) else None,
         "accuracy": float(y.mean()),
         "levels": out_levels,
+    }
+
+
+def _level_summary(arr: ResplitArrays, j: int) -> dict[str, Any]:
+    """The summary of level ``j`` over the resplits (keys: :func:`resplit_simulation`)."""
+    p = float(arr.levels[j])
+    n_cal, r = arr.n_calibration, arr.participation.shape[0]
+    k = _rank(p, n_cal)
+    lo, hi = p, p + 1.0 / (n_cal + 1)
+    part_mean, part_sd = _mean_sd(arr.participation[:, j])
+    part_se = part_sd / math.sqrt(r)
+    cc = arr.conditional_correctness[:, j]
+    has = np.isfinite(cc)
+    cc_mean, cc_sd = _mean_sd(cc)
+    b_mean, b_sd = _mean_sd(arr.bound[:, j])
+    above = cc[has] >= arr.bound[has, j]
+    gap_mean, gap_sd = _mean_sd(cc[has] - arr.bound[has, j])
+    gap_se = gap_sd / math.sqrt(max(1, int(has.sum())))
+    return {
+        "target_participation": p,
+        "band": [lo, hi],
+        "calibration_rank": k,
+        "threshold_infinite": bool(k > n_cal),
+        "expected_participation": min(k, n_cal + 1) / (n_cal + 1),
+        "empirical_participation": part_mean,
+        "empirical_participation_sd": part_sd,
+        "empirical_participation_se": part_se,
+        "participation_in_band": bool(lo <= part_mean < hi),
+        "participation_in_band_within_3se": bool(lo - 3 * part_se <= part_mean < hi + 3 * part_se),
+        "mean_answered": float(arr.n_answered[:, j].mean()),
+        "conditional_correctness": cc_mean,
+        "conditional_correctness_sd": cc_sd,
+        "n_resplits_none_answered": int((~has).sum()),
+        "paper_bound": b_mean,
+        "paper_bound_sd": b_sd,
+        "one_minus_beta": float(arr.one_minus_beta[:, j].mean()),
+        "correctness_at_or_above_bound": bool(has.any() and cc_mean >= b_mean),
+        "correctness_minus_bound_mean": gap_mean,
+        "correctness_minus_bound_se": gap_se,
+        "correctness_at_or_above_bound_within_3se": bool(has.any() and gap_mean >= -3 * gap_se),
+        "fraction_resplits_at_or_above_bound": float(above.mean()) if above.size else float("nan"),
     }

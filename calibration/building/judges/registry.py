@@ -37,11 +37,7 @@ from abstain_guard.contract.chat_model_specs import ChatModelSpec
 from abstain_guard.errors import ConfigError, JudgeError
 
 from .base import Judge
-from .lexical import (
-    ChoiceJudge,
-    LexicalJudge,
-    NumericJudge,
-)
+from .lexical import ChoiceJudge, LexicalJudge, NumericJudge
 from .llm import LLMJudge
 from .paper import PaperPipelineJudge, StatementRewriter
 from .similarity import SimilarityJudge
@@ -97,9 +93,28 @@ def make_judge(
         JudgeError: unknown name (the message lists the valid ones), unknown parameter, or a
             chat model that is not among ``chat_models``.
     """
-    models = dict(chat_models or {})
     if isinstance(spec, Judge):
         return spec
+    name, params = _name_and_params(spec)
+    models = dict(chat_models or {})
+    try:
+        if name == "lexical":
+            return LexicalJudge(**params)
+        if name == "numeric":
+            return NumericJudge(**params)
+        if name == "choice":
+            return ChoiceJudge()
+        if name == "similarity":
+            return SimilarityJudge(**params)
+        if name == "llm":
+            return _llm_judge(params, models)
+        return _paper_judge(params, models)
+    except TypeError as exc:
+        raise JudgeError(f"bad parameters for judge {name!r}: {exc}") from exc
+
+
+def _name_and_params(spec: str | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The judge's name (lower case) and its parameters, checked against :data:`_PARAMS`."""
     if isinstance(spec, str):
         name, params = spec, {}
     elif isinstance(spec, Mapping):
@@ -118,53 +133,50 @@ def make_judge(
     if unknown:
         allowed = ", ".join(_PARAMS[name]) or "none"
         raise JudgeError(f"judge {name!r} has no parameter(s) {unknown}; allowed: {allowed}")
-    try:
-        if name == "lexical":
-            return LexicalJudge(**params)
-        if name == "numeric":
-            return NumericJudge(**params)
-        if name == "choice":
-            return ChoiceJudge()
-        if name == "similarity":
-            return SimilarityJudge(**params)
-        if name == "llm":
-            key = params.pop("model", None)
-            base_url = params.pop("base_url", None)
-            key_env = params.pop("api_key_env", None)
-            if base_url is not None or isinstance(key, Mapping) or _is_spec_name(key, models):
-                return LLMJudge(_judge_model(key, base_url, key_env), **params)
-            return LLMJudge(_chat_model(key, models, "llm judge"), **params)
-        # paper
-        sim_spec = params.get("similarity", "similarity")
-        similarity = make_judge(sim_spec, chat_models=models)
-        judge_specs = params.get("judges")
-        if judge_specs is None:
-            if len(models) != 2:
-                raise JudgeError(
-                    "the paper judge needs two stage-2 LLM judges: give 'judges': [<model key>, "
-                    f"<model key>] or exactly two chat models (got {sorted(models) or 'none'})"
-                )
-            judge_specs = sorted(models)
-        if isinstance(judge_specs, (str, Mapping)):
-            judge_specs = [judge_specs]
-        stage2 = [
-            make_judge({"name": "llm", "model": s} if isinstance(s, str) else s, chat_models=models)
-            for s in judge_specs
-        ]
-        rewriter_key = params.get("rewriter")
-        rewriter = (
-            None
-            if rewriter_key is None
-            else StatementRewriter(_chat_model(rewriter_key, models, "statement rewriter"))
-        )
-        return PaperPipelineJudge(
-            similarity,
-            stage2,
-            rewriter,
-            max_gold_statements=int(params.get("max_gold_statements", 3)),
-        )
-    except TypeError as exc:
-        raise JudgeError(f"bad parameters for judge {name!r}: {exc}") from exc
+    return name, params
+
+
+def _llm_judge(params: dict[str, Any], models: Mapping[str, BaseChatModel]) -> LLMJudge:
+    """An :class:`LLMJudge` around a chat model given from Python or named by config."""
+    key = params.pop("model", None)
+    base_url = params.pop("base_url", None)
+    key_env = params.pop("api_key_env", None)
+    if base_url is not None or isinstance(key, Mapping) or _is_spec_name(key, models):
+        return LLMJudge(_judge_model(key, base_url, key_env), **params)
+    return LLMJudge(_chat_model(key, models, "llm judge"), **params)
+
+
+def _paper_judge(
+    params: Mapping[str, Any], models: Mapping[str, BaseChatModel]
+) -> PaperPipelineJudge:
+    """The paper's pipeline: a similarity judge, two stage-2 LLM judges, a rewriter or None."""
+    similarity = make_judge(params.get("similarity", "similarity"), chat_models=models)
+    judge_specs = params.get("judges")
+    if judge_specs is None:
+        if len(models) != 2:
+            raise JudgeError(
+                "the paper judge needs two stage-2 LLM judges: give 'judges': [<model key>, "
+                f"<model key>] or exactly two chat models (got {sorted(models) or 'none'})"
+            )
+        judge_specs = sorted(models)
+    if isinstance(judge_specs, (str, Mapping)):
+        judge_specs = [judge_specs]
+    stage2 = [
+        make_judge({"name": "llm", "model": s} if isinstance(s, str) else s, chat_models=models)
+        for s in judge_specs
+    ]
+    rewriter_key = params.get("rewriter")
+    rewriter = (
+        None
+        if rewriter_key is None
+        else StatementRewriter(_chat_model(rewriter_key, models, "statement rewriter"))
+    )
+    return PaperPipelineJudge(
+        similarity,
+        stage2,
+        rewriter,
+        max_gold_statements=int(params.get("max_gold_statements", 3)),
+    )
 
 
 def _is_spec_name(key: Any, models: Mapping[str, Any]) -> bool:

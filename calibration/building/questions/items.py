@@ -98,67 +98,13 @@ def load_items(
     ``"<name>=<path>"`` (a named reader such as ``sciq=/data/sciq``), a JSONL/CSV file, or a
     list; returns (items, skipped row count)."""
     if not isinstance(data, (str, Path)):
-        items = list(data)
-        skipped = 0
-    elif str(data) == "builtin":
-        items = builtin_probe_set(seed=config.seed)
-        skipped = 0
-    elif str(data) == BUILTIN_V1:
-        items = builtin_probe_set(relations=PROBE_RELATIONS_V1, seed=config.seed)
-        skipped = 0
-    elif (relations := builtin_relations(str(data))) is not None:
-        items = builtin_probe_set(relations=relations, seed=config.seed)
-        skipped = 0
-    elif (relations := lookup_relations(str(data))) is not None:
-        items = lookup_questions(relations=relations, seed=config.seed)
-        skipped = 0
-    elif named_spec(str(data)) is not None:
-        name, root = named_spec(str(data))  # type: ignore[misc]
-        items, report = load_named_dataset(name, root)
-        items, bad = split_unjudgeable(items)
-        if bad:  # public data sets carry a few broken golds (NQ-open dev: "---", ")")
-            logger.warning(
-                "%s: skipped %d questions whose gold answers are empty or only articles (%s)",
-                data,
-                len(bad),
-                ", ".join(bad[:10]),
-            )
-        skipped = len(report.skipped) + len(bad)
+        items, skipped = _unique(list(data), config)
+    elif (built := _builtin_items(str(data), config.seed)) is not None:
+        items, skipped = _unique(built, config)
+    elif (named := named_spec(str(data))) is not None:
+        items, skipped = _named_items(*named, str(data))
     else:
-        path = Path(data)
-        if not path.exists():
-            raise DatasetError(
-                f"Data file {path} does not exist. Pass a JSONL/CSV file with 'question' and "
-                "'answer' fields, or --data builtin for the built-in probe set."
-            )
-        fields = Fields(
-            question=config.question,
-            answers=config.answers,
-            choices=config.choices,
-            kind=config.kind,
-            group_by=config.group_by,
-            answers_optional=judges_without_reference(config.judge),
-        )
-        items, report = load_dataset(path, fields, log_skipped=False)
-        problems = [f"{path}:{s.line}: {s.reason}" for s in report.skipped]
-        items, duplicates = split_duplicates(items)
-        problems += duplicates
-        _reject_or_skip(problems, config, str(path))
-        skipped = len(problems)
-    if isinstance(data, (str, Path)) and named_spec(str(data)) is not None:
-        items, duplicates = split_duplicates(items)  # public sets: drop and count
-        if duplicates:
-            logger.warning("%s: skipped %d duplicate questions", data, len(duplicates))
-        skipped += len(duplicates)
-    elif (
-        not isinstance(data, (str, Path))
-        or str(data) in ("builtin", BUILTIN_V1)
-        or builtin_relations(str(data)) is not None
-        or lookup_relations(str(data)) is not None
-    ):
-        items, duplicates = split_duplicates(items)
-        _reject_or_skip(duplicates, config, "the questions")
-        skipped += len(duplicates)
+        items, skipped = _file_items(Path(data), config)
     free = judges_without_reference(config.judge)  # question-only rows: an LLM judge
     _, bad = split_unjudgeable([it for it in items if it.answers or not free])
     if bad:
@@ -172,6 +118,67 @@ def load_items(
     if not items:
         raise DatasetError(f"No usable questions in {data}.")
     return items, skipped
+
+
+def _builtin_items(data: str, seed: int) -> list[QAItem] | None:
+    """The built-in questions ``data`` names, or None when it names none."""
+    if data == "builtin":
+        return builtin_probe_set(seed=seed)
+    if data == BUILTIN_V1:
+        return builtin_probe_set(relations=PROBE_RELATIONS_V1, seed=seed)
+    if (relations := builtin_relations(data)) is not None:
+        return builtin_probe_set(relations=relations, seed=seed)
+    if (relations := lookup_relations(data)) is not None:
+        return lookup_questions(relations=relations, seed=seed)
+    return None
+
+
+def _unique(items: list[QAItem], config: CalibrationConfig) -> tuple[list[QAItem], int]:
+    """Built-in or given questions without repeats (refused unless ``skip_bad_rows``)."""
+    items, duplicates = split_duplicates(items)
+    _reject_or_skip(duplicates, config, "the questions")
+    return items, len(duplicates)
+
+
+def _named_items(name: str, root: str, data: str) -> tuple[list[QAItem], int]:
+    """A public set's questions: its broken golds and repeats dropped, counted and logged."""
+    items, report = load_named_dataset(name, root)
+    items, bad = split_unjudgeable(items)
+    if bad:  # public data sets carry a few broken golds (NQ-open dev: "---", ")")
+        logger.warning(
+            "%s: skipped %d questions whose gold answers are empty or only articles (%s)",
+            data,
+            len(bad),
+            ", ".join(bad[:10]),
+        )
+    items, duplicates = split_duplicates(items)
+    if duplicates:
+        logger.warning("%s: skipped %d duplicate questions", data, len(duplicates))
+    return items, len(report.skipped) + len(bad) + len(duplicates)
+
+
+def _file_items(path: Path, config: CalibrationConfig) -> tuple[list[QAItem], int]:
+    """A JSONL/CSV file's questions under the config's field mapping; bad rows and repeats
+    are refused unless ``skip_bad_rows``."""
+    if not path.exists():
+        raise DatasetError(
+            f"Data file {path} does not exist. Pass a JSONL/CSV file with 'question' and "
+            "'answer' fields, or --data builtin for the built-in probe set."
+        )
+    fields = Fields(
+        question=config.question,
+        answers=config.answers,
+        choices=config.choices,
+        kind=config.kind,
+        group_by=config.group_by,
+        answers_optional=judges_without_reference(config.judge),
+    )
+    items, report = load_dataset(path, fields, log_skipped=False)
+    problems = [f"{path}:{s.line}: {s.reason}" for s in report.skipped]
+    items, duplicates = split_duplicates(items)
+    problems += duplicates
+    _reject_or_skip(problems, config, str(path))
+    return items, len(problems)
 
 
 def question_key(item: QAItem) -> tuple[object, ...]:

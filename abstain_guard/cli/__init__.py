@@ -1,9 +1,10 @@
 """The ``abstain-guard`` command line (console script ``abstain_guard.cli:main``).
 
-* :mod:`.commands` — the parser and the commands: calibrate, ask, evaluate, report, demo,
-  recalibrate;
-* :mod:`.serve` — ``abstain-guard serve``;
-* :mod:`.checks` — the checks the commands share.
+* :mod:`.commands` — the parser, built from each subcommand's ``add_parser``, and ``main``;
+* one module per subcommand: :mod:`.calibrate`, :mod:`.ask`, :mod:`.evaluate`,
+  :mod:`.report`, :mod:`.demo`, :mod:`.recalibrate`, :mod:`.serve`, :mod:`.review`,
+  :mod:`.review_size`;
+* :mod:`.checks` — the checks the subcommands share.
 
 Heavy imports (torch, transformers, xgboost, FastAPI) happen inside the commands, so
 ``--help`` and configuration errors are instant. The package exports :func:`main`, the console

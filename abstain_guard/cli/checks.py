@@ -1,5 +1,5 @@
-"""Checks the ``abstain-guard`` commands share (:mod:`.commands`, :mod:`.serve`): each raises
-its typed error, and :func:`all_at_once` reports several at once."""
+"""Checks the ``abstain-guard`` subcommands share: each raises its typed error, and
+:func:`all_at_once` reports several at once."""
 
 from __future__ import annotations
 
@@ -20,6 +20,27 @@ from abstain_guard.errors import (
 def guard_config(path: str | None) -> GuardConfig:
     """The guard config: ``--config`` (if given), then ``ABSTAIN_GUARD_*`` variables on top."""
     return GuardConfig.load(path)
+
+
+def check_out(out: str | Path) -> Path:
+    """A report directory: absent or a directory, under a writable one (only it is written)."""
+    from abstain_guard.calibration.building.preflight import check_writable_location
+
+    path = Path(out)
+    check_writable_location(path, "--out")
+    return path
+
+
+def cache_dir(given: str | None) -> Path | None:
+    """Where evaluate/--live keep answers and verdicts: ``--cache-dir`` if given (checked),
+    else None: ``<out>/cache``, over the calibration run's cache read-only unless
+    ``--no-reuse-calibration-cache`` (nothing is ever written where an artifact points)."""
+    if given:
+        from abstain_guard.calibration.building.preflight import check_writable_location
+
+        check_writable_location(Path(given), "--cache-dir")
+        return Path(given)
+    return None
 
 
 def positive(value: int | None, option: str) -> None:
@@ -82,6 +103,8 @@ def not_agent_artifacts(paths: Sequence[str | Path]) -> None:
 __all__ = [
     "all_at_once",
     "artifacts_exist",
+    "cache_dir",
+    "check_out",
     "guard_config",
     "not_agent_artifacts",
     "positive",

@@ -6,13 +6,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from abstain_guard.config import GuardConfig
 from abstain_guard.default import DEFAULT_ARTIFACT_DIR
 from abstain_guard.errors import ConfigError
 
 from .checks import all_at_once, artifacts_exist, guard_config, positive
+
+if TYPE_CHECKING:
+    from abstain_guard.serve.step_record import StepLimits
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -39,10 +42,15 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         limits=RequestLimits(),
         log_level="info" if args.verbose else "warning",
-        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        api_key=_api_key(args),
         monitor=monitor,
     )
     return 0
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    """``--api-key``, else ``$ABSTAIN_GUARD_API_KEY``, else None (no key)."""
+    return args.api_key or os.environ.get(API_KEY_ENV) or None
 
 
 def _serve_replicas(args: argparse.Namespace) -> int:
@@ -53,6 +61,7 @@ def _serve_replicas(args: argparse.Namespace) -> int:
             "process only (drop --replicas and --ray-address)."
         )
     from abstain_guard.serve.ray_serve import (
+        Deployment,
         ReplicaServer,
         ReplicaSpec,
         import_ray_serve,
@@ -69,19 +78,18 @@ def _serve_replicas(args: argparse.Namespace) -> int:
         model_name=args.model_name,
         max_in_flight=args.max_in_flight,
         steps=steps,
-        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        api_key=_api_key(args),
         loopback=is_loopback(args.host),
         engine_url=shared_vllm_engine(artifact),  # a vLLM guard: one engine for the replicas
     )
-    server = ReplicaServer(
-        spec,
+    deployment = Deployment(
         replicas=args.replicas or 1,
         host=args.host,
         port=args.port,
-        log_path=args.monitor_log,
         cpus_per_replica=args.cpus_per_replica or 1.0,
         ray_address=args.ray_address,
     )
+    server = ReplicaServer(spec, deployment, log_path=args.monitor_log)
 
     def started(server: ReplicaServer) -> None:
         _say_monitor(server.state()["resumed"], args.monitor_log)
@@ -148,13 +156,15 @@ def _guard_service(args: argparse.Namespace) -> Any:
         kind=args.kind,
         model_name=args.model_name,
         max_in_flight=args.max_in_flight,
-        **steps,
+        step_record=steps.record(),
     )
 
 
-def _guard_options(args: argparse.Namespace) -> tuple[str, GuardConfig, dict[str, Any]]:
-    """The artifact, guard config and step-record options of a guarded ``serve``, checked
+def _guard_options(args: argparse.Namespace) -> tuple[str, GuardConfig, StepLimits]:
+    """The artifact, guard config and step-record limits of a guarded ``serve``, checked
     (all problems at once)."""
+    from abstain_guard.serve.step_record import StepLimits
+
     artifact = args.artifact or str(DEFAULT_ARTIFACT_DIR)
     local_only = [f for f in ("model", "gguf_file", "max_tokens") if getattr(args, f) is not None]
     all_at_once(
@@ -168,14 +178,8 @@ def _guard_options(args: argparse.Namespace) -> tuple[str, GuardConfig, dict[str
         lambda: _positive_cpus(args.cpus_per_replica),
         lambda: _backend_matches(args.backend, artifact),
     )
-    steps = {
-        k: v
-        for k, v in (
-            ("step_record_size", args.step_record_size),
-            ("step_record_ttl_s", args.step_record_ttl),
-        )
-        if v is not None
-    }
+    given = {"max_entries": args.step_record_size, "ttl_s": args.step_record_ttl}
+    steps = StepLimits(**{k: v for k, v in given.items() if v is not None})
     return artifact, guard_config(args.config), steps
 
 
@@ -251,11 +255,21 @@ def _no_options(names: list[str], why: str) -> None:
         raise ConfigError(f"{flags}: {why} model).")
 
 
-def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
-    """Add the ``serve`` command to the subparsers ``sub``; returns its parser."""
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add ``serve`` to the subparsers ``sub``; returns its parser."""
     srv = sub.add_parser(
         "serve", help="serve the guard as an OpenAI-compatible endpoint (serve extra)"
     )
+    _add_served_options(srv)
+    _add_endpoint_options(srv)
+    _add_monitor_options(srv)
+    _add_replica_options(srv)
+    srv.set_defaults(func=_serve)
+    return srv
+
+
+def _add_served_options(srv: argparse.ArgumentParser) -> None:
+    """What is served: the guard of an artifact, or (``--no-guard``) the raw model."""
     srv.add_argument("--artifact", help="artifact directory (default: the shipped guard)")
     srv.add_argument("--config", help="guard config (YAML/TOML/JSON): mode, target")
     srv.add_argument(
@@ -280,6 +294,10 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         type=int,
         help="with --no-guard: the most new tokens a request may ask for (default 256)",
     )
+
+
+def _add_endpoint_options(srv: argparse.ArgumentParser) -> None:
+    """Where and how the endpoint listens and admits requests."""
     srv.add_argument("--host", default="127.0.0.1", help="address to listen on")
     srv.add_argument("--port", type=int, default=8000, help="port to listen on")
     srv.add_argument(
@@ -305,6 +323,10 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         type=float,
         help="agent step gating: seconds a step decision is kept (default 3600)",
     )
+
+
+def _add_monitor_options(srv: argparse.ArgumentParser) -> None:
+    """Who may call the endpoint, and where the drift monitor logs."""
     srv.add_argument(
         "--api-key",
         help="require 'Authorization: Bearer <key>' on /v1/* (default: $ABSTAIN_GUARD_API_KEY); "
@@ -316,6 +338,10 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         "--feedback of abstain-guard recalibrate); an existing one is resumed: the monitor's "
         "tests go on across restarts",
     )
+
+
+def _add_replica_options(srv: argparse.ArgumentParser) -> None:
+    """Replicas on Ray Serve behind the one endpoint."""
     srv.add_argument(
         "--replicas",
         type=int,
@@ -333,8 +359,6 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         help="with --replicas / --ray-address: CPUs each replica reserves and computes with "
         "(default 1)",
     )
-    srv.set_defaults(func=_serve)
-    return srv
 
 
-__all__ = ["API_KEY_ENV", "add_serve_parser"]
+__all__ = ["API_KEY_ENV", "add_parser", "serve_monitor"]

@@ -36,6 +36,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -62,10 +63,15 @@ from abstain_guard.serve.openai_format import (
     sse_role,
 )
 from abstain_guard.serve.passthrough import ModelService
-from abstain_guard.serve.schemas import RequestLimits, RequestRefused, parse_request
-from abstain_guard.serve.service import GuardService
+from abstain_guard.serve.schemas import (
+    ChatCompletionRequest,
+    RequestLimits,
+    RequestRefused,
+    parse_request,
+)
+from abstain_guard.serve.service import GuardedAnswer, GuardService
 
-__all__ = ["api_key_dependency", "create_app"]
+__all__ = ["api_key_dependency", "create_app", "service_monitor"]
 
 
 logger = logging.getLogger("abstain_guard.serve")
@@ -76,84 +82,30 @@ ROUTES = frozenset(
 """Paths counted by name in the metrics (any other is ``other``: bounded labels)."""
 
 
-def _refusal(exc: RequestRefused) -> JSONResponse:
-    headers = {}
-    if exc.retry_after_s is not None:
-        headers["Retry-After"] = str(exc.retry_after_s)
-    if exc.status == 401:
-        headers["WWW-Authenticate"] = "Bearer"
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+@dataclass(frozen=True)
+class Served:
+    """What the app's routes serve (``app.state.served``).
+
+    Attributes:
+        service: the guard, or the raw model without one.
+        link: where decisions, feedback and metrics go.
+        limits: the request size limits.
+        feedback_open: whether ``/v1/feedback`` may be called (with an API key, or on
+            loopback only).
+    """
+
+    service: GuardService | ModelService
+    link: MonitorLink
+    limits: RequestLimits
+    feedback_open: bool
 
 
-def _monitor_down(exc: Exception, retry_after_s: int) -> RequestRefused:
-    """The 503 for a decision the monitor could not take (journal write failed, monitor
-    actor timed out or gone): nothing is answered that is not logged."""
-    return RequestRefused(
-        f"The drift monitor could not take this request's decision ({type(exc).__name__}: "
-        f"{exc}); it was not answered. Retry after {retry_after_s} s.",
-        status=503,
-        kind="server_error",
-        code="monitor_unavailable",
-        retry_after_s=retry_after_s,
-    )
+def _served(request: Request) -> Served:
+    served: Served = request.app.state.served
+    return served
 
 
-def api_key_dependency(api_key: str | None) -> Any:
-    """A route dependency that refuses (401) a request without ``Authorization: Bearer
-    <api_key>``; it runs for its route wherever the app is mounted."""
-
-    async def require_api_key(request: Request) -> None:
-        if not _authorized(request, api_key):
-            raise RequestRefused(
-                "Missing or wrong API key: send 'Authorization: Bearer <key>' with the key "
-                "the server was started with (--api-key / ABSTAIN_GUARD_API_KEY).",
-                status=401,
-                kind="authentication_error",
-                code="invalid_api_key",
-            )
-
-    return Depends(require_api_key)
-
-
-async def _read_body(request: Request, limits: RequestLimits) -> bytes:
-    """The body, read no further than one byte past the limit (413 is decided there)."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limits.max_body_bytes:
-        raise RequestRefused(
-            f"The request body has {declared} bytes; this server accepts at most "
-            f"{limits.max_body_bytes}. Send a shorter question.",
-            status=413,
-        )
-    body = bytearray()
-    async for part in request.stream():
-        body.extend(part)
-        if len(body) > limits.max_body_bytes:
-            break
-    return bytes(body)
-
-
-class FeedbackRequest(BaseModel):
-    """``POST /v1/feedback``: the completion id and whether its answer was right (for an
-    abstention: whether the withheld answer was). Other fields are refused."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: str
-    correct: StrictBool
-
-
-def _authorized(request: Request, api_key: str | None) -> bool:
-    """Whether ``request`` carries ``Authorization: Bearer <api_key>`` (always, without a key).
-
-    The comparison is on bytes, in constant time: the header as it came over the wire
-    (Starlette decodes header bytes as latin-1, so encoding back gives them exactly) against
-    the key's UTF-8 bytes. A token with any byte at all is a yes or a no, never an error."""
-    if api_key is None:
-        return True
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    sent = token.strip().encode("latin-1", errors="replace")
-    return scheme.lower() == "bearer" and hmac.compare_digest(sent, api_key.encode("utf-8"))
+# --- the app -----------------------------------------------------------------------------
 
 
 def service_monitor(service: GuardService | ModelService, **options: Any) -> GuardMonitor | None:
@@ -186,203 +138,360 @@ def create_app(
             metrics in this process; a replica on Ray Serve passes the deployment's monitor
             actor, :class:`~abstain_guard.serve.monitor_actor.RayMonitorLink`).
     """
-    limits = limits or RequestLimits()
     if link is None:
         monitor = monitor if monitor is not None else service_monitor(service)
         link = LocalMonitorLink(service, monitor)
-    sink: MonitorLink = link
-
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        service.draining = False
-        yield
-        service.draining = True
-        logger.info("shutting down: %d requests in flight finish first", service.in_flight)
-
-    app = FastAPI(title="abstain-guard", lifespan=lifespan)
-    app.state.service = service
-    app.state.link = sink
+    app = FastAPI(title="abstain-guard", lifespan=_lifespan)
+    app.state.served = Served(
+        service, link, limits or RequestLimits(), feedback_open=api_key is not None or loopback
+    )
+    app.add_exception_handler(RequestRefused, _refused)  # raised by a dependency (the API key)
+    app.middleware("http")(_count_requests)
     keyed = [api_key_dependency(api_key)]  # on every /v1/* route
-
-    @app.exception_handler(RequestRefused)
-    async def refused(_: Request, exc: RequestRefused) -> JSONResponse:
-        return _refusal(exc)  # raised by a dependency (the API key)
-
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next):  # type: ignore[no-untyped-def]
-        response: Response = await call_next(request)
-        route = getattr(request.scope.get("route"), "path", None)  # mount / root_path free
-        sink.request_done(route if route in ROUTES else "other", response.status_code)
-        return response
-
-    async def _certified_body(
-        first: tuple[str, Any],
-        events: AsyncGenerator[tuple[str, Any], None],
-        completion_id: str,
-        parsed: Any,
-        admitted: bool,
-        start: float,
-    ) -> AsyncIterator[str]:
-        """A certified stream's server-sent events: each released piece as it passes, then
-        the decided end (:func:`~abstain_guard.serve.openai_format.sse_decided_end`). The
-        decision is recorded (monitor, counts) before its chunk leaves; a stream that ends
-        otherwise (the client went away) gives its place back and stops generation."""
-        created = int(time.time())
-        finished = False
-        try:
-            yield sse_role(completion_id, service.model_name, created)
-            kind, value = first
-            while kind == "text":
-                if value:
-                    yield sse_released(completion_id, service.model_name, created, value)
-                kind, value = await anext(events)
-            answer, rest = value
-            if admitted and answer.outcome:
-                await sink.finish(completion_id, answer.outcome)
-            finished = True
-            group = answer.decision.group if answer.decision is not None else None
-            sink.decided(answer.abstained, time.perf_counter() - start, True, group)
-            for part in sse_decided_end(
-                answer,
-                rest,
-                completion_id=completion_id,
-                model=service.model_name,
-                created=created,
-                logprobs=(parsed.top_logprobs or 0) if parsed.logprobs else None,
-                include_usage=parsed.include_usage,
-            ):
-                yield part
-        finally:
-            if admitted and not finished:
-                sink.release(completion_id)
-            await events.aclose()
-
-    @app.post("/v1/chat/completions", dependencies=keyed)
-    async def chat_completions(request: Request) -> Response:
-        start = time.perf_counter()
-        completion_id = new_completion_id()  # the request's key in admission order
-        admitted = finished = handed_off = False
-        try:
-            parsed = parse_request(await _read_body(request, limits), limits)
-            question: Any = service.question(parsed)
-            admitted = sink.monitored
-            if admitted:  # its place in the deployment's admission order
-                await sink.admit(completion_id)
-            service.admit()  # no await between taking a place and answer(), which frees it
-            if parsed.stream and isinstance(service, GuardService) and service.certified_streaming:
-                events = service.stream_answer(question)  # released as it passes
-                first = await anext(events)  # generation started: errors are still statuses
-                handed_off = True  # the stream's body finishes or releases the place
-                return StreamingResponse(
-                    _certified_body(first, events, completion_id, parsed, admitted, start),
-                    media_type="text/event-stream",
-                    headers={"X-Abstain-Guard-Streaming": "certified"},
-                )
-            answer = await service.answer(question)
-            if admitted and answer.outcome:  # one decision per run: its outcome
-                await sink.finish(completion_id, answer.outcome)  # before the answer leaves
-                finished = True
-        except RequestRefused as exc:
-            return _refusal(exc)
-        except (MonitorUnavailableError, DecisionJournalError) as exc:
-            logger.error("chat completion refused: the monitor could not take it: %s", exc)
-            return _refusal(_monitor_down(exc, service.retry_after_s))
-        except AbstainGuardError as exc:  # the guard failed (on_error="raise", a mismatch)
-            logger.exception("chat completion failed")
-            return _refusal(
-                RequestRefused(f"{type(exc).__name__}: {exc}", status=500, kind="server_error")
-            )
-        finally:  # ended without a decision (refused, failed, cancelled): give up the place
-            if admitted and not finished and not handed_off:
-                sink.release(completion_id)
-        decided = answer.abstained if answer.outcome else None  # None: no guard, a tool call
-        group = answer.outcome.group if answer.outcome is not None else None
-        sink.decided(decided, time.perf_counter() - start, parsed.stream, group)
-        logprobs = (parsed.top_logprobs or 0) if parsed.logprobs else None
-        headers = decision_headers(answer)
-        if parsed.stream:
-            chunks = sse_chunks(
-                answer,
-                completion_id=completion_id,
-                model=service.model_name,
-                logprobs=logprobs,
-                include_usage=parsed.include_usage,
-            )
-            return StreamingResponse(chunks, media_type="text/event-stream", headers=headers)
-        body = completion_body(
-            answer, completion_id=completion_id, model=service.model_name, logprobs=logprobs
-        )
-        return JSONResponse(body, headers=headers)
-
-    @app.post("/v1/feedback", dependencies=keyed)
-    async def feedback(request: Request) -> JSONResponse:
-        try:
-            if api_key is None and not loopback:
-                raise RequestRefused(
-                    "Feedback is refused: this server listens beyond loopback without an API "
-                    "key. Restart it with --api-key (or ABSTAIN_GUARD_API_KEY) and send "
-                    "'Authorization: Bearer <key>'.",
-                    status=403,
-                    kind="permission_error",
-                )
-            if not sink.monitored:
-                raise RequestRefused(
-                    "This server runs no guard (--no-guard): there are no decisions to label.",
-                    status=404,
-                    kind="not_found_error",
-                )
-            body = await _read_body(request, limits)
-            try:
-                fb = FeedbackRequest.model_validate_json(body)
-            except ValidationError as exc:
-                raise RequestRefused(
-                    'Invalid feedback: send {"id": "<completion id>", "correct": true|false} '
-                    f"and nothing else ({exc.error_count()} problem(s): "
-                    f"{exc.errors()[0].get('msg')} at {exc.errors()[0].get('loc')}).",
-                ) from exc
-            try:  # a decision held behind an earlier request is waited for
-                answer = await sink.feedback(fb.id, fb.correct)
-            except UnknownRunError as exc:
-                raise RequestRefused(str(exc), status=404, param="id", code="unknown_id") from exc
-            except DuplicateFeedbackError as exc:
-                raise RequestRefused(str(exc), status=409, param="id", code="duplicate") from exc
-            except MonitorUnavailableError as exc:
-                raise _monitor_down(exc, service.retry_after_s) from exc
-        except RequestRefused as exc:
-            return _refusal(exc)
-        return JSONResponse(answer)
-
-    @app.get("/v1/monitor", dependencies=keyed)
-    async def monitor_state() -> JSONResponse:
-        if not sink.monitored:
-            return _refusal(
-                RequestRefused("This server runs no guard (--no-guard).", status=404,
-                               kind="not_found_error")
-            )  # fmt: skip
-        try:
-            return JSONResponse(await sink.state())
-        except MonitorUnavailableError as exc:
-            return _refusal(_monitor_down(exc, service.retry_after_s))
-
-    @app.get("/v1/models", dependencies=keyed)
-    async def models() -> dict[str, object]:
-        entry = {"id": service.model_name, "object": "model", "created": 0}
-        return {"object": "list", "data": [{**entry, "owned_by": "abstain-guard"}]}
-
-    @app.get("/healthz")
-    async def healthz() -> JSONResponse:
-        info = service.describe()
-        info["monitor"] = await sink.health()
-        if not info["monitor"]["ok"] and not service.draining:
-            info["status"] = "unhealthy"
-        healthy = info["status"] == "ok"
-        return JSONResponse(info, status_code=200 if healthy else 503)
-
-    @app.get("/metrics")
-    async def prometheus() -> Response:
-        try:
-            return Response(await sink.metrics(), media_type=CONTENT_TYPE_LATEST)
-        except MonitorUnavailableError as exc:
-            return _refusal(_monitor_down(exc, service.retry_after_s))
-
+    for path, route, method in (
+        ("/v1/chat/completions", _chat_completions, "POST"),
+        ("/v1/feedback", _feedback, "POST"),
+        ("/v1/monitor", _monitor_state, "GET"),
+        ("/v1/models", _models, "GET"),
+    ):
+        app.add_api_route(path, route, methods=[method], dependencies=keyed)
+    app.add_api_route("/healthz", _healthz, methods=["GET"])
+    app.add_api_route("/metrics", _prometheus, methods=["GET"])
     return app
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    service = app.state.served.service
+    service.draining = False
+    yield
+    service.draining = True
+    logger.info("shutting down: %d requests in flight finish first", service.in_flight)
+
+
+async def _count_requests(request: Request, call_next: Any) -> Response:
+    response: Response = await call_next(request)
+    route = getattr(request.scope.get("route"), "path", None)  # mount / root_path free
+    _served(request).link.request_done(route if route in ROUTES else "other", response.status_code)
+    return response
+
+
+# --- refusals and authentication ---------------------------------------------------------
+
+
+def _refusal(exc: RequestRefused) -> JSONResponse:
+    headers = {}
+    if exc.retry_after_s is not None:
+        headers["Retry-After"] = str(exc.retry_after_s)
+    if exc.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+async def _refused(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestRefused)
+    return _refusal(exc)
+
+
+def _monitor_down(exc: Exception, retry_after_s: int) -> RequestRefused:
+    """The 503 for a decision the monitor could not take (journal write failed, monitor
+    actor timed out or gone): nothing is answered that is not logged."""
+    return RequestRefused(
+        f"The drift monitor could not take this request's decision ({type(exc).__name__}: "
+        f"{exc}); it was not answered. Retry after {retry_after_s} s.",
+        status=503,
+        kind="server_error",
+        code="monitor_unavailable",
+        retry_after_s=retry_after_s,
+    )
+
+
+def _failed(exc: Exception, retry_after_s: int) -> JSONResponse:
+    """The response to a chat completion that was refused or failed: its refusal, a 503
+    when the monitor could not take its decision, else a 500 (the guard failed:
+    ``on_error="raise"``, a mismatch)."""
+    if isinstance(exc, RequestRefused):
+        return _refusal(exc)
+    if isinstance(exc, MonitorUnavailableError | DecisionJournalError):
+        logger.error("chat completion refused: the monitor could not take it: %s", exc)
+        return _refusal(_monitor_down(exc, retry_after_s))
+    logger.error("chat completion failed", exc_info=exc)
+    return _refusal(RequestRefused(f"{type(exc).__name__}: {exc}", status=500, kind="server_error"))
+
+
+def api_key_dependency(api_key: str | None) -> Any:
+    """A route dependency that refuses (401) a request without ``Authorization: Bearer
+    <api_key>``; it runs for its route wherever the app is mounted."""
+
+    async def require_api_key(request: Request) -> None:
+        if not _authorized(request, api_key):
+            raise RequestRefused(
+                "Missing or wrong API key: send 'Authorization: Bearer <key>' with the key "
+                "the server was started with (--api-key / ABSTAIN_GUARD_API_KEY).",
+                status=401,
+                kind="authentication_error",
+                code="invalid_api_key",
+            )
+
+    return Depends(require_api_key)
+
+
+def _authorized(request: Request, api_key: str | None) -> bool:
+    """Whether ``request`` carries ``Authorization: Bearer <api_key>`` (always, without a key).
+
+    The comparison is on bytes, in constant time: the header as it came over the wire
+    (Starlette decodes header bytes as latin-1, so encoding back gives them exactly) against
+    the key's UTF-8 bytes. A token with any byte at all is a yes or a no, never an error."""
+    if api_key is None:
+        return True
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    sent = token.strip().encode("latin-1", errors="replace")
+    return scheme.lower() == "bearer" and hmac.compare_digest(sent, api_key.encode("utf-8"))
+
+
+async def _read_body(request: Request, limits: RequestLimits) -> bytes:
+    """The body, read no further than one byte past the limit (413 is decided there)."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limits.max_body_bytes:
+        raise RequestRefused(
+            f"The request body has {declared} bytes; this server accepts at most "
+            f"{limits.max_body_bytes}. Send a shorter question.",
+            status=413,
+        )
+    body = bytearray()
+    async for part in request.stream():
+        body.extend(part)
+        if len(body) > limits.max_body_bytes:
+            break
+    return bytes(body)
+
+
+# --- chat completions --------------------------------------------------------------------
+
+
+@dataclass
+class _Completion:
+    """One chat completion as its route runs it: its id (its key in admission order), when
+    it arrived, the parsed request, and whether it took a place in admission order."""
+
+    id: str
+    start: float
+    parsed: ChatCompletionRequest | None = None
+    admitted: bool = False
+
+    @property
+    def logprobs(self) -> int | None:
+        """Alternatives per token to return (None: no logprobs asked)."""
+        assert self.parsed is not None
+        return (self.parsed.top_logprobs or 0) if self.parsed.logprobs else None
+
+
+async def _chat_completions(request: Request) -> Response:
+    served = _served(request)
+    service, sink = served.service, served.link
+    call = _Completion(new_completion_id(), time.perf_counter())
+    finished = handed_off = False
+    try:
+        parsed = parse_request(await _read_body(request, served.limits), served.limits)
+        call.parsed = parsed
+        question: Any = service.question(parsed)
+        call.admitted = sink.monitored
+        if call.admitted:  # its place in the deployment's admission order
+            await sink.admit(call.id)
+        service.admit()  # no await between taking a place and answer(), which frees it
+        if parsed.stream and isinstance(service, GuardService) and service.certified_streaming:
+            events = service.stream_answer(question)  # released as it passes
+            first = await anext(events)  # generation started: errors are still statuses
+            handed_off = True  # the stream's body finishes or releases the place
+            return StreamingResponse(
+                _certified_body(served, call, first, events),
+                media_type="text/event-stream",
+                headers={"X-Abstain-Guard-Streaming": "certified"},
+            )
+        answer = await service.answer(question)
+        if call.admitted and answer.outcome:  # one decision per run: its outcome
+            await sink.finish(call.id, answer.outcome)  # before the answer leaves
+            finished = True
+    except (RequestRefused, AbstainGuardError) as exc:
+        return _failed(exc, service.retry_after_s)
+    finally:  # ended without a decision (refused, failed, cancelled): give up the place
+        if call.admitted and not finished and not handed_off:
+            sink.release(call.id)
+    return _answered(served, call, answer)
+
+
+def _answered(served: Served, call: _Completion, answer: GuardedAnswer) -> Response:
+    """The decided answer, counted: a JSON body or (buffered) server-sent events, with the
+    decision's headers."""
+    parsed = call.parsed
+    assert parsed is not None
+    decided = answer.abstained if answer.outcome else None  # None: no guard, a tool call
+    group = answer.outcome.group if answer.outcome is not None else None
+    served.link.decided(decided, time.perf_counter() - call.start, parsed.stream, group)
+    model = served.service.model_name
+    headers = decision_headers(answer)
+    if parsed.stream:
+        chunks = sse_chunks(
+            answer,
+            completion_id=call.id,
+            model=model,
+            logprobs=call.logprobs,
+            include_usage=parsed.include_usage,
+        )
+        return StreamingResponse(chunks, media_type="text/event-stream", headers=headers)
+    body = completion_body(answer, completion_id=call.id, model=model, logprobs=call.logprobs)
+    return JSONResponse(body, headers=headers)
+
+
+async def _certified_body(
+    served: Served,
+    call: _Completion,
+    first: tuple[str, Any],
+    events: AsyncGenerator[tuple[str, Any], None],
+) -> AsyncIterator[str]:
+    """A certified stream's server-sent events: each released piece as it passes, then the
+    decided end (:func:`~abstain_guard.serve.openai_format.sse_decided_end`). The decision is
+    recorded (monitor, counts) before its chunk leaves; a stream that ends otherwise (the
+    client went away) gives its place back and stops generation."""
+    sink, model, parsed = served.link, served.service.model_name, call.parsed
+    assert parsed is not None
+    created = int(time.time())
+    finished = False
+    try:
+        yield sse_role(call.id, model, created)
+        kind, value = first
+        while kind == "text":
+            if value:
+                yield sse_released(call.id, model, created, value)
+            kind, value = await anext(events)
+        answer, rest = value
+        if call.admitted and answer.outcome:
+            await sink.finish(call.id, answer.outcome)
+        finished = True
+        group = answer.decision.group if answer.decision is not None else None
+        sink.decided(answer.abstained, time.perf_counter() - call.start, True, group)
+        for part in sse_decided_end(
+            answer,
+            rest,
+            completion_id=call.id,
+            model=model,
+            created=created,
+            logprobs=call.logprobs,
+            include_usage=parsed.include_usage,
+        ):
+            yield part
+    finally:
+        if call.admitted and not finished:
+            sink.release(call.id)
+        await events.aclose()
+
+
+# --- feedback and the monitor ------------------------------------------------------------
+
+
+class FeedbackRequest(BaseModel):
+    """``POST /v1/feedback``: the completion id and whether its answer was right (for an
+    abstention: whether the withheld answer was). Other fields are refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    correct: StrictBool
+
+
+async def _feedback(request: Request) -> JSONResponse:
+    served = _served(request)
+    try:
+        _check_feedback_taken(served)
+        body = await _read_body(request, served.limits)
+        try:
+            fb = FeedbackRequest.model_validate_json(body)
+        except ValidationError as exc:
+            raise RequestRefused(
+                'Invalid feedback: send {"id": "<completion id>", "correct": true|false} '
+                f"and nothing else ({exc.error_count()} problem(s): "
+                f"{exc.errors()[0].get('msg')} at {exc.errors()[0].get('loc')}).",
+            ) from exc
+        answer = await _label(served, fb)
+    except RequestRefused as exc:
+        return _refusal(exc)
+    return JSONResponse(answer)
+
+
+def _check_feedback_taken(served: Served) -> None:
+    """Feedback is taken by a guard's server on loopback or with an API key.
+
+    Raises:
+        RequestRefused: 403 beyond loopback without a key, 404 without a guard.
+    """
+    if not served.feedback_open:
+        raise RequestRefused(
+            "Feedback is refused: this server listens beyond loopback without an API "
+            "key. Restart it with --api-key (or ABSTAIN_GUARD_API_KEY) and send "
+            "'Authorization: Bearer <key>'.",
+            status=403,
+            kind="permission_error",
+        )
+    if not served.link.monitored:
+        raise RequestRefused(
+            "This server runs no guard (--no-guard): there are no decisions to label.",
+            status=404,
+            kind="not_found_error",
+        )
+
+
+async def _label(served: Served, fb: FeedbackRequest) -> dict[str, Any]:
+    """Label decision ``fb.id`` (a decision held behind an earlier request is waited for).
+
+    Raises:
+        RequestRefused: 404 for an unknown id, 409 for one already labeled, 503 when the
+            monitor did not answer.
+    """
+    try:
+        return await served.link.feedback(fb.id, fb.correct)
+    except UnknownRunError as exc:
+        raise RequestRefused(str(exc), status=404, param="id", code="unknown_id") from exc
+    except DuplicateFeedbackError as exc:
+        raise RequestRefused(str(exc), status=409, param="id", code="duplicate") from exc
+    except MonitorUnavailableError as exc:
+        raise _monitor_down(exc, served.service.retry_after_s) from exc
+
+
+async def _monitor_state(request: Request) -> JSONResponse:
+    served = _served(request)
+    if not served.link.monitored:
+        return _refusal(
+            RequestRefused("This server runs no guard (--no-guard).", status=404,
+                           kind="not_found_error")
+        )  # fmt: skip
+    try:
+        return JSONResponse(await served.link.state())
+    except MonitorUnavailableError as exc:
+        return _refusal(_monitor_down(exc, served.service.retry_after_s))
+
+
+# --- models, health and metrics ----------------------------------------------------------
+
+
+async def _models(request: Request) -> dict[str, object]:
+    entry = {"id": _served(request).service.model_name, "object": "model", "created": 0}
+    return {"object": "list", "data": [{**entry, "owned_by": "abstain-guard"}]}
+
+
+async def _healthz(request: Request) -> JSONResponse:
+    served = _served(request)
+    info = served.service.describe()
+    info["monitor"] = await served.link.health()
+    if not info["monitor"]["ok"] and not served.service.draining:
+        info["status"] = "unhealthy"
+    healthy = info["status"] == "ok"
+    return JSONResponse(info, status_code=200 if healthy else 503)
+
+
+async def _prometheus(request: Request) -> Response:
+    served = _served(request)
+    try:
+        return Response(await served.link.metrics(), media_type=CONTENT_TYPE_LATEST)
+    except MonitorUnavailableError as exc:
+        return _refusal(_monitor_down(exc, served.service.retry_after_s))

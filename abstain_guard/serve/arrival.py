@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +91,11 @@ class ArrivalOrder:
             ticket = self._issued
             self._issued += 1
             return ticket
+
+    def describe_health(self) -> dict[str, Any]:
+        """:meth:`FeedHealth.describe` and whether the journal is durable (``/healthz``'s
+        ``monitor``)."""
+        return {**self.health.describe(), "journal": self.journal.durable}
 
     @property
     def waiting(self) -> int:

@@ -199,6 +199,10 @@ class ServerMetrics:
         )
         depth.set_function(load[1])
 
+    def request_done(self, path: str, status: int) -> None:
+        """Count one HTTP request by path and status."""
+        self.requests.labels(path, str(status)).inc()
+
     def decided(
         self, abstained: bool | None, seconds: float, stream: bool, group: str | None = None
     ) -> None:

@@ -47,16 +47,10 @@ from abstain_guard.config import GuardConfig
 from abstain_guard.errors import DuplicateFeedbackError, MonitorUnavailableError, UnknownRunError
 from abstain_guard.guarantee.decision import Decision
 from abstain_guard.monitor.guard_monitor import GuardMonitor
-from abstain_guard.serve.arrival import ArrivalOrder
 from abstain_guard.serve.metrics import ServerMetrics
-from abstain_guard.serve.monitor_link import feedback_body, start_journal
+from abstain_guard.serve.monitor_link import feedback_body, monitor_arrival
 from abstain_guard.serve.service import json_safe
-from abstain_guard.serve.step_record import (
-    DEFAULT_MAX_ENTRIES,
-    DEFAULT_TTL_S,
-    StepEntry,
-    StepRecord,
-)
+from abstain_guard.serve.step_record import StepEntry, StepLimits
 
 __all__ = ["MONITOR_TIMEOUT_S", "ActorStepRecord", "DeploymentMonitor", "RayMonitorLink"]
 
@@ -86,8 +80,7 @@ class DeploymentMonitor:
         log_path: the ``--monitor-log`` (an existing one is resumed).
         monitor_options: other :class:`~abstain_guard.GuardMonitor` settings.
         reap_s: seconds between checks of the replicas holding places (0: no checks).
-        steps: the step record's ``step_record_size`` / ``step_record_ttl_s`` (``serve``'s
-            ``--step-record-*``).
+        steps: the step record's limits (``serve``'s ``--step-record-*``).
 
     Raises:
         MonitorLogError: the log cannot be resumed.
@@ -102,18 +95,12 @@ class DeploymentMonitor:
         log_path: str | None = None,
         monitor_options: Mapping[str, Any] | None = None,
         reap_s: float = 1.0,
-        steps: Mapping[str, Any] | None = None,
+        steps: StepLimits | None = None,
     ) -> None:
         self.monitor = GuardMonitor(log_path=log_path, **dict(monitor_options or {}))
         self.monitor.fit_artifact(GuardArtifact.load(artifact), GuardConfig.model_validate(config))
-        self.arrival = ArrivalOrder(
-            lambda decision, rid: self.monitor.observe(decision, rid), start_journal(self.monitor)
-        )
-        options = dict(steps or {})
-        self.steps = StepRecord(
-            int(options.get("step_record_size", DEFAULT_MAX_ENTRIES)),
-            float(options.get("step_record_ttl_s", DEFAULT_TTL_S)),
-        )
+        self.arrival = monitor_arrival(self.monitor)
+        self.steps = (steps or StepLimits()).record()
         self.metrics_ = ServerMetrics(monitor=self.monitor, load=(self.in_flight, self.queued))
         self.reap_s = reap_s
         self._places: dict[str, tuple[int, str]] = {}  # completion id -> (ticket, replica)
@@ -263,7 +250,7 @@ class DeploymentMonitor:
     async def health(self) -> dict[str, Any]:
         """Whether every decision reached the journal and the log (``/healthz``'s
         ``monitor``)."""
-        return {**self.arrival.health.describe(), "journal": self.arrival.journal.durable}
+        return self.arrival.describe_health()
 
     # --- step records (step gating) ------------------------------------------------------
 
@@ -282,7 +269,7 @@ class DeploymentMonitor:
     # --- metrics -------------------------------------------------------------------------
 
     async def request_done(self, path: str, status: int) -> None:
-        self.metrics_.requests.labels(path, str(status)).inc()
+        self.metrics_.request_done(path, status)
 
     async def decided(
         self, abstained: bool | None, seconds: float, stream: bool, group: str | None = None
@@ -399,18 +386,14 @@ class ActorStepRecord:
 
     Args:
         link: the replica's link to the monitor actor.
-        max_entries, ttl_s: the actor's step record's limits (for messages).
+        limits: the actor's step record's limits (for messages).
     """
 
-    def __init__(
-        self,
-        link: RayMonitorLink,
-        max_entries: int = DEFAULT_MAX_ENTRIES,
-        ttl_s: float = DEFAULT_TTL_S,
-    ) -> None:
+    def __init__(self, link: RayMonitorLink, limits: StepLimits | None = None) -> None:
+        limits = limits or StepLimits()
         self.link = link
-        self.max_entries = max_entries
-        self.ttl_s = float(ttl_s)
+        self.max_entries = limits.max_entries
+        self.ttl_s = float(limits.ttl_s)
 
     async def entries(self, keys: Sequence[str]) -> dict[str, StepEntry]:
         if not keys:

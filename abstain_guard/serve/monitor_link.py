@@ -33,7 +33,7 @@ from abstain_guard.serve.journal import DecisionJournal, journal_path, recover
 from abstain_guard.serve.metrics import ServerMetrics
 from abstain_guard.serve.service import json_safe
 
-__all__ = ["LocalMonitorLink", "MonitorLink", "feedback_body", "in_risk_test", "start_journal"]
+__all__ = ["LocalMonitorLink", "MonitorLink", "feedback_body", "in_risk_test", "monitor_arrival"]
 
 
 class MonitorLink(Protocol):
@@ -129,17 +129,22 @@ def in_risk_test(
     return bool(tests) and tests.get("risk") is not None
 
 
-def start_journal(monitor: GuardMonitor) -> DecisionJournal:
-    """The journal of ``monitor``'s log (``<log>.journal``; in memory without a log), after
-    feeding ``monitor`` what it holds and the log does not.
+def monitor_arrival(monitor: GuardMonitor) -> ArrivalOrder:
+    """The admission order feeding ``monitor``, on the journal of its log
+    (``<log>.journal``; in memory without a log), after feeding ``monitor`` what the journal
+    holds and the log does not.
 
     Raises:
         DecisionJournalError: the journal cannot be read, or replaying it failed.
     """
+
+    def feed(decision: Decision, run_id: str) -> Any:
+        return monitor.observe(decision, run_id)
+
     journal = DecisionJournal(journal_path(monitor.log_path))
     logged = {r.run_id for r in monitor.records()}
-    recover(journal, lambda decision, rid: monitor.observe(decision, rid), logged.__contains__)
-    return journal
+    recover(journal, feed, logged.__contains__)
+    return ArrivalOrder(feed, journal)
 
 
 class LocalMonitorLink:
@@ -153,11 +158,7 @@ class LocalMonitorLink:
     def __init__(self, service: Admission, monitor: GuardMonitor | None) -> None:
         self.monitor = monitor
         self.metrics_ = ServerMetrics(service, monitor)
-        self.arrival: ArrivalOrder | None = None
-        if monitor is not None:
-            self.arrival = ArrivalOrder(
-                lambda decision, rid: monitor.observe(decision, rid), start_journal(monitor)
-            )
+        self.arrival = None if monitor is None else monitor_arrival(monitor)
         self._tickets: dict[str, int] = {}
 
     @property
@@ -189,7 +190,7 @@ class LocalMonitorLink:
         return dict(json_safe(self.monitor.state()))
 
     def request_done(self, path: str, status: int) -> None:
-        self.metrics_.requests.labels(path, str(status)).inc()
+        self.metrics_.request_done(path, status)
 
     def decided(
         self, abstained: bool | None, seconds: float, stream: bool, group: str | None = None
@@ -202,4 +203,4 @@ class LocalMonitorLink:
     async def health(self) -> dict[str, Any]:
         if self.arrival is None:
             return {"ok": True}
-        return {**self.arrival.health.describe(), "journal": self.arrival.journal.durable}
+        return self.arrival.describe_health()

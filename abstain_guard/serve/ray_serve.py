@@ -21,8 +21,8 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
-from types import FrameType, TracebackType
+from dataclasses import asdict, dataclass, field, replace
+from types import FrameType
 from typing import Any
 
 from abstain_guard.errors import ConfigError
@@ -33,11 +33,12 @@ from abstain_guard.serve.monitor_actor import (
     DeploymentMonitor,
     RayMonitorLink,
 )
+from abstain_guard.serve.runner import Endpoint
 from abstain_guard.serve.schemas import RequestLimits
 from abstain_guard.serve.service import GuardService
-from abstain_guard.serve.step_record import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_S
+from abstain_guard.serve.step_record import StepLimits
 
-__all__ = ["ReplicaServer", "ReplicaSpec", "build_replica", "import_ray_serve"]
+__all__ = ["Deployment", "ReplicaServer", "ReplicaSpec", "build_replica", "import_ray_serve"]
 
 #: The Ray namespace of the monitor actor.
 NAMESPACE = "abstain_guard"
@@ -64,8 +65,8 @@ class ReplicaSpec:
         artifact: the artifact directory (the same path on every node).
         config: the guard config, ``GuardConfig.model_dump(mode="json")``.
         kind, model_name, max_in_flight: as ``serve``'s options.
-        steps: ``step_record_size`` / ``step_record_ttl_s`` when given (the step record
-            is the monitor actor's, shared by the replicas).
+        steps: the step record's limits (the step record is the monitor actor's, shared by
+            the replicas).
         api_key: the key ``/v1/*`` requests must send (None: none).
         loopback: whether the endpoint listens on loopback only.
         monitor: the monitor actor's name (in :data:`NAMESPACE`; set by
@@ -83,11 +84,37 @@ class ReplicaSpec:
     kind: str | None = None
     model_name: str = "abstain-guard"
     max_in_flight: int | None = None
-    steps: dict[str, Any] = field(default_factory=dict)
+    steps: StepLimits = field(default_factory=StepLimits)
     api_key: str | None = None
     loopback: bool = True
     engine_url: str | None = None
     monitor_timeout_s: float = MONITOR_TIMEOUT_S
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ReplicaSpec:
+        """The spec from its :func:`~dataclasses.asdict` form (what travels to the replicas)."""
+        return cls(**{**data, "steps": StepLimits(**data["steps"])})
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """How the replicas are deployed.
+
+    Attributes:
+        replicas: the number of replicas.
+        host, port: where Ray Serve's HTTP proxy listens (on every node).
+        cpus_per_replica: CPUs each replica reserves (and its threads).
+        ray_address: the cluster ``ray.init`` joins when no Ray session runs (None: a local
+            one).
+        app_name: the Ray Serve application (and monitor actor) name.
+    """
+
+    replicas: int = 2
+    host: str = "127.0.0.1"
+    port: int = 8000
+    cpus_per_replica: float = 1.0
+    ray_address: str | None = None
+    app_name: str = "abstain-guard"
 
 
 def build_replica(
@@ -99,11 +126,7 @@ def build_replica(
     from abstain_guard.config import GuardConfig
 
     link = RayMonitorLink(actor, replica, handle, 1, timeout_s=spec.monitor_timeout_s)
-    steps = ActorStepRecord(
-        link,
-        int(spec.steps.get("step_record_size", DEFAULT_MAX_ENTRIES)),
-        float(spec.steps.get("step_record_ttl_s", DEFAULT_TTL_S)),
-    )
+    steps = ActorStepRecord(link, spec.steps)
     if model is None and spec.engine_url is not None:
         model = vllm_model_of(spec.artifact, spec.engine_url)
     service = GuardService.from_artifact(
@@ -156,7 +179,7 @@ class GuardReplica:
     def __init__(self, spec: Mapping[str, Any]) -> None:
         import ray  # the replica runs on Ray
 
-        self.spec = ReplicaSpec(**spec)
+        self.spec = ReplicaSpec.from_dict(spec)
         context = ray.get_runtime_context()
         self.service, self.link = build_replica(
             self.spec,
@@ -203,15 +226,13 @@ def replica_deployment(spec: ReplicaSpec, replicas: int, cpus_per_replica: float
 def start_monitor(
     ray: Any,
     name: str,
-    artifact: str,
-    config: Mapping[str, Any],
+    spec: ReplicaSpec,
     log_path: str | None,
     monitor_options: Mapping[str, Any] | None = None,
-    steps: Mapping[str, Any] | None = None,
 ) -> Any:
     """Start the deployment's monitor actor ``name`` on this node (a detached, named actor
-    that Ray restarts; one left by an earlier run under that name is replaced); ``steps``:
-    its step record's ``step_record_size`` / ``step_record_ttl_s``."""
+    that Ray restarts; one left by an earlier run under that name is replaced), fitted on
+    ``spec``'s artifact and config, its step record with ``spec``'s limits."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     _kill_named(ray, name)
@@ -226,16 +247,16 @@ def start_monitor(
             max_task_retries=-1,
             num_cpus=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
-            # the driver's kernel settings (it computes no forward today; if it ever loads
-            # the model, it does so on the recorded kernels)
+            # the driver's kernel settings (it computes no forward; were it to load
+            # the model, it would do so on the recorded kernels)
             runtime_env={"env_vars": _kernel_env()},
         )
         .remote(
-            os.path.abspath(artifact),
-            dict(config),
+            os.path.abspath(spec.artifact),
+            dict(spec.config),
             log_path=None if log_path is None else os.path.abspath(log_path),
             monitor_options=dict(monitor_options or {}),
-            steps=dict(steps or {}),
+            steps=spec.steps,
         )
     )
     ray.get(actor.state.remote())  # fitted (or the log refused: raised here)
@@ -263,76 +284,58 @@ def _kill_named(ray: Any, name: str, timeout_s: float = 30.0) -> None:
     raise ConfigError(f"The actor {name!r} of an earlier deployment did not stop in time.")
 
 
-class ReplicaServer:
-    """``replicas`` replicas of the guard on Ray Serve with one monitor actor::
+class ReplicaServer(Endpoint):
+    """The replicas of the guard on Ray Serve with one monitor actor::
 
-        with ReplicaServer(spec, replicas=2, port=8000) as server:
+        with ReplicaServer(spec, Deployment(replicas=2, port=8000)) as server:
             OpenAI(base_url=server.base_url, api_key="none")...
 
-    Uses the running Ray session, else ``ray.init(address=ray_address)`` (None starts a
-    local cluster). :meth:`stop` deletes the application and the monitor actor (and shuts
-    down a cluster it started).
+    Uses the running Ray session, else ``ray.init(address=deployment.ray_address)``.
+    :meth:`stop` deletes the application and the monitor actor (and shuts down a cluster it
+    started).
 
     Args:
         spec: what each replica builds.
-        replicas: the number of replicas.
-        host, port: where Ray Serve's HTTP proxy listens (on every node).
+        deployment: how many replicas, where they listen, what each reserves.
         log_path: the monitor log (``--monitor-log``).
-        cpus_per_replica: CPUs each replica reserves (and its threads).
-        app_name: the Ray Serve application (and monitor actor) name.
+        monitor_options: other :class:`~abstain_guard.monitor.guard_monitor.GuardMonitor`
+            settings of the monitor actor.
     """
 
     def __init__(
         self,
         spec: ReplicaSpec,
+        deployment: Deployment | None = None,
         *,
-        replicas: int = 2,
-        host: str = "127.0.0.1",
-        port: int = 8000,
         log_path: str | None = None,
-        cpus_per_replica: float = 1.0,
-        ray_address: str | None = None,
-        app_name: str = "abstain-guard",
         monitor_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.spec = spec
-        self.replicas = replicas
-        self.host = host
-        self.port = port
+        self.deployment = deployment or Deployment()
+        self.host, self.port = self.deployment.host, self.deployment.port
         self.log_path = log_path
-        self.cpus_per_replica = cpus_per_replica
-        self.ray_address = ray_address
-        self.app_name = app_name
         self.monitor_options = dict(monitor_options or {})
         self.owns_ray = False
         self.monitor: Any = None
 
     @property
-    def base_url(self) -> str:
-        """``http://host:port/v1``, what OpenAI clients take as ``base_url``."""
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
-        return f"http://{host}:{self.port}/v1"
+    def replicas(self) -> int:
+        """The number of replicas deployed."""
+        return self.deployment.replicas
 
     def start(self) -> ReplicaServer:
         """Start the monitor actor, then the replicas; returns once all of them serve."""
         ray, serve = import_ray_serve()
+        deployment = self.deployment
         if not ray.is_initialized():
-            ray.init(address=self.ray_address, include_dashboard=False, log_to_driver=False)
+            ray.init(address=deployment.ray_address, include_dashboard=False, log_to_driver=False)
             self.owns_ray = True
-        name = f"{self.app_name}-monitor"
-        self.monitor = start_monitor(
-            ray,
-            name,
-            self.spec.artifact,
-            self.spec.config,
-            self.log_path,
-            self.monitor_options,
-            self.spec.steps,
-        )
-        self.spec = ReplicaSpec(**{**asdict(self.spec), "monitor": name})
+        name = f"{deployment.app_name}-monitor"
+        self.monitor = start_monitor(ray, name, self.spec, self.log_path, self.monitor_options)
+        self.spec = replace(self.spec, monitor=name)
         serve.start(http_options={"host": self.host, "port": self.port})
-        app = replica_deployment(self.spec, self.replicas, self.cpus_per_replica)
-        serve.run(app, name=self.app_name, route_prefix="/", blocking=False)
+        app = replica_deployment(self.spec, deployment.replicas, deployment.cpus_per_replica)
+        serve.run(app, name=deployment.app_name, route_prefix="/", blocking=False)
         return self
 
     def state(self) -> dict[str, Any]:
@@ -344,7 +347,7 @@ class ReplicaServer:
     def running_replicas(self) -> int:
         """Replicas Ray Serve reports running now (a replaced one counts once it serves)."""
         _, serve = import_ray_serve()
-        app = serve.status().applications.get(self.app_name)
+        app = serve.status().applications.get(self.deployment.app_name)
         deployment = None if app is None else app.deployments.get("abstain-guard")
         if deployment is None:
             return 0
@@ -356,7 +359,7 @@ class ReplicaServer:
         ray, serve = import_ray_serve()
         if not ray.is_initialized():
             return
-        serve.delete(self.app_name)
+        serve.delete(self.deployment.app_name)
         if self.monitor is not None:
             ray.kill(self.monitor, no_restart=True)
             self.monitor = None
@@ -382,14 +385,3 @@ class ReplicaServer:
                 pass
         finally:
             self.stop()
-
-    def __enter__(self) -> ReplicaServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

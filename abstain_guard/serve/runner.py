@@ -13,8 +13,10 @@ import socket
 import threading
 import time
 from types import TracebackType
+from typing import TypeVar
 
 import uvicorn
+from fastapi import FastAPI
 
 from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.serve.app import create_app
@@ -22,7 +24,7 @@ from abstain_guard.serve.passthrough import ModelService
 from abstain_guard.serve.schemas import RequestLimits
 from abstain_guard.serve.service import GuardService
 
-__all__ = ["ServerThread", "free_port", "is_loopback", "serve"]
+__all__ = ["Endpoint", "ServerThread", "free_port", "is_loopback", "serve"]
 
 
 def is_loopback(host: str) -> bool:
@@ -37,16 +39,8 @@ def is_loopback(host: str) -> bool:
 
 
 def _config(
-    service: GuardService | ModelService,
-    host: str,
-    port: int,
-    limits: RequestLimits | None,
-    graceful_s: float,
-    log_level: str,
-    api_key: str | None = None,
-    monitor: GuardMonitor | None = None,
+    app: FastAPI, host: str, port: int, graceful_s: float, log_level: str
 ) -> uvicorn.Config:
-    app = create_app(service, limits, api_key=api_key, loopback=is_loopback(host), monitor=monitor)
     return uvicorn.Config(
         app,
         host=host,
@@ -70,8 +64,8 @@ def serve(
 ) -> None:
     """Serve ``service`` until SIGINT / SIGTERM (blocks); ``api_key`` and ``monitor`` as in
     :func:`~abstain_guard.serve.app.create_app`."""
-    config = _config(service, host, port, limits, graceful_s, log_level, api_key, monitor)
-    uvicorn.Server(config).run()
+    app = create_app(service, limits, api_key=api_key, loopback=is_loopback(host), monitor=monitor)
+    uvicorn.Server(_config(app, host, port, graceful_s, log_level)).run()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -81,7 +75,42 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-class ServerThread:
+_E = TypeVar("_E", bound="Endpoint")
+
+
+class Endpoint:
+    """A server at ``host:port`` that :meth:`start` starts and :meth:`stop` stops, also as a
+    context manager (``with``: started on entry, stopped on exit)."""
+
+    host: str
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port/v1``, what OpenAI clients take as ``base_url`` (a server on
+        every address is reached on loopback)."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}/v1"
+
+    def start(self: _E) -> _E:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _E) -> _E:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class ServerThread(Endpoint):
     """The server on a background thread, on a free loopback port by default::
 
     with ServerThread(service) as server:
@@ -101,14 +130,11 @@ class ServerThread:
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
-        config = _config(service, host, self.port, limits, graceful_s, "warning", api_key, monitor)
-        self.server = uvicorn.Server(config)
+        app = create_app(
+            service, limits, api_key=api_key, loopback=is_loopback(host), monitor=monitor
+        )
+        self.server = uvicorn.Server(_config(app, host, self.port, graceful_s, "warning"))
         self.thread = threading.Thread(target=self.server.run, name="abstain-guard-serve")
-
-    @property
-    def base_url(self) -> str:
-        """``http://host:port/v1``, what OpenAI clients take as ``base_url``."""
-        return f"http://{self.host}:{self.port}/v1"
 
     def start(self, timeout_s: float = 30.0) -> ServerThread:
         """Start serving; returns once the port accepts connections.
@@ -131,14 +157,3 @@ class ServerThread:
         """Shut down gracefully (admitted requests finish) and wait for the thread."""
         self.server.should_exit = True
         self.thread.join(timeout_s)
-
-    def __enter__(self) -> ServerThread:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -59,8 +59,6 @@ from abstain_guard.serve.step_gate import (
     unknown_steps_abstention,
 )
 from abstain_guard.serve.step_record import (
-    DEFAULT_MAX_ENTRIES,
-    DEFAULT_TTL_S,
     StepRecord,
     StepSnapshot,
     StepStore,
@@ -178,9 +176,8 @@ class GuardService(Admission):
         max_in_flight: requests admitted at once (default: the model's batch plus queue).
         retry_after_s: the ``Retry-After`` an overloaded server sends.
         step_record: where step gating keeps the step decisions it issued (default: a
-            :class:`~abstain_guard.serve.step_record.StepRecord` of
-            ``step_record_size`` entries kept ``step_record_ttl_s`` seconds; replicas pass
-            the deployment's, in the monitor actor).
+            :class:`~abstain_guard.serve.step_record.StepRecord` with the default limits;
+            replicas pass the deployment's, in the monitor actor).
     """
 
     def __init__(
@@ -194,8 +191,6 @@ class GuardService(Admission):
         max_in_flight: int | None = None,
         retry_after_s: int = 1,
         step_record: StepStore | None = None,
-        step_record_size: int = DEFAULT_MAX_ENTRIES,
-        step_record_ttl_s: float = DEFAULT_TTL_S,
     ) -> None:
         self.chain = chain
         self.guard = guard
@@ -215,7 +210,7 @@ class GuardService(Admission):
         self.in_flight = 0
         self.draining = False
         self.gating = gating_of(record) if record.tools else "final_answer"
-        self.steps: StepStore = step_record or StepRecord(step_record_size, step_record_ttl_s)
+        self.steps: StepStore = step_record if step_record is not None else StepRecord()
 
     @classmethod
     def from_artifact(

@@ -42,6 +42,7 @@ __all__ = [
     "DEFAULT_MAX_ENTRIES",
     "DEFAULT_TTL_S",
     "StepEntry",
+    "StepLimits",
     "StepRecord",
     "StepSnapshot",
     "StepStore",
@@ -55,6 +56,24 @@ __all__ = [
 DEFAULT_MAX_ENTRIES = 100_000
 #: How long a step decision is kept, in seconds.
 DEFAULT_TTL_S = 3600.0
+
+
+@dataclass(frozen=True)
+class StepLimits:
+    """How many step decisions a step record keeps and for how long (``serve``'s
+    ``--step-record-size`` / ``--step-record-ttl``).
+
+    Attributes:
+        max_entries: the most entries kept (the least recently used go first).
+        ttl_s: seconds an entry is kept after it was stored.
+    """
+
+    max_entries: int = DEFAULT_MAX_ENTRIES
+    ttl_s: float = DEFAULT_TTL_S
+
+    def record(self) -> StepRecord:
+        """A step record in this process with these limits."""
+        return StepRecord(self.max_entries, self.ttl_s)
 
 
 @dataclass(frozen=True)

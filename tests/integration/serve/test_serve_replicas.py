@@ -20,7 +20,7 @@ from ray import serve
 
 from abstain_guard import GuardArtifact, GuardConfig, default_artifact_path
 from abstain_guard.monitor.log import read_log
-from abstain_guard.serve.ray_serve import ReplicaServer, ReplicaSpec
+from abstain_guard.serve.ray_serve import Deployment, ReplicaServer, ReplicaSpec
 from abstain_guard.serve.runner import free_port
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
@@ -44,7 +44,8 @@ def server(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         artifact=str(default_artifact_path()),
         config=GuardConfig(participation=0.8).model_dump(mode="json"),
     )
-    replicas = ReplicaServer(spec, replicas=2, port=free_port(), log_path=str(log))
+    deployment = Deployment(replicas=2, port=free_port())
+    replicas = ReplicaServer(spec, deployment, log_path=str(log))
     try:
         yield replicas.start()
     finally:

@@ -218,7 +218,7 @@ def test_an_unknown_or_edited_tool_call_fails_closed(steps: Any) -> None:
 
 
 def test_an_evicted_step_fails_closed() -> None:
-    service = _guard(options={"step_record_size": 1}, gating="steps", **FORCED)
+    service = _guard(options={"step_record": StepRecord(max_entries=1)}, gating="steps", **FORCED)
     for client, _, _ in _serve(service):
         peru, _ = _ask(client, [PERU], tool_choice="required")
         _ask(client, [CHILE], tool_choice="required")  # evicts Peru's step

@@ -1,51 +1,13 @@
 """Action risk of a step-gated agent: the probability that a wrong tool call is executed.
 
-The run-level certificate of risk mode bounds the error among the runs the guard lets
-through; a run stopped at call t has already executed the tool calls of calls 1..t−1. This
-module certifies, beside it, the **action risk** over *all* runs, stopped or not:
-
-    R_a(τ) = P(some wrong tool call of the run is executed under the step guard at τ).
-
-Setting (:mod:`abstain_guard.guarantee.agent_steps`): call t of a run has step score s_t and running
-maximum S_t = max(s_1..s_t); the guard at τ stops the run at its first call with S_t > τ,
-*before* that call's tool calls run, so the tool calls of call t run exactly when S_t ≤ τ.
-A tool call is wrong when it is judged wrong against the row's expected calls
-(``calibration.building.judges.tool_calls``). Since S_t only grows, the first wrong call is
-the first to run, and a run's action loss at τ is
-
-    L(τ) = 1{A ≤ τ},   A = S_{t*} (the running maximum at the run's first call with a wrong
-                                   tool call; A = +∞ when the run made none),
-
-the *action statistic* (:func:`action_statistic`). L is nondecreasing in τ and
-R_a(τ) = P(A ≤ τ) is the distribution function of A.
-
-**Certificate** (:func:`action_risk_certificate`). For n i.i.d. calibration runs and any
-fixed τ, #{A_i ≤ τ} is Binomial(n, R_a(τ)); the p-value of "R_a(τ) > ε_a" is
-P(Binomial(n, ε_a) ≤ #{A_i ≤ τ}) (:func:`abstain_guard.guarantee.risk_control.binomial_p_values`),
-nondecreasing in τ. A fixed sequence over τ from −∞ upward at level δ certifies the set
-{τ : p(τ) ≤ δ} = {τ < A_(q+1)} (q: the most runs with an executed wrong call whose p-value
-is still ≤ δ; A_(k) the k-th smallest action statistic): the certificate's *ceiling*. It
-holds for every τ below the ceiling at once, however τ is chosen afterwards: let
-τ* = inf{τ : R_a(τ) > ε_a}, so R_a(τ*) ≥ ε_a (a distribution function is right-continuous);
-if a τ below the ceiling had R_a(τ) > ε_a, then τ ≥ τ* and the count at τ* is at most the
-count at τ, at most q — an event of probability P(Binomial(n, R_a(τ*)) ≤ q) ≤
-P(Binomial(n, ε_a) ≤ q) ≤ δ.
-
-**Both targets** (:func:`joint_risk_threshold`): the largest τ that passes the run-level
-Learn-then-Test procedure at δ/2 (:func:`abstain_guard.guarantee.conformal.risk_threshold`, its
-candidates restricted to thresholds below the action ceiling, which only removes rejections)
-and lies below the action ceiling at δ/2. Each certificate fails with probability ≤ δ/2,
-so by the union bound both hold together with probability ≥ 1−δ. (A fixed sequence testing
-the joint null with the larger of the two p-values would need a sequence of hypotheses
-fixed in advance; the run-level procedure tests data-dependent ranks with conditional
-p-values, so the split is what is proved here.)
-
-**Reading ε_a off the data** (:func:`certified_action_risk`): the smallest ε_a certified at
-a given τ. Each ε on a fixed grid is tested at δ/|grid| (Bonferroni), so the smallest grid
-value whose ceiling lies above τ is certified at δ although it was read off the same runs
-and τ may depend on them.
-
-Pure numpy; shapes ``[n]`` are calibration runs.
+A run's *action statistic* A is its running maximum at its first call with a wrong tool call
+(``+inf`` when it made none, :func:`action_statistic`); under the step guard at τ it executes
+a wrong call exactly when A ≤ τ, so the action risk R_a(τ) = P(A ≤ τ) is certified with an
+exact binomial fixed sequence from τ = −∞ upward: every τ below the certificate's *ceiling*
+(:func:`action_risk_certificate`). With a run-level target too, τ is the largest threshold
+that passes both, each at δ/2 (:func:`joint_risk_threshold`). The argument, what it covers
+and the simulation: docs/guarantees.md ("Actions: the probability that a wrong tool call
+runs"). Pure numpy; shapes ``[n]`` are calibration runs.
 """
 
 from __future__ import annotations
@@ -138,8 +100,7 @@ def check_action_statistics(values: ArrayLike, n: int | None = None) -> NDArray[
 
 
 def require_action_statistics(values: ArrayLike | None) -> NDArray[np.float64]:
-    """``values`` checked (:func:`check_action_statistics`), or the typed error that says how
-    to get them when there are none.
+    """``values`` checked (:func:`check_action_statistics`).
 
     Raises:
         ActionRiskUnavailableError: ``values`` is None (an artifact without them).
@@ -162,18 +123,9 @@ def action_losses(values: ArrayLike, threshold: float) -> NDArray[np.bool_]:
 
 @dataclass(frozen=True)
 class ActionRiskCertificate:
-    """What :func:`action_risk_certificate` certifies: R_a(τ) ≤ ε_a for every τ < ``ceiling``,
-    with probability ≥ 1 − ``level`` over the calibration runs.
-
-    Attributes:
-        action_risk_target: ε_a.
-        level: the level of the test (δ, or its share when both targets are set).
-        n: calibration runs.
-        max_count: q, the most calibration runs with an executed wrong call at which the
-            test still rejects (−1: even none is not enough, n too small for ε_a).
-        ceiling: every τ strictly below it is certified (``inf``: every τ; ``-inf``: none
-            but τ = −∞, where every run stops at its first call and no tool runs).
-    """
+    """R_a(τ) ≤ ε_a for every τ < ``ceiling`` (``-inf``: only τ = −∞, where no tool runs),
+    with probability ≥ 1 − ``level`` over the ``n`` calibration runs; ``max_count`` q is the
+    most runs with an executed wrong call at which the test still rejects (−1: none)."""
 
     action_risk_target: float
     level: float
@@ -214,20 +166,14 @@ def _json_float(x: float) -> float | str:
 
 
 def _check_unit(value: float, name: str) -> float:
-    """``value`` as a float in (0, 1) (the package's one check: ``conformal``'s)."""
     return conformal._check_unit_interval(value, name, "Give a probability such as 0.1.")
 
 
 def action_risk_certificate(
     values: ArrayLike, action_risk_target: float, level: float
 ) -> ActionRiskCertificate:
-    """Certify P(a wrong tool call is executed) ≤ ε_a at ``level`` (module docstring): the
-    ceiling below which every threshold is certified.
-
-    Args:
-        values: the calibration runs' action statistics ``[n]`` (:func:`action_statistic`).
-        action_risk_target: ε_a in (0, 1).
-        level: the test's level in (0, 1) (δ, or its share with a run-level target).
+    """Certify P(a wrong tool call is executed) ≤ ε_a in (0, 1) at ``level`` from the runs'
+    action statistics ``[n]``: the ceiling below which every threshold is certified.
 
     Raises:
         InvalidInputError: ε_a or level outside (0, 1), malformed statistics, no runs.
@@ -257,7 +203,7 @@ def certified_action_risk(
     grid: Sequence[float] = ACTION_RISK_GRID,
 ) -> float | None:
     """The smallest ε_a of ``grid`` certified at ``threshold``, each grid value tested at
-    δ/|grid| (so the reading keeps δ, module docstring); None when none is."""
+    δ/|grid| (Bonferroni: the reading keeps δ); None when none is."""
     dlt = _check_unit(delta, "delta")
     level = dlt / len(grid)
     for eps in sorted(grid):
@@ -276,17 +222,11 @@ def joint_risk_threshold(
     method: str = risk_control.DEFAULT_RISK_METHOD,
     human: ArrayLike | None = None,
 ) -> tuple[conformal.RiskThreshold, ActionRiskCertificate]:
-    """The largest threshold that certifies both the run-level error among accepted runs
-    ≤ ε and the action risk ≤ ε_a, together with probability ≥ 1−δ (δ split
-    :data:`ACTION_DELTA_SHARE`; module docstring).
-
-    Returns:
-        The run-level :class:`~abstain_guard.guarantee.conformal.RiskThreshold` (at its share of δ,
-        candidates below the action ceiling; ``threshold = -inf`` and ``feasible`` False
-        when no threshold passes both) and the :class:`ActionRiskCertificate`. ``human``:
-    people's verdicts on a random sample of the runs (:mod:`.truth`): the run-level error is
-    then certified on the truth; the action statistics stay the judge's tool-call verdicts.
-    """
+    """The largest threshold certifying both the run-level error among accepted runs ≤ ε
+    and the action risk ≤ ε_a, together with probability ≥ 1−δ (δ split
+    :data:`ACTION_DELTA_SHARE`): the run-level result (infeasible when no threshold passes
+    both) and the action certificate. ``human``: the run-level error on the truth
+    (:mod:`.truth`)."""
     dlt = _check_unit(delta, "delta")
     a = check_action_statistics(values)  # every calibration run, labeled or not
     action = action_risk_certificate(a, action_risk_target, dlt * ACTION_DELTA_SHARE)

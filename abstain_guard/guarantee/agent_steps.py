@@ -1,21 +1,10 @@
 """Step gating of agent runs: the statistic a run is judged by, step by step.
 
-An agent run is a sequence of model calls ``1..T``; call ``t`` gets the scorer's score
-``s_t`` (a tool-calling message is scored like a final answer: the same scorer on the
-tokens the model generated for it, the call's JSON after any forced prefill). The run's
-statistic after call ``t`` is the running maximum
-
-    S_t = max(s_1, ..., s_t),            S = S_T (the whole run's),
-
-which can only grow. The guard answers a run while ``S_t <= τ`` and stops it at the first
-call with ``S_t > τ`` — before that call's tool calls run. So the runs the deployed guard
-lets through to the end are exactly the runs whose whole-run statistic ``S <= τ``: a run
-stopped at call ``t`` has ``S >= S_t > τ``, and a run never stopped ran unchanged (the guard
-altered nothing), so its ``S`` is the one calibration would compute for it. Calibrating
-``τ`` on ``S`` over whole unguarded runs therefore certifies the early-stopping guard
-(docs/guarantees.md, "Agents: every step").
-
-Pure functions; shapes ``[T]`` are a run's calls in order.
+Call t of a run gets score ``s_t``; the run's statistic is the running maximum
+``S_t = max(s_1, ..., s_t)``, which only grows. The guard stops a run at the first call with
+``S_t > τ``, before its tool calls run, so the runs it lets through are exactly those whose
+whole-run ``S <= τ`` and calibrating τ on ``S`` certifies the early-stopping guard
+(docs/guarantees.md, "In an agent: every step"). Pure functions; ``[T]``: a run's calls.
 """
 
 from __future__ import annotations
@@ -25,9 +14,6 @@ from collections.abc import Sequence
 from typing import Literal
 
 __all__ = [
-    "GATING",
-    "LABELLING",
-    "STATISTIC",
     "Gating",
     "Labelling",
     "run_statistic",
@@ -37,15 +23,10 @@ __all__ = [
 
 #: How an agent artifact gates: every model call (``"steps"``) or the final answer only.
 Gating = Literal["steps", "final_answer"]
-GATING: tuple[Gating, ...] = ("steps", "final_answer")
 
 #: What made a calibration run wrong: its final answer only, or its final answer and its
 #: executed tool calls (rows with ``expected_tool_calls``).
 Labelling = Literal["final_answer", "final_answer_and_tool_calls"]
-LABELLING: tuple[Labelling, ...] = ("final_answer", "final_answer_and_tool_calls")
-
-#: The run statistic's name as artifacts record it.
-STATISTIC = "max_step_score"
 
 
 def running_statistic(previous: float | None, step_score: float) -> float:

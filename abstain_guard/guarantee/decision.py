@@ -72,35 +72,6 @@ class DecisionRule:
 
 # --- the decision on one response --------------------------------------------------------
 
-#: The JSON keys of a decision, in order; a field that does not apply is left out.
-_DECISION_KEYS = (
-    "scorer",
-    "threshold",
-    "mode",
-    "target",
-    "guarantee",
-    "group",
-    "group_rule",
-    "step",
-    "step_score",
-    "run_statistic",
-    "unknown_tool_calls",
-    "abstained",
-    "score",
-    "reason",
-    "error",
-    "streaming",
-    "gating",
-    "tool_calls",
-    "tool_steps",
-    "certified",
-    "action",
-    "review",
-    "continued_by",
-    "run_id",
-)
-#: The keys every decision of a rule writes (their None included).
-_ALWAYS = frozenset(_DECISION_KEYS[:5]) | {"abstained", "score", "reason", "error"}
 #: The keys of a decision the fallback's messages carry (not scored, no certificate).
 _FALLBACK_KEYS = (
     "abstained",
@@ -119,10 +90,10 @@ _FALLBACK_KEYS = (
 _TUPLES = ("tool_calls", "unknown_tool_calls")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Decision:
     """The guard's decision on one response (``response_metadata["abstention"]`` holds its
-    :meth:`to_dict`).
+    :meth:`to_dict`, whose keys follow the fields' order; ``stopped`` only on a fallback's).
 
     Attributes:
         abstained: whether the response was withheld.
@@ -147,12 +118,8 @@ class Decision:
         run_id: the monitor's key of the decision.
     """
 
-    abstained: bool
-    score: float | None
-    threshold: float | None = None
     scorer: str = ""
-    reason: str = ""
-    error: str | None = None
+    threshold: float | None = None
     mode: str | None = None
     target: float | None = None
     guarantee: Certificate | None = None
@@ -162,6 +129,10 @@ class Decision:
     step_score: float | None = None
     run_statistic: float | None = None
     unknown_tool_calls: tuple[str, ...] | None = None
+    abstained: bool
+    score: float | None
+    reason: str = ""
+    error: str | None = None
     streaming: Mapping[str, Any] | None = None
     gating: str | None = None
     tool_calls: tuple[str, ...] | None = None
@@ -170,8 +141,8 @@ class Decision:
     action: str | None = None
     review: str | None = None
     continued_by: str | None = None
-    stopped: Mapping[str, Any] | None = None
     run_id: str | None = None
+    stopped: Mapping[str, Any] | None = None
 
     def replace(self, **changes: Any) -> Decision:
         """A copy with some fields changed."""
@@ -226,6 +197,12 @@ class Decision:
             if values.get(key) is not None:
                 values[key] = tuple(values[key])
         return cls(**values)
+
+
+#: The JSON keys of a decision, in order; a field that does not apply is left out.
+_DECISION_KEYS = tuple(f.name for f in dataclasses.fields(Decision) if f.name != "stopped")
+#: The keys every decision of a rule writes (their None included).
+_ALWAYS = frozenset(_DECISION_KEYS[:5]) | {"abstained", "score", "reason", "error"}
 
 
 # --- the rule ----------------------------------------------------------------------------
@@ -288,21 +265,14 @@ def decision_rule(
     stream_first: ArrayLike | None = None,
     human: ArrayLike | None = None,
 ) -> DecisionRule:
-    """Compute the decision rule for ``config``'s target from calibration scores and labels.
+    """The decision rule for ``config``'s target from calibration scores and labels.
 
-    ``selection``: how the scorer was chosen on these answers (the artifact's
-    :class:`~abstain_guard.guarantee.selection.ScorerSelection`); risk mode then certifies at
-    ``config.delta`` / K, so ``config.delta`` holds for the chosen scorer
-    (:mod:`abstain_guard.guarantee.selection`), and participation mode adds the PAC lower bound that
-    accounts for the choice. ``stream_first``: each answer's first-chunk score when the
-    artifact was calibrated with a chunk rule (``scores`` are then the stream statistics);
-    the guarantee then carries the ``partial_release`` block, and
-    ``config.partial_release_target`` restricts τ to the thresholds certified to keep it
-    (:mod:`abstain_guard.guarantee.partial_release`). ``human``: people's verdicts on a
-    uniformly random sample of the calibration answers (1 / 0, -1 not reviewed): risk mode
-    then certifies the true error rate (:mod:`abstain_guard.guarantee.truth`) and every
-    guarantee carries the judge's measured quality; without it the guarantee says it is
-    about the judge's labels.
+    ``selection`` (the artifact's, :mod:`.selection`): risk mode certifies at δ/K and
+    participation mode adds the PAC bound that accounts for the choice. ``stream_first``
+    (each answer's first-chunk score under a chunk rule; ``scores`` are then the stream
+    statistics): the guarantee carries the ``partial_release`` block (:mod:`.partial_release`).
+    ``human`` (people's verdicts on a random sample, -1 not reviewed): risk mode certifies the
+    true error rate (:mod:`.truth`) and the guarantee carries the judge's measured quality.
     """
     if config.partial_release_target is not None and stream_first is None:
         raise ConfigError(

@@ -1,13 +1,9 @@
 """The certifiable frontier of a calibration set: which risk targets it can certify.
 
-Risk mode (``GuardConfig(mode="risk", risk_target=ε, delta=δ)``) certifies "at most ε of the
-answered questions are wrong, with probability ≥ 1−δ". Whether a calibration set can
-certify ε at all depends on its size, its accuracy and how well the scorer ranks right
-answers first. The frontier is, per δ, the certified calibration participation for each ε
-and the smallest ε that is certified at all; the guard refuses a target below it
+Per δ, the certified calibration participation for each ε and the smallest ε certified at
+all (:func:`~.conformal.risk_threshold`); the guard refuses a target below it
 (:class:`~abstain_guard.errors.UncertifiableTargetError`) unless told to abstain on
-everything. Pure numpy: the thresholds come from
-:func:`abstain_guard.guarantee.conformal.risk_threshold`.
+everything.
 """
 
 from __future__ import annotations
@@ -43,16 +39,8 @@ _SEARCH_TARGETS: tuple[float, ...] = tuple(round(0.01 * i, 2) for i in range(1, 
 
 @dataclass(frozen=True)
 class FrontierPoint:
-    """One (ε, δ) of the frontier.
-
-    Attributes:
-        risk_target: ε.
-        delta: δ.
-        feasible: a threshold is certified.
-        participation: the fraction of calibration answers under the certified threshold
-            (0 when infeasible).
-        threshold: the certified threshold (``-inf`` when infeasible).
-    """
+    """One (ε, δ) of the frontier: the certified threshold and the fraction of calibration
+    answers under it (``-inf`` and 0 when infeasible)."""
 
     risk_target: float
     delta: float
@@ -74,14 +62,8 @@ def certifiable_frontier(
     risk_targets: Sequence[float] = FRONTIER_TARGETS,
     deltas: Sequence[float] = FRONTIER_DELTAS,
 ) -> list[FrontierPoint]:
-    """Certified calibration participation for every ``(ε, δ)``, δ-major order.
-
-    Args:
-        scores: calibration uncertainty scores ``[n]``.
-        correct: calibration labels ``[n]`` (0/1), both classes present.
-        risk_targets: the ε values.
-        deltas: the δ values.
-    """
+    """Certified calibration participation for every ``(ε, δ)``, δ-major order, from scores
+    and labels ``[n]`` (both classes)."""
     s = np.asarray(scores, dtype=np.float64)
     c = np.asarray(correct)
     return [_point(s, c, float(e), float(d)) for d in deltas for e in risk_targets]

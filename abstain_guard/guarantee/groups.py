@@ -1,37 +1,11 @@
 """Per-group guarantees: one conformal rule per group of questions (Mondrian calibration).
 
-A pooled threshold keeps its promise on average over the calibration mix: on the built-in
-probe set a pooled rule that answers 80 % overall answers some relations almost always and
-others rarely. With ``GuardConfig(group_by=...)`` every group g of the calibration set gets
-its own rule, computed by the same functions as the pooled one
-(:func:`~abstain_guard.guarantee.decision.decision_rule`, i.e.
-:func:`~abstain_guard.guarantee.conformal.participation_threshold` and
-:func:`~abstain_guard.guarantee.conformal.risk_threshold`) on the n_g calibration answers of
-that group alone. This is Mondrian (group-conditional) conformal
-prediction (Vovk et al. 2003; Vovk, Gammerman & Shafer, *Algorithmic Learning in a Random
-World*, ch. 4): given the groups of the calibration answers, those of group g are i.i.d.
-draws from the group's own distribution, so each single-group statement holds conditionally
-on the group:
-
-* participation: for a test question of group g, ``P(answered | G = g) ∈
-  [1−α_g, 1−α_g + 1/(n_g+1))`` (marginal over the calibration draw, conditional on group
-  membership);
-* risk: with probability ≥ 1−δ_g over the calibration draw, the error rate among answered
-  questions *of group g* is ≤ ε_g. ``group_delta="per_group"``: δ_g = δ for each group (a
-  per-group statement needs nothing more); ``"union"``: δ_g = δ/G over the G calibration
-  groups (Bonferroni), so all groups' certificates hold together with probability ≥ 1−δ.
-
-Why no library: crepes' Mondrian classes and MAPIE's conditional conformal regressor
-threshold a residual of a regression or classification model and have no risk-control
-counterpart; reusing our own two single-group functions per group keeps one rank function
-and one risk procedure in the project. ``tests/test_groups.py`` checks the per-group
-participation thresholds against crepes' ``ConformalRegressor(bins=...)`` on the same scores.
-
-A group without a rule of its own (too few answers for a finite participation threshold,
-or no certifiable risk threshold) gets ``group_fallback``: an error at construction
-(default), the pooled rule with a warning in every decision, or abstention on the group. A
-question whose group is missing or was not calibrated gets ``unknown_group``: abstention
-(default) or the pooled rule with a warning. See ``docs/guarantees.md``.
+With ``GuardConfig(group_by=...)`` every calibration group gets its own rule, computed by
+:func:`~.decision.decision_rule` on that group's answers alone, so each statement holds
+conditionally on the group (δ per group, or δ/G with ``group_delta="union"``). A group
+without a rule of its own gets ``group_fallback``, a question of an unknown group
+``unknown_group``. The statements, the library comparison and the measurements:
+docs/guarantees.md, section 4.
 """
 
 from __future__ import annotations
@@ -71,9 +45,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("abstain_guard")
-
-#: How a decision's rule was chosen: the group's own rule, the pooled one, or abstention.
-RULE_KINDS = ("group", "pooled", "abstain")
 
 
 def check_groups(groups: ArrayLike, n: int) -> NDArray[np.str_]:
@@ -147,20 +118,9 @@ def group_of(
 
 @dataclass(frozen=True)
 class GroupRules:
-    """The rule of every calibration group, the pooled rule, and what unknown groups get.
-
-    Attributes:
-        pooled: the pooled rule (all calibration answers).
-        rules: the rule in force for each calibration group: its own, or its fallback.
-        kinds: for each calibration group, ``"group"`` (its own rule), ``"pooled"`` or
-            ``"abstain"`` (a fallback).
-        sizes: calibration answers per group.
-        reasons: why a group has no rule of its own (only fallback groups).
-        unknown_group: what a question of an unknown group gets (``"abstain"`` or
-            ``"pooled"``).
-        delta_per_group: δ_g used for each group's risk certificate (None in participation
-            mode).
-    """
+    """The rule in force for every calibration group (its own, or its fallback: ``kinds``
+    says ``"group"``, ``"pooled"`` or ``"abstain"``, ``reasons`` why), the pooled rule, the
+    group sizes, what an unknown group gets and δ_g (None in participation mode)."""
 
     pooled: DecisionRule
     rules: Mapping[str, DecisionRule]
@@ -254,20 +214,10 @@ def group_rules(
     selection: ScorerSelection | None = None,
     human: ArrayLike | None = None,
 ) -> GroupRules:
-    """Each calibration group's rule for ``config``'s target (Mondrian calibration).
-
-    Args:
-        scores: calibration scores ``[n]``.
-        correct: calibration labels ``[n]``.
-        groups: calibration groups ``[n]`` (non-empty strings).
-        config: the target, ``group_targets``, ``group_delta``, ``group_fallback`` and
-            ``unknown_group``.
-        pooled: the pooled rule when already computed (else computed here).
-        selection: how the scorer was chosen among candidates on these answers (the
-            artifact's); every group's rule then certifies at its δ / K as well.
-        human: people's verdicts on a random sample of the answers (-1 not reviewed): each
-            group's rule certifies its true error rate from the reviewed answers of that
-            group (:mod:`abstain_guard.guarantee.truth`; a group with none certifies nothing).
+    """Each calibration group's rule for ``config``'s target (Mondrian calibration), from
+    scores, labels and groups ``[n]``. ``pooled``: the pooled rule when already computed;
+    ``selection`` (every group certifies at its δ / K too) and ``human`` (each group's
+    reviewed answers) as for :func:`~.decision.decision_rule`.
 
     Raises:
         InsufficientDataError: ``group_fallback="raise"`` and some group is too small for a
@@ -290,30 +240,16 @@ def group_rules(
             "abstain_guard groups: group_targets names groups absent from calibration: %s",
             unknown_targets,
         )
-
     rules: dict[str, DecisionRule] = {}
-    kinds: dict[str, str] = {}
     reasons: dict[str, str] = {}
-    sizes: dict[str, int] = {}
+    sizes = {name: int((g == name).sum()) for name in names}
     for name in names:
         mask = g == name
-        sizes[name] = int(mask.sum())
         cfg = _group_config(config, config.group_target(name), delta_g or config.delta)
-        try:
-            own = decision_rule(
-                s[mask], j[mask], cfg, selection=selection, human=None if h is None else h[mask]
-            )
-        except InsufficientDataError as exc:
-            reasons[name] = _reason(exc, cfg)
-            continue
-        if own.guarantee.feasible is False:
-            eps, dlt = cfg.risk_target, cfg.delta
-            reasons[name] = f"no threshold certifies risk_target={eps:g} at delta={dlt:g}"
-            if config.group_fallback == "raise":  # say what it can certify (a search)
-                level = dlt / (selection.n_candidates if selection is not None else 1)
-                smallest = smallest_certifiable_risk(s[mask], j[mask], level)
-                can = f"{smallest:g}" if smallest is not None else "none below 1"
-                reasons[name] += f"; the smallest it certifies is {can}"
+        calibration = (s[mask], j[mask], None if h is None else h[mask])
+        own = _own_rule(calibration, cfg, config, selection)
+        if isinstance(own, str):
+            reasons[name] = own
             continue
         extra: dict[str, Any] = {
             "scope": "group",
@@ -323,8 +259,7 @@ def group_rules(
         if delta_g is not None:
             extra.update(delta_sharing=config.group_delta, delta_total=config.delta)
         rules[name] = _with_group(own, name, **extra)
-        kinds[name] = "group"
-
+    kinds = dict.fromkeys(rules, "group")
     if reasons and config.group_fallback == "raise":
         raise _too_small(reasons, sizes, config)
     for name, reason in reasons.items():
@@ -336,15 +271,31 @@ def group_rules(
             rules[name], kinds[name] = _pooled_fallback(pooled, name, note), "pooled"
         else:
             rules[name], kinds[name] = _abstain_rule(pooled, name, note), "abstain"
-    return GroupRules(
-        pooled=pooled,
-        rules=rules,
-        kinds=kinds,
-        sizes=sizes,
-        reasons=reasons,
-        unknown_group=config.unknown_group,
-        delta_per_group=delta_g,
-    )
+    return GroupRules(pooled, rules, kinds, sizes, reasons, config.unknown_group, delta_g)
+
+
+def _own_rule(
+    calibration: tuple[np.ndarray, np.ndarray, np.ndarray | None],
+    cfg: GuardConfig,
+    config: GuardConfig,
+    selection: ScorerSelection | None,
+) -> DecisionRule | str:
+    """One group's own rule from its ``(scores, labels, human)`` under its ``cfg``, or why it
+    has none (with ``group_fallback="raise"``, what it can certify: a search)."""
+    s, j, h = calibration
+    try:
+        own = decision_rule(s, j, cfg, selection=selection, human=h)
+    except InsufficientDataError as exc:
+        return _reason(exc, cfg)
+    if own.guarantee.feasible is not False:
+        return own
+    reason = f"no threshold certifies risk_target={cfg.risk_target:g} at delta={cfg.delta:g}"
+    if config.group_fallback == "raise":
+        level = cfg.delta / (selection.n_candidates if selection is not None else 1)
+        smallest = smallest_certifiable_risk(s, j, level)
+        can = f"{smallest:g}" if smallest is not None else "none below 1"
+        reason += f"; the smallest it certifies is {can}"
+    return reason
 
 
 def _reason(exc: InsufficientDataError, cfg: GuardConfig) -> str:
@@ -371,8 +322,7 @@ def _too_small(
 
 
 def require_groups(groups: NDArray[np.str_] | None, config: GuardConfig) -> NDArray[np.str_]:
-    """The artifact's groups, or an error when ``config.group_by`` needs them and there are
-    none.
+    """The artifact's groups (``config.group_by`` needs them).
 
     Raises:
         ArtifactMismatchError: the artifact records no calibration groups.
@@ -391,14 +341,9 @@ def require_groups(groups: NDArray[np.str_] | None, config: GuardConfig) -> NDAr
 
 
 def group_rates(groups: ArrayLike, answered: ArrayLike, correct: ArrayLike) -> dict[str, Any]:
-    """``{"all": rates, "groups": {name: rates}}``: questions, answered, participation and
-    the error rate among answered, each rate with its 95 % Wilson interval.
-
-    Args:
-        groups: group of each test question ``[m]``.
-        answered: whether the rule answered it ``[m]``.
-        correct: whether the model's answer was right ``[m]``.
-    """
+    """``{"all": rates, "groups": {name: rates}}`` of the test questions' groups, whether
+    each was answered and right ``[m]``: questions, answered, participation and the error
+    rate among answered, each rate with its 95 % Wilson interval."""
     g = np.asarray(groups).astype(str)
     a = np.asarray(answered).astype(bool)
     c = np.asarray(correct).astype(bool)

@@ -1,15 +1,6 @@
-"""Sampled scores hold in distribution: the two-sample check of live against stored scores.
-
-A scorer that samples answers (semantic entropy, EigV, verbalized confidence at a
-temperature above 0) gives a question a fresh score each time it is asked: a deployment that
-samples as calibration did reproduces the scores' *distribution*, not their bits. The
-guarantee needs no more (the new pair is exchangeable with the calibration pairs, sampling
-included), and the live check tests exactly that: the null hypothesis that the live scores
-and the stored ones are draws from one distribution, by a two-sample Kolmogorov–Smirnov test
-(:func:`scipy.stats.ks_2samp`).
-
-When the live scores re-ask the stored questions, the two samples are paired and positively
-correlated: the test is then conservative (fewer alarms than its level), never liberal.
+"""Sampled scores hold in distribution: the two-sample Kolmogorov–Smirnov check of live
+against stored scores (a scorer that samples reproduces its scores' distribution, not their
+bits; docs/guarantees.md, "Sampled scores hold in distribution").
 """
 
 from __future__ import annotations
@@ -34,16 +25,8 @@ SAMPLED_FAMILIES = ("sampling", "blackbox")
 
 @dataclass(frozen=True)
 class DistributionCheck:
-    """The outcome of :func:`live_matches_stored`.
-
-    Attributes:
-        test: the test run (``"ks_2samp"``, two-sided).
-        statistic: its statistic (the largest gap between the two empirical CDFs).
-        p_value: its p-value under "one distribution".
-        n_live, n_stored: the sample sizes.
-        level: the level the check was made at.
-        passed: ``p_value >= level``.
-    """
+    """The outcome of :func:`live_matches_stored` (``test`` ``"ks_2samp"``, two-sided;
+    ``passed``: ``p_value >= level``)."""
 
     test: str
     statistic: float
@@ -70,13 +53,8 @@ def _sample(values: ArrayLike, name: str) -> np.ndarray:
 def live_matches_stored(
     live: ArrayLike, stored: ArrayLike, level: float = LIVE_CHECK_LEVEL
 ) -> DistributionCheck:
-    """Whether live scores look like draws from the stored scores' distribution.
-
-    Args:
-        live: ``[m]`` scores the deployed guard computed.
-        stored: ``[n]`` scores calibration stored (of the same questions, or of others from
-            the same distribution).
-        level: the test's level, in (0, 1).
+    """Whether the deployed guard's scores ``[m]`` look like draws from the distribution of
+    the ``[n]`` scores calibration stored, at ``level`` in (0, 1).
 
     Raises:
         InvalidInputError: a NaN or infinite score, or ``level`` outside (0, 1).

@@ -12,13 +12,8 @@ __all__ = ["wilson_interval"]
 
 def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float] | None:
     """The two-sided Wilson score interval of ``k`` successes in ``n`` trials at
-    ``confidence``; None when ``n == 0``.
-
-    The project's one Wilson interval (the monitor's rates, :func:`abstain_guard.guarantee.
-    groups.group_rates`, the benches). Newcombe's (1998) form, as scipy's
-    ``binomtest(k, n).proportion_ci(method="wilson")`` computes it (equal to float precision,
-    checked in ``tests/test_monitor_math.py``) without building a test object per call.
-    """
+    ``confidence`` (None when ``n == 0``), as scipy's ``binomtest(k, n).proportion_ci(
+    method="wilson")`` computes it, without a test object per call."""
     if n <= 0:
         return None
     z = NormalDist().inv_cdf(0.5 + 0.5 * confidence)

@@ -1,24 +1,10 @@
-"""The selection ledger: every scorer and rule ever evaluated on an artifact's calibration
-answers, so that K in δ/K is counted from a record, not by hand.
+"""The selection ledger: every scorer and rule evaluated on an artifact's calibration
+answers, so that K in δ/K is counted from a record, not by hand (:mod:`.selection`).
 
-A certificate at δ holds for a scorer (and chunk rule, and anything else) fixed before the
-calibration answers are read. Each look at those answers that *could* change what is shipped
-— comparing scorers with ``abstain-guard evaluate``, which reads the calibration and test
-answers; trying chunk rules; an analysis in a notebook — is one more candidate in the union
-bound of :mod:`abstain_guard.guarantee.selection`: with K looks, every certificate at δ/K
-holds together with probability ≥ 1−δ, so the shipped one's holds however it was chosen,
-kept or replaced after those looks.
-
-The ledger is a JSON-lines file beside the artifact's files (``ledger.jsonl``, see
-:mod:`abstain_guard.artifact.files`), appended to and never checksummed (it grows after the
-artifact is published). One line is one :class:`LedgerEntry`. The guard's K is the number of
-distinct names among the selection's candidates (the chosen scorer alone when the choice was
-made on a selection split, or when the scorer was fixed before any data) and every ledger
-entry that read calibration answers (:func:`count_candidates`).
-
-Scope: the ledger counts the looks that were recorded. Looks made outside the library (or
-before it kept a ledger) are added by hand as ``by: "audit"`` entries with their evidence —
-the shipped default guard carries such an audit (docs/guarantees.md).
+A JSON-lines file beside the artifact's files (``ledger.jsonl``), appended to and never
+checksummed; one line is one :class:`LedgerEntry`. Looks made outside the library are added
+by hand as ``by: "audit"`` entries with their evidence (docs/guarantees.md, "K from a
+record: the selection ledger").
 """
 
 from __future__ import annotations
@@ -52,14 +38,12 @@ class LedgerEntry:
 
     Attributes:
         name: the scorer kind (``probe_mid``) or a rule's name (``chunk_rule:every_8``);
-            entries with the same name are one candidate however often they are evaluated.
-        kind: ``"scorer"`` or ``"rule"``.
-        by: what evaluated it (``"evaluate"``, ``"calibrate --scorer auto"``, ``"audit"``).
-        at: ISO-8601 UTC time of the evaluation (of the evidence, for an audit entry).
-        answers: which answers were read: ``"calibration"`` (with or without others)
-            counts towards K; ``"test"`` or ``"selection"`` (answers the certificate never
-            reads) does not.
-        evidence: for an audit entry, where the evaluation is recorded (a file, a commit).
+            one candidate however often it is evaluated.
+        kind, by, at: ``"scorer"`` or ``"rule"``; what evaluated it (``"evaluate"``,
+            ``"audit"``, ...); when (ISO-8601 UTC).
+        answers: ``"calibration"`` (with or without others) counts towards K; ``"test"``
+            or ``"selection"`` does not.
+        evidence: for an audit entry, where the evaluation is recorded.
     """
 
     name: str

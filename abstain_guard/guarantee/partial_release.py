@@ -1,35 +1,13 @@
 """Partial release of a certified stream: the probability that a stream shows text and is
-then stopped (the user saw part of an answer the guard retracted).
+then stopped, ``R_p(τ) = P(F <= τ < M)`` (``F`` the first chunk's score, ``+inf`` without an
+interior chunk end; ``M`` the stream statistic, :mod:`abstain_guard.contract.streaming`).
 
-Setting (:mod:`abstain_guard.contract.streaming`): an answer's first chunk has score ``F`` (``+inf``
-when it has no interior chunk end) and its stream statistic is ``M = max`` over its chunks,
-so ``F <= M``. At threshold τ the stream shows text iff ``F <= τ`` and is stopped iff
-``M > τ``, so its loss is ``1{F <= τ < M}`` and the **partial-release rate** is
-
-    R_p(τ) = P(F <= τ < M) = G_F(τ) − G_M(τ),
-
-the difference of the distribution functions of ``min(F, M)`` and ``M`` (an answer without
-interior chunk end counts with ``F = M``: never partial, and ``{M <= τ} ⊆ {min(F, M) <= τ}``).
-It is *not* monotone in τ (0 at τ = −∞, where every stream stops before showing text, and
-at τ = +∞, where none stops), so a fixed-sequence test over τ does not apply; instead both
-distribution functions get a one-sided uniform band (Dvoretzky–Kiefer–Wolfowitz with
-Massart's constant: ``P(sup_τ Ĝ(τ) − G(τ) > c) <= exp(−2nc²)``, likewise below), each at
-δ/2, so with probability ≥ 1−δ, **for every τ at once**,
-
-    R_p(τ) <= R̂_p(τ) + 2c,      c = sqrt(ln(2/δ) / (2n))          (:func:`dkw_margin`),
-
-and the bound holds at a τ chosen on the same calibration answers
-(:func:`certified_partial_release`).
-
-**With a target** ρ (:func:`partial_release_certificate`): the *ceiling* is the lowest
-calibration value where ``R̂_p + 2c`` exceeds ρ; every τ below it is certified (on the band's
-event), so the error certificate's candidates are restricted to thresholds below it
-(:func:`abstain_guard.guarantee.conformal.risk_threshold`'s ``ceiling``), each certificate at δ/2
-(union bound), as for the action risk of step-gated agents (:mod:`abstain_guard.guarantee.
-action_risk`). Thresholds above a later dip of ``R̂_p`` are given up: they lie above most
-stream statistics, where the error target fails anyway.
-
-Pure numpy; shapes ``[n]`` are calibration answers.
+Not monotone in τ, so it is bounded uniformly in τ with two one-sided DKW bands at δ/2 each:
+``R_p(τ) <= R̂_p(τ) + 2c`` (:func:`dkw_margin`), valid at a τ chosen on the same data. With a
+target ρ the thresholds below the *ceiling* where the bound exceeds ρ are certified
+(:func:`partial_release_certificate`), beside the error certificate at δ/2 each.
+docs/guarantees.md ("While it streams: chunk by chunk"). Pure numpy; ``[n]``: calibration
+answers.
 """
 
 from __future__ import annotations
@@ -88,7 +66,7 @@ def partial_release_rate(first: ArrayLike, statistic: ArrayLike, threshold: floa
 
 
 def dkw_margin(n: int, delta: float) -> float:
-    """``c = sqrt(ln(2/δ) / (2n))``: each one-sided DKW band at δ/2 (module docstring)."""
+    """``c = sqrt(ln(2/δ) / (2n))``: each one-sided DKW band at δ/2."""
     if n < 1 or not 0.0 < delta < 1.0:
         raise InvalidInputError(f"need n >= 1 and 0 < delta < 1, got n={n}, delta={delta}")
     return math.sqrt(math.log(2.0 / delta) / (2.0 * n))
@@ -123,7 +101,8 @@ class PartialReleaseCertificate:
 def partial_release_certificate(
     first: ArrayLike, statistic: ArrayLike, target: float, level: float
 ) -> PartialReleaseCertificate:
-    """The ceiling for ``R_p <= target`` at ``level`` (module docstring)."""
+    """The ceiling for ``R_p <= target`` at ``level``: the lowest calibration value where
+    ``R̂_p + 2c`` exceeds the target."""
     f, m = check_stream_statistics(first, statistic)
     if not 0.0 < target < 1.0:
         raise InvalidInputError(f"partial_release_target must be in (0, 1), got {target}")

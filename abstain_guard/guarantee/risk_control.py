@@ -1,62 +1,12 @@
 """The multiple-testing procedures behind risk mode, over ranks of the calibration scores.
 
-Risk mode certifies "among the answers the guard gives, at most ε are wrong, with
-probability ≥ 1−δ over the calibration draw". Sort the n calibration answers by score
-(ties: incorrect answers first); candidate *rank* k answers the k most confident ones, with
-threshold ``U_(k)`` (the k-th smallest score). Rank k carries the null hypothesis
-"R(U_(k)) > ε", where ``R(λ) = P(wrong | U ≤ λ)`` is the population error rate among
-answered questions, and its p-value (:func:`rank_p_values`) is
-
-    p_k = P(Binomial(k−1, ε) ≤ e_k),   e_k = errors among the k−1 answers ranked below k.
-
-Why k−1 and not k trials: conditionally on ``U_(k) = λ``, the k−1 answers below are i.i.d.
-draws from the answered region, each wrong with probability R(λ), so ``e_k`` is
-Binomial(k−1, R(λ)) and ``P(p_k ≤ a, R(U_(k)) > ε) ≤ a`` for every level a. The k-th
-answer itself sits *at* λ, where the error rate is the local one, not R(λ): counting it
-would be anti-conservative wherever the local error rate is below the average (e.g. after
-a band of confidently wrong answers). The ranks are a data-dependent grid of thresholds,
-which is allowed because every statement is conditional on the order statistics; what must
-not depend on the labels is *which* ranks are tested and at which level. Every procedure
-here first builds a :class:`RiskPlan` from ``(method, ε, δ, n)`` only, then reads the
-p-values. Assumptions: i.i.d. calibration and test questions, almost surely distinct
-scores (ties: only the last rank of a tie group is a candidate and the errors are counted
-first; the guarantee is proved for distinct scores).
-
-Procedures (``method=``), each controlling the family-wise error over the rank hypotheses;
-the certified rank is the largest rejected one:
-
-* ``"fixed_sequence"`` — the original procedure: one chain at level δ from the smallest
-  rank that can reject at all, ``(1−ε)^(k−1) ≤ δ`` (:func:`min_rank`). One wrong answer
-  among the few most confident ends it.
-* ``"fixed_sequence_late"`` — one chain at level δ from :func:`tolerant_rank`, the smallest
-  rank whose test still rejects with an error rate of ε/2 (and at least one error) among
-  the answers below it.
-* ``"fixed_sequence_multistart"`` (the default) — s chains at level δ/s each (Bonferroni
-  over chains), starting at ⌈0.3·n⌉, ⌈0.3·n/4⌉, … down to rank 12 (:func:`multistart_starts`),
-  each moved up to ``min_rank(ε, δ/s)`` when below it.
-* ``"bonferroni"`` — the ranks ⌈j·n/20⌉, j = 1..20 (participation 5 %, 10 %, …, 100 %),
-  each tested at δ/20 (:func:`grid_ranks`).
-* ``"holm"`` — Holm's step-down over the same grid.
-
-A *chain* tests the candidate ranks start, start+1, …, n in increasing order at one level
-and stops at the first non-rejection. Why a chain from any label-free start is valid, with
-no assumption on the shape of R (continuous scores, so R is continuous): call a score level
-*bad* if R > ε there. If ``U_(start)`` is bad, failing needs the start's own test to reject,
-which has probability ≤ level given ``U_(start)``. Otherwise ``U_(start)`` lies in a maximal
-good stretch [d, c] with R(d) = R(c) = ε (d the end of the bad stretch below, or the bottom
-of the scores); failing needs the chain to pass c, i.e. to reject rank N(c)+1, whose test
-uses exactly the N(c) answers with score ≤ c. Given the counts N(d) and N(c) — which
-decide whether the start lies in [d, c] — those answers are i.i.d. within (−∞, d] (error
-rate R(d) = ε) and within (d, c] (error rate (F(c)R(c) − F(d)R(d))/(F(c) − F(d)) = ε), so
-their errors are Binomial(N(c), ε) and the rejection has probability ≤ level. Summing over
-the disjoint cases, the chain fails with probability ≤ level. This needs consecutive ranks
-(a chain that skips ranks can jump over a good stretch). Bonferroni over the chains (or over
-single ranks) adds the levels. Holm is exact when R increases past its first crossing of ε
-(the true nulls are then the ranks above a count M, and every p-value is valid given M); for
-a general R it is an approximation, checked by ``experiments/risk_control/risk_control.py``.
-
-Every plan except the late start is monotone: a looser ε or δ never certifies fewer
-answers (:func:`plan_tests`).
+Rank k (the k most confident answers, threshold ``U_(k)``) carries the null "R(U_(k)) > ε",
+tested with ``p_k = P(Binomial(k−1, ε) ≤ e_k)`` (e_k: errors among the k−1 answers below it,
+:func:`rank_p_values`). Each procedure first builds a :class:`RiskPlan` from ``(method, ε, δ,
+n)`` only (:func:`plan_tests`: which ranks, at which level), then reads the p-values and
+certifies the largest rejected rank (:func:`select_rank`). The procedures, why each controls
+the family-wise error, and the simulation that chose the default: docs/guarantees.md,
+section 3 ("The tests", "The procedures").
 """
 
 from __future__ import annotations
@@ -103,13 +53,11 @@ RISK_METHODS: dict[str, str] = {
     "bonferroni": "Bonferroni over 20 evenly spaced participation levels",
     "holm": "Holm step-down over 20 evenly spaced participation levels",
 }
-"""Every procedure by name, with a one-line description (all use exact binomial p-values
-over ranks of the calibration scores; see the module docstring for why each is valid)."""
+"""Every procedure by name, with a one-line description."""
 
 DEFAULT_RISK_METHOD: RiskMethod = "fixed_sequence_multistart"
-"""The procedure risk mode uses unless told otherwise: the highest mean certified
-participation among the valid procedures in ``experiments/risk_control/risk_control.py``
-(docs/guarantees.md)."""
+"""The procedure risk mode uses unless told otherwise (docs/guarantees.md, "Choosing the
+default")."""
 
 _TOLERANCE = 0.5
 """A late start tolerates an error rate of ``_TOLERANCE · ε`` among the answers below it."""
@@ -148,9 +96,6 @@ class RiskPlan:
         return self.ranks[0] if self.ranks else 0
 
 
-# --- label-free ingredients ---------------------------------------------------------------
-
-
 def min_rank(risk_target: float, level: float) -> int:
     """Smallest rank k whose test (k−1 trials, 0 errors) can reject: (1−ε)^(k−1) ≤ level."""
     x = math.log(level) / math.log1p(-risk_target)
@@ -159,11 +104,7 @@ def min_rank(risk_target: float, level: float) -> int:
 
 def tolerant_rank(risk_target: float, level: float, n: int, tolerance: float = _TOLERANCE) -> int:
     """Smallest rank k ≤ n whose test rejects at ``level`` with ⌈tolerance·ε·(k−1)⌉ errors
-    (at least one) among the k−1 answers below it; ``n + 1`` when no rank ≤ n does.
-
-    Starting a chain here instead of at :func:`min_rank` means one early error does not end
-    it: the test at the start already tolerates an error rate of ``tolerance · ε``.
-    """
+    (at least one) among the k−1 answers below it; ``n + 1`` when no rank ≤ n does."""
     trials = np.arange(1, max(int(n), 1))
     if trials.size == 0:
         return int(n) + 1
@@ -174,15 +115,8 @@ def tolerant_rank(risk_target: float, level: float, n: int, tolerance: float = _
 
 def multistart_starts(n: int) -> tuple[int, ...]:
     """Chain starts for ``"fixed_sequence_multistart"``, from n alone: ⌈0.3·n⌉, then each
-    previous start divided by 4 (rounded up) while it stays ≥ 12; at least one start.
-
-    Why these: for a risk that grows linearly with the participation, a single test is most
-    likely to reject about a third of the way to the participation q* where the risk
-    reaches ε (maximise (ε − R(q))·√q), and q* is unknown. So the starts are spaced
-    geometrically up to q*/3 for q* ≈ 1; the chain from a start then walks up to where its
-    tests stop rejecting. The starts depend on n alone (not on ε or δ) so that a looser ε
-    or δ never certifies fewer answers (see :func:`plan_tests`).
-    """
+    previous start divided by 4 (rounded up) while it stays ≥ 12; at least one start
+    (docs/guarantees.md, "Which start")."""
     starts = [max(1, math.ceil(_TOP_START * n))]
     while math.ceil(starts[-1] / _START_RATIO) >= _MIN_START:
         starts.append(math.ceil(starts[-1] / _START_RATIO))
@@ -196,17 +130,8 @@ def grid_ranks(n: int, size: int = _GRID_SIZE) -> tuple[int, ...]:
 
 
 def plan_tests(method: str, risk_target: float, delta: float, n: int) -> RiskPlan:
-    """The label-free plan of ``method`` for ε = ``risk_target``, δ and n answers.
-
-    Monotone by construction (except ``"fixed_sequence_late"``): a looser ε or δ never
-    certifies fewer answers. The grid ranks and the chain starts depend on n alone, the
-    levels grow with δ and every p-value falls as ε grows; a start moved up to
-    :func:`min_rank` L(ε, level) only moves down for a looser target, and a chain that
-    passed L(ε, level) had no error below it (one error already fails there), so the
-    looser chain passes the ranks between its new start and L(ε, level) too. The late
-    start moves with ε and δ in a way a looser target can pay for. The multi-start level
-    δ/s depends on n (s grows at n = 157 and 627), so with a perfect scorer and ε below
-    about 2 % slightly more answers can be needed just above those sizes than just below.
+    """The label-free plan of ``method`` for ε = ``risk_target``, δ and n answers; monotone
+    except ``"fixed_sequence_late"`` (docs/guarantees.md, "Monotone").
 
     Raises:
         InvalidInputError: an unknown method (the message lists the known ones).
@@ -237,9 +162,6 @@ def _single_chain(method: str, start: int, level: float, n: int) -> RiskPlan:
     return RiskPlan(method, "chains", (start,) if start <= n else (), level)
 
 
-# --- the tests and the selection (batched over leading axes) --------------------------------
-
-
 def candidate_ranks(sorted_scores: NDArray[np.float64]) -> NDArray[np.bool_]:
     """``[..., n]`` bool: rank k (position k−1) ends a tie group, so a threshold at its score
     answers exactly the k most confident answers. Input sorted along the last axis."""
@@ -249,17 +171,9 @@ def candidate_ranks(sorted_scores: NDArray[np.float64]) -> NDArray[np.bool_]:
 
 
 def rank_p_values(sorted_errors: NDArray[np.integer], risk_target: float) -> NDArray[np.float64]:
-    """Exact binomial p-values of "R(U_(k)) > ε" for every rank, ``[..., n]`` → ``[..., n]``.
-
-    Args:
-        sorted_errors: 1 where the answer at that position (sorted by score, incorrect first
-            within ties) is wrong, shape ``[..., n]``.
-        risk_target: ε.
-
-    Returns:
-        ``P(Binomial(k−1, ε) ≤ e_k)`` at position k−1, with e_k the errors among the first
-        k−1 positions; 1 for rank 1 (no trials).
-    """
+    """Exact binomial p-values of "R(U_(k)) > ε" for every rank, ``[..., n]`` → ``[..., n]``:
+    ``P(Binomial(k−1, ε) ≤ e_k)`` at position k−1 of ``sorted_errors`` (1 where wrong; by
+    score, incorrect first within ties); 1 for rank 1 (no trials)."""
     err = np.asarray(sorted_errors, dtype=np.int64)
     below = np.cumsum(err, axis=-1) - err  # errors strictly before each position
     trials = np.arange(err.shape[-1])
@@ -272,9 +186,7 @@ def binomial_p_values(
     errors: NDArray[np.integer] | int, trials: NDArray[np.integer] | int, risk_target: float
 ) -> NDArray[np.float64]:
     """``P(Binomial(trials, ε) ≤ errors)`` elementwise: the exact p-value of "the loss rate
-    is > ε" from ``errors`` losses among ``trials`` i.i.d. draws (1 for no trials). The one
-    binomial tail of the package: :func:`rank_p_values` (conditional risk over ranks) and
-    :mod:`abstain_guard.guarantee.action_risk` (the unconditional action risk) both use it."""
+    is > ε" from ``errors`` losses among ``trials`` i.i.d. draws (1 for no trials)."""
     return np.asarray(stats.binom.cdf(errors, trials, risk_target), dtype=np.float64)
 
 
@@ -311,17 +223,8 @@ def _p_at(p_values: NDArray[np.float64], targets: NDArray[np.int64]) -> NDArray[
 def select_rank(
     plan: RiskPlan, p_values: NDArray[np.float64], candidate: NDArray[np.bool_]
 ) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-    """Run ``plan`` on the rank p-values: the certified rank and the level of its test.
-
-    Args:
-        plan: from :func:`plan_tests` (label-free).
-        p_values: :func:`rank_p_values`, shape ``[..., n]``.
-        candidate: :func:`candidate_ranks`, shape ``[..., n]``.
-
-    Returns:
-        ``(rank [...], level [...])``: the largest rejected rank (0 when none) and the level
-        its test was run at (0.0 when none).
-    """
+    """Run ``plan`` on the rank p-values and candidates ``[..., n]``: ``(rank [...], level
+    [...])``, the largest rejected rank and its test's level (0 and 0.0 when none)."""
     batch = p_values.shape[:-1]
     best = np.zeros(batch, dtype=np.int64)
     level = np.zeros(batch, dtype=np.float64)

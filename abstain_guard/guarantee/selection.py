@@ -1,29 +1,12 @@
 """Choosing the scorer among K candidates without spending the certificate's δ.
 
-Risk mode certifies "at most ε of answered questions wrong, with probability ≥ 1−δ over the
-calibration set" for a scorer fixed *before* the calibration answers are read. Choosing the
-scorer on those same answers (the one that certifies the most, say) breaks that: each
-candidate's certificate fails with probability ≤ δ, but the chosen one is the one whose
-calibration draw looked best, and by a union bound only ``K·δ`` is left of the statement.
-
-The rule here (``"bonferroni"``): certify **every** candidate at δ/K with the usual
-Learn-then-Test procedure (:func:`abstain_guard.guarantee.conformal.risk_threshold`), then ship
-any of them. With probability ≥ 1−δ all K certificates hold at once (union bound), so the shipped
-one's holds whichever it is and however it was picked, by its certified numbers included.
-:func:`select_scorer` picks the candidate with the most certified calibration participation
-at the risk target (ties: the first listed). The guard loaded from the artifact keeps the
-rule: it certifies every target at δ/K (:func:`abstain_guard.guarantee.decision.decision_rule` with
-the artifact's :class:`ScorerSelection`), so any ε and δ a deployment asks for stay valid —
-fixed before the calibration answers are read (a target read off them is one more choice,
-docs/guarantees.md). K also counts every other name the artifact's selection ledger records
-on these answers (:mod:`abstain_guard.guarantee.ledger`), and a choice made on a selection
-split the certificate never reads costs nothing in δ (:func:`select_on_split`).
-
-A participation target carries no δ, so the rule gives it a PAC statement instead
-(:func:`participation_lower_bound`): with τ the k-th smallest of n continuous calibration
-scores, the participation given the calibration set is Beta(k, n+1−k) distributed for a
-fixed scorer, so with probability ≥ 1−δ it is at least that Beta's δ/K quantile for every
-candidate at once, the chosen one included.
+Every candidate is certified at δ/K on the same calibration answers (``"bonferroni"``), so
+all K certificates hold together with probability ≥ 1−δ and the shipped one's holds however
+it was picked; :func:`select_scorer` picks the most certified participation. K also counts
+every name the artifact's ledger records on these answers (:mod:`.ledger`); a choice on a
+selection split the certificate never reads costs nothing in δ (:func:`select_on_split`). A
+participation target gets a PAC lower bound instead (:func:`participation_lower_bound`).
+docs/guarantees.md, section 3 ("Choosing the scorer on the calibration answers").
 """
 
 from __future__ import annotations
@@ -102,16 +85,8 @@ def participation_lower_bound(rank: int, n: int, level: float) -> float:
 
 @dataclass(frozen=True)
 class CandidateCertificate:
-    """One candidate's risk certificate at the per-candidate level δ/K.
-
-    Attributes:
-        name: the scorer's name.
-        feasible: a threshold is certified.
-        participation: the share of calibration answers under the certified threshold.
-        threshold: the certified threshold (None when infeasible: abstain on everything).
-        rank: answers under the threshold (0 when infeasible).
-        empirical_risk: errors among those answers / rank (0.0 when infeasible).
-    """
+    """One candidate's risk certificate at the per-candidate level δ/K (threshold None,
+    rank 0 and risk 0.0 when infeasible)."""
 
     name: str
     feasible: bool
@@ -150,24 +125,16 @@ class ScorerSelection:
     artifact's ``selection`` block).
 
     Attributes:
-        candidates: every scorer compared (K = its length), in the order given.
-        chosen: the shipped one (one of ``candidates``).
-        risk_target: ε the candidates were certified at.
-        delta: δ in total (the probability that any certificate fails).
-        data: which answers the candidates were compared and certified on.
-        n: how many calibration answers.
-        method: the Learn-then-Test procedure (a key of
-            :data:`abstain_guard.guarantee.risk_control.RISK_METHODS`).
+        candidates, chosen: every scorer compared, in order, and the shipped one.
+        risk_target, delta, method: ε, the total δ and the procedure they were certified at.
+        data, n: which answers (how many) they were compared and certified on.
         choice: how ``chosen`` was picked (any rule keeps δ under Bonferroni).
-        certificates: each candidate's certificate at δ/K, where computed (every candidate
-            for ``calibrate --scorer auto``; the chosen one for a choice recorded after the
-            fact, whose other candidates' scores are not in the artifact). Under
-            :data:`SELECTION_SPLIT`, the certificates are the ones the choice was made with,
-            on the selection split.
+        certificates: each candidate's certificate where computed (the chosen one's only
+            for a choice recorded after the fact; on the split under
+            :data:`SELECTION_SPLIT`).
         rule: one of :data:`RULES`.
-        evaluated: the names the artifact's selection ledger records on these calibration
-            answers (:mod:`abstain_guard.guarantee.ledger`; set when the artifact is loaded,
-            never stored in the block): they join K.
+        evaluated: the ledger's names on these calibration answers (set when the artifact
+            is loaded, never stored): they join K.
     """
 
     candidates: tuple[str, ...]
@@ -350,18 +317,9 @@ def select_scorer(
     data: str,
     method: str = risk_control.DEFAULT_RISK_METHOD,
 ) -> ScorerSelection:
-    """Certify every candidate at δ/K on the same calibration answers and choose the one
-    certifying the most participation at ``risk_target``.
-
-    Args:
-        scores_by_candidate: each candidate's calibration scores ``[n]`` (same answers, same
-            order), in the order ties are broken.
-        correct: the calibration labels ``[n]``.
-        risk_target: ε.
-        delta: δ in total.
-        data: which answers these are (recorded in the selection block).
-        method: the Learn-then-Test procedure.
-    """
+    """Certify every candidate at δ/K on the same calibration answers (scores ``[n]`` each,
+    in tie-breaking order) and choose the one certifying the most participation at ε;
+    ``data`` names the answers in the block."""
     names = list(scores_by_candidate)
     level = per_candidate_delta(delta, len(names))
     certs = [
@@ -392,19 +350,9 @@ def select_on_split(
     data: str,
     method: str = risk_control.DEFAULT_RISK_METHOD,
 ) -> tuple[ScorerSelection, np.ndarray, np.ndarray]:
-    """Choose the scorer on a selection split the certificate never reads.
-
-    A seeded uniform draw of ``round(share · n)`` of the ``n`` calibration answers is the
-    selection split: every candidate is certified there at δ/K and the one certifying the most
-    participation is chosen (:func:`select_scorer`); the chosen one then certifies at δ on the
-    other answers, which no choice has read (:data:`SELECTION_SPLIT`).
-
-    Args:
-        scores_by_candidate: each candidate's scores of the ``n`` answers ``[n]``.
-        correct: their labels ``[n]``.
-        risk_target, delta, data, method: as :func:`select_scorer`.
-        share: the selection split's share of the answers, in (0, 1).
-        seed: the draw's seed.
+    """Choose the scorer (:func:`select_scorer`) on a seeded uniform draw of
+    ``round(share · n)`` of the ``n`` answers; the chosen one then certifies at δ on the
+    others, which no choice has read (:data:`SELECTION_SPLIT`).
 
     Returns:
         ``(selection, pick, keep)``: the selection block (``n`` = the certifying answers),
@@ -478,10 +426,9 @@ def record_choice(
 def recorded_selection(
     block: Any, kind: str, n: int, entries: Sequence[LedgerEntry]
 ) -> ScorerSelection | None:
-    """An artifact's selection: its metadata ``block`` (:func:`selection_from_metadata`) with
-    its ledger joined (:mod:`abstain_guard.guarantee.ledger`). Without a block, a
-    :data:`FIXED` one when the ledger records names other than the artifact's own scorer
-    ``kind`` on its ``n`` calibration answers; None when it does not (K = 1)."""
+    """An artifact's selection: its metadata ``block`` with its ledger joined; without a
+    block, a :data:`FIXED` one when the ledger records names other than the artifact's own
+    scorer ``kind`` on its ``n`` calibration answers, else None (K = 1)."""
     selection = selection_from_metadata(block, kind, n)
     if selection is not None:
         return selection.with_ledger(entries) if entries else selection

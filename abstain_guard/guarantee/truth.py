@@ -1,46 +1,12 @@
 """The certificate on the truth: a judge's labels on every calibration answer plus a human
 verdict on a uniformly random sample of them.
 
-Risk mode certifies "among answered questions at most ε are wrong". With judge labels only,
-*wrong* means *wrong according to the judge*: a judge that calls wrong answers right moves
-the true error rate past ε without the certificate noticing. When a uniformly random sample
-of the calibration answers has been reviewed by people (drawn by the tool,
-:mod:`calibration.building.review`), the rank tests of :mod:`.risk_control` can be run on a
-bound of the *true* error count instead, and the certificate is about the truth.
-
-The two-phase test (double sampling). At rank k (threshold ``λ = U_(k)``), the t = k−1
-answers below it split into those judged wrong (J = 1) and judged right (J = 0), and into
-reviewed (Y known) and not. Their true error count is
-
-    E = Σ_reviewed Y  +  Σ_unreviewed, J=1 Y  +  Σ_unreviewed, J=0 Y
-      ≤ Σ_reviewed Y  +  #(unreviewed, J=1)  +  (M − u),
-
-where M is the number of *misses* (truly wrong, judged right) among all t₀ answers judged
-right below rank k and u the misses among the h₀ of them that were reviewed. The review
-sample is a uniformly random subset of the calibration answers, drawn independently of the
-scores and labels, so given everything else the h₀ reviewed ones are a uniformly random
-subset of the t₀: u is hypergeometric given M, and the exact upper confidence bound
-``M⁺ = max{M : P(Hypergeom(t₀, M, h₀) ≤ u) ≥ w·a}`` fails with probability ≤ w·a. The rank is
-rejected at level a when ``P(Binomial(t, ε) ≤ z) ≤ (1 − w)·a`` with
-``z = Σ_reviewed Y + #(unreviewed, J=1) + M⁺ − u``.
-
-Why it is valid, under the same conditions as the judge-only test (module
-:mod:`.risk_control`): conditionally on ``U_(k)``, the t answers below are i.i.d. with true
-error rate R(λ), so E ~ Binomial(t, R(λ)); under "R(λ) > ε", a rejection needs either
-M > M⁺ (probability ≤ w·a, whatever the data) or ``P(Binomial(t, ε) ≤ E) ≤ (1 − w)·a``
-(since E ≤ z otherwise; probability ≤ (1 − w)·a). The chain argument of
-:mod:`.risk_control` needs the test at the end of a good stretch to be valid when the
-answers below come from two stretches with the same true error rate ε: their true errors are
-then Binomial(N(c), ε) exactly, and the hypergeometric step holds for any fixed set of
-answers, so nothing changes. No assumption on the judge: it may be lenient, strict, or err
-exactly where the scorer is confident (the simulation in
-``experiments/judges/judge_robust.py`` includes such judges). Judge errors that call right
-answers wrong are counted as errors where not reviewed (conservative). ``w``
-(:data:`MISS_SHARE`) is fixed before any data: 0.5, chosen on simulated judges
-(``experiments/judges/judge_robust.py``), never on the data a certificate uses.
-
-With no review (m = 0) nothing is certified on the truth: the artifact then certifies the
-judge's labels and says so (:func:`labels_statement`).
+At each rank the reviewed answers' own binomial test and the two-phase (double sampling)
+test on a bound of the true error count run at half the rank's level each
+(:func:`combined_rejections`); validity needs nothing of the judge. The tests, why they are
+valid and the simulation that fixed :data:`MISS_SHARE` and :data:`REVIEWED_SHARE`:
+docs/guarantees.md, section 5. With no review the judge's labels are certified, and the
+statement says so (:func:`labels_statement`).
 """
 
 from __future__ import annotations
@@ -83,12 +49,11 @@ OUT_OF_SCOPE = -2
 
 MISS_SHARE = 0.5
 """w: the share of the two-phase test's level spent on the bound of the judge's misses (the
-rest on the binomial test of the bounded error count). Fixed before any data (see the
-module)."""
+rest on the binomial test of the bounded error count); fixed before any data."""
 
 REVIEWED_SHARE = 0.5
-"""s: the share of each rank's level spent on the reviewed answers' own test; the rest goes
-to the two-phase test. Fixed before any data (see the module)."""
+"""s: the share of each rank's level spent on the reviewed answers' own test (the rest: the
+two-phase test); fixed before any data."""
 
 
 def plan_on_reviewed(
@@ -96,10 +61,7 @@ def plan_on_reviewed(
 ) -> RiskPlan:
     """The plan of ``method`` (:func:`.risk_control.plan_tests`) made for the m reviewed
     answers, its ranks moved onto the whole calibration order: reviewed rank r becomes the
-    first rank with r reviewed answers below it. The chains then start where the reviewed
-    answers' own Learn-then-Test would (human-only LTT's plan, its number of chains and
-    levels) instead of at ranks with too few reviews below to reject. Depends on the scores
-    and the draw only, never on a label, as a plan must."""
+    first rank with r reviewed answers below it (scores and draw only, never a label)."""
     positions = np.flatnonzero(np.asarray(sorted_truth) >= 0)
     base = plan_tests(method, risk_target, delta, int(positions.size))
     n = int(np.shape(sorted_truth)[-1])
@@ -196,16 +158,10 @@ def truth_rejections(
     miss_share: float = MISS_SHARE,
 ) -> NDArray[np.bool_]:
     """The two-phase test of "the true error rate at U_(k) is > ε" at ``level`` for every
-    rank, ``[..., n]`` → ``[..., n]`` bool (see the module docstring).
-
-    Args:
-        sorted_judge_errors: 1 where the judge called the answer wrong, sorted by score.
-        sorted_truth: the reviewed answers' true errors (1 wrong, 0 correct), -1 where not
-            reviewed, -2 outside the review's scope, in the same order.
-        risk_target: ε.
-        level: a, the level of each test.
-        miss_share: w, the share of ``level`` spent on the misses' bound.
-    """
+    rank, ``[..., n]`` → ``[..., n]`` bool: ``sorted_judge_errors`` 1 where the judge called
+    the answer wrong, ``sorted_truth`` the true errors (1 wrong, 0 correct, -1 not reviewed,
+    -2 outside the review's scope), both by score; ``miss_share`` w of ``level`` goes to the
+    misses' bound."""
     z, t = _bounded_errors(sorted_judge_errors, sorted_truth, miss_share * level)
     outside = _below(np.asarray(sorted_truth) == OUT_OF_SCOPE) > 0  # the draw could not reach
     p = stats.binom.cdf(z, t, risk_target)
@@ -218,9 +174,8 @@ def reviewed_rejections(
     sorted_truth: NDArray[np.integer], risk_target: float, level: float
 ) -> NDArray[np.bool_]:
     """The reviewed answers' own rank test at ``level`` for every rank: ``P(Binomial(h, ε) ≤
-    y) ≤ level`` with h reviewed answers below the rank and y of them wrong (conditionally on
-    ``U_(k)`` they are i.i.d. from the answered region, the review being independent of the
-    labels), ``[..., n]`` → ``[..., n]`` bool."""
+    y) ≤ level`` with h reviewed answers below the rank and y of them wrong, ``[..., n]`` →
+    ``[..., n]`` bool."""
     y = np.asarray(sorted_truth, dtype=np.int64)
     h = _below(y >= 0)
     wrong = _below(y == 1)
@@ -288,9 +243,8 @@ def truth_p_values(
     levels: Sequence[float],
 ) -> NDArray[np.float64]:
     """For every rank, the smallest of ``levels`` at which :func:`combined_rejections`
-    rejects (1 where none does): a p-value valid at each of those levels, ``P(p ≤ a) ≤ a``
-    for ``a`` in ``levels`` — all that a plan of :mod:`.risk_control` compares it with (one
-    level for chains and Bonferroni, Holm's δ/m … δ)."""
+    rejects (1 where none does): a p-value valid at each of ``levels``, the only ones a plan
+    of :mod:`.risk_control` compares it with."""
     p = np.ones(np.shape(sorted_judge_errors), dtype=np.float64)
     for a in sorted(set(float(x) for x in levels), reverse=True):
         two, own = combined_rejections(sorted_judge_errors, sorted_truth, risk_target, a)
@@ -336,9 +290,8 @@ def _cp(k: int, n: int) -> tuple[float, float] | None:
 
 def _kappas(j: NDArray[np.int64], y: NDArray[np.int64]) -> NDArray[np.float64]:
     """Cohen's κ of binary labels along the last axis (``[..., m]`` → ``[...]``; 1 where
-    both raters give one class only and agree, 0 where chance agreement is total). Written
-    here because the guard's core needs no scikit-learn; checked against
-    ``sklearn.metrics.cohen_kappa_score`` in the tests."""
+    both raters give one class only and agree, 0 where chance agreement is total); the core
+    needs no scikit-learn."""
     po = (j == y).mean(axis=-1)
     pj, py = j.mean(axis=-1), y.mean(axis=-1)
     pe = pj * py + (1 - pj) * (1 - py)
@@ -350,13 +303,9 @@ def _kappas(j: NDArray[np.int64], y: NDArray[np.int64]) -> NDArray[np.float64]:
 def judge_quality(
     judge_correct: ArrayLike, human: ArrayLike, *, resamples: int = 1000, seed: int = 0
 ) -> JudgeQuality:
-    """The judge's agreement with the reviewed answers' human labels.
-
-    Args:
-        judge_correct: the judge's labels of every calibration answer, ``[n]`` (1 correct).
-        human: :func:`check_human_labels` values, ``[n]``.
-        resamples: bootstrap resamples for κ's percentile interval (fixed ``seed``).
-    """
+    """The judge's agreement with the human labels ``[n]`` (:func:`check_human_labels`) of
+    the reviewed answers, from its labels ``[n]`` (1 correct); κ's percentile interval from
+    ``resamples`` seeded bootstrap draws."""
     jc = np.asarray(judge_correct).astype(np.int64)
     hl = check_human_labels(human, jc.size)
     keep = hl >= 0

@@ -1,24 +1,7 @@
-"""One validator for uncertainty scores and 0/1 correctness labels, pure numpy.
-
-The conformal thresholds (:mod:`abstain_guard.guarantee.conformal`), the calibration artifact
-(:mod:`abstain_guard.artifact`) and the evaluation metrics
-(:mod:`abstain_guard.calibration.measure.metrics`) all take the same two inputs:
-
-* ``scores`` ``[n]`` — one uncertainty per answer, higher = less reliable;
-* ``correct`` ``[n]`` — one label per answer, 1/True = the answer was judged correct.
-
-Where the callers differ, a parameter says so and each caller keeps its behaviour:
-
-* ``check_scores(..., allow_inf=True)`` for metrics, where a score only has to rank
-  (``±inf`` is kept); thresholds and artifacts need finite scores (the default). NaN is an
-  error everywhere.
-* ``check_labels`` returns int64 0/1 (what the metrics count with); the conformal code and
-  the artifact, which index with the labels, take ``.astype(bool)`` of it.
-* ``require_both_classes(..., what=, hint=)`` names the computation that needs both classes
-  and what to do about it.
-
-Every error is an :class:`~abstain_guard.errors.InvalidInputError` (wrong shape, type or
-value) or an :class:`~abstain_guard.errors.InsufficientDataError` (empty, one class only).
+"""One validator for uncertainty scores ``[n]`` (higher = less reliable) and 0/1
+correctness labels ``[n]`` (1 = judged correct), shared by the thresholds, the artifact and
+the metrics; errors are :class:`~abstain_guard.errors.InvalidInputError` (shape, type,
+value) or :class:`~abstain_guard.errors.InsufficientDataError` (empty, one class only).
 """
 
 from __future__ import annotations
@@ -36,13 +19,8 @@ __all__ = ["check_labels", "check_scores", "require_both_classes"]
 def check_scores(
     scores: ArrayLike, *, name: str = "scores", allow_inf: bool = False
 ) -> NDArray[np.float64]:
-    """Validate uncertainty scores ``[n]`` and return them as float64.
-
-    Args:
-        scores: one score per answer.
-        name: what to call the argument in error messages.
-        allow_inf: keep ``±inf`` (metrics: a score only has to rank); by default every score
-            must be finite (conformal thresholds, artifacts).
+    """Scores ``[n]`` as float64 (``name`` in messages); ``allow_inf`` keeps ``±inf`` (metrics:
+    a score only has to rank), else every score must be finite.
 
     Raises:
         InvalidInputError: not numeric, not 1-D, NaN (or ``±inf`` without ``allow_inf``).
@@ -72,11 +50,8 @@ def check_scores(
 
 
 def check_labels(correct: ArrayLike, n: int | None = None) -> NDArray[np.int64]:
-    """Validate correctness labels ``[n]`` (0/1 or False/True) and return them as int64 0/1.
-
-    Args:
-        correct: one label per answer.
-        n: the number of scores the labels belong to (checked when given).
+    """Labels ``[n]`` (0/1 or False/True) as int64 0/1; ``n``: the number of scores they
+    belong to (checked when given).
 
     Raises:
         InvalidInputError: not numeric, not 1-D, a length other than ``n`` (checked before
@@ -112,12 +87,8 @@ def check_labels(correct: ArrayLike, n: int | None = None) -> NDArray[np.int64]:
 
 
 def require_both_classes(labels: NDArray[Any], *, what: str, hint: str) -> None:
-    """Raise unless ``labels [n]`` (validated, 0/1 or bool) hold a correct and an incorrect one.
-
-    Args:
-        labels: validated labels (from :func:`check_labels`).
-        what: the computation that needs both classes, e.g. ``"AUROC"``.
-        hint: what to do about it, e.g. ``"evaluate on a larger or more varied set."``.
+    """Raise unless validated ``labels [n]`` hold a correct and an incorrect one; ``what``
+    names the computation that needs both (``"AUROC"``), ``hint`` what to do about it.
 
     Raises:
         InsufficientDataError: every label is correct, or every label is incorrect.

@@ -1,29 +1,9 @@
-"""Where an agent run goes when the guard stops it (``GuardConfig.on_abstain``).
-
-* ``"end"``: the run ends with the abstention message (the default).
-* ``"interrupt"``: a human reviews the stopped step through LangGraph's ``interrupt`` — the
-  pending tool calls (or the withheld final answer) with the step score, the run statistic
-  and τ — and answers ``{"decisions": [...]}``, one per pending action, each
-  ``{"type": "approve"}``, ``{"type": "edit", "edited_action": {"name", "args"}}`` or
-  ``{"type": "reject"}`` (the request has the shape of LangChain's
-  ``HumanInTheLoopMiddleware``: ``action_requests`` and ``review_configs``). Needs a
-  checkpointer (``create_agent(..., checkpointer=InMemorySaver())``) and a ``thread_id``.
-* ``"fallback"``: the middleware's ``fallback`` — a chat model, which makes the stopped call
-  and every later call of the run, or an agent (a runnable taking ``{"messages": [...]}``),
-  which is run on the messages before the stopped call and whose new messages end the run.
-
-Runs continued by a human or a fallback are outside the certificate (docs/guarantees.md):
-the decision that handed the run over (its traced record), the approved or edited message,
-every later message and traced decision of the turn, and every message the fallback makes
-say ``certified: false`` and ``continued_by`` (``"approved"``, ``"edited"``,
-``"fallback"``); the fallback's messages carry that ``abstention`` record (not scored: the
-fallback is not the calibrated model) with the stopping decision under ``stopped``. The
-human's or fallback's part is not gated on the run statistic (which is already above τ); a
-later step whose own score exceeds τ is reviewed again in ``"interrupt"`` mode. A rejected
-review ends the run with the abstention: that decision stays certified and the monitor does
-not count it as handed off. A fallback takes over one turn only (the next question of a
-checkpointed thread is gated again), and nothing a caller sends can hand a turn over.
-
+"""Where an agent run goes when the guard stops it (``GuardConfig.on_abstain``): ``"end"``
+(the abstention ends it), ``"interrupt"`` (a human reviews the stopped step through
+LangGraph's ``interrupt``, in the shape of LangChain's ``HumanInTheLoopMiddleware``: approve,
+edit or reject each pending action) or ``"fallback"`` (the middleware's fallback model or
+agent does the rest). A continued run is outside the certificate: its decisions say
+``certified: false`` and ``continued_by``. docs/agents.md, "When the guard stops a run".
 Pure helpers; the middleware applies them.
 """
 

@@ -1,9 +1,6 @@
-"""The calibrated guard chain as deployed: an artifact, its model and its recorded prompt.
-
-:func:`load_guard_chain` builds ``prompt | guard`` from an artifact's deployment record, so a
-question runs with the system prompt, token budget and decoding that calibration used (the
-guarantee needs it: exchangeability). :func:`load_chat_model` loads the chat model an
-artifact (or a calibration config) names.
+"""The calibrated guard chain as deployed: :func:`load_guard_chain` builds ``prompt | guard``
+from an artifact's deployment record (the system prompt, token budget and decoding
+calibration used); :func:`load_chat_model` loads the chat model an artifact names.
 """
 
 from __future__ import annotations
@@ -31,14 +28,10 @@ def load_chat_model(
     batch_decode: bool = True,
     prefix_cache: bool = True,
 ) -> Any:
-    """The chat model ``model`` names (``"default"`` = embedded SmolLM2, else a local Hugging
-    Face folder, with ``gguf_file`` inside it if given), generating at most ``max_new_tokens``
-    (default: as many tokens as open questions get at calibration; the guarantee assumes the
-    same generation settings), in decode mode ``batch_decode`` (the same as at calibration:
-    the two modes differ in the last bits), on the prefix path or not (``prefix_cache``,
-    likewise as at calibration). A :class:`ChatModelSpec` (an API chat model)
-    is built from its name or class and kwargs, asking for logprobs; its budget is bound
-    per call (:func:`~abstain_guard.contract.chat_model_specs.bind_budget`)."""
+    """The chat model ``model`` names: ``"default"`` (the embedded SmolLM2), a local Hugging
+    Face folder (with ``gguf_file`` inside it), or a :class:`ChatModelSpec` (an API model,
+    asking for logprobs). The budget (default: open questions'), decode mode and prefix path
+    must be calibration's: they change the last bits of the scores."""
     if isinstance(model, ChatModelSpec):
         return model.build()
     # The adapters import torch and transformers; core must import without them.
@@ -60,8 +53,7 @@ def load_chat_model(
 
 def calibrated_on_prefix(decoding: Any) -> bool:
     """Whether the calibration's decoding record (``DeploymentRecord.decoding``) is on the
-    prefix path (``decode_path["prefix"]``): the loaded model takes the path its artifact was
-    calibrated on (an artifact from before the prefix path: the one-pass path)."""
+    prefix path (``decode_path["prefix"]``)."""
     path = decoding.get("decode_path") if isinstance(decoding, dict) else None
     return bool(isinstance(path, dict) and path.get("prefix"))
 
@@ -73,20 +65,11 @@ def load_guard_chain(
     model: Any = None,
     kind: str | None = None,
 ) -> tuple[Any, Any, Any]:
-    """Load an artifact (a directory, or an already loaded :class:`GuardArtifact`), its
-    model and a guard; return ``(chain, guard, artifact)``.
-
-    ``chain`` is ``prompt | guard`` built from the artifact's deployment record: it takes
-    ``{"question": ...}`` and runs the recorded system prompt, token budget and decoding of
-    question kind ``kind`` (default: the artifact's only kind), which the guarantee needs
-    (exchangeability). For ``kind="choice"`` the question must already list its lettered
-    options. Without ``model``, the model the artifact was calibrated with is loaded
-    (:func:`load_chat_model`); for an API chat model it is built from the recorded spec
-    (secrets were not recorded: the provider's key comes from the environment), or pass
-    the API model built as at calibration (``model=ChatOpenAI(..., logprobs=True)``: the
-    guard compares its class and settings with the recorded ones). An API model gets the
-    budget as ``max_tokens``.
-    """
+    """``(chain, guard, artifact)`` for an artifact (a directory or a loaded one): ``chain``
+    is ``prompt | guard``, taking ``{"question": ...}`` and running the recorded system
+    prompt, budget and decoding of question kind ``kind`` (default: the only one; a
+    ``"choice"`` question lists its lettered options). Without ``model`` the calibrated model
+    is loaded, an API model built from its recorded spec (its key from the environment)."""
     artifact = (
         artifact_path
         if isinstance(artifact_path, GuardArtifact)
@@ -95,9 +78,8 @@ def load_guard_chain(
     record = DeploymentRecord.from_metadata(artifact.metadata)
     if record is None:
         raise CalibrationError(
-            f"The artifact {artifact_path} has no deployment record (it predates recorded "
-            "generation settings), so the prompt and token budget it was calibrated with "
-            "are unknown. Re-run calibrate to rebuild it."
+            f"The artifact {artifact_path} has no deployment record, so the prompt and token "
+            "budget it was calibrated with are unknown. Re-run calibrate to rebuild it."
         )
     kind_name, prompt = record.kind(kind)
     if model is None and record.chat_model is not None:

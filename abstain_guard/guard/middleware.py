@@ -1,40 +1,16 @@
-"""`AbstentionMiddleware`: the guard for LangChain v1 agents (``create_agent``).
-
-Needs the optional ``agents`` extra (``pip install 'abstain-guard[agents]'``, i.e.
-``langchain>=1``). Usage::
-
-    from langchain.agents import create_agent
-    from abstain_guard import AbstentionMiddleware, GuardConfig
+"""`AbstentionMiddleware`: the guard for LangChain v1 agents (``create_agent``; the
+``agents`` extra)::
 
     agent = create_agent(model, tools=[...], middleware=[
         AbstentionMiddleware("guard/", config=GuardConfig(mode="risk", risk_target=0.2)),
     ])
 
-After each model call (``after_model``) the guard decides. With step gating (artifacts
-built by ``abstain-guard calibrate --agent``, :attr:`AgentRecord.gating` ``"steps"``) every
-model call is scored - tool-calling ones too - and the run's running maximum of the step
-scores is compared with τ: the first call that crosses it is replaced (same message id) by
-the abstention message before any of its tool calls run, and the run goes where
-``GuardConfig.on_abstain`` says (:mod:`abstain_guard.guard.abstain_actions`); a call under τ is
-kept, annotated with ``response_metadata["abstention"]``. With final-answer gating (older
-artifacts) only final answers - AI messages without tool calls - are decided. Every
-decision says how many tool steps preceded it in this turn (``tool_steps``: tool results
-since the user's last message). With ``GuardConfig(group_by="key")`` the question's group is
-the agent state's ``key``, else the run metadata's or a mapping ``runtime.context``'s (a
-``group_by`` function gets the state).
-
-A run a human (``on_abstain="interrupt"``: approved or edited) or a fallback continued after
-the guard stopped it is outside the certificate: every later message and traced decision of
-that turn says ``certified: false`` and ``continued_by``. The fallback takes over one turn
-only: the hand-over is private agent state (never read from the input, never returned),
-tied to the turn's question, so the next question of a checkpointed thread is gated again.
-
-An agent with tools keeps the guarantee when its artifact was built by
-``abstain-guard calibrate --agent`` from the same agent (docs/agents.md): the artifact
-records its system prompt, tool schemas, tool-call format and step limit, and every model
-call is checked against them.
-The model is passed through ``artifact.scorer.prepare`` (``wrap_model_call``), so scorers
-that need the model to compute extra signals work here as in :class:`AbstentionGuard`.
+After each model call the guard decides: with step gating (``calibrate --agent``) every call
+on the run's running maximum, stopping the run before the tool calls of the first call that
+crosses τ; with final-answer gating only final answers. A stopped run goes where
+``GuardConfig.on_abstain`` says (:mod:`.abstain_actions`); a run a human or a fallback
+continued is outside the certificate. Every call is checked against the artifact's
+deployment record (system prompt, tool schemas, tool choice). docs/agents.md.
 """
 
 from __future__ import annotations
@@ -84,32 +60,23 @@ _STOPPED_FIELDS = ("step", "step_score", "run_statistic", "score", "threshold", 
 
 
 class AbstentionState(AgentState):  # type: ignore[type-arg]
-    """The agent state with the guard's one key: the hand-over to a fallback chat model
-    (``GuardConfig(on_abstain="fallback")``) of the turn the guard stopped, ``{"turn": <id of
-    the turn's question>, "stopped": {...}}``; the fallback's calls of that turn are then not
-    gated (they are annotated and traced as ``certified: false``).
-
-    The key is private (:data:`PrivateStateAttr`: dropped from the agent's input and output),
-    so a caller cannot switch the guard off by sending it, and it applies only while the
-    turn's question is the one it names: a checkpointed thread's next question is gated
-    again (the fallback's final answer also clears it)."""
+    """The agent state with the guard's one key: the hand-over to a fallback chat model of
+    the turn the guard stopped, ``{"turn": <id of the turn's question>, "stopped": {...}}``.
+    Private (:data:`PrivateStateAttr`: no caller can send it) and valid for that turn only."""
 
     abstention_fallback: NotRequired[Annotated[dict[str, Any] | None, PrivateStateAttr]]
 
 
 class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
-    """Replaces an unreliable final agent answer with an abstention and ends the run.
+    """Replaces an unreliable agent step or answer with an abstention and stops the run.
 
     Args:
         artifact: a :class:`GuardArtifact` or the path of an artifact directory.
         config: a :class:`GuardConfig` (or mapping); defaults to participation 0.8.
-        monitor: a :class:`~abstain_guard.GuardMonitor` fed one decision per run
-            (the accepted final answer, or the step that stopped the run; fitted here when
-            it is not yet); the decision's ``run_id`` (the message id) is the key of
-            ``monitor.record_feedback``.
-        fallback: with ``GuardConfig(on_abstain="fallback")``: a chat model that makes the
-            stopped call and the rest of the run, or an agent (a runnable taking
-            ``{"messages": [...]}``) run on the messages before the stopped call.
+        monitor: a :class:`~abstain_guard.GuardMonitor` fed one decision per run (its
+            ``run_id``, the message id, keys ``monitor.record_feedback``).
+        fallback: with ``on_abstain="fallback"``: a chat model that makes the stopped call
+            and the rest of the run, or an agent run on the messages before it.
 
     Raises:
         ConfigError: ``on_abstain="fallback"`` without a ``fallback``.
@@ -140,15 +107,11 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
 
     @property
     def artifact(self) -> GuardArtifact:
-        """The artifact in use."""
         return self.policy.artifact
 
     @property
     def config(self) -> GuardConfig:
-        """The configuration in use."""
         return self.policy.config
-
-    # --- the model: prepared once per model object -------------------------------------
 
     def prepare_model(self, model: BaseChatModel) -> BaseChatModel:
         """``artifact.scorer.prepare(model)`` (cached), with the fingerprint check."""
@@ -164,11 +127,8 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         return prepared
 
     def check_request(self, request: ModelRequest) -> list[str]:  # type: ignore[type-arg]
-        """Compare what the agent sends (system prompt, tool schemas) with what the artifact
-        was calibrated with; raise (``on_mismatch="raise"``) or return warnings.
-
-        An artifact without a deployment record (built by hand) has nothing to compare.
-        """
+        """Compare what the agent sends (system prompt, tool schemas, tool choice) with the
+        deployment record; raise (``on_mismatch="raise"``) or return warnings."""
         record = self.policy.deployment
         if record is None:
             return []
@@ -223,12 +183,9 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         request, notes = self._prepare_request(request)
         return _annotate(await handler(request), notes)
 
-    # --- the decision ------------------------------------------------------------------
-
     @property
     def gating(self) -> str:
-        """``"steps"`` (every model call, the run's running maximum against τ) or
-        ``"final_answer"``, as the artifact was calibrated (:class:`AgentRecord.gating`)."""
+        """``"steps"`` or ``"final_answer"``, as the artifact was calibrated."""
         record = self.policy.deployment
         agent = record.agent if record is not None else None
         return agent.gating if agent is not None else "final_answer"
@@ -269,16 +226,11 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         return message, decision.replace(tool_steps=tool_steps)
 
     def check_tool_steps(self, tool_steps: int) -> list[str]:
-        """A final answer after ``tool_steps`` tool results, outside the range of counts
-        calibration's final answers had
-        (:func:`~abstain_guard.contract.deployment.tool_steps_problem`).
-
-        With step gating it is always a warning in the decision: the run's tools have
-        already run on the guard's word, and the certificate (calibrated on whole runs,
-        whatever their length) covers a run accepted on its running maximum; refusing it
-        now would remove runs calibration accepted. With final-answer gating it is raised
-        (``on_mismatch="raise"``) or returned as a warning.
-        """
+        """A final answer after a count of tool results outside calibration's range
+        (:func:`~abstain_guard.contract.deployment.tool_steps_problem`): a warning under step
+        gating (the certificate covers a run accepted on its running maximum), else raised
+        or warned as ``on_mismatch`` says (docs/guarantees.md, "What calibration must
+        match")."""
         record = self.policy.deployment
         problem = None if record is None else tool_steps_problem(record, tool_steps)
         if problem is None:

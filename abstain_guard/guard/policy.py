@@ -1,18 +1,10 @@
 """`AbstentionPolicy`: how one message becomes the guard's output, shared by the
-:class:`~abstain_guard.AbstentionGuard` runnable and the agent
-:class:`~abstain_guard.guard.middleware.AbstentionMiddleware`.
+:class:`~abstain_guard.AbstentionGuard` runnable and the agent middleware: it holds the
+artifact and the config's rule (one per group with ``group_by``), checks the chat models and
+each call's settings against the deployment record, scores the message and returns the
+answer or the abstention with its :class:`~abstain_guard.guarantee.decision.Decision`::
 
-The policy holds the artifact and the config's decision rule (τ and its guarantee, one per
-group where the config asks for groups). It checks the chat models and each call's settings
-against what calibration recorded, scores the message with the artifact's scorer
-(:mod:`abstain_guard.scorers`), and returns the answer or the abstention message with
-``response_metadata["abstention"]``.
-
-Example::
-
-    policy = AbstentionPolicy(GuardArtifact.load("guard/"), GuardConfig(target=0.9))
-    message, decision = policy.decide(ai_message)
-    decision.abstained, decision.score, decision.threshold
+    message, decision = AbstentionPolicy(artifact, config).decide(ai_message)
 """
 
 from __future__ import annotations
@@ -110,10 +102,8 @@ WHOLE_ANSWER_REFUSED = (
 
 
 def batch_variance_note(bound: float) -> dict[str, Any]:
-    """``guarantee["batch_variance"]`` of an engine whose kernels are not batch-invariant:
-    a live score may differ from the one calibration would have stored by up to ``bound``
-    (measured when the backend was built: docs/vllm.md), so a score within ``bound`` of τ
-    may be decided otherwise than calibration would have."""
+    """``guarantee["batch_variance"]`` of an engine whose kernels are not batch-invariant: a
+    live score may differ from calibration's by up to ``bound`` (docs/vllm.md)."""
     return {
         "bound": bound,
         "statement": (
@@ -125,12 +115,7 @@ def batch_variance_note(bound: float) -> dict[str, Any]:
 
 
 class AbstentionPolicy:
-    """Scores a message and turns it into the guard's output (shared by guard and middleware).
-
-    Args:
-        artifact: the calibrated artifact (scorer + calibration scores).
-        config: the target and behaviour.
-    """
+    """Scores a message and turns it into the guard's output (module docstring)."""
 
     def __init__(self, artifact: GuardArtifact, config: GuardConfig | None = None) -> None:
         if not isinstance(artifact, GuardArtifact):
@@ -174,8 +159,7 @@ class AbstentionPolicy:
 
     def check_models(self, runnable: Any) -> None:
         """Check every chat model inside ``runnable`` (fallbacks too) against the artifact's
-        model fingerprint; in ``on_mismatch="warn"`` mode the problems are kept and added to
-        every decision's ``guarantee["warnings"]``."""
+        model fingerprint (with ``on_mismatch="warn"``: a warning in every decision)."""
         api = self.deployment.chat_model if self.deployment is not None else None
         problems = model_mismatches(
             self.artifact.model_fingerprint, find_chat_models(runnable), chat_model=api
@@ -197,10 +181,10 @@ class AbstentionPolicy:
         return self.mismatch(problems, "response") + self.kernel_warnings(generation)
 
     def kernel_warnings(self, generation: Mapping[str, Any] | None) -> list[str]:
-        """The kernel note when ``generation`` was computed on other kernels than the
-        calibration (:mod:`abstain_guard.contract.kernels`): not a refusal, since the score moves
-        only in its last bits, but a :class:`~abstain_guard.errors.KernelMismatchWarning` and a log
-        record the first time in the process, and a note in every such decision."""
+        """The kernel note when ``generation`` ran on other kernels than calibration
+        (:mod:`abstain_guard.contract.kernels`): not a refusal, but a
+        :class:`~abstain_guard.errors.KernelMismatchWarning` once per process and a note in
+        every such decision."""
         if self.deployment is None or generation is None:
             return []
         differences = kernel_differences(
@@ -281,19 +265,13 @@ class AbstentionPolicy:
         step: int | None = None,
         previous: float | None = None,
     ) -> tuple[AIMessage, Decision]:
-        """Score ``message`` and return ``(output message, decision)``.
+        """Score ``message`` and return ``(output message, decision)`` under ``group``'s rule.
 
-        With ``step`` (an agent's model call, 0-based, step gating: :mod:`~abstain_guard.
-        guarantee.agent_steps`) the rule decides on the run's running maximum ``max(previous,
-        step score)``: the decision records ``step``, ``step_score`` and ``run_statistic``
-        (also its ``score``), and an answered message keeps its tool calls; an abstention
-        carries none (the withheld ones are in ``withheld_response``).
-
-        ``warnings`` (deployment mismatches found upstream, ``on_mismatch="warn"``) are added
-        to the decision's ``guarantee["warnings"]``. With ``config.group_by`` the rule is
-        ``group``'s (:meth:`group_of`; None: an unknown group, ``config.unknown_group``) and
-        the decision records ``group`` and ``group_rule`` (``"group"``, ``"pooled"`` or
-        ``"abstain"``).
+        With ``step`` (an agent's model call or a stream's chunk, 0-based) the rule decides
+        on the running maximum ``max(previous, step score)``, recorded as ``step_score`` and
+        ``run_statistic``; an abstention keeps the withheld message (tool calls included) in
+        ``withheld_response``. ``warnings``: mismatches found upstream (warn mode), added to
+        the guarantee's.
 
         Raises:
             GuardError: when scoring fails and ``config.on_error == "raise"``.
@@ -337,10 +315,8 @@ class AbstentionPolicy:
     def abstain(
         self, reason: str, error: str, group: str | None = None, **fields: Any
     ) -> tuple[AIMessage, Decision]:
-        """Abstain without scoring (nothing to score, or nothing that may be scored): the
-        abstention message and its decision (``score=None``, ``reason``, ``error`` and the
-        extra ``fields``, :class:`~abstain_guard.guarantee.decision.Decision`'s) under the
-        rule of ``group``."""
+        """Abstain without scoring: the abstention message and its decision (``score=None``,
+        ``reason``, ``error`` and the extra :class:`Decision` ``fields``)."""
         decision = self._decision(
             group, None, **fields, abstained=True, score=None, reason=reason, error=error
         )

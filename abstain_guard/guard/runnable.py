@@ -1,13 +1,7 @@
-"""`AbstentionGuard`: a runnable that answers or says "I don't know" with a guarantee.
-
-The guard runs the wrapped runnable (a chat model, or a chain ending in one), scores the
-``AIMessage`` with the artifact's scorer, and returns either that message or an
-abstention message. Both carry ``response_metadata["abstention"]`` = ``{abstained,
-score, threshold, scorer, mode, target, guarantee, reason, error}``; an abstention keeps
-the withheld answer under ``response_metadata["withheld_response"]``. Every decision is
-recorded in traces (see :mod:`abstain_guard.guard.tracing`). The decision itself — checks, score,
-threshold, the abstention message — is the :class:`~abstain_guard.guard.policy.AbstentionPolicy`'s,
-which the agent middleware shares.
+"""`AbstentionGuard`: a runnable that answers or says "I don't know" with a guarantee: it runs
+the wrapped runnable, and the :class:`~.policy.AbstentionPolicy` (shared with the agent
+middleware) scores the ``AIMessage`` and returns it or the abstention, both carrying
+``response_metadata["abstention"]``; every decision is traced (:mod:`.tracing`).
 """
 
 from __future__ import annotations
@@ -47,9 +41,7 @@ from abstain_guard.guard.tracing import arecord_decision, record_decision
 from abstain_guard.monitor.binding import fit_monitor
 from abstain_guard.monitor.guard_monitor import GuardMonitor
 
-# AbstentionPolicy lives in abstain_guard.guard.policy; imported here for the guard (and for code
-# that imported it from abstain_guard.guard before it moved).
-__all__ = ["AbstentionGuard", "AbstentionPolicy"]
+__all__ = ["AbstentionGuard"]
 
 
 class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
@@ -63,31 +55,21 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
         msg = guard.invoke("Who wrote Hamlet?")
         msg.response_metadata["abstention"]["abstained"]
 
-    It composes in LCEL (``prompt | guard | StrOutputParser()``), supports ``invoke``,
-    ``ainvoke``, ``batch``/``abatch`` (honouring ``max_concurrency``), and ``stream`` /
-    ``astream``. With an artifact calibrated for whole answers they are buffered: one
-    message, the answer or the abstention, after the decision. With an artifact calibrated
-    with a chunk rule (certified streaming, :mod:`abstain_guard.contract.streaming`) they release
-    the answer chunk by chunk while it is generated, each chunk only once the answer up to its
-    end has been scored and the running maximum is still under τ; the first chunk that
-    crosses τ stops generation and the last chunk is the abstention. The last chunk carries
-    the decision (``response_metadata["abstention"]``, with ``streaming``) either way, and
-    ``invoke`` decides such an artifact's answers the same way (the certificate is on the
-    maximum). No text of an answer is ever given out before it passed. Note that
-    ``astream_events`` also reports the wrapped model's own run, whose
-    ``on_chat_model_stream`` events carry the undecided tokens; show users the guard's
-    output (or filter with ``exclude_types=["chat_model"]``), not those events.
+    It composes in LCEL (``prompt | guard | StrOutputParser()``) and supports ``invoke``,
+    ``batch`` and ``stream`` (and their async forms). For whole answers ``stream`` is
+    buffered: one message after the decision. With a chunk rule (certified streaming,
+    docs/streaming.md) it releases each chunk only once the running maximum of the prefix
+    scores is still under τ; the first that crosses τ stops generation and the last chunk
+    carries the decision. ``astream_events`` also reports the wrapped model's undecided
+    tokens (filter with ``exclude_types=["chat_model"]``).
 
     Args:
-        runnable: a chat model or a chain ending in one. At construction it is passed
-            through ``artifact.scorer.prepare`` (the geometry scorer installs its
-            reference directions there) and the result is what runs.
+        runnable: a chat model or a chain ending in one, passed through
+            ``artifact.scorer.prepare`` at construction.
         artifact: the :class:`GuardArtifact` from calibration.
-        config: a :class:`GuardConfig` (or a mapping of its fields); defaults to
-            participation 0.8.
-        monitor: a :class:`~abstain_guard.GuardMonitor` fed every decision (fitted
-            here on the artifact and config when it is not yet); each decision then carries
-            ``run_id``, the key of ``monitor.record_feedback``.
+        config: a :class:`GuardConfig` (or a mapping); defaults to participation 0.8.
+        monitor: a :class:`~abstain_guard.GuardMonitor` fed every decision; each decision
+            then carries ``run_id``, the key of ``monitor.record_feedback``.
 
     Raises:
         ArtifactMismatchError: a chat model inside ``runnable`` (any of them, fallbacks
@@ -148,18 +130,10 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
         config: GuardConfig | Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> AbstentionGuard:
-        """Load the artifact at ``path`` and guard ``runnable`` with it.
-
-        Every chat model in ``runnable`` must be the calibrated model, and each response
-        must be generated with the recorded prompt, token budget and decoding (see
-        :mod:`abstain_guard.contract.deployment`);
-        :func:`~abstain_guard.guard.chains.load_guard_chain` builds such a chain from the artifact
-        alone.
-        """
+        """Load the artifact at ``path`` and guard ``runnable`` (run as calibrated:
+        :func:`~abstain_guard.guard.chains.load_guard_chain` builds it from the artifact)."""
         artifact = GuardArtifact.load(path)
         return cls(runnable, artifact=artifact, config=config, **kwargs)
-
-    # --- introspection ------------------------------------------------------------------
 
     @property
     def decision_rule(self) -> DecisionRule:
@@ -202,8 +176,6 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
         """Apply the decision to an existing message (no run, no trace entries); with
         ``config.group_by``, ``group`` is the question's group."""
         return self._policy.decide(message, group=group)[0]
-
-    # --- running ------------------------------------------------------------------------
 
     def _observe(
         self, message: AIMessage, decision: Decision, run_manager: Any
@@ -285,8 +257,6 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
         return await self._acall_with_config(
             functools.partial(self._arun, **kwargs), input, config, run_type="chain"
         )
-
-    # --- certified streaming ------------------------------------------------------------
 
     def _gate(
         self,

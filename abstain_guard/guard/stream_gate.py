@@ -1,17 +1,10 @@
-"""Certified streaming of one answer: release text chunk by chunk while the running
-maximum of the prefix scores stays under τ (:mod:`abstain_guard.contract.streaming`).
+"""Certified streaming of one answer: release text chunk by chunk while the running maximum
+of the prefix scores stays under τ (:mod:`abstain_guard.contract.streaming`).
 
-:class:`StreamGate` is the decision state of one stream; :func:`certified_stream` and
-:func:`acertified_stream` drive a runnable's stream through it under a
-:class:`~abstain_guard.contract.streaming.PrefixSink` and yield :class:`GateEvent` s: ``text`` (a
-released piece), then one ``decision`` (the final message and its decision). The guard's
-``stream``/``astream``/``invoke`` and ``serve``'s streamed completions share them.
-
-Every chunk end is decided with :meth:`AbstentionPolicy.decide` on the running maximum
-(``step`` = the chunk's index, ``previous`` = the maximum so far), so an unscorable prefix
-abstains (fail closed) as an unscorable answer does. The decision of a stream records
-``streaming``: the chunk rule, the chunks decided and released, the characters released and
-whether the stream was stopped after text was shown (``partial_release``).
+:func:`certified_stream` / :func:`acertified_stream` drive a runnable's stream through a
+:class:`StreamGate` under a prefix sink and yield :class:`GateEvent` s: ``text``, then one
+``decision``. Each chunk end is decided by :meth:`AbstentionPolicy.decide` with ``step``, so
+an unscorable prefix abstains (fail closed); the decision records ``streaming``.
 """
 
 from __future__ import annotations

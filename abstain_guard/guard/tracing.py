@@ -1,23 +1,9 @@
-"""Record abstention decisions where people look for them.
-
-For each decision, :func:`record_decision` (and its async twin) writes:
-
-1. tags (``"abstained"`` / ``"answered"``) and metadata (``abstention``) on the guard's own
-   run in every LangChain tracer attached to it (``BaseTracer.run_map``), which is how they
-   reach LangSmith - custom callback events alone are not recorded into LangSmith runs;
-2. the same on the LangSmith run tree from ``langsmith.run_helpers.get_current_run_tree()``
-   when tracing is on (plus an ``abstention`` run event);
-3. a custom callback event ``"abstention"`` (``dispatch_custom_event``), which callback
-   handlers receive in ``on_custom_event`` and ``astream_events(version="v2")`` yields as
-   ``on_custom_event``;
-4. a stdlib ``logging`` record on the ``abstain_guard`` logger (INFO for a decision,
-   WARNING when scoring failed), with the decision under ``record.abstention``;
-5. when ``opentelemetry-api`` is installed (the ``otel`` extra), attributes
-   ``abstain_guard.*`` (:func:`otel_attributes`) and an ``abstention`` event with the same
-   attributes on the current OpenTelemetry span, if one is recording.
-
-Where no run manager is given (the agent middleware's hooks), the run in context - the
-LangGraph node running the hook - is the one annotated in step 1.
+"""Record abstention decisions where people look for them: tags and ``abstention`` metadata
+on the guard's run in every LangChain tracer attached to it (how they reach LangSmith) and
+on the LangSmith run tree, a custom callback event ``"abstention"``, a log record on the
+``abstain_guard`` logger (WARNING when scoring failed) and, with ``opentelemetry-api``,
+``abstain_guard.*`` attributes and an event on the current span. Without a run manager (the
+middleware's hooks) the run in context is annotated.
 """
 
 from __future__ import annotations
@@ -150,11 +136,9 @@ def _otel_value(value: Any) -> Any:
 
 
 def otel_attributes(decision: Decision) -> dict[str, Any]:
-    """The decision as flat OpenTelemetry attributes: ``abstain_guard.<field>`` for
-    abstained, score, threshold, scorer, mode, target, reason, error, and for agents
-    tool_steps, step, step_score, run_statistic, action, review and certified (None values
-    left out), ``abstain_guard.guarantee`` (the whole guarantee as JSON) and
-    ``abstain_guard.guarantee.<key>`` for each of its scalar or list-of-scalar entries."""
+    """The decision as flat OpenTelemetry attributes: ``abstain_guard.<field>`` for the
+    fields of :data:`_OTEL_FIELDS` that are set, ``abstain_guard.guarantee`` (the guarantee
+    as JSON) and ``abstain_guard.guarantee.<key>`` for its scalar or list-of-scalar entries."""
     attrs: dict[str, Any] = {}
     for name in _OTEL_FIELDS:
         value = _otel_value(getattr(decision, name))
@@ -205,15 +189,8 @@ def record_decision(
     run_manager: Any = None,
     config: RunnableConfig | None = None,
 ) -> None:
-    """Record one decision in run tags/metadata, LangSmith, a custom event, the log and
-    the current OpenTelemetry span.
-
-    Args:
-        decision: the guard's decision (events, metadata and logs carry its JSON form).
-        run_manager: the guard's run manager (its ``run_id`` and handlers).
-        config: the child config of the guard's run (custom events are dispatched with it;
-            without one, the config in context is used, if any).
-    """
+    """Record one decision (module docstring); ``config``: the child config of the guard's
+    run, which custom events are dispatched with (default: the config in context)."""
     manager, run_id = _context_run(run_manager)
     _annotate_runs(manager, run_id, decision)
     try:

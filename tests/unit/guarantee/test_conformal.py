@@ -13,7 +13,7 @@ from scipy import stats
 
 from abstain_guard.errors import InsufficientDataError, InvalidInputError
 from abstain_guard.guarantee import conformal
-from abstain_guard.guarantee.risk_control import RISK_METHODS
+from abstain_guard.guarantee.risk_control import RISK_METHODS, min_rank
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
 alphas = st.floats(min_value=0.001, max_value=0.999)
@@ -145,7 +145,7 @@ def test_fixed_sequence_certificate(data: tuple, eps: float, delta: float) -> No
         warnings.simplefilter("ignore", conformal.ConformalWarning)
         res = conformal.risk_threshold(scores, correct, eps, delta, method="fixed_sequence")
     assert res.n == n and res.method == "fixed_sequence"
-    k_min = conformal._min_rank(eps, delta)
+    k_min = min_rank(eps, delta)
     assert (1 - eps) ** (k_min - 1) <= delta + 1e-12
     assert (1 - eps) ** max(k_min - 2, 0) > delta or k_min == 1
     assert res.min_rank == (k_min if k_min <= n else 0)

@@ -168,54 +168,13 @@ def run_demo(
     print(f"loaded model and guard in {time.perf_counter() - t0:.1f}s")
     part_rule = art.decision_rule(guard_config or GuardConfig())
     items = pick_questions(builtin_probe_set(), list(art.metadata.get("test_ids", [])), n_questions)
-    judge = LexicalJudge()
-    rows = []
     t1 = time.perf_counter()
     messages = chain.batch([{"question": it.question} for it in items])
-    for it, msg in zip(items, messages, strict=True):
-        info = msg.response_metadata["abstention"]
-        withheld = msg.response_metadata.get("withheld_response") or {}
-        answer = str(withheld.get("content", "")) if info["abstained"] else str(msg.content)
-        verdict = judge.judge(it.question, list(it.answers), answer or "")
-        score = float(info["score"]) if info["score"] is not None else None
-        rows.append(
-            {
-                "question": it.question,
-                "type": it.group,
-                "answer": answer,
-                "gold": list(it.answers)[:3],
-                "correct": verdict.correct,
-                "risk_abstained": bool(info["abstained"]),
-                "abstained": score is None or not part_rule.answers(score),
-                "score": score,
-                "risk_threshold": float(info["threshold"]),
-                "threshold": part_rule.threshold,
-                "returned": str(msg.content),
-            }
-        )
+    rows = [_demo_row(it, msg, part_rule) for it, msg in zip(items, messages, strict=True)]
     seconds = time.perf_counter() - t1
     risk_info = messages[0].response_metadata["abstention"] if messages else {}
     risk_rule = art.decision_rule(risk_cfg)
-    print(
-        f"\nrisk mode: risk_target={risk_rule.target:g} delta={risk_cfg.delta:g} "
-        f"threshold={risk_rule.threshold:.4g}"
-    )
-    print(f"guarantee: {risk_rule.guarantee.statement}")
-    print(
-        f"participation mode (same answers): target={part_rule.target:g} "
-        f"threshold={part_rule.threshold:.4g}"
-    )
-    print(f"guarantee: {part_rule.guarantee.statement}\n")
-    print("risk    | particip. | score  judged  question")
-    for row in rows[:LISTED]:
-        risk = "ABSTAIN" if row["risk_abstained"] else "ANSWER "
-        part = "ABSTAIN" if row["abstained"] else "ANSWER "
-        truth = {True: "right", False: "wrong", None: "?"}[row["correct"]]
-        shown = "  n/a" if row["score"] is None else f"{row['score']:.3f}"
-        print(f"{risk} | {part}   | {shown}  [{truth:5}] {row['question']}")
-        print(f"        model said: {row['answer']!r}   returned: {row['returned']!r}")
-    if len(rows) > LISTED:
-        print(f"... {len(rows) - LISTED} more questions in {out / 'report.md'}")
+    _print_rows(rows, risk_rule, part_rule, risk_cfg.delta, out)
     summary: dict[str, Any] = {
         "asked": len(rows),
         "risk": {
@@ -240,6 +199,55 @@ def run_demo(
     write_demo_report(out, rows, summary, risk_info, art.metadata)
     print(f"report: {out / 'report.md'}")
     return 0
+
+
+def _demo_row(item: Any, msg: Any, part_rule: Any) -> dict[str, Any]:
+    """One question's row: the guarded answer judged, the risk guard's decision and the
+    participation rule's on the same score."""
+    info = msg.response_metadata["abstention"]
+    withheld = msg.response_metadata.get("withheld_response") or {}
+    answer = str(withheld.get("content", "")) if info["abstained"] else str(msg.content)
+    verdict = LexicalJudge().judge(item.question, list(item.answers), answer or "")
+    score = float(info["score"]) if info["score"] is not None else None
+    return {
+        "question": item.question,
+        "type": item.group,
+        "answer": answer,
+        "gold": list(item.answers)[:3],
+        "correct": verdict.correct,
+        "risk_abstained": bool(info["abstained"]),
+        "abstained": score is None or not part_rule.answers(score),
+        "score": score,
+        "risk_threshold": float(info["threshold"]),
+        "threshold": part_rule.threshold,
+        "returned": str(msg.content),
+    }
+
+
+def _print_rows(
+    rows: list[dict[str, Any]], risk_rule: Any, part_rule: Any, delta: float, out: Path
+) -> None:
+    """Print both rules with their guarantees and the first :data:`LISTED` rows."""
+    print(
+        f"\nrisk mode: risk_target={risk_rule.target:g} delta={delta:g} "
+        f"threshold={risk_rule.threshold:.4g}"
+    )
+    print(f"guarantee: {risk_rule.guarantee.statement}")
+    print(
+        f"participation mode (same answers): target={part_rule.target:g} "
+        f"threshold={part_rule.threshold:.4g}"
+    )
+    print(f"guarantee: {part_rule.guarantee.statement}\n")
+    print("risk    | particip. | score  judged  question")
+    for row in rows[:LISTED]:
+        risk = "ABSTAIN" if row["risk_abstained"] else "ANSWER "
+        part = "ABSTAIN" if row["abstained"] else "ANSWER "
+        truth = {True: "right", False: "wrong", None: "?"}[row["correct"]]
+        shown = "  n/a" if row["score"] is None else f"{row['score']:.3f}"
+        print(f"{risk} | {part}   | {shown}  [{truth:5}] {row['question']}")
+        print(f"        model said: {row['answer']!r}   returned: {row['returned']!r}")
+    if len(rows) > LISTED:
+        print(f"... {len(rows) - LISTED} more questions in {out / 'report.md'}")
 
 
 def _risk_reading(risk: dict[str, Any]) -> str:

@@ -1,56 +1,77 @@
-"""What the probe and likelihood scorers read, accumulated on the device inside stock vLLM.
+"""What the probe and likelihood scorers read, taken inside stock vLLM's worker.
 
-Runs in vLLM's worker processes (the connector of :mod:`.vllm_connector` installs it). Two
-parts, split where vLLM's fast path splits:
+Runs in vLLM's worker processes (the connector of :mod:`.vllm_connector` installs it; no
+vLLM import here, so the tests drive it with vLLM's call orders and no engine). Three parts,
+split where vLLM's fast path and its threads split:
 
 - **The tap** (:func:`install_tap`), *inside* the compiled graph: a forward hook on each probe
-  layer copies the layer's residual stream ``e^l = hidden_states + residual`` (vLLM's decoder
-  layers return the two apart) of every row of the step into a static buffer ``[T, D]`` per layer
-  (a module buffer, so torch.compile traces the copy into the graph and a CUDA graph
-  replays it at the same address). Registered before vLLM compiles the model.
-- **The accumulator** (:class:`RequestCapture`), eager, once per step beside the sampler:
-  the rows that predict a token (the last row of each request, ``query_start_loc[1:] − 1``)
-  are added into per-request running sums on the device, with the last row, the row before
-  it, the count and the full-vocabulary entropy at each answer position. Nothing is copied
-  to the host until a request finishes; then its summary is copied once.
+  layer copies the layer's residual stream ``e^l = hidden_states + residual`` of every row of
+  the step into a static buffer ``[T, D]`` per layer (a module buffer: torch.compile traces the
+  copy into the graph and a CUDA graph replays it at the same address).
+- **The step copy** (:class:`StepCopier`), on the engine thread beside the sampler, for the
+  requests that asked for a capture only: their rows that predicted a token (the last row
+  of each, ``query_start_loc[1:] − 1``), their positions and their full-vocabulary entropies
+  (in row chunks: :func:`token_entropy`) are gathered on the device and copied to
+  persistent pinned host buffers on a copy stream, with an event. Nothing on this thread
+  waits for the device, and no pageable host memory is copied.
+- **The host sums** (:class:`HostCapture`), where vLLM reads the step's output (the worker's
+  output thread under async scheduling, the engine thread otherwise): after the step's event,
+  the rows are added into per-request float64 sums, the sampled tokens appended, and vLLM's
+  own stop rule decides which requests finished; their payloads go into the step's
+  ``KVConnectorWorkerMetadata``. Each step's rows are copied out at that step, so the next
+  step (already queued under async scheduling, on another CUDA stream under TP > 1) writes
+  nothing a read-out reads; the bookkeeping shared by the two threads is under one lock.
 
-A row counts when its position is the one the request expects next (``P − 1`` first, then
+A row counts when its position is the one its request expects next (``P − 1`` first, then
 ``P, P + 1, …``): rows of unfinished prefill chunks are skipped, a request recomputed after
-preemption resumes where it stopped, and one extra step scheduled after the last token
-(async scheduling) is taken back at read-out (the count says so).
+preemption resumes where it stopped, and the step scheduled after the last token (async
+scheduling) finds its request finished. A hook that raises fails the captures of the
+requests it was serving (their responses carry the error, the guard abstains), never the
+engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from .vllm_payload import encode_capture
+from .vllm_payload import encode_capture, tokens_digest
 
 __all__ = [
-    "CaptureIncomplete",
-    "RequestCapture",
-    "finishes",
+    "ENTROPY_CHUNK_ROWS",
+    "HostCapture",
+    "HostRows",
+    "RunnerCapture",
+    "StepCopier",
     "install_tap",
-    "step_from_runner",
-    "tapped_rows",
     "token_entropy",
 ]
 
+log = logging.getLogger(__name__)
 
-class CaptureIncomplete(RuntimeError):
-    """A finished request's capture lacks rows (evicted, or the engine ran a path the tap
-    does not see); its response carries an error instead of a summary."""
+#: Logit rows whose entropy is computed at once (two ``[rows, V]`` float32 temporaries).
+ENTROPY_CHUNK_ROWS = 32
 
 
-def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Full-vocabulary entropy (nats) of each row: ``[R, V] -> [R]`` float32, on the logits'
-    device."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).nan_to_num(0.0).sum(-1)
+def token_entropy(logits: torch.Tensor, chunk_rows: int = ENTROPY_CHUNK_ROWS) -> torch.Tensor:
+    """Full-vocabulary entropy (nats) of each row: ``[R, V] -> [R]`` float32 on the logits'
+    device, ``−Σ p·log p`` with ``log p = x − logsumexp(x)`` computed in place, ``chunk_rows``
+    rows at a time (at most two ``[chunk_rows, V]`` float32 temporaries, never ``[R, V]``;
+    ``−inf`` logits, masked tokens, add nothing)."""
+    rows = int(logits.shape[0])
+    out = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    lowest = torch.finfo(torch.float32).min
+    for start in range(0, rows, chunk_rows):
+        logp = logits[start : start + chunk_rows].to(torch.float32, copy=True).clamp_(min=lowest)
+        logp.sub_(torch.logsumexp(logp, dim=-1, keepdim=True))
+        out[start : start + chunk_rows] = -logp.exp().mul_(logp).sum(-1)
+    return out
 
 
 def install_tap(
@@ -90,241 +111,338 @@ def install_tap(
     return taps
 
 
-def tapped_rows(taps: Sequence[torch.Tensor], index: torch.Tensor) -> torch.Tensor:
-    """The rows ``index`` of each tap: ``[K, R, D]`` (on the taps' device)."""
-    return torch.stack([tap.index_select(0, index) for tap in taps])
+# ---- the step copy: engine thread, no wait on the device ---------------------------------
 
 
-def _on(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    return tensor if tensor.device == device else tensor.to(device, non_blocking=True)
+@dataclass
+class HostRows:
+    """One step's rows of the requests that asked, on the host once :meth:`wait` returns:
+    ``rows [R, K, D]`` float32, ``entropy [R]``, ``positions [R]`` (views of pinned buffers,
+    valid until the ring comes round again) for ``req_ids`` in that order."""
+
+    req_ids: list[str]
+    rows: np.ndarray
+    entropy: np.ndarray
+    positions: np.ndarray
+    event: Any = None
+    keep: tuple[torch.Tensor, ...] = ()
+
+    def wait(self) -> None:
+        """Block until the step's copies reached the host (the output thread's wait)."""
+        if self.event is not None:
+            self.event.synchronize()
+        self.keep = ()
 
 
-def step_from_runner(
-    capture: RequestCapture, taps: Sequence[torch.Tensor], runner: Any, logits: torch.Tensor
-) -> None:
-    """One step of vLLM's model runner into ``capture``: its requests in batch order
-    (``input_batch.req_ids``), the rows that predicted the sampled tokens
-    (``query_start_loc[1:] − 1``, where ``logits`` were computed) and their positions. Every
-    index is built on the taps' device (a GPU's rows are never indexed from the host)."""
-    num = int(runner.input_batch.num_reqs)
-    if num == 0 or logits.shape[0] != num:  # a dummy or profiling run, or prompt logprobs
-        return
-    device = taps[0].device
-    index = _on(runner.query_start_loc.gpu[1 : num + 1], device).long() - 1
-    req_ids = list(runner.input_batch.req_ids[:num])
-    prompt = [int(runner.requests[r].num_prompt_tokens) for r in req_ids]
-    positions = runner.positions.index_select(0, _on(index, runner.positions.device))
-    capture.step(
-        tapped_rows(taps, index),
-        _on(positions, device),
-        logits,
-        req_ids,
-        prompt,
-        alive=runner.requests.keys(),
-    )
+def _pinned(*shape: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:
+    return torch.zeros(*shape, dtype=dtype, pin_memory=pin)
 
 
-def finishes(params: Any, token: int, generated: int, prompt_len: int, max_model_len: int) -> bool:
-    """vLLM's stop rule (``vllm.v1.core.sched.utils.check_stop``), replayed on the worker
-    when the token is sampled: EOS, a stop token id, max_tokens or the context length.
-    (Stop *strings* are matched by the frontend after the engine has moved on; a response
-    cut by one carries no capture, and the client says so.)"""
-    if params is None:
-        return False
-    if token == getattr(params, "eos_token_id", None):
-        return True
-    if token in (getattr(params, "stop_token_ids", None) or ()):
-        return True
-    max_tokens = getattr(params, "max_tokens", None)
-    return (max_tokens is not None and generated >= int(max_tokens)) or (
-        prompt_len + generated >= max_model_len
-    )
-
-
-class RequestCapture:
-    """Per-request running sums of the tapped rows, on the tap's device.
+class StepCopier:
+    """Persistent pinned host buffers for a ring of steps, and the copies into them.
 
     Args:
-        layers: the tapped decoder layers (``K``).
-        hidden_size: ``D``.
-        max_requests: requests held at once (vLLM's ``max_num_seqs``; more are refused).
-        max_entropy_tokens: answer positions whose entropy is kept per request (longer
-            answers get ``entropy: None``).
-        device: where the sums live (the model's device).
-
-    State (trailing underscore: device tensors): ``sum_`` ``[S, K, D]`` float64, ``last_``,
-    ``prev_`` ``[S, K, D]`` float32, ``count_``, ``next_``, ``start_`` ``[S]`` int64,
-    ``entropy_`` ``[S, E + 1]`` (column ``E`` takes rows that do not count).
+        layers: ``K`` tapped layers; ``hidden_size``: ``D``.
+        max_rows: most requests in one step (vLLM's ``max_num_seqs``).
+        device: the taps' device (``cuda``: a copy stream and events; the CPU copies in place).
+        ring: steps whose rows may wait for their read-out at once (vLLM's concurrent
+            batches plus one: a step is read before the step two later is scheduled).
+        copy_stream: copy on a CUDA copy stream with events (default: on a CUDA device).
     """
 
     def __init__(
         self,
-        layers: Sequence[int],
+        layers: int,
         hidden_size: int,
-        max_requests: int,
-        max_entropy_tokens: int,
-        device: torch.device | str,
+        max_rows: int,
+        device: torch.device,
+        ring: int,
+        copy_stream: bool | None = None,
+    ) -> None:
+        self.device = torch.device(device)
+        cuda = self.device.type == "cuda" if copy_stream is None else bool(copy_stream)
+        pin = cuda and torch.cuda.is_available()
+        self.pinned = pin
+        self.ring = int(ring)
+        self.rows = _pinned(ring, max_rows, layers, hidden_size, dtype=torch.float32, pin=pin)
+        self.entropy = _pinned(ring, max_rows, dtype=torch.float32, pin=pin)
+        self.positions = _pinned(ring, max_rows, dtype=torch.int64, pin=pin)
+        self.index = _pinned(ring, 2, max_rows, dtype=torch.int64, pin=pin)
+        self.index_np = self.index.numpy()
+        self.index_dev = torch.zeros(2, max_rows, dtype=torch.int64, device=self.device)
+        self.stream = torch.cuda.Stream(self.device) if cuda else None
+        self.copied = [torch.cuda.Event() if cuda else None for _ in range(ring)]
+        self.indexed = [torch.cuda.Event() if cuda else None for _ in range(ring)]
+        self.step = 0
+
+    def copy(
+        self,
+        taps: Sequence[torch.Tensor],
+        logits: torch.Tensor,
+        positions: torch.Tensor,
+        token_rows: Sequence[int],
+        batch_rows: Sequence[int],
+        req_ids: list[str],
+    ) -> HostRows:
+        """Gather rows ``token_rows`` of each tap and of ``positions``, the entropies of logit
+        rows ``batch_rows``, and start their copy to the host (returns without waiting)."""
+        slot, n = self.step % self.ring, len(token_rows)
+        self.step += 1
+        indexed, copied = self.indexed[slot], self.copied[slot]
+        if indexed is not None:  # the index copy of `ring` steps ago (long done)
+            indexed.synchronize()
+        self.index_np[slot, 0, :n] = token_rows
+        self.index_np[slot, 1, :n] = batch_rows
+        index = self.index_dev[:, :n]
+        index.copy_(self.index[slot, :, :n], non_blocking=True)
+        if indexed is not None:
+            indexed.record()
+        rows = torch.stack([tap.index_select(0, index[0]) for tap in taps], dim=1).float()
+        entropy = token_entropy(logits.index_select(0, index[1]))
+        pos = positions.index_select(0, index[0].to(positions.device)).to(torch.int64)
+        host = (self.rows[slot, :n], self.entropy[slot, :n], self.positions[slot, :n])
+        views = [t.numpy() for t in host]
+        if self.stream is None or copied is None:
+            for dst, src in zip(host, (rows, entropy, pos), strict=True):
+                dst.copy_(src)
+            return HostRows(req_ids, views[0], views[1], views[2])
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            for dst, src in zip(host, (rows, entropy, pos), strict=True):
+                dst.copy_(src, non_blocking=True)
+            copied.record(self.stream)
+        keep = (rows, entropy, pos)
+        return HostRows(req_ids, views[0], views[1], views[2], event=copied, keep=keep)
+
+
+# ---- the host sums: wherever vLLM reads the step's output --------------------------------
+
+
+@dataclass
+class _Held:
+    """One request's running capture on the host."""
+
+    prompt_len: int
+    prompt_ids: list[int] | None
+    params: Any
+    sum: np.ndarray
+    last: np.ndarray
+    count: int = 0
+    entropy: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    error: str | None = None
+
+
+#: ``stop(params, prompt_len, output_ids) -> bool``: vLLM's stop rule on a request's state.
+StopRule = Callable[[Any, int, list[int]], bool]
+
+
+class HostCapture:
+    """Per-request sums of the requests that asked for a capture (one per model runner).
+
+    Args:
+        layers: the tapped decoder layers (``K``); ``hidden_size``: ``D``.
+        max_entropy_tokens: answer positions whose entropy is kept (longer: ``entropy: None``).
+        stop: vLLM's stop rule (:func:`~.vllm_support.stop_view` + ``check_stop``).
+
+    Called from two threads: :meth:`want`, :meth:`admit` and :meth:`release` on the engine
+    thread, :meth:`add` / :meth:`sampled` where vLLM reads step outputs; one lock.
+    """
+
+    def __init__(
+        self, layers: Sequence[int], hidden_size: int, max_entropy_tokens: int, stop: StopRule
     ) -> None:
         self.layers = [int(x) for x in layers]
-        self.device = torch.device(device)
-        s, k, d, e = int(max_requests), len(self.layers), int(hidden_size), int(max_entropy_tokens)
-        f32, i64 = torch.float32, torch.int64
-        # float64 sums: the mean as hidden_summary computes it from float32 rows
-        self.sum_ = torch.zeros(s, k, d, dtype=torch.float64, device=self.device)
-        self.last_ = torch.zeros(s, k, d, dtype=f32, device=self.device)
-        self.prev_ = torch.zeros(s, k, d, dtype=f32, device=self.device)
-        self.count_ = torch.zeros(s, dtype=i64, device=self.device)
-        self.next_ = torch.zeros(s, dtype=i64, device=self.device)
-        self.start_ = torch.zeros(s, dtype=i64, device=self.device)
-        self.entropy_ = torch.zeros(s, e + 1, dtype=f32, device=self.device)
-        self.max_entropy_tokens = e
-        self.slots: dict[str, int] = {}
-        self.prompt_len: dict[str, int] = {}
-        self.generated: dict[str, int] = {}
-        self._free = list(range(s - 1, -1, -1))
+        self.shape = (len(self.layers), int(hidden_size))
+        self.max_entropy_tokens = int(max_entropy_tokens)
+        self.stop = stop
+        self.lock = threading.Lock()
+        self.wanted: set[str] = set()
+        self.held: dict[str, _Held] = {}
 
-    # ---- per step (eager, no host copy) ------------------------------------------------
+    def want(self, req_ids: Sequence[str]) -> None:
+        """Requests that asked for a capture (the scheduler's metadata of this step)."""
+        with self.lock:
+            self.wanted.update(req_ids)
 
-    def _slot_of(self, req: str, prompt_len: int, alive: Iterable[str] | None) -> int | None:
-        slot = self.slots.get(req)
-        if slot is not None:
-            return slot
-        if not self._free and alive is not None:  # drop requests the engine no longer holds
-            keep = set(alive)
-            for gone in [r for r in self.slots if r not in keep]:
-                self.release(gone)
-        if not self._free:
-            return None
-        slot = self._free.pop()
-        self.slots[req] = slot
-        self.prompt_len[req] = int(prompt_len)
-        self.generated[req] = 0
-        return slot
+    def admit(
+        self, req: str, prompt_ids: Sequence[int] | None, prompt_len: int, params: Any
+    ) -> bool:
+        """Start holding ``req`` if it asked (engine thread, at its first step); whether it is
+        held."""
+        with self.lock:
+            if req in self.held:
+                return True
+            if req not in self.wanted:
+                return False
+            ids = None if prompt_ids is None else [int(t) for t in prompt_ids]
+            self.held[req] = _Held(
+                int(prompt_len), ids, params, np.zeros(self.shape), np.zeros(self.shape, np.float32)
+            )
+            return True
 
-    def step(
-        self,
-        rows: torch.Tensor,
-        positions: torch.Tensor,
-        logits: torch.Tensor,
-        req_ids: Sequence[str],
-        prompt_lens: Sequence[int],
-        alive: Iterable[str] | None = None,
-    ) -> None:
-        """Add one step: ``rows [K, R, D]`` (the tapped rows at the sampled positions),
-        ``positions [R]`` and ``logits [R, V]`` on the device, ``req_ids`` / ``prompt_lens``
-        (host) of the ``R`` requests in batch order."""
-        if not req_ids:
-            return
-        slots, new, starts = [], [], []
-        for req, p in zip(req_ids, prompt_lens, strict=True):
-            known = req in self.slots
-            slot = self._slot_of(req, p, alive)
-            slots.append(-1 if slot is None else slot)
-            if slot is not None and not known:
-                new.append(slot)
-                starts.append(int(p) - 1)
-        if new:
-            new_t = torch.tensor(new, dtype=torch.int64).to(self.device, non_blocking=True)
-            start_t = torch.tensor(starts, dtype=torch.int64).to(self.device, non_blocking=True)
-            for buf in (self.sum_, self.last_, self.prev_, self.entropy_):
-                buf.index_fill_(0, new_t, 0.0)
-            self.count_.index_fill_(0, new_t, 0)
-            self.start_.index_copy_(0, new_t, start_t)
-            self.next_.index_copy_(0, new_t, start_t)
-        held = [i for i, s in enumerate(slots) if s >= 0]
-        if not held:
-            return
-        slot_t = torch.tensor([slots[i] for i in held], dtype=torch.int64)
-        slot_t = slot_t.to(self.device, non_blocking=True)
-        if len(held) != len(slots):
-            pick = torch.tensor(held, dtype=torch.int64).to(self.device, non_blocking=True)
-            rows, positions, logits = rows[:, pick], positions[pick], logits[pick]
-        pos = positions.to(torch.int64)
-        include = pos == self.next_[slot_t]  # [R]
-        r = rows.transpose(0, 1).float()  # [R, K, D]
-        inc3 = include[:, None, None]
-        old_last = self.last_[slot_t]
-        self.prev_[slot_t] = torch.where(inc3, old_last, self.prev_[slot_t])
-        self.last_[slot_t] = torch.where(inc3, r, old_last)
-        self.sum_.index_add_(0, slot_t, (r * inc3.to(r.dtype)).double())
-        col = (pos - self.start_[slot_t]).clamp(0, self.max_entropy_tokens)
-        col = torch.where(include, col, torch.full_like(col, self.max_entropy_tokens))
-        self.entropy_[slot_t, col] = token_entropy(logits)
-        step_inc = include.to(torch.int64)
-        self.count_.index_add_(0, slot_t, step_inc)
-        self.next_.index_add_(0, slot_t, step_inc)
+    def release(self, reqs: Sequence[str]) -> None:
+        """Forget requests the scheduler finished or aborted."""
+        with self.lock:
+            for req in reqs:
+                self.wanted.discard(req)
+                self.held.pop(req, None)
 
-    def sampled(self, req: str, num_tokens: int) -> int:
-        """Record ``num_tokens`` tokens sampled for ``req``; returns its total."""
-        if req in self.generated:
-            self.generated[req] += int(num_tokens)
-            return self.generated[req]
-        return 0
+    def fail(self, reqs: Sequence[str], reason: str) -> None:
+        """The capture of ``reqs`` failed (their payloads carry ``reason``)."""
+        with self.lock:
+            for req in reqs:
+                held = self.held.get(req)
+                if held is not None and held.error is None:
+                    held.error = reason
 
-    # ---- when requests finish (one host copy for all of them) --------------------------
+    def add(self, step: HostRows) -> None:
+        """One step's rows, once on the host."""
+        step.wait()
+        with self.lock:
+            for j, req in enumerate(step.req_ids):
+                held = self.held.get(req)
+                if held is None or int(step.positions[j]) != held.prompt_len - 1 + held.count:
+                    continue  # finished, a prefill chunk's row, or recomputed after preemption
+                held.sum += step.rows[j]
+                held.last = step.rows[j].copy()
+                held.count += 1
+                if held.count <= self.max_entropy_tokens:
+                    held.entropy.append(float(step.entropy[j]))
 
-    def release(self, req: str) -> None:
-        slot = self.slots.pop(req, None)
-        self.prompt_len.pop(req, None)
-        self.generated.pop(req, None)
-        if slot is not None:
-            self._free.append(slot)
-
-    def read_out(self, reqs: Sequence[str]) -> dict[str, dict[str, Any]]:
-        """The summaries of finished requests ``reqs`` (their slots freed): per request the
-        payload of :func:`~.vllm_payload.encode_capture`, or ``{"error": ...}``."""
-        held = [r for r in reqs if r in self.slots]
-        out: dict[str, dict[str, Any]] = {
-            r: {"error": "the engine held no capture for this request (evicted or unknown)"}
-            for r in reqs
-            if r not in self.slots
-        }
-        if not held:
-            return out
-        idx = torch.tensor([self.slots[r] for r in held], dtype=torch.int64).to(self.device)
-        host = [
-            t.index_select(0, idx).cpu().numpy()
-            for t in (self.sum_, self.last_, self.prev_, self.count_, self.entropy_)
-        ]
-        sums, lasts, prevs, counts, ents = host
-        for j, req in enumerate(held):
-            n = self.generated.get(req, 0)
-            count = int(counts[j])
-            try:
-                out[req] = _summary(
-                    sums[j],
-                    lasts[j],
-                    prevs[j],
-                    count,
-                    ents[j],
-                    n,
-                    self.max_entropy_tokens,
-                    self.layers,
-                )
-            except CaptureIncomplete as exc:
-                out[req] = {"error": str(exc)}
-            self.release(req)
+    def sampled(self, tokens: dict[str, int]) -> dict[str, dict[str, Any]]:
+        """Tokens sampled this step (request -> token); the payloads of the requests they
+        finished (vLLM's stop rule), whose state is then dropped."""
+        out: dict[str, dict[str, Any]] = {}
+        with self.lock:
+            for req, token in tokens.items():
+                held = self.held.get(req)
+                if held is None:
+                    continue
+                held.tokens.append(int(token))
+                try:
+                    done = self.stop(held.params, held.prompt_len, held.tokens)
+                except Exception as exc:  # a stop rule that cannot read this request
+                    held.error = held.error or f"the stop rule failed: {exc!r}"
+                    done = False
+                if done:
+                    out[req] = self._payload(held)
+                    del self.held[req]
+                    self.wanted.discard(req)
         return out
 
+    def _payload(self, held: _Held) -> dict[str, Any]:
+        n = len(held.tokens)
+        if held.error is not None:
+            return {"error": f"the capture failed on the server: {held.error}"}
+        if held.count != n or n == 0:
+            return {
+                "error": f"the capture holds {held.count} rows for {n} generated tokens; the "
+                "engine ran a path the tap does not see"
+            }
+        mean = held.sum / float(n)
+        entropy = held.entropy if n <= self.max_entropy_tokens else None
+        digest = tokens_digest(held.prompt_ids, held.tokens)
+        return encode_capture(self.layers, held.last, mean, entropy, digest, n)
 
-def _summary(
-    total: np.ndarray,
-    last: np.ndarray,
-    prev: np.ndarray,
-    count: int,
-    entropy: np.ndarray,
-    n: int,
-    max_entropy: int,
-    layers: Sequence[int],
-) -> dict[str, Any]:
-    """One request's payload from its host copies (``[K, D]`` rows, ``n`` tokens)."""
-    if count == n + 1 and n > 0:  # one step ran after the last token: take it back
-        total, last, count = total - last, prev, n
-    if count != n or n == 0:
-        raise CaptureIncomplete(
-            f"the capture holds {count} rows for {n} generated tokens; the engine ran a "
-            "path the tap does not see (speculative decoding, or a preempted request dropped)"
+    @property
+    def size(self) -> int:
+        """Requests held now."""
+        with self.lock:
+            return len(self.held)
+
+
+# ---- one model runner's capture: the glue vLLM's runner methods call ----------------------
+
+
+class RunnerCapture:
+    """What one model runner holds: the tap's buffers, the step copier and the host sums.
+
+    Called by the connector's wrappers of vLLM's runner methods, in vLLM's order:
+    :meth:`begin_step` and :meth:`on_logits` inside ``execute_model`` and :meth:`take_step`
+    in ``sample_tokens`` (engine thread); :meth:`on_output` where the step's output is read
+    (under async scheduling: after the next step was queued, on the worker's output thread
+    under TP > 1). ``runner`` is read as vLLM's V1 ``GPUModelRunner`` lays it out
+    (``input_batch.req_ids``, ``query_start_loc.np``, ``positions``, ``requests``).
+    """
+
+    def __init__(
+        self,
+        runner: Any,
+        taps: Sequence[torch.Tensor],
+        host: HostCapture,
+        ring: int,
+    ) -> None:
+        self.runner = runner
+        self.taps = list(taps)
+        self.host = host
+        self.copier = StepCopier(
+            len(host.layers), host.shape[1], int(runner.max_num_reqs), taps[0].device, ring
         )
-    mean = total / float(n)
-    ent = [float(x) for x in entropy[:n]] if n <= max_entropy else None
-    return encode_capture(layers, last, mean, ent, n)
+        self.pending: HostRows | None = None
+        self.profiling = False
+
+    def begin_step(self, scheduler_output: Any) -> None:
+        """A step starts: forget the requests the scheduler finished or aborted."""
+        self.pending = None
+        finished = getattr(scheduler_output, "finished_req_ids", None)
+        if finished:
+            self.host.release(list(finished))
+
+    def on_logits(self, logits: torch.Tensor) -> None:
+        """Beside the sampler: copy this step's rows of the requests that asked."""
+        if self.profiling:  # vLLM's profiling run: the copy's peak memory, at most rows
+            n = min(int(logits.shape[0]), self.copier.rows.shape[1])
+            self.copier.copy(
+                self.taps, logits, self.runner.positions, list(range(n)), list(range(n)), [""] * n
+            ).wait()
+            return
+        runner, reqs = self.runner, []
+        try:
+            num = int(runner.input_batch.num_reqs)
+            if num == 0 or int(logits.shape[0]) != num:  # prompt logprobs, or a dummy run
+                return
+            qsl = runner.query_start_loc.np
+            token_rows, batch_rows = [], []
+            for b, req in enumerate(runner.input_batch.req_ids[:num]):
+                state = runner.requests.get(req)
+                if state is not None and self.host.admit(
+                    req, state.prompt_token_ids, state.num_prompt_tokens, state.sampling_params
+                ):
+                    token_rows.append(int(qsl[b + 1]) - 1)
+                    batch_rows.append(b)
+                    reqs.append(req)
+            if reqs:
+                self.pending = self.copier.copy(
+                    self.taps, logits, runner.positions, token_rows, batch_rows, reqs
+                )
+        except Exception as exc:
+            log.exception("abstain_guard: the step copy failed; its requests get no capture")
+            self.host.fail(reqs, f"the step copy raised {exc!r}")
+
+    def take_step(self) -> HostRows | None:
+        """This step's rows (``sample_tokens``, engine thread), for its output's read-out."""
+        step, self.pending = self.pending, None
+        return step
+
+    def on_output(self, step: HostRows | None, output: Any) -> dict[str, dict[str, Any]]:
+        """The step's rows added and its sampled tokens read (``output``: vLLM's
+        ``ModelRunnerOutput``, token ids on the host); the payloads of the requests it
+        finished."""
+        try:
+            if step is not None:
+                self.host.add(step)
+            index = getattr(output, "req_id_to_index", None) or {}
+            sampled = getattr(output, "sampled_token_ids", None) or []
+            with self.host.lock:
+                held = [r for r in self.host.held if r in index]
+            tokens = {}
+            for req in held:
+                ids = sampled[index[req]] if index[req] < len(sampled) else []
+                if len(ids):
+                    tokens[req] = int(ids[-1])
+            return self.host.sampled(tokens)
+        except Exception as exc:
+            log.exception("abstain_guard: reading a step's capture failed")
+            self.host.fail(step.req_ids if step is not None else [], f"the read-out raised {exc!r}")
+            return {}

@@ -6,8 +6,9 @@ graphs, CUDA graphs) plus the guard's connector flag (:mod:`.vllm_connector`), w
 with each response what the probe and likelihood scorers read: the probe layers' residual
 stream (last row and mean over the answer), full-vocabulary token entropies, and the
 server's engine record (vLLM version, dtype, device, parallelism, compile mode, the served
-weights' sha256) that the guard checks against its calibration. Token ids and OpenAI
-logprobs come from vLLM itself. Geometry scorers are refused on its responses
+model's verified identity, the LoRA adapter) that the guard checks against its calibration,
+each payload signed under ``$ABSTAIN_GUARD_PAYLOAD_KEY`` and bound to the response's tokens.
+Token ids and OpenAI logprobs come from vLLM itself. Geometry scorers are refused on its responses
 (:class:`~abstain_guard.errors.BackendCapabilityError`): Ω, Θ and Φ need the project's exact
 engine (:class:`~abstain_guard.adapters.GeometryChatModel`).
 
@@ -52,7 +53,14 @@ from pydantic import ConfigDict, Field, PrivateAttr
 from abstain_guard.contract.metadata import BACKEND, ENTROPY, GEOMETRY, HIDDEN, LOGPROBS
 from abstain_guard.errors import BackendError, InvalidInputError
 
-from .vllm_payload import PAYLOAD_KEY, decode_capture, logprob_content
+from .vllm_payload import (
+    PAYLOAD_KEY,
+    PAYLOAD_KEY_ENV,
+    decode_capture,
+    logprob_content,
+    payload_key,
+    request_token,
+)
 
 __all__ = [
     "ENGINE_RECORD_KEYS",
@@ -69,11 +77,13 @@ VLLM_PYTHON_ENV = "ABSTAIN_GUARD_VLLM_PYTHON"
 VLLM_API_KEY_ENV = "VLLM_API_KEY"
 #: What a response's ``backend`` record and the artifact's decode path hold of the engine
 #: (a response whose values differ from calibration's is a mismatch): among them the served
-#: weights' sha256, so a server with other weights of the same shape is refused.
+#: model's verified identity (weights, config, tokenizer, chat template) and the response's
+#: LoRA adapter, so a server with other weights of the same shape is refused.
 ENGINE_RECORD_KEYS = (
     "name",
     "vllm_version",
-    "weights_sha256",
+    "model_sha256",
+    "lora",
     "quantization",
     "dtype",
     "device",
@@ -149,6 +159,8 @@ class _Engine:
             # has not been declared"); the engine keeps the library's portable one. Its bound
             # to calibration is measured, not bitwise.
             env["ATEN_CPU_CAPABILITY"] = "avx2"
+        # the payload secret: the caller's, else one generated for this process's servers
+        env[PAYLOAD_KEY_ENV] = payload_key(generate=True).decode("utf-8")
         package_root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         with open(self.log, "wb") as log:
@@ -399,7 +411,7 @@ class VLLMChatModel(BaseChatModel):
             "logprobs": True,
             "top_logprobs": int(top),
             "return_token_ids": True,
-            "kv_transfer_params": {PAYLOAD_KEY: {}},
+            "kv_transfer_params": {PAYLOAD_KEY: {"token": request_token(self._key())}},
         }
         if chat is not None:
             body["messages"] = chat
@@ -450,10 +462,24 @@ class VLLMChatModel(BaseChatModel):
         read = self._prompter().read(message, meta["prompt_token_ids"], meta["token_ids"], setup)
         return ChatResult(generations=[ChatGeneration(message=read)])
 
+    def _key(self) -> bytes:
+        """The payload secret (``$ABSTAIN_GUARD_PAYLOAD_KEY``; for a server started here and
+        no variable set, the one generated for this process)."""
+        return payload_key(generate=self.engine_url is None)
+
     def _capture(self, url: str, body: Mapping[str, Any]) -> tuple[Any, Any, Mapping[str, Any]]:
-        choice = body["choices"][0]
+        choices = body["choices"]
         try:
-            return decode_capture(body.get("kv_transfer_params"), len(choice["token_ids"]))
+            if len(choices) != 1:
+                raise BackendError(
+                    f"The vLLM server answered with {len(choices)} choices (n > 1 or beam "
+                    "search); a capture covers one answer, so the response is refused."
+                )
+            choice = choices[0]
+            prompt = body.get("prompt_token_ids") or choice.get("prompt_token_ids")
+            return decode_capture(
+                body.get("kv_transfer_params"), prompt, choice["token_ids"], self._key()
+            )
         except BackendError as exc:
             raise BackendError(f"{exc} (server {url})") from exc
 

@@ -10,16 +10,18 @@ place when the capture arrives — vLLM builds the OpenAI response from it after
 Until then it says why there is no capture; a response that leaves the engine still saying
 so (aborted, cut by a stop string, or evicted below) is refused by the client
 (:func:`~.vllm_payload.decode_capture` raises ``BackendError``), and the guard fails closed.
-A capture is never attached to another request's response.
+A capture is never attached to another request's response. Every payload — a capture or
+an error — is signed as it is completed (``sign``: :func:`~.vllm_payload.sign_payload` under
+the server's key), so the client tells the server's errors from a forgery.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["MAX_WAITING", "NO_CAPTURE", "CaptureMailbox"]
+__all__ = ["MAX_WAITING", "NOT_AUTHORIZED", "NO_CAPTURE", "CaptureMailbox"]
 
 #: Most captures, and most payloads, kept waiting for their other half. A finished request
 #: waits for its capture only until the same step's worker output arrives, so more than this
@@ -31,16 +33,29 @@ MAX_WAITING = 4096
 NO_CAPTURE = (
     "the engine finished the request without its capture (aborted, or cut by a stop string)"
 )
+#: The payload's error for a request that asked without the server's token (no activations).
+NOT_AUTHORIZED = (
+    "the request did not carry the token of the server's ABSTAIN_GUARD_PAYLOAD_KEY; no "
+    "activations are returned to it"
+)
+Sign = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 class CaptureMailbox:
     """Captures matched to their requests (scheduler side; one per engine)."""
 
-    def __init__(self, engine: Mapping[str, Any], max_waiting: int = MAX_WAITING) -> None:
+    def __init__(
+        self,
+        engine: Mapping[str, Any],
+        sign: Sign = lambda payload: payload,
+        max_waiting: int = MAX_WAITING,
+    ) -> None:
         self.engine = dict(engine)
+        self.sign = sign
         self.max_waiting = max_waiting
         self._new: list[str] = []
         self._wanted: set[str] = set()
+        self._denied: set[str] = set()
         self._pending: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._arrived: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
@@ -49,21 +64,32 @@ class CaptureMailbox:
         self._new.append(request_id)
         self._wanted.add(request_id)
 
+    def deny(self, request_id: str) -> None:
+        """A new request asked for its capture without the server's token."""
+        self._denied.add(request_id)
+
     def take_new(self) -> list[str]:
         """The requests that asked since the last call (sent to the workers this step)."""
         new, self._new = self._new, []
         return new
 
-    def finished(self, request_id: str) -> dict[str, Any] | None:
-        """The payload of a request that just finished (None: it asked for none). Filled in
-        place by :meth:`arrive` when its capture comes with the step's worker output."""
+    def finished(
+        self, request_id: str, extra: Mapping[str, Any] | None = None
+    ) -> dict[str, Any] | None:
+        """The payload of a request that just finished (None: it asked for none), with
+        ``extra`` (what the scheduler records of it: its LoRA adapter). Filled in place by
+        :meth:`arrive` when its capture comes with the step's worker output."""
+        if request_id in self._denied:
+            self._denied.discard(request_id)
+            return self.sign({"error": NOT_AUTHORIZED})
         if request_id not in self._wanted:
             return None
         self._wanted.discard(request_id)
+        own = {**(extra or {}), "engine": self.engine}
         capture = self._arrived.pop(request_id, None)
         if capture is not None:
-            return {**capture, "engine": self.engine}
-        target: dict[str, Any] = {"error": NO_CAPTURE, "engine": self.engine}
+            return self.sign({**capture, **own})
+        target: dict[str, Any] = self.sign({"error": NO_CAPTURE, **own})
         self._pending[request_id] = target
         while len(self._pending) > self.max_waiting:
             self._pending.popitem(last=False)  # the oldest keeps its error: refused, not wrong
@@ -74,8 +100,10 @@ class CaptureMailbox:
         for request_id, capture in captures.items():
             target = self._pending.pop(request_id, None)
             if target is not None:  # the response is still being assembled
+                own = {k: target[k] for k in target if k not in ("error", "signature")}
                 target.clear()
-                target.update(capture, engine=self.engine)
+                target.update(capture, **own)
+                self.sign(target)
             else:
                 self._arrived[request_id] = dict(capture)
                 while len(self._arrived) > self.max_waiting:

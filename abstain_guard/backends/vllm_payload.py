@@ -2,47 +2,124 @@
 
 The connector (:mod:`.vllm_connector`) puts it in the response's ``kv_transfer_params``
 under :data:`PAYLOAD_KEY`; :class:`~abstain_guard.backends.vllm_chat.VLLMChatModel` asks for
-it with ``kv_transfer_params: {PAYLOAD_KEY: {}}`` and reads it with :func:`decode_capture`.
-Rows travel as base64 of little-endian float32 (a JSON list of 4,096 floats would be four
-times larger). Also here: the OpenAI logprobs of a response read per token
-(:func:`logprob_content`). NumPy only: the client side imports neither torch nor vLLM.
+it with ``kv_transfer_params: {PAYLOAD_KEY: {"token": request_token(key)}}`` and reads it with
+:func:`decode_capture`. Rows and entropies travel as base64 of little-endian float32.
+
+Both sides read one secret from :data:`PAYLOAD_KEY_ENV`: the server answers with activations
+only a request that carries the token derived from it (the key itself never travels), and
+signs every payload with HMAC-SHA256 under it; the client refuses a payload that is unsigned,
+altered, or bound to other tokens than the response's (the signature covers the sha256 of
+the prompt and answer token ids, so a capture cannot be moved to another response). Also
+here: the OpenAI logprobs of a response read per token (:func:`logprob_content`). NumPy and
+the standard library only: the client side imports neither torch nor vLLM.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import json
 import os
+import secrets
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from abstain_guard.errors import BackendError
 
+from .vllm_identity import weights_digest
+
 __all__ = [
     "CONNECTOR_MODULE",
     "CONNECTOR_NAME",
+    "CONNECTOR_ROLE",
     "PAYLOAD_KEY",
+    "PAYLOAD_KEY_ENV",
     "PAYLOAD_VERSION",
     "connector_flag",
     "decode_capture",
     "encode_capture",
     "logprob_content",
+    "payload_key",
+    "request_token",
+    "sign_payload",
+    "tokens_digest",
     "weights_digest",
 ]
 
-#: The connector's name and module (vLLM's ``--kv-transfer-config``).
+#: The connector's name, module and role (vLLM's ``--kv-transfer-config``). ``kv_producer``:
+#: of vLLM's roles the one with the fewest side effects (docs/vllm.md, "The connector's role").
 CONNECTOR_NAME = "AbstainGuardConnector"
 CONNECTOR_MODULE = "abstain_guard.backends.vllm_connector"
+CONNECTOR_ROLE = "kv_producer"
 
 #: The key of the capture in ``kv_transfer_params`` (request and response).
 PAYLOAD_KEY = "abstain_guard"
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+#: The secret both the server's connector and the guard read (any string; 32+ random bytes).
+PAYLOAD_KEY_ENV = "ABSTAIN_GUARD_PAYLOAD_KEY"
 #: Bumped when the payload's layout changes.
-PAYLOAD_VERSION = 1
+PAYLOAD_VERSION = 2
+_GENERATED: dict[str, str] = {}
+
+
+def payload_key(*, generate: bool = False) -> bytes:
+    """The payload secret of :data:`PAYLOAD_KEY_ENV` (``generate``: one random secret per
+    process when it is unset, for a server this process starts itself).
+
+    Raises:
+        BackendError: unset and not ``generate``.
+    """
+    value = os.environ.get(PAYLOAD_KEY_ENV)
+    if not value and generate:
+        value = _GENERATED.setdefault("key", secrets.token_hex(32))
+    if not value:
+        raise BackendError(
+            f"{PAYLOAD_KEY_ENV} is not set: the guard and the vLLM server's connector sign and "
+            "check each capture with one shared secret; set the same value in both "
+            "environments (e.g. `export "
+            f"{PAYLOAD_KEY_ENV}=$(python -c 'import secrets; print(secrets.token_hex(32))')`)."
+        )
+    return value.encode("utf-8")
+
+
+def request_token(key: bytes) -> str:
+    """What a request carries to be answered with activations (derived from ``key``)."""
+    return hmac.new(key, b"abstain_guard request", hashlib.sha256).hexdigest()
+
+
+def tokens_digest(prompt_ids: Sequence[int] | None, output_ids: Sequence[int]) -> str:
+    """sha256 of a response's prompt and answer token ids (what a payload is bound to)."""
+    ids = [None if prompt_ids is None else [int(t) for t in prompt_ids]]
+    text = json.dumps([*ids, [int(t) for t in output_ids]], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _canonical(payload: Mapping[str, Any]) -> bytes:
+    body = {k: v for k, v in payload.items() if k != "signature"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def sign_payload(payload: dict[str, Any], key: bytes) -> dict[str, Any]:
+    """Set ``payload["signature"]``: HMAC-SHA256 under ``key`` of everything else in it."""
+    payload["signature"] = hmac.new(key, _canonical(payload), hashlib.sha256).hexdigest()
+    return payload
+
+
+def _verify(payload: Mapping[str, Any], key: bytes) -> None:
+    got = payload.get("signature")
+    if not isinstance(got, str):
+        raise BackendError(
+            "The vLLM server's capture is unsigned: its connector is another version or the "
+            "response passed through something that rewrote it; refused."
+        )
+    want = hmac.new(key, _canonical(payload), hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(got, want):
+        raise BackendError(
+            "The vLLM server's capture does not carry a valid signature: it was altered, or "
+            f"the server's {PAYLOAD_KEY_ENV} differs from this process's; refused."
+        )
 
 
 def connector_flag(layers: Sequence[int] | None = None) -> list[str]:
@@ -52,19 +129,23 @@ def connector_flag(layers: Sequence[int] | None = None) -> list[str]:
     config: dict[str, Any] = {
         "kv_connector": CONNECTOR_NAME,
         "kv_connector_module_path": CONNECTOR_MODULE,
-        "kv_role": "kv_both",
+        "kv_role": CONNECTOR_ROLE,
     }
     if layers:
         config["kv_connector_extra_config"] = {"layers": [int(x) for x in layers]}
     return ["--kv-transfer-config", json.dumps(config)]
 
 
-def _b64(rows: np.ndarray) -> str:
-    return base64.b64encode(np.ascontiguousarray(rows, dtype="<f4").tobytes()).decode("ascii")
+def _b64(values: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(values, dtype="<f4").tobytes()).decode("ascii")
+
+
+def _floats(text: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(text), dtype="<f4")
 
 
 def _rows(text: str, k: int) -> np.ndarray:
-    flat = np.frombuffer(base64.b64decode(text), dtype="<f4")
+    flat = _floats(text)
     if k <= 0 or flat.size % k:
         raise ValueError(f"{flat.size} floats do not split into {k} layers")
     return flat.reshape(k, -1)
@@ -74,32 +155,25 @@ def encode_capture(
     layers: Sequence[int],
     last: np.ndarray,
     mean: np.ndarray,
-    entropy: Sequence[float] | None,
+    entropy: Sequence[float] | np.ndarray | None,
+    tokens: str,
     num_tokens: int,
 ) -> dict[str, Any]:
     """The payload of one response: the probe layers' last row and mean ``[K, D]``, the
-    entropies of its ``num_tokens`` tokens (None when too long to keep)."""
+    entropies of its ``num_tokens`` tokens (None when too long to keep), and ``tokens``
+    (:func:`tokens_digest` of its prompt and answer)."""
     return {
         "version": PAYLOAD_VERSION,
         "layers": [int(x) for x in layers],
         "num_tokens": int(num_tokens),
+        "tokens_sha256": str(tokens),
         "last": _b64(np.asarray(last, dtype=np.float32)),
         "mean": _b64(np.asarray(np.asarray(mean, dtype=np.float64), dtype=np.float32)),
-        "entropy": None if entropy is None else [float(x) for x in entropy],
+        "entropy": None if entropy is None else _b64(np.asarray(entropy, dtype=np.float32)),
     }
 
 
-def decode_capture(
-    params: Mapping[str, Any] | None, num_tokens: int
-) -> tuple[list[float] | None, dict[str, Any] | None, Mapping[str, Any]]:
-    """``(entropy, hidden, engine)`` of a response's ``kv_transfer_params``: the entropies,
-    the ``geometry["hidden"]`` summary (the layout of
-    :func:`abstain_guard.contract.metadata.hidden_summary`) and the server's engine record.
-
-    Raises:
-        BackendError: the server sent no capture (its ``vllm serve`` runs without the
-            connector), an error instead of one, or one for another number of tokens.
-    """
+def _payload(params: Mapping[str, Any] | None, key: bytes) -> Mapping[str, Any]:
     got = (params or {}).get(PAYLOAD_KEY)
     if not isinstance(got, Mapping):
         raise BackendError(
@@ -108,7 +182,7 @@ def decode_capture(
             "with kv_connector 'AbstainGuardConnector') in an environment where abstain-guard "
             "is installed."
         )
-    engine = got.get("engine") or {}
+    _verify(got, key)
     if got.get("error"):
         raise BackendError(f"The vLLM server could not capture this response: {got['error']}")
     if int(got.get("version", 0)) != PAYLOAD_VERSION:
@@ -116,52 +190,47 @@ def decode_capture(
             f"The server's capture has layout version {got.get('version')}, this client reads "
             f"{PAYLOAD_VERSION}: install the same abstain-guard version on both sides."
         )
+    return got
+
+
+def decode_capture(
+    params: Mapping[str, Any] | None,
+    prompt_ids: Sequence[int] | None,
+    output_ids: Sequence[int],
+    key: bytes,
+) -> tuple[list[float] | None, dict[str, Any] | None, Mapping[str, Any]]:
+    """``(entropy, hidden, engine)`` of a response's ``kv_transfer_params``, checked against
+    the response's prompt and answer token ids and signed under ``key``: the entropies, the
+    ``geometry["hidden"]`` summary (the layout of
+    :func:`abstain_guard.contract.metadata.hidden_summary`) and the server's engine record
+    (with the response's LoRA adapter under ``lora``).
+
+    Raises:
+        BackendError: the server sent no capture (its ``vllm serve`` runs without the
+            connector), an unsigned or altered one, an error instead of one, or one for
+            other tokens than the response's.
+    """
+    got = _payload(params, key)
     n = int(got["num_tokens"])
-    if n != num_tokens:
+    if n != len(output_ids):
         raise BackendError(
-            f"The server's capture covers {n} tokens but the response has {num_tokens}; was "
+            f"The server's capture covers {n} tokens but the response has {len(output_ids)}; was "
             "the answer cut by a stop string? The guard's capture needs the engine to stop "
             "on a token (EOS, stop_token_ids or max_tokens)."
+        )
+    if got.get("tokens_sha256") != tokens_digest(prompt_ids, output_ids):
+        raise BackendError(
+            "The server's capture belongs to other tokens than this response's (a response "
+            "with several choices — n > 1, beam search — or a capture moved from another "
+            "response); refused."
         )
     layers = [int(x) for x in got["layers"]]
     last = _rows(got["last"], len(layers)).astype(np.float64)
     mean = _rows(got["mean"], len(layers)).astype(np.float64)
     hidden = {"layers": layers, "last": last.tolist(), "mean": mean.tolist()}
     entropy = got.get("entropy")
-    return (None if entropy is None else [float(x) for x in entropy]), hidden, engine
-
-
-def weights_digest(model: str | os.PathLike[str]) -> str | None:
-    """sha256 over the weight files of a model folder (names, sizes and bytes, in name
-    order); None for a name that is not a local folder. Cached beside the user's cache by
-    path, size and modification time (a restart does not hash 100 GB again)."""
-    folder = Path(model)
-    if not folder.is_dir():
-        return None
-    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in _WEIGHT_SUFFIXES)
-    if not files:
-        return None
-    stamp = json.dumps([[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files])
-    key = hashlib.sha256((str(folder.resolve()) + stamp).encode()).hexdigest()[:32]
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "abstain_guard"
-    cached = cache / "weights" / f"{key}.sha256"
-    try:
-        return cached.read_text(encoding="ascii").strip()
-    except OSError:
-        pass
-    digest = hashlib.sha256()
-    for path in files:
-        digest.update(f"{path.name}\0{path.stat().st_size}\0".encode())
-        with open(path, "rb") as fh:
-            while chunk := fh.read(1 << 24):
-                digest.update(chunk)
-    value = digest.hexdigest()
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        cached.write_text(value, encoding="ascii")
-    except OSError:
-        pass
-    return value
+    engine = {**(got.get("engine") or {}), "lora": got.get("lora")}
+    return (None if entropy is None else _floats(entropy).astype(float).tolist()), hidden, engine
 
 
 def logprob_content(logprobs: Any, ids: Sequence[int]) -> list[dict[str, Any]]:

@@ -23,11 +23,17 @@ Then live = stored: the guard chain on ``--live`` of the artifact's calibration 
 8 and 32 in flight against the scores calibration stored (max |live − stored|, decisions that
 differ and how far their scores sit from τ).
 
-``--gpu`` (where a GPU is lent; not run yet): a random-weight Qwen3-8B shape in bfloat16
-(``--load-format dummy``, token-id prompts, ``--skip-tokenizer-init``), stock ``vllm serve``
-with its defaults (CUDA graphs on) against the same server with the connector flag, tokens/s
-at batch 1 and 32 (256-token prompts, 128 tokens each, ``ignore_eos``), every guarded
-response's capture checked.
+``--gpu`` (one script, under 8 minutes on one GPU): a random-weight Qwen3-8B shape in
+bfloat16 (``--load-format dummy``, token-id prompts, ``--skip-tokenizer-init``), CUDA graphs
+on, on three servers started **one after the other** (vLLM's memory profiling assumes no
+other process on the device frees memory while it runs): stock ``vllm serve`` on the V1
+model runner the guard's connector runs on, the same server with the connector, and stock
+with vLLM's default runner (V2 where vLLM picks it). Tokens/s at batch 1 and 32 (256-token
+prompts, 128 tokens each, ``ignore_eos``), each median over ``--repeats`` rounds, every
+guarded response's capture checked (signed, bound to its tokens), and the KV-cache size each
+server's profiling left (the capture's memory shows there). ``--gpu --smoke``: the same
+script on a toy width of the same architecture, eager, on the CPU (``--out FILE`` writes the
+JSON, ``$OUT/vllm_backend_gpu.json`` on a lent device).
 
 Run (idle machine; vLLM's environment from ``make install``)::
 
@@ -103,7 +109,14 @@ def drive(call: Callable[[str], Any], questions: Sequence[str], concurrency: int
 class StockServer:
     """vLLM's OpenAI server, stock settings plus ``extra`` flags, in vLLM's environment."""
 
-    def __init__(self, python: str, folder: Path, port: int, extra: Sequence[str]) -> None:
+    def __init__(
+        self,
+        python: str,
+        folder: Path,
+        port: int,
+        extra: Sequence[str],
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.url = f"http://127.0.0.1:{port}"
         fd, log = tempfile.mkstemp(prefix="stock_vllm_", suffix=".log")
         self.log = Path(log)
@@ -111,7 +124,7 @@ class StockServer:
         cmd += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]
         cmd += ["--max-model-len", "2048", "--seed", "0", "--gpu-memory-utilization", "0.15"]
         self.process = subprocess.Popen(
-            [*cmd, *extra], stdout=fd, stderr=subprocess.STDOUT, start_new_session=True
+            [*cmd, *extra], stdout=fd, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
         os.close(fd)
 
@@ -128,11 +141,12 @@ class StockServer:
             time.sleep(1.0)
         raise RuntimeError(f"stock vLLM did not start; see {self.log}")
 
-    def close(self) -> None:
+    def close(self, keep_log: bool = False) -> None:
         if self.process.poll() is None:
             os.killpg(self.process.pid, 15)
-            self.process.wait(timeout=30)
-        self.log.unlink(missing_ok=True)
+            self.process.wait(timeout=60)
+        if not keep_log:
+            self.log.unlink(missing_ok=True)
 
 
 def processor() -> dict[str, Any]:
@@ -304,74 +318,139 @@ QWEN3_8B = {
     "bos_token_id": 151643,
     "eos_token_id": 151645,
 }
+#: The same architecture at toy width (``--smoke``: the GPU script end to end on a CPU).
+QWEN3_TINY = {
+    **QWEN3_8B,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 2048,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+#: The three servers, started one after the other (vLLM's memory profiling assumes no other
+#: process on the device frees memory while it runs): stock vLLM on the runner the guard
+#: uses (V1), the guarded server (V1, the connector), stock vLLM with its default runner.
+GPU_SIDES = {
+    "stock_v1": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
+    "guarded": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
+    "stock_default": {},
+}
+
+
+def _gpu_call(url: str, model: str, guarded: bool, key: bytes, new_tokens: int) -> Any:
+    from abstain_guard.backends.vllm_payload import PAYLOAD_KEY, decode_capture, request_token
+
+    client = httpx.Client(limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+
+    def one(prompt: list[int]) -> int:
+        body: dict[str, Any] = {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": new_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
+        if guarded:
+            body["kv_transfer_params"] = {PAYLOAD_KEY: {"token": request_token(key)}}
+        reply = client.post(url + "/v1/completions", json=body, timeout=600.0)
+        reply = reply.raise_for_status().json()
+        choice = reply["choices"][0]
+        ids = choice["token_ids"]
+        if guarded:  # every guarded response's capture, signed and bound to its tokens
+            prompt_ids = reply.get("prompt_token_ids") or choice.get("prompt_token_ids")
+            decode_capture(reply.get("kv_transfer_params"), prompt_ids, ids, key)
+        return len(ids)
+
+    return one
+
+
+def _measure(one: Any, prompts: list[list[int]], batches: Sequence[int], repeats: int) -> dict:
+    """Tokens/s at each batch size, ``repeats`` interleaved rounds (median and each)."""
+    runs: dict[str, list[float]] = {str(b): [] for b in batches}
+    for _ in range(repeats):
+        for batch in batches:
+            work = prompts[: max(batch, 4)] if batch > 1 else prompts[:4]
+            start = time.perf_counter()
+            with ThreadPoolExecutor(batch) as pool:
+                total = sum(pool.map(one, work))
+            runs[str(batch)].append(total / (time.perf_counter() - start))
+    return {b: {"median": statistics.median(v), "each": v} for b, v in runs.items()}
+
+
+def _kv_tokens(log: Path) -> int | None:
+    """The KV-cache size the server's profiling left it (its log), in tokens."""
+    import re
+
+    text = log.read_text(errors="replace") if log.exists() else ""
+    found = re.findall(r"KV cache size: ([\d,]+) tokens", text)
+    return int(found[-1].replace(",", "")) if found else None
 
 
 def gpu_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """The Qwen3-8B shape in bfloat16, CUDA graphs on (vLLM's defaults otherwise), on three
+    servers one after the other; ``--smoke``: a toy width on the CPU, eager."""
     from abstain_guard.backends.vllm_chat import _free_port, engine_python
-    from abstain_guard.backends.vllm_payload import PAYLOAD_KEY, connector_flag, decode_capture
+    from abstain_guard.backends.vllm_payload import PAYLOAD_KEY_ENV, connector_flag, payload_key
 
-    folder = Path(tempfile.mkdtemp(prefix="qwen3_8b_shape_"))
-    (folder / "config.json").write_text(json.dumps(QWEN3_8B))
+    t0 = time.monotonic()
+    folder = Path(tempfile.mkdtemp(prefix="qwen3_shape_"))
+    (folder / "config.json").write_text(json.dumps(QWEN3_TINY if args.smoke else QWEN3_8B))
     common = ["--load-format", "dummy", "--skip-tokenizer-init", "--dtype", "bfloat16"]
-    common += ["--max-model-len", "4096", "--gpu-memory-utilization", "0.4"]
-    python = engine_python(None)
-    servers = {
-        "stock_default": StockServer(python, folder, _free_port(), common),
-        "guarded": StockServer(python, folder, _free_port(), [*common, *connector_flag()]),
-    }
-    for server in servers.values():
-        server.wait()
+    common += ["--max-model-len", "1024", "--gpu-memory-utilization", "0.85"]
+    if args.smoke:  # compiling costs minutes on a CPU and says nothing of a GPU
+        common += ["--enforce-eager", "--dtype", "float32", "--gpu-memory-utilization", "0.1"]
+    batches, new_tokens = ((1, 4), 8) if args.smoke else ((1, 32), 128)
+    prompt_len = 32 if args.smoke else 256
+    vocab = int((QWEN3_TINY if args.smoke else QWEN3_8B)["vocab_size"])
     rng = np.random.default_rng(0)
-    prompts = [rng.integers(1000, 100000, size=256).tolist() for _ in range(64)]
-
-    def call(name: str) -> Callable[[list[int]], int]:
-        def one(prompt: list[int]) -> int:
-            body: dict[str, Any] = {
-                "model": str(folder),
-                "prompt": prompt,
-                "max_tokens": 128,
-                "temperature": 0.0,
-                "ignore_eos": True,
-                "return_token_ids": True,
+    prompts = [rng.integers(10, vocab - 10, size=prompt_len).tolist() for _ in range(64)]
+    key = payload_key(generate=True)
+    python = engine_python(None)
+    sides: dict[str, Any] = {}
+    for name, env in GPU_SIDES.items():
+        extra = [*common, *connector_flag()] if name == "guarded" else list(common)
+        started = time.monotonic()
+        environ = {**os.environ, **env, PAYLOAD_KEY_ENV: key.decode()}
+        server = StockServer(python, folder, _free_port(), extra, env=environ)
+        try:
+            server.wait()
+            start_s = time.monotonic() - started
+            one = _gpu_call(server.url, str(folder), name == "guarded", key, new_tokens)
+            one(prompts[0])  # warm
+            sides[name] = {
+                "start_s": round(start_s, 1),
+                "kv_cache_tokens": _kv_tokens(server.log),
+                "tokens_per_s": _measure(one, prompts, batches, args.repeats),
             }
-            if name == "guarded":
-                body["kv_transfer_params"] = {PAYLOAD_KEY: {}}
-            got = httpx.post(servers[name].url + "/v1/completions", json=body, timeout=600.0)
-            reply = got.raise_for_status().json()
-            ids = reply["choices"][0]["token_ids"]
-            if name == "guarded":
-                decode_capture(reply.get("kv_transfer_params"), len(ids))
-            return len(ids)
-
-        return one
-
-    def tokens_per_s(name: str, batch: int) -> float:
-        work = prompts[: max(batch, 4)] if batch > 1 else prompts[:4]
-        start = time.perf_counter()
-        with ThreadPoolExecutor(batch) as pool:
-            total = sum(pool.map(call(name), work))
-        return total / (time.perf_counter() - start)
-
-    for name in servers:
-        call(name)(prompts[0])
-    runs: dict[str, dict[str, list[float]]] = {n: {"1": [], "32": []} for n in servers}
-    for repeat in range(args.repeats):
-        order = list(servers) if repeat % 2 == 0 else list(reversed(servers))
-        for name in order:
-            for batch in (1, 32):
-                runs[name][str(batch)].append(tokens_per_s(name, batch))
-    for server in servers.values():
-        server.close()
+        finally:
+            server.close(keep_log=args.keep_logs)
+        print(json.dumps({"side": name, **sides[name]}), file=sys.stderr, flush=True)
     ratios = {
-        b: [g / s for g, s in zip(runs["guarded"][b], runs["stock_default"][b], strict=True)]
-        for b in ("1", "32")
+        f"guarded_over_{base}": {
+            b: sides["guarded"]["tokens_per_s"][b]["median"]
+            / sides[base]["tokens_per_s"][b]["median"]
+            for b in map(str, batches)
+        }
+        for base in ("stock_v1", "stock_default")
     }
     return {
         "bench": "vllm_backend_gpu",
-        "shape": "Qwen3-8B (random weights), bfloat16",
-        "tokens_per_s": runs,
-        "guarded_over_stock_default": {b: _ratio_stats(r) for b, r in ratios.items()},
-        "guarded_over_stock_default_each_repeat": ratios,
+        "command": "python bench/serving/vllm_backend.py --gpu"
+        + (" --smoke" if args.smoke else ""),
+        "shape": ("Qwen3 toy width" if args.smoke else "Qwen3-8B") + " (random weights)",
+        "dtype": "float32" if args.smoke else "bfloat16",
+        "cuda_graphs": not args.smoke,
+        "prompt_tokens": prompt_len,
+        "new_tokens": new_tokens,
+        "sides": sides,
+        **ratios,
+        "elapsed_s": round(time.monotonic() - t0, 1),
         "processor": processor(),
     }
 
@@ -384,9 +463,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--live", type=int, default=64, help="calibration questions asked live")
     parser.add_argument("--requests", default=None, help="requests per level, e.g. 16,48,96")
     parser.add_argument("--gpu", action="store_true", help="the Qwen3-8B shape on a GPU")
+    parser.add_argument("--smoke", action="store_true", help="with --gpu: a toy width, CPU")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the servers' logs")
+    parser.add_argument("--out", default=None, help="with --gpu: write the JSON here too")
     args = parser.parse_args(argv)
     if args.gpu:
-        print(json.dumps(gpu_bench(args)))
+        result = json.dumps(gpu_bench(args))
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(result + "\n")
+        print(result)
         return 0
     if args.requests:
         REQUESTS.update(dict(zip(LEVELS, map(int, args.requests.split(",")), strict=True)))

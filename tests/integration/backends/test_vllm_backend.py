@@ -1,8 +1,11 @@
 """The vLLM backend on stock vLLM (vLLM's CPU build, its OpenAI server with default
 settings — compiled graphs — plus the guard's connector flag and ``--tensor-parallel-size
 1``, the embedded model): a probe guard calibrated on vLLM, its decode path and scorer
-recorded, live = stored under 8 concurrent callers, a server with other weights refused, and
-a response from the project's engine refused.
+recorded, live = stored under 8 concurrent callers, a server with other weights refused, a
+response from the project's engine refused; a request without the payload key's token gets
+no activations, a forged, altered or moved payload is refused; and (a server of its own, with
+a KV cache too small for its batch) guarded requests preempted and recomputed are answered
+with their captures.
 
 The server runs in vLLM's own environment (``make install`` builds ``.venv-vllm``;
 ``make test`` sets ``ABSTAIN_GUARD_VLLM_PYTHON``); one server for the module. About two
@@ -83,7 +86,7 @@ def test_a_probe_guard_calibrated_on_vllm_records_its_engine(vllm_guard: Path) -
     assert path["capture_path"] == "compiled_tap_kv_connector"
     assert path["enforce_eager"] is False and path["compilation_mode"] != "NONE"
     assert path["tensor_parallel_size"] == 1
-    assert len(path["weights_sha256"]) == 64
+    assert len(path["model_sha256"]) == 64 and path["lora"] is None
     assert deployment["chat_model"]["class_path"].endswith("VLLMChatModel")
     assert artifact.scorer.backend_ == "vllm"
     assert np.isfinite(artifact.scores).all() and len(artifact.scores) >= 4
@@ -144,15 +147,15 @@ def test_a_server_with_other_weights_is_refused_before_any_answer(vllm_guard: Pa
     from abstain_guard import GuardArtifact
 
     other = GuardArtifact.load(vllm_guard)
-    other.metadata["deployment"]["decoding"]["decode_path"]["weights_sha256"] = "0" * 64
-    with pytest.raises(ArtifactMismatchError, match="weights_sha256"):
+    other.metadata["deployment"]["decoding"]["decode_path"]["model_sha256"] = "0" * 64
+    with pytest.raises(ArtifactMismatchError, match="model_sha256"):
         load_guard_chain(other)
-    with pytest.warns(UserWarning, match="weights_sha256"):
+    with pytest.warns(UserWarning, match="model_sha256"):
         _, guard, _ = load_guard_chain(other, GuardConfig(on_mismatch="warn"))
     # each response is checked too: an attached server (its weights unknown up front) is
     # refused on its first answer
     strict = AbstentionGuard(guard.runnable, artifact=other)
-    with pytest.raises(ArtifactMismatchError, match="weights_sha256"):
+    with pytest.raises(ArtifactMismatchError, match="model_sha256"):
         strict.invoke("What is the capital of France?")
 
 
@@ -261,3 +264,83 @@ def test_a_tool_call_on_vllm_is_the_exact_engines_call(
         == reference.response_metadata["prompt_token_ids"]
     )
     assert again.content == reference.content
+
+
+def _raw(url: str, token: str | None, question: str = "What is the capital of Peru?") -> dict:
+    import httpx
+
+    from abstain_guard.backends.vllm_payload import PAYLOAD_KEY
+
+    body: dict[str, Any] = {
+        "model": VLLMChatModel(**TP)._served_name(url),
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": 8,
+        "temperature": 0.0,
+        "return_token_ids": True,
+        "kv_transfer_params": {PAYLOAD_KEY: {} if token is None else {"token": token}},
+    }
+    return dict(httpx.post(url + "/v1/chat/completions", json=body, timeout=600).json())
+
+
+def test_a_request_without_the_key_gets_no_activations(vllm_guard: Path) -> None:
+    from abstain_guard.backends.vllm_payload import PAYLOAD_KEY
+
+    url, _ = VLLMChatModel(**TP).engine()
+    for token in (None, "0" * 64):
+        payload = _raw(url, token)["kv_transfer_params"][PAYLOAD_KEY]
+        assert "token of the server" in payload["error"]
+        assert not {"last", "mean", "entropy"} & set(payload)
+
+
+def test_a_forged_altered_or_moved_payload_is_refused(vllm_guard: Path) -> None:
+    from abstain_guard.backends.vllm_payload import PAYLOAD_KEY, payload_key, request_token
+    from abstain_guard.errors import BackendError
+
+    model = VLLMChatModel(**TP)
+    url, _ = model.engine()
+    token = request_token(payload_key(generate=True))
+    good = _raw(url, token)
+    other = _raw(url, token, "What is the capital of Kenya?")
+    model._capture(url, good)  # the server's own payload passes
+    payload = good["kv_transfer_params"][PAYLOAD_KEY]
+    forged = {k: v for k, v in payload.items() if k != "signature"}
+    altered = {**payload, "mean": other["kv_transfer_params"][PAYLOAD_KEY]["mean"]}
+    for bad, match in ((forged, "unsigned"), (altered, "valid signature")):
+        with pytest.raises(BackendError, match=match):
+            model._capture(url, {**good, "kv_transfer_params": {PAYLOAD_KEY: bad}})
+    moved = {**other, "kv_transfer_params": good["kv_transfer_params"]}
+    assert other["choices"][0]["token_ids"] != good["choices"][0]["token_ids"]
+    with pytest.raises(BackendError, match=r"other tokens|covers"):
+        model._capture(url, moved)
+
+
+def test_guarded_requests_preempted_under_memory_pressure_keep_their_captures() -> None:
+    """A KV cache of 12 blocks of 32 tokens for 8 requests of ~80 tokens each: vLLM preempts
+    running requests and recomputes them; every answer still carries its capture, equal to
+    the same question's capture asked alone (tokens identical, hidden states within the
+    CPU backend's batch variance)."""
+    import httpx
+
+    if not os.environ.get(VLLM_PYTHON_ENV):
+        pytest.skip(f"{VLLM_PYTHON_ENV} is not set (make test sets it to .venv-vllm)")
+    flags = ["--block-size", "32", "--num-gpu-blocks-override", "12", "--max-model-len", "256"]
+    model = VLLMChatModel(max_tokens=48, max_model_len=256, vllm_args=[*TP["vllm_args"], *flags])
+    countries = ("France", "Peru", "Chile", "Kenya", "Japan", "Spain", "Italy", "Egypt")
+    questions = [[("human", f"Tell me about the capital of {c}.")] for c in countries]
+    together = model.batch(questions, config={"max_concurrency": 8})
+    url, _ = model.engine()
+    metrics = httpx.get(url + "/metrics", timeout=30).text
+    preempted = sum(
+        float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("vllm:num_preemptions")
+    )
+    assert preempted > 0, "the server preempted nothing: the test needs a smaller KV cache"
+    for question, message in zip(questions, together, strict=True):
+        alone = model.invoke(question)
+        meta, solo = message.response_metadata, alone.response_metadata
+        assert meta["token_ids"] == solo["token_ids"]
+        assert len(meta["entropy"]) == len(meta["token_ids"])
+        np.testing.assert_allclose(
+            meta["geometry"]["hidden"]["mean"], solo["geometry"]["hidden"]["mean"], atol=1e-3
+        )

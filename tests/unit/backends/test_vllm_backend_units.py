@@ -22,6 +22,7 @@ from abstain_guard.backends import (
     scorer_needs,
 )
 from abstain_guard.backends.vllm_chat import VLLM_PYTHON_ENV, VLLMChatModel, engine_python
+from abstain_guard.backends.vllm_payload import payload_key, request_token
 from abstain_guard.calibration.building.preflight import check_api_model
 from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
 from abstain_guard.contract.chat_model_specs import ChatModelSpec, chat_model_identity
@@ -277,7 +278,9 @@ def test_payload_maps_roles_and_budget() -> None:
     messages = [SystemMessage("s"), HumanMessage("q"), AIMessage("a"), HumanMessage("q2")]
     payload, setup = model._payload(messages, {})
     assert setup is None and "prompt" not in payload  # no tools: vLLM renders the chat
-    assert payload["kv_transfer_params"] == {"abstain_guard": {}}  # the capture is asked for
+    # the capture is asked for with the token of the payload key (never the key itself)
+    token = request_token(payload_key(generate=True))
+    assert payload["kv_transfer_params"] == {"abstain_guard": {"token": token}}
     assert payload["return_token_ids"] and payload["temperature"] == 0.0
     assert payload["messages"] == [
         {"role": "system", "content": "s"},

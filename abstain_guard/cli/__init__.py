@@ -3,7 +3,7 @@
 * :mod:`.commands` — the parser, built from each subcommand's ``add_parser``, and ``main``;
 * one module per subcommand: :mod:`.calibrate`, :mod:`.ask`, :mod:`.evaluate`,
   :mod:`.report`, :mod:`.demo`, :mod:`.recalibrate`, :mod:`.serve`, :mod:`.review`,
-  :mod:`.review_size`;
+  :mod:`.review_size`, :mod:`.plan`;
 * :mod:`.checks` — the checks the subcommands share.
 
 Heavy imports (torch, transformers, xgboost, FastAPI) happen inside the commands, so

@@ -11,11 +11,22 @@ from collections.abc import Sequence
 
 from abstain_guard.errors import AbstainGuardError
 
-from . import ask, calibrate, demo, evaluate, recalibrate, report, review, review_size, serve
+from . import (
+    ask,
+    calibrate,
+    demo,
+    evaluate,
+    plan,
+    recalibrate,
+    report,
+    review,
+    review_size,
+    serve,
+)
 
 __all__ = ["COMMANDS", "build_parser", "main", "run"]
 
-COMMANDS = (calibrate, ask, evaluate, report, demo, recalibrate, serve, review, review_size)
+COMMANDS = (calibrate, ask, evaluate, report, demo, recalibrate, serve, review, review_size, plan)
 """The subcommand modules, in ``--help`` order: each has ``add_parser(subparsers)``."""
 
 

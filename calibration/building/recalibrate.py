@@ -1,49 +1,14 @@
 """``abstain-guard recalibrate``: a new artifact from live decisions, no model run.
 
-The monitor log (:mod:`abstain_guard.monitor.log`) holds every live decision's score, computed
-by the artifact's own scorer on the deployed model's answers, its group, and the feedback
-labels. Those scores (and labels) are calibration data for the *same* scorer: the new
-artifact keeps the old scorer, model fingerprint and deployment record and replaces the
-calibration set, so the guard re-thresholds on the live traffic. What the guarantee needs:
-
-* **Participation mode needs no labels.** Its threshold τ is a quantile of the scores alone,
-  so it is taken from *all* scored decisions of the window, labeled or not, and no selection
-  of the labels can bias it. The artifact format holds a label per calibration answer: an
-  unlabeled decision is stored as incorrect and counted in ``calibration_source`` (the
-  stored accuracy, and the conditional-correctness bound computed from it, are then lower
-  bounds; a risk-mode rule from such an artifact is conservative, never optimistic).
-* **Risk mode: labels from a score-blind sample.** The risk threshold is computed from the
-  labeled decisions only, and is valid for future traffic exchangeable with them. Labels
-  only for answered questions are a sample selected by the old threshold (every score below
-  it): a threshold computed from them answers far fewer or far worse questions than its
-  target. Label a random sample of *all* decisions (for an abstention, judge its withheld
-  answer: ``response_metadata["withheld_response"]``). The command refuses a window where
-  withheld decisions exist and none of them is labeled, and a window where the labeled
-  decisions' scores differ from the unlabeled ones' (two-sided Mann–Whitney rank test at
-  ``check_level``, default 0.01): whether a decision was labeled must not depend on its score.
-* **Recent traffic only.** After a drift alarm, calibrate on decisions after the shift
-  (``last=N``: the most recent N labeled decisions in risk mode, the most recent N scored
-  decisions in participation mode), not on a mix of before and after.
-* **Pooling** (``pool``: old calibration set + live decisions) is valid only when the old
-  calibration questions and the live ones are exchangeable with each other and with future
-  traffic — the same distribution, e.g. growing a small calibration set with live labels
-  while no alarm fired. After a shift the old set is from another distribution and pooling
-  breaks the guarantee. The command refuses ``pool`` when the log recorded a drift alarm or
-  the live scores differ from the old calibration scores (two-sample Kolmogorov–Smirnov,
-  p < ``check_level``). Not rejecting is not proof of exchangeability: pool only when nothing
-  changed.
-* **Groups.** Each decision's group (``GuardConfig(group_by=...)``) is kept, so a per-group
-  deployment runs on the new artifact; decisions without a group are left out of a grouped
-  calibration set (counted in ``calibration_source``).
-
-The mode is the logged rule's (the log's ``start`` header) unless ``mode`` is given. The new
-artifact's metadata records its provenance: ``calibration_source`` where its calibration set
-came from (labels from monitor feedback; the log's path, sha256, decision, window and label
-counts, time span and run ids; mode, checks, pooling, groups) and ``recalibrated_from`` the
-old artifact (path, creation time, calibration checksum) with its whole metadata — the data
-set, judge, split and calibration config that described the *old* calibration set. Only the
-deployment record and the model-loading settings of ``config`` stay at the top level: they
-still describe how the deployed answers are produced.
+The monitor log (:mod:`abstain_guard.monitor.log`) holds every live decision's score (by the
+artifact's own scorer on the deployed model's answers), its group and the feedback labels;
+the new artifact keeps the old scorer, model fingerprint and deployment record and replaces
+the calibration set. Participation mode takes every scored decision of the window (no labels
+needed); risk mode the labeled ones, refused unless they are a score-blind sample; ``last``
+keeps recent traffic only and ``pool`` adds the old calibration set, refused after a drift
+alarm or a shift. Why each rule holds, and what the metadata records
+(``calibration_source``, ``recalibrated_from``): docs/guarantees.md, "Recalibration from
+feedback".
 """
 
 from __future__ import annotations

@@ -15,11 +15,7 @@ Integrity: a cache is never silently trusted nor silently discarded.
 * Every row of ``kv (ns, key, value)`` has a checksum in ``kv_sha256 (ns, key, sha256)`` =
   sha256 of ``[ns, key, value]`` as canonical JSON, written in the same transaction and checked
   on every read: an edited, moved or damaged value is a :class:`~abstain_guard.errors.CacheError`,
-  never used. (A separate table keeps ``kv`` as it was, so older code still reads the file.)
-  Caches written before these checksums (``PRAGMA user_version`` 0) are *adopted once* at open:
-  their rows are hashed as they are (a warning says how many; they could not be verified) and
-  the file is marked as version 1, after which a row without a checksum is an error like an
-  edited one.
+  never used; a row without a checksum is an error like an edited one.
 
 Arrays (per-token hidden states of reference answers, which a geometry scorer fits its means
 on) are too large for JSON rows: :meth:`RunStore.put_arrays` writes them as an ``.npz`` file
@@ -29,7 +25,7 @@ loads it without pickle. The file is written (atomically) before its row, so a r
 names a complete file; a file without a row is never read.
 
 Read-only stores and layers: ``RunStore(path, read_only=True)`` opens an existing cache
-without writing anything there -- no schema, no journal files, no adoption of old rows
+without writing anything there -- no schema, no journal files
 (SQLite ``immutable=1``; with a write-ahead log beside it, a private snapshot of both) --
 and refuses writes. :class:`LayeredStore` is a writable store that also reads such stores
 below it: a value missing in its own file is looked up there, every write goes to its own
@@ -154,7 +150,7 @@ class RunStore:
         try:
             conn = self._connect()
             self._check(conn)
-            self._migrate(conn)
+            self._check_format(conn)
         except sqlite3.Error as exc:
             self.close()
             raise _db_error(self.path, exc, "open") from exc
@@ -246,67 +242,19 @@ class RunStore:
             found = "; ".join(problems)
             raise _damaged(self.path, f"is damaged (SQLite quick_check: {found})")
 
-    def _migrate(self, conn: sqlite3.Connection) -> None:
-        """Check the table, or adopt a cache written before row checksums (hashed once)."""
-        if self._user_version(conn) == SCHEMA_VERSION:
-            self._check_columns(conn)
-            return
-        if self.read_only:
+    def _check_format(self, conn: sqlite3.Connection) -> None:
+        """Check the format version and the tables."""
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        if version != SCHEMA_VERSION:
             raise CacheError(
-                f"The cache {self.path} was written before cache checksums (format version "
-                f"{self._user_version(conn)}): its rows cannot be verified without writing to it, "
-                "so it is not read here. Open it once with a run that may write it (calibrate "
-                "with this --cache-dir) to adopt it."
+                f"The cache {self.path} has format version {version}; this abstain_guard reads "
+                f"version {SCHEMA_VERSION}. {_delete_hint(self.path)}"
             )
-        conn.execute("BEGIN IMMEDIATE")  # one process migrates; the others then see version 1
-        try:
-            adopted = self._adopt(conn) if self._user_version(conn) != SCHEMA_VERSION else 0
-            self._check_columns(conn)
-            conn.commit()
-        except BaseException:
-            conn.rollback()
-            raise
-        if adopted:
-            logger.warning(
-                "Adopted %d rows of %s written before cache checksums; they are trusted as they "
-                "are (delete the file to regenerate them instead).",
-                adopted,
-                self.path,
-            )
-
-    @staticmethod
-    def _user_version(conn: sqlite3.Connection) -> int:
-        return int(conn.execute("PRAGMA user_version").fetchone()[0])
-
-    def _check_columns(self, conn: sqlite3.Connection) -> None:
         for table, needed in _TABLES.items():
             info = conn.execute(f"PRAGMA table_info({table})").fetchall()
             columns = {str(r[1]) for r in info}
             if needed - columns:
                 raise _damaged(self.path, f"has no valid {table} table (columns {sorted(columns)})")
-
-    def _adopt(self, conn: sqlite3.Connection) -> int:
-        """Version 0 (before checksums): add the column, hash the rows as they are."""
-        version = self._user_version(conn)
-        if version != 0:
-            raise CacheError(
-                f"The cache {self.path} has format version {version}; this abstain_guard reads "
-                f"version {SCHEMA_VERSION}. Upgrade abstain_guard. {_delete_hint(self.path)}"
-            )
-        for statement in _SCHEMA:
-            conn.execute(statement)
-        rows = conn.execute(
-            "SELECT kv.ns, kv.key, kv.value FROM kv LEFT JOIN kv_sha256 AS s "
-            "ON s.ns = kv.ns AND s.key = kv.key WHERE s.sha256 IS NULL"
-        ).fetchall()
-        sums = [
-            (ns, key, row_digest(ns, key, self._decode(ns, key, value))) for ns, key, value in rows
-        ]
-        conn.executemany(
-            "INSERT OR REPLACE INTO kv_sha256 (ns, key, sha256) VALUES (?, ?, ?)", sums
-        )
-        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        return len(sums)
 
     # --- rows --------------------------------------------------------------------------
 

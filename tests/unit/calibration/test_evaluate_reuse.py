@@ -239,14 +239,14 @@ def test_an_edited_lower_row_is_dropped_with_a_warning(
     assert any("Not reading" in r.getMessage() for r in caplog.records)
 
 
-def test_a_cache_without_checksums_is_not_read_read_only(tmp_path: Path) -> None:
+def test_a_cache_of_another_format_is_not_read_read_only(tmp_path: Path) -> None:
     conn = sqlite3.connect(tmp_path / "old.sqlite")
     with conn:
         conn.execute("CREATE TABLE kv (ns TEXT, key TEXT, value TEXT, PRIMARY KEY (ns, key))")
         conn.execute("INSERT INTO kv VALUES ('generation', 'a', '1')")
     conn.close()
     before = (tmp_path / "old.sqlite").read_bytes()
-    with pytest.raises(CacheError, match="before cache checksums"):
+    with pytest.raises(CacheError, match="format version 0"):
         RunStore(tmp_path / "old.sqlite", read_only=True)
     assert (tmp_path / "old.sqlite").read_bytes() == before
 

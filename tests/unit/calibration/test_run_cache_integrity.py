@@ -5,7 +5,6 @@ model loads; never silently trusted, never silently discarded."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sqlite3
 import subprocess
@@ -268,50 +267,7 @@ def test_edited_verdict_is_an_error_not_a_silent_flip(tmp_path: Path) -> None:
     assert inner.calls == 1
 
 
-# --- caches written before checksums ---------------------------------------------------------
-
-
-def _legacy_store(path: Path, rows: dict[str, object]) -> None:
-    """A cache as RunStore wrote it before row checksums (no sha256 column, user_version 0)."""
-    conn = sqlite3.connect(path)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute(
-        "CREATE TABLE kv (ns TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, "
-        "PRIMARY KEY (ns, key))"
-    )
-    with conn:
-        conn.executemany(
-            "INSERT INTO kv VALUES (?, ?, ?)",
-            [("gen", k, json.dumps(v)) for k, v in rows.items()],
-        )
-    conn.close()
-
-
-def test_legacy_cache_is_adopted_once_then_checked(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    path = tmp_path / "run.sqlite"
-    _legacy_store(path, {"k1": {"text": "Lima"}, "k2": [1, 2, 3]})
-    with caplog.at_level(logging.WARNING, logger="abstain_guard.calibration"):
-        store = RunStore(path)
-    assert "Adopted 2 rows" in caplog.text
-    assert store.get_many("gen", ["k1", "k2"]) == {"k1": {"text": "Lima"}, "k2": [1, 2, 3]}
-    store.close()
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="abstain_guard.calibration"):
-        RunStore(path).close()
-    assert "Adopted" not in caplog.text  # once only
-    _edit(path, "UPDATE kv SET value = ? WHERE key = 'k1'", json.dumps({"text": "Paris"}))
-    with pytest.raises(CacheError, match="checksum"):
-        RunStore(path).get_many("gen", ["k1"])
-
-
-def test_legacy_cache_with_a_non_json_row_is_an_error(tmp_path: Path) -> None:
-    path = tmp_path / "run.sqlite"
-    _legacy_store(path, {"k1": {"text": "Lima"}})
-    _edit(path, "UPDATE kv SET value = '{not json'")
-    with pytest.raises(CacheError, match="not JSON"):
-        RunStore(path)
+# --- the format version ------------------------------------------------------------------
 
 
 def test_newer_cache_format_is_an_error(tmp_path: Path) -> None:

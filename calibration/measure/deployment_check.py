@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -182,74 +183,82 @@ def live_check(
     _, items, _ = artifact_items(artifact)
     record = DeploymentRecord.from_metadata(artifact.metadata)
     model = with_calibrated_capture(model, record)  # a local model: the calibrated rule
-    if record is not None and record.agent is not None:
-        return _live_agent(
-            artifact,
-            artifact_path,
-            cfg,
-            record,
-            model,
-            guard_config,
-            items,
-            out=out,
-            limit=limit,
-            judges=judges,
-            progress=progress,
-            split=split,
-            cache_dir=cache_dir,
-            reuse=reuse_calibration_cache,
-        )
-    chains = {
-        kind: load_guard_chain(artifact, guard_config, model=model, kind=kind)[:2]
-        for kind in sorted({it.kind for it in items})
-    }
-    guard = next(iter(chains.values()))[1]
-    cal_ids = list(artifact.metadata.get("calibration_ids", []))
-    if split not in ("held_out", "calibration", "test"):
-        raise ConfigError(f"split must be 'held_out', 'calibration' or 'test', got {split!r}.")
-    if split != "held_out":
-        wanted = set(cal_ids)
-        items = [it for it in items if (it.id in wanted) == (split == "calibration")]
-    if limit is not None:
-        items = items[:limit]
-    stored_cal = dict(zip(cal_ids, artifact.scores.tolist(), strict=True))
+    agent = record is not None and record.agent is not None
+    chains = {}
+    if not agent:
+        chains = {
+            kind: load_guard_chain(artifact, guard_config, model=model, kind=kind)[:2]
+            for kind in sorted({it.kind for it in items})
+        }
+    items, stored_cal = _select(artifact, items, split, limit)
     with tempfile.TemporaryDirectory(prefix="abstain-guard-live-") as scratch:
-        cache = _live_cache(
-            artifact, artifact_path, cache_dir, out, scratch, reuse=reuse_calibration_cache
-        )
-        return _run_live(
-            artifact,
-            artifact_path,
-            cfg,
-            model,
-            chains,
-            guard,
-            items,
-            stored_cal,
-            split,
-            cache,
-            judges,
-            out,
-            progress,
+        where = Path(out) / "cache" if out is not None else Path(scratch)
+        run = _LiveRun(
+            artifact=artifact,
+            artifact_path=artifact_path,
+            cfg=cfg,
+            model=model,
+            guard_config=guard_config,
+            items=items,
+            stored_cal=stored_cal,
+            split=split,
+            cache=(
+                EvaluateCache(Path(cache_dir))
+                if cache_dir is not None
+                else evaluate_cache(where, artifact, artifact_path, reuse=reuse_calibration_cache)
+            ),
+            judges=judges,
+            out=out,
+            progress=progress,
             concurrency=concurrency,
         )
+        if agent:
+            assert record is not None
+            return _live_agent(run, record)
+        return _run_live(run, chains)
 
 
-def _live_cache(
-    artifact: Any,
-    artifact_path: str | Path,
-    cache_dir: str | Path | None,
-    out: str | Path | None,
-    scratch: str,
-    *,
-    reuse: bool,
-) -> EvaluateCache:
-    """``cache_dir`` alone if given; else ``<out>/cache`` (or ``scratch``) over the
-    calibration cache (read-only) when ``reuse``."""
-    if cache_dir is not None:
-        return EvaluateCache(Path(cache_dir))
-    where = Path(out) / "cache" if out is not None else Path(scratch)
-    return evaluate_cache(where, artifact, artifact_path, reuse=reuse)
+@dataclass(frozen=True)
+class _LiveRun:
+    """One live check: the artifact (and where it was loaded from), its calibration config,
+    the model as deployed, the guard config, the items of the split with the stored
+    calibration scores by id, the cache of answers and verdicts (``cache_dir`` alone, else
+    ``<out>/cache`` or a scratch folder over the calibration cache, read-only), the judges,
+    where ``live.json`` goes, the progress switch and the calls in flight at once."""
+
+    artifact: Any
+    artifact_path: str | Path
+    cfg: CalibrationConfig
+    model: Any
+    guard_config: Any
+    items: list[Any]
+    stored_cal: dict[str, float]
+    split: str
+    cache: EvaluateCache
+    judges: dict[str, Any] | None
+    out: str | Path | None
+    progress: bool
+    concurrency: int
+
+    def result(
+        self, rule: Any, summary: dict[str, Any], rows: list[dict[str, Any]], **extra: Any
+    ) -> dict[str, Any]:
+        """The check's result (written to ``<out>/live.json`` when ``out`` is given)."""
+        result = {
+            "artifact": str(self.artifact_path),
+            "split": self.split,
+            **extra,
+            "threshold": rule.threshold,
+            "mode": rule.mode,
+            "target": rule.target,
+            "guarantee": rule.guarantee.to_dict(),
+            "summary": summary,
+            "rows": rows,
+        }
+        if self.out is not None:
+            Path(self.out).mkdir(parents=True, exist_ok=True)
+            (Path(self.out) / "live.json").write_text(json.dumps(result, indent=2, default=str))
+        return result
 
 
 def _first_calibration(metadata: Mapping[str, Any]) -> tuple[Mapping[str, Any], int]:
@@ -322,32 +331,15 @@ def _select(
     return items, dict(zip(cal_ids, artifact.scores.tolist(), strict=True))
 
 
-def _live_agent(
-    artifact: Any,
-    artifact_path: str | Path,
-    cfg: CalibrationConfig,
-    record: DeploymentRecord,
-    model: Any,
-    guard_config: Any,
-    items: list[Any],
-    *,
-    out: str | Path | None,
-    limit: int | None,
-    judges: dict[str, Any] | None,
-    progress: bool,
-    split: str,
-    cache_dir: str | Path | None,
-    reuse: bool,
-) -> dict[str, Any]:
+def _live_agent(run: _LiveRun, record: DeploymentRecord) -> dict[str, Any]:
     """:func:`live_check` for an agent artifact (:mod:`.agent_live`)."""
     from .agent_live import LiveAgent, agent_live_rows
     from .agent_step_live import step_summary
 
-    items, stored_cal = _select(artifact, items, split, limit)
-    with tempfile.TemporaryDirectory(prefix="abstain-guard-live-") as scratch:
-        where = _live_cache(artifact, artifact_path, cache_dir, out, scratch, reuse=reuse)
-        live = LiveAgent(artifact, cfg, record, model, guard_config)
-        rows, policy, guarded_by = agent_live_rows(live, items, stored_cal, where, judges, progress)
+    live = LiveAgent(run.artifact, run.cfg, record, run.model, run.guard_config)
+    rows, policy, guarded_by = agent_live_rows(
+        live, run.items, run.stored_cal, run.cache, run.judges, run.progress
+    )
     answered = [r for r in rows if not r.get("no_final_answer")]
     rule = policy.rule
     summary: dict[str, Any]
@@ -360,64 +352,50 @@ def _live_agent(
     summary["tool_steps_mean"] = (
         sum(r["tool_steps"] for r in answered) / len(answered) if answered else None
     )
-    result = {
-        "artifact": str(artifact_path),
-        "split": split,
-        "agent": record.agent.model_dump(mode="json") if record.agent else None,
-        "threshold": rule.threshold,
-        "mode": rule.mode,
-        "target": rule.target,
-        "guarantee": rule.guarantee.to_dict(),
-        "summary": summary,
-        "rows": rows,
-    }
-    if out is not None:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "live.json").write_text(json.dumps(result, indent=2, default=str))
-    return result
+    agent = record.agent.model_dump(mode="json") if record.agent else None
+    return run.result(rule, summary, rows, agent=agent)
 
 
-def _run_live(
-    artifact: Any,
-    artifact_path: str | Path,
-    cfg: CalibrationConfig,
-    model: Any,
-    chains: Mapping[Any, Any],
-    guard: Any,
-    items: list[Any],
-    stored_cal: dict[str, float],
-    split: str,
-    cache: EvaluateCache,
-    judges: dict[str, Any] | None,
-    out: str | Path | None,
-    progress: bool,
-    concurrency: int = 1,
-) -> dict[str, Any]:
-    store = cache.run_store()
-    fingerprint = str(getattr(model, "fingerprint", "unknown"))
-    if isinstance(cfg.model, ChatModelSpec):  # as calibration keyed its answers
-        fingerprint = chat_model_fingerprint(model)
+def _stored_scores(run: _LiveRun, cached: Mapping[str, Any]) -> dict[str, float]:
+    """The stored score of every item: the artifact's calibration score, or for a test item
+    its cached answer scored as calibration scores (an API model's from the answer's own
+    metadata, a local model's replayed as deployed)."""
+    scorer, test_items = (
+        run.artifact.scorer,
+        [it for it in run.items if it.id not in run.stored_cal],
+    )
+    if isinstance(run.cfg.model, ChatModelSpec):
+        test_scores = score_api_answers(scorer, test_items, cached)
+    else:
+        replayed = replay_as_deployed(scorer.prepare(run.model), test_items, cached, run.cfg)
+        test_scores = scorer.score_many(replayed)
+    stored = dict(run.stored_cal)
+    stored.update(zip([it.id for it in test_items], test_scores.tolist(), strict=True))
+    return stored
+
+
+def _run_live(run: _LiveRun, chains: Mapping[Any, Any]) -> dict[str, Any]:
+    """:func:`live_check` for a chain artifact: the cached answers and their stored scores,
+    the guarded answers, one row a question, judged."""
+    store = run.cache.run_store()
+    fingerprint = str(getattr(run.model, "fingerprint", "unknown"))
+    if isinstance(run.cfg.model, ChatModelSpec):  # as calibration keyed its answers
+        fingerprint = chat_model_fingerprint(run.model)
     cached = generate_answers(
-        model,
-        items,
+        run.model,
+        run.items,
         store,
-        cfg,
+        run.cfg,
         fingerprint=fingerprint,
         options=GenerationOptions(batch_size=1, progress=False),
     )
-    test_items = [it for it in items if it.id not in stored_cal]
-    if isinstance(cfg.model, ChatModelSpec):  # scored from the stored answers' own metadata
-        test_scores = score_api_answers(artifact.scorer, test_items, cached)
-    else:
-        replayed = replay_as_deployed(artifact.scorer.prepare(model), test_items, cached, cfg)
-        test_scores = artifact.scorer.score_many(replayed)
-    stored = dict(stored_cal)
-    stored.update(zip([it.id for it in test_items], test_scores.tolist(), strict=True))
+    stored = _stored_scores(run, cached)
+    guard = next(iter(chains.values()))[1]
     threshold = guard.threshold
     live_answers: dict[str, dict[str, Any]] = {}
     rows = []
-    messages = _ask_live(chains, items, concurrency, progress)
-    for it, msg in zip(items, messages, strict=True):
+    messages = _ask_live(chains, run.items, run.concurrency, run.progress)
+    for it, msg in zip(run.items, messages, strict=True):
         info = decision_of(msg)
         assert info is not None
         meta = _generated(msg)
@@ -426,48 +404,48 @@ def _run_live(
         rows.append(
             {
                 "id": it.id,
-                "split": "calibration" if it.id in stored_cal else "test",
+                "split": "calibration" if it.id in run.stored_cal else "test",
                 "question": it.question,
                 "answer": live_answers[it.id]["text"],
                 "live_score": info.score,
                 "stored_score": stored[it.id],
                 "stored_answers": bool(stored[it.id] <= threshold),
                 "abstained": info.abstained,
-                "same_tokens": list(meta.get("token_ids", []))
-                == list(cached[it.id]["metadata"]["token_ids"]),
+                "same_tokens": _same_answer(meta, live_answers[it.id]["text"], cached[it.id]),
             }
         )
+    judges = run.judges
     if judges is None:
-        judges = build_judges(cfg, cache.directory / "judgments.sqlite", read_from=cache.judgments)
-    verdicts = judge_answers(judges, items, live_answers, progress=False)
-    cache.log_reuse(store, judges)
+        judges = build_judges(
+            run.cfg, run.cache.directory / "judgments.sqlite", read_from=run.cache.judgments
+        )
+    verdicts = judge_answers(judges, run.items, live_answers, progress=False)
+    run.cache.log_reuse(store, judges)
     for row in rows:
         row["correct"] = verdicts[row["id"]].correct
     rule = guard.decision_rule
-    result = {
-        "artifact": str(artifact_path),
-        "split": split,
-        "threshold": threshold,
-        "mode": rule.mode,
-        "target": rule.target,
-        "guarantee": rule.guarantee.to_dict(),
-        "summary": {
-            **summarize_live(rows, rule.guarantee),
-            **in_distribution(artifact.scorer, rows),
-            "kernels": kernel_summary(
-                _recorded_kernels(artifact),
-                _model_kernels(model),
-                rows,
-                artifact.scores,
-                threshold,
-            ),
-        },
-        "rows": rows,
+    summary = {
+        **summarize_live(rows, rule.guarantee),
+        **in_distribution(run.artifact.scorer, rows),
+        "kernels": kernel_summary(
+            _recorded_kernels(run.artifact),
+            _model_kernels(run.model),
+            rows,
+            run.artifact.scores,
+            threshold,
+        ),
     }
-    if out is not None:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "live.json").write_text(json.dumps(result, indent=2, default=str))
-    return result
+    return run.result(rule, summary, rows)
+
+
+def _same_answer(live: Mapping[str, Any], text: str, cached: Mapping[str, Any]) -> bool:
+    """Whether the live answer is the cached one: the same token ids, or the same text where
+    neither records token ids (a text-only API model)."""
+    live_ids = list(live.get("token_ids") or [])
+    cached_ids = list((cached.get("metadata") or {}).get("token_ids") or [])
+    if live_ids or cached_ids:
+        return live_ids == cached_ids
+    return text == str(cached.get("text", ""))
 
 
 def _ask_live(

@@ -30,6 +30,7 @@ __all__ = [
     "conversation_fields",
     "conversation_units",
     "history_problem",
+    "json_list",
     "json_type_name",
     "parse_conversation_id",
     "parse_history",
@@ -88,6 +89,29 @@ def _turn(value: Any, index: int) -> tuple[str, str]:
     return role, content or ""
 
 
+def json_list(value: Any, name: str, items: str, form: str) -> list[Any]:
+    """A row field holding a JSON list, or (CSV/TSV) a string holding one; a missing, null,
+    empty string or empty list is ``[]``.
+
+    Raises:
+        ValueError: not valid JSON, or not a list (naming the field and the ``form`` to write).
+    """
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return []
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"{name} is not valid JSON ({exc.msg} at column {exc.colno}); write it as {form}"
+            ) from exc
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(
+            f"{name} is a JSON {json_type_name(value)}, not a list of {items}; write it as {form}"
+        )
+    return list(value)
+
+
 def parse_history(value: Any) -> History:
     """The earlier turns of a row from its ``history`` field: a JSON list of ``{"role",
     "content"}`` objects, or (CSV/TSV) a string holding one. A missing, null, empty
@@ -97,21 +121,8 @@ def parse_history(value: Any) -> History:
         ValueError: the value is not such a list, or the turns break a rule of
             :func:`history_problem` (the message names the turn and what to do).
     """
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return ()
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError(
-                f"history is not valid JSON ({exc.msg} at column {exc.colno}); write it as "
-                f"{_FORMAT}"
-            ) from exc
-    if not isinstance(value, (list, tuple)):
-        raise ValueError(
-            f"history is a JSON {json_type_name(value)}, not a list of turns; write it as {_FORMAT}"
-        )
-    history = tuple(_turn(turn, i) for i, turn in enumerate(value, start=1))
+    turns = json_list(value, "history", "turns", _FORMAT)
+    history = tuple(_turn(turn, i) for i, turn in enumerate(turns, start=1))
     check_history(history)
     return history
 

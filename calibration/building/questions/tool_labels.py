@@ -15,13 +15,12 @@ without expected calls labels its run by the final answer only.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .conversations import json_type_name
+from .conversations import json_list, json_type_name
 
 __all__ = [
     "ExpectedCall",
@@ -147,22 +146,8 @@ def parse_expected_calls(value: Any) -> tuple[ExpectedCall, ...]:
     Raises:
         ValueError: the value is not such a list (the message names the call and the fix).
     """
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return ()
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError(
-                f"expected_tool_calls is not valid JSON ({exc.msg} at column {exc.colno}); "
-                f"write it as {_FORMAT}"
-            ) from exc
-    if not isinstance(value, (list, tuple)):
-        raise ValueError(
-            f"expected_tool_calls is a JSON {json_type_name(value)}, not a list of calls; "
-            f"write it as {_FORMAT}"
-        )
-    return tuple(_expected_call(v, i) for i, v in enumerate(value, start=1))
+    calls = json_list(value, "expected_tool_calls", "calls", _FORMAT)
+    return tuple(_expected_call(v, i) for i, v in enumerate(calls, start=1))
 
 
 def parse_ordered(value: Any) -> bool:

@@ -28,12 +28,8 @@ __all__ = ["ENV_PREFIX", "PROCESS_ENV", "RULE", "GuardConfig", "read_config_file
 
 ENV_PREFIX = "ABSTAIN_GUARD_"
 
-#: ``ABSTAIN_GUARD_*`` variables that set up the process, not the guard's config (the local
-#: model's engines, CPU kernels and converted GGUF copies,
-#: :mod:`abstain_guard.adapters.engine.threads`,
-#: :mod:`abstain_guard.adapters.engine.kernel_env` and
-#: :mod:`abstain_guard.adapters.model.gguf_cache`; the vLLM environment's interpreter,
-#: :mod:`abstain_guard.backends.vllm_chat`): ``from_env`` leaves them alone.
+#: ``ABSTAIN_GUARD_*`` variables that set up the process (the local engines, kernels, GGUF
+#: cache, the vLLM interpreter), not the guard's config: ``from_env`` leaves them alone.
 PROCESS_ENV = (
     "ABSTAIN_GUARD_ENGINE_WORKERS",
     "ABSTAIN_GUARD_NATIVE_KERNELS",
@@ -67,9 +63,7 @@ def read_config_file(path: str | os.PathLike[str]) -> Mapping[str, Any]:
             data = tomllib.loads(text)
         else:
             data = json.loads(text)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"Could not parse config file {str(p)!r}: {exc}") from exc
-    except json.JSONDecodeError as exc:
+    except (OSError, ValueError, yaml.YAMLError) as exc:  # decode errors are ValueErrors
         raise ConfigError(f"Could not parse config file {str(p)!r}: {exc}") from exc
     if data is None:
         return {}
@@ -112,70 +106,10 @@ def _hashable(value: Any) -> Hashable:
 
 
 class GuardConfig(BaseModel):
-    """The guard's target and behaviour.
-
-    Attributes:
-        mode: ``"participation"`` (the paper: answer a fraction 1−α of questions) or
-            ``"risk"`` (answer as many as possible while the error rate among answered is
-            ≤ ``risk_target`` with probability ≥ 1−``delta``).
-        participation: 1−α, the target fraction of answered questions (participation mode).
-        risk_target: ε, the largest acceptable error rate among answered questions
-            (required in risk mode).
-        delta: δ, the allowed probability that the risk certificate is wrong (risk mode).
-        action_risk_target: ε_a, for a step-gated agent artifact (risk mode): also certify
-            that the probability of a run executing a wrong tool call (stopped runs
-            included) is <= ε_a; τ is then the largest threshold passing both tests, each at
-            δ/2, so both hold together with probability >= 1−δ
-            (:mod:`abstain_guard.guarantee.action_risk`, docs/guarantees.md). Needs an artifact from
-            ``calibrate --agent`` on rows with expected tool calls.
-        partial_release_target: ρ, for an artifact calibrated with a chunk rule (certified
-            streaming, risk mode): also certify that the probability of a stream showing
-            text and then being stopped is <= ρ; τ is the largest threshold passing both,
-            each at δ/2 (:mod:`abstain_guard.guarantee.partial_release`, docs/guarantees.md).
-            Without it the decision still reports the certified partial-release rate at τ.
-        abstain_message: the text of the abstention message.
-        on_error: ``"abstain"`` (fail closed: a response that cannot be scored is withheld
-            and the reason recorded) or ``"raise"`` (raise GuardError).
-        scorer: optional scorer kind the artifact must have (``"geometry"``,
-            ``"perplexity"``, ...); a mismatch is an error instead of a silent surprise.
-        on_mismatch: what to do when the deployed model, prompt, token budget or decoding
-            differ from the artifact's calibration record (or cannot be verified):
-            ``"raise"`` (default: ArtifactMismatchError) or ``"warn"`` (go on, and record
-            the mismatch in ``guarantee["warnings"]`` and the trace — the guarantee then no
-            longer holds as stated).
-        on_infeasible: what to do when the calibration set cannot meet the target.
-            Participation mode, when ⌈(1−α)(n+1)⌉ > n (too few scores for a finite
-            threshold): ``"raise"`` (default: InsufficientDataError naming the smallest n
-            that works), ``"answer_all"`` (τ = +∞, no upper bound on participation) or
-            ``"abstain_all"`` (τ = −∞). Risk mode, when no threshold certifies
-            ``risk_target`` at ``delta``: ``"raise"`` (default: UncertifiableTargetError
-            naming the smallest certifiable risk target) or ``"abstain_all"`` (τ = −∞: the
-            guard abstains on every question, which trivially keeps the risk).
-        group_by: per-group guarantees (``docs/guarantees.md``, "Per-group guarantees"):
-            ``None`` (default: one pooled rule), the name of the input's group key (read
-            from a mapping input, else from the run's ``metadata``; ``serve`` reads the
-            request's ``metadata``), or a function of the input returning the group name.
-            The artifact must record each calibration answer's group.
-        group_targets: a per-group target overriding ``participation`` (participation mode)
-            or ``risk_target`` (risk mode) for the groups it names.
-        group_delta: how δ is shared in risk mode: ``"per_group"`` (each group's certificate
-            holds with probability ≥ 1−δ) or ``"union"`` (δ/G per group: all G groups'
-            certificates hold together with probability ≥ 1−δ).
-        group_fallback: a calibration group too small for its target (participation: a
-            finite threshold needs more answers; risk: no threshold certifies its ε):
-            ``"raise"`` (default: InsufficientDataError naming the groups), ``"pooled"``
-            (the pooled rule, with a warning in every decision: no per-group guarantee) or
-            ``"abstain"`` (abstain on every question of the group).
-        unknown_group: a question whose group is missing or was not in calibration:
-            ``"abstain"`` (default, fail closed) or ``"pooled"`` (the pooled rule, with a
-            warning in the decision).
-        on_abstain: where an agent run goes when the guard stops it
-            (:class:`~abstain_guard.guard.middleware.AbstentionMiddleware` only): ``"end"``
-            (default: the run ends with the abstention message), ``"interrupt"`` (a human
-            reviews the pending tool calls or answer with the score and τ — approve, edit or
-            reject — through LangGraph's ``interrupt``; needs a checkpointer) or
-            ``"fallback"`` (the middleware's ``fallback`` model or agent does the rest of the
-            run). Runs continued by a human or a fallback are outside the certificate.
+    """The guard's target and behaviour: participation (the paper) or risk mode, their
+    targets, and what the guard does on errors, mismatches, infeasible targets, groups and
+    stopped agent runs. Each field: docs/configuration.md ("Fields"); the guarantees:
+    docs/guarantees.md.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -247,8 +181,6 @@ class GuardConfig(BaseModel):
             raise ValueError("group_targets needs group_by (where each question's group is)")
         return self
 
-    # --- derived -------------------------------------------------------------------------
-
     @property
     def alpha(self) -> float:
         """α = 1 − participation."""
@@ -277,8 +209,6 @@ class GuardConfig(BaseModel):
         """The target of ``group``: its ``group_targets`` entry, else :attr:`target`."""
         return float((self.group_targets or {}).get(group, self.target))
 
-    # --- loading -------------------------------------------------------------------------
-
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> GuardConfig:
         """Build from a mapping; unknown keys raise ConfigError listing the valid ones."""
@@ -303,17 +233,15 @@ class GuardConfig(BaseModel):
 
     @classmethod
     def env_values(
-        cls,
-        environ: Mapping[str, str] | None = None,
-        prefix: str = ENV_PREFIX,
-        ignore: tuple[str, ...] = (),
+        cls, environ: Mapping[str, str] | None = None, ignore: tuple[str, ...] = ()
     ) -> dict[str, str]:
-        """The ``{field: raw string}`` pairs given by ``PREFIX<FIELD>`` environment variables.
+        """The ``{field: raw string}`` pairs given by ``ABSTAIN_GUARD_<FIELD>`` variables.
 
         Raises:
-            ConfigError: for a ``PREFIX*`` variable that names no field (unless listed in
-                ``ignore``, by its full name, or one of :data:`PROCESS_ENV`).
+            ConfigError: for an ``ABSTAIN_GUARD_*`` variable that names no field (unless
+                listed in ``ignore``, by its full name, or one of :data:`PROCESS_ENV`).
         """
+        prefix = ENV_PREFIX
         env = os.environ if environ is None else environ
         fields = sorted(cls.model_fields)
         values: dict[str, str] = {}
@@ -332,27 +260,22 @@ class GuardConfig(BaseModel):
 
     @classmethod
     def from_env(
-        cls,
-        environ: Mapping[str, str] | None = None,
-        prefix: str = ENV_PREFIX,
-        ignore: tuple[str, ...] = (),
+        cls, environ: Mapping[str, str] | None = None, ignore: tuple[str, ...] = ()
     ) -> GuardConfig:
-        """Build from environment variables ``ABSTAIN_GUARD_<FIELD>`` (e.g.
-        ``ABSTAIN_GUARD_MODE=risk``, ``ABSTAIN_GUARD_RISK_TARGET=0.2``); fields not set keep
-        their defaults. An empty value for ``RISK_TARGET`` or ``SCORER`` means "unset"."""
-        return cls.from_dict(_normalise_env(cls.env_values(environ, prefix, ignore)))
+        """Build from ``ABSTAIN_GUARD_<FIELD>`` variables (``ABSTAIN_GUARD_MODE=risk``); fields
+        not set keep their defaults, an empty value of an optional one means "unset"."""
+        return cls.from_dict(_normalise_env(cls.env_values(environ, ignore)))
 
     @classmethod
     def load(
         cls,
         path: str | os.PathLike[str] | None = None,
         environ: Mapping[str, str] | None = None,
-        prefix: str = ENV_PREFIX,
         ignore: tuple[str, ...] = (),
     ) -> GuardConfig:
         """File (if given) first, then ``ABSTAIN_GUARD_*`` environment variables on top."""
         base = cls.from_file(path).model_dump(exclude_unset=True) if path is not None else {}
-        base.update(_normalise_env(cls.env_values(environ, prefix, ignore)))
+        base.update(_normalise_env(cls.env_values(environ, ignore)))
         return cls.from_dict(base)
 
     def with_overrides(self, **changes: Any) -> GuardConfig:

@@ -1,9 +1,6 @@
-"""`CalibrationSet`: the arrays calibration measured on its answers, as an artifact stores them.
-
-The scores and labels of the ``n`` calibration answers (``calibration.npz``, with each answer's
-group when calibration recorded one) and the optional arrays that live in side files of their
-own (:data:`~abstain_guard.artifact.files.SIDE_FILES`). Each array is checked once, here; the
-scores, labels and groups are made read-only.
+"""`CalibrationSet`: the arrays calibration measured on its answers, as an artifact stores
+them (``calibration.npz`` and the side files), each checked once; the scores, labels and
+groups are read-only.
 """
 
 from __future__ import annotations
@@ -14,11 +11,11 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from abstain_guard.artifact.files import validate_calibration
 from abstain_guard.guarantee.action_risk import check_action_statistics
 from abstain_guard.guarantee.groups import check_groups
 from abstain_guard.guarantee.partial_release import check_stream_statistics
 from abstain_guard.guarantee.truth import check_human_labels
+from abstain_guard.guarantee.validation import check_labels, check_scores
 
 __all__ = ["CalibrationSet"]
 
@@ -27,22 +24,17 @@ _READ_ONLY = ("scores", "correct", "groups")
 
 @dataclass(frozen=True, eq=False)
 class CalibrationSet:
-    """The calibration answers' arrays (any array-like in, read-only numpy arrays after).
+    """The calibration answers' arrays (any array-like in, numpy arrays after).
 
     Attributes:
-        scores: calibration scores ``[n]`` (float64, finite).
-        correct: calibration labels ``[n]`` (bool; 0/1 accepted).
-        groups: each answer's group ``[n]`` (str), for ``GuardConfig(group_by=...)``, or None.
-        action_statistic: every calibration run's action statistic ``[n_runs]`` (n_runs ≥ n:
-            runs whose final answer was not labeled count too; float64, ``inf`` for a run
-            without a wrong tool call), for ``GuardConfig(action_risk_target=...)``
-            (:mod:`abstain_guard.guarantee.action_risk`), or None.
-        stream_first: each answer's first-chunk score ``[n]`` (``inf``: none) when calibrated
-            with a chunk rule (``scores`` are then the stream statistics,
-            :mod:`abstain_guard.contract.streaming`), or None.
-        human: people's verdicts on a uniformly random sample ``[n]`` (int8: 1 correct,
-            0 wrong, -1 not reviewed; risk mode then certifies the true error rate,
-            :mod:`abstain_guard.guarantee.truth`), or None.
+        scores, correct: ``[n]`` float64 finite scores and bool labels (0/1 accepted).
+        groups: each answer's group ``[n]`` (str), for ``group_by``, or None.
+        action_statistic: every calibration run's action statistic ``[n_runs]`` (runs
+            without a labeled answer too; ``inf``: no wrong tool call), or None.
+        stream_first: each answer's first-chunk score ``[n]`` (``inf``: none) under a chunk
+            rule (``scores`` are then the stream statistics), or None.
+        human: people's verdicts ``[n]`` (int8: 1, 0, -1 not reviewed, -2 out of scope),
+            or None.
     """
 
     scores: np.ndarray
@@ -53,7 +45,8 @@ class CalibrationSet:
     human: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        scores, correct = validate_calibration(self.scores, self.correct)
+        scores = check_scores(self.scores)
+        correct = check_labels(self.correct, scores.size).astype(bool)
         n = scores.size
         checked = {
             "scores": scores,
@@ -72,7 +65,6 @@ class CalibrationSet:
 
     @property
     def n(self) -> int:
-        """Number of calibration answers."""
         return int(self.scores.size)
 
 

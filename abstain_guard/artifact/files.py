@@ -1,32 +1,7 @@
 """How an artifact lives on disk: the file names and their encodings (canonical JSON, ``.npz``
-without pickle, size checks from the headers), atomic publication of a new version, and
-reading one consistent snapshot while a save may be swapping it (see
-:mod:`abstain_guard.artifact` for the format and the guarantees).
-
-Atomic replacement (readers never see a partial artifact). The artifact stays a plain
-directory (no symlinks, no version folders: copy it with ``cp -r``, ship it in a wheel, and
-any earlier loader reads it). ``GuardArtifact.save``
-
-1. writes every file into a staging directory beside the target
-   (``.<name>.tmp-<pid>-<random>``, same file system), fsyncs each file and the directory;
-2. publishes it with one atomic directory *exchange*: ``renameat2(RENAME_EXCHANGE)`` on
-   Linux, ``renamex_np(RENAME_SWAP)`` on macOS. At every instant the target path is the
-   complete old artifact or the complete new one; the old one, now under the staging name,
-   is deleted and the parent directory fsynced. A first save (no target yet) is a plain
-   ``rename``.
-3. Where the file system cannot exchange, it falls back to rename-aside + rename-in
-   (``.<name>.old-<pid>-<random>``); the target is missing for the instant between the two.
-
-Readers are consistent in both cases: ``GuardArtifact.load`` opens the directory once and
-reads every file relative to that descriptor, so it reads one artifact, never a mix of two.
-If a concurrent save removes the directory it is reading (a file disappears), or the target
-is missing while a save's staging or aside folder exists beside it, the load starts again
-(for up to :data:`READ_RETRY_SECONDS`) and returns whichever complete artifact is current.
-
-Concurrent writers: each exchange publishes a complete artifact, so the last save to finish
-wins and nothing is left behind (each writer deletes what its exchange displaced; a staging
-or aside folder left by a killed process is removed by the next save once that PID is gone).
-Every failure is an :class:`~abstain_guard.errors.ArtifactError` (a read-only or full disk:
+without pickle, size checks from the headers) and atomic publication of a new version
+(docs/architecture.md, "Artifact"; reading: :mod:`.reading`). Every failure is an
+:class:`~abstain_guard.errors.ArtifactError` (a read-only or full disk:
 :class:`~abstain_guard.errors.ArtifactWriteError`).
 """
 
@@ -53,7 +28,6 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
-from numpy.typing import ArrayLike
 
 from abstain_guard.errors import (
     ArtifactError,
@@ -62,7 +36,6 @@ from abstain_guard.errors import (
     ArtifactWriteError,
     InvalidInputError,
 )
-from abstain_guard.guarantee.validation import check_labels, check_scores
 
 logger = logging.getLogger("abstain_guard")
 
@@ -73,20 +46,13 @@ CALIBRATION = "calibration.npz"
 SCORER_JSON = "scorer.json"
 SCORER_NPZ = "scorer.npz"
 LEDGER = "ledger.jsonl"
-"""Optional, outside the checksums: the selection ledger (:mod:`abstain_guard.guarantee.ledger`),
-JSON lines appended to after the artifact is published
-(:func:`abstain_guard.artifact.reading.append_ledger`)."""
+"""Optional, outside the checksums: the selection ledger, appended to after publication."""
 
 
 @dataclass(frozen=True)
 class SideFile:
-    """An optional ``.npz`` beside ``calibration.npz`` holding one array of the calibration set.
-
-    Attributes:
-        field: the :class:`~abstain_guard.artifact.calibration_set.CalibrationSet` field stored.
-        name: the file name.
-        key: the array's name inside the file.
-    """
+    """An optional ``.npz`` beside ``calibration.npz`` holding one field of the calibration
+    set under ``key``."""
 
     field: str
     name: str
@@ -94,18 +60,12 @@ class SideFile:
 
 
 SIDE_FILES = (
-    # statistic [n_runs] float64: the action statistic of every calibration run, labeled or
-    # not (:mod:`abstain_guard.guarantee.action_risk`)
     SideFile("action_statistic", "action_risk.npz", "statistic"),
-    # first [n] float64: each answer's first-chunk score under the artifact's chunk rule
-    # (certified streaming, :mod:`abstain_guard.guarantee.partial_release`)
     SideFile("stream_first", "stream.npz", "first"),
-    # human [n] int8: people's verdicts on a random sample (1, 0, -1 not reviewed;
-    # :mod:`abstain_guard.guarantee.truth`); the draw is in ``metadata["review"]``
     SideFile("human", "review.npz", "human"),
 )
-"""The calibration set's optional arrays, one file each: an artifact without one reads as
-before."""
+"""The calibration set's optional arrays, one file each (shapes: :class:`~abstain_guard.
+artifact.calibration_set.CalibrationSet`)."""
 RESERVED_FILE_NAMES = {
     LEDGER,
     MANIFEST,
@@ -121,9 +81,6 @@ SAFE_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_ARRAY_BYTES = 512 * 2**20
 #: How long a load retries while a concurrent save replaces the artifact it is reading.
 READ_RETRY_SECONDS = 10.0
-
-
-# --- helpers -----------------------------------------------------------------------------
 
 
 def sha256_hex(data: bytes) -> str:
@@ -200,12 +157,6 @@ def parse_json(raw: bytes, what: str) -> Any:
         ) from exc
 
 
-def validate_calibration(scores: ArrayLike, correct: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
-    s = check_scores(scores)
-    c = check_labels(correct, s.size).astype(bool)
-    return s, c
-
-
 def check_json(obj: Any, what: str) -> None:
     try:
         canonical_json(obj)
@@ -214,8 +165,6 @@ def check_json(obj: Any, what: str) -> None:
             f"{what} must be JSON-serializable (plain dicts, lists, strings, finite numbers): {exc}"
         ) from exc
 
-
-# --- atomic publication (see the module docstring) -----------------------------------------
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2  # Linux renameat2 flag
@@ -354,12 +303,8 @@ def publish(tmp: Path, target: Path, overwrite: bool) -> None:
 
 
 def check_target(target: Path, overwrite: bool) -> None:
-    """Refuse a target that is not (or may not be replaced by) an artifact.
-
-    Another writer may move ``target`` aside at any moment (the rename fallback of
-    ``_publish_by_renames``), so a path that vanishes between two checks counts as absent,
-    not as "not a directory" or "not an artifact".
-    """
+    """Refuse a target that is not (or may not be replaced by) an artifact; a path another
+    writer moves aside meanwhile counts as absent."""
     try:
         info = target.stat()
     except FileNotFoundError:

@@ -1,33 +1,8 @@
-"""`GuardArtifact`: what calibration produces and the guard loads.
-
-An artifact holds the fitted scorer's state, the calibration scores and labels (so a new
-target in the config re-thresholds instantly, with no model run), the model fingerprint
-and free JSON metadata. On disk it is a directory::
-
-    manifest.json      schema_version, created, model_fingerprint, scorer kind,
-                       sha256 checksums and sizes of every other file, metadata,
-                       and manifest_sha256 (a checksum of the manifest itself)
-    calibration.npz    scores [n] float64, correct [n] bool   (allow_pickle=False),
-                       and groups [n] unicode when calibration recorded each answer's
-                       group (per-group rules, :mod:`abstain_guard.guarantee.groups`)
-    scorer.json        ScorerState kind, params, names of its arrays and files
-    scorer.npz         ScorerState arrays                      (allow_pickle=False)
-    <raw files>        ScorerState files, e.g. calibrator.ubj (XGBoost)
-    <side files>       optional, one array of the calibration set each
-                       (:data:`~abstain_guard.artifact.files.SIDE_FILES`): action_risk.npz,
-                       stream.npz, review.npz
-
-Loading never executes code: JSON, numpy arrays without pickle, and raw bytes handed to
-the scorer's ``from_state``. A missing file raises ArtifactNotFoundError, a changed or
-truncated file ArtifactIntegrityError, an unknown schema or malformed content (a manifest
-nested too deeply included) ArtifactSchemaError, an array that would inflate past
-``max_array_bytes`` (default :data:`MAX_ARRAY_BYTES`, read from each ``.npy`` header before
-anything is allocated) ArtifactTooLargeError, another model's artifact ArtifactMismatchError.
-
-Saving is atomic and loading reads one consistent snapshot (readers never see a partial
-artifact): the procedure is in :mod:`abstain_guard.artifact.files`. ``ledger.jsonl``, the
-selection ledger (:mod:`abstain_guard.guarantee.ledger`), sits beside these files, outside
-the checksums: it is appended to after publication; :meth:`GuardArtifact.save` carries it.
+"""`GuardArtifact`: what calibration produces and the guard loads: the fitted scorer's state,
+the calibration set (so a new target re-thresholds with no model run), the model
+fingerprint and free JSON metadata, as a directory that loading reads without executing
+code, atomically saved (the format, its errors and the save procedure:
+docs/architecture.md, "Artifact").
 """
 
 from __future__ import annotations
@@ -93,24 +68,18 @@ logger = logging.getLogger("abstain_guard")
 
 
 class GuardArtifact:
-    """A fitted scorer plus its calibration set (scores, labels and the optional arrays).
-
-    Build one with :meth:`from_calibration`, write it with :meth:`save`, read it with
-    :meth:`load`, and ask it for the threshold of any target with :meth:`decision_rule`.
+    """A fitted scorer plus its calibration set: build one with :meth:`from_calibration`,
+    :meth:`save` and :meth:`load` it, and ask it for any target's rule (:meth:`decision_rule`).
 
     Attributes:
-        scorer: the fitted :class:`~abstain_guard.scorers.Scorer`.
-        calibration: the :class:`~abstain_guard.artifact.calibration_set.CalibrationSet`; its
-            arrays read as attributes of the artifact too (``scores`` ``[n]``, ``correct``,
-            ``groups``, ``action_statistic``, ``stream_first``, ``human``).
-        model_fingerprint: identity of the model the scores came from (or None).
-        metadata: free JSON dict (judge identity, data set, split sizes, ...).
-        selection: how the scorer was chosen (``metadata["selection"]``), with the ledger's
-            looks joined (:class:`~abstain_guard.guarantee.selection.ScorerSelection`), or
-            None (K = 1); every rule certifies at δ/K.
-        ledger: the selection ledger's entries (``ledger.jsonl``).
-        created: ISO-8601 UTC creation time.
-        path: where it was loaded from or last saved to (None for an in-memory artifact).
+        scorer, calibration: the fitted scorer and the
+            :class:`~abstain_guard.artifact.calibration_set.CalibrationSet` (its arrays read
+            as the artifact's attributes too).
+        model_fingerprint, metadata, created: the model's identity (or None), free JSON and
+            the ISO-8601 UTC creation time.
+        selection, ledger: how the scorer was chosen, with the ledger's looks joined (None:
+            K = 1), and the ledger's entries.
+        path: where it was loaded from or last saved to (None: in memory).
     """
 
     def __init__(
@@ -155,46 +124,35 @@ class GuardArtifact:
         model_fingerprint: str | None = None,
         metadata: Mapping[str, Any] | None = None,
     ) -> GuardArtifact:
-        """A new artifact from a fitted scorer and the calibration set it scored.
-
-        Args: scorer (the fitted scorer that produced ``calibration.scores``), calibration,
-        model_fingerprint (checked by the guard), metadata (free JSON, in the manifest).
-        """
+        """A new artifact from a fitted scorer and the calibration set it scored."""
         return cls(scorer, calibration, model_fingerprint=model_fingerprint, metadata=metadata)
 
     @property
     def scores(self) -> np.ndarray:
-        """Calibration scores ``[n]`` (float64, read-only)."""
         return self.calibration.scores
 
     @property
     def correct(self) -> np.ndarray:
-        """Calibration labels ``[n]`` (bool, read-only)."""
         return self.calibration.correct
 
     @property
     def groups(self) -> np.ndarray | None:
-        """Each calibration answer's group ``[n]``, or None."""
         return self.calibration.groups
 
     @property
     def action_statistic(self) -> np.ndarray | None:
-        """Every calibration run's action statistic ``[n_runs]``, or None."""
         return self.calibration.action_statistic
 
     @property
     def stream_first(self) -> np.ndarray | None:
-        """Each calibration answer's first-chunk score ``[n]``, or None."""
         return self.calibration.stream_first
 
     @property
     def human(self) -> np.ndarray | None:
-        """People's verdicts on the reviewed sample ``[n]`` (-1 not reviewed), or None."""
         return self.calibration.human
 
     @property
     def n(self) -> int:
-        """Number of calibration samples."""
         return self.calibration.n
 
     def decision_rule(self, config: GuardConfig | None = None) -> DecisionRule:
@@ -231,18 +189,16 @@ class GuardArtifact:
 
     @property
     def n_candidates(self) -> int:
-        """K: the scorers this one was chosen among on its calibration answers, and every
-        other one its ledger records on them (1: none)."""
+        """K: the scorers chosen among on these calibration answers and the ledger's others."""
         return 1 if self.selection is None else self.selection.n_candidates
 
     def _selection(self) -> ScorerSelection | None:
-        """How the scorer was chosen (the metadata's block) with the ledger's looks joined."""
         block = self.metadata.get("selection")
         return recorded_selection(block, self.scorer.kind, self.n, self.ledger)
 
     def record_looks(self, entries: Sequence[LedgerEntry]) -> None:
-        """Append ``entries`` to the selection ledger (on disk too when the artifact was loaded
-        or saved) and count them in K from now on (:mod:`abstain_guard.guarantee.ledger`).
+        """Append ``entries`` to the selection ledger (on disk too, for a loaded or saved
+        artifact) and count them in K from now on.
 
         Raises:
             ArtifactWriteError: the ledger file cannot be written (nothing is counted).
@@ -255,8 +211,8 @@ class GuardArtifact:
         self._group_rules.clear()
 
     def group_rules(self, config: GuardConfig) -> GroupRules:
-        """Each calibration group's rule for ``config`` (``config.group_by`` set), from the
-        stored scores, labels and groups (:func:`abstain_guard.guarantee.groups.group_rules`).
+        """Each calibration group's rule for ``config`` (``config.group_by`` set;
+        :func:`abstain_guard.guarantee.groups.group_rules`).
 
         Raises:
             ArtifactMismatchError: the artifact records no calibration groups.
@@ -312,8 +268,6 @@ class GuardArtifact:
             f"accuracy={float(self.correct.mean()):.3f}, "
             f"model_fingerprint={self.model_fingerprint!r})"
         )
-
-    # --- save --------------------------------------------------------------------------
 
     def _files(self) -> dict[str, bytes]:
         state: ScorerState = self.scorer.get_state()
@@ -371,17 +325,9 @@ class GuardArtifact:
         return manifest
 
     def save(self, path: str | os.PathLike[str], overwrite: bool = False) -> Path:
-        """Write the artifact directory atomically (see the module docstring): a reader of
-        ``path`` sees the complete old artifact or the complete new one, never a mix, and of
-        concurrent saves the last to finish wins.
-
-        Args:
-            path: the directory to create.
-            overwrite: replace an existing artifact directory at ``path``. A non-empty
-                directory that is not an artifact is never replaced.
-
-        Returns:
-            The directory path.
+        """Write the artifact directory atomically (a reader sees the old artifact or the new
+        one, never a mix); ``overwrite`` replaces an existing artifact (never a non-empty
+        directory that is not one). Returns the directory.
 
         Raises:
             ArtifactError: ``path`` exists and may not be replaced.
@@ -412,8 +358,6 @@ class GuardArtifact:
         self.path = target
         return target
 
-    # --- load --------------------------------------------------------------------------
-
     @classmethod
     def read_manifest(cls, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Read and verify ``manifest.json`` (schema and self-checksum) without loading data."""
@@ -428,14 +372,10 @@ class GuardArtifact:
         *,
         max_array_bytes: int | None = None,
     ) -> GuardArtifact:
-        """Load and verify an artifact directory.
-
-        Args:
-            path: the directory written by :meth:`save`.
-            expected_fingerprint: when given (and the artifact has a fingerprint), they
-                must be equal.
-            max_array_bytes: the most bytes the arrays of one ``.npz`` file may inflate to
-                (default :data:`MAX_ARRAY_BYTES`, 512 MiB), checked before allocating.
+        """Load and verify an artifact directory: its fingerprint must equal
+        ``expected_fingerprint`` when both are set; one ``.npz`` file's arrays may inflate to
+        ``max_array_bytes`` at most (default :data:`MAX_ARRAY_BYTES`), checked before
+        allocating.
 
         Raises:
             ArtifactNotFoundError: the directory or a file is missing.

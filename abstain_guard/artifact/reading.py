@@ -1,8 +1,7 @@
-"""Reading one consistent artifact while a save may be replacing it, and appending to its
-selection ledger (the procedure is in :mod:`abstain_guard.artifact.files`): the directory is
-opened once and every file read relative to that descriptor, so a load reads one artifact,
-never a mix of two; a load that finds its directory replaced starts again (up to
-:data:`~abstain_guard.artifact.files.READ_RETRY_SECONDS`)."""
+"""Reading one consistent artifact while a save may be replacing it (docs/architecture.md,
+"Artifact"): the directory is opened once and every file read relative to that descriptor;
+a load that finds its directory replaced starts again. Also: appending to its ledger.
+"""
 
 from __future__ import annotations
 
@@ -36,8 +35,6 @@ from abstain_guard.errors import (
     ArtifactNotFoundError,
     ArtifactSchemaError,
 )
-
-# --- consistent reads ------------------------------------------------------------------------
 
 
 class _Snapshot:
@@ -121,9 +118,6 @@ def _open_snapshot(root: Path) -> _Snapshot:
         raise ArtifactNotFoundError(
             f"Could not open the artifact directory {str(root)!r} ({exc.strerror or exc})."
         ) from exc
-
-
-# --- reading a manifest and its files from one snapshot ------------------------------------
 
 
 class _Retry(Exception):

@@ -1,25 +1,12 @@
 """API chat models as calibration targets: the spec that names one, its identity and how it
 is called as calibrated.
 
-A :class:`ChatModelSpec` names any LangChain chat model: an ``init_chat_model`` name
-(``"openai:gpt-4o-mini"``) or a ``"module:Class"`` path, with constructor kwargs. It never
-stores secrets: kwargs that hold keys, tokens, passwords or headers (:func:`is_secret`) are
-used to build the model but dropped whenever the spec is written (artifact metadata, run
-summaries), so keys belong in the environment (``OPENAI_API_KEY``) and a guard rebuilt from
-the artifact reads them there.
-
-The identity of a built chat model (:func:`chat_model_identity`) is its class and every
-setting that differs from the class default (model name, base URL, temperature, logprobs,
-...), without secrets and transport options (timeouts, retries, clients, callbacks); its
-fingerprint (:func:`chat_model_fingerprint`) is the hash of that, and it is what calibration
-caches answers under and what the guard compares a deployed API model with.
-
-An API model is always called the one way calibration called it (:func:`bind_budget`): the
-calibrated token budget bound as ``max_tokens``. Logprobs are asked for when the model is
-built (:meth:`ChatModelSpec.build` sets ``logprobs=True`` on classes that have that option,
-unless the kwargs say otherwise).
-
-Importing this module imports neither LangChain's providers nor torch.
+A :class:`ChatModelSpec` names any LangChain chat model (an ``init_chat_model`` name or a
+``"module:Class"`` path, with kwargs) and never stores secrets (:func:`is_secret`): keys come
+from the environment. A built model's identity (:func:`chat_model_identity`: its class and
+every non-default setting, without secrets and transport options) hashes to the fingerprint
+calibration caches under and the guard compares with. It is called with the calibrated
+budget bound (:func:`bind_budget`). Imports neither LangChain's providers nor torch.
 """
 
 from __future__ import annotations
@@ -86,8 +73,7 @@ TRANSPORT = frozenset(
         "default_query",
         "include_response_headers",
         # the vLLM backend's process options (abstain_guard.backends.vllm_chat): where the
-        # server runs, how it is reached and what it reserves, not what it answers (what it
-        # answers with — weights, dtype, parallelism — is in each response's engine record)
+        # server runs and what it reserves, not what it answers (its engine record says)
         "engine_url",
         "api_key",
         "served_model",
@@ -127,13 +113,9 @@ def _canonical(value: Any) -> str:
 
 
 class ChatModelSpec(BaseModel):
-    """A LangChain chat model named by configuration (``model:`` of a calibration config).
-
-    Exactly one of ``chat_model`` (a name ``langchain.chat_models.init_chat_model`` takes,
-    ``"openai:gpt-4o-mini"``) and ``class_path`` (``"langchain_openai:ChatOpenAI"``), plus
-    the constructor ``kwargs``. Secret kwargs (:func:`is_secret`) are used to build the model
-    but never serialized.
-    """
+    """A LangChain chat model named by configuration (``model:`` of a calibration config):
+    exactly one of ``chat_model`` and ``class_path``, plus constructor ``kwargs`` (secret ones
+    build the model but are never serialized)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -171,7 +153,6 @@ class ChatModelSpec(BaseModel):
 
     @property
     def label(self) -> str:
-        """The name or path, for messages."""
         return str(self.chat_model or self.class_path)
 
     def resolve_class(self) -> Any:
@@ -239,13 +220,8 @@ class ChatModelSpec(BaseModel):
 
 
 class ChatModelRecord(BaseModel):
-    """The API chat model an artifact was calibrated on (deployment record ``chat_model``).
-
-    Attributes:
-        spec: the configured spec, without secrets (what rebuilds the model).
-        class_path: the built model's class, ``"module:Class"``.
-        settings: its identity settings (:func:`chat_model_identity`).
-    """
+    """The API chat model an artifact was calibrated on (deployment record ``chat_model``):
+    its spec without secrets, class and identity settings (:func:`chat_model_identity`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -255,18 +231,15 @@ class ChatModelRecord(BaseModel):
 
     @classmethod
     def of(cls, spec: ChatModelSpec, model: Any) -> ChatModelRecord:
-        """The record of ``model`` built from ``spec``."""
         identity = chat_model_identity(model)
         return cls(spec=spec, class_path=identity["class"], settings=identity["settings"])
 
     @property
     def fingerprint(self) -> str:
-        """The calibrated model's fingerprint (:func:`chat_model_fingerprint`)."""
         return _fingerprint(self.class_path, self.settings)
 
 
 def class_path(model: Any) -> str:
-    """``"module:Class"`` of ``model``."""
     cls = type(model)
     return f"{cls.__module__}:{cls.__qualname__}"
 

@@ -1,29 +1,12 @@
 """What the guard must run exactly as it was calibrated, and the checks that it does.
 
-The conformal guarantee holds only if the score the guard computes at run time is
-exchangeable with the calibration scores: same model, same prompt (system prompt, chat
-template, question kind), same token budget, same decoding. Calibration stores those
-settings in the artifact as a :class:`DeploymentRecord` (``metadata["deployment"]``); a chat
-model that records its own settings per response (``response_metadata["generation"]``, as
-:class:`~abstain_guard.adapters.GeometryChatModel` does) is checked against it on every
-decision, and every chat model inside a guarded runnable is checked against the artifact's
-model fingerprint when the guard is built.
-
-What is compared (pure functions, no model needed):
-
-* per response: system-prompt hash → which calibrated question kind it is, then that kind's
-  ``max_new_tokens``, the decoding settings and the chat-template hash;
-* per chat model: ``fingerprint`` (a model without one cannot be verified);
-* per agent call (middleware): the system prompt and the tool schemas;
-* an API chat model (calibrated on a
-:class:`~abstain_guard.contract.chat_model_specs.ChatModelSpec`): its
-  class and settings when the guard is built, each answer's length against the budget; its
-  prompt and budget per call cannot be read from its responses and are listed as unverified
-  in every decision (``guarantee["unverified"]``).
-
-A mismatch is an :class:`~abstain_guard.errors.ArtifactMismatchError` unless the guard's
-config sets ``on_mismatch="warn"``; then it is recorded in ``guarantee["warnings"]`` and in
-the trace, and the guard goes on (the guarantee no longer holds as stated).
+The guarantee needs live scores exchangeable with the calibration scores: same model,
+prompt, token budget and decoding. Calibration records them as a :class:`DeploymentRecord`
+(``metadata["deployment"]``); each response's ``response_metadata["generation"]``, every chat
+model's fingerprint, an agent call's prompt and tools, and an API model's class, settings and
+answer length are checked against it. A mismatch is an
+:class:`~abstain_guard.errors.ArtifactMismatchError` unless ``on_mismatch="warn"`` records it
+in the decision (docs/guarantees.md, "What the guard checks at run time").
 """
 
 from __future__ import annotations
@@ -61,15 +44,12 @@ __all__ = [
 ]
 
 DECODING_KEYS = ("temperature", "top_p", "top_k", "stop", "batch_decode", "decode_path")
-"""Decoding settings that must equal the calibrated ones. ``decode_path`` is the path the
-engine took (shared decode steps or rows alone, BLAS threads inside a step, padding; see
-:mod:`abstain_guard.adapters.engine.threads`): two paths differ in the last bits of every score."""
+"""Decoding settings that must equal the calibrated ones (``decode_path``: the engine's path,
+:mod:`abstain_guard.adapters.engine.threads`; two paths differ in the last bits)."""
 
 NUMERICS_KEYS = ("dtype", "device_type")
-"""How the model's numbers were computed (``decoding`` and the generation record): the
-weights' dtype (``"float32"``, ``"bfloat16"``, ...) and the device type (``"cpu"``,
-``"cuda"``). A response in another dtype than calibration's is refused
-(:func:`dtype_mismatches`); the device type is recorded for the record's reader."""
+"""How the model's numbers were computed: the weights' dtype (another one is refused,
+:func:`dtype_mismatches`) and the device type (recorded only)."""
 
 
 def sha256_text(text: str | None) -> str | None:
@@ -88,13 +68,8 @@ def tools_sha256(tools: Sequence[Mapping[str, Any]] | None) -> str | None:
 
 
 class PromptRecord(BaseModel):
-    """How one kind of question was put to the model at calibration.
-
-    Attributes:
-        system_prompt: the system message text (None: no system message).
-        max_new_tokens: the token budget.
-        rendering: how the user message was built from a question (human-readable).
-    """
+    """How one kind of question was put to the model at calibration: the system message
+    (None: none), the token budget and how the user message was built (human-readable)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -104,44 +79,15 @@ class PromptRecord(BaseModel):
 
     @property
     def system_prompt_sha256(self) -> str | None:
-        """Hash of the system prompt (what responses record)."""
         return sha256_text(self.system_prompt)
 
 
 class AgentRecord(BaseModel):
-    """How an agent was run at calibration (``abstain-guard calibrate --agent``): what the
-    guarantee of its final answers depends on besides the model and the prompt.
-
-    Attributes:
-        factory: ``"package.module:function"`` that built the agent from the model.
-        system_prompt: the system message the agent's model calls carried (None: none).
-        step_limit: LangGraph's ``recursion_limit`` each run had (every model call and every
-            tool round is one step); a run that reaches it ends without a final answer.
-        tool_call_format: how tools were offered and calls parsed
-            (:mod:`abstain_guard.adapters.tools`: ``"hermes"``, ``"llama3"``, ``"mistral"``,
-            ``"prompted"``), None for an API chat model (its provider parses calls).
-        tool_prompt_sha256: hash of the tool block added to the system prompt (the
-            ``"prompted"`` format), else None.
-        final_tool_choice: the ``tool_choice`` of the model calls that wrote final answers.
-        call_tool_choices: each model call's ``tool_choice`` by its position in the run
-            (``{"0": ["any"], "1": [None]}``: the first call forced, the second free);
-            empty for artifacts built before it was recorded.
-        tool_steps: how many tool steps (tool results) preceded the final answers of the
-            calibration runs (a histogram, ``{"1": 40, "2": 3}``); a deployed final answer
-            after a count outside its range (min..max) is a mismatch (a warning under step
-            gating, :func:`tool_steps_problem`). Empty: not recorded.
-        gating: ``"steps"``: every model call is scored and the run's running maximum is
-            compared with τ, stopping the run before the tool calls of the first call that
-            crosses it (:mod:`abstain_guard.guarantee.agent_steps`); ``"final_answer"``: only final
-            answers are gated (artifacts built before step gating).
-        labelling: what made a calibration run wrong: ``"final_answer"``, or
-            ``"final_answer_and_tool_calls"`` (also a wrong executed tool call, for rows
-            with ``expected_tool_calls``).
-        conversations: calibrated on conversations (rows with earlier messages).
-        runs: what the calibration runs looked like: ``n``, ``final_answers``,
-            ``without_final_answer`` (count per reason), ``tool_calls`` (mean, max and a
-            histogram of calls per run), ``tool_errors`` and ``invalid_tool_calls``.
-    """
+    """How an agent was run at calibration (``abstain-guard calibrate --agent``): its
+    factory, system prompt, step limit, tool-call format and prompted tool block, the
+    ``tool_choice`` of each call by position, the tool steps before calibration's final
+    answers (a histogram), the gating and labelling, and what the runs looked like (each
+    field: docs/agents.md, "What the artifact records")."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -160,11 +106,8 @@ class AgentRecord(BaseModel):
 
 
 class StreamingRecord(BaseModel):
-    """How an artifact calibrated for certified streaming decides
-    (:mod:`abstain_guard.contract.streaming`): ``chunk_rule`` (``"sentence"``, ``"clause"``,
-    ``"tokens:K"``) and the statistic its scores are (the maximum of the prefix scores);
-    ``chunks``: what the calibration answers' chunks looked like (answers, answers with an
-    interior chunk end, mean interior chunk ends)."""
+    """How an artifact calibrated for certified streaming decides: its ``chunk_rule`` and
+    the statistic its scores are; ``chunks``: what the calibration answers' chunks were."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -179,26 +122,11 @@ class StreamingRecord(BaseModel):
 
 
 class DeploymentRecord(BaseModel):
-    """The generation settings an artifact was calibrated with (``metadata["deployment"]``).
-
-    Attributes:
-        model_fingerprint: the chat model's fingerprint (None: unknown).
-        chat_template_sha256: hash of the tokenizer's chat template (None: no template).
-        decoding: temperature, top_p, top_k, stop and the decode mode (``batch_decode``)
-            as used at calibration, and the model's ``dtype`` and ``device_type``
-            (:data:`NUMERICS_KEYS`; absent from records written before they were recorded).
-        prompts: one :class:`PromptRecord` per question kind (``"open"``, ``"choice"``, ...).
-        tools: tool schemas the model was offered (agents), or None.
-        chat_model: the API chat model calibrated on (spec without secrets, class,
-            settings), or None for a local model (:mod:`abstain_guard.contract.chat_model_specs`).
-        agent: how the agent was run (:class:`AgentRecord`), None for a chain or a model.
-        conversations: calibrated on conversations (some rows carried earlier turns, which
-            the prompt put between the system prompt and the question); False: on single
-            questions, so a response whose prompt carried earlier messages is refused.
-        streaming: calibrated for certified streaming (:class:`StreamingRecord`): every
-            answer, streamed or not, is decided on its prefix scores' maximum under that
-            chunk rule; None: whole answers.
-    """
+    """The generation settings an artifact was calibrated with (``metadata["deployment"]``):
+    model fingerprint, chat-template hash, decoding (:data:`DECODING_KEYS`,
+    :data:`NUMERICS_KEYS`, kernel facts), one :class:`PromptRecord` per question kind, the
+    tools offered, the API chat model (None: local), the agent, whether calibration had
+    conversations, and the chunk rule of certified streaming (None: whole answers)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -214,7 +142,7 @@ class DeploymentRecord(BaseModel):
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any]) -> DeploymentRecord | None:
-        """The record stored in artifact metadata, or None for artifacts without one.
+        """The record stored in artifact metadata, or None.
 
         Raises:
             ArtifactSchemaError: the stored record is malformed.
@@ -231,13 +159,11 @@ class DeploymentRecord(BaseModel):
 
     @property
     def calibrated_on_conversations(self) -> bool:
-        """Whether calibration had rows with earlier turns (``conversations``, or an agent
-        calibrated on conversations)."""
+        """Whether calibration had rows with earlier turns (an agent's included)."""
         return self.conversations or (self.agent is not None and self.agent.conversations)
 
     @property
     def tools_sha256(self) -> str | None:
-        """Hash of the recorded tool schemas (None when calibrated without tools)."""
         return tools_sha256(self.tools)
 
     def kind(self, name: str | None = None) -> tuple[str, PromptRecord]:
@@ -260,20 +186,14 @@ class DeploymentRecord(BaseModel):
         return name, self.prompts[name]
 
     def to_json(self) -> dict[str, Any]:
-        """JSON-ready dict (what goes into artifact metadata)."""
         return self.model_dump(mode="json")
 
 
 def generation_mismatches(
     record: DeploymentRecord, generation: Mapping[str, Any] | None
 ) -> list[str]:
-    """Why a response's recorded settings differ from the calibrated ones (empty: they match).
-
-    Args:
-        record: the artifact's deployment record.
-        generation: ``response_metadata["generation"]`` of the response (None: the chat
-            model records no settings, so they cannot be verified).
-    """
+    """Why a response's recorded settings (``response_metadata["generation"]``; None: not
+    recorded, so not verifiable) differ from the calibrated ones (empty: they match)."""
     if generation is None:
         return [
             "the response carries no generation settings (response_metadata['generation']), so "
@@ -314,7 +234,7 @@ def generation_mismatches(
 
 def decode_path_problem(got: Any, calibrated: Any) -> str:
     """Why a response decoded on path ``got`` is refused by a guard calibrated on path
-    ``calibrated`` (records of :meth:`abstain_guard.adapters.engine.threads.DecodePath.record`)."""
+    ``calibrated``."""
     return (
         f"decode_path={got!r} but calibration used {calibrated!r}: the response was decoded "
         f"with {_describe_path(got)}, the guard was calibrated with {_describe_path(calibrated)}; "
@@ -350,9 +270,7 @@ def _describe_path(record: Any) -> str:
 
 def dtype_mismatches(record: DeploymentRecord, generation: Mapping[str, Any]) -> list[str]:
     """A response generated with the weights in another dtype than at calibration (its
-    geometry and log-probabilities differ by far more than the last bits, so the calibrated
-    threshold does not hold). Not checked for a record without a dtype (written before
-    dtypes were recorded)."""
+    scores differ by far more than the last bits); nothing to check without a recorded one."""
     calibrated = record.decoding.get("dtype")
     if calibrated is None:
         return []
@@ -369,9 +287,7 @@ def dtype_mismatches(record: DeploymentRecord, generation: Mapping[str, Any]) ->
 
 def conversation_mismatches(record: DeploymentRecord, generation: Mapping[str, Any]) -> list[str]:
     """Why a response's prompt is not of a calibrated shape: it carried earlier messages
-    (``history_messages``: non-system messages before the last user message, tool-call
-    turns included) but the artifact was calibrated on single questions. A response that
-    records no count (an older model) cannot be checked here."""
+    (``history_messages``) but the artifact was calibrated on single questions."""
     earlier = generation.get("history_messages")
     if not earlier or record.calibrated_on_conversations:
         return []
@@ -395,8 +311,7 @@ def conversation_refusal(earlier: int) -> str:
 
 def tool_mismatches(record: DeploymentRecord, generation: Mapping[str, Any]) -> list[str]:
     """Why the tools a response was generated with differ from the calibrated ones: the
-    schemas offered (by hash), and for an agent the tool-call format and the prompted tool
-    block. A response without tool keys (a model that records none) offered no tools."""
+    schemas offered (by hash), and for an agent the tool-call format and prompted block."""
     problems: list[str] = []
     offered = generation.get("tools_sha256")
     if offered != record.tools_sha256:
@@ -420,7 +335,6 @@ def tool_mismatches(record: DeploymentRecord, generation: Mapping[str, Any]) -> 
 
 
 def _schema_name(schema: Mapping[str, Any]) -> str:
-    """The tool name of an OpenAI-format schema."""
     return str((schema.get("function") or {}).get("name", schema.get("name", "?")))
 
 
@@ -433,9 +347,8 @@ def _norm(value: Any) -> Any:
 
 
 def api_response_mismatches(record: DeploymentRecord, metadata: Mapping[str, Any]) -> list[str]:
-    """What can be checked of a response from an API chat model (which records no
-    generation settings): it generated no more tokens than the calibrated budget allows.
-    Its prompt cannot be checked from the response (see :data:`API_UNVERIFIED`)."""
+    """What can be checked of an API chat model's response: its engine, and no more tokens
+    than the calibrated budget (the rest: :data:`API_UNVERIFIED`)."""
     problems = backend_mismatches(record, metadata)
     budgets = [p.max_new_tokens for p in record.prompts.values()]
     logprobs = metadata.get("logprobs")
@@ -451,9 +364,8 @@ def api_response_mismatches(record: DeploymentRecord, metadata: Mapping[str, Any
 
 
 def backend_mismatches(record: DeploymentRecord, metadata: Mapping[str, Any]) -> list[str]:
-    """Where the engine that generated a response differs from the one calibration ran on
-    (``decoding["decode_path"]`` of an artifact calibrated on the vLLM backend against the
-    response's ``backend`` record: vLLM version, dtype, device, layers, capture path, ...)."""
+    """Where the vLLM engine that generated a response (its ``backend`` record) differs from
+    the one calibration ran on (``decoding["decode_path"]``)."""
     if record.decoding.get("backend") != "vllm":
         return []
     path = record.decoding.get("decode_path")
@@ -485,13 +397,9 @@ def model_mismatches(
     models: Sequence[Any],
     chat_model: ChatModelRecord | None = None,
 ) -> list[str]:
-    """Why chat models inside a guarded runnable differ from the calibrated model.
-
-    Every chat model is checked (fallbacks too): a fingerprint that differs, or a model
-    without one while the artifact has one (it cannot be verified). A model without a
-    fingerprint of its own (an API chat model) is compared with ``chat_model``, the API
-    model the artifact was calibrated on, when there is one: class and settings.
-    """
+    """Why chat models inside a guarded runnable (fallbacks too) differ from the calibrated
+    model: another fingerprint, none (unverifiable), or for an API model another class or
+    settings than ``chat_model``'s."""
     if artifact_fingerprint is None:
         return []
     problems: list[str] = []
@@ -516,14 +424,9 @@ def model_mismatches(
 
 
 def tool_steps_problem(record: DeploymentRecord, tool_steps: int) -> str | None:
-    """Why a final answer after ``tool_steps`` tool results is not what calibration saw
-    (None: it is, or nothing was recorded). One wording for the middleware and the server.
-
-    The comparison is with the *range* of counts calibration's final answers had
-    (:attr:`AgentRecord.tool_steps`, min..max), not membership in its histogram: a count
-    between two counts calibration saw (1 when it saw 0 and 2) is a run of the kind
-    calibrated, only rarer; one outside the range is a run longer or shorter than any
-    calibration run, which the calibration scores say nothing about."""
+    """Why a final answer after ``tool_steps`` tool results is outside the range (min..max,
+    not the histogram's members) of calibration's final answers; None: inside, or nothing
+    recorded."""
     seen = record.agent.tool_steps if record.agent is not None else {}
     counts = [int(k) for k in seen]
     if not counts or min(counts) <= tool_steps <= max(counts):

@@ -1,18 +1,11 @@
 """Kernel facts: when a guard's live scores equal its stored ones bit for bit, and by how
 much they may move when they cannot.
 
-A local model's generation record carries the kernel facts of the process that computed it
-(``generation["kernels"]``, written by :func:`abstain_guard.adapters.engine.kernels.kernel_facts`)
-and the calibration's deployment record carries those of calibration
-(``decoding["kernels"]``). Where the parts that decide the last bits (:func:`bit_deciding`)
-are equal, live = stored bit for bit. Where they differ (another CPU vendor or model under
-MKL's ``AUTO`` branch, another ATen capability forced by the user, another torch or MKL
-version), every score may move in its last bits: the guard does not refuse, but warns once
-with :data:`STATED_TOLERANCE` and the number of calibration scores within that distance of
-the threshold (the only decisions that could flip), and records the note in every decision.
-``abstain-guard evaluate --live`` measures the real move on the deployment machine.
-
-Pure functions, no torch.
+Where the facts that decide the last bits (:func:`bit_deciding`) of a generation
+(``generation["kernels"]``) equal calibration's (``decoding["kernels"]``), live = stored bit
+for bit; where they differ the guard warns once with :data:`STATED_TOLERANCE` and the
+calibration scores that close to the threshold, and notes it in every decision
+(docs/guarantees.md, "On another machine: CPU kernels"). Pure functions, no torch.
 """
 
 from __future__ import annotations
@@ -44,10 +37,9 @@ FIXED_MKL_BRANCHES = frozenset(
 #: (:data:`MEASURED_MOVES`, 1.1e-5).
 STATED_TOLERANCE = 1e-4
 
-#: Moves of the 2026-11-24 shipped guard's scores (``geometry_plus`` on the embedded SmolLM2-135M,
-#: float32, 24 new tokens) between kernel settings: max |Δ| over its first calibration
-#: answers. ``bench/speed/kernel_settings.py`` measures the simulated pairs on one machine;
-#: the last row was reported on another machine (issue 34).
+#: Moves of a ``geometry_plus`` guard's scores (embedded SmolLM2-135M, float32, 24 new
+#: tokens) between kernel settings: max |Δ| over its first calibration answers, with the
+#: command that measures each.
 MEASURED_MOVES: tuple[dict[str, Any], ...] = (
     {
         "between": "ATen DEFAULT vs AVX2 (AMD EPYC with AVX2, MKL CNR off)",
@@ -71,7 +63,7 @@ MEASURED_MOVES: tuple[dict[str, Any], ...] = (
         "between": "AMD EPYC with AVX-512 vs AMD EPYC with AVX2 (nothing forced)",
         "max_abs": 1.07e-5,
         "answers": 8,
-        "command": "tests/test_shipped_artifact.py on both machines (issue 34)",
+        "command": "tests/integration/artifact/test_shipped_artifact.py on both machines",
     },
 )
 

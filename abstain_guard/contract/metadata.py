@@ -1,33 +1,11 @@
 """The one reader of a chat model's ``response_metadata``: what scorers and checks read.
 
 Every scorer, the guard's deployment checks and the calibration pipeline read a response
-through :class:`ResponseMetadata`, so the keys, their layout and the errors for a missing
-or malformed field live in one place. The keys (written by
-:class:`~abstain_guard.adapters.GeometryChatModel`; an API model writes ``logprobs`` only):
-
-================  ==================================================================
-key               content
-================  ==================================================================
-``logprobs``      OpenAI style ``{"content": [{"token", "logprob", "top_logprobs"}]}``
-``entropy``       ``[N]`` full-vocabulary entropy per generated token
-``token_ids``     ``[N]`` generated token ids (a final EOS included when generated)
-``prompt_token_ids``  the prompt's token ids
-``geometry``      ``{"capture", "omega": [N, 2L-1], "theta": [N, 2L-1], "phi_in"/"phi_out"}``
-                  (``capture`` "full"; "fast": ``omega`` None, ``omega_dir`` ``[N, L]``;
-                  absent in metadata written before the marker existed: "full")
-``geometry.hidden``  ``{"layers": [l_mid, l_upper], "last": [K, D], "mean": [K, D]}``: the
-                  residual stream e^l[T] at the probe layers (:func:`probe_layers`) at the
-                  position predicting the last generated token, and averaged over the
-                  positions predicting each generated token (absent before issue 37)
-``generation``    the call's settings (:mod:`abstain_guard.contract.deployment`)
-``replay_source`` ``"token_ids"`` or ``"text"`` for a replayed response
-``backend``       the engine that generated it, when not the project's own:
-                  ``{"name": "vllm", "vllm_version", "dtype", "device", "layers",
-                  "capture_path", ...}`` (:mod:`abstain_guard.backends`)
-================  ==================================================================
-
-Accessors for what a scorer needs raise :class:`~abstain_guard.errors.ScoringError` (the
-guard turns it into an abstention when it fails closed).
+through :class:`ResponseMetadata`, so the keys (written by
+:class:`~abstain_guard.adapters.GeometryChatModel`; an API model writes ``logprobs`` only;
+docs/architecture.md, "Response metadata"), their layout and the errors for a missing or
+malformed field live in one place. Accessors raise
+:class:`~abstain_guard.errors.ScoringError` (the guard turns it into an abstention).
 """
 
 from __future__ import annotations
@@ -53,11 +31,9 @@ __all__ = [
     "GEOMETRY",
     "GEOMETRY_CAPTURE",
     "HIDDEN",
-    "HIDDEN_SUMMARIES",
     "LOGPROBS",
     "PROMPT_TOKEN_IDS",
     "QUESTION_GROUP",
-    "REPLAY_SOURCE",
     "TOKEN_IDS",
     "ResponseLike",
     "ResponseMetadata",
@@ -75,8 +51,6 @@ GEOMETRY_CAPTURE = "capture"  # key inside ``geometry``: "full" or "fast"
 CAPTURE_MODES = ("full", "fast")
 GENERATION = "generation"
 HIDDEN = "hidden"  # key inside ``geometry``: the probe layers' residual-stream summaries
-HIDDEN_SUMMARIES = ("last", "mean")
-REPLAY_SOURCE = "replay_source"
 BACKEND = "backend"
 #: the backend name of a response without a ``backend`` record: the project's own engine
 #: (:class:`~abstain_guard.adapters.GeometryChatModel`), or an API chat model
@@ -93,9 +67,8 @@ _LOGPROB_TOLERANCE = 1e-6  # a log-probability above this is not one
 
 def probe_layers(num_layers: int) -> tuple[int, int]:
     """The 0-based decoder layers whose outputs e^l the hidden-state probes read: a middle
-    one (``L // 2``) and an upper one (``4L // 5``); 15 and 24 of the embedded model's 30.
-    SAPLMA-style probes read middle-to-upper layers (PARALLAX, arXiv 2605.17028: upper-layer
-    probes hold up closed-book); the very last layers specialise in the next token."""
+    one (``L // 2``) and an upper one (``4L // 5``), as SAPLMA-style probes do (the very last
+    layers specialise in the next token)."""
     if num_layers < 1:
         raise InvalidInputError(f"num_layers must be positive, got {num_layers}")
     return (num_layers // 2, min(num_layers - 1, (4 * num_layers) // 5))
@@ -133,10 +106,7 @@ def response_metadata_of(response: ResponseLike) -> Mapping[str, Any]:
 
 @dataclass(frozen=True)
 class ResponseMetadata:
-    """Typed, read-only view of one response's metadata.
-
-    Build it with :meth:`of`; the accessors validate what they return.
-    """
+    """Typed, read-only view of one response's metadata (build it with :meth:`of`)."""
 
     raw: Mapping[str, Any]
 
@@ -157,8 +127,6 @@ class ResponseMetadata:
             return cls(response_metadata_of(response))
         except InvalidInputError as exc:  # the guard decides what an unscorable answer means
             raise ScoringError(str(exc)) from exc
-
-    # ---- likelihood --------------------------------------------------------------------
 
     def logprob_entries(self) -> Sequence[Mapping[str, Any]]:
         """The OpenAI-style ``logprobs["content"]`` entries, one per generated token.
@@ -224,8 +192,6 @@ class ResponseMetadata:
         except (TypeError, ValueError) as exc:
             raise ScoringError("response_metadata['entropy'] must be a list of numbers.") from exc
 
-    # ---- tokens ------------------------------------------------------------------------
-
     def token_ids(self) -> list[int]:
         """Generated token ids ``[N]``.
 
@@ -250,8 +216,6 @@ class ResponseMetadata:
                 "produced by the GeometryChatModel (abstain_guard.adapters)."
             )
         return [int(t) for t in ids]
-
-    # ---- geometry and settings ---------------------------------------------------------
 
     def geometry(self, capture: str | None = None) -> Mapping[str, Any]:
         """The per-token geometry mapping (``omega``, ``theta``, optionally ``phi_in/out``).
@@ -294,17 +258,14 @@ class ResponseMetadata:
         "mean" (``geometry["hidden"]``).
 
         Raises:
-            ScoringError: the response has no hidden-state summary (generated without
-                capture, or by a version before issue 37 — regenerate it), or it is malformed.
+            ScoringError: the response has no hidden-state summary, or a malformed one.
         """
         geometry = self.raw.get(GEOMETRY)
         hidden = geometry.get(HIDDEN) if isinstance(geometry, Mapping) else None
         if not isinstance(hidden, Mapping) or summary not in hidden:
             raise ScoringError(
                 "The response carries no hidden-state summary (response_metadata['geometry']"
-                "['hidden']): generate it with a GeometryChatModel with capture on, from "
-                "abstain_guard 0.x after issue 37; answers cached by an older version must be "
-                "generated again (calibrate with a fresh --cache-dir)."
+                "['hidden']): generate it with a GeometryChatModel with capture on."
             )
         arr = np.asarray(hidden[summary], dtype=np.float64)
         if arr.ndim != 2 or not np.all(np.isfinite(arr)):
@@ -315,8 +276,8 @@ class ResponseMetadata:
         return [int(x) for x in hidden.get("layers", [])], arr
 
     def capture_mode(self) -> str:
-        """The capture mode of the response's geometry: "full" or "fast" (metadata without
-        the marker predates fast capture: "full").
+        """The capture mode of the response's geometry: "full" (also without the marker) or
+        "fast".
 
         Raises:
             ScoringError: no geometry, or an unknown mode.
@@ -347,8 +308,3 @@ class ResponseMetadata:
         """``"vllm"`` for a response from the vLLM backend, :data:`EXACT_ENGINE` otherwise."""
         record = self.backend()
         return EXACT_ENGINE if record is None else str(record.get("name", "unknown"))
-
-    def replay_source(self) -> str | None:
-        """``"token_ids"`` / ``"text"`` for a replayed response, else ``None``."""
-        src = self.raw.get(REPLAY_SOURCE)
-        return None if src is None else str(src)

@@ -86,11 +86,8 @@ def history_messages(history: Sequence[Sequence[str]]) -> list[BaseMessage]:
 
 
 def history_problem(history: Sequence[Sequence[str]]) -> str | None:
-    """What is wrong with ``history`` (``(role, content)`` pairs) and what to do, or None.
-
-    Rules: roles ``"user"`` / ``"assistant"`` only, non-blank string contents, turns that
-    alternate starting with the user and ending with the assistant's reply.
-    """
+    """What is wrong with ``history`` (``(role, content)`` pairs: user / assistant turns that
+    alternate, start with the user and end with the reply; non-blank text), or None."""
     expected = HISTORY_ROLES[0]
     for i, turn in enumerate(history, start=1):
         if not isinstance(turn, (tuple, list)) or len(turn) != 2:
@@ -133,11 +130,7 @@ def history_role_problem(index: int, role: object) -> str:
 
 def build_messages(item: Question, system_prompt: str | None = None) -> list[BaseMessage]:
     """Chat messages for one question: a system prompt for the kind, the earlier turns of
-    its conversation (``item.history``, if it has any), then the question.
-
-    Multiple-choice questions list their lettered options (:meth:`QAItem.prompt_text`). A
-    question without history gets exactly ``[system, question]``.
-    """
+    its conversation (``item.history``), then the question (with lettered options)."""
     system = system_prompt_for(item.kind, system_prompt)
     history = history_messages(getattr(item, "history", ()) or ())
     return [SystemMessage(content=system), *history, HumanMessage(content=item.prompt_text())]
@@ -156,11 +149,9 @@ def question_prompt(system_prompt: str | None = None, kind: str = "open") -> Cha
         chain = question_prompt() | AbstentionGuard(model, artifact=artifact)
         chain.invoke({"question": "What is the capital of Peru?"})
 
-    For ``kind="choice"`` pass the question already followed by its lettered options
-    (:meth:`QAItem.prompt_text`). A guard calibrated on conversations takes the earlier
-    turns as an optional ``history`` list of messages (:func:`history_messages`), placed
-    between the system prompt and the question as :func:`build_messages` does; without it
-    the messages are exactly ``[system, question]``.
+    For ``kind="choice"`` pass the question already followed by its lettered options. An
+    optional ``history`` list of earlier messages goes between the system prompt and the
+    question, as :func:`build_messages` puts it.
     """
     system = system_prompt_for(kind, system_prompt).replace("{", "{{").replace("}", "}}")
     return ChatPromptTemplate.from_messages(

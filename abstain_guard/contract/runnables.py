@@ -1,12 +1,7 @@
-"""Find and replace chat models inside a runnable tree (duck-typed, no torch).
-
-LangChain composes runnables as pydantic models whose fields hold other runnables:
-``RunnableSequence`` (first / middle / last), ``RunnableParallel`` (steps__),
-``RunnableBinding`` (bound; also ``with_config``/``bind``/``with_retry`` results),
-``RunnableWithFallbacks`` (runnable, fallbacks), ``RunnableBranch`` (branches of
-tuples, default), ``RunnableAssign`` (mapper), and so on. These helpers walk those fields
-generically, so they also handle composites they have never heard of; opaque runnables
-such as ``RunnableLambda`` are left alone. A chat model is not searched further.
+"""Find and replace chat models inside a runnable tree (duck-typed, no torch): the helpers
+walk every pydantic field of LangChain's composites (sequences, parallels, bindings,
+fallbacks, branches, ...), so they handle ones they have never heard of; opaque runnables
+such as ``RunnableLambda`` are left alone, and a chat model is not searched further.
 """
 
 from __future__ import annotations
@@ -63,16 +58,8 @@ def _map_runnable(runnable: Runnable, fn: Callable[[BaseChatModel], Any], seen: 
 
 
 def map_chat_models(runnable: Any, fn: Callable[[BaseChatModel], Any]) -> Any:
-    """A copy of ``runnable`` in which every chat model ``m`` is replaced by ``fn(m)``.
-
-    ``runnable`` may itself be a chat model (then ``fn(runnable)`` is returned). Parts
-    of the tree that contain no chat model are shared, not copied; the input is never
-    modified.
-
-    Args:
-        runnable: any LangChain runnable (or chat model).
-        fn: called once per chat model found; returns its replacement.
-    """
+    """A copy of ``runnable`` (or ``fn`` of it, for a chat model) in which every chat model
+    ``m`` is replaced by ``fn(m)``; parts without one are shared, the input never modified."""
     return _map_value(runnable, fn, set())
 
 
@@ -90,13 +77,10 @@ def find_chat_models(runnable: Any) -> list[BaseChatModel]:
 
 
 def with_calibrated_capture(runnable: Any, deployment: Any) -> Any:
-    """``runnable`` with every local model in it capturing under the attention-parts rule its
-    artifact was calibrated with (``deployment.decoding["decode_path"]["parts"]`` of the
-    artifact's :class:`~.deployment.DeploymentRecord`; a path recorded without one: the legacy
-    rule). Unchanged without a record or a recorded decode path (an API model, a hand-built
-    artifact) and for models without the rule (API and vLLM models). The rule picks between
-    exact strategies whose float32 results differ in the last bits, so the guard deploys the
-    one it was calibrated on."""
+    """``runnable`` with every local model in it capturing under the attention-parts rule
+    its artifact was calibrated with (``decoding["decode_path"]["parts"]``; the exact
+    strategies differ in the last bits); unchanged without a recorded decode path and for
+    models without the rule."""
     decoding = getattr(deployment, "decoding", None)
     path = decoding.get("decode_path") if isinstance(decoding, Mapping) else None
     if not isinstance(path, Mapping):

@@ -1,33 +1,13 @@
 """Certified streaming: the chunk rule, the stream statistic and the prefix channel.
 
-A streamed answer is decided chunk by chunk while it is generated. The **chunk rule**
-(:class:`ChunkRule`) says after which generated tokens the answer so far is scored: every
-``k`` tokens (``"tokens:k"``), or after each token whose text ends a sentence
-(``"sentence"``: ``.``, ``!``, ``?``, a newline) or a clause (``"clause"``: those and ``,``
-``;`` ``:``). It reads only the token ids (decoded as the answer's text is), so the live
-stream and calibration find the same chunk ends.
-
-For an answer of ``n`` tokens with interior chunk ends ``t_1 < … < t_m < n``, the prefix
-scores are ``s_j`` = the scorer's score of the answer cut after ``t_j`` tokens (what the
-chat model would have returned had it stopped there), and ``s_{m+1}`` the whole answer's.
-The guard keeps the running maximum and releases chunk ``j`` only while
-``max(s_1..s_j) <= τ``; the first chunk that crosses τ stops the stream. So the answers
-streamed to the end are exactly those whose **stream statistic**
-
-    M = max(s_1, ..., s_{m+1})                      (:func:`stream_statistic`)
-
-is ``<= τ`` — the anytime-stop argument of agent step gating (:mod:`abstain_guard.guarantee.
-agent_steps`): calibrating τ on ``M`` certifies the error among completed streams. A stream
-shows text and is then stopped exactly when ``F <= τ < M``, ``F = s_1`` the first chunk's
-score (``F = +inf`` when the answer has no interior chunk end: nothing is shown before the
-decision; :func:`first_release_statistic`); its rate is :mod:`abstain_guard.guarantee.
-partial_release`'s.
-
-The prefix channel: while a guard streams, it opens a :class:`PrefixSink` (a context
-variable, :func:`open_prefix_sink`); a chat model that can score prefixes (the project's
-engine) puts each chunk end's message into it before yielding the chunk's text.
-
-Pure functions and small classes; shapes ``[n]`` are an answer's generated tokens.
+The **chunk rule** (:class:`ChunkRule`: ``"tokens:k"``, ``"sentence"``, ``"clause"``) says
+after which generated tokens the answer so far is scored; it reads only the token ids, so
+the live stream and calibration find the same chunk ends. The answers streamed to the end
+are exactly those whose **stream statistic** ``M`` (:func:`stream_statistic`: the maximum
+of the prefix scores and the whole answer's) is ``<= τ``; a stream shows text and is then
+stopped when ``F <= τ < M`` (:func:`first_release_statistic`). While a guard streams it opens
+a :class:`PrefixSink` (:func:`open_prefix_sink`) where an engine that scores prefixes puts
+each chunk end's message. docs/guarantees.md, "While it streams: chunk by chunk".
 """
 
 from __future__ import annotations
@@ -129,8 +109,7 @@ class ChunkRule:
 
 
 def stream_statistic(prefix_scores: Sequence[float], final_score: float) -> float:
-    """``M``: the largest of the interior prefix scores ``[m]`` and the whole answer's (the
-    running maximum the guard stops on; module docstring)."""
+    """``M``: the largest of the interior prefix scores ``[m]`` and the whole answer's."""
     return max([float(final_score), *(float(s) for s in prefix_scores)])
 
 
@@ -142,9 +121,8 @@ def first_release_statistic(prefix_scores: Sequence[float]) -> float:
 
 @dataclass
 class StreamPrefix:
-    """One chunk end of a live stream: ``tokens`` generated so far, the text released up to
-    it (``text``: what the chat model streamed up to this chunk end) and ``message`` (the
-    ``AIMessage`` the chat model would return had it stopped after those tokens)."""
+    """One chunk end of a live stream: ``tokens`` generated so far and ``message`` (what the
+    chat model would return had it stopped after those tokens)."""
 
     tokens: int
     message: Any

@@ -1,10 +1,6 @@
-"""One reading of ``tool_choice``, used wherever one is applied, recorded or compared.
-
-The local chat model applies it (``adapters.tools``), agent calibration records what each
-model call was offered (``calibration.building.agents``) and the server compares a request's
-with the calibrated one (``abstain_guard.serve``): all three read it with
-:func:`tool_choice_name`, so ``"none"`` means the same everywhere. Core: no torch, no
-transformers.
+"""One reading of ``tool_choice`` (:func:`tool_choice_name`), used wherever one is applied
+(``adapters.tools``), recorded (agent calibration) or compared (``serve``), so ``"none"``
+means the same everywhere.
 """
 
 from __future__ import annotations

@@ -81,13 +81,12 @@ class LayerSpec:
 
 #: Largest share of a model's weight bytes that its float32 ``W_O`` copies (by KV head and by
 #: query head) may take for capture to keep them (:attr:`ArchitectureSpec.keeps_wo`); above
-#: it, a layer's ``W_O`` is regrouped per use. float32 Llama/Qwen shapes: 12-16 %, kept;
-#: bfloat16 ones: 25-33 % (an 8B model: 4.8 GB, a 70B one: 43 GB), regrouped.
+#: it, a layer's ``W_O`` is regrouped per use (float32 Llama/Qwen shapes: 12-16 %, kept;
+#: bfloat16 ones: 25-33 %, regrouped).
 WO_KEEP_SHARE = 0.2
-#: ... and the copies are always kept up to this size (tiny and small models: SmolLM2 keeps
-#: 80 MB), and always for a model on these device types: on the CPU the regrouping is a
-#: transposed copy that cost ~60 ms per layer and token at Qwen3-1.7B's width (measured,
-#: ``bench/memory/real_size.py``: full capture's decode step 1.35-1.5x), on a GPU microseconds.
+#: ... and the copies are always kept up to this size, and always for a model on these
+#: device types (on the CPU the regrouping is a transposed copy per layer and token; on a
+#: GPU it costs microseconds).
 WO_KEEP_MIN_BYTES = 256 << 20
 WO_KEEP_DEVICE_TYPES = ("cpu",)
 
@@ -140,10 +139,8 @@ class ArchitectureSpec:
         copies, by KV head and by query head: ``8·L·H·Dh·D`` bytes) or regroups a layer's
         ``W_O`` each time it needs it. Kept up to :data:`WO_KEEP_SHARE` of the model's
         weight bytes (float32 models) or :data:`WO_KEEP_MIN_BYTES`, and always on the CPU
-        (:data:`WO_KEEP_DEVICE_TYPES`); on a GPU a bfloat16 8B model would keep 4.8 GB
-        beside its 16 GB of weights and a 70B one 43 GB, so theirs are regrouped per use (a
-        cast and a copy of one layer's ``W_O``: the same float32 numbers, the same results
-        bit for bit)."""
+        (:data:`WO_KEEP_DEVICE_TYPES`); otherwise regrouped per use (a cast and a copy of one
+        layer's ``W_O``: the same float32 numbers, the same results bit for bit)."""
         if self._keeps_wo is None:
             n = sum(ls.num_heads * ls.head_dim * self.hidden_size for ls in self.layers)
             limit = max(WO_KEEP_SHARE * self.weight_bytes, WO_KEEP_MIN_BYTES)
@@ -184,8 +181,7 @@ class ArchitectureSpec:
         """Layer ``i``'s ``W_O`` rows in query-head order, ``[H·Dh, D]`` float32
         (:func:`.source_parts.heads_by_query` of :meth:`wo_kv`), for the sparse strategy.
         Kept once per model where :attr:`keeps_wo` (shared by every capture session), else
-        built per use. A session used to copy it for itself (``L·H·Dh·D`` float32 per
-        concurrent row: 2.4 GB per row of an 8B model, measured on a GPU in issue 38)."""
+        built per use."""
         if i in self._wo_q:
             return self._wo_q[i]
         w = heads_by_query(self.wo_kv(i), self.layers[i].num_heads)

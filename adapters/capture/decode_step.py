@@ -1,22 +1,14 @@
 """Geometry capture of a decode step, computed once per row for all layers at the end of the
 step instead of layer by layer in hooks.
 
-In a decode step every row adds one position T. Everything the capture needs of layer l is
-known when the step's forward ends: the layer's input ``e^{l-1}[T]``, its post-attention
-state ``e~^l[T]``, its output ``e^l[T]``, the query of T and the row's keys (after RoPE, as
-the attention function received them), T's new value (hence ``u^h_T = W_O^h v^h_T``) and,
-for Gemma-2/3 and OLMo-2, the attention output before its norm. :class:`DecodeStepCapture`
-keeps references to these batched tensors (one cheap hook per module and step, whatever the
-number of rows) and then, for each row, :func:`decode_features` computes C_MLP, the
-attention proximities and ω_prop for every layer at once (the layers stacked on the leading
-axis of the same functions a block uses: :func:`.source_parts.cached_numerators`,
-:func:`.geometry_torch.row_probabilities`) and the features of
-:func:`.features.block_features`. Per layer and row, the Python work of the hooks
-(some 60 small tensor operations) was most of the cost of capture in a decode step.
-
-Each row is computed from its own slices only, so its numbers do not depend on the other
-rows of the step. Rows whose session keeps no ``u`` (long contexts: bound-based strategies),
-or whose layers live on several devices, keep the per-layer hooks
+:class:`DecodeStepCapture` keeps references to the step's batched tensors (one cheap hook per
+module and step, whatever the number of rows: each layer's input, post-attention state and
+output, the query and new value, each row's keys and, for Gemma-2/3 and OLMo-2, the
+attention output before its norm); then, for each row, :func:`decode_features` computes
+C_MLP, the attention proximities and ω_prop for every layer at once (the layers stacked on
+the leading axis of the same functions a block uses) and the features of
+:func:`.features.block_features`. Each row is computed from its own slices only. Rows whose
+session keeps no ``u``, or whose layers live on several devices, keep the per-layer hooks
 (:meth:`.session.CaptureSession.defers_decode`).
 """
 
@@ -34,7 +26,7 @@ from .architectures import ArchitectureSpec
 from .features import StepFeatures, block_features
 from .geometry_torch import mlp_proximity, row_probabilities
 from .hook_routes import Hook, routed
-from .source_parts import cached_numerators, proximity_from_numerators
+from .source_parts import Rows, cached_numerators, proximity_from_numerators
 
 
 class DecodeSession(Protocol):
@@ -98,12 +90,32 @@ def layer_probabilities(inputs: DecodeInputs, layers: list[int]) -> torch.Tensor
     return torch.nan_to_num(probs, nan=0.0)
 
 
-def norm_factors(attn_out: torch.Tensor, scale: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
-    """Gemma-2/3, OLMo-2: each layer's frozen attention-output norm factor
-    ``rsqrt(mean(o²) + eps) · (offset + w)``: ``attn_out [L, 1, D]``, ``scale [L, 1, D]``,
-    ``eps [L, 1, 1]`` -> ``[L, 1, D]``."""
+def norm_factors(
+    attn_out: torch.Tensor, scale: torch.Tensor, eps: torch.Tensor | float
+) -> torch.Tensor:
+    """Gemma-2/3, OLMo-2: the frozen attention-output norm factor
+    ``rsqrt(mean(o²) + eps) · (offset + w)`` of each row: ``attn_out [..., D]``, ``scale``
+    ``[..., D]`` (``offset + w``), ``eps`` broadcast -> ``[..., D]``."""
     o = attn_out.float()
     return torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + eps) * scale
+
+
+def norm_eps(norm: nn.Module) -> float:
+    """The epsilon of an RMS norm module (``eps`` or ``variance_epsilon``)."""
+    return float(getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-6)))
+
+
+@dataclass(frozen=True)
+class KeptParts:
+    """What full capture keeps across a session's decode steps, layers stacked: the parts
+    ``u [L, 1, H, max_len, D]`` and proximities ``cmlp [L, 1, max_len]`` (both updated in
+    place by :func:`decode_features`), ``W_O`` by KV head ``wo_kv [L, H_kv, Dh, n_rep·D]``
+    and the attention-output norm ``(scale [L, 1, D], eps [L, 1, 1])`` or None."""
+
+    u: torch.Tensor
+    cmlp: torch.Tensor
+    wo_kv: torch.Tensor
+    norm: tuple[torch.Tensor, torch.Tensor] | None
 
 
 class DecodeStepCapture:
@@ -231,38 +243,29 @@ class DecodeStepCapture:
 
 def decode_features(
     inputs: DecodeInputs,
-    *,
     pos: int,
-    full: bool,
-    u: torch.Tensor | None,
-    cmlp: torch.Tensor | None,
-    wo_kv: torch.Tensor | None,
-    norm: tuple[torch.Tensor, torch.Tensor] | None,
+    kept: KeptParts | None,
     reference: dict[str, torch.Tensor] | None,
     keep_states: bool,
 ) -> StepFeatures:
-    """One row's features of the decode step that adds position ``pos``.
-
-    Full capture (``full``) also writes the new position into the session's kept parts
-    ``u [L, 1, H, max_len, D]`` and proximities ``cmlp [L, 1, max_len]`` (both updated in
-    place), from ``wo_kv [L, H_kv, Dh, n_rep·D]``; ``norm``: the stacked attention-output
-    norm ``(scale [L, 1, D], eps [L, 1, 1])`` or None.
-    """
+    """One row's features of the decode step that adds position ``pos``; full capture
+    (``kept``) also writes the new position into the kept parts and proximities."""
     et = inputs.post_attn.to(torch.float32)  # [L, 1, D]
     eo = inputs.post_mlp.to(torch.float32)
     prop = None
-    if full:
-        if u is None or cmlp is None or wo_kv is None or inputs.value is None:
-            raise RuntimeError("full decode-step capture needs kept parts and values")
+    if kept is not None:
+        if inputs.value is None:
+            raise RuntimeError("full decode-step capture needs the new values")
+        u, cmlp = kept.u, kept.cmlp
         n_layers, hidden = et.shape[0], et.shape[-1]
         v = inputs.value.float()  # [L, H_kv, 1, Dh]
-        new = torch.matmul(v, wo_kv).view(n_layers, v.shape[1], 1, -1, hidden)
+        new = torch.matmul(v, kept.wo_kv).view(n_layers, v.shape[1], 1, -1, hidden)
         u[:, 0, :, pos : pos + 1] = new.permute(0, 1, 3, 2, 4).reshape(n_layers, -1, 1, hidden)
         cmlp[:, 0, pos : pos + 1] = torch.nan_to_num(mlp_proximity(et, eo), nan=0.0)
         factor = (
             None
-            if norm is None or inputs.attn_out is None
-            else norm_factors(inputs.attn_out, *norm)
+            if kept.norm is None or inputs.attn_out is None
+            else norm_factors(inputs.attn_out, *kept.norm)
         )
         prop = et.new_empty((n_layers - 1, 1, 1))
         assert inputs.keys is not None
@@ -281,7 +284,7 @@ def decode_features(
                 parts = u[layers[0] : layers[-1] + 1, 0, :, src0 : src0 + s_k]
             else:
                 parts = torch.stack([u[i, 0, :, src0 : src0 + s_k] for i in layers])
-            num = cached_numerators(probs, parts, z, e_self, t_idx, f)  # [L', 1, S]
+            num = cached_numerators(probs, parts, Rows(z, e_self, t_idx, f))  # [L', 1, S]
             c_attn = proximity_from_numerators(num)
             cm_prev = cmlp[idx - 1, 0, src0 : src0 + s_k]  # [L', S]
             total = torch.matmul(c_attn, cm_prev.unsqueeze(-1)).squeeze(-1)  # [L', 1]
@@ -294,6 +297,8 @@ __all__ = [
     "DecodeInputs",
     "DecodeSession",
     "DecodeStepCapture",
+    "KeptParts",
     "decode_features",
+    "norm_eps",
     "norm_factors",
 ]

@@ -10,6 +10,7 @@ per-source attention decomposition (:mod:`.source_parts`), which only ``"full"``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +44,16 @@ class StepFeatures:
     post_mlp: np.ndarray | None
     capture: str = "full"
     hidden: np.ndarray | None = None
+
+    @classmethod
+    def of_rows(cls, rows: Callable[[str], np.ndarray | None], capture: str) -> StepFeatures:
+        """Features without states whose arrays are ``rows(name)`` (some rows of other
+        blocks: a slice, or several steps stacked)."""
+        omega, theta = rows("omega"), rows("theta")
+        assert omega is not None and theta is not None
+        return cls(
+            omega, theta, rows("phi_in"), rows("phi_out"), None, None, capture, rows("hidden")
+        )
 
 
 def interleave_torch(direct: torch.Tensor, prop: torch.Tensor) -> np.ndarray:

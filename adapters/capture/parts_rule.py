@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LEGACY_PARTS", "PartsRule"]
+__all__ = ["UNRECORDED_PARTS", "PartsRule"]
 
 
 @dataclass(frozen=True)
@@ -29,12 +29,12 @@ class PartsRule:
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any] | None) -> PartsRule:
-        """The rule of a decode-path record's ``parts`` (None: :data:`LEGACY_PARTS`)."""
+        """The rule of a decode-path record's ``parts`` (None: :data:`UNRECORDED_PARTS`)."""
         if record is None:
-            return LEGACY_PARTS
+            return UNRECORDED_PARTS
         return cls(int(record["cache_budget_bytes"]), int(record["dense_max_sources"]))
 
 
-#: The rule of every decode path recorded without ``parts`` (library versions before the
-#: rule was recorded): 256 MiB kept, dense up to 512 sources.
-LEGACY_PARTS = PartsRule(256 << 20, 512)
+#: The rule a decode path recorded without ``parts`` means (the shipped guard's): 256 MiB
+#: kept, dense up to 512 sources.
+UNRECORDED_PARTS = PartsRule(256 << 20, 512)

@@ -3,34 +3,13 @@
 One :class:`CaptureSession` follows a sequence of forward calls over a (left-padded) batch:
 either one KV-cached generation (a prefill block, then one position per step) or one
 teacher-forced replay (a single block). For the *rows of interest* of each block (the
-positions T whose forward pass predicts a generated token) it computes, per layer l:
-
-* ``capture="full"``: the attention proximities ``C_Attn^l[T, :]`` of the parts
-  ``a(T, s) = 1{s=T} e^{l-1}[T] + Σ_h A^h[T, s] W_O^h v^h_s``, exactly, from the values the
-  KV cache already holds (:mod:`.source_parts`: sparse corrections in a decode step,
-  source-chunked parts for a block of many rows), with probabilities for the rows of
-  interest only computed from the real query/key tensors (the model's own attention kernel
-  still produces the layer output); Gemma-2/3's and OLMo-2's attention-output RMS norm is
-  applied to the parts with its scalar frozen at the value of the real forward. Extra
-  memory per sequence: ``C_MLP`` (``L·S``) and the max-norms ``‖u^h_s‖_∞`` (``L·S·H``),
-  plus one chunk;
-* ``C_MLP^l[s, s]`` (normalised L1 proximity), hence ω_dir, ω_prop;
-* θ_dir, θ_prop and, with reference means, φ^in/φ^out (dir and prop), optionally the
-  states e~^l[T], e^l[T] (:mod:`.features`).
-
-``capture="fast"`` keeps only the rows' states, so it computes Θ, Φ and ω_dir (no ω_prop)
-and leaves the attention implementation alone (:func:`.attention.capture_mode`).
-
-Attention probabilities come from the attention function of :mod:`.attention` (exactly the
-model's own attention outside an active session). Hooks are registered for the duration of
-one session only (see :meth:`CaptureSession.attach`).
-
-Numerics and devices: whatever the model's dtype (float32, bfloat16, float16), every
-capture quantity is accumulated in float32 (states, ``u``, probabilities, proximities,
-angles). Per-layer tensors (``C_MLP``, kept ``u``, max-norms, the parts) live on their
-layer's device, so a model split across GPUs (``device_map``) never gathers them; only the
-rows' per-token states go to the first layer's device, where the features are assembled
-before they go to the CPU (:mod:`.features`).
+positions T whose forward pass predicts a generated token) it computes, per layer l, the
+attention proximities ``C_Attn^l[T, :]`` (``capture="full"``, exactly, from the values the KV
+cache already holds: :mod:`.source_parts`), ``C_MLP^l[s, s]``, hence Ω, and Θ, Φ and the
+states (:mod:`.features`); ``capture="fast"`` keeps only the rows' states (Θ, Φ, ω_dir) and
+leaves the attention implementation alone (:func:`.attention.capture_mode`). Every capture
+quantity is accumulated in float32 on its layer's device. The quantities, the strategies
+and their memory: docs/method.md.
 """
 
 from __future__ import annotations
@@ -46,12 +25,13 @@ from abstain_guard.errors import InvalidInputError
 
 from .architectures import ArchitectureSpec
 from .attention import ACTIVE_SESSION
-from .decode_step import DecodeInputs, decode_features
+from .decode_step import DecodeInputs, KeptParts, decode_features, norm_eps, norm_factors
 from .features import CAPTURE_MODES, StepFeatures, block_features
 from .geometry_torch import mlp_proximity, row_probabilities
 from .hook_routes import install_routes, routed
 from .parts_rule import PartsRule
 from .source_parts import (
+    Rows,
     cached_numerators,
     dense_numerators,
     head_max_abs,
@@ -69,16 +49,12 @@ from .types import ReferenceMeans
 STRATEGIES = ("auto", "cached", "sparse", "dense")
 #: Strategy of sessions that are not given one (tests force each strategy through it).
 DEFAULT_STRATEGY = "auto"
-#: Memory "auto" may spend per session on kept ``u`` (L·B·positions·H·D float32): 384 MiB is
-#: ~640 positions of the default model (30 layers, 9 heads, D = 576), an agent's tool
-#: prompt and its answer; longer generations (and larger models) use the bound-based
-#: strategies, whose extra memory is ``L·S·H``.
+#: Memory "auto" may spend per session on kept ``u`` (L·B·positions·H·D float32; ~640
+#: positions of the default model); longer generations use the bound-based strategies.
 CACHE_BUDGET_BYTES = 384 << 20
 SPARSE_MAX_ROWS = 4
 #: "auto" keeps the dense strategy for decode steps of sessions over the budget up to this
-#: many source positions. Measured on the default model (a 14-token answer, Intel Xeon):
-#: 421 prompt positions dense 4.6-7.2 s, sparse 3.6-3.7 s, cached 2.6-2.9 s; 133 positions
-#: dense 3.7-5.1 s, sparse 4.4 s; at ~50 sources dense wins (per-step overhead of sparse).
+#: many source positions (sparse beyond; docs/method.md has the measurements).
 DENSE_MAX_SOURCES = 192
 
 
@@ -98,12 +74,11 @@ class CaptureSession:
     keep_states: also return e~^l[T], e^l[T] per row.
     cache_values: keep ``C_MLP`` and the max-norms across forward calls (KV-cached
         generation); replay uses a single block and needs neither.
-    max_chunk_elems: bound on the parts materialised at once by the dense strategy.
     capture: "full" (Ω, Θ, Φ) or "fast" (Θ, Φ, ω_dir; no per-source decomposition).
-    strategy: how full capture computes the attention proximities (:data:`STRATEGIES`);
-        all are exact, "auto" is the fastest.
-    cache_budget_bytes, dense_max_sources: "auto"'s :class:`PartsRule` (default: the
-        module's :data:`CACHE_BUDGET_BYTES` and :data:`DENSE_MAX_SOURCES`).
+    parts: the rule by which "auto" picks the attention-parts strategy (None:
+        :func:`default_parts`).
+    strategy: how full capture computes the attention proximities (:data:`STRATEGIES`;
+        None: :data:`DEFAULT_STRATEGY`); all are exact, "auto" is the fastest.
     """
 
     def __init__(
@@ -115,11 +90,9 @@ class CaptureSession:
         reference: ReferenceMeans | None = None,
         keep_states: bool = False,
         cache_values: bool = True,
-        max_chunk_elems: int = 1 << 22,
         capture: str = "full",
+        parts: PartsRule | None = None,
         strategy: str | None = None,
-        cache_budget_bytes: int | None = None,
-        dense_max_sources: int | None = None,
     ) -> None:
         strategy = DEFAULT_STRATEGY if strategy is None else strategy
         if capture not in CAPTURE_MODES:
@@ -132,9 +105,10 @@ class CaptureSession:
         self.batch_size = batch_size
         self.keep_states = keep_states
         self.cache_values = cache_values
-        self.max_chunk_elems = max_chunk_elems
         self.capture = capture
         self.strategy = strategy
+        #: "auto"'s rule (a prefix of this session is computed under its budget)
+        self.parts = parts if parts is not None else default_parts()
         self.num_layers = spec.num_layers
         self._attn_ids = {id(ls.attn): ls.index for ls in spec.layers}
         #: where the rows' states are gathered and the features assembled (the first layer's
@@ -151,38 +125,14 @@ class CaptureSession:
                 k: torch.as_tensor(v, dtype=torch.float32, device=self.device)
                 for k, v in reference.to_arrays().items()
             }
-        full = capture == "full"
-        #: C_MLP^l[s, s] of every position, per layer [B, max_len] (full capture)
-        self._cmlp_all: torch.Tensor | None = None
-        if full and self._stacked:
-            self._cmlp_all = torch.zeros(
-                (self.num_layers, batch_size, max_len), dtype=torch.float32, device=self.device
-            )
-            self._cmlp = list(self._cmlp_all)
-        else:
-            self._cmlp = [
-                torch.zeros((batch_size, max_len), dtype=torch.float32, device=dev)
-                for dev in (self._devices if full else [])
-            ]
+        self._new_cmlp()
         #: max-norms ‖u^h_s‖_∞ per layer, [B, max_len, H] (generation without kept u)
         self._unorm: list[torch.Tensor | None] = [None] * self.num_layers
-        budget = CACHE_BUDGET_BYTES if cache_budget_bytes is None else cache_budget_bytes
-        #: the budget "auto" kept ``u`` within (a prefix of this session is computed with it)
-        self.cache_budget_bytes = budget
-        self.dense_max_sources = (
-            DENSE_MAX_SOURCES if dense_max_sources is None else dense_max_sources
-        )
-        layer = spec.layers[0]
-        need = 4 * self.num_layers * batch_size * max_len * layer.num_heads * spec.hidden_size
         #: kept u^h_s of every position per layer, [B, H, max_len, D] (strategy "cached")
         self._u: list[torch.Tensor | None] = [None] * self.num_layers
         self._u_all: torch.Tensor | None = None  # [L, B, H, max_len, D] when stacked
         self._norms_stacked: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.cached = (
-            full
-            and cache_values
-            and (strategy == "cached" or (strategy == "auto" and need <= budget and spec.keeps_wo))
-        )
+        self.cached = self._keeps_u()
         self.pos = 0
         self.steps: list[StepFeatures] = []
         self._rows: slice | None = None  # explicit rows for the next block (replay)
@@ -190,6 +140,34 @@ class CaptureSession:
         #: (the engine calls them on the row's slice of later batched decode steps)
         self.hooks: list[tuple[nn.Module, str, Any, bool]] = []
         self._reset_step()
+
+    def _new_cmlp(self) -> None:
+        """Zeroed ``C_MLP^l[s, s]`` of every position, per layer ``[B, max_len]`` (full
+        capture; views of one ``[L, B, max_len]`` tensor when stacked)."""
+        full = self.capture == "full"
+        dims = (self.batch_size, self.max_len)
+        self._cmlp_all: torch.Tensor | None = None
+        if full and self._stacked:
+            self._cmlp_all = torch.zeros(
+                (self.num_layers, *dims), dtype=torch.float32, device=self.device
+            )
+            self._cmlp = list(self._cmlp_all)
+        else:
+            self._cmlp = [
+                torch.zeros(dims, dtype=torch.float32, device=dev)
+                for dev in (self._devices if full else [])
+            ]
+
+    def _keeps_u(self) -> bool:
+        """Whether full capture keeps ``u`` of every position: strategy "cached", or "auto"
+        when ``L·B·max_len·H·D`` float32 fit the rule's budget and the model keeps ``W_O``
+        (KV-cached generation only)."""
+        layer = self.spec.layers[0]
+        need = 4 * self.num_layers * self.batch_size * self.max_len * layer.num_heads
+        need *= self.spec.hidden_size
+        fits = need <= self.parts.cache_budget_bytes and self.spec.keeps_wo
+        chosen = self.strategy == "cached" or (self.strategy == "auto" and fits)
+        return self.capture == "full" and self.cache_values and chosen
 
     @property
     def needs_attention(self) -> bool:
@@ -316,7 +294,7 @@ class CaptureSession:
         self.sparse = self.strategy == "sparse" or (
             self.strategy == "auto"
             and self.n_rows <= SPARSE_MAX_ROWS
-            and self.p0 + q_len > self.dense_max_sources
+            and self.p0 + q_len > self.parts.dense_max_sources
         )
 
     def on_attention(
@@ -439,27 +417,16 @@ class CaptureSession:
                 f"capture session sized for {self.max_len} positions received position "
                 f"{self.pos + 1}"
             )
-        full = self.needs_attention
-        norm = None
-        if full and self.spec.layers[0].attn_out_norm is not None:
-            if self._norms_stacked is None:
+        kept = None
+        if self.needs_attention:
+            if self._u_all is None:
+                self._new_u(0, self.spec.layers[0].num_heads, self.device)
+            if self.spec.layers[0].attn_out_norm is not None and self._norms_stacked is None:
                 self._norms_stacked = self._stacked_norm()
-            norm = self._norms_stacked
-        if full and self._u_all is None:
-            self._new_u(0, self.spec.layers[0].num_heads, self.device)
-        self.steps.append(
-            decode_features(
-                inputs,
-                pos=self.pos,
-                full=full,
-                u=self._u_all,
-                cmlp=self._cmlp_all,
-                wo_kv=self.spec.stacked_wo_by_kv_head() if full else None,
-                norm=norm,
-                reference=self._ref,
-                keep_states=self.keep_states,
-            )
-        )
+            assert self._u_all is not None and self._cmlp_all is not None
+            wo_kv = self.spec.stacked_wo_by_kv_head()
+            kept = KeptParts(self._u_all, self._cmlp_all, wo_kv, self._norms_stacked)
+        self.steps.append(decode_features(inputs, self.pos, kept, self._ref, self.keep_states))
         self.pos += 1
 
     def _stacked_norm(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -468,7 +435,7 @@ class CaptureSession:
         for layer in self.spec.layers:
             norm = layer.attn_out_norm
             assert norm is not None
-            eps.append(float(getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-6))))
+            eps.append(norm_eps(norm))
             scales.append(layer.attn_out_norm_offset + torch.as_tensor(norm.weight).float())
         eps_t = torch.tensor(eps, dtype=torch.float32, device=self.device).view(-1, 1, 1)
         return torch.stack(scales).unsqueeze(1), eps_t
@@ -493,20 +460,16 @@ class CaptureSession:
             return
         # own position of each row in source coordinates
         t_idx = torch.arange(self.n_rows, device=z.device) + (self.p0 + rows.start - src0)
+        at = Rows(z, e_self, t_idx, factor)
         kept = self._u[i]
         if kept is not None:
-            u = kept[:, :, src0 : src0 + s_k]  # [B, H, S_k, D]
-            num = cached_numerators(probs, u, z, e_self, t_idx, factor)
+            num = cached_numerators(probs, kept[:, :, src0 : src0 + s_k], at)  # u [B, H, S_k, D]
         elif self.sparse and norms is not None:
             # kept and shared by the model's sessions, or built by sparse_numerators if needed
             w_flat = self.spec.wo_by_query_head(i) if self.spec.keeps_wo else None
-            num = sparse_numerators(
-                probs, values, norms, self.spec.wo_kv(i), z, e_self, t_idx, factor, w_flat
-            )
+            num = sparse_numerators(probs, values, norms, self.spec.wo_kv(i), at, w_flat)
         else:
-            num = dense_numerators(
-                probs, values, self.spec.wo_kv(i), z, e_self, t_idx, factor, self.max_chunk_elems
-            )
+            num = dense_numerators(probs, values, self.spec.wo_kv(i), at)
         c_attn = proximity_from_numerators(num)  # [B, R, S_k]
         cm_prev = self._cmlp[i - 1][:, src0 : src0 + s_k].to(z.device)  # [B, S_k]
         total = torch.matmul(c_attn, cm_prev.unsqueeze(-1)).squeeze(-1)  # [B, R]
@@ -524,11 +487,8 @@ class CaptureSession:
         if o is None:
             raise RuntimeError(f"geometry capture lost the attention output of layer {i}")
         self._attn_out[i] = None
-        o_rows = o[:, self.rows].float()
-        eps = float(getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-6)))
-        weight = torch.as_tensor(norm.weight).float()
-        scale = layer.attn_out_norm_offset + weight
-        return torch.rsqrt(o_rows.pow(2).mean(-1, keepdim=True) + eps) * scale
+        scale = layer.attn_out_norm_offset + torch.as_tensor(norm.weight).float()
+        return norm_factors(o[:, self.rows], scale, norm_eps(norm))
 
     def _finish_block(self) -> None:
         et = torch.stack(self._et_rows)  # [L, B, R, D]

@@ -1,35 +1,20 @@
 """Exact attention proximities ``C_Attn[T, s]`` without a per-source cache of ``u^h_s``.
 
-For a row of interest T of one layer (paper §4, DESIGN.md "Geometry, exactly") the parts are
-``a(T, s) = 1{s=T} e^{l-1}[T] + f ⊙ Σ_h A^h[T, s] u^h_s`` with ``u^h_s = W_O^h v^h_s`` (``f``:
-Gemma-3's frozen attention-output norm, else 1), and ``C_Attn[T, :]`` is the normalised L1
-proximity of the parts to ``z = e~^l[T]``. Only the numerators
-``n_s = |z|_1 - |z - a(T, s)|_1`` are needed (then ``C = max(0, n) / Σ max(0, n)``).
-
-Three exact ways to get them:
-
-* :func:`cached_numerators` (a generation whose ``u`` fits the capture memory budget): the
-  session keeps ``u^h_s`` of every position (``L·S·H·D`` numbers, computed once when the
-  position enters the cache) and a step costs ``O(S·H·D)`` per layer; otherwise, from the
-  values ``v`` the KV cache already holds:
-
-* :func:`dense_numerators` materialises the parts, ``u`` recomputed from ``v`` in chunks of
-  source positions (memory: one chunk, not ``S·H·D``); cost ``O(S·D²)`` per call, shared by
-  all rows of a block (replay).
-* :func:`sparse_numerators` (a decode step): per coordinate d,
-  ``|z_d| - |z_d - a_d| = σ_d a_d - 2·max(0, σ_d a_d - |z_d|)`` with ``σ_d = sign(z_d)·f_d``,
-  so ``n_s`` is a linear term ``Σ_h A^h[T, s] (W_O^h σ)·v^h_s`` (cost ``O(S·H·Dh)``, like the
-  attention itself) minus corrections that can be non-zero only where
-  ``|f_d|·|a_{s,d}| > |z_d|``. As ``|a_{s,d}| <= β_s = Σ_h A^h[T, s] ‖u^h_s‖_∞`` (the
-  per-(source, head) max-norms are the only per-source memory, ``S·H`` numbers), source s
-  needs ``a_{s,d}`` only on the ``c_s`` coordinates with ``|z_d|/|f_d| < β_s``. Those are
-  computed exactly (few: a small attention weight gives a small β); nothing is approximated.
+For a row of interest T of one layer the parts are ``a(T, s) = 1{s=T} e^{l-1}[T] + f ⊙ Σ_h
+A^h[T, s] u^h_s`` with ``u^h_s = W_O^h v^h_s`` (``f``: the frozen attention-output norm, else
+1), and ``C_Attn[T, :]`` is the normalised L1 proximity of the parts to ``z = e~^l[T]``; only
+the numerators ``n_s = |z|_1 - |z - a(T, s)|_1`` are needed. Three exact ways to get them:
+:func:`cached_numerators` (from kept ``u``), :func:`dense_numerators` (parts materialised in
+chunks of sources) and :func:`sparse_numerators` (a linear term plus corrections only where
+a bound says they can be non-zero). The derivation: docs/method.md, "Generation and replay".
 
 Shapes: ``B`` batch, ``H`` query heads, ``H_kv`` KV heads (query head ``h = j·n_rep + r``
 reads KV head j), ``R`` rows, ``S`` sources, ``Dh`` head dim, ``D`` hidden size.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -40,6 +25,19 @@ BOUND_SLACK = 1e-3
 
 #: Tiers of the number of coordinates computed exactly per source (then all of D).
 _TIERS = (4, 16, 64, 192)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The rows of interest of one layer: ``z = e~^l[T] [B, R, D]``, ``e_self = e^{l-1}[T]
+    [B, R, D]`` (the residual term of each row's own part), ``t_idx [R]`` (the own position
+    of each row in source coordinates) and ``factor [B, R, D]`` (the frozen attention-output
+    norm) or None."""
+
+    z: torch.Tensor
+    e_self: torch.Tensor
+    t_idx: torch.Tensor
+    factor: torch.Tensor | None = None
 
 
 def heads_by_query(wo_kv: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -66,27 +64,22 @@ def head_max_abs(
 
 
 def self_parts(
-    probs: torch.Tensor,
-    v: torch.Tensor,
-    wo_kv: torch.Tensor,
-    e_self: torch.Tensor,
-    t_idx: torch.Tensor,
-    factor: torch.Tensor | None,
+    probs: torch.Tensor, v: torch.Tensor, wo_kv: torch.Tensor, rows: Rows
 ) -> torch.Tensor:
     """The part of each row's own position, ``e_self + f ⊙ Σ_h A^h[T, T] u^h_T``: ``[B, R, D]``.
 
-    ``probs [B, H, R, S]``, ``v [B, H_kv, S, Dh]``, ``e_self [B, R, D]``, ``t_idx [R]`` (own
-    position of each row in source coordinates), ``factor [B, R, D]`` or None.
+    ``probs [B, H, R, S]``, ``v [B, H_kv, S, Dh]``.
     """
     b, h, r, _ = probs.shape
     hkv = v.shape[1]
-    d = e_self.shape[-1]
+    d = rows.e_self.shape[-1]
+    t_idx = rows.t_idx
     u = torch.matmul(v[:, :, t_idx].float(), wo_kv).view(b, hkv, r, h // hkv, d)
     p = probs[:, :, torch.arange(r, device=probs.device), t_idx]  # [B, H, R]
     a = torch.einsum("bjqnd,bjnq->bqd", u, p.view(b, hkv, h // hkv, r))
-    if factor is not None:
-        a = a * factor
-    return a + e_self
+    if rows.factor is not None:
+        a = a * rows.factor
+    return a + rows.e_self
 
 
 def new_parts(v: torch.Tensor, wo_kv: torch.Tensor, hidden: int) -> torch.Tensor:
@@ -99,28 +92,22 @@ def new_parts(v: torch.Tensor, wo_kv: torch.Tensor, hidden: int) -> torch.Tensor
     return u.permute(0, 1, 3, 2, 4).reshape(b, -1, q, hidden)
 
 
-def cached_numerators(
-    probs: torch.Tensor,
-    u: torch.Tensor,
-    z: torch.Tensor,
-    e_self: torch.Tensor,
-    t_idx: torch.Tensor,
-    factor: torch.Tensor | None,
-) -> torch.Tensor:
+def cached_numerators(probs: torch.Tensor, u: torch.Tensor, rows: Rows) -> torch.Tensor:
     """``|z|_1 - |z - a(T, s)|_1`` from the sources' kept ``u`` (:func:`new_parts`): ``[B, R, S]``.
 
-    ``probs [B, H, R, S]``, ``u [B, H, S, D]``, others as in :func:`self_parts`. The head sum
-    is an elementwise multiply-add (a batched ``[1, H] @ [H, D]`` product per source is
-    several times slower on CPU); the L1 distances are computed directly (small ``R``).
+    ``probs [B, H, R, S]``, ``u [B, H, S, D]``. The head sum is an elementwise multiply-add
+    (a batched ``[1, H] @ [H, D]`` product per source is several times slower on CPU); the
+    L1 distances are computed directly (small ``R``).
     """
+    z = rows.z
     h = probs.shape[1]
     parts = u[:, 0, None] * probs[:, 0, :, :, None]  # [B, R, S, D]
     for k in range(1, h):
         parts.addcmul_(u[:, k, None], probs[:, k, :, :, None])
-    if factor is not None:
-        parts = parts * factor[:, :, None, :]
-    rows = torch.arange(parts.shape[1], device=parts.device)
-    parts[:, rows, t_idx] += e_self
+    if rows.factor is not None:
+        parts = parts * rows.factor[:, :, None, :]
+    at = torch.arange(parts.shape[1], device=parts.device)
+    parts[:, at, rows.t_idx] += rows.e_self
     return z.abs().sum(-1, keepdim=True) - (z[:, :, None, :] - parts).abs().sum(-1)
 
 
@@ -128,18 +115,15 @@ def dense_numerators(
     probs: torch.Tensor,
     v: torch.Tensor,
     wo_kv: torch.Tensor,
-    z: torch.Tensor,
-    e_self: torch.Tensor,
-    t_idx: torch.Tensor,
-    factor: torch.Tensor | None,
+    rows: Rows,
     max_chunk_elems: int = 1 << 22,
 ) -> torch.Tensor:
     """``|z|_1 - |z - a(T, s)|_1`` for every row and source: ``[B, R, S]``.
 
     Parts are materialised for a chunk of sources at a time (``u`` recomputed from ``v``),
-    at most about ``max_chunk_elems`` numbers each. Arguments as in :func:`self_parts`,
-    ``z [B, R, D]``.
+    at most about ``max_chunk_elems`` numbers each. Arguments as in :func:`self_parts`.
     """
+    z, factor = rows.z, rows.factor
     b, h, r, s = probs.shape
     hkv = v.shape[1]
     d = z.shape[-1]
@@ -155,16 +139,15 @@ def dense_numerators(
             parts = parts * factor[:, :, None, :]
         out.append(zn - l1_distances(z, parts))
     num = out[0] if len(out) == 1 else torch.cat(out, dim=-1)
-    return _with_self(num, z, self_parts(probs, v, wo_kv, e_self, t_idx, factor), t_idx)
+    return _with_self(num, rows, self_parts(probs, v, wo_kv, rows))
 
 
-def _with_self(
-    num: torch.Tensor, z: torch.Tensor, a_self: torch.Tensor, t_idx: torch.Tensor
-) -> torch.Tensor:
+def _with_self(num: torch.Tensor, rows: Rows, a_self: torch.Tensor) -> torch.Tensor:
     """``num [B, R, S]`` with each row's own source replaced by the numerator of ``a_self``."""
-    rows = torch.arange(num.shape[1], device=num.device)
+    z = rows.z
+    at = torch.arange(num.shape[1], device=num.device)
     own = z.abs().sum(-1) - (z - a_self).abs().sum(-1)  # [B, R]
-    num[:, rows, t_idx] = own
+    num[:, at, rows.t_idx] = own
     return num
 
 
@@ -173,10 +156,7 @@ def sparse_numerators(
     v: torch.Tensor,
     unorm: torch.Tensor,
     wo_kv: torch.Tensor,
-    z: torch.Tensor,
-    e_self: torch.Tensor,
-    t_idx: torch.Tensor,
-    factor: torch.Tensor | None,
+    rows: Rows,
     w_flat: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same as :func:`dense_numerators` (exactly), linear term plus sparse corrections.
@@ -184,6 +164,7 @@ def sparse_numerators(
     ``unorm [B, S, H]``: ``‖u^h_s‖_∞`` of every source (:func:`head_max_abs`); ``w_flat``:
     :func:`heads_by_query` of ``wo_kv`` if already at hand.
     """
+    z, factor = rows.z, rows.factor
     b, h, r, s = probs.shape
     hkv, dh = v.shape[1], v.shape[3]
     d = z.shape[-1]
@@ -197,8 +178,7 @@ def sparse_numerators(
     thr = zabs if factor is None else zabs / factor.abs()  # |f_d| = 0: inf, never needed
     thr_sorted, perm = torch.sort(thr, dim=-1)
     counts = torch.searchsorted(thr_sorted.contiguous(), beta.contiguous())  # [B, R, S]
-    rows = torch.arange(r, device=num.device)
-    counts[:, rows, t_idx] = 0
+    counts[:, torch.arange(r, device=num.device), rows.t_idx] = 0
     for bi in range(b):
         for qi in range(r):
             c = counts[bi, qi]
@@ -215,7 +195,7 @@ def sparse_numerators(
                     zabs[bi, qi],
                     perm[bi, qi],
                 )
-    return _with_self(num, z, self_parts(probs, v, wo_kv, e_self, t_idx, factor), t_idx)
+    return _with_self(num, rows, self_parts(probs, v, wo_kv, rows))
 
 
 def _corrections(
@@ -261,6 +241,7 @@ def proximity_from_numerators(num: torch.Tensor) -> torch.Tensor:
 
 __all__ = [
     "BOUND_SLACK",
+    "Rows",
     "cached_numerators",
     "dense_numerators",
     "head_max_abs",

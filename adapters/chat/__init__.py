@@ -1,7 +1,6 @@
-"""The LangChain surface of a local model: :class:`~.model.GeometryChatModel` (:mod:`.model`)
-and its parts — ``batch`` (:mod:`.batch`), ``stream`` / ``astream`` (:mod:`.streaming`),
-``replay`` / ``replay_batch`` (:mod:`.replay`) — with :mod:`.host`, what those parts use of
-the model, declared once for the type checker.
+"""The LangChain surface of a local model: :class:`~.model.GeometryChatModel` (:mod:`.model`:
+``invoke``, ``batch``, ``replay``) and its token streaming (:mod:`.streaming`: ``stream`` /
+``astream``).
 
 May import: ``abstain_guard.adapters.capture``, ``abstain_guard.adapters.engine``,
 ``abstain_guard.adapters.model``, ``abstain_guard.adapters.tools``,

@@ -1,10 +1,10 @@
 """GeometryChatModel: a local Hugging Face causal LM as a LangChain chat model that
 returns, with every answer, logprobs, entropies and the exact per-token geometry.
 
-This module is the LangChain surface only; the work is done in :mod:`..model.loading` (model,
-tokenizer, EOS ids, fingerprint), :mod:`..engine.encoding` (messages to token ids),
-:mod:`..engine.generation` (generate with capture) and :mod:`..engine.replay` (teacher-forced
-replay).
+This module is the LangChain surface (``invoke``, ``batch``, ``replay``; ``stream`` is
+:mod:`.streaming`); the work is done in :mod:`..model.loading` (model, tokenizer, EOS ids,
+fingerprint), :mod:`..engine.encoding` (messages to token ids), :mod:`..engine.generation`
+(generate with capture) and :mod:`..engine.replay` (teacher-forced replay).
 """
 
 from __future__ import annotations
@@ -18,13 +18,15 @@ from typing import Any, ClassVar, Literal
 import torch
 from langchain_core.callbacks import (
     AsyncCallbackManagerForLLMRun,
+    CallbackManager,
     CallbackManagerForLLMRun,
 )
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessage, BaseMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.outputs import ChatGeneration, ChatResult, LLMResult
 from langchain_core.prompt_values import PromptValue
-from langchain_core.runnables import Runnable
+from langchain_core.runnables import Runnable, RunnableConfig
+from langchain_core.runnables.config import ensure_config, get_config_list
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, PrivateAttr
@@ -36,7 +38,7 @@ from abstain_guard.errors import InvalidInputError, ModelError
 from ..capture.architectures import ArchitectureSpec
 from ..capture.parts_rule import PartsRule
 from ..capture.session import default_parts
-from ..capture.types import ReferenceMeans
+from ..capture.types import ReferenceMeans, ReplayResult, TokenStates
 from ..engine.encoding import (
     AnswerLike,
     ToolRendering,
@@ -48,15 +50,15 @@ from ..engine.encoding import (
 from ..engine.generation import (
     GENERATION_OPTIONS,
     Generated,
-    agenerate_tokens,
+    GenerationCall,
     call_options,
-    generate_tokens,
     generation_record,
+    new_token_budget,
     to_message,
-    unzip_prompts,
     validate_options,
 )
 from ..engine.prefix import PREFIX_RULE, split_point
+from ..engine.replay import ReplaySettings, replay_item, replay_items
 from ..engine.response_metadata import numerics_record
 from ..engine.streaming import cut_at_stop
 from ..engine.threads import choose_decode_path, engine_workers
@@ -65,6 +67,7 @@ from ..model.loading import (
     DEFAULT_MODEL_NAME,
     LoadedModel,
     default_model_path,
+    eos_token_ids,
     load_pretrained,
     model_fingerprint,
     wrap_model,
@@ -72,20 +75,17 @@ from ..model.loading import (
 from ..tools.calls import (
     ToolSetup,
     decode_keeping,
-    detect_tool_call_format,
     normalize_tool_choice,
     run_seed,
-    schema_name,
-    template_has_tool_role,
     tool_setup,
     with_tool_calls,
 )
-from .batch import BatchMixin
-from .replay import ReplayMixin
+from ..tools.formats import detect_tool_call_format, template_has_tool_role
+from ..tools.schema import schema_name
 from .streaming import StreamingMixin
 
 
-class GeometryChatModel(StreamingMixin, BatchMixin, ReplayMixin, BaseChatModel):
+class GeometryChatModel(StreamingMixin, BaseChatModel):
     """A local causal LM (Llama, Qwen2, Mistral, Gemma-3, GPT-2) as a LangChain chat model.
 
     Every ``AIMessage.response_metadata`` carries ``model_name``, ``finish_reason``,
@@ -374,8 +374,9 @@ class GeometryChatModel(StreamingMixin, BatchMixin, ReplayMixin, BaseChatModel):
 
     @property
     def tool_call_format(self) -> str:
-        """The tool-call format of the chat template (:func:`..tools.calls.detect_tool_call_format`:
-        "hermes", "llama3", "mistral", or "prompted" for templates that take no tools)."""
+        """The tool-call format of the chat template
+        (:func:`..tools.formats.detect_tool_call_format`: "hermes", "llama3", "mistral", or
+        "prompted" for templates that take no tools)."""
         return detect_tool_call_format(self._template)
 
     def bind_tools(
@@ -390,7 +391,7 @@ class GeometryChatModel(StreamingMixin, BatchMixin, ReplayMixin, BaseChatModel):
         call: the reply is text), "any" or "required" (some tool), a tool name or
         ``{"type": "function", "function": {"name": ...}}`` (that tool); a forced call is
         begun in the prompt. Calls whose arguments do not validate against their tool's
-        schema come back in ``invalid_tool_calls`` (:func:`..tools.calls.tool_args_error`).
+        schema come back in ``invalid_tool_calls`` (:func:`..tools.schema.tool_args_error`).
         ``strict`` and ``parallel_tool_calls`` are accepted and ignored; other ``kwargs``
         are generation options bound with them."""
         kwargs.pop("strict", None)
@@ -440,7 +441,8 @@ class GeometryChatModel(StreamingMixin, BatchMixin, ReplayMixin, BaseChatModel):
     def with_capture_parts(self, record: Mapping[str, Any] | None) -> GeometryChatModel:
         """This model (a shallow copy sharing the weights, lock and scheduler when the rule
         differs) capturing with the attention-parts rule of a decode path's ``parts`` record
-        (None: the legacy rule of paths recorded without it, :data:`LEGACY_PARTS`)."""
+        (None: the rule of paths recorded without it,
+        :data:`~..capture.parts_rule.UNRECORDED_PARTS`)."""
         rule = PartsRule.from_record(record)
         if (self.capture_parts or default_parts()) == rule:
             return self
@@ -469,18 +471,33 @@ class GeometryChatModel(StreamingMixin, BatchMixin, ReplayMixin, BaseChatModel):
         (msg,) = await self._agenerate_messages([messages], opts, setup)
         return ChatResult(generations=[ChatGeneration(message=msg)])
 
+    def _call(self, opts: dict[str, Any], keep_states: bool = False) -> GenerationCall:
+        """The call's generation on the model's shared scheduler (:mod:`..engine.scheduler`,
+        bounded by this model's fields)."""
+        limits = {
+            "max_batch": self.max_batch_size,
+            "max_queue": self.max_queue,
+            "batch_decode": self.batch_decode,
+        }
+        return GenerationCall(self._s, opts, self._reference, limits, keep_states)
+
+    def _prompts(
+        self, conversations: Sequence[Sequence[BaseMessage]], setup: ToolSetup | None
+    ) -> tuple[list[list[int]], list[int | None]]:
+        """The prompt ids of ``conversations`` and where each splits (:meth:`_prompt`)."""
+        encoded = [self._prompt(self._to_messages(list(c)), setup) for c in conversations]
+        return [p for p, _ in encoded], [split for _, split in encoded]
+
     def _generate_messages(
         self,
         conversations: Sequence[Sequence[BaseMessage]],
         opts: dict[str, Any],
         setup: ToolSetup | None = None,
     ) -> list[AIMessage]:
-        convs = [self._to_messages(list(c)) for c in conversations]
-        prompts, splits = unzip_prompts([self._prompt(c, setup) for c in convs])
+        prompts, splits = self._prompts(conversations, setup)
         max_new = int(opts["max_new_tokens"])  # capped per prompt, as if alone
-        gen = generate_tokens(
-            self._s, prompts, max_new, opts, self._reference, limits=self._limits, prefixes=splits
-        )
+        call = self._call(opts)
+        gen = call.generate(call.requests(prompts, max_new, splits))
         return self._messages(conversations, prompts, gen, opts, setup)
 
     async def _agenerate_messages(
@@ -489,22 +506,11 @@ class GeometryChatModel(StreamingMixin, BatchMixin, ReplayMixin, BaseChatModel):
         opts: dict[str, Any],
         setup: ToolSetup | None = None,
     ) -> list[AIMessage]:
-        convs = [self._to_messages(list(c)) for c in conversations]
-        prompts, splits = unzip_prompts([self._prompt(c, setup) for c in convs])
+        prompts, splits = self._prompts(conversations, setup)
         max_new = int(opts["max_new_tokens"])  # capped per prompt, as if alone
-        gen = await agenerate_tokens(
-            self._s, prompts, max_new, opts, self._reference, limits=self._limits, prefixes=splits
-        )
+        call = self._call(opts)
+        gen = await call.agenerate(call.requests(prompts, max_new, splits))
         return self._messages(conversations, prompts, gen, opts, setup)
-
-    @property
-    def _limits(self) -> dict[str, Any]:
-        """Bounds of the shared scheduler (:mod:`..engine.scheduler`)."""
-        return {
-            "max_batch": self.max_batch_size,
-            "max_queue": self.max_queue,
-            "batch_decode": self.batch_decode,
-        }
 
     def _messages(
         self,
@@ -572,6 +578,181 @@ class GeometryChatModel(StreamingMixin, BatchMixin, ReplayMixin, BaseChatModel):
         decodes up to ``max_batch_size`` rows per step."""
         sched = self._s.scheduler
         return int(sched.workers) if sched is not None else engine_workers(self.hf_model)
+
+    # -- batch -------------------------------------------------------------------------------
+
+    def batch(
+        self,
+        inputs: list[LanguageModelInput],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[AIMessage]:  # type: ignore[override]
+        """Batched generation: all inputs go to the model's scheduler at once and share its
+        decode steps; each answer is bitwise the one ``invoke`` gives for that input."""
+        if not inputs:
+            return []
+        configs = get_config_list(config, len(inputs))
+        stop = kwargs.pop("stop", None)
+        conv: list[list[BaseMessage] | None] = []
+        errors: list[BaseException | None] = []
+        for item in inputs:
+            try:
+                conv.append(self._to_messages(item))
+                errors.append(None)
+            except Exception as exc:
+                if not return_exceptions:
+                    raise
+                conv.append(None)
+                errors.append(exc)
+        opts, setup = self._settings(stop, kwargs)
+        good = [i for i, c in enumerate(conv) if c is not None]
+        managers = [self._run_manager(configs[i], conv[i]) for i in good]  # type: ignore[arg-type]
+        try:
+            convs = [conv[i] for i in good]
+            msgs = self._generate_messages(convs, opts, setup)  # type: ignore[arg-type]
+        except Exception as exc:
+            for rm in managers:
+                rm.on_llm_error(exc)
+            if not return_exceptions:
+                raise
+            return [exc for _ in inputs]  # type: ignore[misc]
+        results: list[Any] = list(errors)
+        for i, m, rm in zip(good, msgs, managers, strict=True):
+            rm.on_llm_end(LLMResult(generations=[[ChatGeneration(message=m)]]))
+            results[i] = m
+        return results
+
+    def _run_manager(
+        self, config: RunnableConfig, messages: list[BaseMessage]
+    ) -> CallbackManagerForLLMRun:
+        """The callbacks of one input of :meth:`batch`, started."""
+        cfg = ensure_config(config)
+        cm = CallbackManager.configure(
+            cfg.get("callbacks"),
+            self.callbacks,
+            self.verbose,
+            cfg.get("tags"),
+            self.tags,
+            cfg.get("metadata"),
+            self.metadata,
+        )
+        (rm,) = cm.on_chat_model_start(
+            self._serialized,
+            [messages],
+            invocation_params=self._identifying_params,
+            name=cfg.get("run_name"),
+            run_id=cfg.pop("run_id", None),
+        )
+        return rm
+
+    def generate_with_states(
+        self, inputs: Sequence[LanguageModelInput], **kwargs: Any
+    ) -> list[tuple[AIMessage, TokenStates | None]]:
+        """Generate for ``inputs`` as :meth:`batch` does (geometry always captured), and also
+        return each answer's per-token states ``[N, L, D]`` (e~^l, e^l): what calibration
+        needs to fit reference means without a replay. Runs no callbacks; ``kwargs`` are
+        generation options (``max_new_tokens``, ...)."""
+        conversations = [self._to_messages(x) for x in inputs]
+        stop = kwargs.pop("stop", None)
+        opts, setup = self._settings(stop, {**kwargs, "capture_geometry": True})
+        prompts, splits = self._prompts(conversations, setup)
+        max_new = new_token_budget(prompts, int(opts["max_new_tokens"]), self._spec.context_length)
+        call = self._call(opts, keep_states=True)
+        gen = call.generate(call.requests(prompts, max_new, splits))
+        msgs = self._messages(conversations, prompts, gen, opts, setup)
+        return [(msg, g.states) for msg, g in zip(msgs, gen, strict=True)]
+
+    # -- replay ------------------------------------------------------------------------------
+
+    def replay_settings(self) -> ReplaySettings:
+        """What a replay on this model computes with (:mod:`..engine.replay`)."""
+        return ReplaySettings(
+            model_name=self.model_name,
+            reference=self._reference,
+            capture_geometry=self.capture_geometry,
+            top_logprobs=self.top_logprobs,
+            capture=self.capture,
+            parts=self.capture_parts,
+        )
+
+    def replay(
+        self,
+        messages: Any,
+        response_text: AnswerLike,
+        return_states: bool = False,
+        *,
+        tools: Sequence[Any] | None = None,
+        tool_choice: Any = None,
+    ) -> ReplayResult:
+        """Teacher-forced features of an existing answer, in one forward pass.
+
+        ``response_text`` is the answer text (EOS appended when ``replay_add_eos``, as for a
+        finished generation) or the exact generated token ids
+        (``msg.response_metadata["token_ids"]``, used as they are). ``tools`` /
+        ``tool_choice``: those the answer was generated with (they change the prompt).
+        """
+        return self.replay_batch(
+            [(messages, response_text)],
+            return_states=return_states,
+            tools=tools,
+            tool_choice=tool_choice,
+        )[0]
+
+    def replay_batch(
+        self,
+        items: Sequence[tuple[Any, AnswerLike]],
+        batch_size: int = 16,
+        return_states: bool = False,
+        progress: bool = False,
+        *,
+        tools: Sequence[Any] | None = None,
+        tool_choice: Any = None,
+        cuts: Sequence[Sequence[int]] | None = None,
+    ) -> list[ReplayResult]:
+        """:meth:`replay` for many pairs, ``batch_size`` left-padded sequences per forward;
+        on the prefix path (:attr:`prefix_cache`) each pair alone, split as generation splits
+        it (:mod:`..engine.prefix`). ``cuts[i]``: numbers of response tokens after which pair
+        ``i``'s metadata is also returned (``ReplayResult.cuts``, same forward pass)."""
+        if batch_size <= 0:
+            raise InvalidInputError(f"batch_size must be positive, got {batch_size}")
+        if cuts is not None and len(cuts) != len(items):
+            raise InvalidInputError(f"{len(cuts)} cut lists for {len(items)} pairs")
+        encoded = []
+        for j, (messages, response) in enumerate(items):
+            prompt, resp, split = self._encode_chat(messages, response, tools, tool_choice)
+            from_text = isinstance(response, str)
+            item = replay_item(self._s, prompt, resp, from_text, self.replay_add_eos, split)
+            if cuts is not None:
+                item.cuts = tuple(int(t) for t in cuts[j])
+            encoded.append(item)
+        settings = self.replay_settings()
+        return replay_items(self._s, encoded, settings, batch_size, return_states, progress)
+
+    def reread(
+        self, messages: Any, answer: Any, stop: list[str] | None = None, **kwargs: Any
+    ) -> AIMessage:
+        """The message this model returns for ``messages`` had it generated ``answer`` (a
+        :class:`~abstain_guard.contract.given_answer.GivenAnswer`), for checking answers it
+        did not generate: the replay (one pass per answer, split as generation splits it,
+        as calibration scores its answers) of the answer's token ids, or of its text
+        tokenized with the end token after a finished one, and the generation record of a
+        call with ``stop`` and ``kwargs``, decoded on this model's path."""
+        opts, setup = self._settings(stop, kwargs)
+        if setup is not None:
+            raise InvalidInputError("Checking a given answer of a call with tools is unsupported.")
+        conversation = self._to_messages(messages)
+        response = list(answer.token_ids or [])
+        if answer.token_ids is None:
+            response = self._encode_chat(conversation, answer.text, None, None)[1]
+            eos = eos_token_ids(self.hf_model, self.tokenizer)
+            response += eos[:1] if answer.finished else []
+        (replayed,) = self.replay_batch([(conversation, response)], batch_size=1)
+        meta = dict(replayed.metadata)
+        meta["replay_source"] = "token_ids" if answer.token_ids is not None else "text"
+        meta[GENERATION] = self._generation_record(conversation, opts, None, self.decode_path())
+        return AIMessage(content=answer.text, response_metadata=meta)
 
 
 def load_default_model(**options: Any) -> GeometryChatModel:

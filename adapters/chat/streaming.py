@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.messages import AIMessage, BaseMessage
@@ -18,7 +18,7 @@ from langchain_core.outputs import ChatGenerationChunk
 from abstain_guard.contract.streaming import PrefixSink, StreamPrefix, active_prefix_sink
 
 from ..engine.batching import RowResult
-from ..engine.generation import submit_generation, to_generated
+from ..engine.generation import Generated, GenerationCall
 from ..engine.streaming import (
     IncrementalText,
     async_token_channel,
@@ -28,11 +28,34 @@ from ..engine.streaming import (
     token_channel,
 )
 from ..tools.calls import ToolSetup
-from .host import ChatHost
 
 
-class StreamingMixin(ChatHost):
+class StreamingMixin:
     """``_stream`` / ``_astream`` of the chat model (see the module docstring)."""
+
+    if TYPE_CHECKING:  # provided by GeometryChatModel
+
+        @property
+        def tokenizer(self) -> Any: ...
+
+        def _settings(
+            self, stop: list[str] | None, kwargs: dict[str, Any]
+        ) -> tuple[dict[str, Any], ToolSetup | None]: ...
+
+        def _prompt(
+            self, messages: Sequence[BaseMessage], setup: ToolSetup | None
+        ) -> tuple[list[int], int | None]: ...
+
+        def _call(self, opts: dict[str, Any], keep_states: bool = False) -> GenerationCall: ...
+
+        def _messages(
+            self,
+            conversations: Sequence[Sequence[BaseMessage]],
+            prompts: list[list[int]],
+            gen: list[Generated],
+            opts: dict[str, Any],
+            setup: ToolSetup | None = None,
+        ) -> list[AIMessage]: ...
 
     def _stream(
         self,
@@ -154,17 +177,15 @@ class StreamingMixin(ChatHost):
         with ``snapshots`` the row-snapshot callback."""
 
         def submit(callback: Callable[[Any], None]) -> Future[RowResult]:
-            (future,) = submit_generation(
-                self._s,
+            call = self._call(opts)
+            (request,) = call.requests(
                 [prompt],
                 int(opts["max_new_tokens"]),
-                opts,
-                self._reference,
-                limits=self._limits,
+                [split],
                 on_tokens=[None if snapshots else callback],
-                prefixes=[split],
                 on_snapshots=[callback if snapshots else None],
             )
+            (future,) = call.submit([request])
             return future
 
         return submit
@@ -178,8 +199,7 @@ class StreamingMixin(ChatHost):
         setup: ToolSetup | None,
     ) -> AIMessage:
         """The message ``invoke`` returns for this generated row."""
-        gen = [to_generated(result, False)]
-        (msg,) = self._messages([messages], [prompt], gen, opts, setup)
+        (msg,) = self._messages([messages], [prompt], [Generated.of_row(result)], opts, setup)
         return msg
 
 

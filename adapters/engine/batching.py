@@ -4,25 +4,15 @@
 :class:`~abstain_guard.adapters.engine.scheduler.GenerationScheduler`:
 
 * **prefill**: each new row runs its prompt alone (batch 1, its own ``DynamicCache``, its
-  own :class:`~abstain_guard.adapters.capture.CaptureSession`), so the prompt pass never
-  depends on other rows; on the prefix path (``GenerationRequest.prefix``, :mod:`.prefix`)
-  the row starts from a copy of its shared prefix's cache and capture state and runs the
-  rest of its prompt;
+  own :class:`~abstain_guard.adapters.capture.session.CaptureSession`); on the prefix path
+  (:mod:`.prefix`) it starts from a copy of its shared prefix's cache and capture state;
 * **decode**: one forward per step for all active rows (one new token each). Everything
-  row-wise (embeddings, norms, linear layers, MLP, LM head) runs batched; attention runs per
-  row on that row's own unpadded cache (:func:`rows_attention`), and each row's capture
-  hooks see only that row's slice (:class:`HookMux`). The batch is padded with dummy rows
-  to at least :data:`MIN_DECODE_ROWS` rows: on CPU, BLAS computes a 1-row (or 2-3 row)
-  product with a different kernel than a larger one, so a row computed alone would differ in
-  the last bits from the same row computed among others; with every decode step at
-  ``>= MIN_DECODE_ROWS`` rows a row's results do not depend on how many other rows there
-  are, nor on where in the batch it sits (:func:`~.threads.model_independent_rows` finds on
-  the model's own weights up to how many rows this holds on this CPU; more concurrent rows
-  take several forwards per step, and each row decodes alone where even
-  :data:`MIN_DECODE_ROWS` rows are not independent).
+  row-wise runs batched, padded with dummy rows to the path's ``min_rows`` (:mod:`.threads`);
+  attention runs per row on that row's own unpadded cache (:func:`rows_attention`), and each
+  row's capture hooks see only that row's slice (:class:`HookMux`).
 
-Greedy and seeded sampling choose each row's token from that row's logits only (a
-per-row ``torch.Generator``), so batch composition never changes a row's tokens either.
+Tokens are chosen from each row's own logits (a per-row ``torch.Generator``), so batch
+composition never changes a row's tokens either.
 """
 
 from __future__ import annotations
@@ -350,21 +340,10 @@ class HookMux:
     @contextmanager
     def installed(self) -> Iterator[None]:
         """Route one dispatching hook per (module, kind) to the forward in this context."""
-        hooks: list[Hook] = []
-        for key, module in self._modules.items():
-            if key[1] == "pre":
-                hooks.append(
-                    (module, "pre", lambda m, a, kw, key=key: self._call(key, m, (a, kw)), True)
-                )
-            else:
-                hooks.append(
-                    (
-                        module,
-                        "post",
-                        lambda m, a, kw, out, key=key: self._call(key, m, (a, kw, out)),
-                        True,
-                    )
-                )
+        hooks: list[Hook] = [  # called with (args, kwargs) or (args, kwargs, output)
+            (module, key[1], lambda m, *call, key=key: self._call(key, m, call), True)
+            for key, module in self._modules.items()
+        ]
         with routed(hooks):
             yield
 
@@ -448,8 +427,7 @@ class BatchEngine:
                 reference=request.reference,
                 keep_states=request.keep_states,
                 capture=request.capture_mode,
-                cache_budget_bytes=parts.cache_budget_bytes,
-                dense_max_sources=parts.dense_max_sources,
+                parts=parts,
             )
             if request.capture
             else None

@@ -3,7 +3,7 @@
 The prompt ids are exactly what generation feeds the model (chat template with the
 generation prompt), so replaying ``prompt_token_ids + token_ids`` reproduces a generation.
 AI tool calls and tool results are written the template's way (:class:`ToolRendering`, the
-formats of :mod:`..tools.calls`); conversations without them give the plain role/content dicts.
+formats of :mod:`..tools.formats`); conversations without them give the plain role/content dicts.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from langchain_core.messages.tool import ToolCall
 
 from abstain_guard.errors import InvalidInputError
 
-from ..tools.calls import prompted_call_text, tool_call_format
+from ..tools.formats import prompted_call_text, tool_call_format
 from .prefix import common_prefix
 
 #: A response to replay: its text, or the exact generated token ids.

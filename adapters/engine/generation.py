@@ -3,10 +3,9 @@
 alone), the rows' capture steps stacked per answer, turned into ``AIMessage`` objects with
 the metadata of :mod:`.response_metadata`.
 
-The functions here take the :class:`~abstain_guard.adapters.model.loading.LoadedModel` and the
-call's options (a dict with the keys of :data:`GENERATION_OPTIONS` plus ``stop``, built by
-:func:`call_options`); :class:`~abstain_guard.adapters.chat.model.GeometryChatModel` wires
-them to LangChain.
+A :class:`GenerationCall` holds the loaded model and the call's options (a dict with the keys
+of :data:`GENERATION_OPTIONS` plus ``stop``, built by :func:`call_options`);
+:class:`~abstain_guard.adapters.chat.model.GeometryChatModel` wires it to LangChain.
 """
 
 from __future__ import annotations
@@ -134,177 +133,129 @@ class Generated:
     #: the decode path the engine took (:meth:`.threads.DecodePath.record`)
     decode_path: dict[str, Any] = field(default_factory=dict)
 
-
-def unzip_prompts(
-    encoded: Sequence[tuple[list[int], int | None]],
-) -> tuple[list[list[int]], list[int | None]]:
-    """``(prompts, prefixes)`` of ``(prompt ids, prefix split)`` pairs (the chat model's
-    encoded prompts), as :func:`generate_tokens` takes them."""
-    return [p for p, _ in encoded], [s for _, s in encoded]
-
-
-def generation_requests(
-    loaded: LoadedModel,
-    prompts: list[list[int]],
-    max_new: int,
-    opts: Mapping[str, Any],
-    reference: ReferenceMeans | None,
-    keep_states: bool = False,
-    on_tokens: Sequence[TokenCallback | None] | None = None,
-    prefixes: Sequence[int | None] | None = None,
-    on_snapshots: Sequence[SnapshotCallback | None] | None = None,
-) -> list[GenerationRequest]:
-    """One request per prompt, each with its own token budget (``max_new`` capped by the
-    context window for that prompt). ``on_tokens[i]`` (optional) is called in the
-    scheduler's thread with each token id of prompt ``i`` as it is chosen (streaming).
-    ``prefixes[i]``: where prompt ``i`` splits on the prefix path (:mod:`.prefix`; None or
-    no list: the prompt in one pass). ``on_snapshots[i]``: called with a
-    :class:`.batching.RowSnapshot` of row ``i`` after each token (certified streaming)."""
-    ctx = loaded.spec.context_length
-    callbacks = list(on_tokens) if on_tokens is not None else [None] * len(prompts)
-    snaps = list(on_snapshots) if on_snapshots is not None else [None] * len(prompts)
-    if len(snaps) != len(prompts):
-        raise InvalidInputError(f"{len(snaps)} snapshot callbacks for {len(prompts)} prompts")
-    splits = list(prefixes) if prefixes is not None else [None] * len(prompts)
-    if len(callbacks) != len(prompts) or len(splits) != len(prompts):
-        raise InvalidInputError(
-            f"{len(callbacks)} token callbacks and {len(splits)} prefix splits for "
-            f"{len(prompts)} prompts; give one per prompt"
+    @classmethod
+    def of_row(cls, result: RowResult, keep_states: bool = False) -> Generated:
+        """The answer of one scheduler row."""
+        n = len(result.token_ids)
+        steps = result.steps
+        return cls(
+            token_ids=result.token_ids,
+            logits=result.logits,
+            finish_reason=result.finish_reason,
+            geometry=stack_steps(steps, n) if steps else None,
+            states=stack_states(steps, n) if steps and keep_states else None,
+            decode_path=dict(result.decode_path),
         )
-    return [
-        GenerationRequest(
-            prompt=list(p),
-            max_new=new_token_budget([p], max_new, ctx),
-            temperature=float(opts["temperature"]),
-            top_p=float(opts["top_p"]),
-            top_k=opts["top_k"],
-            seed=opts["seed"],
-            stop=[*opts["stop"], *opts.get("end_markers", ())],
-            capture=bool(opts["capture_geometry"]) or keep_states,
-            capture_mode=str(opts.get("capture", "full")),
-            reference=reference,
-            keep_states=keep_states,
-            on_token=on_token,
-            on_snapshot=on_snapshot,
-            prefix=split,
-            parts=opts.get("parts"),
-        )
-        for p, on_token, split, on_snapshot in zip(prompts, callbacks, splits, snaps, strict=True)
-    ]
 
 
-def to_generated(result: RowResult, keep_states: bool) -> Generated:
-    """The :class:`Generated` answer of one scheduler row."""
-    n = len(result.token_ids)
-    steps = result.steps
-    return Generated(
-        token_ids=result.token_ids,
-        logits=result.logits,
-        finish_reason=result.finish_reason,
-        geometry=stack_steps(steps, 0, n) if steps else None,
-        states=stack_states(steps, 0, n) if steps and keep_states else None,
-        decode_path=dict(result.decode_path),
-    )
+def _one_each(values: Sequence[Any] | None, n: int, what: str) -> list[Any]:
+    """``values`` as a list of one per prompt (None: ``n`` Nones)."""
+    if values is None:
+        return [None] * n
+    if len(values) != n:
+        raise InvalidInputError(f"{len(values)} {what} for {n} prompts; give one per prompt")
+    return list(values)
 
 
-def submit_generation(
-    loaded: LoadedModel,
-    prompts: list[list[int]],
-    max_new: int,
-    opts: Mapping[str, Any],
-    reference: ReferenceMeans | None,
-    keep_states: bool = False,
-    limits: Mapping[str, Any] | None = None,
-    on_tokens: Sequence[TokenCallback | None] | None = None,
-    prefixes: Sequence[int | None] | None = None,
-    on_snapshots: Sequence[SnapshotCallback | None] | None = None,
-) -> list[Future[RowResult]]:
-    """Queue one request per prompt on the model's scheduler (:mod:`.scheduler`); raises
-    SchedulerFullError when its queue cannot take them. ``limits``: ``max_batch``,
-    ``max_queue`` and ``batch_decode`` of the scheduler; ``on_tokens``, ``prefixes``: see
-    :func:`generation_requests`."""
-    requests = generation_requests(
-        loaded, prompts, max_new, opts, reference, keep_states, on_tokens, prefixes, on_snapshots
-    )
-    return scheduler_for(loaded, **dict(limits or {})).submit(requests)
-
-
-def generate_tokens(
-    loaded: LoadedModel,
-    prompts: list[list[int]],
-    max_new: int,
-    opts: Mapping[str, Any],
-    reference: ReferenceMeans | None,
-    keep_states: bool = False,
-    limits: Mapping[str, Any] | None = None,
-    prefixes: Sequence[int | None] | None = None,
-) -> list[Generated]:
-    """Generate for every prompt (greedy when ``opts["temperature"]`` is 0, else seeded
-    sampling), capturing geometry when ``opts["capture_geometry"]`` (and the per-token states
-    with ``keep_states``, which calibration uses to fit reference means).
+@dataclass(frozen=True)
+class GenerationCall:
+    """One call's generation on ``loaded``: its ``opts`` (:func:`call_options`, plus the
+    model's ``capture``, ``parts`` and the tools' ``end_markers``), the ``reference`` means
+    for Φ, the scheduler's ``limits`` (``max_batch``, ``max_queue``, ``batch_decode`` of
+    :func:`.scheduler.scheduler_for`) and ``keep_states`` (the per-token states, which
+    calibration fits reference means on).
 
     Each prompt is one request to the model's scheduler, batched with whatever else is
     running; every answer is bitwise the one the prompt gets alone (see :mod:`.batching`).
+    Greedy when ``opts["temperature"]`` is 0, else seeded sampling.
     """
-    futures = submit_generation(
-        loaded, prompts, max_new, opts, reference, keep_states, limits, prefixes=prefixes
-    )
-    return [to_generated(f.result(), keep_states) for f in futures]
+
+    loaded: LoadedModel
+    opts: Mapping[str, Any]
+    reference: ReferenceMeans | None = None
+    limits: Mapping[str, Any] = field(default_factory=dict)
+    keep_states: bool = False
+
+    def requests(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new: int,
+        prefixes: Sequence[int | None] | None = None,
+        on_tokens: Sequence[TokenCallback | None] | None = None,
+        on_snapshots: Sequence[SnapshotCallback | None] | None = None,
+    ) -> list[GenerationRequest]:
+        """One request per prompt, each with its own token budget (``max_new`` capped by the
+        context window for that prompt). ``prefixes[i]``: where prompt ``i`` splits on the
+        prefix path (:mod:`.prefix`; None: the prompt in one pass). ``on_tokens[i]`` is
+        called in the scheduler's thread with each token id of prompt ``i`` as it is chosen
+        (streaming), ``on_snapshots[i]`` with a :class:`.batching.RowSnapshot` of row ``i``
+        after each token (certified streaming)."""
+        n, opts = len(prompts), self.opts
+        per_prompt = zip(
+            prompts,
+            _one_each(prefixes, n, "prefix splits"),
+            _one_each(on_tokens, n, "token callbacks"),
+            _one_each(on_snapshots, n, "snapshot callbacks"),
+            strict=True,
+        )
+        return [
+            GenerationRequest(
+                prompt=list(p),
+                max_new=new_token_budget([p], max_new, self.loaded.spec.context_length),
+                temperature=float(opts["temperature"]),
+                top_p=float(opts["top_p"]),
+                top_k=opts["top_k"],
+                seed=opts["seed"],
+                stop=[*opts["stop"], *opts.get("end_markers", ())],
+                capture=bool(opts["capture_geometry"]) or self.keep_states,
+                capture_mode=str(opts.get("capture", "full")),
+                reference=self.reference,
+                keep_states=self.keep_states,
+                on_token=on_token,
+                on_snapshot=on_snapshot,
+                prefix=split,
+                parts=opts.get("parts"),
+            )
+            for p, split, on_token, on_snapshot in per_prompt
+        ]
+
+    def submit(self, requests: Sequence[GenerationRequest]) -> list[Future[RowResult]]:
+        """Queue ``requests`` (:meth:`requests`) on the model's scheduler (:mod:`.scheduler`);
+        raises SchedulerFullError when its queue cannot take them."""
+        return scheduler_for(self.loaded, **dict(self.limits)).submit(requests)
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generated]:
+        """Generate ``requests`` and wait for the answers."""
+        return [Generated.of_row(f.result(), self.keep_states) for f in self.submit(requests)]
+
+    async def agenerate(self, requests: Sequence[GenerationRequest]) -> list[Generated]:
+        """:meth:`generate` for asyncio callers (awaits the scheduler's futures)."""
+        futures = self.submit(requests)
+        results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+        return [Generated.of_row(r, self.keep_states) for r in results]
 
 
-async def agenerate_tokens(
-    loaded: LoadedModel,
-    prompts: list[list[int]],
-    max_new: int,
-    opts: Mapping[str, Any],
-    reference: ReferenceMeans | None,
-    keep_states: bool = False,
-    limits: Mapping[str, Any] | None = None,
-    prefixes: Sequence[int | None] | None = None,
-) -> list[Generated]:
-    """:func:`generate_tokens` for asyncio callers (awaits the scheduler's futures)."""
-    futures = submit_generation(
-        loaded, prompts, max_new, opts, reference, keep_states, limits, prefixes=prefixes
-    )
-    results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
-    return [to_generated(r, keep_states) for r in results]
-
-
-def stack_steps(steps: list[StepFeatures], i: int, n: int) -> StepFeatures:
-    """Features of batch item ``i`` for its first ``n`` generation steps (one row each):
-    ``[n, 2L-1]`` arrays from ``n`` blocks of ``[B, 1, 2L-1]``."""
+def stack_steps(steps: list[StepFeatures], n: int) -> StepFeatures:
+    """Features of a batch-1 row's first ``n`` generation steps (one row each): ``[n, 2L-1]``
+    arrays from ``n`` blocks of ``[1, 1, 2L-1]``."""
     use = steps[:n]
 
-    def cat(attr: str) -> np.ndarray | None:
-        vals = [getattr(s, attr) for s in use]
-        if not vals or vals[0] is None:
-            return None
-        return np.concatenate([v[i] for v in vals], axis=0)
+    def cat(name: str) -> np.ndarray | None:
+        vals = [getattr(s, name) for s in use]
+        return None if vals[0] is None else np.concatenate([v[0] for v in vals], axis=0)
 
-    omega = cat("omega")
-    theta = cat("theta")
-    assert omega is not None and theta is not None
-    return StepFeatures(
-        omega,
-        theta,
-        cat("phi_in"),
-        cat("phi_out"),
-        None,
-        None,
-        capture=use[0].capture,
-        hidden=cat("hidden"),
-    )
+    return StepFeatures.of_rows(cat, use[0].capture)
 
 
-def stack_states(steps: list[StepFeatures], i: int, n: int) -> TokenStates | None:
-    """States ``[n, L, D]`` of batch item ``i`` for its first ``n`` steps (None when the
-    session kept none)."""
+def stack_states(steps: list[StepFeatures], n: int) -> TokenStates | None:
+    """States ``[n, L, D]`` of a batch-1 row's first ``n`` steps (None when the session kept
+    none)."""
     use = steps[:n]
     if not use or use[0].post_attn is None or use[0].post_mlp is None:
         return None
     return TokenStates(
-        post_attn=np.concatenate([s.post_attn[i] for s in use], axis=0),  # type: ignore[index]
-        post_mlp=np.concatenate([s.post_mlp[i] for s in use], axis=0),  # type: ignore[index]
+        post_attn=np.concatenate([s.post_attn[0] for s in use], axis=0),  # type: ignore[index]
+        post_mlp=np.concatenate([s.post_mlp[0] for s in use], axis=0),  # type: ignore[index]
     )
 
 
@@ -379,19 +330,14 @@ def generation_record(
 __all__ = [
     "GENERATION_OPTIONS",
     "Generated",
+    "GenerationCall",
     "SnapshotCallback",
     "TokenCallback",
-    "agenerate_tokens",
     "call_options",
-    "generate_tokens",
     "generation_record",
-    "generation_requests",
     "new_token_budget",
     "stack_states",
     "stack_steps",
-    "submit_generation",
-    "to_generated",
     "to_message",
-    "unzip_prompts",
     "validate_options",
 ]

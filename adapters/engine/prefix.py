@@ -1,21 +1,14 @@
 """The prefix path: a prompt pass split after the shared prefix, the prefix computed once.
 
-Every request to a deployment starts with the same tokens: the chat template's opening, the
-system prompt (with any tool block) and the opening of the first user turn: 34 of a 42-token
-question on the default model. The *prefix path* splits every prompt pass there: one forward
-over the prefix (batch 1, :data:`~.threads.DECODE_THREADS` BLAS thread), then one over the
-rest of the prompt on the prefix's KV cache. The prefix's forward and what capture keeps of
-it (the KV cache, ``C_MLP^l[s, s]`` of each prefix position, the kept parts ``u^h_s`` or
-their max-norms) do not depend on what follows, so :class:`PrefixStore` computes them once
-per prefix and every request copies them.
-
-A split pass is *not* bitwise the whole pass (the products run over other row counts: max
-|Δlogit| 3.5e-5 on the default model), so the prefix path is a decode path of its own
-(:data:`PREFIX_RULE` in the path's record) that a guard must be calibrated on. Within the
-path the numbers are exact and reproducible: where a prompt splits is a function of the
-prompt alone (:func:`split_point` with :func:`.encoding.prompt_head`, never the store's
-contents), and a
-prefix taken from the store is bitwise the one computed afresh. Replay splits the same way.
+Every request to a deployment starts with the same tokens (the chat template's opening, the
+system prompt with any tool block, the opening of the first user turn). The *prefix path*
+splits every prompt pass there: one forward over the prefix, then one over the rest of the
+prompt on the prefix's KV cache. The prefix's forward and what capture keeps of it do not
+depend on what follows, so :class:`PrefixStore` computes them once per prefix and every
+request copies them. A split pass is not bitwise the whole pass, so the prefix path is a
+decode path of its own (:data:`PREFIX_RULE`); within it the numbers are exact: where a
+prompt splits is a function of the prompt alone (:func:`split_point`). docs/architecture.md,
+"Concurrent callers".
 """
 
 from __future__ import annotations
@@ -24,14 +17,14 @@ import copy
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
 from ..capture.attention import capture_mode
-from ..capture.session import CACHE_BUDGET_BYTES, CaptureSession
+from ..capture.session import CACHE_BUDGET_BYTES, CaptureSession, default_parts
 from .threads import DECODE_THREADS, blas_threads
 
 #: The split rule the prefix path records (``decode_path["prefix"]``): prompts split after
@@ -40,8 +33,7 @@ PREFIX_RULE = "system_turn"
 
 #: Prefixes :class:`PrefixStore` keeps per model (least recently used dropped first); a
 #: deployment has one per system prompt and tool set. Each keeps its KV cache and, under full
-#: capture, ``L·k·H·D`` floats of parts where they fit the capture budget (21 MB for the
-#: default model's 34-token prefix).
+#: capture, ``L·k·H·D`` floats of parts where they fit the capture budget.
 STORE_SIZE = 8
 
 
@@ -97,13 +89,11 @@ def compute_prefix(
     hf = loaded.hf_model
     session = None
     if full:
+        rule = default_parts()
+        if budget is not None:
+            rule = replace(rule, cache_budget_bytes=budget)
         session = CaptureSession(
-            loaded.spec,
-            batch_size=1,
-            max_len=len(ids),
-            capture="full",
-            strategy="auto",
-            cache_budget_bytes=CACHE_BUDGET_BYTES if budget is None else budget,
+            loaded.spec, batch_size=1, max_len=len(ids), capture="full", parts=rule, strategy="auto"
         )
     cache = DynamicCache(config=hf.config)
     device = next(hf.parameters()).device
@@ -181,7 +171,7 @@ def start_from_prefix(
     if split <= 0:
         return DynamicCache(config=hf.config), list(prompt)
     full = session is not None and session.needs_attention
-    budget = session.cache_budget_bytes if session is not None else None
+    budget = session.parts.cache_budget_bytes if session is not None else None
     state = prefix_store(loaded).get(loaded, prompt[:split], full, budget)
     if session is not None:
         session.load_prefix(state)

@@ -1,10 +1,10 @@
 """Replay: teacher-forced features of existing answers, one forward pass per batch.
 
-Each (prompt, response) pair is left-padded into one batch with explicit position ids (so
-RoPE / absolute positions match generation); a :class:`~abstain_guard.adapters.capture.
-CaptureSession` without a value cache computes the features of the N rows that predict the
-response tokens. Replaying the exact generated ids of an answer reproduces its generation
-metadata (tests/test_adapters_exactness.py).
+Each (prompt, response) pair is left-padded into one batch; a
+:class:`~abstain_guard.adapters.capture.session.CaptureSession` without a value cache computes
+the features of the N rows that predict the response tokens. Replaying the exact generated
+ids of an answer reproduces its generation metadata (docs/method.md, "Generation and
+replay").
 """
 
 from __future__ import annotations
@@ -69,22 +69,31 @@ def replay_item(
     return ReplayItem(prompt, response, "text" if from_text else "token_ids", prefix or 0)
 
 
+@dataclass(frozen=True)
+class ReplaySettings:
+    """A chat model's settings a replay computes with: ``model_name`` (in the metadata), the
+    ``reference`` means for Φ, whether geometry is captured, in which ``capture`` mode and
+    under which attention-parts rule ``parts`` (None: the library's default, as the model
+    generated), and the ``top_logprobs`` alternatives per token."""
+
+    model_name: str
+    reference: ReferenceMeans | None = None
+    capture_geometry: bool = True
+    top_logprobs: int = 5
+    capture: str = "full"
+    parts: PartsRule | None = None
+
+
 def replay_items(
     loaded: LoadedModel,
     items: Sequence[ReplayItem],
-    *,
-    model_name: str,
-    reference: ReferenceMeans | None,
-    capture_geometry: bool,
-    top_logprobs: int,
+    settings: ReplaySettings,
     batch_size: int = 16,
     return_states: bool = False,
     progress: bool = False,
-    capture: str = "full",
-    parts: PartsRule | None = None,
 ) -> list[ReplayResult]:
     """Replay ``items``, ``batch_size`` left-padded sequences per forward pass (a tqdm bar
-    over the batches with ``progress``), geometry in ``capture`` mode ("full" or "fast").
+    over the batches with ``progress``).
 
     The batches run side by side in one thread per engine of the model
     (:func:`~.threads.engine_workers`: one per CPU), each forward on one BLAS thread and
@@ -95,17 +104,7 @@ def replay_items(
     spans = _chunk_spans(items, batch_size)
 
     def run(span: tuple[int, int]) -> list[ReplayResult]:
-        return _replay_chunk(
-            loaded,
-            items[span[0] : span[1]],
-            model_name=model_name,
-            reference=reference,
-            capture_geometry=capture_geometry,
-            top_logprobs=top_logprobs,
-            return_states=return_states,
-            capture=capture,
-            parts=parts,
-        )
+        return _replay_chunk(loaded, items[span[0] : span[1]], settings, return_states)
 
     bar = tqdm(total=len(spans), desc="replay", unit="batch", disable=not progress)
     workers = 1 if loaded.lock._is_owned() else min(engine_workers(loaded.hf_model), len(spans))
@@ -161,160 +160,154 @@ def _forward_split(
     return out.logits  # type: ignore[no-any-return]
 
 
-def _replay_chunk(
+def _forward_padded(
+    loaded: LoadedModel, seqs: list[list[int]], session: CaptureSession | None, n: int
+) -> torch.Tensor:
+    """One left-padded pass over ``seqs`` with explicit position ids (so RoPE / absolute
+    positions match generation); the logits of the last ``n + 1`` positions."""
+    hf = loaded.hf_model
+    device = next(hf.parameters()).device
+    s = max(len(x) for x in seqs)
+    ids, mask = left_padded(seqs, pad_token_id(hf, loaded.tokenizer))
+    pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    if session is not None:
+        session.set_rows(slice(s - 1 - n, s - 1))
+    with torch.inference_mode(), capture_mode(hf, session), blas_threads(DECODE_THREADS):
+        out = hf(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=pos.to(device),
+            use_cache=False,
+            logits_to_keep=n + 1,
+        )
+    return out.logits  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class _Pass:
+    """One forward over a chunk of items: the logits ``[B, n_max, V]`` of the ``n_max``
+    positions (longest response) before the last one, which predict response tokens (a
+    response of ``n`` tokens takes the last ``n`` of them), and their features (None
+    without capture)."""
+
+    loaded: LoadedModel
+    settings: ReplaySettings
+    logits: torch.Tensor
+    step: StepFeatures | None
+    n_max: int
+
+    def metadata(self, item: ReplayItem, i: int, t: int, finish: str) -> dict[str, Any]:
+        """The metadata of item ``i``'s response cut after ``t`` tokens, from the rows that
+        predict them: each row reads only the tokens before it, so it is the cut's own."""
+        start = self.n_max - len(item.response)
+        settings, tokenizer = self.settings, self.loaded.tokenizer
+        meta = token_metadata(
+            tokenizer,
+            settings.model_name,
+            item.prompt,
+            item.response[:t],
+            self.logits[i, start : start + t],
+            finish,
+            settings.top_logprobs,
+        )
+        meta["replay_source"] = item.source
+        meta["geometry"] = None
+        if self.step is not None and settings.capture_geometry:
+            geo = slice_step(self.step, i, start, start + t)
+            meta["geometry"] = geometry_json(self.loaded.spec.num_layers, geo)
+        return meta
+
+    def states(self, i: int, n: int) -> TokenStates:
+        """The per-token states of item ``i``'s ``n`` response tokens."""
+        step = self.step
+        assert step is not None and step.post_attn is not None and step.post_mlp is not None
+        return TokenStates(
+            post_attn=step.post_attn[i, self.n_max - n :].copy(),
+            post_mlp=step.post_mlp[i, self.n_max - n :].copy(),
+        )
+
+
+def _forward(
     loaded: LoadedModel,
     items: Sequence[ReplayItem],
-    *,
-    model_name: str,
-    reference: ReferenceMeans | None,
-    capture_geometry: bool,
-    top_logprobs: int,
+    settings: ReplaySettings,
     return_states: bool,
-    capture: str = "full",
-    parts: PartsRule | None = None,
-) -> list[ReplayResult]:
-    """One forward pass over ``items`` (full capture under the attention-parts rule
-    ``parts``, default the library's, as the model generated). The rows of interest are the
-    ``n_max`` positions (longest response) before the last one, which predict response
-    tokens; a response of ``n`` tokens takes the last ``n`` of them."""
-    hf = loaded.hf_model
-    tokenizer = loaded.tokenizer
-    num_layers = loaded.spec.num_layers
-    device = next(hf.parameters()).device
-    b = len(items)
+    n_max: int,
+) -> _Pass:
+    """One forward pass over ``items`` (a single item split on the prefix path, or a
+    left-padded batch), captured under :class:`ReplaySettings` (full capture under its
+    attention-parts rule)."""
     seqs = [it.prompt + it.response for it in items]
-    s = max(len(x) for x in seqs)
-    n_max = max(len(it.response) for it in items)
-    if n_max == 0:
-        return [
-            _empty_result(tokenizer, model_name, num_layers, it, capture_geometry, capture)
-            for it in items
-        ]
-    split = items[0].prefix if b == 1 else 0
-    eos_ids = eos_token_ids(hf, tokenizer)
-    rule = parts or default_parts()
+    split = items[0].prefix if len(items) == 1 else 0
     with loaded.lock.shared():
-        session = (
-            CaptureSession(
+        session = None
+        if settings.capture_geometry or return_states:
+            session = CaptureSession(
                 loaded.spec,
-                batch_size=b,
-                max_len=s,
-                reference=reference,
+                batch_size=len(items),
+                max_len=max(len(x) for x in seqs),
+                reference=settings.reference,
                 keep_states=return_states,
                 cache_values=split > 0,
-                capture=capture,
-                cache_budget_bytes=rule.cache_budget_bytes,
-                dense_max_sources=rule.dense_max_sources,
+                capture=settings.capture,
+                parts=settings.parts or default_parts(),
             )
-            if capture_geometry or return_states
-            else None
-        )
         if split > 0:
             out_logits = _forward_split(loaded, items[0], session, n_max)
         else:
-            ids, mask = left_padded(seqs, pad_token_id(hf, tokenizer))
-            pos = (mask.cumsum(-1) - 1).clamp_min(0)
-            if session is not None:
-                session.set_rows(slice(s - 1 - n_max, s - 1))
-            with torch.inference_mode(), capture_mode(hf, session), blas_threads(DECODE_THREADS):
-                out_logits = hf(
-                    input_ids=ids.to(device),
-                    attention_mask=mask.to(device),
-                    position_ids=pos.to(device),
-                    use_cache=False,
-                    logits_to_keep=n_max + 1,
-                ).logits
+            out_logits = _forward_padded(loaded, seqs, session, n_max)
     logits = out_logits[:, :-1].float().cpu()  # [B, n_max, V] rows predicting tokens
     step = session.steps[0] if session is not None else None
+    return _Pass(loaded, settings, logits, step, n_max)
+
+
+def _replay_chunk(
+    loaded: LoadedModel,
+    items: Sequence[ReplayItem],
+    settings: ReplaySettings,
+    return_states: bool,
+) -> list[ReplayResult]:
+    """The results of ``items`` from one forward pass (none for empty responses)."""
+    n_max = max(len(it.response) for it in items)
+    if n_max == 0:
+        return [_empty_result(loaded, it, settings) for it in items]
+    run = _forward(loaded, items, settings, return_states, n_max)
+    eos_ids = eos_token_ids(loaded.hf_model, loaded.tokenizer)
     results = []
     for i, it in enumerate(items):
-        prompt, resp = it.prompt, it.response
-        n = len(resp)
-        meta = token_metadata(
-            tokenizer, model_name, prompt, resp, logits[i, n_max - n :], "stop", top_logprobs
-        )
-        if not (resp and resp[-1] in eos_ids):
-            meta["finish_reason"] = "length"
-        meta["replay_source"] = it.source
-        states = None
-        if step is not None and capture_geometry:
-            geo = slice_step(step, i, n_max - n, n_max)
-            meta["geometry"] = geometry_json(num_layers, geo)
-        else:
-            meta["geometry"] = None
-        cuts = [
-            _cut_metadata(tokenizer, model_name, it, logits[i, n_max - n :], t, top_logprobs)
-            for t in it.cuts
-        ]
-        if step is not None and capture_geometry:
-            for t, cut in zip(it.cuts, cuts, strict=True):
-                cut["geometry"] = geometry_json(
-                    num_layers, slice_step(step, i, n_max - n, n_max - n + t)
-                )
-        if return_states and step is not None:
-            assert step.post_attn is not None and step.post_mlp is not None
-            states = TokenStates(
-                post_attn=step.post_attn[i, n_max - n :].copy(),
-                post_mlp=step.post_mlp[i, n_max - n :].copy(),
-            )
+        n = len(it.response)
+        finish = "stop" if it.response and it.response[-1] in eos_ids else "length"
+        meta = run.metadata(it, i, n, finish)
+        for t in it.cuts:
+            if not 1 <= t <= n:
+                raise InvalidInputError(f"cut after {t} tokens of a {n}-token response")
+        cuts = [run.metadata(it, i, t, "partial") for t in it.cuts]
+        states = run.states(i, n) if return_states else None
         results.append(ReplayResult(metadata=meta, states=states, cuts=cuts))
     return results
 
 
-def _cut_metadata(
-    tokenizer: Any,
-    model_name: str,
-    item: ReplayItem,
-    logits: torch.Tensor,
-    t: int,
-    top_logprobs: int,
-) -> dict[str, Any]:
-    """The token metadata of ``item``'s response cut after ``t`` tokens, from the rows of
-    its forward pass that predict them (``logits`` ``[n, V]``; geometry added by the
-    caller): each row reads only the tokens before it, so it is the cut's own."""
-    if not 1 <= t <= len(item.response):
-        raise InvalidInputError(f"cut after {t} tokens of a {len(item.response)}-token response")
-    meta = token_metadata(
-        tokenizer, model_name, item.prompt, item.response[:t], logits[:t], "partial", top_logprobs
-    )
-    meta["replay_source"] = item.source
-    meta["geometry"] = None
-    return meta
-
-
-def _empty_result(
-    tokenizer: Any,
-    model_name: str,
-    num_layers: int,
-    item: ReplayItem,
-    capture_geometry: bool,
-    capture: str,
-) -> ReplayResult:
+def _empty_result(loaded: LoadedModel, item: ReplayItem, settings: ReplaySettings) -> ReplayResult:
     """The result of an empty response (no tokens to replay, no forward pass)."""
-    meta = token_metadata(tokenizer, model_name, item.prompt, [], torch.zeros((0, 1)), "stop", 0)
-    meta["geometry"] = geometry_json(num_layers, None, capture) if capture_geometry else None
+    meta = token_metadata(
+        loaded.tokenizer, settings.model_name, item.prompt, [], torch.zeros((0, 1)), "stop", 0
+    )
+    num_layers = loaded.spec.num_layers
+    geometry = (
+        geometry_json(num_layers, None, settings.capture) if settings.capture_geometry else None
+    )
+    meta["geometry"] = geometry
     return ReplayResult({**meta, "replay_source": item.source}, None)
 
 
 def slice_step(step: StepFeatures, i: int, a: int, b: int) -> StepFeatures:
     """Rows ``a:b`` of batch item ``i``: ``[b - a, 2L-1]`` arrays from ``[B, R, 2L-1]``."""
 
-    def sl(x: np.ndarray | None) -> np.ndarray | None:
+    def rows(name: str) -> np.ndarray | None:
+        x = getattr(step, name)
         return None if x is None else x[i, a:b]
 
-    omega = sl(step.omega)
-    theta = sl(step.theta)
-    assert omega is not None and theta is not None
-    return StepFeatures(
-        omega,
-        theta,
-        sl(step.phi_in),
-        sl(step.phi_out),
-        None,
-        None,
-        capture=step.capture,
-        hidden=sl(step.hidden),
-    )
+    return StepFeatures.of_rows(rows, step.capture)
 
 
 def replay_token_ids(
@@ -326,7 +319,7 @@ def replay_token_ids(
     progress: bool = False,
 ) -> list[ReplayResult]:
     """Replay exact ``(prompt ids, response ids)`` pairs on a ``GeometryChatModel`` with its
-    settings (reference means, capture mode, top logprobs).
+    settings (:meth:`~..chat.model.GeometryChatModel.replay_settings`).
 
     For answers whose prompt cannot be rebuilt from a question alone — an agent's final
     answer, written after tool schemas, tool results or a forced-call prefill — the prompt
@@ -338,19 +331,15 @@ def replay_token_ids(
         replay_item(loaded, [int(t) for t in p], [int(t) for t in r], False, False)
         for p, r in pairs
     ]
-    return replay_items(
-        loaded,
-        items,
-        model_name=model.model_name,
-        reference=model.reference,
-        capture_geometry=model.capture_geometry,
-        top_logprobs=model.top_logprobs,
-        batch_size=batch_size,
-        return_states=return_states,
-        progress=progress,
-        capture=model.capture,
-        parts=model.capture_parts,
-    )
+    settings = model.replay_settings()
+    return replay_items(loaded, items, settings, batch_size, return_states, progress)
 
 
-__all__ = ["ReplayItem", "replay_item", "replay_items", "replay_token_ids", "slice_step"]
+__all__ = [
+    "ReplayItem",
+    "ReplaySettings",
+    "replay_item",
+    "replay_items",
+    "replay_token_ids",
+    "slice_step",
+]

@@ -1,34 +1,14 @@
 """The decode path: which BLAS thread counts and batch shapes the engine runs, set by the
 library itself (never by ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``), and recorded.
 
-On CPU, a matrix product's last bits depend on the BLAS kernel, and the kernel depends on the
-number of rows and the number of threads. Two facts, measured on SmolLM2-135M on a 2-core
-x86 machine (``bench/speed/decode_path.py``):
-
-* with **one** BLAS thread, every row of ``x @ W.T`` is bitwise the same for every batch of
-  4 to 8+ rows wherever the row sits; 1 to 3 rows use other kernels. With two threads no
-  batch size gives that (the split between threads depends on the batch).
-* a decode step of one row costs about the same on one thread as on two (it is bound by
-  reading the weights and by Python, not by arithmetic); a prompt pass (prefill, many
-  tokens) is ~1.6x faster on two threads, but its last bits may depend on the thread count
-  (they do on some tiny test models), so a guard would hold only on machines with the
-  calibration machine's core count.
-
-So the library runs **every forward on one BLAS thread** (:data:`DECODE_THREADS`: prompt
-passes, decode steps, replay) in every process, whatever the machine, and gets its
-parallelism from **engines side by side**: the scheduler runs one engine per CPU of the
-process (:func:`engine_workers`), each in its own thread with its own rows, on the same
-weights (two engines on this 2-core machine decode 1.75x the rows per second of one). A row's
-numbers do not depend on the engine, the other rows or the machine's core count. Decode steps
-are *shared* between an engine's concurrent rows (one forward, padded to
-:data:`MIN_DECODE_ROWS` rows) where the model's own weights show rows to be independent on one
-thread, and run each row *alone* otherwise. The path is part of each response's generation
-record (:meth:`DecodePath.record`) and of the calibration record; the guard refuses a
-response decoded on another path than calibration's.
-
-More cores: one engine per core, each decoding up to ``max_batch`` rows per step; what a
-lone request pays is a prompt pass on one thread (~1.6x the two-thread time on a long
-prompt).
+Every forward runs on one BLAS thread (:data:`DECODE_THREADS`: prompt passes, decode steps,
+replay), whatever the machine; parallelism comes from engines side by side, one per CPU of
+the process (:func:`engine_workers`). Decode steps are shared between an engine's rows
+(padded to :data:`MIN_DECODE_ROWS`) where the model's own weights show rows to be
+independent on one thread, and run each row alone otherwise. The path is part of each
+response's generation record (:meth:`DecodePath.record`); the guard refuses a response
+decoded on another path than calibration's. Why, with the measurements:
+docs/architecture.md, "Concurrent callers".
 """
 
 from __future__ import annotations
@@ -43,7 +23,7 @@ from weakref import WeakKeyDictionary
 import torch
 from torch import nn
 
-from ..capture.parts_rule import LEGACY_PARTS, PartsRule
+from ..capture.parts_rule import UNRECORDED_PARTS, PartsRule
 
 #: Fewest rows a shared decode step runs with (dummy rows fill up): the smallest row count
 #: from which one-thread BLAS computes every row the same way whatever the batch size.
@@ -75,23 +55,20 @@ class DecodePath:
     #: most rows one shared step holds (more concurrent rows take several steps): the largest
     #: count up to which the probe found rows independent on this CPU. Not recorded: every
     #: count from ``min_rows`` to ``max_rows`` gives each row the same bits, so it changes
-    #: throughput, never a number (on an Intel Xeon with MKL's AVX2 branch rows stay
-    #: independent up to 6 rows, natively up to 15; a guard calibrated with 16 rows per
-    #: step then runs with 6).
+    #: throughput, never a number.
     max_rows: int = 1
     #: full capture's attention-parts rule (:class:`~..capture.parts_rule.PartsRule`); None
-    #: and :data:`~..capture.parts_rule.LEGACY_PARTS` record alike
+    #: and :data:`~..capture.parts_rule.UNRECORDED_PARTS` record alike
     parts: PartsRule | None = None
 
     def record(self) -> dict[str, Any]:
         """The path as it appears in generation and deployment records (``prefix`` only on
-        the prefix path, ``parts`` only for a rule other than the legacy one, so records of
-        earlier paths read as they always did)."""
+        the prefix path, ``parts`` only for a rule other than :data:`UNRECORDED_PARTS`)."""
         out: dict[str, Any] = {"steps": self.steps, "threads": self.threads}
         out["min_rows"] = self.min_rows
         if self.prefix is not None:
             out["prefix"] = self.prefix
-        if self.parts is not None and self.parts != LEGACY_PARTS:
+        if self.parts is not None and self.parts != UNRECORDED_PARTS:
             out["parts"] = self.parts.record()
         return out
 

@@ -1,23 +1,14 @@
 """A converted copy of a GGUF checkpoint, so that a process loads it in a second, not twenty.
 
-transformers reads a GGUF file by parsing it (config, tokenizer, tensors; ``load_pretrained``
-passes the config on instead of letting it be parsed again, and
-:func:`shared_tensor_name_maps` builds the tensor-name map once) and de-quantizing every
-tensor: about 22 s for the embedded SmolLM2-135M on a 2-core Intel Xeon, paid by every
-process that loads it (each test process, each Ray replica, each served replica). The
-de-quantized model is an ordinary Hugging Face checkpoint, so the first load writes it once
-as one (``model.safetensors``, ``config.json`` without the GGUF ``quantization_config``, the
-generation config and the tokenizer files) and later loads read
-that folder (0.3 s). The weights are the same tensors bit for bit, the config, tokenizer
-and chat template the same, so the model fingerprint is the same
-(``tests/test_gguf_cache.py``); a copy whose fingerprint disagrees with the one recorded
-when it was written is not used.
-
-Where: ``$ABSTAIN_GUARD_MODEL_CACHE`` (``off`` loads the GGUF file every time), else
-``$XDG_CACHE_HOME/abstain_guard/converted`` (``~/.cache/...``). One folder per GGUF file's
-sha256 and transformers version; written to a temporary folder and renamed into place, so
-processes converting at once never read a half-written copy. Safetensors and JSON only: no
-pickle, loading it executes no code.
+transformers parses and de-quantizes a GGUF file at every load. The de-quantized model is an
+ordinary Hugging Face checkpoint, so the first load writes it once as one (safetensors, the
+config without the GGUF ``quantization_config``, the generation config and the tokenizer)
+and later loads read that folder; a copy whose fingerprint disagrees with the one recorded
+when it was written is not used. Where: ``$ABSTAIN_GUARD_MODEL_CACHE`` (``off`` loads the
+GGUF file every time), else ``$XDG_CACHE_HOME/abstain_guard/converted``; one folder per GGUF
+file's sha256 and transformers version, written to a temporary folder and renamed into
+place. Safetensors and JSON only: loading it executes no code. docs/architecture.md,
+"Loading a GGUF checkpoint".
 """
 
 from __future__ import annotations
@@ -142,13 +133,10 @@ _NAME_MAPS_LOCK = threading.Lock()
 def shared_tensor_name_maps() -> Iterator[None]:
     """Within the block, ``gguf.get_tensor_name_map(arch, n_blocks)`` builds each map once.
 
-    transformers maps a GGUF file's tensor names onto the model's by walking every module
-    (``get_gguf_hf_weights_map``) and builds gguf-py's ``TensorNameMap`` anew at each of
-    them: for SmolLM2-135M's ~300 modules ~9 s (py-spy) of its load, which went from 27.7 to
-    21.6 s on a 2-core Intel Xeon with the map built once. The
-    map is only read (``get_name``), so one map per ``(arch, n_blocks)`` gives the same
-    names; the tensors loaded are the same (``tests/test_gguf_cache.py``). Blocks are
-    serialised (the function is swapped on gguf-py's module for the block, then restored)."""
+    transformers builds gguf-py's ``TensorNameMap`` anew at each module of the model it maps
+    a GGUF file's tensor names onto (a large part of a load). The map is only read, so one
+    map per ``(arch, n_blocks)`` gives the same names. Blocks are serialised (the function
+    is swapped on gguf-py's module for the block, then restored)."""
     try:
         import gguf
     except ImportError:  # transformers raises its own error for a GGUF load without gguf-py

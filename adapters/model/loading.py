@@ -223,8 +223,7 @@ def load_pretrained(
         tokenizer = AutoTokenizer.from_pretrained(folder, **kw)
         if device_map is not None:
             kw["device_map"] = device_map
-        # the config read above, so a GGUF file's metadata is parsed three times (config,
-        # tokenizer, weights) instead of four (AutoConfig's parse: 3.6-3.9 s here)
+        # the config read above, so a GGUF file's metadata is not parsed a fourth time
         with shared_tensor_name_maps():
             hf_model = AutoModelForCausalLM.from_pretrained(
                 folder, config=config, dtype=dtype, **kw
@@ -271,11 +270,9 @@ def _own_aligned_storage(hf_model: Any) -> None:
     """Give every parameter and buffer its own torch-allocated (64-byte aligned) storage.
 
     Tensors read from a safetensors file sit at the file's offsets (8-byte aligned), and
-    MKL's matrix products take other code paths on such data: on this machine a generation
-    from weights at 8-byte offsets differed in the last bits of its logprobs from one with
-    the same weights in torch's own allocations, which is what the GGUF path gives (its
-    arrays are 16-byte aligned and compute as torch's own). A tied parameter is one object,
-    so ties are kept."""
+    MKL's matrix products take other code paths on such data (other last bits than the
+    same weights in torch's own allocations, which the GGUF path gives). A tied parameter
+    is one object, so ties are kept."""
     with torch.no_grad():
         for p in hf_model.parameters():
             p.data = p.data.clone(memory_format=torch.contiguous_format)

@@ -1,31 +1,12 @@
-"""Tool calling for local chat models: formats, detection, prefill and parsing.
+"""Tool calling for local chat models: the tools bound to a call, forced-call prefill and
+the reply read for calls.
 
-A chat template either takes a ``tools`` list (Qwen2/2.5, Llama 3.1+, Mistral, ...) or does
-not (SmolLM2, the embedded model). One registry, :data:`FORMATS`, holds how each family
-writes a call:
-
-* ``"hermes"`` (Qwen2/2.5, Hermes): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n
-  </tool_call>`` blocks, text allowed around them;
-* ``"llama3"`` (Llama 3.1+): the whole reply is ``{"name": ..., "parameters": {...}}``
-  (several separated by ``;``), optionally after ``<|python_tag|>``;
-* ``"mistral"``: ``[TOOL_CALLS]`` then a JSON list of ``{"name", "arguments"}``, or the
-  newer ``[TOOL_CALLS]name[ARGS]{...}`` (repeated per call);
-* ``"prompted"``, the fallback for templates that do not take ``tools``: the tool list is
-  written into the system message as :func:`prompted_tool_block` (a fixed text), and calls
-  are read like hermes. Tool results go into a user message
-  ``<tool_response>\\n{content}\\n</tool_response>`` when the template has no tool role.
-
-A call forced by ``tool_choice`` is begun in the prompt (:func:`tool_prefill`); the text
-read for calls is that opening plus the generated text; with ``tool_choice="none"`` it is
-not read for calls at all (OpenAI's "none": the tools stay in the prompt, no call is taken).
-Everything here is a pure function of its arguments (a tokenizer is only read). A call that
-cannot be read or is not a valid call (bad JSON, no name, an unknown tool, arguments that are
-not an object or do not validate against the tool's JSON Schema, :func:`tool_args_error`)
-becomes an ``invalid_tool_calls`` entry with its ``error``, as LangChain's own parsers do,
-never an exception. The formats' registry and readers are :mod:`.formats`, the
-check of arguments against a tool's JSON Schema :mod:`.schema` (both re-exported
-here). Messages are rendered by :mod:`..engine.encoding` (``chat_dicts`` with a
-``ToolRendering``), tool calls streamed by :func:`..engine.streaming.reply_chunks`.
+How each template family writes a call is :mod:`.formats`, the check of arguments against a
+tool's JSON Schema :mod:`.schema`; the formats and the prompted fallback are described in
+docs/agents.md. A call that cannot be read or is not valid (bad JSON, no name, an unknown
+tool, arguments that do not validate) becomes an ``invalid_tool_calls`` entry with its
+``error``, as LangChain's own parsers do, never an exception; with ``tool_choice="none"``
+the reply is not read for calls (OpenAI's "none": the tools stay in the prompt).
 """
 
 from __future__ import annotations
@@ -45,20 +26,8 @@ from abstain_guard.contract.deployment import sha256_text, tools_sha256
 from abstain_guard.contract.tool_choice import AUTO, KEYWORDS, NONE, tool_choice_name
 from abstain_guard.errors import InvalidInputError
 
-from .formats import (
-    FORMATS,
-    HERMES,
-    LLAMA3,
-    MISTRAL,
-    PROMPTED,
-    Found,
-    ToolCallFormat,
-    detect_tool_call_format,
-    prompted_call_text,
-    template_has_tool_role,
-    tool_call_format,
-)
-from .schema import schema_name, schema_validator, tool_args_error, tool_parameters
+from .formats import ToolCallFormat, prompted_call_text, tool_call_format
+from .schema import schema_name, schema_validator, tool_args_error
 
 #: One tool in OpenAI format: ``{"type": "function", "function": {"name", "description",
 #: "parameters"}}`` (what :func:`convert_to_openai_tool` returns).
@@ -311,29 +280,15 @@ def with_tool_calls(message: AIMessage, reply: ParsedReply) -> AIMessage:
 
 
 __all__ = [
-    "FORMATS",
-    "HERMES",
-    "LLAMA3",
-    "MISTRAL",
     "NO_TOOLS_RECORD",
-    "PROMPTED",
-    "Found",
     "ParsedReply",
-    "ToolCallFormat",
     "ToolSetup",
     "call_id",
     "decode_keeping",
-    "detect_tool_call_format",
     "normalize_tool_choice",
     "parse_tool_calls",
-    "prompted_call_text",
     "prompted_tool_block",
     "run_seed",
-    "schema_name",
-    "template_has_tool_role",
-    "tool_args_error",
-    "tool_call_format",
-    "tool_parameters",
     "tool_prefill",
     "tool_setup",
     "with_tool_calls",

@@ -1,4 +1,4 @@
-"""Tool calling on GeometryChatModel: the formats of adapters/tools/calls.py (detection, parsing,
+"""Tool calling on GeometryChatModel: the formats of adapters/tools/formats.py (detection, parsing,
 prefill), the rendering of tool calls and results (adapters/engine/encoding.py), bind_tools on
 tiny random models of every family with hand-written templates of each format (prompt ids,
 generation record, forced calls, replay, streaming, batch, create_agent), and a few calls
@@ -30,24 +30,26 @@ from abstain_guard.adapters import GeometryChatModel
 from abstain_guard.adapters.engine.encoding import ToolRendering, chat_dicts, short_id
 from abstain_guard.adapters.engine.streaming import reply_chunks
 from abstain_guard.adapters.tools.calls import (
+    NO_TOOLS_RECORD,
+    call_id,
+    decode_keeping,
+    normalize_tool_choice,
+    parse_tool_calls,
+    prompted_tool_block,
+    run_seed,
+    tool_prefill,
+)
+from abstain_guard.adapters.tools.formats import (
     FORMATS,
     HERMES,
     LLAMA3,
     MISTRAL,
-    NO_TOOLS_RECORD,
     PROMPTED,
-    call_id,
-    decode_keeping,
     detect_tool_call_format,
-    normalize_tool_choice,
-    parse_tool_calls,
     prompted_call_text,
-    prompted_tool_block,
-    run_seed,
     template_has_tool_role,
-    tool_args_error,
-    tool_prefill,
 )
+from abstain_guard.adapters.tools.schema import tool_args_error
 from abstain_guard.contract.deployment import sha256_text, tools_sha256
 from abstain_guard.errors import InvalidInputError
 

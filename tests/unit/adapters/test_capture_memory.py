@@ -21,6 +21,7 @@ import abstain_guard.adapters.capture.architectures as architectures
 import abstain_guard.adapters.capture.session as capture_module
 from abstain_guard.adapters import ReferenceMeans
 from abstain_guard.adapters.capture.source_parts import (
+    Rows,
     cached_numerators,
     dense_numerators,
     head_max_abs,
@@ -70,12 +71,12 @@ def _float64_numerators(c: dict[str, Any]) -> torch.Tensor:
 def test_sparse_and_chunked_numerators_equal_float64(seed: int, gemma: bool) -> None:
     c = _random_case(seed, gemma)
     ref = _float64_numerators(c)
-    args = (c["z"], c["e_self"], c["t_idx"], c["factor"])
-    dense = dense_numerators(c["probs"], c["v"], c["wo_kv"], *args, max_chunk_elems=3000)
+    rows = Rows(c["z"], c["e_self"], c["t_idx"], c["factor"])
+    dense = dense_numerators(c["probs"], c["v"], c["wo_kv"], rows, max_chunk_elems=3000)
     norms = head_max_abs(c["v"], c["wo_kv"], c["z"].shape[-1], chunk=7)
-    sparse = sparse_numerators(c["probs"], c["v"], norms, c["wo_kv"], *args)
+    sparse = sparse_numerators(c["probs"], c["v"], norms, c["wo_kv"], rows)
     u = torch.cat([new_parts(c["v"][:, :, a : a + 9], c["wo_kv"], 48) for a in range(0, 40, 9)], 2)
-    cached = cached_numerators(c["probs"], u, *args)
+    cached = cached_numerators(c["probs"], u, rows)
     assert dense.shape == sparse.shape == cached.shape == ref.shape
     np.testing.assert_allclose(dense.double(), ref, atol=1e-4, rtol=0)
     np.testing.assert_allclose(sparse.double(), ref, atol=1e-4, rtol=0)
@@ -89,9 +90,9 @@ def test_sparse_and_chunked_numerators_equal_float64(seed: int, gemma: bool) -> 
 def test_sparse_needs_the_corrections() -> None:
     """Without corrections (all bounds zero) the result differs: the test above can fail."""
     c = _random_case(0, False)
-    args = (c["z"], c["e_self"], c["t_idx"], c["factor"])
+    rows = Rows(c["z"], c["e_self"], c["t_idx"], c["factor"])
     zero = torch.zeros(c["probs"].shape[0], c["probs"].shape[-1], c["probs"].shape[1])
-    wrong = sparse_numerators(c["probs"], c["v"], zero, c["wo_kv"], *args)
+    wrong = sparse_numerators(c["probs"], c["v"], zero, c["wo_kv"], rows)
     assert (wrong.double() - _float64_numerators(c)).abs().max() > 1e-2
 
 

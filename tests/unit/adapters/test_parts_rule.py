@@ -20,7 +20,7 @@ from tiny_models import tiny_chat_model
 
 from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.adapters.capture import source_parts
-from abstain_guard.adapters.capture.parts_rule import LEGACY_PARTS, PartsRule
+from abstain_guard.adapters.capture.parts_rule import UNRECORDED_PARTS, PartsRule
 from abstain_guard.adapters.capture.session import default_parts
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.contract.deployment import DeploymentRecord, decode_path_problem
@@ -64,9 +64,9 @@ def test_the_rule_picks_the_strategy_and_is_recorded(monkeypatch: pytest.MonkeyP
 
 def test_the_legacy_rule_records_as_paths_did_before() -> None:
     model = tiny_chat_model("llama", max_new_tokens=4)
-    assert model.decode_path()["parts"] == default_parts().record() != LEGACY_PARTS.record()
+    assert model.decode_path()["parts"] == default_parts().record() != UNRECORDED_PARTS.record()
     legacy = model.with_capture_parts(None)  # a path recorded without parts
-    assert legacy.capture_parts == LEGACY_PARTS and legacy.hf_model is model.hf_model
+    assert legacy.capture_parts == UNRECORDED_PARTS and legacy.hf_model is model.hf_model
     assert "parts" not in legacy.decode_path()
     assert "parts" not in legacy.invoke("Hi").response_metadata["generation"]["decode_path"]
     assert model.with_capture_parts(default_parts().record()) is model  # nothing to change
@@ -83,7 +83,7 @@ def legacy_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
         config=_config(tmp, "guard", scorer="geometry").model_copy(
             update={"scorer_params": {"covariance": "oas"}}
         ),
-        model=tiny_chat_model("llama", seed=0, capture_parts=LEGACY_PARTS),
+        model=tiny_chat_model("llama", seed=0, capture_parts=UNRECORDED_PARTS),
         judges=_judges(tmp, "guard", HashJudge()),
         progress=False,
     )

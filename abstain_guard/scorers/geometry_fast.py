@@ -1,19 +1,10 @@
 """The paper's geometry scorer on the features fast capture produces (ω_dir, Θ, Φ; no ω_prop).
 
-``GeometryChatModel(capture="fast")`` runs the attention kernel untouched and therefore
-reports, per generated token, ω_dir ``[N, L]`` instead of Ω ``[N, 2L−1]`` (ω_prop needs
-the per-source attention decomposition). :class:`GeometryFastScorer` is
-:class:`~.geometry.GeometryScorer` — the same reference means, Gaussians / Mahalanobis
-distances, XGBoost calibrator and ``exp(−mean log p̂)``, the same code — with the token
-vector ``ν_fast = (ω_dir, Θ, Φ^in, Φ^out) ∈ R^{7L−3}`` (:func:`.features.token_block` with
-``capture="fast"``).
-
-It reads fast-capture responses and full-capture ones alike (of a full response it reads
-the ω_dir columns of Ω and ignores ω_prop), so calibration can fit it on answers captured
-either way. Deployed, it runs the model in fast capture: :meth:`prepare` installs its
-reference means into every ``GeometryChatModel`` of the runnable *and* switches it to
-``capture="fast"``, and calibration generates the answers it stores scores for with the same
-fast model (:func:`~abstain_guard.calibration.building.answering.online_geometry.scoring_model`).
+:class:`GeometryFastScorer` is :class:`~.geometry.GeometryScorer` with the token vector
+``ν_fast = (ω_dir, Θ, Φ^in, Φ^out) ∈ R^{7L−3}`` (:func:`.features.token_block` with
+``capture="fast"``); it reads fast- and full-capture responses alike (of a full one, the
+ω_dir columns of Ω). Deployed, :meth:`prepare` installs its reference means into every
+``GeometryChatModel`` of the runnable and switches it to ``capture="fast"``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """``geometry_plus``: the paper's geometry signals and the token likelihood, judged per response.
 
-The paper's scorer (:mod:`.geometry`) turns every token into a calibrated confidence and
-averages log-confidences over the response, so one confidently wrong token among many
-confident ones barely moves the score, and nothing is learnt about how a response *as a
-whole* looks when it is wrong. ``geometry_plus`` keeps the paper's inputs — the token
-vector ν = (Ω, Θ, Φ^in, Φ^out) ∈ R^{8L−4} and its Mahalanobis distances to the Gaussians of
-correct and incorrect reference tokens (shrinkage covariance, fitted on the reference split
-exactly as the paper does) — and adds the token likelihood, then summarises each response
-by :data:`RESPONSE_FEATURES` (means, extremes and first-token values of the log-probability,
-the entropy and the distance margin ``d_inc − d_corr``, and the length) and fits a
-regularised logistic regression on the *train* split's responses (the regularisation
-strength chosen by stratified cross-validation on train, scored by AUROC). The score is the
-predicted probability that the response is wrong (higher = more uncertain).
-
-Nothing is fitted on the calibration split, so the conformal guarantee is untouched; the
-reference split fits the means and Gaussians, the train split the response model. Inputs
-are read exactly as for :class:`~.geometry.GeometryScorer` (full capture: Ω needs ω_prop).
+The paper's token vector ν and its Mahalanobis distances to the Gaussians of correct and
+incorrect reference tokens (fitted on the reference split as :mod:`.geometry` does), with
+the token likelihood, summarised per response by :data:`RESPONSE_FEATURES`; a regularised
+logistic regression on the *train* split's responses (strength chosen by stratified
+cross-validation on train, AUROC) gives the probability that the response is wrong. Nothing
+is fitted on the calibration split. Why and how it compares: docs/baselines.md,
+``geometry_plus``.
 """
 
 from __future__ import annotations

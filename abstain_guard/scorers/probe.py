@@ -1,25 +1,14 @@
 """Supervised hidden-state probes (SAPLMA-style): a logistic regression on the residual
-stream of one or two layers, the strongest closed-book baseline in the literature
-(PARALLAX, arXiv 2605.17028).
+stream of one or two layers (docs/baselines.md, "Supervised hidden-state probes").
 
-Input: ``response_metadata["geometry"]["hidden"]`` — the decoder-layer outputs e^l at a
-middle layer (``L // 2``) and an upper layer (``4L // 5``)
-(:func:`abstain_guard.contract.metadata.probe_layers`), at the position that predicts the last
-generated token (``"last"``) or averaged over the positions that predict each generated
-token (``"mean"``). The chat model records them while generating and replay records the
-same, so the live guard reads exactly what calibration stored.
-
-Fitting: the answers of the reference *and* train splits (the splits the geometry scorer is
-fitted on; never calibration), features standardised, L2 strength chosen by 5-fold stratified
-cross-validation (AUROC) on those answers only. Score: the predicted probability that the
-answer is wrong (higher = more uncertain).
-
-One class, :class:`HiddenStateProbe`, with the layer and the token summary as parameters;
-its presets are the kinds artifacts store: ``probe_mid``, ``probe_upper``, ``probe_concat``
-(both layers side by side) read the mean over generated tokens; ``probe_mid_last``,
-``probe_upper_last``, ``probe_concat_last`` the last position.
-
-Scoring is numpy (:class:`~._linear_probe.LinearProbe`); scikit-learn is imported to fit.
+Input: ``response_metadata["geometry"]["hidden"]`` — the decoder-layer outputs at the probe
+layers (:func:`abstain_guard.contract.metadata.probe_layers`), at the position that predicts
+the last generated token (``"last"``) or averaged over the generated tokens (``"mean"``).
+Fitted on the reference and train splits (never calibration); the score is the predicted
+probability that the answer is wrong. One class, :class:`HiddenStateProbe`, with the layer
+and the token summary as parameters; its :attr:`~HiddenStateProbe.presets` are the kinds
+artifacts store (``probe_mid``, ``probe_upper_last``, ...). Scoring is numpy
+(:class:`~._linear_probe.LinearProbe`); scikit-learn is imported to fit.
 """
 
 from __future__ import annotations
@@ -148,7 +137,7 @@ class ProbeScorerBase(Scorer):
     #: the capture mode the deployed guard generates in (:meth:`prepare`) and calibration
     #: generates its scored answers in: fast capture records the residual stream and the
     #: log-probabilities bitwise as full capture does (the same attention kernels; capture
-    #: only reads them: ``tests/test_probe_capture.py``) at far lower cost
+    #: only reads them: ``tests/unit/adapters/test_probe_capture.py``) at far lower cost
     capture: ClassVar[CaptureMode] = "fast"
     #: the feature width the probe was fitted on (set by ``fit`` / ``from_state``)
     width_: int

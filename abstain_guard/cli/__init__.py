@@ -1,7 +1,7 @@
 """The ``abstain-guard`` command line (console script ``abstain_guard.cli:main``).
 
 * :mod:`.commands` — the parser, built from each subcommand's ``add_parser``, and ``main``;
-* one module per subcommand: :mod:`.calibrate`, :mod:`.ask`, :mod:`.evaluate`,
+* one module per subcommand: :mod:`.calibrate`, :mod:`.ask`, :mod:`.score`, :mod:`.evaluate`,
   :mod:`.report`, :mod:`.demo`, :mod:`.recalibrate`, :mod:`.serve`, :mod:`.review`,
   :mod:`.review_size`, :mod:`.plan`;
 * :mod:`.checks` — the checks the subcommands share.

@@ -21,12 +21,25 @@ from . import (
     report,
     review,
     review_size,
+    score,
     serve,
 )
 
 __all__ = ["COMMANDS", "build_parser", "main", "run"]
 
-COMMANDS = (calibrate, ask, evaluate, report, demo, recalibrate, serve, review, review_size, plan)
+COMMANDS = (
+    calibrate,
+    ask,
+    score,
+    evaluate,
+    report,
+    demo,
+    recalibrate,
+    serve,
+    review,
+    review_size,
+    plan,
+)
 """The subcommand modules, in ``--help`` order: each has ``add_parser(subparsers)``."""
 
 

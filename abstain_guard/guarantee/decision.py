@@ -114,6 +114,9 @@ class Decision:
             tool results before it.
         certified, action, review, continued_by: where an agent run went after a stop and
             whether it is still inside the certificate.
+        model: on a decision of an answer the guard did not generate (``check``,
+            ``abstain-guard score``), the fingerprint of the model whose calibration it
+            relies on.
         stopped: on a fallback's message, the stopping decision's step, scores and τ.
         run_id: the monitor's key of the decision.
     """
@@ -141,6 +144,7 @@ class Decision:
     action: str | None = None
     review: str | None = None
     continued_by: str | None = None
+    model: str | None = None
     run_id: str | None = None
     stopped: Mapping[str, Any] | None = None
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 from langchain_core.callbacks.manager import (
@@ -17,11 +17,17 @@ from langchain_core.callbacks.manager import (
 )
 from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableSerializable
-from langchain_core.runnables.config import run_in_executor
+from langchain_core.runnables.config import (
+    get_config_list,
+    get_executor_for_config,
+    run_in_executor,
+)
+from langchain_core.runnables.utils import gather_with_concurrency
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
+from abstain_guard.contract.given_answer import GivenAnswer
 from abstain_guard.contract.runnables import find_chat_models, with_calibrated_capture
 from abstain_guard.contract.streaming import ChunkRule
 from abstain_guard.errors import (
@@ -29,7 +35,13 @@ from abstain_guard.errors import (
     InvalidInputError,
 )
 from abstain_guard.guarantee.decision import Decision, DecisionRule
-from abstain_guard.guard.policy import AbstentionPolicy, as_guard_config, with_decision
+from abstain_guard.guard.answer_check import answer_problems, given_runnable
+from abstain_guard.guard.policy import (
+    AbstentionPolicy,
+    as_guard_config,
+    decision_of,
+    with_decision,
+)
 from abstain_guard.guard.stream_gate import (
     GateEvent,
     acertified_stream,
@@ -257,6 +269,129 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
         return await self._acall_with_config(
             functools.partial(self._arun, **kwargs), input, config, run_type="chain"
         )
+
+    def check(self, input: Any, answer: Any, config: RunnableConfig | None = None) -> Decision:
+        """The decision the guard would have made had its model answered ``input`` (what
+        ``invoke`` takes) with ``answer``: a string, a mapping (``answer``, optional
+        ``token_ids``, ``finish_reason``), an ``AIMessage`` or a :class:`GivenAnswer`. The
+        wrapped runnable runs as deployed, its chat model re-reading the answer instead of
+        generating it (:mod:`.answer_check`: a local model's replay, or a black-box scorer's
+        fresh samples beside it). The decision is traced, not fed to the monitor, and names
+        the model whose calibration it relies on (``model``).
+
+        Raises:
+            GivenAnswerError: the scorer cannot score a given answer (the message names
+                those that can), or a chat model in the runnable cannot re-read one.
+            ArtifactMismatchError: the answer could not have come from the calibrated
+                deployment (another prompt or settings; under greedy decoding, tokens that
+                are not the model's greedy choices; more tokens than the budget), unless
+                ``config.on_mismatch="warn"``.
+        """
+        given = given_runnable(self._prepared, self.artifact, GivenAnswer.of(answer))
+        run = functools.partial(self._check, given)
+        return self._checked(self._call_with_config(run, input, config, run_type="chain"))
+
+    async def acheck(
+        self, input: Any, answer: Any, config: RunnableConfig | None = None
+    ) -> Decision:
+        """Async :meth:`check` (a black-box scorer's samples drawn with ``abatch``)."""
+        given = given_runnable(self._prepared, self.artifact, GivenAnswer.of(answer))
+        run = functools.partial(self._acheck, given)
+        return self._checked(await self._acall_with_config(run, input, config, run_type="chain"))
+
+    def check_batch(
+        self,
+        pairs: Sequence[tuple[Any, Any]],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+    ) -> list[Any]:
+        """:meth:`check` of each ``(input, answer)`` pair, ``max_concurrency`` at a time in
+        threads (a local model's replays run side by side on its engines); with
+        ``return_exceptions`` a pair's error is its result."""
+        configs = get_config_list(config, len(pairs))
+
+        def one(pair: tuple[Any, Any], cfg: RunnableConfig) -> Any:
+            try:
+                return self.check(pair[0], pair[1], cfg)
+            except Exception as exc:
+                if not return_exceptions:
+                    raise
+                return exc
+
+        if not pairs:
+            return []
+        with get_executor_for_config(configs[0]) as executor:
+            return list(executor.map(one, pairs, configs))
+
+    async def acheck_batch(
+        self,
+        pairs: Sequence[tuple[Any, Any]],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+    ) -> list[Any]:
+        """Async :meth:`check_batch` (``max_concurrency`` checks awaited at once)."""
+        configs = get_config_list(config, len(pairs))
+
+        async def one(pair: tuple[Any, Any], cfg: RunnableConfig) -> Any:
+            try:
+                return await self.acheck(pair[0], pair[1], cfg)
+            except Exception as exc:
+                if not return_exceptions:
+                    raise
+                return exc
+
+        limit = configs[0].get("max_concurrency") if configs else None
+        return list(await gather_with_concurrency(limit, *map(one, pairs, configs)))
+
+    def _check(
+        self,
+        given: tuple[Runnable[Any, Any], str],
+        input: Any,
+        run_manager: CallbackManagerForChainRun,
+        config: RunnableConfig,
+    ) -> AIMessage:
+        runnable, route = given
+        group = self._policy.group_of(input, config.get("metadata"))
+        try:
+            output = runnable.invoke(input, config)
+        except ContextLengthError as exc:
+            message, decision = self._policy.decide_unanswerable(exc, group)
+        else:
+            notes = answer_problems(self._policy, output, route)
+            message, decision = self._policy.decide(output, notes, group)
+        decision = decision.replace(model=self.artifact.model_fingerprint)
+        record_decision(decision, run_manager=run_manager, config=config)
+        return with_decision(message, decision)
+
+    async def _acheck(
+        self,
+        given: tuple[Runnable[Any, Any], str],
+        input: Any,
+        run_manager: AsyncCallbackManagerForChainRun,
+        config: RunnableConfig,
+    ) -> AIMessage:
+        runnable, route = given
+        group = self._policy.group_of(input, config.get("metadata"))
+        try:
+            output = await runnable.ainvoke(input, config)
+        except ContextLengthError as exc:
+            message, decision = self._policy.decide_unanswerable(exc, group)
+        else:
+            notes = answer_problems(self._policy, output, route)
+            message, decision = await run_in_executor(
+                config, self._policy.decide, output, notes, group
+            )
+        decision = decision.replace(model=self.artifact.model_fingerprint)
+        await arecord_decision(decision, run_manager=run_manager, config=config)
+        return with_decision(message, decision)
+
+    @staticmethod
+    def _checked(message: AIMessage) -> Decision:
+        decision = decision_of(message)
+        assert decision is not None
+        return decision
 
     def _gate(
         self,

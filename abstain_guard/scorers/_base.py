@@ -27,7 +27,15 @@ import numpy as np
 from abstain_guard.contract.metadata import ResponseLike
 from abstain_guard.errors import MissingExtraError
 
-__all__ = ["EXTRAS", "JSONValue", "Scorer", "ScorerState", "optional_module"]
+__all__ = [
+    "EXTRAS",
+    "REPLAYED",
+    "JSONValue",
+    "Scorer",
+    "ScorerState",
+    "given_answer_route",
+    "optional_module",
+]
 
 JSONValue = Any
 
@@ -55,6 +63,28 @@ def optional_module(name: str, what: str) -> ModuleType:
             f"{what} needs {name}, which could not be imported ({exc}). Install it with "
             f"pip install 'abstain-guard[{extra}]'."
         ) from exc
+
+
+REPLAYED = frozenset({"logprobs", "entropy", "geometry", "hidden", "model"})
+"""What a local model's teacher-forced replay of a given answer computes (its log-probabilities,
+entropies, geometry and hidden states; ``"model"``: the scorers that run the model themselves
+on the prompt and answer ids the replay records, such as P(True) or the attention score)."""
+
+
+def given_answer_route(reads: frozenset[str] | None) -> str | None:
+    """How a scorer reading ``reads`` scores an answer it did not generate (pure).
+
+    ``"replay"``: the local model re-reads the answer in one teacher-forced pass
+    (:data:`REPLAYED`); ``"samples"``: the answer takes the primary sample's place beside
+    fresh samples (black-box scorers); None: it cannot (an undeclared custom scorer).
+    """
+    if reads is None or not reads:
+        return None
+    if reads <= REPLAYED:
+        return "replay"
+    if reads == frozenset({"samples"}):
+        return "samples"
+    return None
 
 
 @dataclass
@@ -88,6 +118,8 @@ class Scorer(ABC):
       :data:`abstain_guard.backends.BACKEND_FIELDS`); ``"model"`` means it is built with the
       chat model (a ``"sampling"`` scorer with a shared sample source too); ``None``: not
       declared (a custom scorer, built from its parameters alone, served by the exact engine);
+      what it reads also says whether it can score an answer it did not generate
+      (:meth:`answer_route`);
     * ``presets`` — further kinds it is stored under, each with its constructor parameters
       (one class, several named variants).
 
@@ -113,6 +145,12 @@ class Scorer(ABC):
     def score_many(self, responses: Sequence[ResponseLike]) -> np.ndarray:
         """Scores of several responses, shape ``[n]``."""
         return np.asarray([self.score(r) for r in responses], dtype=np.float64)
+
+    def answer_route(self) -> str | None:
+        """How this scorer scores an answer it did not generate (``AbstentionGuard.check``):
+        :func:`given_answer_route` of what its class reads; None: it cannot (a scorer that
+        cannot for a reason of its own raises ``GivenAnswerError`` saying it)."""
+        return given_answer_route(type(self).reads)
 
     def prepare(self, runnable: Any) -> Any:
         """Return the runnable the guard should run so that its output can be scored.

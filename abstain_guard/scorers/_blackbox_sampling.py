@@ -40,7 +40,12 @@ from pydantic import ConfigDict
 
 from abstain_guard.contract.metadata import ResponseLike, response_metadata_of
 from abstain_guard.contract.runnables import find_chat_models, map_chat_models
-from abstain_guard.errors import ConfigError, SamplingMismatchError, ScoringError
+from abstain_guard.errors import (
+    ConfigError,
+    GivenAnswerError,
+    SamplingMismatchError,
+    ScoringError,
+)
 from abstain_guard.scorers._similarity_graph import (
     cosine_similarities,
     equivalent_by_threshold,
@@ -421,6 +426,63 @@ class SampledChatModel(BaseChatModel):
         if asked is not None:
             reply = await sampler.ainvoke(asked, config, stop=stop, **kwargs)
         return self._result(messages, outputs, index, reply)
+
+    # --- answers it did not generate (AbstentionGuard.check) ------------------------------
+
+    def _given(
+        self, messages: list[BaseMessage], answer: Any, stop: list[str] | None, kwargs: Any
+    ) -> tuple[BaseChatModel, BaseMessage, list[LanguageModelInput]]:
+        """The sampler, ``answer`` as its first sample (re-read by the wrapped model where it
+        can: a local model's record) and the inputs of the k - 1 fresh samples."""
+        if self.plan.primary != "first":
+            raise GivenAnswerError(
+                f"primary={self.plan.primary!r} picks the answer among its own samples, so a "
+                "given answer cannot be the one it returns; calibrate with primary='first'."
+            )
+        sampler = self._sampler()
+        reread = getattr(sampler, "reread", None)
+        first = (
+            reread(messages, answer, stop=stop, **kwargs)
+            if callable(reread)
+            else AIMessage(content=answer.text)
+        )
+        return sampler, first, [messages] * (int(self.plan.num_samples) - 1)
+
+    def reread(
+        self, messages: Any, answer: Any, stop: list[str] | None = None, **kwargs: Any
+    ) -> AIMessage:
+        """``answer`` (a :class:`~abstain_guard.contract.given_answer.GivenAnswer`) as the
+        first of the k samples, the other k - 1 drawn now as a call draws them (and the
+        confidence reply about it), as the response a call would have returned."""
+        messages = self._convert_input(messages).to_messages()
+        sampler, first, inputs = self._given(messages, answer, stop, kwargs)
+        config = self._config()
+        outputs = [first, *sampler.batch(inputs, config=config, stop=stop, **kwargs)]
+        asked = self._confidence_messages(messages, first)
+        reply = None if asked is None else sampler.invoke(asked, config, stop=stop, **kwargs)
+        return self._message(messages, outputs, reply)
+
+    async def areread(
+        self, messages: Any, answer: Any, stop: list[str] | None = None, **kwargs: Any
+    ) -> AIMessage:
+        """Async :meth:`reread` (the k - 1 samples in one ``abatch``)."""
+        messages = self._convert_input(messages).to_messages()
+        sampler, first, inputs = self._given(messages, answer, stop, kwargs)
+        config = self._config()
+        outputs = [first, *(await sampler.abatch(inputs, config=config, stop=stop, **kwargs))]
+        asked = self._confidence_messages(messages, first)
+        reply = None if asked is None else await sampler.ainvoke(asked, config, stop=stop, **kwargs)
+        return self._message(messages, outputs, reply)
+
+    def _message(
+        self,
+        messages: Sequence[BaseMessage],
+        outputs: Sequence[BaseMessage],
+        reply: BaseMessage | None,
+    ) -> AIMessage:
+        message = self._result(messages, outputs, 0, reply).generations[0].message
+        assert isinstance(message, AIMessage)
+        return message
 
 
 def with_sampling(runnable: Any, plan: SamplingPlan) -> Any:

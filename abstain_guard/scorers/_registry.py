@@ -19,14 +19,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from abstain_guard.errors import ArtifactSchemaError, ConfigError
-from abstain_guard.scorers._base import Scorer, ScorerState
+from abstain_guard.errors import ArtifactSchemaError, ConfigError, GivenAnswerError
+from abstain_guard.scorers._base import Scorer, ScorerState, given_answer_route
 
 __all__ = [
     "BUILT_IN_MODULES",
     "ScorerSpec",
+    "answer_checking_kinds",
     "build_scorer",
+    "given_answer_refusal",
     "register_scorer",
+    "require_answer_route",
     "scorer_class",
     "scorer_from_state",
     "scorer_names",
@@ -73,6 +76,12 @@ class ScorerSpec:
     @property
     def reads(self) -> frozenset[str] | None:
         return self.cls.reads
+
+    @property
+    def answer_route(self) -> str | None:
+        """How its scorers score an answer they did not generate
+        (:func:`~abstain_guard.scorers._base.given_answer_route` of :attr:`reads`)."""
+        return given_answer_route(self.cls.reads)
 
     @property
     def fitted(self) -> bool:
@@ -128,6 +137,34 @@ def scorer_names(*, family: str | Sequence[str] | None = None) -> tuple[str, ...
     """Registered kinds in registry order, optionally only those of some families."""
     families = (family,) if isinstance(family, str) else family
     return tuple(s.kind for s in _registry().values() if families is None or s.family in families)
+
+
+def answer_checking_kinds() -> tuple[str, ...]:
+    """The registered kinds that can score an answer they did not generate, in registry order."""
+    return tuple(s.kind for s in _registry().values() if s.answer_route is not None)
+
+
+def require_answer_route(scorer: Scorer) -> str:
+    """How ``scorer`` scores an answer it did not generate (:meth:`Scorer.answer_route`).
+
+    Raises:
+        GivenAnswerError: it cannot; the message names the kinds that can.
+    """
+    route = scorer.answer_route()
+    if route is None:
+        reads = sorted(type(scorer).reads or ())
+        raise given_answer_refusal(scorer.name, f"it reads {reads or 'nothing it declares'}")
+    return route
+
+
+def given_answer_refusal(name: str, why: str) -> GivenAnswerError:
+    """The error refusing to check a given answer with scorer ``name`` (``why``: what it
+    reads), naming the kinds that can."""
+    return GivenAnswerError(
+        f"The scorer {name!r} cannot score an answer it did not generate ({why}). Scorers "
+        f"that can: {', '.join(answer_checking_kinds())} (and calibrated ones over them); "
+        "calibrate with one of them to check logged answers."
+    )
 
 
 def scorer_class(kind: str) -> type[Scorer]:

@@ -37,6 +37,7 @@ from abstain_guard.scorers._blackbox_sampling import (
     read_samples,
     with_sampling,
 )
+from abstain_guard.scorers._registry import given_answer_refusal
 from abstain_guard.scorers._similarity_graph import (
     ECCENTRICITY_EIGENVALUE_THRESHOLD,
     affinity,
@@ -186,6 +187,17 @@ class BlackBoxScorer(Scorer):
             self.similarity,
             max_concurrency=int(max_concurrency),
         )
+
+    def answer_route(self) -> str | None:
+        """``"samples"``: a given answer takes the first sample's place beside k - 1 fresh
+        ones. Raises GivenAnswerError under the medoid rule."""
+        if self.plan.primary == "medoid":
+            raise given_answer_refusal(
+                self.name,
+                "primary='medoid' picks its answer among its own samples, so a given answer "
+                "is not one it returns; calibrate with primary='first'",
+            )
+        return super().answer_route()
 
     def prepare(self, runnable: Any) -> Any:
         """``runnable`` with its chat model sampling under this scorer's plan."""

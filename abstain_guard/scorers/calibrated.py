@@ -110,6 +110,10 @@ class CalibratedScorer(Scorer):
     def prepare(self, runnable: Any) -> Any:
         return self.base.prepare(runnable)
 
+    def answer_route(self) -> str | None:
+        """Its base scorer's: it calibrates the base's score of the same answer."""
+        return self.base.answer_route()
+
     def get_state(self) -> ScorerState:
         """Own params + the base state nested under ``base.`` prefixes."""
         self._check_fitted()

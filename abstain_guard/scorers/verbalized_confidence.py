@@ -23,6 +23,7 @@ from abstain_guard.scorers._blackbox_sampling import (
     read_samples,
     with_sampling,
 )
+from abstain_guard.scorers._registry import given_answer_refusal
 
 __all__ = ["CONFIDENCE_PROMPT", "VerbalizedConfidenceScorer", "parse_verbalized_confidence"]
 
@@ -120,6 +121,17 @@ class VerbalizedConfidenceScorer(Scorer):
             confidence_prompt=str(prompt),
             max_concurrency=int(max_concurrency),
         )
+
+    def answer_route(self) -> str | None:
+        """``"samples"``: a given answer takes the first sample's place beside k - 1 fresh
+        ones. Raises GivenAnswerError under the medoid rule."""
+        if self.plan.primary == "medoid":
+            raise given_answer_refusal(
+                self.name,
+                "primary='medoid' picks its answer among its own samples, so a given answer "
+                "is not one it returns; calibrate with primary='first'",
+            )
+        return super().answer_route()
 
     def prepare(self, runnable: Any) -> Any:
         """``runnable`` with its chat model answering and stating its confidence."""

@@ -11,7 +11,8 @@ backend       writes
               for the model-based and sampling scorers
 ``vllm``      :class:`~abstain_guard.backends.vllm_chat.VLLMChatModel`: logprobs, entropy,
               the probe layers' hidden states, in vLLM's own batches
-``api``       any other LangChain chat model: logprobs (when asked for)
+``api``       any other LangChain chat model: logprobs (when asked for), and the k samples
+              a black-box scorer draws through it (``samples``; text only)
 ============  ==========================================================================
 
 A scorer is calibrated, and deployed, only on a backend that writes what it reads;
@@ -40,7 +41,7 @@ __all__ = [
 BACKEND_FIELDS: dict[str, frozenset[str]] = {
     "exact": frozenset({"logprobs", "entropy", "hidden", "geometry", "model"}),
     "vllm": frozenset({"logprobs", "entropy", "hidden"}),
-    "api": frozenset({"logprobs"}),
+    "api": frozenset({"logprobs", "samples"}),
 }
 
 #: The ``class_path`` of the vLLM backend's chat model (what ``backend: vllm`` builds).

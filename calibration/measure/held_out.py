@@ -36,10 +36,11 @@ from abstain_guard.errors import (
     CalibrationError,
     ConfigError,
     DatasetError,
+    ScoringError,
 )
 from abstain_guard.guarantee.frontier import frontier_document
 from abstain_guard.guarantee.ledger import LedgerEntry
-from abstain_guard.scorers import SampleSource, build_scorer, scorer_names
+from abstain_guard.scorers import BlackBoxScorer, SampleSource, build_scorer, scorer_names
 from abstain_guard.scorers.calibrated import CalibratedScorer
 from abstain_guard.scorers.geometry import GeometryScorer
 
@@ -71,9 +72,38 @@ logger = logging.getLogger("abstain_guard.calibration")
 
 LIKELIHOOD = scorer_names(family="likelihood")
 MODEL_BASELINES = scorer_names(family=("model", "sampling"))
-KNOWN_BASELINES = LIKELIHOOD + MODEL_BASELINES + FITTED_BASELINES
+BLACKBOX_BASELINES = tuple(BlackBoxScorer.presets)
+"""The black-box statistics, scored from the samples a black-box artifact drew."""
+KNOWN_BASELINES = LIKELIHOOD + MODEL_BASELINES + FITTED_BASELINES + BLACKBOX_BASELINES
 BASELINE_PARAMS: dict[str, dict[str, Any]] = {"semantic_entropy": {"judge": "similarity"}}
 """Constructor parameters of baselines in ``evaluate`` (offline equivalence judge)."""
+
+
+def baseline_params(name: str, artifact_scorer: Any) -> dict[str, Any]:
+    """The constructor parameters of baseline ``name`` on an artifact whose scorer is
+    ``artifact_scorer``: a black-box statistic samples nothing of its own, it scores the
+    samples the artifact's black-box scorer drew (its k, temperature, primary rule and
+    similarity model).
+
+    Raises:
+        ConfigError: a black-box statistic on an artifact whose scorer draws no such samples.
+    """
+    if name not in BLACKBOX_BASELINES:
+        return dict(BASELINE_PARAMS.get(name, {}))
+    if not isinstance(artifact_scorer, BlackBoxScorer):
+        raise ConfigError(
+            f"baseline {name!r} scores the samples a black-box artifact drew with each answer; "
+            f"this artifact's scorer {artifact_scorer.kind!r} draws none. Calibrate a black-box "
+            f"scorer (e.g. --scorer {name}) and evaluate that artifact."
+        )
+    plan = artifact_scorer.plan
+    return {
+        "num_samples": plan.num_samples,
+        "temperature": plan.temperature,
+        "primary": plan.primary,
+        "equivalence_threshold": artifact_scorer.equivalence_threshold,
+        "similarity": artifact_scorer.similarity,
+    }
 
 
 @dataclass
@@ -97,14 +127,18 @@ class HeldOut:
 
 def parse_baselines(spec: str | Sequence[str]) -> list[str]:
     """``"likelihood"``, ``"probes"`` (likelihood, every probe, likelihood + probe and the
-    type-only floor), ``"all"``, ``"none"`` or a comma list of baseline names."""
+    type-only floor), ``"blackbox"`` (every black-box statistic, on a black-box artifact's
+    samples), ``"all"`` (every baseline but the black-box ones),
+    ``"none"`` or a comma list of baseline names."""
     if isinstance(spec, str):
         if spec == "likelihood":
             return list(LIKELIHOOD)
         if spec == "probes":
             return list(LIKELIHOOD + FITTED_BASELINES)
+        if spec == "blackbox":
+            return list(BLACKBOX_BASELINES)
         if spec == "all":
-            return list(KNOWN_BASELINES)
+            return list(LIKELIHOOD + MODEL_BASELINES + FITTED_BASELINES)
         if spec == "none":
             return []
         names = [s.strip() for s in spec.split(",") if s.strip()]
@@ -114,7 +148,7 @@ def parse_baselines(spec: str | Sequence[str]) -> list[str]:
     if unknown:
         raise ConfigError(
             f"Unknown baseline(s) {unknown}; choose from {list(KNOWN_BASELINES)} "
-            "or the sets 'likelihood', 'probes', 'all', 'none'."
+            "or the sets 'likelihood', 'probes', 'blackbox', 'all', 'none'."
         )
     return names
 
@@ -387,15 +421,20 @@ def score_held_out(
         if name in scores or name in FITTED_BASELINES:
             continue
         t0 = time.perf_counter()
-        scorer = build_scorer(name, model=model, samples=samples, **BASELINE_PARAMS.get(name, {}))
-        scores[name] = np.asarray(scorer.score_many(held.metadata), dtype=np.float64)
+        params = baseline_params(name, artifact.scorer)
+        scorer = build_scorer(name, model=model, samples=samples, **params)
+        try:
+            scores[name] = np.asarray(scorer.score_many(held.metadata), dtype=np.float64)
+        except ScoringError as exc:  # e.g. a likelihood baseline on text-only answers
+            logger.warning("baseline %s left out: it cannot score these answers (%s)", name, exc)
+            continue
         held.costs[name] = cost(t0, len(held.metadata))
     fitted = [b for b in baselines if b in FITTED_BASELINES and b not in scores]
     if fitted:
         scores.update(fitted_baseline_scores(held, fitted))
     calibrated: dict[str, np.ndarray] = {}
     if held.train_metadata is not None and held.train_correct is not None:
-        for name in (b for b in baselines if b in LIKELIHOOD):
+        for name in (b for b in baselines if b in LIKELIHOOD and b in scores):
             cal = CalibratedScorer(build_scorer(name))
             cal.fit(list(zip(held.train_metadata, held.train_correct.tolist(), strict=True)))
             calibrated[cal.name] = np.asarray(cal.score_many(held.metadata), dtype=np.float64)
@@ -556,6 +595,7 @@ def _model_for(art: GuardArtifact, path: str | Path, names: Sequence[str], model
     backend = _backend_of(cfg)
     for name in (n for n in names if n != TYPE_FLOOR):  # the floor reads no model output
         check_backend_serves(name, backend, label=f"baseline of {path}")
+        baseline_params(name, art.scorer)
     if model is None or getattr(model, "fingerprint", None) != art.model_fingerprint:
         model = load_model(cfg)
     art.check_fingerprint(getattr(model, "fingerprint", None))

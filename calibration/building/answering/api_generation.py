@@ -5,11 +5,15 @@ the chain the deployed guard runs, scored from their own metadata.
 Every question goes through ``question_prompt(system prompt, kind) | bind_budget(model,
 budget)`` -- what :func:`~abstain_guard.guard.chains.load_guard_chain` puts in front of the guard --
 so its response metadata is exactly what the live guard scores; there is no replay (an API
-exposes no teacher-forced pass), the calibration split is scored from the cached logprobs.
-Each answer must carry OpenAI-style logprobs (:class:`~abstain_guard.errors.LogprobsMissingError`
-otherwise, naming the question). Answers are cached per question in the run store, under the
-model's fingerprint (class and settings, no secrets), the messages and the budget; a killed
-run sends only the questions not yet answered.
+exposes no teacher-forced pass), the calibration split is scored from the cached metadata.
+A scorer with nothing to fit asks through its own ``prepare``, as the guard does: a black-box
+scorer's answers are its k samples, drawn concurrently and stored with the answer
+(``metadata["samples"]``). An answer must carry OpenAI-style logprobs when the scorer reads
+anything but the samples (:func:`needs_token_logprobs`;
+:class:`~abstain_guard.errors.LogprobsMissingError` otherwise, naming the question); a
+black-box scorer takes text-only answers. Answers are cached per question in the run store,
+under the model's fingerprint (class and settings, no secrets), the messages, the budget and
+the sampling plan; a killed run sends only the questions not yet answered.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from abstain_guard.contract.prompts import (
     question_prompt,
 )
 from abstain_guard.errors import CalibrationError, LogprobsMissingError, ScoringError
+from abstain_guard.scorers import SamplingPlan, build_scorer, scorer_spec
 
 from ..judges.judging import labels
 from ..questions.datasets import QAItem
@@ -40,6 +45,7 @@ __all__ = [
     "api_labeled",
     "generate_api_answers",
     "measure_live_bound",
+    "needs_token_logprobs",
     "score_api_answers",
 ]
 
@@ -54,7 +60,34 @@ API_METADATA = (
     "entropy",
     "geometry",
     "backend",
+    "samples",
 )
+
+#: What a text-only answer (no logprobs) can carry for a scorer: the samples a black-box
+#: scorer draws through it.
+TEXT_ONLY_FIELDS = frozenset({"samples"})
+
+
+def needs_token_logprobs(kind: str) -> bool:
+    """Whether scorer ``kind`` needs each answer's token logprobs: it reads a field beyond
+    :data:`TEXT_ONLY_FIELDS`, as its class declares (one that declares nothing: it does)."""
+    reads = scorer_spec(kind).reads
+    return reads is None or not reads <= TEXT_ONLY_FIELDS
+
+
+def _asking_scorer(config: CalibrationConfig) -> Any:
+    """The scorer whose ``prepare`` the questions are asked through (None: a fitted scorer,
+    fitted only after its answers, so they are asked as the bare chain)."""
+    if scorer_spec(config.scorer).fitted:
+        return None
+    return build_scorer(config.scorer, **config.scorer_params)
+
+
+def _sampling(scorer: Any) -> dict[str, Any]:
+    """The sampling plan an answer is drawn under, as its cache key records it (``{}``: the
+    model's one answer)."""
+    plan = getattr(scorer, "plan", None)
+    return {"sampling": plan.record()} if isinstance(plan, SamplingPlan) else {}
 
 
 def _label(config: CalibrationConfig) -> str:
@@ -62,23 +95,26 @@ def _label(config: CalibrationConfig) -> str:
 
 
 def api_answer_row(item: QAItem, message: Any, config: CalibrationConfig) -> AnswerRow:
-    """The cached row of one answer (text, finish reason, logprobs).
+    """The cached row of one answer (text, finish reason, logprobs, samples).
 
     Raises:
-        LogprobsMissingError: the response carries no per-token logprobs.
+        LogprobsMissingError: the response carries no per-token logprobs and the scorer
+            needs them (:func:`needs_token_logprobs`).
     """
     meta: Mapping[str, Any] = getattr(message, "response_metadata", None) or {}
     logprobs = meta.get("logprobs")
     content = logprobs.get("content") if isinstance(logprobs, Mapping) else None
     text = str(getattr(message, "content", ""))
-    if not isinstance(content, list) or (not content and text):
+    missing = not isinstance(content, list) or (not content and bool(text))
+    if missing and needs_token_logprobs(config.scorer):
         raise LogprobsMissingError(
             f"The answer to question {item.id!r} ({item.question[:80]!r}) from the API chat "
             f"model {_label(config)} carries no token logprobs "
             "(response_metadata['logprobs']['content']), which the "
             f"{config.scorer} scorer reads. Set the provider's logprobs option in the "
             "config's model.kwargs (logprobs: true for OpenAI-compatible APIs), or use a "
-            "provider that returns token logprobs."
+            "provider that returns token logprobs, or a black-box scorer (which reads no "
+            "logprobs: discrete_semantic_entropy, eigv, verbalized_confidence, ...)."
         )
     return {
         "text": text,
@@ -100,17 +136,20 @@ def generate_api_answers(
     them: ``{item.id: {"text", "finish_reason", "metadata", "key"}}``.
 
     ``config.batch_size`` questions are sent at a time (concurrent requests, each its own
-    call); chunk boundaries are fixed by the order of ``items``, and a chunk's answers are
-    stored before the next is sent.
+    call; a black-box scorer's k samples of a question go out together within it); chunk
+    boundaries are fixed by the order of ``items``, and a chunk's answers are stored before
+    the next is sent.
 
     Raises:
-        LogprobsMissingError: an answer carries no logprobs.
+        LogprobsMissingError: an answer carries no logprobs and the scorer reads them.
         CalibrationError: a request failed (the answers received so far are kept).
     """
     options = options or GenerationOptions()
     budgets = {it.kind: max_new_tokens_for(it.kind, config.max_new_tokens) for it in items}
     engine = getattr(model, "engine_record", None)  # the vLLM backend: its engine's facts
+    scorer = _asking_scorer(config)
     mode = {"engine": engine()} if callable(engine) else {}
+    mode.update(_sampling(scorer))
     keys = {
         it.id: content_key(
             "gen",
@@ -125,6 +164,8 @@ def generate_api_answers(
         kind: question_prompt(config.system_prompt, kind) | bind_budget(model, budget)
         for kind, budget in budgets.items()
     }
+    if scorer is not None:
+        chains = {kind: scorer.prepare(chain) for kind, chain in chains.items()}
     bar = tqdm(total=len(items), desc="asking", disable=not options.progress, unit="q")
     bar.update(sum(1 for it in items if keys[it.id] in done))
     size = config.batch_size

@@ -24,6 +24,7 @@ from abstain_guard.scorers import scorer_names
 
 __all__ = [
     "AUTO_SCORER",
+    "BLACKBOX_SCORERS",
     "FIT_SCORERS",
     "KNOWN_SCORERS",
     "LIKELIHOOD_SCORERS",
@@ -33,9 +34,11 @@ __all__ = [
 
 LIKELIHOOD_SCORERS = scorer_names(family="likelihood")
 FIT_SCORERS = scorer_names(family=("geometry", "probe"))
-KNOWN_SCORERS = LIKELIHOOD_SCORERS + FIT_SCORERS
+BLACKBOX_SCORERS = scorer_names(family="blackbox")
+KNOWN_SCORERS = LIKELIHOOD_SCORERS + FIT_SCORERS + BLACKBOX_SCORERS
 """Scorers ``calibrate`` can build an artifact for: they read the metadata of one answer
-(the geometry scorer also reads the reference/train answers it is fitted on)."""
+(the geometry scorer also reads the reference/train answers it is fitted on; a black-box
+scorer reads the k samples drawn with the answer, from any chat model spec)."""
 
 TYPE_FLOOR = "type_floor"
 """``evaluate``'s measuring floor (the question's type only): not a scorer, but a name a named
@@ -59,7 +62,8 @@ class CalibrationConfig(BaseModel):
         "default",
         description='"default" (embedded SmolLM2), a local HF folder, or an API chat model '
         "{chat_model: 'openai:gpt-4o-mini' | class_path: 'module:Class', kwargs: {...}} "
-        "(likelihood scorers only; secret kwargs are never stored)",
+        "(likelihood scorers, or black-box scorers when it returns no logprobs; secret "
+        "kwargs are never stored)",
     )
     gguf_file: str | None = Field(None, description="GGUF file name inside `model`, if any")
     backend: Literal["exact", "vllm"] = Field(
@@ -306,6 +310,29 @@ class CalibrationConfig(BaseModel):
             )
         if self.agent is not None and self.scorer == AUTO_SCORER:
             raise ValueError("scorer 'auto' is not supported with an agent; name the scorer")
+        return self
+
+    @model_validator(mode="after")
+    def _check_blackbox(self) -> CalibrationConfig:
+        names = {self.scorer, *(self.candidates or ())}
+        blackbox = sorted(names & set(BLACKBOX_SCORERS))
+        if not blackbox:
+            return self
+        if not isinstance(self.model, ChatModelSpec):
+            raise ValueError(
+                f"the black-box scorer {blackbox[0]!r} samples a LangChain chat model named "
+                "by model: {chat_model: ... | class_path: ..., kwargs: {...}} (an API, a "
+                "gateway, an OpenAI-compatible server); the project's engine has logprob and "
+                "geometry scorers. To sample it, serve it (abstain-guard serve --no-guard) and "
+                "name it with class_path: 'langchain_openai:ChatOpenAI', kwargs: {base_url: ...}"
+            )
+        if self.agent is not None:
+            raise ValueError("black-box scorers calibrate final answers, not an agent's runs")
+        if self.selects:
+            raise ValueError(
+                "scorer 'auto' compares candidates on the same answers; a black-box scorer's "
+                "answers are its own samples: name the scorer"
+            )
         return self
 
     @model_validator(mode="after")

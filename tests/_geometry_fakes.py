@@ -58,6 +58,3 @@ def _npz_round_trip(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     buf.seek(0)
     with np.load(buf, allow_pickle=False) as z:
         return {k: z[k] for k in z.files}
-
-
-PROMPT = "Tell me the capital of Portugal, please."

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _geometry_fakes import PROMPT, _npz_round_trip, _split
+from _capture_reference import PROMPT
+from _geometry_fakes import _npz_round_trip, _split
 from _pipeline_fakes import ITEMS, HashJudge, _config, _judges
 from tiny_models import FAMILIES, tiny_chat_model
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from _geometry_fakes import PROMPT, family_case, reference_features
+from _capture_reference import PROMPT, family_case, reference_features
 from tiny_models import FAMILIES, tiny_chat_model
 
 import abstain_guard.adapters.capture.architectures as architectures

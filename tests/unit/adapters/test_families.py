@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from _geometry_fakes import PROMPT, reference_features, slow_reference
-from test_scheduler import PROMPTS, _run_threads
+from _capture_reference import PROMPT, reference_features, slow_reference
+from _concurrency import _run_threads
+from tiny_models import CONCURRENT_PROMPTS as PROMPTS
 from tiny_models import FAMILIES, assert_same_answer, char_tokenizer, tiny_chat_model, tiny_hf_model
 
 import abstain_guard.adapters.capture.architectures as arch

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from _geometry_fakes import PROMPT, reference_features, slow_reference
+from _capture_reference import PROMPT, reference_features, slow_reference
 from tiny_models import FAMILIES, tiny_chat_model
 
 from abstain_guard import AbstentionGuard, GuardArtifact, GuardConfig

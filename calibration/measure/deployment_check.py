@@ -34,9 +34,9 @@ from abstain_guard.guarantee.certificate import Certificate
 from abstain_guard.guarantee.in_distribution import SAMPLED_FAMILIES, live_matches_stored
 from abstain_guard.guard.chains import load_guard_chain
 from abstain_guard.guard.policy import decision_of
-from abstain_guard.monitor.guard_monitor import calibration_sha256
+from abstain_guard.monitor.scope import calibration_sha256
 
-from ..building.answering.answer_rows import GenerationOptions
+from ..building.answering.answer_rows import AnswerRows, GenerationOptions
 from ..building.answering.answers import generate_answers, replay_as_deployed
 from ..building.answering.api_generation import score_api_answers
 from ..building.answering.models import load_model
@@ -356,7 +356,7 @@ def _live_agent(run: _LiveRun, record: DeploymentRecord) -> dict[str, Any]:
     return run.result(rule, summary, rows, agent=agent)
 
 
-def _stored_scores(run: _LiveRun, cached: Mapping[str, Any]) -> dict[str, float]:
+def _stored_scores(run: _LiveRun, cached: AnswerRows) -> dict[str, float]:
     """The stored score of every item: the artifact's calibration score, or for a test item
     its cached answer scored as calibration scores (an API model's from the answer's own
     metadata, a local model's replayed as deployed)."""

@@ -283,7 +283,9 @@ def _differences(
     """Reference − other, overall and (when both have within-type draws) within type: the
     point, its paired interval, DeLong standard error and p, and the bootstrap p."""
     out: dict[str, Any] = {}
-    comparisons = [("auroc_diff", ref.auroc - other.auroc, ref.draws - other.draws, None)]
+    comparisons: list[tuple[str, float, np.ndarray, np.ndarray | None]] = [
+        ("auroc_diff", ref.auroc - other.auroc, ref.draws - other.draws, None)
+    ]
     if ref.within and other.within and ref.within[1] is not None and other.within[1] is not None:
         within = (ref.within[0] - other.within[0], ref.within[1] - other.within[1], groups)
         comparisons.append(("within_diff", *within))

@@ -4,8 +4,6 @@ steps live outside the orchestrator, and renamed modules keep their old names fo
 from __future__ import annotations
 
 import ast
-import importlib
-import sys
 from pathlib import Path
 
 import pytest
@@ -63,19 +61,3 @@ def test_steps_do_not_import_the_orchestrator(module):
         if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("pipeline")
     ]
     assert found == []
-
-
-@pytest.mark.parametrize(
-    ("old", "new", "name"),
-    [
-        ("config", "run.calibration_config", "CalibrationConfig"),
-        ("generation", "answering.answers", "generate_answers"),
-    ],
-)
-def test_renamed_modules_keep_their_old_names_for_a_release(old, new, name):
-    prefix = "abstain_guard.calibration.building."
-    sys.modules.pop(prefix + old, None)
-    module = importlib.import_module(prefix + old)
-    with pytest.warns(DeprecationWarning, match=new):
-        value = getattr(module, name)
-    assert value is getattr(importlib.import_module(prefix + new), name)

@@ -12,7 +12,8 @@ script.
 
 May import: ``abstain_guard.serve``, ``abstain_guard.calibration``, ``abstain_guard.guard``,
 ``abstain_guard.artifact``, ``abstain_guard.backends``, ``abstain_guard.scorers``,
-``abstain_guard.config``, ``abstain_guard.default``, ``abstain_guard.errors``.
+``abstain_guard.contract``, ``abstain_guard.guarantee``, ``abstain_guard.config``,
+``abstain_guard.default``, ``abstain_guard.errors``.
 """
 
 from __future__ import annotations

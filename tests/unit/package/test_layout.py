@@ -408,6 +408,8 @@ MAY_IMPORT: dict[str, set[str]] = {
         f"{_G}.artifact",
         f"{_G}.backends",
         f"{_G}.scorers",
+        f"{_G}.contract",
+        f"{_G}.guarantee",
         f"{_G}.config",
         f"{_G}.default",
         f"{_G}.errors",

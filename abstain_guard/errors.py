@@ -60,6 +60,11 @@ class ModelNotFoundError(ModelError, FileNotFoundError):
     """The model files are not installed or not where they were said to be."""
 
 
+class ModelNameError(ModelError, ConfigError):
+    """A model name (``--model``, ``model:``) is malformed, takes options that do not apply to
+    it, or is ambiguous (a server serving several models, none named)."""
+
+
 class UnsupportedArchitectureError(ModelError, ValueError):
     """Geometry capture does not support this model architecture."""
 

@@ -13,6 +13,8 @@ from typing import Any
 
 from abstain_guard.scorers import scorer_names
 
+from .checks import add_model_options
+
 __all__ = ["OWN_OPTIONS", "RENAMED", "add_parser", "config_overrides"]
 
 OWN_OPTIONS = frozenset({"data", "out", "config", "judge_model", "judge_base_url", "quiet"})
@@ -43,12 +45,16 @@ def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _calibrate(args: argparse.Namespace) -> int:
     from abstain_guard.calibration.building.pipeline import calibrate
     from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
+    from abstain_guard.contract.model_names import ModelName, check_model_name
 
     overrides = config_overrides(args)
     if args.config:
         config = CalibrationConfig.from_file(args.config, **overrides)
     else:
         config = CalibrationConfig(**{k: v for k, v in overrides.items() if v is not None})
+    name = ModelName(config.model, config.gguf_file)
+    if name.kind in ("server", "langchain"):  # a local one: preflight checks it with the rest
+        config = config.model_copy(update={"model": check_model_name(name).model})
     summary = calibrate(args.data, args.out, config=config, progress=not args.quiet)
     print(summary.to_text())
     return 0
@@ -82,7 +88,13 @@ def _add_data_options(cal: argparse.ArgumentParser) -> None:
 
 
 def _add_scorer_options(cal: argparse.ArgumentParser) -> None:
-    """The scorer and the engine the answers are generated on."""
+    """The model, the scorer and the engine the answers are generated on."""
+    add_model_options(cal, local=True, what="the model to calibrate")
+    cal.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        help="a local model's weights' dtype (default float32; recorded, another is refused)",
+    )
     cal.add_argument(
         "--scorer",
         help="scorer for the guard (default: geometry, the paper's); one of "

@@ -11,6 +11,7 @@ from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
 from abstain_guard.errors import (
     AbstainGuardError,
+    ArtifactMismatchError,
     ArtifactNotFoundError,
     ConfigError,
     PreflightError,
@@ -100,11 +101,70 @@ def not_agent_artifacts(paths: Sequence[str | Path]) -> None:
         )
 
 
+def add_model_options(parser: Any, *, local: bool, what: str) -> None:
+    """``--model`` (the one model-name grammar, :mod:`abstain_guard.contract.model_names`),
+    ``--served-model`` and ``--api-key-env``; ``local``: ``--device`` too. ``what``: what
+    ``--model`` does for this command."""
+    parser.add_argument(
+        "--model",
+        help=f"{what}: 'default' (embedded SmolLM2), a local Hugging Face folder, a .gguf file, "
+        "an OpenAI-compatible server's base URL (http://host:8000/v1) or a LangChain name "
+        "(openai:gpt-4o-mini)",
+    )
+    parser.add_argument(
+        "--served-model",
+        help="with --model http(s)://...: the model the server serves (default: its only one)",
+    )
+    parser.add_argument(
+        "--api-key-env",
+        help="the environment variable holding the API key (recorded by name, never the key)",
+    )
+    if local:
+        parser.add_argument("--device", help="a local model's device: cpu (default), cuda, cuda:1")
+
+
+def given_model(args: Any) -> Any:
+    """The :class:`~abstain_guard.contract.model_names.ModelName` of ``--model``, checked
+    (:func:`~abstain_guard.contract.model_names.check_model_name`); None without one."""
+    from abstain_guard.contract.model_names import check_model_name, parse_model_name
+
+    if getattr(args, "model", None) is None:
+        return None
+    name = parse_model_name(
+        args.model,
+        gguf_file=getattr(args, "gguf_file", None),
+        served_model=getattr(args, "served_model", None),
+        api_key_env=getattr(args, "api_key_env", None),
+    )
+    return check_model_name(name)
+
+
+def artifact_model(artifact: str | Path, args: Any) -> None:
+    """``--model`` (when given) names the model ``artifact`` was calibrated on; without it the
+    artifact's own is used.
+
+    Raises:
+        ArtifactMismatchError: it names another model (both named).
+    """
+    from abstain_guard.contract.model_names import model_name_mismatch, recorded_model_name
+
+    given = given_model(args)
+    if given is None:
+        return
+    metadata = GuardArtifact.read_manifest(artifact).get("metadata") or {}
+    problem = model_name_mismatch(recorded_model_name(metadata.get("config") or {}), given)
+    if problem is not None:
+        raise ArtifactMismatchError(f"{artifact}: {problem}.")
+
+
 __all__ = [
+    "add_model_options",
     "all_at_once",
+    "artifact_model",
     "artifacts_exist",
     "cache_dir",
     "check_out",
+    "given_model",
     "guard_config",
     "not_agent_artifacts",
     "positive",

@@ -9,7 +9,14 @@ from typing import Any
 from abstain_guard.config import GuardConfig
 from abstain_guard.default import DEFAULT_ARTIFACT_DIR
 
-from .checks import all_at_once, check_out, guard_config, positive
+from .checks import (
+    add_model_options,
+    all_at_once,
+    artifact_model,
+    check_out,
+    guard_config,
+    positive,
+)
 
 __all__ = ["add_parser"]
 
@@ -24,6 +31,7 @@ def _demo(args: argparse.Namespace) -> int:
         lambda: GuardConfig.from_dict(
             {"mode": "risk", "risk_target": args.risk_target, "delta": args.delta}
         ),
+        lambda: artifact_model(args.artifact, args),
     )
     return run_demo(
         Path(args.artifact),
@@ -40,6 +48,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the shipped default guard on held-out questions")
     demo.add_argument("--artifact", default=str(DEFAULT_ARTIFACT_DIR), help="artifact directory")
     demo.add_argument("--out", default="demo_report", help="where to write the report")
+    add_model_options(
+        demo, local=False, what="default: the artifact's; given, it must be the artifact's"
+    )
     demo.add_argument(
         "--questions",
         type=int,

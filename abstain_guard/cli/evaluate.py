@@ -12,7 +12,9 @@ from abstain_guard.default import DEFAULT_ARTIFACT_DIR
 from abstain_guard.scorers import scorer_names
 
 from .checks import (
+    add_model_options,
     all_at_once,
+    artifact_model,
     artifacts_exist,
     cache_dir,
     check_out,
@@ -44,6 +46,8 @@ def _evaluate(args: argparse.Namespace) -> int:
         lambda: artifacts_exist(artifacts),
     )
     not_agent_artifacts(artifacts)
+    for artifact in artifacts:
+        artifact_model(artifact, args)
     results = evaluate(
         artifacts,
         out=args.out,
@@ -92,6 +96,8 @@ def _evaluate_live(args: argparse.Namespace) -> int:
     )
     config = guard_config(args.config)
     for artifact in artifacts:
+        artifact_model(artifact, args)
+    for artifact in artifacts:
         result = live_check(
             artifact,
             guard_config=config,
@@ -117,6 +123,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="artifact directory (repeat for several data sets; default: the shipped guard)",
     )
     ev.add_argument("--data", help="another labeled file (judged with the artifact's judge)")
+    add_model_options(
+        ev, local=False, what="default: the artifact's; given, it must be the artifact's"
+    )
     ev.add_argument("--out", required=True, help="report directory")
     ev.add_argument("--group-by", help="field of --data holding the question type")
     ev.add_argument(

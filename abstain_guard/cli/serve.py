@@ -12,7 +12,15 @@ from abstain_guard.config import GuardConfig
 from abstain_guard.default import DEFAULT_ARTIFACT_DIR
 from abstain_guard.errors import ConfigError
 
-from .checks import all_at_once, artifacts_exist, guard_config, positive
+from .checks import (
+    add_model_options,
+    all_at_once,
+    artifact_model,
+    artifacts_exist,
+    given_model,
+    guard_config,
+    positive,
+)
 
 if TYPE_CHECKING:
     from abstain_guard.serve.step_record import StepLimits
@@ -147,12 +155,18 @@ API_KEY_ENV = "ABSTAIN_GUARD_API_KEY"
 
 def _guard_service(args: argparse.Namespace) -> Any:
     """The guard of ``--artifact`` (default: the shipped one), checked before loading."""
+    from abstain_guard.artifact.guard_artifact import GuardArtifact
+    from abstain_guard.guard.chains import calibrated_chat_model
     from abstain_guard.serve.service import GuardService
 
     artifact, config, steps = _guard_options(args)
+    model = None
+    if args.device is not None:  # the calibrated model, on another device
+        model = calibrated_chat_model(GuardArtifact.load(artifact), device=args.device)
     return GuardService.from_artifact(
         artifact,
         config,
+        model=model,
         kind=args.kind,
         model_name=args.model_name,
         max_in_flight=args.max_in_flight,
@@ -166,10 +180,11 @@ def _guard_options(args: argparse.Namespace) -> tuple[str, GuardConfig, StepLimi
     from abstain_guard.serve.step_record import StepLimits
 
     artifact = args.artifact or str(DEFAULT_ARTIFACT_DIR)
-    local_only = [f for f in ("model", "gguf_file", "max_tokens") if getattr(args, f) is not None]
+    local_only = [f for f in ("max_tokens",) if getattr(args, f) is not None]
     all_at_once(
         lambda: _no_options(local_only, "only with --no-guard (a guard runs its artifact's"),
         lambda: artifacts_exist([artifact]),
+        lambda: artifact_model(artifact, args),
         lambda: guard_config(args.config),
         lambda: positive(args.port, "--port"),
         lambda: positive(args.max_in_flight, "--max-in-flight"),
@@ -189,6 +204,7 @@ GUARD_ONLY = ("artifact", "config", "kind", "monitor_log", "step_record_size", "
 
 def _model_service(args: argparse.Namespace) -> Any:
     """The raw model of ``--model`` without a guard (``--no-guard``)."""
+    from abstain_guard.contract.model_names import DEFAULT_MODEL, ModelName
     from abstain_guard.guard.chains import load_chat_model
     from abstain_guard.serve.passthrough import ModelService
 
@@ -200,16 +216,20 @@ def _model_service(args: argparse.Namespace) -> Any:
         lambda: positive(args.max_tokens, "--max-tokens"),
     )
     max_tokens = args.max_tokens or 256
+    name = given_model(args) or ModelName(DEFAULT_MODEL)
     if args.backend == "vllm":  # the raw model on vLLM, for a side-by-side look
         from abstain_guard.backends.vllm_chat import VLLMChatModel
 
-        model = VLLMChatModel(
-            model=args.model or "default", gguf_file=args.gguf_file, max_tokens=max_tokens
-        )
+        if not isinstance(name.model, str):
+            raise ConfigError(f"--backend vllm serves a local model, not {name.label}.")
+        model = VLLMChatModel(model=name.model, gguf_file=name.gguf_file, max_tokens=max_tokens)
         model.engine()
     else:
         model = load_chat_model(
-            args.model or "default", gguf_file=args.gguf_file, max_new_tokens=max_tokens
+            name.model,
+            gguf_file=name.gguf_file,
+            max_new_tokens=max_tokens,
+            device=args.device or "cpu",
         )
     return ModelService(
         model,
@@ -278,10 +298,13 @@ def _add_served_options(srv: argparse.ArgumentParser) -> None:
         help="serve the raw --model with OpenAI logprobs and no guard (a stand-in API model "
         "to calibrate a perplexity guard on)",
     )
-    srv.add_argument(
-        "--model", help="with --no-guard: 'default' (embedded SmolLM2) or a local HF folder"
+    add_model_options(
+        srv,
+        local=True,
+        what="default: the artifact's (given, it must be the artifact's; --device places it); "
+        "with --no-guard, the model to serve",
     )
-    srv.add_argument("--gguf-file", help="with --no-guard: GGUF file inside --model")
+    srv.add_argument("--gguf-file", help="a GGUF file inside the folder --model names")
     srv.add_argument(
         "--backend",
         choices=("exact", "vllm"),

@@ -15,6 +15,7 @@ import hashlib
 import importlib
 import json
 import math
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -194,6 +195,32 @@ class ChatModelSpec(BaseModel):
             ) from exc
         return init_chat_model(self.chat_model, **kwargs)
 
+    def _with_key(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``kwargs`` with ``api_key_env`` (the name of an environment variable, what is
+        stored) replaced by the key it holds, read now; an OpenAI-compatible server named by
+        ``base_url`` alone gets the placeholder key servers without keys accept.
+
+        Raises:
+            ConfigError: the variable ``api_key_env`` names is not set.
+        """
+        env = kwargs.pop("api_key_env", None)
+        if env is not None:
+            key = os.environ.get(str(env))
+            if not key:
+                raise ConfigError(
+                    f"The chat model {self.label} reads its API key from the environment "
+                    f"variable {env} (api_key_env), which is not set."
+                )
+            kwargs["api_key"] = key
+        elif (
+            self.class_path == "langchain_openai:ChatOpenAI"
+            and "base_url" in kwargs
+            and "api_key" not in kwargs
+            and not os.environ.get("OPENAI_API_KEY")
+        ):
+            kwargs["api_key"] = "EMPTY"
+        return kwargs
+
     def build(self) -> Any:
         """The chat model, asking for logprobs: when its class has a ``logprobs`` option and
         the kwargs leave it unset, it is built with ``logprobs=True``.
@@ -202,7 +229,7 @@ class ChatModelSpec(BaseModel):
             ConfigError: the class cannot be imported or refuses the kwargs (missing API
                 key, unknown option, ...).
         """
-        kwargs = dict(self.kwargs)
+        kwargs = self._with_key(dict(self.kwargs))
         try:
             model = self._construct(kwargs)
             asks = "logprobs" not in kwargs and "logprobs" in type(model).model_fields

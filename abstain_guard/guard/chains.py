@@ -27,28 +27,31 @@ def load_chat_model(
     max_new_tokens: int | None = None,
     batch_decode: bool = True,
     prefix_cache: bool = True,
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> Any:
     """The chat model ``model`` names: ``"default"`` (the embedded SmolLM2), a local Hugging
     Face folder (with ``gguf_file`` inside it), or a :class:`ChatModelSpec` (an API model,
-    asking for logprobs). The budget (default: open questions'), decode mode and prefix path
-    must be calibration's: they change the last bits of the scores."""
+    asking for logprobs). The budget (default: open questions'), decode mode, prefix path and
+    the local model's ``device`` and ``dtype`` (``"float32"``, ``"bfloat16"``, ``"float16"``)
+    must be calibration's: they change the scores."""
     if isinstance(model, ChatModelSpec):
         return model.build()
     # The adapters import torch and transformers; core must import without them.
+    import torch
+
     from abstain_guard.adapters import GeometryChatModel, load_default_model
 
-    budget = max_new_tokens or MAX_NEW_TOKENS["open"]
+    options: dict[str, Any] = {
+        "max_new_tokens": max_new_tokens or MAX_NEW_TOKENS["open"],
+        "batch_decode": batch_decode,
+        "prefix_cache": prefix_cache,
+        "device": device,
+        "dtype": getattr(torch, dtype),
+    }
     if model == "default":
-        return load_default_model(
-            max_new_tokens=budget, batch_decode=batch_decode, prefix_cache=prefix_cache
-        )
-    return GeometryChatModel.from_pretrained(
-        model,
-        gguf_file=gguf_file,
-        max_new_tokens=budget,
-        batch_decode=batch_decode,
-        prefix_cache=prefix_cache,
-    )
+        return load_default_model(**options)
+    return GeometryChatModel.from_pretrained(model, gguf_file=gguf_file, **options)
 
 
 def calibrated_on_prefix(decoding: Any) -> bool:
@@ -82,17 +85,8 @@ def load_guard_chain(
             "budget it was calibrated with are unknown. Re-run calibrate to rebuild it."
         )
     kind_name, prompt = record.kind(kind)
-    if model is None and record.chat_model is not None:
-        model = record.chat_model.spec.build()
     if model is None:
-        settings = artifact.metadata.get("config", {})
-        model = load_chat_model(
-            settings.get("model", "default"),
-            gguf_file=settings.get("gguf_file"),
-            max_new_tokens=settings.get("max_new_tokens"),
-            batch_decode=bool(record.decoding.get("batch_decode", False)),
-            prefix_cache=calibrated_on_prefix(record.decoding),
-        )
+        model = calibrated_chat_model(artifact)
     config = guard_config or GuardConfig()
     _check_engine(record, model, config)
     if record.chat_model is None:
@@ -101,6 +95,26 @@ def load_guard_chain(
         runnable = bind_budget(model, prompt.max_new_tokens)
     guard = AbstentionGuard(runnable, artifact=artifact, config=config)
     return question_prompt(prompt.system_prompt, kind_name) | guard, guard, artifact
+
+
+def calibrated_chat_model(artifact: GuardArtifact, device: str | None = None) -> Any:
+    """The chat model ``artifact`` was calibrated on, as calibrated: an API model built from
+    its recorded spec (its key from the environment), a local one loaded with the recorded
+    budget, decode path and dtype, on ``device`` (None: the recorded one)."""
+    record = DeploymentRecord.from_metadata(artifact.metadata)
+    if record is not None and record.chat_model is not None:
+        return record.chat_model.spec.build()
+    decoding = record.decoding if record is not None else {}
+    settings = artifact.metadata.get("config", {})
+    return load_chat_model(
+        settings.get("model", "default"),
+        gguf_file=settings.get("gguf_file"),
+        max_new_tokens=settings.get("max_new_tokens"),
+        batch_decode=bool(decoding.get("batch_decode", False)),
+        prefix_cache=calibrated_on_prefix(decoding),
+        device=device or settings.get("device", "cpu"),
+        dtype=settings.get("dtype", "float32"),
+    )
 
 
 def _check_engine(record: DeploymentRecord, model: Any, config: GuardConfig) -> None:

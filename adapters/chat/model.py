@@ -40,6 +40,7 @@ from ..capture.parts_rule import PartsRule
 from ..capture.session import default_parts
 from ..capture.types import ReferenceMeans, ReplayResult, TokenStates
 from ..engine.encoding import (
+    PLAIN_TEMPLATE,
     AnswerLike,
     ToolRendering,
     chat_dicts,
@@ -52,6 +53,7 @@ from ..engine.generation import (
     Generated,
     GenerationCall,
     call_options,
+    cut_markers,
     generation_record,
     new_token_budget,
     to_message,
@@ -411,6 +413,7 @@ class GeometryChatModel(StreamingMixin, BaseChatModel):
         opts = self._options(stop, rest)
         setup = tool_setup(tools, choice, self.tool_call_format)
         opts["end_markers"] = list(setup.end_markers) if setup is not None else []
+        opts["turn_markers"] = [] if self._template else list(PLAIN_TEMPLATE.turn_markers)
         return opts, setup
 
     def _with_calls(
@@ -425,7 +428,7 @@ class GeometryChatModel(StreamingMixin, BaseChatModel):
         if setup is None:
             return msg
         decoded = decode_keeping(self.tokenizer, gen.token_ids, setup.spec.markers)
-        text = setup.prefill + cut_at_stop(decoded, opts["stop"])[0]
+        text = setup.prefill + cut_at_stop(decoded, cut_markers(opts))[0]
         seed = run_seed(prompt, gen.token_ids)
         return with_tool_calls(msg, setup.read(text, seed))
 
@@ -532,9 +535,9 @@ class GeometryChatModel(StreamingMixin, BaseChatModel):
 
     @property
     def chat_template_sha256(self) -> str | None:
-        """Hash of the tokenizer's chat template (None when it has none)."""
-        template = getattr(self.tokenizer, "chat_template", None)
-        return sha256_text(template) if isinstance(template, str) else None
+        """Hash of the tokenizer's chat template, or of :data:`PLAIN_TEMPLATE` (the prompt of
+        a tokenizer without one)."""
+        return sha256_text(self._template or PLAIN_TEMPLATE.text)
 
     def _generation_record(
         self,

@@ -18,7 +18,7 @@ from langchain_core.outputs import ChatGenerationChunk
 from abstain_guard.contract.streaming import PrefixSink, StreamPrefix, active_prefix_sink
 
 from ..engine.batching import RowResult
-from ..engine.generation import Generated, GenerationCall
+from ..engine.generation import Generated, GenerationCall, cut_markers
 from ..engine.streaming import (
     IncrementalText,
     async_token_channel,
@@ -76,7 +76,7 @@ class StreamingMixin:
         prompt, split = self._prompt(messages, setup)
         sink = self._prefix_sink(setup)
         ids, future = token_channel(self._submitter(prompt, opts, split, sink is not None))
-        text = IncrementalText(self.tokenizer, opts["stop"]) if setup is None else None
+        text = IncrementalText(self.tokenizer, cut_markers(opts)) if setup is None else None
         with contextlib.closing(ids):  # a consumer that stops reading cancels the request
             for item in ids:
                 piece = self._token_piece(item, text, sink, messages, prompt, opts)
@@ -105,7 +105,7 @@ class StreamingMixin:
         prompt, split = self._prompt(messages, setup)
         sink = self._prefix_sink(setup)
         ids, future = async_token_channel(self._submitter(prompt, opts, split, sink is not None))
-        text = IncrementalText(self.tokenizer, opts["stop"]) if setup is None else None
+        text = IncrementalText(self.tokenizer, cut_markers(opts)) if setup is None else None
         async with contextlib.aclosing(ids):  # a consumer that stops cancels the request
             async for item in ids:
                 piece = self._token_piece(item, text, sink, messages, prompt, opts)

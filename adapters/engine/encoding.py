@@ -8,6 +8,7 @@ formats of :mod:`..tools.formats`); conversations without them give the plain ro
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import itertools
@@ -180,12 +181,45 @@ def _role(message: BaseMessage) -> str:
     return getattr(message, "role", None) or "user"
 
 
+@dataclass(frozen=True)
+class PlainTemplate:
+    """The prompt of a model without a chat template (a base model such as GPT-2 or
+    Gemma-3 270M): each turn ``{role}: {content}`` on its own line, then ``assistant:``.
+    Generation stops where the model opens a next turn (:attr:`turn_markers`; a base model
+    otherwise goes on with ``"\nuser: ..."``). Its :attr:`text` is hashed into the
+    generation record in place of a chat template's, so a guard refuses another one."""
+
+    name: str = "plain"
+    turn: str = "{role}: {content}\n"
+    generation_prompt: str = "assistant:"
+    roles: tuple[str, ...] = ("system", "user", "assistant", "tool")
+
+    def render(self, dicts: Sequence[dict[str, Any]]) -> str:
+        """The prompt text of the conversation ``dicts`` (``[{"role", "content"}]``)."""
+        turns = (self.turn.format(role=d["role"], content=d["content"]) for d in dicts)
+        return "".join(turns) + self.generation_prompt
+
+    @property
+    def turn_markers(self) -> tuple[str, ...]:
+        """Where a next turn opens: a new line starting with a role and its colon."""
+        return tuple(f"\n{role}:" for role in self.roles)
+
+    @property
+    def text(self) -> str:
+        """The template as recorded (hashed): its name, turn, generation prompt and roles."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+
+PLAIN_TEMPLATE = PlainTemplate()
+"""The template of every model whose tokenizer has no chat template."""
+
+
 def prompt_ids(
     tokenizer: Any, dicts: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
 ) -> list[int]:
     """Token ids of the prompt: the chat template with the generation prompt (and
-    ``tools=`` when given: OpenAI-format schemas), or a plain ``role: content`` transcript
-    ending in ``assistant:`` for tokenizers without one (tools are then never passed)."""
+    ``tools=`` when given: OpenAI-format schemas), or :data:`PLAIN_TEMPLATE` for tokenizers
+    without one (tools are then never passed)."""
     if getattr(tokenizer, "chat_template", None):
         extra = {} if tools is None else {"tools": tools}
         try:
@@ -195,9 +229,7 @@ def prompt_ids(
         except Exception as exc:
             raise InvalidInputError(f"the chat template rejected the messages: {exc}") from exc
         return [int(t) for t in enc["input_ids"]]
-    # base models without a template (e.g. GPT-2): a plain transcript
-    text = "".join(f"{d['role']}: {d['content']}\n" for d in dicts) + "assistant:"
-    return [int(t) for t in tokenizer(text)["input_ids"]]
+    return [int(t) for t in tokenizer(PLAIN_TEMPLATE.render(dicts))["input_ids"]]
 
 
 #: Contents of the first user turn in the two renderings whose common prefix is the head.
@@ -253,7 +285,9 @@ def left_padded(
 
 
 __all__ = [
+    "PLAIN_TEMPLATE",
     "AnswerLike",
+    "PlainTemplate",
     "ToolRendering",
     "add_tool_block",
     "assistant_dict",

@@ -206,7 +206,7 @@ class GenerationCall:
                 top_p=float(opts["top_p"]),
                 top_k=opts["top_k"],
                 seed=opts["seed"],
-                stop=[*opts["stop"], *opts.get("end_markers", ())],
+                stop=[*cut_markers(opts), *opts.get("end_markers", ())],
                 capture=bool(opts["capture_geometry"]) or self.keep_states,
                 capture_mode=str(opts.get("capture", "full")),
                 reference=self.reference,
@@ -259,6 +259,13 @@ def stack_states(steps: list[StepFeatures], n: int) -> TokenStates | None:
     )
 
 
+def cut_markers(opts: Mapping[str, Any]) -> list[str]:
+    """Where an answer is cut (and its generation stops): the call's stop strings, then the
+    turn markers of a model without a chat template (:attr:`.encoding.PlainTemplate.turn_markers`;
+    the generation record states ``stop`` alone, the template's hash covers the markers)."""
+    return [*opts["stop"], *opts.get("turn_markers", ())]
+
+
 def to_message(
     tokenizer: Any,
     model_name: str,
@@ -272,7 +279,7 @@ def to_message(
     ids = gen.token_ids
     text = tokenizer.decode(ids, skip_special_tokens=True)
     finish = gen.finish_reason
-    for s in opts["stop"]:
+    for s in cut_markers(opts):
         pos = text.find(s)
         if pos >= 0:
             text = text[:pos]
@@ -334,6 +341,7 @@ __all__ = [
     "SnapshotCallback",
     "TokenCallback",
     "call_options",
+    "cut_markers",
     "generation_record",
     "new_token_budget",
     "stack_states",

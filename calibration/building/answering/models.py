@@ -27,6 +27,8 @@ def load_model(config: CalibrationConfig) -> Any:
         max_new_tokens=config.max_new_tokens,
         batch_decode=config.batch_decode,
         prefix_cache=config.prefix_cache,
+        device=config.device,
+        dtype=config.dtype,
     )
     if isinstance(getattr(model, "max_batch_size", None), int):
         # more rows per decode step than deployed: same numbers per row, cheaper per row

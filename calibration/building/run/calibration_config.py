@@ -18,8 +18,9 @@ from pydantic import (
 from abstain_guard.backends import VLLM_CHAT_MODEL
 from abstain_guard.config import read_config_file
 from abstain_guard.contract.chat_model_specs import ChatModelSpec, is_secret
+from abstain_guard.contract.model_names import parse_model_name
 from abstain_guard.contract.streaming import ChunkRule
-from abstain_guard.errors import ConfigError
+from abstain_guard.errors import ConfigError, ModelNameError
 from abstain_guard.scorers import scorer_names
 
 __all__ = [
@@ -66,6 +67,27 @@ class CalibrationConfig(BaseModel):
         "kwargs are never stored)",
     )
     gguf_file: str | None = Field(None, description="GGUF file name inside `model`, if any")
+    served_model: str | None = Field(
+        None,
+        description="model: http(s)://host:port/v1 (an OpenAI-compatible server): the model it "
+        "serves (default: the only one its /v1/models lists)",
+    )
+    api_key_env: str | None = Field(
+        None,
+        description="the environment variable holding the API key of a server or LangChain "
+        "model (recorded by name; the key is never stored)",
+    )
+    device: str = Field(
+        "cpu",
+        pattern=r"^(cpu|mps|(cuda|xpu)(:\d+)?)$",
+        description="where a local model runs: 'cpu', 'cuda', 'cuda:1', 'mps' (recorded; the "
+        "deployed guard loads the model there)",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description="the local model's weights' dtype (recorded; a deployment in another "
+        "dtype is refused)",
+    )
     backend: Literal["exact", "vllm"] = Field(
         "exact",
         description="the engine the answers are generated on, as deployed: 'exact' (the "
@@ -235,7 +257,9 @@ class CalibrationConfig(BaseModel):
     @classmethod
     def _vllm_backend(cls, data: Any) -> Any:
         """``backend: vllm`` with a model name or folder: the model becomes the vLLM
-        backend's chat model (a ChatModelSpec, generated and recorded as deployed)."""
+        backend's chat model (a ChatModelSpec, generated and recorded as deployed). A model
+        name is read first (:func:`~abstain_guard.contract.model_names.parse_model_name`)."""
+        data = _named_model(data)
         if not isinstance(data, Mapping) or data.get("backend") != "vllm":
             return data
         model = data.get("model", "default")
@@ -375,6 +399,28 @@ class CalibrationConfig(BaseModel):
             return cls(**data)
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from exc
+
+
+def _named_model(data: Any) -> Any:
+    """``data`` with a ``model`` name read by the one model-name grammar: a .gguf path
+    becomes its folder and ``gguf_file``, a server's URL or a LangChain name a chat model
+    spec (``served_model`` and ``api_key_env`` in it). Raises ValueError for a name the
+    grammar refuses."""
+    if not isinstance(data, Mapping) or not isinstance(data.get("model"), str):
+        return data
+    try:
+        name = parse_model_name(
+            data["model"],
+            gguf_file=data.get("gguf_file"),
+            served_model=data.get("served_model"),
+            api_key_env=data.get("api_key_env"),
+        )
+    except ModelNameError as exc:
+        raise ValueError(str(exc)) from None
+    model = name.model
+    named = model.model_dump(mode="json") if isinstance(model, ChatModelSpec) else model
+    gguf = {"gguf_file": name.gguf_file} if name.gguf_file else {}
+    return {**data, "model": named, **gguf}
 
 
 def _redacted(value: Any) -> Any:

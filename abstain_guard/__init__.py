@@ -12,24 +12,7 @@ Typical use::
     msg = guard.invoke("Who wrote Hamlet?")
     msg.response_metadata["abstention"]["abstained"]
 
-The package, by concept (``docs/architecture.md``; which may import which:
-``tests/test_layout.py``), from the bottom up:
-
-* ``errors``, ``config`` (:class:`GuardConfig`), ``default`` (the shipped guard) — the public
-  entry points, with this module and the command line (``cli/``);
-* ``guarantee/`` — conformal thresholds, risk control, decision rules and certificates;
-* ``contract/`` — what calibration and deployment agree on (deployment record, prompts,
-  response metadata, chat model specs, kernel facts, stream rule);
-* ``adapters/`` (``abstain_guard.adapters``) and ``backends/`` — the engines: a local model
-  with exact geometry, the vLLM backend;
-* ``scorers/`` — every scorer, one file per method, and their registry;
-* ``artifact/`` — what calibration writes and the guard loads;
-* ``monitor/`` — the drift monitor;
-* ``guard/`` — the LangChain face: the runnable, the agent middleware, their policy;
-* ``serve/`` — the OpenAI-compatible server; ``calibration/`` (``abstain_guard.calibration``)
-  — building and measuring an artifact, offline.
-
-``lazy`` is import machinery (lazy package attributes).
+Which package owns what, and which may import which: docs/architecture.md.
 
 May import: ``abstain_guard.guard``, ``abstain_guard.monitor``, ``abstain_guard.artifact``,
 ``abstain_guard.contract``, ``abstain_guard.config``, ``abstain_guard.default``,

@@ -146,6 +146,7 @@ def artifact(
     correct = np.arange(scores.size) % 3 != 0
     agent = None
     if tools:
+        agent_fields.setdefault("call_tool_choices", {"0": [None], "1": [None]})  # free calls
         agent = AgentRecord(
             factory="tests._serve_fakes:agent",
             system_prompt=AGENT_PROMPT,

@@ -9,9 +9,10 @@ from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
 from abstain_guard.errors import ArtifactMismatchError, InvalidInputError
 from abstain_guard.guarantee.decision import DecisionRule
-from abstain_guard.monitor.guard_monitor import GuardMonitor, calibration_sha256
+from abstain_guard.monitor.guard_monitor import GuardMonitor
+from abstain_guard.monitor.scope import calibration_sha256
 
-__all__ = ["fit_monitor", "rule_mismatches"]
+__all__ = ["fit_monitor"]
 
 
 def fit_monitor(monitor: GuardMonitor | None, artifact: GuardArtifact, config: GuardConfig) -> None:

@@ -1,57 +1,20 @@
 """Anytime-valid tests that a deployed guard's guarantee still holds (numpy; the history
 of scores in a ``sortedcontainers.SortedList``).
 
-Three sequential tests, each a nonnegative (super)martingale with initial value 1 under its
-null hypothesis, so by Ville's inequality ``P(sup_t M_t >= 1/a) <= a``: an alarm raised
-when ``M_t`` first reaches ``1/a`` is false with probability at most ``a``, however long
-the monitor runs and however often it is looked at (no fixed-sample test repeated as data
-arrive, which would inflate false alarms).
+Each is a nonnegative (super)martingale starting at 1 under its null, so by Ville's
+inequality an alarm when it first reaches ``1/a`` is false with probability at most ``a``:
 
-* :class:`ConformalTestMartingale` — exchangeability of the live scores with the
-  calibration scores. Smoothed conformal p-values of each live score among *all earlier
-  scores* (calibration, then the live ones before it) are independent and uniform when the
-  whole sequence is exchangeable (Vovk, Gammerman & Shafer, *Algorithmic Learning in a
-  Random World*, 2005 / 2nd ed. 2022, on testing exchangeability online); the Simple Jumper
-  betting martingale turns them into a test martingale (Vovk, "Testing randomness online",
-  Statistical Science 36(4), 2021; Vovk et al., "Retrain or not retrain: conformal test
-  martingales for change-point detection", COPA 2021). The p-values must use the growing
-  history: ranks among the fixed calibration set alone are dependent through it (given the
-  calibration set they are not uniform), so a product of bets on them is not a test
-  martingale, and a bettor that learns their law would alarm on exchangeable traffic.
-* :class:`ParticipationEProcess` — the answered rate against the guaranteed band. With τ the
-  k-th smallest of n calibration scores, exchangeability makes the live answered indicators
-  a Pólya urn: ``P(answered_t | past) = (k + a_{t-1}) / (n + t)`` (a: answered so far),
-  whose first value ``k/(n+1)`` is the guaranteed band ``[1−α, 1−α+1/(n+1))``. The
-  calibration-conditional participation is Beta(k, n+1−k), much wider than the band for a
-  few hundred calibration answers, so comparing a live rate's confidence interval with the
-  band would alarm on exchangeable traffic; betting against the urn's predictions does not.
-  Ties with calibration scores are broken by a uniform mark per score (fixed for the
-  calibration scores), which makes the order strict; the urn is then exact when k is fixed
-  before the data are seen (participation mode: k = ⌈(1−α)(n+1)⌉, passed as ``rank``).
-  Counting k = #{calibration <= τ} instead makes k depend on the calibration scores where
-  they tie at τ, and the urn's frequencies are off (``tests/test_monitor_math.py`` measures
-  it). In risk mode k is chosen from the calibration labels and scores, so the urn is an
-  approximation there.
-* :class:`RiskEProcess` — feedback: is the error rate among answered questions above ε?
-  Under ``H0: E[error_i | past] <= ε`` every bet ``1 + λ(error_i − ε)`` with
-  ``0 <= λ <= 1/ε`` has conditional mean ≤ 1, so their product is a test supermartingale
-  (testing by betting: Shafer, JRSS-A 2021; Waudby-Smith & Ramdas, JRSS-B 2024); a uniform
-  mixture over a grid of constant bets is one too and is close to the best constant bet in
-  hindsight (regret log m).
+* :class:`ConformalTestMartingale` — exchangeability of the live scores with the calibration
+  scores: smoothed conformal p-values among all earlier scores, bet on by Vovk's Simple
+  Jumper (Vovk, "Testing randomness online", Statistical Science 36(4), 2021);
+* :class:`ParticipationEProcess` — the live answered rate against the Pólya urn that
+  exchangeability predicts from the calibration set's rank k;
+* :class:`RiskEProcess` — feedback: the error rate among answered questions against ε
+  (testing by betting: Waudby-Smith & Ramdas, JRSS-B 2024).
 
-Why not a library. MAPIE 1.6 (``mapie.exchangeability_testing``) computes the first test
-(``OnlineMartingaleTest.compute_p_value`` + ``update_simple_jumper_martingale``) and a risk
-monitor (``RiskMonitoring``: a Hoeffding bound on a reference risk, then a conjugate-mixture
-empirical-Bernstein confidence sequence from ``confseq``). It is a dev dependency only (it
-pulls scikit-learn into a core of numpy, scipy and sortedcontainers), its martingale test
-needs a MAPIE estimator and (X, y) to compute conformity scores where we already have scores, keeps
-its history as a Python list (O(N) per p-value), and ``RiskMonitoring`` recomputes its bound
-over the whole history at every update (O(t) root finds), estimates its threshold from a
-reference set where ours is the guaranteed ε, and spends the level four ways (a/2 for the
-reference, a/4 one-sided online). The tests in ``tests/test_monitor_math.py`` check our
-p-values and martingale against MAPIE's on the same inputs (equal to float precision), and
-the risk e-process against ``RiskMonitoring`` (both valid; ours alarms no later on the
-shifted streams of the test).
+The arguments (why the p-values rank among the growing history, why the urn and not a
+confidence interval, why the rule's rank and not a count at τ) and why not MAPIE's
+implementation: docs/guarantees.md, "Monitoring the guarantee in production".
 """
 
 from __future__ import annotations
@@ -67,12 +30,10 @@ from sortedcontainers import SortedList
 from abstain_guard.errors import InvalidInputError
 
 __all__ = [
-    "BET_FRACTIONS",
     "ConformalTestMartingale",
     "ParticipationEProcess",
     "RiskEProcess",
     "censored_p_value",
-    "jumper_update",
     "smoothed_p_value",
 ]
 
@@ -145,9 +106,8 @@ class ConformalTestMartingale:
 
     Attributes:
         history: every score so far, calibration then live, sorted (a
-            :class:`sortedcontainers.SortedList`: O(log N) to rank and to insert). It grows
-            by one float per live score, about 40 bytes (``docs/guarantees.md``, measured):
-            valid p-values need the rank among *all* earlier scores.
+            :class:`sortedcontainers.SortedList`: O(log N) to rank and to insert); it grows
+            by one float per live score (docs/guarantees.md, "Memory").
         value: the martingale's current value (1 before any live score).
         peak: its running maximum (what the alarm compares with 1/a).
         seen: live scores so far.

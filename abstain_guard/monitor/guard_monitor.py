@@ -1,51 +1,15 @@
 """`GuardMonitor`: is the deployed guard's guarantee still holding?
 
-The guarantee holds while live questions are exchangeable with the calibration questions.
-The monitor is fed every decision (the guard, the agent middleware and ``serve`` call
-:meth:`GuardMonitor.observe`) and, where callers know it, whether an answer was right
-(:meth:`GuardMonitor.record_feedback`). It runs three anytime-valid tests
-(:mod:`abstain_guard.monitor.drift`):
-
-* ``exchangeability`` (label-free): a conformal test martingale on the live scores' ranks
-  among the calibration scores and the earlier live scores;
-* ``participation`` (label-free): the live answered rate against what exchangeability
-  predicts from the calibration set (a Pólya urn starting at the guaranteed band);
-* ``risk`` (feedback): the error rate among answered questions against ε.
-
-Each alarms when its e-value first reaches its threshold: ``2/false_alarm`` for each
-label-free test (so on exchangeable traffic the chance of *any* label-free false alarm,
-ever, is at most ``false_alarm``: Ville's inequality and a union bound) and
-``1/feedback_false_alarm`` for the risk test (false alarm at most that, when the error rate
-among answered questions is at most ε; a risk-mode guard's ε holds with probability
-``1−δ`` over its calibration set, so at most ``δ + feedback_false_alarm`` overall).
-
-Per-group rules (``GuardConfig(group_by=...)``): the guard decides each group with its own
-threshold and target, so the monitor tests each group against its own rule: the group's
-decisions against the group's calibration scores, its τ_g and its ε_g (a group whose rule
-is the pooled fallback: the pooled τ against its own calibration scores, no risk test; a
-group that abstains on everything, and questions of an unknown group: counted, not tested).
-``group_delta="per_group"`` keeps each group's tests at ``false_alarm`` (a per-group
-statement; over G groups the bound is the union bound ``G · false_alarm``),
-``"union"`` gives each ``false_alarm / G`` (``false_alarm`` over all groups).
-:meth:`GuardMonitor.state` states the bound in force (``false_alarm_bound``).
-
-A restart resumes: with ``log_path``, fitting on an existing log replays its decisions and
-feedback in their logged order (the log records the seed of the smoothing uniforms), so the
-tests go on as one process would have and the false-alarm bound holds over the deployment,
-not per process; feedback for a decision made before the restart is accepted.
-
-What feedback can see: only the questions a caller labels. Abstained questions usually get
-none, so the risk test judges answered questions only (which is what ε bounds), and it is
-valid only if *which* answered questions get feedback does not depend on whether they were
-right (users who report mostly wrong answers inflate it). It cannot tell whether abstaining
-was needed: the correctness of withheld answers is unseen unless a caller labels them (their
-feedback is stored for recalibration but not tested).
-
-An alarm is: a WARNING log record on the ``abstain_guard`` logger, an OpenTelemetry event
-``drift_alarm`` (on the current span, or a span of its own), ``on_alarm``
-callbacks, the :attr:`GuardMonitor.alarms` list and the ``alarm`` flag of
-:meth:`GuardMonitor.state` (``serve`` exports them in ``/metrics``). The monitor never
-changes the threshold: recalibrate (``abstain-guard recalibrate``) and redeploy.
+Fed every decision (:meth:`GuardMonitor.observe`: the guard, the agent middleware and
+``serve`` call it) and, where callers know it, whether an answer was right
+(:meth:`GuardMonitor.record_feedback`), it runs three anytime-valid tests
+(:mod:`abstain_guard.monitor.drift`): ``exchangeability`` and ``participation`` (label-free,
+alarm at ``2/false_alarm`` each) and ``risk`` (feedback, alarm at
+``1/feedback_false_alarm``); with per-group rules each group is tested against its own rule.
+With ``log_path`` a restarted monitor resumes its log (:mod:`abstain_guard.monitor.resume`).
+The monitor never changes the threshold. What the tests assume, what feedback can see, the
+false-alarm bound over groups and restarts: docs/guarantees.md, "Monitoring the guarantee in
+production".
 """
 
 from __future__ import annotations
@@ -71,11 +35,10 @@ from abstain_guard.errors import (
 )
 from abstain_guard.guarantee.decision import Decision, DecisionRule
 from abstain_guard.guarantee.intervals import wilson_interval
-from abstain_guard.monitor.log import LOG_FORMAT, MonitorRecord, read_log
+from abstain_guard.monitor.log import MonitorRecord
 from abstain_guard.monitor.resume import MonitorLogMixin
 from abstain_guard.monitor.scope import (
     SHARING,
-    TESTS,
     Alarm,
     Scope,
     calibration_sha256,
@@ -95,16 +58,7 @@ from abstain_guard.monitor.state import (
     thresholds,
 )
 
-__all__ = [
-    "LOG_FORMAT",
-    "SHARING",
-    "TESTS",
-    "Alarm",
-    "GuardMonitor",
-    "MonitorRecord",
-    "calibration_sha256",
-    "read_log",
-]
+__all__ = ["GuardMonitor"]
 
 logger = logging.getLogger("abstain_guard")
 
@@ -212,7 +166,6 @@ class GuardMonitor(MonitorLogMixin):
             self.seed_ = int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
         rng = np.random.default_rng(self.seed_)
         self.rule_ = rule
-        self.n_calibration_ = int(ref.size)
         self.source_ = {"calibration_sha256": calibration_sha256(ref), **dict(source or {})}
         self.grouped_ = group_rules is not None
         self.sharing_ = sharing if self.grouped_ else None
@@ -292,18 +245,10 @@ class GuardMonitor(MonitorLogMixin):
         """Record one decision (the guard's) and update the label-free
         tests; return its run id (``run_id``, or a new one), the key for feedback.
 
-        ``group`` (default: the decision's ``group``, if any) is kept in the record and,
-        with per-group rules, picks the group whose tests the decision enters. A decision
-        without a score (scoring failed, input too long) is counted but not tested: it says
-        nothing about the score distribution.
-
-        A step-gated agent run the guard stopped (``gating: "steps"``, abstained) has only
-        its running maximum up to the stopping call, a lower bound on the whole-run statistic
-        the calibration scores are: its record is ``censored`` and the exchangeability test
-        ranks it only as above its threshold
-        (:func:`~abstain_guard.monitor.drift.censored_p_value`); the participation test needs no
-        more than "above τ", which it shows exactly. A stopped step a human rejected ended the run:
-        its record's ``action`` is ``"end"``, not counted as handed off.
+        ``group`` (default: the decision's) picks, with per-group rules, the group whose
+        tests the decision enters. A decision without a score is counted but not tested. A
+        step-gated run the guard stopped is ``censored``: its running maximum is ranked only
+        as above its threshold (:func:`~abstain_guard.monitor.drift.censored_p_value`).
 
         Raises:
             InvalidInputError: ``run_id`` was already recorded.

@@ -159,12 +159,6 @@ class MonitorLogMixin:
                 f"{where}: a snapshot written by write_log (the kept records only) cannot be "
                 f"resumed; {new_log}log_path is the log a monitor resumes from."
             )
-        if event.get("seed") is None:
-            raise MonitorLogError(
-                f"{where}: this log was written by a monitor that did not record its seed (an "
-                f"older version): its tests cannot be replayed; {new_log}keep this one for "
-                "abstain-guard recalibrate."
-            )
         logged_sha = event.get("source", {}).get("calibration_sha256")
         if logged_sha != self.source_["calibration_sha256"]:
             raise MonitorLogError(

@@ -14,7 +14,6 @@ from abstain_guard.guarantee.intervals import wilson_interval
 from abstain_guard.monitor.scope import TESTS, Scope
 
 __all__ = [
-    "bound_statement",
     "expected_participation",
     "false_alarm_bound",
     "feedback_summary",

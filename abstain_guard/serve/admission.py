@@ -1,13 +1,19 @@
-"""How many requests a server takes at once (shared by the guard and the passthrough)."""
+"""How many requests a server takes at once, and the request options no served model takes
+(shared by the guard and the passthrough)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from abstain_guard.errors import SchedulerFullError
-from abstain_guard.serve.schemas import RequestRefused
+from abstain_guard.serve.schemas import ChatCompletionRequest, RequestRefused
 
-__all__ = ["Admission"]
+__all__ = ["DEFAULT_MAX_IN_FLIGHT", "Admission"]
+
+#: A local chat model's default batch and queue (``max_batch_size``, ``max_queue``).
+DEFAULT_BATCH, DEFAULT_QUEUE = 8, 64
+#: Requests admitted at once by default: the model's batch plus its queue.
+DEFAULT_MAX_IN_FLIGHT = DEFAULT_BATCH + DEFAULT_QUEUE
 
 
 class Admission:
@@ -20,6 +26,16 @@ class Admission:
     draining: bool
     model_name: str
     chat_model: Any
+
+    def _open(self, max_in_flight: int | None, retry_after_s: int) -> None:
+        """Start admitting: at most ``max_in_flight`` at once (default: the chat model's
+        batch plus queue)."""
+        batch = int(getattr(self.chat_model, "max_batch_size", DEFAULT_BATCH))
+        queue = int(getattr(self.chat_model, "max_queue", DEFAULT_QUEUE))
+        self.max_in_flight = max_in_flight or batch + queue
+        self.retry_after_s = retry_after_s
+        self.in_flight = 0
+        self.draining = False
 
     def admit(self) -> None:
         """Take a place for one request.
@@ -55,3 +71,33 @@ class Admission:
             code="queue_full",
             retry_after_s=self.retry_after_s,
         )
+
+    @property
+    def top_logprobs_available(self) -> int:
+        """Alternatives per token the model records (``top_logprobs`` may not ask more)."""
+        return int(getattr(self.chat_model, "top_logprobs", 0) or 0)
+
+    def unsupported_option(self, request: ChatCompletionRequest, **more: bool) -> str | None:
+        """The first option of ``request`` no served model takes (``n`` > 1, ``more``,
+        penalties, ``logit_bias``, a non-text ``response_format``); None: none.
+
+        Raises:
+            RequestRefused: none of these, but ``top_logprobs`` over what the model records.
+        """
+        problems = {
+            "n": request.n not in (None, 1),
+            **more,
+            "frequency_penalty": request.frequency_penalty not in (None, 0),
+            "presence_penalty": request.presence_penalty not in (None, 0),
+            "logit_bias": bool(request.logit_bias),
+            "response_format": (request.response_format or {}).get("type", "text") != "text",
+        }
+        found = next((param for param, bad in problems.items() if bad), None)
+        asked = request.top_logprobs or 0
+        if found is None and asked > self.top_logprobs_available:
+            raise RequestRefused(
+                f"top_logprobs={asked}, but the model records {self.top_logprobs_available} "
+                "alternatives per token; ask for at most that many.",
+                param="top_logprobs",
+            )
+        return found

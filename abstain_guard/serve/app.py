@@ -1,32 +1,13 @@
 """The FastAPI app: ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /v1/feedback``,
 ``GET /v1/monitor``, ``GET /healthz``, ``GET /metrics``.
 
-Every guard decision is fed to the server's :class:`~abstain_guard.GuardMonitor`
-under its completion id (the response's ``id``), in the order the requests were admitted,
-not the order they finished (:mod:`abstain_guard.serve.arrival`: a short answer overtakes a
-long one, and length goes with the score); ``POST /v1/feedback`` with ``{"id":
-"chatcmpl-...", "correct": true}`` labels it (404 for an id the server never answered, 409
-for one already labeled), ``GET /v1/monitor`` returns the monitor's state and ``/metrics``
-its alarms and e-values. Feedback only feeds the monitor: nothing a client sends changes the
-served threshold (recalibrate and restart to change it).
-
-Authentication (as vLLM and other OpenAI-compatible servers do): with an API key
-(``--api-key`` or ``ABSTAIN_GUARD_API_KEY``) every ``/v1/*`` route needs ``Authorization:
-Bearer <key>`` (401 otherwise); ``/healthz`` and ``/metrics`` stay open. The check is a
-dependency of each of those routes, not a test of the URL, so it holds wherever the app is
-mounted (``--root-path``, a parent app). Feedback changes what the operator will do with the
-guard, so a server listening beyond loopback refuses it (403) unless it has a key.
-
-The monitor is part of answering: a decision is journaled before its answer leaves, and a
-monitor that cannot take it (a journal write that fails, a monitor actor that does not
-answer within its timeout) makes the request a 503 with ``Retry-After``; ``/healthz`` is 503
-``unhealthy`` once a journal or monitor-log write failed or while the monitor actor does not
-answer.
-
-Every refusal is OpenAI's error format with a status that says whose fault it is: 400 (the
-request would run the guard otherwise than calibrated, or is malformed), 413 (too large),
-429 / 503 with ``Retry-After`` (overloaded, queue full, shutting down). A streamed answer
-is decided before its first byte, so errors are statuses, not broken streams.
+Every decision goes to the server's :class:`~abstain_guard.serve.monitor_link.MonitorLink`
+under its completion id, in admission order, before its answer leaves (a monitor that cannot
+take it makes the request a 503); feedback only feeds the monitor. With an API key every
+``/v1/*`` route needs ``Authorization: Bearer <key>`` (a route dependency, so it holds
+wherever the app is mounted); beyond loopback, feedback needs a key. Every refusal is
+OpenAI's error format with a status saying whose fault it is. See docs/serving.md
+("Endpoints", "The drift monitor, feedback and the API key", "What a request may ask").
 """
 
 from __future__ import annotations
@@ -71,7 +52,7 @@ from abstain_guard.serve.schemas import (
 )
 from abstain_guard.serve.service import GuardedAnswer, GuardService
 
-__all__ = ["api_key_dependency", "create_app", "service_monitor"]
+__all__ = ["create_app", "service_monitor"]
 
 
 logger = logging.getLogger("abstain_guard.serve")

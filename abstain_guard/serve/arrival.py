@@ -1,28 +1,12 @@
-"""Decisions handed to the monitor in the order their requests were admitted.
+"""Decisions handed to the monitor in the order their requests were admitted, not the order
+they finished (a short answer overtakes a long one, and length goes with the score).
 
-Requests finish in another order than they arrive: a short answer overtakes a long one, and
-answer length goes with the score, so feeding the monitor in completion order would show it
-a reordered, score-dependent sequence instead of the traffic as it came. The server numbers
-each request when it admits it (:meth:`ArrivalOrder.admit`) and hands its outcome back when
-it ends (:meth:`ArrivalOrder.finish`); a decision is passed on only once every request
-admitted before it has ended.
-
-Every admitted request ends exactly once: with its decision, or with none (a tool call, a
-refusal after admission, an error, a client that went away: the handler's ``finally``). A
-request that ends without a decision gives up its place and the ones after it go on, so a
-failed or aborted request never holds the sequence; what waits is at most the requests
-admitted before it that are still running (at most the server's ``max_in_flight``).
-
-The HTTP answer does not wait for the monitor: a decision held behind an earlier request is
-already in the client's hands. So :meth:`ArrivalOrder.finish` first writes the decision to the
-write-ahead :class:`~abstain_guard.serve.journal.DecisionJournal` (durably, before it returns:
-before the server may answer), and a process that starts again feeds what the journal holds
-and the monitor log does not. A journal write that fails raises (the request is answered 503,
-never unlogged); a feed that fails (the monitor log's write) is an alarm of
-:class:`~abstain_guard.serve.journal.FeedHealth` (logged, counted, ``/healthz`` unhealthy),
-and the decision stays in the journal. Feedback on a held decision waits
-(:meth:`ArrivalOrder.wait_fed`) until it has been fed, so its id is never unknown to the
-monitor.
+The server numbers each request when it admits it (:meth:`ArrivalOrder.admit`) and ends it
+exactly once (:meth:`ArrivalOrder.finish`): with its decision, which is journaled before
+``finish`` returns and fed once every request admitted before it has ended, or with none (a
+tool call, a refusal, an error, a client that went away), which gives up its place. Feedback
+on a held decision waits (:meth:`ArrivalOrder.wait_fed`). docs/serving.md, "The drift
+monitor, feedback and the API key".
 """
 
 from __future__ import annotations

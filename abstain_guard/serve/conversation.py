@@ -1,11 +1,7 @@
-"""An OpenAI request's messages as the chat messages a model runs.
-
-:func:`split_turns` takes the system messages apart and splits the rest at the last user
-message (the question): the earlier turns before it, and after it the agent's own steps
-(assistant tool calls and tool results) in a tool-calling loop. Each message becomes a
-LangChain message (:func:`to_message`): assistant ``tool_calls`` become
-``AIMessage.tool_calls`` (arguments parsed from their JSON string), ``tool`` messages
-``ToolMessage``, so a local chat model renders them in its own tool format.
+"""An OpenAI request's messages as the chat messages a model runs: :func:`split_turns` takes
+the system messages apart and splits the rest at the last user message (the question) into
+earlier turns and the agent's steps after it; assistant ``tool_calls`` become
+``AIMessage.tool_calls``, ``tool`` messages ``ToolMessage``.
 """
 
 from __future__ import annotations
@@ -29,7 +25,6 @@ from abstain_guard.errors import InvalidInputError
 from abstain_guard.serve.schemas import ChatMessageIn, RequestRefused
 
 __all__ = [
-    "SYSTEM_ROLES",
     "Turns",
     "is_tool_turn",
     "openai_tool_calls",

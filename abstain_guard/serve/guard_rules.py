@@ -1,20 +1,9 @@
-"""What a request may carry, given what the served artifact was calibrated on.
-
-The guarantee covers answers produced the way calibration produced them, so the server
-refuses (400, saying what was calibrated and what to do) a request that would be run
-otherwise:
-
-* ``tools``: exactly the calibrated tool schemas (compared by
-  :func:`~abstain_guard.contract.deployment.tools_sha256`), none for an artifact calibrated without;
-  ``tool_choice``: one calibration's runs had at the same model call of a run (the
-  assistant turns after the question so far; ``AgentRecord.call_tool_choices``), so a
-  client forcing the first call of an agent calibrated forced is accepted; for an artifact
-  that records only the final answers' choice, that one (``auto`` when none);
-* earlier turns before the question: only an artifact calibrated on conversations
-  (:attr:`~abstain_guard.contract.deployment.DeploymentRecord.calibrated_on_conversations`), in the
-  calibrated shape (alternating user / assistant turns);
-* assistant tool calls and tool results: only an artifact calibrated on an agent; after the
-  question only the agent's steps may follow, ending with tool results.
+"""What a request may carry, given what the served artifact was calibrated on: exactly the
+calibrated ``tools`` (by schema hash) and a ``tool_choice`` calibration had at that model
+call of the run; earlier turns only for an artifact calibrated on conversations, in the
+calibrated shape; tool calls and results only for one calibrated on an agent. Anything else
+is refused (400) with what was calibrated and what to do. docs/serving.md, "What a request
+may ask".
 """
 
 from __future__ import annotations
@@ -100,12 +89,9 @@ def _tool_choice(
     record: DeploymentRecord, request: ChatCompletionRequest, position: int
 ) -> str | None:
     """The ``tool_choice`` to bind for model call ``position`` of the run (0-based: the
-    assistant turns after the question so far).
-
-    An artifact that records each call's choice (``AgentRecord.call_tool_choices``) takes a
-    choice its calibration runs had at that position (None and ``"auto"`` are one; a
-    position no calibration run reached takes any); an older one only the final answers'
-    (``final_tool_choice``), which a request may name or omit.
+    assistant turns after the question so far): one calibration's runs had at that position
+    (``AgentRecord.call_tool_choices``; None and ``"auto"`` are one; a position no
+    calibration run reached takes any).
 
     Raises:
         RequestRefused: ``tool_choice`` without tools, or one calibration did not have there.
@@ -119,20 +105,8 @@ def _tool_choice(
                 param="tool_choice",
             )
         return None
-    agent = record.agent
-    if agent is not None and agent.call_tool_choices:
-        return _call_choice(agent.call_tool_choices, position, asked)
-    final = agent.final_tool_choice if agent is not None else None
-    calibrated = free_choice(final)
-    if asked is not None and free_choice(asked) != calibrated:
-        raise RequestRefused(
-            f"tool_choice={asked!r}, but this guard's final answers were calibrated with "
-            f"tool_choice={calibrated or 'auto'!r} and it records no other call's choice (an "
-            "artifact from before per-call choices); omit tool_choice, or recalibrate with "
-            "`abstain-guard calibrate --agent` to serve an agent that forces some calls.",
-            param="tool_choice",
-        )
-    return calibrated
+    calibrated = record.agent.call_tool_choices if record.agent is not None else {}
+    return _call_choice(calibrated, position, asked)
 
 
 def _call_choice(

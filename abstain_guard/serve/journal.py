@@ -1,21 +1,11 @@
 """A write-ahead journal of the decisions a server has acknowledged but not yet fed to its
 drift monitor, and the sticky health alarm of the path from a decision to the monitor log.
 
-Decisions reach the monitor in admission order (:mod:`abstain_guard.serve.arrival`), so a
-decision that finishes early is held in memory behind a request admitted before it, while
-its answer is already with the client. A process that dies then (the monitor actor of a Ray
-Serve deployment restarted, a server killed) would lose it. So every decision is written to
-the :class:`DecisionJournal` — appended, flushed and ``fsync``-ed — **before** it is
-acknowledged (before the replica may answer); once the monitor has it in its log the
-journal marks it ``fed``. A process that starts on the same journal feeds every decision
-the journal holds and its monitor log does not (:func:`recover`), in admission order, then
-starts the journal afresh.
-
-A write that fails is never swallowed: :class:`FeedHealth` logs it as an error, counts it
-and turns ``/healthz`` unhealthy (503) until the process is restarted (which replays the
-journal). A journal write that fails refuses the decision (the request is answered 503 with
-``Retry-After``: nothing is answered that is not durable); a monitor log write that fails
-leaves the decision in the journal, where the next start finds it.
+Every decision is appended, flushed and ``fsync``-ed to the :class:`DecisionJournal` before
+it is acknowledged, and marked ``fed`` once the monitor log has it; a process that starts on
+the same journal feeds what it holds and the log does not (:func:`recover`). A failed write
+is never swallowed: :class:`FeedHealth` logs and counts it and turns ``/healthz`` unhealthy.
+docs/serving.md, "The drift monitor, feedback and the API key".
 """
 
 from __future__ import annotations
@@ -35,7 +25,7 @@ import numpy as np
 from abstain_guard.errors import DecisionJournalError
 from abstain_guard.guarantee.decision import Decision
 
-__all__ = ["DecisionJournal", "FeedHealth", "HeldDecision", "journal_path", "recover"]
+__all__ = ["DecisionJournal", "FeedHealth", "journal_path", "recover"]
 
 logger = logging.getLogger("abstain_guard.serve")
 
@@ -69,7 +59,7 @@ def _jsonable(value: Any) -> Any:
 
 class FeedHealth:
     """Failures on the way from a decision to the monitor log: each is logged as an error
-    and counted, and any one makes :attr:`ok` False for the rest of the process (the
+    and counted, and any one makes ``/healthz`` unhealthy for the rest of the process (the
     in-memory monitor and its log may disagree until a restart replays the journal)."""
 
     def __init__(self) -> None:
@@ -93,12 +83,6 @@ class FeedHealth:
                 self.log_failures += 1
             self.last_error = message
         logger.error(message)
-
-    @property
-    def ok(self) -> bool:
-        """Whether every decision so far reached the journal and the monitor log."""
-        with self._lock:
-            return self.journal_failures == 0 and self.log_failures == 0
 
     def describe(self) -> dict[str, Any]:
         """``{"ok", "journal_failures", "log_failures", "error"}`` (``/healthz``'s

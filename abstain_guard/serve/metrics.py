@@ -5,7 +5,7 @@ latency, requests in flight and waiting for the model, and the drift monitor's s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -17,62 +17,57 @@ from abstain_guard.errors import InvalidInputError
 from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.serve.admission import Admission
 
-__all__ = [
-    "CONTENT_TYPE_LATEST",
-    "MonitorCollector",
-    "ServerMetrics",
-    "group_families",
-    "service_load",
-]
+__all__ = ["CONTENT_TYPE_LATEST", "ServerMetrics"]
 
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
 
 
-class MonitorCollector(Collector):
-    """The monitor's state as gauges, computed at scrape time:
+def _rate(value: float | None) -> float:
+    return float("nan") if value is None else float(value)
 
-    * ``abstain_guard_monitor_alarm{test}``: 1 once the test alarmed (it stays 1);
-    * ``abstain_guard_monitor_e_value{test}`` and ``..._alarm_threshold{test}``: the evidence
-      against the guarantee and the value that raises the alarm;
-    * ``abstain_guard_monitor_answered_rate``, ``..._expected_participation`` (k/(n+1), what
-      exchangeable traffic is answered at) and ``..._band{bound}`` (participation mode);
-    * ``abstain_guard_monitor_decisions``, ``..._feedback{kind}`` and ``..._error_rate``;
-    * with per-group rules, each group's own: ``abstain_guard_monitor_group_alarm{group,test}``,
-      ``..._group_e_value{group,test}``, ``..._group_decisions{group}`` and
-      ``..._group_answered_rate{group}`` (the unlabeled ones above are over all groups).
-    """
+
+def _family(
+    name: str, doc: str, labels: list[str], rows: Iterable[tuple[list[str], float]]
+) -> GaugeMetricFamily:
+    """The gauge ``abstain_guard_monitor_<name>`` with one sample per ``(labels, value)``."""
+    family = GaugeMetricFamily(f"abstain_guard_monitor_{name}", doc, labels=labels)
+    for key, value in rows:
+        family.add_metric(key, float(value))
+    return family
+
+
+class MonitorCollector(Collector):
+    """The monitor's state as the ``abstain_guard_monitor_*`` gauges, computed at scrape
+    time (the list: docs/serving.md, "Endpoints", ``GET /metrics``)."""
 
     def __init__(self, monitor: GuardMonitor) -> None:
         self.monitor = monitor
 
     def collect(self) -> Iterator[Any]:
         state = self.monitor.state()
-        alarm = GaugeMetricFamily(
-            "abstain_guard_monitor_alarm", "1 once a monitor test alarmed.", labels=["test"]
+        tests = [([test], entry) for test, entry in state["tests"].items() if entry is not None]
+        yield from _test_families(
+            "",
+            (
+                "1 once a monitor test alarmed.",
+                "E-value against the guarantee (alarm at the threshold).",
+            ),
+            ["test"],
+            tests,
         )
-        value = GaugeMetricFamily(
-            "abstain_guard_monitor_e_value",
-            "E-value against the guarantee (alarm at the threshold).",
-            labels=["test"],
+        yield _family(
+            "alarm_threshold",
+            "E-value that alarms.",
+            ["test"],
+            [(key, entry["threshold"]) for key, entry in tests],
         )
-        threshold = GaugeMetricFamily(
-            "abstain_guard_monitor_alarm_threshold", "E-value that alarms.", labels=["test"]
-        )
-        for test, entry in state["tests"].items():
-            if entry is None:
-                continue
-            alarm.add_metric([test], float(entry["alarm"]))
-            value.add_metric([test], float(entry["e_value"]))
-            threshold.add_metric([test], float(entry["threshold"]))
-        yield from (alarm, value, threshold)
         yield GaugeMetricFamily(
             "abstain_guard_monitor_decisions", "Decisions observed.", value=state["decisions"]
         )
-        rate = state["answered_rate"]
         yield GaugeMetricFamily(
             "abstain_guard_monitor_answered_rate",
             "Live answered rate.",
-            value=float("nan") if rate is None else rate,
+            value=_rate(state["answered_rate"]),
         )
         yield GaugeMetricFamily(
             "abstain_guard_monitor_expected_participation",
@@ -80,60 +75,54 @@ class MonitorCollector(Collector):
             value=state["expected_participation"],
         )
         if state["band"] is not None:
-            band = GaugeMetricFamily(
-                "abstain_guard_monitor_band", "Guaranteed participation band.", labels=["bound"]
-            )
-            band.add_metric(["lower"], float(state["band"][0]))
-            band.add_metric(["upper"], float(state["band"][1]))
-            yield band
+            bounds = zip((["lower"], ["upper"]), state["band"], strict=True)
+            yield _family("band", "Guaranteed participation band.", ["bound"], bounds)
         fb = state["feedback"]
-        counts = GaugeMetricFamily(
-            "abstain_guard_monitor_feedback", "Feedback received.", labels=["kind"]
-        )
-        for kind in ("answered", "abstained", "errors"):
-            counts.add_metric([kind], float(fb[kind]))
-        yield counts
-        error = fb["error_rate"]
+        kinds = [([kind], fb[kind]) for kind in ("answered", "abstained", "errors")]
+        yield _family("feedback", "Feedback received.", ["kind"], kinds)
         yield GaugeMetricFamily(
             "abstain_guard_monitor_error_rate",
             "Error rate among answered questions with feedback.",
-            value=float("nan") if error is None else error,
+            value=_rate(fb["error_rate"]),
         )
         if state.get("groups"):
             yield from group_families(state["groups"])
 
 
+def _test_families(
+    prefix: str,
+    docs: tuple[str, str],
+    labels: list[str],
+    tests: list[tuple[list[str], Mapping[str, Any]]],
+) -> Iterator[GaugeMetricFamily]:
+    """The ``<prefix>alarm`` and ``<prefix>e_value`` gauges of ``tests`` (label values and a
+    test's entry of the monitor's state)."""
+    yield _family(f"{prefix}alarm", docs[0], labels, [(k, e["alarm"]) for k, e in tests])
+    yield _family(f"{prefix}e_value", docs[1], labels, [(k, e["e_value"]) for k, e in tests])
+
+
 def group_families(groups: Mapping[str, Any]) -> Iterator[GaugeMetricFamily]:
     """Each group's own tests and counts (``state["groups"]`` of a monitor with per-group
     rules), labeled ``group``."""
-    alarm = GaugeMetricFamily(
-        "abstain_guard_monitor_group_alarm",
-        "1 once the group's own test alarmed.",
-        labels=["group", "test"],
+    tests = [
+        ([str(group), test], found)
+        for group, entry in groups.items()
+        for test, found in entry["tests"].items()
+        if found is not None
+    ]
+    yield from _test_families(
+        "group_",
+        (
+            "1 once the group's own test alarmed.",
+            "E-value of the group's own test against its guarantee.",
+        ),
+        ["group", "test"],
+        tests,
     )
-    value = GaugeMetricFamily(
-        "abstain_guard_monitor_group_e_value",
-        "E-value of the group's own test against its guarantee.",
-        labels=["group", "test"],
-    )
-    decisions = GaugeMetricFamily(
-        "abstain_guard_monitor_group_decisions", "Decisions of the group.", labels=["group"]
-    )
-    answered = GaugeMetricFamily(
-        "abstain_guard_monitor_group_answered_rate",
-        "Live answered rate of the group.",
-        labels=["group"],
-    )
-    for group, entry in groups.items():
-        for test, found in entry["tests"].items():
-            if found is None:
-                continue
-            alarm.add_metric([str(group), test], float(found["alarm"]))
-            value.add_metric([str(group), test], float(found["e_value"]))
-        decisions.add_metric([str(group)], float(entry["decisions"]))
-        rate = entry["answered_rate"]
-        answered.add_metric([str(group)], float("nan") if rate is None else float(rate))
-    yield from (alarm, value, decisions, answered)
+    decisions = [([str(g)], e["decisions"]) for g, e in groups.items()]
+    yield _family("group_decisions", "Decisions of the group.", ["group"], decisions)
+    rates = [([str(g)], _rate(e["answered_rate"])) for g, e in groups.items()]
+    yield _family("group_answered_rate", "Live answered rate of the group.", ["group"], rates)
 
 
 def service_load(service: Admission) -> tuple[Callable[[], int], Callable[[], int]]:

@@ -1,37 +1,11 @@
 """The one drift monitor of replicas on Ray Serve (``abstain-guard serve --replicas N``).
 
-:class:`DeploymentMonitor` is the body of a Ray actor (one per deployment, named, on the
-node that started the deployment, where ``--monitor-log`` is written). It holds what a single
-server holds in its memory: the :class:`~abstain_guard.GuardMonitor` with its
-anytime-valid tests and its append-only log, the admission order
-(:class:`~abstain_guard.serve.arrival.ArrivalOrder`) and the Prometheus registry. Every
-replica reaches it through a :class:`RayMonitorLink`:
-
-* a request takes its place in the **deployment's** admission order when its replica admits
-  it (``admit``: the order in which the admissions reach the actor), keyed by its
-  completion id, so the tests see the deployment's traffic in one sequence and the
-  false-alarm bound is the deployment's, not a replica's;
-* the replica sends the decision (``finish``) and waits for the actor to hold it before it
-  answers; the actor writes it to its journal (``<monitor-log>.journal``, ``fsync``-ed)
-  before it acknowledges, feeds it once every request admitted before it has ended, and the
-  monitor appends it to the log;
-* a replica that dies takes its requests in flight with it: the actor pings the replicas
-  that hold places (every ``reap_s`` seconds) and gives up the places of a dead one, so it
-  holds the sequence for about a second; its in-flight requests were never answered
-  (the client got a 5xx), so no answered decision is missing;
-* ``/v1/feedback``, ``/v1/monitor`` and ``/metrics`` of every replica answer from here, and
-  the agent runs' step records (step gating) live here, so any replica continues a run;
-* every call a replica awaits has a timeout (:data:`MONITOR_TIMEOUT_S`): a request whose
-  place or decision the actor does not take in time is answered 503 with ``Retry-After``,
-  and the replica's ``/healthz`` is 503 while the actor does not answer or after a journal
-  or monitor-log write failed.
-
-A restarted actor (Ray restarts it) resumes from ``--monitor-log`` exactly as a restarted
-server does, then feeds the decisions its journal holds and the log does not (acknowledged
-before the restart, held behind an earlier request); a decision whose place was taken before
-the restart is fed when it arrives (counted in ``deployment.late_decisions`` of
-``/v1/monitor``), so none is lost. The step records are in memory: a restart of the actor
-forgets them (those runs fail closed).
+:class:`DeploymentMonitor` is the body of a named Ray actor on the node that started the
+deployment: the :class:`~abstain_guard.GuardMonitor` and its log, the deployment's admission
+order, the Prometheus registry and the agent runs' step records. Each replica reaches it
+through a :class:`RayMonitorLink` (every awaited call has a timeout,
+:data:`MONITOR_TIMEOUT_S`: 503 on a miss); the actor pings the replicas holding places and
+gives up a dead one's. docs/serving.md, "Replicas on Ray Serve".
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """Where a server's decisions go: the drift monitor, its admission order and the metrics.
 
-The app (:mod:`abstain_guard.serve.app`) talks to one :class:`MonitorLink`. In one process it
-is a :class:`LocalMonitorLink`: the monitor, the admission order
-(:class:`~abstain_guard.serve.arrival.ArrivalOrder`) and the Prometheus registry live in the
-server's memory. With replicas on Ray Serve it is
-:class:`~abstain_guard.serve.monitor_actor.RayMonitorLink`: all three live in the one monitor
-actor of the deployment, so every replica's decisions enter one admission order, one set of
-tests and one log.
-
-Each request is keyed by its completion id from admission on, so a request that ends
-without a decision (a refusal after admission, an error, a client that went away, a tool call
-that lets the run go on) gives its place up by that key, also when it never learned its
-place.
-
-A decision is journaled (:mod:`abstain_guard.serve.journal`, ``<monitor-log>.journal``)
-before :meth:`MonitorLink.finish` returns, and a link that starts on a journal feeds what it
-holds and the monitor log does not. :meth:`MonitorLink.health` is what ``/healthz`` adds:
-not ok once a journal or monitor-log write failed, or (replicas) while the monitor actor
-does not answer.
+The app talks to one :class:`MonitorLink`: a :class:`LocalMonitorLink` in one process, or
+:class:`~abstain_guard.serve.monitor_actor.RayMonitorLink` to the deployment's one monitor
+actor with replicas. Each request is keyed by its completion id from admission on, so one
+that ends without a decision gives its place up by that key.
 """
 
 from __future__ import annotations
@@ -37,7 +23,8 @@ __all__ = ["LocalMonitorLink", "MonitorLink", "feedback_body", "in_risk_test", "
 
 
 class MonitorLink(Protocol):
-    """What the app needs of the monitor and the metrics (see the module docstring)."""
+    """What the app needs of the monitor and the metrics (see the module docstring); a call
+    that the monitor does not take in time raises ``MonitorUnavailableError`` (503)."""
 
     @property
     def monitored(self) -> bool:
@@ -49,13 +36,8 @@ class MonitorLink(Protocol):
         ...
 
     async def finish(self, key: str, decision: Decision) -> None:
-        """End request ``key`` with its decision (fed in admission order under ``key``);
-        the decision is journaled when this returns.
-
-        Raises:
-            DecisionJournalError: it could not be journaled (answer 503).
-            MonitorUnavailableError: the monitor did not answer in time (answer 503).
-        """
+        """End request ``key`` with its decision; journaled when this returns
+        (``DecisionJournalError`` otherwise: answer 503)."""
         ...
 
     def release(self, key: str) -> None:
@@ -63,12 +45,8 @@ class MonitorLink(Protocol):
         ...
 
     async def feedback(self, run_id: str, correct: bool) -> dict[str, Any]:
-        """Label decision ``run_id``; the ``/v1/feedback`` response body.
-
-        Raises:
-            UnknownRunError: no decision has this id.
-            DuplicateFeedbackError: it is already labeled.
-        """
+        """Label decision ``run_id``; the ``/v1/feedback`` body (``UnknownRunError``,
+        ``DuplicateFeedbackError``)."""
         ...
 
     async def state(self) -> dict[str, Any]:
@@ -82,8 +60,7 @@ class MonitorLink(Protocol):
     def decided(
         self, abstained: bool | None, seconds: float, stream: bool, group: str | None = None
     ) -> None:
-        """Count one answered chat completion (None: no guard decided) of ``group`` and its
-        latency."""
+        """Count one chat completion's decision (None: no guard decided) and its latency."""
         ...
 
     async def metrics(self) -> bytes:
@@ -91,8 +68,7 @@ class MonitorLink(Protocol):
         ...
 
     async def health(self) -> dict[str, Any]:
-        """``{"ok": bool, ...}``: whether every decision reached the journal and the
-        monitor log, and the monitor answers (``/healthz``'s ``monitor``)."""
+        """``{"ok": bool, ...}`` (``/healthz``'s ``monitor``)."""
         ...
 
 

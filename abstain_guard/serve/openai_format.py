@@ -17,11 +17,9 @@ from typing import Any
 from abstain_guard.serve.service import GuardedAnswer, json_number, json_safe
 
 __all__ = [
-    "STOPPED_FINISH_REASON",
     "completion_body",
     "decision_headers",
     "new_completion_id",
-    "openai_logprobs",
     "sse_chunks",
     "sse_decided_end",
     "sse_released",

@@ -1,17 +1,9 @@
 """``abstain-guard serve --no-guard``: the raw model behind the same endpoint, no guard.
 
-An OpenAI-compatible stand-in for an API model: every request is answered by the local chat
-model with OpenAI-style logprobs (when asked), nothing withheld and no decision attached. A
-perplexity guard calibrated on it as an API chat model (``ChatOpenAI(base_url=...)``, see
-docs/serving.md) then runs the way a guard around a hosted API would.
-
-Without a guard there is no calibrated prompt or budget to protect, so a request may carry a
-conversation, its own system prompt and ``max_tokens`` (up to the server's limit), and
-OpenAI ``tools`` / ``tool_choice``: they are bound on the model (``bind_tools``), its calls
-come back as ``message.tool_calls`` (``finish_reason: "tool_calls"``), and assistant tool
-calls and ``tool`` results in the conversation render in the model's tool format, so an
-API chat model pointed here (``ChatOpenAI(base_url=...)``) can run a tool-calling agent.
-Size limits, overload (429 / 503 with ``Retry-After``) and metrics are as for the guard.
+An OpenAI-compatible stand-in for an API model, with OpenAI-style logprobs, to calibrate a
+perplexity guard on as an API chat model. A request may carry a conversation, its own system
+prompt, ``max_tokens`` up to the server's limit, and ``tools`` / ``tool_choice`` (bound on the
+model; its calls come back as ``message.tool_calls``). docs/serving.md, "Without a guard".
 """
 
 from __future__ import annotations
@@ -29,7 +21,7 @@ from abstain_guard.serve.guard_rules import request_tools
 from abstain_guard.serve.schemas import ChatCompletionRequest, RequestRefused
 from abstain_guard.serve.service import GuardedAnswer, answer_of
 
-__all__ = ["ModelCall", "ModelService"]
+__all__ = ["ModelService"]
 
 
 @dataclass(frozen=True)
@@ -68,17 +60,7 @@ class ModelService(Admission):
         self.model = model.bind(capture_geometry=False)
         self.model_name = model_name
         self.max_tokens = int(max_tokens)
-        batch = int(getattr(model, "max_batch_size", 8))
-        queue = int(getattr(model, "max_queue", 64))
-        self.max_in_flight = max_in_flight or batch + queue
-        self.retry_after_s = retry_after_s
-        self.in_flight = 0
-        self.draining = False
-
-    @property
-    def top_logprobs_available(self) -> int:
-        """Alternatives per token the model records (``top_logprobs`` may not ask more)."""
-        return int(getattr(self.chat_model, "top_logprobs", 0) or 0)
+        self._open(max_in_flight, retry_after_s)
 
     def question(self, request: ChatCompletionRequest) -> ModelCall:
         """The messages, options and tools of ``request``.
@@ -120,23 +102,9 @@ class ModelService(Admission):
                 f"tokens per answer; send at most {self.max_tokens}.",
                 param=param,
             )
-        unsupported = {
-            "n": request.n not in (None, 1),
-            "frequency_penalty": request.frequency_penalty not in (None, 0),
-            "presence_penalty": request.presence_penalty not in (None, 0),
-            "logit_bias": bool(request.logit_bias),
-            "response_format": (request.response_format or {}).get("type", "text") != "text",
-        }
-        for param, bad in unsupported.items():
-            if bad:
-                raise RequestRefused(f"{param} is not supported; omit it.", param=param)
-        if (request.top_logprobs or 0) > self.top_logprobs_available:
-            raise RequestRefused(
-                f"top_logprobs={request.top_logprobs}, but the model records "
-                f"{self.top_logprobs_available} alternatives per token; ask for at most that "
-                "many.",
-                param="top_logprobs",
-            )
+        unsupported = self.unsupported_option(request)
+        if unsupported is not None:
+            raise RequestRefused(f"{unsupported} is not supported; omit it.", param=unsupported)
         options: dict[str, Any] = {"max_new_tokens": int(budget)}
         for name in ("temperature", "top_p", "seed"):
             if getattr(request, name) is not None:

@@ -1,17 +1,12 @@
 """``abstain-guard serve --replicas N``: model replicas on Ray Serve behind one endpoint, with
 one drift monitor for the deployment.
 
-Each replica (a Ray Serve replica of the deployment ``abstain-guard``) loads the guard as the
-single server does (:meth:`~abstain_guard.serve.service.GuardService.from_artifact`) and
-serves the same FastAPI app (:func:`~abstain_guard.serve.app.create_app`: the same routes,
-checks, headers, API key and errors); Ray Serve's HTTP proxy spreads the requests over the
-replicas. The decisions, feedback and metrics of every replica go to one monitor actor
-(:class:`~abstain_guard.serve.monitor_actor.DeploymentMonitor`), started on this node (where
-``--monitor-log`` is written) before the replicas.
-
-A replica that dies is restarted by Ray Serve; the requests in flight on it are not retried
-by the server: their clients get a 5xx (Ray Serve's proxy answers 500), and OpenAI clients
-retry them (``max_retries``). Ray is imported lazily (the ``ray`` extra).
+Each replica loads the guard as the single server does and serves the same app
+(:func:`~abstain_guard.serve.app.create_app`); the decisions, feedback and metrics of every
+replica go to one monitor actor
+(:class:`~abstain_guard.serve.monitor_actor.DeploymentMonitor`), started on this node before
+the replicas. Ray is imported lazily (the ``ray`` extra). docs/serving.md, "Replicas on Ray
+Serve".
 """
 
 from __future__ import annotations
@@ -26,6 +21,7 @@ from types import FrameType
 from typing import Any
 
 from abstain_guard.errors import ConfigError
+from abstain_guard.serve.admission import DEFAULT_MAX_IN_FLIGHT
 from abstain_guard.serve.app import create_app
 from abstain_guard.serve.monitor_actor import (
     MONITOR_TIMEOUT_S,
@@ -209,7 +205,7 @@ def replica_deployment(spec: ReplicaSpec, replicas: int, cpus_per_replica: float
     # the kernels this process records, before the replica imports torch (ATen and MKL read
     # them once): a replica computes as the driver does on any processor
     env = {**_kernel_env(), "OMP_NUM_THREADS": threads, ENGINE_WORKERS_ENV: threads}
-    batch_and_queue = spec.max_in_flight or 72
+    batch_and_queue = spec.max_in_flight or DEFAULT_MAX_IN_FLIGHT
     deployment = serve.deployment(
         serve.ingress()(GuardReplica),
         name="abstain-guard",

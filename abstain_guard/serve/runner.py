@@ -1,9 +1,6 @@
 """Run the app with uvicorn: in the foreground (``abstain-guard serve``) or on a background
-thread (:class:`ServerThread`: tests, notebooks, benchmarks).
-
-Shutdown is graceful: on SIGINT / SIGTERM (or :meth:`ServerThread.stop`) uvicorn stops
-accepting connections, the service answers new requests on open connections with 503, and
-the requests already admitted finish (up to ``graceful_s`` seconds).
+thread (:class:`ServerThread`: tests, notebooks, benchmarks). Shutdown is graceful: admitted
+requests finish (up to ``graceful_s`` seconds) while new ones get 503.
 """
 
 from __future__ import annotations

@@ -17,11 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 __all__ = [
     "ChatCompletionRequest",
     "ChatMessageIn",
-    "FunctionCallIn",
     "RequestLimits",
     "RequestRefused",
-    "StreamOptions",
-    "ToolCallIn",
     "parse_request",
 ]
 

@@ -1,29 +1,14 @@
 """The guard behind the server: the deployed chain, what a request may ask of it, and how
 many requests it takes at once.
 
-:class:`GuardService` builds the chain exactly as the CLI's ``ask``, ``demo`` and
-``evaluate --live`` do (:func:`abstain_guard.guard.chains.load_guard_chain`: the artifact's model,
-system prompt, token budget and decoding), turns an OpenAI request into the one question the
-guard was calibrated to answer (refusing, with a 4xx, anything that would run it otherwise),
-and runs it on the async path (``ainvoke``). It admits at most ``max_in_flight`` requests at
-once (429 beyond, with ``Retry-After``); a full model queue is a 503 with ``Retry-After``.
-
-What a request may carry follows what the artifact was calibrated on
-(:mod:`abstain_guard.serve.guard_rules`): earlier turns only when it was calibrated on
-conversations; ``tools`` only the calibrated tool schemas, bound on the model with a
-``tool_choice`` calibration had at that model call of the run, whose calls come back as
-OpenAI ``tool_calls``; tool results and assistant tool calls in the conversation only for an
-artifact calibrated on an agent.
-
-What is gated follows ``AgentRecord.gating``, as in the middleware: with ``"steps"`` every
-response (tool-calling or final) is decided on the run's running maximum of step scores
-(:mod:`abstain_guard.serve.step_gate`; the earlier steps' scores from the server's own
-:class:`~abstain_guard.serve.step_record.StepStore`, never from the client: a
-:class:`~abstain_guard.serve.step_record.StepRecord` in this process, or the deployment's in
-the monitor actor, so any replica continues a run; a run keeps its first step's group), and
-a gated tool-calling response is the abstention message without ``tool_calls``; with
-``"final_answer"`` (and without an agent) tool calls come back ungated and only final
-answers are scored.
+:class:`GuardService` builds the chain as ``ask``, ``demo`` and ``evaluate --live`` do
+(:func:`abstain_guard.guard.chains.load_guard_chain`), turns an OpenAI request into the one
+question the guard was calibrated to answer (refusing, with a 4xx, anything that would run it
+otherwise: :mod:`abstain_guard.serve.guard_rules`) and runs it on the async path. An agent
+artifact's requests are decided as the middleware decides them: with step gating on the
+run's running maximum over the server's own step records
+(:mod:`abstain_guard.serve.step_gate`), else only final answers. docs/serving.md, "What a
+request may ask" and "Agents: every step over HTTP".
 """
 
 from __future__ import annotations
@@ -65,7 +50,7 @@ from abstain_guard.serve.step_record import (
     check_run_group,
 )
 
-__all__ = ["Admission", "GuardCall", "GuardService", "GuardedAnswer", "answer_of"]
+__all__ = ["GuardCall", "GuardService", "GuardedAnswer", "answer_of", "json_number", "json_safe"]
 
 
 @dataclass(frozen=True)
@@ -203,12 +188,7 @@ class GuardService(Admission):
         start = getattr(self.chat_model, "engine", None)
         if callable(start):  # the vLLM backend: its engine is up before the first request
             start()
-        batch = int(getattr(self.chat_model, "max_batch_size", 8))
-        queue = int(getattr(self.chat_model, "max_queue", 64))
-        self.max_in_flight = max_in_flight or batch + queue
-        self.retry_after_s = retry_after_s
-        self.in_flight = 0
-        self.draining = False
+        self._open(max_in_flight, retry_after_s)
         self.gating = gating_of(record) if record.tools else "final_answer"
         self.steps: StepStore = step_record if step_record is not None else StepRecord()
 
@@ -235,11 +215,6 @@ class GuardService(Admission):
     def budget(self) -> int:
         """The calibrated token budget (the only ``max_tokens`` accepted)."""
         return self.prompt.max_new_tokens
-
-    @property
-    def top_logprobs_available(self) -> int:
-        """Alternatives per token the model records (``top_logprobs`` may not ask more)."""
-        return int(getattr(self.chat_model, "top_logprobs", 0) or 0)
 
     def question(self, request: ChatCompletionRequest) -> GuardCall:
         """The call ``request`` asks for, after checking that running it keeps the
@@ -289,27 +264,13 @@ class GuardService(Admission):
 
     def _check_unsupported(self, request: ChatCompletionRequest) -> None:
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-        problems = {
-            "n": request.n not in (None, 1),
-            "stop": stop != list(self.record.decoding.get("stop") or []),
-            "frequency_penalty": request.frequency_penalty not in (None, 0),
-            "presence_penalty": request.presence_penalty not in (None, 0),
-            "logit_bias": bool(request.logit_bias),
-            "response_format": (request.response_format or {}).get("type", "text") != "text",
-        }
-        for param, bad in problems.items():
-            if bad:
-                raise RequestRefused(
-                    f"{param} is not supported: the guard answers with the "
-                    f"decoding it was calibrated with ({self.record.decoding}). Omit {param}.",
-                    param=param,
-                )
-        asked = request.top_logprobs or 0
-        if asked > self.top_logprobs_available:
+        calibrated_stop = list(self.record.decoding.get("stop") or [])
+        param = self.unsupported_option(request, stop=stop != calibrated_stop)
+        if param is not None:
             raise RequestRefused(
-                f"top_logprobs={asked}, but the model records {self.top_logprobs_available} "
-                "alternatives per token; ask for at most that many.",
-                param="top_logprobs",
+                f"{param} is not supported: the guard answers with the "
+                f"decoding it was calibrated with ({self.record.decoding}). Omit {param}.",
+                param=param,
             )
 
     # --- running -------------------------------------------------------------------------

@@ -1,23 +1,13 @@
 """Step gating over HTTP: each model call of an agent run decided on the run's running
-maximum, as :class:`~abstain_guard.guard.middleware.AbstentionMiddleware` decides it in-process.
+maximum, as :class:`~abstain_guard.guard.middleware.AbstentionMiddleware` decides it
+in-process.
 
-A run's position and earlier step scores come from the request and the server's
-:class:`~abstain_guard.serve.step_record.StepRecord`: the position is the number of
-assistant (tool-calling) turns after the question, and the running maximum so far is the
-maximum of the recorded step scores of those turns — never a score the client sends.
-
-**A miss fails closed.** When a tool-calling turn of the request has no record (the server
-never returned that call in that conversation: edited, invented or replayed elsewhere; or
-its record expired, was evicted or was lost in a restart), the run's statistic is unknown,
-and a statistic that is not known to be under τ cannot answer: the server abstains without
-running the model, with ``reason: "earlier steps unknown"`` and the calls in
-``unknown_tool_calls``.
-
-Also here: a final answer after a number of tool steps outside the range calibration's final
-answers had (``AgentRecord.tool_steps``, min..max) is a warning in the decision with step
-gating (the run's tools already ran on the guard's word: refusing the answer would remove a
-run the certificate accepts), and with final-answer gating refused (400) or warned about per
-``on_mismatch``; the middleware's words and rule.
+The position is the number of assistant turns after the question, the running maximum that
+of the recorded scores of those turns (:class:`~abstain_guard.serve.step_record.StepRecord`).
+A miss fails closed: an earlier tool call without a record abstains without running the
+model (:func:`unknown_steps_abstention`). A final answer after a tool-step count calibration
+never had is checked as the middleware checks it (:func:`check_tool_steps`).
+docs/serving.md, "Agents: every step over HTTP".
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """The server's own record of the step decisions it issued (step gating of agent runs).
 
-With step gating (``AgentRecord.gating == "steps"``, :mod:`abstain_guard.guarantee.agent_steps`)
-every model call of a run is decided on the run's running maximum of step scores. Over HTTP a run
-is a sequence of requests: the client sends the question, gets a tool call, runs it and sends
-the conversation back with the result. The earlier steps' scores must come from the server —
-a score a client sends could be anything — so the server keeps each answered tool-calling
-step's decision in a :class:`StepRecord`, keyed by the tool calls it returned **and the run
-up to them** (:func:`step_key`: the question, earlier turns, earlier steps and tool results,
-the call's text, ids, names and arguments). A client that edits or invents a call, or
-replays one in another conversation, finds no record.
-
-The record is bounded: at most ``max_entries`` (least recently used dropped first), each
-kept ``ttl_s`` seconds. One server keeps it in its process (a restart forgets it); replicas
-on Ray Serve keep one in the deployment's monitor actor, so any replica continues a run
-another replica started (:class:`~abstain_guard.serve.monitor_actor.ActorStepRecord`). Both
-are a :class:`StepStore`: the server reads the entries a request needs at once
-(:meth:`StepStore.entries`) into a :class:`StepSnapshot`, decides, and writes the step it
-answered (:meth:`StepStore.store`) before the answer leaves. Each entry keeps the run's
-group: a run's later requests must name the same group (:func:`check_run_group`). What a
-request whose earlier steps have no record gets is :mod:`abstain_guard.serve.step_gate`'s
-business (fail closed: an abstention).
+Over HTTP an agent run is a sequence of requests, and the earlier steps' scores must come
+from the server, never the client: each answered tool-calling step's decision is kept in a
+bounded :class:`StepRecord` (LRU, time to live), keyed by the tool calls it returned and the
+run up to them (:func:`step_key`), so an edited, invented or replayed call finds no record.
+One server keeps it in its process; replicas keep the deployment's in the monitor actor
+(:class:`~abstain_guard.serve.monitor_actor.ActorStepRecord`); both are a
+:class:`StepStore`, read into a :class:`StepSnapshot` per request. A run keeps its first
+step's group (:func:`check_run_group`). docs/serving.md, "Agents: every step over HTTP".
 """
 
 from __future__ import annotations
@@ -39,8 +27,6 @@ from abstain_guard.serve.conversation import openai_tool_calls
 from abstain_guard.serve.schemas import RequestRefused
 
 __all__ = [
-    "DEFAULT_MAX_ENTRIES",
-    "DEFAULT_TTL_S",
     "StepEntry",
     "StepLimits",
     "StepRecord",
@@ -49,7 +35,6 @@ __all__ = [
     "check_run_group",
     "context_digest",
     "step_key",
-    "step_keys",
 ]
 
 #: Step decisions kept at most (least recently used dropped first).

@@ -25,8 +25,8 @@ from scipy import stats
 from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.errors import InsufficientDataError, InvalidInputError, MonitorLogError
-from abstain_guard.monitor.guard_monitor import calibration_sha256
 from abstain_guard.monitor.log import MonitorRecord, read_log
+from abstain_guard.monitor.scope import calibration_sha256
 
 __all__ = ["CHECK_LEVEL", "RecalibrationSummary", "pool_check", "recalibrate", "selection_check"]
 

@@ -29,7 +29,9 @@ from abstain_guard.errors import (
 )
 from abstain_guard.guarantee.decision import Decision
 from abstain_guard.guard.policy import AbstentionPolicy
-from abstain_guard.monitor.guard_monitor import Alarm, GuardMonitor, read_log
+from abstain_guard.monitor.guard_monitor import GuardMonitor
+from abstain_guard.monitor.log import read_log
+from abstain_guard.monitor.scope import Alarm
 from abstain_guard.scorers import PerplexityScorer
 
 RISK = GuardConfig(mode="risk", risk_target=0.35, delta=0.1)
@@ -451,9 +453,9 @@ def test_a_restart_refuses_a_log_it_cannot_resume(artifact: GuardArtifact, tmp_p
     tampered.write_text("\n".join(lines) + "\n")
     with pytest.raises(MonitorLogError, match="replayed p-value"):
         GuardMonitor(log_path=tampered).fit_artifact(artifact, RISK)
-    old = tmp_path / "v1.jsonl"  # a log from before the seed was recorded
+    unseeded = tmp_path / "unseeded.jsonl"  # no seed: its tests cannot be replayed
     header = json.loads(lines[0])
     del header["seed"]
-    old.write_text(json.dumps(header) + "\n")
-    with pytest.raises(MonitorLogError, match="did not record its seed"):
-        GuardMonitor(log_path=old).fit_artifact(artifact, RISK)
+    unseeded.write_text(json.dumps(header) + "\n")
+    with pytest.raises(MonitorLogError, match="another seed"):
+        GuardMonitor(log_path=unseeded).fit_artifact(artifact, RISK)

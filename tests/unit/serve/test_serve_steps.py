@@ -115,14 +115,6 @@ def test_a_client_forcing_the_first_call_is_accepted_where_calibration_forced_it
     assert service.describe()["call_tool_choices"] == FORCED["call_tool_choices"]
 
 
-def test_an_artifact_without_per_call_choices_keeps_the_final_answer_rule() -> None:
-    for client, _, _ in _serve(_guard(gating="final_answer")):
-        with pytest.raises(openai.BadRequestError, match="recalibrate with"):
-            _ask(client, [PERU], tool_choice="required")
-        choice, _ = _ask(client, [PERU])
-        assert choice.finish_reason == "tool_calls"
-
-
 # --- (b), (c) every response decided on the running maximum ----------------------------------
 
 

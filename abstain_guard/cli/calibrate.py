@@ -99,7 +99,10 @@ def _add_scorer_options(cal: argparse.ArgumentParser) -> None:
         "--scorer",
         help="scorer for the guard (default: geometry, the paper's); one of "
         + ", ".join(scorer_names(family=("likelihood", "geometry", "probe")))
-        + ". Every one carries the same guarantee. The shipped guard uses probe_mid: on the "
+        + "; on a chat model that returns no logprobs, a black-box scorer: "
+        + ", ".join(scorer_names(family="blackbox"))
+        + " (its sampling plan in scorer_params). Every one carries the same guarantee. "
+        "The shipped guard uses probe_mid: on the "
         "probe set it certified the most participation at risk 0.35 (27.4 %% as shipped, paying "
         "delta/20 for the choice: 13 scorers compared and 7 more looks found by an audit; "
         "geometry 8 %%); "

@@ -133,8 +133,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         default="likelihood",
         help="'likelihood' (fast), 'probes' (likelihood, the hidden-state probes, "
         "likelihood_probe and type_floor: fitted on the artifact's reference + train "
-        "answers), 'all' (also model and sampling baselines), 'none', or a comma list of: "
-        + ", ".join(scorer_names(family=("likelihood", "probe", "floor", "model", "sampling"))),
+        "answers), 'all' (also model and sampling baselines), 'blackbox' (every black-box "
+        "statistic, from a black-box artifact's own samples), 'none', or a comma list of: "
+        + ", ".join(
+            scorer_names(family=("likelihood", "probe", "floor", "model", "sampling", "blackbox"))
+        ),
     )
     ev.add_argument("--resplits", type=int, default=1000, help="random resplits")
     ev.add_argument(

@@ -60,19 +60,17 @@ def table(results: dict[str, Any]) -> dict[str, Any]:
     """Per scorer: AUROC, its bootstrap interval and the class counts; the DeLong paired
     difference from the artifact's scorer (pure)."""
     ((name, entry),) = results["datasets"].items()
-    paired = {
-        row.get("scorer"): row
-        for row in (entry.get("paired") or {}).get("overall", [])
-        if isinstance(row, dict)
-    }
+    paired = (entry.get("paired") or {}).get("scorers") or {}
+    keep = ("auroc_diff", "auroc_diff_ci", "auroc_diff_p", "auroc_diff_p_holm")
     out = {}
     for scorer, v in entry["scorers"].items():
+        diff = paired.get(scorer) or {}
         out[scorer] = {
             "auroc": v["auroc"],
             "auroc_ci": v.get("auroc_ci"),
             "n_correct": v["n_correct"],
             "n_incorrect": v["n_incorrect"],
-            "paired": paired.get(scorer),
+            "paired_with_artifact_scorer": {k: diff[k] for k in keep if k in diff},
         }
     return {"data": name, "scorers": out}
 

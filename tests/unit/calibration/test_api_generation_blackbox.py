@@ -135,3 +135,18 @@ def test_the_stripped_endpoint_drops_logprobs_from_json_and_events() -> None:
     stripped = strip_logprobs(events).decode().split("\n")
     assert json.loads(stripped[0].removeprefix("data: "))["choices"][0]["logprobs"] is None
     assert stripped[2] == "data: [DONE]"
+
+
+def test_calibrate_takes_and_lists_the_blackbox_kinds() -> None:
+    from abstain_guard.cli.calibrate import config_overrides
+    from abstain_guard.cli.commands import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["calibrate", "--data", "d", "--out", "o", "--scorer", "eigv"])
+    given = {k: v for k, v in config_overrides(args).items() if v is not None}
+    assert CalibrationConfig(model=SPEC, **given).scorer == "eigv"
+    (sub,) = [a for a in parser._actions if a.dest == "command"]
+    text = " ".join(sub.choices["calibrate"].format_help().split())
+    assert all(kind in text for kind in BLACKBOX_SCORERS)
+    evaluate_help = " ".join(sub.choices["evaluate"].format_help().split())
+    assert "'blackbox'" in evaluate_help

@@ -56,3 +56,11 @@ def _judges(tmp: Path, name: str, judge: Judge) -> dict[str, Any]:
 
 def _artifact_files(path: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.name != "manifest.json"}
+
+
+def hash_judges(cfg: Any, path: Path, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """A stand-in for ``build_judges(cfg, <cache>/judgments.sqlite, ...)``: the hash judge
+    for every kind, cached there (a random-weight or tiny model answers nothing right, so a
+    lexical judge would give one class)."""
+    cached = CachedJudge(HashJudge(), JudgmentCache(path))
+    return {"open": cached, "choice": cached, "numeric": cached}

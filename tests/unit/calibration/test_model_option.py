@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 import tiny_models
-from _pipeline_fakes import ITEMS, HashJudge, _judges
+from _pipeline_fakes import ITEMS, hash_judges
 
 from abstain_guard import GuardArtifact
 from abstain_guard.calibration.building import pipeline
@@ -30,12 +29,6 @@ def save_tiny_folder(folder: Path, seed: int = 0) -> Path:
         tiny_models.tiny_hf_model("llama", seed).save_pretrained(folder)
     tiny_models.char_tokenizer().save_pretrained(folder)
     return folder
-
-
-def hash_judges(cfg: Any, path: Path, *args: Any, **kwargs: Any) -> dict[str, Any]:
-    """The run's judges, replaced by the deterministic hash judge (a random-weight model
-    answers nothing right, so a lexical judge would give one class)."""
-    return _judges(path.parent.parent, path.parent.name.removesuffix(".cache"), HashJudge())
 
 
 @pytest.fixture(scope="module")

@@ -40,15 +40,12 @@ def _serve(args: argparse.Namespace) -> int:
             f"abstain-guard serve needs the serve extra ({exc}); install it with "
             "pip install 'abstain-guard[serve]'."
         ) from exc
-    from abstain_guard.serve.schemas import RequestLimits
-
     service = _model_service(args) if args.no_guard else _guard_service(args)
     monitor = None if args.no_guard else serve_monitor(service, args.monitor_log)
     serve(
         service,
         host=args.host,
         port=args.port,
-        limits=RequestLimits(),
         log_level="info" if args.verbose else "warning",
         api_key=_api_key(args),
         monitor=monitor,

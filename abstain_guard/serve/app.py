@@ -99,16 +99,15 @@ def service_monitor(service: GuardService | ModelService, **options: Any) -> Gua
 
 def create_app(
     service: GuardService | ModelService,
-    limits: RequestLimits | None = None,
     *,
     api_key: str | None = None,
     loopback: bool = True,
     monitor: GuardMonitor | None = None,
     link: MonitorLink | None = None,
 ) -> FastAPI:
-    """The app serving ``service`` (the guard, or the raw model without one) within
-    ``limits``. On shutdown the service stops admitting requests (503) while uvicorn lets
-    the admitted ones finish.
+    """The app serving ``service`` (the guard, or the raw model without one) within the
+    :class:`~abstain_guard.serve.schemas.RequestLimits`. On shutdown the service stops
+    admitting requests (503) while uvicorn lets the admitted ones finish.
 
     Args:
         api_key: the key ``/v1/*`` requests must send as ``Authorization: Bearer``.
@@ -124,7 +123,7 @@ def create_app(
         link = LocalMonitorLink(service, monitor)
     app = FastAPI(title="abstain-guard", lifespan=_lifespan)
     app.state.served = Served(
-        service, link, limits or RequestLimits(), feedback_open=api_key is not None or loopback
+        service, link, RequestLimits(), feedback_open=api_key is not None or loopback
     )
     app.add_exception_handler(RequestRefused, _refused)  # raised by a dependency (the API key)
     app.middleware("http")(_count_requests)

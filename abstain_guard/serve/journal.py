@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,11 @@ class HeldDecision:
     run_id: str
     decision: Decision
     ticket: int | None = None
+
+    def line(self) -> str:
+        """The journal line that holds it."""
+        event = {"event": "held", "run_id": self.run_id, "ticket": self.ticket}
+        return json.dumps({**event, "decision": self.decision.to_dict()}, default=_jsonable) + "\n"
 
 
 def _jsonable(value: Any) -> Any:
@@ -125,11 +130,10 @@ class DecisionJournal:
         with self._lock:
             return len(self._pending)
 
-    def _write(self, event: Mapping[str, Any], sync: bool) -> None:
-        """Append ``event`` as one line; a write that fails is cut back off (so a later
-        event never lands on a torn line)."""
+    def _write(self, line: str, sync: bool) -> None:
+        """Append one event ``line``; a write that fails is cut back off (so a later event
+        never lands on a torn line)."""
         assert self.path is not None
-        line = json.dumps(event, default=_jsonable) + "\n"
         size = self.path.stat().st_size if self.path.exists() else 0
         try:
             with open(self.path, "a", encoding="utf-8") as fh:
@@ -151,10 +155,8 @@ class DecisionJournal:
         """
         with self._lock:
             if self.path is not None:
-                event = {"event": "held", "run_id": run_id, "ticket": ticket,
-                         "decision": decision.to_dict()}  # fmt: skip
                 try:
-                    self._write(event, self.fsync)
+                    self._write(HeldDecision(run_id, decision, ticket).line(), self.fsync)
                 except (OSError, TypeError, ValueError) as exc:
                     raise DecisionJournalError(
                         f"Cannot write decision {run_id} to the journal {self.path} ({exc}); "
@@ -175,7 +177,7 @@ class DecisionJournal:
             if self.path is None:
                 return
             try:
-                self._write({"event": "fed", "run_id": run_id}, False)
+                self._write(json.dumps({"event": "fed", "run_id": run_id}) + "\n", False)
                 if not self._pending and self.path.stat().st_size >= self.compact_bytes:
                     self.path.write_text("", encoding="utf-8")
             except OSError as exc:
@@ -227,10 +229,7 @@ class DecisionJournal:
                 return
             tmp = self.path.with_name(self.path.name + ".tmp")
             with open(tmp, "w", encoding="utf-8") as fh:
-                for h in keep or []:
-                    event = {"event": "held", "run_id": h.run_id, "ticket": h.ticket,
-                             "decision": h.decision.to_dict()}  # fmt: skip
-                    fh.write(json.dumps(event, default=_jsonable) + "\n")
+                fh.writelines(h.line() for h in keep or [])
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, self.path)

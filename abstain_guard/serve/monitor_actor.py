@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -82,7 +83,7 @@ class DeploymentMonitor:
         self._reaper: asyncio.Task[None] | None = None
         self.late_decisions = 0
         self.redelivered = 0
-        self.decisions_by_replica: dict[str, int] = {}
+        self.decisions_by_replica: Counter[str] = Counter()
         self.dead_replicas = 0
         self.released_by_death = 0
 
@@ -103,9 +104,7 @@ class DeploymentMonitor:
 
     def queued(self) -> int:
         """Admitted requests beyond their replica's batch size, summed over replicas."""
-        per: dict[str, int] = {}
-        for _, replica in self._places.values():
-            per[replica] = per.get(replica, 0) + 1
+        per = Counter(replica for _, replica in self._places.values())
         return sum(max(0, n - self._batch(r)) for r, n in per.items())
 
     def _batch(self, replica: str) -> int:
@@ -164,9 +163,6 @@ class DeploymentMonitor:
         self._places[key] = (self.arrival.admit(), replica)
         return replica in self._replicas
 
-    def _fed_by(self, replica: str) -> None:
-        self.decisions_by_replica[replica] = self.decisions_by_replica.get(replica, 0) + 1
-
     async def finish(self, key: str, decision: Decision) -> None:
         """End request ``key`` with ``decision``: journaled before this returns, fed in
         admission order (at once if its place is unknown here: taken before a restart of
@@ -178,7 +174,7 @@ class DeploymentMonitor:
         place = self._places.pop(key, None)
         if place is not None:
             self.arrival.finish(place[0], key, decision)
-            self._fed_by(place[1])
+            self.decisions_by_replica[place[1]] += 1
             return
         if key in self.monitor.records_:
             self.redelivered += 1

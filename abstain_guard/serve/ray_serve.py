@@ -30,7 +30,6 @@ from abstain_guard.serve.monitor_actor import (
     RayMonitorLink,
 )
 from abstain_guard.serve.runner import Endpoint
-from abstain_guard.serve.schemas import RequestLimits
 from abstain_guard.serve.service import GuardService
 from abstain_guard.serve.step_record import StepLimits
 
@@ -188,7 +187,6 @@ class GuardReplica:
         await self.link.register()
         return create_app(
             self.service,
-            RequestLimits(),
             api_key=self.spec.api_key,
             loopback=self.spec.loopback,
             link=self.link,

@@ -1,6 +1,6 @@
 """Run the app with uvicorn: in the foreground (``abstain-guard serve``) or on a background
 thread (:class:`ServerThread`: tests, notebooks, benchmarks). Shutdown is graceful: admitted
-requests finish (up to ``graceful_s`` seconds) while new ones get 503.
+requests finish (up to :data:`GRACEFUL_S` seconds) while new ones get 503.
 """
 
 from __future__ import annotations
@@ -10,15 +10,13 @@ import socket
 import threading
 import time
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import uvicorn
-from fastapi import FastAPI
 
 from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.serve.app import create_app
 from abstain_guard.serve.passthrough import ModelService
-from abstain_guard.serve.schemas import RequestLimits
 from abstain_guard.serve.service import GuardService
 
 __all__ = ["Endpoint", "ServerThread", "free_port", "is_loopback", "serve"]
@@ -35,17 +33,29 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _config(
-    app: FastAPI, host: str, port: int, graceful_s: float, log_level: str
-) -> uvicorn.Config:
-    return uvicorn.Config(
+#: Seconds the admitted requests have to finish on shutdown.
+GRACEFUL_S = 60
+
+
+def _server(
+    service: GuardService | ModelService,
+    host: str,
+    port: int,
+    log_level: str,
+    **app_options: Any,
+) -> uvicorn.Server:
+    """uvicorn serving :func:`~abstain_guard.serve.app.create_app`'s app of ``service`` at
+    ``host:port`` (``app_options``: its ``api_key`` and ``monitor``)."""
+    app = create_app(service, loopback=is_loopback(host), **app_options)
+    config = uvicorn.Config(
         app,
         host=host,
         port=port,
         log_level=log_level,
-        timeout_graceful_shutdown=int(graceful_s),
+        timeout_graceful_shutdown=GRACEFUL_S,
         lifespan="on",
     )
+    return uvicorn.Server(config)
 
 
 def serve(
@@ -53,16 +63,13 @@ def serve(
     *,
     host: str = "127.0.0.1",
     port: int = 8000,
-    limits: RequestLimits | None = None,
-    graceful_s: float = 60.0,
     log_level: str = "info",
     api_key: str | None = None,
     monitor: GuardMonitor | None = None,
 ) -> None:
     """Serve ``service`` until SIGINT / SIGTERM (blocks); ``api_key`` and ``monitor`` as in
     :func:`~abstain_guard.serve.app.create_app`."""
-    app = create_app(service, limits, api_key=api_key, loopback=is_loopback(host), monitor=monitor)
-    uvicorn.Server(_config(app, host, port, graceful_s, log_level)).run()
+    _server(service, host, port, log_level, api_key=api_key, monitor=monitor).run()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -120,17 +127,12 @@ class ServerThread(Endpoint):
         *,
         host: str = "127.0.0.1",
         port: int | None = None,
-        limits: RequestLimits | None = None,
-        graceful_s: float = 60.0,
         api_key: str | None = None,
         monitor: GuardMonitor | None = None,
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
-        app = create_app(
-            service, limits, api_key=api_key, loopback=is_loopback(host), monitor=monitor
-        )
-        self.server = uvicorn.Server(_config(app, host, self.port, graceful_s, "warning"))
+        self.server = _server(service, host, self.port, "warning", api_key=api_key, monitor=monitor)
         self.thread = threading.Thread(target=self.server.run, name="abstain-guard-serve")
 
     def start(self, timeout_s: float = 30.0) -> ServerThread:

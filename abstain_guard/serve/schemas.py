@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 __all__ = [
     "ChatCompletionRequest",
@@ -75,8 +75,6 @@ class RequestRefused(Exception):
 class TextPart(BaseModel):
     """One part of a message's content; only text parts can be guarded."""
 
-    model_config = ConfigDict(extra="ignore")
-
     type: str
     text: str | None = None
 
@@ -85,16 +83,12 @@ class FunctionCallIn(BaseModel):
     """The function of a tool call an assistant message made: its name and arguments (a
     JSON string, as OpenAI sends them, or an object)."""
 
-    model_config = ConfigDict(extra="ignore")
-
     name: str
     arguments: str | dict[str, Any] = "{}"
 
 
 class ToolCallIn(BaseModel):
     """One tool call of an earlier assistant message (OpenAI format)."""
-
-    model_config = ConfigDict(extra="ignore")
 
     id: str
     type: str = "function"
@@ -105,8 +99,6 @@ class ChatMessageIn(BaseModel):
     """One message of the conversation (its role is checked against the calibrated prompt
     later, with a message that says which roles are accepted): ``tool_calls`` of an
     assistant message, ``tool_call_id`` (and ``name``) of a ``tool`` result."""
-
-    model_config = ConfigDict(extra="ignore")
 
     role: str
     content: str | list[TextPart] | None = None
@@ -137,19 +129,16 @@ class ChatMessageIn(BaseModel):
 class StreamOptions(BaseModel):
     """``stream_options``: ``include_usage`` adds a usage chunk before ``[DONE]``."""
 
-    model_config = ConfigDict(extra="ignore")
-
     include_usage: bool = False
 
 
 class ChatCompletionRequest(BaseModel):
     """The fields of OpenAI's chat completion request the server reads. Fields that would
     change how the answer is generated (budget, decoding, tools) are checked against the
-    calibration by the service; other unknown fields (``user``, ...) are ignored.
+    calibration by the service; other unknown fields (``user``, ...) are ignored (pydantic's
+    default, as for every model here).
     ``metadata`` (string values) carries the question's group for a guard with
     ``group_by="<key>"``."""
-
-    model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
     messages: list[ChatMessageIn] = Field(min_length=1)

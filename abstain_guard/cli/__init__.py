@@ -1,10 +1,8 @@
 """The ``abstain-guard`` command line (console script ``abstain_guard.cli:main``).
 
-* :mod:`.commands` — the parser, built from each subcommand's ``add_parser``, and ``main``;
-* one module per subcommand: :mod:`.calibrate`, :mod:`.ask`, :mod:`.score`, :mod:`.evaluate`,
-  :mod:`.report`, :mod:`.demo`, :mod:`.recalibrate`, :mod:`.serve`, :mod:`.review`,
-  :mod:`.review_size`, :mod:`.plan`;
-* :mod:`.checks` — the checks the subcommands share.
+One module per subcommand, each with its own ``add_parser``; :mod:`.commands` builds the
+parser from them (:data:`~.commands.COMMANDS`) and holds ``main``; :mod:`.checks` holds the
+checks they share.
 
 Heavy imports (torch, transformers, xgboost, FastAPI) happen inside the commands, so
 ``--help`` and configuration errors are instant. The package exports :func:`main`, the console

@@ -120,6 +120,11 @@ def _add_scorer_options(cal: argparse.ArgumentParser) -> None:
         "its own environment: probe and likelihood scorers; docs/vllm.md)",
     )
     cal.add_argument(
+        "--engine-url",
+        help="with --backend vllm: your running `vllm serve` (http://host:8000), started with "
+        "the guard's connector flag, instead of a server started for calibration",
+    )
+    cal.add_argument(
         "--candidates",
         help="comma-separated scorers compared on the calibration answers: with --scorer auto "
         "every one is calibrated on the same answers, certified at delta/K at --risk-target "

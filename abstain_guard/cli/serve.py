@@ -85,7 +85,8 @@ def _serve_replicas(args: argparse.Namespace) -> int:
         steps=steps,
         api_key=_api_key(args),
         loopback=is_loopback(args.host),
-        engine_url=shared_vllm_engine(artifact),  # a vLLM guard: one engine for the replicas
+        # a vLLM guard: your server, or one engine started for the replicas
+        engine_url=args.engine_url or shared_vllm_engine(artifact),
     )
     deployment = Deployment(
         replicas=args.replicas or 1,
@@ -158,7 +159,12 @@ def _guard_service(args: argparse.Namespace) -> Any:
 
     artifact, config, steps = _guard_options(args)
     model = None
-    if args.device is not None:  # the calibrated model, on another device
+    if args.engine_url is not None:  # a vLLM guard in front of your own `vllm serve`
+        from abstain_guard.serve.ray_serve import vllm_model_of
+
+        _backend_matches("vllm", artifact)
+        model = vllm_model_of(artifact, args.engine_url)
+    elif args.device is not None:  # the calibrated model, on another device
         model = calibrated_chat_model(GuardArtifact.load(artifact), device=args.device)
     return GuardService.from_artifact(
         artifact,
@@ -196,7 +202,15 @@ def _guard_options(args: argparse.Namespace) -> tuple[str, GuardConfig, StepLimi
 
 
 #: Options of a guard only (errors with ``--no-guard``).
-GUARD_ONLY = ("artifact", "config", "kind", "monitor_log", "step_record_size", "step_record_ttl")
+GUARD_ONLY = (
+    "artifact",
+    "config",
+    "kind",
+    "monitor_log",
+    "step_record_size",
+    "step_record_ttl",
+    "engine_url",
+)
 
 
 def _model_service(args: argparse.Namespace) -> Any:
@@ -302,6 +316,11 @@ def _add_served_options(srv: argparse.ArgumentParser) -> None:
         "with --no-guard, the model to serve",
     )
     srv.add_argument("--gguf-file", help="a GGUF file inside the folder --model names")
+    srv.add_argument(
+        "--engine-url",
+        help="a vLLM-calibrated guard: your running `vllm serve` (http://host:8000), started "
+        "with the guard's connector flag, instead of a server started for the guard",
+    )
     srv.add_argument(
         "--backend",
         choices=("exact", "vllm"),

@@ -24,8 +24,6 @@ try:  # Python 3.11+
 except ImportError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-__all__ = ["ENV_PREFIX", "PROCESS_ENV", "RULE", "GuardConfig", "read_config_file"]
-
 ENV_PREFIX = "ABSTAIN_GUARD_"
 
 #: ``ABSTAIN_GUARD_*`` variables that set up the process (the local engines, kernels, GGUF

@@ -17,8 +17,6 @@ from abstain_guard.guarantee.partial_release import check_stream_statistics
 from abstain_guard.guarantee.truth import check_human_labels
 from abstain_guard.guarantee.validation import check_labels, check_scores
 
-__all__ = ["CalibrationSet"]
-
 _READ_ONLY = ("scores", "correct", "groups")
 
 

@@ -62,8 +62,6 @@ from abstain_guard.guarantee.ledger import LedgerEntry, ledger_lines, parse_ledg
 from abstain_guard.guarantee.selection import ScorerSelection, recorded_selection
 from abstain_guard.scorers import Scorer, ScorerState, require_answer_route, scorer_from_state
 
-__all__ = ["GuardArtifact"]
-
 logger = logging.getLogger("abstain_guard")
 
 

@@ -43,12 +43,8 @@ class _Snapshot:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._fd: int | None = None
-        if os.open in os.supports_dir_fd:
-            self._fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-            st = os.fstat(self._fd)
-        else:  # pragma: no cover - platforms without dir_fd (Windows)
-            st = os.stat(root)
+        self._fd: int | None = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        st = os.fstat(self._fd)
         self.ident = (st.st_dev, st.st_ino)
 
     def read(self, name: str) -> bytes | None:
@@ -58,8 +54,6 @@ class _Snapshot:
             OSError: it exists but cannot be read (permissions, I/O).
         """
         try:
-            if self._fd is None:  # pragma: no cover
-                return (self.root / name).read_bytes()
             fd = os.open(name, os.O_RDONLY, dir_fd=self._fd)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
@@ -72,10 +66,7 @@ class _Snapshot:
     def exists(self, name: str) -> bool:
         """True when ``name`` exists in the directory, whatever it is."""
         try:
-            if self._fd is None:  # pragma: no cover
-                os.lstat(self.root / name)
-            else:
-                os.stat(name, dir_fd=self._fd, follow_symlinks=False)
+            os.stat(name, dir_fd=self._fd, follow_symlinks=False)
         except (FileNotFoundError, NotADirectoryError):
             return False
         return True

@@ -24,19 +24,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_valid
 
 from abstain_guard.errors import ConfigError
 
-__all__ = [
-    "API_FINGERPRINT_PREFIX",
-    "ChatModelRecord",
-    "ChatModelSpec",
-    "bind_budget",
-    "chat_model_fingerprint",
-    "chat_model_identity",
-    "class_path",
-    "identity_mismatches",
-    "is_secret",
-    "public_kwargs",
-]
-
 API_FINGERPRINT_PREFIX = "chat_model:"
 """Fingerprints of API chat models start with this (local models' are weight hashes)."""
 

@@ -23,26 +23,6 @@ from abstain_guard.contract.streaming import ChunkRule
 from abstain_guard.errors import ArtifactSchemaError
 from abstain_guard.guarantee.agent_steps import Gating, Labelling
 
-__all__ = [
-    "API_UNVERIFIED",
-    "DECODING_KEYS",
-    "NUMERICS_KEYS",
-    "AgentRecord",
-    "DeploymentRecord",
-    "PromptRecord",
-    "StreamingRecord",
-    "api_response_mismatches",
-    "backend_mismatches",
-    "conversation_mismatches",
-    "conversation_refusal",
-    "dtype_mismatches",
-    "generation_mismatches",
-    "model_mismatches",
-    "sha256_text",
-    "tool_steps_problem",
-    "tools_sha256",
-]
-
 DECODING_KEYS = ("temperature", "top_p", "top_k", "stop", "batch_decode", "decode_path")
 """Decoding settings that must equal the calibrated ones (``decode_path``: the engine's path,
 :mod:`abstain_guard.adapters.engine.threads`; two paths differ in the last bits)."""
@@ -294,10 +274,6 @@ def conversation_mismatches(record: DeploymentRecord, generation: Mapping[str, A
     return [conversation_refusal(int(earlier))]
 
 
-#: Where the data format of conversation rows is documented (named in refusals).
-CONVERSATIONS_DOC = "docs/agents.md (conversations)"
-
-
 def conversation_refusal(earlier: int) -> str:
     """The refusal of a prompt with ``earlier`` messages before its question by an artifact
     calibrated on single questions, saying how to calibrate on conversations."""
@@ -305,7 +281,7 @@ def conversation_refusal(earlier: int) -> str:
         f"this artifact was calibrated on single questions; this request carries {earlier} "
         f"earlier message{'s' if earlier != 1 else ''} before its question: calibrate on "
         "conversations (data rows with a 'history' list of earlier user/assistant turns and "
-        f"a 'conversation_id'; see {CONVERSATIONS_DOC}), or send one question at a time"
+        f"a 'conversation_id'; see docs/agents.md (conversations)), or send one question at a time"
     )
 
 
@@ -315,7 +291,7 @@ def tool_mismatches(record: DeploymentRecord, generation: Mapping[str, Any]) -> 
     problems: list[str] = []
     offered = generation.get("tools_sha256")
     if offered != record.tools_sha256:
-        calibrated = [_schema_name(t) for t in record.tools or []]
+        calibrated = [schema_name(t) for t in record.tools or []]
         problems.append(
             "the response was generated with other tools than calibration offered "
             f"(calibrated: {calibrated or 'no tools'}); bind the calibrated tools"
@@ -334,7 +310,8 @@ def tool_mismatches(record: DeploymentRecord, generation: Mapping[str, Any]) -> 
     return problems
 
 
-def _schema_name(schema: Mapping[str, Any]) -> str:
+def schema_name(schema: Mapping[str, Any]) -> str:
+    """The tool name of an OpenAI-format schema."""
     return str((schema.get("function") or {}).get("name", schema.get("name", "?")))
 
 

@@ -15,16 +15,6 @@ from typing import Any
 
 import numpy as np
 
-__all__ = [
-    "FIXED_MKL_BRANCHES",
-    "MEASURED_MOVES",
-    "STATED_TOLERANCE",
-    "bit_deciding",
-    "kernel_differences",
-    "kernel_note",
-    "near_threshold",
-]
-
 #: MKL branches whose results do not depend on the CPU model (MKL's CNR guarantee: every
 #: Intel CPU with the branch's instructions for a named ISA branch; every x86-64 CPU for
 #: ``COMPATIBLE``). Under ``AUTO`` or ``OFF`` the CPU itself decides, so it is compared.

@@ -23,25 +23,6 @@ from abstain_guard.errors import (
     ScoringError,
 )
 
-__all__ = [
-    "BACKEND",
-    "ENTROPY",
-    "EXACT_ENGINE",
-    "GENERATION",
-    "GEOMETRY",
-    "GEOMETRY_CAPTURE",
-    "HIDDEN",
-    "LOGPROBS",
-    "PROMPT_TOKEN_IDS",
-    "QUESTION_GROUP",
-    "TOKEN_IDS",
-    "ResponseLike",
-    "ResponseMetadata",
-    "hidden_summary",
-    "probe_layers",
-    "response_metadata_of",
-]
-
 LOGPROBS = "logprobs"
 ENTROPY = "entropy"
 TOKEN_IDS = "token_ids"

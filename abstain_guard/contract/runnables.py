@@ -13,8 +13,6 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import Runnable
 from pydantic import BaseModel
 
-__all__ = ["find_chat_models", "map_chat_models", "with_calibrated_capture"]
-
 
 def _children(runnable: Any) -> list[tuple[str, Any]]:
     """``(field name, value)`` pairs of a pydantic runnable's fields."""

@@ -22,19 +22,6 @@ from typing import Any, Literal
 
 from abstain_guard.errors import ConfigError
 
-__all__ = [
-    "CHUNK_KINDS",
-    "CLAUSE_MARKS",
-    "SENTENCE_MARKS",
-    "ChunkRule",
-    "PrefixSink",
-    "StreamPrefix",
-    "active_prefix_sink",
-    "first_release_statistic",
-    "open_prefix_sink",
-    "stream_statistic",
-]
-
 ChunkKind = Literal["tokens", "sentence", "clause"]
 CHUNK_KINDS: tuple[ChunkKind, ...] = ("tokens", "sentence", "clause")
 #: Characters whose appearance in a token's text ends a sentence (``"sentence"`` rule).

@@ -10,16 +10,6 @@ from typing import Any
 
 from abstain_guard.errors import InvalidInputError
 
-__all__ = [
-    "AUTO",
-    "KEYWORDS",
-    "NONE",
-    "REQUIRED",
-    "free_choice",
-    "recorded_tool_choice",
-    "tool_choice_name",
-]
-
 #: The model decides whether to call a tool.
 AUTO = "auto"
 #: The model calls no tool: its reply is text, never read for calls.

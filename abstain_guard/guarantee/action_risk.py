@@ -29,21 +29,6 @@ from abstain_guard.errors import (
 from abstain_guard.guarantee import conformal, risk_control
 from abstain_guard.guarantee.agent_steps import running_statistic
 
-__all__ = [
-    "ACTION_DELTA_SHARE",
-    "ACTION_RISK_GRID",
-    "ActionRiskCertificate",
-    "action_guarantee",
-    "action_losses",
-    "action_risk_certificate",
-    "action_statistic",
-    "certified_action_risk",
-    "check_action_statistics",
-    "joint_risk_threshold",
-    "require_action_statistics",
-    "uncertifiable_joint",
-]
-
 ACTION_DELTA_SHARE = 0.5
 """The share of δ the action certificate gets when both targets are set (the run-level
 certificate gets the rest): both hold together with probability ≥ 1−δ."""

@@ -13,14 +13,6 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
-__all__ = [
-    "Gating",
-    "Labelling",
-    "run_statistic",
-    "running_statistic",
-    "stopping_step",
-]
-
 #: How an agent artifact gates: every model call (``"steps"``) or the final answer only.
 Gating = Literal["steps", "final_answer"]
 

@@ -18,35 +18,10 @@ from typing import Any
 
 from abstain_guard.errors import InvalidInputError
 
-__all__ = ["Certificate"]
-
 JsonBlock = Mapping[str, Any]
 
-#: The JSON keys of each kind of certificate, in order (then the group and deployment keys).
-_PARTICIPATION = (
-    "kind",
-    "statement",
-    "participation",
-    "alpha",
-    "participation_interval",
-    "rank",
-    "n",
-    "infinite_threshold",
-    "on_infeasible",
-    "ties_at_threshold",
-    "conditional_correctness_bound",
-    "coverage_correct",
-    "beta",
-    "sigma",
-    "accuracy",
-    "c",
-    "selection",
-    "partial_release",
-    "labels",
-    "reviewed",
-    "judge_quality",
-    "warnings",
-)
+#: The JSON keys of a risk certificate, in order (then the group and deployment keys); a
+#: participation certificate's follow the fields' order (:data:`_PARTICIPATION`).
 _RISK = (
     "kind",
     "statement",
@@ -104,7 +79,6 @@ class Certificate:
 
     kind: str
     statement: str
-    warnings: tuple[str, ...] = ()
     participation: float | None = None
     alpha: float | None = None
     participation_interval: tuple[float, float] | None = None
@@ -119,6 +93,12 @@ class Certificate:
     sigma: float | None = None
     accuracy: float | None = None
     c: int | None = None
+    selection: JsonBlock | None = None
+    partial_release: JsonBlock | None = None
+    labels: str | None = None
+    reviewed: int | None = None
+    judge_quality: JsonBlock | None = None
+    warnings: tuple[str, ...] = ()
     risk_target: float | None = None
     delta: float | None = None
     confidence: float | None = None
@@ -128,12 +108,7 @@ class Certificate:
     calibration_risk: float | None = None
     method: str | None = None
     delta_per_candidate: float | None = None
-    labels: str | None = None
-    reviewed: int | None = None
-    judge_quality: JsonBlock | None = None
-    selection: JsonBlock | None = None
     action_risk: JsonBlock | None = None
-    partial_release: JsonBlock | None = None
     group: str | None = None
     scope: str | None = None
     group_n: int | None = None
@@ -198,3 +173,7 @@ class Certificate:
             k: (tuple(v) if k in _TUPLES and v is not None else v) for k, v in data.items()
         }
         return cls(**values)
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(Certificate))
+_PARTICIPATION = _FIELDS[: _FIELDS.index("warnings") + 1]

@@ -22,19 +22,6 @@ from abstain_guard.errors import InsufficientDataError, InvalidInputError
 from abstain_guard.guarantee import risk_control, truth
 from abstain_guard.guarantee.validation import check_labels, check_scores, require_both_classes
 
-__all__ = [
-    "ConformalWarning",
-    "CorrectnessBound",
-    "ParticipationInterval",
-    "ParticipationThreshold",
-    "RiskThreshold",
-    "conditional_correctness_bound",
-    "conformal_rank",
-    "participation_interval",
-    "participation_threshold",
-    "risk_threshold",
-]
-
 _RANK_RTOL = 1e-10  # rounding (1−α)(n+1) up: 0.8·10 = 8.000000000000002 is rank 8, not 9
 
 

@@ -40,8 +40,6 @@ from abstain_guard.guarantee.partial_release import (
 )
 from abstain_guard.guarantee.selection import ScorerSelection, participation_lower_bound
 
-__all__ = ["Decision", "DecisionRule", "decision_rule"]
-
 logger = logging.getLogger("abstain_guard")
 
 

@@ -18,16 +18,6 @@ from numpy.typing import ArrayLike
 
 from abstain_guard.guarantee import conformal
 
-__all__ = [
-    "FRONTIER_DELTAS",
-    "FRONTIER_TARGETS",
-    "FrontierPoint",
-    "certifiable_frontier",
-    "frontier_document",
-    "perfect_scorer_certifies",
-    "smallest_certifiable_risk",
-]
-
 FRONTIER_DELTAS: tuple[float, ...] = (0.05, 0.1, 0.2)
 """δ values the report and ``evaluate`` show."""
 

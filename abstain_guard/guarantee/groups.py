@@ -34,16 +34,6 @@ from abstain_guard.guarantee.frontier import smallest_certifiable_risk
 from abstain_guard.guarantee.intervals import wilson_interval
 from abstain_guard.guarantee.selection import ScorerSelection
 
-__all__ = [
-    "GroupRules",
-    "check_groups",
-    "group_of",
-    "group_rates",
-    "group_rules",
-    "resolve_group",
-    "wilson_interval",
-]
-
 logger = logging.getLogger("abstain_guard")
 
 

@@ -14,8 +14,6 @@ from scipy import stats
 
 from abstain_guard.errors import InsufficientDataError, InvalidInputError
 
-__all__ = ["LIVE_CHECK_LEVEL", "SAMPLED_FAMILIES", "DistributionCheck", "live_matches_stored"]
-
 LIVE_CHECK_LEVEL = 0.01
 """The p-value below which a deployment is said to sample otherwise than calibration."""
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 import math
 from statistics import NormalDist
 
-__all__ = ["wilson_interval"]
-
 
 def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float] | None:
     """The two-sided Wilson score interval of ``k`` successes in ``n`` trials at

@@ -11,20 +11,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Literal
 
 from abstain_guard.errors import InvalidInputError
-
-__all__ = [
-    "CALIBRATION_ANSWERS",
-    "LedgerEntry",
-    "count_candidates",
-    "ledger_lines",
-    "looked_at",
-    "parse_ledger",
-]
 
 CALIBRATION_ANSWERS = "calibration"
 """``answers`` of an entry that read the calibration answers (with or without others)."""
@@ -124,9 +115,3 @@ def looked_at(entries: Iterable[LedgerEntry]) -> tuple[str, ...]:
         if entry.reads_calibration:
             names.setdefault(entry.name, None)
     return tuple(names)
-
-
-def count_candidates(base: Sequence[str], entries: Iterable[LedgerEntry]) -> int:
-    """K: the distinct names among ``base`` (the candidates the choice was made among, or
-    the chosen scorer alone) and every ledger entry that read calibration answers."""
-    return len(set(base) | set(looked_at(entries)))

@@ -21,16 +21,6 @@ from numpy.typing import ArrayLike, NDArray
 
 from abstain_guard.errors import InvalidInputError
 
-__all__ = [
-    "PartialReleaseCertificate",
-    "certified_partial_release",
-    "check_stream_statistics",
-    "dkw_margin",
-    "partial_release_certificate",
-    "partial_release_guarantee",
-    "partial_release_rate",
-]
-
 
 def check_stream_statistics(
     first: ArrayLike, statistic: ArrayLike

@@ -21,21 +21,6 @@ from scipy import stats
 
 from abstain_guard.errors import InvalidInputError
 
-__all__ = [
-    "DEFAULT_RISK_METHOD",
-    "RISK_METHODS",
-    "RiskPlan",
-    "binomial_p_values",
-    "candidate_ranks",
-    "grid_ranks",
-    "min_rank",
-    "multistart_starts",
-    "plan_tests",
-    "rank_p_values",
-    "select_rank",
-    "tolerant_rank",
-]
-
 RiskMethod = Literal[
     "fixed_sequence",
     "fixed_sequence_late",

@@ -25,24 +25,6 @@ from abstain_guard.errors import InvalidInputError
 from abstain_guard.guarantee import conformal, risk_control
 from abstain_guard.guarantee.ledger import LedgerEntry, looked_at
 
-__all__ = [
-    "FIXED",
-    "RULES",
-    "SELECTION_RULE",
-    "SELECTION_SPLIT",
-    "CandidateCertificate",
-    "ScorerSelection",
-    "certify_candidate",
-    "choose_candidate",
-    "participation_lower_bound",
-    "per_candidate_delta",
-    "record_choice",
-    "recorded_selection",
-    "select_on_split",
-    "select_scorer",
-    "selection_from_metadata",
-]
-
 SELECTION_RULE = "bonferroni"
 """The candidates were compared on the calibration answers: every candidate certified at δ/K
 (valid for any choice among them)."""

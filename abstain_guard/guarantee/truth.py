@@ -22,23 +22,6 @@ from scipy import stats
 from abstain_guard.errors import InvalidInputError
 from abstain_guard.guarantee.risk_control import RiskPlan, plan_tests
 
-__all__ = [
-    "MISS_SHARE",
-    "NOT_REVIEWED",
-    "OUT_OF_SCOPE",
-    "JudgeQuality",
-    "bounded_errors",
-    "check_human_labels",
-    "combined_rejections",
-    "judge_quality",
-    "labels_statement",
-    "miss_upper_bound",
-    "plan_on_reviewed",
-    "reviewed_rejections",
-    "truth_p_values",
-    "truth_rejections",
-]
-
 #: Value of an answer no person reviewed in a human-label array (1 = correct, 0 = wrong).
 NOT_REVIEWED = -1
 
@@ -184,20 +167,6 @@ def reviewed_rejections(
     return np.asarray((p <= level) & ~outside)
 
 
-def bounded_errors(
-    sorted_judge_errors: NDArray[np.integer],
-    sorted_truth: NDArray[np.integer],
-    rank: int,
-    level: float,
-    miss_share: float = MISS_SHARE,
-) -> int:
-    """z at ``rank`` (the bound of the true errors among the rank−1 answers below it that
-    :func:`truth_rejections` tests at ``level``), for reporting."""
-    j = np.asarray(sorted_judge_errors)[:rank]
-    z, _ = _bounded_errors(j, np.asarray(sorted_truth)[:rank], miss_share * level)
-    return int(z[rank - 1])
-
-
 def combined_rejections(
     sorted_judge_errors: NDArray[np.integer],
     sorted_truth: NDArray[np.integer],
@@ -230,8 +199,8 @@ def certifying_test(
     two, _ = combined_rejections(*below, risk_target, level)  # counts below: rank's prefix
     if two[rank - 1]:
         share = (1.0 - REVIEWED_SHARE) * level
-        z = bounded_errors(sorted_judge_errors, sorted_truth, rank, share)
-        return z, rank - 1, share * (1.0 - MISS_SHARE)
+        z, _ = _bounded_errors(*below, MISS_SHARE * share)
+        return int(z[rank - 1]), rank - 1, share * (1.0 - MISS_SHARE)
     y = np.asarray(sorted_truth)[: rank - 1]
     return int((y == 1).sum()), int((y >= 0).sum()), REVIEWED_SHARE * level
 

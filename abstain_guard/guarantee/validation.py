@@ -13,8 +13,6 @@ from numpy.typing import ArrayLike, NDArray
 
 from abstain_guard.errors import InsufficientDataError, InvalidInputError
 
-__all__ = ["check_labels", "check_scores", "require_both_classes"]
-
 
 def check_scores(
     scores: ArrayLike, *, name: str = "scores", allow_inf: bool = False

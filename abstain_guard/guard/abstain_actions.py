@@ -17,14 +17,6 @@ from langchain_core.messages import AIMessage
 from abstain_guard.errors import InvalidInputError
 from abstain_guard.guarantee.decision import Decision
 
-__all__ = [
-    "CONTINUED",
-    "FINAL_ANSWER_ACTION",
-    "Review",
-    "apply_review",
-    "review_request",
-]
-
 #: The ``action`` of a decision whose run a human or a fallback continued.
 CONTINUED = ("approved", "edited", "fallback")
 

@@ -17,8 +17,6 @@ from abstain_guard.contract.prompts import MAX_NEW_TOKENS, question_prompt
 from abstain_guard.errors import ArtifactMismatchError, CalibrationError
 from abstain_guard.guard.runnable import AbstentionGuard
 
-__all__ = ["calibrated_on_prefix", "load_chat_model", "load_guard_chain"]
-
 
 def load_chat_model(
     model: str | ChatModelSpec = "default",

@@ -38,7 +38,12 @@ from typing_extensions import NotRequired
 
 from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.config import GuardConfig
-from abstain_guard.contract.deployment import sha256_text, tool_steps_problem, tools_sha256
+from abstain_guard.contract.deployment import (
+    schema_name,
+    sha256_text,
+    tool_steps_problem,
+    tools_sha256,
+)
 from abstain_guard.contract.runnables import with_calibrated_capture
 from abstain_guard.contract.tool_choice import free_choice, recorded_tool_choice
 from abstain_guard.errors import ConfigError
@@ -49,8 +54,6 @@ from abstain_guard.guard.policy import AbstentionPolicy, decision_of, with_decis
 from abstain_guard.guard.tracing import arecord_decision, record_decision
 from abstain_guard.monitor.binding import fit_monitor
 from abstain_guard.monitor.guard_monitor import GuardMonitor
-
-__all__ = ["AbstentionMiddleware", "AbstentionState"]
 
 #: The agent-state key holding a fallback model's hand-over of a stopped turn.
 FALLBACK_KEY = "abstention_fallback"
@@ -151,8 +154,8 @@ class AbstentionMiddleware(AgentMiddleware):  # type: ignore[type-arg]
                 else "calibrate the agent as deployed with `abstain-guard calibrate --agent`"
             )
             problems.append(
-                f"the agent offers tools {[_tool_name(t) for t in schemas]} but calibration "
-                f"offered {[_tool_name(t) for t in record.tools or []] or 'no tools'}; {how}"
+                f"the agent offers tools {[schema_name(t) for t in schemas]} but calibration "
+                f"offered {[schema_name(t) for t in record.tools or []] or 'no tools'}; {how}"
             )
         problems += _tool_choice_problems(record, request)
         return self.policy.mismatch(problems, "agent request")
@@ -485,10 +488,6 @@ def _tool_steps(state: Any) -> int:
             break
         count += isinstance(message, ToolMessage)
     return count
-
-
-def _tool_name(schema: Mapping[str, Any]) -> str:
-    return str((schema.get("function") or {}).get("name", schema.get("name", "?")))
 
 
 def _annotate(response: Any, notes: list[str]) -> Any:

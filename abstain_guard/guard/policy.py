@@ -43,8 +43,6 @@ from abstain_guard.guarantee.decision import Decision, DecisionRule
 from abstain_guard.guarantee.groups import GroupRules, group_of
 from abstain_guard.guard.tracing import logger
 
-__all__ = ["AbstentionPolicy", "as_guard_config", "decision_of", "with_decision"]
-
 
 def as_guard_config(config: GuardConfig | Mapping[str, Any] | None) -> GuardConfig:
     """``config`` as a :class:`GuardConfig` (``None``: the defaults; a mapping: its fields)."""
@@ -295,7 +293,7 @@ class AbstentionPolicy:
                 group, notes, **stepped, abstained=True, score=None, reason="scoring failed",
                 error=reason,
             )  # fmt: skip
-            return self._abstention(message, decision), decision
+            return self.abstention_message(message, decision), decision
         if step is not None:
             stepped["step_score"] = score
             score = stepped["run_statistic"] = running_statistic(previous, score)
@@ -310,7 +308,7 @@ class AbstentionPolicy:
         if answered:
             assert isinstance(message, AIMessage)
             return with_decision(message, decision), decision
-        return self._abstention(message, decision), decision
+        return self.abstention_message(message, decision), decision
 
     def abstain(
         self, reason: str, error: str, group: str | None = None, **fields: Any
@@ -320,7 +318,7 @@ class AbstentionPolicy:
         decision = self._decision(
             group, None, **fields, abstained=True, score=None, reason=reason, error=error
         )
-        return self._abstention(None, decision), decision
+        return self.abstention_message(None, decision), decision
 
     def decide_unanswerable(
         self, exc: ContextLengthError, group: str | None = None
@@ -335,9 +333,6 @@ class AbstentionPolicy:
     def abstention_message(self, message: Any, decision: Decision) -> AIMessage:
         """The abstention message for ``decision`` (``message``: the withheld answer, or
         the part of it generated before a certified stream stopped; None for none)."""
-        return self._abstention(message, decision)
-
-    def _abstention(self, message: Any, decision: Decision) -> AIMessage:
         kwargs: dict[str, Any] = {}
         if isinstance(message, AIMessage):
             kwargs["id"] = message.id

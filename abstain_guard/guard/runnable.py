@@ -53,8 +53,6 @@ from abstain_guard.guard.tracing import arecord_decision, record_decision
 from abstain_guard.monitor.binding import fit_monitor
 from abstain_guard.monitor.guard_monitor import GuardMonitor
 
-__all__ = ["AbstentionGuard"]
-
 
 class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
     """Wraps a runnable that returns an ``AIMessage`` and withholds unreliable answers.

@@ -23,15 +23,6 @@ from abstain_guard.errors import ArtifactMismatchError, ScoringError
 from abstain_guard.guarantee.decision import Decision
 from abstain_guard.guard.policy import AbstentionPolicy, with_decision
 
-__all__ = [
-    "GateEvent",
-    "StreamGate",
-    "acertified_stream",
-    "as_chunks",
-    "certified_stream",
-    "check_streamable",
-]
-
 NOT_SERVED = (
     "the chat model did not serve the answer's prefixes (certified streaming needs the "
     "project's engine, GeometryChatModel, without tools bound): the guard calibrated with "

@@ -22,22 +22,9 @@ from langchain_core.tracers.base import BaseTracer
 
 from abstain_guard.guarantee.decision import Decision
 
-__all__ = [
-    "ABSTAINED_TAG",
-    "ANSWERED_TAG",
-    "EVENT_NAME",
-    "OTEL_PREFIX",
-    "arecord_decision",
-    "decision_tags",
-    "otel_attributes",
-    "record_decision",
-]
-
 logger = logging.getLogger("abstain_guard")
 
 EVENT_NAME = "abstention"
-ABSTAINED_TAG = "abstained"
-ANSWERED_TAG = "answered"
 #: Prefix of the OpenTelemetry span attributes (``abstain_guard.abstained``, ...).
 OTEL_PREFIX = "abstain_guard."
 
@@ -62,13 +49,8 @@ _OTEL_FIELDS = (
 )
 
 
-def decision_tags(decision: Decision) -> list[str]:
-    """``["abstained"]`` or ``["answered"]`` (plus ``"abstain_guard"``)."""
-    return [ABSTAINED_TAG if decision.abstained else ANSWERED_TAG, "abstain_guard"]
-
-
 def _annotate_runs(run_manager: Any, run_id: UUID | None, decision: Decision) -> None:
-    tags = decision_tags(decision)
+    tags = ["abstained" if decision.abstained else "answered", "abstain_guard"]
     metadata = {EVENT_NAME: decision.to_dict()}
     event = {
         "name": EVENT_NAME,

@@ -10,7 +10,7 @@ the black-box scorers never read: their scores are what an endpoint without logp
 Writes the evaluate report (AUROC with bootstrap intervals, DeLong paired differences,
 correct / incorrect counts) under ``--work`` and the table's JSON to ``--out``.
 
-    .venv/bin/python bench/power/blackbox.py --limit 300 --out docs/results/blackbox.json
+    .venv/bin/python experiments/blackbox/blackbox.py --limit 300 --out docs/results/blackbox.json
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def main() -> None:
             progress=True,
         )
     doc = {
-        "command": "python bench/power/blackbox.py "
+        "command": "python experiments/blackbox/blackbox.py "
         + " ".join(
             f"--{k.replace('_', '-')} {v}"
             for k, v in vars(args).items()

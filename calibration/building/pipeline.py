@@ -391,7 +391,7 @@ def _calibrate(
         calibration=CalibrationSet(
             cal_scores,
             cal_correct,
-            groups=cal_groups,
+            groups=None if cal_groups is None else np.asarray(cal_groups),
             action_statistic=cal_actions,
             stream_first=None if stream is None else stream.first,
         ),

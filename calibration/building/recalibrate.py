@@ -422,7 +422,9 @@ def recalibrate(
     scores, correct, labeled = _arrays(old, live, pool)
     new = GuardArtifact.from_calibration(
         scorer=old.scorer,
-        calibration=CalibrationSet(scores, correct, groups=groups),
+        calibration=CalibrationSet(
+            scores, correct, groups=None if groups is None else np.asarray(groups)
+        ),
         model_fingerprint=old.model_fingerprint,
         metadata=_new_metadata(old, artifact, source),
     )

@@ -18,12 +18,15 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from _pipeline_fakes import hash_judges
 from _text_only_server import text_only_server
 
 from abstain_guard import GuardArtifact, GuardConfig
+from abstain_guard.calibration.building import pipeline
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.building.questions.probe import builtin_probe_set
 from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
+from abstain_guard.calibration.measure import held_out as held_out_module
 from abstain_guard.calibration.measure.deployment_check import live_check
 from abstain_guard.calibration.measure.held_out import EvaluateOptions, evaluate
 from abstain_guard.errors import LogprobsMissingError
@@ -107,6 +110,10 @@ def test_a_blackbox_guard_calibrates_evaluates_and_holds_live_in_distribution(
     server: Any, data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "from-the-environment")  # the artifact stores none
+    # sampled answers differ run to run: the hash judge keeps both classes in every split
+    # (the lexical judge could call all of a dozen sampled held-out answers wrong)
+    monkeypatch.setattr(pipeline, "build_judges", hash_judges)
+    monkeypatch.setattr(held_out_module, "build_judges", hash_judges)
     cfg = _config(server, tmp_path, "eigv", **PLAN)
     sent = _answered(server)
     summary = calibrate(data, tmp_path / "guard", config=cfg, progress=False)

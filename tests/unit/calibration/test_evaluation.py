@@ -46,7 +46,8 @@ def _paper_reference(cal_s, cal_y, test_s, test_y, level):
     c = u.size
     # 1−β = sup{q in (0,1): Quantile(⌈q(c+1)⌉/c, 𝒰) ≤ τ}, by brute force over a fine grid.
     # A quantile level above 1 selects no element of 𝒰, so it never satisfies the condition
-    # (also when τ = +inf; abstain_guard.conformal reads it the same way: 1−β = c/(c+1)).
+    # (also when τ = +inf; abstain_guard.guarantee.conformal reads it the same way:
+    # 1−β = c/(c+1)).
     qs = np.linspace(1e-7, 1 - 1e-7, 200001)
     ranks = np.ceil(qs * (c + 1)).astype(int)
     ok = (ranks <= c) & (u[np.clip(ranks, 1, c) - 1] <= tau) if c else np.zeros(qs.size, bool)

@@ -16,7 +16,7 @@ TEST_FILE ?=
 # OpenMP waiters sleep (pytest's workers, Ray's and vLLM's processes share the cores; the wait
 # policy changes no computed bit); Python writes bytecode even where the environment disables it.
 PYTEST := OMP_WAIT_POLICY=PASSIVE PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -p no:cacheprovider
-PARALLEL := -n $(WORKERS) --dist loadgroup --durations=15 --durations-min=5
+PARALLEL := -n $(WORKERS) --dist loadfile --durations=15 --durations-min=5
 .PHONY: help install demo test test-fast test-foreign lint typecheck default-guard results bench \
 	bench-check clean
 

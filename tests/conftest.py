@@ -90,10 +90,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Mark each test with its tier (``unit`` / ``integration``, from its folder) and with
     ``model`` / ``ray`` where it uses those fixtures; refuse a unit test that loads them.
 
-    Under ``pytest -n`` (make test) a file's tests stay on one worker (``xdist_group``), so
-    module fixtures are built once, and every file that uses the Ray cluster shares one
-    worker (one cluster). The heavy tier runs first, Ray's files last of it (the cluster
-    idles until the worker ends), the unit tier fills the gaps."""
+    Under ``pytest -n --dist loadfile`` (make test) a file's tests stay on one worker, so
+    module fixtures (a vLLM server, a calibration) are built once. The heavy tier runs first,
+    the files that start a Ray cluster last of it (a cluster idles until its worker ends),
+    the unit tier fills the gaps."""
     ray_files = {item.path for item in items if "ray_cluster" in item.fixturenames}
     for item in items:
         tier = _tier(item)
@@ -106,7 +106,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             )
         for mark in sorted(used):
             item.add_marker(mark)
-        group = "ray" if item.path in ray_files else str(item.path.relative_to(TESTS))
-        item.add_marker(pytest.mark.xdist_group(group))
     order = {"integration": 0, "unit": 2}
     items.sort(key=lambda it: order.get(_tier(it), 1) + (it.path in ray_files))

@@ -312,3 +312,35 @@ def test_a_forged_altered_or_moved_payload_is_refused(vllm_guard: Path) -> None:
     assert other["choices"][0]["token_ids"] != good["choices"][0]["token_ids"]
     with pytest.raises(BackendError, match=r"other tokens|covers"):
         model._capture(url, moved)
+
+
+def test_guarded_requests_preempted_under_memory_pressure_keep_their_captures() -> None:
+    """A KV cache of 12 blocks of 32 tokens for 8 requests of ~80 tokens each: vLLM preempts
+    running requests and recomputes them; every answer still carries its capture, equal to
+    the same question's capture asked alone (tokens identical, hidden states within the
+    CPU backend's batch variance)."""
+    import httpx
+
+    if not os.environ.get(VLLM_PYTHON_ENV):
+        pytest.skip(f"{VLLM_PYTHON_ENV} is not set (make test sets it to .venv-vllm)")
+    flags = ["--block-size", "32", "--num-gpu-blocks-override", "12", "--max-model-len", "256"]
+    model = VLLMChatModel(max_tokens=48, max_model_len=256, vllm_args=[*TP["vllm_args"], *flags])
+    countries = ("France", "Peru", "Chile", "Kenya", "Japan", "Spain", "Italy", "Egypt")
+    questions = [[("human", f"Tell me about the capital of {c}.")] for c in countries]
+    together = model.batch(questions, config={"max_concurrency": 8})
+    url, _ = model.engine()
+    metrics = httpx.get(url + "/metrics", timeout=30).text
+    preempted = sum(
+        float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("vllm:num_preemptions")
+    )
+    assert preempted > 0, "the server preempted nothing: the test needs a smaller KV cache"
+    for question, message in zip(questions, together, strict=True):
+        alone = model.invoke(question)
+        meta, solo = message.response_metadata, alone.response_metadata
+        assert meta["token_ids"] == solo["token_ids"]
+        assert len(meta["entropy"]) == len(meta["token_ids"])
+        np.testing.assert_allclose(
+            meta["geometry"]["hidden"]["mean"], solo["geometry"]["hidden"]["mean"], atol=1e-3
+        )

@@ -56,14 +56,6 @@ from .run.calibration_config import FIT_SCORERS, CalibrationConfig
 from .run.store import RunStore
 from .run_labels import call_verdicts, run_judgment, step_labels
 
-__all__ = [
-    "AgentCalibrationRun",
-    "agent_deployment_record",
-    "calibrate_agent_splits",
-    "calibration_action_statistics",
-    "run_step_scores",
-]
-
 
 class AgentCalibrationRun(Protocol):
     """What agent calibration uses of the pipeline's run (``pipeline._Run`` is one): the

@@ -20,8 +20,6 @@ from .judges.judging import Verdicts, check_two_classes, labels
 from .questions.datasets import QAItem
 from .run.calibration_config import FIT_SCORERS, CalibrationConfig
 
-__all__ = ["calibration_groups", "fit_and_score", "make_scorer"]
-
 logger = logging.getLogger("abstain_guard.calibration")
 
 

@@ -73,7 +73,8 @@ from .questions.datasets import SPLIT_NAMES, QAItem
 from .questions.items import items_digest
 from .review import review_path, start_review, write_review_file
 from .run.calibration_config import FIT_SCORERS, CalibrationConfig
-from .run.store import RunStore, run_locks
+from .run.lock import run_locks
+from .run.store import RunStore
 
 logger = logging.getLogger("abstain_guard.calibration")
 

@@ -47,19 +47,6 @@ from .questions.datasets import QAItem, split_items
 from .questions.items import check_split_sizes, load_items
 from .run.calibration_config import AUTO_SCORER, TYPE_FLOOR, CalibrationConfig
 
-__all__ = [
-    "CHARS_PER_TOKEN",
-    "DEFAULT_CONTEXT_LENGTH",
-    "PROMPT_OVERHEAD_TOKENS",
-    "check_api_model",
-    "check_executor",
-    "check_output_dir",
-    "check_question_lengths",
-    "check_writable_location",
-    "model_context_length",
-    "preflight",
-]
-
 DEFAULT_CONTEXT_LENGTH = 8192
 """Context window of the embedded SmolLM2-135M-Instruct (``llama.context_length`` in its GGUF
 header), so the default model need not be opened to check lengths."""

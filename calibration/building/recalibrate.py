@@ -28,8 +28,6 @@ from abstain_guard.errors import InsufficientDataError, InvalidInputError, Monit
 from abstain_guard.monitor.log import MonitorRecord, read_log
 from abstain_guard.monitor.scope import calibration_sha256
 
-__all__ = ["CHECK_LEVEL", "RecalibrationSummary", "pool_check", "recalibrate", "selection_check"]
-
 Mode = Literal["participation", "risk"]
 
 #: Default significance level of the checks that refuse a selected sample or an invalid pool.

@@ -26,8 +26,6 @@ from .judges.base import Judgment
 from .judges.tool_calls import judge_tool_calls
 from .questions.datasets import QAItem
 
-__all__ = ["RunCallVerdicts", "call_verdicts", "run_judgment", "step_labels"]
-
 
 class RunCallVerdicts(list[list[bool]]):
     """Per model call of a run, whether each of its (parsed) tool calls is right, shape

@@ -40,8 +40,6 @@ from ..building.run.calibration_config import CalibrationConfig
 from .agent_step_live import finish_row, step_live_row, stored_run_statistic
 from .cache_reuse import EvaluateCache
 
-__all__ = ["LiveAgent", "agent_live_rows", "takes_middleware"]
-
 
 def takes_middleware(factory: Any) -> bool:
     """Whether ``factory`` accepts a ``middleware`` argument (so the guard can be added)."""

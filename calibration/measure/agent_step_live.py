@@ -24,8 +24,6 @@ from ..building.answering.agents import AgentRun, run_row, step_messages
 from ..building.judges.base import Judgment
 from ..building.run_labels import call_verdicts, run_judgment
 
-__all__ = ["step_live_row", "step_summary", "stored_run_statistic"]
-
 
 def stored_run_statistic(scorer: Any, row: Mapping[str, Any]) -> float | None:
     """The whole run's statistic of a cached (unguarded) run, None without model calls."""

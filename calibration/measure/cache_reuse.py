@@ -26,10 +26,8 @@ from typing import Any
 
 from abstain_guard.errors import CacheError
 
-from ..building.run.lock import lock_path
-from ..building.run.store import LayeredStore, RunStore, lock_holder
-
-__all__ = ["EvaluateCache", "calibration_cache_dir", "evaluate_cache"]
+from ..building.run.lock import lock_holder, lock_path
+from ..building.run.store import LayeredStore, RunStore
 
 logger = logging.getLogger("abstain_guard.calibration")
 

@@ -45,8 +45,6 @@ from ..building.run.calibration_config import CalibrationConfig
 from .cache_reuse import EvaluateCache, evaluate_cache
 from .held_out import artifact_items
 
-__all__ = ["in_distribution", "kernel_summary", "live_check", "summarize_live"]
-
 
 def _generated(message: Any) -> dict[str, Any]:
     """The response metadata of the generated answer (the withheld one when abstaining)."""

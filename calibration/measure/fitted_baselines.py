@@ -40,16 +40,6 @@ from ..building.run.calibration_config import TYPE_FLOOR
 
 logger = logging.getLogger("abstain_guard.calibration")
 
-__all__ = [
-    "FITTED_BASELINES",
-    "TypeFloor",
-    "cost",
-    "fitted_baseline_scores",
-    "question_group",
-    "reference_metadata",
-    "with_groups",
-]
-
 FITTED_BASELINES = (*scorer_names(family="probe"), TYPE_FLOOR, "geometry_plus")
 """Baselines fitted on the artifact's reference and train answers (never calibration): the
 hidden-state probes, likelihood + probe, the type-only floor, and ``geometry_plus`` (on an

@@ -27,8 +27,6 @@ from abstain_guard.errors import InsufficientDataError
 from abstain_guard.guarantee.decision import decision_rule
 from abstain_guard.guarantee.groups import group_rates, group_rules
 
-__all__ = ["cross_fitted_groups", "group_tables", "groups_markdown"]
-
 logger = logging.getLogger("abstain_guard.calibration")
 
 

@@ -19,8 +19,6 @@ from scipy import stats
 from abstain_guard.errors import InsufficientDataError, InvalidInputError
 from abstain_guard.guarantee.validation import check_labels
 
-__all__ = ["IMPORTANCE_FAMILIES", "hypothesis_checks", "validate_importance"]
-
 IMPORTANCE_FAMILIES: tuple[str, ...] = ("omega", "theta", "phi_in", "phi_out")
 """The geometry signals permuted by the importance ablation, in the order the report shows."""
 IMPORTANCE_KEYS: tuple[str, ...] = (

@@ -37,21 +37,6 @@ from sklearn.metrics import average_precision_score, roc_auc_score
 from abstain_guard.errors import InsufficientDataError, InvalidInputError
 from abstain_guard.guarantee.validation import check_labels, check_scores, require_both_classes
 
-__all__ = [
-    "INTERVAL_METRICS",
-    "IntervalMetric",
-    "auprc",
-    "auroc",
-    "auroc_interval",
-    "bootstrap_draws",
-    "bootstrap_intervals",
-    "check_nan_policy",
-    "percentile_interval",
-    "prr",
-    "rejection_area",
-    "rejection_curve",
-]
-
 
 def _uncertainty(uncertainty: ArrayLike, name: str = "uncertainty") -> NDArray[np.float64]:
     """Validated ``uncertainty [n]`` as float64, ``±inf`` kept (a score only has to rank)."""

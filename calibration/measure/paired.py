@@ -36,20 +36,6 @@ from abstain_guard.guarantee.frontier import certifiable_frontier, smallest_cert
 
 from .metrics import bootstrap_draws, percentile_interval
 
-__all__ = [
-    "COMPARISONS",
-    "FAMILY_ALPHA",
-    "PARTICIPATIONS",
-    "adjust_family",
-    "bootstrap_p_value",
-    "delong_components",
-    "delong_difference",
-    "holm_adjust",
-    "paired_report",
-    "selective_risk",
-    "verdict",
-]
-
 PARTICIPATIONS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5)
 """Participation levels of the selective-risk summary."""
 

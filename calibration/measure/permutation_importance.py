@@ -15,8 +15,6 @@ from abstain_guard.scorers.geometry import GeometryScorer
 
 from . import metrics
 
-__all__ = ["FeatureImportance", "permutation_importance"]
-
 
 @dataclass
 class FeatureImportance:

@@ -17,14 +17,6 @@ from typing import Any
 
 import numpy as np
 
-__all__ = [
-    "plot_conditional_correctness",
-    "plot_hypothesis",
-    "plot_importance",
-    "plot_participation",
-    "simulated_scorers",
-]
-
 
 def _pyplot() -> Any:
     # Lazy: matplotlib is heavy and only needed when a report with plots is written.

@@ -29,8 +29,6 @@ from .metrics import (
     prr,
 )
 
-__all__ = ["scorer_metrics", "scorer_table", "select_scored"]
-
 
 def scorer_metrics(uncertainty: ArrayLike, correct: ArrayLike) -> dict[str, float]:
     """AUROC, AUPRC (paper: positive = correct), AUPRC with positive = incorrect, and PRR

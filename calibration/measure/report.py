@@ -37,8 +37,6 @@ from .tables import (
     results_table_markdown,
 )
 
-__all__ = ["guarantee_table_markdown", "jsonable", "write_report"]
-
 
 def jsonable(obj: Any) -> Any:
     """``obj`` with numpy types turned into Python ones and NaN/±inf into ``None`` (strict

@@ -29,14 +29,6 @@ from .simulation import (
     resplit_simulation,
 )
 
-__all__ = [
-    "SCHEMA_VERSION",
-    "MeasureSettings",
-    "build_results",
-    "evaluate_dataset",
-    "evaluate_scores",
-]
-
 SCHEMA_VERSION = 1
 
 

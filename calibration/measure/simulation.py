@@ -31,16 +31,6 @@ from abstain_guard.errors import InsufficientDataError, InvalidInputError
 from abstain_guard.guarantee.conformal import conformal_rank
 from abstain_guard.guarantee.validation import check_labels, check_scores
 
-__all__ = [
-    "DEFAULT_LEVELS",
-    "ResplitArrays",
-    "check_levels",
-    "level_key",
-    "resplit_arrays",
-    "resplit_permutations",
-    "resplit_simulation",
-]
-
 DEFAULT_LEVELS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 # Upper bound on booleans materialised per chunk of resplits ([B, n, levels]).
 _CHUNK_ELEMENTS = 8_000_000

@@ -15,22 +15,6 @@ from typing import Any
 
 from abstain_guard.errors import InvalidInputError
 
-__all__ = [
-    "COUNTS_ROW",
-    "METRIC_LABELS",
-    "MIN_CLASS_COUNT",
-    "Cell",
-    "above_chance",
-    "calibrated_table_markdown",
-    "check_results",
-    "format_cell",
-    "headline_markdown",
-    "interval_note",
-    "results_table_markdown",
-    "shortfalls",
-    "too_few",
-]
-
 METRIC_LABELS: dict[str, str] = {
     "auroc": "AUROC (incorrect answers ranked more uncertain; 0.5 = chance)",
     "auprc": "AUPRC (positive = correct answer, ranked by confidence; chance = accuracy)",

@@ -45,19 +45,6 @@ from ..questions.datasets import QAItem
 from ..run.store import RunStore, content_key
 from .answer_rows import LIKELIHOOD_METADATA, AnswerRow, AnswerRows
 
-__all__ = [
-    "AGENT_NS",
-    "AgentRun",
-    "OfferRecorder",
-    "agent_inputs",
-    "load_agent_factory",
-    "run_agent",
-    "run_agents",
-    "run_key",
-    "runs_summary",
-    "step_messages",
-]
-
 #: Run-store namespace of cached agent runs.
 AGENT_NS = "agent_runs"
 

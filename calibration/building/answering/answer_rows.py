@@ -19,19 +19,6 @@ import numpy as np
 
 from ..questions.datasets import QAItem
 
-__all__ = [
-    "HELD_OUT",
-    "LIKELIHOOD_METADATA",
-    "STATES_NS",
-    "AnswerRow",
-    "AnswerRows",
-    "Capture",
-    "GenerationOptions",
-    "keyed_rows",
-    "means_digest",
-    "plan_chunks",
-]
-
 #: The response-metadata keys an answer's cache entry keeps (what the scorers read).
 LIKELIHOOD_METADATA = (
     "prompt_token_ids",

@@ -45,15 +45,6 @@ from .answer_rows import (
     plan_chunks,
 )
 
-__all__ = [
-    "ChunkAnswer",
-    "deployment_record",
-    "generate_answers",
-    "generate_chunk",
-    "generated_pairs",
-    "replay_as_deployed",
-]
-
 
 def _gen_params(config: CalibrationConfig, item: QAItem) -> dict[str, Any]:
     return {"max_new_tokens": max_new_tokens_for(item.kind, config.max_new_tokens)}

@@ -40,15 +40,6 @@ from ..run.calibration_config import CalibrationConfig
 from ..run.store import RunStore, content_key
 from .answer_rows import AnswerRow, AnswerRows, GenerationOptions, keyed_rows, plan_chunks
 
-__all__ = [
-    "api_answer_row",
-    "api_labeled",
-    "generate_api_answers",
-    "measure_live_bound",
-    "needs_token_logprobs",
-    "score_api_answers",
-]
-
 #: What an API answer's cache row keeps of its response metadata (the scorers read these;
 #: the vLLM backend also writes token ids, entropies, hidden states and its engine record).
 API_METADATA = (

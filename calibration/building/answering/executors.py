@@ -46,8 +46,6 @@ from .answers import ChunkAnswer
 
 logger = logging.getLogger("abstain_guard.calibration")
 
-__all__ = ["AGENT_CHUNK", "JUDGE_CHUNK", "RayExecutor", "import_ray", "local_threads"]
-
 #: Answers judged per remote call.
 JUDGE_CHUNK = 64
 #: Questions per remote call of agent runs (each run is several model calls).

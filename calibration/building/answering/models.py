@@ -14,8 +14,6 @@ from abstain_guard.guard.chains import load_chat_model
 from ..run.calibration_config import CalibrationConfig
 from .answers import CALIBRATION_ROWS_PER_STEP
 
-__all__ = ["load_model"]
-
 
 def load_model(config: CalibrationConfig) -> Any:
     """The chat model named by the config (``"default"`` = embedded SmolLM2), generating at

@@ -45,17 +45,6 @@ from .answers import generated_pairs, replay_as_deployed
 
 logger = logging.getLogger("abstain_guard.calibration")
 
-__all__ = [
-    "answers_with_phi",
-    "captures_geometry",
-    "ensure_reference_arrays",
-    "fit_captured",
-    "fit_reference_means",
-    "reference_hidden",
-    "reference_responses",
-    "scoring_model",
-]
-
 
 def captures_geometry(scorer: Any) -> bool:
     """Whether ``scorer`` is fitted on means computed outside it (``fit(...,

@@ -11,8 +11,6 @@ from ..judges.base import Judge, Judgment
 from ..run.calibration_config import CalibrationConfig
 from .executors import RayExecutor
 
-__all__ = ["RayJudge", "distribute_judges", "judge_specs"]
-
 
 class RayJudge(Judge):
     """A judge whose verdicts are made on the Ray replicas (``make_judge(spec)`` there).

@@ -27,8 +27,6 @@ from ..run.calibration_config import CalibrationConfig
 from .answer_rows import AnswerRows
 from .answers import generated_pairs
 
-__all__ = ["StreamScores", "stream_scores"]
-
 
 class StreamScores:
     """The calibration answers' stream statistics ``[n]``, first-chunk scores ``[n]``,

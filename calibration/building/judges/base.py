@@ -17,8 +17,6 @@ from tqdm.auto import tqdm
 
 from abstain_guard.errors import JudgeError
 
-__all__ = ["Judge", "JudgeInput", "Judgment", "summarize_judgments"]
-
 #: ``(question, gold_answers, prediction)`` or, for choice questions,
 #: ``(question, gold_answers, prediction, choices)``.
 JudgeInput = Union[  # noqa: UP007 (a runtime alias: `|` on generic aliases needs 3.10+ anyway)

@@ -28,8 +28,6 @@ from abstain_guard.errors import CacheError, JudgmentCacheError
 from ..run.store import LayeredStore, RunStore, content_key
 from .base import Judge, JudgeInput, Judgment, unpack_input
 
-__all__ = ["CachedJudge", "JudgmentCache", "judgment_key"]
-
 
 def judgment_key(
     question: str, gold_answers: Sequence[str], prediction: str, choices: Sequence[str] = ()

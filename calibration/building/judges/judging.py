@@ -25,18 +25,6 @@ from .base import Judgment
 from .cache import CachedJudge, JudgmentCache
 from .registry import make_judge
 
-__all__ = [
-    "VerdictLike",
-    "Verdicts",
-    "build_judges",
-    "check_two_classes",
-    "is_correct",
-    "judge_answers",
-    "labeled_items",
-    "labeled_splits",
-    "labels",
-]
-
 #: A run's verdicts, ``{item.id: Judgment}``.
 Verdicts = dict[str, Judgment]
 

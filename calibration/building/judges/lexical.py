@@ -26,16 +26,6 @@ from ..questions.answer_text import (
 )
 from .base import Judge, Judgment
 
-__all__ = [
-    "ChoiceJudge",
-    "LexicalJudge",
-    "NumericJudge",
-    "extract_final_number",
-    "refusal_of",
-    "refusal_verdict",
-    "usable_aliases",
-]
-
 Alias = tuple[str, list[str]]
 
 

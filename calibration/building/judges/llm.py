@@ -23,20 +23,6 @@ from abstain_guard.errors import JudgeError
 from .base import Judge, Judgment
 from .lexical import refusal_verdict
 
-__all__ = [
-    "DEFAULT_JUDGE_HUMAN",
-    "DEFAULT_JUDGE_HUMAN_NO_REFERENCE",
-    "DEFAULT_JUDGE_SYSTEM",
-    "DEFAULT_JUDGE_SYSTEM_NO_REFERENCE",
-    "LLMJudge",
-    "Verdict",
-    "chat_model_identity",
-    "message_text",
-    "parse_verdict",
-    "prompt_hash",
-    "with_retry",
-]
-
 logger = logging.getLogger(__name__)
 
 

@@ -25,13 +25,6 @@ from .llm import (
     with_retry,
 )
 
-__all__ = [
-    "DEFAULT_REWRITE_HUMAN",
-    "DEFAULT_REWRITE_SYSTEM",
-    "PaperPipelineJudge",
-    "StatementRewriter",
-]
-
 logger = logging.getLogger(__name__)
 
 DEFAULT_REWRITE_SYSTEM = (

@@ -42,8 +42,6 @@ from .llm import LLMJudge
 from .paper import PaperPipelineJudge, StatementRewriter
 from .similarity import SimilarityJudge
 
-__all__ = ["JUDGE_NAMES", "make_judge"]
-
 JUDGE_NAMES: tuple[str, ...] = ("lexical", "numeric", "choice", "similarity", "llm", "paper")
 
 _PARAMS: dict[str, tuple[str, ...]] = {

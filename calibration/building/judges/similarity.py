@@ -16,8 +16,6 @@ from abstain_guard.errors import JudgeError
 from .base import Judge, JudgeInput, Judgment, unpack_input
 from .lexical import refusal_verdict
 
-__all__ = ["DEFAULT_SIMILARITY_NAME", "SimilarityJudge"]
-
 DEFAULT_SIMILARITY_NAME = "all-MiniLM-L6-v2"
 
 

@@ -57,14 +57,6 @@ from abstain_guard.errors import InvalidInputError
 
 from ..questions.tool_labels import ExpectedCall
 
-__all__ = [
-    "CallVerdict",
-    "judge_tool_calls",
-    "normalize_arg_string",
-    "run_tool_label",
-    "values_equal",
-]
-
 _MISSING = object()
 _NUMERAL = re.compile(r"^[+-]?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?$")
 

@@ -60,8 +60,6 @@ from .lookup_facts import (
 from .probe import builtin_probe_set, without_leaked_aliases
 from .tool_labels import ExpectedCall
 
-__all__ = ["LOOKUP_RELATIONS", "PER_RELATION", "TOOLS", "lookup_questions"]
-
 #: The relations (``QAItem.group``) of :func:`lookup_questions`, in build order.
 LOOKUP_RELATIONS: tuple[str, ...] = (
     "capital",

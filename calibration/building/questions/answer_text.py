@@ -31,18 +31,6 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = [
-    "REFUSAL_PATTERNS",
-    "alias_tokens",
-    "answer_tokens",
-    "hedge_alternatives",
-    "mentions_alias",
-    "normalize_answer",
-    "refusal_phrase",
-    "token_f1",
-    "without_refusals",
-]
-
 ARTICLES = frozenset({"a", "an", "the"})
 #: One-letter English words: as a gold alias (the letter ``"A"``, iodine's ``"I"``) they only
 #: match where the prediction ends a clause with them (``"The answer is A."``), never the

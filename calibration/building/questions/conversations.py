@@ -24,18 +24,6 @@ from typing import Any
 
 from abstain_guard.contract.prompts import history_problem, history_role_problem
 
-__all__ = [
-    "History",
-    "check_history",
-    "conversation_fields",
-    "conversation_units",
-    "history_problem",
-    "json_list",
-    "json_type_name",
-    "parse_conversation_id",
-    "parse_history",
-]
-
 #: Earlier turns of a conversation row: ``(role, content)`` pairs, role ``"user"`` or
 #: ``"assistant"``.
 History = tuple[tuple[str, str], ...]

@@ -25,8 +25,6 @@ from .conversations import conversation_fields, json_type_name
 from .datasets import KINDS, Kind, QAItem, choice_letter
 from .tool_labels import tool_label_fields
 
-__all__ = ["DatasetReport", "Fields", "SkippedRow", "load_dataset"]
-
 logger = logging.getLogger(__name__)
 
 

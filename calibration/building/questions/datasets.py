@@ -28,16 +28,6 @@ from .conversations import (
 )
 from .tool_labels import ExpectedCall
 
-__all__ = [
-    "KINDS",
-    "SPLIT_NAMES",
-    "ExpectedCall",
-    "Kind",
-    "QAItem",
-    "choice_letter",
-    "split_items",
-]
-
 Kind = Literal["open", "choice", "numeric"]
 KINDS: tuple[str, ...] = ("open", "choice", "numeric")
 SPLIT_NAMES: tuple[str, str, str, str] = ("reference", "train", "calibration", "test")

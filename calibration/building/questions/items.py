@@ -25,18 +25,6 @@ from .datasets import QAItem
 from .named_datasets import NAMED_DATASETS, load_named_dataset
 from .probe import PROBE_RELATIONS_V1, builtin_probe_set
 
-__all__ = [
-    "BUILTIN_LOOKUP",
-    "BUILTIN_V1",
-    "check_split_sizes",
-    "load_items",
-    "min_calibration_size",
-    "named_spec",
-    "question_key",
-    "split_duplicates",
-    "split_unjudgeable",
-]
-
 logger = logging.getLogger("abstain_guard.calibration")
 
 BUILTIN_V1 = "builtin-v1"

@@ -22,18 +22,6 @@ import re
 import unicodedata
 from typing import Any
 
-__all__ = [
-    "CONTINENTS",
-    "STATE_CAPITALS",
-    "STATE_CAPITAL_ALIASES",
-    "city_facts_text",
-    "country_facts_text",
-    "geonames",
-    "largest_state_cities",
-    "name_key",
-    "state_facts_text",
-]
-
 CONTINENTS = {
     "AF": "Africa",
     "AS": "Asia",

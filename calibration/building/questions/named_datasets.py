@@ -12,8 +12,6 @@ from abstain_guard.errors import DatasetError
 from .dataset_files import DatasetReport, Fields, load_dataset
 from .datasets import QAItem
 
-__all__ = ["NAMED_DATASETS", "load_named_dataset"]
-
 
 @dataclass(frozen=True)
 class _NamedFormat:

@@ -29,14 +29,6 @@ from .answer_text import normalize_answer
 from .datasets import QAItem
 from .probe_relations import PROBE_RELATIONS_V2, relation_items
 
-__all__ = [
-    "PROBE_RELATIONS",
-    "PROBE_RELATIONS_V1",
-    "PROBE_RELATIONS_V2",
-    "builtin_probe_set",
-    "without_leaked_aliases",
-]
-
 #: The first release's relations: ``builtin_probe_set(relations=PROBE_RELATIONS_V1)`` returns
 #: exactly the items (and, per seed, the order) artifacts calibrated on that release hold.
 PROBE_RELATIONS_V1: tuple[str, ...] = (

@@ -48,11 +48,6 @@ from typing import Any
 from .datasets import QAItem
 from .lookup_facts import STATE_CAPITAL_ALIASES, STATE_CAPITALS
 
-__all__ = [
-    "PROBE_RELATIONS_V2",
-    "relation_items",
-]
-
 PROBE_RELATIONS_V2: tuple[str, ...] = (
     "city_country",
     "country_of_capital",

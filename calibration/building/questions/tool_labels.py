@@ -22,16 +22,6 @@ from typing import Any
 
 from .conversations import json_list, json_type_name
 
-__all__ = [
-    "ExpectedCall",
-    "FrozenArgs",
-    "freeze",
-    "parse_expected_calls",
-    "parse_ordered",
-    "thaw",
-    "tool_label_fields",
-]
-
 #: A call's arguments, hashable: ``(name, value)`` pairs sorted by name, values frozen
 #: (:func:`freeze`): objects as sorted pair tuples, lists as tuples.
 FrozenArgs = tuple[tuple[str, Any], ...]

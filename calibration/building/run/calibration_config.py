@@ -23,16 +23,6 @@ from abstain_guard.contract.streaming import ChunkRule
 from abstain_guard.errors import ConfigError, ModelNameError
 from abstain_guard.scorers import scorer_names
 
-__all__ = [
-    "AUTO_SCORER",
-    "BLACKBOX_SCORERS",
-    "FIT_SCORERS",
-    "KNOWN_SCORERS",
-    "LIKELIHOOD_SCORERS",
-    "TYPE_FLOOR",
-    "CalibrationConfig",
-]
-
 LIKELIHOOD_SCORERS = scorer_names(family="likelihood")
 FIT_SCORERS = scorer_names(family=("geometry", "probe"))
 BLACKBOX_SCORERS = scorer_names(family="blackbox")

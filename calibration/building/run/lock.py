@@ -17,8 +17,6 @@ from pathlib import Path
 
 from abstain_guard.errors import CalibrationError, CalibrationLockedError
 
-__all__ = ["RunLock", "lock_holder", "lock_path", "run_locks"]
-
 
 def _read_pid(path: Path) -> int | None:
     try:

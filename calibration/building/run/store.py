@@ -33,7 +33,7 @@ file only.
 ``evaluate`` reads the calibration run's cache this way (its keys are content keys, so a
 value found below is exactly the one it would have written).
 
-:class:`RunLock` (in :mod:`.lock`, re-exported here) keeps one calibration per output.
+:class:`~.lock.RunLock` keeps one calibration per output.
 """
 
 from __future__ import annotations
@@ -57,18 +57,6 @@ from typing import Any
 import numpy as np
 
 from abstain_guard.errors import CacheError
-
-from .lock import RunLock, lock_holder, run_locks
-
-__all__ = [
-    "LayeredStore",
-    "RunLock",
-    "RunStore",
-    "content_key",
-    "lock_holder",
-    "row_digest",
-    "run_locks",
-]
 
 logger = logging.getLogger("abstain_guard.calibration")
 

@@ -28,8 +28,8 @@ from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.calibration.building.judges.cache import CachedJudge, JudgmentCache
 from abstain_guard.calibration.building.pipeline import calibrate
-from abstain_guard.calibration.building.run.lock import RunLock, lock_path
-from abstain_guard.calibration.building.run.store import LayeredStore, RunStore, lock_holder
+from abstain_guard.calibration.building.run.lock import RunLock, lock_holder, lock_path
+from abstain_guard.calibration.building.run.store import LayeredStore, RunStore
 from abstain_guard.calibration.measure import held_out
 from abstain_guard.calibration.measure.cache_reuse import evaluate_cache
 from abstain_guard.calibration.measure.held_out import EvaluateOptions, evaluate

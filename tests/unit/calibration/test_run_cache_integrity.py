@@ -20,7 +20,8 @@ from abstain_guard.calibration.building.judges.cache import CachedJudge, Judgmen
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.building.questions.datasets import QAItem
 from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
-from abstain_guard.calibration.building.run.store import RunLock, RunStore, run_locks
+from abstain_guard.calibration.building.run.lock import RunLock, run_locks
+from abstain_guard.calibration.building.run.store import RunStore
 from abstain_guard.errors import CacheError, CalibrationError, CalibrationLockedError
 
 

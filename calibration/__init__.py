@@ -39,7 +39,7 @@ from .building.run.calibration_config import CalibrationConfig
 
 if TYPE_CHECKING:
     from .measure.deployment_check import live_check
-    from .measure.held_out import evaluate
+    from .measure.evaluate import evaluate
 
 __all__ = [
     "CalibrationConfig",
@@ -59,7 +59,7 @@ __all__ = [
 # Lazy: these import torch, transformers and xgboost; building configs, reading data sets
 # or judging answers must not pay for that.
 _HOME = {
-    "evaluate": "abstain_guard.calibration.measure.held_out",
+    "evaluate": "abstain_guard.calibration.measure.evaluate",
     "live_check": "abstain_guard.calibration.measure.deployment_check",
 }
 __getattr__ = lazy_attributes(__name__, _HOME)

@@ -29,12 +29,9 @@ __all__ = ["add_parser"]
 def _evaluate(args: argparse.Namespace) -> int:
     if args.live:
         return _evaluate_live(args)
-    from abstain_guard.calibration.measure.held_out import (
-        EvaluateOptions,
-        HeldOutSource,
-        evaluate,
-        parse_baselines,
-    )
+    from abstain_guard.calibration.measure.baselines import parse_baselines
+    from abstain_guard.calibration.measure.evaluate import EvaluateOptions, evaluate
+    from abstain_guard.calibration.measure.held_out import HeldOutSource
 
     artifacts = args.artifact or [DEFAULT_ARTIFACT_DIR]
     all_at_once(

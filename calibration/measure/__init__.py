@@ -4,8 +4,9 @@ deployment check.
 
 Modules, from the commands down to the arithmetic:
 
-* :mod:`.held_out` — ``abstain-guard evaluate``: collect held-out answers, score them with
-  the artifact's scorer and the baselines, and write the report (:func:`evaluate`);
+* :mod:`.evaluate` — ``abstain-guard evaluate`` (:func:`~.evaluate.evaluate`): the held-out
+  answers (:mod:`.held_out`) scored with the artifact's scorer and the baselines
+  (:mod:`.baselines`), written as one report;
 * :mod:`.deployment_check` — ``abstain-guard evaluate --live``: the guard as deployed;
 * :mod:`.demo` — ``abstain-guard demo``;
 * :mod:`.permutation_importance` — permutation ablation of the geometry scorer;

@@ -331,8 +331,7 @@ def _select(
 
 def _live_agent(run: _LiveRun, record: DeploymentRecord) -> dict[str, Any]:
     """:func:`live_check` for an agent artifact (:mod:`.agent_live`)."""
-    from .agent_live import LiveAgent, agent_live_rows
-    from .agent_step_live import step_summary
+    from .agent_live import LiveAgent, agent_live_rows, step_summary
 
     live = LiveAgent(run.artifact, run.cfg, record, run.model, run.guard_config)
     rows, policy, guarded_by = agent_live_rows(

@@ -1,7 +1,7 @@
-"""``abstain-guard evaluate``: score held-out answers with the artifact's scorer and the
-baselines, run the resplit simulation, and write the report.
+"""The held-out answers ``abstain-guard evaluate`` measures (:func:`collect_held_out`):
+answered, judged and replayed as the deployed guard scores them.
 
-Which answers are evaluated:
+Which answers:
 
 * without ``data``: the artifact's own run — its calibration and test splits (never used to
   fit the scorer); by default their answers and verdicts are read from the calibration run's
@@ -15,95 +15,46 @@ Which answers are evaluated:
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
-from abstain_guard.artifact.files import LEDGER
-from abstain_guard.artifact.guard_artifact import GuardArtifact
-from abstain_guard.backends import check_backend_serves
 from abstain_guard.contract.chat_model_specs import ChatModelSpec, chat_model_fingerprint
-from abstain_guard.contract.deployment import DeploymentRecord
-from abstain_guard.contract.metadata import HIDDEN
-from abstain_guard.contract.runnables import with_calibrated_capture
-from abstain_guard.errors import (
-    ArtifactWriteError,
-    CalibrationError,
-    ConfigError,
-    DatasetError,
-    ScoringError,
-)
-from abstain_guard.guarantee.frontier import frontier_document
-from abstain_guard.guarantee.ledger import LedgerEntry
-from abstain_guard.scorers import BlackBoxScorer, SampleSource, build_scorer, scorer_names
-from abstain_guard.scorers.calibrated import CalibratedScorer
-from abstain_guard.scorers.geometry import GeometryScorer
+from abstain_guard.contract.metadata import HIDDEN, QUESTION_GROUP
+from abstain_guard.errors import CalibrationError, DatasetError
 
-from ..building.answering.answer_rows import GenerationOptions
+from ..building.answering.answer_rows import STATES_NS, AnswerRow, GenerationOptions
 from ..building.answering.answers import generate_answers, replay_as_deployed
-from ..building.answering.models import load_model
-from ..building.answering.online_geometry import reference_responses
+from ..building.answering.online_geometry import reference_hidden, reference_responses
 from ..building.judges.judging import build_judges, judge_answers, labeled_items, labels
 from ..building.questions.dataset_files import Fields, load_dataset
 from ..building.questions.datasets import QAItem, split_items
-from ..building.questions.items import BUILTIN_V1, items_digest, load_items, named_spec
+from ..building.questions.items import items_digest, load_items, named_spec
 from ..building.questions.named_datasets import load_named_dataset
-from ..building.run.calibration_config import TYPE_FLOOR, CalibrationConfig
-from .cache_reuse import EvaluateCache, evaluate_cache
-from .fitted_baselines import (
-    FITTED_BASELINES,
-    cost,
-    fitted_baseline_scores,
-    reference_metadata,
-    with_groups,
-)
-from .group_report import group_tables
-from .paired import adjust_family, paired_report
-from .permutation_importance import permutation_importance
-from .report import write_report
-from .results import MeasureSettings, build_results, evaluate_dataset
+from ..building.run.calibration_config import CalibrationConfig
+from .cache_reuse import EvaluateCache
 
 logger = logging.getLogger("abstain_guard.calibration")
 
-LIKELIHOOD = scorer_names(family="likelihood")
-MODEL_BASELINES = scorer_names(family=("model", "sampling"))
-BLACKBOX_BASELINES = tuple(BlackBoxScorer.presets)
-"""The black-box statistics, scored from the samples a black-box artifact drew."""
-KNOWN_BASELINES = LIKELIHOOD + MODEL_BASELINES + FITTED_BASELINES + BLACKBOX_BASELINES
-BASELINE_PARAMS: dict[str, dict[str, Any]] = {"semantic_entropy": {"judge": "similarity"}}
-"""Constructor parameters of baselines in ``evaluate`` (offline equivalence judge)."""
+
+def with_groups(metadata: Sequence[dict[str, Any]], items: Sequence[QAItem]) -> list[Any]:
+    """Copies of ``metadata`` with each question's type (``question_group``)."""
+    return [{**m, QUESTION_GROUP: it.group} for m, it in zip(metadata, items, strict=True)]
 
 
-def baseline_params(name: str, artifact_scorer: Any) -> dict[str, Any]:
-    """The constructor parameters of baseline ``name`` on an artifact whose scorer is
-    ``artifact_scorer``: a black-box statistic samples nothing of its own, it scores the
-    samples the artifact's black-box scorer drew (its k, temperature, primary rule and
-    similarity model).
-
-    Raises:
-        ConfigError: a black-box statistic on an artifact whose scorer draws no such samples.
-    """
-    if name not in BLACKBOX_BASELINES:
-        return dict(BASELINE_PARAMS.get(name, {}))
-    if not isinstance(artifact_scorer, BlackBoxScorer):
-        raise ConfigError(
-            f"baseline {name!r} scores the samples a black-box artifact drew with each answer; "
-            f"this artifact's scorer {artifact_scorer.kind!r} draws none. Calibrate a black-box "
-            f"scorer (e.g. --scorer {name}) and evaluate that artifact."
-        )
-    plan = artifact_scorer.plan
-    return {
-        "num_samples": plan.num_samples,
-        "temperature": plan.temperature,
-        "primary": plan.primary,
-        "equivalence_threshold": artifact_scorer.equivalence_threshold,
-        "similarity": artifact_scorer.similarity,
-    }
+def reference_metadata(answer: AnswerRow, store: Any) -> dict[str, Any]:
+    """A reference answer's metadata for the fitted baselines: its likelihood metadata and
+    the probe layers' summaries (from its row, or from its cached states)."""
+    meta = dict(answer.get("metadata") or {})
+    hidden = answer.get("hidden")
+    if hidden is None:
+        hidden = reference_hidden(answer, store.get_arrays(STATES_NS, answer["key"]))
+    if hidden is not None:
+        meta["geometry"] = {**(meta.get("geometry") or {}), HIDDEN: hidden}
+    return meta
 
 
 @dataclass
@@ -123,34 +74,6 @@ class HeldOut:
     #: per scorer: seconds per answer of scoring (and of fitting, state size for the fitted
     #: baselines), filled by :func:`score_held_out`
     costs: dict[str, dict[str, float]] = field(default_factory=dict)
-
-
-def parse_baselines(spec: str | Sequence[str]) -> list[str]:
-    """``"likelihood"``, ``"probes"`` (likelihood, every probe, likelihood + probe and the
-    type-only floor), ``"blackbox"`` (every black-box statistic, on a black-box artifact's
-    samples), ``"all"`` (every baseline but the black-box ones),
-    ``"none"`` or a comma list of baseline names."""
-    if isinstance(spec, str):
-        if spec == "likelihood":
-            return list(LIKELIHOOD)
-        if spec == "probes":
-            return list(LIKELIHOOD + FITTED_BASELINES)
-        if spec == "blackbox":
-            return list(BLACKBOX_BASELINES)
-        if spec == "all":
-            return list(LIKELIHOOD + MODEL_BASELINES + FITTED_BASELINES)
-        if spec == "none":
-            return []
-        names = [s.strip() for s in spec.split(",") if s.strip()]
-    else:
-        names = list(spec)
-    unknown = sorted(set(names) - set(KNOWN_BASELINES))
-    if unknown:
-        raise ConfigError(
-            f"Unknown baseline(s) {unknown}; choose from {list(KNOWN_BASELINES)} "
-            "or the sets 'likelihood', 'probes', 'blackbox', 'all', 'none'."
-        )
-    return names
 
 
 def read_data_spec(
@@ -212,10 +135,6 @@ def artifact_splits(artifact: Any) -> tuple[str, list[QAItem], dict[str, list[QA
     source = meta["data"]
     items, _ = load_items(source, cfg)
     stored = meta.get("items_sha256")
-    if source == "builtin" and stored is not None and items_digest(items) != stored:
-        first_release, _ = load_items(BUILTIN_V1, cfg)  # calibrated before the set grew
-        if items_digest(first_release) == stored:
-            items = first_release
     if stored is not None and items_digest(items) != stored:
         raise DatasetError(
             f"The data {source!r} changed since the artifact was calibrated (content hash "
@@ -236,7 +155,7 @@ def artifact_splits(artifact: Any) -> tuple[str, list[QAItem], dict[str, list[QA
     return name, [by_id[i] for i in ids], splits
 
 
-def _backend_of(cfg: CalibrationConfig) -> str:
+def backend_of(cfg: CalibrationConfig) -> str:
     """``exact``, ``vllm`` or ``api``: the engine an artifact's answers came from."""
     if cfg.backend == "vllm":
         return "vllm"
@@ -397,277 +316,3 @@ def collect_held_out(
         )
         held.reference_correct = np.array(labels(qs.reference, judgments))
     return held
-
-
-def score_held_out(
-    held: HeldOut,
-    artifact: Any,
-    model: Any,
-    baselines: Sequence[str],
-    *,
-    num_samples: int = 5,
-    progress: bool = True,
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Uncertainty scores of every scorer, and of the calibrated likelihood baselines."""
-    t0 = time.perf_counter()
-    scores: dict[str, np.ndarray] = {
-        artifact.scorer.name: artifact.scorer.score_many(held.metadata)
-    }
-    held.costs[artifact.scorer.name] = cost(t0, len(held.metadata))
-    samples = None
-    if any(b in MODEL_BASELINES for b in baselines):
-        samples = SampleSource(model, num_samples=num_samples, max_new_tokens=24)
-    for name in tqdm(baselines, desc="baselines", disable=not progress):
-        if name in scores or name in FITTED_BASELINES:
-            continue
-        t0 = time.perf_counter()
-        params = baseline_params(name, artifact.scorer)
-        scorer = build_scorer(name, model=model, samples=samples, **params)
-        try:
-            scores[name] = np.asarray(scorer.score_many(held.metadata), dtype=np.float64)
-        except ScoringError as exc:  # e.g. a likelihood baseline on text-only answers
-            logger.warning("baseline %s left out: it cannot score these answers (%s)", name, exc)
-            continue
-        held.costs[name] = cost(t0, len(held.metadata))
-    fitted = [b for b in baselines if b in FITTED_BASELINES and b not in scores]
-    if fitted:
-        scores.update(fitted_baseline_scores(held, fitted))
-    calibrated: dict[str, np.ndarray] = {}
-    if held.train_metadata is not None and held.train_correct is not None:
-        for name in (b for b in baselines if b in LIKELIHOOD and b in scores):
-            cal = CalibratedScorer(build_scorer(name))
-            cal.fit(list(zip(held.train_metadata, held.train_correct.tolist(), strict=True)))
-            calibrated[cal.name] = np.asarray(cal.score_many(held.metadata), dtype=np.float64)
-    return scores, calibrated
-
-
-def record_looks(art: GuardArtifact, names: Sequence[str]) -> dict[str, Any]:
-    """Append one ledger entry per scorer evaluated on ``art``'s calibration and test answers
-    (:mod:`abstain_guard.guarantee.ledger`): what ``results.json`` records of it (the names,
-    K after them, and where the ledger is, or why it could not be written)."""
-    own = {art.scorer.name: art.scorer.kind}
-    looks = [
-        LedgerEntry.now(own.get(n, n), by="abstain-guard evaluate", answers="calibration+test")
-        for n in names
-    ]
-    try:
-        art.record_looks(looks)
-    except ArtifactWriteError as exc:
-        logger.warning(
-            "The selection ledger of %s was not written (%s): choosing or keeping a scorer "
-            "after this evaluation is a choice on the calibration answers; count these %d "
-            "scorers in K by hand.",
-            art.path,
-            exc,
-            len(looks),
-        )
-        return {"names": [e.name for e in looks], "written": False, "error": str(exc)}
-    return {
-        "names": [e.name for e in looks],
-        "written": art.path is not None,
-        "path": None if art.path is None else str(art.path / LEDGER),
-        "n_candidates": art.n_candidates,
-    }
-
-
-@dataclass(frozen=True)
-class EvaluateOptions:
-    """What ``evaluate`` measures besides the artifact's scorer, and where it caches.
-
-    Attributes:
-        baselines: "likelihood" (default), "all", "none", or a comma list
-            (:func:`parse_baselines`).
-        n_resplits: random calibration/test resplits for the participation curves.
-        num_samples: K for the sampling baselines.
-        importance_repeats: permutations per feature family (geometry scorer).
-        seed: resplit seed.
-        cache_dir: where answers and verdicts are cached, read and written (default
-            ``<out>/cache``). Nothing is written elsewhere.
-        reuse_calibration_cache: without ``cache_dir``, also read the answers and verdicts
-            of the artifact's calibration cache, read-only (:mod:`.cache_reuse`); a cache
-            that is gone or cannot be read is skipped with a log line.
-    """
-
-    baselines: str | Sequence[str] = "likelihood"
-    n_resplits: int = 1000
-    num_samples: int = 5
-    importance_repeats: int = 5
-    seed: int = 0
-    cache_dir: str | Path | None = None
-    reuse_calibration_cache: bool = True
-
-    def cache(self, out: str | Path, art: GuardArtifact, path: str | Path) -> EvaluateCache:
-        """The evaluation's cache of ``art`` (loaded from ``path``)."""
-        if self.cache_dir is not None:
-            return EvaluateCache(Path(self.cache_dir))
-        return evaluate_cache(Path(out) / "cache", art, path, reuse=self.reuse_calibration_cache)
-
-
-def _dataset_entry(
-    held: HeldOut,
-    art: GuardArtifact,
-    scores: dict[str, np.ndarray],
-    calibrated: dict[str, np.ndarray],
-    options: EvaluateOptions,
-    progress: bool,
-) -> dict[str, Any]:
-    """One data set's entry of the results document: the metrics and resplit simulation of
-    every scorer (:func:`.results.evaluate_dataset`), with permutation importance on a
-    geometry artifact and Ω, Θ, Φ hypothesis checks from the exact engine."""
-    importance = None
-    if isinstance(art.scorer, GeometryScorer):
-        importance = permutation_importance(
-            art.scorer, held.metadata, held.correct.tolist(), n_repeats=options.importance_repeats
-        ).to_dict()
-    exact = _backend_of(CalibrationConfig(**art.metadata.get("config", {}))) == "exact"
-    return evaluate_dataset(
-        held.name,
-        scores,
-        held.correct,
-        groups=_groups(held),
-        geometries=[m["geometry"] for m in held.metadata] if held.metadata and exact else None,
-        importance=importance,
-        calibrated_scores_by_scorer=calibrated or None,
-        settings=MeasureSettings(
-            n_resplits=options.n_resplits, seed=options.seed, nan_policy="omit", progress=progress
-        ),
-    )
-
-
-def _groups(held: HeldOut) -> list[Any] | None:
-    """The held-out questions' types, ``None`` when none has one."""
-    groups: list[Any] = [it.group for it in held.items]
-    return groups if any(g is not None for g in groups) else None
-
-
-def _comparisons(
-    held: HeldOut, art: GuardArtifact, scores: dict[str, np.ndarray], seed: int
-) -> dict[str, Any]:
-    """The certifiable frontier, the scorers' costs and the paired comparisons with the
-    artifact's scorer."""
-    return {
-        "frontier": frontier_document(art.scores, art.correct, candidates=art.n_candidates),
-        "costs": held.costs,
-        "paired": paired_report(
-            scores,
-            held.correct,
-            reference=art.scorer.name,
-            groups=_groups(held),
-            calibration=np.arange(held.correct.size) < held.n_calibration,
-            seed=seed,
-        ),
-    }
-
-
-def _group_rules(
-    held: HeldOut, art: GuardArtifact, scores: dict[str, np.ndarray], seed: int
-) -> dict[str, Any]:
-    """The pooled and the per-group rule, per group (:mod:`.group_report`)."""
-    cfg = CalibrationConfig(**art.metadata.get("config", {}))
-    groups: list[Any] = [it.group for it in held.items]
-    return group_tables(
-        scores[art.scorer.name],
-        held.correct,
-        groups,
-        cfg.participation,
-        cfg.risk_target,
-        cfg.delta,
-        seed=seed,
-    )
-
-
-def _headline(entries: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """AUROC (and its interval) per data set and scorer."""
-    return {
-        e["name"]: {
-            s: {"auroc": round(v["auroc"], 3), "auroc_ci": v.get("auroc_ci")}
-            for s, v in e["scorers"].items()
-            if "auroc" in v
-        }
-        for e in entries
-    }
-
-
-def _model_for(art: GuardArtifact, path: str | Path, names: Sequence[str], model: Any) -> Any:
-    """``model`` when it is the artifact's, else the artifact's model loaded; refused before
-    anything is generated when the artifact's backend cannot score a baseline."""
-    cfg = CalibrationConfig(**art.metadata.get("config", {}))
-    backend = _backend_of(cfg)
-    for name in (n for n in names if n != TYPE_FLOOR):  # the floor reads no model output
-        check_backend_serves(name, backend, label=f"baseline of {path}")
-        baseline_params(name, art.scorer)
-    if model is None or getattr(model, "fingerprint", None) != art.model_fingerprint:
-        model = load_model(cfg)
-    art.check_fingerprint(getattr(model, "fingerprint", None))
-    return model
-
-
-def evaluate(
-    artifact: str | Path | Sequence[str | Path],
-    out: str | Path,
-    *,
-    source: HeldOutSource = HeldOutSource(),
-    options: EvaluateOptions = EvaluateOptions(),
-    progress: bool = True,
-    model: Any = None,
-    judges: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Evaluate one or more artifacts and write ``results.json``, plots and ``report.md``.
-
-    Args:
-        artifact: an artifact directory, or several (one data set each, one report).
-        out: the report directory.
-        source: the questions: the artifact's own held-out splits (default) or another file.
-        options: the baselines, the resplit simulation and the cache.
-        progress: progress bars.
-        model: an already loaded chat model to reuse.
-        judges: judges per question kind (default: the artifact's judge, cached).
-
-    Returns:
-        The results document (also written to ``out/results.json``), with a ``headline``
-        entry: AUROC per data set and scorer.
-    """
-    paths = [artifact] if isinstance(artifact, (str, Path)) else list(artifact)
-    names = parse_baselines(options.baselines)
-    arts = [GuardArtifact.load(p) for p in paths]
-    t0 = time.perf_counter()
-    entries = []
-    for path, art in zip(paths, arts, strict=True):
-        model = _model_for(art, path, names, model)
-        held = collect_held_out(
-            art,
-            with_calibrated_capture(model, DeploymentRecord.from_metadata(art.metadata)),
-            source=source,
-            progress=progress,
-            cache=options.cache(out, art, path),
-            judges=judges,
-            fitted_baselines=any(n in FITTED_BASELINES for n in names),
-        )
-        scores, calibrated = score_held_out(
-            held, art, model, names, num_samples=options.num_samples, progress=progress
-        )
-        entry = _dataset_entry(held, art, scores, calibrated, options, progress)
-        if source.data is None:  # the artifact's calibration answers were read: K grows
-            entry["ledger"] = record_looks(art, [*scores, *calibrated])
-        entry.update(_comparisons(held, art, scores, options.seed))
-        entry["artifact"] = str(path)
-        entry["evaluated_on"] = source.data or "held-out calibration + test splits"
-        if entry.get("n_groups"):  # pooled vs per-group rule, per group
-            entry["groups"] = _group_rules(held, art, scores, options.seed)
-        entries.append(entry)
-    # One family for the whole report: every set x every scorer, overall and within type.
-    adjust_family([e["paired"] for e in entries])
-    results = build_results(
-        entries,
-        metadata={
-            "artifacts": [str(p) for p in paths],
-            "data": source.data,
-            "baselines": names,
-            "n_resplits": options.n_resplits,
-            "num_samples": options.num_samples,
-            "seconds": time.perf_counter() - t0,
-        },
-    )
-    results["headline"] = _headline(entries)
-    write_report(results, out)
-    return results

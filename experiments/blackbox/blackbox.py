@@ -24,7 +24,7 @@ from typing import Any
 from abstain_guard.adapters import load_default_model
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
-from abstain_guard.calibration.measure.held_out import EvaluateOptions, evaluate
+from abstain_guard.calibration.measure.evaluate import EvaluateOptions, evaluate
 from abstain_guard.serve.passthrough import ModelService
 from abstain_guard.serve.runner import ServerThread
 

@@ -51,8 +51,7 @@ from abstain_guard.calibration.building.judges.judging import (
 )
 from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
 from abstain_guard.calibration.measure.cache_reuse import evaluate_cache
-from abstain_guard.calibration.measure.fitted_baselines import reference_metadata
-from abstain_guard.calibration.measure.held_out import artifact_splits
+from abstain_guard.calibration.measure.held_out import artifact_splits, reference_metadata
 from abstain_guard.calibration.measure.paired import paired_report
 from abstain_guard.scorers import build_scorer
 from abstain_guard.scorers.probe import PROBE_KINDS, hidden_features

@@ -28,7 +28,7 @@ from abstain_guard.calibration.building.run.calibration_config import (
     CalibrationConfig,
 )
 from abstain_guard.calibration.building.run.store import RunStore
-from abstain_guard.calibration.measure.held_out import (
+from abstain_guard.calibration.measure.baselines import (
     BLACKBOX_BASELINES,
     baseline_params,
     parse_baselines,

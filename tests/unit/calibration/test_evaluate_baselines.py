@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from tiny_models import tiny_chat_model
 
-from abstain_guard.calibration.measure.held_out import (
+from abstain_guard.calibration.measure.baselines import (
     BASELINE_PARAMS,
     MODEL_BASELINES,
     parse_baselines,

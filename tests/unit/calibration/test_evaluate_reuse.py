@@ -30,9 +30,10 @@ from abstain_guard.calibration.building.judges.cache import CachedJudge, Judgmen
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.building.run.lock import RunLock, lock_holder, lock_path
 from abstain_guard.calibration.building.run.store import LayeredStore, RunStore
+from abstain_guard.calibration.measure import evaluate as evaluate_module
 from abstain_guard.calibration.measure import held_out
 from abstain_guard.calibration.measure.cache_reuse import evaluate_cache
-from abstain_guard.calibration.measure.held_out import EvaluateOptions, evaluate
+from abstain_guard.calibration.measure.evaluate import EvaluateOptions, evaluate
 from abstain_guard.cli import commands as cli
 from abstain_guard.errors import CacheError
 
@@ -133,7 +134,7 @@ def test_cli_reuses_by_default_and_not_when_told(
         cached = CachedJudge(judges[-1], JudgmentCache(path, read_from=read_from))
         return {"open": cached, "choice": cached, "numeric": cached}
 
-    monkeypatch.setattr(held_out, "load_model", load)
+    monkeypatch.setattr(evaluate_module, "load_model", load)
     monkeypatch.setattr(held_out, "build_judges", hash_judges)
     monkeypatch.chdir(tmp_path)
     base = ["evaluate", "--artifact", str(tmp / "geo"), "--baselines", "none", "--quiet"]

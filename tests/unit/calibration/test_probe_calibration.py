@@ -16,7 +16,7 @@ from tiny_models import tiny_chat_model
 
 from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.calibration.building.pipeline import calibrate
-from abstain_guard.calibration.measure.held_out import EvaluateOptions, evaluate
+from abstain_guard.calibration.measure.evaluate import EvaluateOptions, evaluate
 from abstain_guard.contract.runnables import map_chat_models
 from abstain_guard.guard.chains import load_guard_chain
 

@@ -18,6 +18,7 @@ from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.calibration.building import pipeline, preflight
 from abstain_guard.calibration.measure import deployment_check, held_out
+from abstain_guard.calibration.measure import evaluate as evaluate_module
 from abstain_guard.cli import commands as cli
 from abstain_guard.errors import (
     ConfigError,
@@ -41,7 +42,7 @@ def guarded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     def fail(*args: Any, **kwargs: Any) -> Any:
         raise ModelLoaded("a model was loaded before validation finished")
 
-    for module in (pipeline, held_out, deployment_check):
+    for module in (pipeline, evaluate_module, deployment_check):
         monkeypatch.setattr(module, "load_model", fail)
     monkeypatch.setattr(abstain_guard.guard.chains, "load_chat_model", fail)
     monkeypatch.chdir(tmp_path)
@@ -379,7 +380,7 @@ def test_evaluate_writes_its_cache_only_under_out(
     def stop(*args: Any, **kwargs: Any) -> Any:
         raise Stop
 
-    monkeypatch.setattr(held_out, "load_model", lambda cfg: Model())
+    monkeypatch.setattr(evaluate_module, "load_model", lambda cfg: Model())
     monkeypatch.setattr(held_out, "generate_answers", stop)
     with pytest.raises(Stop):
         cli.run(["evaluate", "--artifact", art, "--out", "rep", "--quiet"])

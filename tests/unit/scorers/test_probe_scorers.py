@@ -13,8 +13,7 @@ from sklearn.metrics import roc_auc_score
 
 from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.artifact.guard_artifact import GuardArtifact
-from abstain_guard.calibration.measure.fitted_baselines import TypeFloor
-from abstain_guard.calibration.measure.held_out import parse_baselines
+from abstain_guard.calibration.measure.baselines import TypeFloor, parse_baselines
 from abstain_guard.calibration.measure.paired import paired_report, selective_risk
 from abstain_guard.default import default_artifact_path
 from abstain_guard.errors import InvalidInputError, NotFittedError, ScoringError

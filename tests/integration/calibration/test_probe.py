@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections import Counter
 
 import pytest
@@ -13,32 +11,11 @@ from abstain_guard.calibration.building.questions.answer_text import normalize_a
 from abstain_guard.calibration.building.questions.datasets import QAItem, split_items
 from abstain_guard.calibration.building.questions.probe import (
     PROBE_RELATIONS,
-    PROBE_RELATIONS_V1,
-    PROBE_RELATIONS_V2,
     _probe_items,
     builtin_probe_set,
 )
+from abstain_guard.calibration.building.questions.probe_relations import RELATIONS
 from abstain_guard.errors import InvalidInputError
-
-# The first release's probe set (1,077 items), pinned before the relations of issue 12 were
-# added: the shipped default guard stores its question ids and a digest of these items.
-V1_SIZE = 1077
-# sha256 of [[id, question, answers, group, popularity], ...] in the order of seed 0
-V1_SEED0_SHA256 = "250b2fdbd386e0bc833f7530306500990f0b2980536e13eb74a103ce4734d1ad"
-# sha256 of the sorted [[id, question, answers], ...] (any seed)
-V1_CONTENT_SHA256 = "ff9faffa7128c2d5981ab6696c667938e91ea3bf0ad863e27d767434a9780aa4"
-
-
-def _sha256(rows: list[list[object]]) -> str:
-    return hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest()
-
-
-def _ordered_rows(items: list[QAItem]) -> list[list[object]]:
-    return [[it.id, it.question, list(it.answers), it.group, it.popularity] for it in items]
-
-
-def _content_rows(items: list[QAItem]) -> list[list[object]]:
-    return sorted([[it.id, it.question, list(it.answers)] for it in items])
 
 
 @pytest.fixture(scope="module")
@@ -46,14 +23,8 @@ def probe() -> list[QAItem]:
     return builtin_probe_set()
 
 
-@pytest.fixture(scope="module")
-def v1() -> list[QAItem]:
-    return builtin_probe_set(relations=PROBE_RELATIONS_V1)
-
-
 def test_size_relations_and_unique_ids_and_questions(probe) -> None:
     counts = Counter(it.group for it in probe)
-    assert PROBE_RELATIONS == PROBE_RELATIONS_V1 + PROBE_RELATIONS_V2
     assert set(counts) == set(PROBE_RELATIONS)
     assert len(probe) >= 3000
     assert counts["capital"] > 200 and counts["element_name"] == 118
@@ -66,19 +37,6 @@ def test_size_relations_and_unique_ids_and_questions(probe) -> None:
     assert all(it.source.startswith("builtin:") for it in probe)
 
 
-def test_first_release_subset_is_unchanged(probe, v1) -> None:
-    assert len(v1) == V1_SIZE
-    assert _sha256(_ordered_rows(v1)) == V1_SEED0_SHA256
-    assert _sha256(_content_rows(builtin_probe_set(relations=PROBE_RELATIONS_V1, seed=3))) == (
-        V1_CONTENT_SHA256
-    )
-    # the relations' order in the argument does not matter
-    assert builtin_probe_set(relations=list(reversed(PROBE_RELATIONS_V1))) == v1
-    # the default holds every first-release item unchanged
-    by_id = {it.id: it for it in probe}
-    assert all(by_id[it.id] == it for it in v1)
-
-
 def test_deterministic_and_seeded_order(probe) -> None:
     _probe_items.cache_clear()  # built afresh, not read from this process's cache
     assert builtin_probe_set() == probe
@@ -86,6 +44,8 @@ def test_deterministic_and_seeded_order(probe) -> None:
     mine = builtin_probe_set()
     mine.pop()
     assert builtin_probe_set() == probe
+    # the relations' order in the argument does not matter
+    assert builtin_probe_set(relations=list(reversed(PROBE_RELATIONS))) == probe
     other = builtin_probe_set(seed=1)
     assert other != probe
     assert sorted(other, key=lambda it: it.id) == sorted(probe, key=lambda it: it.id)
@@ -203,7 +163,7 @@ def test_the_default_model_knows_the_popular_new_questions(probe, default_model)
     judge = LexicalJudge()
     tops = [
         sorted((it for it in probe if it.group == rel), key=lambda it: -it.popularity)[:10]
-        for rel in PROBE_RELATIONS_V2
+        for rel in RELATIONS
     ]
     # only the text is judged: one batch, without geometry capture (the same greedy tokens)
     asked = [it for top in tops for it in top]
@@ -218,6 +178,6 @@ def test_the_default_model_knows_the_popular_new_questions(probe, default_model)
         bool(judge.judge(it.question, it.answers, str(msg.content)).correct)
         for it, msg in zip(asked, answers, strict=True)
     ]
-    correct = {rel: sum(judged[10 * i : 10 * i + 10]) for i, rel in enumerate(PROBE_RELATIONS_V2)}
+    correct = {rel: sum(judged[10 * i : 10 * i + 10]) for i, rel in enumerate(RELATIONS)}
     assert all(n >= 1 for n in correct.values()), correct
     assert 12 <= sum(correct.values()) <= 38, correct

@@ -157,15 +157,6 @@ def test_named_public_sets_drop_broken_golds_and_count_them(tmp_path: Path) -> N
     assert all(it.line != 4 for it in items)
 
 
-def test_builtin_v1_is_the_first_release_of_the_probe_set() -> None:
-    from abstain_guard.calibration.building.questions.items import BUILTIN_V1
-
-    first, _ = load_items(BUILTIN_V1, CalibrationConfig())
-    current, _ = load_items("builtin", CalibrationConfig())
-    assert len(first) == 1077 and len(current) > 3000
-    assert {it.id for it in first} < {it.id for it in current}
-
-
 def test_small_reference_and_train_splits_only_matter_to_a_fitted_scorer() -> None:
     splits = {"reference": _items(1), "train": _items(1), "calibration": _items(6), "test": []}
     with pytest.raises(InsufficientDataError, match="reference split has only 1"):

@@ -59,18 +59,23 @@ log = logging.getLogger(__name__)
 ENTROPY_CHUNK_ROWS = 32
 
 
-def token_entropy(logits: torch.Tensor, chunk_rows: int = ENTROPY_CHUNK_ROWS) -> torch.Tensor:
-    """Full-vocabulary entropy (nats) of each row: ``[R, V] -> [R]`` float32 on the logits'
-    device, ``−Σ p·log p`` with ``log p = x − logsumexp(x)`` computed in place, ``chunk_rows``
-    rows at a time (at most two ``[chunk_rows, V]`` float32 temporaries, never ``[R, V]``;
+def token_entropy(
+    logits: torch.Tensor, rows: torch.Tensor | None = None, chunk_rows: int = ENTROPY_CHUNK_ROWS
+) -> torch.Tensor:
+    """Full-vocabulary entropy (nats) of each row of ``logits`` (``rows``: of those rows
+    only, gathered a chunk at a time): ``[R, V] -> [R]`` float32 on the logits' device,
+    ``−Σ p·log p`` with ``log p = x − logsumexp(x)`` computed in place, ``chunk_rows`` rows
+    at a time (at most two ``[chunk_rows, V]`` float32 temporaries, never ``[R, V]``;
     ``−inf`` logits, masked tokens, add nothing)."""
-    rows = int(logits.shape[0])
-    out = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    count = int(logits.shape[0] if rows is None else rows.shape[0])
+    out = torch.empty(count, dtype=torch.float32, device=logits.device)
     lowest = torch.finfo(torch.float32).min
-    for start in range(0, rows, chunk_rows):
-        logp = logits[start : start + chunk_rows].to(torch.float32, copy=True).clamp_(min=lowest)
+    for start in range(0, count, chunk_rows):
+        end = start + chunk_rows
+        part = logits[start:end] if rows is None else logits.index_select(0, rows[start:end])
+        logp = part.to(torch.float32, copy=rows is None).clamp_(min=lowest)
         logp.sub_(torch.logsumexp(logp, dim=-1, keepdim=True))
-        out[start : start + chunk_rows] = -logp.exp().mul_(logp).sum(-1)
+        out[start:end] = -logp.exp().mul_(logp).sum(-1)
     return out
 
 
@@ -148,6 +153,10 @@ class StepCopier:
         ring: steps whose rows may wait for their read-out at once (vLLM's concurrent
             batches plus one: a step is read before the step two later is scheduled).
         copy_stream: copy on a CUDA copy stream with events (default: on a CUDA device).
+
+    A step's row indices reach the device from a pinned tensor of PyTorch's caching host
+    allocator, which reuses that memory only once the copy's event completed: the engine
+    thread never waits for an earlier step.
     """
 
     def __init__(
@@ -167,12 +176,9 @@ class StepCopier:
         self.rows = _pinned(ring, max_rows, layers, hidden_size, dtype=torch.float32, pin=pin)
         self.entropy = _pinned(ring, max_rows, dtype=torch.float32, pin=pin)
         self.positions = _pinned(ring, max_rows, dtype=torch.int64, pin=pin)
-        self.index = _pinned(ring, 2, max_rows, dtype=torch.int64, pin=pin)
-        self.index_np = self.index.numpy()
         self.index_dev = torch.zeros(2, max_rows, dtype=torch.int64, device=self.device)
         self.stream = torch.cuda.Stream(self.device) if cuda else None
         self.copied = [torch.cuda.Event() if cuda else None for _ in range(ring)]
-        self.indexed = [torch.cuda.Event() if cuda else None for _ in range(ring)]
         self.step = 0
 
     def copy(
@@ -188,17 +194,13 @@ class StepCopier:
         rows ``batch_rows``, and start their copy to the host (returns without waiting)."""
         slot, n = self.step % self.ring, len(token_rows)
         self.step += 1
-        indexed, copied = self.indexed[slot], self.copied[slot]
-        if indexed is not None:  # the index copy of `ring` steps ago (long done)
-            indexed.synchronize()
-        self.index_np[slot, 0, :n] = token_rows
-        self.index_np[slot, 1, :n] = batch_rows
+        staged = torch.empty(2, n, dtype=torch.int64, pin_memory=self.pinned)
+        staged.numpy()[:] = (token_rows, batch_rows)
         index = self.index_dev[:, :n]
-        index.copy_(self.index[slot, :, :n], non_blocking=True)
-        if indexed is not None:
-            indexed.record()
+        index.copy_(staged, non_blocking=True)
+        copied = self.copied[slot]
         rows = torch.stack([tap.index_select(0, index[0]) for tap in taps], dim=1).float()
-        entropy = token_entropy(logits.index_select(0, index[1]))
+        entropy = token_entropy(logits, index[1])
         pos = positions.index_select(0, index[0].to(positions.device)).to(torch.int64)
         host = (self.rows[slot, :n], self.entropy[slot, :n], self.positions[slot, :n])
         views = [t.numpy() for t in host]

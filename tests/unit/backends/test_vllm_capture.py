@@ -7,6 +7,7 @@ entropy; the tap inside a compiled graph."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -234,7 +235,7 @@ def test_release_on_the_engine_thread_races_the_output_thread() -> None:
     host = HostCapture([0], 4, 8, _stop)
     errors: list[BaseException] = []
     stop = threading.Event()
-    params = SimpleNamespace(max_tokens=10**6)
+    params = SimpleNamespace(max_tokens=3)  # finished on the output thread, released on both
 
     def engine() -> None:
         try:
@@ -257,11 +258,38 @@ def test_release_on_the_engine_thread_races_the_output_thread() -> None:
             errors.append(exc)
 
     threads = [threading.Thread(target=engine), threading.Thread(target=output)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as the interpreter lets them
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    finally:
+        sys.setswitchinterval(interval)
     assert not errors and host.size <= 5
+
+
+def test_a_release_during_the_read_out_waits_for_it() -> None:
+    """The scheduler aborts a request (a release on the engine thread) at the moment the
+    output thread's stop rule finds it finished: the release waits for the read-out, which
+    answers with the request's payload (without the lock the read-out drops what the release
+    already dropped: a KeyError that would end the output thread)."""
+    done = threading.Event()
+    releaser: list[threading.Thread] = []
+
+    def stop(params: Any, prompt_len: int, output: list[int]) -> bool:
+        releaser.append(threading.Thread(target=lambda: (host.release(["a"]), done.set())))
+        releaser[0].start()
+        assert not done.wait(0.2)  # the release waits for this read-out
+        return True
+
+    host = HostCapture([0], 4, 8, stop)
+    host.want(["a"])
+    host.admit("a", [1], 1, SimpleNamespace(max_tokens=1))
+    out = host.sampled({"a": 5})
+    releaser[0].join(10)
+    assert set(out) == {"a"} and done.is_set() and host.size == 0
 
 
 def test_a_hook_that_raises_fails_its_requests_only(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -300,6 +328,8 @@ def _no_sync_on_the_engine_thread() -> Any:
         (torch.Tensor, "item"): refuse("Tensor.item"),
         (torch.Tensor, "tolist"): refuse("Tensor.tolist"),
         (torch.cuda, "synchronize"): refuse("torch.cuda.synchronize"),
+        (torch.cuda.Event, "synchronize"): refuse("Event.synchronize"),
+        (torch.cuda.Stream, "synchronize"): refuse("Stream.synchronize"),
         (torch, "tensor"): refuse("torch.tensor"),
     }
     saved = {k: getattr(*k) for k in patches}
@@ -328,6 +358,55 @@ def test_no_step_syncs_or_copies_pageable_memory_on_the_engine_thread() -> None:
     assert copier.pinned == torch.cuda.is_available()  # pinned wherever pin_memory exists
 
 
+def test_only_the_requests_that_asked_are_gathered_and_their_entropies_computed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In a batch of three, one asked for its capture: its row alone is gathered, its logit
+    row alone has its entropy computed, and only it is held."""
+    import abstain_guard.backends.vllm_capture as capture_module
+
+    world = _World({"a": 3, "b": 3, "c": 3}, {"a": 2, "b": 2, "c": 2}, seed=6)
+    host = HostCapture([3, 5], D, 32, _stop)
+    host.want(["b"])
+    capture = RunnerCapture(world.runner, world.taps, host, ring=3)
+    rows_seen: list[int] = []
+    entropy = capture_module.token_entropy
+
+    def counted(logits: torch.Tensor, rows: Any = None, **kwargs: Any) -> torch.Tensor:
+        rows_seen.append(int(logits.shape[0] if rows is None else rows.shape[0]))
+        return entropy(logits, rows, **kwargs)
+
+    monkeypatch.setattr(capture_module, "token_entropy", counted)
+    world.execute(capture, [("a", 0, 3), ("b", 0, 3), ("c", 0, 3)])
+    step = capture.take_step()
+    assert step is not None and step.req_ids == ["b"] and step.rows.shape == (1, K, D)
+    assert rows_seen == [1] and host.size == 1
+
+
+def test_the_profiling_run_runs_the_step_copy_at_its_largest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM's profiling run (``_dummy_sampler_run``: logits for ``max_num_seqs`` rows) runs
+    the gather, the chunked entropy and the host copy over every row the copier can hold, so
+    their peak memory is in what vLLM measures before it sizes the KV cache."""
+    import abstain_guard.backends.vllm_capture as capture_module
+
+    world = _World({"a": 3}, {"a": 2}, seed=7)
+    capture = world.capture()
+    rows_seen: list[int] = []
+    entropy = capture_module.token_entropy
+
+    def counted(logits: torch.Tensor, rows: Any = None, **kwargs: Any) -> torch.Tensor:
+        rows_seen.append(int(rows.shape[0]))
+        return entropy(logits, rows, **kwargs)
+
+    monkeypatch.setattr(capture_module, "token_entropy", counted)
+    capture.profiling = True
+    capture.on_logits(torch.randn(world.runner.max_num_reqs + 4, V))
+    assert rows_seen == [world.runner.max_num_reqs] and capture.copier.step == 1
+    assert capture.take_step() is None and capture.host.size == 0  # nothing is held
+
+
 class _FakeStream:
     current: _FakeStream | None = None
 
@@ -336,6 +415,9 @@ class _FakeStream:
 
     def wait_stream(self, other: Any) -> None:
         self.waited += 1
+
+    def synchronize(self) -> None:
+        raise AssertionError("a stream synchronized")
 
 
 class _FakeEvent:
@@ -352,11 +434,14 @@ class _FakeEvent:
 def test_on_a_gpu_the_copies_run_on_a_copy_stream_with_events(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The CUDA branch of the step copy, on stand-in streams and events: the engine thread
-    queues non-blocking copies into the persistent host buffers on the copy stream (after the
-    compute stream) and records an event; only the read-out waits for it."""
+    """The CUDA branch of the step copy, on stand-in streams and events: every host buffer
+    it allocates is pinned (the persistent ones and each step's staged indices), the engine
+    thread queues non-blocking copies into the persistent host buffers on the copy stream
+    (after the compute stream) and records an event, and nothing on it waits for an event or
+    a stream; only the read-out waits for the step's event."""
     copies: list[tuple[bool, bool, bool]] = []
     main = _FakeStream()
+    pinned: list[bool] = []
 
     @contextmanager
     def on_stream(stream: Any) -> Any:
@@ -366,11 +451,23 @@ def test_on_a_gpu_the_copies_run_on_a_copy_stream_with_events(
         finally:
             _FakeStream.current = None
 
+    def host_alloc(real: Any) -> Any:
+        def alloc(*shape: Any, **kwargs: Any) -> torch.Tensor:
+            if "device" not in kwargs:  # a host buffer (the stand-in GPU is the CPU too)
+                pinned.append(bool(kwargs.pop("pin_memory", False)))
+            return real(*shape, **kwargs)
+
+        return alloc
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch, "zeros", host_alloc(torch.zeros))
+    monkeypatch.setattr(torch, "empty", host_alloc(torch.empty))
     monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(torch.cuda, "stream", on_stream)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: main)
     copier = StepCopier(K, D, 4, torch.device("cpu"), ring=3, copy_stream=True)
+    assert copier.pinned and len(pinned) == 3 and all(pinned)
     owned = [copier.rows, copier.entropy, copier.positions, copier.index_dev]
     spans = [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in owned]
     real_copy = torch.Tensor.copy_
@@ -386,6 +483,7 @@ def test_on_a_gpu_the_copies_run_on_a_copy_stream_with_events(
         rows = copier.copy(
             taps, torch.randn(3, V), torch.arange(T), [5, 9, 2], [0, 1, 2], list("abc")
         )
+    assert len(pinned) == 4 and all(pinned)  # the step's staged indices
     index_copy, *host_copies = copies
     assert index_copy == (True, True, False)  # the H2D index copy, from pinned, non-blocking
     assert host_copies and all(c == (True, True, True) for c in host_copies)
@@ -446,6 +544,9 @@ def test_entropy_in_row_chunks_is_the_full_vocabulary_entropy() -> None:
     want = -(logp.exp() * logp).nan_to_num(0.0).sum(-1)
     got = token_entropy(logits, chunk_rows=8)
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    some = torch.tensor([36, 4, 0, 4])  # of some rows, gathered a chunk at a time
+    picked = token_entropy(logits, some, chunk_rows=3)
+    np.testing.assert_allclose(picked.numpy(), want[some].numpy(), rtol=1e-5, atol=1e-6)
     assert torch.equal(logits, before)  # the sampler's logits are not touched
     half = token_entropy(logits.to(torch.bfloat16), chunk_rows=5)
     ref = token_entropy(logits.to(torch.bfloat16).float(), chunk_rows=64)

@@ -2,8 +2,8 @@
 bootstrap interval, ``0.87 [0.82, 0.91]``, and the count of correct / incorrect answers behind
 it; a value is bold only where it is the best of its column *and* its interval lies above
 chance. :func:`headline_markdown` is the AUROC table with the data sets where the first scorer
-(the artifact's) does not win, ready to paste into a README. Results files written before
-intervals were recorded still render, without intervals and without bold.
+(the artifact's) does not win, ready to paste into a README. Results measured without
+intervals (``n_boot=0``) render without them and without bold.
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ def _scorer_order(datasets: Mapping[str, Any], key: str = "scorers") -> list[str
 
 @dataclass(frozen=True)
 class Cell:
-    """One table cell: a metric ``value``, its interval ``ci`` ``(low, high)`` (``None`` in
-    results files written before intervals), the metric's ``chance`` level for these answers,
+    """One table cell: a metric ``value``, its interval ``ci`` ``(low, high)`` (``None``
+    without intervals), the metric's ``chance`` level for these answers,
     and ``counts`` ``(correct, incorrect)`` of the answers behind it (``None`` if unknown)."""
 
     value: float
@@ -84,16 +84,10 @@ def _interval(entry: Mapping[str, Any], key: str) -> tuple[float, float] | None:
 
 
 def _counts(entry: Mapping[str, Any]) -> tuple[int, int] | None:
-    """``(correct, incorrect)`` of an entry; older files only have ``n`` and ``accuracy``."""
-    if entry.get("n_correct") is not None and entry.get("n_incorrect") is not None:
-        return int(entry["n_correct"]), int(entry["n_incorrect"])
-    n, acc = entry.get("n"), _value(entry, "accuracy")
-    if n is None or acc is None:
+    """``(correct, incorrect)`` of an entry (``None`` for an entry without counts)."""
+    if entry.get("n_correct") is None or entry.get("n_incorrect") is None:
         return None
-    if entry.get("n_correct") is not None:
-        return int(entry["n_correct"]), int(n) - int(entry["n_correct"])
-    c = round(int(n) * acc)
-    return c, int(n) - c
+    return int(entry["n_correct"]), int(entry["n_incorrect"])
 
 
 def _chance(metric: str, entry: Mapping[str, Any]) -> float | None:
@@ -233,7 +227,7 @@ def results_table_markdown(
 
 def interval_note(results: Mapping[str, Any], metric: str = "auroc") -> str:
     """One paragraph under a table: what the brackets are, when a value is bold, and which
-    data sets have no intervals (older results files)."""
+    data sets have no intervals (measured with ``n_boot=0``)."""
     datasets = check_results(results)
     settings = {
         (b.get("confidence"), b.get("n_boot"))
@@ -242,10 +236,7 @@ def interval_note(results: Mapping[str, Any], metric: str = "auroc") -> str:
     }
     old = [d for d, e in datasets.items() if not e.get("bootstrap")]
     if not settings:
-        return (
-            "No intervals: these results were written before intervals were recorded, so "
-            "values are shown without them and none is bold.\n"
-        )
+        return "No intervals (measured with n_boot=0): no value is bold.\n"
     if len(settings) == 1:
         conf, n_boot = settings.pop()
         pct = f"{100 * float(conf):g} %" if conf is not None else "?"
@@ -265,7 +256,7 @@ def interval_note(results: Mapping[str, Any], metric: str = "auroc") -> str:
         text += (
             " No intervals for "
             + ", ".join(old)
-            + " (results written before intervals were recorded); those values are never bold."
+            + " (measured with n_boot=0); those values are never bold."
         )
     return text + "\n"
 

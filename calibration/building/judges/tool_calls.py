@@ -5,42 +5,9 @@ LangChain ``ToolCall``, or a call as a cached agent run stores it:
 ``row["agent"]["messages"][i]["tool_calls"]``); an expected call is an
 :class:`~abstain_guard.calibration.building.questions.tool_labels.ExpectedCall` (or such a mapping);
 ``schemas`` are the OpenAI-format tool schemas the model was offered (a run's
-``offered[i]["tools"]``).
-
-A call is **correct** when it names an expected call's tool and its arguments equal that
-call's arguments:
-
-1. **Validation.** With the tool's schema, the call's arguments must validate against it
-   with :func:`abstain_guard.adapters.tools.schema.tool_args_error` — the very check the
-   model's reply parsing applies, so calibration labels and deployment agree (an argument
-   the schema does not declare, such as the ``"type": "string"`` the embedded model writes,
-   fails it). A call that fails is wrong, whatever its values.
-2. **Defaults.** A property the schema gives a ``default`` and a call (or the expected
-   call) leaves out counts as that default.
-3. **Same keys.** An argument one side has and the other lacks makes the call wrong (an
-   extra argument is a different action, even without a schema).
-4. **Values**, compared recursively (objects key by key, lists in order):
-
-   * strings: Unicode NFKC, accents folded (NFKD, combining marks dropped: ``"Perú"`` =
-     ``"Peru"``), case folded (``"ß"`` = ``"ss"``), runs of whitespace collapsed to one space,
-     leading/trailing whitespace and trailing punctuation (``.,;:!?`` and the like)
-     stripped: ``"Peru "`` = ``"Peru."`` = ``" peru"``;
-   * a field the schema types ``number`` or ``integer``: numerically, a numeral string
-     included (``"3"`` = ``3`` = ``3.0``; only the expected side can be a string, since a
-     string fails validation of the call);
-   * without a schema (or a field the schema does not type): numbers and plain decimal
-     numeral strings compare numerically (``"3"`` = ``3`` = ``3.0``: a data file or a model
-     may write either), since nothing says which type the tool takes; ``"03"`` is not a
-     numeral, so codes with leading zeros stay strings; a field the schema types
-     ``string`` compares as a string (``"3.0"`` != ``"3"``);
-   * booleans and null: exactly (``true`` is not ``1``).
-
-Matching: unordered (default), each executed call takes the first expected call it equals
-that no earlier call took; a call repeating an already-matched expected call is **wrong**
-(a second booking is a second action). Ordered: the i-th executed call must equal the i-th
-expected call. A run is right (:func:`run_tool_label`) when every executed call is correct
-and every expected call was made; a run whose row has no expected calls has no tool label
-(None): it is labelled by its final answer only.
+``offered[i]["tools"]``). When a call is correct (validation with the schema the model's reply
+parsing applies, defaults, same keys, values compared as the tool reads them) and how calls
+are matched, ordered or not: docs/agents.md, "Tool-call labels".
 """
 
 from __future__ import annotations

@@ -1,39 +1,11 @@
-"""A small durable key-value store (SQLite) for resumable calibration runs, and the run lock.
+"""A small durable key-value store (SQLite) for resumable calibration runs.
 
 Every expensive step of :func:`~abstain_guard.calibration.building.pipeline.calibrate` writes its
 results here in transactions, so a run killed at any point and started again with the same
-command resumes without repeating finished work and without duplicates.
-
-Integrity: a cache is never silently trusted nor silently discarded.
-
-* At open, ``PRAGMA quick_check`` runs; a file that is not SQLite or is damaged raises
-  :class:`~abstain_guard.errors.CacheError` naming the file to delete.
-* A new cache is created complete (schema written in a temporary file, then linked into
-  place), so a valid cache file is never empty: an existing 0-byte file is a truncated cache
-  and also a :class:`~abstain_guard.errors.CacheError` (nothing in it can be recovered; delete
-  it and the run regenerates everything).
-* Every row of ``kv (ns, key, value)`` has a checksum in ``kv_sha256 (ns, key, sha256)`` =
-  sha256 of ``[ns, key, value]`` as canonical JSON, written in the same transaction and checked
-  on every read: an edited, moved or damaged value is a :class:`~abstain_guard.errors.CacheError`,
-  never used; a row without a checksum is an error like an edited one.
-
-Arrays (per-token hidden states of reference answers, which a geometry scorer fits its means
-on) are too large for JSON rows: :meth:`RunStore.put_arrays` writes them as an ``.npz`` file
-beside the database (``<db>.arrays/<ns>/<key>.npz``) and a row ``{"file", "sha256", "bytes"}``
-whose checksum covers the file's; :meth:`RunStore.get_arrays` checks the file against it and
-loads it without pickle. The file is written (atomically) before its row, so a row always
-names a complete file; a file without a row is never read.
-
-Read-only stores and layers: ``RunStore(path, read_only=True)`` opens an existing cache
-without writing anything there -- no schema, no journal files
-(SQLite ``immutable=1``; with a write-ahead log beside it, a private snapshot of both) --
-and refuses writes. :class:`LayeredStore` is a writable store that also reads such stores
-below it: a value missing in its own file is looked up there, every write goes to its own
-file only.
-``evaluate`` reads the calibration run's cache this way (its keys are content keys, so a
-value found below is exactly the one it would have written).
-
-:class:`~.lock.RunLock` keeps one calibration per output.
+command resumes without repeating finished work and without duplicates. A cache is never
+silently trusted nor silently discarded (checksummed rows and arrays, read-only stores and
+layers: docs/architecture.md, "Run cache"); :class:`~.lock.RunLock` keeps one calibration per
+output.
 """
 
 from __future__ import annotations

@@ -269,22 +269,22 @@ def test_headline_in_report_and_headline_md(results: dict, tmp_path: Path) -> No
     assert INTERVAL.search(calibrated_table_markdown(results, "auroc"))
 
 
-def _strip_new_fields(obj):
-    """A results document as written before intervals and n_incorrect existed."""
+def _without_intervals(obj):
+    """A results document as ``evaluate_dataset`` writes it with ``n_boot=0``."""
     if isinstance(obj, dict):
         return {
-            k: v if k == "hypothesis" else _strip_new_fields(v)  # its counts are not new
+            k: _without_intervals(v)
             for k, v in obj.items()
-            if not k.endswith("_ci") and k not in ("n_incorrect", "bootstrap")
+            if not k.endswith("_ci") and k != "bootstrap"
         }
     if isinstance(obj, list):
-        return [_strip_new_fields(v) for v in obj]
+        return [_without_intervals(v) for v in obj]
     return obj
 
 
-def test_old_results_without_intervals_still_render(results: dict, tmp_path: Path) -> None:
+def test_results_without_intervals_render_beside_others(results: dict, tmp_path: Path) -> None:
     new = json.loads(json.dumps(jsonable(results)))
-    old = _strip_new_fields(new)
+    old = _without_intervals(new)
     old["datasets"]["NQ-open"]["name"] = "NQ-open (old)"
     old_path, new_path = tmp_path / "old.json", tmp_path / "new.json"
     old_path.write_text(json.dumps({**old, "datasets": {"a": old["datasets"]["NQ-open"]}}))

@@ -1,29 +1,7 @@
-"""Ranking metrics for uncertainty scores: AUROC, AUPRC, prediction-rejection ratio.
-
-Conventions (the same everywhere in abstain_guard, and as in lm-polygraph and the paper):
-
-* ``uncertainty`` — one score per response, **higher = more uncertain** (perplexity, the
-  geometry scorer's ``u``). ``±inf`` is allowed (it only has to rank); NaN is an error.
-* ``correct`` — one label per response, 1/True = the answer was judged correct.
-* **AUROC** is the probability that a random *incorrect* answer gets a higher uncertainty
-  than a random *correct* one (ties count one half). It equals the AUROC of the confidence
-  ``−uncertainty`` for recognising correct answers, so the two readings agree; 0.5 is chance,
-  1.0 a perfect ranking, below 0.5 a ranking that is backwards.
-* **AUPRC** follows the paper (its Table 1 values track accuracy: ≈0.9 on SciQ): the positive
-  class is a *correct* answer and the ranking score is the confidence ``−uncertainty``
-  (scikit-learn's ``average_precision_score``). Its chance level is the accuracy. Pass
-  ``positive="incorrect"`` for the error-detection reading (positive = incorrect answer,
-  score = uncertainty; chance level = error rate).
-* **PRR** (prediction-rejection ratio, lm-polygraph's ``PredictionRejectionArea`` normalised
-  as in its benchmark): reject the most uncertain answers first; the rejection curve is the
-  mean quality of the answers kept; PRR = (area(scorer) − area(random)) / (area(oracle) −
-  area(random)). 1 = oracle ordering, 0 = no better than chance, negative = worse than chance.
-
-Intervals (:func:`bootstrap_intervals`, :func:`auroc_interval`): percentile bootstrap over the
-(score, label) pairs, stratified by class by default, all resamples at once as ``[B, K]``
-counts per distinct score (no per-resample sort). They take ``nan_policy="omit"`` to drop
-NaN-scored pairs first, as ``evaluate_dataset`` does.
-"""
+"""Ranking metrics for uncertainty scores (higher = more uncertain; ``correct`` 1 = judged
+correct): AUROC, AUPRC, prediction-rejection ratio, and their class-stratified bootstrap
+intervals. Conventions and definitions: docs/results.md, "Ranking metrics and their
+intervals"."""
 
 from __future__ import annotations
 

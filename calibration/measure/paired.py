@@ -1,25 +1,7 @@
-"""Paired comparisons of scorers on the same held-out answers.
-
-For one data set and a reference scorer (the artifact's, e.g. ``geometry``):
-
-* ``auroc_diff``: AUROC(reference) − AUROC(other) with a 95 % percentile interval from a
-  *paired* bootstrap — every resample draws the same answers for both scorers (class-
-  stratified, :func:`.metrics.bootstrap_draws` with one seed: its resample ``r`` depends only
-  on the labels and row ``r`` of the seed's stream);
-* ``within_diff``: the same for the mean within-type AUROC (types with both classes; the
-  answers resampled within each type and class, the same resamples for both scorers);
-* ``auroc_diff_p`` / ``within_diff_p``: the two-sided paired DeLong p-value of each
-  difference (:func:`delong_difference`; within type, the per-type variances added), and
-  ``*_bootstrap_p`` the paired-bootstrap one from the draws of its interval
-  (:func:`bootstrap_p_value`); :func:`adjust_family` then Holm-adjusts the DeLong ones across
-  every comparison of a report (every set × every scorer, overall and within type) and adds
-  ``*_holm_p`` and ``*_verdict``;
-* per scorer, ``selective``: the error among the answered at 10/20/30/50 % participation (the
-  most confident answers) and the area under that risk–participation curve (AURC);
-  ``certified``: on the calibration split only, the smallest risk target ε certified at
-  δ = 0.1 and the participation certified at ε = 0.35 (the numbers a user of that scorer's
-  guard sees; :mod:`abstain_guard.guarantee.frontier`).
-"""
+"""Paired comparisons of scorers on the same held-out answers against a reference scorer
+(the artifact's): AUROC and within-type differences with paired bootstrap intervals, paired
+DeLong and bootstrap p-values, Holm-adjusted over a report; selective risk and certified
+numbers per scorer. What each key holds: docs/results.md, "Paired comparisons"."""
 
 from __future__ import annotations
 

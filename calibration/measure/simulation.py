@@ -1,21 +1,8 @@
-"""The conformal resplit simulation: does the guarantee hold on held-out answers?
-
-Conformal abstention, exactly as the paper's section 3 (and
-:mod:`abstain_guard.guarantee.conformal`): with ``n`` calibration scores and participation
-target ``1−α``, the threshold ``τ`` is the ``k = ⌈(1−α)(n+1)⌉``-th smallest calibration score
-(``+inf`` when ``k > n``); a question is answered when its score ``u ≤ τ``;
-``P(answered) ∈ [1−α, 1−α+1/(n+1))``. With ``c`` correct calibration answers of which ``m``
-have a score ``≤ τ``, the paper's ``1−β`` (Eq. 8) is ``m/(c+1)`` (``c/(c+1)`` when
-``τ = +inf``), and its conditional-correctness bound (Eq. 9) is
-``(1−β) / (1−α+1/(n+1)) · c/n``.
-
-The simulation repeats, ``R`` times, a random split of the labeled set into a calibration
-half and a test half, thresholds on the calibration half and measures on the test half — for
-all participation levels and all resplits at once on ``[R, n]`` matrices. Levels here are
-participation targets ``1−α``; the rank comes from
-:func:`abstain_guard.guarantee.conformal.conformal_rank` (which takes ``α``). Pure numpy on
-already computed scores; no model runs.
-"""
+"""The conformal resplit simulation: does the guarantee hold on held-out answers? ``R``
+random calibration/test splits of the labeled set, all participation levels ``1−α`` and all
+resplits at once on ``[R, n]`` matrices; the threshold's rank from
+:func:`abstain_guard.guarantee.conformal.conformal_rank`. The paper's quantities (Eq. 8, 9):
+docs/results.md, "The conformal resplit simulation"."""
 
 from __future__ import annotations
 

@@ -13,27 +13,19 @@ Token ids and OpenAI logprobs come from vLLM itself. Geometry scorers are refuse
 engine (:class:`~abstain_guard.adapters.GeometryChatModel`).
 
 The server runs in vLLM's own Python environment (vLLM pins a transformers range of its
-own): either started here (``engine_url`` unset: one server per process and settings, shared
-by every model object, stopped at exit; ``vllm_args`` are vLLM's own CLI flags, parsed by
-vLLM) with the interpreter ``python`` names (else ``$ABSTAIN_GUARD_VLLM_PYTHON``, else this
-one when it imports vLLM), or already running anywhere (``engine_url="http://host:8000"``,
-``api_key`` for its ``--api-key``). Calls from many threads or tasks at once are batched by
-vLLM (continuous batching).
+own): either started here (``engine_url`` unset: :mod:`.vllm_engine`; ``vllm_args`` are
+vLLM's own CLI flags, parsed by vLLM), or already running anywhere
+(``engine_url="http://host:8000"``, ``api_key`` for its ``--api-key``). Calls from many
+threads or tasks at once are batched by vLLM (continuous batching).
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import functools
-import importlib.util
 import os
 import ssl
-import subprocess
-import sys
-import tempfile
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -53,26 +45,24 @@ from pydantic import ConfigDict, Field, PrivateAttr
 from abstain_guard.contract.metadata import BACKEND, ENTROPY, GEOMETRY, HIDDEN, LOGPROBS
 from abstain_guard.errors import BackendError, InvalidInputError
 
+from .vllm_engine import (
+    ServerProcess,
+    engine_python,
+    free_port,
+    guarded_env,
+    serve_command,
+    started_server,
+    stop_servers,
+)
 from .vllm_payload import (
     PAYLOAD_KEY,
-    PAYLOAD_KEY_ENV,
     decode_capture,
     logprob_content,
     payload_key,
     request_token,
 )
 
-__all__ = [
-    "ENGINE_RECORD_KEYS",
-    "LIVE_BOUND",
-    "VLLM_PYTHON_ENV",
-    "VLLMChatModel",
-    "engine_python",
-    "stop_engines",
-]
-
-#: The interpreter of vLLM's environment (``make install`` builds ``.venv-vllm``).
-VLLM_PYTHON_ENV = "ABSTAIN_GUARD_VLLM_PYTHON"
+__all__ = ["ENGINE_RECORD_KEYS", "LIVE_BOUND", "VLLMChatModel", "stop_engines"]
 #: The API key of an attached server (its ``--api-key``) when ``api_key`` is not given.
 VLLM_API_KEY_ENV = "VLLM_API_KEY"
 #: What a response's ``backend`` record and the artifact's decode path hold of the engine
@@ -105,121 +95,6 @@ LIVE_BOUND = 1e-4
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
 
 
-def engine_python(python: str | None = None) -> str:
-    """The interpreter that runs the engine: ``python``, else ``$ABSTAIN_GUARD_VLLM_PYTHON``,
-    else this interpreter when it can import vLLM.
-
-    Raises:
-        BackendError: none is set and vLLM is not importable here.
-    """
-    chosen = python or os.environ.get(VLLM_PYTHON_ENV)
-    if chosen:
-        if not Path(chosen).exists():
-            raise BackendError(
-                f"The vLLM interpreter {chosen!r} does not exist; point {VLLM_PYTHON_ENV} (or "
-                "python=) at the python of an environment with `pip install "
-                "'abstain-guard[vllm]'` (make install builds .venv-vllm)."
-            )
-        return chosen
-    if importlib.util.find_spec("vllm") is not None:
-        return sys.executable
-    raise BackendError(
-        "vLLM is not installed in this environment and no vLLM interpreter is named. vLLM "
-        "pins its own transformers range, so it runs in an environment of its own: create "
-        "one with `pip install 'abstain-guard[vllm]'` (make install builds .venv-vllm) and "
-        f"set {VLLM_PYTHON_ENV} to its python, or pass engine_url= of a running engine."
-    )
-
-
-class _Engine:
-    """One stock vLLM OpenAI server (``vllm serve`` with the guard's connector), started
-    through :mod:`.vllm_engine` so that it stops when this process does."""
-
-    def __init__(self, python: str, folder: Path, options: Mapping[str, Any]) -> None:
-        from .vllm_engine import serve_command
-
-        fd, log_path = tempfile.mkstemp(prefix="abstain_guard_vllm_", suffix=".log")
-        os.close(fd)
-        self.log = Path(log_path)
-        port = _free_port()
-        cmd = serve_command(
-            python,
-            folder,
-            port,
-            dtype=str(options["dtype"]),
-            max_model_len=int(options["max_model_len"]),
-            memory_fraction=float(options["memory_fraction"]),
-            layers=options.get("layers"),
-            vllm_args=[str(a) for a in options.get("vllm_args", ())],
-        )
-        env = dict(os.environ)
-        if env.get("ATEN_CPU_CAPABILITY") == "default":
-            # ATen's scalar kernels (the foreign-kernel mode's pin, adapters/engine/kernel_env.py):
-            # vLLM compiles with inductor, whose C++ code needs a vector capability ("at::vec
-            # has not been declared"); the engine keeps the library's portable one. Its bound
-            # to calibration is measured, not bitwise.
-            env["ATEN_CPU_CAPABILITY"] = "avx2"
-        # the payload secret: the caller's, else one generated for this process's servers
-        env[PAYLOAD_KEY_ENV] = payload_key(generate=True).decode("utf-8")
-        package_root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-        with open(self.log, "wb") as log:
-            self.process = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        self.url = f"http://127.0.0.1:{port}"
-
-    def wait(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise BackendError(
-                    f"The vLLM server exited with code {self.process.returncode} while "
-                    f"starting; its log ends:\n{self.tail()}"
-                )
-            try:
-                if httpx.get(self.url + "/v1/models", timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.close()
-        raise BackendError(
-            f"The vLLM server did not answer within {timeout:.0f} s; its log ends:\n{self.tail()}"
-        )
-
-    def tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log.read_text(encoding="utf-8", errors="replace").splitlines()
-        except OSError:
-            return "(no log)"
-        return "\n".join(text[-lines:])
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, 15)
-                self.process.wait(timeout=20)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, 9)
-        with contextlib.suppress(OSError):
-            self.log.unlink()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-_ENGINES: dict[tuple[Any, ...], _Engine] = {}
-_ENGINES_LOCK = threading.Lock()
-#: One lock per server key: a server that takes minutes to start (vLLM compiles) blocks
-#: only the callers that wait for it.
-_STARTING: dict[tuple[Any, ...], threading.Lock] = {}
 #: The engine record of each server URL, read once from a one-token request, and the name
 #: it serves its model under (asked once).
 _RECORDS: dict[str, dict[str, Any]] = {}
@@ -227,16 +102,11 @@ _SERVED: dict[str, str] = {}
 
 
 def stop_engines() -> None:
-    """Stop every server this process started (also run at exit)."""
-    with _ENGINES_LOCK:
-        for engine in _ENGINES.values():
-            engine.close()
-        _ENGINES.clear()
-        _RECORDS.clear()
-        _SERVED.clear()
-
-
-atexit.register(stop_engines)
+    """Stop every server this process started (also done at exit) and forget what each
+    server URL answered."""
+    stop_servers()
+    _RECORDS.clear()
+    _SERVED.clear()
 
 
 class VLLMChatModel(BaseChatModel):
@@ -302,26 +172,25 @@ class VLLMChatModel(BaseChatModel):
         """The server's URL: an attached one as given (no request), else a started one."""
         if self.engine_url is not None:
             return self.engine_url.rstrip("/").removesuffix("/v1")
-        key: tuple[Any, ...] = (self.python, self.model, self.gguf_file, self.dtype)
-        key += (tuple(self.layers or ()), self.memory_fraction, self.max_model_len)
-        key += (tuple(self.vllm_args),)
-        with _ENGINES_LOCK:  # held only to find this key's lock: other servers start alongside
-            lock = _STARTING.setdefault(key, threading.Lock())
-        with lock:
-            found = _ENGINES.get(key)
-            if found is None or found.process.poll() is not None:
-                python = engine_python(self.python)
-                options = {
-                    "dtype": self.dtype,
-                    "memory_fraction": self.memory_fraction,
-                    "max_model_len": self.max_model_len,
-                    "layers": self.layers,
-                    "vllm_args": self.vllm_args,
-                }
-                found = _Engine(python, _model_folder(self.model, self.gguf_file), options)
-                _ENGINES[key] = found  # stop_engines() reaches a server still starting
-                found.wait(self.startup_timeout)
-        return found.url
+        key = (self.python, self.model, self.gguf_file, self.dtype, tuple(self.layers or ()))
+        key += (self.memory_fraction, self.max_model_len, tuple(self.vllm_args))
+        return started_server(key, self._start_server, self.startup_timeout)
+
+    def _start_server(self) -> ServerProcess:
+        """Stock ``vllm serve`` with the guard's connector, this model's settings and
+        ``vllm_args``, stopped when this process exits."""
+        port = free_port()
+        cmd = serve_command(
+            engine_python(self.python),
+            _model_folder(self.model, self.gguf_file),
+            port,
+            dtype=self.dtype,
+            max_model_len=self.max_model_len,
+            memory_fraction=self.memory_fraction,
+            layers=self.layers,
+            vllm_args=self.vllm_args,
+        )
+        return ServerProcess(cmd, port, guarded_env())
 
     def _served_name(self, url: str) -> str:
         if self.served_model:
@@ -348,7 +217,9 @@ class VLLMChatModel(BaseChatModel):
         url = self._url()
         found = _RECORDS.get(url)
         if found is None:
-            body = self._post(url, self._body([{"role": "user", "content": "Hi"}], 1, 0))
+            hello = self._body([{"role": "user", "content": "Hi"}], 1, 0)
+            hello["model"] = self._served_name(url)
+            body = self._post(url + "/v1/chat/completions", hello)
             found = _RECORDS[url] = dict(self._capture(url, body)[2])
         return url, found
 
@@ -528,18 +399,15 @@ class VLLMChatModel(BaseChatModel):
         path = "/v1/completions" if "prompt" in payload else "/v1/chat/completions"
         return url + path, payload, setup
 
-    def _post(self, url: str, payload: dict[str, Any]) -> dict[str, Any]:
-        payload.setdefault("model", self._served_name(url))
+    def _post(self, endpoint: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """The server's JSON answer to ``payload`` (this process's pooled client)."""
         try:
             response = _http().post(
-                url + "/v1/chat/completions",
-                json=payload,
-                headers=self._headers(),
-                timeout=self.request_timeout,
+                endpoint, json=payload, headers=self._headers(), timeout=self.request_timeout
             )
             return dict(response.raise_for_status().json())
         except httpx.HTTPError as exc:
-            raise self._error(url, exc) from exc
+            raise self._error(endpoint, exc) from exc
 
     def _generate(
         self,
@@ -549,14 +417,7 @@ class VLLMChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         endpoint, payload, setup = self._request(messages, stop, kwargs)
-        try:
-            response = _http().post(
-                endpoint, json=payload, headers=self._headers(), timeout=self.request_timeout
-            )
-            body = response.raise_for_status().json()
-        except httpx.HTTPError as exc:
-            raise self._error(endpoint, exc) from exc
-        return self._with_calls(self._result(endpoint, body), setup)
+        return self._with_calls(self._result(endpoint, self._post(endpoint, payload)), setup)
 
     async def _agenerate(
         self,

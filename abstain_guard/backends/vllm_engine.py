@@ -1,7 +1,9 @@
-"""Starting stock vLLM's OpenAI server with the guard's connector.
+"""Starting stock vLLM's OpenAI server with the guard's connector, and the servers this
+process started.
 
 :class:`~abstain_guard.backends.vllm_chat.VLLMChatModel` starts a server this way when no
-``engine_url`` is given; by hand (in vLLM's environment) it is::
+``engine_url`` is given (:func:`started_server`: one per settings in this process, shared by
+every model object, stopped at exit); by hand (in vLLM's environment) it is::
 
     python -m abstain_guard.backends.vllm_engine -- --model DIR --port 8000 [vllm serve flags]
 
@@ -15,18 +17,184 @@ of this: add the connector flag to their command (docs/vllm.md).
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import importlib.util
 import os
 import runpy
 import signal
+import socket
+import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["main", "serve_command"]
+__all__ = [
+    "VLLM_PYTHON_ENV",
+    "ServerProcess",
+    "engine_python",
+    "free_port",
+    "guarded_env",
+    "main",
+    "serve_command",
+    "started_server",
+    "stop_servers",
+]
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+#: The interpreter of vLLM's environment (``make install`` builds ``.venv-vllm``).
+VLLM_PYTHON_ENV = "ABSTAIN_GUARD_VLLM_PYTHON"
+
+
+def engine_python(python: str | None = None) -> str:
+    """The interpreter that runs the engine: ``python``, else ``$ABSTAIN_GUARD_VLLM_PYTHON``,
+    else this interpreter when it can import vLLM.
+
+    Raises:
+        BackendError: none is set and vLLM is not importable here.
+    """
+    from abstain_guard.errors import BackendError
+
+    chosen = python or os.environ.get(VLLM_PYTHON_ENV)
+    if chosen:
+        if not Path(chosen).exists():
+            raise BackendError(
+                f"The vLLM interpreter {chosen!r} does not exist; point {VLLM_PYTHON_ENV} (or "
+                "python=) at the python of an environment with `pip install "
+                "'abstain-guard[vllm]'` (make install builds .venv-vllm)."
+            )
+        return chosen
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    raise BackendError(
+        "vLLM is not installed in this environment and no vLLM interpreter is named. vLLM "
+        "pins its own transformers range, so it runs in an environment of its own: create "
+        "one with `pip install 'abstain-guard[vllm]'` (make install builds .venv-vllm) and "
+        f"set {VLLM_PYTHON_ENV} to its python, or pass engine_url= of a running engine."
+    )
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    """One vLLM OpenAI server process started from here (``cmd`` serves on
+    ``127.0.0.1:port``), in a session of its own, its output in a temporary log."""
+
+    def __init__(self, cmd: Sequence[str], port: int, env: Mapping[str, str] | None = None):
+        fd, log_path = tempfile.mkstemp(prefix="abstain_guard_vllm_", suffix=".log")
+        self.log = Path(log_path)
+        self.process = subprocess.Popen(
+            list(cmd),
+            stdout=fd,
+            stderr=subprocess.STDOUT,
+            env=None if env is None else dict(env),
+            start_new_session=True,
+        )
+        os.close(fd)
+        self.url = f"http://127.0.0.1:{int(port)}"
+
+    def wait(self, timeout: float) -> None:
+        """Return once the server lists its models.
+
+        Raises:
+            BackendError: it exited, or did not answer within ``timeout`` s (then it is
+                stopped); the message ends with its log's last lines.
+        """
+        import httpx
+
+        from abstain_guard.errors import BackendError
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise BackendError(
+                    f"The vLLM server exited with code {self.process.returncode} while "
+                    f"starting; its log ends:\n{self.tail()}"
+                )
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/v1/models", timeout=2.0).status_code == 200:
+                    return
+            time.sleep(0.5)
+        self.close(keep_log=True)
+        raise BackendError(
+            f"The vLLM server did not answer within {timeout:.0f} s; its log ends:\n{self.tail()}"
+        )
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(text[-lines:])
+
+    def close(self, keep_log: bool = False) -> None:
+        """Stop the server's process group (SIGTERM, then SIGKILL after 20 s)."""
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(timeout=20)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+        if not keep_log:
+            with contextlib.suppress(OSError):
+                self.log.unlink()
+
+
+def guarded_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a guarded server started here: the payload secret (the caller's,
+    else one generated for this process's servers), this package importable, and a vector
+    ATen capability under the foreign-kernel mode's scalar pin (vLLM compiles with inductor,
+    whose C++ code needs one: "at::vec has not been declared"; the engine keeps the portable
+    ``avx2``, its bound to calibration measured, not bitwise)."""
+    from .vllm_payload import PAYLOAD_KEY_ENV, payload_key
+
+    env = dict(os.environ if base is None else base)
+    if env.get("ATEN_CPU_CAPABILITY") == "default":
+        env["ATEN_CPU_CAPABILITY"] = "avx2"
+    env[PAYLOAD_KEY_ENV] = payload_key(generate=True).decode("utf-8")
+    package_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+_SERVERS: dict[Hashable, ServerProcess] = {}
+_SERVERS_LOCK = threading.Lock()
+#: One lock per server key: a server that takes minutes to start (vLLM compiles) blocks
+#: only the callers that wait for it.
+_STARTING: dict[Hashable, threading.Lock] = {}
+
+
+def started_server(key: Hashable, start: Callable[[], ServerProcess], timeout: float) -> str:
+    """The URL of this process's server for ``key``, started with ``start`` (and waited for)
+    when there is none or it exited."""
+    with _SERVERS_LOCK:  # held only to find this key's lock: other servers start alongside
+        lock = _STARTING.setdefault(key, threading.Lock())
+    with lock:
+        found = _SERVERS.get(key)
+        if found is None or found.process.poll() is not None:
+            found = _SERVERS[key] = start()  # stop_servers() reaches a server still starting
+            found.wait(timeout)
+    return found.url
+
+
+def stop_servers() -> None:
+    """Stop every server this process started (also run at exit)."""
+    with _SERVERS_LOCK:
+        for server in _SERVERS.values():
+            server.close()
+        _SERVERS.clear()
+
+
+atexit.register(stop_servers)
 
 
 def serve_command(

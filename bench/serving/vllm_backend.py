@@ -33,16 +33,19 @@ prompts, 128 tokens each, ``ignore_eos``), each median over ``--repeats`` rounds
 guarded response's capture checked (signed, bound to its tokens), and the KV-cache size each
 server's profiling left (the capture's memory shows there). ``--gpu --smoke``: the same
 script on a toy width of the same architecture, eager, on the CPU (``--out FILE`` writes the
-JSON, ``$OUT/vllm_backend_gpu.json`` on a lent device).
+JSON, ``$OUT/vllm_backend_gpu.json`` on a lent device). A side not started before
+``--budget-s`` (default 450 s) is recorded as skipped, so the script ends in time.
 
 Run (idle machine; vLLM's environment from ``make install``)::
 
     .venv/bin/abstain-guard calibrate --data builtin --config configs/vllm_probe.yaml \\
         --out runs/vllm_probe --limit 400
-    ABSTAIN_GUARD_VLLM_PYTHON=.venv-vllm/bin/python .venv/bin/python bench/serving/vllm_backend.py \
-        \\
-        --artifact runs/vllm_probe > runs/vllm_backend.log
+    ABSTAIN_GUARD_VLLM_PYTHON=.venv-vllm/bin/python .venv/bin/python \\
+        bench/serving/vllm_backend.py --artifact runs/vllm_probe --repeats 3 \\
+        > runs/vllm_backend.log
     tail -1 runs/vllm_backend.log > bench/serving/vllm_backend.json
+    # on one GPU (vLLM's environment, the vllm package):
+    python bench/serving/vllm_backend.py --gpu --out $OUT/vllm_backend_gpu.json
 """
 
 from __future__ import annotations
@@ -52,7 +55,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -106,47 +108,18 @@ def drive(call: Callable[[str], Any], questions: Sequence[str], concurrency: int
     }
 
 
-class StockServer:
-    """vLLM's OpenAI server, stock settings plus ``extra`` flags, in vLLM's environment."""
+def stock_server(
+    python: str, folder: Path, extra: Sequence[str], env: dict[str, str] | None = None
+) -> Any:
+    """vLLM's OpenAI server, stock settings plus ``extra`` flags, in vLLM's environment
+    (started; :meth:`~abstain_guard.backends.vllm_engine.ServerProcess.wait` for it)."""
+    from abstain_guard.backends.vllm_engine import ServerProcess, free_port
 
-    def __init__(
-        self,
-        python: str,
-        folder: Path,
-        port: int,
-        extra: Sequence[str],
-        env: dict[str, str] | None = None,
-    ) -> None:
-        self.url = f"http://127.0.0.1:{port}"
-        fd, log = tempfile.mkstemp(prefix="stock_vllm_", suffix=".log")
-        self.log = Path(log)
-        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder)]
-        cmd += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]
-        cmd += ["--max-model-len", "2048", "--seed", "0", "--gpu-memory-utilization", "0.15"]
-        self.process = subprocess.Popen(
-            [*cmd, *extra], stdout=fd, stderr=subprocess.STDOUT, start_new_session=True, env=env
-        )
-        os.close(fd)
-
-    def wait(self, timeout: float = 900.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"stock vLLM exited; see {self.log}")
-            try:
-                if httpx.get(self.url + "/v1/models", timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
-        raise RuntimeError(f"stock vLLM did not start; see {self.log}")
-
-    def close(self, keep_log: bool = False) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, 15)
-            self.process.wait(timeout=60)
-        if not keep_log:
-            self.log.unlink(missing_ok=True)
+    port = free_port()
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder)]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]
+    cmd += ["--max-model-len", "2048", "--seed", "0", "--gpu-memory-utilization", "0.15"]
+    return ServerProcess([*cmd, *extra], port, env)
 
 
 def processor() -> dict[str, Any]:
@@ -167,7 +140,8 @@ def _ratio_stats(ratios: list[float]) -> dict[str, float]:
 def cpu_bench(args: argparse.Namespace) -> dict[str, Any]:
     from abstain_guard import GuardArtifact
     from abstain_guard.adapters.model.vllm_folder import vllm_model_folder
-    from abstain_guard.backends.vllm_chat import _free_port, engine_python, stop_engines
+    from abstain_guard.backends.vllm_chat import stop_engines
+    from abstain_guard.backends.vllm_engine import engine_python
     from abstain_guard.calibration.building.questions.items import load_items
     from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
     from abstain_guard.guard.chains import load_guard_chain
@@ -181,14 +155,14 @@ def cpu_bench(args: argparse.Namespace) -> dict[str, Any]:
     python = engine_python(None)
     folder = vllm_model_folder("default")
     servers = {
-        "stock_default": StockServer(python, folder, _free_port(), []),
-        "stock_eager": StockServer(python, folder, _free_port(), ["--enforce-eager"]),
+        "stock_default": stock_server(python, folder, []),
+        "stock_eager": stock_server(python, folder, ["--enforce-eager"]),
     }
     chain, guard, _ = load_guard_chain(args.artifact)  # starts the guarded server
     engine = guard.runnable.bound if hasattr(guard.runnable, "bound") else None
     record_engine = engine.engine_record() if engine is not None else None
     for server in servers.values():
-        server.wait()
+        server.wait(900.0)
 
     client = httpx.Client(limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
 
@@ -395,7 +369,7 @@ def _kv_tokens(log: Path) -> int | None:
 def gpu_bench(args: argparse.Namespace) -> dict[str, Any]:
     """The Qwen3-8B shape in bfloat16, CUDA graphs on (vLLM's defaults otherwise), on three
     servers one after the other; ``--smoke``: a toy width on the CPU, eager."""
-    from abstain_guard.backends.vllm_chat import _free_port, engine_python
+    from abstain_guard.backends.vllm_engine import engine_python
     from abstain_guard.backends.vllm_payload import PAYLOAD_KEY_ENV, connector_flag, payload_key
 
     t0 = time.monotonic()
@@ -414,14 +388,18 @@ def gpu_bench(args: argparse.Namespace) -> dict[str, Any]:
     python = engine_python(None)
     sides: dict[str, Any] = {}
     for name, env in GPU_SIDES.items():
+        left = args.budget_s - (time.monotonic() - t0)
+        if left < 60:  # not enough for a start and a measurement: the script ends in time
+            sides[name] = {"error": f"skipped: {args.budget_s:.0f} s budget spent"}
+            continue
         extra = [*common, *connector_flag()] if name == "guarded" else list(common)
         started = time.monotonic()
         environ = {**os.environ, **env, PAYLOAD_KEY_ENV: key.decode()}
         if args.smoke:  # vLLM's CPU core binding as stock's on every side (docs/vllm.md)
             environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
-        server = StockServer(python, folder, _free_port(), extra, env=environ)
+        server = stock_server(python, folder, extra, env=environ)
         try:
-            server.wait()
+            server.wait(left)
             start_s = time.monotonic() - started
             one = _gpu_call(server.url, str(folder), name == "guarded", key, new_tokens)
             one(prompts[0])  # warm
@@ -473,6 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="with --gpu: a toy width, CPU")
     parser.add_argument("--keep-logs", action="store_true", help="keep the servers' logs")
     parser.add_argument("--out", default=None, help="with --gpu: write the JSON here too")
+    parser.add_argument("--budget-s", type=float, default=450.0, help="with --gpu: seconds")
     args = parser.parse_args(argv)
     if args.gpu:
         result = json.dumps(gpu_bench(args))

@@ -24,12 +24,8 @@ import numpy as np
 import pytest
 
 from abstain_guard import AbstentionGuard
-from abstain_guard.backends.vllm_chat import (
-    LIVE_BOUND,
-    VLLM_PYTHON_ENV,
-    VLLMChatModel,
-    stop_engines,
-)
+from abstain_guard.backends.vllm_chat import LIVE_BOUND, VLLMChatModel, stop_engines
+from abstain_guard.backends.vllm_engine import VLLM_PYTHON_ENV
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
 from abstain_guard.calibration.measure.deployment_check import live_check

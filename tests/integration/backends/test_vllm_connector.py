@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from abstain_guard.backends.vllm_chat import VLLM_PYTHON_ENV
+from abstain_guard.backends.vllm_engine import VLLM_PYTHON_ENV
 
 pytestmark = [pytest.mark.vllm]
 

@@ -21,7 +21,8 @@ from abstain_guard.backends import (
     check_backend_serves,
     scorer_needs,
 )
-from abstain_guard.backends.vllm_chat import VLLM_PYTHON_ENV, VLLMChatModel, engine_python
+from abstain_guard.backends.vllm_chat import VLLMChatModel
+from abstain_guard.backends.vllm_engine import VLLM_PYTHON_ENV, engine_python
 from abstain_guard.backends.vllm_payload import payload_key, request_token
 from abstain_guard.calibration.building.preflight import check_api_model
 from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
@@ -374,7 +375,8 @@ def test_requests_to_a_server_share_one_connection_and_tls_context() -> None:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         model = VLLMChatModel(engine_url=url)
         for _ in range(3):
-            assert model._post(url, {"model": "m", "messages": []}) == {"ok": True}
+            reply = model._post(url + "/v1/chat/completions", {"model": "m", "messages": []})
+            assert reply == {"ok": True}
     finally:
         server.shutdown()
     assert len(peers) >= 3 and len(set(peers)) == 1, peers  # one connection, kept alive

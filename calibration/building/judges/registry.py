@@ -1,28 +1,12 @@
 """Correctness judges by name: :func:`make_judge` builds any judge from a name or a config
 dict, and :data:`JUDGE_NAMES` lists the names.
 
-Every judge maps ``(question, gold_answers, prediction)`` to a :class:`Judgment`
-``(correct: bool | None, score: float | None, rationale: str, refusal: bool)``.
+Every judge maps ``(question, gold_answers, prediction)`` to a :class:`Judgment`;
 ``correct=None`` means *no judgment could be made* (an API that still failed after its
 retries, an unparseable verdict): such items are excluded from calibration and counted, never
-treated as incorrect.
-
-Judges, from cheap to expensive:
-
-* :class:`LexicalJudge` — normalised whole-token matching (containment of a gold alias, exact
-  match, or token F1); refusals and hedges are incorrect, refusals are flagged.
-* :class:`NumericJudge` — the final number of the answer against the gold number (GSM8K).
-* :class:`ChoiceJudge` — the option picked (letter or option text) against the gold option.
-* :class:`SimilarityJudge` — sentence-embedding cosine (or a cross-encoder) above a threshold.
-* :class:`LLMJudge` — any LangChain ``BaseChatModel`` asked for a verdict (structured output
-  when the model supports it, else a parsed text reply), with retries and backoff.
-* :class:`PaperPipelineJudge` — the paper's appendix B pipeline: similarity on rewritten
-  statements (:class:`StatementRewriter`), then two LLM judges re-judge the rejections and
-  flip them only if both agree.
-
-Each judge has an ``identity`` string (name, parameters, model identity) that keys the
-on-disk cache (:mod:`abstain_guard.calibration.building.judges.cache`); rule-based judges carry a
-``version`` in it, bumped whenever their verdicts change.
+treated as incorrect. Each judge's ``identity`` (name, parameters, model identity, a rule
+judge's ``version``) keys the on-disk cache (:mod:`.cache`). The judges, from cheap to
+expensive: docs/configuration.md, "Judges".
 """
 
 from __future__ import annotations
@@ -42,8 +26,6 @@ from .llm import LLMJudge
 from .paper import PaperPipelineJudge, StatementRewriter
 from .similarity import SimilarityJudge
 
-JUDGE_NAMES: tuple[str, ...] = ("lexical", "numeric", "choice", "similarity", "llm", "paper")
-
 _PARAMS: dict[str, tuple[str, ...]] = {
     "lexical": ("mode", "f1_threshold"),
     "numeric": ("rel_tol", "abs_tol"),
@@ -61,6 +43,8 @@ _PARAMS: dict[str, tuple[str, ...]] = {
     ),
     "paper": ("similarity", "judges", "rewriter", "max_gold_statements"),
 }
+"""Each judge name and the parameters its spec dict may give."""
+JUDGE_NAMES: tuple[str, ...] = tuple(_PARAMS)
 
 
 def make_judge(

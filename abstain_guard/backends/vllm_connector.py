@@ -61,12 +61,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from abstain_guard.contract.metadata import probe_layers
 
 from .vllm_capture import HostCapture, RunnerCapture, install_tap
-from .vllm_identity import (
-    IdentityUnverifiable,
-    model_identity,
-    resolve_model_folder,
-    weights_digest,
-)
+from .vllm_identity import IdentityUnverifiable, model_identity
 from .vllm_mailbox import CaptureMailbox
 from .vllm_payload import (
     CONNECTOR_NAME,
@@ -480,7 +475,7 @@ class AbstainGuardConnector(KVConnectorBase_V1, SupportsHMA):
             self._mailbox = CaptureMailbox(
                 engine_record(vllm_config), sign=functools.partial(sign_payload, key=key)
             )
-            self._lora: dict[str, str] = {}
+            self._lora: dict[str, str | None] = {}
         else:
             _check_worker_ready()
 
@@ -553,9 +548,9 @@ class AbstainGuardConnector(KVConnectorBase_V1, SupportsHMA):
         path = str(getattr(lora, "lora_path", "") or "")
         if lora is not None and path and path not in self._lora:
             try:
-                self._lora[path] = weights_digest(resolve_model_folder(path)) or "unverified"
-            except IdentityUnverifiable:
-                self._lora[path] = "unverified"
+                self._lora[path] = model_identity(path)
+            except IdentityUnverifiable:  # recorded as None: the client refuses the response
+                self._lora[path] = None
         return lora_record(lora, self._lora)
 
     def request_finished(

@@ -1,6 +1,6 @@
 """The identity of the model a vLLM server serves: one sha256 over its weights, config,
-generation config, tokenizer and chat template, for a local folder and a Hugging Face hub
-snapshot alike.
+generation config, tokenizer and chat template, for a local folder, a weights file (GGUF) and
+a Hugging Face hub snapshot alike (and of a LoRA adapter: its weights and adapter config).
 
 A hub id (``vllm serve org/model``) is resolved offline to the snapshot folder vLLM loaded
 (``huggingface_hub``'s cache, the server's ``--revision``); an identity that cannot be read
@@ -38,7 +38,6 @@ __all__ = [
     "file_sha256",
     "model_identity",
     "resolve_model_folder",
-    "weights_digest",
 ]
 
 #: Where file digests are kept between starts.
@@ -58,6 +57,7 @@ IDENTITY_FILES = (
     "chat_template.jinja",
     "chat_template.json",
     "model.safetensors.index.json",
+    "adapter_config.json",
 )
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -155,38 +155,28 @@ def model_identity(
     """sha256 over the served model's files — weights (``dummy_weights``: vLLM's
     ``--load-format dummy``, random weights, recorded as such), config, generation config,
     tokenizer and chat template — each named by its role and name, with its size and sha256.
+    ``model`` is a folder, a hub id, or one weights file (a GGUF vLLM loads as given, its
+    tokenizer from ``tokenizer``).
 
     Raises:
         IdentityUnverifiable: the folder or snapshot is missing, or holds no weight files.
     """
-    folders = [("model", resolve_model_folder(model, revision, cache_dir))]
+    single = Path(model)
+    files = [(f"model/{single.name}", single)] if single.is_file() else []
+    folders = [] if files else [("model", resolve_model_folder(model, revision, cache_dir))]
     if tokenizer is not None and str(tokenizer) != str(model):
-        tok = resolve_model_folder(tokenizer, tokenizer_revision, cache_dir)
-        folders.append(("tokenizer", tok))
-    files = _listing(folders, weights=not dummy_weights)
+        folders.append(
+            ("tokenizer", resolve_model_folder(tokenizer, tokenizer_revision, cache_dir))
+        )
+    files = sorted(files + _listing(folders, weights=not dummy_weights))
     if not dummy_weights and not any(p.suffix in WEIGHT_SUFFIXES for _, p in files):
         raise IdentityUnverifiable(
-            f"abstain_guard: {folders[0][1]} holds no weight files ({', '.join(WEIGHT_SUFFIXES)}); "
+            f"abstain_guard: {model} holds no weight files ({', '.join(WEIGHT_SUFFIXES)}); "
             "the served model's identity cannot be verified."
         )
     digest = hashlib.sha256(b"dummy-weights\n" if dummy_weights else b"")
     for name, path in files:
         digest.update(f"{name}\0{path.stat().st_size}\0{file_sha256(path)}\n".encode())
-    return digest.hexdigest()
-
-
-def weights_digest(folder: str | os.PathLike[str]) -> str | None:
-    """sha256 over the weight files of a local folder (names, sizes and file digests, in name
-    order); None when ``folder`` is not a folder or holds no weight files."""
-    path = Path(folder)
-    if not path.is_dir():
-        return None
-    files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
-    if not files:
-        return None
-    digest = hashlib.sha256()
-    for p in files:
-        digest.update(f"{p.name}\0{p.stat().st_size}\0{file_sha256(p)}\n".encode())
     return digest.hexdigest()
 
 

@@ -29,8 +29,6 @@ import numpy as np
 
 from abstain_guard.errors import BackendError
 
-from .vllm_identity import weights_digest
-
 __all__ = [
     "CONNECTOR_MODULE",
     "CONNECTOR_NAME",
@@ -46,7 +44,6 @@ __all__ = [
     "request_token",
     "sign_payload",
     "tokens_digest",
-    "weights_digest",
 ]
 
 #: The connector's name, module and role (vLLM's ``--kv-transfer-config``). ``kv_producer``:
@@ -207,8 +204,9 @@ def decode_capture(
 
     Raises:
         BackendError: the server sent no capture (its ``vllm serve`` runs without the
-            connector), an unsigned or altered one, an error instead of one, or one for
-            other tokens than the response's.
+            connector), an unsigned or altered one, an error instead of one, one for
+            other tokens than the response's, or one from a LoRA adapter whose identity the
+            server could not verify.
     """
     got = _payload(params, key)
     n = int(got["num_tokens"])
@@ -224,12 +222,18 @@ def decode_capture(
             "with several choices — n > 1, beam search — or a capture moved from another "
             "response); refused."
         )
+    lora = got.get("lora")
+    if isinstance(lora, Mapping) and not lora.get("sha256"):
+        raise BackendError(
+            f"The server answered with the LoRA adapter {lora.get('name')!r}, whose identity "
+            "its connector could not verify (no adapter weights at its path); refused."
+        )
     layers = [int(x) for x in got["layers"]]
     last = _rows(got["last"], len(layers)).astype(np.float64)
     mean = _rows(got["mean"], len(layers)).astype(np.float64)
     hidden = {"layers": layers, "last": last.tolist(), "mean": mean.tolist()}
     entropy = got.get("entropy")
-    engine = {**(got.get("engine") or {}), "lora": got.get("lora")}
+    engine = {**(got.get("engine") or {}), "lora": lora}
     return (None if entropy is None else _floats(entropy).astype(float).tolist()), hidden, engine
 
 

@@ -122,9 +122,10 @@ def stop_view(params: Any, prompt_len: int, output: list[int]) -> _StopView:
     return _StopView(params, prompt_len, list(output))
 
 
-def lora_record(lora_request: Any, digests: Mapping[str, str]) -> dict[str, Any] | None:
+def lora_record(lora_request: Any, digests: Mapping[str, str | None]) -> dict[str, Any] | None:
     """What a response records of the LoRA adapter that computed it (None: the base model):
-    its name, id and the digest of its folder (``digests``: path -> digest)."""
+    its name, id and the identity of its folder (``digests``: path -> identity, None where it
+    could not be verified: the client refuses such a response)."""
     if lora_request is None:
         return None
     path = str(getattr(lora_request, "lora_path", "") or "")

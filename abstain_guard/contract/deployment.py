@@ -353,6 +353,12 @@ def backend_mismatches(record: DeploymentRecord, metadata: Mapping[str, Any]) ->
             "the response was not generated on the vLLM backend the artifact was calibrated "
             "on; generate with VLLMChatModel (load_guard_chain builds it)"
         ]
+    if not calibrated.get("model_sha256"):  # None == None would pass any weights
+        return [
+            "the artifact records no verified identity of the served model (model_sha256): "
+            "a server with any weights of the same shape would pass; recalibrate on a server "
+            "whose connector verifies it"
+        ]
     differ = sorted(k for k in calibrated if got.get(k) != calibrated[k])
     if not differ:
         return []

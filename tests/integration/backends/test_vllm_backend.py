@@ -155,6 +155,29 @@ def test_a_server_with_other_weights_is_refused_before_any_answer(vllm_guard: Pa
         strict.invoke("What is the capital of France?")
 
 
+def test_the_served_identity_is_verified_and_an_unverified_one_refused(vllm_guard: Path) -> None:
+    """The server's record names the served model by the sha256 of its files (weights,
+    config, tokenizer, chat template: the digest this process computes from the same folder);
+    an artifact that recorded no verified identity (None, or none at all, as a hub model's
+    was recorded before identities were verified) is refused against this real server, whose
+    answers would otherwise pass whatever weights it serves."""
+    from abstain_guard import GuardArtifact
+    from abstain_guard.adapters.model.vllm_folder import vllm_model_folder
+    from abstain_guard.backends.vllm_identity import model_identity
+
+    _, record = VLLMChatModel(**TP).engine()
+    assert record["model_sha256"] == model_identity(vllm_model_folder("default"))
+    for unverified in (None, "missing"):
+        other = GuardArtifact.load(vllm_guard)
+        path = other.metadata["deployment"]["decoding"]["decode_path"]
+        if unverified is None:
+            path["model_sha256"] = None
+        else:
+            del path["model_sha256"]
+        with pytest.raises(ArtifactMismatchError, match="no verified identity"):
+            load_guard_chain(other)
+
+
 def test_evaluate_reads_calibrations_answers_and_generates_nothing(
     vllm_guard: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:

@@ -44,7 +44,13 @@ from abstain_guard.scorers import ScorerState, build_scorer
 from abstain_guard.scorers._registry import scorer_from_state
 
 API_SPEC = {"class_path": "langchain_openai:ChatOpenAI", "kwargs": {"model": "gpt-4o-mini"}}
-ENGINE = {"name": "vllm", "vllm_version": "0.32.0", "dtype": "float32", "layers": [15, 24]}
+ENGINE = {
+    "name": "vllm",
+    "vllm_version": "0.32.0",
+    "model_sha256": "a" * 64,
+    "dtype": "float32",
+    "layers": [15, 24],
+}
 
 # ---- what each backend serves --------------------------------------------------------
 
@@ -188,6 +194,17 @@ def test_another_engine_is_one_problem_naming_the_key(key: str, value: Any) -> N
     for check in (backend_mismatches, api_response_mismatches):
         (problem,) = check(_record(), meta)
         assert f"{key} {value!r}" in problem and repr(ENGINE[key]) in problem
+
+
+def test_an_artifact_without_a_verified_model_identity_is_refused() -> None:
+    """Calibrated where the served model's identity was unknown (None, or not recorded):
+    every response is refused, even one whose record says None too."""
+    unrecorded = {k: v for k, v in ENGINE.items() if k != "model_sha256"}
+    for calibrated in ({**ENGINE, "model_sha256": None}, unrecorded):
+        record = DeploymentRecord(decoding={"backend": "vllm", "decode_path": calibrated})
+        for got in (ENGINE, {**ENGINE, "model_sha256": None}):
+            (problem,) = backend_mismatches(record, {"backend": got})
+            assert "no verified identity of the served model" in problem
 
 
 def test_a_response_without_an_engine_record_is_refused() -> None:

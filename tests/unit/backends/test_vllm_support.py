@@ -85,10 +85,57 @@ def test_the_stop_view_is_what_vllms_check_stop_reads() -> None:
     assert view.output_token_ids == [5, 6] and view.pooling_params is None
 
 
-def test_a_lora_adapter_is_recorded() -> None:
+def test_a_lora_adapter_is_recorded_and_an_unverified_one_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import numpy as np
+
+    from abstain_guard.backends.vllm_payload import (
+        PAYLOAD_KEY,
+        decode_capture,
+        encode_capture,
+        sign_payload,
+        tokens_digest,
+    )
+    from abstain_guard.errors import BackendError
+
+    monkeypatch.setenv(DIGEST_CACHE_ENV, str(tmp_path / "cache"))
     assert lora_record(None, {}) is None
     lora = SimpleNamespace(lora_name="sql", lora_int_id=3, lora_path="/a")
     assert lora_record(lora, {"/a": "f" * 64}) == {"name": "sql", "id": 3, "sha256": "f" * 64}
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_model.safetensors").write_bytes(b"lora")
+    (adapter / "adapter_config.json").write_text('{"r": 8}')
+    first = model_identity(adapter)
+    (adapter / "adapter_config.json").write_text('{"r": 16}')  # another rank: another adapter
+    assert model_identity(adapter) != first
+    rows = np.zeros((1, 2), dtype=np.float32)
+    for sha, refused in (("f" * 64, False), (None, True)):
+        payload = encode_capture([0], rows, rows, [0.5], tokens_digest([1], [2]), 1)
+        payload["lora"] = lora_record(lora, {"/a": sha})
+        params = {PAYLOAD_KEY: sign_payload(payload, b"k")}
+        if refused:
+            with pytest.raises(BackendError, match="could not verify"):
+                decode_capture(params, [1], [2], b"k")
+        else:
+            assert decode_capture(params, [1], [2], b"k")[2]["lora"]["sha256"] == sha
+
+
+def test_a_weights_file_and_its_tokenizer_folder_are_one_identity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``vllm serve model.gguf --tokenizer DIR``: the file's bytes and the tokenizer's files."""
+    monkeypatch.setenv(DIGEST_CACHE_ENV, str(tmp_path / "cache"))
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"gguf weights")
+    tokenizer = _folder(tmp_path / "tok")
+    (tokenizer / "model.safetensors").unlink()
+    first = model_identity(gguf, tokenizer=tokenizer)
+    (tokenizer / "tokenizer_config.json").write_text("{}")
+    second = model_identity(gguf, tokenizer=tokenizer)
+    gguf.write_bytes(b"other weights")
+    assert len({first, second, model_identity(gguf, tokenizer=tokenizer)}) == 3
 
 
 def _folder(root: Path, weights: bytes = b"w" * 100) -> Path:

@@ -1,11 +1,16 @@
-"""A deterministic judge, questions and a calibration config for pipeline tests on tiny models."""
+"""A deterministic judge, questions and a calibration config for pipeline tests on tiny models,
+and the calibration config of ``ChatOpenAI`` against the embedded model behind an
+OpenAI-compatible server (``abstain-guard serve --no-guard`` or a text-only one)."""
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from abstain_guard.calibration.building.judges import Judge, Judgment
 from abstain_guard.calibration.building.judges.cache import CachedJudge, JudgmentCache
@@ -64,3 +69,42 @@ def hash_judges(cfg: Any, path: Path, *args: Any, **kwargs: Any) -> dict[str, An
     lexical judge would give one class)."""
     cached = CachedJudge(HashJudge(), JudgmentCache(path))
     return {"open": cached, "choice": cached, "numeric": cached}
+
+
+def chat_openai_kwargs(base_url: str, **extra: Any) -> dict[str, Any]:
+    """``ChatOpenAI``'s keyword arguments for the embedded model served at ``base_url``."""
+    return {"model": "smollm2", "base_url": base_url, "max_retries": 0, **extra}
+
+
+def api_model_config(
+    base_url: str,
+    tmp: Path,
+    scorer: str = "perplexity",
+    scorer_params: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> CalibrationConfig:
+    """Calibrating ``ChatOpenAI`` at ``base_url`` (``kwargs`` added to its own) on the
+    24-question sets of the API tests: split 1:1:4:1, twelve new tokens, cached in
+    ``tmp/run.cache``."""
+    return CalibrationConfig(
+        model={
+            "class_path": "langchain_openai:ChatOpenAI",
+            "kwargs": chat_openai_kwargs(base_url, **kwargs),
+        },
+        scorer=scorer,
+        scorer_params=scorer_params or {},
+        max_new_tokens=12,
+        batch_size=8,
+        ratios=(1, 1, 4, 1),
+        participation=0.5,
+        cache_dir=str(tmp / "run.cache"),
+    )
+
+
+def completions_served(base_url: str) -> float:
+    """How many chat completions the server at ``base_url`` answered (its metrics)."""
+    text = httpx.get(base_url.removesuffix("/v1") + "/metrics").text
+    found = re.search(
+        r'abstain_guard_requests_total\{path="/v1/chat/completions",status="200"\} (\S+)', text
+    )
+    return float(found.group(1)) if found else 0.0

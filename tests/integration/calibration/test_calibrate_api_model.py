@@ -11,16 +11,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
+from _pipeline_fakes import api_model_config, chat_openai_kwargs, completions_served
 
 from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.calibration.building.judges.lexical import LexicalJudge
 from abstain_guard.calibration.building.judges.registry import make_judge
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.building.questions.probe import builtin_probe_set
-from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
 from abstain_guard.cli.commands import main
 from abstain_guard.errors import ArtifactMismatchError, LogprobsMissingError
 from abstain_guard.guard.chains import load_guard_chain
@@ -49,30 +48,6 @@ def answers(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model answers each question once (the judge and review differ, which the cache keys
     apart)."""
     return tmp_path_factory.mktemp("answers")
-
-
-def _kwargs(server: ServerThread, **extra: Any) -> dict[str, Any]:
-    return {"model": "smollm2", "base_url": server.base_url, "max_retries": 0, **extra}
-
-
-def _config(server: ServerThread, tmp: Path, **kwargs: Any) -> CalibrationConfig:
-    return CalibrationConfig(
-        model={"class_path": "langchain_openai:ChatOpenAI", "kwargs": _kwargs(server, **kwargs)},
-        scorer="perplexity",
-        max_new_tokens=12,
-        batch_size=8,
-        ratios=(1, 1, 4, 1),
-        participation=0.5,
-        cache_dir=str(tmp / "run.cache"),
-    )
-
-
-def _answered(server: ServerThread) -> float:
-    text = httpx.get(server.base_url.removesuffix("/v1") + "/metrics").text
-    found = re.search(
-        r'abstain_guard_requests_total\{path="/v1/chat/completions",status="200"\} (\S+)', text
-    )
-    return float(found.group(1)) if found else 0.0
 
 
 def test_the_raw_model_answers_with_logprobs_and_no_decision(server: ServerThread) -> None:
@@ -110,13 +85,15 @@ def test_the_raw_model_answers_with_logprobs_and_no_decision(server: ServerThrea
 def test_a_guard_calibrated_on_the_api_model_scores_live_as_stored(
     server: ServerThread, tmp_path: Path, answers: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cfg = _config(server, answers, api_key=SECRET)
+    cfg = api_model_config(server.base_url, answers, api_key=SECRET)
     summary = calibrate(ITEMS, tmp_path / "guard", config=cfg, progress=False)
     art = GuardArtifact.load(tmp_path / "guard")
     n = summary.split_sizes["calibration"]
     assert n >= 12 and art.scores.shape == (n,)
     record = art.metadata["deployment"]
-    assert record["chat_model"]["spec"]["kwargs"] == _kwargs(server)  # no api_key
+    assert record["chat_model"]["spec"]["kwargs"] == chat_openai_kwargs(
+        server.base_url
+    )  # no api_key
     assert record["chat_model"]["settings"]["logprobs"] is True  # asked for
     assert art.model_fingerprint == record["model_fingerprint"]
     assert art.model_fingerprint.startswith("chat_model:")
@@ -124,7 +101,9 @@ def test_a_guard_calibrated_on_the_api_model_scores_live_as_stored(
     assert not [p for p in written if p.is_file() and SECRET.encode() in p.read_bytes()]
 
     # deployed around the same ChatOpenAI (built by the user, another key): live = stored
-    chat = langchain_openai.ChatOpenAI(**_kwargs(server), api_key="deploy-key", logprobs=True)
+    chat = langchain_openai.ChatOpenAI(
+        **chat_openai_kwargs(server.base_url), api_key="deploy-key", logprobs=True
+    )
     chain, guard, _ = load_guard_chain(art, GuardConfig(participation=0.5), model=chat)
     by_id = {it.id: it for it in ITEMS}
     cal = [by_id[i] for i in art.metadata["calibration_ids"]]
@@ -147,22 +126,22 @@ def test_a_guard_calibrated_on_the_api_model_scores_live_as_stored(
 
     # another setting than calibrated is refused before any request
     hotter = langchain_openai.ChatOpenAI(
-        **_kwargs(server), api_key="k", logprobs=True, temperature=0.7
+        **chat_openai_kwargs(server.base_url), api_key="k", logprobs=True, temperature=0.7
     )
     with pytest.raises(ArtifactMismatchError, match=r"temperature=0\.7 \(calibrated: None\)"):
         load_guard_chain(art, GuardConfig(participation=0.5), model=hotter)
 
     # a second run on the same cache sends nothing and writes the same scores
-    before = _answered(server)
+    before = completions_served(server.base_url)
     calibrate(ITEMS, tmp_path / "again", config=cfg, progress=False)
-    assert _answered(server) == before
+    assert completions_served(server.base_url) == before
     assert np.array_equal(GuardArtifact.load(tmp_path / "again").scores, art.scores)
 
 
 def test_an_api_model_without_logprobs_is_a_typed_error_naming_the_question(
     server: ServerThread, tmp_path: Path
 ) -> None:
-    cfg = _config(server, tmp_path, api_key="k", logprobs=False)
+    cfg = api_model_config(server.base_url, tmp_path, api_key="k", logprobs=False)
     with pytest.raises(LogprobsMissingError, match="logprobs: true") as info:
         calibrate(ITEMS, tmp_path / "guard", config=cfg, progress=False)
     assert re.search(r"question '[^']+' \(", str(info.value))
@@ -183,9 +162,9 @@ def test_questions_only_judged_by_an_llm_judge_at_a_url_then_reviewed(
     at_url = make_judge(
         {"name": "llm", "base_url": server.base_url, "model": "smollm2", "structured": False}
     )
-    asked = _answered(server)
+    asked = completions_served(server.base_url)
     verdict = at_url.judge(ITEMS[0].question, (), "Lima")  # type: ignore[attr-defined]
-    assert _answered(server) > asked and verdict.correct in (None, True, False)
+    assert completions_served(server.base_url) > asked and verdict.correct in (None, True, False)
     # the team's judge, named in the config alone (here a scripted LangChain chat model in
     # place of a capable judge, which this offline machine does not have)
     replies = ['{"correct": true}', '{"correct": false}', '{"correct": false}']
@@ -196,7 +175,7 @@ def test_questions_only_judged_by_an_llm_judge_at_a_url_then_reviewed(
             "kwargs": {"responses": replies},
         },
     }
-    cfg = _config(server, answers, api_key="k").model_copy(
+    cfg = api_model_config(server.base_url, answers, api_key="k").model_copy(
         update={"judge": judge, "review_size": 6, "review_seed": 11, "delta": 0.2}
     )
     calibrate(data, tmp_path / "guard", config=cfg, progress=False)

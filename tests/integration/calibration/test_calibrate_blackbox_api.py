@@ -10,25 +10,22 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import sqlite3
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
-from _pipeline_fakes import hash_judges
+from _pipeline_fakes import api_model_config, completions_served, hash_judges
 from _text_only_server import text_only_server
 
 from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.calibration.building import pipeline
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.building.questions.probe import builtin_probe_set
-from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
 from abstain_guard.calibration.measure import held_out as held_out_module
 from abstain_guard.calibration.measure.deployment_check import live_check
-from abstain_guard.calibration.measure.held_out import EvaluateOptions, evaluate
+from abstain_guard.calibration.measure.evaluate import EvaluateOptions, evaluate
 from abstain_guard.errors import LogprobsMissingError
 from abstain_guard.scorers import BlackBoxScorer
 
@@ -60,28 +57,6 @@ def server(default_model: Any) -> Any:
         yield srv
 
 
-def _config(server: Any, tmp: Path, scorer: str, **params: Any) -> CalibrationConfig:
-    kwargs = {"model": "smollm2", "base_url": server.base_url, "api_key": "k", "max_retries": 0}
-    return CalibrationConfig(
-        model={"class_path": "langchain_openai:ChatOpenAI", "kwargs": kwargs},
-        scorer=scorer,
-        scorer_params=params,
-        max_new_tokens=12,
-        batch_size=8,
-        ratios=(1, 1, 4, 1),
-        participation=0.5,
-        cache_dir=str(tmp / "run.cache"),
-    )
-
-
-def _answered(server: Any) -> float:
-    text = httpx.get(server.base_url.removesuffix("/v1") + "/metrics").text
-    found = re.search(
-        r'abstain_guard_requests_total\{path="/v1/chat/completions",status="200"\} (\S+)', text
-    )
-    return float(found.group(1)) if found else 0.0
-
-
 def test_the_endpoint_answers_without_logprobs_even_when_asked(server: Any) -> None:
     client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
     reply = client.chat.completions.create(
@@ -100,7 +75,7 @@ def test_a_logprob_scorer_is_refused_on_it(server: Any, data: Path, tmp_path: Pa
         calibrate(
             data,
             tmp_path / "guard",
-            config=_config(server, tmp_path, "perplexity"),
+            config=api_model_config(server.base_url, tmp_path, api_key="k"),
             progress=False,
         )
     assert not (tmp_path / "guard").exists()
@@ -114,10 +89,12 @@ def test_a_blackbox_guard_calibrates_evaluates_and_holds_live_in_distribution(
     # (the lexical judge could call all of a dozen sampled held-out answers wrong)
     monkeypatch.setattr(pipeline, "build_judges", hash_judges)
     monkeypatch.setattr(held_out_module, "build_judges", hash_judges)
-    cfg = _config(server, tmp_path, "eigv", **PLAN)
-    sent = _answered(server)
+    cfg = api_model_config(server.base_url, tmp_path, "eigv", PLAN, api_key="k")
+    sent = completions_served(server.base_url)
     summary = calibrate(data, tmp_path / "guard", config=cfg, progress=False)
-    assert _answered(server) - sent == 3 * len(ITEMS)  # k samples per question, nothing more
+    assert completions_served(server.base_url) - sent == 3 * len(
+        ITEMS
+    )  # k samples per question, nothing more
     art = GuardArtifact.load(tmp_path / "guard")
     n = summary.split_sizes["calibration"]
     assert n >= 12 and art.scores.shape == (n,) and np.isfinite(art.scores).all()
@@ -146,7 +123,9 @@ def test_a_blackbox_guard_calibrates_evaluates_and_holds_live_in_distribution(
         options=EvaluateOptions(baselines=BASELINES, n_resplits=20),
         progress=False,
     )
-    assert _answered(server) - sent == 3 * len(ITEMS)  # read from the calibration cache
+    assert completions_served(server.base_url) - sent == 3 * len(
+        ITEMS
+    )  # read from the calibration cache
     ((name, entry),) = results["datasets"].items()
     scored = entry["scorers"]
     assert {"eigv", "degree", "eccentricity", "num_semantic_sets"} <= set(scored)
@@ -156,7 +135,7 @@ def test_a_blackbox_guard_calibrates_evaluates_and_holds_live_in_distribution(
     assert 0.0 <= results["headline"][name]["eigv"]["auroc"] <= 1.0
 
     live = live_check(tmp_path / "guard", guard_config=GuardConfig(participation=0.5))
-    assert _answered(server) - sent == 3 * len(ITEMS) + 3 * held_out
+    assert completions_served(server.base_url) - sent == 3 * len(ITEMS) + 3 * held_out
     check = live["summary"]["in_distribution"]
     assert check["test"] == "ks_2samp" and check["n_live"] == held_out
     assert 0.0 <= check["p_value"] <= 1.0 and math.isfinite(check["statistic"])

@@ -2,8 +2,8 @@
 (one interpreter, ~20 s): every runner method the capture wraps is found and wrapped in the
 installed vLLM, a missing one is an error, a version outside the range is refused by name,
 the worker's stop rule is vLLM's ``check_stop`` on every stop condition, the connector's role
-leaves preemption and the hybrid KV-cache manager alone, and its metadata composes inside
-vLLM's MultiConnector."""
+leaves preemption and the hybrid KV-cache manager alone, its metadata composes inside vLLM's
+MultiConnector, and a hub model whose identity cannot be verified is refused."""
 
 from __future__ import annotations
 
@@ -30,37 +30,39 @@ from vllm.v1.outputs import KVConnectorOutput
 from types import SimpleNamespace
 
 import abstain_guard.backends.vllm_connector as c
+import abstain_guard.backends.vllm_plugin as p
+from abstain_guard.backends.vllm_payload import CONNECTOR_NAME
 from abstain_guard.backends.vllm_support import UnsupportedServing
 
 # every wrapped method of the installed vLLM's V1 runners is found and wrapped
-c.register()
+p.register()
 import vllm.v1.worker.gpu_model_runner as g
 import vllm.v1.worker.cpu_model_runner as cpu
 for cls in (g.GPUModelRunner, cpu.CPUModelRunner):
-    for name in c._WRAPPED:
+    for name in p._WRAPPED:
         assert getattr(getattr(cls, name), "_abstain_guard", False), (cls, name)
-assert c._PATCH_ERRORS == [], c._PATCH_ERRORS
-c._check_worker_ready()
+assert p.RUNNER.patch_errors == [], p.RUNNER.patch_errors
+p.check_worker_ready()
 
 # a runner without one of them is an error, not a silent skip
 class Runner:
     def load_model(self):
         pass
-c._patch_runner_class(Runner)
-assert "has no execute_model, sample_tokens, _dummy_sampler_run" in c._PATCH_ERRORS[-1]
+p._patch_runner_class(Runner)
+assert "has no execute_model, sample_tokens, _dummy_sampler_run" in p.RUNNER.patch_errors[-1]
 try:
-    c._check_worker_ready()
+    p.check_worker_ready()
     raise SystemExit("a runner without the wrapped methods was accepted")
 except UnsupportedServing as exc:
     assert "Runner has no execute_model" in str(exc)
-c._PATCH_ERRORS.clear()
+p.RUNNER.patch_errors.clear()
 
 # a vLLM outside the range: register() leaves it unpatched, the connector refuses by name
 real = vllm.__version__
 vllm.__version__ = "0.31.9"
 try:
-    c.register()
-    c._check_worker_ready()
+    p.register()
+    p.check_worker_ready()
     raise SystemExit("vLLM 0.31.9 was accepted")
 except UnsupportedServing as exc:
     assert "vLLM 0.31.9" in str(exc) and ">= 0.32.0, < 0.33" in str(exc), exc
@@ -83,7 +85,7 @@ max_len = 10
 checked = 0
 for (name, params), answer in itertools.product(cases.items(), answers):
     params.update_from_generation_config({}, eos_token_id=2)
-    stop = c._vllm_stop(max_len)
+    stop = p._vllm_stop(max_len)
     for prompt_len in (2, 5):
         req = Request("r", list(range(prompt_len)), params, None)
         for k, token in enumerate(answer):
@@ -101,23 +103,39 @@ assert c.AbstainGuardConnector.requires_kv_delivery.fget(None) is False
 assert supports_hma(c.AbstainGuardConnector)
 
 # inside a MultiConnector the worker's captures land in this connector's child metadata
-ours = c.GuardWorkerMetadata()
+ours = p.GuardWorkerMetadata()
 output = SimpleNamespace(kv_connector_output=KVConnectorOutput(
     kv_connector_worker_meta=MultiKVConnectorWorkerMetadata(metadata=(None, ours))))
-c._attach(output, {"r": {"num_tokens": 1}})
+p._attach(output, {"r": {"num_tokens": 1}})
 assert ours.captures == {"r": {"num_tokens": 1}}
 alone = SimpleNamespace(kv_connector_output=KVConnectorOutput())
-c._attach(alone, {"s": {}})
+p._attach(alone, {"s": {}})
 assert alone.kv_connector_output.kv_connector_worker_meta.captures == {"s": {}}
 multi = SimpleNamespace(kv_transfer_config=SimpleNamespace(
     kv_connector="MultiConnector",
     kv_connector_extra_config={"connectors": [
         {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"},
-        {"kv_connector": c.CONNECTOR_NAME, "kv_role": "kv_producer",
+        {"kv_connector": CONNECTOR_NAME, "kv_role": "kv_producer",
          "kv_connector_extra_config": {"layers": [1]}},
     ]}),
     model_config=SimpleNamespace(hf_config=SimpleNamespace(num_hidden_layers=4)))
-assert c._is_ours(multi) and c.tap_layers(multi) == [1]
+assert p._is_ours(multi) and p.tap_layers(multi) == [1]
+
+# a served model whose identity cannot be verified (a hub id not in the cache) stops the
+# server: the scheduler's connector builds its engine record at start-up
+import tempfile
+from abstain_guard.backends.vllm_identity import IdentityUnverifiable
+hub = SimpleNamespace(
+    model_config=SimpleNamespace(
+        model="org/not-downloaded", revision=None, tokenizer="org/not-downloaded",
+        tokenizer_revision=None),
+    parallel_config=None, compilation_config=None,
+    load_config=SimpleNamespace(load_format="auto", download_dir=tempfile.mkdtemp()))
+try:
+    c.engine_record(hub)
+    raise SystemExit("an unverifiable identity was recorded")
+except IdentityUnverifiable as exc:
+    assert "'org/not-downloaded'" in str(exc) and "cannot be verified" in str(exc), exc
 print("ok", checked)
 """
 

@@ -307,14 +307,3 @@ def _decoder_layer(model_type: str, config: Any, i: int, layer: nn.Module) -> La
 def supported_models_markdown() -> str:
     """The README's list of supported families, one bullet per registry entry."""
     return "\n".join(f"- `{key}`: {name}" for key, name in SUPPORTED_ARCHITECTURES.items())
-
-
-__all__ = [
-    "ATTENTION_OUTPUT_NORM",
-    "SUPPORTED_ARCHITECTURES",
-    "ArchitectureSpec",
-    "LayerSpec",
-    "build_spec",
-    "check_supported",
-    "supported_models_markdown",
-]

@@ -249,15 +249,3 @@ def capture_mode(hf_model: Any, session: AttentionObserver | None) -> Iterator[N
     name = register_attention(eager=hf_model.config._attn_implementation == "eager")
     with attention_implementation(hf_model, name), session.attach():
         yield
-
-
-__all__ = [
-    "ACTIVE_SESSION",
-    "ATTENTION_NAME",
-    "ATTENTION_NAME_EAGER",
-    "AttentionObserver",
-    "attention_implementation",
-    "capture_mode",
-    "native_attention",
-    "register_attention",
-]

@@ -291,14 +291,3 @@ def decode_features(
             own = c_attn[:, :, pos - src0] * cm_prev[:, pos - src0, None]
             prop[idx - 1] = (total - own).unsqueeze(-1)
     return block_features(et.unsqueeze(1), eo.unsqueeze(1), prop, reference, keep_states)
-
-
-__all__ = [
-    "DecodeInputs",
-    "DecodeSession",
-    "DecodeStepCapture",
-    "KeptParts",
-    "decode_features",
-    "norm_eps",
-    "norm_factors",
-]

@@ -106,6 +106,3 @@ def block_features(
         capture="full" if omega_prop is not None else "fast",
         hidden=hidden,
     )
-
-
-__all__ = ["CAPTURE_MODES", "StepFeatures", "block_features", "interleave_torch"]

@@ -105,13 +105,3 @@ def phi_from_states(
     direct = angles(e[None], pm)
     prop = angles(et[None, 1:], pa[:, 1:])
     return interleave(direct, prop)
-
-
-__all__ = [
-    "ZERO_NORM",
-    "angles",
-    "interleave",
-    "normalized_l1_proximity",
-    "phi_from_states",
-    "theta_from_states",
-]

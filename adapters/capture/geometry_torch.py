@@ -94,11 +94,3 @@ def row_probabilities(
         return torch.softmax(scores, dim=-1)
     sink = sinks.float().reshape(h, 1, 1).expand(*scores.shape[:-1], 1)
     return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
-
-
-__all__ = [
-    "l1_distances",
-    "mlp_proximity",
-    "row_probabilities",
-    "torch_angles",
-]

@@ -97,6 +97,3 @@ def routed(hooks: Iterable[Hook]) -> Iterator[None]:
         yield
     finally:
         ACTIVE_ROUTES.reset(token)
-
-
-__all__ = ["Hook", "install_routes", "is_routed", "routed"]

@@ -7,8 +7,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["UNRECORDED_PARTS", "PartsRule"]
-
 
 @dataclass(frozen=True)
 class PartsRule:

@@ -506,6 +506,3 @@ class CaptureSession:
         )
         self.pos += self.q_len
         self._reset_step()
-
-
-__all__ = ["CAPTURE_MODES", "STRATEGIES", "CaptureSession", "StepFeatures"]

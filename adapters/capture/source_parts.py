@@ -237,17 +237,3 @@ def proximity_from_numerators(num: torch.Tensor) -> torch.Tensor:
     pos = num.clamp_min(0.0)
     den = pos.sum(-1, keepdim=True)
     return torch.where(den > 0, pos / den.clamp_min(1e-30), torch.zeros_like(pos))
-
-
-__all__ = [
-    "BOUND_SLACK",
-    "Rows",
-    "cached_numerators",
-    "dense_numerators",
-    "head_max_abs",
-    "heads_by_query",
-    "new_parts",
-    "proximity_from_numerators",
-    "self_parts",
-    "sparse_numerators",
-]

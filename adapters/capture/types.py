@@ -144,6 +144,3 @@ def _running_mean(states: Iterable[TokenStates], which: str) -> tuple[np.ndarray
             f"one {which} reference response with return_states=True"
         )
     return sum_attn / count, sum_mlp / count
-
-
-__all__ = ["ReferenceMeans", "ReplayResult", "TokenStates"]

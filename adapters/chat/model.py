@@ -763,6 +763,3 @@ def load_default_model(**options: Any) -> GeometryChatModel:
     folder = default_model_path()
     options.setdefault("model_name", DEFAULT_MODEL_NAME)
     return GeometryChatModel.from_pretrained(folder, gguf_file=DEFAULT_GGUF, **options)
-
-
-__all__ = ["GeometryChatModel", "load_default_model"]

@@ -201,6 +201,3 @@ class StreamingMixin:
         """The message ``invoke`` returns for this generated row."""
         (msg,) = self._messages([messages], [prompt], [Generated.of_row(result)], opts, setup)
         return msg
-
-
-__all__ = ["StreamingMixin"]

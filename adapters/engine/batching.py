@@ -43,9 +43,10 @@ from ..capture.attention import (
     register_attention,
 )
 from ..capture.decode_step import DecodeStepCapture
+from ..capture.features import StepFeatures
 from ..capture.hook_routes import Hook, routed
 from ..capture.parts_rule import PartsRule
-from ..capture.session import CaptureSession, StepFeatures, default_parts
+from ..capture.session import CaptureSession, default_parts
 from ..capture.types import ReferenceMeans
 from ..model.loading import LoadedModel, eos_token_ids, pad_token_id
 from .prefix import PREFIX_RULE, start_from_prefix
@@ -550,19 +551,3 @@ class BatchEngine:
         """Remove and return every active row (after a failed step)."""
         rows, self.active = self.active, []
         return rows
-
-
-__all__ = [
-    "ROWS_ATTENTION",
-    "BatchEngine",
-    "GenerationCancelled",
-    "GenerationRequest",
-    "HookMux",
-    "Row",
-    "RowResult",
-    "RowSnapshot",
-    "RowsCache",
-    "choose_token",
-    "register_rows_attention",
-    "rows_attention",
-]

@@ -282,21 +282,3 @@ def left_padded(
         ids[i, s - len(x) :] = torch.tensor(x, dtype=torch.long)
         mask[i, s - len(x) :] = 1
     return ids, mask
-
-
-__all__ = [
-    "PLAIN_TEMPLATE",
-    "AnswerLike",
-    "PlainTemplate",
-    "ToolRendering",
-    "add_tool_block",
-    "assistant_dict",
-    "chat_dicts",
-    "left_padded",
-    "message_text",
-    "prompt_head",
-    "prompt_ids",
-    "response_ids",
-    "short_id",
-    "tool_result_dict",
-]

@@ -25,7 +25,7 @@ from langchain_core.messages.ai import UsageMetadata
 from abstain_guard.contract.deployment import sha256_text
 from abstain_guard.errors import ContextLengthError, InvalidInputError
 
-from ..capture.session import StepFeatures
+from ..capture.features import StepFeatures
 from ..capture.types import ReferenceMeans, TokenStates
 from ..model.loading import LoadedModel
 from ..tools.calls import NO_TOOLS_RECORD, ToolSetup
@@ -332,20 +332,3 @@ def generation_record(
         "history_messages": earlier,
         **(tools.record() if tools is not None else NO_TOOLS_RECORD),
     }
-
-
-__all__ = [
-    "GENERATION_OPTIONS",
-    "Generated",
-    "GenerationCall",
-    "SnapshotCallback",
-    "TokenCallback",
-    "call_options",
-    "cut_markers",
-    "generation_record",
-    "new_token_budget",
-    "stack_states",
-    "stack_steps",
-    "to_message",
-    "validate_options",
-]

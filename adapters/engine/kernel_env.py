@@ -83,16 +83,3 @@ def pinned_kernel_env() -> dict[str, str]:
 
 
 ask_for_portable_kernels()
-
-__all__ = [
-    "FOREIGN_KERNELS_ENV",
-    "FOREIGN_KERNEL_ENV",
-    "KERNEL_ENV_KEYS",
-    "MODE_ENV_KEYS",
-    "NATIVE_KERNELS_ENV",
-    "PORTABLE_KERNEL_ENV",
-    "ask_for_portable_kernels",
-    "is_x86_64",
-    "pinned_kernel_env",
-    "requested_kernel_env",
-]

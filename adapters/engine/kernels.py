@@ -142,6 +142,3 @@ def kernel_facts(device: torch.device | str = "cpu") -> dict[str, Any]:
         "onednn": {"version": facts["onednn"], "enabled": bool(torch.backends.mkldnn.enabled)},
         "env": {k: os.environ[k] for k in KERNEL_ENV_KEYS if k in os.environ},
     }
-
-
-__all__ = ["ISA_FLAGS", "MKL_BRANCHES", "blas_facts", "cpu_facts", "kernel_facts", "mkl_branch"]

@@ -176,16 +176,3 @@ def start_from_prefix(
     if session is not None:
         session.load_prefix(state)
     return state.new_cache(), list(prompt[split:])
-
-
-__all__ = [
-    "PREFIX_RULE",
-    "STORE_SIZE",
-    "PrefixState",
-    "PrefixStore",
-    "common_prefix",
-    "compute_prefix",
-    "prefix_store",
-    "split_point",
-    "start_from_prefix",
-]

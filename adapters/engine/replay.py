@@ -21,8 +21,9 @@ from tqdm.auto import tqdm
 from abstain_guard.errors import ContextLengthError, InvalidInputError
 
 from ..capture.attention import capture_mode
+from ..capture.features import StepFeatures
 from ..capture.parts_rule import PartsRule
-from ..capture.session import CaptureSession, StepFeatures, default_parts
+from ..capture.session import CaptureSession, default_parts
 from ..capture.types import ReferenceMeans, ReplayResult, TokenStates
 from ..model.loading import LoadedModel, eos_token_ids, pad_token_id
 from .encoding import left_padded
@@ -333,13 +334,3 @@ def replay_token_ids(
     ]
     settings = model.replay_settings()
     return replay_items(loaded, items, settings, batch_size, return_states, progress)
-
-
-__all__ = [
-    "ReplayItem",
-    "ReplaySettings",
-    "replay_item",
-    "replay_items",
-    "replay_token_ids",
-    "slice_step",
-]

@@ -33,7 +33,7 @@ from abstain_guard.contract.metadata import (
     probe_layers,
 )
 
-from ..capture.session import StepFeatures
+from ..capture.features import StepFeatures
 from .kernels import kernel_facts
 
 
@@ -141,6 +141,3 @@ def geometry_json(
         "phi_out": lst(geo.phi_out),
         HIDDEN: hidden,
     }
-
-
-__all__ = ["geometry_json", "numerics_record", "token_metadata"]

@@ -296,6 +296,3 @@ def scheduler_for(
                 cap = built[0].max_rows if built else max_batch
                 sched.max_batch = max(1, min(max_batch, cap))
         return sched
-
-
-__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_MAX_QUEUE", "GenerationScheduler", "scheduler_for"]

@@ -35,17 +35,6 @@ from abstain_guard.errors import ModelError
 
 from .batching import GenerationCancelled
 
-__all__ = [
-    "IncrementalText",
-    "async_token_channel",
-    "cut_at_stop",
-    "last_chunk",
-    "reply_chunks",
-    "text_chunk",
-    "token_channel",
-    "tool_call_chunks",
-]
-
 REPLACEMENT = "\ufffd"
 
 

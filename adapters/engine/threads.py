@@ -196,19 +196,3 @@ def choose_decode_path(hf: nn.Module, shared: bool, max_rows: int) -> DecodePath
             else DecodePath("alone", DECODE_THREADS, 1)
         )
     return cached[key]
-
-
-__all__ = [
-    "DECODE_THREADS",
-    "ENGINE_WORKERS_ENV",
-    "MIN_DECODE_ROWS",
-    "DecodePath",
-    "blas_threads",
-    "choose_decode_path",
-    "engine_workers",
-    "independent_rows",
-    "model_independent_rows",
-    "model_rows_are_independent",
-    "process_cpus",
-    "rows_are_independent",
-]

@@ -31,14 +31,6 @@ from safetensors.torch import save_model
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "MODEL_CACHE_ENV",
-    "cache_root",
-    "converted_folder",
-    "shared_tensor_name_maps",
-    "write_converted",
-]
-
 #: Where converted checkpoints live; ``off`` turns the cache off.
 MODEL_CACHE_ENV = "ABSTAIN_GUARD_MODEL_CACHE"
 

@@ -356,18 +356,3 @@ def pad_token_id(hf_model: Any, tokenizer: Any) -> int:
         eos = eos_token_ids(hf_model, tokenizer)
         pad = eos[0] if eos else 0
     return int(pad)
-
-
-__all__ = [
-    "DEFAULT_GGUF",
-    "DEFAULT_MODEL_NAME",
-    "DEFAULT_PACKAGE",
-    "INSTALL_HINT",
-    "LoadedModel",
-    "default_model_path",
-    "eos_token_ids",
-    "load_pretrained",
-    "model_fingerprint",
-    "pad_token_id",
-    "wrap_model",
-]

@@ -24,8 +24,6 @@ from abstain_guard.errors import ModelNotFoundError
 from .gguf_cache import cache_root
 from .loading import DEFAULT_GGUF, default_model_path, load_pretrained, model_fingerprint
 
-__all__ = ["VLLM_MARKER", "vllm_model_folder"]
-
 #: Written last into a prepared folder: the source and the weights' fingerprint.
 VLLM_MARKER = "abstain_guard_vllm.json"
 

@@ -277,19 +277,3 @@ def with_tool_calls(message: AIMessage, reply: ParsedReply) -> AIMessage:
         response_metadata=message.response_metadata,
         usage_metadata=message.usage_metadata,
     )
-
-
-__all__ = [
-    "NO_TOOLS_RECORD",
-    "ParsedReply",
-    "ToolSetup",
-    "call_id",
-    "decode_keeping",
-    "normalize_tool_choice",
-    "parse_tool_calls",
-    "prompted_tool_block",
-    "run_seed",
-    "tool_prefill",
-    "tool_setup",
-    "with_tool_calls",
-]

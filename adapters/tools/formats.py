@@ -18,25 +18,6 @@ from typing import Any
 
 from abstain_guard.errors import InvalidInputError
 
-__all__ = [
-    "FORMATS",
-    "HERMES",
-    "LLAMA3",
-    "MISTRAL",
-    "PROMPTED",
-    "Found",
-    "ToolCallFormat",
-    "bad_json",
-    "detect_tool_call_format",
-    "found_from_object",
-    "prompted_call_text",
-    "split_hermes",
-    "split_llama3",
-    "split_mistral",
-    "template_has_tool_role",
-    "tool_call_format",
-]
-
 HERMES, LLAMA3, MISTRAL, PROMPTED = "hermes", "llama3", "mistral", "prompted"
 
 

@@ -17,8 +17,6 @@ import jsonschema
 
 from abstain_guard.errors import InvalidInputError
 
-__all__ = ["schema_name", "schema_validator", "tool_args_error", "tool_parameters"]
-
 # -- arguments against the tool's schema -----------------------------------------------------
 
 #: Keywords by which a parameters schema says what it does with arguments it does not list.

@@ -110,6 +110,7 @@ class GuardArtifact:
         self.selection = self._selection()
         self.created = created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         self.path: Path | None = None
+        self.digest: str | None = None  # the manifest's sha256, once saved or loaded
         self._rules: dict[tuple[Any, ...], DecisionRule] = {}
         self._group_rules: dict[tuple[Any, ...], GroupRules] = {}
 
@@ -362,7 +363,7 @@ class GuardArtifact:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        self.path = target
+        self.path, self.digest = target, manifest["manifest_sha256"]
         return target
 
     @classmethod
@@ -412,7 +413,7 @@ class GuardArtifact:
             )
         except (InvalidInputError, InsufficientDataError) as exc:
             raise ArtifactSchemaError(f"Invalid calibration data in the artifact: {exc}") from exc
-        artifact.path = root
+        artifact.path, artifact.digest = root, sha256_hex(canonical_json(manifest))
         if expected_fingerprint is not None:
             if fingerprint is None:
                 logger.warning(

@@ -46,7 +46,7 @@ def _serve(args: argparse.Namespace) -> int:
         service,
         host=args.host,
         port=args.port,
-        log_level="info" if args.verbose else "warning",
+        log_level=args.log_level,
         api_key=_api_key(args),
         monitor=monitor,
     )
@@ -149,6 +149,8 @@ def _say_monitor(resumed: dict[str, Any] | None, log_path: str | None) -> None:
 
 #: The environment variable ``serve`` reads its API key from (``--api-key`` wins).
 API_KEY_ENV = "ABSTAIN_GUARD_API_KEY"
+#: The environment variable ``serve`` reads its log level from (``--log-level`` wins).
+LOG_LEVEL_ENV = "ABSTAIN_GUARD_LOG_LEVEL"
 
 
 def _guard_service(args: argparse.Namespace) -> Any:
@@ -234,7 +236,6 @@ def _model_service(args: argparse.Namespace) -> Any:
         if not isinstance(name.model, str):
             raise ConfigError(f"--backend vllm serves a local model, not {name.label}.")
         model = VLLMChatModel(model=name.model, gguf_file=name.gguf_file, max_tokens=max_tokens)
-        model.engine()
     else:
         model = load_chat_model(
             name.model,
@@ -372,6 +373,13 @@ def _add_monitor_options(srv: argparse.ArgumentParser) -> None:
         "without one, a server listening beyond loopback refuses /v1/feedback",
     )
     srv.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default=os.environ.get(LOG_LEVEL_ENV, "info"),
+        help="JSON log lines on stderr at this level and above; decisions are info (default: "
+        "$ABSTAIN_GUARD_LOG_LEVEL, else info)",
+    )
+    srv.add_argument(
         "--monitor-log",
         help="append every decision, feedback and drift alarm to this JSONL file (the "
         "--feedback of abstain-guard recalibrate); an existing one is resumed: the monitor's "
@@ -400,4 +408,4 @@ def _add_replica_options(srv: argparse.ArgumentParser) -> None:
     )
 
 
-__all__ = ["API_KEY_ENV", "add_parser", "serve_monitor"]
+__all__ = ["API_KEY_ENV", "LOG_LEVEL_ENV", "add_parser", "serve_monitor"]

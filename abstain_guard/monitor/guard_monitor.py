@@ -207,6 +207,7 @@ class GuardMonitor(MonitorLogMixin):
         (``config.group_delta`` shares ``false_alarm``)."""
         source = {
             "artifact": None if artifact.path is None else str(artifact.path),
+            "artifact_sha256": artifact.digest,
             "created": artifact.created,
             "scorer": artifact.scorer.kind,
             "model_fingerprint": artifact.model_fingerprint,

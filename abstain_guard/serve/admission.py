@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
+
 from abstain_guard.errors import SchedulerFullError
 from abstain_guard.serve.schemas import ChatCompletionRequest, RequestRefused
 
@@ -14,6 +16,8 @@ __all__ = ["DEFAULT_MAX_IN_FLIGHT", "Admission"]
 DEFAULT_BATCH, DEFAULT_QUEUE = 8, 64
 #: Requests admitted at once by default: the model's batch plus its queue.
 DEFAULT_MAX_IN_FLIGHT = DEFAULT_BATCH + DEFAULT_QUEUE
+#: How long readiness waits for the model's engine to answer its health check.
+BACKEND_TIMEOUT_S = 5.0
 
 
 class Admission:
@@ -26,16 +30,33 @@ class Admission:
     draining: bool
     model_name: str
     chat_model: Any
+    backend_url: str | None
 
     def _open(self, max_in_flight: int | None, retry_after_s: int) -> None:
-        """Start admitting: at most ``max_in_flight`` at once (default: the chat model's
-        batch plus queue)."""
+        """Start the chat model's engine, if it has one (the vLLM backend: up before the
+        first request), and start admitting: at most ``max_in_flight`` at once (default:
+        the chat model's batch plus queue)."""
+        start = getattr(self.chat_model, "engine", None)
+        self.backend_url = start()[0] if callable(start) else None
         batch = int(getattr(self.chat_model, "max_batch_size", DEFAULT_BATCH))
         queue = int(getattr(self.chat_model, "max_queue", DEFAULT_QUEUE))
         self.max_in_flight = max_in_flight or batch + queue
         self.retry_after_s = retry_after_s
         self.in_flight = 0
         self.draining = False
+
+    async def backend_health(self) -> dict[str, Any]:
+        """``{"ok": bool, ...}``: whether the model answers (``/readyz``'s ``backend``): an
+        engine's ``GET /health`` within :data:`BACKEND_TIMEOUT_S`; a model in this process
+        always does."""
+        if self.backend_url is None:
+            return {"ok": True}
+        try:
+            async with httpx.AsyncClient(timeout=BACKEND_TIMEOUT_S) as client:
+                (await client.get(f"{self.backend_url}/health")).raise_for_status()
+        except httpx.HTTPError as exc:
+            return {"ok": False, "url": self.backend_url, "error": f"{type(exc).__name__}: {exc}"}
+        return {"ok": True, "url": self.backend_url}
 
     def admit(self) -> None:
         """Take a place for one request.

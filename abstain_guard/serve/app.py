@@ -1,13 +1,15 @@
 """The FastAPI app: ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /v1/feedback``,
-``GET /v1/monitor``, ``GET /healthz``, ``GET /metrics``.
+``GET /v1/monitor``, ``GET /livez``, ``GET /readyz``, ``GET /metrics``.
 
 Every decision goes to the server's :class:`~abstain_guard.serve.monitor_link.MonitorLink`
 under its completion id, in admission order, before its answer leaves (a monitor that cannot
 take it makes the request a 503); feedback only feeds the monitor. With an API key every
 ``/v1/*`` route needs ``Authorization: Bearer <key>`` (a route dependency, so it holds
 wherever the app is mounted); beyond loopback, feedback needs a key. Every refusal is
-OpenAI's error format with a status saying whose fault it is. See docs/serving.md
-("Endpoints", "The drift monitor, feedback and the API key", "What a request may ask").
+OpenAI's error format with a status saying whose fault it is. Each chat completion runs in
+the guard's span, and its log lines carry its ids (:mod:`abstain_guard.serve.telemetry`).
+See docs/serving.md ("Endpoints", "The drift monitor, feedback and the API key", "What a
+request may ask", "Metrics, logs and traces").
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from opentelemetry import trace
+from opentelemetry.trace import Span
 from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
 
 from abstain_guard.errors import (
@@ -32,7 +36,9 @@ from abstain_guard.errors import (
     UnknownRunError,
 )
 from abstain_guard.monitor.guard_monitor import GuardMonitor
-from abstain_guard.serve.metrics import CONTENT_TYPE_LATEST
+from abstain_guard.serve import telemetry
+from abstain_guard.serve.dashboard import dashboard
+from abstain_guard.serve.metrics import CONTENT_TYPE_LATEST, ServiceMetrics, decision_reason
 from abstain_guard.serve.monitor_link import LocalMonitorLink, MonitorLink
 from abstain_guard.serve.openai_format import (
     completion_body,
@@ -57,8 +63,9 @@ __all__ = ["create_app", "service_monitor"]
 
 logger = logging.getLogger("abstain_guard.serve")
 
+CHAT = "/v1/chat/completions"
 ROUTES = frozenset(
-    {"/v1/chat/completions", "/v1/models", "/v1/feedback", "/v1/monitor", "/healthz", "/metrics"}
+    {CHAT, "/v1/models", "/v1/feedback", "/v1/monitor", "/livez", "/readyz", "/metrics"}
 )
 """Paths counted by name in the metrics (any other is ``other``: bounded labels)."""
 
@@ -73,12 +80,14 @@ class Served:
         limits: the request size limits.
         feedback_open: whether ``/v1/feedback`` may be called (with an API key, or on
             loopback only).
+        metrics: what this process reports of itself in ``/metrics``.
     """
 
     service: GuardService | ModelService
     link: MonitorLink
     limits: RequestLimits
     feedback_open: bool
+    metrics: ServiceMetrics
 
 
 def _served(request: Request) -> Served:
@@ -123,20 +132,22 @@ def create_app(
         link = LocalMonitorLink(service, monitor)
     app = FastAPI(title="abstain-guard", lifespan=_lifespan)
     app.state.served = Served(
-        service, link, RequestLimits(), feedback_open=api_key is not None or loopback
+        service, link, RequestLimits(), api_key is not None or loopback, ServiceMetrics.of(service)
     )
     app.add_exception_handler(RequestRefused, _refused)  # raised by a dependency (the API key)
     app.middleware("http")(_count_requests)
     keyed = [api_key_dependency(api_key)]  # on every /v1/* route
     for path, route, method in (
-        ("/v1/chat/completions", _chat_completions, "POST"),
+        (CHAT, _chat_completions, "POST"),
         ("/v1/feedback", _feedback, "POST"),
         ("/v1/monitor", _monitor_state, "GET"),
         ("/v1/models", _models, "GET"),
     ):
         app.add_api_route(path, route, methods=[method], dependencies=keyed)
-    app.add_api_route("/healthz", _healthz, methods=["GET"])
+    app.add_api_route("/livez", _livez, methods=["GET"])
+    app.add_api_route("/readyz", _readyz, methods=["GET"])
     app.add_api_route("/metrics", _prometheus, methods=["GET"])
+    app.add_api_route("/dashboard", dashboard, methods=["GET"])
     return app
 
 
@@ -149,10 +160,16 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     logger.info("shutting down: %d requests in flight finish first", service.in_flight)
 
 
-async def _count_requests(request: Request, call_next: Any) -> Response:
-    response: Response = await call_next(request)
+def _route(request: Request) -> str:
     route = getattr(request.scope.get("route"), "path", None)  # mount / root_path free
-    _served(request).link.request_done(route if route in ROUTES else "other", response.status_code)
+    return route if route in ROUTES else "other"
+
+
+async def _count_requests(request: Request, call_next: Any) -> Response:
+    ids = telemetry.request_ids(request.headers)
+    response: Response = await call_next(request)
+    _served(request).link.request_done(_route(request), response.status_code)
+    response.headers[telemetry.REQUEST_ID_HEADER] = ids.request_id
     return response
 
 
@@ -168,8 +185,10 @@ def _refusal(exc: RequestRefused) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
-async def _refused(_: Request, exc: Exception) -> Response:
+async def _refused(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestRefused)
+    if _route(request) == CHAT:
+        _served(request).link.refused("refused", exc.code or exc.kind)
     return _refusal(exc)
 
 
@@ -186,17 +205,25 @@ def _monitor_down(exc: Exception, retry_after_s: int) -> RequestRefused:
     )
 
 
-def _failed(exc: Exception, retry_after_s: int) -> JSONResponse:
-    """The response to a chat completion that was refused or failed: its refusal, a 503
-    when the monitor could not take its decision, else a 500 (the guard failed:
-    ``on_error="raise"``, a mismatch)."""
-    if isinstance(exc, RequestRefused):
-        return _refusal(exc)
+def _failed(served: Served, span: Span, exc: Exception) -> JSONResponse:
+    """The response to a chat completion that was refused or failed, counted and logged:
+    its refusal (outcome ``refused``, reason its code), a 503 when the monitor could not
+    take its decision, else a 500 (outcome ``failed``, reason the error's type: the backend
+    or the guard failed, ``on_error="raise"``, a mismatch)."""
+    outcome, reason = "refused", getattr(exc, "code", None) or getattr(exc, "kind", "")
     if isinstance(exc, MonitorUnavailableError | DecisionJournalError):
         logger.error("chat completion refused: the monitor could not take it: %s", exc)
-        return _refusal(_monitor_down(exc, retry_after_s))
-    logger.error("chat completion failed", exc_info=exc)
-    return _refusal(RequestRefused(f"{type(exc).__name__}: {exc}", status=500, kind="server_error"))
+        exc = _monitor_down(exc, served.service.retry_after_s)
+        reason = "monitor_unavailable"
+    elif not isinstance(exc, RequestRefused):
+        logger.error("chat completion failed", exc_info=exc)
+        outcome, reason = "failed", type(exc).__name__
+        exc = RequestRefused(f"{reason}: {exc}", status=500, kind="server_error")
+    else:
+        logger.info("chat completion refused (%d %s): %s", exc.status, reason, exc.message)
+    served.link.refused(outcome, reason)
+    telemetry.end_span(span, exc.status, outcome, reason)
+    return _refusal(exc)
 
 
 def api_key_dependency(api_key: str | None) -> Any:
@@ -253,10 +280,12 @@ async def _read_body(request: Request, limits: RequestLimits) -> bytes:
 @dataclass
 class _Completion:
     """One chat completion as its route runs it: its id (its key in admission order), when
-    it arrived, the parsed request, and whether it took a place in admission order."""
+    it arrived, the guard's span around it, the parsed request, and whether it took a
+    place in admission order."""
 
     id: str
     start: float
+    span: Span
     parsed: ChatCompletionRequest | None = None
     admitted: bool = False
 
@@ -266,39 +295,57 @@ class _Completion:
         assert self.parsed is not None
         return (self.parsed.top_logprobs or 0) if self.parsed.logprobs else None
 
+    def decided(self, served: Served, answer: GuardedAnswer) -> None:
+        """Count and trace the answer (its decision, when one ended the run)."""
+        assert self.parsed is not None
+        decision = answer.outcome
+        served.link.decided(decision, time.perf_counter() - self.start, self.parsed.stream)
+        outcome, reason = decision_reason(decision) if decision else ("answered", "undecided")
+        telemetry.end_span(self.span, 200, outcome, reason, **{
+            "gen_ai.response.id": self.id,
+            "gen_ai.response.finish_reasons": (answer.finish_reason,),
+            "gen_ai.usage.input_tokens": answer.prompt_tokens,
+            "gen_ai.usage.output_tokens": answer.completion_tokens,
+        })  # fmt: skip
+
 
 async def _chat_completions(request: Request) -> Response:
     served = _served(request)
     service, sink = served.service, served.link
-    call = _Completion(new_completion_id(), time.perf_counter())
+    completion_id = new_completion_id()
+    span = telemetry.start_span(request.headers, service.model_name, completion_id)
+    call = _Completion(completion_id, time.perf_counter(), span)
     finished = handed_off = False
     try:
-        parsed = parse_request(await _read_body(request, served.limits), served.limits)
-        call.parsed = parsed
-        question: Any = service.question(parsed)
-        call.admitted = sink.monitored
-        if call.admitted:  # its place in the deployment's admission order
-            await sink.admit(call.id)
-        service.admit()  # no await between taking a place and answer(), which frees it
-        if parsed.stream and isinstance(service, GuardService) and service.certified_streaming:
-            events = service.stream_answer(question)  # released as it passes
-            first = await anext(events)  # generation started: errors are still statuses
-            handed_off = True  # the stream's body finishes or releases the place
-            return StreamingResponse(
-                _certified_body(served, call, first, events),
-                media_type="text/event-stream",
-                headers={"X-Abstain-Guard-Streaming": "certified"},
-            )
-        answer = await service.answer(question)
-        if call.admitted and answer.outcome:  # one decision per run: its outcome
-            await sink.finish(call.id, answer.outcome)  # before the answer leaves
-            finished = True
+        with trace.use_span(span, end_on_exit=False):
+            parsed = parse_request(await _read_body(request, served.limits), served.limits)
+            call.parsed = parsed
+            question: Any = service.question(parsed)
+            call.admitted = sink.monitored
+            if call.admitted:  # its place in the deployment's admission order
+                await sink.admit(call.id)
+            service.admit()  # no await between taking a place and answer(), which frees it
+            if parsed.stream and isinstance(service, GuardService) and service.certified_streaming:
+                events = service.stream_answer(question)  # released as it passes
+                first = await anext(events)  # generation started: errors are still statuses
+                handed_off = True  # the stream's body finishes or releases the place
+                return StreamingResponse(
+                    _certified_body(served, call, first, events),
+                    media_type="text/event-stream",
+                    headers={"X-Abstain-Guard-Streaming": "certified"},
+                )
+            answer = await service.answer(question)
+            if call.admitted and answer.outcome:  # one decision per run: its outcome
+                await sink.finish(call.id, answer.outcome)  # before the answer leaves
+                finished = True
+            return _answered(served, call, answer)
     except (RequestRefused, AbstainGuardError) as exc:
-        return _failed(exc, service.retry_after_s)
+        return _failed(served, span, exc)
     finally:  # ended without a decision (refused, failed, cancelled): give up the place
         if call.admitted and not finished and not handed_off:
             sink.release(call.id)
-    return _answered(served, call, answer)
+        if not handed_off:
+            span.end()
 
 
 def _answered(served: Served, call: _Completion, answer: GuardedAnswer) -> Response:
@@ -306,9 +353,7 @@ def _answered(served: Served, call: _Completion, answer: GuardedAnswer) -> Respo
     decision's headers."""
     parsed = call.parsed
     assert parsed is not None
-    decided = answer.abstained if answer.outcome else None  # None: no guard, a tool call
-    group = answer.outcome.group if answer.outcome is not None else None
-    served.link.decided(decided, time.perf_counter() - call.start, parsed.stream, group)
+    call.decided(served, answer)
     model = served.service.model_name
     headers = decision_headers(answer)
     if parsed.stream:
@@ -332,35 +377,35 @@ async def _certified_body(
 ) -> AsyncIterator[str]:
     """A certified stream's server-sent events: each released piece as it passes, then the
     decided end (:func:`~abstain_guard.serve.openai_format.sse_decided_end`). The decision is
-    recorded (monitor, counts) before its chunk leaves; a stream that ends otherwise (the
-    client went away) gives its place back and stops generation."""
+    recorded (monitor, counts, span) before its chunk leaves; a stream that ends otherwise
+    (the client went away) gives its place back and stops generation."""
     sink, model, parsed = served.link, served.service.model_name, call.parsed
     assert parsed is not None
     created = int(time.time())
     finished = False
     try:
-        yield sse_role(call.id, model, created)
-        kind, value = first
-        while kind == "text":
-            if value:
-                yield sse_released(call.id, model, created, value)
-            kind, value = await anext(events)
-        answer, rest = value
-        if call.admitted and answer.outcome:
-            await sink.finish(call.id, answer.outcome)
-        finished = True
-        group = answer.decision.group if answer.decision is not None else None
-        sink.decided(answer.abstained, time.perf_counter() - call.start, True, group)
-        for part in sse_decided_end(
-            answer,
-            rest,
-            completion_id=call.id,
-            model=model,
-            created=created,
-            logprobs=call.logprobs,
-            include_usage=parsed.include_usage,
-        ):
-            yield part
+        with trace.use_span(call.span, end_on_exit=True):
+            yield sse_role(call.id, model, created)
+            kind, value = first
+            while kind == "text":
+                if value:
+                    yield sse_released(call.id, model, created, value)
+                kind, value = await anext(events)
+            answer, rest = value
+            if call.admitted and answer.outcome:
+                await sink.finish(call.id, answer.outcome)
+            finished = True
+            call.decided(served, answer)
+            for part in sse_decided_end(
+                answer,
+                rest,
+                completion_id=call.id,
+                model=model,
+                created=created,
+                logprobs=call.logprobs,
+                include_usage=parsed.include_usage,
+            ):
+                yield part
     finally:
         if call.admitted and not finished:
             sink.release(call.id)
@@ -459,19 +504,31 @@ async def _models(request: Request) -> dict[str, object]:
     return {"object": "list", "data": [{**entry, "owned_by": "abstain-guard"}]}
 
 
-async def _healthz(request: Request) -> JSONResponse:
+async def _livez(_: Request) -> JSONResponse:
+    """Liveness: the process answers (whatever its guard, backend or monitor)."""
+    return JSONResponse({"status": "alive"})
+
+
+async def _readyz(request: Request) -> JSONResponse:
+    """Readiness: the guard in force and its load, ``monitor`` (every decision reached the
+    journal and the log; with replicas, the monitor actor answers) and ``backend`` (the
+    model answers); 503 while draining or when either is not ok."""
     served = _served(request)
     info = served.service.describe()
     info["monitor"] = await served.link.health()
-    if not info["monitor"]["ok"] and not served.service.draining:
-        info["status"] = "unhealthy"
-    healthy = info["status"] == "ok"
-    return JSONResponse(info, status_code=200 if healthy else 503)
+    info["backend"] = await served.service.backend_health()
+    if not (info["monitor"]["ok"] and info["backend"]["ok"]) and not served.service.draining:
+        info["status"] = "unready"
+    return JSONResponse(info, status_code=200 if info["status"] == "ok" else 503)
 
 
 async def _prometheus(request: Request) -> Response:
+    """This process's own metrics, then the deployment's; without the latter while the
+    monitor does not answer (``abstain_guard_monitor_up 0``)."""
     served = _served(request)
     try:
-        return Response(await served.link.metrics(), media_type=CONTENT_TYPE_LATEST)
+        shared, up = await served.link.metrics(), True
     except MonitorUnavailableError as exc:
-        return _refusal(_monitor_down(exc, served.service.retry_after_s))
+        logger.warning("/metrics without the monitor's counts: %s", exc)
+        shared, up = b"", False
+    return Response(served.metrics.render(up) + shared, media_type=CONTENT_TYPE_LATEST)

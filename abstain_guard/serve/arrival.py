@@ -77,7 +77,7 @@ class ArrivalOrder:
             return ticket
 
     def describe_health(self) -> dict[str, Any]:
-        """:meth:`FeedHealth.describe` and whether the journal is durable (``/healthz``'s
+        """:meth:`FeedHealth.describe` and whether the journal is durable (``/readyz``'s
         ``monitor``)."""
         return {**self.health.describe(), "journal": self.journal.durable}
 

@@ -73,7 +73,7 @@ def check_tools(
         elif not offered:
             message = (
                 f"This guard was calibrated with the tools {calibrated} (an agent); send "
-                "exactly those tool schemas with every request (GET /healthz lists them)."
+                "exactly those tool schemas with every request (GET /readyz lists them)."
             )
         else:
             message = (
@@ -121,7 +121,7 @@ def _call_choice(
         f"tool_choice={_openai_spelling(asked)} for model call {position + 1} of the run "
         f"({position} assistant turn(s) after the question), but calibration's runs had "
         f"{' or '.join(spellings)} there; send that tool_choice at this point of the run, as "
-        "the calibrated agent does (GET /healthz lists each call's calibrated choices).",
+        "the calibrated agent does (GET /readyz lists each call's calibrated choices).",
         param="tool_choice",
         code="tool_choice_not_calibrated",
     )

@@ -4,7 +4,7 @@ drift monitor, and the sticky health alarm of the path from a decision to the mo
 Every decision is appended, flushed and ``fsync``-ed to the :class:`DecisionJournal` before
 it is acknowledged, and marked ``fed`` once the monitor log has it; a process that starts on
 the same journal feeds what it holds and the log does not (:func:`recover`). A failed write
-is never swallowed: :class:`FeedHealth` logs and counts it and turns ``/healthz`` unhealthy.
+is never swallowed: :class:`FeedHealth` logs and counts it and turns ``/readyz`` unready (503).
 docs/serving.md, "The drift monitor, feedback and the API key".
 """
 
@@ -64,7 +64,7 @@ def _jsonable(value: Any) -> Any:
 
 class FeedHealth:
     """Failures on the way from a decision to the monitor log: each is logged as an error
-    and counted, and any one makes ``/healthz`` unhealthy for the rest of the process (the
+    and counted, and any one makes ``/readyz`` unready for the rest of the process (the
     in-memory monitor and its log may disagree until a restart replays the journal)."""
 
     def __init__(self) -> None:
@@ -78,7 +78,7 @@ class FeedHealth:
         ``"monitor log"``) and log it as an error."""
         message = (
             f"decision {run_id} could not be written to the {where}: {type(exc).__name__}: "
-            f"{exc}. /healthz reports unhealthy until the server restarts (the journal is "
+            f"{exc}. /readyz reports unready until the server restarts (the journal is "
             "replayed then); fix the disk or path first."
         )
         with self._lock:
@@ -90,7 +90,7 @@ class FeedHealth:
         logger.error(message)
 
     def describe(self) -> dict[str, Any]:
-        """``{"ok", "journal_failures", "log_failures", "error"}`` (``/healthz``'s
+        """``{"ok", "journal_failures", "log_failures", "error"}`` (``/readyz``'s
         ``monitor``)."""
         with self._lock:
             return {

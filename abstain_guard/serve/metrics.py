@@ -1,25 +1,60 @@
-"""Prometheus metrics of one server (its own registry, so several apps in one process —
-tests — do not share counters): requests by path and status, decisions, chat completion
-latency, requests in flight and waiting for the model, and the drift monitor's state
-(``abstain_guard_monitor_*``, read from the monitor at each scrape)."""
+"""Prometheus metrics of one server (its own registries, so several apps in one process —
+tests — do not share counters). :class:`ServerMetrics` holds what the deployment counts:
+requests by path and status, chat completions by outcome and reason, the scores decided,
+latency, load and the drift monitor's state (``abstain_guard_monitor_*``, read from the
+monitor at each scrape); with replicas it lives in the monitor actor. :class:`ServiceMetrics`
+holds what each process knows of itself: ``build_info``, τ, the target and whether the
+monitor answered the scrape. The list: docs/serving.md, "Metrics, logs and traces".
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+import numpy as np
+from numpy.typing import ArrayLike
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from abstain_guard._version import __version__
 from abstain_guard.errors import InvalidInputError
+from abstain_guard.guarantee.decision import Decision
 from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.serve.admission import Admission
+from abstain_guard.serve.journal import FeedHealth
+from abstain_guard.serve.step_gate import UNKNOWN_STEPS
 
-__all__ = ["CONTENT_TYPE_LATEST", "ServerMetrics"]
+__all__ = ["CONTENT_TYPE_LATEST", "ServerMetrics", "ServiceMetrics", "decision_reason"]
 
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
+
+#: The ``reason`` label of a decision, by its :attr:`Decision.reason` (any other: ``other``).
+REASONS = {
+    "score <= threshold": "score",
+    "score > threshold": "score",
+    "scoring failed": "scoring_error",
+    "input too long": "input_too_long",
+    UNKNOWN_STEPS: "unknown_steps",
+    "group without a rule: abstain": "no_group_rule",
+}
+
+
+def decision_reason(decision: Decision) -> tuple[str, str]:
+    """``(outcome, reason)`` of a decision: ``answered`` / ``abstained``, and ``score`` (its
+    score against τ), ``scoring_error`` (the capture, the backend's payload or the scorer
+    failed), or the rule that abstained without a score."""
+    outcome = "abstained" if decision.abstained else "answered"
+    return outcome, REASONS.get(decision.reason, "other")
+
+
+def score_buckets(scores: ArrayLike, threshold: float) -> list[float]:
+    """The score histogram's bounds: the calibration scores' deciles and τ, so each bucket's
+    share of live scores can be read against calibration's (about a tenth each)."""
+    bounds = np.quantile(np.asarray(scores, dtype=float), np.linspace(0.1, 0.9, 9))
+    return sorted({float(b) for b in [*bounds, threshold] if np.isfinite(b)})
 
 
 def _rate(value: float | None) -> float:
@@ -61,7 +96,7 @@ class MonitorCollector(Collector):
             ["test"],
             [(key, entry["threshold"]) for key, entry in tests],
         )
-        yield GaugeMetricFamily(
+        yield CounterMetricFamily(
             "abstain_guard_monitor_decisions", "Decisions observed.", value=state["decisions"]
         )
         yield GaugeMetricFamily(
@@ -78,8 +113,12 @@ class MonitorCollector(Collector):
             bounds = zip((["lower"], ["upper"]), state["band"], strict=True)
             yield _family("band", "Guaranteed participation band.", ["bound"], bounds)
         fb = state["feedback"]
-        kinds = [([kind], fb[kind]) for kind in ("answered", "abstained", "errors")]
-        yield _family("feedback", "Feedback received.", ["kind"], kinds)
+        feedback = CounterMetricFamily(
+            "abstain_guard_monitor_feedback", "Feedback received.", labels=["kind"]
+        )
+        for kind in ("answered", "abstained", "errors"):
+            feedback.add_metric([kind], fb[kind])
+        yield feedback
         yield GaugeMetricFamily(
             "abstain_guard_monitor_error_rate",
             "Error rate among answered questions with feedback.",
@@ -119,8 +158,12 @@ def group_families(groups: Mapping[str, Any]) -> Iterator[GaugeMetricFamily]:
         ["group", "test"],
         tests,
     )
-    decisions = [([str(g)], e["decisions"]) for g, e in groups.items()]
-    yield _family("group_decisions", "Decisions of the group.", ["group"], decisions)
+    decisions = CounterMetricFamily(
+        "abstain_guard_monitor_group_decisions", "Decisions of the group.", labels=["group"]
+    )
+    for group, entry in groups.items():
+        decisions.add_metric([str(group)], entry["decisions"])
+    yield decisions
     rates = [([str(g)], _rate(e["answered_rate"])) for g, e in groups.items()]
     yield _family("group_answered_rate", "Live answered rate of the group.", ["group"], rates)
 
@@ -131,14 +174,39 @@ def service_load(service: Admission) -> tuple[Callable[[], int], Callable[[], in
     return (lambda: service.in_flight), (lambda: max(0, service.in_flight - batch))
 
 
+LOAD_GAUGES = (
+    ("abstain_guard_in_flight", "Chat completion requests admitted and not yet decided."),
+    ("abstain_guard_queue_depth", "Admitted requests beyond the model's batch size."),
+)
+
+
+class HealthCollector(Collector):
+    """The failed writes of decisions on their way to the monitor log (``FeedHealth``)."""
+
+    def __init__(self, health: FeedHealth) -> None:
+        self.health = health
+
+    def collect(self) -> Iterator[Any]:
+        family = CounterMetricFamily(
+            "abstain_guard_monitor_write_failures",
+            "Decisions that could not be written to the journal or the monitor log.",
+            labels=["target"],
+        )
+        family.add_metric(["journal"], self.health.journal_failures)
+        family.add_metric(["log"], self.health.log_failures)
+        yield family
+
+
 class ServerMetrics:
-    """The server's metrics; :meth:`render` gives the Prometheus text exposition.
+    """The deployment's counts (module docstring); :meth:`render` gives the text exposition.
 
     Args:
         service: the server's service, whose load the gauges read (or give ``load``).
         monitor: the drift monitor whose state is exported (None: none).
         load: ``(in_flight, queue_depth)`` callables instead of ``service``'s (the monitor
             actor of replicas on Ray Serve counts the deployment's).
+        scores: the calibration scores (the score histogram's buckets; None: no histogram).
+        health: the decisions' path to the monitor log, whose failed writes are counted.
     """
 
     def __init__(
@@ -147,6 +215,8 @@ class ServerMetrics:
         monitor: GuardMonitor | None = None,
         *,
         load: tuple[Callable[[], int], Callable[[], int]] | None = None,
+        scores: ArrayLike | None = None,
+        health: FeedHealth | None = None,
     ) -> None:
         if load is None:
             if service is None:
@@ -155,6 +225,8 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         if monitor is not None:
             self.registry.register(MonitorCollector(monitor))
+        if health is not None:
+            self.registry.register(HealthCollector(health))
         self.requests = Counter(
             "abstain_guard_requests",
             "HTTP requests by path and status code.",
@@ -162,12 +234,21 @@ class ServerMetrics:
             registry=self.registry,
         )
         self.grouped = bool(monitor is not None and getattr(monitor, "grouped_", False))
-        self.decisions = Counter(
-            "abstain_guard_decisions",
-            "Guard decisions: answered or abstained (by group, with per-group rules).",
-            ["outcome", "group"] if self.grouped else ["outcome"],
+        self.completions = Counter(
+            "abstain_guard_chat_completions",
+            "Chat completions by how they ended (outcome: answered, abstained, refused, "
+            "failed) and why (reason: score, scoring_error, ..., or the refusal's code).",
+            ["outcome", "reason", "group"] if self.grouped else ["outcome", "reason"],
             registry=self.registry,
         )
+        self.scores = None
+        if scores is not None and monitor is not None:
+            self.scores = Histogram(
+                "abstain_guard_decision_score",
+                "Scores of the scored decisions (buckets: calibration's deciles and τ).",
+                buckets=score_buckets(scores, monitor.rule_.threshold),
+                registry=self.registry,
+            )
         self.latency = Histogram(
             "abstain_guard_chat_completion_seconds",
             "Time from a chat completion request to its decision, by whether it streamed.",
@@ -175,34 +256,84 @@ class ServerMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
-        in_flight = Gauge(
-            "abstain_guard_in_flight",
-            "Chat completion requests admitted and not yet decided.",
-            registry=self.registry,
-        )
-        in_flight.set_function(load[0])
-        depth = Gauge(
-            "abstain_guard_queue_depth",
-            "Admitted requests beyond the model's batch size (waiting for a place in it).",
-            registry=self.registry,
-        )
-        depth.set_function(load[1])
+        for (name, doc), read in zip(LOAD_GAUGES, load, strict=True):
+            Gauge(name, doc, registry=self.registry).set_function(read)
 
     def request_done(self, path: str, status: int) -> None:
         """Count one HTTP request by path and status."""
         self.requests.labels(path, str(status)).inc()
 
-    def decided(
-        self, abstained: bool | None, seconds: float, stream: bool, group: str | None = None
-    ) -> None:
-        """Count one decision (None: answered without a guard, not counted) and its
-        latency; with per-group rules under its ``group`` (``""``: none, an unknown group)."""
-        if abstained is not None:
-            outcome = "abstained" if abstained else "answered"
-            labels = (outcome, "" if group is None else str(group)) if self.grouped else (outcome,)
-            self.decisions.labels(*labels).inc()
+    def decided(self, decision: Decision | None, seconds: float, stream: bool) -> None:
+        """Count one answered chat completion: its decision (None: none ended the run, no
+        guard or a tool call) by outcome and reason, with per-group rules under its group
+        (``""``: none), and its score; and its latency."""
+        if decision is not None:
+            self._count(*decision_reason(decision), decision.group)
+            if self.scores is not None and decision.score is not None:
+                self.scores.observe(decision.score)
         self.latency.labels("true" if stream else "false").observe(seconds)
+
+    def refused(self, outcome: str, reason: str) -> None:
+        """Count a chat completion that was not answered: ``refused`` with its error code
+        (4xx, 429, 503), or ``failed`` with its error (500)."""
+        self._count(outcome, reason, None)
+
+    def _count(self, outcome: str, reason: str, group: str | None) -> None:
+        labels = (outcome, reason)
+        if self.grouped:
+            labels += ("" if group is None else str(group),)
+        self.completions.labels(*labels).inc()
 
     def render(self) -> bytes:
         """The Prometheus text exposition."""
+        return generate_latest(self.registry)
+
+
+class ServiceMetrics:
+    """What one server process reports of itself, whatever its monitor's state:
+    ``abstain_guard_build_info`` (version, artifact digest, scorer, mode) and, with a guard,
+    τ and the target of its rule and ``abstain_guard_monitor_up`` (whether the monitor
+    answered this scrape).
+
+    Args:
+        rule: the guard's decision rule (None: no guard, ``--no-guard``).
+        artifact_sha256, scorer: the artifact's digest and the scorer's name.
+    """
+
+    def __init__(
+        self, rule: Any = None, artifact_sha256: str | None = None, scorer: str = ""
+    ) -> None:
+        self.registry = CollectorRegistry()
+        build = {"version": __version__, "artifact_sha256": artifact_sha256 or ""}
+        build.update(scorer=scorer, mode="none" if rule is None else str(rule.mode))
+        info = Info(
+            "abstain_guard_build", "The server's version and guard.", registry=self.registry
+        )
+        info.info(build)
+        self.monitor_up: Gauge | None = None
+        if rule is None:
+            return
+        self.monitor_up = Gauge(
+            "abstain_guard_monitor_up",
+            "1 when the drift monitor answered this scrape (its metrics follow), else 0.",
+            registry=self.registry,
+        )
+        gauges = {"threshold": "τ: answered when the score is at most τ.",
+                  "target": "The rule's target: participation 1-α or risk ε."}  # fmt: skip
+        for name, doc in gauges.items():
+            gauge = Gauge(f"abstain_guard_{name}", doc, ["mode"], registry=self.registry)
+            gauge.labels(build["mode"]).set(float(getattr(rule, name)))
+
+    @classmethod
+    def of(cls, service: Any) -> ServiceMetrics:
+        """The metrics of ``service`` (a ``GuardService``, or the raw model's)."""
+        guard = getattr(service, "guard", None)
+        if guard is None:
+            return cls()
+        return cls(guard.decision_rule, guard.artifact.digest, guard.artifact.scorer.name)
+
+    def render(self, monitor_up: bool) -> bytes:
+        """The text exposition, with ``abstain_guard_monitor_up`` set to ``monitor_up``."""
+        if self.monitor_up is not None:
+            self.monitor_up.set(1 if monitor_up else 0)
         return generate_latest(self.registry)

@@ -22,6 +22,7 @@ from abstain_guard.config import GuardConfig
 from abstain_guard.errors import DuplicateFeedbackError, MonitorUnavailableError, UnknownRunError
 from abstain_guard.guarantee.decision import Decision
 from abstain_guard.monitor.guard_monitor import GuardMonitor
+from abstain_guard.serve.dashboard import dashboard_page
 from abstain_guard.serve.metrics import ServerMetrics
 from abstain_guard.serve.monitor_link import feedback_body, monitor_arrival
 from abstain_guard.serve.service import json_safe
@@ -73,10 +74,16 @@ class DeploymentMonitor:
         steps: StepLimits | None = None,
     ) -> None:
         self.monitor = GuardMonitor(log_path=log_path, **dict(monitor_options or {}))
-        self.monitor.fit_artifact(GuardArtifact.load(artifact), GuardConfig.model_validate(config))
+        served = GuardArtifact.load(artifact)
+        self.monitor.fit_artifact(served, GuardConfig.model_validate(config))
         self.arrival = monitor_arrival(self.monitor)
         self.steps = (steps or StepLimits()).record()
-        self.metrics_ = ServerMetrics(monitor=self.monitor, load=(self.in_flight, self.queued))
+        self.metrics_ = ServerMetrics(
+            monitor=self.monitor,
+            load=(self.in_flight, self.queued),
+            scores=served.scores,
+            health=self.arrival.health,
+        )
         self.reap_s = reap_s
         self._places: dict[str, tuple[int, str]] = {}  # completion id -> (ticket, replica)
         self._replicas: dict[str, _Replica] = {}
@@ -218,7 +225,7 @@ class DeploymentMonitor:
         return state
 
     async def health(self) -> dict[str, Any]:
-        """Whether every decision reached the journal and the log (``/healthz``'s
+        """Whether every decision reached the journal and the log (``/readyz``'s
         ``monitor``)."""
         return self.arrival.describe_health()
 
@@ -236,15 +243,20 @@ class DeploymentMonitor:
         """The run ids fed to the monitor, in order (what the log holds)."""
         return [r.run_id for r in self.monitor.records()]
 
+    async def dashboard(self) -> str:
+        """The deployment's ``/dashboard`` page (built off the actor's event loop)."""
+        return await asyncio.to_thread(dashboard_page, self.monitor)
+
     # --- metrics -------------------------------------------------------------------------
 
     async def request_done(self, path: str, status: int) -> None:
         self.metrics_.request_done(path, status)
 
-    async def decided(
-        self, abstained: bool | None, seconds: float, stream: bool, group: str | None = None
-    ) -> None:
-        self.metrics_.decided(abstained, seconds, stream, group)
+    async def decided(self, decision: Decision | None, seconds: float, stream: bool) -> None:
+        self.metrics_.decided(decision, seconds, stream)
+
+    async def refused(self, outcome: str, reason: str) -> None:
+        self.metrics_.refused(outcome, reason)
 
     async def metrics(self) -> bytes:
         return self.metrics_.render()
@@ -332,10 +344,11 @@ class RayMonitorLink:
     def request_done(self, path: str, status: int) -> None:
         self.actor.request_done.remote(path, status)
 
-    def decided(
-        self, abstained: bool | None, seconds: float, stream: bool, group: str | None = None
-    ) -> None:
-        self.actor.decided.remote(abstained, seconds, stream, group)
+    def decided(self, decision: Decision | None, seconds: float, stream: bool) -> None:
+        self.actor.decided.remote(decision, seconds, stream)
+
+    def refused(self, outcome: str, reason: str) -> None:
+        self.actor.refused.remote(outcome, reason)
 
     async def metrics(self) -> bytes:
         text: bytes = await self.call("metrics")

@@ -57,10 +57,13 @@ class MonitorLink(Protocol):
         """Count one HTTP request by path and status."""
         ...
 
-    def decided(
-        self, abstained: bool | None, seconds: float, stream: bool, group: str | None = None
-    ) -> None:
-        """Count one chat completion's decision (None: no guard decided) and its latency."""
+    def decided(self, decision: Decision | None, seconds: float, stream: bool) -> None:
+        """Count one answered chat completion: the decision that ended its run (None: none)
+        and its latency."""
+        ...
+
+    def refused(self, outcome: str, reason: str) -> None:
+        """Count a chat completion that was refused or failed (``ServerMetrics.refused``)."""
         ...
 
     async def metrics(self) -> bytes:
@@ -68,7 +71,7 @@ class MonitorLink(Protocol):
         ...
 
     async def health(self) -> dict[str, Any]:
-        """``{"ok": bool, ...}`` (``/healthz``'s ``monitor``)."""
+        """``{"ok": bool, ...}`` (``/readyz``'s ``monitor``)."""
         ...
 
 
@@ -133,8 +136,14 @@ class LocalMonitorLink:
 
     def __init__(self, service: Admission, monitor: GuardMonitor | None) -> None:
         self.monitor = monitor
-        self.metrics_ = ServerMetrics(service, monitor)
         self.arrival = None if monitor is None else monitor_arrival(monitor)
+        guard = getattr(service, "guard", None)
+        self.metrics_ = ServerMetrics(
+            service,
+            monitor,
+            scores=None if guard is None else guard.artifact.scores,
+            health=None if self.arrival is None else self.arrival.health,
+        )
         self._tickets: dict[str, int] = {}
 
     @property
@@ -168,10 +177,11 @@ class LocalMonitorLink:
     def request_done(self, path: str, status: int) -> None:
         self.metrics_.request_done(path, status)
 
-    def decided(
-        self, abstained: bool | None, seconds: float, stream: bool, group: str | None = None
-    ) -> None:
-        self.metrics_.decided(abstained, seconds, stream, group)
+    def decided(self, decision: Decision | None, seconds: float, stream: bool) -> None:
+        self.metrics_.decided(decision, seconds, stream)
+
+    def refused(self, outcome: str, reason: str) -> None:
+        self.metrics_.refused(outcome, reason)
 
     async def metrics(self) -> bytes:
         return self.metrics_.render()

@@ -3,7 +3,9 @@ server-sent-event chunks of a streamed answer, per-token logprobs and the decisi
 
 The decision goes into an extra ``abstention`` field of the choice (and of a stream's last
 chunk) and into ``X-Abstain-Guard-*`` response headers, so clients that keep only OpenAI's
-fields (``ChatOpenAI(include_response_headers=True)``) still see it.
+fields (``ChatOpenAI(include_response_headers=True)``) still see it. An abstention ends
+with ``finish_reason`` ``"stop"``, streamed or not: the abstention message is a whole
+answer to every OpenAI client (docs/serving.md, "Endpoints").
 """
 
 from __future__ import annotations
@@ -25,10 +27,6 @@ __all__ = [
     "sse_released",
     "sse_role",
 ]
-
-#: The ``finish_reason`` of a certified stream the guard stopped (OpenAI's value for content
-#: a filter withheld): the last chunk carries the abstention message and the decision.
-STOPPED_FINISH_REASON = "content_filter"
 
 #: The decision fields a client sees (``reason`` and ``error`` say why, too).
 DECISION_FIELDS = ("abstained", "score", "threshold", "mode", "target", "guarantee", "scorer")
@@ -240,13 +238,13 @@ def sse_decided_end(
 ) -> Iterator[str]:
     """The end of a certified stream: an answered one's last text (``rest``) with its
     logprobs (all of the answer's tokens, when asked for) and its finish reason; a stopped
-    one's abstention message with ``finish_reason`` :data:`STOPPED_FINISH_REASON`. The
+    one's abstention message (``finish_reason`` ``"stop"``, as any abstention's). The
     decision (with its ``streaming`` block) rides on that chunk; then the usage chunk when
     asked for, and ``[DONE]``."""
     stopped = answer.abstained
     last: dict[str, Any] = {
         "delta": {"content": answer.content if stopped else rest},
         "logprobs": None if logprobs is None or stopped else openai_logprobs(answer, logprobs),
-        "finish_reason": STOPPED_FINISH_REASON if stopped else answer.finish_reason,
+        "finish_reason": answer.finish_reason,
     }
     yield from _sse_end(answer, last, completion_id, model, created, include_usage)

@@ -133,7 +133,7 @@ class ModelService(Admission):
         return answer_of(message)
 
     def describe(self) -> dict[str, Any]:
-        """What ``/healthz`` reports: no guard, the budget limit and the load."""
+        """What ``/readyz`` reports: no guard, the budget limit and the load."""
         return {
             "status": "draining" if self.draining else "ok",
             "model": self.model_name,

@@ -18,6 +18,7 @@ from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.serve.app import create_app
 from abstain_guard.serve.passthrough import ModelService
 from abstain_guard.serve.service import GuardService
+from abstain_guard.serve.telemetry import configure_logging
 
 __all__ = ["Endpoint", "ServerThread", "free_port", "is_loopback", "serve"]
 
@@ -41,19 +42,15 @@ def _server(
     service: GuardService | ModelService,
     host: str,
     port: int,
-    log_level: str,
+    logs: dict[str, Any],
     **app_options: Any,
 ) -> uvicorn.Server:
     """uvicorn serving :func:`~abstain_guard.serve.app.create_app`'s app of ``service`` at
-    ``host:port`` (``app_options``: its ``api_key`` and ``monitor``)."""
+    ``host:port`` (``logs``: uvicorn's logging options; ``app_options``: the app's
+    ``api_key`` and ``monitor``)."""
     app = create_app(service, loopback=is_loopback(host), **app_options)
     config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level=log_level,
-        timeout_graceful_shutdown=GRACEFUL_S,
-        lifespan="on",
+        app, host=host, port=port, timeout_graceful_shutdown=GRACEFUL_S, lifespan="on", **logs
     )
     return uvicorn.Server(config)
 
@@ -67,9 +64,13 @@ def serve(
     api_key: str | None = None,
     monitor: GuardMonitor | None = None,
 ) -> None:
-    """Serve ``service`` until SIGINT / SIGTERM (blocks); ``api_key`` and ``monitor`` as in
-    :func:`~abstain_guard.serve.app.create_app`."""
-    _server(service, host, port, log_level, api_key=api_key, monitor=monitor).run()
+    """Serve ``service`` until SIGINT / SIGTERM (blocks), logging JSON lines at
+    ``log_level`` (:func:`~abstain_guard.serve.telemetry.configure_logging`; uvicorn's own
+    lines too, and no access lines: each chat completion logs its decision or refusal);
+    ``api_key`` and ``monitor`` as in :func:`~abstain_guard.serve.app.create_app`."""
+    configure_logging(log_level)
+    logs = {"log_level": log_level, "log_config": None, "access_log": False}
+    _server(service, host, port, logs, api_key=api_key, monitor=monitor).run()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -132,7 +133,8 @@ class ServerThread(Endpoint):
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
-        self.server = _server(service, host, self.port, "warning", api_key=api_key, monitor=monitor)
+        logs = {"log_level": "warning"}
+        self.server = _server(service, host, self.port, logs, api_key=api_key, monitor=monitor)
         self.thread = threading.Thread(target=self.server.run, name="abstain-guard-serve")
 
     def start(self, timeout_s: float = 30.0) -> ServerThread:

@@ -185,9 +185,6 @@ class GuardService(Admission):
         self.model_name = model_name
         models = find_chat_models(guard.bound_runnable)
         self.chat_model = models[0] if models else None
-        start = getattr(self.chat_model, "engine", None)
-        if callable(start):  # the vLLM backend: its engine is up before the first request
-            start()
         self._open(max_in_flight, retry_after_s)
         self.gating = gating_of(record) if record.tools else "final_answer"
         self.steps: StepStore = step_record if step_record is not None else StepRecord()
@@ -406,7 +403,7 @@ class GuardService(Admission):
         return message, decision
 
     def describe(self) -> dict[str, Any]:
-        """What ``/healthz`` reports: the guard in force and the load."""
+        """What ``/readyz`` reports: the guard in force and the load."""
         rule = self.guard.decision_rule
         return {
             "status": "draining" if self.draining else "ok",

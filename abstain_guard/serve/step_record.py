@@ -150,7 +150,7 @@ class StepStore(Protocol):
         ...
 
     def describe(self) -> dict[str, Any]:
-        """Size and limits (``/healthz``)."""
+        """Size and limits (``/readyz``)."""
         ...
 
 
@@ -234,7 +234,7 @@ class StepRecord:
         self.put(key, entry)
 
     def describe(self) -> dict[str, Any]:
-        """Size, limits and how many entries were evicted or expired (``/healthz``)."""
+        """Size, limits and how many entries were evicted or expired (``/readyz``)."""
         with self._lock:
             size = len(self._entries)
         return {

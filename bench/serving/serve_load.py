@@ -1,6 +1,6 @@
 """Load test of ``abstain-guard serve`` (the shipped default guard, CPU).
 
-Starts the server in a subprocess on a free loopback port, waits for ``/healthz``, measures
+Starts the server in a subprocess on a free loopback port, waits for ``/readyz``, measures
 a solo request (the median over the question set, asked one at a time), then drives it with
 a bounded asyncio client: ``--requests`` requests, ``--concurrency`` at once, alternating
 non-streamed and streamed, every ``--malformed-every``-th one malformed (in turn: a budget
@@ -95,13 +95,13 @@ def start_server(port: int, artifact: str | None = None) -> subprocess.Popen[byt
 
 
 async def wait_ready(client: httpx.AsyncClient, root: str, proc: subprocess.Popen[bytes]) -> None:
-    """Poll ``/healthz`` until it answers 200 (the model is loaded before the port opens)."""
+    """Poll ``/readyz`` until it answers 200 (the model is loaded before the port opens)."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited with {proc.returncode} before it was ready")
         try:
-            if (await client.get(f"{root}/healthz")).status_code == 200:
+            if (await client.get(f"{root}/readyz")).status_code == 200:
                 return
         except httpx.TransportError:
             pass

@@ -163,16 +163,16 @@ def test_overload_and_draining_answer_at_once_with_retry_after(
     service.draining = True
     try:
         closing = httpx.post(url, json={"messages": _ask()}, timeout=5)
-        health = httpx.get(f"{server.base_url[:-3]}/healthz")
+        health = httpx.get(f"{server.base_url[:-3]}/readyz")
     finally:
         service.draining = False
     assert closing.status_code == 503 and "retry-after" in closing.headers
     assert health.status_code == 503 and health.json()["status"] == "draining"
 
 
-def test_healthz_models_and_metrics(server: ServerThread, client: Any) -> None:
+def test_readyz_models_and_metrics(server: ServerThread, client: Any) -> None:
     root = server.base_url[: -len("/v1")]
-    health = httpx.get(f"{root}/healthz").json()
+    health = httpx.get(f"{root}/readyz").json()
     assert health["status"] == "ok" and health["max_tokens"] == 24
     assert [m.id for m in client.models.list()] == ["abstain-guard"]
     client.chat.completions.create(model="abstain-guard", messages=_ask())
@@ -181,14 +181,15 @@ def test_healthz_models_and_metrics(server: ServerThread, client: Any) -> None:
     decided = [
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith("abstain_guard_decisions_total")
+        if line.startswith("abstain_guard_chat_completions_total")
+        and ('outcome="answered"' in line or 'outcome="abstained"' in line)
     ]
     assert sum(decided) >= 1
     assert "abstain_guard_chat_completion_seconds_bucket" in text
     assert "abstain_guard_queue_depth" in text
     # the drift monitor saw the decisions (the shipped guard: participation 0.8, n = 960)
     monitored = [line for line in text.splitlines() if line.startswith("abstain_guard_monitor")]
-    assert f"abstain_guard_monitor_decisions {sum(decided)}" in monitored
+    assert f"abstain_guard_monitor_decisions_total {sum(decided)}" in monitored
     assert 'abstain_guard_monitor_band{bound="lower"} 0.8' in monitored
 
 

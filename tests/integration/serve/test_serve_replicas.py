@@ -107,7 +107,7 @@ def test_both_replicas_answer_the_openai_client_into_one_monitor(server: Replica
     monitor = httpx.get(server.base_url + "/monitor", timeout=30).json()
     assert monitor["decisions"] == len(answers) and monitor["band"] == state["band"]
     metrics = httpx.get(server.base_url.removesuffix("/v1") + "/metrics", timeout=30).text
-    assert f"abstain_guard_monitor_decisions {float(len(answers))}" in metrics
+    assert f"abstain_guard_monitor_decisions_total {float(len(answers))}" in metrics
     reply_id = next(i for i, _ in answers if i is not None)
     feedback = httpx.post(
         server.base_url + "/feedback", json={"id": reply_id, "correct": True}, timeout=30

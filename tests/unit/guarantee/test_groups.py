@@ -428,7 +428,7 @@ def test_serve_takes_the_group_from_the_request_metadata() -> None:
         assert ask(metadata={"relation": "a"}) == "Lima"
         assert ask(metadata={"relation": "b"}) == "I don't know."
         assert ask() == "I don't know."  # no group: unknown_group="abstain"
-        health = httpx.get(f"{server.base_url.removesuffix('/v1')}/healthz", timeout=30).json()
+        health = httpx.get(f"{server.base_url.removesuffix('/v1')}/readyz", timeout=30).json()
         assert health["group_by"] == "relation" and set(health["groups"]) == {"a", "b"}
 
 

@@ -58,7 +58,7 @@ def test_the_api_key_is_required_on_v1_routes(served: Any) -> None:
     response = httpx.get(f"{server.base_url}/models")
     assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
     assert response.json()["error"]["code"] == "invalid_api_key"
-    assert httpx.get(f"{_root(server)}/healthz").status_code == 200  # open, as in vLLM
+    assert httpx.get(f"{_root(server)}/readyz").status_code == 200  # open, as in vLLM
     assert httpx.get(f"{_root(server)}/metrics").status_code == 200
 
 
@@ -107,7 +107,7 @@ def test_clients_cannot_move_the_threshold_and_alarms_reach_metrics(served: Any)
     assert 'abstain_guard_requests_total{path="/v1/feedback",status="200"}' in metrics
     # the guard still serves with its calibrated threshold
     assert service.guard.threshold == threshold
-    assert httpx.get(f"{_root(server)}/healthz").json()["threshold"] == threshold
+    assert httpx.get(f"{_root(server)}/readyz").json()["threshold"] == threshold
     after = client.chat.completions.with_raw_response.create(model="abstain-guard", messages=ASK)
     assert float(after.headers["X-Abstain-Guard-Threshold"]) == threshold
 

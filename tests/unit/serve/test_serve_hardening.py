@@ -4,7 +4,7 @@ monitor_actor.py, metrics.py, monitor_link.py):
 * the API key is a dependency of each ``/v1/*`` route, so a mounted app or a ``root_path``
   (uvicorn's ``--root-path``) does not skip it;
 * a replica waits for the monitor actor at most its timeout: a request it cannot place or
-  decide in time is a 503 with ``Retry-After``, and ``/healthz`` is 503 while the actor is
+  decide in time is a 503 with ``Retry-After``, and ``/readyz`` is 503 while the actor is
   stalled or broken;
 * ``/metrics`` counts decisions per group (label ``group``) and exports each group's own
   tests; feedback's ``in_risk_test`` reads the decision's own group's test.
@@ -75,7 +75,7 @@ def test_the_api_key_is_checked_wherever_the_app_is_mounted(where: str) -> None:
         assert _statuses(client, prefix, {"Authorization": "Bearer sk-wrong"}) == [401] * 4
         keyed = _statuses(client, prefix, {"Authorization": f"Bearer {KEY}"})
         assert keyed == [200, 200, 404, 200]  # the feedback id is unknown: past the key
-        assert client.get(prefix + "/healthz").status_code == 200  # open for probes
+        assert client.get(prefix + "/readyz").status_code == 200  # open for probes
         metrics = client.get(prefix + "/metrics").text
     assert 'abstain_guard_requests_total{path="/v1/models",status="401"} 2.0' in metrics
 
@@ -103,23 +103,27 @@ def test_a_stalled_or_broken_monitor_actor_is_a_503_with_retry_after(actor: Any)
         assert reply.headers["retry-after"] == "1"
         assert reply.json()["error"]["code"] == "monitor_unavailable"
         assert service.in_flight == 0
-        health = client.get("/healthz")
-        assert health.status_code == 503 and health.json()["status"] == "unhealthy"
+        health = client.get("/readyz")
+        assert health.status_code == 503 and health.json()["status"] == "unready"
         assert "the monitor actor" in health.json()["monitor"]["error"]
-        for path in ("/v1/monitor", "/metrics"):
-            assert client.get(path).status_code == 503
+        assert client.get("/v1/monitor").status_code == 503
+        metrics = client.get("/metrics")  # served: this process's own, the monitor is down
+        assert client.get("/livez").status_code == 200  # alive: not for a restart
         feedback = client.post("/v1/feedback", json={"id": "x", "correct": True})
         assert feedback.status_code == 503 and "retry-after" in feedback.headers
+    assert metrics.status_code == 200 and "abstain_guard_monitor_up 0.0" in metrics.text
+    assert 'abstain_guard_threshold{mode="participation"}' in metrics.text
+    assert "abstain_guard_chat_completions_total" not in metrics.text
 
 
-def test_a_healthy_monitor_actor_keeps_healthz_ok(tmp_path: Path) -> None:
+def test_a_healthy_monitor_actor_keeps_readyz_ok(tmp_path: Path) -> None:
     guard = artifact().save(tmp_path / "guard")
     config = GuardConfig(participation=0.8).model_dump(mode="json")
     monitor = DeploymentMonitor(str(guard), config, reap_s=0, monitor_options={"seed": 0})
     link = RayMonitorLink(LocalActor(monitor), "r1", None, 1, timeout_s=5.0)
     with TestClient(create_app(_service(), link=link)) as client:
         assert client.post("/v1/chat/completions", json={"messages": ASK}).status_code == 200
-        health = client.get("/healthz")
+        health = client.get("/readyz")
         assert health.status_code == 200 and health.json()["monitor"]["ok"] is True
 
 
@@ -165,10 +169,10 @@ def test_metrics_count_each_group_and_feedback_reads_its_own_groups_test() -> No
         assert label(answered) is True
         assert label(uncalibrated) is False
         assert label(withheld) is False
-    assert 'abstain_guard_decisions_total{group="a",outcome="answered"} 1.0' in text
-    assert 'abstain_guard_decisions_total{group="b",outcome="abstained"} 1.0' in text
-    assert 'abstain_guard_decisions_total{group="zzz",outcome="answered"} 1.0' in text
-    assert 'abstain_guard_monitor_group_decisions{group="a"} 1.0' in text
+    counted = 'abstain_guard_chat_completions_total{group="%s",outcome="%s",reason="score"} 1.0'
+    for group, outcome in (("a", "answered"), ("b", "abstained"), ("zzz", "answered")):
+        assert counted % (group, outcome) in text
+    assert 'abstain_guard_monitor_group_decisions_total{group="a"} 1.0' in text
     assert 'abstain_guard_monitor_group_e_value{group="b",test="exchangeability"}' in text
     assert 'abstain_guard_monitor_group_alarm{group="a",test="risk"} 0.0' in text
 
@@ -177,5 +181,5 @@ def test_metrics_without_groups_keep_the_outcome_label_only() -> None:
     with TestClient(create_app(_service())) as client:
         client.post("/v1/chat/completions", json={"messages": ASK})
         text = client.get("/metrics").text
-    assert 'abstain_guard_decisions_total{outcome="answered"} 1.0' in text
+    assert 'abstain_guard_chat_completions_total{outcome="answered",reason="score"} 1.0' in text
     assert "abstain_guard_monitor_group_" not in text

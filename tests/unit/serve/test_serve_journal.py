@@ -4,7 +4,7 @@
 A decision is journaled (``<monitor-log>.journal``) before ``finish`` returns, so a monitor
 actor that dies while decisions are held behind an earlier request feeds them when it starts
 again on the same log; a journal write that fails refuses the decision (503) and a monitor
-log write that fails is an alarm (logged error, counted, ``/healthz`` 503) with the decision
+log write that fails is an alarm (logged error, counted, ``/readyz`` 503) with the decision
 kept for the next start. The monitor actor's body runs in this process (its class is what
 Ray runs, tests/test_serve_replicas.py)."""
 
@@ -151,7 +151,7 @@ def test_a_journal_keeps_only_what_is_not_yet_fed(tmp_path: Path) -> None:
     assert journal.pending() == []
 
 
-# --- one server: the same journal, and /healthz ------------------------------------------------
+# --- one server: the same journal, and /readyz ------------------------------------------------
 
 
 def _service() -> GuardService:
@@ -165,17 +165,17 @@ def _served_monitor(service: GuardService, log: Path) -> GuardMonitor:
     return monitor.fit_artifact(service.guard.artifact, service.guard.config)
 
 
-def test_a_server_whose_monitor_log_fails_is_unhealthy_and_loses_nothing(tmp_path: Path) -> None:
+def test_a_server_whose_monitor_log_fails_is_unready_and_loses_nothing(tmp_path: Path) -> None:
     log = tmp_path / "live.jsonl"
     service = _service()
     with TestClient(create_app(service, monitor=_served_monitor(service, log))) as client:
-        assert client.get("/healthz").json()["monitor"]["ok"] is True
+        assert client.get("/readyz").json()["monitor"]["ok"] is True
         saved = log.read_text()
         _break(log)
         reply = client.post("/v1/chat/completions", json={"messages": ASK})
         assert reply.status_code == 200  # the decision is in the journal
-        health = client.get("/healthz")
-        assert health.status_code == 503 and health.json()["status"] == "unhealthy"
+        health = client.get("/readyz")
+        assert health.status_code == 503 and health.json()["status"] == "unready"
         assert health.json()["monitor"]["log_failures"] == 1
     log.rmdir()
     log.write_text(saved)
@@ -192,7 +192,8 @@ def test_a_server_whose_journal_fails_answers_503_with_retry_after(tmp_path: Pat
         reply = client.post("/v1/chat/completions", json={"messages": ASK})
         assert reply.status_code == 503 and reply.headers["retry-after"] == "1"
         assert reply.json()["error"]["code"] == "monitor_unavailable"
-        assert client.get("/healthz").status_code == 503
+        assert client.get("/readyz").status_code == 503
+        assert client.get("/livez").status_code == 200  # unready, but no reason to restart
         assert service.in_flight == 0
     shutil.rmtree(journal_path(log))  # type: ignore[arg-type]
     assert read_log(log)[1] == []  # nothing answered, nothing logged

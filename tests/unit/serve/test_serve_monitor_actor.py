@@ -134,15 +134,18 @@ def test_the_deployments_metrics_count_every_replicas_requests() -> None:
     async def scenario() -> bytes:
         await monitor.request_done("/v1/chat/completions", 200)
         await monitor.request_done("/v1/chat/completions", 400)
-        await monitor.decided(False, 0.5, False)
+        await monitor.decided(
+            Decision(abstained=False, score=1.5, reason="score <= threshold"), 0.5, False
+        )
         await monitor.admit("a", "r1")
         return await monitor.metrics()
 
     text = asyncio.run(scenario()).decode()
     assert 'abstain_guard_requests_total{path="/v1/chat/completions",status="400"} 1.0' in text
-    assert 'abstain_guard_decisions_total{outcome="answered"} 1.0' in text
+    assert 'abstain_guard_chat_completions_total{outcome="answered",reason="score"} 1.0' in text
     assert "abstain_guard_in_flight 1.0" in text
-    assert "abstain_guard_monitor_decisions" in text
+    assert "abstain_guard_monitor_decisions_total" in text
+    assert "abstain_guard_decision_score_count 1.0" in text
 
 
 @pytest.mark.parametrize(

@@ -43,16 +43,6 @@ import torch
 
 from .vllm_payload import encode_capture, tokens_digest
 
-__all__ = [
-    "ENTROPY_CHUNK_ROWS",
-    "HostCapture",
-    "HostRows",
-    "RunnerCapture",
-    "StepCopier",
-    "install_tap",
-    "token_entropy",
-]
-
 log = logging.getLogger(__name__)
 
 #: Logit rows whose entropy is computed at once (two ``[rows, V]`` float32 temporaries).

@@ -62,7 +62,6 @@ from .vllm_payload import (
     request_token,
 )
 
-__all__ = ["ENGINE_RECORD_KEYS", "LIVE_BOUND", "VLLMChatModel", "stop_engines"]
 #: The API key of an attached server (its ``--api-key``) when ``api_key`` is not given.
 VLLM_API_KEY_ENV = "VLLM_API_KEY"
 #: What a response's ``backend`` record and the artifact's decode path hold of the engine
@@ -172,8 +171,9 @@ class VLLMChatModel(BaseChatModel):
         """The server's URL: an attached one as given (no request), else a started one."""
         if self.engine_url is not None:
             return self.engine_url.rstrip("/").removesuffix("/v1")
-        key = (self.python, self.model, self.gguf_file, self.dtype, tuple(self.layers or ()))
-        key += (self.memory_fraction, self.max_model_len, tuple(self.vllm_args))
+        key: tuple[Any, ...] = (self.python, self.model, self.gguf_file, self.dtype)
+        key += (tuple(self.layers or ()), self.memory_fraction, self.max_model_len)
+        key += (tuple(self.vllm_args),)
         return started_server(key, self._start_server, self.startup_timeout)
 
     def _start_server(self) -> ServerProcess:

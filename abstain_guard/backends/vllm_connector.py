@@ -56,8 +56,6 @@ from .vllm_plugin import (
 )
 from .vllm_support import UnsupportedServing, check_modes, check_version, lora_record
 
-__all__ = ["AbstainGuardConnector", "engine_record"]
-
 
 def engine_record(vllm_config: Any) -> dict[str, Any]:
     """What computed a response (checked by the guard against its calibration). The model's

@@ -32,18 +32,6 @@ import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 
-__all__ = [
-    "VLLM_PYTHON_ENV",
-    "ServerProcess",
-    "engine_python",
-    "free_port",
-    "guarded_env",
-    "main",
-    "serve_command",
-    "started_server",
-    "stop_servers",
-]
-
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 #: The interpreter of vLLM's environment (``make install`` builds ``.venv-vllm``).
 VLLM_PYTHON_ENV = "ABSTAIN_GUARD_VLLM_PYTHON"

@@ -32,14 +32,6 @@ from pathlib import Path
 
 from abstain_guard.errors import BackendError
 
-__all__ = [
-    "DIGEST_CACHE_ENV",
-    "IdentityUnverifiable",
-    "file_sha256",
-    "model_identity",
-    "resolve_model_folder",
-]
-
 #: Where file digests are kept between starts.
 DIGEST_CACHE_ENV = "ABSTAIN_GUARD_DIGEST_CACHE"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")

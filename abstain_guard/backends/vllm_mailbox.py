@@ -21,8 +21,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["MAX_WAITING", "NOT_AUTHORIZED", "NO_CAPTURE", "CaptureMailbox"]
-
 #: Most captures, and most payloads, kept waiting for their other half. A finished request
 #: waits for its capture only until the same step's worker output arrives, so more than this
 #: many requests finishing in one step would be needed to evict one (it then keeps

@@ -29,23 +29,6 @@ import numpy as np
 
 from abstain_guard.errors import BackendError
 
-__all__ = [
-    "CONNECTOR_MODULE",
-    "CONNECTOR_NAME",
-    "CONNECTOR_ROLE",
-    "PAYLOAD_KEY",
-    "PAYLOAD_KEY_ENV",
-    "PAYLOAD_VERSION",
-    "connector_flag",
-    "decode_capture",
-    "encode_capture",
-    "logprob_content",
-    "payload_key",
-    "request_token",
-    "sign_payload",
-    "tokens_digest",
-]
-
 #: The connector's name, module and role (vLLM's ``--kv-transfer-config``). ``kv_producer``:
 #: of vLLM's roles the one with the fewest side effects (docs/vllm.md, "The connector's role").
 CONNECTOR_NAME = "AbstainGuardConnector"

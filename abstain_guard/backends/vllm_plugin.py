@@ -46,17 +46,6 @@ from .vllm_support import (
     version_problem,
 )
 
-__all__ = [
-    "CAPTURE_PATH",
-    "RUNNER",
-    "GuardConnectorMetadata",
-    "GuardWorkerMetadata",
-    "check_worker_ready",
-    "register",
-    "tap_layers",
-    "worker_meta_in",
-]
-
 log = logging.getLogger(__name__)
 
 #: How the residual stream is read (recorded in the engine record and the artifact).

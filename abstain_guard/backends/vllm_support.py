@@ -14,15 +14,6 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-__all__ = [
-    "SUPPORTED_VLLM",
-    "UnsupportedServing",
-    "check_modes",
-    "check_version",
-    "stop_view",
-    "version_problem",
-]
-
 #: The vLLM releases whose model runner, scheduler and connector API the capture was read
 #: against (lowest included, highest excluded).
 SUPPORTED_VLLM = ("0.32.0", "0.33")

@@ -19,8 +19,6 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage
 
-__all__ = ["ToolPrompter", "prompter_for"]
-
 
 class ToolPrompter:
     """The tokenizer and tool-call format of one model folder."""

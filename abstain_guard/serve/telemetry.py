@@ -102,8 +102,9 @@ class JsonFormatter(logging.Formatter):
         ids = _current.get()
         if ids is not None:
             line.update({k: v for k, v in asdict(ids).items() if v is not None})
-        if getattr(record, "abstention", None) is not None:
-            line["decision"] = record.abstention
+        decision = getattr(record, "abstention", None)
+        if decision is not None:
+            line["decision"] = decision
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return json.dumps(line, default=str, ensure_ascii=False)

@@ -4,8 +4,8 @@ OpenAI-compatible endpoint (the serve extra; imported inside the command)."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
-import sys
 from typing import TYPE_CHECKING, Any
 
 from abstain_guard.config import GuardConfig
@@ -25,21 +25,25 @@ from .checks import (
 if TYPE_CHECKING:
     from abstain_guard.serve.step_record import StepLimits
 
+logger = logging.getLogger("abstain_guard.serve")
+
 
 def _serve(args: argparse.Namespace) -> int:
     if args.replicas is not None and args.replicas < 1:
         raise ConfigError(f"--replicas must be a positive integer, got {args.replicas}.")
-    if (args.replicas or 1) > 1 or args.ray_address is not None:
-        return _serve_replicas(args)
-    if args.cpus_per_replica is not None:
-        raise ConfigError("--cpus-per-replica only applies with --replicas 2+ or --ray-address.")
     try:
         from abstain_guard.serve.runner import serve
+        from abstain_guard.serve.telemetry import configure_logging
     except ImportError as exc:
         raise ConfigError(
             f"abstain-guard serve needs the serve extra ({exc}); install it with "
             "pip install 'abstain-guard[serve]'."
         ) from exc
+    configure_logging(args.log_level)
+    if (args.replicas or 1) > 1 or args.ray_address is not None:
+        return _serve_replicas(args)
+    if args.cpus_per_replica is not None:
+        raise ConfigError("--cpus-per-replica only applies with --replicas 2+ or --ray-address.")
     service = _model_service(args) if args.no_guard else _guard_service(args)
     monitor = None if args.no_guard else serve_monitor(service, args.monitor_log)
     serve(
@@ -99,10 +103,10 @@ def _serve_replicas(args: argparse.Namespace) -> int:
 
     def started(server: ReplicaServer) -> None:
         _say_monitor(server.state()["resumed"], args.monitor_log)
-        print(
-            f"abstain-guard serve: {server.replicas} replicas on Ray Serve at "
-            f"{server.base_url} (one drift monitor for all of them).",
-            file=sys.stderr,
+        logger.info(
+            "%d replicas on Ray Serve at %s (one drift monitor for all of them)",
+            server.replicas,
+            server.base_url,
         )
 
     server.run_until_signal(on_started=started)
@@ -114,7 +118,7 @@ def serve_monitor(service: Any, log_path: str | None) -> Any:
 
     With ``--monitor-log`` naming an existing log, the monitor resumes it (its decisions and
     feedback replayed: the tests go on, feedback for decisions from before the restart is
-    taken) and says so on stderr; without one it says that a restart starts the tests afresh.
+    taken) and logs so; without one it warns that a restart starts the tests afresh.
 
     Raises:
         MonitorLogError: the log cannot be resumed (another artifact, rule or setting).
@@ -129,21 +133,18 @@ def serve_monitor(service: Any, log_path: str | None) -> Any:
 
 
 def _say_monitor(resumed: dict[str, Any] | None, log_path: str | None) -> None:
-    """Say on stderr whether the monitor resumed ``log_path`` or keeps its tests in memory."""
+    """Log whether the monitor resumed ``log_path`` or keeps its tests in memory."""
     if resumed is not None:
-        print(
-            f"abstain-guard serve: the drift monitor resumed {log_path} ({resumed['decisions']} "
-            f"decisions, {resumed['feedback']} feedback, {resumed['alarms']} alarms): its "
-            "tests go on, and their false-alarm bound holds over the whole log.",
-            file=sys.stderr,
-        )
+        logger.info(
+            "the drift monitor resumed %s (%d decisions, %d feedback, %d alarms): its tests go "
+            "on, and their false-alarm bound holds over the whole log.",
+            log_path, resumed["decisions"], resumed["feedback"], resumed["alarms"],
+        )  # fmt: skip
     elif log_path is None:
-        print(
-            "abstain-guard serve: no --monitor-log: the drift monitor keeps its tests in memory "
-            "only, so a restart starts them afresh (each restart spends another false-alarm "
-            "budget) and forgets the decisions feedback can label. Pass --monitor-log to "
-            "resume them.",
-            file=sys.stderr,
+        logger.warning(
+            "no --monitor-log: the drift monitor keeps its tests in memory only, so a restart "
+            "starts them afresh (each restart spends another false-alarm budget) and forgets "
+            "the decisions feedback can label. Pass --monitor-log to resume them."
         )
 
 

@@ -18,7 +18,6 @@ from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.serve.app import create_app
 from abstain_guard.serve.passthrough import ModelService
 from abstain_guard.serve.service import GuardService
-from abstain_guard.serve.telemetry import configure_logging
 
 __all__ = ["Endpoint", "ServerThread", "free_port", "is_loopback", "serve"]
 
@@ -64,11 +63,11 @@ def serve(
     api_key: str | None = None,
     monitor: GuardMonitor | None = None,
 ) -> None:
-    """Serve ``service`` until SIGINT / SIGTERM (blocks), logging JSON lines at
-    ``log_level`` (:func:`~abstain_guard.serve.telemetry.configure_logging`; uvicorn's own
-    lines too, and no access lines: each chat completion logs its decision or refusal);
-    ``api_key`` and ``monitor`` as in :func:`~abstain_guard.serve.app.create_app`."""
-    configure_logging(log_level)
+    """Serve ``service`` until SIGINT / SIGTERM (blocks); uvicorn's lines at ``log_level``
+    go to the logging the process configured (the CLI's: JSON lines,
+    :func:`~abstain_guard.serve.telemetry.configure_logging`), without access lines (each
+    chat completion logs its decision or refusal); ``api_key`` and ``monitor`` as in
+    :func:`~abstain_guard.serve.app.create_app`."""
     logs = {"log_level": log_level, "log_config": None, "access_log": False}
     _server(service, host, port, logs, api_key=api_key, monitor=monitor).run()
 

@@ -4,6 +4,7 @@ tests go on where they stopped. A scripted chat model behind the real app (no mo
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -49,14 +50,16 @@ def test_a_restarted_server_takes_feedback_for_decisions_before_the_restart(
 
 
 def test_serve_says_whether_its_monitor_resumed(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="abstain_guard")
     log = tmp_path / "live.jsonl"
     assert serve_monitor(_service(), None) is not None
-    assert "no --monitor-log" in capsys.readouterr().err
+    assert "no --monitor-log" in caplog.text
+    caplog.clear()
     first = serve_monitor(_service(), str(log))
     first.observe(Decision(abstained=False, score=0.5))
-    assert "resumed" not in capsys.readouterr().err
+    assert "resumed" not in caplog.text
     resumed = serve_monitor(_service(), str(log))
     assert resumed.state()["decisions"] == 1
-    assert "resumed" in capsys.readouterr().err
+    assert "the drift monitor resumed" in caplog.text

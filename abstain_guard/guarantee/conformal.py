@@ -94,7 +94,9 @@ class RiskThreshold:
     ``empirical_risk`` their error rate); ``certified_bound`` is the (1−``level``)
     Clopper-Pearson bound of the certifying test, ``p_value`` its p-value; ``min_rank`` the
     smallest rank the label-free plan can certify; ``reviewed`` the human labels used (0:
-    the judge's labels are certified). Infeasible: τ = ``-inf``, rank 0, bound 1.
+    the judge's labels are certified); ``arm`` which test certified (``"human"``: the
+    reviewed answers' own, ``"judge"``: the judge's labels, corrected by the review when
+    there is one). Infeasible: τ = ``-inf``, rank 0, bound 1.
     """
 
     threshold: float
@@ -112,6 +114,7 @@ class RiskThreshold:
     warnings: tuple[str, ...] = field(default_factory=tuple)
     level: float = 0.0
     reviewed: int = 0
+    arm: str = ""
 
 
 def _check_unit_interval(value: float, name: str, hint: str) -> float:
@@ -256,14 +259,6 @@ def conditional_correctness_bound(
     )
 
 
-def plan_levels(plan: risk_control.RiskPlan) -> list[float]:
-    """Every level ``plan`` compares a p-value with: its one level, or Holm's δ/m … δ."""
-    if plan.kind != "holm":
-        return [plan.level]
-    m = len(plan.ranks)
-    return [plan.level * m / (m - j) for j in range(m)]
-
-
 @dataclass(frozen=True)
 class _Ranked:
     """The calibration sorted for the rank tests (ties: incorrect answers first), ``[n]`` each;
@@ -274,30 +269,10 @@ class _Ranked:
     true_errors: np.ndarray | None
 
 
-def _ranked(s: np.ndarray, j: np.ndarray, human: ArrayLike | None) -> _Ranked:
+def _ranked(s: np.ndarray, j: np.ndarray, human: np.ndarray | None) -> _Ranked:
     order = np.lexsort((j.astype(np.int8), s))  # by score, then incorrect (0) before correct
-    true_errors = None
-    if human is not None:
-        h = truth.check_human_labels(human, s.size, require_reviewed=False)
-        true_errors = np.where(h < 0, h, 1 - h)[order]
+    true_errors = None if human is None else np.where(human < 0, human, 1 - human)[order]
     return _Ranked(s[order], (~j[order]).astype(np.int64), true_errors)
-
-
-def _tested(
-    ranked: _Ranked, method: str, eps: float, dlt: float, ceiling: float
-) -> tuple[risk_control.RiskPlan, np.ndarray]:
-    """The label-free plan and every rank's p-value (on the truth with a review); ranks at or
-    above ``ceiling`` fail."""
-    n = ranked.scores.size
-    if ranked.true_errors is None:
-        plan = risk_control.plan_tests(method, eps, dlt, n)
-        p_values = risk_control.rank_p_values(ranked.errors, eps)
-    else:
-        plan = truth.plan_on_reviewed(method, eps, dlt, ranked.true_errors)
-        p_values = truth.truth_p_values(ranked.errors, ranked.true_errors, eps, plan_levels(plan))
-    if ceiling < math.inf:
-        p_values = np.where(ranked.scores < ceiling, p_values, 1.0)
-    return plan, p_values
 
 
 def _infeasible(
@@ -336,19 +311,83 @@ def _infeasible(
     )
 
 
-def _clopper_pearson(ranked: _Ranked, k: int, level: float, eps: float) -> tuple[float, int]:
-    """The (1−level) upper bound of the test that certified rank ``k``, and the reviewed
-    answers it used."""
-    errors, trials, tested = int(ranked.errors[: k - 1].sum()), k - 1, level
-    reviewed = 0
-    if ranked.true_errors is not None:  # the test that certified: its errors, trials and level
-        errors, trials, tested = truth.certifying_test(
-            ranked.errors, ranked.true_errors, k, level, eps
-        )
-        reviewed = int((ranked.true_errors >= 0).sum())
+def _clopper_pearson(errors: int, trials: int, level: float) -> float:
+    """The one-sided (1−level) upper bound of ``errors`` among ``trials``."""
     if errors >= trials:  # pragma: no cover - cannot be rejected, kept for safety
-        return 1.0, reviewed
-    return float(stats.beta.ppf(1.0 - tested, errors + 1, trials - errors)), reviewed
+        return 1.0
+    return float(stats.beta.ppf(1.0 - level, errors + 1, trials - errors))
+
+
+def _certified(
+    ranked: _Ranked,
+    k: int,
+    plan: risk_control.RiskPlan,
+    test: truth.CertifyingTest,
+    target: tuple[float, float],
+) -> RiskThreshold:
+    """The result at certified rank ``k``, from the test behind it; ``target``: (ε, δ)."""
+    n = int(ranked.scores.size)
+    reviewed = 0 if ranked.true_errors is None else int((ranked.true_errors >= 0).sum())
+    return RiskThreshold(
+        threshold=float(ranked.scores[k - 1]),
+        rank=k,
+        n=n,
+        risk_target=target[0],
+        delta=target[1],
+        participation=k / n,
+        empirical_risk=float(ranked.errors[:k].sum()) / k,
+        certified_bound=_clopper_pearson(test.errors, test.trials, test.level),
+        p_value=test.p_value,
+        feasible=True,
+        min_rank=plan.first_rank,
+        method=plan.method,
+        warnings=(),
+        level=test.level,
+        reviewed=reviewed,
+        arm=test.arm,
+    )
+
+
+def _on_judge(
+    ranked: _Ranked, method: str, eps: float, dlt: float, ceiling: float
+) -> RiskThreshold:
+    """The certificate on the judge's labels: Learn-then-Test over all ranks."""
+    n = int(ranked.scores.size)
+    plan = risk_control.plan_tests(method, eps, dlt, n)
+    p_values = risk_control.rank_p_values(ranked.errors, eps)
+    candidate = risk_control.candidate_ranks(ranked.scores) & (ranked.scores < ceiling)
+    rank, level = risk_control.select_rank(plan, p_values, candidate)
+    k = int(rank)
+    if k == 0:
+        return _infeasible(plan, n, eps, dlt, 0)
+    errors = int(ranked.errors[: k - 1].sum())
+    test = truth.CertifyingTest("judge", errors, k - 1, float(level), float(p_values[k - 1]))
+    return _certified(ranked, k, plan, test, (eps, dlt))
+
+
+def _on_truth(
+    s: np.ndarray,
+    j: np.ndarray,
+    human: ArrayLike,
+    eps: float,
+    dlt: float,
+    method: str,
+    ceiling: float,
+) -> RiskThreshold:
+    """The certificate on the truth (:mod:`.truth`): the larger of the human-only and the
+    judge-assisted thresholds; answers the review's planning read take no part."""
+    h = truth.check_human_labels(human, s.size, require_reviewed=False)
+    keep = h != truth.PLANNING
+    ranked = _ranked(s[keep], j[keep], h[keep])
+    assert ranked.true_errors is not None
+    n, m = int(ranked.scores.size), int((h >= 0).sum())
+    plan = truth.plan_truth(method, eps, dlt, n, m)
+    arms = truth.arm_ranks(plan, ranked.scores, ranked.errors, ranked.true_errors, eps, ceiling)
+    k = int(arms.rank)
+    if k == 0:
+        return _infeasible(plan.human, n, eps, dlt, m)
+    test = truth.certifying_test(arms, ranked.scores, ranked.errors, ranked.true_errors, eps)
+    return _certified(ranked, k, plan.judge or plan.human, test, (eps, dlt))
 
 
 def risk_threshold(
@@ -368,8 +407,9 @@ def risk_threshold(
     at which level before any label is read (docs/guarantees.md, section 3). ``ceiling``:
     only thresholds strictly below it are candidates (another certificate's bound,
     :mod:`.action_risk`), which keeps the guarantee. ``human``: people's verdicts on a
-    uniformly random sample (1, 0, -1 not reviewed; :mod:`.truth`): the ranks are then
-    tested on a bound of the true error count; ``correct`` stays the judge's labels.
+    uniformly random sample (:func:`.truth.check_human_labels`): the larger of the
+    human-only and the judge-assisted thresholds on the truth is certified (:mod:`.truth`);
+    ``correct`` stays the judge's labels.
 
     Returns:
         A :class:`RiskThreshold`; when nothing is certified the threshold is ``-inf``,
@@ -388,31 +428,6 @@ def risk_threshold(
         delta, "delta", "delta is the allowed failure probability of the guarantee, e.g. 0.1."
     )
     s, j = _calibration(scores, correct)
-    n = int(s.size)
-    ranked = _ranked(s, j, human)
-    plan, p_values = _tested(ranked, method, eps, dlt, ceiling)
-    rank, level = risk_control.select_rank(
-        plan, p_values, risk_control.candidate_ranks(ranked.scores)
-    )
-    k = int(rank)
-    if k == 0:
-        reviewed = 0 if human is None else int((np.asarray(human) >= 0).sum())
-        return _infeasible(plan, n, eps, dlt, reviewed)
-    bound, reviewed = _clopper_pearson(ranked, k, float(level), eps)
-    return RiskThreshold(
-        threshold=float(ranked.scores[k - 1]),
-        rank=k,
-        n=n,
-        risk_target=eps,
-        delta=dlt,
-        participation=k / n,
-        empirical_risk=float(ranked.errors[:k].sum()) / k,
-        certified_bound=bound,
-        p_value=float(p_values[k - 1]),
-        feasible=True,
-        min_rank=plan.first_rank,
-        method=plan.method,
-        warnings=(),
-        level=float(level),
-        reviewed=reviewed,
-    )
+    if human is not None:
+        return _on_truth(s, j, human, eps, dlt, method, ceiling)
+    return _on_judge(_ranked(s, j, None), method, eps, dlt, ceiling)

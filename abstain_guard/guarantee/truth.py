@@ -1,64 +1,120 @@
 """The certificate on the truth: a judge's labels on every calibration answer plus a human
 verdict on a uniformly random sample of them.
 
-At each rank the reviewed answers' own binomial test and the two-phase (double sampling)
-test on a bound of the true error count run at half the rank's level each
-(:func:`combined_rejections`); validity needs nothing of the judge. The tests, why they are
-valid and the simulation that fixed :data:`MISS_SHARE` and :data:`REVIEWED_SHARE`:
-docs/guarantees.md, section 5. With no review the judge's labels are certified, and the
-statement says so (:func:`labels_statement`).
+Two arms, each a Learn-then-Test certificate with its own label-free plan
+(:func:`plan_truth`, from ``(method, ε, δ, n, m)`` only), and the larger of their thresholds
+is certified (a union bound: δ in total):
+
+- the *human arm*: the exact Learn-then-Test of :mod:`.risk_control` on the m reviewed
+  answers alone, at ``(1 − w)·δ``; the certified threshold is therefore never below the
+  human-only one at that level;
+- the *judge arm*: at every rank of all n answers, an exact two-phase test of a bound on the
+  true error count, at ``w·δ`` (:func:`judge_rejections`).
+
+w (:func:`judge_share`) comes from n/m alone. Why each arm is valid, for any judge, and the
+simulations: docs/guarantees.md, section 5. With no review the judge's labels are certified,
+and the statement says so (:func:`labels_statement`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy import stats
+from scipy.special import gammaln
 
 from abstain_guard.errors import InvalidInputError
-from abstain_guard.guarantee.risk_control import RiskPlan, plan_tests
+from abstain_guard.guarantee.risk_control import (
+    RiskPlan,
+    binomial_p_values,
+    candidate_ranks,
+    min_rank,
+    multistart_starts,
+    plan_tests,
+    rank_p_values,
+    select_rank,
+)
 
 #: Value of an answer no person reviewed in a human-label array (1 = correct, 0 = wrong).
 NOT_REVIEWED = -1
 
-#: Value of an answer outside the review's scope: a review drawn from the most confident
-#: answers only (``review_scope``) could not have drawn it. Ranks with such an answer below
-#: them are never certified (the reviewed ones would not be a uniform sample there).
+#: Value of an answer outside the review's scope: a review drawn among part of the answers
+#: (``review_scope``) could not have drawn it. Judge-arm ranks with such an answer below them
+#: are never certified (the reviewed ones would not be a uniform sample there).
 OUT_OF_SCOPE = -2
 
-MISS_SHARE = 0.5
-"""w: the share of the two-phase test's level spent on the bound of the judge's misses (the
-rest on the binomial test of the bounded error count); fixed before any data."""
+#: Value of an answer the review's planning read (its judge label chose the scope): it is in
+#: neither arm of the certificate.
+PLANNING = -3
 
-REVIEWED_SHARE = 0.5
-"""s: the share of each rank's level spent on the reviewed answers' own test (the rest: the
-two-phase test); fixed before any data."""
+MISS_SHARE = 0.8
+"""Share of a judge-arm test's level spent on the bound of the judge's misses (truly wrong
+answers judged right)."""
+
+WRONG_SHARE = 0.05
+"""Share spent on the bound of the true errors among the answers judged wrong (the
+false-alarm bound F⁻ of a strict judge); the rest goes to the binomial step."""
 
 
-def plan_on_reviewed(
-    method: str, risk_target: float, delta: float, sorted_truth: NDArray[np.integer]
-) -> RiskPlan:
-    """The plan of ``method`` (:func:`.risk_control.plan_tests`) made for the m reviewed
-    answers, its ranks moved onto the whole calibration order: reviewed rank r becomes the
-    first rank with r reviewed answers below it (scores and draw only, never a label)."""
-    positions = np.flatnonzero(np.asarray(sorted_truth) >= 0)
-    base = plan_tests(method, risk_target, delta, int(positions.size))
-    n = int(np.shape(sorted_truth)[-1])
-    ranks = sorted(
-        {int(positions[r - 1]) + 2 for r in base.ranks if int(positions[r - 1]) + 2 <= n}
-    )
-    return RiskPlan(base.method, base.kind, tuple(ranks), base.level)
+JUDGE_MIN_REVIEWED = 40
+"""A judge-arm chain starts no lower than the rank with this many reviewed answers below it
+on average (``40·n/m``): below it the misses' bound is too wide to reject."""
+
+
+def judge_share(n: int, m: int) -> float:
+    """w, the share of δ the judge arm gets, from n/m alone: 0 below n/m = 10 (the judge
+    cannot pay there, docs/guarantees.md), 0.1 at n/m = 10 rising with log(n/m) to 1/2 at
+    n/m = 25 and above."""
+    ratio = n / max(m, 1)
+    if ratio < 10.0:
+        return 0.0
+    return min(0.5, 0.1 + 0.4 * math.log(ratio / 10.0) / math.log(2.5))
+
+
+@dataclass(frozen=True)
+class TruthPlan:
+    """Both arms' plans, fixed before any label: ``human`` on the m reviewed answers at
+    ``(1 − share)·δ``, ``judge`` on all n at ``share·δ`` (None when ``share`` is 0)."""
+
+    human: RiskPlan
+    judge: RiskPlan | None
+    share: float
+
+
+def plan_truth(method: str, risk_target: float, delta: float, n: int, m: int) -> TruthPlan:
+    """The certificate's plan from ``(method, ε, δ, n, m)`` (:func:`.risk_control.plan_tests`
+    for each arm)."""
+    w = judge_share(n, m)
+    human = plan_tests(method, risk_target, (1.0 - w) * delta, m)
+    judge = _judge_plan(method, risk_target, w * delta, n, m) if w > 0 else None
+    return TruthPlan(human, judge, w)
+
+
+def _judge_plan(method: str, risk_target: float, level: float, n: int, m: int) -> RiskPlan:
+    """``method``'s plan on n answers, its chains started no lower than
+    :data:`JUDGE_MIN_REVIEWED` reviewed answers (merged starts free their level)."""
+    base = plan_tests(method, risk_target, level, n)
+    floor = min(math.ceil(JUDGE_MIN_REVIEWED * n / max(m, 1)), n)
+    if base.kind != "chains" or not base.ranks:
+        return base
+    if method != "fixed_sequence_multistart":
+        return RiskPlan(base.method, "chains", (max(base.ranks[0], floor),), level)
+    starts = {max(k, floor) for k in multistart_starts(n)}
+    each = level / len(starts)
+    low = min_rank(risk_target, each)
+    ranks = tuple(sorted({max(k, low) for k in starts if max(k, low) <= n}))
+    return RiskPlan(base.method, "chains", ranks, each)
 
 
 def check_human_labels(
     values: ArrayLike, n: int, *, require_reviewed: bool = True
 ) -> NDArray[np.int8]:
     """The human labels as int8 ``[n]``: 1 correct, 0 wrong, :data:`NOT_REVIEWED` (-1),
-    :data:`OUT_OF_SCOPE` (-2).
+    :data:`OUT_OF_SCOPE` (-2), :data:`PLANNING` (-3).
 
     Raises:
         InvalidInputError: another shape, another value, or (``require_reviewed``) no
@@ -70,10 +126,11 @@ def check_human_labels(
             f"human labels must have one entry per calibration answer, shape ({n},); got "
             f"{arr.shape}."
         )
-    if arr.dtype.kind not in "biu" or not np.isin(arr, (OUT_OF_SCOPE, NOT_REVIEWED, 0, 1)).all():
+    codes = (PLANNING, OUT_OF_SCOPE, NOT_REVIEWED, 0, 1)
+    if arr.dtype.kind not in "biu" or not np.isin(arr, codes).all():
         raise InvalidInputError(
-            "human labels must be 1 (correct), 0 (wrong), -1 (not reviewed) or -2 (outside "
-            "the review's scope), as integers."
+            "human labels must be 1 (correct), 0 (wrong), -1 (not reviewed), -2 (outside "
+            "the review's scope) or -3 (read by the review's planning), as integers."
         )
     out = arr.astype(np.int8)
     if require_reviewed and not (out >= 0).any():
@@ -81,27 +138,58 @@ def check_human_labels(
     return out
 
 
-def miss_upper_bound(
-    misses: NDArray[np.integer],
-    reviewed: NDArray[np.integer],
-    population: NDArray[np.integer],
-    level: float,
+def _log_choose(a: NDArray[np.int64], b: NDArray[np.int64]) -> NDArray[np.float64]:
+    return np.asarray(gammaln(a + 1.0) - gammaln(b + 1.0) - gammaln(a - b + 1.0))
+
+
+def hypergeom_cdf(
+    k: ArrayLike, total: ArrayLike, successes: ArrayLike, draws: ArrayLike
+) -> NDArray[np.float64]:
+    """``P(X ≤ k)`` for ``X ~ Hypergeom(total, successes, draws)``, elementwise (broadcast):
+    the probability mass summed upward from the support's low end in log space, each term
+    from the last by the pmf's ratio. Exact to rounding; much faster than scipy's for the
+    small k of a judge's misses."""
+    k, big, s, d = (
+        np.asarray(x, dtype=np.int64) for x in np.broadcast_arrays(k, total, successes, draws)
+    )
+    lo = np.maximum(0, d - (big - s))
+    hi = np.minimum(np.minimum(k, s), d)
+    out = np.where(k >= np.minimum(s, d), 1.0, 0.0)
+    idx = np.flatnonzero((hi >= lo) & (out < 1.0))
+    j = lo.ravel()[idx]
+    bf, sf, df, hf = (x.ravel()[idx] for x in (big, s, d, hi))
+    logp = _log_choose(sf, j) + _log_choose(bf - sf, df - j) - _log_choose(bf, df)
+    acc = logp.copy()
+    flat = out.ravel()
+    while idx.size:
+        done = j >= hf
+        flat[idx[done]] = np.exp(acc[done])
+        keep = ~done
+        idx, j, bf, sf, df, hf, logp, acc = (x[keep] for x in (idx, j, bf, sf, df, hf, logp, acc))
+        logp = logp + np.log((sf - j) * (df - j)) - np.log((j + 1) * (bf - sf - df + j + 1))
+        acc = np.logaddexp(acc, logp)
+        j = j + 1
+    return np.minimum(flat.reshape(out.shape), 1.0)
+
+
+def error_upper_bound(
+    observed: ArrayLike, sample: ArrayLike, population: ArrayLike, level: float
 ) -> NDArray[np.int64]:
-    """Exact upper confidence bound of the misses M among ``population`` answers judged
-    right, from ``misses`` among a uniformly random ``reviewed`` of them (elementwise):
-    ``max{M : P(Hypergeom(population, M, reviewed) ≤ misses) ≥ level}``, so that
-    ``P(M > bound) ≤ level``. Bisection over M (the tail grows as M falls)."""
-    u = np.asarray(misses, dtype=np.int64)
-    h = np.asarray(reviewed, dtype=np.int64)
-    t0 = np.asarray(population, dtype=np.int64)
+    """Exact upper confidence bound of the count M of marked answers among ``population``,
+    from ``observed`` marked among a uniformly random ``sample`` of them (elementwise):
+    ``max{M : P(Hypergeom(population, M, sample) ≤ observed) ≥ level}``, so that
+    ``P(M > bound) ≤ level``. Bisection over M (the tail falls as M grows)."""
+    u, h, t0 = (
+        np.asarray(x, dtype=np.int64) for x in np.broadcast_arrays(observed, sample, population)
+    )
     lo = u.copy()  # P(X <= u | M = u) = 1
-    hi = t0 - (h - u)  # unreviewed ones all missed
+    hi = t0 - (h - u)  # the unseen ones all marked
     while True:
         active = lo < hi
         if not active.any():
             return lo
         mid = (lo + hi + 1) // 2
-        ok = stats.hypergeom.cdf(u, t0, np.where(active, mid, lo), h) >= level
+        ok = hypergeom_cdf(u, t0, np.where(active, mid, lo), h) >= level
         lo = np.where(active & ok, mid, lo)
         hi = np.where(active & ~ok, mid - 1, hi)
 
@@ -112,113 +200,220 @@ def _below(x: NDArray[Any]) -> NDArray[np.int64]:
     return np.cumsum(x, axis=-1) - x
 
 
-def _bounded_errors(
-    sorted_judge_errors: NDArray[np.integer], sorted_truth: NDArray[np.integer], level: float
-) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """``(z, t)`` at every rank: z bounds the true errors among the t answers below it
-    (reviewed errors + unreviewed judged wrong + the misses' bound at ``level`` − the misses
-    seen), ``[..., n]`` each (module docstring)."""
+@dataclass(frozen=True)
+class _Counts:
+    """What the judge arm reads below every rank, ``[..., n]`` each: t answers, t1 of them
+    judged wrong; h0 / h1 reviewed among the judged right / wrong, u misses and g true errors
+    among those."""
+
+    t: NDArray[np.int64]
+    t1: NDArray[np.int64]
+    h0: NDArray[np.int64]
+    u: NDArray[np.int64]
+    h1: NDArray[np.int64]
+    g: NDArray[np.int64]
+    outside: NDArray[np.bool_]
+
+
+def _counts(sorted_judge_errors: ArrayLike, sorted_truth: ArrayLike) -> _Counts:
     j = np.asarray(sorted_judge_errors, dtype=np.int64)
     y = np.asarray(sorted_truth, dtype=np.int64)
-    reviewed = y >= 0
-    t = np.broadcast_to(np.arange(j.shape[-1]), j.shape)
-    misses = _below(reviewed & (j == 0) & (y == 1))
-    bound = miss_upper_bound(
-        misses,
-        _below(reviewed & (j == 0)),  # the reviewed among them
-        t - _below(j),  # judged right below
-        level,
+    rev = y >= 0
+    t = np.broadcast_to(np.arange(j.shape[-1], dtype=np.int64), j.shape)
+    return _Counts(
+        t=t,
+        t1=_below(j),
+        h0=_below(rev & (j == 0)),
+        u=_below(rev & (j == 0) & (y == 1)),
+        h1=_below(rev & (j == 1)),
+        g=_below(rev & (j == 1) & (y == 1)),
+        outside=_below(y == OUT_OF_SCOPE) > 0,
     )
-    z = _below(np.where(reviewed, y, 0)) + _below(~reviewed & (j == 1)) + bound - misses
-    return z, np.asarray(t)
 
 
-def truth_rejections(
-    sorted_judge_errors: NDArray[np.integer],
-    sorted_truth: NDArray[np.integer],
-    risk_target: float,
-    level: float,
-    miss_share: float = MISS_SHARE,
-) -> NDArray[np.bool_]:
-    """The two-phase test of "the true error rate at U_(k) is > ε" at ``level`` for every
-    rank, ``[..., n]`` → ``[..., n]`` bool: ``sorted_judge_errors`` 1 where the judge called
-    the answer wrong, ``sorted_truth`` the true errors (1 wrong, 0 correct, -1 not reviewed,
-    -2 outside the review's scope), both by score; ``miss_share`` w of ``level`` goes to the
-    misses' bound."""
-    z, t = _bounded_errors(sorted_judge_errors, sorted_truth, miss_share * level)
-    outside = _below(np.asarray(sorted_truth) == OUT_OF_SCOPE) > 0  # the draw could not reach
-    p = stats.binom.cdf(z, t, risk_target)
-    out = np.asarray((p <= (1.0 - miss_share) * level) & ~outside)
-    out[..., 0] = False  # no answers below rank 1
+def _wrong_bound(c: _Counts, level: float) -> NDArray[np.int64]:
+    """G⁺: the bound on the true errors among the t1 judged wrong (t1 where a false alarm was
+    never seen, or with no level for it)."""
+    out = c.t1.copy()
+    seen = (c.g < c.h1) & (level > 0)
+    if seen.any():
+        out[seen] = error_upper_bound(c.g[seen], c.h1[seen], c.t1[seen], level)
     return out
 
 
-def reviewed_rejections(
-    sorted_truth: NDArray[np.integer], risk_target: float, level: float
+def _largest_rejected(t: NDArray[np.int64], risk_target: float, level: float) -> NDArray[np.int64]:
+    """The largest error count z with ``P(Binomial(t, ε) ≤ z) ≤ level`` (-1: none), per t."""
+    grid = np.arange(int(t.max()) + 1 if t.size else 1)
+    z = stats.binom.ppf(level, grid, risk_target).astype(np.int64)
+    z = np.where(binomial_p_values(z, grid, risk_target) <= level, z, z - 1)
+    return z[t]
+
+
+def judge_rejections(
+    sorted_judge_errors: ArrayLike, sorted_truth: ArrayLike, risk_target: float, level: float
 ) -> NDArray[np.bool_]:
-    """The reviewed answers' own rank test at ``level`` for every rank: ``P(Binomial(h, ε) ≤
-    y) ≤ level`` with h reviewed answers below the rank and y of them wrong, ``[..., n]`` →
-    ``[..., n]`` bool."""
-    y = np.asarray(sorted_truth, dtype=np.int64)
-    h = _below(y >= 0)
-    wrong = _below(y == 1)
-    outside = _below(y == OUT_OF_SCOPE) > 0
-    p = np.where(h > 0, stats.binom.cdf(wrong, np.maximum(h, 1), risk_target), 1.0)
-    return np.asarray((p <= level) & ~outside)
+    """The judge arm's test of "the true error rate at U_(k) is > ε" at ``level`` for every
+    rank, ``[..., n]`` → ``[..., n]`` bool: the true errors of the t answers below are at
+    most ``z = M⁺ + G⁺`` (the misses' bound at :data:`MISS_SHARE` of ``level``, the judged
+    wrong's at :data:`WRONG_SHARE`), and the rank is rejected when ``P(Binomial(t, ε) ≤ z)``
+    is at most the rest of ``level``. ``sorted_judge_errors``: 1 where the judge called the
+    answer wrong; ``sorted_truth``: 1 wrong, 0 correct, -1 not reviewed, -2 out of scope;
+    both by score. One hypergeometric tail a rank: ``M⁺ ≤ A`` iff the tail at ``A + 1`` is
+    below its level."""
+    c = _counts(sorted_judge_errors, sorted_truth)
+    binomial = (1.0 - MISS_SHARE - WRONG_SHARE) * level
+    allowed = _largest_rejected(c.t, risk_target, binomial) - _wrong_bound(c, WRONG_SHARE * level)
+    t0 = c.t - c.t1
+    most = t0 - (c.h0 - c.u)  # every unreviewed judged-right answer missed
+    tail = hypergeom_cdf(c.u, t0, np.clip(allowed + 1, 0, most), c.h0)
+    ok = (allowed >= most) | ((allowed >= c.u) & (tail < MISS_SHARE * level))
+    return np.asarray(ok & ~c.outside & (c.t > 0))
 
 
-def combined_rejections(
-    sorted_judge_errors: NDArray[np.integer],
-    sorted_truth: NDArray[np.integer],
+def judge_errors_bound(
+    sorted_judge_errors: ArrayLike, sorted_truth: ArrayLike, rank: int, level: float
+) -> int:
+    """z = M⁺ + G⁺, the judge arm's bound on the true errors below ``rank`` at ``level``
+    (1-D inputs; for the reported Clopper-Pearson bound)."""
+    c = _counts(np.asarray(sorted_judge_errors)[:rank], np.asarray(sorted_truth)[:rank])
+    k = rank - 1
+    t0 = int(c.t[k] - c.t1[k])
+    misses = error_upper_bound(c.u[k], c.h0[k], t0, MISS_SHARE * level)
+    return int(misses) + int(_wrong_bound(c, WRONG_SHARE * level)[k])
+
+
+def judge_p_values(
+    sorted_judge_errors: ArrayLike, sorted_truth: ArrayLike, risk_target: float, levels: list[float]
+) -> NDArray[np.float64]:
+    """For every rank, the smallest of ``levels`` at which :func:`judge_rejections` rejects
+    (1 where none does): a p-value valid at each of ``levels``, the only ones a plan of
+    :mod:`.risk_control` compares it with."""
+    p = np.ones(np.shape(sorted_judge_errors), dtype=np.float64)
+    for a in sorted(set(levels), reverse=True):
+        p = np.where(judge_rejections(sorted_judge_errors, sorted_truth, risk_target, a), a, p)
+    return p
+
+
+def plan_levels(plan: RiskPlan) -> list[float]:
+    """Every level ``plan`` compares a p-value with: its one level, or Holm's δ/m … δ."""
+    if plan.kind != "holm":
+        return [plan.level]
+    m = len(plan.ranks)
+    return [plan.level * m / (m - j) for j in range(m)]
+
+
+@dataclass(frozen=True)
+class ArmRanks:
+    """Each arm's certified rank among all n answers (0: none), ``[...]`` each, and the
+    level of its certifying test; ``human_reviewed``: the human arm's rank among the m
+    reviewed answers."""
+
+    human: NDArray[np.int64]
+    human_level: NDArray[np.float64]
+    human_reviewed: NDArray[np.int64]
+    judge: NDArray[np.int64]
+    judge_level: NDArray[np.float64]
+
+    @property
+    def rank(self) -> NDArray[np.int64]:
+        """The certified rank: the larger arm's."""
+        return np.maximum(self.human, self.judge)
+
+
+def reviewed_order(sorted_scores: ArrayLike, sorted_truth: ArrayLike, m: int) -> NDArray[np.int64]:
+    """Positions of the m reviewed answers in the full order, ``[..., n]`` → ``[..., m]``,
+    by score and, within ties, truly wrong first (every row holds m reviewed answers)."""
+    s = np.asarray(sorted_scores, dtype=np.float64)
+    y = np.asarray(sorted_truth)
+    order = np.lexsort((y != 1, s, y < 0), axis=-1)
+    return np.asarray(order[..., :m], dtype=np.int64)
+
+
+def _tie_ends(candidate: NDArray[np.bool_]) -> NDArray[np.int64]:
+    """For every position, the rank that ends its tie group (the next candidate)."""
+    n = candidate.shape[-1]
+    marked = np.where(candidate, np.arange(1, n + 1), n + 1)
+    return np.asarray(np.minimum.accumulate(marked[..., ::-1], axis=-1)[..., ::-1])
+
+
+def _human_arm(
+    plan: RiskPlan, s: NDArray[np.float64], y: NDArray[Any], eps: float, ceiling: float
+) -> tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.int64]]:
+    """(full rank, level, reviewed rank) of the human-only certificate."""
+    m = int(np.count_nonzero(y.reshape(-1, y.shape[-1])[0] >= 0))
+    pos = reviewed_order(s, y, m)
+    rs = np.take_along_axis(s, pos, axis=-1)
+    errors = np.take_along_axis(y, pos, axis=-1).astype(np.int64)
+    cand = candidate_ranks(rs) & (rs < ceiling)
+    r, level = select_rank(plan, rank_p_values(errors, eps), cand)
+    full = np.take_along_axis(_tie_ends(candidate_ranks(s)), pos, axis=-1)
+    padded = np.concatenate([np.zeros((*full.shape[:-1], 1), np.int64), full], axis=-1)
+    rank = np.take_along_axis(padded, np.asarray(r)[..., None], axis=-1)[..., 0]
+    return np.asarray(rank), np.asarray(level), np.asarray(r)
+
+
+def arm_ranks(
+    plan: TruthPlan,
+    sorted_scores: ArrayLike,
+    sorted_judge_errors: ArrayLike,
+    sorted_truth: ArrayLike,
     risk_target: float,
-    level: float,
-    reviewed_share: float = REVIEWED_SHARE,
-) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
-    """The certificate's test at ``level`` for every rank: the two-phase test
-    (:func:`truth_rejections`) at ``(1 − s)·level`` or the reviewed answers' own test
-    (:func:`reviewed_rejections`) at ``s·level`` (s = ``reviewed_share``; a union bound, so
-    the level holds). Returns ``(two_phase, reviewed)``; a rank is rejected where either is."""
-    two = truth_rejections(
-        sorted_judge_errors, sorted_truth, risk_target, (1.0 - reviewed_share) * level
-    )
-    own = reviewed_rejections(sorted_truth, risk_target, reviewed_share * level)
-    return two, own
+    ceiling: float = math.inf,
+) -> ArmRanks:
+    """Run both arms of ``plan`` on calibration sets sorted by score, ``[..., n]`` each (ties:
+    judged wrong first; every row with the same m reviewed answers): scores, the judge's
+    errors (1 wrong), the truth (1 wrong, 0 correct, -1 / -2 as in
+    :func:`check_human_labels`). Only thresholds below ``ceiling`` are candidates."""
+    s = np.asarray(sorted_scores, dtype=np.float64)
+    j = np.asarray(sorted_judge_errors, dtype=np.int64)
+    y = np.asarray(sorted_truth, dtype=np.int64)
+    human, h_level, h_rev = _human_arm(plan.human, s, y, risk_target, ceiling)
+    batch = s.shape[:-1]
+    judge, j_level = np.zeros(batch, np.int64), np.zeros(batch, np.float64)
+    if plan.judge is not None:
+        p = judge_p_values(j, y, risk_target, plan_levels(plan.judge))
+        judge, j_level = select_rank(plan.judge, p, candidate_ranks(s) & (s < ceiling))
+    return ArmRanks(human, h_level, h_rev, np.asarray(judge), np.asarray(j_level))
+
+
+@dataclass(frozen=True)
+class CertifyingTest:
+    """The test that certified a rank, for the reported Clopper-Pearson bound: ``errors``
+    among ``trials`` at ``level``; ``arm``: ``"human"`` or ``"judge"``; ``p_value`` its
+    binomial p-value."""
+
+    arm: str
+    errors: int
+    trials: int
+    level: float
+    p_value: float
 
 
 def certifying_test(
-    sorted_judge_errors: NDArray[np.integer],
-    sorted_truth: NDArray[np.integer],
-    rank: int,
-    level: float,
+    arms: ArmRanks,
+    sorted_scores: ArrayLike,
+    sorted_judge_errors: ArrayLike,
+    sorted_truth: ArrayLike,
     risk_target: float,
-) -> tuple[int, int, float]:
-    """``(errors, trials, level)`` of the test that certified ``rank`` at ``level`` (for the
-    reported Clopper-Pearson bound): the two-phase test's bounded error count over the
-    rank−1 answers below, else the reviewed answers' errors over the reviewed below."""
-    below = np.asarray(sorted_judge_errors)[:rank], np.asarray(sorted_truth)[:rank]
-    two, _ = combined_rejections(*below, risk_target, level)  # counts below: rank's prefix
-    if two[rank - 1]:
-        share = (1.0 - REVIEWED_SHARE) * level
-        z, _ = _bounded_errors(*below, MISS_SHARE * share)
-        return int(z[rank - 1]), rank - 1, share * (1.0 - MISS_SHARE)
-    y = np.asarray(sorted_truth)[: rank - 1]
-    return int((y == 1).sum()), int((y >= 0).sum()), REVIEWED_SHARE * level
+) -> CertifyingTest:
+    """The test behind ``arms.rank`` (1-D inputs, a certified rank): the judge arm's
+    bounded error count at its binomial step, else the reviewed answers' own test."""
+    rank = int(arms.rank)
+    if int(arms.judge) >= int(arms.human):
+        level = float(arms.judge_level)
+        z = judge_errors_bound(sorted_judge_errors, sorted_truth, rank, level)
+        step = (1.0 - MISS_SHARE - WRONG_SHARE) * level
+        return CertifyingTest("judge", z, rank - 1, step, _p(z, rank - 1, risk_target))
+    r = int(arms.human_reviewed)
+    y = np.asarray(sorted_truth)
+    below = y[reviewed_order(sorted_scores, y, r - 1)]
+    errors = int((below == 1).sum())
+    level = float(arms.human_level)
+    return CertifyingTest("human", errors, r - 1, level, _p(errors, r - 1, risk_target))
 
 
-def truth_p_values(
-    sorted_judge_errors: NDArray[np.integer],
-    sorted_truth: NDArray[np.integer],
-    risk_target: float,
-    levels: Sequence[float],
-) -> NDArray[np.float64]:
-    """For every rank, the smallest of ``levels`` at which :func:`combined_rejections`
-    rejects (1 where none does): a p-value valid at each of ``levels``, the only ones a plan
-    of :mod:`.risk_control` compares it with."""
-    p = np.ones(np.shape(sorted_judge_errors), dtype=np.float64)
-    for a in sorted(set(float(x) for x in levels), reverse=True):
-        two, own = combined_rejections(sorted_judge_errors, sorted_truth, risk_target, a)
-        p = np.where(two | own, a, p)
-    return p
+def _p(errors: int, trials: int, eps: float) -> float:
+    return float(binomial_p_values(errors, trials, eps))
 
 
 @dataclass(frozen=True)
@@ -308,14 +503,14 @@ def labels_statement(m: int, judge: str | None = None, eligible: int | None = No
     drawn among ``eligible`` answers when the review had a scope) or the judge's (m = 0)."""
     if m > 0:
         among = (
-            f" among the {eligible} most confident calibration answers"
+            f" among the {eligible} calibration answers with the lowest scores"
             if eligible is not None
             else ""
         )
         return (
             f"certified on human labels (m = {m} reviewed answers, a uniformly random sample"
-            f"{among} drawn by the tool; the judge's labels on the others, corrected by the "
-            "review)"
+            f"{among} drawn by the tool; the larger of the human-only threshold and the "
+            "judge-assisted one)"
         )
     who = f" ({judge})" if judge else ""
     return (

@@ -1,6 +1,7 @@
-"""The certificate on the truth (abstain_guard.guarantee.truth): the two-phase test's parts
-checked against direct computation, its validity by simulation under judges that err where
-it hurts, and the judge's measured quality."""
+"""The certificate on the truth (abstain_guard.guarantee.truth): the judge arm's parts
+checked against direct computation, the combined certificate never below the human-only one,
+its validity by simulation under judges that err where it hurts, and the judge's measured
+quality (exact enumeration and the least-favourable simulation: test_truth_validity.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,16 @@ from abstain_guard.guarantee import conformal, risk_control, truth
 from abstain_guard.scorers import PerplexityScorer
 
 
+def test_the_hypergeometric_tail_is_scipys() -> None:
+    rng = np.random.default_rng(7)
+    total = rng.integers(1, 90, 4000)
+    successes = rng.integers(0, 91, 4000) % (total + 1)
+    draws = rng.integers(0, 91, 4000) % (total + 1)
+    k = rng.integers(-1, 40, 4000)
+    got = truth.hypergeom_cdf(k, total, successes, draws)
+    assert np.allclose(got, stats.hypergeom.cdf(k, total, successes, draws), atol=1e-12)
+
+
 def test_the_misses_bound_is_the_largest_count_the_hypergeometric_tail_allows() -> None:
     rng = np.random.default_rng(0)
     for _ in range(200):
@@ -27,7 +38,7 @@ def test_the_misses_bound_is_the_largest_count_the_hypergeometric_tail_allows() 
         h = int(rng.integers(0, t0 + 1))
         u = int(rng.integers(0, h + 1))
         a = float(rng.uniform(0.001, 0.3))
-        got = int(truth.miss_upper_bound(np.array(u), np.array(h), np.array(t0), a))
+        got = int(truth.error_upper_bound(u, h, t0, a))
         allowed = [m for m in range(u, t0 - (h - u) + 1) if stats.hypergeom.cdf(u, t0, m, h) >= a]
         assert got == max(allowed, default=0)  # t0 = 0: no answer judged right
 
@@ -42,7 +53,7 @@ def test_the_misses_bound_covers_the_true_count_at_its_level() -> None:
     for _ in range(4000):
         sample = rng.choice(t0, h, replace=False)
         u = int(population[sample].sum())
-        fails += int(truth.miss_upper_bound(np.array(u), np.array(h), np.array(t0), a)) < m_true
+        fails += int(truth.error_upper_bound(u, h, t0, a)) < m_true
     assert fails / 4000 <= a + 3 * np.sqrt(a * (1 - a) / 4000)
 
 
@@ -88,17 +99,51 @@ def test_the_combined_certificate_holds_where_the_judge_only_one_fails(judge: st
     assert certified >= draws // 10  # it still answers: not valid by abstaining alone
 
 
-def test_with_a_perfect_judge_and_review_the_certificate_is_close_to_the_judge_only_one() -> None:
+def test_with_a_perfect_judge_and_n_many_times_m_the_judge_arm_certifies() -> None:
     rng = np.random.default_rng(3)
-    s = rng.random(1000)
-    right = rng.random(1000) >= 0.05 + 0.75 * s
-    human = np.full(1000, -1, dtype=np.int8)
-    picked = rng.choice(1000, 300, replace=False)
+    n, m = 6000, 240
+    s = rng.random(n)
+    right = rng.random(n) >= 0.05 + 0.75 * s
+    human = np.full(n, -1, dtype=np.int8)
+    picked = rng.choice(n, m, replace=False)
     human[picked] = right[picked]
-    only = conformal.risk_threshold(s, right, 0.3, 0.1)
-    both = conformal.risk_threshold(s, right, 0.3, 0.1, human=human)
-    assert 0.8 * only.rank <= both.rank <= only.rank
-    assert both.certified_bound <= 0.3 and both.reviewed == 300
+    only = conformal.risk_threshold(s, right, 0.35, 0.1)
+    both = conformal.risk_threshold(s, right, 0.35, 0.1, human=human)
+    alone = conformal.risk_threshold(s[picked], right[picked], 0.35, 0.1)
+    assert both.arm == "judge" and 0.8 * only.rank <= both.rank <= only.rank
+    assert both.participation > np.mean(s <= alone.threshold)  # above human-only at δ
+    assert both.certified_bound <= 0.35 and both.reviewed == m
+
+
+def test_the_combined_threshold_is_never_below_human_only_at_its_share() -> None:
+    """λ* >= the human-only threshold at (1 − w)δ on the same reviewed answers, draw by
+    draw, for every n/m (w = 0 below n/m = 10: exactly the human-only certificate)."""
+    rng = np.random.default_rng(8)
+    for n, m in ((400, 100), (1500, 100), (3000, 120)):
+        w = truth.judge_share(n, m)
+        assert (w == 0.0) == (n / m < 10)
+        for _ in range(8):
+            s, _, judge_right, human = _draw(rng, n, m, "lenient")
+            picked = human >= 0
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", conformal.ConformalWarning)
+                both = conformal.risk_threshold(s, judge_right, 0.35, 0.1, human=human)
+                alone = conformal.risk_threshold(
+                    s[picked], human[picked].astype(bool), 0.35, (1 - w) * 0.1
+                )
+            assert both.threshold >= alone.threshold
+            if w == 0.0:
+                assert both.threshold == alone.threshold
+
+
+def test_the_plan_reads_n_m_and_the_target_only() -> None:
+    plan = truth.plan_truth("fixed_sequence_multistart", 0.3, 0.1, 5000, 200)
+    assert plan.share == 0.5 and plan.human == risk_control.plan_tests(
+        "fixed_sequence_multistart", 0.3, 0.05, 200
+    )
+    assert plan.judge is not None and plan.judge.first_rank >= 40 * 5000 / 200
+    assert plan.judge.level == pytest.approx(0.05 / len(plan.judge.ranks))
+    assert truth.plan_truth("holm", 0.3, 0.1, 500, 100).judge is None
 
 
 def test_p_values_are_the_smallest_rejecting_level_of_the_plan() -> None:
@@ -108,11 +153,10 @@ def test_p_values_are_the_smallest_rejecting_level_of_the_plan() -> None:
     j = (~judge_right[order]).astype(int)
     y = np.where(human[order] == -1, -1, 1 - human[order])
     plan = risk_control.plan_tests("holm", 0.35, 0.1, 400)
-    levels = conformal.plan_levels(plan)
-    p = truth.truth_p_values(j, y, 0.35, levels)
+    levels = truth.plan_levels(plan)
+    p = truth.judge_p_values(j, y, 0.35, levels)
     for a in levels:
-        two, own = truth.combined_rejections(j, y, 0.35, a)
-        assert np.array_equal(p <= a, two | own)
+        assert np.array_equal(p <= a, truth.judge_rejections(j, y, 0.35, a))
     assert set(np.unique(p)) <= set(levels) | {1.0}
 
 

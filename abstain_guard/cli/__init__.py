@@ -9,9 +9,9 @@ Heavy imports (torch, transformers, xgboost, FastAPI) happen inside the commands
 script.
 
 May import: ``abstain_guard.serve``, ``abstain_guard.calibration``, ``abstain_guard.guard``,
-``abstain_guard.artifact``, ``abstain_guard.backends``, ``abstain_guard.scorers``,
-``abstain_guard.contract``, ``abstain_guard.guarantee``, ``abstain_guard.config``,
-``abstain_guard.default``, ``abstain_guard.errors``.
+``abstain_guard.monitor``, ``abstain_guard.artifact``, ``abstain_guard.backends``,
+``abstain_guard.scorers``, ``abstain_guard.contract``, ``abstain_guard.guarantee``,
+``abstain_guard.config``, ``abstain_guard.default``, ``abstain_guard.errors``.
 """
 
 from __future__ import annotations

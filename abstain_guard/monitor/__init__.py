@@ -8,7 +8,9 @@
 * :mod:`.state` — what the monitor reports, as functions of its scopes;
 * :mod:`.log` — the monitor log (JSONL) and its reader; :mod:`.resume` — writing it as
   decisions come and resuming a monitor from it;
-* :mod:`.binding` — a monitor bound to a guard: fitted on its artifact and rule.
+* :mod:`.binding` — a monitor bound to a guard: fitted on its artifact and rule;
+* :mod:`.report` — the monitor's history as time series, and the page that draws them
+  (``serve``'s ``/dashboard``, ``abstain-guard monitor report``).
 
 May import: ``abstain_guard.artifact``, ``abstain_guard.guarantee``, ``abstain_guard.config``,
 ``abstain_guard.errors``.

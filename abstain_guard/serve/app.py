@@ -1,5 +1,5 @@
 """The FastAPI app: ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /v1/feedback``,
-``GET /v1/monitor``, ``GET /livez``, ``GET /readyz``, ``GET /metrics``.
+``GET /v1/monitor``, ``GET /livez``, ``GET /readyz``, ``GET /metrics``, ``GET /dashboard``.
 
 Every decision goes to the server's :class:`~abstain_guard.serve.monitor_link.MonitorLink`
 under its completion id, in admission order, before its answer leaves (a monitor that cannot
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from opentelemetry import trace
 from opentelemetry.trace import Span
 from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
@@ -37,7 +37,6 @@ from abstain_guard.errors import (
 )
 from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.serve import telemetry
-from abstain_guard.serve.dashboard import dashboard
 from abstain_guard.serve.metrics import CONTENT_TYPE_LATEST, ServiceMetrics, decision_reason
 from abstain_guard.serve.monitor_link import LocalMonitorLink, MonitorLink
 from abstain_guard.serve.openai_format import (
@@ -147,7 +146,7 @@ def create_app(
     app.add_api_route("/livez", _livez, methods=["GET"])
     app.add_api_route("/readyz", _readyz, methods=["GET"])
     app.add_api_route("/metrics", _prometheus, methods=["GET"])
-    app.add_api_route("/dashboard", dashboard, methods=["GET"])
+    app.add_api_route("/dashboard", _dashboard, methods=["GET"])
     return app
 
 
@@ -492,6 +491,21 @@ async def _monitor_state(request: Request) -> JSONResponse:
         )  # fmt: skip
     try:
         return JSONResponse(await served.link.state())
+    except MonitorUnavailableError as exc:
+        return _refusal(_monitor_down(exc, served.service.retry_after_s))
+
+
+async def _dashboard(request: Request) -> Response:
+    """The monitor's page: participation and score drift over time, decisions by reason
+    (:func:`~abstain_guard.monitor.report.live_page`); open, as ``/metrics`` is."""
+    served = _served(request)
+    if not served.link.monitored:
+        return _refusal(
+            RequestRefused("This server runs no guard (--no-guard).", status=404,
+                           kind="not_found_error")
+        )  # fmt: skip
+    try:
+        return HTMLResponse(await served.link.dashboard())
     except MonitorUnavailableError as exc:
         return _refusal(_monitor_down(exc, served.service.retry_after_s))
 

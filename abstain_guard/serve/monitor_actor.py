@@ -22,7 +22,7 @@ from abstain_guard.config import GuardConfig
 from abstain_guard.errors import DuplicateFeedbackError, MonitorUnavailableError, UnknownRunError
 from abstain_guard.guarantee.decision import Decision
 from abstain_guard.monitor.guard_monitor import GuardMonitor
-from abstain_guard.serve.dashboard import dashboard_page
+from abstain_guard.monitor.report import live_page
 from abstain_guard.serve.metrics import ServerMetrics
 from abstain_guard.serve.monitor_link import feedback_body, monitor_arrival
 from abstain_guard.serve.service import json_safe
@@ -245,7 +245,7 @@ class DeploymentMonitor:
 
     async def dashboard(self) -> str:
         """The deployment's ``/dashboard`` page (built off the actor's event loop)."""
-        return await asyncio.to_thread(dashboard_page, self.monitor)
+        return await asyncio.to_thread(live_page, self.monitor)
 
     # --- metrics -------------------------------------------------------------------------
 
@@ -340,6 +340,10 @@ class RayMonitorLink:
     async def state(self) -> dict[str, Any]:
         state: dict[str, Any] = await self.call("state")
         return state
+
+    async def dashboard(self) -> str:
+        page: str = await self.call("dashboard")
+        return page
 
     def request_done(self, path: str, status: int) -> None:
         self.actor.request_done.remote(path, status)

@@ -8,11 +8,13 @@ that ends without a decision gives its place up by that key.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 from abstain_guard.guarantee.decision import Decision
 from abstain_guard.monitor.guard_monitor import GuardMonitor
+from abstain_guard.monitor.report import live_page
 from abstain_guard.serve.admission import Admission
 from abstain_guard.serve.arrival import ArrivalOrder
 from abstain_guard.serve.journal import DecisionJournal, journal_path, recover
@@ -51,6 +53,10 @@ class MonitorLink(Protocol):
 
     async def state(self) -> dict[str, Any]:
         """The monitor's state, JSON-safe (``/v1/monitor``)."""
+        ...
+
+    async def dashboard(self) -> str:
+        """The monitor's page (``/dashboard``, :func:`~abstain_guard.monitor.report.live_page`)."""
         ...
 
     def request_done(self, path: str, status: int) -> None:
@@ -173,6 +179,9 @@ class LocalMonitorLink:
     async def state(self) -> dict[str, Any]:
         assert self.monitor is not None
         return dict(json_safe(self.monitor.state()))
+
+    async def dashboard(self) -> str:
+        return await asyncio.to_thread(live_page, self.monitor)  # off the event loop
 
     def request_done(self, path: str, status: int) -> None:
         self.metrics_.request_done(path, status)

@@ -1,4 +1,4 @@
-"""``GET /dashboard`` (abstain_guard/serve/dashboard.py) rendered by headless Chromium
+"""``GET /dashboard`` (abstain_guard/serve/app.py) rendered by headless Chromium
 (Debian's ``chromium``, installed by ``make install``): a real guarded server over a
 scripted model answers confident, unsure and unscorable questions, and the figures the
 page's own script draws equal what the server reports in ``/v1/monitor`` (participation, the

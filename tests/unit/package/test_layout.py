@@ -405,6 +405,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         f"{_G}.serve",
         f"{_G}.calibration",
         f"{_G}.guard",
+        f"{_G}.monitor",
         f"{_G}.artifact",
         f"{_G}.backends",
         f"{_G}.scorers",

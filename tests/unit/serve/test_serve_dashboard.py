@@ -1,4 +1,4 @@
-"""``GET /dashboard`` (abstain_guard/serve/dashboard.py) without a browser: the page embeds
+"""``GET /dashboard`` (abstain_guard/serve/app.py) without a browser: the page embeds
 the series of the server's monitor, or with replicas the monitor actor's; it is refused
 (404) without a guard and answered 503 while the monitor actor does not answer. A scripted
 chat model behind the real app (no model load); headless Chromium renders it in

@@ -181,6 +181,7 @@ class LocalMonitorLink:
         return dict(json_safe(self.monitor.state()))
 
     async def dashboard(self) -> str:
+        assert self.monitor is not None
         return await asyncio.to_thread(live_page, self.monitor)  # off the event loop
 
     def request_done(self, path: str, status: int) -> None:

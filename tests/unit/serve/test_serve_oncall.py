@@ -48,7 +48,8 @@ TRACEPARENT = f"00-{TRACE_ID}-{PARENT_SPAN}-01"
 
 class OnCallModel(ToolScriptModel):
     """Answers "Lima" confidently; unsure for a question with "unsure", without logprobs
-    (unscorable) for one with "broken", and fails like a dead engine for one with "down"."""
+    (unscorable) for one with "broken"; fails like a dead engine for one with "down", and as
+    an API client's connection does for one with "gone"."""
 
     def _reply(self, messages: list[BaseMessage], tools: Any) -> AIMessage:
         if "unsure" in str(messages[-1].content):
@@ -59,6 +60,8 @@ class OnCallModel(ToolScriptModel):
         question = str(messages[-1].content)
         if "down" in question:
             raise BackendError("The vLLM server at http://127.0.0.1:1 did not answer.")
+        if "gone" in question:
+            raise ConnectionResetError("Connection reset by peer")
         result = super()._generate(messages, *args, **kwargs)
         if "broken" in question:
             result.generations[0].message.response_metadata.pop("logprobs")
@@ -103,7 +106,9 @@ def test_metrics_tell_errors_refusals_and_abstentions_apart(
     with TestClient(create_app(service, monitor=monitor)) as client:
         for question in ("Peru?", "unsure?", "broken?"):
             assert client.post("/v1/chat/completions", json=_ask(question)).status_code == 200
-        assert client.post("/v1/chat/completions", json=_ask("down?")).status_code == 500
+        for question in ("down?", "gone?"):
+            failed = client.post("/v1/chat/completions", json=_ask(question))
+            assert failed.status_code == 500 and failed.json()["error"]["type"] == "server_error"
         refused = client.post("/v1/chat/completions", json=_ask("Peru?", max_tokens=64))
         assert refused.status_code == 400
         text = client.get("/metrics").text
@@ -112,6 +117,7 @@ def test_metrics_tell_errors_refusals_and_abstentions_apart(
     assert _metric(text, f'{ended}{{outcome="abstained",reason="score"}}') == 1
     assert _metric(text, f'{ended}{{outcome="abstained",reason="scoring_error"}}') == 1
     assert _metric(text, f'{ended}{{outcome="failed",reason="BackendError"}}') == 1
+    assert _metric(text, f'{ended}{{outcome="failed",reason="ConnectionResetError"}}') == 1
     assert _metric(text, f'{ended}{{outcome="refused",reason="max_tokens_not_calibrated"}}') == 1
     for counter in ("abstain_guard_chat_completions", "abstain_guard_monitor_decisions"):
         assert f"# TYPE {counter}_total counter" in text

@@ -29,7 +29,6 @@ from opentelemetry.trace import Span
 from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
 
 from abstain_guard.errors import (
-    AbstainGuardError,
     DecisionJournalError,
     DuplicateFeedbackError,
     MonitorUnavailableError,
@@ -209,17 +208,17 @@ def _failed(served: Served, span: Span, exc: Exception) -> JSONResponse:
     its refusal (outcome ``refused``, reason its code), a 503 when the monitor could not
     take its decision, else a 500 (outcome ``failed``, reason the error's type: the backend
     or the guard failed, ``on_error="raise"``, a mismatch)."""
-    outcome, reason = "refused", getattr(exc, "code", None) or getattr(exc, "kind", "")
+    outcome = "refused"
     if isinstance(exc, MonitorUnavailableError | DecisionJournalError):
         logger.error("chat completion refused: the monitor could not take it: %s", exc)
         exc = _monitor_down(exc, served.service.retry_after_s)
-        reason = "monitor_unavailable"
     elif not isinstance(exc, RequestRefused):
         logger.error("chat completion failed", exc_info=exc)
-        outcome, reason = "failed", type(exc).__name__
-        exc = RequestRefused(f"{reason}: {exc}", status=500, kind="server_error")
+        outcome, failure = "failed", type(exc).__name__
+        exc = RequestRefused(f"{failure}: {exc}", status=500, kind="server_error", code=failure)
     else:
-        logger.info("chat completion refused (%d %s): %s", exc.status, reason, exc.message)
+        logger.info("chat completion refused (%d %s): %s", exc.status, exc.code, exc.message)
+    reason = exc.code or exc.kind
     served.link.refused(outcome, reason)
     telemetry.end_span(span, exc.status, outcome, reason)
     return _refusal(exc)
@@ -338,7 +337,7 @@ async def _chat_completions(request: Request) -> Response:
                 await sink.finish(call.id, answer.outcome)  # before the answer leaves
                 finished = True
             return _answered(served, call, answer)
-    except (RequestRefused, AbstainGuardError) as exc:
+    except Exception as exc:  # a refusal, or the backend's or the guard's error: a 500
         return _failed(served, span, exc)
     finally:  # ended without a decision (refused, failed, cancelled): give up the place
         if call.admitted and not finished and not handed_off:
@@ -405,6 +404,9 @@ async def _certified_body(
                 include_usage=parsed.include_usage,
             ):
                 yield part
+    except Exception as exc:  # the stream broke off (its span records the error)
+        served.link.refused("failed", type(exc).__name__)
+        raise
     finally:
         if call.admitted and not finished:
             sink.release(call.id)

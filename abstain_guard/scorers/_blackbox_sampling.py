@@ -25,7 +25,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from langchain_core.callbacks.manager import (
@@ -46,6 +46,8 @@ from abstain_guard.errors import (
     SamplingMismatchError,
     ScoringError,
 )
+from abstain_guard.scorers._base import Scorer, ScorerState
+from abstain_guard.scorers._registry import given_answer_refusal
 from abstain_guard.scorers._similarity_graph import (
     cosine_similarities,
     equivalent_by_threshold,
@@ -509,3 +511,40 @@ def with_sampling(runnable: Any, plan: SamplingPlan) -> Any:
         return model
 
     return map_chat_models(runnable, wrap)
+
+
+class SampledScorer(Scorer):
+    """What the black-box scorers share: they score the samples :attr:`plan` draws from the
+    guarded chat model, and a given answer takes the first sample's place."""
+
+    family: ClassVar[str] = "blackbox"
+    reads: ClassVar[frozenset[str]] = frozenset({"samples"})
+    plan: SamplingPlan
+
+    def answer_route(self) -> str | None:
+        """``"samples"``: a given answer takes the first sample's place beside k - 1 fresh
+        ones. Raises GivenAnswerError under the medoid rule."""
+        if self.plan.primary == "medoid":
+            raise given_answer_refusal(
+                self.name,
+                "primary='medoid' picks its answer among its own samples, so a given answer "
+                "is not one it returns; calibrate with primary='first'",
+            )
+        return super().answer_route()
+
+    def prepare(self, runnable: Any) -> Any:
+        """``runnable`` with its chat model sampling under this scorer's plan."""
+        return with_sampling(runnable, self.plan)
+
+    @classmethod
+    def from_state(cls, state: ScorerState) -> Scorer:
+        """Rebuild a stored scorer (its similarity model checked by digest).
+
+        Raises:
+            SamplingMismatchError: the similarity model installed here has other weights
+                than the one it was calibrated with.
+        """
+        params: dict[str, Any] = dict(state.params)
+        record = params.pop("similarity", None)
+        similarity = None if record is None else SimilarityModel.from_record(record)
+        return cls(**params, similarity=similarity)  # type: ignore[call-arg]

@@ -29,15 +29,14 @@ import numpy as np
 
 from abstain_guard.contract.metadata import ResponseLike
 from abstain_guard.errors import ConfigError
-from abstain_guard.scorers._base import Scorer, ScorerState
+from abstain_guard.scorers._base import ScorerState
 from abstain_guard.scorers._blackbox_sampling import (
     SampledAnswers,
+    SampledScorer,
     SamplingPlan,
     SimilarityModel,
     read_samples,
-    with_sampling,
 )
-from abstain_guard.scorers._registry import given_answer_refusal
 from abstain_guard.scorers._similarity_graph import (
     ECCENTRICITY_EIGENVALUE_THRESHOLD,
     affinity,
@@ -113,7 +112,7 @@ def _set_statistic(statistic: str, equivalent: np.ndarray) -> float:
     return float(number_of_semantic_sets(ids))
 
 
-class BlackBoxScorer(Scorer):
+class BlackBoxScorer(SampledScorer):
     """Disagreement of k answers sampled from any LangChain chat model (no logprobs needed).
 
     Args:
@@ -135,8 +134,6 @@ class BlackBoxScorer(Scorer):
     """
 
     kind = "discrete_semantic_entropy"
-    family: ClassVar[str] = "blackbox"
-    reads: ClassVar[frozenset[str]] = frozenset({"samples"})
     presets: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         name: {"statistic": name} for name in (*SET_STATISTICS, *GRAPH_STATISTICS)
     }
@@ -187,21 +184,6 @@ class BlackBoxScorer(Scorer):
             self.similarity,
             max_concurrency=int(max_concurrency),
         )
-
-    def answer_route(self) -> str | None:
-        """``"samples"``: a given answer takes the first sample's place beside k - 1 fresh
-        ones. Raises GivenAnswerError under the medoid rule."""
-        if self.plan.primary == "medoid":
-            raise given_answer_refusal(
-                self.name,
-                "primary='medoid' picks its answer among its own samples, so a given answer "
-                "is not one it returns; calibrate with primary='first'",
-            )
-        return super().answer_route()
-
-    def prepare(self, runnable: Any) -> Any:
-        """``runnable`` with its chat model sampling under this scorer's plan."""
-        return with_sampling(runnable, self.plan)
 
     def score(self, response: ResponseLike) -> float:
         """The statistic of the samples ``response`` carries.
@@ -254,15 +236,3 @@ class BlackBoxScorer(Scorer):
                 "similarity": self.similarity.record(),
             },
         )
-
-    @classmethod
-    def from_state(cls, state: ScorerState) -> BlackBoxScorer:
-        """Rebuild a stored scorer.
-
-        Raises:
-            SamplingMismatchError: the similarity model installed here has other weights
-                than the one it was calibrated with.
-        """
-        params = dict(state.params)
-        similarity = SimilarityModel.from_record(params.pop("similarity"))
-        return cls(**params, similarity=similarity)

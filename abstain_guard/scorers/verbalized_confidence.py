@@ -11,19 +11,16 @@ guard fails closed and abstains
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Any, ClassVar
 
 from abstain_guard.contract.metadata import ResponseLike
 from abstain_guard.errors import ConfidenceParseError, ConfigError, ScoringError
-from abstain_guard.scorers._base import Scorer, ScorerState
+from abstain_guard.scorers._base import ScorerState
 from abstain_guard.scorers._blackbox_sampling import (
+    SampledScorer,
     SamplingPlan,
     SimilarityModel,
     read_samples,
-    with_sampling,
 )
-from abstain_guard.scorers._registry import given_answer_refusal
 
 __all__ = ["CONFIDENCE_PROMPT", "VerbalizedConfidenceScorer", "parse_verbalized_confidence"]
 
@@ -80,7 +77,7 @@ def parse_verbalized_confidence(reply: str) -> float:
     return value / 100.0
 
 
-class VerbalizedConfidenceScorer(Scorer):
+class VerbalizedConfidenceScorer(SampledScorer):
     """The model's own stated confidence in its answer, asked after it (any chat model).
 
     Args:
@@ -95,8 +92,6 @@ class VerbalizedConfidenceScorer(Scorer):
     """
 
     kind = "verbalized_confidence"
-    family: ClassVar[str] = "blackbox"
-    reads: ClassVar[frozenset[str]] = frozenset({"samples"})
 
     def __init__(
         self,
@@ -121,21 +116,6 @@ class VerbalizedConfidenceScorer(Scorer):
             confidence_prompt=str(prompt),
             max_concurrency=int(max_concurrency),
         )
-
-    def answer_route(self) -> str | None:
-        """``"samples"``: a given answer takes the first sample's place beside k - 1 fresh
-        ones. Raises GivenAnswerError under the medoid rule."""
-        if self.plan.primary == "medoid":
-            raise given_answer_refusal(
-                self.name,
-                "primary='medoid' picks its answer among its own samples, so a given answer "
-                "is not one it returns; calibrate with primary='first'",
-            )
-        return super().answer_route()
-
-    def prepare(self, runnable: Any) -> Any:
-        """``runnable`` with its chat model answering and stating its confidence."""
-        return with_sampling(runnable, self.plan)
 
     def score(self, response: ResponseLike) -> float:
         """``1 - confidence`` of the reply ``response`` records.
@@ -163,11 +143,3 @@ class VerbalizedConfidenceScorer(Scorer):
                 "similarity": plan.similarity_record(),
             },
         )
-
-    @classmethod
-    def from_state(cls, state: ScorerState) -> VerbalizedConfidenceScorer:
-        """Rebuild a stored scorer (the medoid rule's similarity model checked by digest)."""
-        params: dict[str, Any] = dict(state.params)
-        record: Mapping[str, Any] | None = params.pop("similarity", None)
-        similarity = None if record is None else SimilarityModel.from_record(record)
-        return cls(**params, similarity=similarity)

@@ -1,37 +1,6 @@
-"""Questions for the lookup agent (``examples/lookup_agent.py``) with the tool call a right
-run makes: ``abstain-guard calibrate --data builtin-lookup --agent
-examples.lookup_agent:build_agent ...``.
-
-Each question is answered by one of the agent's three offline tools, and its
-:attr:`QAItem.expected_tool_calls` names the tool and the argument the question names:
-
-====================  ====================================  ===============================
-relation (``group``)  question                              expected call
-====================  ====================================  ===============================
-``capital``           What is the capital of Peru?          country_facts(country="Peru")
-``currency``          What is the currency of Peru called?  country_facts(country="Peru")
-``continent``         On which continent is Peru?           country_facts(country="Peru")
-``state_capital``     What is the capital of Ohio?          state_facts(state="Ohio")
-``state_largest``     What is the largest city in Ohio?     state_facts(state="Ohio")
-``city_country``      In which country is the city Osaka?   city_facts(city="Osaka")
-``city_state``        Which US state is Tulsa in?           city_facts(city="Tulsa")
-====================  ====================================  ===============================
-
-Why these facts: the embedded model (SmolLM2-135M-Instruct) knows about 30 % of them from
-memory (``probe.py``'s table: capitals 0.31, currencies 0.27, continents 0.42, city →
-country 0.30, city → state 0.20, state capitals 0.42), and forced to call a tool it picks
-the wrong tool or garbles the argument often enough: calibration sees right and wrong
-final answers **and** right and wrong actions. The state questions do not say "US state",
-so ``country_facts`` is a plausible wrong pick, as ``state_facts`` is for a city.
-
-The questions and golds are the built-in probe set's (:func:`builtin_probe_set`, leakage-
-filtered there: no gold alias occurs in its question) for the country and city relations;
-the state questions are asked here without "the US state" and filtered the same way (and
-Georgia, also a country's name, is not asked). Every question is kept only when the
-expected call's tool result (:mod:`.lookup_facts`) holds its main gold answer, so a right
-action can lead to a right answer. At most :data:`PER_RELATION` questions per relation,
-spread evenly over the relation's popularity (known and unknown facts alike): 698 in all.
-The expected argument is the entity as the question names it, without a leading "the".
+"""Questions for the lookup agent (``examples/lookup_agent.py``, ``--data builtin-lookup``),
+each with the tool call a right run makes. The relations, why these facts and how the
+questions are chosen: docs/agents.md, 'The built-in lookup questions'.
 """
 
 from __future__ import annotations
@@ -184,11 +153,8 @@ def _relation(relation: str) -> tuple[QAItem, ...]:
 
 def lookup_questions(relations: Sequence[str] | None = None, seed: int = 0) -> list[QAItem]:
     """The lookup agent's questions with their expected calls (all relations: 698), in a
-    seeded random order (content and ids do not depend on ``seed``).
-
-    Args:
-        relations: a subset of :data:`LOOKUP_RELATIONS` (default: all).
-        seed: the order of the items.
+    seeded random order (content and ids do not depend on ``seed``); ``relations`` is a
+    subset of :data:`LOOKUP_RELATIONS` (default: all).
 
     Raises:
         InvalidInputError: an unknown relation.

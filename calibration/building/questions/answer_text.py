@@ -1,24 +1,6 @@
 """Answer text analysis for the rule-based judges: normalisation into whole tokens, gold
-alias matching, refusal detection and hedge detection.
-
-Normalisation (:func:`answer_tokens`, :func:`normalize_answer`):
-
-* Unicode is folded: NFKD, accents dropped (``"São"`` → ``"sao"``), a few letters without a
-  decomposition transliterated (``ø`` → ``o``, ``ß`` → ``ss``), case folded.
-* Punctuation *inside* a word joins it (``"U.S."`` → ``"us"``, ``"Eiffel-Tower"`` →
-  ``"eiffeltower"``, ``"don't"`` → ``"dont"``, ``"AT&T"`` → ``"att"``); a comma between digit
-  groups is dropped (``"1,000"`` → ``"1000"``) and a decimal point kept (``"2.5"``). Every
-  other punctuation character (quotes of any kind, slashes, dashes, brackets) and symbol
-  (emoji, ``°``) separates tokens and ends a *clause*.
-* CJK ideographs and kana are one token each (those scripts do not separate words).
-* One leading article (``a``/``an``/``the``) is dropped — only at the very start, only when
-  something remains, and not when what remains is a single letter (``"A B"``) or a lone
-  function word (``"The Who"``). Articles elsewhere are kept: ``"Vitamin A"`` is
-  ``"vitamin a"``, never ``"vitamin"``.
-* Number words are not digits: ``"two"`` does not match ``"2"`` (data sets list such aliases;
-  the LLM judges handle the rest).
-
-Everything here is re-exported by :mod:`abstain_guard.calibration.building.judges`.
+alias matching, refusal detection and hedge detection. The normalisation rules:
+docs/configuration.md, 'How answers are normalised'.
 """
 
 from __future__ import annotations
@@ -120,8 +102,7 @@ def _strip_leading_article(tokens: list[str]) -> list[str]:
 
 
 def answer_tokens(text: str) -> list[str]:
-    """The normalised tokens of an answer or alias, one leading article dropped (see the
-    module docstring)."""
+    """The normalised tokens of an answer or alias, one leading article dropped."""
     return _strip_leading_article([t for c in clauses(text) for t in c])
 
 

@@ -1,19 +1,5 @@
-"""Conversation rows: earlier turns before a calibration question, checked and grouped.
-
-A multi-turn calibration row carries the earlier messages of its conversation, then the
-final question (the row's ``question``) and its gold answer. In a data file:
-
-* JSON Lines: ``"history": [{"role": "user", "content": "..."}, {"role": "assistant",
-  "content": "..."}, ...]``; in a CSV/TSV file the same list as a JSON string in the
-  ``history`` column;
-* ``"conversation_id"`` (optional): rows of one conversation share it, so the split keeps
-  them together (:func:`~abstain_guard.calibration.building.questions.datasets.split_items`); a row
-  without one is a conversation of its own.
-
-The earlier turns alternate ``user`` / ``assistant``, start with the user and end with the
-assistant's reply (the row's question is the next user turn). The system prompt is the
-calibration's (``system_prompt`` in the config), never a turn of the history; tool calls are
-not history turns (an agent calibrates them by running, ``calibrate --agent``).
+"""Conversation rows: earlier turns before a calibration question, checked and grouped (the
+row format and its rules: docs/agents.md, 'Conversations').
 """
 
 from __future__ import annotations

@@ -284,28 +284,20 @@ class Fields:
     """Where a row holds each part of a QA item: dotted paths such as ``"question.stem"``.
 
     Attributes:
-        question: the question.
-        answers: the gold answer: a string or a list of string aliases (a number only for
-            ``kind="numeric"``, or an option index for ``"choice"``; a boolean or an object is
-            a malformed row).
+        answers: a string or a list of string aliases (a number only for ``kind="numeric"``,
+            or an option index for ``"choice"``; a boolean or an object is a malformed row).
         choices: the options (a list of strings or of ``{"label", "text"}``); makes the items
             ``kind="choice"``, the answer then being a label, index or text.
-        kind: ``"open"``, ``"choice"`` or ``"numeric"``; default ``"choice"`` when ``choices``
-            is given, else ``"open"``. For ``"numeric"`` the gold number is the text after the
-            last ``####`` (GSM8K) or the answer itself.
-        group_by: copied into :attr:`QAItem.group` (for stratified splits and reports).
-        id_field: a stable id (default ``"<id_prefix>:<line>"``).
-        popularity: a numeric popularity.
-        answer_sep: split string answers on this separator (e.g. ``"; "`` for TruthfulQA CSV).
-        id_prefix: prefix of line-based ids (default: the file name without extension).
-        history: the earlier turns of a conversation row (a list of ``{"role": "user" |
-            "assistant", "content"}``; in CSV/TSV that list as a JSON string); the row's
-            question is the next user turn. None: no history field. See
-            :mod:`~abstain_guard.calibration.building.questions.conversations`.
-        conversation_id: the conversation a row belongs to (rows sharing it stay in one
-            split); a row without one is a conversation of its own.
-        answers_optional: an open question without a gold answer is kept (no aliases: an
-            LLM judge decides without a reference) instead of skipped.
+        kind: default ``"choice"`` when ``choices`` is given, else ``"open"``; for
+            ``"numeric"`` the gold number is the text after the last ``####`` (GSM8K) or the
+            answer itself.
+        id_field: default ids are ``"<id_prefix>:<line>"``, the prefix defaulting to the file
+            name without extension.
+        answer_sep: split string answers on it (``"; "`` for TruthfulQA CSV).
+        history, conversation_id: a conversation row's fields (docs/agents.md,
+            'Conversations'); None: no such field.
+        answers_optional: an open question without a gold answer is kept (an LLM judge
+            decides without a reference) instead of skipped.
     """
 
     question: str = "question"

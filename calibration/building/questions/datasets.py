@@ -1,14 +1,5 @@
-"""Question-answer items for calibration and the seeded split.
-
-* :class:`QAItem` — one question with its gold answer aliases (immutable, validated).
-* :func:`split_items` — the seeded reference/train/calibration/test split (5:3:1:1 by default),
-  stratified by :attr:`QAItem.group` when items have one, keeping the rows of one
-  conversation (:attr:`QAItem.conversation`) in one split.
-
-Readers: :func:`~abstain_guard.calibration.building.questions.dataset_files.load_dataset` (JSON
-Lines or CSV/TSV with a field mapping) and
-:func:`~abstain_guard.calibration.building.questions.named_datasets.load_named_dataset` (the public
-evaluation sets in their published formats).
+"""Question-answer items for calibration (:class:`QAItem`: one question with its gold answer
+aliases, immutable, validated) and their seeded split (:func:`split_items`).
 """
 
 from __future__ import annotations

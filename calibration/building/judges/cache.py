@@ -5,14 +5,9 @@ the sha256 of the question, the gold answers and the prediction (and the options
 questions). :class:`CachedJudge` wraps any judge: cached verdicts are returned without calling
 it, and each new verdict is committed as soon as it arrives, so a run killed mid-way keeps
 everything judged so far. Judgments that could not be made (``correct is None``) are not
-cached by default, so a later run retries them.
-
-Storage is the project's :class:`~abstain_guard.calibration.building.run.store.RunStore` (SQLite in
-WAL mode, one transaction per write): a process killed mid-write leaves the database consistent
-(the unfinished transaction is rolled back on the next open). It also brings the store's
-integrity checks: a file that is not SQLite, is damaged, truncated to 0 bytes, or holds an
-edited verdict raises :class:`~abstain_guard.errors.CacheError` naming the file to delete; a
-verdict is never silently trusted nor silently dropped.
+cached by default, so a later run retries them. Storage is a
+:class:`~abstain_guard.calibration.building.run.store.RunStore`, with its crash safety and
+integrity checks (docs/architecture.md, 'Run cache').
 """
 
 from __future__ import annotations
@@ -55,13 +50,8 @@ class JudgmentCache:
     :class:`~abstain_guard.calibration.building.run.store.RunStore` (one namespace per judge
     identity).
 
-    Args:
-        path: the database file (created with its parent folders if missing).
-        timeout: seconds to wait for another process's write lock.
-        read_from: read-only stores (:class:`~abstain_guard.calibration.building.run.store.
-            RunStore` with ``read_only=True``, e.g. the calibration run's judgments under
-            ``evaluate``) whose verdicts are reused when this file has none; new verdicts are
-            written to ``path`` only.
+    ``read_from``: read-only stores (the calibration run's judgments under ``evaluate``)
+    whose verdicts are reused when this file has none; new verdicts go to ``path`` only.
 
     Raises:
         JudgmentCacheError: (a CacheError and a JudgeError) the file is not SQLite, is damaged

@@ -1,13 +1,6 @@
-"""Judging a run's answers, and the labels that come out of it.
-
-Shared by the pipeline (:mod:`..pipeline`), agent calibration (:mod:`..agent_calibration`),
-the captured-geometry fit (:mod:`..answering.online_geometry`) and the measuring commands
-(:mod:`...measure.held_out`, :mod:`...measure.deployment_check`, :mod:`...measure.agent_live`),
-so none of them imports the orchestrator to reach it.
-
-A run's verdicts are :data:`Verdicts`: ``{item.id: Judgment}``. :class:`~.Judgment` is
-a frozen dataclass; its JSON form (:meth:`~.Judgment.to_json`) is what the judgment
-cache stores, so caching reads and writes the same record.
+"""Judging a run's answers, and the labels that come out of it (a run's verdicts are
+:data:`Verdicts`, ``{item.id: Judgment}``), for the pipeline, agent calibration and the
+measuring commands alike.
 """
 
 from __future__ import annotations

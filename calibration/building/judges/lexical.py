@@ -1,7 +1,6 @@
 """Rule-based judges: :class:`LexicalJudge` (open questions), :class:`NumericJudge` (math) and
-:class:`ChoiceJudge` (multiple choice). Text analysis lives in
-:mod:`abstain_guard.calibration.building.questions.answer_text`; everything here is re-exported by
-:mod:`abstain_guard.calibration.building.judges`.
+:class:`ChoiceJudge` (multiple choice); their rules: docs/configuration.md, 'The rule-based
+judges'. Text analysis lives in :mod:`..questions.answer_text`.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ Alias = tuple[str, list[str]]
 
 
 def usable_aliases(question: str, gold_answers: Sequence[str]) -> list[Alias]:
-    """``(alias, tokens)`` for every usable gold alias (:func:`judges_text.alias_tokens`).
+    """``(alias, tokens)`` for every usable gold alias (:func:`.answer_text.alias_tokens`).
 
     Raises:
         DatasetError: no alias is usable (none given, or all empty or only articles).
@@ -70,42 +69,11 @@ def _refusal(aliases: Sequence[Sequence[str]], prediction: str) -> str | None:
 
 
 class LexicalJudge(Judge):
-    """Normalised whole-token matching against every gold alias (see
-    :mod:`~abstain_guard.calibration.building.questions.answer_text` for the normalisation: accents
-    and case folded, one leading article dropped, articles inside an alias kept — ``"Vitamin A"``
-    never matches ``"Vitamin C"``).
-
-    Modes:
-        ``"containment"`` (default): correct when some gold alias occurs in the prediction as a
-            whole-token sequence (``"Lima"`` in ``"The capital is Lima."``, never in
-            ``"Limassol"``). A one-letter-word alias (``"A"``, ``"I"``) must end a clause of
-            the prediction (``"The answer is A."``), so the article in ``"It is a vowel"`` and
-            the pronoun in ``"I think ..."`` do not count.
-        ``"exact"``: correct when the prediction's tokens equal some alias's.
-        ``"f1"``: correct when the best token F1 over aliases is at least ``f1_threshold``.
-
-    In every mode, before matching:
-
-    * **Empty prediction** → incorrect.
-    * **Refusal** → incorrect with ``Judgment.refusal=True``: the prediction contains a phrase
-      of :data:`~abstain_guard.calibration.building.questions.answer_text.REFUSAL_PATTERNS` ("I
-      don't know", "no comment", "I cannot answer", "I'm not sure", "unknown", "there is no
-      answer", ...) and names no gold alias outside it. This holds when the gold is itself a refusal
-      (TruthfulQA's "I have no comment."). An answer given despite a doubt ("I'm not sure, but
-      it's Paris") is judged as an answer.
-    * **Hedge** → incorrect: within one sentence, alternatives joined by ``or`` / ``/`` (with
-      ``either``, and comma lists closed by ``or``: ``"Paris, Lyon or Nice"``, items of at most
-      three tokens) of which one names a gold alias and another is a distinct non-empty
-      candidate naming none
-      (:func:`~abstain_guard.calibration.building.questions.answer_text.hedge_alternatives`).
-      Extra words describing the gold (``"Paris, the capital of France"``) are no hedge,
-      nor are alternatives that all name gold aliases, nor ``"more or less"`` / ``"whether or
-      not"``. Not detected: a bare comma list without ``or`` (``"Paris, Lyon, Nice"`` cannot be
-      told from ``"Springfield, Illinois, USA"``) and ``and``-lists.
-
-    Gold aliases that are empty or only articles (``"The"``) are ignored; a question with no
-    other alias raises :class:`~abstain_guard.errors.DatasetError`. Numbers: ``"1,000"`` equals
-    ``"1000"``; ``"two"`` does not equal ``"2"``.
+    """Normalised whole-token matching against every gold alias, by ``mode``:
+    ``"containment"`` (a gold alias occurs in the prediction), ``"exact"`` or ``"f1"`` (the
+    best token F1 is at least ``f1_threshold``). Empty predictions, refusals and hedges are
+    incorrect in every mode. A question whose aliases are all empty or only articles raises
+    :class:`~abstain_guard.errors.DatasetError`.
     """
 
     name = "lexical"
@@ -308,21 +276,10 @@ def _letters(indices: Sequence[int], sep: str = ", ") -> str:
 
 
 class ChoiceJudge(Judge):
-    """Multiple choice: which option did the prediction pick, and is it the gold one?
-
-    The gold is given by the gold aliases: an option letter (``"B"``) and/or the option text
-    (``QAItem.answers`` of a choice item holds both). The options themselves come through the
-    ``choices`` argument (or the 4th element of a :meth:`judge_many` input); with them the
-    judge also recognises an answer that names an option by its text.
-
-    A pick is exactly one option label: ``"B"``, ``"(B)"``, ``"b."``, ``"B) Paris"``,
-    ``"Answer: B"``, ``"The answer is (B)"``, or the option text (``"library"``). An answer
-    naming **two or more distinct option labels** is *incorrect* (not "no verdict": it did not
-    pick one option, which is a wrong answer to a one-answer question) — this covers echoed
-    option lists (``"A) Paris B) Lyon C) Rome"``), ``"(A) or (C)"``, ``"A/C"``, and also
-    ``"B, not A"``. Likewise for two or more option texts (``"bank or library"``), and, without
-    options, a hedge between the gold text and another candidate. A refusal that picks nothing
-    ("I don't know") is incorrect with ``refusal=True``.
+    """Multiple choice: which option did the prediction pick, and is it the gold one? The gold
+    is an option letter (``"B"``) and/or the option text (``QAItem.answers`` of a choice item
+    holds both); the options come through ``choices`` (or the 4th element of a
+    :meth:`judge_many` input), and with them an answer may name an option by its text.
     """
 
     name = "choice"

@@ -158,9 +158,7 @@ class LLMJudge(Judge):
 
     name = "llm"
     concurrent = True
-    #: Bumped whenever verdicts change (2: refusals are incorrect without asking the model; a
-    #: cut-off JSON reply is read by its field; negated verdict words are flipped; 3: the
-    #: reference-free prompt is part of the identity).
+    #: Bumped whenever verdicts change, so cached judgments of an older judge are not reused.
     version: ClassVar[int] = 3
 
     def __init__(

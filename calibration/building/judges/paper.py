@@ -102,7 +102,7 @@ class PaperPipelineJudge(Judge):
     """
 
     name = "paper"
-    #: 2: a refusal is incorrect before any stage runs.
+    #: Bumped whenever verdicts change, so cached judgments of an older judge are not reused.
     version: ClassVar[int] = 2
     concurrent = True
 

@@ -1,12 +1,6 @@
 """Correctness judges by name: :func:`make_judge` builds any judge from a name or a config
-dict, and :data:`JUDGE_NAMES` lists the names.
-
-Every judge maps ``(question, gold_answers, prediction)`` to a :class:`Judgment`;
-``correct=None`` means *no judgment could be made* (an API that still failed after its
-retries, an unparseable verdict): such items are excluded from calibration and counted, never
-treated as incorrect. Each judge's ``identity`` (name, parameters, model identity, a rule
-judge's ``version``) keys the on-disk cache (:mod:`.cache`). The judges, from cheap to
-expensive: docs/configuration.md, "Judges".
+dict, and :data:`JUDGE_NAMES` lists the names (the judges, from cheap to expensive:
+docs/configuration.md, 'Judges').
 """
 
 from __future__ import annotations
@@ -52,24 +46,9 @@ def make_judge(
     *,
     chat_models: Mapping[str, BaseChatModel] | None = None,
 ) -> Judge:
-    """Build a judge from a name or a config dict; nothing is loaded here.
-
-    Specs:
-        ``"lexical"`` / ``{"name": "lexical", "mode": "f1", "f1_threshold": 0.5}``;
-        ``"numeric"``; ``"choice"``;
-        ``{"name": "similarity", "model_path": ..., "threshold": 0.8, "cross_encoder_path": ...}``;
-        ``{"name": "llm", "model": "<key of chat_models>", "retries": 3}``; without Python,
-        ``"model"`` may instead name the judge itself: a LangChain ``init_chat_model`` name
-        (``"openai:gpt-4o-mini"``), a :class:`~abstain_guard.contract.chat_model_specs.
-        ChatModelSpec` dict (``{"class_path": ..., "kwargs": {...}}``), or, with ``"base_url"``,
-        the model name an OpenAI-compatible server serves (a vLLM server of your own:
-        ``{"name": "llm", "base_url": "http://judge:8000/v1", "model": "Qwen/Qwen3-8B"}``; the
-        key is read from the environment variable ``api_key_env``, default
-        ``OPENAI_API_KEY``, and may be unset for a server without one);
-        ``{"name": "paper", "similarity": <spec>, "judges": ["<key>", "<key>"] or
-        [<llm spec>, ...], "rewriter": "<key>" or None}`` (``judges`` defaults to every chat
-        model given, which must then be two);
-        a :class:`Judge` instance is returned as it is.
+    """Build a judge from a name or a config dict ``{"name": ..., <its parameters in
+    _PARAMS>}`` (the specs: docs/configuration.md, 'Judges'); nothing is loaded here, and a
+    :class:`Judge` instance is returned as it is.
 
     Raises:
         JudgeError: unknown name (the message lists the valid ones), unknown parameter, or a

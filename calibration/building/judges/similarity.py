@@ -29,21 +29,14 @@ class SimilarityJudge(Judge):
     default activation maps single-logit models to [0, 1]). Models load lazily on first use,
     from local paths only (``HF_HUB_OFFLINE=1``).
 
-    Args:
-        model_path: a local sentence-transformers folder (default: the embedded MiniLM).
-        threshold: the similarity at or above which an answer is correct, in [-1, 1].
-        cross_encoder_path: a local cross-encoder folder; scores pairs instead of embeddings.
-        batch_size: texts (or pairs) per model call.
-        device: where the model runs.
-        encoder: an already loaded model to use instead of loading one: anything with a
-            sentence-transformers ``encode`` (a ``SentenceTransformer``), or with a
-            ``CrossEncoder``'s ``predict`` when ``cross_encoder_path`` is given. The
-            :attr:`identity` still names ``model_path`` / ``cross_encoder_path``, so pass the
-            paths it was loaded from.
+    ``encoder`` is an already loaded model to use instead of loading one: anything with a
+    sentence-transformers ``encode`` (a ``SentenceTransformer``), or with a ``CrossEncoder``'s
+    ``predict`` when ``cross_encoder_path`` is given. The :attr:`identity` still names
+    ``model_path`` / ``cross_encoder_path``, so pass the paths it was loaded from.
     """
 
     name = "similarity"
-    #: 2: refusals are incorrect whatever their similarity ("I have no comment." to itself).
+    #: Bumped whenever verdicts change, so cached judgments of an older judge are not reused.
     version: ClassVar[int] = 2
 
     def __init__(

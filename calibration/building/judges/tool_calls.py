@@ -33,7 +33,7 @@ class CallVerdict:
     """The verdict on one executed call.
 
     Attributes:
-        correct: the call equals an expected call (see the module docstring).
+        correct: the call equals an expected call.
         reason: why, in words (``"matches expected call 0 (country_facts)"``, ``"wrong tool
             'city_facts'; expected ['country_facts']"``, ``"argument 'country': 'Pepon' !=
             'Peru'"``, ...).
@@ -207,13 +207,8 @@ def judge_tool_calls(
     ordered: bool = False,
     schemas: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[CallVerdict]:
-    """One :class:`CallVerdict` per executed call, in order (module docstring: the rules).
-
-    Args:
-        calls: the executed calls, ``{"name", "args"}`` each.
-        expected: the expected calls (:attr:`QAItem.expected_tool_calls`).
-        ordered: the i-th call must equal the i-th expected call.
-        schemas: the OpenAI-format schemas of the offered tools (by their names).
+    """One :class:`CallVerdict` per executed call, in order (the rules: docs/agents.md,
+    'Tool-call labels'); with ``ordered`` the i-th call must equal the i-th expected call.
 
     Raises:
         InvalidInputError: a call or an expected call is not of that shape.

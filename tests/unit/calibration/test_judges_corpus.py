@@ -277,9 +277,7 @@ def test_cached_verdicts_of_the_old_judge_are_not_reused(tmp_path: Path) -> None
         assert cached.judge(*args) == j and cached.hits == 1
 
 
-def test_judgment_json_is_backward_compatible() -> None:
-    old = {"correct": True, "score": 1.0, "rationale": "prediction contains gold alias 'Lima'"}
-    assert Judgment.from_json(old) == Judgment(True, 1.0, old["rationale"], refusal=False)
+def test_judgment_json_round_trips_the_refusal_flag() -> None:
     refusal = Judgment(False, 0.0, "refusal ('no comment')", refusal=True)
     assert refusal.to_json()["refusal"] is True
     assert Judgment.from_json(refusal.to_json()) == refusal

@@ -344,6 +344,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         f"{_G}.guarantee",
         f"{_G}.config",
         f"{_G}.errors",
+        f"{_G}._version",
     },
     # offline: building (run < questions < judges < answering < the pipeline), then measuring
     f"{_B}.run": {

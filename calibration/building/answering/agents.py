@@ -1,23 +1,7 @@
-"""Running a user's agent on calibration questions, exactly as it will be deployed.
-
-``abstain-guard calibrate --agent package.module:factory`` calls ``factory(model)`` for the
-LangChain v1 agent (``create_agent``: tools, system prompt, other middleware; without the
-guard) and runs the whole agent on each question. Its final answer — the last AI message
-without tool calls — is judged, and its model calls are scored from the messages the agent's
-own model returned — with step gating (the default) every call, the run by its running
-maximum; with final-answer gating the final answer only — which is what
-:class:`~abstain_guard.guard.middleware.AbstentionMiddleware` scores live: the same messages in the
-context (tool results included), the same tokens, the same geometry.
-
-A run that ends without a final answer (the step limit, an exception in a tool or in the
-model, a last message that still calls a tool) is recorded with its reason and counted in
-the artifact's :class:`~abstain_guard.contract.deployment.AgentRecord`. With step gating it is in
-the calibration set (scored by the running maximum of the calls it made, labelled wrong:
-:mod:`..run_labels`); with final-answer gating it has no score and is not (docs/guarantees.md:
-what the guarantee covers for agents).
-
-Each run is cached per question in the run store (namespace :data:`AGENT_NS`) as soon as it
-ends, so a killed calibration resumes with the runs it has not done yet.
+"""Running a user's agent on calibration questions, exactly as it will be deployed: one run
+of ``factory(model)`` per question, cached as soon as it ends (namespace :data:`AGENT_NS`),
+its final answer and model calls recorded as the middleware will see them (docs/agents.md,
+'Calibrate the agent as deployed').
 """
 
 from __future__ import annotations
@@ -51,16 +35,14 @@ AGENT_NS = "agent_runs"
 #: Why a run ended (``AgentRun.reason``).
 FINAL_ANSWER = "final_answer"
 
-#: What a cached run records (part of its key): ``"steps-v1"`` keeps every model call's
-#: scorer metadata, so runs cached before step gating are run again.
+#: What a cached run records (part of its key): every model call's scorer metadata.
 RUN_RECORD = "steps-v1"
 
-#: How a cached run's tool calls were read (part of its key): ``"tool-args-jsonschema-v1"``
-#: -- every call's arguments validated against its tool's JSON Schema in the model's reply
-#: parsing (``abstain_guard.adapters.tools.schema.tool_args_error``), so a call whose
-#: arguments do not validate is an invalid call, never executed. Runs cached before that
-#: check may hold calls executed with invalid arguments: their keys lack this and miss.
-#: Change it whenever the check changes what a call is.
+#: How a cached run's tool calls were read (part of its key): every call's arguments
+#: validated against its tool's JSON Schema in the model's reply parsing
+#: (``abstain_guard.adapters.tools.schema.tool_args_error``), so a call whose arguments do
+#: not validate is an invalid call, never executed. Change it whenever the check changes
+#: what a call is.
 TOOL_CALL_CHECK = "tool-args-jsonschema-v1"
 
 
@@ -313,12 +295,12 @@ def run_agents(
     """One cached run per question: ``{item.id: row}`` (:func:`run_row`, plus ``"key"``).
 
     A run already in ``store`` under the same key (:func:`run_key`: model fingerprint, agent
-    factory, step limit, what the model carries, how tool calls are read) is not run again
-    (one cached before the tool-argument schema check misses); every new run is stored
-    as soon as it ends. With ``executor`` (a :class:`~.executors.RayExecutor`) the runs go to
-    its replicas, which build the agent themselves from ``factory`` around their model
-    (prepared by ``scorer`` when given); ``agent`` is then not run here. Locally, up to
-    ``concurrency`` runs are in flight at once (:func:`run_rows`).
+    factory, step limit, what the model carries, how tool calls are read) is not run again;
+    every new run is stored as soon as it ends. With ``executor`` (a
+    :class:`~.executors.RayExecutor`) the runs go to its replicas, which build the agent
+    themselves from ``factory`` around their model (prepared by ``scorer`` when given);
+    ``agent`` is then not run here. Locally, up to ``concurrency`` runs are in flight at
+    once (:func:`run_rows`).
     """
     keys = {it.id: run_key(it, key_parts, step_limit) for it in items}
     done = store.get_many(AGENT_NS, list(keys.values()))

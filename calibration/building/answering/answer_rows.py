@@ -1,11 +1,7 @@
 """One calibration answer as the run cache holds it (:class:`AnswerRow`), and what every way
-of generating answers shares: the splits generated as deployed (:data:`HELD_OUT`), the chunks
-of a run (:func:`plan_chunks`), what an answer's row keeps and captures, and the digest of the
-reference means its Φ used.
-
-Both generators read and write these rows: the local model's (:mod:`.answers`) and an API
-model's (:mod:`.api_generation`); :func:`.answers.generate_answers` hands an API model's
-questions to the latter, which needs nothing of the former.
+of generating answers (:mod:`.answers`, :mod:`.api_generation`) shares: the splits generated
+as deployed (:data:`HELD_OUT`), the chunks of a run (:func:`plan_chunks`), what an answer's
+row keeps and captures, and the digest of the reference means its Φ used.
 """
 
 from __future__ import annotations
@@ -41,8 +37,6 @@ class AnswerRow(_AnswerFields, total=False):
     cache writes and reads this very dict; a TypedDict, not a dataclass, for that reason).
 
     Attributes:
-        text: the answer's text.
-        finish_reason: why generation stopped (``"stop"``, ``"length"``, ...).
         metadata: what the scorers read (:data:`LIKELIHOOD_METADATA`, and the geometry when
             it was captured).
         key: the answer's cache key (added when read back, not stored).
@@ -75,11 +69,9 @@ class GenerationOptions:
     Attributes:
         batch_size: questions a call (default ``config.batch_size``); ``1`` generates each
             question as its own call would, as the deployed guard does.
-        capture: what is captured while generating (:data:`Capture`).
         reference: the fitted reference means, for ``capture="geometry"``.
         executor: generates the chunks elsewhere (e.g. :class:`~.executors.RayExecutor`).
-        progress: show a progress bar.
-        on_chunk: called with each chunk's index once it is stored (for tests).
+        on_chunk: called with each chunk's index once it is stored.
     """
 
     batch_size: int | None = None

@@ -59,8 +59,8 @@ def _gen_params(config: CalibrationConfig, item: QAItem) -> dict[str, Any]:
 PIPELINED_CHUNKS = 2
 
 #: Rows each engine decodes per step while calibrating (the deployed model's default is
-#: 8): per-row decode cost falls with more rows (64 answers of 24 tokens on two engines:
-#: 30.3 s with 8, 26.6 s with 16), and a row's numbers do not depend on the rows beside it.
+#: 8): per-row decode cost falls with more rows, and a row's numbers do not depend on the
+#: rows beside it.
 CALIBRATION_ROWS_PER_STEP = 16
 
 
@@ -163,31 +163,24 @@ def generate_answers(
     fingerprint: str,
     options: GenerationOptions | None = None,
 ) -> AnswerRows:
-    """Greedy answers for ``items``, batched, cached per item in ``store``.
+    """Greedy answers for ``items``, batched, cached per item in ``store``:
+    ``{item.id: {"text", "finish_reason", "metadata", "key"}}``, ``metadata`` holding the
+    generated token ids (EOS only when the model produced it), OpenAI-style logprobs,
+    entropies and generation settings, ``key`` the answer's cache key.
 
     Chunk boundaries are fixed by the order of ``items`` (not by what is already cached), so
-    a resumed run feeds the model exactly the batches an uninterrupted run would. Returns
-    ``{item.id: {"text", "finish_reason", "metadata", "key"}}`` where ``metadata`` holds the
-    generation's token ids (what calibration replays: the exact tokens, EOS only when the
-    model produced it), OpenAI-style logprobs, entropies and generation settings, and ``key``
-    is the answer's cache key. ``options.batch_size`` overrides ``config.batch_size``; ``1``
-    generates each question as its own call would, as the deployed guard does (cached apart
-    from batched answers): alone, or -- on a model with ``batch_decode``, whose scheduler
-    gives every call of a batch bitwise its solo answer -- ``config.batch_size`` calls at a
-    time sharing decode steps. Answers of different decode paths are cached apart (their last
-    bits differ).
+    a resumed run feeds the model exactly the batches an uninterrupted run would.
+    ``options.batch_size=1`` generates each question as its own call, as the deployed guard
+    does (cached apart; on a ``batch_decode`` model ``config.batch_size`` calls at a time
+    share decode steps, each bitwise its solo answer). Answers of different decode paths are
+    cached apart (their last bits differ).
 
-    ``options.capture`` (see :data:`Capture`): with ``"states"`` the geometry and per-token
-    states go to ``store`` as arrays (namespace :data:`STATES_NS`, written before the
-    answer's row); with ``"geometry"`` the model carries ``options.reference``
-    (``model.with_reference``), so ``metadata["geometry"]`` holds Ω, Θ and Φ, and the row
-    records ``reference`` = the means' digest. An answer already cached is never generated
-    again, whatever it captured.
-
-    ``options.executor`` (e.g. :class:`~.executors.RayExecutor`) generates the chunks not yet
-    cached elsewhere (``executor.generate(todo, capture=, reference=, on_done=)``, ``todo`` a
-    list of ``(chunk index, items)``); each finished chunk comes back here and is stored, so
-    the cache, the keys and the chunk boundaries are the same as a local run's.
+    ``options.capture`` (:data:`Capture`): ``"states"`` stores the geometry and per-token
+    states as arrays (namespace :data:`STATES_NS`, before the answer's row); ``"geometry"``
+    installs ``options.reference``, so ``metadata["geometry"]`` holds Ω, Θ and Φ and the row
+    records the means' digest. An answer already cached is never generated again, whatever
+    it captured. ``options.executor`` (:class:`~.executors.RayExecutor`) generates the chunks
+    not yet cached and hands each back to be stored here, as a local run stores it.
     """
     options = options or GenerationOptions()
     if isinstance(config.model, ChatModelSpec):  # an API model: asked as deployed, no capture
@@ -200,8 +193,8 @@ def generate_answers(
     alone = size == 1
     path = decode_path_of(model)
     if alone and path is not None and path.get("steps") == "shared":
-        # the scheduler gives each call of a batch bitwise its solo answer; more than one
-        # model batch per chunk was slower (445 s vs 395 s for calibrate on 300 questions)
+        # the scheduler gives each call of a batch bitwise its solo answer: one model batch
+        # per chunk
         size = config.batch_size
     keys = _generation_keys(model, items, config, fingerprint, alone)
     done = store.get_many("generation", list(keys.values()))

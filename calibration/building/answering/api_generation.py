@@ -1,19 +1,9 @@
 """Calibration answers from an API chat model (a
 :class:`~abstain_guard.contract.chat_model_specs.ChatModelSpec` in the config): generated through
-the chain the deployed guard runs, scored from their own metadata.
-
-Every question goes through ``question_prompt(system prompt, kind) | bind_budget(model,
-budget)`` -- what :func:`~abstain_guard.guard.chains.load_guard_chain` puts in front of the guard --
-so its response metadata is exactly what the live guard scores; there is no replay (an API
-exposes no teacher-forced pass), the calibration split is scored from the cached metadata.
-A scorer with nothing to fit asks through its own ``prepare``, as the guard does: a black-box
-scorer's answers are its k samples, drawn concurrently and stored with the answer
-(``metadata["samples"]``). An answer must carry OpenAI-style logprobs when the scorer reads
-anything but the samples (:func:`needs_token_logprobs`;
-:class:`~abstain_guard.errors.LogprobsMissingError` otherwise, naming the question); a
-black-box scorer takes text-only answers. Answers are cached per question in the run store,
-under the model's fingerprint (class and settings, no secrets), the messages, the budget and
-the sampling plan; a killed run sends only the questions not yet answered.
+the chain the deployed guard runs (a scorer with nothing to fit asks through its own
+``prepare``: a black-box scorer's k samples are stored with the answer), scored from their own
+metadata, with no replay. Logprobs, caching and what is refused: docs/configuration.md, 'API
+chat models'.
 """
 
 from __future__ import annotations

@@ -1,26 +1,7 @@
-"""``calibrate --executor ray``: generation (with capture) and judging on Ray actors.
-
-One :class:`_Replica` actor holds one copy of the model (``--replicas N``, ``--gpus-per-replica
-G``). The driver keeps everything else: the run cache (:class:`~..run.store.RunStore`), the chunk
-plan, the judgments cache, fitting and thresholding. :func:`~.answers.generate_answers`
-hands the chunks not yet cached to :meth:`RayExecutor.generate`; each actor runs
-:func:`~.answers.generate_chunk` (the same function a local run calls) and sends back only
-the rows -- answer text, token ids, logprobs, entropies, geometry features Ω/Θ/Φ -- and, for
-the reference split of a geometry scorer, the per-token states its means are fitted on. The
-driver stores each chunk as it arrives, so a killed driver or a lost worker resumes from what
-is cached. Judging: :class:`~.ray_judges.RayJudge` sends the verdicts not yet cached to the
-actors.
-
-Numerics: a greedy answer is the same whatever process generates it only if the BLAS kernels
-split their sums the same way; CPU results depend on torch's intra-op thread count (checked
-on this machine: 1 and 2 threads give different logprobs). Every actor therefore runs with
-the driver's ``torch.get_num_threads()`` (or ``threads_per_replica``), and chunk boundaries,
-batch composition and decode mode are the local run's: the artifact equals the local one.
-
-Failures: an actor whose process dies is restarted by Ray (``max_restarts``) and its
-in-flight chunk retried (``max_task_retries``). A chunk that still fails is set aside; the
-other chunks go on and are cached; then the run stops with
-:class:`~abstain_guard.errors.DistributedChunkError` naming the failed chunks' question ids.
+"""``calibrate --executor ray``: generation (with capture) and judging on Ray actors, one
+model replica (:class:`_Replica`) each, each running the local run's
+:func:`~.answers.generate_chunk`. What stays on the driver, what crosses the network, why the
+artifact equals the local one and how failed chunks resume: docs/scale-out.md.
 """
 
 from __future__ import annotations
@@ -82,15 +63,9 @@ def replica_env(threads: int) -> dict[str, str]:
 
 
 def replica_thread_env(threads: int) -> dict[str, str]:
-    """The thread environment of a replica's process.
-
-    The engine sets the threads of decode steps itself (:mod:`abstain_guard.adapters.
-    engine.threads`), whatever the environment says, so the replica's numbers are the driver's.
-    The environment only sizes the replica's pools to its reservation: ``threads`` in
-    ``OMP_NUM_THREADS`` (Ray would set its CPU reservation) and as the engines the replica
-    runs side by side (``ABSTAIN_GUARD_ENGINE_WORKERS``), and this process's
-    ``MKL_NUM_THREADS`` if set.
-    """
+    """The thread environment of a replica's process: it only sizes the replica's pools to its
+    reservation (the engine sets the threads of decode steps itself; docs/scale-out.md, 'Same
+    result'), and keeps this process's ``MKL_NUM_THREADS`` if set."""
     from abstain_guard.adapters.engine.threads import ENGINE_WORKERS_ENV
 
     env = {"OMP_NUM_THREADS": str(threads), ENGINE_WORKERS_ENV: str(threads)}
@@ -213,12 +188,9 @@ class _Job:
 
 @dataclass
 class RayExecutor:
-    """Model replicas on a Ray cluster (see the module docstring).
-
-    Create with :meth:`start`; use as the ``executor`` of
-    :func:`~..pipeline.calibrate`; :meth:`shutdown` when done (``calibrate`` does it for an
-    executor it started).
-    """
+    """Model replicas on a Ray cluster: create with :meth:`start`, pass as the ``executor`` of
+    :func:`~..pipeline.calibrate`, :meth:`shutdown` when done (``calibrate`` does it for an
+    executor it started)."""
 
     ray: Any
     actors: list[Any]
@@ -462,8 +434,7 @@ class _DriverModel:
     """The model as the driver sees it under ``--executor ray``: the fingerprint, chat
     template, decoding settings and decode mode reported by a replica (what the artifact
     records), without loading the weights. Anything else (replaying answers cached without
-    capture, which only older caches or likelihood scorers need) loads the model here on
-    first use."""
+    capture, as likelihood scorers need) loads the model here on first use."""
 
     def __init__(
         self, info: dict[str, Any], config: CalibrationConfig, update: dict[str, Any] | None = None

@@ -1,23 +1,8 @@
-"""Calibration without replay: the geometry scorer's inputs captured while generating.
-
-For a scorer fitted on hidden-state geometry (``scorer.fit`` accepts ``reference_means``),
-:func:`~abstain_guard.calibration.building.pipeline.calibrate`
-
-1. generates the reference split (batched) capturing Ω, Θ and the per-token states, which
-   go to the run cache as arrays beside the answer (``capture="states"``);
-2. judges it and fits the reference means streaming over those arrays, one answer in memory
-   at a time (:func:`fit_reference_means`);
-3. generates train (batched) and calibration / test (one question per call, as the deployed
-   guard does) with the means installed and in the scorer's capture mode
-   (:func:`scoring_model`: ``capture="fast"`` for ``geometry_fast``), so Φ is computed
-   online and every calibration score is what the guard computes live;
-4. fits the scorer on the reference answers (Φ from their states and the means,
-   :func:`reference_responses`) and the train answers, and scores the calibration answers.
-
-Answers that were not generated with capture here (a cache written by an older version or by
-a likelihood-scorer run, or geometry computed with other means) are replayed as before:
-reference answers with states (batched; their arrays are then cached), train answers
-batched, held-out answers one sequence per forward pass (:func:`answers_with_phi`).
+"""Calibration without replay: the geometry scorer's inputs captured while generating (the
+reference split with its states, its means fitted streaming, then the other splits with Φ
+online; docs/architecture.md, 'A calibration run', steps 3–6). Answers generated without
+that capture (by a likelihood-scorer run, or with other means) are replayed: reference
+answers with states, train answers batched, held-out answers one sequence per pass.
 """
 
 from __future__ import annotations

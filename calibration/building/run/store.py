@@ -89,7 +89,7 @@ class RunStore:
 
     Raises:
         CacheError: the file is not SQLite, is damaged or truncated, or cannot be opened;
-            read-only: it does not exist or was written before row checksums.
+            read-only: it does not exist; any: it has another format version.
     """
 
     def __init__(self, path: str | Path, *, timeout: float = 60.0, read_only: bool = False) -> None:

@@ -1,25 +1,6 @@
 """The calibration steps of ``calibrate --agent``: run the agent as deployed, judge its final
-answers, fit the scorer, score the calibration split as the middleware will.
-
-1. reference and train questions: the agent runs with the plain model; the features of
-   the final answers (with step gating: of every model call) come from a replay of the
-   exact ids the model generated from and produced (``prompt_token_ids`` + ``token_ids``:
-   tool schemas, tool results and any forced-call prefill included), and the scorer is
-   fitted on them;
-2. calibration and test questions: the agent is built again around
-   ``scorer.prepare(model)`` — the model
-   :class:`~abstain_guard.guard.middleware.AbstentionMiddleware` puts in the agent's model calls —
-   and runs; each final answer (with step gating: each model call, and the run by its running
-   maximum, :mod:`abstain_guard.guarantee.agent_steps`) is scored from the message the model
-   returned, the object the middleware scores live.
-
-With step gating (``agent_gating="steps"``, the default) a run's label is the run's
-(:mod:`.run_labels`: no final answer, a wrong tool call or a missing expected call makes it
-wrong) and every calibration run is in the calibration set; with ``"final_answer"`` only
-runs with a final answer are, labelled by it. With step gating on rows that carry expected
-tool calls, each calibration run's action statistic (its running maximum at its first wrong
-tool call, :mod:`abstain_guard.guarantee.action_risk`) is returned too, for the action-risk
-certificate (``GuardConfig(action_risk_target=...)``).
+answers, fit the scorer on replays of the reference and train runs, score the calibration
+split as the middleware will (docs/agents.md, 'Calibrate the agent as deployed').
 """
 
 from __future__ import annotations
@@ -174,12 +155,10 @@ def calibrate_agent_splits(
     scorer: Any,
     config: CalibrationConfig,
 ) -> tuple[AnswerRows, Any, np.ndarray, np.ndarray | None]:
-    """Run, judge, fit and score (module docstring). ``run``: the pipeline's run (model,
-    store, fingerprint, executor, its judging step; :class:`AgentCalibrationRun`). Returns
-    the cached rows per question id, the fitted scorer, the calibration split's scores
-    (its labeled items in order) and the action statistics of every run of the split, labeled
-    or not (step gating on rows with expected calls, else None:
-    :func:`calibration_action_statistics`)."""
+    """Run, judge, fit and score (the module's steps). Returns the cached rows per question
+    id, the fitted scorer, the calibration split's scores (its labeled items in order) and
+    the action statistics of every run of the split, labeled or not (step gating on rows
+    with expected calls, else None: :func:`calibration_action_statistics`)."""
     assert config.agent is not None
     fit_items = [*splits["reference"], *splits["train"]]
     rows = _run_agents(run, config, fit_items, run.model, "plain", desc="agent runs (fit)")
@@ -208,8 +187,6 @@ def calibrate_agent_splits(
     if config.agent_gating != "steps":
         scores = list(scorer.score_many([rows[it.id]["metadata"] for it in calibration]))
         return rows, scorer, np.asarray(scores, dtype=np.float64), None
-    # the whole run's statistic (:mod:`abstain_guard.guarantee.agent_steps`): what the guard
-    # stops on
     scores = [run_statistic(run_step_scores(scorer, rows[it.id])) for it in calibration]
     # the action statistic needs the tool-call verdicts only: every run of the split, also
     # those whose final answer the judge could not label (leaving them out would select the

@@ -1,19 +1,7 @@
-"""The resumable calibration pipeline behind ``abstain-guard calibrate``.
-
-Steps (each cached in a :class:`~abstain_guard.calibration.building.run.store.RunStore` next to the
-output, so a killed run resumes where it stopped):
-
-1. load and validate the questions, the judge and the sizes — before any model is loaded;
-2. split them 5:3:1:1 into reference / train / calibration / test (seeded);
-3. generate an answer per question (batched, greedy; fixed chunk boundaries so a resumed run
-   produces exactly what an uninterrupted one would; held-out questions one per call);
-4. judge each answer (cached per judge identity and content);
-5. fit the scorer on the reference and train splits, score the calibration split. A geometry
-   scorer's inputs are captured while generating (reference split first, judged, its means
-   fitted, then the other splits with Φ online; see :mod:`.answering.online_geometry`); answers not
-   generated that way are replayed teacher-forced;
-6. write a :class:`~abstain_guard.GuardArtifact` (fitted scorer, calibration scores
-   and labels, model fingerprint, judge identity) that the guard loads.
+"""The resumable calibration pipeline behind ``abstain-guard calibrate``: check, split,
+generate, judge, fit, score the calibration split and write the artifact, each step cached
+in the run store so a killed run resumes where it stopped (the steps and their modules:
+docs/architecture.md, 'A calibration run').
 """
 
 from __future__ import annotations
@@ -110,14 +98,8 @@ class CalibrationSummary:
         return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------- steps
-
-
 def _now() -> float:
     return time.perf_counter()
-
-
-# --------------------------------------------------------------------------- main entry
 
 
 def resolve_cache_dir(out: str | Path, config: CalibrationConfig) -> Path:
@@ -142,18 +124,13 @@ def calibrate(
 ) -> CalibrationSummary:
     """Generate, judge, split, fit the scorer and write a :class:`GuardArtifact` to ``out``.
 
-    Args:
-        data: ``"builtin"``, a JSONL/CSV path, or a list of :class:`QAItem`.
-        out: the artifact directory to write.
-        config: options (defaults: embedded model, lexical judge, geometry scorer).
-        model: an already loaded :class:`GeometryChatModel` (else loaded from the config).
-        judges: already built judges per question kind (else :func:`build_judges`).
-        chat_models: named LangChain chat models that LLM judges in the config refer to.
-        progress: show progress bars.
-        on_generation_chunk: called after each generated chunk is stored (for tests).
-        executor: an already started :class:`~.answering.executors.RayExecutor` (else, with
-            ``config.executor == "ray"``, one is started here and shut down at the end):
-            generation and judging run on its replicas, the rest here.
+    ``data`` is ``"builtin"``, a JSONL/CSV path, or a list of :class:`QAItem`; ``config``
+    defaults to the embedded model, the lexical judge and the geometry scorer. ``model``,
+    ``judges`` (per question kind) and ``executor`` (a started
+    :class:`~.answering.executors.RayExecutor`) are built here when not given, the executor
+    only with ``config.executor == "ray"`` (and shut down at the end); ``chat_models`` are
+    the named LangChain chat models the config's LLM judges refer to;
+    ``on_generation_chunk`` is called after each generated chunk is stored.
 
     Raises:
         DatasetError, InsufficientDataError, ConfigError, JudgeError, OutputPathError,
@@ -169,9 +146,8 @@ def calibrate(
     """
     cfg = config or CalibrationConfig()
     cache_dir = resolve_cache_dir(out, cfg)
-    # every cheap check (paths, model folder and context, judge, scorer_params, rows, lengths,
-    # split sizes) before anything is written (the locks too) or loaded, all problems at once
-    # (scorer: auto — every candidate's own checks: scorer, sizes)
+    # before anything is written (the locks too) or loaded; scorer: auto checks every
+    # candidate's scorer and sizes
     checked, *_ = [
         preflight(
             data,
@@ -386,7 +362,7 @@ def _calibrate(
     cal_groups = calibration_groups(labeled["calibration"])
     scorer, answers = fitted.scorer, fitted.answers
     metadata = _metadata(data, run, items, splits, labeled, fitted, cache_dir)
-    review = start_review(out, metadata, cfg.review_size, cfg.review_seed, cal_scores, cfg)
+    review = start_review(out, metadata, cfg.review_size, (cal_scores, cal_correct), cfg)
     artifact = GuardArtifact.from_calibration(
         scorer=scorer,
         calibration=CalibrationSet(

@@ -1,23 +1,5 @@
-"""Everything ``calibrate`` can check before a model loads, reported at once.
-
-* output locations: ``out`` must be absent, an empty directory or an existing artifact (it is
-  replaced); ``out`` and the run cache must lie under a writable directory, the cache not
-  be a file nor inside ``out``;
-* the model: the folder (and GGUF file) exists, and its context window (read from
-  ``config.json``, or known for the embedded model) leaves room for ``max_new_tokens``;
-* a chat model named by a :class:`~abstain_guard.contract.chat_model_specs.ChatModelSpec` (an API
-  model, or the vLLM backend): a scorer its backend serves
-  (:func:`abstain_guard.backends.check_backend_serves`: likelihood scorers on an API model,
-  probe and likelihood scorers on vLLM, geometry only on the project's engine), no
-  ``gguf_file`` nor ``batch_decode``, and the model builds from its kwargs (no request sent);
-* the judge spec and ``scorer_params`` (nothing loaded);
-* the questions (:func:`~abstain_guard.calibration.building.questions.items.load_items`: malformed
-rows,
-  non-string answers, duplicates), their length against the context window (a character cap:
-  :data:`CHARS_PER_TOKEN` characters per token of room), and the split sizes.
-
-One problem is raised as its own typed error; several as one
-:class:`~abstain_guard.errors.PreflightError` listing them all.
+"""Everything ``calibrate`` can check before a model loads, reported at once (what is
+checked: docs/configuration.md, 'Configuring calibration' and 'API chat models').
 """
 
 from __future__ import annotations

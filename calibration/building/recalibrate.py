@@ -53,12 +53,9 @@ class RecalibrationSummary:
     """What :func:`recalibrate` wrote.
 
     Attributes:
-        out: the new artifact's directory.
         n_live: live decisions in the new calibration set.
         n_labeled: how many of them have feedback (all of them in risk mode).
         n_old: old calibration answers kept (``pool``), else 0.
-        pooled: whether the old calibration set was kept.
-        mode: ``"participation"`` (τ from every scored decision) or ``"risk"`` (labeled only).
         accuracy: accuracy of the labeled answers of the new set (None without labels).
         source: the new artifact's ``calibration_source`` metadata.
     """
@@ -375,19 +372,10 @@ def recalibrate(
     check_level: float = CHECK_LEVEL,
 ) -> RecalibrationSummary:
     """Build a new artifact at ``out`` from the decisions in the monitor log ``feedback``
-    of the guard running ``artifact`` (see the module docstring).
-
-    Args:
-        artifact: the artifact that served the logged traffic.
-        feedback: its monitor log (decisions and feedback).
-        out: the new artifact's directory.
-        pool: keep the old calibration set too (refused where it is not exchangeable).
-        last: only the most recent N decisions (labeled ones in risk mode).
-        overwrite: replace an artifact at ``out``.
-        mode: ``"participation"`` (τ from every scored decision, no labels needed) or
-            ``"risk"`` (the labeled decisions, checked for selection); default the logged
-            rule's mode.
-        check_level: significance level of the selection and pooling tests (default 0.01).
+    of the guard running ``artifact`` (see the module docstring): ``pool`` keeps the old
+    calibration set too, ``last`` only the most recent N decisions (labeled ones in risk
+    mode), ``mode`` defaults to the logged rule's, ``check_level`` is the significance level
+    of the selection and pooling tests.
 
     Raises:
         MonitorLogError: the log is malformed or belongs to another artifact.

@@ -1,19 +1,6 @@
-"""Labels of whole agent runs and of their model calls, for step gating.
-
-A run is *wrong* when it ends without a final answer (the step limit, an error: the user
-got no answer, and whatever tools it called ran), when its final answer is judged wrong,
-when one of its tool calls is judged wrong against the row's ``expected_tool_calls``
-(:func:`~.judges.tool_calls.judge_tool_calls`), or when an expected call was never made (a
-run that skips the lookup and answers is wrong, as
-:func:`~.judges.tool_calls.run_tool_label` says; rows without expected calls are labelled by
-the final answer alone). A run whose final answer could not be judged (the judge failed)
-has no label, like an answer the judge could not read; nor has a run in which no model call
-returned (the model raised on its first call): no step of it could be gated.
-
-Each model call also gets a label for fitting the step scorer on the reference / train
-runs: a tool-calling call is right when all its calls are (against the expected ones), else
-wrong; without expected calls, and for the final answer, the run's own label (the answer's
-judgment for the final answer).
+"""Labels of whole agent runs and of their model calls, for step gating (when a run is wrong
+and how each call is labelled for fitting: docs/agents.md, 'Calibrate the agent as
+deployed').
 """
 
 from __future__ import annotations

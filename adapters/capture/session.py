@@ -28,7 +28,7 @@ from .attention import ACTIVE_SESSION
 from .decode_step import DecodeInputs, KeptParts, decode_features, norm_eps, norm_factors
 from .features import CAPTURE_MODES, StepFeatures, block_features
 from .geometry_torch import mlp_proximity, row_probabilities
-from .hook_routes import install_routes, routed
+from .hook_routes import Hook, install_routes, routed
 from .parts_rule import PartsRule
 from .source_parts import (
     Rows,
@@ -136,9 +136,9 @@ class CaptureSession:
         self.pos = 0
         self.steps: list[StepFeatures] = []
         self._rows: slice | None = None  # explicit rows for the next block (replay)
-        #: the hooks :meth:`attach` registers, as ``(module, "pre" | "post", fn, with_kwargs)``
-        #: (the engine calls them on the row's slice of later batched decode steps)
-        self.hooks: list[tuple[nn.Module, str, Any, bool]] = []
+        #: the hooks :meth:`attach` registers (the engine calls them on the row's slice of
+        #: later shared decode steps)
+        self.hooks: list[Hook] = []
         self._reset_step()
 
     def _new_cmlp(self) -> None:
@@ -202,7 +202,7 @@ class CaptureSession:
         """Route the hooks to forwards of this context and activate the session here;
         always undone (:mod:`.hook_routes`)."""
         token = ACTIVE_SESSION.set(self)
-        hooks: list[tuple[nn.Module, str, Any, bool]] = []
+        hooks: list[Hook] = []
         for ls in self.spec.layers:
             i = ls.index
             hooks.append((ls.layer, "pre", self._make_layer_pre(i), True))

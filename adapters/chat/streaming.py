@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.messages import AIMessage, BaseMessage
@@ -18,7 +18,7 @@ from langchain_core.outputs import ChatGenerationChunk
 from abstain_guard.contract.streaming import PrefixSink, StreamPrefix, active_prefix_sink
 
 from ..engine.batching import RowResult
-from ..engine.generation import Generated, GenerationCall, cut_markers
+from ..engine.generation import Generated, cut_markers
 from ..engine.streaming import (
     IncrementalText,
     async_token_channel,
@@ -28,34 +28,11 @@ from ..engine.streaming import (
     token_channel,
 )
 from ..tools.calls import ToolSetup
+from .core import ChatCore
 
 
-class StreamingMixin:
+class ChatStreaming(ChatCore):
     """``_stream`` / ``_astream`` of the chat model (see the module docstring)."""
-
-    if TYPE_CHECKING:  # provided by GeometryChatModel
-
-        @property
-        def tokenizer(self) -> Any: ...
-
-        def _settings(
-            self, stop: list[str] | None, kwargs: dict[str, Any]
-        ) -> tuple[dict[str, Any], ToolSetup | None]: ...
-
-        def _prompt(
-            self, messages: Sequence[BaseMessage], setup: ToolSetup | None
-        ) -> tuple[list[int], int | None]: ...
-
-        def _call(self, opts: dict[str, Any], keep_states: bool = False) -> GenerationCall: ...
-
-        def _messages(
-            self,
-            conversations: Sequence[Sequence[BaseMessage]],
-            prompts: list[list[int]],
-            gen: list[Generated],
-            opts: dict[str, Any],
-            setup: ToolSetup | None = None,
-        ) -> list[AIMessage]: ...
 
     def _stream(
         self,

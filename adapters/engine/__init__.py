@@ -3,6 +3,7 @@
 * :mod:`.scheduler` — one scheduler per model: callers submit requests, engines (one per CPU)
   run them;
 * :mod:`.batching` — step-level batching that gives every row exactly its solo numbers;
+* :mod:`.shared_step` — one decode forward over several rows, each on its own cache and hooks;
 * :mod:`.generation` — requests, stacked capture steps, the ``AIMessage``;
 * :mod:`.prefix` — the prefix path: the shared prompt prefix computed once;
 * :mod:`.replay` — teacher-forced features of existing answers;

@@ -6,10 +6,9 @@
 * **prefill**: each new row runs its prompt alone (batch 1, its own ``DynamicCache``, its
   own :class:`~abstain_guard.adapters.capture.session.CaptureSession`); on the prefix path
   (:mod:`.prefix`) it starts from a copy of its shared prefix's cache and capture state;
-* **decode**: one forward per step for all active rows (one new token each). Everything
-  row-wise runs batched, padded with dummy rows to the path's ``min_rows`` (:mod:`.threads`);
-  attention runs per row on that row's own unpadded cache (:func:`rows_attention`), and each
-  row's capture hooks see only that row's slice (:class:`HookMux`).
+* **decode**: one forward per step for all active rows (one new token each), padded with
+  dummy rows to the path's ``min_rows`` (:mod:`.threads`), each row computed on its own
+  cache and hooks (:mod:`.shared_step`).
 
 Tokens are chosen from each row's own logits (a per-row ``torch.Generator``), so batch
 composition never changes a row's tokens either.
@@ -17,44 +16,38 @@ composition never changes a row's tokens either.
 
 from __future__ import annotations
 
-import contextvars
 import inspect
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-from torch import nn
-from transformers import AttentionInterface
 from transformers.generation.logits_process import (
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..capture.attention import (
-    ACTIVE_SESSION,
-    attention_implementation,
-    capture_mode,
-    native_attention,
-    register_attention,
-)
+from ..capture.attention import attention_implementation, capture_mode
 from ..capture.decode_step import DecodeStepCapture
 from ..capture.features import StepFeatures
-from ..capture.hook_routes import Hook, routed
+from ..capture.hook_routes import Hook
 from ..capture.parts_rule import PartsRule
 from ..capture.session import CaptureSession, default_parts
 from ..capture.types import ReferenceMeans
 from ..model.loading import LoadedModel, eos_token_ids, pad_token_id
 from .prefix import PREFIX_RULE, start_from_prefix
+from .shared_step import (
+    ROWS_ATTENTION,
+    HookMux,
+    RowsCache,
+    SharedStep,
+    register_rows_attention,
+    running,
+)
 from .threads import DECODE_THREADS, DecodePath, blas_threads, choose_decode_path
-
-#: Attention implementation of batched decode steps (registered without a mask function, so
-#: transformers builds no batch mask: each row attends to all of its own cached positions).
-ROWS_ATTENTION = "abstain_guard_rows"
 
 _LOG = logging.getLogger(__name__)
 
@@ -63,11 +56,6 @@ class GenerationCancelled(Exception):
     """Raised by a request's ``on_token`` callback to stop its row: the caller went away
     (e.g. a streaming consumer that stopped reading). The row finishes at once with
     ``finish_reason="cancelled"`` and frees its place in the batch."""
-
-
-_STEP: contextvars.ContextVar[_DecodeStep | None] = contextvars.ContextVar(
-    "abstain_guard_decode_step", default=None
-)
 
 
 @dataclass
@@ -142,24 +130,13 @@ class RowSnapshot:
 
 
 @dataclass
-class RowHook:
-    """A forward (pre-)hook a row's capture session registered, kept to be called on the
-    row's slice of a batched forward."""
-
-    module: nn.Module
-    kind: str  # "pre" or "post"
-    fn: Callable[..., Any]
-    with_kwargs: bool
-
-
-@dataclass
 class Row:
     """An answer being generated: its cache, capture session, tokens and logits so far."""
 
     request: GenerationRequest
     cache: Any
     session: CaptureSession | None
-    hooks: list[RowHook]
+    hooks: list[Hook]
     generator: torch.Generator | None
     ids: list[int] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)
@@ -184,169 +161,7 @@ class Row:
 
     def result(self) -> RowResult:
         """The finished row's result."""
-        steps = self.session.steps if self.session is not None else []
-        return RowResult(
-            token_ids=list(self.ids),
-            logits=torch.stack(self.logits).float(),
-            finish_reason=self.finish or "length",
-            steps=steps,
-            decode_path=self.path.record() if self.path is not None else {},
-        )
-
-
-# -- per-row attention and cache --------------------------------------------------------------
-
-
-class RowsCache:
-    """The one cache object a batched forward takes, backed by each row's own cache.
-
-    ``update`` appends each row's new key/value to that row's cache and keeps the row's full
-    (unpadded) keys/values for :func:`rows_attention`; dummy rows have no cache.
-    """
-
-    def __init__(self, caches: list[Any | None]) -> None:
-        self.caches = caches
-        self.current: dict[int, list[tuple[torch.Tensor, torch.Tensor] | None]] = {}
-
-    def update(
-        self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the rows' new states; return the batch's new states unchanged."""
-        self.current[layer_idx] = [
-            None if c is None else c.update(key[r : r + 1], value[r : r + 1], layer_idx)
-            for r, c in enumerate(self.caches)
-        ]
-        return key, value
-
-
-@dataclass
-class _DecodeStep:
-    cache: RowsCache
-    #: per row, the session whose per-layer hooks capture it (None: no capture, or captured
-    #: by ``capture`` at the end of the step)
-    sessions: list[CaptureSession | None]
-    capture: DecodeStepCapture | None = None
-
-
-def rows_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """Attention of a batched decode step, one row at a time on the row's own cache (with the
-    row's capture session active, if any); dummy rows get zeros."""
-    step = _STEP.get()
-    if step is None:
-        raise RuntimeError(f"{ROWS_ATTENTION} attention used outside a batched decode step")
-    rows = step.cache.current[int(module.layer_idx)]  # type: ignore[arg-type]
-    geometry = ALL_ATTENTION_FUNCTIONS[register_attention()]
-    q_len, heads, dim = query.shape[2], query.shape[1], query.shape[3]
-    outs = []
-    for r, kv in enumerate(rows):
-        if kv is None:
-            outs.append(query.new_zeros((1, q_len, heads, dim)))
-            continue
-        session = step.sessions[r]
-        fn = geometry if session is not None else native_attention  # eager where sdpa can't
-        token = ACTIVE_SESSION.set(session)
-        try:
-            out, _ = fn(module, query[r : r + 1], kv[0], kv[1], None, **kwargs)
-        finally:
-            ACTIVE_SESSION.reset(token)
-        outs.append(out)
-    if step.capture is not None:
-        keys = [None if kv is None else kv[0] for kv in rows]
-        step.capture.on_attention(module, query, value, keys, kwargs)
-    return torch.cat(outs, dim=0), None
-
-
-_REGISTERED = False
-
-
-def register_rows_attention() -> str:
-    """Register :func:`rows_attention` (no mask function, on purpose; idempotent)."""
-    global _REGISTERED
-    if not _REGISTERED:
-        AttentionInterface.register(ROWS_ATTENTION, rows_attention)
-        _REGISTERED = True
-    return ROWS_ATTENTION
-
-
-# -- per-row capture hooks --------------------------------------------------------------------
-
-
-def _row_hooks(session: CaptureSession) -> list[RowHook]:
-    """The hooks ``session`` registered for its prompt pass (see ``CaptureSession.hooks``)."""
-    return [RowHook(m, kind, fn, with_kwargs) for m, kind, fn, with_kwargs in session.hooks]
-
-
-def _split_rows(x: Any, batch: int) -> list[Any]:
-    """``x`` per row: ``batch`` items, item ``r`` with row ``r`` of every batch-major tensor
-    in ``x`` (a ``[1, ...]`` view; tuples, lists and dicts recursed; anything else shared).
-    One pass over ``x`` for all rows (a decode step calls this per module and hook kind)."""
-    if isinstance(x, torch.Tensor):
-        if x.dim() > 0 and x.shape[0] == batch:
-            return list(x.split(1))
-        return [x] * batch
-    if isinstance(x, tuple | list):
-        parts = [_split_rows(v, batch) for v in x]
-        kind = tuple if isinstance(x, tuple) else list
-        return [kind(p[r] for p in parts) for r in range(batch)]
-    if isinstance(x, dict):
-        keys = list(x)
-        values = [_split_rows(x[k], batch) for k in keys]
-        return [dict(zip(keys, (v[r] for v in values), strict=True)) for r in range(batch)]
-    return [x] * batch
-
-
-class HookMux:
-    """Calls each row's capture hooks on that row's slice of a batched forward, with the
-    row's session active (so a session sees exactly what it sees in a batch-1 forward)."""
-
-    def __init__(
-        self, hooks: list[list[RowHook]], sessions: list[CaptureSession | None], batch: int
-    ) -> None:
-        self.batch = batch
-        self._table: dict[tuple[int, str], list[tuple[int, RowHook]]] = {}
-        self._modules: dict[tuple[int, str], nn.Module] = {}
-        for r, row_hooks in enumerate(hooks):
-            for h in row_hooks:
-                key = (id(h.module), h.kind)
-                self._table.setdefault(key, []).append((r, h))
-                self._modules[key] = h.module
-        self.sessions = sessions
-
-    def _call(self, key: tuple[int, str], module: nn.Module, args: tuple[Any, ...]) -> None:
-        """``args``: ``(args, kwargs)`` of a pre-hook or ``(args, kwargs, output)`` of a
-        forward hook; kwargs are split per row only when a hook takes them."""
-        hooks = self._table[key]
-        positional = _split_rows(args[0], self.batch)
-        output = _split_rows(args[2], self.batch) if len(args) > 2 else None
-        kwargs = _split_rows(args[1], self.batch) if any(h.with_kwargs for _, h in hooks) else None
-        for r, h in hooks:
-            sliced: tuple[Any, ...] = (positional[r],)
-            if h.with_kwargs and kwargs is not None:
-                sliced += (kwargs[r],)
-            if output is not None:
-                sliced += (output[r],)
-            token = ACTIVE_SESSION.set(self.sessions[r])
-            try:
-                h.fn(module, *sliced)
-            finally:
-                ACTIVE_SESSION.reset(token)
-
-    @contextmanager
-    def installed(self) -> Iterator[None]:
-        """Route one dispatching hook per (module, kind) to the forward in this context."""
-        hooks: list[Hook] = [  # called with (args, kwargs) or (args, kwargs, output)
-            (module, key[1], lambda m, *call, key=key: self._call(key, m, call), True)
-            for key, module in self._modules.items()
-        ]
-        with routed(hooks):
-            yield
+        return replace(self.snapshot().result(), finish_reason=self.finish or "length")
 
 
 # -- token choice -----------------------------------------------------------------------------
@@ -447,7 +262,7 @@ class BatchEngine:
             row = Row(request, cache, session, [], gen, path=path)
             ids = torch.tensor([rest], dtype=torch.long, device=self._device)
             with capture_mode(hf, session):
-                row.hooks = _row_hooks(session) if session is not None else []
+                row.hooks = list(session.hooks) if session is not None else []
                 out = hf(input_ids=ids, past_key_values=row.cache, use_cache=True, **kw)
         self._append(row, out.logits[0, -1])
         if row.finish is None:
@@ -525,25 +340,22 @@ class BatchEngine:
             if any(d is not None for d in deferred)
             else None
         )
-        token = _STEP.set(_DecodeStep(cache, hooked, capture))
-        try:
-            with (
-                torch.inference_mode(),
-                attention_implementation(hf, ROWS_ATTENTION),
-                mux.installed(),
-                capture.installed() if capture is not None else nullcontext(),
-                blas_threads(self.path.threads),
-            ):
-                out = hf(
-                    input_ids=torch.tensor(ids, dtype=torch.long, device=self._device),
-                    position_ids=torch.tensor(pos, dtype=torch.long, device=self._device),
-                    past_key_values=cache,
-                    use_cache=True,
-                )
-                if capture is not None:
-                    capture.finish()
-        finally:
-            _STEP.reset(token)
+        with (
+            torch.inference_mode(),
+            running(SharedStep(cache, hooked, capture)),
+            attention_implementation(hf, ROWS_ATTENTION),
+            mux.installed(),
+            capture.installed() if capture is not None else nullcontext(),
+            blas_threads(self.path.threads),
+        ):
+            out = hf(
+                input_ids=torch.tensor(ids, dtype=torch.long, device=self._device),
+                position_ids=torch.tensor(pos, dtype=torch.long, device=self._device),
+                past_key_values=cache,
+                use_cache=True,
+            )
+            if capture is not None:
+                capture.finish()
         for i, row in enumerate(rows):
             self._append(row, out.logits[i, -1])
 

@@ -15,8 +15,6 @@ from abstain_guard.scorers import scorer_names
 
 from .checks import add_model_options
 
-__all__ = ["OWN_OPTIONS", "RENAMED", "add_parser", "config_overrides"]
-
 OWN_OPTIONS = frozenset({"data", "out", "config", "judge_model", "judge_base_url", "quiet"})
 """The options of the command itself, not of the calibration config."""
 
@@ -156,11 +154,11 @@ def _add_judge_options(cal: argparse.ArgumentParser) -> None:
         help="draw N calibration answers for people to review (<out>.review.csv); then "
         "abstain-guard review certifies the true error rate",
     )
-    cal.add_argument("--review-seed", type=int, help="seed of the review draw")
     cal.add_argument(
         "--review-scope",
         type=float,
-        help="draw the review among this share of the answers with the lowest scores (1)",
+        help="draw the review among this share of the answers with the lowest scores "
+        "(default: planned from a seeded 15 %% of the answers' scores and judge labels)",
     )
 
 

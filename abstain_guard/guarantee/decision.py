@@ -231,7 +231,7 @@ def _uncertifiable(
 ) -> UncertifiableTargetError:
     """The error for a risk target this calibration set cannot certify, naming the smallest
     one it can at the same delta (``res.delta`` is the level tested: δ/K after a selection)."""
-    smallest = smallest_certifiable_risk(cal.scores, cal.correct, res.delta)
+    smallest = smallest_certifiable_risk(cal.scores, cal.correct, res.delta, cal.human)
     selection = cal.selection
     at = f"delta={delta:g}" + (
         f" ({res.delta:.3g} per candidate: {selection.account()})" if selection is not None else ""

@@ -39,10 +39,16 @@ class FrontierPoint:
     threshold: float
 
 
-def _point(scores: np.ndarray, correct: np.ndarray, eps: float, delta: float) -> FrontierPoint:
+def _point(
+    scores: np.ndarray,
+    correct: np.ndarray,
+    eps: float,
+    delta: float,
+    human: ArrayLike | None = None,
+) -> FrontierPoint:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", conformal.ConformalWarning)
-        res = conformal.risk_threshold(scores, correct, eps, delta)
+        res = conformal.risk_threshold(scores, correct, eps, delta, human=human)
     return FrontierPoint(eps, delta, res.feasible, res.participation, res.threshold)
 
 
@@ -59,13 +65,16 @@ def certifiable_frontier(
     return [_point(s, c, float(e), float(d)) for d in deltas for e in risk_targets]
 
 
-def smallest_certifiable_risk(scores: ArrayLike, correct: ArrayLike, delta: float) -> float | None:
-    """The smallest ε on a 0.01 grid that ``(scores, correct)`` certifies at ``delta``, or
-    ``None`` when no ε < 1 is certified."""
+def smallest_certifiable_risk(
+    scores: ArrayLike, correct: ArrayLike, delta: float, human: ArrayLike | None = None
+) -> float | None:
+    """The smallest ε on a 0.01 grid that ``(scores, correct)`` certifies at ``delta`` (on the
+    truth with ``human``, as :func:`~.conformal.risk_threshold`), or ``None`` when no ε < 1
+    is certified."""
     s = np.asarray(scores, dtype=np.float64)
     c = np.asarray(correct)
     for eps in _SEARCH_TARGETS:
-        if _point(s, c, eps, delta).feasible:
+        if _point(s, c, eps, delta, human).feasible:
             return eps
     return None
 

@@ -282,7 +282,7 @@ def _own_rule(
     reason = f"no threshold certifies risk_target={cfg.risk_target:g} at delta={cfg.delta:g}"
     if config.group_fallback == "raise":
         level = cfg.delta / (selection.n_candidates if selection is not None else 1)
-        smallest = smallest_certifiable_risk(s, j, level)
+        smallest = smallest_certifiable_risk(s, j, level, h)
         can = f"{smallest:g}" if smallest is not None else "none below 1"
         reason += f"; the smallest it certifies is {can}"
     return reason

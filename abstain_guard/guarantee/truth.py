@@ -503,7 +503,7 @@ def labels_statement(m: int, judge: str | None = None, eligible: int | None = No
     drawn among ``eligible`` answers when the review had a scope) or the judge's (m = 0)."""
     if m > 0:
         among = (
-            f" among the {eligible} calibration answers with the lowest scores"
+            f" among the {eligible} calibration answers below the review's score cutoff"
             if eligible is not None
             else ""
         )

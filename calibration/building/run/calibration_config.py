@@ -149,16 +149,15 @@ class CalibrationConfig(BaseModel):
         "review (written to <out>.review.csv; `abstain-guard review` reads the verdicts back): "
         "the certificate is then about the true error rate, not the judge's (0: no review)",
     )
-    review_seed: int | None = Field(
-        None, description="seed of the review draw (default: a fresh one, recorded)"
-    )
-    review_scope: float = Field(
-        1.0,
+    review_scope: float | None = Field(
+        None,
         gt=0.0,
         le=1.0,
-        description="draw the review among the calibration answers with the lowest scores "
-        "only, this share of them (e.g. 0.5): the ones the guard may answer; the certificate "
-        "then covers thresholds inside that share (chosen on scores alone, never labels)",
+        description="draw the review among this share of the calibration answers with the "
+        "lowest scores (chosen on scores alone); None: planned where the threshold will be, "
+        "from the scores and judge labels of a seeded 15 % of the answers, which then take no "
+        "part in the review or the certificate on the truth (the draw's seed comes from the "
+        "calibration ids)",
     )
     scorer: str = Field(
         "geometry",

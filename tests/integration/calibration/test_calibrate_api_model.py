@@ -20,6 +20,7 @@ from abstain_guard.calibration.building.judges.lexical import LexicalJudge
 from abstain_guard.calibration.building.judges.registry import make_judge
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.building.questions.probe import builtin_probe_set
+from abstain_guard.calibration.building.review import review_seed
 from abstain_guard.cli.commands import main
 from abstain_guard.errors import ArtifactMismatchError, LogprobsMissingError
 from abstain_guard.guard.chains import load_guard_chain
@@ -176,7 +177,7 @@ def test_questions_only_judged_by_an_llm_judge_at_a_url_then_reviewed(
         },
     }
     cfg = api_model_config(server.base_url, answers, api_key="k").model_copy(
-        update={"judge": judge, "review_size": 6, "review_seed": 11, "delta": 0.2}
+        update={"judge": judge, "review_size": 6, "review_scope": 1.0, "delta": 0.2}
     )
     calibrate(data, tmp_path / "guard", config=cfg, progress=False)
     review = tmp_path / "guard.review.csv"
@@ -195,7 +196,8 @@ def test_questions_only_judged_by_an_llm_judge_at_a_url_then_reviewed(
     assert main([*argv, "--risk-target", "0.9", "--delta", "0.2"]) == 0
     assert "read 6 reviewed answers" in capsys.readouterr().out
     art = GuardArtifact.load(tmp_path / "guard")
-    assert art.metadata["review"]["seed"] == 11 and art.metadata["judge"]["open"].startswith("llm")
+    assert art.metadata["review"]["seed"] == review_seed(art.metadata["calibration_ids"])
+    assert art.metadata["judge"]["open"].startswith("llm")
     rule = art.decision_rule(
         GuardConfig(mode="risk", risk_target=0.9, delta=0.2, on_infeasible="abstain_all")
     )

@@ -16,8 +16,9 @@ from sklearn.metrics import cohen_kappa_score
 from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.artifact.files import load_npz
-from abstain_guard.errors import InvalidInputError
+from abstain_guard.errors import InvalidInputError, UncertifiableTargetError
 from abstain_guard.guarantee import conformal, risk_control, truth
+from abstain_guard.guarantee.frontier import smallest_certifiable_risk
 from abstain_guard.scorers import PerplexityScorer
 
 
@@ -223,3 +224,19 @@ def test_the_artifact_keeps_the_review_and_its_decisions_say_on_whose_labels(
             scorer=PerplexityScorer(),
             calibration=CalibrationSet(s, judge_right, human=np.full(800, -1)),
         )
+
+
+def test_the_refusal_names_the_smallest_target_the_review_certifies() -> None:
+    """The "smallest risk_target" of a refused target is the one the certificate on the
+    truth certifies, not the judge-only one."""
+    rng = np.random.default_rng(9)
+    s, _, judge_right, human = _draw(rng, 800, 200, "lenient")
+    cfg = GuardConfig(mode="risk", risk_target=0.06, delta=0.1)
+    art = GuardArtifact.from_calibration(
+        scorer=PerplexityScorer(), calibration=CalibrationSet(s, judge_right, human=human)
+    )
+    with pytest.raises(UncertifiableTargetError) as info:
+        art.decision_rule(cfg)
+    on_truth = smallest_certifiable_risk(s, judge_right, 0.1, human)
+    assert info.value.smallest_risk_target == on_truth
+    assert on_truth is not None and on_truth != smallest_certifiable_risk(s, judge_right, 0.1)

@@ -8,8 +8,6 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["lazy_attributes"]
-
 
 def lazy_attributes(package: str, homes: Mapping[str, str]) -> Callable[[str], Any]:
     """A module ``__getattr__`` that imports ``name`` from ``homes[name]`` on first access.

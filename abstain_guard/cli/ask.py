@@ -10,8 +10,6 @@ from abstain_guard.default import DEFAULT_ARTIFACT_DIR
 
 from .checks import guard_config
 
-__all__ = ["add_parser"]
-
 
 def _questions(args: argparse.Namespace) -> list[str]:
     if args.questions:

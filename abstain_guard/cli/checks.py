@@ -155,18 +155,3 @@ def artifact_model(artifact: str | Path, args: Any) -> None:
     problem = model_name_mismatch(recorded_model_name(metadata.get("config") or {}), given)
     if problem is not None:
         raise ArtifactMismatchError(f"{artifact}: {problem}.")
-
-
-__all__ = [
-    "add_model_options",
-    "all_at_once",
-    "artifact_model",
-    "artifacts_exist",
-    "cache_dir",
-    "check_out",
-    "given_model",
-    "guard_config",
-    "not_agent_artifacts",
-    "positive",
-    "significance_level",
-]

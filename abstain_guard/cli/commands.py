@@ -26,8 +26,6 @@ from . import (
     serve,
 )
 
-__all__ = ["COMMANDS", "build_parser", "main", "run"]
-
 COMMANDS = (
     calibrate,
     ask,

@@ -18,8 +18,6 @@ from .checks import (
     positive,
 )
 
-__all__ = ["add_parser"]
-
 
 def _demo(args: argparse.Namespace) -> int:
     from abstain_guard.calibration.measure.demo import run_demo

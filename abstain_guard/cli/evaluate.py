@@ -23,8 +23,6 @@ from .checks import (
     positive,
 )
 
-__all__ = ["add_parser"]
-
 
 def _evaluate(args: argparse.Namespace) -> int:
     if args.live:

@@ -7,8 +7,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_parser"]
-
 
 def _report(args: argparse.Namespace) -> int:
     from abstain_guard.monitor.log import read_log

@@ -10,8 +10,6 @@ from abstain_guard.config import GuardConfig
 
 from .checks import all_at_once, artifacts_exist, positive, significance_level
 
-__all__ = ["add_parser"]
-
 
 def _recalibrate(args: argparse.Namespace) -> int:
     from abstain_guard.calibration.building.recalibrate import CHECK_LEVEL, recalibrate

@@ -11,8 +11,6 @@ from abstain_guard.errors import ResultsFileError
 
 from .checks import all_at_once, check_out
 
-__all__ = ["add_parser"]
-
 
 def _read_results(path: str) -> dict[str, Any]:
     """A ``results.json`` written by ``abstain-guard evaluate``."""

@@ -24,8 +24,6 @@ from abstain_guard.errors import ConfigError, DatasetError
 
 from .checks import guard_config, positive
 
-__all__ = ["add_parser"]
-
 
 def _chunks(path: Path, size: int) -> Iterator[list[tuple[int, str]]]:
     """``(line number, line)`` of the non-blank lines of ``path``, ``size`` at a time."""

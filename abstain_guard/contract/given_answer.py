@@ -30,14 +30,6 @@ from abstain_guard.contract.metadata import GENERATION
 from abstain_guard.contract.runnables import map_chat_models
 from abstain_guard.errors import GivenAnswerError, InvalidInputError
 
-__all__ = [
-    "FINISH_REASONS",
-    "GivenAnswer",
-    "GivenAnswerModel",
-    "given_answer_mismatches",
-    "with_given_answer",
-]
-
 FINISH_REASONS = ("stop", "length")
 """How a given answer ended: ``"stop"`` (finished: the model's end-of-sequence token follows
 its text) or ``"length"`` (cut at the token budget: no end token)."""

@@ -33,8 +33,6 @@ from abstain_guard.contract.given_answer import (
 from abstain_guard.errors import ArtifactMismatchError, InvalidInputError
 from abstain_guard.guard.policy import AbstentionPolicy
 
-__all__ = ["LoggedAnswer", "answer_problems", "given_runnable"]
-
 #: What each route needs of the guarded chat model (named when a model cannot re-read).
 _NEEDS = {
     "replay": "reads what a local model computes over the answer ({reads}); only a local model "

@@ -12,8 +12,6 @@ from abstain_guard.guarantee.decision import DecisionRule
 from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.monitor.scope import calibration_sha256
 
-__all__ = ["fit_monitor"]
-
 
 def fit_monitor(monitor: GuardMonitor | None, artifact: GuardArtifact, config: GuardConfig) -> None:
     """Fit ``monitor`` on the artifact and config unless it is fitted (then it must have been

@@ -29,14 +29,6 @@ from sortedcontainers import SortedList
 
 from abstain_guard.errors import InvalidInputError
 
-__all__ = [
-    "ConformalTestMartingale",
-    "ParticipationEProcess",
-    "RiskEProcess",
-    "censored_p_value",
-    "smoothed_p_value",
-]
-
 #: The constant bets mixed by the participation and risk e-processes, as fractions of the
 #: largest bet that cannot lose everything.
 BET_FRACTIONS = (0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7)

@@ -58,8 +58,6 @@ from abstain_guard.monitor.state import (
     thresholds,
 )
 
-__all__ = ["GuardMonitor"]
-
 logger = logging.getLogger("abstain_guard")
 
 

@@ -22,8 +22,6 @@ from abstain_guard.guarantee.decision import DecisionRule
 from abstain_guard.monitor.log import LOG_FORMAT, MonitorRecord, json_default, write_events
 from abstain_guard.monitor.scope import Alarm, Scope, json_round_trip, now
 
-__all__ = ["MonitorLogMixin"]
-
 logger = logging.getLogger("abstain_guard")
 
 #: The header fields a resumed log must agree on with the monitor that resumes it, named.

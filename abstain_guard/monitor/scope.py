@@ -20,20 +20,6 @@ from abstain_guard.guarantee.decision import DecisionRule
 from abstain_guard.monitor.drift import ConformalTestMartingale, ParticipationEProcess, RiskEProcess
 from abstain_guard.monitor.log import json_default
 
-__all__ = [
-    "SHARING",
-    "TESTS",
-    "Alarm",
-    "Scope",
-    "calibration_sha256",
-    "group_scopes",
-    "json_round_trip",
-    "now",
-    "record_otel",
-    "risk_epsilon",
-    "scope_alarm",
-]
-
 logger = logging.getLogger("abstain_guard")
 
 TESTS = ("exchangeability", "participation", "risk")

@@ -13,16 +13,6 @@ import numpy as np
 from abstain_guard.guarantee.intervals import wilson_interval
 from abstain_guard.monitor.scope import TESTS, Scope
 
-__all__ = [
-    "expected_participation",
-    "false_alarm_bound",
-    "feedback_summary",
-    "pooled_tests",
-    "scope_state",
-    "share",
-    "thresholds",
-]
-
 
 def share(n_scopes: int, sharing: str | None) -> int:
     """How many tested scopes split each level (1: not split)."""

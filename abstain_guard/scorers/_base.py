@@ -27,16 +27,6 @@ import numpy as np
 from abstain_guard.contract.metadata import ResponseLike
 from abstain_guard.errors import MissingExtraError
 
-__all__ = [
-    "EXTRAS",
-    "REPLAYED",
-    "JSONValue",
-    "Scorer",
-    "ScorerState",
-    "given_answer_route",
-    "optional_module",
-]
-
 JSONValue = Any
 
 EXTRAS: dict[str, str] = {

@@ -54,19 +54,6 @@ from abstain_guard.scorers._similarity_graph import (
     medoid_index,
 )
 
-__all__ = [
-    "DEFAULT_SIMILARITY_NAME",
-    "PRIMARY_RULES",
-    "SAMPLES_KEY",
-    "SampledAnswers",
-    "SampledChatModel",
-    "SamplingPlan",
-    "SimilarityModel",
-    "folder_digest",
-    "read_samples",
-    "with_sampling",
-]
-
 SAMPLES_KEY = "samples"
 """The ``response_metadata`` key under which :class:`SampledChatModel` writes the samples."""
 

@@ -23,19 +23,6 @@ from abstain_guard.scorers._base import optional_module
 if TYPE_CHECKING:
     import xgboost as xgb
 
-__all__ = [
-    "DEFAULT_XGB_PARAMS",
-    "PROB_FLOOR",
-    "CovarianceKind",
-    "Gaussian",
-    "booster_from_bytes",
-    "booster_to_bytes",
-    "fit_gaussian",
-    "fit_xgb_calibrator",
-    "response_uncertainty",
-    "xgboost_module",
-]
-
 CovarianceKind = Literal["ledoit_wolf", "oas"]
 
 DEFAULT_XGB_PARAMS: dict[str, Any] = {

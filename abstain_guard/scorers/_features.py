@@ -30,23 +30,6 @@ from abstain_guard.scorers._base import optional_module
 if TYPE_CHECKING:
     from abstain_guard.adapters import ReferenceMeans
 
-__all__ = [
-    "FAMILIES",
-    "CaptureMode",
-    "ReferenceInputs",
-    "TokenBlock",
-    "adapters_module",
-    "family_slices",
-    "feature_width",
-    "install_reference",
-    "layers_of_width",
-    "means_from_state",
-    "means_state",
-    "reference_inputs",
-    "token_block",
-    "with_capture",
-]
-
 FAMILIES: tuple[str, ...] = ("omega", "theta", "phi_in", "phi_out")
 """The four geometry families, in token-vector order (with ``capture="fast"`` the first is
 ω_dir only)."""

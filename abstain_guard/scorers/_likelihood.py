@@ -9,8 +9,6 @@ from abstain_guard.contract.metadata import ResponseLike, ResponseMetadata
 from abstain_guard.errors import ScoringError
 from abstain_guard.scorers._base import Scorer, ScorerState
 
-__all__ = ["StatelessScorer", "token_logprobs"]
-
 
 def token_logprobs(response: ResponseLike) -> np.ndarray:
     """Per-token log-probabilities of the generated tokens, shape ``[N]`` (N ≥ 1).

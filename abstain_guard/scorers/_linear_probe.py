@@ -21,15 +21,6 @@ import numpy as np
 from abstain_guard.errors import ArtifactSchemaError, InsufficientDataError, InvalidInputError
 from abstain_guard.scorers._base import optional_module
 
-__all__ = [
-    "PROBE_CS",
-    "LinearProbe",
-    "check_cs",
-    "fit_linear_probe",
-    "out_of_fold_logits",
-    "row_dot",
-]
-
 PROBE_CS: tuple[float, ...] = (1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0)
 """Inverse L2 strengths the cross-validation chooses from (features standardised)."""
 

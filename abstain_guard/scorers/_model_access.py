@@ -14,8 +14,6 @@ from abstain_guard.contract.metadata import ResponseLike, ResponseMetadata
 from abstain_guard.errors import ConfigError
 from abstain_guard.scorers._base import Scorer, ScorerState
 
-__all__ = ["ModelScorer", "prompt_and_answer_ids", "question_from_prompt", "right_padded"]
-
 
 def prompt_and_answer_ids(response: ResponseLike) -> tuple[list[int], list[int]]:
     """``(prompt_token_ids, token_ids)`` of a message produced by the GeometryChatModel.

@@ -22,20 +22,6 @@ from typing import Any
 from abstain_guard.errors import ArtifactSchemaError, ConfigError, GivenAnswerError
 from abstain_guard.scorers._base import Scorer, ScorerState, given_answer_route
 
-__all__ = [
-    "BUILT_IN_MODULES",
-    "ScorerSpec",
-    "answer_checking_kinds",
-    "build_scorer",
-    "given_answer_refusal",
-    "register_scorer",
-    "require_answer_route",
-    "scorer_class",
-    "scorer_from_state",
-    "scorer_names",
-    "scorer_spec",
-]
-
 BUILT_IN_MODULES: tuple[str, ...] = (
     "perplexity",
     "max_sequence_probability",

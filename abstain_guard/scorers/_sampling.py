@@ -16,8 +16,6 @@ from abstain_guard.errors import ConfigError, InvalidInputError, ScoringError
 from abstain_guard.scorers._base import Scorer, ScorerState
 from abstain_guard.scorers._model_access import ModelScorer, right_padded
 
-__all__ = ["Sample", "SampleSource", "SamplingScorer"]
-
 
 @dataclass
 class Sample:

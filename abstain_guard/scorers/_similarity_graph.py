@@ -28,23 +28,6 @@ import numpy as np
 
 from abstain_guard.errors import InvalidInputError
 
-__all__ = [
-    "ECCENTRICITY_EIGENVALUE_THRESHOLD",
-    "affinity",
-    "cosine_similarities",
-    "degree_uncertainties",
-    "degree_uncertainty",
-    "discrete_semantic_entropy",
-    "eccentricities",
-    "eccentricity_uncertainty",
-    "eigenvalue_uncertainty",
-    "equivalent_by_threshold",
-    "medoid_index",
-    "normalized_laplacian",
-    "number_of_semantic_sets",
-    "semantic_ids",
-]
-
 ECCENTRICITY_EIGENVALUE_THRESHOLD = 0.9
 """Eigenvectors of ``L`` with eigenvalues below this embed the answers for the eccentricity
 (Lin et al.'s released code)."""

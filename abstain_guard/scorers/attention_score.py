@@ -11,8 +11,6 @@ from abstain_guard.contract.metadata import ResponseLike
 from abstain_guard.errors import InvalidInputError
 from abstain_guard.scorers._model_access import ModelScorer, prompt_and_answer_ids
 
-__all__ = ["AttentionScoreScorer", "attention_score"]
-
 
 def attention_score(diagonals: np.ndarray, eps: float = 1e-12) -> float:
     """LLM-Check attention score: ``−(1/H) Σ_h Σ_i log(A_h[i, i] + eps)`` from the attention

@@ -52,14 +52,6 @@ from abstain_guard.scorers._similarity_graph import (
     semantic_ids,
 )
 
-__all__ = [
-    "EQUIVALENCE_THRESHOLD",
-    "GRAPH_STATISTICS",
-    "SET_STATISTICS",
-    "BlackBoxScorer",
-    "graph_statistic",
-]
-
 EQUIVALENCE_THRESHOLD = 0.8
 """Cosine similarity at which two sampled answers fall into one meaning class (embedding
 similarity; the semantic-entropy baseline's threshold)."""

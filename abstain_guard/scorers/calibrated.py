@@ -24,8 +24,6 @@ from abstain_guard.scorers._calibrator import (
 )
 from abstain_guard.scorers._registry import scorer_from_state
 
-__all__ = ["CalibratedScorer"]
-
 
 class CalibratedScorer(Scorer):
     """The paper's XGBoost calibration applied to a 1-D baseline score.

@@ -13,8 +13,6 @@ from abstain_guard.errors import InvalidInputError
 from abstain_guard.scorers._model_access import prompt_and_answer_ids
 from abstain_guard.scorers._sampling import SampleSource, SamplingScorer
 
-__all__ = ["EigenScoreScorer", "eigenscore"]
-
 
 def eigenscore(embeddings: np.ndarray, alpha: float = 1e-3) -> float:
     """EigenScore: ``mean(log eig(Z J_d Zᵀ + αI))`` for sample embeddings ``Z`` ``[K, D]``

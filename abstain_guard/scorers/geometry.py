@@ -61,8 +61,6 @@ from abstain_guard.scorers._features import (
 if TYPE_CHECKING:
     from abstain_guard.adapters import ReferenceMeans
 
-__all__ = ["GeometryScorer", "LabeledResponses", "Variant"]
-
 Variant = Literal["paper", "raw"]
 
 LabeledResponses = Sequence[tuple[Any, bool]]

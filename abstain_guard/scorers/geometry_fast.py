@@ -14,8 +14,6 @@ from typing import Any, ClassVar
 from abstain_guard.scorers._features import CaptureMode, install_reference
 from abstain_guard.scorers.geometry import GeometryScorer
 
-__all__ = ["GeometryFastScorer"]
-
 
 class GeometryFastScorer(GeometryScorer):
     """:class:`~.geometry.GeometryScorer` on fast-capture features (ω_dir, Θ, Φ^in, Φ^out;

@@ -42,8 +42,6 @@ from abstain_guard.scorers._linear_probe import LinearProbe, check_cs, fit_linea
 if TYPE_CHECKING:
     from abstain_guard.adapters import ReferenceMeans
 
-__all__ = ["DEFAULT_CS", "RESPONSE_FEATURES", "GeometryPlusScorer", "response_features"]
-
 RESPONSE_FEATURES: tuple[str, ...] = (
     "logprob_mean",
     "logprob_min",

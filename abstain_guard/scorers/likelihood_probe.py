@@ -28,8 +28,6 @@ from abstain_guard.scorers._linear_probe import (
 )
 from abstain_guard.scorers.probe import ProbeScorerBase, hidden_features, labeled_responses
 
-__all__ = ["LIKELIHOOD_COLUMNS", "LikelihoodProbeScorer", "likelihood_columns"]
-
 LIKELIHOOD_COLUMNS = ("logprob_mean", "logprob_min", "entropy_mean", "entropy_max", "log_tokens")
 """The likelihood summary beside the probe's logit, in column order."""
 

@@ -9,8 +9,6 @@ from typing import ClassVar
 from abstain_guard.contract.metadata import ResponseLike
 from abstain_guard.scorers._likelihood import StatelessScorer, token_logprobs
 
-__all__ = ["MaxSequenceProbabilityScorer"]
-
 
 class MaxSequenceProbabilityScorer(StatelessScorer):
     """Negative log-probability of the whole answer: ``−Σ_t log p_t`` (lm-polygraph MSP)."""

@@ -18,8 +18,6 @@ from abstain_guard.contract.metadata import ResponseLike, ResponseMetadata
 from abstain_guard.errors import ScoringError
 from abstain_guard.scorers._base import Scorer, ScorerState
 
-__all__ = ["MeanTokenEntropyScorer"]
-
 
 def _top_logprob_entropy(entry: Any, i: int) -> float:
     tops = entry.get("top_logprobs") if isinstance(entry, Mapping) else None

@@ -15,8 +15,6 @@ from abstain_guard.scorers._model_access import (
     question_from_prompt,
 )
 
-__all__ = ["PTRUE_PROMPT", "PTrueScorer"]
-
 PTRUE_PROMPT = (
     "Question: {q}\n Possible answer:{a}\n "
     "Is the possible answer:\n (A) True\n (B) False\n The possible answer is:"

@@ -12,8 +12,6 @@ from typing import ClassVar
 from abstain_guard.contract.metadata import ResponseLike
 from abstain_guard.scorers._likelihood import StatelessScorer, token_logprobs
 
-__all__ = ["PerplexityScorer"]
-
 
 class PerplexityScorer(StatelessScorer):
     """Perplexity of the generated answer, paper Eq. (1): ``exp(−(1/N) Σ_t log p_t)``.

@@ -37,18 +37,6 @@ from abstain_guard.scorers._linear_probe import (
     fit_linear_probe,
 )
 
-__all__ = [
-    "HiddenStateProbe",
-    "Layer",
-    "ProbeScorerBase",
-    "Summary",
-    "backend_of",
-    "check_backend",
-    "hidden_features",
-    "labeled_responses",
-    "probe_kind",
-]
-
 Layer = Literal["mid", "upper", "concat"]
 """The residual stream read: the middle layer, the upper one, or both side by side."""
 Summary = Literal["mean", "last"]

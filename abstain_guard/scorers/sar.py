@@ -13,8 +13,6 @@ from abstain_guard.scorers._aux_models import SentenceSimilarity
 from abstain_guard.scorers._model_access import prompt_and_answer_ids, question_from_prompt
 from abstain_guard.scorers._sampling import SampleSource, SamplingScorer
 
-__all__ = ["SARScorer", "sar", "token_sar"]
-
 
 def token_sar(logprobs: np.ndarray, token_similarity: np.ndarray) -> float:
     """tokenSAR of one answer: ``Σ_t −log p_t · R_t / Σ_j R_j`` with ``R_t = 1 − sim_t``.

@@ -22,13 +22,6 @@ from abstain_guard.scorers._aux_models import (
 from abstain_guard.scorers._model_access import prompt_and_answer_ids, question_from_prompt
 from abstain_guard.scorers._sampling import Sample, SampleSource, SamplingScorer
 
-__all__ = [
-    "SIMILARITY_THRESHOLD",
-    "SemanticEntropyScorer",
-    "greedy_semantic_classes",
-    "semantic_entropy",
-]
-
 SIMILARITY_THRESHOLD = 0.8
 """Cosine similarity at which ``judge="similarity"`` calls two sampled answers equivalent."""
 

@@ -22,8 +22,6 @@ from abstain_guard.scorers._blackbox_sampling import (
     read_samples,
 )
 
-__all__ = ["CONFIDENCE_PROMPT", "VerbalizedConfidenceScorer", "parse_verbalized_confidence"]
-
 CONFIDENCE_PROMPT = (
     "How confident are you that your answer above is correct? Reply with only a number "
     "from 0 (certainly wrong) to 100 (certainly correct)."

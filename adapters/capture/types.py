@@ -10,6 +10,8 @@ import numpy as np
 
 from abstain_guard.errors import InsufficientDataError, InvalidInputError
 
+from .geometry import phi_from_states
+
 
 @dataclass
 class TokenStates:
@@ -87,6 +89,15 @@ class ReferenceMeans:
     def hidden_size(self) -> int:
         """D."""
         return int(self.post_attn_in.shape[1])
+
+    def phi(self, states: TokenStates) -> tuple[np.ndarray, np.ndarray]:
+        """Φ^in and Φ^out ``[N, 2L-1]`` (float64) of ``states`` against these means
+        (:func:`.geometry.phi_from_states`): what a model prepared with them returns."""
+        pa, pm = states.post_attn, states.post_mlp
+        return (
+            phi_from_states(pa, pm, self.post_attn_in, self.post_mlp_in),
+            phi_from_states(pa, pm, self.post_attn_out, self.post_mlp_out),
+        )
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """The four arrays by name (for ``np.savez``)."""

@@ -27,7 +27,6 @@ import time
 import numpy as np
 
 from abstain_guard.adapters import ReplayResult, TokenStates
-from abstain_guard.adapters.capture.geometry import phi_from_states
 from abstain_guard.scorers import PerplexityScorer
 from abstain_guard.scorers.geometry import GeometryScorer
 
@@ -70,16 +69,11 @@ def synthetic(n_responses: int, seed: int) -> list[tuple[ReplayResult, bool]]:
 
 def message_with_phi(scorer: GeometryScorer, replay: ReplayResult) -> dict:
     """The response_metadata a prepared GeometryChatModel would return."""
-    means = scorer.reference_means_
-    st = replay.states
-    assert st is not None
+    assert replay.states is not None
+    phi_in, phi_out = scorer.reference_means_.phi(replay.states)
     meta = json.loads(json.dumps(replay.metadata))
-    meta["geometry"]["phi_in"] = phi_from_states(
-        st.post_attn, st.post_mlp, means.post_attn_in, means.post_mlp_in
-    ).tolist()
-    meta["geometry"]["phi_out"] = phi_from_states(
-        st.post_attn, st.post_mlp, means.post_attn_out, means.post_mlp_out
-    ).tolist()
+    meta["geometry"]["phi_in"] = phi_in.tolist()
+    meta["geometry"]["phi_out"] = phi_out.tolist()
     return meta
 
 

@@ -16,7 +16,6 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from abstain_guard.adapters import ReferenceMeans, TokenStates
-from abstain_guard.adapters.capture.geometry import phi_from_states
 from abstain_guard.contract.metadata import HIDDEN, hidden_summary, probe_layers
 from abstain_guard.errors import CalibrationError
 from abstain_guard.scorers import with_capture
@@ -132,16 +131,18 @@ def reference_responses(
     out = []
     for it in items:
         arrays = _arrays(store, answers[it.id], it.id)
-        post_attn = np.asarray(arrays["post_attn"], dtype=np.float64)
-        post_mlp = np.asarray(arrays["post_mlp"], dtype=np.float64)
+        phi_in, phi_out = means.phi(
+            TokenStates(
+                np.asarray(arrays["post_attn"], dtype=np.float64),
+                np.asarray(arrays["post_mlp"], dtype=np.float64),
+            )
+        )
         geometry = {
             "num_layers": means.num_layers,
             "omega": arrays["omega"],
             "theta": arrays["theta"],
-            "phi_in": phi_from_states(post_attn, post_mlp, means.post_attn_in, means.post_mlp_in),
-            "phi_out": phi_from_states(
-                post_attn, post_mlp, means.post_attn_out, means.post_mlp_out
-            ),
+            "phi_in": phi_in,
+            "phi_out": phi_out,
             HIDDEN: reference_hidden(answers[it.id], arrays),
         }
         out.append({**answers[it.id]["metadata"], "geometry": geometry})

@@ -284,12 +284,7 @@ def test_reference_means_give_phi_online(tiny: GeometryChatModel) -> None:
     assert np.asarray(geo["phi_in"]).shape == np.asarray(geo["omega"]).shape
     res = ref_model.replay("Hi", msg.response_metadata["token_ids"], return_states=True)
     assert res.states is not None
-    want_in = phi_from_states(
-        res.states.post_attn, res.states.post_mlp, means.post_attn_in, means.post_mlp_in
-    )
-    want_out = phi_from_states(
-        res.states.post_attn, res.states.post_mlp, means.post_attn_out, means.post_mlp_out
-    )
+    want_in, want_out = means.phi(res.states)
     np.testing.assert_allclose(np.asarray(geo["phi_in"]), want_in, atol=1e-4)
     np.testing.assert_allclose(np.asarray(geo["phi_out"]), want_out, atol=1e-4)
     assert tiny.invoke("Hi").response_metadata["geometry"]["phi_in"] is None

@@ -12,7 +12,6 @@ from _geometry_fakes import D, K, L, _npz_round_trip, _response, _split
 from sklearn.covariance import OAS, LedoitWolf
 
 from abstain_guard.adapters import ReferenceMeans, ReplayResult, TokenStates
-from abstain_guard.adapters.capture.geometry import phi_from_states
 from abstain_guard.calibration.measure import metrics
 from abstain_guard.calibration.measure.permutation_importance import permutation_importance
 from abstain_guard.errors import (
@@ -138,15 +137,10 @@ def test_single_token_response_scores(fitted_omega) -> None:
 def test_message_with_phi_scores_like_states(fitted_omega) -> None:
     scorer, data = fitted_omega
     replay = data[0][0]
-    means = scorer.reference_means_
-    st = replay.states
+    phi_in, phi_out = scorer.reference_means_.phi(replay.states)
     meta = json.loads(json.dumps(replay.metadata))
-    meta["geometry"]["phi_in"] = phi_from_states(
-        st.post_attn, st.post_mlp, means.post_attn_in, means.post_mlp_in
-    ).tolist()
-    meta["geometry"]["phi_out"] = phi_from_states(
-        st.post_attn, st.post_mlp, means.post_attn_out, means.post_mlp_out
-    ).tolist()
+    meta["geometry"]["phi_in"] = phi_in.tolist()
+    meta["geometry"]["phi_out"] = phi_out.tolist()
     assert scorer.score(meta) == pytest.approx(scorer.score(replay), rel=1e-9)
 
 

@@ -1,25 +1,6 @@
 """``abstain-guard evaluate --live`` for an artifact built by ``calibrate --agent``: run the
-agent as deployed, guarded, on the held-out questions and compare with calibration.
-
-The agent comes from the recorded factory. When the factory takes a ``middleware``
-argument (``factory(model, middleware=[...])``, as in ``examples/country_agent.py``), the
-guard goes in as :class:`~abstain_guard.guard.middleware.AbstentionMiddleware` — exactly the
-deployed agent. Otherwise the unguarded agent runs on the model the middleware would use
-(``scorer.prepare(model)``) and the guard's policy decides on its final answer; the report
-says which (``guarded_by``).
-
-Per question: the live score beside the stored one (the artifact's calibration score; for
-test questions the score of the same agent's cached unguarded run), whether the final
-answer's tokens equal the unguarded run's, the tool steps; overall the live participation
-beside the band, and the realized error among answered (the final answers judged with the
-artifact's judge).
-
-With step gating the middleware decides on every model call, stopping the run before the tool
-calls of the first call whose running maximum crosses τ. Per run the row records each executed
-call's live step score beside the stored one (the same agent's cached run as calibration ran
-it), where the run stopped, the tool calls that ran and how many of them were wrong (rows with
-expected calls), and the run's verdict (:mod:`~..building.run_labels`); the summary adds the
-per-step live = stored check and the realized run error among accepted runs against ε.
+agent as deployed, guarded, on the held-out questions and compare with calibration (how the
+guard goes in and what each row records: docs/agents.md, 'Deploy').
 """
 
 from __future__ import annotations

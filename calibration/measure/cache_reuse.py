@@ -1,19 +1,7 @@
-"""``evaluate`` reads the calibration run's cache (read-only) before generating anything.
-
-Right after ``abstain-guard calibrate --out A``, the calibration run's cache (the
-``cache_dir`` its artifact records, default ``A.cache``) already holds every held-out and train
-answer and its verdict. :func:`evaluate_cache` opens that cache **read-only** below the
-evaluation's own cache (``<out>/cache``): an answer or verdict found there is used, anything
-else is made and written to the evaluation's cache only. The keys are content keys (model
-fingerprint, prompt, generation settings and decode path; question, gold answers and
-prediction for a verdict), so a reused answer is exactly the one evaluation would have
-generated; and the calibration cache's files are never written (no row, no journal file).
-
-The calibration cache is not read (a log line says why, and answers are generated as before)
-when it no longer exists where the artifact recorded it or beside the artifact, when a
-running calibration holds its lock, or when it cannot be opened (damaged, written before
-row checksums). ``--cache-dir`` (an explicit cache, read and written) and
-``--no-reuse-calibration-cache`` turn the reuse off.
+"""``evaluate`` reads the calibration run's cache (read-only) before generating anything:
+:func:`evaluate_cache` layers it below the evaluation's own cache, so a held-out or train
+answer and its verdict are reused, never written there. When it is used and when skipped:
+docs/configuration.md, '`evaluate` reuses the calibration cache (read-only)'.
 """
 
 from __future__ import annotations

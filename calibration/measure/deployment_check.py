@@ -1,14 +1,6 @@
 """``abstain-guard evaluate --live``: run the guard exactly as deployed on the artifact's
-held-out questions and compare with what calibration stored.
-
-For every held-out question (the artifact's stored calibration and test ids) the guard chain
-from :func:`~abstain_guard.guard.chains.load_guard_chain` — the recorded prompt,
-token budget and decoding, one question per call — generates, scores and decides. The
-report gives, per question, the live score beside the stored score (the artifact's
-calibration score, or for test questions the score of the cached answer replayed as
-calibration does) and whether the live tokens equal the cached ones; and overall the live
-participation beside the guaranteed band, and the accuracy of the answered questions (the
-live answers judged with the artifact's judge).
+held-out questions and compare with what calibration stored (what is compared:
+docs/results.md, 'The deployment check').
 """
 
 from __future__ import annotations
@@ -150,28 +142,16 @@ def live_check(
     reuse_calibration_cache: bool = True,
     concurrency: int = 1,
 ) -> dict[str, Any]:
-    """Run the deployed guard chain on the artifact's held-out questions.
+    """Run the deployed guard chain on the artifact's held-out questions:
+    ``{"summary": ..., "rows": [...], "guarantee": ...}``, also written to ``out/live.json``.
 
-    Args:
-        artifact_path: the artifact directory.
-        guard_config: the :class:`GuardConfig` to deploy with (default participation 0.8).
-        model: an already loaded chat model (else loaded from the artifact's config).
-        out: if given, ``live.json`` is written there.
-        limit: only the first N of those questions (calibration ones first).
-        split: ``"held_out"`` (calibration and test questions), ``"calibration"`` or
-            ``"test"`` (never used for the threshold: the realized error among answered
-            there is an out-of-sample check of a risk target).
-        judges: judges per question kind (default: the artifact's judge, cached).
-        progress: progress bar.
-        cache_dir: where the cached answers and verdicts live, read and written (default
-            ``<out>/cache``, or a temporary directory without ``out``).
-        reuse_calibration_cache: without ``cache_dir``, also read the answers and verdicts
-            of the artifact's calibration cache, read-only (:mod:`.cache_reuse`; never
-            written).
-        concurrency: guarded calls in flight at once (a chain question at a time: 1).
-
-    Returns:
-        ``{"summary": ..., "rows": [...], "guarantee": ...}``.
+    ``guard_config`` defaults to participation 0.8; ``limit`` keeps the first N questions
+    (calibration ones first); ``split`` is ``"held_out"`` (calibration and test),
+    ``"calibration"`` or ``"test"`` (never used for the threshold: the realized error among
+    answered there is an out-of-sample check of a risk target). Answers and verdicts are
+    cached in ``cache_dir`` (default ``<out>/cache``, or a temporary directory without
+    ``out``); without it, ``reuse_calibration_cache`` also reads the artifact's calibration
+    cache, read-only (:mod:`.cache_reuse`). ``concurrency``: guarded calls in flight at once.
     """
     artifact = GuardArtifact.load(artifact_path)
     _refuse_recalibrated(artifact, artifact_path)

@@ -73,15 +73,12 @@ class EvaluateOptions:
     Attributes:
         baselines: "likelihood" (default), "all", "none", or a comma list
             (:func:`parse_baselines`).
-        n_resplits: random calibration/test resplits for the participation curves.
         num_samples: K for the sampling baselines.
         importance_repeats: permutations per feature family (geometry scorer).
-        seed: resplit seed.
         cache_dir: where answers and verdicts are cached, read and written (default
             ``<out>/cache``). Nothing is written elsewhere.
-        reuse_calibration_cache: without ``cache_dir``, also read the answers and verdicts
-            of the artifact's calibration cache, read-only (:mod:`.cache_reuse`); a cache
-            that is gone or cannot be read is skipped with a log line.
+        reuse_calibration_cache: without ``cache_dir``, also read the artifact's
+            calibration cache, read-only (:mod:`.cache_reuse`).
     """
 
     baselines: str | Sequence[str] = "likelihood"
@@ -208,20 +205,10 @@ def evaluate(
     model: Any = None,
     judges: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Evaluate one or more artifacts and write ``results.json``, plots and ``report.md``.
-
-    Args:
-        artifact: an artifact directory, or several (one data set each, one report).
-        out: the report directory.
-        source: the questions: the artifact's own held-out splits (default) or another file.
-        options: the baselines, the resplit simulation and the cache.
-        progress: progress bars.
-        model: an already loaded chat model to reuse.
-        judges: judges per question kind (default: the artifact's judge, cached).
-
-    Returns:
-        The results document (also written to ``out/results.json``), with a ``headline``
-        entry: AUROC per data set and scorer.
+    """Evaluate one or more artifacts (one data set each, one report) and write
+    ``results.json``, plots and ``report.md`` to ``out``; returns the results document, with
+    a ``headline`` entry: AUROC per data set and scorer. ``source`` defaults to the
+    artifact's own held-out splits, ``judges`` (per question kind) to the artifact's judge.
     """
     source = source or HeldOutSource()
     paths = [artifact] if isinstance(artifact, (str, Path)) else list(artifact)

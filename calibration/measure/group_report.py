@@ -1,14 +1,7 @@
 """``evaluate``'s per-group table: what the pooled rule and the per-group rule do to each
 group of held-out questions (participation, and error among answered), with Wilson
-intervals.
-
-Each held-out answer is decided by rules calibrated on the *other* answers (K-fold
-cross-fitting, :func:`cross_fitted_groups`): every answer is a test answer once, and no rule
-ever decides an answer it was calibrated on. The rules are the guard's own
-(:func:`abstain_guard.guarantee.decision.decision_rule` pooled,
-:func:`abstain_guard.guarantee.groups.group_rules` per group, ``group_fallback="abstain"``: a group
-that gets no rule of its own abstains). The Wilson intervals treat the K folds' decisions as
-independent draws, which they are only approximately (the folds' rules share calibration answers).
+intervals, each answer decided by rules calibrated on the other folds (how: docs/results.md,
+'Per-group tables').
 """
 
 from __future__ import annotations
@@ -38,19 +31,11 @@ def cross_fitted_groups(
     folds: int = 5,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Pooled vs per-group rule, per group, each answer decided by rules calibrated on the
-    other ``folds − 1`` folds.
-
-    Args:
-        scores: uncertainty scores ``[n]``.
-        correct: labels ``[n]``.
-        groups: group names ``[n]``.
-        config: the target (``group_by`` may be unset; it is set here).
-
-    Returns:
-        ``{"pooled": group_rates, "per_group": group_rates, "rule_kinds": {group: [kind per
-        fold]}, "folds", "seed", "target", "mode"}``
-        (:func:`abstain_guard.guarantee.groups.group_rates`).
+    """Pooled vs per-group rule, per group of ``groups [n]``, each of the ``scores [n]`` /
+    ``correct [n]`` answers decided by rules calibrated on the other ``folds − 1`` folds at
+    ``config``'s target (its ``group_by`` is set here): ``{"pooled": group_rates,
+    "per_group": group_rates, "rule_kinds": {group: [kind per fold]}, "folds", "seed",
+    "target", "mode"}`` (:func:`abstain_guard.guarantee.groups.group_rates`).
     """
     s = np.asarray(scores, dtype=np.float64)
     j = np.asarray(correct).astype(bool)

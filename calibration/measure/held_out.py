@@ -1,15 +1,8 @@
 """The held-out answers ``abstain-guard evaluate`` measures (:func:`collect_held_out`):
-answered, judged and replayed as the deployed guard scores them.
-
-Which answers:
-
-* without ``data``: the artifact's own run — its calibration and test splits (never used to
-  fit the scorer); by default their answers and verdicts are read from the calibration run's
-  cache, read-only (:mod:`.cache_reuse`: evaluating right after calibrating generates nothing
-  calibration already generated; new entries go to the evaluation's cache only);
-* with ``data``: another labeled file, answered by the same model and judged with the
-  artifact's judge (choice and math questions with the choice / numeric judges). It is never
-  used for fitting.
+answered, judged and replayed as the deployed guard scores them. Without ``data`` they are
+the artifact's own calibration and test splits (never used to fit the scorer); with
+``data``, another labeled file answered by the same model and judged with the artifact's
+judge (choice and math questions with the choice / numeric judges).
 """
 
 from __future__ import annotations
@@ -110,8 +103,6 @@ def artifact_items(artifact: Any) -> tuple[str, list[QAItem], list[QAItem]]:
 
 def artifact_splits(artifact: Any) -> tuple[str, list[QAItem], dict[str, list[QAItem]]]:
     """``(data set name, held-out items, every split)`` of the artifact's own run.
-
-    The held-out items are exactly the artifact's stored ``calibration_ids`` + ``test_ids``.
 
     Raises:
         DatasetError: the data no longer holds those questions, or its content changed

@@ -1,9 +1,6 @@
 """The paper's hypothesis checks (Figure 8) on the answers' geometry, and the layout of a
-permutation-importance result (Figure 9).
-
-Per response, ``Ω⊙Θ`` and ``Φ^in−Φ^out`` are averaged over its tokens; correct and incorrect
-responses are then compared per layer and after averaging over layers (Mann–Whitney tests with
-Benjamini–Hochberg q-values). Pure numpy/scipy on already computed geometry; no model runs.
+permutation-importance result (Figure 9); the tests: docs/results.md, 'The paper's
+hypothesis checks'. Pure numpy/scipy on already computed geometry; no model runs.
 """
 
 from __future__ import annotations
@@ -188,29 +185,12 @@ def hypothesis_checks(
     correct: ArrayLike,
     significance: float = 0.05,
 ) -> dict[str, Any]:
-    """The paper's hypothesis validation (Figure 8) on responses' geometry.
-
-    For each response, ``Ω⊙Θ`` and ``Φ^in−Φ^out`` (``[tokens, 2L−1]``, interleaved
-    dir¹, prop¹, …, dir^L) are averaged over its tokens, giving ``[2L−1]`` per response;
-    those are compared between correct and incorrect responses per layer index (means, SEMs,
-    two-sided Mann–Whitney p-values with Benjamini–Hochberg q-values) and, as in the paper,
-    after also averaging over layers (one number per response; Mann–Whitney p-value and
-    ``P(correct > incorrect)``).
-
-    Hypothesis 1 (knowledge interaction): correct responses have larger ``Ω⊙Θ``.
-    Hypothesis 2 (anisotropy): correct responses have smaller ``Φ^in−Φ^out`` (closer to the
-    in-distribution mean). ``supported`` = the layer-averaged means differ in the expected
-    direction with p < ``significance``.
-
-    Args:
-        geometries: one ``response_metadata["geometry"]`` dict per response (``None`` for a
-            response without geometry: left out, counted in ``n_without_tokens``).
-        correct: ``[n]`` 0/1 labels.
-
-    Returns:
-        ``{"num_layers", "n", "n_without_tokens", "knowledge_interaction": {...},
-        "relative_angular_distance": {...} | None, "n_without_phi"}``; the second is ``None``
-        when no response carries Φ (reference means not fitted).
+    """The paper's hypothesis validation (Figure 8) on one ``response_metadata["geometry"]``
+    dict per response (``None`` for a response without geometry: left out, counted in
+    ``n_without_tokens``) and 0/1 labels ``correct [n]``: ``{"num_layers", "n",
+    "n_without_tokens", "knowledge_interaction": {...}, "relative_angular_distance": {...} |
+    None, "n_without_phi"}``, the second ``None`` when no response carries Φ (reference
+    means not fitted). What is compared: docs/results.md, 'The paper's hypothesis checks'.
 
     Raises:
         InvalidInputError: malformed geometry dicts, length mismatch.

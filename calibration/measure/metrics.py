@@ -46,9 +46,6 @@ def _finite_ranks(arr: NDArray[np.float64]) -> NDArray[np.float64]:
 def auroc(uncertainty: ArrayLike, correct: ArrayLike) -> float:
     """AUROC of ``uncertainty [n]`` for detecting incorrect answers (``correct [n]``).
 
-    Equivalently the AUROC of the confidence ``−uncertainty`` for recognising correct
-    answers. 0.5 = chance, 1.0 = every incorrect answer more uncertain than every correct one.
-
     Raises:
         InvalidInputError: NaN scores, non-binary labels, length mismatch.
         InsufficientDataError: empty input or only one class.
@@ -64,12 +61,9 @@ def auprc(
     correct: ArrayLike,
     positive: Literal["correct", "incorrect"] = "correct",
 ) -> float:
-    """Area under the precision–recall curve (average precision) of ``uncertainty [n]``.
-
-    ``positive="correct"`` (default, the paper's Table 1): positive class = correct answer,
-    ranked by the confidence ``−uncertainty``; chance level = accuracy.
-    ``positive="incorrect"``: positive class = incorrect answer, ranked by ``uncertainty``;
-    chance level = error rate.
+    """Area under the precision–recall curve (average precision) of ``uncertainty [n]``:
+    ``positive="correct"`` (the paper's Table 1) ranks correct answers by ``−uncertainty``,
+    ``"incorrect"`` ranks incorrect answers by ``uncertainty``.
 
     Raises:
         InvalidInputError: NaN scores, non-binary labels, length mismatch, unknown ``positive``.
@@ -100,19 +94,12 @@ def _check_quality(quality: ArrayLike, n: int) -> NDArray[np.float64]:
 def rejection_curve(
     uncertainty: ArrayLike, quality: ArrayLike
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """Prediction-rejection curve: mean quality of the answers kept after rejecting the most
-    uncertain ones.
-
-    Args:
-        uncertainty: ``[n]`` scores, higher = more uncertain (rejected first).
-        quality: ``[n]`` quality of each answer (0/1 correctness or a graded score).
-
-    Returns:
-        ``(rejection_rate [n], mean_quality [n])``: for ``k = n, n−1, …, 1`` answers kept,
-        ``rejection_rate = 1 − k/n`` (0 … (n−1)/n) and the mean quality of the ``k`` least
-        uncertain answers. Ties in ``uncertainty`` are resolved by their expectation over
-        random tie-breaking (the kept quality within a tied block grows linearly), so the
-        curve does not depend on the input order.
+    """Prediction-rejection curve of ``uncertainty [n]`` (rejected first) and ``quality [n]``
+    (0/1 correctness or a graded score): ``(rejection_rate [n], mean_quality [n])``, for
+    ``k = n, n−1, …, 1`` answers kept ``rejection_rate = 1 − k/n`` and the mean quality of the
+    ``k`` least uncertain answers. Ties in ``uncertainty`` are resolved by their expectation
+    over random tie-breaking (the kept quality within a tied block grows linearly), so the
+    curve does not depend on the input order.
     """
     u = _uncertainty(uncertainty)
     q = _check_quality(quality, u.size)
@@ -154,11 +141,6 @@ def prr(uncertainty: ArrayLike, quality: ArrayLike, max_rejection: float = 1.0) 
     (``uncertainty = −quality``); ``A_random`` its exact expectation under a random ordering,
     which is the mean quality at every rejection rate (lm-polygraph estimates it by
     shuffling; the expectation removes that Monte-Carlo noise). 1 = oracle, 0 = chance.
-
-    Args:
-        uncertainty: ``[n]``, higher = more uncertain.
-        quality: ``[n]``, higher = better (0/1 correctness or a graded score).
-        max_rejection: the largest fraction rejected (1.0 = the whole curve).
 
     Raises:
         InvalidInputError: NaN, length mismatch, non-finite quality.
@@ -284,23 +266,11 @@ def bootstrap_draws(
     """The bootstrap distribution of ranking metrics: ``metric → [n_boot]`` values, NaN for a
     resample with a single class (possible only with ``stratified=False``).
 
-    Each resample draws ``n`` (score, label) pairs with replacement. ``stratified=True``
-    (default) draws the ``n_c`` correct and the ``n_i`` incorrect answers separately, so every
-    resample keeps the observed class counts: no resample is lost to a single class, and
-    with a small minority class (5 correct answers of 100) the interval does not mix in
-    resamples with 1 or 12 correct ones — it describes the uncertainty at the sample's own
-    class balance, which is what AUROC conditions on. Resample ``r`` is a function of row
-    ``r`` of ``seed``'s uniform stream only (the result does not depend on chunking).
-
-    Args:
-        uncertainty: ``[n]`` scores, higher = more uncertain (``±inf`` allowed).
-        correct: ``[n]`` 0/1 labels.
-        metrics: any of ``"auroc"``, ``"auprc"`` (positive = correct), ``"auprc_incorrect"``,
-            ``"prr"`` (quality = correctness, whole curve), as in this module's functions.
-        n_boot: number ``B`` of resamples.
-        seed: seed or numpy Generator.
-        stratified: resample within each class (see above).
-        nan_policy: ``"raise"`` on NaN scores, or ``"omit"`` to drop those pairs first.
+    Each resample draws ``n`` (score, label) pairs with replacement, with ``stratified``
+    the correct and the incorrect answers separately (why: docs/results.md, 'Ranking metrics
+    and their intervals'). ``"prr"`` takes correctness as quality over the whole curve.
+    Resample ``r`` is a function of row ``r`` of ``seed``'s uniform stream only (the result
+    does not depend on chunking).
 
     Raises:
         InvalidInputError: NaN scores under ``"raise"``, bad labels, ``n_boot < 1``, unknown
@@ -366,7 +336,7 @@ def bootstrap_intervals(
 ) -> dict[str, tuple[float, float]]:
     """Percentile bootstrap intervals ``metric → (low, high)`` of several ranking metrics from
     the same ``n_boot`` resamples; arguments and errors as :func:`bootstrap_draws` and
-    :func:`percentile_interval`. ~0.1 s for ``n = 500``, ``B = 2000``, all four metrics."""
+    :func:`percentile_interval`."""
     if not 0.0 < confidence < 1.0:
         raise InvalidInputError(f"confidence must be in (0, 1), got {confidence}.")
     draws = bootstrap_draws(
@@ -391,18 +361,8 @@ def auroc_interval(
     stratified: bool = True,
     nan_policy: Literal["raise", "omit"] = "raise",
 ) -> tuple[float, float]:
-    """95 % (by default) percentile bootstrap interval ``(low, high)`` of :func:`auroc`.
-
-    Resamples the (score, label) pairs with replacement ``n_boot`` times, stratified by class
-    by default (correct and incorrect answers resampled separately, keeping their counts; see
-    :func:`bootstrap_draws` for why), and takes the percentiles of the resampled AUROCs.
-
-    Args:
-        uncertainty: ``[n]`` scores, higher = more uncertain.
-        correct: ``[n]`` 0/1 labels.
-        n_boot: resamples ``B``; confidence: interval level; seed: seed or Generator;
-        stratified: resample within class; nan_policy: ``"raise"`` or ``"omit"`` NaN scores.
-    """
+    """95 % (by default) percentile bootstrap interval ``(low, high)`` of :func:`auroc`;
+    arguments as :func:`bootstrap_intervals`."""
     return bootstrap_intervals(
         uncertainty,
         correct,

@@ -33,17 +33,10 @@ NO_DIFFERENCE = f"not significant after Holm at family-wise {FAMILY_ALPHA:g}"
 
 def bootstrap_p_value(diff_draws: ArrayLike) -> float:
     """Two-sided paired-bootstrap p-value of ``H0: difference = 0`` from the bootstrap draws
-    of the difference (reference − other, the same resamples for both scorers — the draws
-    whose percentiles make the reported interval).
-
-    With ``B`` finite draws, ``k_le`` of them ≤ 0 and ``k_ge`` of them ≥ 0::
-
-        p = min(1, 2 · min((k_le + 1) / (B + 1), (k_ge + 1) / (B + 1)))
-
-    It inverts the percentile interval: the ``1 − α`` percentile interval of the same draws
-    excludes 0 (up to the quantile interpolation) exactly when ``p < α``. The ``+1`` counts the
-    observed sample as one draw, so ``p ≥ 2 / (B + 1)``: never 0 from finitely many draws.
-    Identical scorers (every draw 0) give ``p = 1``. NaN when no draw is finite.
+    of the difference (reference − other, the same resamples for both scorers):
+    ``min(1, 2·min((k_le + 1)/(B + 1), (k_ge + 1)/(B + 1)))`` over the ``B`` finite draws,
+    NaN when none is (why it inverts the percentile interval: docs/results.md, 'Paired
+    comparisons').
     """
     d = np.asarray(diff_draws, dtype=np.float64)
     d = d[np.isfinite(d)]
@@ -63,11 +56,7 @@ def delong_components(scores: ArrayLike, correct: ArrayLike) -> tuple[np.ndarray
     with ``m`` correct and ``q`` wrong answers and ``z = -score``, each correct answer's
     structural component is the share of wrong answers it outranks (ties count ½), each
     wrong answer's the share of correct answers that outrank it; the covariance is
-    ``cov(V10)/m + cov(V01)/q``.
-
-    Args:
-        scores: ``[k, n]`` uncertainty scores (one row per scorer).
-        correct: ``[n]`` labels with both classes.
+    ``cov(V10)/m + cov(V01)/q``. ``scores`` is ``[k, n]``, one row per scorer.
     """
     z = -np.atleast_2d(np.asarray(scores, dtype=np.float64))
     y = np.asarray(correct, dtype=bool)
@@ -141,8 +130,8 @@ def holm_adjust(p_values: Sequence[float]) -> list[float]:
 
 def verdict(diff: float, holm_p: float, alpha: float = FAMILY_ALPHA) -> str:
     """``"reference better"`` / ``"baseline better"`` when the Holm-adjusted p-value is at most
-    ``alpha`` (the sign of reference − baseline decides which), else ``"no difference at
-    family-wise 0.05"`` (also for a NaN p-value)."""
+    ``alpha`` (the sign of reference − baseline decides which), else ``"not significant
+    after Holm at family-wise <alpha>"`` (also for a NaN p-value)."""
     if not np.isfinite(holm_p) or holm_p > alpha or diff == 0:
         return f"not significant after Holm at family-wise {alpha:g}"
     return "reference better" if diff > 0 else "baseline better"
@@ -279,28 +268,12 @@ def paired_report(
     risk_target: float = 0.35,
     delta: float = 0.1,
 ) -> dict[str, Any]:
-    """Paired differences against ``reference`` and per-scorer selective/certified numbers.
-
-    Each difference carries its two-sided paired DeLong p-value (:func:`delong_difference`;
-    within type, the per-type variances added) and, for reference, the paired-bootstrap one
-    (:func:`bootstrap_p_value`, on the same draws as its interval); these are unadjusted —
-    :func:`adjust_family` adds the Holm-adjusted ones across a report's sets.
-
-    Args:
-        scores_by_scorer: scorer → ``[n]`` uncertainty scores of the same held-out answers.
-        correct: ``[n]`` labels.
-        reference: the scorer every other one is compared with.
-        groups: ``[n]`` question types (None entries: no type), or None.
-        calibration: ``[n]`` booleans marking the calibration-split answers (the certified
-            numbers use only them); None: no certified numbers.
-        n_boot, seed: the paired bootstrap.
-        risk_target, delta: the (ε, δ) whose certified participation is reported.
-
-    Returns:
-        ``{"reference", "n_correct", "n_incorrect", "n_groups_used", "scorers": {name:
-        {"auroc", "within_auroc", "selective", "certified", "auroc_diff", "auroc_diff_ci",
-        "auroc_diff_p", "within_diff", "within_diff_ci", "within_diff_p"}}}`` (differences are
-        reference − scorer; absent for the reference itself).
+    """Paired differences against ``reference`` and per-scorer selective/certified numbers of
+    scorer → ``[n]`` uncertainty scores of the same held-out answers, labels ``correct [n]``
+    and question types ``groups [n]`` (None entries: no type). The certified numbers, at
+    ``(risk_target, delta)``, use only the answers ``calibration [n]`` marks (None: none).
+    The p-values are unadjusted; :func:`adjust_family` adds the Holm-adjusted ones across a
+    report's sets. What each key holds: docs/results.md, 'Paired comparisons'.
     """
     y = np.asarray(correct, dtype=np.int64)
     g = None if groups is None else np.asarray(groups, dtype=object)

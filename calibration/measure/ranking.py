@@ -72,14 +72,10 @@ def _within_group(
     confidence: float = 0.95,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Within-type AUROC of scores ``s [n]``, labels ``y [n]``, question types ``groups [n]``.
-
-    With ``n_boot > 0`` each used group gets ``auroc_ci`` and the plain mean ``mean_auroc_ci``:
-    every bootstrap resample resamples the correct and the incorrect answers *within each
-    group* (group sizes and class counts kept), the mean over groups is taken per resample, and
-    its percentiles form the interval. Groups are resampled in sorted order from one
-    Generator seeded with ``seed``.
-    """
+    """Within-type AUROC of scores ``s [n]``, labels ``y [n]``, question types ``groups [n]``
+    (the bootstrap of ``mean_auroc_ci``: docs/results.md, 'Ranking metrics and their
+    intervals'). Groups are resampled in sorted order from one Generator seeded with
+    ``seed``."""
     per_group: dict[str, dict[str, Any]] = {}
     draws: list[NDArray[np.float64]] = []
     rng = np.random.default_rng(seed)
@@ -134,35 +130,13 @@ def scorer_table(
     confidence: float = 0.95,
     seed: int = 0,
 ) -> dict[str, dict[str, Any]]:
-    """Ranking metrics of every scorer on the same labeled responses.
-
-    Args:
-        scores_by_scorer: scorer name → ``[n]`` uncertainty scores.
-        correct: ``[n]`` 0/1 labels.
-        groups: optional ``[n]`` question type of each response (the probe's relation, any
-            ``--group-by`` field). Then each scorer's entry also has ``within_group``: AUROC
-            inside every group that has both classes (one-class groups listed in
-            ``skipped_groups`` with the reason), their plain ``mean_auroc`` (the within-type
-            figure) with its interval ``mean_auroc_ci``, the size-weighted mean (no interval),
-            and ``n_correct`` / ``n_incorrect`` of the groups used.
-        nan_policy: ``"raise"`` on NaN scores, or ``"omit"`` to drop those responses for that
-            scorer (the entry's ``n_omitted`` says how many); under ``"omit"`` a scorer left
-            with too little data (e.g. all NaN, or one class) gets ``{"n", "n_omitted",
-            "error"}`` instead of metrics.
-        n_boot: bootstrap resamples for the intervals (0: no intervals).
-        confidence: interval level.
-        seed: bootstrap seed. Scorers with the same responses get the same resamples (a
-            paired bootstrap), so their intervals move together.
-
-    Returns:
-        scorer → ``{"auroc", "auprc", "auprc_incorrect", "prr", "n", "n_omitted",
-        "n_correct", "n_incorrect", "accuracy"}``, with ``n_boot > 0`` also
-        ``"auroc_ci"``, ``"auprc_ci"``, ``"auprc_incorrect_ci"``, ``"prr_ci"``: ``[low, high]``
-        percentile bootstrap intervals, class-stratified (see
-        :func:`abstain_guard.calibration.measure.metrics.bootstrap_draws`);
-        + ``"within_group"`` when ``groups`` is given (with ``mean_auroc_ci``, see
-        :func:`_within_group`).
-    """
+    """Ranking metrics of every scorer (name → ``[n]`` uncertainty scores) on the same 0/1
+    labels ``correct [n]``, with ``n_boot`` bootstrap resamples for the intervals (0: none)
+    and, given ``groups [n]`` (question types), the within-type AUROC. Under
+    ``nan_policy="omit"`` a scorer's NaN responses are dropped, and a scorer left with too
+    little data gets ``{"n", "n_omitted", "error"}`` instead of metrics. Scorers with the same
+    responses get the same resamples (a paired bootstrap). The keys of each scorer's entry:
+    docs/results.md, 'Ranking metrics and their intervals'."""
     check_nan_policy(nan_policy)
     if int(n_boot) < 0:
         raise InvalidInputError(f"n_boot must be 0 (no intervals) or more, got {n_boot}.")

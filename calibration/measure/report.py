@@ -348,13 +348,8 @@ def write_report(
 ) -> Path:
     """Write ``results.json``, the PNG plots, ``report.md`` (which embeds them) and
     ``headline.md`` (:func:`headline_markdown`, the same block as the top of ``report.md``)
-    into ``out_dir`` (created if needed); return the path of ``report.md``.
-
-    Args:
-        results: the results document (:func:`.results.build_results`).
-        out_dir: output directory.
-        title: the report's heading.
-        commands: shell commands that produced the results, listed in the report.
+    into ``out_dir`` (created if needed); return the path of ``report.md``. ``commands``:
+    the shell commands that produced the results, listed in the report.
     """
     datasets = check_results(results)
     out = Path(out_dir)

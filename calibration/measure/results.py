@@ -34,16 +34,9 @@ SCHEMA_VERSION = 1
 
 @dataclass(frozen=True)
 class MeasureSettings:
-    """How every scorer of a data set is measured.
-
-    Attributes:
-        levels, n_resplits, calibration_fraction, seed: the resplit simulation
-            (:func:`.simulation.resplit_simulation`; ``seed`` also seeds the bootstrap).
-        nan_policy: see :func:`.ranking.scorer_table`.
-        n_boot, confidence: bootstrap intervals of the ranking metrics (``n_boot=0``: none);
-            see :func:`.ranking.scorer_table`.
-        progress: show a tqdm bar over scorers.
-    """
+    """How every scorer of a data set is measured: the resplit simulation's settings
+    (:func:`.simulation.resplit_simulation`; ``seed`` also seeds the bootstrap) and
+    :func:`.ranking.scorer_table`'s (``n_boot=0``: no intervals)."""
 
     levels: Sequence[float] = DEFAULT_LEVELS
     n_resplits: int = 1000
@@ -112,28 +105,15 @@ def evaluate_dataset(
     calibrated_scores_by_scorer: Mapping[str, ArrayLike] | None = None,
     settings: MeasureSettings = MeasureSettings(),
 ) -> dict[str, Any]:
-    """Everything the report shows for one data set, as a JSON-ready dict.
-
-    Args:
-        name: the data set's name (a key of ``results["datasets"]``).
-        scores_by_scorer: scorer → ``[n]`` uncertainty scores of the *test* responses.
-        correct: ``[n]`` 0/1 labels of those responses.
-        groups: optional ``[n]`` question types → within-type AUROC.
-        geometries: optional ``[n]`` geometry dicts → hypothesis checks (Figure 8).
-        importance: optional permutation importance (Figure 9), see :func:`validate_importance`.
-        calibrated_scores_by_scorer: optional scores of the calibrated baselines (appendix
-            tables), evaluated exactly like the raw scorers.
-        settings: the resplit simulation, the bootstrap and the NaN policy.
-
-    Returns:
-        ``{"name", "n", "n_correct", "n_incorrect", "accuracy", "levels", "bootstrap",
-        "scorers": {scorer: {"auroc", "auroc_ci", "auprc", "auprc_ci", "auprc_incorrect",
-        "auprc_incorrect_ci", "prr", "prr_ci", "n", "n_omitted", "n_correct", "n_incorrect",
-        "accuracy", "participation": {level_key: {...}}, "resplit": {...}}},
-        "calibrated_scorers": {...} | None, "within_group": {scorer: {...}} | None,
-        "n_groups": int | None, "hypothesis": {...} | None, "importance": {...} | None}``.
-        ``bootstrap`` records how the intervals were made (``None`` when ``n_boot=0``).
-        Participation summaries are described in :func:`resplit_simulation`.
+    """Everything the report shows for one data set, as a JSON-ready dict: every scorer's
+    :func:`.ranking.scorer_table` entry (scorer → ``[n]`` uncertainty scores of the *test*
+    responses, 0/1 labels ``correct [n]``) with its resplit simulation under
+    ``"participation"`` (per level) and ``"resplit"``; with ``groups [n]`` the within-type
+    AUROC under ``"within_group"``, with ``geometries [n]`` the hypothesis checks (Figure
+    8), with ``importance`` the permutation importance (Figure 9, :func:`validate_importance`)
+    and with ``calibrated_scores_by_scorer`` the calibrated baselines (appendix tables),
+    measured like the raw scorers; ``"bootstrap"`` records how the intervals were made
+    (``None`` when ``n_boot=0``).
     """
     check_nan_policy(settings.nan_policy)
     y = check_labels(correct)

@@ -157,18 +157,11 @@ def resplit_arrays(
     seed: int | np.random.Generator = 0,
     chunk_size: int | None = None,
 ) -> ResplitArrays:
-    """Run the resplit simulation and return the per-resplit arrays (see :class:`ResplitArrays`).
-
-    Args:
-        scores: ``[n]`` uncertainty scores (higher = more uncertain; ``+inf`` allowed).
-        correct: ``[n]`` 0/1 correctness labels.
-        levels: participation targets ``1−α`` in (0, 1).
-        n_resplits: number ``R`` of random calibration/test splits.
-        calibration_fraction: share of the ``n`` responses in the calibration half
-            (``n_cal = round(fraction·n)``).
-        seed: seed or numpy Generator for the splits (see :func:`resplit_permutations`).
-        chunk_size: resplits processed at once (default: as many as keep the ``[B, n, levels]``
-            boolean temporaries under ~8 M elements); does not change the result.
+    """The per-resplit arrays of the simulation on ``scores [n]`` (higher = more uncertain;
+    ``+inf`` allowed) and 0/1 ``correct [n]``, for participation targets ``levels`` (1−α);
+    the calibration half holds ``round(calibration_fraction·n)`` responses. ``chunk_size``
+    resplits are processed at once (default: as many as keep the ``[B, n, levels]`` boolean
+    temporaries under ~8 M elements); it does not change the result.
 
     Raises:
         InvalidInputError: NaN scores, bad labels or levels, ``n_resplits < 1``.
@@ -208,36 +201,10 @@ def resplit_simulation(
     seed: int | np.random.Generator = 0,
     chunk_size: int | None = None,
 ) -> dict[str, Any]:
-    """The paper's conformal-abstention experiment, summarised over ``n_resplits`` random
-    calibration/test splits (paper Figures 2 and 7).
-
-    Args: as :func:`resplit_arrays`.
-
-    Returns:
-        ``{"n", "n_calibration", "n_test", "n_resplits", "calibration_fraction", "seed",
-        "accuracy", "levels": {level_key: summary}}`` where each summary holds:
-
-        - ``target_participation`` (``1−α``) and ``band`` ``[1−α, 1−α+1/(n_cal+1)]`` — the
-          guarantee ``P(answered) ∈ [lo, hi)``;
-        - ``calibration_rank`` ``k`` and ``threshold_infinite`` (``k > n_cal``);
-        - ``expected_participation`` ``k/(n_cal+1)``: the exact expectation over random splits
-          when scores have no ties;
-        - ``empirical_participation`` (mean over resplits of the test-half answered fraction),
-          ``empirical_participation_sd``, ``empirical_participation_se`` (Monte-Carlo standard
-          error of the mean), ``participation_in_band`` (mean in ``[lo, hi)``) and
-          ``participation_in_band_within_3se`` (the same allowing 3 Monte-Carlo standard errors);
-        - ``conditional_correctness`` (mean over resplits that answered at least one test
-          question of the accuracy among answered ones), its ``_sd``, and
-          ``n_resplits_none_answered`` (resplits left out of that mean);
-        - ``paper_bound`` (mean of Eq. 9 from the calibration half), ``paper_bound_sd``,
-          ``one_minus_beta`` (mean);
-        - ``correctness_at_or_above_bound`` (mean correctness ≥ mean bound),
-          ``correctness_minus_bound_mean`` / ``_se`` (paired over resplits),
-          ``correctness_at_or_above_bound_within_3se`` (the gap ≥ −3 Monte-Carlo s.e.) and
-          ``fraction_resplits_at_or_above_bound`` (share of resplits, among those that
-          answered something, whose correctness is ≥ their own bound);
-        - ``mean_answered`` test questions answered per resplit.
-    """
+    """The paper's conformal-abstention experiment (paper Figures 2 and 7), arguments as
+    :func:`resplit_arrays`: ``{"n", "n_calibration", "n_test", "n_resplits",
+    "calibration_fraction", "seed", "accuracy", "levels": {level_key: summary}}``; what each
+    level's summary holds: docs/results.md, 'The conformal resplit simulation'."""
     arr = resplit_arrays(
         scores, correct, levels, n_resplits, calibration_fraction, seed, chunk_size
     )
@@ -256,7 +223,7 @@ def resplit_simulation(
 
 
 def _level_summary(arr: ResplitArrays, j: int) -> dict[str, Any]:
-    """The summary of level ``j`` over the resplits (keys: :func:`resplit_simulation`)."""
+    """The summary of level ``j`` over the resplits."""
     p = float(arr.levels[j])
     n_cal, r = arr.n_calibration, arr.participation.shape[0]
     k = _rank(p, n_cal)

@@ -183,14 +183,8 @@ def results_table_markdown(
 
     The best value of a column (at the shown precision) is bold only when its interval lies
     wholly above chance (:func:`above_chance`); a column whose best interval includes chance
-    has no bold, and values without an interval are never bold.
-
-    Args:
-        results: the results document.
-        metric: ``"auroc"``, ``"auprc"``, ``"auprc_incorrect"``, ``"prr"`` or
-            ``"within_group_auroc"``.
-        digits: decimals shown.
-        calibrated: tabulate ``calibrated_scorers`` instead of ``scorers``.
+    has no bold, and values without an interval are never bold. ``metric`` is a key of
+    :data:`METRIC_LABELS`; ``calibrated`` tabulates ``calibrated_scorers`` instead.
     """
     if metric not in METRIC_LABELS:
         raise InvalidInputError(f"metric must be one of {sorted(METRIC_LABELS)}, got {metric!r}.")

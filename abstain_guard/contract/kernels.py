@@ -22,40 +22,9 @@ FIXED_MKL_BRANCHES = frozenset(
     {"COMPATIBLE", "SSE2", "SSSE3", "SSE4_1", "SSE4_2", "AVX", "AVX2", "AVX512"}
 )
 
-#: Largest |live - stored| of a score between two kernel settings that the library states
-#: where the pair was not measured: ten times the largest move measured so far
-#: (:data:`MEASURED_MOVES`, 1.1e-5).
+#: Largest |live - stored| of a score between two kernel settings that the library states:
+#: ten times the largest move measured (docs/guarantees.md, "On another machine: CPU kernels").
 STATED_TOLERANCE = 1e-4
-
-#: Moves of a ``geometry_plus`` guard's scores (embedded SmolLM2-135M, float32, 24 new
-#: tokens) between kernel settings: max |Δ| over its first calibration answers, with the
-#: command that measures each.
-MEASURED_MOVES: tuple[dict[str, Any], ...] = (
-    {
-        "between": "ATen DEFAULT vs AVX2 (AMD EPYC with AVX2, MKL CNR off)",
-        "max_abs": 3.8e-6,
-        "answers": 8,
-        "command": "bench/speed/kernel_settings.py (aten_default vs portable)",
-    },
-    {
-        "between": "MKL CNR off vs MKL_CBWR=AVX2, which runs AUTO on AMD EPYC with AVX2",
-        "max_abs": 2.8e-6,
-        "answers": 8,
-        "command": "bench/speed/kernel_settings.py --settings portable,mkl_avx2",
-    },
-    {
-        "between": "MKL CNR off vs COMPATIBLE (AMD EPYC with AVX2)",
-        "max_abs": 2.5e-6,
-        "answers": 8,
-        "command": "bench/speed/kernel_settings.py (mkl_compatible vs portable)",
-    },
-    {
-        "between": "AMD EPYC with AVX-512 vs AMD EPYC with AVX2 (nothing forced)",
-        "max_abs": 1.07e-5,
-        "answers": 8,
-        "command": "tests/integration/artifact/test_shipped_artifact.py on both machines",
-    },
-)
 
 
 def bit_deciding(facts: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -117,13 +86,12 @@ def kernel_note(
     """The warning a guard gives once (and records in every decision) when the response's
     kernels differ from calibration's."""
     near = near_threshold(scores, threshold, STATED_TOLERANCE)
-    largest = max(m["max_abs"] for m in MEASURED_MOVES)
     return (
         "kernels: the response was computed on other CPU kernels than calibration ("
         + "; ".join(differences)
         + f"). Scores may differ from calibration's in their last bits: the library states "
-        f"|live - stored| <= {STATED_TOLERANCE:g} (largest move measured between kernel "
-        f"settings: {largest:.2g}; this pair is not measured). {near} of {len(scores)} "
+        f"|live - stored| <= {STATED_TOLERANCE:g} (ten times the largest move measured between "
+        f"kernel settings; this pair is not measured). {near} of {len(scores)} "
         f"calibration scores lie within {STATED_TOLERANCE:g} of the threshold "
         f"{threshold:.6g}: only such decisions could flip. Run `abstain-guard evaluate "
         "--live` on this machine to measure the move, or calibrate here."

@@ -16,16 +16,8 @@ A scorer maps one chat-model response to a float, **higher = more uncertain**
 * black-box, text only, on any LangChain chat model: :mod:`.blackbox` (semantic sets and the
   spectral scores of K sampled answers), :mod:`.verbalized_confidence`.
 
-Shared helpers are private modules: ``_base`` (the protocol), ``_registry``, ``_likelihood``,
-``_linear_probe`` (the logistic model the probes and ``geometry_plus`` store as arrays),
-``_features`` (the token inputs of the geometry scorers), ``_calibrator`` (Gaussians and
-XGBoost), ``_model_access`` (scorers that run the model), ``_sampling`` (K samples per
-prompt), ``_aux_models`` (sentence-similarity and NLI models), ``_blackbox_sampling`` (the
-sampling plan and the chat-model wrapper of the black-box scorers), ``_similarity_graph``
-(their formulas). Their public names are exported here; import them from
-:mod:`abstain_guard.scorers`, not from the private module. The pure
-formulas of a method live in its module (``abstain_guard.scorers.sar.token_sar``, ...): a
-module named ``sar`` and a function named ``sar`` cannot share the package's namespace.
+Shared helpers live in private modules (``_base``, ``_registry``, ``_features``, ...); their
+public names are exported here.
 
 ``import abstain_guard.scorers`` loads neither torch, transformers, scikit-learn nor xgboost:
 a scorer module imports them where it fits, runs XGBoost or runs the model, so every stored
@@ -45,22 +37,18 @@ from __future__ import annotations
 
 from abstain_guard.scorers._aux_models import (
     ChatModelEquivalence,
-    EquivalenceJudge,
     NLIEquivalence,
     SentenceSimilarity,
     SimilarityEquivalence,
     default_similarity_model_path,
 )
-from abstain_guard.scorers._base import JSONValue, Scorer, ScorerState
+from abstain_guard.scorers._base import Scorer, ScorerState
 from abstain_guard.scorers._blackbox_sampling import (
-    SampledChatModel,
     SamplingPlan,
     SimilarityModel,
 )
 from abstain_guard.scorers._calibrator import Gaussian, fit_gaussian, response_uncertainty
 from abstain_guard.scorers._features import (
-    FAMILIES,
-    CaptureMode,
     ReferenceInputs,
     TokenBlock,
     family_slices,
@@ -70,10 +58,8 @@ from abstain_guard.scorers._features import (
     token_block,
     with_capture,
 )
-from abstain_guard.scorers._likelihood import token_logprobs
 from abstain_guard.scorers._model_access import ModelScorer, question_from_prompt
 from abstain_guard.scorers._registry import (
-    ScorerSpec,
     build_scorer,
     register_scorer,
     require_answer_route,
@@ -82,7 +68,7 @@ from abstain_guard.scorers._registry import (
     scorer_names,
     scorer_spec,
 )
-from abstain_guard.scorers._sampling import Sample, SampleSource
+from abstain_guard.scorers._sampling import SampleSource
 from abstain_guard.scorers.attention_score import AttentionScoreScorer
 from abstain_guard.scorers.blackbox import BlackBoxScorer
 from abstain_guard.scorers.calibrated import CalibratedScorer
@@ -93,30 +79,24 @@ from abstain_guard.scorers.geometry_plus import GeometryPlusScorer
 from abstain_guard.scorers.likelihood_probe import LikelihoodProbeScorer
 from abstain_guard.scorers.max_sequence_probability import MaxSequenceProbabilityScorer
 from abstain_guard.scorers.mean_token_entropy import MeanTokenEntropyScorer
-from abstain_guard.scorers.p_true import PTRUE_PROMPT, PTrueScorer
+from abstain_guard.scorers.p_true import PTrueScorer
 from abstain_guard.scorers.perplexity import PerplexityScorer
 from abstain_guard.scorers.probe import HiddenStateProbe
 from abstain_guard.scorers.sar import SARScorer
-from abstain_guard.scorers.semantic_entropy import SIMILARITY_THRESHOLD, SemanticEntropyScorer
+from abstain_guard.scorers.semantic_entropy import SemanticEntropyScorer
 from abstain_guard.scorers.verbalized_confidence import VerbalizedConfidenceScorer
 
 __all__ = [
-    "FAMILIES",
-    "PTRUE_PROMPT",
-    "SIMILARITY_THRESHOLD",
     "AttentionScoreScorer",
     "BlackBoxScorer",
     "CalibratedScorer",
-    "CaptureMode",
     "ChatModelEquivalence",
     "EigenScoreScorer",
-    "EquivalenceJudge",
     "Gaussian",
     "GeometryFastScorer",
     "GeometryPlusScorer",
     "GeometryScorer",
     "HiddenStateProbe",
-    "JSONValue",
     "LikelihoodProbeScorer",
     "MaxSequenceProbabilityScorer",
     "MeanTokenEntropyScorer",
@@ -126,12 +106,9 @@ __all__ = [
     "PerplexityScorer",
     "ReferenceInputs",
     "SARScorer",
-    "Sample",
     "SampleSource",
-    "SampledChatModel",
     "SamplingPlan",
     "Scorer",
-    "ScorerSpec",
     "ScorerState",
     "SemanticEntropyScorer",
     "SentenceSimilarity",
@@ -155,6 +132,5 @@ __all__ = [
     "scorer_names",
     "scorer_spec",
     "token_block",
-    "token_logprobs",
     "with_capture",
 ]

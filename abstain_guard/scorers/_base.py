@@ -27,8 +27,6 @@ import numpy as np
 from abstain_guard.contract.metadata import ResponseLike
 from abstain_guard.errors import MissingExtraError
 
-JSONValue = Any
-
 EXTRAS: dict[str, str] = {
     "torch": "local",
     "transformers": "local",
@@ -89,7 +87,7 @@ class ScorerState:
     """
 
     kind: str
-    params: dict[str, JSONValue] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     files: dict[str, bytes] = field(default_factory=dict)
 

@@ -99,16 +99,9 @@ def _add_scorer_options(cal: argparse.ArgumentParser) -> None:
         + ", ".join(scorer_names(family=("likelihood", "geometry", "probe")))
         + "; on a chat model that returns no logprobs, a black-box scorer: "
         + ", ".join(scorer_names(family="blackbox"))
-        + " (its sampling plan in scorer_params). Every one carries the same guarantee. "
-        "The shipped guard uses probe_mid: on the "
-        "probe set it certified the most participation at risk 0.35 (27.4 %% as shipped, paying "
-        "delta/20 for the choice: 13 scorers compared and 7 more looks found by an audit; "
-        "geometry 8 %%); "
-        "on SciQ and NQ-open no probe differs significantly from geometry (paired DeLong, "
-        "Holm over 50 comparisons). "
-        "`evaluate --baselines probes` measures "
-        "them on your data (docs/results.md, 'Is geometry worth its cost?'). 'auto' chooses "
-        "among --candidates",
+        + " (its sampling plan in scorer_params). Every one carries the same guarantee; "
+        "`evaluate --baselines probes` compares them on your data (docs/results.md); 'auto' "
+        "chooses among --candidates",
     )
     cal.add_argument(
         "--backend",

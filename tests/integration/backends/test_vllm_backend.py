@@ -1,11 +1,12 @@
 """The vLLM backend on stock vLLM (vLLM's CPU build, its OpenAI server with default
 settings — compiled graphs — plus the guard's connector flag and ``--tensor-parallel-size
 1``, the embedded model): a probe guard calibrated on vLLM, its decode path and scorer
-recorded, live = stored under 8 concurrent callers, a server with other weights refused, a
+recorded, live = stored under 8 concurrent callers, a server with other weights refused, the
+served model's identity the digest of its files and an artifact without one refused, a
 response from the project's engine refused; a request without the payload key's token gets
-no activations, a forged, altered or moved payload is refused; and (a server of its own, with
-a KV cache too small for its batch) guarded requests preempted and recomputed are answered
-with their captures.
+no activations, a forged, altered or moved payload is refused; (a server of its own, with a
+KV cache too small for its batch) guarded requests preempted and recomputed are answered with
+their captures; and a server asked for speculative decoding stops, naming the flag.
 
 The server runs in vLLM's own environment (``make install`` builds ``.venv-vllm``;
 ``make test`` sets ``ABSTAIN_GUARD_VLLM_PYTHON``); one server for the module. About two
@@ -363,3 +364,32 @@ def test_guarded_requests_preempted_under_memory_pressure_keep_their_captures() 
         np.testing.assert_allclose(
             meta["geometry"]["hidden"]["mean"], solo["geometry"]["hidden"]["mean"], atol=1e-3
         )
+
+
+def test_a_mode_the_capture_cannot_serve_stops_the_server_by_name() -> None:
+    """Stock vLLM with the guard's connector and speculative decoding: the server does not
+    start, and its error names the flag (the connector's check, before the model loads)."""
+    from abstain_guard.adapters.model.vllm_folder import vllm_model_folder
+    from abstain_guard.backends.vllm_engine import (
+        ServerProcess,
+        engine_python,
+        free_port,
+        guarded_env,
+        serve_command,
+    )
+    from abstain_guard.errors import BackendError
+
+    if not os.environ.get(VLLM_PYTHON_ENV):
+        pytest.skip(f"{VLLM_PYTHON_ENV} is not set (make test sets it to .venv-vllm)")
+    spec = '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}'
+    flags = ["--enforce-eager", "--max-model-len", "512", "--speculative-config", spec]
+    port = free_port()
+    cmd = serve_command(engine_python(), vllm_model_folder("default"), port, vllm_args=flags)
+    server = ServerProcess(cmd, port, guarded_env())
+    try:
+        with pytest.raises(BackendError, match="exited"):
+            server.wait(600)
+        log = server.log.read_text(errors="replace")
+    finally:
+        server.close()
+    assert "the guard's capture cannot serve speculative decoding (--speculative-config)" in log

@@ -7,9 +7,9 @@ A scorer maps one chat-model response to a float, **higher = more uncertain**
 * likelihood, reading only logprobs (no torch): :mod:`.perplexity`,
   :mod:`.max_sequence_probability`, :mod:`.mean_token_entropy`;
 * hidden-state probes: :mod:`.probe` (one class, six presets), :mod:`.likelihood_probe`;
-* hidden-state geometry (the paper's method): :mod:`.geometry`, :mod:`.geometry_fast`
-  (the features fast capture produces), :mod:`.geometry_plus` (with the likelihood, judged per
-  response);
+* hidden-state geometry (the paper's method): :mod:`.geometry` (``geometry`` and, on the
+  features fast capture produces, ``geometry_fast``), :mod:`.geometry_plus` (with the
+  likelihood, judged per response);
 * :mod:`.calibrated` — the paper's XGBoost calibration of any one-dimensional score;
 * one forward pass per answer: :mod:`.p_true`, :mod:`.attention_score`;
 * K sampled answers per prompt: :mod:`.sar`, :mod:`.semantic_entropy`, :mod:`.eigenscore`.
@@ -74,7 +74,6 @@ from abstain_guard.scorers.blackbox import BlackBoxScorer
 from abstain_guard.scorers.calibrated import CalibratedScorer
 from abstain_guard.scorers.eigenscore import EigenScoreScorer
 from abstain_guard.scorers.geometry import GeometryScorer
-from abstain_guard.scorers.geometry_fast import GeometryFastScorer
 from abstain_guard.scorers.geometry_plus import GeometryPlusScorer
 from abstain_guard.scorers.likelihood_probe import LikelihoodProbeScorer
 from abstain_guard.scorers.max_sequence_probability import MaxSequenceProbabilityScorer
@@ -93,7 +92,6 @@ __all__ = [
     "ChatModelEquivalence",
     "EigenScoreScorer",
     "Gaussian",
-    "GeometryFastScorer",
     "GeometryPlusScorer",
     "GeometryScorer",
     "HiddenStateProbe",

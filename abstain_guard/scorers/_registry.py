@@ -27,7 +27,6 @@ BUILT_IN_MODULES: tuple[str, ...] = (
     "max_sequence_probability",
     "mean_token_entropy",
     "geometry",
-    "geometry_fast",
     "geometry_plus",
     "probe",
     "likelihood_probe",

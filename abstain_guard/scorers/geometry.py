@@ -70,6 +70,10 @@ class GeometryScorer(Scorer):
     """The paper's geometry-calibrated uncertainty (§4.5); higher = more uncertain.
 
     Args:
+        capture: the token vector read (:func:`.features.token_block`): ``"full"`` (Ω, Θ, Φ,
+            ``8L−4``; kind ``geometry``) or ``"fast"`` (ω_dir, Θ, Φ, ``7L−3``, what fast
+            capture produces; kind ``geometry_fast``, whose :meth:`prepare` also switches
+            every ``GeometryChatModel`` of the runnable to fast capture).
         variant: ``"paper"`` — XGBoost on ``[d_corr, d_inc, p(y_t)]`` (the reference);
             ``"raw"`` — XGBoost on the raw ``8L−4`` token vector plus log-probability and
             entropy (no Gaussians).
@@ -89,8 +93,10 @@ class GeometryScorer(Scorer):
     kind = "geometry"
     family: ClassVar[str] = "geometry"
     reads: ClassVar[frozenset[str]] = frozenset({"geometry"})
-    capture: ClassVar[CaptureMode] = "full"
-    """The token features read (:func:`.features.token_block`): ``"full"`` — Ω, Θ, Φ."""
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "geometry": {"capture": "full"},
+        "geometry_fast": {"capture": "fast"},
+    }
 
     def __init__(
         self,
@@ -102,6 +108,7 @@ class GeometryScorer(Scorer):
         validation_fraction: float = 0.2,
         min_reference_responses: int = 2,
         random_state: int = 0,
+        capture: CaptureMode = "full",
     ) -> None:
         if variant not in ("paper", "raw"):
             raise InvalidInputError(f"variant must be 'paper' or 'raw', got {variant!r}.")
@@ -111,6 +118,10 @@ class GeometryScorer(Scorer):
             )
         if not 0.0 <= validation_fraction < 1.0:
             raise InvalidInputError("validation_fraction must be in [0, 1).")
+        if capture not in ("full", "fast"):
+            raise InvalidInputError(f"capture must be 'full' or 'fast', got {capture!r}.")
+        self.capture: CaptureMode = capture
+        self.kind = "geometry" if capture == "full" else "geometry_fast"
         self.variant: Variant = variant
         self.covariance: CovarianceKind = covariance
         self.xgb_params = dict(xgb_params or {})
@@ -122,7 +133,7 @@ class GeometryScorer(Scorer):
 
     @property
     def name(self) -> str:
-        return "geometry" if self.variant == "paper" else "geometry_raw"
+        return self.kind if self.variant == "paper" else f"{self.kind}_raw"
 
     # ---- fitting ---------------------------------------------------------------------
 
@@ -273,9 +284,10 @@ class GeometryScorer(Scorer):
 
     def prepare(self, runnable: Any) -> Any:
         """Install the fitted means into every GeometryChatModel inside ``runnable`` (so the
-        messages it produces carry Φ^in/Φ^out)."""
+        messages it produces carry Φ^in/Φ^out), switched to fast capture for ``"fast"``."""
         self._check_fitted()
-        return install_reference(runnable, self.reference_means_)
+        fast = self.capture if self.capture == "fast" else None
+        return install_reference(runnable, self.reference_means_, capture=fast)
 
     # ---- state -----------------------------------------------------------------------
 
@@ -320,6 +332,7 @@ class GeometryScorer(Scorer):
                 validation_fraction=p.get("validation_fraction", 0.2),
                 min_reference_responses=p.get("min_reference_responses", 2),
                 random_state=p.get("random_state", 0),
+                capture="fast" if state.kind == "geometry_fast" else "full",
             )
             scorer.num_layers_ = int(p["num_layers"])
             scorer.fit_info_ = dict(p.get("fit_info", {}))

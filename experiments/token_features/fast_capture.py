@@ -34,7 +34,6 @@ from abstain_guard import GuardArtifact
 from abstain_guard.calibration.measure import metrics
 from abstain_guard.scorers import ReferenceInputs, TokenBlock
 from abstain_guard.scorers.geometry import GeometryScorer
-from abstain_guard.scorers.geometry_fast import GeometryFastScorer
 
 N_BOOT = 2000
 
@@ -86,7 +85,7 @@ def from_features(path: Path, artifact: str, seed: int) -> dict[str, Any]:
     blocks = [data["blocks"][i] for i in train]
     y = data["correct"]
     full = GeometryScorer(random_state=seed).fit_blocks(ref, blocks, y[train])
-    fast = GeometryFastScorer(random_state=seed).fit_blocks(
+    fast = GeometryScorer(capture="fast", random_state=seed).fit_blocks(
         _fast_reference(ref), [fast_block(b, num_layers) for b in blocks], y[train]
     )
     out = {}

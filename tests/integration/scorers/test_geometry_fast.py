@@ -41,7 +41,6 @@ from abstain_guard.scorers import (
     with_capture,
 )
 from abstain_guard.scorers.geometry import GeometryScorer
-from abstain_guard.scorers.geometry_fast import GeometryFastScorer
 
 L = 3
 K = 2 * L - 1
@@ -75,8 +74,8 @@ def _shift_columns(data: Labeled, columns: slice, seed: int) -> Labeled:
 
 
 @pytest.fixture(scope="module")
-def fitted() -> tuple[GeometryFastScorer, Labeled]:
-    scorer = GeometryFastScorer(num_boost_round=100)
+def fitted() -> tuple[GeometryScorer, Labeled]:
+    scorer = GeometryScorer(capture="fast", num_boost_round=100)
     scorer.fit(_split(1, 60, "omega"), _split(2, 60, "omega"))
     return scorer, _split(3, 40, "omega")
 
@@ -102,7 +101,8 @@ def test_fast_layout_is_omega_dir_then_theta_and_phi() -> None:
 def test_registered_as_a_fitted_geometry_scorer() -> None:
     spec = scorer_spec("geometry_fast")
     assert spec.family == "geometry" and spec.fitted
-    assert GeometryFastScorer.capture == "fast" and GeometryScorer.capture == "full"
+    assert spec.cls is GeometryScorer and spec.params == {"capture": "fast"}
+    assert GeometryScorer(capture="fast").capture == "fast" and GeometryScorer().capture == "full"
 
 
 # --- scoring ---------------------------------------------------------------------------
@@ -129,7 +129,7 @@ def test_the_full_scorer_still_refuses_fast_responses(fitted: Any) -> None:
 def test_reads_omega_dir_and_ignores_omega_prop() -> None:
     def auroc(columns: slice) -> float:
         ref, train, test = (_shift_columns(_split(s, 80, "omega"), columns, s) for s in (1, 2, 3))
-        fast = GeometryFastScorer(num_boost_round=100).fit(ref, train)
+        fast = GeometryScorer(capture="fast", num_boost_round=100).fit(ref, train)
         return metrics.auroc(fast.score_many([r for r, _ in test]), [c for _, c in test])
 
     dir_only, prop_only = auroc(slice(0, K, 2)), auroc(slice(1, K, 2))
@@ -140,7 +140,7 @@ def test_reads_omega_dir_and_ignores_omega_prop() -> None:
 
 def test_width_of_another_model_is_a_typed_error(fitted: Any) -> None:
     scorer, _ = fitted
-    scorer_wide = GeometryFastScorer.from_state(scorer.get_state())
+    scorer_wide = GeometryScorer.from_state(scorer.get_state())
     scorer_wide.num_layers_ = L + 1
     with pytest.raises(ScoringError, match="width"):
         scorer_wide.score(_split(5, 1, "omega")[0][0])
@@ -148,7 +148,7 @@ def test_width_of_another_model_is_a_typed_error(fitted: Any) -> None:
 
 @pytest.mark.parametrize("variant", ["paper", "raw"])
 def test_state_round_trip(variant: str) -> None:
-    scorer = GeometryFastScorer(variant=variant, num_boost_round=50)  # type: ignore[arg-type]
+    scorer = GeometryScorer(capture="fast", variant=variant, num_boost_round=50)  # type: ignore[arg-type]
     scorer.fit(_split(1, 40, "omega"), _split(2, 40, "omega"))
     state = scorer.get_state()
     assert state.kind == "geometry_fast"
@@ -160,7 +160,7 @@ def test_state_round_trip(variant: str) -> None:
             files={k: bytes(v) for k, v in state.files.items()},
         )
     )
-    assert type(loaded) is GeometryFastScorer
+    assert type(loaded) is GeometryScorer and loaded.capture == "fast"
     data = [_fast_twin(r) for r, _ in _split(3, 10, "omega")]
     np.testing.assert_array_equal(loaded.score_many(data), scorer.score_many(data))
 
@@ -192,7 +192,7 @@ def test_fast_capture_features_equal_the_fast_subset_of_full_capture(fam: str) -
 
 def test_prepare_runs_every_chat_model_in_fast_capture(fitted: Any) -> None:
     model = tiny_chat_model("llama", seed=0)
-    scorer = GeometryFastScorer.from_state(fitted[0].get_state())  # the fixture stays as is
+    scorer = GeometryScorer.from_state(fitted[0].get_state())  # the fixture stays as is
     scorer.reference_means_ = _random_means(model, 1)
     prepared = scorer.prepare(model)
     assert prepared.capture == "fast" and model.capture == "full"
@@ -273,7 +273,7 @@ def test_real_model_fast_guard_answers_like_full_capture(default_model: Any) -> 
     ]
     replays = default_model.replay_batch(items, return_states=True)
     pairs = list(zip(replays, [True, True, False, False], strict=True))
-    scorer = GeometryFastScorer(num_boost_round=10).fit(pairs, pairs)
+    scorer = GeometryScorer(capture="fast", num_boost_round=10).fit(pairs, pairs)
     fast = scorer.prepare(default_model)
     full = default_model.with_reference(scorer.reference_means_)
     assert fast.capture == "fast" and full.capture == "full"

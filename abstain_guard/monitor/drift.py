@@ -60,16 +60,10 @@ def smoothed_p_value(score: float, history: Sequence[float], u: float) -> float:
 
 def censored_p_value(threshold: float, history: Sequence[float], u: float) -> float:
     """The smoothed conformal p-value of a score known only to exceed ``threshold`` (a
-    step-gated agent run stopped at the call whose running maximum crossed τ: its whole-run
-    statistic is at least the partial one, so all it says is "above τ").
-
-    It is :func:`smoothed_p_value` on the censored sequence, every score above ``threshold``
-    replaced by one common value: ``p = u · (#{h > threshold} + 1) / (N + 1)``. Censoring is
-    one monotone map applied to the calibration and the live scores alike, so the p-values
-    stay independent and uniform under exchangeability of the whole-run statistics; ranking
-    the partial statistic as it is would not (it sits below the whole-run value the
-    references hold). Exact for later scores at or under ``threshold``, which rank the same
-    in both sequences. O(log N).
+    stopped step-gated run's partial statistic): :func:`smoothed_p_value` on the censored
+    sequence, every score above ``threshold`` replaced by one common value, ``p = u ·
+    (#{h > threshold} + 1) / (N + 1)``. Why it stays valid: docs/agents.md, "The drift
+    monitor and stopped runs". O(log N).
     """
     n = len(history)
     _, at_or_below = _bisect(history, threshold)

@@ -1,24 +1,7 @@
-"""Where the residual-stream quantities live in each supported transformers family.
-
-For every decoder layer l we need (DESIGN.md, "Where hooks go"; per family in
-docs/method.md, "Supported families"):
-
-* the layer input e^{l-1} and output e^l (forward pre-hook / forward hook on the layer);
-* e~^l, the input of the module that starts the MLP block (``post_attention_layernorm``
-  for most families, ``pre_feedforward_layernorm`` for Gemma-2/3, the MLP itself for OLMo-2,
-  which has no pre-MLP norm, ``ln_2`` for GPT-2);
-* the per-head output projections ``W_O^h`` as ``[H, Dh, D]`` (so ``u = v_h @ W_O^h``),
-  times Granite's ``residual_multiplier`` (the attention output enters the residual stream
-  scaled by it); the output bias b_O goes into the total, not into any part, so capture
-  never reads it;
-* Gemma-2/3 and OLMo-2: the RMS norm applied to the attention output (frozen in the
-  decomposition), with its weight offset (Gemma scales by ``1 + w``, OLMo-2 by ``w``).
-
-Everything that changes only the attention *weights* (QK-norm, NoPE layers, sliding windows,
-logit soft-capping, attention sinks, Granite's ``attention_multiplier``) reaches capture
-through the real query/key tensors, mask and keyword arguments of the attention call
-(:mod:`.attention`); the MLP (dense or mixture-of-experts) is only ever seen through its
-input e~^l and the layer output e^l.
+"""Where the residual-stream quantities live in each supported transformers family: the hooks'
+modules, the per-head output projections ``W_O^h`` ``[H, Dh, D]`` and the attention-output
+norm of the families that have one (docs/method.md, "Where each quantity is captured" and
+"Supported families").
 """
 
 from __future__ import annotations
@@ -79,14 +62,11 @@ class LayerSpec:
         return self.wo_heads.device
 
 
-#: Largest share of a model's weight bytes that its float32 ``W_O`` copies (by KV head and by
-#: query head) may take for capture to keep them (:attr:`ArchitectureSpec.keeps_wo`); above
-#: it, a layer's ``W_O`` is regrouped per use (float32 Llama/Qwen shapes: 12-16 %, kept;
-#: bfloat16 ones: 25-33 %, regrouped).
+#: Largest share of a model's weight bytes that its float32 ``W_O`` copies may take for
+#: capture to keep them (:attr:`ArchitectureSpec.keeps_wo`); they are always kept up to
+#: ``WO_KEEP_MIN_BYTES``, and always on these device types (on the CPU regrouping per use is
+#: a transposed copy per layer and token).
 WO_KEEP_SHARE = 0.2
-#: ... and the copies are always kept up to this size, and always for a model on these
-#: device types (on the CPU the regrouping is a transposed copy per layer and token; on a
-#: GPU it costs microseconds).
 WO_KEEP_MIN_BYTES = 256 << 20
 WO_KEEP_DEVICE_TYPES = ("cpu",)
 
@@ -137,10 +117,7 @@ class ArchitectureSpec:
     def keeps_wo(self) -> bool:
         """Whether capture keeps ``W_O`` regrouped in float32 for the model's lifetime (two
         copies, by KV head and by query head: ``8·L·H·Dh·D`` bytes) or regroups a layer's
-        ``W_O`` each time it needs it. Kept up to :data:`WO_KEEP_SHARE` of the model's
-        weight bytes (float32 models) or :data:`WO_KEEP_MIN_BYTES`, and always on the CPU
-        (:data:`WO_KEEP_DEVICE_TYPES`); otherwise regrouped per use (a cast and a copy of one
-        layer's ``W_O``: the same float32 numbers, the same results bit for bit)."""
+        ``W_O`` each time it needs it (the same float32 numbers)."""
         if self._keeps_wo is None:
             n = sum(ls.num_heads * ls.head_dim * self.hidden_size for ls in self.layers)
             limit = max(WO_KEEP_SHARE * self.weight_bytes, WO_KEEP_MIN_BYTES)

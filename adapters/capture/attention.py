@@ -1,27 +1,11 @@
 """The capturing attention function registered with transformers, and its probabilities.
 
-Attention probabilities are obtained through a function registered with transformers'
-``AttentionInterface`` (with the matching ``AttentionMaskInterface`` entry). Outside an
-active session in the calling context it is exactly the model's own attention; inside one,
-that same kernel still produces the layer output and the session also receives the real
-query/key/value tensors (after RoPE and q/k norms) with the real mask, scaling, logit
-soft-cap and sinks, from which it computes explicit probabilities for the rows of interest
-only (:func:`~abstain_guard.adapters.capture.geometry_torch.row_probabilities`).
-
-The model's own attention is ``sdpa``, except for a model loaded with ``eager`` attention
-(its mask is then additive: :data:`ATTENTION_NAME_EAGER` is registered with the eager mask)
-and for the families sdpa cannot run at all -- Gemma-2's logit soft-capping (``softcap``)
-and gpt-oss's attention sinks (``s_aux``) -- which run the ``eager_attention_forward`` of
-their own modeling module.
-
-Which attention a forward runs is chosen per calling context (thread or asyncio task) with
-:func:`attention_implementation`, never by assigning ``config._attn_implementation``: the
-engine runs forwards of one model in several threads at once (one per CPU), and an
-assignment would switch the attention of the other threads' forwards too.
-
-This module is the one home of the active-session state (:data:`ACTIVE_SESSION`); it knows
-a session only by the :class:`AttentionObserver` protocol, so imports run one way:
-``capture`` and ``batching`` import this module, never the reverse.
+Outside an active session in the calling context it is exactly the model's own attention
+(:func:`native_attention`); inside one the session also receives the real query/key/value
+tensors, mask, scaling, soft-cap and sinks (docs/method.md, "Where each quantity is
+captured"). The implementation is chosen per calling context (:func:`attention_implementation`;
+docs/architecture.md, "Concurrent callers"). This module is the one home of the active-session
+state (:data:`ACTIVE_SESSION`) and knows a session only by :class:`AttentionObserver`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Geometry capture of a decode step, computed once per row for all layers at the end of the
-step instead of layer by layer in hooks.
-
-:class:`DecodeStepCapture` keeps references to the step's batched tensors (one cheap hook per
-module and step, whatever the number of rows: each layer's input, post-attention state and
-output, the query and new value, each row's keys and, for Gemma-2/3 and OLMo-2, the
-attention output before its norm); then, for each row, :func:`decode_features` computes
-C_MLP, the attention proximities and ω_prop for every layer at once (the layers stacked on
-the leading axis of the same functions a block uses) and the features of
-:func:`.features.block_features`. Each row is computed from its own slices only. Rows whose
-session keeps no ``u``, or whose layers live on several devices, keep the per-layer hooks
+step instead of layer by layer in hooks: :class:`DecodeStepCapture` keeps references to the
+step's batched tensors, then :func:`decode_features` computes each row's features from its own
+slices (docs/architecture.md, "Concurrent callers"). Rows whose session keeps no ``u``, or
+whose layers live on several devices, keep the per-layer hooks
 (:meth:`.session.CaptureSession.defers_decode`).
 """
 

@@ -1,11 +1,7 @@
-"""Per-block feature assembly of a capture session: Θ, Φ, ω_dir from the row states, and
-the ``StepFeatures`` container both capture modes return.
-
-Given the rows' post-attention and post-MLP states of every layer (``e~^l[T]``, ``e^l[T]``)
-everything but ω_prop follows per row (DESIGN.md, "Geometry, exactly"):
-``ω_dir^l = C_MLP^l[T, T]``, ``θ_dir^l = angle(e~^l, e^l)``, ``θ_prop^l = angle(e^l, e~^{l+1})``,
-``φ_dir^l = angle(η^l, e^l)``, ``φ_prop^l = angle(η~^{l+1}, e~^{l+1})``. ω_prop needs the
-per-source attention decomposition (:mod:`.source_parts`), which only ``"full"`` capture runs.
+"""Per-block feature assembly of a capture session: Θ, Φ, ω_dir from the rows' states (the
+definitions: docs/method.md, "The quantities"), and the ``StepFeatures`` container both
+capture modes return. ω_prop needs the per-source parts (:mod:`.source_parts`), which only
+``"full"`` capture computes.
 """
 
 from __future__ import annotations

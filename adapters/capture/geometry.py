@@ -1,15 +1,7 @@
-"""Pure math of the geometry signals (paper §4), NumPy only.
-
-These functions define the quantities; :mod:`abstain_guard.adapters.capture` computes the
-same quantities online with torch during generation and replay. Conventions shared by both:
-
-* Interleaved order of every trajectory, length ``2L - 1``:
-  ``(dir^1, prop^1, dir^2, prop^2, ..., prop^{L-1}, dir^L)``.
-* Angles are in radians, in ``[0, pi]``, computed with the numerically stable
-  ``2 * atan2(|x^ - y^|, |x^ + y^|)`` on unit vectors.
-* Safe values: the angle involving a zero vector is ``pi / 2`` (no direction: treated as
-  orthogonal); a proximity whose normaliser is zero (no part moves ``z`` closer to itself)
-  is ``0`` for every part.
+"""Pure math of the geometry signals (paper §4), NumPy only: the definitions the torch
+capture (:mod:`.geometry_torch`) computes online. Conventions (interleaved ``2L - 1``
+trajectories, angles in radians, the safe values): docs/method.md, "Notation and shapes" and
+"The quantities".
 """
 
 from __future__ import annotations
@@ -41,22 +33,6 @@ def angles(x: FloatArray, y: FloatArray) -> NDArray[np.float64]:
     return np.where(ok, out, np.pi / 2)
 
 
-def normalized_l1_proximity(z: FloatArray, parts: FloatArray) -> NDArray[np.float64]:
-    """Normalised L1 proximity of each part to ``z`` (paper Def. 4.1, Ferrando et al. 2022).
-
-    ``prox(z, z_i) = max(0, |z|_1 - |z - z_i|_1) / sum_j max(0, |z|_1 - |z - z_j|_1)``.
-
-    Shapes: ``z [..., D]``, ``parts [..., n, D]`` -> ``[..., n]``; each row sums to 1, or is
-    all zeros when the normaliser is zero.
-    """
-    z64 = np.asarray(z, dtype=np.float64)
-    p64 = np.asarray(parts, dtype=np.float64)
-    zn = np.abs(z64).sum(-1)[..., None]
-    num = np.maximum(0.0, zn - np.abs(z64[..., None, :] - p64).sum(-1))
-    den = num.sum(-1, keepdims=True)
-    return np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
-
-
 def interleave(direct: FloatArray, prop: FloatArray) -> NDArray[np.float64]:
     """Interleave ``direct [..., L]`` and ``prop [..., L-1]`` into ``[..., 2L-1]``."""
     d = np.asarray(direct, dtype=np.float64)
@@ -68,17 +44,6 @@ def interleave(direct: FloatArray, prop: FloatArray) -> NDArray[np.float64]:
     out[..., 0::2] = d
     out[..., 1::2] = p
     return out
-
-
-def theta_from_states(post_attn: FloatArray, post_mlp: FloatArray) -> NDArray[np.float64]:
-    """Embedding rotation Θ from per-token states.
-
-    ``theta_dir^l = angle(e~^l, e^l)``, ``theta_prop^l = angle(e^l, e~^{l+1})``.
-    Shapes: ``post_attn [N, L, D]`` (e~), ``post_mlp [N, L, D]`` (e) -> ``[N, 2L-1]``.
-    """
-    direct = angles(post_attn, post_mlp)
-    prop = angles(post_mlp[:, :-1], post_attn[:, 1:])
-    return interleave(direct, prop)
 
 
 def phi_from_states(

@@ -1,14 +1,9 @@
 """Capture hooks that stay registered on the model and are routed per calling context.
 
-The engine runs forwards of one model in several threads at once (one engine per CPU,
-:mod:`..engine.scheduler`). Registering a hook on a module while another thread's forward runs
-through it is not safe in torch (the hook and its ``with_kwargs`` flag are two dictionary
-entries, so a forward can see one without the other), and a hook registered by one thread
-fires in every thread's forward. So each module the capture observes gets one pre-hook and
-one forward hook for its lifetime (:func:`install_routes`, when the model is wrapped), and
-what they call is chosen in the calling context (:func:`routed`, a context variable: each
-thread and asyncio task has its own). Forwards outside a route (plain generation, other
-threads) pass through them without calling anything.
+Each module the capture observes gets one pre-hook and one forward hook for its lifetime
+(:func:`install_routes`, when the model is wrapped); what they call is chosen in the calling
+context (:func:`routed`, a context variable), so forwards of other threads pass through them
+untouched (docs/architecture.md, "Concurrent callers").
 """
 
 from __future__ import annotations

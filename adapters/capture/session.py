@@ -1,15 +1,10 @@
 """Exact per-token geometry capture inside a transformers forward pass.
 
-One :class:`CaptureSession` follows a sequence of forward calls over a (left-padded) batch:
-either one KV-cached generation (a prefill block, then one position per step) or one
-teacher-forced replay (a single block). For the *rows of interest* of each block (the
-positions T whose forward pass predicts a generated token) it computes, per layer l, the
-attention proximities ``C_Attn^l[T, :]`` (``capture="full"``, exactly, from the values the KV
-cache already holds: :mod:`.source_parts`), ``C_MLP^l[s, s]``, hence Ω, and Θ, Φ and the
-states (:mod:`.features`); ``capture="fast"`` keeps only the rows' states (Θ, Φ, ω_dir) and
-leaves the attention implementation alone (:func:`.attention.capture_mode`). Every capture
-quantity is accumulated in float32 on its layer's device. The quantities, the strategies
-and their memory: docs/method.md.
+One :class:`CaptureSession` follows one KV-cached generation (a prefill block, then one
+position per step) or one teacher-forced replay (a single block) over a left-padded batch,
+and computes for the rows of interest of each block Ω (``capture="full"``), Θ, Φ and the
+states (:mod:`.features`), accumulated in float32 on each layer's device. The quantities, the
+strategies and their memory: docs/method.md, "Generation and replay".
 """
 
 from __future__ import annotations

@@ -100,34 +100,24 @@ class ChatCore(BaseChatModel):
     batch_decode: bool = Field(
         default=True,
         description=(
-            "share decode steps between concurrent callers (one forward on one BLAS thread, "
-            "padded to 4 rows) where the model's weights keep rows independent there: "
-            "several answers/s under concurrency, exact for every caller. False: decode each "
-            "answer alone (lower latency for a lone caller, no gain under concurrency). The "
-            "two give numbers that differ in the last bits: the path taken is recorded "
-            "(decode_path) and a guard refuses responses decoded on another path"
+            "share decode steps between concurrent callers where the model's weights keep "
+            "rows independent (False: decode each answer alone); part of decode_path "
+            "(docs/architecture.md, 'Concurrent callers')"
         ),
     )
     prefix_cache: bool = Field(
         default=True,
         description=(
-            "the prefix path: split every prompt pass after the shared prefix (template "
-            "opening, system prompt, tool block, opening of the first user turn), computed "
-            "once per prefix and reused (much less work per request under load). Its numbers "
-            "differ in the last bits from one whole pass: the path is recorded (decode_path "
-            "prefix) and a guard refuses responses decoded on another path"
+            "the prefix path: split every prompt pass after the shared prefix, computed once "
+            "per prefix and reused; part of decode_path (docs/architecture.md)"
         ),
     )
     capture_parts: PartsRule | None = Field(
         default=None,
         description=(
-            "full capture's attention-parts rule (None: the library's default). The guard "
-            "sets the rule its artifact was calibrated with (with_capture_parts): the "
-            "strategies it picks differ in the last bits, so it is part of decode_path"
+            "full capture's attention-parts rule (None: the library's default; the guard "
+            "sets its artifact's, with_capture_parts); part of decode_path"
         ),
-    )
-    replay_add_eos: bool = Field(
-        default=True, description="replay: append EOS to a text response (a finished answer)"
     )
 
     _shared: LoadedModel | None = PrivateAttr(default=None)

@@ -71,7 +71,7 @@ class ChatReplay(ChatCore):
     ) -> ReplayResult:
         """Teacher-forced features of an existing answer, in one forward pass.
 
-        ``response_text`` is the answer text (EOS appended when ``replay_add_eos``, as for a
+        ``response_text`` is the answer text (EOS appended, as for a
         finished generation) or the exact generated token ids
         (``msg.response_metadata["token_ids"]``, used as they are). ``tools`` /
         ``tool_choice``: those the answer was generated with (they change the prompt).
@@ -106,7 +106,7 @@ class ChatReplay(ChatCore):
         for j, (messages, response) in enumerate(items):
             prompt, resp, split = self._encode_chat(messages, response, tools, tool_choice)
             from_text = isinstance(response, str)
-            item = replay_item(self._s, prompt, resp, from_text, self.replay_add_eos, split)
+            item = replay_item(self._s, prompt, resp, from_text, split)
             if cuts is not None:
                 item.cuts = tuple(int(t) for t in cuts[j])
             encoded.append(item)

@@ -1,11 +1,7 @@
 """Generation with capture: one request per prompt to the model's scheduler
-(:mod:`.scheduler`; concurrent calls share its decode steps, each answer bitwise what it is
-alone), the rows' capture steps stacked per answer, turned into ``AIMessage`` objects with
-the metadata of :mod:`.response_metadata`.
-
-A :class:`GenerationCall` holds the loaded model and the call's options (a dict with the keys
-of :data:`GENERATION_OPTIONS` plus ``stop``, built by :func:`call_options`);
-:class:`~abstain_guard.adapters.chat.model.GeometryChatModel` wires it to LangChain.
+(:mod:`.scheduler`), the rows' capture steps stacked per answer and turned into ``AIMessage``
+objects with the metadata of :mod:`.response_metadata`. A :class:`GenerationCall` holds the
+loaded model and the call's options (:func:`call_options`).
 """
 
 from __future__ import annotations

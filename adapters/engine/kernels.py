@@ -1,12 +1,7 @@
-"""The kernel facts of this process: what decides the last bits of a forward, read back
-from the libraries that run it (never the settings asked for).
-
-:mod:`.kernel_env` asks for portable kernels before torch computes; this module states
-which ones run: ATen's CPU capability, the BLAS and its version, MKL's reproducibility
-branch, oneDNN's version, the CPU (vendor, model, the vector extensions it has), the torch
-build and the device. They go into every generation record and into the calibration's
-deployment record (``numerics_record``), and the guard compares the parts that decide the
-bits (:func:`abstain_guard.contract.kernels.bit_deciding`).
+"""The kernel facts of this process, read back from the libraries that run it (never the
+settings asked for, :mod:`.kernel_env`): what decides the last bits of a forward. They go
+into every generation record and the calibration's deployment record; the guard compares the
+parts that decide the bits (:func:`abstain_guard.contract.kernels.bit_deciding`).
 """
 
 from __future__ import annotations

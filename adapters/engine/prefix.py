@@ -1,12 +1,6 @@
-"""The prefix path: a prompt pass split after the shared prefix, the prefix computed once.
-
-Every request to a deployment starts with the same tokens (the chat template's opening, the
-system prompt with any tool block, the opening of the first user turn). The *prefix path*
-splits every prompt pass there: one forward over the prefix, then one over the rest of the
-prompt on the prefix's KV cache. The prefix's forward and what capture keeps of it do not
-depend on what follows, so :class:`PrefixStore` computes them once per prefix and every
-request copies them. A split pass is not bitwise the whole pass, so the prefix path is a
-decode path of its own (:data:`PREFIX_RULE`); within it the numbers are exact: where a
+"""The prefix path: a prompt pass split after the shared prefix, the prefix computed once
+(:class:`PrefixStore`) and every request started from a copy. A split pass is not bitwise
+the whole pass, so the prefix path is a decode path of its own (:data:`PREFIX_RULE`); where a
 prompt splits is a function of the prompt alone (:func:`split_point`). docs/architecture.md,
 "Concurrent callers".
 """

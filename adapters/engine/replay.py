@@ -52,15 +52,14 @@ def replay_item(
     prompt: list[int],
     response: list[int],
     from_text: bool,
-    add_eos: bool,
     prefix: int | None = None,
 ) -> ReplayItem:
-    """A :class:`ReplayItem`; a text response gets the first EOS id appended when
-    ``add_eos`` (a finished answer); ``prefix``: the prompt's split on the prefix path.
-    Raises ContextLengthError when it does not fit."""
+    """A :class:`ReplayItem`; a text response gets the first EOS id appended (a finished
+    answer); ``prefix``: the prompt's split on the prefix path. Raises ContextLengthError
+    when it does not fit."""
     eos = eos_token_ids(loaded.hf_model, loaded.tokenizer)
     ctx = loaded.spec.context_length
-    if from_text and add_eos and eos:
+    if from_text and eos:
         response = [*response, eos[0]]
     if ctx and len(prompt) + len(response) > ctx:
         raise ContextLengthError(
@@ -328,9 +327,6 @@ def replay_token_ids(
     they are, so the features equal the generation's.
     """
     loaded = model._s
-    items = [
-        replay_item(loaded, [int(t) for t in p], [int(t) for t in r], False, False)
-        for p, r in pairs
-    ]
+    items = [replay_item(loaded, [int(t) for t in p], [int(t) for t in r], False) for p, r in pairs]
     settings = model.replay_settings()
     return replay_items(loaded, items, settings, batch_size, return_states, progress)

@@ -1,25 +1,10 @@
 """One scheduler per loaded model: concurrent callers share its forward passes.
 
-Callers (threads, asyncio tasks, :meth:`GeometryChatModel.batch`) submit
-:class:`~abstain_guard.adapters.engine.batching.GenerationRequest` objects and get
-:class:`concurrent.futures.Future` objects back. Worker threads -- one per engine,
-:func:`~.threads.engine_workers` of them (one per CPU on a CPU model), started on demand and
-gone when idle -- each admit their fair share of the waiting requests into their own running
-batch between decode steps (continuous, step-level batching; at most ``max_batch`` rows per
-engine), prefill each new one alone and decode their rows together, one token per step
-(:class:`~abstain_guard.adapters.engine.batching.BatchEngine`). The engines run their forwards on
-the same weights at the same time, each on one BLAS thread (:mod:`.threads`). Requests wait
-in a queue of at most ``max_queue``; beyond that ``submit`` raises
-:class:`~abstain_guard.errors.SchedulerFullError` at once.
-
-Exactness: a row's tokens, logits and geometry do not depend on the other rows nor on the
-engine that runs it (see :mod:`.batching`), so every caller gets bitwise what it gets alone.
-
-The workers hold the model's lock (``LoadedModel.lock``) *shared* for each round of
-prefill and decode step, as teacher-forced replay does for each of its forwards, so both run
-side by side; code that holds the lock alone gets the model between two rounds. A thread
-that holds the lock alone and generates runs its requests itself, inline, with an engine of
-the same path (same numbers).
+Callers submit :class:`~.batching.GenerationRequest` objects and get futures back; worker
+threads, one per engine (:func:`~.threads.engine_workers`), admit their fair share of the
+waiting requests between decode steps and run them on a :class:`~.batching.BatchEngine`.
+Every caller gets bitwise what it gets alone. Bounds, locking and exactness:
+docs/architecture.md, "Concurrent callers".
 """
 
 from __future__ import annotations
@@ -66,11 +51,8 @@ class GenerationScheduler:
         self.loaded = loaded
         self.max_batch = max_batch
         self.max_queue = max_queue
-        #: ask the engines for shared decode steps even where that needs one BLAS thread
-        #: (:class:`~.batching.BatchEngine`); fixed when the engines are built
+        #: ask the engines for shared decode steps (fixed when the engines are built)
         self.batch_decode = batch_decode
-        #: engines run side by side, each in its own worker thread with its own rows
-        #: (:func:`~.threads.engine_workers`: one per CPU of the process on a CPU model)
         self.workers = workers if workers is not None else engine_workers(loaded.hf_model)
         if self.workers < 1:
             raise ValueError("workers must be positive")
@@ -130,10 +112,6 @@ class GenerationScheduler:
                     worker.start()
             self._cond.notify_all()
         return [p.future for p in pending]
-
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[RowResult]:
-        """Submit ``requests`` and wait for all of them."""
-        return [f.result() for f in self.submit(requests)]
 
     # -- the workers -----------------------------------------------------------------------
 
@@ -242,10 +220,8 @@ _WORKERS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 
 @atexit.register
 def _join_workers(timeout: float = 30.0) -> None:
-    """At interpreter exit, let each worker finish what it is doing (it exits by itself once
-    its queue is empty). A daemon worker still inside a torch call when the interpreter
-    tears torch's thread pools down aborts the process ("terminate called without an active
-    exception", exit code 134) after the program's own work succeeded."""
+    """At interpreter exit, let each worker finish what it is doing (a daemon worker still
+    inside a torch call when torch's thread pools are torn down aborts the process)."""
     for worker in list(_WORKERS):
         if worker is not threading.current_thread():
             worker.join(timeout)

@@ -1,19 +1,7 @@
-"""Token streaming: turn token ids, as the scheduler chooses them, into text pieces whose
-concatenation is exactly the answer's final text.
-
-:class:`IncrementalText` decodes the ids seen so far (as :func:`.generation.to_message`
-does: ``skip_special_tokens=True``, cut at the first stop string) and releases only the
-part of that text that cannot change when more tokens come:
-
-* an incomplete multi-byte character (one token holding only some of its bytes) decodes to
-  U+FFFD; trailing U+FFFD characters are held back until the character is complete;
-* trailing whitespace is held back (tokenizers that clean up spaces drop the space before
-  punctuation once the punctuation arrives);
-* the last ``len(longest stop) - 1`` characters are held back while no stop string has
-  appeared (they may be the start of one); once one appears, the text ends before it.
-
-:func:`token_channel` and :func:`async_token_channel` carry the ids from the scheduler's
-worker thread (``GenerationRequest.on_token``) to the consuming thread or event loop.
+"""Token streaming: token ids, as the scheduler chooses them, turned into text pieces whose
+concatenation is exactly the answer's final text (:class:`IncrementalText` releases only
+text later tokens cannot change), and the channels that carry the ids from the scheduler's
+worker thread to the consumer (docs/architecture.md, "Concurrent callers", Streaming).
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """The decode path: which BLAS thread counts and batch shapes the engine runs, set by the
-library itself (never by ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``), and recorded.
-
-Every forward runs on one BLAS thread (:data:`DECODE_THREADS`: prompt passes, decode steps,
-replay), whatever the machine; parallelism comes from engines side by side, one per CPU of
-the process (:func:`engine_workers`). Decode steps are shared between an engine's rows
-(padded to :data:`MIN_DECODE_ROWS`) where the model's own weights show rows to be
-independent on one thread, and run each row alone otherwise. The path is part of each
-response's generation record (:meth:`DecodePath.record`); the guard refuses a response
-decoded on another path than calibration's. Why, with the measurements:
-docs/architecture.md, "Concurrent callers".
+library itself (never by ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``), and recorded
+(:meth:`DecodePath.record`; the guard refuses a response decoded on another path than
+calibration's). Why, with the measurements: docs/architecture.md, "Concurrent callers".
 """
 
 from __future__ import annotations
@@ -43,8 +36,7 @@ ENGINE_WORKERS_ENV = "ABSTAIN_GUARD_ENGINE_WORKERS"
 class DecodePath:
     """How the engine decodes: ``steps`` ``"shared"`` (concurrent rows in one forward,
     padded to ``min_rows``) or ``"alone"`` (each row its own forward, ``min_rows`` 1), with
-    ``threads`` BLAS threads inside each step. Two paths give numbers that differ in the last
-    bits, so a guard is only valid on the path it was calibrated on."""
+    ``threads`` BLAS threads inside each step."""
 
     steps: Literal["shared", "alone"]
     threads: int
@@ -74,11 +66,8 @@ class DecodePath:
 
 
 @contextmanager
-def blas_threads(n: int | None) -> Iterator[None]:
-    """Run the block with ``n`` intra-op threads in the calling thread (None: unchanged)."""
-    if n is None:
-        yield
-        return
+def blas_threads(n: int) -> Iterator[None]:
+    """Run the block with ``n`` intra-op threads in the calling thread."""
     previous = torch.get_num_threads()
     torch.set_num_threads(n)
     try:
@@ -139,12 +128,6 @@ def independent_rows(weight: torch.Tensor, rows: int, max_rows: int) -> int:
     return max_rows
 
 
-def rows_are_independent(weight: torch.Tensor, rows: int, max_rows: int) -> bool:
-    """Whether every batch of ``rows..max_rows`` rows is row-independent
-    (:func:`independent_rows` reaches ``max_rows``)."""
-    return independent_rows(weight, rows, max_rows) >= max_rows
-
-
 def model_independent_rows(hf: nn.Module, rows: int, max_rows: int) -> int:
     """:func:`independent_rows` over every distinct shape of the model's linear layers (LM
     head included; the smallest), on the model's own weights (in their dtype, on the CPU).
@@ -164,11 +147,6 @@ def model_independent_rows(hf: nn.Module, rows: int, max_rows: int) -> int:
     return top
 
 
-def model_rows_are_independent(hf: nn.Module, rows: int, max_rows: int) -> bool:
-    """Whether :func:`model_independent_rows` reaches ``max_rows``."""
-    return model_independent_rows(hf, rows, max_rows) >= max_rows
-
-
 _PATHS: WeakKeyDictionary[nn.Module, dict[tuple[bool, int], DecodePath]] = WeakKeyDictionary()
 
 
@@ -177,10 +155,8 @@ def choose_decode_path(hf: nn.Module, shared: bool, max_rows: int) -> DecodePath
     padded to :data:`MIN_DECODE_ROWS` when ``shared`` is asked for and the model's weights
     show rows to be independent from there (CPU only: GPU kernels are not probed and decode
     each row alone), each step holding at most as many rows as they stay independent for
-    (up to ``max_rows``: :attr:`DecodePath.max_rows`); otherwise each row alone. The path
-    does not depend on ``max_rows`` as long as :data:`MIN_DECODE_ROWS` rows are independent,
-    so models loaded with different batch bounds decode the same numbers. Probed once per
-    model and setting."""
+    (up to ``max_rows``: :attr:`DecodePath.max_rows`); otherwise each row alone. Probed once
+    per model and setting."""
     top = max(max_rows, MIN_DECODE_ROWS)
     cached = _PATHS.setdefault(hf, {})
     key = (shared, top)

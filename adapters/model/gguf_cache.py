@@ -1,14 +1,8 @@
-"""A converted copy of a GGUF checkpoint, so that a process loads it in a second, not twenty.
-
-transformers parses and de-quantizes a GGUF file at every load. The de-quantized model is an
-ordinary Hugging Face checkpoint, so the first load writes it once as one (safetensors, the
-config without the GGUF ``quantization_config``, the generation config and the tokenizer)
-and later loads read that folder; a copy whose fingerprint disagrees with the one recorded
-when it was written is not used. Where: ``$ABSTAIN_GUARD_MODEL_CACHE`` (``off`` loads the
-GGUF file every time), else ``$XDG_CACHE_HOME/abstain_guard/converted``; one folder per GGUF
-file's sha256 and transformers version, written to a temporary folder and renamed into
-place. Safetensors and JSON only: loading it executes no code. docs/architecture.md,
-"Loading a GGUF checkpoint".
+"""A converted copy of a GGUF checkpoint: the de-quantized model written once as an ordinary
+Hugging Face checkpoint (safetensors and JSON only: loading it executes no code) and read by
+later loads, where its fingerprint agrees. Where: ``$ABSTAIN_GUARD_MODEL_CACHE`` (``off``:
+none), else ``$XDG_CACHE_HOME/abstain_guard/converted``. docs/architecture.md, "Loading a GGUF
+checkpoint".
 """
 
 from __future__ import annotations

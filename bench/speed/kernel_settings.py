@@ -54,7 +54,7 @@ def _worker() -> None:
     from abstain_guard import GuardArtifact, GuardConfig, default_artifact_path
     from abstain_guard.adapters import load_default_model
     from abstain_guard.adapters.engine.kernels import kernel_facts
-    from abstain_guard.adapters.engine.threads import model_rows_are_independent
+    from abstain_guard.adapters.engine.threads import model_independent_rows
     from abstain_guard.calibration.measure.held_out import artifact_items
     from abstain_guard.contract.kernels import bit_deciding
     from abstain_guard.guard.chains import load_guard_chain
@@ -108,7 +108,7 @@ def _worker() -> None:
         elif cmd["do"] == "facts":
             reply = {
                 "facts": bit_deciding(kernel_facts("cpu")),
-                "rows_independent": model_rows_are_independent(hf, 4, 8),
+                "rows_independent": model_independent_rows(hf, 4, 8) >= 8,
             }
         else:
             reply = {"scores": scores(int(cmd["n"]))}

@@ -27,12 +27,7 @@ from abstain_guard.adapters import (
     TokenStates,
     load_default_model,
 )
-from abstain_guard.adapters.capture.geometry import (
-    angles,
-    normalized_l1_proximity,
-    phi_from_states,
-    theta_from_states,
-)
+from abstain_guard.adapters.capture.geometry import angles, interleave, phi_from_states
 from abstain_guard.adapters.capture.hook_routes import ACTIVE_ROUTES
 from abstain_guard.adapters.model.loading import eos_token_ids
 from abstain_guard.errors import (
@@ -42,6 +37,33 @@ from abstain_guard.errors import (
     ModelNotFoundError,
     UnsupportedArchitectureError,
 )
+
+
+def normalized_l1_proximity(z: np.ndarray, parts: np.ndarray) -> np.ndarray:
+    """Normalised L1 proximity of each part to ``z`` (paper Def. 4.1, Ferrando et al. 2022).
+
+    ``prox(z, z_i) = max(0, |z|_1 - |z - z_i|_1) / sum_j max(0, |z|_1 - |z - z_j|_1)``.
+
+    Shapes: ``z [..., D]``, ``parts [..., n, D]`` -> ``[..., n]``; each row sums to 1, or is
+    all zeros when the normaliser is zero.
+    """
+    z64 = np.asarray(z, dtype=np.float64)
+    p64 = np.asarray(parts, dtype=np.float64)
+    zn = np.abs(z64).sum(-1)[..., None]
+    num = np.maximum(0.0, zn - np.abs(z64[..., None, :] - p64).sum(-1))
+    den = num.sum(-1, keepdims=True)
+    return np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
+
+
+def theta_from_states(post_attn: np.ndarray, post_mlp: np.ndarray) -> np.ndarray:
+    """The reference definition of the embedding rotation Θ from per-token states.
+
+    ``theta_dir^l = angle(e~^l, e^l)``, ``theta_prop^l = angle(e^l, e~^{l+1})``.
+    Shapes: ``post_attn [N, L, D]`` (e~), ``post_mlp [N, L, D]`` (e) -> ``[N, 2L-1]``.
+    """
+    direct = angles(post_attn, post_mlp)
+    prop = angles(post_mlp[:, :-1], post_attn[:, 1:])
+    return interleave(direct, prop)
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,6 @@ from abstain_guard.adapters.engine.threads import (
     DecodePath,
     blas_threads,
     independent_rows,
-    rows_are_independent,
 )
 from abstain_guard.errors import AbstainGuardError, SchedulerFullError
 
@@ -181,7 +180,7 @@ def test_the_probe_finds_up_to_how_many_rows_each_row_keeps_its_bits() -> None:
         if cap < 16:
             assert not keeps_bits(max(cap + 1, MIN_DECODE_ROWS))
         # probed and asserted under the same thread count: another count may give other bits
-        assert rows_are_independent(weight, MIN_DECODE_ROWS, cap)
+        assert independent_rows(weight, MIN_DECODE_ROWS, cap) == cap
 
 
 def test_more_rows_than_one_step_holds_decode_in_several_shared_steps() -> None:

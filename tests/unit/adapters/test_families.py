@@ -74,7 +74,7 @@ def test_capture_leaves_the_models_own_tokens_alone(family: str) -> None:
 @pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
 def test_concurrent_calls_on_a_mixture_of_experts_get_their_solo_answers(family: str) -> None:
     """An expert's product holds the rows routed to it, so MoE models never share decode
-    steps (``threads.model_rows_are_independent``): concurrent calls stay bitwise solo."""
+    steps (``threads.model_independent_rows``): concurrent calls stay bitwise solo."""
     model = tiny_chat_model(family, seed=3, max_new_tokens=8, batch_decode=True)
     solo = [model.invoke(p) for p in PROMPTS]
     got = _run_threads(model, [lambda p=p: model.invoke(p) for p in PROMPTS])

@@ -204,27 +204,48 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
         message, decision = self._observe(event.message, event.decision, run_manager)
         return GateEvent(event.kind, event.text, message, decision)
 
+    def _decide(
+        self, output: Any, group: str | None, route: str | None = None
+    ) -> tuple[AIMessage, Decision]:
+        """Decide what the wrapped runnable generated for a question of ``group``: its output,
+        or the :class:`ContextLengthError` it raised. With ``route`` (a :meth:`check`'s
+        given answer, :mod:`.answer_check`) the answer's problems are the decision's warnings
+        and the decision names the calibrated model."""
+        if isinstance(output, ContextLengthError):
+            message, decision = self._policy.decide_unanswerable(output, group)
+        else:
+            notes = None if route is None else answer_problems(self._policy, output, route)
+            message, decision = self._policy.decide(output, notes, group)
+        if route is None:
+            return message, decision
+        decision = decision.replace(model=self.artifact.model_fingerprint)
+        return with_decision(message, decision), decision
+
     def _run(
         self,
         input: Any,
         run_manager: CallbackManagerForChainRun,
         config: RunnableConfig,
+        given: tuple[Runnable[Any, Any], str] | None = None,
         **kwargs: Any,
     ) -> AIMessage:
-        if self._policy.chunk_rule is not None:  # decided on the prefix scores' maximum
+        """Generate (or with ``given``, re-read a check's answer) and decide, observed (not
+        for a check) and traced."""
+        if given is None and self._policy.chunk_rule is not None:  # on the prefix scores
             last = None
             for event in self._gate(input, run_manager, config, **kwargs):
                 last = event
             assert last is not None and last.message is not None
             return last.message
+        runnable, route = given or (self._prepared, None)
         group = self._policy.group_of(input, config.get("metadata"))
         try:
-            output = self._prepared.invoke(input, config, **kwargs)
+            output = runnable.invoke(input, config, **kwargs)
         except ContextLengthError as exc:
-            message, decision = self._policy.decide_unanswerable(exc, group)
-        else:
-            message, decision = self._policy.decide(output, group=group)
-        message, decision = self._observe(message, decision, run_manager)
+            output = exc
+        message, decision = self._decide(output, group, route)
+        if route is None:
+            message, decision = self._observe(message, decision, run_manager)
         record_decision(decision, run_manager=run_manager, config=config)
         return message
 
@@ -233,24 +254,25 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
         input: Any,
         run_manager: AsyncCallbackManagerForChainRun,
         config: RunnableConfig,
+        given: tuple[Runnable[Any, Any], str] | None = None,
         **kwargs: Any,
     ) -> AIMessage:
-        if self._policy.chunk_rule is not None:  # decided on the prefix scores' maximum
+        """Async :meth:`_run` (the decision is scored in the config's executor)."""
+        if given is None and self._policy.chunk_rule is not None:  # on the prefix scores
             last = None
             async for event in self._agate(input, run_manager, config, **kwargs):
                 last = event
             assert last is not None and last.message is not None
             return last.message
+        runnable, route = given or (self._prepared, None)
         group = self._policy.group_of(input, config.get("metadata"))
         try:
-            output = await self._prepared.ainvoke(input, config, **kwargs)
+            output = await runnable.ainvoke(input, config, **kwargs)
         except ContextLengthError as exc:
-            message, decision = self._policy.decide_unanswerable(exc, group)
-        else:
-            message, decision = await run_in_executor(
-                config, self._policy.decide, output, None, group
-            )
-        message, decision = self._observe(message, decision, run_manager)
+            output = exc
+        message, decision = await run_in_executor(config, self._decide, output, group, route)
+        if route is None:
+            message, decision = self._observe(message, decision, run_manager)
         await arecord_decision(decision, run_manager=run_manager, config=config)
         return message
 
@@ -286,7 +308,7 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
                 ``config.on_mismatch="warn"``.
         """
         given = given_runnable(self._prepared, self.artifact, GivenAnswer.of(answer))
-        run = functools.partial(self._check, given)
+        run = functools.partial(self._run, given=given)
         return self._checked(self._call_with_config(run, input, config, run_type="chain"))
 
     async def acheck(
@@ -294,7 +316,7 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
     ) -> Decision:
         """Async :meth:`check` (a black-box scorer's samples drawn with ``abatch``)."""
         given = given_runnable(self._prepared, self.artifact, GivenAnswer.of(answer))
-        run = functools.partial(self._acheck, given)
+        run = functools.partial(self._arun, given=given)
         return self._checked(await self._acall_with_config(run, input, config, run_type="chain"))
 
     def check_batch(
@@ -343,48 +365,6 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
         limit = configs[0].get("max_concurrency") if configs else None
         return list(await gather_with_concurrency(limit, *map(one, pairs, configs)))
 
-    def _check(
-        self,
-        given: tuple[Runnable[Any, Any], str],
-        input: Any,
-        run_manager: CallbackManagerForChainRun,
-        config: RunnableConfig,
-    ) -> AIMessage:
-        runnable, route = given
-        group = self._policy.group_of(input, config.get("metadata"))
-        try:
-            output = runnable.invoke(input, config)
-        except ContextLengthError as exc:
-            message, decision = self._policy.decide_unanswerable(exc, group)
-        else:
-            notes = answer_problems(self._policy, output, route)
-            message, decision = self._policy.decide(output, notes, group)
-        decision = decision.replace(model=self.artifact.model_fingerprint)
-        record_decision(decision, run_manager=run_manager, config=config)
-        return with_decision(message, decision)
-
-    async def _acheck(
-        self,
-        given: tuple[Runnable[Any, Any], str],
-        input: Any,
-        run_manager: AsyncCallbackManagerForChainRun,
-        config: RunnableConfig,
-    ) -> AIMessage:
-        runnable, route = given
-        group = self._policy.group_of(input, config.get("metadata"))
-        try:
-            output = await runnable.ainvoke(input, config)
-        except ContextLengthError as exc:
-            message, decision = self._policy.decide_unanswerable(exc, group)
-        else:
-            notes = answer_problems(self._policy, output, route)
-            message, decision = await run_in_executor(
-                config, self._policy.decide, output, notes, group
-            )
-        decision = decision.replace(model=self.artifact.model_fingerprint)
-        await arecord_decision(decision, run_manager=run_manager, config=config)
-        return with_decision(message, decision)
-
     @staticmethod
     def _checked(message: AIMessage) -> Decision:
         decision = decision_of(message)
@@ -403,19 +383,13 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
         rule = self._policy.chunk_rule
         assert rule is not None
         group = self._policy.group_of(input, config.get("metadata"))
-        try:
-            for event in certified_stream(
-                self._policy, rule, lambda: self._prepared.stream(input, config, **kwargs), group
-            ):
-                event = self._observed(event, run_manager)
-                if event.decision is not None:
-                    record_decision(event.decision, run_manager=run_manager, config=config)
-                yield event
-        except ContextLengthError as exc:
-            message, decision = self._policy.decide_unanswerable(exc, group)
-            message, decision = self._observe(message, decision, run_manager)
-            record_decision(decision, run_manager=run_manager, config=config)
-            yield GateEvent("decision", message=message, decision=decision)
+        for event in certified_stream(
+            self._policy, rule, lambda: self._prepared.stream(input, config, **kwargs), group
+        ):
+            event = self._observed(event, run_manager)
+            if event.decision is not None:
+                record_decision(event.decision, run_manager=run_manager, config=config)
+            yield event
 
     async def _agate(
         self,
@@ -428,19 +402,13 @@ class AbstentionGuard(RunnableSerializable[Any, AIMessage]):
         rule = self._policy.chunk_rule
         assert rule is not None
         group = self._policy.group_of(input, config.get("metadata"))
-        try:
-            async for event in acertified_stream(
-                self._policy, rule, lambda: self._prepared.astream(input, config, **kwargs), group
-            ):
-                event = self._observed(event, run_manager)
-                if event.decision is not None:
-                    await arecord_decision(event.decision, run_manager=run_manager, config=config)
-                yield event
-        except ContextLengthError as exc:
-            message, decision = self._policy.decide_unanswerable(exc, group)
-            message, decision = self._observe(message, decision, run_manager)
-            await arecord_decision(decision, run_manager=run_manager, config=config)
-            yield GateEvent("decision", message=message, decision=decision)
+        async for event in acertified_stream(
+            self._policy, rule, lambda: self._prepared.astream(input, config, **kwargs), group
+        ):
+            event = self._observed(event, run_manager)
+            if event.decision is not None:
+                await arecord_decision(event.decision, run_manager=run_manager, config=config)
+            yield event
 
     def _stream_chunks(
         self,

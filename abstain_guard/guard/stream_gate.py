@@ -19,7 +19,7 @@ from langchain_core.messages.utils import message_chunk_to_message
 
 from abstain_guard.backends import scorer_needs
 from abstain_guard.contract.streaming import ChunkRule, PrefixSink, StreamPrefix, open_prefix_sink
-from abstain_guard.errors import ArtifactMismatchError, ScoringError
+from abstain_guard.errors import ArtifactMismatchError, ContextLengthError, ScoringError
 from abstain_guard.guarantee.decision import Decision
 from abstain_guard.guard.policy import AbstentionPolicy, with_decision
 
@@ -179,14 +179,19 @@ def certified_stream(
     """Drive ``stream`` (a zero-argument callable returning the wrapped runnable's chunk
     iterator, called with the prefix sink open) through a :class:`StreamGate`; yields the
     released text as it passes, then the decision. A stop closes the wrapped stream (the
-    engine stops generating)."""
+    engine stops generating); an input too long for the model's context is decided by
+    :meth:`AbstentionPolicy.decide_unanswerable`."""
     gate = StreamGate(policy, rule, group)
-    with open_prefix_sink(rule) as sink, contextlib.closing(iter(stream())) as chunks:
-        for chunk in chunks:
-            events, stopped = _events_of(gate, sink, chunk)
-            yield from events
-            if stopped:
-                return
+    try:
+        with open_prefix_sink(rule) as sink, contextlib.closing(iter(stream())) as chunks:
+            for chunk in chunks:
+                events, stopped = _events_of(gate, sink, chunk)
+                yield from events
+                if stopped:
+                    return
+    except ContextLengthError as exc:
+        yield _unanswerable_event(gate, exc)
+        return
     yield _final_event(gate, sink.served)
 
 
@@ -198,23 +203,32 @@ async def acertified_stream(
 ) -> AsyncIterator[GateEvent]:
     """:func:`certified_stream` for an async chunk iterator (``stream()`` returns one)."""
     gate = StreamGate(policy, rule, group)
-    with open_prefix_sink(rule) as sink:
-        chunks = stream()
-        try:
-            async for chunk in chunks:
-                events, stopped = _events_of(gate, sink, chunk)
-                for event in events:
-                    yield event
-                if stopped:
-                    return
-        finally:
-            await chunks.aclose()
+    try:
+        with open_prefix_sink(rule) as sink:
+            chunks = stream()
+            try:
+                async for chunk in chunks:
+                    events, stopped = _events_of(gate, sink, chunk)
+                    for event in events:
+                        yield event
+                    if stopped:
+                        return
+            finally:
+                await chunks.aclose()
+    except ContextLengthError as exc:
+        yield _unanswerable_event(gate, exc)
+        return
     yield _final_event(gate, sink.served)
 
 
 def _stop_event(gate: StreamGate) -> GateEvent:
     assert gate.stopped is not None
     return GateEvent("decision", message=gate.stop_message(), decision=gate.stopped)
+
+
+def _unanswerable_event(gate: StreamGate, exc: ContextLengthError) -> GateEvent:
+    msg, decision = gate.policy.decide_unanswerable(exc, gate.group)
+    return GateEvent("decision", message=msg, decision=decision)
 
 
 def _final_event(gate: StreamGate, served: bool) -> GateEvent:

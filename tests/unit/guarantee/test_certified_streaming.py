@@ -29,6 +29,7 @@ from abstain_guard.contract.streaming import (
 from abstain_guard.errors import (
     ArtifactMismatchError,
     ConfigError,
+    ContextLengthError,
     InvalidInputError,
     UncertifiableTargetError,
 )
@@ -294,6 +295,31 @@ def test_astream_matches_stream(stream_guard):
         assert [
             (c.content, c.response_metadata.get("abstention", {}).get("abstained")) for c in got
         ] == sync
+
+
+class TooLongPrefixChatModel(PrefixScriptedChatModel):
+    def _stream(self, *args: Any, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
+        raise ContextLengthError("the prompt has 9000 tokens; the context window is 8192.")
+
+
+def test_an_input_too_long_for_the_context_abstains_in_a_certified_stream():
+    model = TooLongPrefixChatModel(script=SCRIPT, fingerprint="m-1")
+    config = GuardConfig(participation=0.8, on_mismatch="warn")
+    guard = AbstentionGuard(model, artifact=_stream_artifact(), config=config)
+
+    async def run() -> list[Any]:
+        return [c async for c in guard.astream("good")]
+
+    for chunks in (list(guard.stream("good")), asyncio.run(run()), [guard.invoke("good")]):
+        assert len(chunks) == 1 and chunks[0].content == config.abstain_message
+        decision = chunks[0].response_metadata["abstention"]
+        assert decision["abstained"] and decision["reason"] == "input too long"
+        assert "9000 tokens" in decision["error"]
+    strict = AbstentionGuard(
+        model, artifact=_stream_artifact(), config=config.model_copy(update={"on_error": "raise"})
+    )
+    with pytest.raises(ContextLengthError):
+        list(strict.stream("good"))
 
 
 def test_model_that_serves_no_prefixes_is_refused_and_fails_closed():

@@ -143,16 +143,7 @@ class Certificate:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (the ``guarantee`` of a decision)."""
-        out: dict[str, Any] = {}
-        for key in self._keys():
-            if self._written(key):
-                value = getattr(self, key)
-                if key in _TUPLES:
-                    value = list(value)
-                elif isinstance(value, Mapping):
-                    value = dict(value)
-                out[key] = value
-        return out
+        return {key: json_form(getattr(self, key)) for key in self._keys() if self._written(key)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Certificate:
@@ -173,6 +164,18 @@ class Certificate:
             k: (tuple(v) if k in _TUPLES and v is not None else v) for k, v in data.items()
         }
         return cls(**values)
+
+
+def json_form(value: Any) -> Any:
+    """A field's JSON form: a certificate's :meth:`~Certificate.to_dict`, a tuple as a list,
+    a mapping as a dict, anything else as it is."""
+    if isinstance(value, Certificate):
+        return value.to_dict()
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(Certificate))

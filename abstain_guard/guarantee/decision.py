@@ -31,7 +31,7 @@ from abstain_guard.guarantee.action_risk import (
     require_action_statistics,
     uncertifiable_joint,
 )
-from abstain_guard.guarantee.certificate import Certificate
+from abstain_guard.guarantee.certificate import Certificate, json_form
 from abstain_guard.guarantee.frontier import smallest_certifiable_risk
 from abstain_guard.guarantee.partial_release import (
     PartialReleaseCertificate,
@@ -164,19 +164,7 @@ class Decision:
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (what messages, traces, logs, journals and ``serve`` carry)."""
         keys = (*_FALLBACK_KEYS, "run_id") if self.guarantee is None else _DECISION_KEYS
-        out: dict[str, Any] = {}
-        for key in keys:
-            if not self._written(key):
-                continue
-            value = getattr(self, key)
-            if isinstance(value, Certificate):
-                value = value.to_dict()
-            elif key in _TUPLES and value is not None:
-                value = list(value)
-            elif isinstance(value, Mapping):
-                value = dict(value)
-            out[key] = value
-        return out
+        return {key: json_form(getattr(self, key)) for key in keys if self._written(key)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Decision:

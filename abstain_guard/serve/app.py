@@ -17,7 +17,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -484,22 +484,21 @@ async def _label(served: Served, fb: FeedbackRequest) -> dict[str, Any]:
         raise _monitor_down(exc, served.service.retry_after_s) from exc
 
 
-async def _monitor_state(request: Request) -> JSONResponse:
-    served = _served(request)
-    if not served.link.monitored:
-        return _refusal(
-            RequestRefused("This server runs no guard (--no-guard).", status=404,
-                           kind="not_found_error")
-        )  # fmt: skip
-    try:
-        return JSONResponse(await served.link.state())
-    except MonitorUnavailableError as exc:
-        return _refusal(_monitor_down(exc, served.service.retry_after_s))
+async def _monitor_state(request: Request) -> Response:
+    return await _monitor_view(request, lambda link: link.state(), JSONResponse)
 
 
 async def _dashboard(request: Request) -> Response:
     """The monitor's page: participation and score drift over time, decisions by reason
     (:func:`~abstain_guard.monitor.report.live_page`); open, as ``/metrics`` is."""
+    return await _monitor_view(request, lambda link: link.dashboard(), HTMLResponse)
+
+
+async def _monitor_view(
+    request: Request, view: Callable[[MonitorLink], Awaitable[Any]], response: type[Response]
+) -> Response:
+    """The monitor link's ``view`` as a ``response``; 404 without a guard, 503 when the
+    monitor does not answer."""
     served = _served(request)
     if not served.link.monitored:
         return _refusal(
@@ -507,7 +506,7 @@ async def _dashboard(request: Request) -> Response:
                            kind="not_found_error")
         )  # fmt: skip
     try:
-        return HTMLResponse(await served.link.dashboard())
+        return response(await view(served.link))
     except MonitorUnavailableError as exc:
         return _refusal(_monitor_down(exc, served.service.retry_after_s))
 

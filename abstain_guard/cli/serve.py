@@ -407,6 +407,3 @@ def _add_replica_options(srv: argparse.ArgumentParser) -> None:
         help="with --replicas / --ray-address: CPUs each replica reserves and computes with "
         "(default 1)",
     )
-
-
-__all__ = ["API_KEY_ENV", "LOG_LEVEL_ENV", "add_parser", "serve_monitor"]

@@ -16,8 +16,6 @@ import numpy as np
 
 from abstain_guard.errors import MonitorLogError
 
-__all__ = ["LOG_FORMAT", "MonitorRecord", "read_log"]
-
 LOG_FORMAT = "abstain_guard.monitor_log"
 
 

@@ -21,15 +21,6 @@ from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.monitor.log import MonitorRecord, json_default
 from abstain_guard.monitor.scope import json_round_trip
 
-__all__ = [
-    "MonitorSeries",
-    "live_page",
-    "live_series",
-    "monitor_series",
-    "record_reason",
-    "render_page",
-]
-
 
 @dataclass(frozen=True)
 class MonitorSeries:

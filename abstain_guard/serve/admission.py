@@ -10,8 +10,6 @@ import httpx
 from abstain_guard.errors import SchedulerFullError
 from abstain_guard.serve.schemas import ChatCompletionRequest, RequestRefused
 
-__all__ = ["DEFAULT_MAX_IN_FLIGHT", "Admission"]
-
 #: A local chat model's default batch and queue (``max_batch_size``, ``max_queue``).
 DEFAULT_BATCH, DEFAULT_QUEUE = 8, 64
 #: Requests admitted at once by default: the model's batch plus its queue.

@@ -26,6 +26,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from opentelemetry import trace
 from opentelemetry.trace import Span
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
 
 from abstain_guard.errors import (
@@ -36,7 +37,7 @@ from abstain_guard.errors import (
 )
 from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.serve import telemetry
-from abstain_guard.serve.metrics import CONTENT_TYPE_LATEST, ServiceMetrics, decision_reason
+from abstain_guard.serve.metrics import ServiceMetrics, decision_reason
 from abstain_guard.serve.monitor_link import LocalMonitorLink, MonitorLink
 from abstain_guard.serve.openai_format import (
     completion_body,
@@ -55,9 +56,6 @@ from abstain_guard.serve.schemas import (
     parse_request,
 )
 from abstain_guard.serve.service import GuardedAnswer, GuardService
-
-__all__ = ["create_app", "service_monitor"]
-
 
 logger = logging.getLogger("abstain_guard.serve")
 

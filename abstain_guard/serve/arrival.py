@@ -22,8 +22,6 @@ from abstain_guard.errors import DecisionJournalError
 from abstain_guard.guarantee.decision import Decision
 from abstain_guard.serve.journal import DecisionJournal, FeedHealth
 
-__all__ = ["ArrivalOrder", "Feed"]
-
 logger = logging.getLogger("abstain_guard.serve")
 
 #: What receives each decision, in admission order: ``feed(decision, run_id)``.

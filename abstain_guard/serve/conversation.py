@@ -24,16 +24,6 @@ from abstain_guard.contract.tool_choice import tool_choice_name
 from abstain_guard.errors import InvalidInputError
 from abstain_guard.serve.schemas import ChatMessageIn, RequestRefused
 
-__all__ = [
-    "Turns",
-    "is_tool_turn",
-    "openai_tool_calls",
-    "requested_tool_choice",
-    "split_turns",
-    "to_message",
-    "to_messages",
-]
-
 #: Roles of the system prompt (``developer`` is OpenAI's newer name for it).
 SYSTEM_ROLES = ("system", "developer")
 

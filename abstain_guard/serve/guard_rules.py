@@ -21,8 +21,6 @@ from abstain_guard.contract.tool_choice import AUTO, NONE, REQUIRED, free_choice
 from abstain_guard.serve.conversation import Turns, is_tool_turn, requested_tool_choice
 from abstain_guard.serve.schemas import ChatCompletionRequest, RequestRefused
 
-__all__ = ["check_tools", "check_turns", "request_tools", "tool_name"]
-
 #: How to calibrate an agent with its tools (named in refusals).
 CALIBRATE_AGENT = "calibrate the agent as deployed with `abstain-guard calibrate --agent`"
 

@@ -25,8 +25,6 @@ import numpy as np
 from abstain_guard.errors import DecisionJournalError
 from abstain_guard.guarantee.decision import Decision
 
-__all__ = ["DecisionJournal", "FeedHealth", "journal_path", "recover"]
-
 logger = logging.getLogger("abstain_guard.serve")
 
 #: The journal is started afresh once nothing is pending and it is at least this big.

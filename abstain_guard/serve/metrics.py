@@ -16,7 +16,6 @@ import numpy as np
 from numpy.typing import ArrayLike
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from abstain_guard._version import __version__
@@ -26,8 +25,6 @@ from abstain_guard.monitor.guard_monitor import GuardMonitor
 from abstain_guard.serve.admission import Admission
 from abstain_guard.serve.journal import FeedHealth
 from abstain_guard.serve.step_gate import UNKNOWN_STEPS
-
-__all__ = ["CONTENT_TYPE_LATEST", "ServerMetrics", "ServiceMetrics", "decision_reason"]
 
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
 

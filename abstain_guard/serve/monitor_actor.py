@@ -28,8 +28,6 @@ from abstain_guard.serve.monitor_link import feedback_body, monitor_arrival
 from abstain_guard.serve.service import json_safe
 from abstain_guard.serve.step_record import StepEntry, StepLimits
 
-__all__ = ["MONITOR_TIMEOUT_S", "ActorStepRecord", "DeploymentMonitor", "RayMonitorLink"]
-
 logger = logging.getLogger("abstain_guard.serve")
 
 #: How long a ping of a replica may take before it counts as alive but busy.

@@ -21,8 +21,6 @@ from abstain_guard.serve.journal import DecisionJournal, journal_path, recover
 from abstain_guard.serve.metrics import ServerMetrics
 from abstain_guard.serve.service import json_safe
 
-__all__ = ["LocalMonitorLink", "MonitorLink", "feedback_body", "in_risk_test", "monitor_arrival"]
-
 
 class MonitorLink(Protocol):
     """What the app needs of the monitor and the metrics (see the module docstring); a call

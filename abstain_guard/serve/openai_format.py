@@ -18,16 +18,6 @@ from typing import Any
 
 from abstain_guard.serve.service import GuardedAnswer, json_number, json_safe
 
-__all__ = [
-    "completion_body",
-    "decision_headers",
-    "new_completion_id",
-    "sse_chunks",
-    "sse_decided_end",
-    "sse_released",
-    "sse_role",
-]
-
 #: The decision fields a client sees (``reason`` and ``error`` say why, too).
 DECISION_FIELDS = ("abstained", "score", "threshold", "mode", "target", "guarantee", "scorer")
 

@@ -21,8 +21,6 @@ from abstain_guard.serve.guard_rules import request_tools
 from abstain_guard.serve.schemas import ChatCompletionRequest, RequestRefused
 from abstain_guard.serve.service import GuardedAnswer, answer_of
 
-__all__ = ["ModelService"]
-
 
 @dataclass(frozen=True)
 class ModelCall:

@@ -33,8 +33,6 @@ from abstain_guard.serve.runner import Endpoint
 from abstain_guard.serve.service import GuardService
 from abstain_guard.serve.step_record import StepLimits
 
-__all__ = ["Deployment", "ReplicaServer", "ReplicaSpec", "build_replica", "import_ray_serve"]
-
 #: The Ray namespace of the monitor actor.
 NAMESPACE = "abstain_guard"
 

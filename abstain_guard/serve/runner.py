@@ -19,8 +19,6 @@ from abstain_guard.serve.app import create_app
 from abstain_guard.serve.passthrough import ModelService
 from abstain_guard.serve.service import GuardService
 
-__all__ = ["Endpoint", "ServerThread", "free_port", "is_loopback", "serve"]
-
 
 def is_loopback(host: str) -> bool:
     """Whether ``host`` is a loopback address (``127.0.0.0/8``, ``::1``, ``localhost``);

@@ -14,14 +14,6 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-__all__ = [
-    "ChatCompletionRequest",
-    "ChatMessageIn",
-    "RequestLimits",
-    "RequestRefused",
-    "parse_request",
-]
-
 
 @dataclass(frozen=True)
 class RequestLimits:

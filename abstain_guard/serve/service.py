@@ -50,8 +50,6 @@ from abstain_guard.serve.step_record import (
     check_run_group,
 )
 
-__all__ = ["GuardCall", "GuardService", "GuardedAnswer", "answer_of", "json_number", "json_safe"]
-
 
 @dataclass(frozen=True)
 class GuardedAnswer:

@@ -26,16 +26,6 @@ from abstain_guard.serve.conversation import openai_tool_calls
 from abstain_guard.serve.schemas import RequestRefused
 from abstain_guard.serve.step_record import StepEntry, StepRecord, context_digest, step_key
 
-__all__ = [
-    "UNKNOWN_STEPS",
-    "RunSoFar",
-    "check_tool_steps",
-    "gating_of",
-    "remember_step",
-    "run_so_far",
-    "unknown_steps_abstention",
-]
-
 #: The decision's ``reason`` when earlier steps of the run have no record.
 UNKNOWN_STEPS = "earlier steps unknown"
 

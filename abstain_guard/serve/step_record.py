@@ -26,17 +26,6 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMe
 from abstain_guard.serve.conversation import openai_tool_calls
 from abstain_guard.serve.schemas import RequestRefused
 
-__all__ = [
-    "StepEntry",
-    "StepLimits",
-    "StepRecord",
-    "StepSnapshot",
-    "StepStore",
-    "check_run_group",
-    "context_digest",
-    "step_key",
-]
-
 #: Step decisions kept at most (least recently used dropped first).
 DEFAULT_MAX_ENTRIES = 100_000
 #: How long a step decision is kept, in seconds.

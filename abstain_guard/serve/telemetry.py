@@ -24,8 +24,6 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from abstain_guard._version import __version__
 
-__all__ = ["RequestIds", "configure_logging", "end_span", "request_ids", "start_span"]
-
 REQUEST_ID_HEADER = "X-Request-Id"
 
 _tracer = trace.get_tracer("abstain_guard.serve", __version__)

@@ -152,17 +152,13 @@ class Certificate:
         Raises:
             InvalidInputError: a key no certificate has, or no ``kind`` / ``statement``.
         """
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
+        values, unknown = read_fields(cls, data, _TUPLES)
         if unknown or "kind" not in data or "statement" not in data:
             raise InvalidInputError(
                 f"not a guarantee: unknown keys {unknown}"
                 if unknown
                 else "not a guarantee: it needs 'kind' and 'statement'"
             )
-        values: dict[str, Any] = {
-            k: (tuple(v) if k in _TUPLES and v is not None else v) for k, v in data.items()
-        }
         return cls(**values)
 
 
@@ -176,6 +172,16 @@ def json_form(value: Any) -> Any:
     if isinstance(value, Mapping):
         return dict(value)
     return value
+
+
+def read_fields(
+    cls: type, data: Mapping[str, Any], tuples: tuple[str, ...]
+) -> tuple[dict[str, Any], list[str]]:
+    """:func:`json_form` read back for the dataclass ``cls``: ``data`` with its ``tuples``
+    keys as tuples, and the keys ``cls`` has no field for."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {k: tuple(v) if k in tuples and v is not None else v for k, v in data.items()}
+    return values, sorted(set(data) - names)
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(Certificate))

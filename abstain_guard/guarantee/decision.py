@@ -31,7 +31,7 @@ from abstain_guard.guarantee.action_risk import (
     require_action_statistics,
     uncertifiable_joint,
 )
-from abstain_guard.guarantee.certificate import Certificate, json_form
+from abstain_guard.guarantee.certificate import Certificate, json_form, read_fields
 from abstain_guard.guarantee.frontier import smallest_certifiable_risk
 from abstain_guard.guarantee.partial_release import (
     PartialReleaseCertificate,
@@ -173,19 +173,14 @@ class Decision:
         Raises:
             InvalidInputError: a key no decision has, or a missing one.
         """
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
+        values, unknown = read_fields(cls, data, _TUPLES)
         missing = sorted({"abstained", "score", "threshold", "scorer", "reason"} - set(data))
         if unknown or missing:
             raise InvalidInputError(
                 f"not a guard decision: unknown keys {unknown}, missing keys {missing}"
             )
-        values = dict(data)
         if values.get("guarantee") is not None:
             values["guarantee"] = Certificate.from_dict(values["guarantee"])
-        for key in _TUPLES:
-            if values.get(key) is not None:
-                values[key] = tuple(values[key])
         return cls(**values)
 
 

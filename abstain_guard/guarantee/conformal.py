@@ -381,7 +381,7 @@ def _on_truth(
     ranked = _ranked(s[keep], j[keep], h[keep])
     assert ranked.true_errors is not None
     n, m = int(ranked.scores.size), int((h >= 0).sum())
-    plan = truth.plan_truth(method, eps, dlt, n, m)
+    plan = truth.plan_truth(method, eps, dlt, n, m, int((h >= truth.NOT_REVIEWED).sum()))
     arms = truth.arm_ranks(plan, ranked.scores, ranked.errors, ranked.true_errors, eps, ceiling)
     k = int(arms.rank)
     if k == 0:

@@ -85,25 +85,33 @@ class TruthPlan:
     share: float
 
 
-def plan_truth(method: str, risk_target: float, delta: float, n: int, m: int) -> TruthPlan:
+def plan_truth(
+    method: str, risk_target: float, delta: float, n: int, m: int, eligible: int | None = None
+) -> TruthPlan:
     """The certificate's plan from ``(method, ε, δ, n, m)`` (:func:`.risk_control.plan_tests`
-    for each arm)."""
-    w = judge_share(n, m)
+    for each arm); ``eligible``: the answers the draw could reach (all n without a scope),
+    which w and the judge chains' lowest start read in place of n."""
+    reach = n if eligible is None else eligible
+    w = judge_share(reach, m)
     human = plan_tests(method, risk_target, (1.0 - w) * delta, m)
-    judge = _judge_plan(method, risk_target, w * delta, n, m) if w > 0 else None
+    judge = _judge_plan(method, risk_target, w * delta, (n, reach), m) if w > 0 else None
     return TruthPlan(human, judge, w)
 
 
-def _judge_plan(method: str, risk_target: float, level: float, n: int, m: int) -> RiskPlan:
-    """``method``'s plan on n answers, its chains started no lower than
-    :data:`JUDGE_MIN_REVIEWED` reviewed answers (merged starts free their level)."""
-    base = plan_tests(method, risk_target, level, n)
-    floor = min(math.ceil(JUDGE_MIN_REVIEWED * n / max(m, 1)), n)
+def _judge_plan(
+    method: str, risk_target: float, level: float, sizes: tuple[int, int], m: int
+) -> RiskPlan:
+    """``method``'s plan on n answers (``sizes``: n and the eligible ones), its chains
+    started no lower than :data:`JUDGE_MIN_REVIEWED` reviewed answers (merged starts free
+    their level)."""
+    n, reach = sizes
+    base = plan_tests(method, risk_target, level, reach)
+    floor = min(math.ceil(JUDGE_MIN_REVIEWED * reach / max(m, 1)), reach)
     if base.kind != "chains" or not base.ranks:
         return base
     if method != "fixed_sequence_multistart":
         return RiskPlan(base.method, "chains", (max(base.ranks[0], floor),), level)
-    starts = {max(k, floor) for k in multistart_starts(n)}
+    starts = {max(k, floor) for k in multistart_starts(reach)}
     each = level / len(starts)
     low = min_rank(risk_target, each)
     ranks = tuple(sorted({max(k, low) for k in starts if max(k, low) <= n}))
@@ -145,10 +153,24 @@ def _log_choose(a: NDArray[np.int64], b: NDArray[np.int64]) -> NDArray[np.float6
 def hypergeom_cdf(
     k: ArrayLike, total: ArrayLike, successes: ArrayLike, draws: ArrayLike
 ) -> NDArray[np.float64]:
-    """``P(X ≤ k)`` for ``X ~ Hypergeom(total, successes, draws)``, elementwise (broadcast):
-    the probability mass summed upward from the support's low end in log space, each term
-    from the last by the pmf's ratio. Exact to rounding; much faster than scipy's for the
-    small k of a judge's misses."""
+    """``P(X ≤ k)`` for ``X ~ Hypergeom(total, successes, draws)``, elementwise (broadcast),
+    exact to rounding and much faster than scipy's: summed from whichever end of the support
+    is nearer (``1 − P(draws − X ≤ draws − k − 1)`` above the middle)."""
+    k, big, s, d = (
+        np.asarray(x, dtype=np.int64) for x in np.broadcast_arrays(k, total, successes, draws)
+    )
+    flip = 2 * k > d
+    out = np.empty(k.shape, dtype=np.float64)
+    out[~flip] = _lower_tail(k[~flip], big[~flip], s[~flip], d[~flip])
+    out[flip] = 1.0 - _lower_tail(d[flip] - k[flip] - 1, big[flip], big[flip] - s[flip], d[flip])
+    return np.clip(out, 0.0, 1.0)
+
+
+def _lower_tail(
+    k: ArrayLike, total: ArrayLike, successes: ArrayLike, draws: ArrayLike
+) -> NDArray[np.float64]:
+    """:func:`hypergeom_cdf` by summing the mass upward from the support's low end in log
+    space, each term from the last by the pmf's ratio (as many steps as k)."""
     k, big, s, d = (
         np.asarray(x, dtype=np.int64) for x in np.broadcast_arrays(k, total, successes, draws)
     )

@@ -68,9 +68,11 @@ PLAN_SHARE = 0.15
 """Share of the calibration answers a planned review reads (their scores and judge labels)
 to place its scope; they take part in neither arm of the certificate."""
 
-_SCOPE_MARGIN = 1.5
+_SCOPE_MARGIN = 1.25
 """A planned scope reaches this many times the share at which the planning answers' judge
-error rate last stays within ε (and holds at least this many times m answers)."""
+error rate last stays within ε (and holds at least this many times m answers); chosen on
+bench/power/truth_certificate.py's low-accuracy and shipped-guard populations (1, 1.25, 1.5
+compared) before any review."""
 
 
 def review_seed(calibration_ids: Sequence[str]) -> int:
@@ -167,7 +169,8 @@ def draw_review(
     seeded by :func:`review_seed`. ``scope``: only among the ⌈scope·n⌉ lowest scores (scores
     alone); None: planned — :data:`PLAN_SHARE` of the answers (seeded) are read for
     :func:`planned_cutoff` at ``risk_target`` and left out of the review and the certificate,
-    and the draw is among the others below that cutoff (at least 1.5·size of them).
+    and the draw is among the others below that cutoff (at least
+    :data:`_SCOPE_MARGIN`·size of them).
 
     Raises:
         InvalidInputError: ``size`` is not between 1 and the number of eligible answers, or

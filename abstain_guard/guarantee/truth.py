@@ -182,12 +182,13 @@ def _lower_tail(
     bf, sf, df, hf = (x.ravel()[idx] for x in (big, s, d, hi))
     logp = _log_choose(sf, j) + _log_choose(bf - sf, df - j) - _log_choose(bf, df)
     acc = logp.copy()
-    flat = out.ravel()
+    flat = out.reshape(-1)
     while idx.size:
         done = j >= hf
         flat[idx[done]] = np.exp(acc[done])
         keep = ~done
-        idx, j, bf, sf, df, hf, logp, acc = (x[keep] for x in (idx, j, bf, sf, df, hf, logp, acc))
+        idx, j, bf, sf, df, hf = idx[keep], j[keep], bf[keep], sf[keep], df[keep], hf[keep]
+        logp, acc = logp[keep], acc[keep]
         logp = logp + np.log((sf - j) * (df - j)) - np.log((j + 1) * (bf - sf - df + j + 1))
         acc = np.logaddexp(acc, logp)
         j = j + 1

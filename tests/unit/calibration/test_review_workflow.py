@@ -258,6 +258,16 @@ def test_review_size_grows_with_m_and_recommends_one(tmp_path: Path) -> None:
     assert [r.m for r in scoped] == [100]  # 400 cannot be drawn among 300
 
 
+def test_the_review_size_cli_recommends_a_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, _, _ = _calibrated(tmp_path)
+    argv = ["review-size", "--artifact", str(out), "--judge-error", "0.02", "--draws", "3"]
+    assert main([*argv, "--sizes", "20", "300", "--risk-target", "0.45"]) == 0
+    text = capsys.readouterr().out
+    assert "planned scope" in text and "recommended: calibrate --review " in text
+
+
 def test_an_llm_judge_by_configuration_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MY_JUDGE_KEY", "sk-test")
     judge = make_judge(

@@ -6,7 +6,8 @@ served model's identity the digest of its files and an artifact without one refu
 response from the project's engine refused; a request without the payload key's token gets
 no activations, a forged, altered or moved payload is refused; (a server of its own, with a
 KV cache too small for its batch) guarded requests preempted and recomputed are answered with
-their captures; and a server asked for speculative decoding stops, naming the flag.
+their captures; a server asked for speculative decoding stops, naming the flag; and a hub
+model whose files are not on disk stops the server (offline, empty cache) before it serves.
 
 The server runs in vLLM's own environment (``make install`` builds ``.venv-vllm``;
 ``make test`` sets ``ABSTAIN_GUARD_VLLM_PYTHON``); one server for the module. About two
@@ -393,3 +394,43 @@ def test_a_mode_the_capture_cannot_serve_stops_the_server_by_name() -> None:
     finally:
         server.close()
     assert "the guard's capture cannot serve speculative decoding (--speculative-config)" in log
+
+
+def test_a_hub_model_whose_files_are_not_on_disk_stops_the_server_before_it_serves(
+    tmp_path: Path,
+) -> None:
+    """Stock ``vllm serve org/name`` with the guard's connector, offline, on an empty Hugging
+    Face cache: the server exits at start-up (before any model loads) and never answers,
+    its log naming the model and the missing snapshot. Offline, vLLM resolves a hub id in
+    its argument parsing — to the cached snapshot folder, whose files the connector digests,
+    or refused when there is none — so no guarded server serves a hub id without files to
+    verify it by."""
+    from abstain_guard.backends.vllm_engine import (
+        ServerProcess,
+        engine_python,
+        free_port,
+        guarded_env,
+        serve_command,
+    )
+    from abstain_guard.errors import BackendError
+
+    if not os.environ.get(VLLM_PYTHON_ENV):
+        pytest.skip(f"{VLLM_PYTHON_ENV} is not set (make test sets it to .venv-vllm)")
+    env = guarded_env()
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE"):
+        env.pop(name, None)
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
+    port = free_port()
+    flags = ["--enforce-eager", "--max-model-len", "512"]
+    cmd = serve_command(engine_python(), "org/not-downloaded", port, vllm_args=flags)
+    server = ServerProcess(cmd, port, env)
+    try:
+        with pytest.raises(BackendError, match="exited"):
+            server.wait(600)
+        log = server.log.read_text(errors="replace")
+    finally:
+        server.close()
+    assert "kv_connector='AbstainGuardConnector'" in log  # the guarded command line
+    assert "'model': 'org/not-downloaded'" in log
+    assert "Cannot find an appropriate cached snapshot folder" in log
+    assert "Loading weights" not in log and "Starting vLLM server" not in log

@@ -51,6 +51,7 @@ Run (idle machine; vLLM's environment from ``make install``)::
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
@@ -158,6 +159,8 @@ def cpu_bench(args: argparse.Namespace) -> dict[str, Any]:
         "stock_default": stock_server(python, folder, []),
         "stock_eager": stock_server(python, folder, ["--enforce-eager"]),
     }
+    for server in servers.values():  # a failing run leaves no stock server behind
+        atexit.register(server.close)
     chain, guard, _ = load_guard_chain(args.artifact)  # starts the guarded server
     engine = guard.runnable.bound if hasattr(guard.runnable, "bound") else None
     record_engine = engine.engine_record() if engine is not None else None

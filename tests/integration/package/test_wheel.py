@@ -135,7 +135,7 @@ def test_the_wheel_holds_every_module_the_shipped_guard_and_the_license(dist: Pa
     }
     shipped = ROOT / "abstain_guard" / "default_guard"
     expected |= {f"abstain_guard/default_guard/{p.name}" for p in shipped.iterdir()}
-    expected.add("abstain_guard/py.typed")
+    expected |= {"abstain_guard/py.typed", "abstain_guard/monitor/dashboard.html"}  # package data
     packaged = {n for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert packaged == expected, (
         f"missing from the wheel: {sorted(expected - packaged)}; "

@@ -153,4 +153,7 @@ def open_prefix_sink(rule: ChunkRule) -> Iterator[PrefixSink]:
     try:
         yield sink
     finally:
-        _SINK.reset(token)
+        # An async stream closed by the event loop's finaliser (a client that disconnected)
+        # runs this in another context, where the sink was never set: nothing to reset there.
+        with contextlib.suppress(ValueError):
+            _SINK.reset(token)

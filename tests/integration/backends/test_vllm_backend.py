@@ -367,10 +367,11 @@ def test_guarded_requests_preempted_under_memory_pressure_keep_their_captures() 
         )
 
 
-def test_a_mode_the_capture_cannot_serve_stops_the_server_by_name() -> None:
-    """Stock vLLM with the guard's connector and speculative decoding: the server does not
-    start, and its error names the flag (the connector's check, before the model loads)."""
-    from abstain_guard.adapters.model.vllm_folder import vllm_model_folder
+def _log_of_a_server_that_exits(
+    model: str | Path, flags: list[str], env: dict[str, str] | None = None
+) -> str:
+    """Start stock ``vllm serve`` on ``model`` with the guard's connector and ``flags``
+    (eager, a short context), assert it exits without ever answering, and return its log."""
     from abstain_guard.backends.vllm_engine import (
         ServerProcess,
         engine_python,
@@ -382,17 +383,25 @@ def test_a_mode_the_capture_cannot_serve_stops_the_server_by_name() -> None:
 
     if not os.environ.get(VLLM_PYTHON_ENV):
         pytest.skip(f"{VLLM_PYTHON_ENV} is not set (make test sets it to .venv-vllm)")
-    spec = '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}'
-    flags = ["--enforce-eager", "--max-model-len", "512", "--speculative-config", spec]
     port = free_port()
-    cmd = serve_command(engine_python(), vllm_model_folder("default"), port, vllm_args=flags)
-    server = ServerProcess(cmd, port, guarded_env())
+    flags = ["--enforce-eager", "--max-model-len", "512", *flags]
+    cmd = serve_command(engine_python(), model, port, vllm_args=flags)
+    server = ServerProcess(cmd, port, env if env is not None else guarded_env())
     try:
         with pytest.raises(BackendError, match="exited"):
             server.wait(600)
-        log = server.log.read_text(errors="replace")
+        return server.log.read_text(errors="replace")
     finally:
         server.close()
+
+
+def test_a_mode_the_capture_cannot_serve_stops_the_server_by_name() -> None:
+    """Stock vLLM with the guard's connector and speculative decoding: the server does not
+    start, and its error names the flag (the connector's check, before the model loads)."""
+    from abstain_guard.adapters.model.vllm_folder import vllm_model_folder
+
+    spec = '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}'
+    log = _log_of_a_server_that_exits(vllm_model_folder("default"), ["--speculative-config", spec])
     assert "the guard's capture cannot serve speculative decoding (--speculative-config)" in log
 
 
@@ -405,31 +414,13 @@ def test_a_hub_model_whose_files_are_not_on_disk_stops_the_server_before_it_serv
     its argument parsing — to the cached snapshot folder, whose files the connector digests,
     or refused when there is none — so no guarded server serves a hub id without files to
     verify it by."""
-    from abstain_guard.backends.vllm_engine import (
-        ServerProcess,
-        engine_python,
-        free_port,
-        guarded_env,
-        serve_command,
-    )
-    from abstain_guard.errors import BackendError
+    from abstain_guard.backends.vllm_engine import guarded_env
 
-    if not os.environ.get(VLLM_PYTHON_ENV):
-        pytest.skip(f"{VLLM_PYTHON_ENV} is not set (make test sets it to .venv-vllm)")
     env = guarded_env()
     for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE"):
         env.pop(name, None)
     env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
-    port = free_port()
-    flags = ["--enforce-eager", "--max-model-len", "512"]
-    cmd = serve_command(engine_python(), "org/not-downloaded", port, vllm_args=flags)
-    server = ServerProcess(cmd, port, env)
-    try:
-        with pytest.raises(BackendError, match="exited"):
-            server.wait(600)
-        log = server.log.read_text(errors="replace")
-    finally:
-        server.close()
+    log = _log_of_a_server_that_exits("org/not-downloaded", [], env)
     assert "kv_connector='AbstainGuardConnector'" in log  # the guarded command line
     assert "'model': 'org/not-downloaded'" in log
     assert "Cannot find an appropriate cached snapshot folder" in log

@@ -349,27 +349,3 @@ def bootstrap_intervals(
         nan_policy=nan_policy,
     )
     return {m: percentile_interval(d, confidence) for m, d in draws.items()}
-
-
-def auroc_interval(
-    uncertainty: ArrayLike,
-    correct: ArrayLike,
-    *,
-    n_boot: int = 2000,
-    confidence: float = 0.95,
-    seed: int | np.random.Generator = 0,
-    stratified: bool = True,
-    nan_policy: Literal["raise", "omit"] = "raise",
-) -> tuple[float, float]:
-    """95 % (by default) percentile bootstrap interval ``(low, high)`` of :func:`auroc`;
-    arguments as :func:`bootstrap_intervals`."""
-    return bootstrap_intervals(
-        uncertainty,
-        correct,
-        ("auroc",),
-        n_boot=n_boot,
-        confidence=confidence,
-        seed=seed,
-        stratified=stratified,
-        nan_policy=nan_policy,
-    )["auroc"]

@@ -36,7 +36,7 @@ from abstain_guard.calibration.building.answering.answer_rows import means_diges
 from abstain_guard.calibration.building.questions.datasets import QAItem
 from abstain_guard.calibration.building.run.store import content_key
 from abstain_guard.calibration.measure.held_out import artifact_items
-from abstain_guard.calibration.measure.metrics import auroc, auroc_interval
+from abstain_guard.calibration.measure.metrics import auroc, bootstrap_intervals
 
 
 def _runs_by_key(cache: Path) -> dict[str, dict[str, Any]]:
@@ -107,7 +107,7 @@ def main() -> None:
     }
     for name, values in columns.items():
         value = auroc(values, correct)
-        low, high = auroc_interval(values, correct)
+        low, high = bootstrap_intervals(values, correct, ("auroc",))["auroc"]
         out["auroc"][name] = [round(float(value), 3), [round(low, 3), round(high, 3)]]
     print(json.dumps(out))
 

@@ -74,7 +74,7 @@ from abstain_guard.calibration.building.run_labels import (  # noqa: E402
 )
 from abstain_guard.calibration.measure.deployment_check import live_check  # noqa: E402
 from abstain_guard.calibration.measure.held_out import artifact_items  # noqa: E402
-from abstain_guard.calibration.measure.metrics import auroc, auroc_interval  # noqa: E402
+from abstain_guard.calibration.measure.metrics import auroc, bootstrap_intervals  # noqa: E402
 from abstain_guard.config import GuardConfig  # noqa: E402
 from abstain_guard.contract.deployment import DeploymentRecord  # noqa: E402
 from abstain_guard.guarantee.action_risk import action_statistic, certified_action_risk  # noqa: E402
@@ -171,7 +171,7 @@ def ranking(runs: list[dict[str, Any]]) -> dict[str, Any]:
         entry: dict[str, Any] = {"right": right, "wrong": len(labels) - right}
         if 0 < right < len(labels):
             entry["auroc"] = round(auroc(scores, labels), 3)
-            low, high = auroc_interval(scores, labels)
+            low, high = bootstrap_intervals(scores, labels, ("auroc",))["auroc"]
             entry["interval"] = [round(low, 3), round(high, 3)]
         out[name] = entry
     return out

@@ -279,8 +279,3 @@ def _decoder_layer(model_type: str, config: Any, i: int, layer: nn.Module) -> La
         head_dim=head_dim,
         attn_out_norm_offset=1.0 if offset is None else offset,
     )
-
-
-def supported_models_markdown() -> str:
-    """The README's list of supported families, one bullet per registry entry."""
-    return "\n".join(f"- `{key}`: {name}" for key, name in SUPPORTED_ARCHITECTURES.items())

@@ -3,7 +3,7 @@ renders: per data set, every scorer's ranking metrics and resplit simulation, wi
 AUROC, hypothesis checks and permutation importance.
 
 ``evaluate_dataset`` computes one data set's entry, ``build_results`` assembles entries into
-``{"schema_version", "metadata", "datasets"}``; ``evaluate_scores`` does both for one data set.
+``{"schema_version", "metadata", "datasets"}``.
 """
 
 from __future__ import annotations
@@ -169,15 +169,3 @@ def build_results(
         "metadata": dict(metadata or {}),
         "datasets": by_name,
     }
-
-
-def evaluate_scores(
-    scores_by_scorer: Mapping[str, ArrayLike],
-    correct: ArrayLike,
-    name: str = "dataset",
-    metadata: Mapping[str, Any] | None = None,
-    **kwargs: Any,
-) -> dict[str, Any]:
-    """One-data-set shortcut: ``build_results([evaluate_dataset(name, ...)], metadata)``;
-    ``kwargs`` go to :func:`evaluate_dataset`."""
-    return build_results([evaluate_dataset(name, scores_by_scorer, correct, **kwargs)], metadata)

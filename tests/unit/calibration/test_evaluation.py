@@ -7,6 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
+from _results import evaluate_scores
 
 from abstain_guard.calibration.measure.hypotheses import hypothesis_checks, validate_importance
 from abstain_guard.calibration.measure.metrics import bootstrap_intervals
@@ -15,7 +16,6 @@ from abstain_guard.calibration.measure.results import (
     MeasureSettings,
     build_results,
     evaluate_dataset,
-    evaluate_scores,
 )
 from abstain_guard.calibration.measure.simulation import (
     DEFAULT_LEVELS,

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _results import evaluate_scores
 
 from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.calibration.building import pipeline
-from abstain_guard.calibration.measure.results import MeasureSettings, evaluate_scores
+from abstain_guard.calibration.measure.results import MeasureSettings
 from abstain_guard.cli import main
 
 

@@ -373,9 +373,11 @@ def test_calibrate_records_each_calibration_answers_group(tmp_path: Path) -> Non
 
 
 def test_evaluate_report_shows_pooled_and_group_rules_per_group(tmp_path: Path) -> None:
+    from _results import evaluate_scores
+
     from abstain_guard.calibration.measure.group_report import group_tables
     from abstain_guard.calibration.measure.report import write_report
-    from abstain_guard.calibration.measure.results import MeasureSettings, evaluate_scores
+    from abstain_guard.calibration.measure.results import MeasureSettings
 
     s, j, g = _data()
     results = evaluate_scores(

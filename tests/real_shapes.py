@@ -1,9 +1,10 @@
 """Real-size model shapes with random weights, the capture engine driven without LangChain,
 and a float64 reference of Ω, Θ, Φ for any depth and width.
 
-Shared by ``tests/test_real_shapes.py`` and the real-size benchmarks (``bench/memory/real_size.py``
-on the CPU, ``bench/memory/gpu.py`` and ``bench/speed/prefix_real_size.py`` on a GPU machine that
-has PyTorch and transformers only). It imports torch, transformers, numpy
+Shared by ``tests/integration/adapters/test_real_shapes.py`` and the real-size runs
+(``bench/memory/real_size.py`` on the CPU, ``experiments/gpu_capture/gpu.py`` and
+``experiments/prefix_path/prefix_real_size.py`` on a GPU machine that has PyTorch and
+transformers only). It imports torch, transformers, numpy
 and the leaf modules of ``abstain_guard.adapters`` (capture, batching, loading), never the
 packages' ``__init__`` when LangChain is missing (:func:`import_engine`).
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -47,22 +46,14 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import real_shapes as rs
-from capture_overhead import PeakRSS
+from _measure import PeakRSS, spread
 
 from abstain_guard.adapters.engine.kernels import kernel_facts
 
 VARIANTS = ("plain", "engine", "full", "fast", "full_regroup")
-
-
-def spread(values: list[float], digits: int = 4) -> dict[str, float]:
-    """Median, min and max of ``values`` (rounded)."""
-    return {
-        "median": round(statistics.median(values), digits),
-        "min": round(min(values), digits),
-        "max": round(max(values), digits),
-    }
 
 
 def regrouping(hf: Any) -> Any:

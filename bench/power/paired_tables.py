@@ -18,9 +18,8 @@ the family the narrative draws from — and each comparison gets its Holm-adjust
 verdict (``reference better``, ``baseline better``, ``not significant after Holm at family-wise
 0.05``). ``--json`` writes, per set, the numbers every cell shows (raw and as printed), the
 p-values, Holm-adjusted p-values and verdicts, and the path and sha256 of each source
-results.json: the committed, auditable evidence. A results.json written before ``evaluate``
-stored p-values has none: its comparisons are listed with ``null`` p-values, left out of the
-family, and a warning names the file.
+results.json: the committed, auditable evidence. A results.json without paired p-values is
+refused.
 
 ``--also experiments/probe_mlp/probe_mlp.json`` (repeatable) adds comparisons made on the same
 held-out answers outside these tables — ``experiments/probe_mlp/probe_mlp.py``'s MLP − logistic
@@ -39,7 +38,6 @@ import copy
 import hashlib
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -293,23 +291,13 @@ def load_entries(
     sources: list[dict[str, str]] = []
     for path in paths:
         doc = _read(path, sources)
-        sets = doc["datasets"].values() if isinstance(doc["datasets"], dict) else doc["datasets"]
-        for e in sets:
+        for e in doc["datasets"].values():
             entry = copy.deepcopy(e)
             entry["source"] = str(path)
             entries.append(entry)
-            missing = [
-                n
-                for n, p in entry["paired"]["scorers"].items()
-                if "auroc_diff" in p and "auroc_diff_p" not in p
-            ]
-            if missing:
-                print(
-                    f"warning: {path} ({entry['name']}) has no paired p-values (written before "
-                    "evaluate stored them): its comparisons are left out of the Holm family; "
-                    "rerun abstain-guard evaluate",
-                    file=sys.stderr,
-                )
+            scorers = entry["paired"]["scorers"].values()
+            if any("auroc_diff" in p and "auroc_diff_p" not in p for p in scorers):
+                raise SystemExit(f"{path} ({entry['name']}): no paired p-values")
     extra = load_also(list(also or []), sources)
     adjust_family([e["paired"] for e in entries] + extra)
     return entries, sources, extra

@@ -166,19 +166,14 @@ def test_tables_json_round_trips(tmp_path: Path, capsys: pytest.CaptureFixture[s
         assert got["best_probe"] == "probe_upper"
 
 
-def test_tables_without_p_values_warn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_results_without_p_values_are_refused(tmp_path: Path) -> None:
     [path] = _results_json(tmp_path, ("builtin",))
     doc = json.loads(path.read_text())
     for p in doc["datasets"]["builtin"]["paired"]["scorers"].values():
         p.pop("auroc_diff_p", None)
-        p.pop("within_diff_p", None)
     path.write_text(json.dumps(doc))
-    out = tmp_path / "t.json"
-    main([str(path), "--json", str(out)])
-    assert "no paired p-values" in capsys.readouterr().err
-    got = json.loads(out.read_text())
-    assert got["family"]["size"] == 0
-    assert got["sets"]["builtin"]["scorers"]["perplexity"]["auroc_diff_holm_p"] is None
+    with pytest.raises(SystemExit, match="no paired p-values"):
+        main([str(path)])
 
 
 def _mlp_report(diff: float, p: float) -> dict[str, Any]:

@@ -46,6 +46,11 @@ from typing import Any
 
 import httpx
 
+from abstain_guard.artifact.guard_artifact import GuardArtifact
+from abstain_guard.contract.deployment import DeploymentRecord
+from abstain_guard.default import default_artifact_path
+from abstain_guard.serve.runner import free_port
+
 QUESTIONS = (
     "What is the capital of France?",
     "What is the capital of Peru?",
@@ -76,13 +81,6 @@ MALFORMED: tuple[tuple[str, Any], ...] = (
     ("not_json", b"{not json"),
     ("no_messages", {"messages": []}),
 )
-
-
-def _free_port() -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from abstain_guard.serve.runner import free_port
-
-    return free_port()
 
 
 def start_server(port: int, artifact: str | None = None) -> subprocess.Popen[bytes]:
@@ -162,12 +160,19 @@ async def malformed(client: httpx.AsyncClient, url: str, i: int) -> tuple[str, i
     return name, r.status_code
 
 
-async def drive(args: argparse.Namespace, root: str, client: httpx.AsyncClient) -> dict[str, Any]:
-    """Solo latency, then the bounded load; the measurements."""
-    url = f"{root}/v1/chat/completions"
-    solo = {q: (await well_formed(client, url, q, False))[1] for q in QUESTIONS}
-    gate = asyncio.Semaphore(args.concurrency)
-    deadline = time.monotonic() + args.deadline_s
+async def load(
+    client: httpx.AsyncClient,
+    url: str,
+    requests: int,
+    concurrency: int,
+    malformed_every: int = 10,
+    deadline_s: float = float("inf"),
+) -> tuple[dict[str, Any], list[tuple[str, float, bool | None, str]]]:
+    """``requests`` requests, ``concurrency`` at once, plain and streamed in turn, every
+    ``malformed_every``-th one malformed, none sent after ``deadline_s``: the load's fields of
+    the JSON line, and (kind, seconds, abstained, question) per well-formed request."""
+    gate = asyncio.Semaphore(concurrency)
+    deadline = time.monotonic() + deadline_s
     results: list[tuple[str, float, bool | None, str]] = []
     bad: list[tuple[str, int]] = []
     skipped = 0
@@ -177,48 +182,24 @@ async def drive(args: argparse.Namespace, root: str, client: httpx.AsyncClient) 
         async with gate:
             if time.monotonic() > deadline:
                 skipped += 1
-            elif i % args.malformed_every == args.malformed_every - 1:
-                bad.append(await malformed(client, url, i // args.malformed_every))
+            elif i % malformed_every == malformed_every - 1:
+                bad.append(await malformed(client, url, i // malformed_every))
             else:
                 question = QUESTIONS[i % len(QUESTIONS)]
                 out = await well_formed(client, url, question, stream=i % 2 == 1)
                 results.append((*out, question))
 
     start = time.perf_counter()
-    await asyncio.gather(*(one(i) for i in range(args.requests)))
+    await asyncio.gather(*(one(i) for i in range(requests)))
     wall = time.perf_counter() - start
-    return summarize(args, results, bad, wall, solo, skipped)
-
-
-def _p95(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, round(0.95 * len(ordered)) - 1)] if ordered else float("nan")
-
-
-def summarize(
-    args: argparse.Namespace,
-    results: list[tuple[str, float, bool | None, str]],
-    bad: list[tuple[str, int]],
-    wall: float,
-    solos: dict[str, float],
-    skipped: int,
-) -> dict[str, Any]:
-    """The JSON line's fields."""
     ok = sorted(t for kind, t, _, _ in results if kind == "ok")
-    p95 = _p95(ok)
-    solo = statistics.median(solos.values())
-    own = [t / solos[q] for kind, t, _, q in results if kind == "ok"]
-    return {
-        "requests": args.requests,
-        "concurrency": args.concurrency,
+    fields = {
+        "requests": requests,
+        "concurrency": concurrency,
         "wall_s": round(wall, 2),
         "throughput_rps": round(len(ok) / wall, 3),
         "p50_s": round(statistics.median(ok), 3) if ok else None,
-        "p95_s": round(p95, 3),
-        "solo_s": round(solo, 3),
-        "p95_over_solo": round(p95 / solo, 2),
-        "solo_range_s": [round(min(solos.values()), 3), round(max(solos.values()), 3)],
-        "p95_over_own_solo": round(_p95(own), 2),
+        "p95_s": round(_p95(ok), 3),
         "errors": dict(Counter(kind for kind, _, _, _ in results if kind != "ok")),
         "well_formed": len(results),
         "decided": len(ok),
@@ -229,16 +210,34 @@ def summarize(
         "malformed_statuses": dict(Counter(f"{n}:{s}" for n, s in bad)),
         "stopped_early": skipped,
     }
+    return fields, results
+
+
+def _p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, round(0.95 * len(ordered)) - 1)] if ordered else float("nan")
+
+
+async def drive(args: argparse.Namespace, root: str, client: httpx.AsyncClient) -> dict[str, Any]:
+    """Solo latency, then the bounded load; the measurements."""
+    url = f"{root}/v1/chat/completions"
+    solos = {q: (await well_formed(client, url, q, False))[1] for q in QUESTIONS}
+    out, results = await load(
+        client, url, args.requests, args.concurrency, args.malformed_every, args.deadline_s
+    )
+    solo = statistics.median(solos.values())
+    p95 = _p95([t for kind, t, _, _ in results if kind == "ok"])
+    own = [t / solos[q] for kind, t, _, q in results if kind == "ok"]
+    out["solo_s"] = round(solo, 3)
+    out["p95_over_solo"] = round(p95 / solo, 2)
+    out["solo_range_s"] = [round(min(solos.values()), 3), round(max(solos.values()), 3)]
+    out["p95_over_own_solo"] = round(_p95(own), 2)
+    return out
 
 
 def decode_path_of(artifact: str | None) -> dict[str, Any] | None:
     """The decode path the guard is served on: the one its artifact was calibrated on
     (``load_guard_chain`` loads the model on it)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from abstain_guard.artifact.guard_artifact import GuardArtifact
-    from abstain_guard.contract.deployment import DeploymentRecord
-    from abstain_guard.default import default_artifact_path
-
     art = GuardArtifact.load(artifact or default_artifact_path())
     record = DeploymentRecord.from_metadata(art.metadata)
     path = record.decoding.get("decode_path") if record is not None else None
@@ -247,7 +246,7 @@ def decode_path_of(artifact: str | None) -> dict[str, Any] | None:
 
 async def run_once(args: argparse.Namespace, artifact: str | None) -> dict[str, Any]:
     """One server start, solo latencies, the load and the stop: one run's measurements."""
-    port = _free_port()
+    port = free_port()
     root = f"http://127.0.0.1:{port}"
     proc = start_server(port, artifact)
     try:

@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -38,7 +37,7 @@ import ray
 from ray import serve
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_load import QUESTIONS, _p95, malformed, well_formed
+from serve_load import QUESTIONS, load
 
 from abstain_guard import GuardConfig, default_artifact_path
 from abstain_guard.monitor.log import read_log
@@ -51,43 +50,6 @@ def _spec() -> ReplicaSpec:
         artifact=str(default_artifact_path()),
         config=GuardConfig(participation=0.8).model_dump(mode="json"),
     )
-
-
-async def load(url: str, requests: int, concurrency: int) -> dict[str, Any]:
-    """``serve_load``'s mixed load: throughput, latency, errors, malformed statuses."""
-    gate = asyncio.Semaphore(concurrency)
-    ok: list[float] = []
-    errors: Counter[str] = Counter()
-    bad: list[tuple[str, int]] = []
-    limits = httpx.Limits(max_connections=concurrency + 2)
-    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
-
-        async def one(i: int) -> None:
-            async with gate:
-                if i % 10 == 9:
-                    bad.append(await malformed(client, url, i // 10))
-                    return
-                kind, seconds, _ = await well_formed(
-                    client, url, QUESTIONS[i % len(QUESTIONS)], stream=i % 2 == 1
-                )
-                if kind == "ok":
-                    ok.append(seconds)
-                else:
-                    errors[kind] += 1
-
-        start = time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(requests)))
-        wall = time.perf_counter() - start
-    return {
-        "wall_s": round(wall, 2),
-        "throughput_rps": round(len(ok) / wall, 3),
-        "p50_s": round(statistics.median(ok), 3) if ok else None,
-        "p95_s": round(_p95(ok), 3),
-        "decided": len(ok),
-        "errors": dict(errors),
-        "malformed": len(bad),
-        "malformed_all_4xx": all(400 <= status < 500 for _, status in bad),
-    }
 
 
 async def _ask(client: httpx.AsyncClient, url: str, question: str) -> tuple[int, str | None]:
@@ -170,7 +132,9 @@ async def run(args: argparse.Namespace, cores: int) -> dict[str, Any]:
         url = server.base_url + "/chat/completions"
         try:
             result = {"start_s": round(time.perf_counter() - start, 1)}
-            result.update(await load(url, args.requests, args.concurrency))
+            limits = httpx.Limits(max_connections=args.concurrency + 2)
+            async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+                result.update((await load(client, url, args.requests, args.concurrency))[0])
             while server.state()["deployment"]["in_flight"] > 0:
                 await asyncio.sleep(0.2)
             state = server.state()

@@ -33,15 +33,19 @@ import gc
 import json
 import os
 import statistics
-import threading
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _measure import PeakRSS, rss_bytes, spread
 
 from abstain_guard.adapters import GeometryChatModel, load_default_model
 
@@ -53,37 +57,6 @@ TEXT = (
     "economy, roads, law, religion, art, architecture, language and everyday life, and "
     "explain how each of these shaped the later history of Europe and the Mediterranean. "
 )
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-class PeakRSS:
-    """Peak resident memory above the level at entry, sampled in a thread every ms."""
-
-    def __enter__(self) -> PeakRSS:
-        self.base = _rss_bytes()
-        self.peak = self.base
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, _rss_bytes())
-            time.sleep(0.001)
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._t.join()
-        self.peak = max(self.peak, _rss_bytes())
-
-    @property
-    def extra_mb(self) -> float:
-        return (self.peak - self.base) / 2**20
 
 
 def user_text_for(model: GeometryChatModel, n_tokens: int) -> str:
@@ -112,15 +85,6 @@ def timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
         out = fn()
         dt = time.perf_counter() - t0
     return dt, mem.extra_mb, out
-
-
-def capture_models(model: GeometryChatModel) -> dict[str, GeometryChatModel | None]:
-    """The full-mode model and its fast-mode copy (None where there is no fast mode)."""
-    fast = None
-    if "capture" in type(model).model_fields:
-        fast = model.model_copy(update={"capture": "fast"})
-        fast._shared = model._shared
-    return {"full": model, "fast": fast}
 
 
 def measure(model: GeometryChatModel, n_prompt: int, repeats: int) -> dict[str, Any]:
@@ -153,9 +117,9 @@ def measure(model: GeometryChatModel, n_prompt: int, repeats: int) -> dict[str, 
         "plain": plain,
         "engine": lambda: list(engine.invoke(text).response_metadata["token_ids"]),
     }
-    for name, m in capture_models(model).items():
-        if m is not None:
-            fns[name] = lambda m=m: list(m.invoke(text).response_metadata["token_ids"])
+    fast = model.model_copy(update={"capture": "fast"})
+    for name, m in (("full", model), ("fast", fast)):
+        fns[name] = lambda m=m: list(m.invoke(text).response_metadata["token_ids"])
     for fn in fns.values():
         fn()  # warm-up
     times: dict[str, list[float]] = {k: [] for k in fns}
@@ -172,15 +136,6 @@ def measure(model: GeometryChatModel, n_prompt: int, repeats: int) -> dict[str, 
     return {"seconds": times, "extra_mb": mems}
 
 
-def spread(values: list[float]) -> dict[str, float]:
-    """Median, min and max of ``values`` (rounded)."""
-    return {
-        "median": round(statistics.median(values), 4),
-        "min": round(min(values), 4),
-        "max": round(max(values), 4),
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="repeats at 32 and 256 tokens")
@@ -188,19 +143,16 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     gc.collect()
-    rss0 = _rss_bytes()
+    rss0 = rss_bytes()
     model = load_default_model(max_new_tokens=NEW_TOKENS)
     gc.collect()
-    model_rss_mb = (_rss_bytes() - rss0) / 2**20
+    model_rss_mb = (rss_bytes() - rss0) / 2**20
     result: dict[str, Any] = {"full": {}, "fast": {}, "engine": {}}
     for n_prompt in PROMPT_LENGTHS:
         reps = args.repeats_long if n_prompt > 256 else args.repeats
         res = measure(model, n_prompt, reps)
         secs, mems = res["seconds"], res["extra_mb"]
         for mode in ("full", "fast", "engine"):
-            if mode not in secs:
-                result[mode][f"ratio_prompt{n_prompt}"] = None
-                continue
             ratios = [a / b for a, b in zip(secs[mode], secs["plain"], strict=True)]
             result[mode][f"ratio_prompt{n_prompt}"] = spread(ratios)
             if mode != "engine":  # capture over the same engine without capture

@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 SETTINGS: dict[str, dict[str, str]] = {
@@ -156,7 +157,8 @@ def main() -> None:
     if args.worker:
         _worker()
         return
-    from decode_path import summary  # bench/speed/decode_path.py: median and min-max in ms
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from _measure import spread
 
     from abstain_guard import GuardArtifact, default_artifact_path
 
@@ -186,7 +188,7 @@ def main() -> None:
         result["settings"][name] = {
             "env": SETTINGS[name],
             **facts[name],
-            **{f"{k}_ms": summary(v) for k, v in times[name].items()},
+            **{f"{k}_ms": spread([1e3 * t for t in v], 1) for k, v in times[name].items()},
             "ratio_to_portable": {
                 k: round(statistics.median(v) / base[k], 3) for k, v in times[name].items()
             },

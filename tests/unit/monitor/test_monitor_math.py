@@ -261,7 +261,7 @@ def test_the_urn_counts_ties_by_the_rank_not_by_the_threshold() -> None:
 def test_an_update_ranks_and_inserts_in_a_sorted_list() -> None:
     """The history stays a SortedList (O(log N) to rank and to insert), sorted after every
     update. What that costs at a million earlier scores against a thousand is measured by
-    bench/memory/monitor_memory.py (update_us_at_history), not timed here."""
+    experiments/drift/monitor_memory.py (update_us_at_history), not timed here."""
     rng = np.random.default_rng(0)
     ref = rng.normal(size=1000)
     m = ConformalTestMartingale(ref, rng=rng)

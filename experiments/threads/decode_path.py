@@ -11,7 +11,7 @@ For the embedded model (plain transformers forwards, no capture, greedy):
 * ``prefill_same_across_threads``: whether a prompt pass gives bitwise the same logits on 1
   thread and on all CPUs.
 
-Run: ``flock /tmp/heavy.lock .venv/bin/python bench/speed/decode_path.py``
+Run: ``flock /tmp/heavy.lock .venv/bin/python experiments/threads/decode_path.py``
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ A :class:`~abstain_guard.GuardMonitor` fitted on 1000 calibration scores
 
 Run::
 
-    .venv/bin/python bench/memory/monitor_memory.py
+    .venv/bin/python experiments/drift/monitor_memory.py
 """
 
 from __future__ import annotations

@@ -16,15 +16,14 @@ Reported: prompt-pass seconds, decode tokens per second (all rows), end-to-end t
 second, the peak GPU memory above the model's (``torch.cuda.max_memory_allocated``), and
 ratios to plain. And an exactness check (bfloat16 first, float32 last): a Qwen3-1.7B shape
 at full depth, Ω, Θ, Φ of KV-cached generation against the float64 reference of the same
-weights. Results on an NVIDIA H200: ``bench/memory/gpu_h200.json`` (docs/method.md).
+weights. Results on an NVIDIA H200: ``experiments/gpu_capture/gpu_h200.json`` (docs/method.md).
 
 A time guard stops starting configurations after ``--budget-s`` seconds; every result is
 written to ``$OUT/gpu.json`` (or ``--out-dir``) as soon as it is measured; failures (out of
 memory included) are recorded and the run goes on. The last thing printed is a table.
 
-Run: ``python bench/memory/gpu.py --out-dir $OUT``; on the CPU: ``python bench/memory/gpu.py
---smoke``
-(tiny widths: a check that the script runs).
+Run: ``python experiments/gpu_capture/gpu.py --out-dir $OUT``; on the CPU:
+``python experiments/gpu_capture/gpu.py --smoke`` (tiny widths: a check that the script runs).
 """
 
 from __future__ import annotations
@@ -204,7 +203,7 @@ def main() -> None:
     import transformers
 
     result: dict[str, Any] = {
-        "command": "python bench/memory/gpu.py" + (" --smoke" if args.smoke else ""),
+        "command": "python experiments/gpu_capture/gpu.py" + (" --smoke" if args.smoke else ""),
         "device": device,
         "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "torch": torch.__version__,

@@ -14,8 +14,9 @@ token of P shared tokens + ``--suffix`` tokens of its own through the library's 
   two paths (why the prefix path is a decode path of its own);
 * the kernel facts of the device.
 
-Run: ``python bench/speed/prefix_real_size.py --out-dir $OUT`` (GPU: Qwen3-8B shape, bfloat16);
-``python bench/speed/prefix_real_size.py --smoke`` on the CPU (tiny width, seconds).
+Run: ``python experiments/prefix_path/prefix_real_size.py --out-dir $OUT`` (GPU: Qwen3-8B shape,
+bfloat16); ``python experiments/prefix_path/prefix_real_size.py --smoke`` on the CPU (tiny width,
+seconds).
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ one) on the first ``--questions`` of ``builtin-lookup`` (seed 0: relations mixed
 embedded SmolLM2-135M. Per run: the first AI message's call — the right tool? the right
 tool *and* arguments (:func:`~abstain_guard.calibration.building.judges.tool_calls.
 judge_tool_calls` against the tools' schemas)? a malformed call? — the tool label of the
-whole run (:func:`run_tool_label`) and the final answer (lexical judge). Counts with
-Wilson 95 % intervals, per relation, a few wrong calls as examples, seconds per run.
+whole run (every call right, every expected call made) and the final answer (lexical
+judge). Counts with Wilson 95 % intervals, per relation, a few wrong calls as examples,
+seconds per run.
 
     flock /tmp/heavy.lock python experiments/agents/lookup_agent_calls.py --questions 40
 
@@ -34,7 +35,6 @@ from abstain_guard.calibration.building.answering.agents import agent_inputs, ru
 from abstain_guard.calibration.building.judges import LexicalJudge  # noqa: E402
 from abstain_guard.calibration.building.judges.tool_calls import (  # noqa: E402
     judge_tool_calls,
-    run_tool_label,
 )
 from abstain_guard.calibration.building.questions.agent_questions import lookup_questions  # noqa: E402
 from examples.lookup_agent import TOOLS, build_agent  # noqa: E402
@@ -89,8 +89,10 @@ def main() -> None:
             counts["first_malformed"] += 1
             if len(examples) < 8:
                 examples.append({"q": item.question, "malformed": first["invalid_tool_calls"][0]})
-        label = run_tool_label(calls, item.expected_tool_calls, schemas=schemas)
-        counts["runs_actions_right"] += bool(label)
+        verdicts = judge_tool_calls(calls, item.expected_tool_calls, schemas=schemas)
+        made = {v.expected_index for v in verdicts if v.correct}
+        right = all(v.correct for v in verdicts) and len(made) == len(item.expected_tool_calls)
+        counts["runs_actions_right"] += right
         if run.final is not None:
             counts["final_answers"] += 1
             ok = judge.judge(item.question, item.answers, str(run.final.text)).correct

@@ -238,20 +238,3 @@ def judge_tool_calls(
             taken.add(v.expected_index)
         verdicts.append(v)
     return verdicts
-
-
-def run_tool_label(
-    calls: Sequence[Mapping[str, Any]],
-    expected: Sequence[ExpectedCall | Mapping[str, Any]],
-    ordered: bool = False,
-    *,
-    schemas: Sequence[Mapping[str, Any]] | None = None,
-) -> bool | None:
-    """Whether a run's actions were right: every executed call correct and every expected
-    call made (:func:`judge_tool_calls`); None when there are no expected calls (the run is
-    labelled by its final answer only)."""
-    if not expected:
-        return None
-    verdicts = judge_tool_calls(calls, expected, ordered=ordered, schemas=schemas)
-    matched = {v.expected_index for v in verdicts if v.correct}
-    return all(v.correct for v in verdicts) and len(matched) == len(expected)

@@ -1,13 +1,14 @@
 """Run labels of agent runs (``calibration.building.run_labels``) follow docs/agents.md and
-``run_tool_label``: a run is right only when its answer is right, every executed tool call
-is right and every expected call was made."""
+the rule on executed calls alone (``tests/_tool_labels.py``): a run is right only when its
+answer is right, every executed tool call is right and every expected call was made."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from _tool_labels import run_tool_label
+
 from abstain_guard.calibration.building.judges.base import Judgment
-from abstain_guard.calibration.building.judges.tool_calls import run_tool_label
 from abstain_guard.calibration.building.questions.datasets import QAItem
 from abstain_guard.calibration.building.questions.tool_labels import ExpectedCall
 from abstain_guard.calibration.building.run_labels import (

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _tool_labels import run_tool_label
 
 from abstain_guard.calibration.building.judges.tool_calls import (
     CallVerdict,
     judge_tool_calls,
     normalize_arg_string,
-    run_tool_label,
 )
 from abstain_guard.calibration.building.questions.dataset_files import load_dataset
 from abstain_guard.calibration.building.questions.datasets import QAItem, split_items

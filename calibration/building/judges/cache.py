@@ -130,10 +130,9 @@ class CachedJudge(Judge):
         misses: verdicts the wrapped judge had to make so far.
     """
 
-    def __init__(self, judge: Judge, cache: JudgmentCache, *, cache_failures: bool = False):
+    def __init__(self, judge: Judge, cache: JudgmentCache):
         self.inner = judge
         self.cache = cache
-        self.cache_failures = cache_failures
         self.hits = 0
         self.misses = 0
         self._count_lock = threading.Lock()
@@ -147,7 +146,7 @@ class CachedJudge(Judge):
         return self.inner.identity
 
     def _store(self, key: str, judgment: Judgment) -> None:
-        if judgment.correct is not None or self.cache_failures:
+        if judgment.correct is not None:  # a failure is asked again next run
             self.cache.put(self.identity, key, judgment)
 
     def judge(

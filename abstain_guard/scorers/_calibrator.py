@@ -38,6 +38,22 @@ DEFAULT_XGB_PARAMS: dict[str, Any] = {
 }
 """XGBoost parameters used when ``xgb_params`` is not given (merged with user values)."""
 
+XGB_SETTINGS = (
+    "xgb_params",
+    "num_boost_round",
+    "early_stopping_rounds",
+    "validation_fraction",
+    "random_state",
+)
+"""The calibrator's fitting settings: what a scorer with an XGBoost calibrator takes, holds
+as attributes, stores in its state and passes to :func:`fit_xgb_calibrator`."""
+
+
+def xgb_settings(scorer: Any) -> dict[str, Any]:
+    """``scorer``'s :data:`XGB_SETTINGS`, by name."""
+    return {name: getattr(scorer, name) for name in XGB_SETTINGS}
+
+
 PROB_FLOOR = 1e-6
 """Calibrated confidences are clipped to ``[PROB_FLOOR, 1]`` before the log."""
 
@@ -149,13 +165,14 @@ def fit_xgb_calibrator(
     y: np.ndarray,
     groups: np.ndarray,
     *,
-    params: Mapping[str, Any],
+    xgb_params: Mapping[str, Any],
     num_boost_round: int,
     early_stopping_rounds: int,
     validation_fraction: float,
     random_state: int,
 ) -> tuple[xgb.Booster, dict[str, Any]]:
-    """Train ``binary:logistic`` XGBoost on rows ``x`` ``[n, F]`` with labels ``y`` ``[n]``.
+    """Train ``binary:logistic`` XGBoost (``xgb_params`` over :data:`DEFAULT_XGB_PARAMS`) on
+    rows ``x`` ``[n, F]`` with labels ``y`` ``[n]``.
 
     ``groups`` ``[n]`` names the response of each row; the early-stopping hold-out is a
     stratified ``validation_fraction`` of *responses* (never tokens of one response on both
@@ -190,7 +207,7 @@ def fit_xgb_calibrator(
         )
         val_mask = np.isin(groups, g_val)
         train_idx, val_idx = np.flatnonzero(~val_mask), np.flatnonzero(val_mask)
-    p = dict(params)
+    p = {**DEFAULT_XGB_PARAMS, **xgb_params}
     p.setdefault("seed", random_state)
     dtrain = boost.DMatrix(x[train_idx], label=y[train_idx])
     if val_idx is not None and np.unique(y[val_idx]).size == 2:

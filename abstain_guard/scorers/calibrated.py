@@ -17,10 +17,11 @@ from abstain_guard.errors import (
 )
 from abstain_guard.scorers._base import Scorer, ScorerState
 from abstain_guard.scorers._calibrator import (
-    DEFAULT_XGB_PARAMS,
+    XGB_SETTINGS,
     booster_from_bytes,
     booster_to_bytes,
     fit_xgb_calibrator,
+    xgb_settings,
 )
 from abstain_guard.scorers._registry import scorer_from_state
 
@@ -76,14 +77,7 @@ class CalibratedScorer(Scorer):
         if not np.all(np.isfinite(x)):
             raise InvalidInputError("Base scores contain NaN or inf; drop those responses.")
         self.booster_, self.fit_info_ = fit_xgb_calibrator(
-            x,
-            y,
-            np.arange(x.shape[0]),
-            params={**DEFAULT_XGB_PARAMS, **self.xgb_params},
-            num_boost_round=self.num_boost_round,
-            early_stopping_rounds=self.early_stopping_rounds,
-            validation_fraction=self.validation_fraction,
-            random_state=self.random_state,
+            x, y, np.arange(x.shape[0]), **xgb_settings(self)
         )
         return self
 
@@ -119,11 +113,7 @@ class CalibratedScorer(Scorer):
         return ScorerState(
             kind=self.kind,
             params={
-                "xgb_params": self.xgb_params,
-                "num_boost_round": self.num_boost_round,
-                "early_stopping_rounds": self.early_stopping_rounds,
-                "validation_fraction": self.validation_fraction,
-                "random_state": self.random_state,
+                **xgb_settings(self),
                 "fit_info": self.fit_info_,
                 "base": {"kind": base.kind, "params": base.params},
             },
@@ -147,15 +137,8 @@ class CalibratedScorer(Scorer):
                     files={k[5:]: v for k, v in state.files.items() if k.startswith("base.")},
                 )
                 base = scorer_from_state(base_state)
-            scorer = cls(
-                base,
-                xgb_params=p.get("xgb_params"),
-                num_boost_round=p.get("num_boost_round", 500),
-                early_stopping_rounds=p.get("early_stopping_rounds", 30),
-                validation_fraction=p.get("validation_fraction", 0.2),
-                random_state=p.get("random_state", 0),
-            )
-            scorer.fit_info_ = dict(p.get("fit_info", {}))
+            scorer = cls(base, **{name: p[name] for name in XGB_SETTINGS})
+            scorer.fit_info_ = dict(p["fit_info"])
             scorer.booster_ = booster_from_bytes(state.files["calibrator.ubj"])
         except KeyError as exc:
             raise ArtifactSchemaError(

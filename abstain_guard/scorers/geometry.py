@@ -37,7 +37,7 @@ from abstain_guard.errors import (
 )
 from abstain_guard.scorers._base import Scorer, ScorerState
 from abstain_guard.scorers._calibrator import (
-    DEFAULT_XGB_PARAMS,
+    XGB_SETTINGS,
     CovarianceKind,
     Gaussian,
     booster_from_bytes,
@@ -45,6 +45,7 @@ from abstain_guard.scorers._calibrator import (
     fit_gaussian,
     fit_xgb_calibrator,
     response_uncertainty,
+    xgb_settings,
 )
 from abstain_guard.scorers._features import (
     CaptureMode,
@@ -64,6 +65,9 @@ if TYPE_CHECKING:
 Variant = Literal["paper", "raw"]
 
 LabeledResponses = Sequence[tuple[Any, bool]]
+
+_SETTINGS = ("variant", "covariance", "min_reference_responses", *XGB_SETTINGS)
+"""The constructor's settings a stored state records (the capture mode is its kind)."""
 
 
 class GeometryScorer(Scorer):
@@ -199,17 +203,7 @@ class GeometryScorer(Scorer):
         groups = np.concatenate([np.full(b.logprob.shape[0], i) for i, b in enumerate(blocks)])
         if self.variant == "raw":
             self._check_raw_features(x)
-        params = {**DEFAULT_XGB_PARAMS, **self.xgb_params}
-        self.booster_, info = fit_xgb_calibrator(
-            x,
-            y,
-            groups,
-            params=params,
-            num_boost_round=self.num_boost_round,
-            early_stopping_rounds=self.early_stopping_rounds,
-            validation_fraction=self.validation_fraction,
-            random_state=self.random_state,
-        )
+        self.booster_, info = fit_xgb_calibrator(x, y, groups, **xgb_settings(self))
         self.fit_info_ = {
             **info,
             **ref.counts(),
@@ -295,14 +289,7 @@ class GeometryScorer(Scorer):
         """JSON params + arrays (means, Gaussians) + ``calibrator.ubj``."""
         self._check_fitted()
         params: dict[str, Any] = {
-            "variant": self.variant,
-            "covariance": self.covariance,
-            "xgb_params": self.xgb_params,
-            "num_boost_round": self.num_boost_round,
-            "early_stopping_rounds": self.early_stopping_rounds,
-            "validation_fraction": self.validation_fraction,
-            "min_reference_responses": self.min_reference_responses,
-            "random_state": self.random_state,
+            **{name: getattr(self, name) for name in _SETTINGS},
             "num_layers": self.num_layers_,
             "fit_info": self.fit_info_,
         }
@@ -324,18 +311,11 @@ class GeometryScorer(Scorer):
         p = dict(state.params)
         try:
             scorer = cls(
-                variant=p["variant"],
-                covariance=p["covariance"],
-                xgb_params=p.get("xgb_params"),
-                num_boost_round=p.get("num_boost_round", 500),
-                early_stopping_rounds=p.get("early_stopping_rounds", 30),
-                validation_fraction=p.get("validation_fraction", 0.2),
-                min_reference_responses=p.get("min_reference_responses", 2),
-                random_state=p.get("random_state", 0),
+                **{name: p[name] for name in _SETTINGS},
                 capture="fast" if state.kind == "geometry_fast" else "full",
             )
             scorer.num_layers_ = int(p["num_layers"])
-            scorer.fit_info_ = dict(p.get("fit_info", {}))
+            scorer.fit_info_ = dict(p["fit_info"])
             scorer.reference_means_ = means_from_state(state.arrays)
             if scorer.variant == "paper":
                 scorer.gaussian_corr_ = Gaussian.from_arrays(state.arrays, "gaussian_corr")

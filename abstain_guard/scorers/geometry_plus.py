@@ -63,6 +63,9 @@ RESPONSE_FEATURES: tuple[str, ...] = (
 DEFAULT_CS: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 """Inverse regularisation strengths the train-split cross-validation chooses from."""
 
+_SETTINGS = ("covariance", "cv_folds", "min_reference_responses", "random_state")
+"""The constructor's scalar settings a stored state records."""
+
 
 def response_features(block: TokenBlock, corr: Gaussian, inc: Gaussian) -> np.ndarray:
     """One response's summary ``[len(RESPONSE_FEATURES)]`` from its token inputs.
@@ -275,71 +278,47 @@ class GeometryPlusScorer(Scorer):
         """JSON params + arrays (means, Gaussians, standardisation, coefficients)."""
         self._check_fitted()
         params: dict[str, Any] = {
-            "covariance": self.covariance,
+            **{name: getattr(self, name) for name in _SETTINGS},
             "cs": list(self.cs),
-            "cv_folds": self.cv_folds,
-            "min_reference_responses": self.min_reference_responses,
-            "random_state": self.random_state,
-            "num_layers": self.num_layers_,
             "features": list(self.features),
-            "C": self.model_.C,
-            "intercept": self.model_.intercept,
+            "num_layers": self.num_layers_,
             "fit_info": self.fit_info_,
+            **self.model_.params(),
         }
         json.dumps(params)
-        arrays = means_state(self.reference_means_)
-        arrays.update(
-            {
-                **self.gaussian_corr_.arrays("gaussian_corr"),
-                **self.gaussian_inc_.arrays("gaussian_inc"),
-                "feature_mean": self.model_.mean,
-                "feature_scale": self.model_.scale,
-                "coef": self.model_.coef,
-            }
-        )
+        arrays = {
+            **means_state(self.reference_means_),
+            **self.gaussian_corr_.arrays("gaussian_corr"),
+            **self.gaussian_inc_.arrays("gaussian_inc"),
+            **self.model_.arrays("feature_"),
+        }
         return ScorerState(kind=self.kind, params=params, arrays=arrays)
 
     @classmethod
     def from_state(cls, state: ScorerState) -> GeometryPlusScorer:
-        """Rebuild a fitted scorer from :meth:`get_state` output."""
+        """Rebuild a fitted scorer from :meth:`get_state` output.
+
+        Raises:
+            ArtifactSchemaError: the state is incomplete, reads features this version does not
+                compute, or its coefficients do not match its features.
+        """
         p = dict(state.params)
         a = state.arrays
         try:
-            unknown = [f for f in p["features"] if f not in RESPONSE_FEATURES]
-            if unknown:
-                raise ArtifactSchemaError(
-                    f"The geometry_plus state reads response features {unknown} this version "
-                    f"does not compute (it has {list(RESPONSE_FEATURES)}); recalibrate."
-                )
-            scorer = cls(
-                covariance=p["covariance"],
-                features=p["features"],
-                cs=p["cs"],
-                cv_folds=p["cv_folds"],
-                min_reference_responses=p["min_reference_responses"],
-                random_state=p["random_state"],
-            )
+            scorer = cls(**{name: p[name] for name in (*_SETTINGS, "cs", "features")})
             scorer.num_layers_ = int(p["num_layers"])
-            scorer.fit_info_ = dict(p.get("fit_info", {}))
+            scorer.fit_info_ = dict(p["fit_info"])
             scorer.reference_means_ = means_from_state(a)
             scorer.gaussian_corr_ = Gaussian.from_arrays(a, "gaussian_corr")
             scorer.gaussian_inc_ = Gaussian.from_arrays(a, "gaussian_inc")
-            scorer.model_ = LinearProbe(
-                mean=np.asarray(a["feature_mean"], dtype=np.float64),
-                scale=np.asarray(a["feature_scale"], dtype=np.float64),
-                coef=np.asarray(a["coef"], dtype=np.float64),
-                intercept=float(p["intercept"]),
-                C=float(p["C"]),
-                cv_auroc=dict(p.get("fit_info", {}).get("cv_auroc_by_C", {})),
-            )
-        except KeyError as exc:
+        except (KeyError, InvalidInputError) as exc:
             raise ArtifactSchemaError(
-                f"geometry_plus scorer state is missing {exc}; the artifact is incomplete."
+                f"The geometry_plus scorer state is incomplete or malformed ({exc}); recalibrate."
             ) from exc
-        n_f = len(scorer.features)
-        model = scorer.model_
-        if any(v.shape != (n_f,) for v in (model.coef, model.mean, model.scale)):
+        scorer.model_ = LinearProbe.from_parts(p, a, "feature_")
+        if scorer.model_.coef.shape != (len(scorer.features),):
             raise ArtifactSchemaError(
-                f"geometry_plus coefficients must have {n_f} entries; the artifact is corrupt."
+                f"geometry_plus coefficients must have {len(scorer.features)} entries; the "
+                "artifact is corrupt."
             )
         return scorer

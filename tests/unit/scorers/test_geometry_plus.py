@@ -165,11 +165,12 @@ def test_state_with_unknown_feature_or_wrong_shape_is_refused() -> None:
     )
     with pytest.raises(ArtifactSchemaError, match="vibes"):
         GeometryPlusScorer.from_state(bad)
-    short = ScorerState(state.kind, state.params, {**state.arrays, "coef": np.zeros(3)})
+    three = {f"feature_{k}": np.ones(3) for k in ("mean", "scale", "coef")}
+    short = ScorerState(state.kind, state.params, {**state.arrays, **three})
     with pytest.raises(ArtifactSchemaError, match="entries"):
         GeometryPlusScorer.from_state(short)
     missing = ScorerState(
-        state.kind, state.params, {k: v for k, v in state.arrays.items() if k != "coef"}
+        state.kind, state.params, {k: v for k, v in state.arrays.items() if k != "feature_coef"}
     )
     with pytest.raises(ArtifactSchemaError, match="coef"):
         GeometryPlusScorer.from_state(missing)

@@ -1,7 +1,7 @@
 """How far capture is from the float64 reference, per family, strategy and dtype.
 
 Tiny random-weight models of every supported family (tests/tiny_models.py), the prompt of
-tests/test_adapters_exactness.py, greedy answers:
+tests/unit/adapters/test_adapters_exactness.py, greedy answers:
 
 * ``float32`` (default): per family the largest |capture - reference| of Ω and Θ over the
   cached, dense and sparse strategies, generation and replay (seed 3, 14 new tokens), and

@@ -1,4 +1,4 @@
-"""Reference point for the geometry scorer (issue 4).
+"""Reference point for the geometry scorer.
 
 497 questions — "What is the capital of <country>?" (246 countries with a capital) and
 "What is the currency of <country> called?" (251 with a currency) for every country in

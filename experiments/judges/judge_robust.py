@@ -1,4 +1,4 @@
-"""The certificate on the truth under imperfect judges (issue 56): validity by simulation and
+"""The certificate on the truth under imperfect judges: validity by simulation and
 power on the shipped guard's real answers. Prints one JSON object (and writes it to
 ``--out``).
 

@@ -1,4 +1,4 @@
-"""Does a small MLP beat the logistic hidden-state probe? (issue 37, item 1)
+"""Does a small MLP beat the logistic hidden-state probe?
 
     flock /tmp/heavy.lock .venv/bin/python experiments/probe_mlp/probe_mlp.py --artifact \
         runs/power_builtin

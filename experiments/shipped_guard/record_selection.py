@@ -4,8 +4,8 @@
         --config configs/default_guard.yaml --data "..." --choice "..." [--audit looks.jsonl]
 
 For an artifact whose scorer was chosen among K candidates on its own calibration answers
-before the library recorded selections (the shipped default guard: `probe_mid` among 13,
-issue 46). No model runs: Bonferroni needs only the chosen scorer's stored calibration scores
+before the library recorded selections (the shipped default guard: `probe_mid` among 13).
+No model runs: Bonferroni needs only the chosen scorer's stored calibration scores
 and labels (:func:`abstain_guard.guarantee.selection.record_choice`). The candidates, the risk
 target and δ come from the calibration config (``candidates``, ``risk_target``, ``delta``), the same
 keys with which ``calibrate`` writes the block itself. The artifact is rewritten through

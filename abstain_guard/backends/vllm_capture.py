@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,10 +179,13 @@ class StepCopier:
         token_rows: Sequence[int],
         batch_rows: Sequence[int],
         req_ids: list[str],
+        entropy_rows: int | None = None,
     ) -> HostRows:
         """Gather rows ``token_rows`` of each tap and of ``positions``, the entropies of logit
-        rows ``batch_rows``, and start their copy to the host (returns without waiting)."""
+        rows ``batch_rows`` (of the first ``entropy_rows`` only, default all; the others' are
+        NaN), and start their copy to the host (returns without waiting)."""
         slot, n = self.step % self.ring, len(token_rows)
+        k = n if entropy_rows is None else int(entropy_rows)
         self.step += 1
         staged = torch.empty(2, n, dtype=torch.int64, pin_memory=self.pinned)
         staged.numpy()[:] = (token_rows, batch_rows)
@@ -190,7 +193,9 @@ class StepCopier:
         index.copy_(staged, non_blocking=True)
         copied = self.copied[slot]
         rows = torch.stack([tap.index_select(0, index[0]) for tap in taps], dim=1).float()
-        entropy = token_entropy(logits, index[1])
+        entropy = token_entropy(logits, index[1, :k])
+        if k < n:
+            entropy = torch.cat([entropy, entropy.new_full((n - k,), float("nan"))])
         pos = positions.index_select(0, index[0].to(positions.device)).to(torch.int64)
         host = (self.rows[slot, :n], self.entropy[slot, :n], self.positions[slot, :n])
         views = [t.numpy() for t in host]
@@ -219,6 +224,7 @@ class _Held:
     params: Any
     sum: np.ndarray
     last: np.ndarray
+    with_entropy: bool = True
     count: int = 0
     entropy: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
@@ -238,7 +244,8 @@ class HostCapture:
         stop: vLLM's stop rule (:func:`~.vllm_support.stop_view` + ``check_stop``).
 
     Called from two threads: :meth:`want`, :meth:`admit` and :meth:`release` on the engine
-    thread, :meth:`add` / :meth:`sampled` where vLLM reads step outputs; one lock.
+    thread, :meth:`add` / :meth:`sampled` where vLLM reads step outputs; one lock. A request
+    that asked for no entropy gets none computed (its payload's ``entropy`` is None).
     """
 
     def __init__(
@@ -249,35 +256,41 @@ class HostCapture:
         self.max_entropy_tokens = int(max_entropy_tokens)
         self.stop = stop
         self.lock = threading.Lock()
-        self.wanted: set[str] = set()
+        self.wanted: dict[str, bool] = {}
         self.held: dict[str, _Held] = {}
 
-    def want(self, req_ids: Sequence[str]) -> None:
-        """Requests that asked for a capture (the scheduler's metadata of this step)."""
+    def want(self, wanted: Mapping[str, bool]) -> None:
+        """Requests that asked for a capture (the scheduler's metadata of this step), each
+        with whether it asked for its entropies."""
         with self.lock:
-            self.wanted.update(req_ids)
+            self.wanted.update(wanted)
 
     def admit(
         self, req: str, prompt_ids: Sequence[int] | None, prompt_len: int, params: Any
-    ) -> bool:
-        """Start holding ``req`` if it asked (engine thread, at its first step); whether it is
-        held."""
+    ) -> bool | None:
+        """Start holding ``req`` if it asked (engine thread, at its first step); None: it is
+        not held, else whether it asked for its entropies."""
         with self.lock:
             if req in self.held:
-                return True
+                return self.held[req].with_entropy
             if req not in self.wanted:
-                return False
+                return None
             ids = None if prompt_ids is None else [int(t) for t in prompt_ids]
             self.held[req] = _Held(
-                int(prompt_len), ids, params, np.zeros(self.shape), np.zeros(self.shape, np.float32)
+                int(prompt_len),
+                ids,
+                params,
+                np.zeros(self.shape),
+                np.zeros(self.shape, np.float32),
+                with_entropy=self.wanted[req],
             )
-            return True
+            return self.wanted[req]
 
     def release(self, reqs: Sequence[str]) -> None:
         """Forget requests the scheduler finished or aborted."""
         with self.lock:
             for req in reqs:
-                self.wanted.discard(req)
+                self.wanted.pop(req, None)
                 self.held.pop(req, None)
 
     def fail(self, reqs: Sequence[str], reason: str) -> None:
@@ -299,7 +312,7 @@ class HostCapture:
                 held.sum += step.rows[j]
                 held.last = step.rows[j].copy()
                 held.count += 1
-                if held.count <= self.max_entropy_tokens:
+                if held.with_entropy and held.count <= self.max_entropy_tokens:
                     held.entropy.append(float(step.entropy[j]))
 
     def sampled(self, tokens: dict[str, int]) -> dict[str, dict[str, Any]]:
@@ -320,7 +333,7 @@ class HostCapture:
                 if done:
                     out[req] = self._payload(held)
                     del self.held[req]
-                    self.wanted.discard(req)
+                    self.wanted.pop(req, None)
         return out
 
     def _payload(self, held: _Held) -> dict[str, Any]:
@@ -333,7 +346,7 @@ class HostCapture:
                 "engine ran a path the tap does not see"
             }
         mean = held.sum / float(n)
-        entropy = held.entropy if n <= self.max_entropy_tokens else None
+        entropy = held.entropy if held.with_entropy and n <= self.max_entropy_tokens else None
         digest = tokens_digest(held.prompt_ids, held.tokens)
         return encode_capture(self.layers, held.last, mean, entropy, digest, n)
 
@@ -395,18 +408,22 @@ class RunnerCapture:
             if num == 0 or int(logits.shape[0]) != num:  # prompt logprobs, or a dummy run
                 return
             qsl = runner.query_start_loc.np
-            token_rows, batch_rows = [], []
+            rows: tuple[list[tuple[int, int, str]], ...] = ([], [])  # with entropy, without
             for b, req in enumerate(runner.input_batch.req_ids[:num]):
                 state = runner.requests.get(req)
-                if state is not None and self.host.admit(
+                if state is None:
+                    continue
+                held = self.host.admit(
                     req, state.prompt_token_ids, state.num_prompt_tokens, state.sampling_params
-                ):
-                    token_rows.append(int(qsl[b + 1]) - 1)
-                    batch_rows.append(b)
+                )
+                if held is not None:
+                    rows[0 if held else 1].append((int(qsl[b + 1]) - 1, b, req))
                     reqs.append(req)
             if reqs:
+                ordered = zip(*rows[0], *rows[1], strict=True)
+                token_rows, batch_rows, reqs = (list(x) for x in ordered)
                 self.pending = self.copier.copy(
-                    self.taps, logits, runner.positions, token_rows, batch_rows, reqs
+                    self.taps, logits, runner.positions, token_rows, batch_rows, reqs, len(rows[0])
                 )
         except Exception as exc:
             log.exception("abstain_guard: the step copy failed; its requests get no capture")

@@ -117,6 +117,12 @@ class VLLMChatModel(BaseChatModel):
         gguf_file: a GGUF file inside ``model`` (converted once for vLLM).
         max_tokens: the token budget (``bind(max_tokens=...)`` per call wins).
         top_logprobs: alternatives per token in ``logprobs`` (0: the chosen token's only).
+        reads: the response fields to ask the server for, of ``"logprobs"``, ``"entropy"``
+            and ``"hidden"`` (what a scorer's :attr:`~abstain_guard.scorers.Scorer.reads`
+            names; the hidden rows and the engine record always come): ``logprobs`` and the
+            full-vocabulary ``entropy`` cost the server work on every step, so a guard's chain
+            asks only for what its scorer reads (:func:`~abstain_guard.guard.chains.
+            load_guard_chain`). None: every field (calibration records them all).
         dtype: the weights' dtype on a server started here.
         layers: decoder layers the server taps (default: the probe layers
             :func:`abstain_guard.contract.metadata.probe_layers`).
@@ -140,6 +146,7 @@ class VLLMChatModel(BaseChatModel):
     gguf_file: str | None = None
     max_tokens: int | None = None
     top_logprobs: int = 5
+    reads: frozenset[str] | None = Field(default=None, exclude=True)
     dtype: str = "float32"
     layers: list[int] | None = None
     engine_url: str | None = Field(default=None, exclude=True)
@@ -276,17 +283,24 @@ class VLLMChatModel(BaseChatModel):
 
     def _body(self, chat: list[dict[str, Any]] | None, budget: int, top: int) -> dict[str, Any]:
         """An OpenAI request body asking for the capture (greedy, token ids returned)."""
+        asked: dict[str, Any] = {"token": request_token(self._key())}
+        if not self._asks("entropy"):
+            asked["entropy"] = False
         body: dict[str, Any] = {
             "max_tokens": int(budget),
             "temperature": 0.0,
-            "logprobs": True,
-            "top_logprobs": int(top),
             "return_token_ids": True,
-            "kv_transfer_params": {PAYLOAD_KEY: {"token": request_token(self._key())}},
+            "kv_transfer_params": {PAYLOAD_KEY: asked},
         }
+        if self._asks("logprobs"):
+            body.update(logprobs=True, top_logprobs=int(top))
         if chat is not None:
             body["messages"] = chat
         return body
+
+    def _asks(self, field_name: str) -> bool:
+        """Whether requests ask the server for ``field_name`` (see ``reads``)."""
+        return self.reads is None or field_name in self.reads
 
     def _payload(
         self, messages: Sequence[BaseMessage], kwargs: Mapping[str, Any]

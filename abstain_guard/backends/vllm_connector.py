@@ -14,7 +14,8 @@ set (the same secret as the guard's)::
 ``MultiConnector`` children, beside LMCache, NIXL or an offloading connector.) A request
 that carries ``"kv_transfer_params": {"abstain_guard": {"token": ...}}`` with the token of
 the server's key gets ``kv_transfer_params.abstain_guard`` in its response, signed: the
-probe layers' last row and mean over the answer, the answer's token entropies, the LoRA
+probe layers' last row and mean over the answer, the answer's token entropies (unless it
+asked ``"entropy": false``: a scorer that reads none spares the server their cost), the LoRA
 adapter and the server's engine record (vLLM version, dtype, device, parallelism, compile and
 CUDA-graph modes, the served model's verified identity). Other requests are served as before.
 
@@ -177,7 +178,7 @@ class AbstainGuardConnector(KVConnectorBase_V1, SupportsHMA):
         asked = params[PAYLOAD_KEY]
         token = asked.get("token") if isinstance(asked, Mapping) else None
         if isinstance(token, str) and hmac.compare_digest(token.encode(), self._token.encode()):
-            self._mailbox.want(request.request_id)
+            self._mailbox.want(request.request_id, entropy=asked.get("entropy", True) is not False)
         else:
             self._mailbox.deny(request.request_id)
 

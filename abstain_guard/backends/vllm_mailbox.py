@@ -51,24 +51,25 @@ class CaptureMailbox:
         self.engine = dict(engine)
         self.sign = sign
         self.max_waiting = max_waiting
-        self._new: list[str] = []
+        self._new: dict[str, bool] = {}
         self._wanted: set[str] = set()
         self._denied: set[str] = set()
         self._pending: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._arrived: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
-    def want(self, request_id: str) -> None:
-        """A new request asked for its capture."""
-        self._new.append(request_id)
+    def want(self, request_id: str, entropy: bool = True) -> None:
+        """A new request asked for its capture (``entropy``: with its token entropies)."""
+        self._new[request_id] = bool(entropy)
         self._wanted.add(request_id)
 
     def deny(self, request_id: str) -> None:
         """A new request asked for its capture without the server's token."""
         self._denied.add(request_id)
 
-    def take_new(self) -> list[str]:
-        """The requests that asked since the last call (sent to the workers this step)."""
-        new, self._new = self._new, []
+    def take_new(self) -> dict[str, bool]:
+        """The requests that asked since the last call (sent to the workers this step), each
+        with whether it asked for its entropies."""
+        new, self._new = self._new, {}
         return new
 
     def finished(

@@ -116,9 +116,10 @@ def tap_layers(vllm_config: Any) -> list[int]:
 
 @dataclass
 class GuardConnectorMetadata(KVConnectorMetadata):
-    """Scheduler -> worker, per step: the requests that asked for a capture."""
+    """Scheduler -> worker, per step: the requests that asked for a capture, each with
+    whether it asked for its entropies."""
 
-    wanted: list[str] = field(default_factory=list)
+    wanted: dict[str, bool] = field(default_factory=dict)
 
 
 @dataclass

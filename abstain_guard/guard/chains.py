@@ -70,7 +70,8 @@ def load_guard_chain(
     is ``prompt | guard``, taking ``{"question": ...}`` and running the recorded system
     prompt, budget and decoding of question kind ``kind`` (default: the only one; a
     ``"choice"`` question lists its lettered options). Without ``model`` the calibrated model
-    is loaded, an API model built from its recorded spec (its key from the environment)."""
+    is loaded, an API model built from its recorded spec (its key from the environment),
+    asking its server only for what the artifact's scorer reads (:func:`asking_for`)."""
     artifact = (
         artifact_path
         if isinstance(artifact_path, GuardArtifact)
@@ -84,7 +85,7 @@ def load_guard_chain(
         )
     kind_name, prompt = record.kind(kind)
     if model is None:
-        model = calibrated_chat_model(artifact)
+        model = asking_for(calibrated_chat_model(artifact), type(artifact.scorer).reads)
     config = guard_config or GuardConfig()
     _check_engine(record, model, config)
     if record.chat_model is None:
@@ -93,6 +94,16 @@ def load_guard_chain(
         runnable = bind_budget(model, prompt.max_new_tokens)
     guard = AbstentionGuard(runnable, artifact=artifact, config=config)
     return question_prompt(prompt.system_prompt, kind_name) | guard, guard, artifact
+
+
+def asking_for(model: Any, reads: frozenset[str] | None) -> Any:
+    """``model``, asking its server only for the response fields ``reads`` names when it
+    can (a chat model with a ``reads`` option left at None, such as
+    :class:`~abstain_guard.backends.vllm_chat.VLLMChatModel`); ``reads`` None: unchanged."""
+    fields = getattr(type(model), "model_fields", {})
+    if reads is None or "reads" not in fields or model.reads is not None:
+        return model
+    return model.model_copy(update={"reads": frozenset(reads)})
 
 
 def calibrated_chat_model(artifact: GuardArtifact, device: str | None = None) -> Any:

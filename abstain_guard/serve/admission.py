@@ -112,6 +112,15 @@ class Admission:
             "response_format": (request.response_format or {}).get("type", "text") != "text",
         }
         found = next((param for param, bad in problems.items() if bad), None)
+        reads = getattr(self.chat_model, "reads", None)
+        if found is None and request.logprobs and reads is not None and "logprobs" not in reads:
+            raise RequestRefused(
+                "logprobs=true, but this guard's model does not ask its server for logprobs "
+                "(its scorer reads none); to return them, serve the guard with a chat model "
+                "that asks for every field (GuardService.from_artifact(..., "
+                "model=VLLMChatModel(..., reads=None))).",
+                param="logprobs",
+            )
         asked = request.top_logprobs or 0
         if found is None and asked > self.top_logprobs_available:
             raise RequestRefused(

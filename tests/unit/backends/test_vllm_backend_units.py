@@ -8,6 +8,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -315,13 +316,51 @@ def test_payload_maps_roles_and_budget() -> None:
         model._payload([ChatMessage(role="x", content="q")], {})
 
 
+def test_a_model_reading_only_the_hidden_rows_asks_for_no_logprobs_and_no_entropy() -> None:
+    """A probe's guard asks the server for its hidden rows only: no ``logprobs`` (the
+    sampler's log-softmax, top-k and rank on every step) and ``entropy: false`` (the
+    connector's full-vocabulary entropy); one reading entropy asks for it alone."""
+    token = request_token(payload_key(generate=True))
+    messages = [HumanMessage("q")]
+    probe = VLLMChatModel(reads=frozenset({"hidden"}))._payload(messages, {})[0]
+    assert probe["kv_transfer_params"] == {"abstain_guard": {"token": token, "entropy": False}}
+    assert "logprobs" not in probe and "top_logprobs" not in probe
+    entropy = VLLMChatModel(reads=frozenset({"entropy"}))._payload(messages, {})[0]
+    assert entropy["kv_transfer_params"] == {"abstain_guard": {"token": token}}
+    assert "logprobs" not in entropy
+    both = VLLMChatModel(reads=frozenset({"hidden", "logprobs", "entropy"}))
+    assert both._payload(messages, {})[0]["top_logprobs"] == 5
+
+
+def test_the_guard_chain_asks_the_server_for_what_its_scorer_reads() -> None:
+    """``load_guard_chain`` builds the calibrated vLLM model asking for its scorer's reads
+    (a probe: hidden rows only); a model already limited, a scorer declaring nothing
+    (``reads`` None) and a chat model without the option are left as they are."""
+    from abstain_guard.guard.chains import asking_for
+    from abstain_guard.scorers import HiddenStateProbe
+
+    probe = asking_for(VLLMChatModel(max_tokens=7), HiddenStateProbe.reads)
+    assert probe.reads == frozenset({"hidden"}) and probe.max_tokens == 7
+    limited = VLLMChatModel(reads=frozenset({"entropy"}))
+    assert asking_for(limited, frozenset({"hidden"})) is limited
+    every = VLLMChatModel()
+    assert asking_for(every, None) is every
+    other = SimpleNamespace(reads=None)
+    assert asking_for(other, frozenset({"hidden"})) is other
+
+
 def test_identity_leaves_out_transport_options() -> None:
     model = VLLMChatModel(
-        engine_url="http://x", python="/p", memory_fraction=0.3, api_key="k", vllm_args=["-x"]
+        engine_url="http://x",
+        python="/p",
+        memory_fraction=0.3,
+        api_key="k",
+        vllm_args=["-x"],
+        reads=frozenset({"hidden"}),
     )
     identity = chat_model_identity(model)
     assert identity["class"] == VLLM_CHAT_MODEL
-    transport = {"engine_url", "python", "memory_fraction", "api_key", "vllm_args"}
+    transport = {"engine_url", "python", "memory_fraction", "api_key", "vllm_args", "reads"}
     assert not transport & set(identity["settings"])
     assert chat_model_identity(VLLMChatModel(dtype="bfloat16"))["settings"] == {"dtype": "bfloat16"}
 

@@ -69,9 +69,9 @@ class _World:
             },
         )
 
-    def capture(self, ring: int = 3) -> RunnerCapture:
+    def capture(self, ring: int = 3, without_entropy: tuple[str, ...] = ()) -> RunnerCapture:
         host = HostCapture([3, 5], D, 32, _stop)
-        host.want(list(self.prompts))
+        host.want({r: r not in without_entropy for r in self.prompts})
         return RunnerCapture(self.runner, self.taps, host, ring=ring)
 
     def prepare(self, step: list[tuple[str, int, int]]) -> tuple[torch.Tensor, Any]:
@@ -115,7 +115,7 @@ class _World:
         entropy = token_entropy(torch.tensor(self.logits[req][p - 1 : p + n - 1]))
         return want, entropy.tolist(), self.tokens[req][p - 1 : p + n - 1]
 
-    def check(self, req: str, payload: dict[str, Any]) -> None:
+    def check(self, req: str, payload: dict[str, Any], with_entropy: bool = True) -> None:
         want, entropy, tokens = self.expected(req)
         prompt = list(range(self.prompts[req]))
         params = {PAYLOAD_KEY: sign_payload(dict(payload), KEY)}
@@ -123,7 +123,10 @@ class _World:
         assert hidden is not None and want is not None
         np.testing.assert_allclose(hidden["last"], want["last"], rtol=0, atol=0)
         np.testing.assert_allclose(hidden["mean"], want["mean"], rtol=1e-6, atol=1e-7)
-        np.testing.assert_allclose(got_entropy, entropy, rtol=1e-6)
+        if with_entropy:
+            np.testing.assert_allclose(got_entropy, entropy, rtol=1e-6)
+        else:
+            assert got_entropy is None
 
 
 def _sync_steps(world: _World, capture: RunnerCapture, steps: list) -> dict[str, dict]:
@@ -240,7 +243,7 @@ def test_release_on_the_engine_thread_races_the_output_thread() -> None:
     def engine() -> None:
         try:
             for i in range(4000):
-                host.want([f"r{i}"])
+                host.want({f"r{i}": True})
                 host.admit(f"r{i}", [1], 1, params)
                 host.release([f"r{i - 3}", f"r{i - 5}"])
         except BaseException as exc:
@@ -285,7 +288,7 @@ def test_a_release_during_the_read_out_waits_for_it() -> None:
         return True
 
     host = HostCapture([0], 4, 8, stop)
-    host.want(["a"])
+    host.want({"a": True})
     host.admit("a", [1], 1, SimpleNamespace(max_tokens=1))
     out = host.sampled({"a": 5})
     releaser[0].join(10)
@@ -367,7 +370,7 @@ def test_only_the_requests_that_asked_are_gathered_and_their_entropies_computed(
 
     world = _World({"a": 3, "b": 3, "c": 3}, {"a": 2, "b": 2, "c": 2}, seed=6)
     host = HostCapture([3, 5], D, 32, _stop)
-    host.want(["b"])
+    host.want({"b": True})
     capture = RunnerCapture(world.runner, world.taps, host, ring=3)
     rows_seen: list[int] = []
     entropy = capture_module.token_entropy
@@ -381,6 +384,30 @@ def test_only_the_requests_that_asked_are_gathered_and_their_entropies_computed(
     step = capture.take_step()
     assert step is not None and step.req_ids == ["b"] and step.rows.shape == (1, K, D)
     assert rows_seen == [1] and host.size == 1
+
+
+def test_a_request_that_asked_for_no_entropy_gets_its_rows_and_no_entropy_computed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A guard whose scorer reads no entropy asks for none: in a batch where ``a`` asked for
+    its entropies and ``b`` did not, each step computes the entropy of ``a``'s logit row only;
+    ``b``'s capture is its exact rows summary with ``entropy`` None, ``a``'s is unchanged."""
+    import abstain_guard.backends.vllm_capture as capture_module
+
+    world = _World({"a": 6, "b": 3}, {"a": 4, "b": 5})
+    capture = world.capture(without_entropy=("b",))
+    rows_seen: list[int] = []
+    entropy = capture_module.token_entropy
+
+    def counted(logits: torch.Tensor, rows: Any = None, **kwargs: Any) -> torch.Tensor:
+        rows_seen.append(int(logits.shape[0] if rows is None else rows.shape[0]))
+        return entropy(logits, rows, **kwargs)
+
+    monkeypatch.setattr(capture_module, "token_entropy", counted)
+    out = _sync_steps(world, capture, STEPS)
+    world.check("a", out["a"])
+    world.check("b", out["b"], with_entropy=False)
+    assert rows_seen == [1, 1, 1, 1, 1, 0]  # a's row in each step, none in b's last step alone
 
 
 def test_the_profiling_run_runs_the_step_copy_at_its_largest(

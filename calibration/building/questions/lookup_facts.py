@@ -45,13 +45,17 @@ STATE_CAPITAL_ALIASES: dict[str, tuple[str, ...]] = {
 }
 
 
+def fold(text: str) -> str:
+    """Lower case without accents, one kind of apostrophe, for comparing names."""
+    text = unicodedata.normalize("NFKD", text.replace("\u2019", "'"))
+    return "".join(ch for ch in text if not unicodedata.combining(ch)).lower().strip()
+
+
 def name_key(name: str) -> str:
-    """A place name as the lookups compare names: NFKD with accents dropped, lower case, a
-    leading ``"the "`` dropped, every character but ASCII letters and digits removed
-    (``"Côte d'Ivoire"`` → ``"cotedivoire"``, ``"the Gambia"`` → ``"gambia"``)."""
-    text = unicodedata.normalize("NFKD", name.replace("\u2019", "'"))
-    text = "".join(ch for ch in text if not unicodedata.combining(ch)).lower().strip()
-    text = re.sub(r"^the\s+", "", text)
+    """A place name as the lookups compare names: :func:`fold`, a leading ``"the "`` dropped,
+    every character but ASCII letters and digits removed (``"Côte d'Ivoire"`` →
+    ``"cotedivoire"``, ``"the Gambia"`` → ``"gambia"``)."""
+    text = re.sub(r"^the\s+", "", fold(name))
     return re.sub(r"[^0-9a-z]", "", text)
 
 

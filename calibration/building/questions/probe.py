@@ -14,7 +14,6 @@ import difflib
 import functools
 import math
 import re
-import unicodedata
 from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
@@ -25,7 +24,7 @@ from abstain_guard.errors import InvalidInputError
 
 from .answer_text import normalize_answer
 from .datasets import QAItem
-from .lookup_facts import geonames
+from .lookup_facts import fold, geonames
 from .probe_relations import RELATIONS, relation_items
 
 #: Every relation (the default): the countries', the elements' and :mod:`.probe_relations`'.
@@ -95,12 +94,6 @@ _ELEMENT_ALIASES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _fold(text: str) -> str:
-    """Lower case without accents, for comparing spellings."""
-    text = unicodedata.normalize("NFKD", text)
-    return "".join(ch for ch in text if not unicodedata.combining(ch)).lower().strip()
-
-
 _ASCII_NAME = re.compile(r"^[A-Z][A-Za-z .'\-]{2,}$")
 
 
@@ -114,7 +107,7 @@ def _name_words(name: str) -> bool:
 
 
 def _letters(text: str) -> str:
-    return re.sub(r"[^a-z]", "", _fold(text))
+    return re.sub(r"[^a-z]", "", fold(text))
 
 
 def _capital_aliases(
@@ -133,7 +126,7 @@ def _capital_aliases(
         alt = alt.strip()
         if not _ASCII_NAME.match(alt) or _letters(alt) in seen or not _name_words(alt):
             continue
-        ratio = difflib.SequenceMatcher(None, _fold(alt), _fold(base)).ratio()
+        ratio = difflib.SequenceMatcher(None, fold(alt), fold(base)).ratio()
         if ratio >= 0.7:
             scored.append((_letters(alt) != _letters(base), -ratio, alt))
     added = 0
@@ -169,7 +162,7 @@ def _capital_cities() -> dict[str, list[str]]:
     """Alternate names of each country's capital city (matched by country code and by name,
     with or without accents, or an alternate equal to the capital's name; read once)."""
     countries, cities, _ = geonames()
-    wanted = {iso: _fold(c["capital"]) for iso, c in countries.items() if c.get("capital")}
+    wanted = {iso: fold(c["capital"]) for iso, c in countries.items() if c.get("capital")}
     best: dict[str, tuple[int, list[str]]] = {}
     for city in cities:
         iso = city.get("countrycode")
@@ -177,7 +170,7 @@ def _capital_cities() -> dict[str, list[str]]:
         if target is None:
             continue
         names = [city.get("name", ""), *city.get("alternatenames", [])]
-        if not any(_fold(n) == target for n in names):
+        if not any(fold(n) == target for n in names):
             continue
         pop = int(city.get("population") or 0)
         if iso not in best or pop > best[iso][0]:

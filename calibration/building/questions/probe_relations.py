@@ -14,7 +14,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from .datasets import QAItem
-from .lookup_facts import STATE_CAPITAL_ALIASES, STATE_CAPITALS, geonames
+from .lookup_facts import STATE_CAPITAL_ALIASES, STATE_CAPITALS, fold, geonames
 
 #: A shared city name is asked about only when its largest holder is this many times larger
 #: than the next one in another country (state).
@@ -97,16 +97,10 @@ _DEMONYM_NOUNS = ("city", "region", "province", "state", "island")
 _GB_NATIONS = {"ENG": "England", "SCT": "Scotland", "WLS": "Wales", "NIR": "Northern Ireland"}
 
 
-def _fold(text: str) -> str:
-    """Lower case without accents, one kind of apostrophe, for comparing names."""
-    text = unicodedata.normalize("NFKD", text.replace("\u2019", "'"))
-    return "".join(ch for ch in text if not unicodedata.combining(ch)).lower().strip()
-
-
 def _key(name: str) -> str:
     """A name as the judge tells names apart: folded, without spaces, hyphens or apostrophes
     (``Chang-hua`` is ``Changhua``, ``Basse-Terre`` is ``Basseterre``)."""
-    return re.sub(r"[^0-9a-z]", "", _fold(name))
+    return re.sub(r"[^0-9a-z]", "", fold(name))
 
 
 _APOSTROPHES = str.maketrans({ch: "'" for ch in "\u2018\u2019\u02bb\u02bc\u02be\u02bf`"})

@@ -254,9 +254,6 @@ class GeometryPlusScorer(Scorer):
         self._check_fitted()
         if not blocks:
             return np.zeros(0, dtype=np.float64)
-        # an exactly rounded row sum (:func:`~._linear_probe.row_dot`): a response scored
-        # alone gets bitwise the score it gets in a batch on any processor, so the guard's
-        # live score equals the one calibration stored for the same answer
         return np.asarray(expit(-self.model_.logits(self._features(blocks))), dtype=np.float64)
 
     def score(self, response: ResponseLike) -> float:

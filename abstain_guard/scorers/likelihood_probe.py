@@ -124,9 +124,7 @@ class LikelihoodProbeScorer(ProbeScorerBase):
         """JSON params and both stages' arrays."""
         self._check_fitted()
         params: dict[str, Any] = {
-            "cs": list(self.cs),
-            "cv_folds": self.cv_folds,
-            "random_state": self.random_state,
+            **self._settings(),
             "width": self.width_,
             "fit_info": self.fit_info_,
             "probe": self.probe_.params(),
@@ -141,7 +139,7 @@ class LikelihoodProbeScorer(ProbeScorerBase):
         """Rebuild a fitted scorer from :meth:`get_state` output."""
         p = dict(state.params)
         try:
-            scorer = cls(cs=p["cs"], cv_folds=p["cv_folds"], random_state=p["random_state"])
+            scorer = cls._unfitted(p)
             scorer.width_ = int(p["width"])
             scorer.probe_ = LinearProbe.from_parts(p["probe"], state.arrays, "probe.")
             scorer.stack_ = LinearProbe.from_parts(p["stack"], state.arrays, "stack.")

@@ -14,8 +14,8 @@ artifacts store (``probe_mid``, ``probe_upper_last``, ...). Scoring is numpy
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Any, ClassVar, Literal, get_args
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Literal, Self, get_args
 
 import numpy as np
 from scipy.special import expit
@@ -129,6 +129,8 @@ class ProbeScorerBase(Scorer):
     capture: ClassVar[CaptureMode] = "fast"
     #: the feature width the probe was fitted on (set by ``fit`` / ``from_state``)
     width_: int
+    #: the constructor's settings a stored state records
+    settings: ClassVar[tuple[str, ...]] = ("cs", "cv_folds", "random_state")
 
     def __init__(
         self, cs: Sequence[float] = PROBE_CS, cv_folds: int = 5, random_state: int = 0
@@ -136,6 +138,16 @@ class ProbeScorerBase(Scorer):
         self.cs = check_cs(cs, cv_folds)
         self.cv_folds = int(cv_folds)
         self.random_state = int(random_state)
+
+    def _settings(self) -> dict[str, Any]:
+        """The :attr:`settings` as JSON."""
+        values = {name: getattr(self, name) for name in self.settings}
+        return {**values, "cs": list(self.cs)}
+
+    @classmethod
+    def _unfitted(cls, params: Mapping[str, Any]) -> Self:
+        """A new scorer with the :attr:`settings` a state stored (KeyError: one is missing)."""
+        return cls(**{name: params[name] for name in cls.settings})
 
     def _check_fitted(self) -> None:
         if not hasattr(self, self.fitted_attr):
@@ -169,9 +181,7 @@ class HiddenStateProbe(ProbeScorerBase):
     Args:
         layer: ``"mid"`` (``L // 2``), ``"upper"`` (``4L // 5``) or ``"concat"`` (both).
         summary: ``"mean"`` over the generated tokens or the ``"last"`` position.
-        cs: inverse L2 strengths; cross-validation on the fitting answers picks one.
-        cv_folds: stratified folds of that cross-validation.
-        random_state: seed of the folds.
+        cs, cv_folds, random_state: as :class:`ProbeScorerBase`.
 
     Its kind is :func:`probe_kind` of the layer and summary (one of :attr:`presets`).
 
@@ -183,6 +193,7 @@ class HiddenStateProbe(ProbeScorerBase):
     kind = "probe_concat"
     family: ClassVar[str] = "probe"
     reads: ClassVar[frozenset[str]] = frozenset({"hidden"})
+    settings = ("layer", "summary", *ProbeScorerBase.settings)
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         probe_kind(layer, summary): {"layer": layer, "summary": summary}
         for summary in get_args(Summary)
@@ -268,11 +279,7 @@ class HiddenStateProbe(ProbeScorerBase):
         """JSON params and the standardisation / coefficient arrays."""
         self._check_fitted()
         params: dict[str, Any] = {
-            "cs": list(self.cs),
-            "cv_folds": self.cv_folds,
-            "random_state": self.random_state,
-            "layer": self.layer,
-            "summary": self.summary,
+            **self._settings(),
             "width": self.width_,
             "backend": self.backend_,
             "fit_info": self.fit_info_,
@@ -291,13 +298,7 @@ class HiddenStateProbe(ProbeScorerBase):
         """
         p = dict(state.params)
         try:
-            scorer = cls(
-                layer=p["layer"],
-                summary=p["summary"],
-                cs=p["cs"],
-                cv_folds=p["cv_folds"],
-                random_state=p["random_state"],
-            )
+            scorer = cls._unfitted(p)
             scorer.width_ = int(p["width"])
             scorer.backend_ = str(p.get("backend", EXACT_ENGINE))  # a state without: exact
         except (KeyError, InvalidInputError) as exc:

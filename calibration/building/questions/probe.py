@@ -236,40 +236,28 @@ def _element_items(relations: AbstractSet[str]) -> list[QAItem]:
             continue
         name = str(el.name)
         names = (name.capitalize(), *(a.capitalize() for a in _ELEMENT_ALIASES.get(name, ())))
-        common: dict[str, Any] = {
-            "popularity": round(math.log10(119.0 / z), 4),
-            "source": "builtin:periodictable",
+        asked = {
+            "element_symbol": (
+                f"What is the chemical symbol of {names[0].lower()}?",
+                (str(el.symbol),),
+            ),
+            "element_name": (f"Which chemical element has the symbol {el.symbol}?", names),
+            "element_number": (f"Which chemical element has the atomic number {z}?", names),
         }
-        if "element_symbol" in relations and str(el.symbol) not in _AMBIGUOUS_SYMBOLS:
-            items.append(
-                QAItem(
-                    id=f"probe:element_symbol:{z}",
-                    question=f"What is the chemical symbol of {names[0].lower()}?",
-                    answers=(str(el.symbol),),
-                    group="element_symbol",
-                    **common,
+        if str(el.symbol) in _AMBIGUOUS_SYMBOLS:
+            del asked["element_symbol"]
+        for relation, (question, answers) in asked.items():
+            if relation in relations:
+                items.append(
+                    QAItem(
+                        id=f"probe:{relation}:{z}",
+                        question=question,
+                        answers=answers,
+                        group=relation,
+                        popularity=round(math.log10(119.0 / z), 4),
+                        source="builtin:periodictable",
+                    )
                 )
-            )
-        if "element_name" in relations:
-            items.append(
-                QAItem(
-                    id=f"probe:element_name:{z}",
-                    question=f"Which chemical element has the symbol {el.symbol}?",
-                    answers=names,
-                    group="element_name",
-                    **common,
-                )
-            )
-        if "element_number" in relations:
-            items.append(
-                QAItem(
-                    id=f"probe:element_number:{z}",
-                    question=f"Which chemical element has the atomic number {z}?",
-                    answers=names,
-                    group="element_number",
-                    **common,
-                )
-            )
     return items
 
 

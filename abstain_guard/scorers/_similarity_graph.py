@@ -17,9 +17,11 @@ the library); none needs logprobs or hidden states.
   :func:`eccentricity_uncertainty` (Ecc); the last two also per answer (``C_Deg``,
   ``C_Ecc`` of the paper, as uncertainties), for scoring one chosen answer.
 
-``W`` keeps its diagonal (an answer is fully similar to itself, ``W_jj = 1``), as in the
-paper's definitions of ``D`` and ``U_Deg``; :func:`scipy.sparse.csgraph.laplacian` drops
-self-loops, hence the two lines of :func:`normalized_laplacian`.
+``weights`` is always the ``[k, k]`` affinity of :func:`affinity`, ``similarity`` a
+``[k, k]`` similarity matrix, ``ids`` the ``[k]`` class ids of :func:`semantic_ids`. ``W``
+keeps its diagonal (an answer is fully similar to itself, ``W_jj = 1``), as in the paper's
+definitions of ``D`` and ``U_Deg``; :func:`scipy.sparse.csgraph.laplacian` drops self-loops,
+hence the two lines of :func:`normalized_laplacian`.
 """
 
 from __future__ import annotations
@@ -106,35 +108,21 @@ def _ids(ids: np.ndarray) -> np.ndarray:
 def discrete_semantic_entropy(ids: np.ndarray) -> float:
     """Entropy (nats) of the meaning classes' frequencies: ``-Σ_c p_c log p_c`` with ``p_c``
     the share of the k answers in class ``c`` (Farquhar et al.'s discrete semantic entropy,
-    ``cluster_assignment_entropy``). 0 when all answers agree; ``log k`` when all differ.
-
-    Args:
-        ids: ``[k]`` class ids (:func:`semantic_ids`).
-    """
+    ``cluster_assignment_entropy``). 0 when all answers agree; ``log k`` when all differ."""
     _, counts = np.unique(_ids(ids), return_counts=True)
     p = counts / counts.sum()
     return float(-(p * np.log(p)).sum())
 
 
 def number_of_semantic_sets(ids: np.ndarray) -> int:
-    """How many meaning classes the k answers fall into (Lin et al.'s ``NumSets``), 1..k.
-
-    Args:
-        ids: ``[k]`` class ids (:func:`semantic_ids`).
-    """
+    """How many meaning classes the k answers fall into (Lin et al.'s ``NumSets``), 1..k."""
     return int(np.unique(_ids(ids)).size)
 
 
 def affinity(similarity: np.ndarray) -> np.ndarray:
     """The graph's weights ``W = clip((S + Sᵀ) / 2, 0, 1)`` with ``W_jj = 1``: symmetric and
-    non-negative, as the Laplacian needs (a negative cosine is no similarity).
-
-    Args:
-        similarity: ``[k, k]`` similarities (a cosine matrix, or entailment scores).
-
-    Returns:
-        ``[k, k]`` weights.
-    """
+    non-negative, as the Laplacian needs (a negative cosine is no similarity); ``similarity``
+    is a cosine matrix or entailment scores."""
     sim = _square(similarity, "similarity").astype(np.float64)
     w = np.clip((sim + sim.T) / 2.0, 0.0, 1.0)
     np.fill_diagonal(w, 1.0)
@@ -142,15 +130,8 @@ def affinity(similarity: np.ndarray) -> np.ndarray:
 
 
 def normalized_laplacian(weights: np.ndarray) -> np.ndarray:
-    """``L = I - D^{-1/2} W D^{-1/2}`` with ``D = diag(Σ_j W_ij)``.
-
-    Args:
-        weights: ``[k, k]`` symmetric non-negative weights with a positive diagonal
-            (:func:`affinity`).
-
-    Returns:
-        ``[k, k]`` symmetric ``L``; its eigenvalues lie in ``[0, 2]``.
-    """
+    """``L = I - D^{-1/2} W D^{-1/2}`` with ``D = diag(Σ_j W_ij)``: ``[k, k]`` and symmetric,
+    its eigenvalues in ``[0, 2]``."""
     w = _square(weights, "weights").astype(np.float64)
     degree = w.sum(axis=1)
     if np.any(degree <= 0):
@@ -162,35 +143,21 @@ def normalized_laplacian(weights: np.ndarray) -> np.ndarray:
 def eigenvalue_uncertainty(weights: np.ndarray) -> float:
     """EigV: ``Σ_k max(0, 1 - λ_k)`` over the eigenvalues of the normalized Laplacian, a
     continuous count of meaning clusters: 1 when all answers are one (``W`` all ones), k when
-    none is like another (``W = I``).
-
-    Args:
-        weights: ``[k, k]`` affinity (:func:`affinity`).
-    """
+    none is like another (``W = I``)."""
     eigenvalues = np.linalg.eigvalsh(normalized_laplacian(weights))
     return float(np.clip(1.0 - eigenvalues, 0.0, None).sum())
 
 
 def degree_uncertainties(weights: np.ndarray) -> np.ndarray:
-    """Per answer ``1 - C_Deg(s_j) = 1 - D_jj / k``: how unlike the other answers answer j is.
-
-    Args:
-        weights: ``[k, k]`` affinity (:func:`affinity`).
-
-    Returns:
-        ``[k]`` values in ``[0, 1 - 1/k]``.
-    """
+    """Per answer ``1 - C_Deg(s_j) = 1 - D_jj / k``: how unlike the other answers answer j is
+    (``[k]``, in ``[0, 1 - 1/k]``)."""
     w = _square(weights, "weights").astype(np.float64)
     return 1.0 - w.sum(axis=1) / w.shape[0]
 
 
 def degree_uncertainty(weights: np.ndarray) -> float:
     """Deg: ``U_Deg = trace(kI - D) / k²``, the mean of :func:`degree_uncertainties`; 0 when
-    all answers are one, ``1 - 1/k`` when none is like another.
-
-    Args:
-        weights: ``[k, k]`` affinity (:func:`affinity`).
-    """
+    all answers are one, ``1 - 1/k`` when none is like another."""
     return float(degree_uncertainties(weights).mean())
 
 
@@ -199,15 +166,7 @@ def eccentricities(
 ) -> np.ndarray:
     """Per answer ``-C_Ecc(s_j) = ‖v_j - v̄‖₂``: answer j's distance from the centre of the
     spectral embedding, whose coordinates are the eigenvectors of ``L`` with eigenvalues below
-    ``eigenvalue_threshold`` (row j = answer j; at least the smallest one is kept).
-
-    Args:
-        weights: ``[k, k]`` affinity (:func:`affinity`).
-        eigenvalue_threshold: which eigenvectors embed the answers.
-
-    Returns:
-        ``[k]`` non-negative distances.
-    """
+    ``eigenvalue_threshold`` (row j = answer j; at least the smallest one is kept); ``[k]``."""
     eigenvalues, vectors = np.linalg.eigh(normalized_laplacian(weights))
     keep = eigenvalues < eigenvalue_threshold
     keep[0] = True
@@ -219,21 +178,12 @@ def eccentricity_uncertainty(
     weights: np.ndarray, eigenvalue_threshold: float = ECCENTRICITY_EIGENVALUE_THRESHOLD
 ) -> float:
     """Ecc: ``U_Ecc = ‖[‖v_1 - v̄‖, …, ‖v_k - v̄‖]‖₂`` (:func:`eccentricities`); 0 when all
-    answers are one, ``sqrt(k - 1)`` when none is like another.
-
-    Args:
-        weights: ``[k, k]`` affinity (:func:`affinity`).
-        eigenvalue_threshold: which eigenvectors embed the answers.
-    """
+    answers are one, ``sqrt(k - 1)`` when none is like another."""
     return float(np.linalg.norm(eccentricities(weights, eigenvalue_threshold)))
 
 
 def medoid_index(similarity: np.ndarray) -> int:
     """The answer most similar to all the others (largest row sum of ``S``; the first on a
-    tie): the primary answer under the ``"medoid"`` rule.
-
-    Args:
-        similarity: ``[k, k]`` similarities.
-    """
+    tie): the primary answer under the ``"medoid"`` rule."""
     sim = _square(similarity, "similarity").astype(np.float64)
     return int(np.argmax(sim.sum(axis=1)))

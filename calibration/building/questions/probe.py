@@ -164,7 +164,7 @@ def _capital_cities() -> dict[str, list[str]]:
     wanted = {iso: fold(c["capital"]) for iso, c in countries.items() if c.get("capital")}
     best: dict[str, tuple[int, list[str]]] = {}
     for city in cities:
-        iso = city.get("countrycode")
+        iso = str(city.get("countrycode"))
         target = wanted.get(iso)
         if target is None:
             continue

@@ -286,9 +286,7 @@ def builtin_probe_set(relations: Sequence[str] | None = None, seed: int = 0) -> 
     return shuffled(_probe_items(frozenset(wanted)), seed)
 
 
-def chosen_relations(
-    relations: Sequence[str] | None, known: Sequence[str], what: str
-) -> list[str]:
+def chosen_relations(relations: Sequence[str] | None, known: Sequence[str], what: str) -> list[str]:
     """``relations`` (None: all ``known``); raises InvalidInputError for an unknown one."""
     wanted = list(known if relations is None else relations)
     unknown = sorted(set(wanted) - set(known))

@@ -38,8 +38,7 @@ def check_results(results: Mapping[str, Any]) -> Mapping[str, Any]:
     """The ``datasets`` mapping of a results document (``build_results``)."""
     if not isinstance(results, Mapping) or not isinstance(results.get("datasets"), Mapping):
         raise InvalidInputError(
-            "results must be the dict from results.build_results(), "
-            "with a 'datasets' mapping."
+            "results must be the dict from results.build_results(), with a 'datasets' mapping."
         )
     return results["datasets"]
 

@@ -11,9 +11,9 @@ is certified (a union bound: δ in total):
 - the *judge arm*: at every rank of all n answers, an exact two-phase test of a bound on the
   true error count, at ``w·δ`` (:func:`judge_rejections`).
 
-w (:func:`judge_share`) comes from n/m alone. Why each arm is valid, for any judge, and the
-simulations: docs/guarantees.md, section 5. With no review the judge's labels are certified,
-and the statement says so (:func:`labels_statement`).
+w (:func:`judge_share`) comes from ``(method, ε, δ, n, m)`` alone. Why each arm is valid,
+for any judge, and the simulations: docs/guarantees.md, section 5. With no review the
+judge's labels are certified, and the statement says so (:func:`labels_statement`).
 """
 
 from __future__ import annotations
@@ -65,14 +65,55 @@ JUDGE_MIN_REVIEWED = 40
 on average (``40·n/m``): below it the misses' bound is too wide to reject."""
 
 
-def judge_share(n: int, m: int) -> float:
-    """w, the share of δ the judge arm gets, from n/m alone: 0 below n/m = 10 (the judge
-    cannot pay there, docs/guarantees.md), 0.1 at n/m = 10 rising with log(n/m) to 1/2 at
-    n/m = 25 and above."""
+SHARE_CAP = 0.7
+"""The most of δ the judge arm gets (the human arm keeps at least 0.3·δ)."""
+
+
+def judge_share(method: str, risk_target: float, delta: float, n: int, m: int) -> float:
+    """w, the share of δ the judge arm gets, from ``(method, ε, δ, n, m)`` alone
+    (docs/guarantees.md, section 5, "The share"): 0 below n/m = 10; from 10 to 25 the
+    smaller of a ramp (0.1 at n/m = 10, rising with log(n/m) to 1/2 at 25) and the largest
+    share at which every test the human plan starts with keeps its critical error count at
+    δ; from 25 on, 1/2 moved up to the end of its plateau (the largest share, at most
+    :data:`SHARE_CAP`, whose human plan starts with the same tests and critical counts as at
+    δ/2)."""
     ratio = n / max(m, 1)
     if ratio < 10.0:
         return 0.0
-    return min(0.5, 0.1 + 0.4 * math.log(ratio / 10.0) / math.log(2.5))
+    if ratio < 25.0:
+        ramp = 0.1 + 0.4 * math.log(ratio / 10.0) / math.log(2.5)
+        return min(ramp, _plateau_end(method, risk_target, delta, m, 0.0))
+    return _plateau_end(method, risk_target, delta, m, 0.5)
+
+
+def _start_tests(
+    method: str, risk_target: float, level: float, m: int
+) -> tuple[tuple[int, ...], tuple[int, ...], float]:
+    """The human plan's first tests at ``level``: its start ranks, the largest error count
+    each rejects with (-1: none), and the largest binomial tail among those counts (the
+    level the plan can fall to with the same first tests)."""
+    plan = plan_tests(method, risk_target, level, m)
+    trials = np.asarray(plan.ranks, dtype=np.int64) - 1
+    crit = _largest_rejected(trials, risk_target, plan.level) if trials.size else trials
+    tail = binomial_p_values(crit, trials, risk_target) if trials.size else trials
+    size = float(np.where(crit >= 0, tail, 0.0).max(initial=0.0)) / plan.level
+    return plan.ranks, tuple(int(c) for c in crit), size
+
+
+def _plateau_end(method: str, risk_target: float, delta: float, m: int, share: float) -> float:
+    """The largest w in ``[share, SHARE_CAP]`` whose human plan at ``(1 − w)δ`` starts with
+    the same ranks and critical counts as at ``(1 − share)δ`` (``share`` itself when it is
+    past the cap): where its first tests stay put the human arm gives up almost nothing, and
+    the judge arm gets the level."""
+    level = (1.0 - share) * delta
+    ranks, crit, size = _start_tests(method, risk_target, level, m)
+    end = min(SHARE_CAP, 1.0 - size * (1.0 - share) * (1.0 + 1e-9))
+    if end <= share or _start_tests(method, risk_target, (1.0 - end) * delta, m)[:2] != (
+        ranks,
+        crit,
+    ):
+        return share
+    return end
 
 
 @dataclass(frozen=True)
@@ -92,7 +133,7 @@ def plan_truth(
     for each arm); ``eligible``: the answers the draw could reach (all n without a scope),
     which w and the judge chains' lowest start read in place of n."""
     reach = n if eligible is None else eligible
-    w = judge_share(reach, m)
+    w = judge_share(method, risk_target, delta, reach, m)
     human = plan_tests(method, risk_target, (1.0 - w) * delta, m)
     judge = _judge_plan(method, risk_target, w * delta, (n, reach), m) if w > 0 else None
     return TruthPlan(human, judge, w)

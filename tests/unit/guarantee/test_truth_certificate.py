@@ -121,7 +121,7 @@ def test_the_combined_threshold_is_never_below_human_only_at_its_share() -> None
     draw, for every n/m (w = 0 below n/m = 10: exactly the human-only certificate)."""
     rng = np.random.default_rng(8)
     for n, m in ((400, 100), (1500, 100), (3000, 120)):
-        w = truth.judge_share(n, m)
+        w = truth.judge_share("fixed_sequence_multistart", 0.35, 0.1, n, m)
         assert (w == 0.0) == (n / m < 10)
         for _ in range(8):
             s, _, judge_right, human = _draw(rng, n, m, "lenient")
@@ -139,12 +139,40 @@ def test_the_combined_threshold_is_never_below_human_only_at_its_share() -> None
 
 def test_the_plan_reads_n_m_and_the_target_only() -> None:
     plan = truth.plan_truth("fixed_sequence_multistart", 0.3, 0.1, 5000, 200)
-    assert plan.share == 0.5 and plan.human == risk_control.plan_tests(
-        "fixed_sequence_multistart", 0.3, 0.05, 200
+    assert plan.share == truth.judge_share("fixed_sequence_multistart", 0.3, 0.1, 5000, 200)
+    assert plan.human == risk_control.plan_tests(
+        "fixed_sequence_multistart", 0.3, (1 - plan.share) * 0.1, 200
     )
     assert plan.judge is not None and plan.judge.first_rank >= 40 * 5000 / 200
-    assert plan.judge.level == pytest.approx(0.05 / len(plan.judge.ranks))
+    assert plan.judge.level == pytest.approx(plan.share * 0.1 / len(plan.judge.ranks))
     assert truth.plan_truth("holm", 0.3, 0.1, 500, 100).judge is None
+
+
+@pytest.mark.parametrize("eps", [0.1, 0.3, 0.35, 0.4, 0.5, 0.75])
+def test_the_share_keeps_the_human_plans_first_tests(eps: float) -> None:
+    """w = 0 below n/m = 10; from 10 to 25 the human plan starts with the same tests (ranks
+    and critical counts) as at δ, and at n/m = 25 and above with those at δ/2, w in [1/2,
+    0.7]; one step past w they change (w is the end of their plateau)."""
+    delta, method = 0.1, "fixed_sequence_multistart"
+
+    def first(level: float, m: int) -> list[tuple[int, int]]:
+        plan = risk_control.plan_tests(method, eps, level, m)
+        crit = [
+            max((e for e in range(k) if stats.binom.cdf(e, k - 1, eps) <= plan.level), default=-1)
+            for k in plan.ranks
+        ]
+        return list(zip(plan.ranks, crit, strict=True))
+
+    for m in (40, 100, 200, 400):
+        assert truth.judge_share(method, eps, delta, 9 * m, m) == 0.0
+        w = truth.judge_share(method, eps, delta, 15 * m, m)
+        assert 0.0 < w <= 0.1 + 0.4 * np.log(1.5) / np.log(2.5)
+        assert first((1 - w) * delta, m) == first(delta, m)
+        w = truth.judge_share(method, eps, delta, 30 * m, m)
+        assert 0.5 <= w <= truth.SHARE_CAP
+        assert first((1 - w) * delta, m) == first(delta / 2, m)
+        if w < truth.SHARE_CAP:
+            assert first((1 - w - 1e-6) * delta, m) != first(delta / 2, m)
 
 
 def test_p_values_are_the_smallest_rejecting_level_of_the_plan() -> None:

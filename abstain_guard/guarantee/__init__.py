@@ -18,5 +18,5 @@ artifact or reads a response.
 * :mod:`.validation` — the one validator of scores and labels.
 
 May import: ``abstain_guard.config``, ``abstain_guard.errors`` (the rule for every package:
-``tests/test_layout.py``).
+``tests/unit/package/test_layout.py``).
 """

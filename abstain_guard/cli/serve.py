@@ -91,6 +91,7 @@ def _serve_replicas(args: argparse.Namespace) -> int:
         loopback=is_loopback(args.host),
         # a vLLM guard: your server, or one engine started for the replicas
         engine_url=args.engine_url or shared_vllm_engine(artifact),
+        log_level=args.log_level,
     )
     deployment = Deployment(
         replicas=args.replicas or 1,

@@ -32,6 +32,7 @@ from abstain_guard.serve.monitor_actor import (
 from abstain_guard.serve.runner import Endpoint
 from abstain_guard.serve.service import GuardService
 from abstain_guard.serve.step_record import StepLimits
+from abstain_guard.serve.telemetry import configure_logging
 
 #: The Ray namespace of the monitor actor.
 NAMESPACE = "abstain_guard"
@@ -69,6 +70,8 @@ class ReplicaSpec:
         engine_url: the vLLM engine every replica of a vLLM-calibrated guard generates on
             (one engine, started by the driver: :func:`shared_vllm_engine`; None: the
             project's engine, one per replica).
+        log_level: the level each replica logs at, as JSON lines on its stderr (what
+            ``serve --log-level`` sets in the driver; None: Ray's logging left as it is).
     """
 
     artifact: str
@@ -82,6 +85,7 @@ class ReplicaSpec:
     loopback: bool = True
     engine_url: str | None = None
     monitor_timeout_s: float = MONITOR_TIMEOUT_S
+    log_level: str | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ReplicaSpec:
@@ -118,6 +122,8 @@ def build_replica(
     loaded chat model instead of the artifact's; tests)."""
     from abstain_guard.config import GuardConfig
 
+    if spec.log_level is not None:
+        configure_logging(spec.log_level)
     link = RayMonitorLink(actor, replica, handle, 1, timeout_s=spec.monitor_timeout_s)
     steps = ActorStepRecord(link, spec.steps)
     if model is None and spec.engine_url is not None:

@@ -1,4 +1,4 @@
-"""Issue 46 item 8: step gating across replicas (abstain_guard/serve/ray_serve.py,
+"""Step gating across replicas (abstain_guard/serve/ray_serve.py,
 monitor_actor.py, step_record.py). The step records live in the deployment's monitor actor,
 so a run that one replica started continues on another (Ray Serve has no sticky routing, and
 a replica may die mid-run); each record keeps the run's group, so a run cannot switch groups
@@ -132,3 +132,29 @@ def test_the_step_record_keeps_the_group_it_was_decided_in(group: str | None) ->
     snapshot.put("k", StepEntry(step=0, step_score=1.5, run_statistic=1.5))
     asyncio.run(snapshot.flush())
     assert record.get("k") == StepEntry(0, 1.5, 1.5, group)
+
+
+def test_a_replica_logs_json_lines_at_the_level_its_spec_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``serve --replicas N --log-level L`` hands its level to every replica: a replica
+    built from the spec logs JSON lines on its stderr, as the single server does."""
+    import json
+    import logging
+
+    guard = artifact(tools=True, gating="steps", **FORCED).save(tmp_path / "guard")
+    config = GuardConfig(participation=0.8).model_dump(mode="json")
+    spec = ReplicaSpec(str(guard), config, log_level="info")
+    monitor = DeploymentMonitor(str(guard), spec.config, reap_s=0, monitor_options={"seed": 0})
+    root = logging.getLogger()
+    before = (root.level, list(root.handlers))
+    try:
+        build_replica(spec, LocalActor(monitor), "r1", None, model=ToolScriptModel())
+        logging.getLogger("abstain_guard.serve").info("replica up")
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+    finally:
+        root.setLevel(before[0])
+        root.handlers[:] = before[1]
+    record = json.loads(line)
+    assert record["message"] == "replica up" and record["level"] == "INFO"
+    assert record["logger"] == "abstain_guard.serve"

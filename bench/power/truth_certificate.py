@@ -335,7 +335,8 @@ def main() -> None:
         "method": METHOD,
         "command": (
             "OMP_NUM_THREADS=1 nice .venv/bin/python bench/power/truth_certificate.py --out "
-            "bench/power/truth_certificate.json"
+            f"bench/power/truth_certificate.json --draws {args.draws} --power-draws "
+            f"{args.power_draws} --workflow-draws {args.workflow_draws}"
         ),
     }
     seed = 0

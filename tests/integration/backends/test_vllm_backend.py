@@ -336,25 +336,28 @@ def test_a_forged_altered_or_moved_payload_is_refused(vllm_guard: Path) -> None:
 
 
 def test_guarded_requests_preempted_under_memory_pressure_keep_their_captures() -> None:
-    """A KV cache of 12 blocks of 32 tokens for 8 requests of ~80 tokens each: vLLM preempts
-    running requests and recomputes them; every answer still carries its capture, equal to
+    """A KV cache of 12 blocks of 32 tokens for 8 requests of 70 tokens each (a 38-token
+    prompt fills two blocks, the 27th answer token needs a third): vLLM preempts running
+    requests and recomputes them; every answer still carries its capture, equal to
     the same question's capture asked alone (tokens identical, hidden states within the
-    CPU backend's batch variance)."""
+    CPU backend's batch variance). The server runs eager: preemption is the scheduler's and
+    the capture's per-step bookkeeping, the same compiled or not (the module's server runs
+    the compiled tap), and an eager server starts without compiling the model."""
     import httpx
 
     if not os.environ.get(VLLM_PYTHON_ENV):
         pytest.skip(f"{VLLM_PYTHON_ENV} is not set (make test sets it to .venv-vllm)")
-    flags = ["--block-size", "32", "--num-gpu-blocks-override", "12", "--max-model-len", "256"]
-    model = VLLMChatModel(max_tokens=48, max_model_len=256, vllm_args=[*TP["vllm_args"], *flags])
+    flags = ["--block-size", "32", "--num-gpu-blocks-override", "12", "--enforce-eager"]
+    model = VLLMChatModel(max_tokens=32, max_model_len=256, vllm_args=[*TP["vllm_args"], *flags])
     countries = ("France", "Peru", "Chile", "Kenya", "Japan", "Spain", "Italy", "Egypt")
     questions = [[("human", f"Tell me about the capital of {c}.")] for c in countries]
     together = model.batch(questions, config={"max_concurrency": 8})
     url, _ = model.engine()
     metrics = httpx.get(url + "/metrics", timeout=30).text
-    preempted = sum(
+    preempted = sum(  # the counter (its "_created" gauge beside it is a timestamp)
         float(line.split()[-1])
         for line in metrics.splitlines()
-        if line.startswith("vllm:num_preemptions")
+        if line.startswith("vllm:num_preemptions_total{")
     )
     assert preempted > 0, "the server preempted nothing: the test needs a smaller KV cache"
     for question, message in zip(questions, together, strict=True):

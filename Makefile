@@ -11,7 +11,7 @@ export ABSTAIN_GUARD_VLLM_PYTHON ?= $(abspath $(VLLM_VENV))/bin/python
 WORKERS ?= $(shell nproc)
 # OpenMP waiters sleep (workers, Ray's and vLLM's processes share the cores; no computed bit changes).
 PYTEST := OMP_WAIT_POLICY=PASSIVE PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -p no:cacheprovider
-PARALLEL := -n $(WORKERS) --dist loadfile --durations=15 --durations-min=5
+PARALLEL := -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 --durations-min=5
 MYPY := $(BIN)/mypy abstain_guard adapters calibration
 .PHONY: help install demo lint typecheck test test-fast test-foreign default-guard results bench clean
 

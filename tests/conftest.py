@@ -90,10 +90,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Mark each test with its tier (``unit`` / ``integration``, from its folder) and with
     ``model`` / ``ray`` where it uses those fixtures; refuse a unit test that loads them.
 
-    Under ``pytest -n --dist loadfile`` (make test) a file's tests stay on one worker, so
-    module fixtures (a vLLM server, a calibration) are built once. The heavy tier runs first,
-    the files that start a Ray cluster last of it (a cluster idles until its worker ends),
-    the unit tier fills the gaps."""
+    Under ``pytest -n --dist loadfile --no-loadscope-reorder`` (make test) a file's tests
+    stay on one worker, so module fixtures (a vLLM server, a calibration) are built once, and
+    files start in the order of :func:`_start_rank`: the longest first, the unit tier fills
+    the gaps."""
     ray_files = {item.path for item in items if "ray_cluster" in item.fixturenames}
     for item in items:
         tier = _tier(item)
@@ -106,5 +106,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             )
         for mark in sorted(used):
             item.add_marker(mark)
-    order = {"integration": 0, "unit": 2}
-    items.sort(key=lambda it: order.get(_tier(it), 1) + (it.path in ray_files))
+    items.sort(key=lambda it: _start_rank(it, ray_files))
+
+
+def _start_rank(item: pytest.Item, ray_files: set[Path]) -> int:
+    """0: files marked ``vllm`` (the vLLM server's module is the longest file), 1: the rest
+    of the integration tier, 2: its files that start a Ray cluster (a cluster idles until its
+    worker ends), 3: the unit tier."""
+    if _tier(item) == "unit":
+        return 3
+    if item.get_closest_marker("vllm") is not None:
+        return 0
+    return 2 if item.path in ray_files else 1

@@ -4,15 +4,15 @@ settings — compiled graphs — plus the guard's connector flag and ``--tensor-
 recorded, live = stored under 8 concurrent callers, a server with other weights refused, the
 served model's identity the digest of its files and an artifact without one refused, a
 response from the project's engine refused; a request without the payload key's token gets
-no activations, a forged, altered or moved payload is refused; (a server of its own, with a
-KV cache too small for its batch) guarded requests preempted and recomputed are answered with
-their captures; a server asked for speculative decoding stops, naming the flag; and a hub
-model whose files are not on disk stops the server (offline, empty cache) before it serves.
+no activations, a forged, altered or moved payload is refused; (an eager server of its own,
+with a KV cache too small for its batch) guarded requests preempted and recomputed are
+answered with their captures; a server asked for speculative decoding stops, naming the
+flag; and a hub model whose files are not on disk stops the server (offline, empty cache)
+before it serves.
 
 The server runs in vLLM's own environment (``make install`` builds ``.venv-vllm``;
-``make test`` sets ``ABSTAIN_GUARD_VLLM_PYTHON``); one server for the module. About two
-minutes on two cores: vLLM compiles the model (about 80 s), 56 questions calibrated, 8 asked
-again.
+``make test`` sets ``ABSTAIN_GUARD_VLLM_PYTHON``); one compiled server for the module, 56
+questions calibrated on it, 8 asked again.
 """
 
 from __future__ import annotations

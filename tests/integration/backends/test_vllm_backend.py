@@ -17,7 +17,9 @@ questions calibrated on it, 8 asked again.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -27,12 +29,19 @@ import pytest
 
 from abstain_guard import AbstentionGuard
 from abstain_guard.backends.vllm_chat import LIVE_BOUND, VLLMChatModel, stop_engines
-from abstain_guard.backends.vllm_engine import VLLM_PYTHON_ENV
+from abstain_guard.backends.vllm_engine import (
+    VLLM_PYTHON_ENV,
+    ServerProcess,
+    engine_python,
+    free_port,
+    guarded_env,
+    serve_command,
+)
 from abstain_guard.calibration.building.pipeline import calibrate
 from abstain_guard.calibration.building.run.calibration_config import CalibrationConfig
 from abstain_guard.calibration.measure.deployment_check import live_check
 from abstain_guard.config import GuardConfig
-from abstain_guard.errors import ArtifactMismatchError, ConfigError
+from abstain_guard.errors import ArtifactMismatchError, BackendError, ConfigError
 from abstain_guard.guard.chains import load_guard_chain
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -44,6 +53,113 @@ TP = {"vllm_args": ["--tensor-parallel-size", "1"]}
 # backend is not batch-invariant: a response batched with others gets other last bits in its
 # residual stream than it got at calibration (measured here: 1.4e-6 at most, 40 questions, 8
 # at once; tokens identical). The bound is two orders above that; the artifact records it.
+
+
+# ---- servers of their own, each stopped when its test ends (before the module's starts) --
+
+
+@contextlib.contextmanager
+def _own_server(
+    model: str | Path, flags: list[str], env: dict[str, str] | None = None, max_len: int = 512
+) -> Iterator[ServerProcess]:
+    """Stock ``vllm serve`` on ``model`` with the guard's connector, a ``max_len`` context
+    and ``flags``, started outside this process's shared servers and stopped on leaving."""
+    if not os.environ.get(VLLM_PYTHON_ENV):
+        pytest.skip(f"{VLLM_PYTHON_ENV} is not set (make test sets it to .venv-vllm)")
+    port = free_port()
+    cmd = serve_command(engine_python(), model, port, max_model_len=max_len, vllm_args=flags)
+    server = ServerProcess(cmd, port, env if env is not None else guarded_env())
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def test_guarded_requests_preempted_under_memory_pressure_keep_their_captures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A KV cache of 12 blocks of 32 tokens for 8 requests of 70 tokens each (a 38-token
+    prompt fills two blocks, the 27th answer token needs a third): vLLM preempts running
+    requests and recomputes them; every answer still carries its capture, equal to
+    the same question's capture asked alone (tokens identical, hidden states within the
+    CPU backend's batch variance). The server runs eager: preemption is the scheduler's and
+    the capture's per-step bookkeeping, the same compiled or not (the module's server runs
+    the compiled tap), and an eager server starts without compiling the model. The guard
+    attaches to it by URL, the server's secret set in both environments."""
+    import httpx
+
+    from abstain_guard.adapters.model.vllm_folder import vllm_model_folder
+    from abstain_guard.backends.vllm_payload import PAYLOAD_KEY_ENV, payload_key
+
+    monkeypatch.setenv(PAYLOAD_KEY_ENV, payload_key(generate=True).decode("utf-8"))
+
+    flags = ["--block-size", "32", "--num-gpu-blocks-override", "12", "--enforce-eager"]
+    with _own_server(vllm_model_folder("default"), [*TP["vllm_args"], *flags], max_len=256) as s:
+        s.wait(600)
+        model = VLLMChatModel(engine_url=s.url, max_tokens=32)
+        countries = ("France", "Peru", "Chile", "Kenya", "Japan", "Spain", "Italy", "Egypt")
+        questions = [[("human", f"Tell me about the capital of {c}.")] for c in countries]
+        together = model.batch(questions, config={"max_concurrency": 8})
+        metrics = httpx.get(s.url + "/metrics", timeout=30).text
+        alone = [model.invoke(question) for question in questions]
+    preempted = sum(  # the counter (its "_created" gauge beside it is a timestamp)
+        float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("vllm:num_preemptions_total{")
+    )
+    assert preempted > 0, "the server preempted nothing: the test needs a smaller KV cache"
+    for message, single in zip(together, alone, strict=True):
+        meta, solo = message.response_metadata, single.response_metadata
+        assert meta["token_ids"] == solo["token_ids"]
+        assert len(meta["entropy"]) == len(meta["token_ids"])
+        np.testing.assert_allclose(
+            meta["geometry"]["hidden"]["mean"], solo["geometry"]["hidden"]["mean"], atol=1e-3
+        )
+
+
+def _log_of_a_server_that_exits(
+    model: str | Path, flags: list[str], env: dict[str, str] | None = None
+) -> str:
+    """Start stock ``vllm serve`` on ``model`` with the guard's connector and ``flags``
+    (eager, a short context), assert it exits without ever answering, and return its log."""
+    with _own_server(model, ["--enforce-eager", *flags], env) as server:
+        with pytest.raises(BackendError, match="exited"):
+            server.wait(600)
+        return server.log.read_text(errors="replace")
+
+
+def test_a_mode_the_capture_cannot_serve_stops_the_server_by_name() -> None:
+    """Stock vLLM with the guard's connector and speculative decoding: the server does not
+    start, and its error names the flag (the plugin's check once the weights have loaded,
+    before vLLM compiles the model)."""
+    from abstain_guard.adapters.model.vllm_folder import vllm_model_folder
+
+    spec = '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}'
+    log = _log_of_a_server_that_exits(vllm_model_folder("default"), ["--speculative-config", spec])
+    assert "the guard's capture cannot serve speculative decoding (--speculative-config)" in log
+
+
+def test_a_hub_model_whose_files_are_not_on_disk_stops_the_server_before_it_serves(
+    tmp_path: Path,
+) -> None:
+    """Stock ``vllm serve org/name`` with the guard's connector, offline, on an empty Hugging
+    Face cache: the server exits at start-up (before any model loads) and never answers,
+    its log naming the model and the missing snapshot. Offline, vLLM resolves a hub id in
+    its argument parsing — to the cached snapshot folder, whose files the connector digests,
+    or refused when there is none — so no guarded server serves a hub id without files to
+    verify it by."""
+    env = guarded_env()
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE"):
+        env.pop(name, None)
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
+    log = _log_of_a_server_that_exits("org/not-downloaded", [], env)
+    assert "kv_connector='AbstainGuardConnector'" in log  # the guarded command line
+    assert "'model': 'org/not-downloaded'" in log
+    assert "Cannot find an appropriate cached snapshot folder" in log
+    assert "Loading weights" not in log and "Starting vLLM server" not in log
+
+
+# ---- the module's server: a probe guard calibrated on it, and what it serves ----------
 
 
 @pytest.fixture(scope="module")
@@ -315,7 +431,6 @@ def test_a_request_without_the_key_gets_no_activations(vllm_guard: Path) -> None
 
 def test_a_forged_altered_or_moved_payload_is_refused(vllm_guard: Path) -> None:
     from abstain_guard.backends.vllm_payload import PAYLOAD_KEY, payload_key, request_token
-    from abstain_guard.errors import BackendError
 
     model = VLLMChatModel(**TP)
     url, _ = model.engine()
@@ -333,98 +448,3 @@ def test_a_forged_altered_or_moved_payload_is_refused(vllm_guard: Path) -> None:
     assert other["choices"][0]["token_ids"] != good["choices"][0]["token_ids"]
     with pytest.raises(BackendError, match=r"other tokens|covers"):
         model._capture(url, moved)
-
-
-def test_guarded_requests_preempted_under_memory_pressure_keep_their_captures() -> None:
-    """A KV cache of 12 blocks of 32 tokens for 8 requests of 70 tokens each (a 38-token
-    prompt fills two blocks, the 27th answer token needs a third): vLLM preempts running
-    requests and recomputes them; every answer still carries its capture, equal to
-    the same question's capture asked alone (tokens identical, hidden states within the
-    CPU backend's batch variance). The server runs eager: preemption is the scheduler's and
-    the capture's per-step bookkeeping, the same compiled or not (the module's server runs
-    the compiled tap), and an eager server starts without compiling the model."""
-    import httpx
-
-    if not os.environ.get(VLLM_PYTHON_ENV):
-        pytest.skip(f"{VLLM_PYTHON_ENV} is not set (make test sets it to .venv-vllm)")
-    flags = ["--block-size", "32", "--num-gpu-blocks-override", "12", "--enforce-eager"]
-    model = VLLMChatModel(max_tokens=32, max_model_len=256, vllm_args=[*TP["vllm_args"], *flags])
-    countries = ("France", "Peru", "Chile", "Kenya", "Japan", "Spain", "Italy", "Egypt")
-    questions = [[("human", f"Tell me about the capital of {c}.")] for c in countries]
-    together = model.batch(questions, config={"max_concurrency": 8})
-    url, _ = model.engine()
-    metrics = httpx.get(url + "/metrics", timeout=30).text
-    preempted = sum(  # the counter (its "_created" gauge beside it is a timestamp)
-        float(line.split()[-1])
-        for line in metrics.splitlines()
-        if line.startswith("vllm:num_preemptions_total{")
-    )
-    assert preempted > 0, "the server preempted nothing: the test needs a smaller KV cache"
-    for question, message in zip(questions, together, strict=True):
-        alone = model.invoke(question)
-        meta, solo = message.response_metadata, alone.response_metadata
-        assert meta["token_ids"] == solo["token_ids"]
-        assert len(meta["entropy"]) == len(meta["token_ids"])
-        np.testing.assert_allclose(
-            meta["geometry"]["hidden"]["mean"], solo["geometry"]["hidden"]["mean"], atol=1e-3
-        )
-
-
-def _log_of_a_server_that_exits(
-    model: str | Path, flags: list[str], env: dict[str, str] | None = None
-) -> str:
-    """Start stock ``vllm serve`` on ``model`` with the guard's connector and ``flags``
-    (eager, a short context), assert it exits without ever answering, and return its log."""
-    from abstain_guard.backends.vllm_engine import (
-        ServerProcess,
-        engine_python,
-        free_port,
-        guarded_env,
-        serve_command,
-    )
-    from abstain_guard.errors import BackendError
-
-    if not os.environ.get(VLLM_PYTHON_ENV):
-        pytest.skip(f"{VLLM_PYTHON_ENV} is not set (make test sets it to .venv-vllm)")
-    port = free_port()
-    flags = ["--enforce-eager", "--max-model-len", "512", *flags]
-    cmd = serve_command(engine_python(), model, port, vllm_args=flags)
-    server = ServerProcess(cmd, port, env if env is not None else guarded_env())
-    try:
-        with pytest.raises(BackendError, match="exited"):
-            server.wait(600)
-        return server.log.read_text(errors="replace")
-    finally:
-        server.close()
-
-
-def test_a_mode_the_capture_cannot_serve_stops_the_server_by_name() -> None:
-    """Stock vLLM with the guard's connector and speculative decoding: the server does not
-    start, and its error names the flag (the connector's check, before the model loads)."""
-    from abstain_guard.adapters.model.vllm_folder import vllm_model_folder
-
-    spec = '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}'
-    log = _log_of_a_server_that_exits(vllm_model_folder("default"), ["--speculative-config", spec])
-    assert "the guard's capture cannot serve speculative decoding (--speculative-config)" in log
-
-
-def test_a_hub_model_whose_files_are_not_on_disk_stops_the_server_before_it_serves(
-    tmp_path: Path,
-) -> None:
-    """Stock ``vllm serve org/name`` with the guard's connector, offline, on an empty Hugging
-    Face cache: the server exits at start-up (before any model loads) and never answers,
-    its log naming the model and the missing snapshot. Offline, vLLM resolves a hub id in
-    its argument parsing — to the cached snapshot folder, whose files the connector digests,
-    or refused when there is none — so no guarded server serves a hub id without files to
-    verify it by."""
-    from abstain_guard.backends.vllm_engine import guarded_env
-
-    env = guarded_env()
-    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE"):
-        env.pop(name, None)
-    env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
-    log = _log_of_a_server_that_exits("org/not-downloaded", [], env)
-    assert "kv_connector='AbstainGuardConnector'" in log  # the guarded command line
-    assert "'model': 'org/not-downloaded'" in log
-    assert "Cannot find an appropriate cached snapshot folder" in log
-    assert "Loading weights" not in log and "Starting vLLM server" not in log

@@ -361,17 +361,10 @@ def test_no_step_syncs_or_copies_pageable_memory_on_the_engine_thread() -> None:
     assert copier.pinned == torch.cuda.is_available()  # pinned wherever pin_memory exists
 
 
-def test_only_the_requests_that_asked_are_gathered_and_their_entropies_computed(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """In a batch of three, one asked for its capture: its row alone is gathered, its logit
-    row alone has its entropy computed, and only it is held."""
+def _entropy_rows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The logit rows each call of the capture's ``token_entropy`` computes, in order."""
     import abstain_guard.backends.vllm_capture as capture_module
 
-    world = _World({"a": 3, "b": 3, "c": 3}, {"a": 2, "b": 2, "c": 2}, seed=6)
-    host = HostCapture([3, 5], D, 32, _stop)
-    host.want({"b": True})
-    capture = RunnerCapture(world.runner, world.taps, host, ring=3)
     rows_seen: list[int] = []
     entropy = capture_module.token_entropy
 
@@ -380,6 +373,19 @@ def test_only_the_requests_that_asked_are_gathered_and_their_entropies_computed(
         return entropy(logits, rows, **kwargs)
 
     monkeypatch.setattr(capture_module, "token_entropy", counted)
+    return rows_seen
+
+
+def test_only_the_requests_that_asked_are_gathered_and_their_entropies_computed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In a batch of three, one asked for its capture: its row alone is gathered, its logit
+    row alone has its entropy computed, and only it is held."""
+    world = _World({"a": 3, "b": 3, "c": 3}, {"a": 2, "b": 2, "c": 2}, seed=6)
+    host = HostCapture([3, 5], D, 32, _stop)
+    host.want({"b": True})
+    capture = RunnerCapture(world.runner, world.taps, host, ring=3)
+    rows_seen = _entropy_rows(monkeypatch)
     world.execute(capture, [("a", 0, 3), ("b", 0, 3), ("c", 0, 3)])
     step = capture.take_step()
     assert step is not None and step.req_ids == ["b"] and step.rows.shape == (1, K, D)
@@ -392,18 +398,9 @@ def test_a_request_that_asked_for_no_entropy_gets_its_rows_and_no_entropy_comput
     """A guard whose scorer reads no entropy asks for none: in a batch where ``a`` asked for
     its entropies and ``b`` did not, each step computes the entropy of ``a``'s logit row only;
     ``b``'s capture is its exact rows summary with ``entropy`` None, ``a``'s is unchanged."""
-    import abstain_guard.backends.vllm_capture as capture_module
-
     world = _World({"a": 6, "b": 3}, {"a": 4, "b": 5})
     capture = world.capture(without_entropy=("b",))
-    rows_seen: list[int] = []
-    entropy = capture_module.token_entropy
-
-    def counted(logits: torch.Tensor, rows: Any = None, **kwargs: Any) -> torch.Tensor:
-        rows_seen.append(int(logits.shape[0] if rows is None else rows.shape[0]))
-        return entropy(logits, rows, **kwargs)
-
-    monkeypatch.setattr(capture_module, "token_entropy", counted)
+    rows_seen = _entropy_rows(monkeypatch)
     out = _sync_steps(world, capture, STEPS)
     world.check("a", out["a"])
     world.check("b", out["b"], with_entropy=False)
@@ -416,18 +413,9 @@ def test_the_profiling_run_runs_the_step_copy_at_its_largest(
     """vLLM's profiling run (``_dummy_sampler_run``: logits for ``max_num_seqs`` rows) runs
     the gather, the chunked entropy and the host copy over every row the copier can hold, so
     their peak memory is in what vLLM measures before it sizes the KV cache."""
-    import abstain_guard.backends.vllm_capture as capture_module
-
     world = _World({"a": 3}, {"a": 2}, seed=7)
     capture = world.capture()
-    rows_seen: list[int] = []
-    entropy = capture_module.token_entropy
-
-    def counted(logits: torch.Tensor, rows: Any = None, **kwargs: Any) -> torch.Tensor:
-        rows_seen.append(int(rows.shape[0]))
-        return entropy(logits, rows, **kwargs)
-
-    monkeypatch.setattr(capture_module, "token_entropy", counted)
+    rows_seen = _entropy_rows(monkeypatch)
     capture.profiling = True
     capture.on_logits(torch.randn(world.runner.max_num_reqs + 4, V))
     assert rows_seen == [world.runner.max_num_reqs] and capture.copier.step == 1

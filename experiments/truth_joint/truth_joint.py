@@ -8,19 +8,17 @@ judged right / wrong), the reviewed answers among the t0 are a uniform sample of
 and those among the t1 a uniform sample of h1, independently, so the misses seen u and the
 true errors seen g are independent hypergeometrics: u ~ HG(t0, M, h0), g ~ HG(t1, G, h1).
 
-The library bounds M (at 0.8 of the test's level) and G (at 0.05) apart and adds the bounds,
-so a strict judge (many false alarms, G well below t1) pays for G at a twentieth of the level
-and every judge pays for both bounds at once. This arm keeps a bound of the same shape as its
-statistic, T(u, g) = M⁺(u) + G⁺(g), at the levels ``--orders`` names (``ORDERS``;
-``ordering(..., None)`` is the stratified estimate t0·u/h0 + t1·g/h1 instead, which loses
-the good judges: measured while choosing, not kept), and calibrates it exactly:
-p(M, G) = P(T(u', g') ≤ T(u, g) | M, G), a sum over both hypergeometric laws. The rank is
-rejected at level a when every feasible (M, G) with M + G > c has p(M, G) ≤ 0.85·a, c being
-the largest count with P(Binomial(t, ε) ≤ c) ≤ 0.15·a: under "R(U_(k)) > ε" a rejection needs
-E ≤ c (at most 0.15·a, E being Binomial(t, R) given the scores) or the true (M, G) outside the
-confidence set (at most 0.85·a). p falls in M and in G, so the largest p over M + G > c lies
-on the feasible boundary M = max(u, c + 1 − G), one value a G; (M, G) whose marginal tail
-alone is at most 0.85·a are skipped.
+The library bounds M (at 0.8 of the test's level) and G (at 0.05) apart and adds the bounds, so
+a strict judge (many false alarms, G well below t1) pays for G at a twentieth of the level and
+every judge pays for both bounds at once. This arm keeps a bound of the same shape as its
+statistic, T(u, g) = M⁺(u) + G⁺(g), at the levels ``--orders`` names (``ORDERS``), and
+calibrates it exactly: p(M, G) = P(T(u', g') ≤ T(u, g) | M, G), a sum over both hypergeometric
+laws. The rank is rejected at level a when every feasible (M, G) with M + G > c has p(M, G) ≤
+0.85·a, c being the largest count with P(Binomial(t, ε) ≤ c) ≤ 0.15·a: under "R(U_(k)) > ε" a
+rejection needs E ≤ c (at most 0.15·a, E being Binomial(t, R) given the scores) or the true (M,
+G) outside the confidence set (at most 0.85·a). p falls in M and in G, so the largest p over M
++ G > c lies on the feasible boundary M = max(u, c + 1 − G), one value a G; (M, G) whose
+marginal tail alone is at most 0.85·a are skipped.
 
 With ``--orders library`` the statistic is the library's own bound (0.8·a, 0.05·a). Where the
 library rejects (M⁺ + G⁺ ≤ c), every (M, G) with M + G > c then has p(M, G) ≤ P(M⁺(u') < M) +
@@ -106,14 +104,12 @@ def hypergeom_pmf(lf: Arr, total: int, marked: Arr, h: int) -> Arr:
 
 
 def ordering(
-    t0: int, t1: int, h0: int, h1: int, orders: tuple[float, float] | None, level: float
+    t0: int, t1: int, h0: int, h1: int, orders: tuple[float, float], level: float
 ) -> tuple[Arr, Arr]:
-    """The statistic T(u', g') = A[u'] + B[g'] (both nondecreasing): the stratified estimate
-    (``orders`` None: A = t0·u'/h0, B = t1·g'/h1) or the sum of the two exact upper bounds at
-    the ordering levels ``orders·level`` (A = M⁺(u'), B = G⁺(g'), t1 when g' = h1)."""
+    """The statistic T(u', g') = A[u'] + B[g'] (both nondecreasing): the sum of the two exact
+    upper bounds at the ordering levels ``orders·level`` (A = M⁺(u'), B = G⁺(g'), t1 when
+    g' = h1)."""
     u, g = np.arange(h0 + 1), np.arange(h1 + 1)
-    if orders is None:
-        return (t0 / h0 if h0 else 0.0) * u, (t1 / h1 if h1 else 0.0) * g
     a = truth.error_upper_bound(u, h0, t0, orders[0] * level).astype(float) if h0 else u * 0.0
     b = np.full(h1 + 1, float(t1))
     if h1:
@@ -122,7 +118,7 @@ def ordering(
 
 
 def joint_rejects(
-    lf: Arr, counts: tuple[int, ...], c: int, beta: float, orders: tuple[float, float] | None = None
+    lf: Arr, counts: tuple[int, ...], c: int, beta: float, orders: tuple[float, float]
 ) -> bool:
     """True when every feasible (M, G) with M + G > c has p(M, G) ≤ beta, p(M, G) =
     P(T(u', g') ≤ T(u, g) | M, G); ``counts`` = (t0, t1, h0, h1, u, g)."""
@@ -163,7 +159,7 @@ def joint_arm(
     eps: float,
     level: float,
     shape: tuple[int, int, int],
-    orders: tuple[float, float] | None = ORDERS["test"],
+    orders: tuple[float, float] = ORDERS["test"],
 ) -> Arr:
     """The joint arm's certified rank per draw at ``level`` (0: none); ``shape`` = (n, m,
     reach). Each chain from its start tests grid ranks in order and stops at its first

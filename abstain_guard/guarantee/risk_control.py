@@ -68,12 +68,15 @@ class RiskPlan:
         ranks: chain starts, or the grid of tested ranks (1-based, increasing, ≤ n; empty
             when nothing can be certified with n answers).
         level: the level of each chain or grid test (δ/s, δ/m); Holm's first step.
+        stride: a chain tests the ranks start, start + stride, … (each moved up to the end
+            of its tie group); 1: every candidate from its start.
     """
 
     method: str
     kind: Literal["chains", "bonferroni", "holm"]
     ranks: tuple[int, ...]
     level: float
+    stride: int = 1
 
     @property
     def first_rank(self) -> int:
@@ -175,21 +178,33 @@ def binomial_p_values(
     return np.asarray(stats.binom.cdf(errors, trials, risk_target), dtype=np.float64)
 
 
+def chain_tested(candidate: NDArray[np.bool_], start: int, stride: int = 1) -> NDArray[np.bool_]:
+    """``[..., n]`` bool: the ranks a chain from ``start`` tests, in increasing order: every
+    candidate from ``start`` on (``stride`` 1), or ranks start, start + stride, … each moved
+    up to its tie group's end (:func:`grid_targets`)."""
+    n = candidate.shape[-1]
+    ranks = np.arange(1, n + 1)
+    if stride == 1:
+        return candidate & (ranks >= start)
+    targets = grid_targets(candidate, tuple(range(start, n + 1, stride)))
+    out = np.zeros((*candidate.shape[:-1], n + 1), dtype=bool)
+    np.put_along_axis(out, np.minimum(targets, n + 1) - 1, True, axis=-1)
+    return out[..., :n]
+
+
 def _chain(
-    p_values: NDArray[np.float64], candidate: NDArray[np.bool_], start: int, level: float
+    p_values: NDArray[np.float64], tested: NDArray[np.bool_], level: float
 ) -> NDArray[np.int64]:
-    """Largest rank a fixed-sequence chain from ``start`` rejects, ``[..., n]`` → ``[...]``
-    (0: none). Candidates ``start, start+1, …`` are tested in order; the first p > level
-    stops the chain."""
+    """Largest rank a fixed-sequence chain rejects, ``[..., n]`` → ``[...]`` (0: none): the
+    ``tested`` ranks (:func:`chain_tested`) in order, the first p > level stopping it."""
     ranks = np.arange(1, p_values.shape[-1] + 1)
-    tested = candidate & (ranks >= start)
     fails = tested & (p_values > level)
     first_fail = np.where(fails.any(axis=-1), fails.argmax(axis=-1) + 1, ranks.size + 1)
     passed = tested & (ranks < first_fail[..., None])
     return np.asarray(np.where(passed, ranks, 0).max(axis=-1), dtype=np.int64)
 
 
-def _grid_targets(candidate: NDArray[np.bool_], grid: tuple[int, ...]) -> NDArray[np.int64]:
+def grid_targets(candidate: NDArray[np.bool_], grid: tuple[int, ...]) -> NDArray[np.int64]:
     """Each grid rank moved up to the next candidate (the end of its tie group),
     ``[..., n]`` → ``[..., m]``; n + 1 where there is none (never with distinct scores)."""
     n = candidate.shape[-1]
@@ -217,9 +232,10 @@ def select_rank(
         return best, level
     if plan.kind == "chains":
         for start in plan.ranks:
-            best = np.maximum(best, _chain(p_values, candidate, start, plan.level))
+            tested = chain_tested(candidate, start, plan.stride)
+            best = np.maximum(best, _chain(p_values, tested, plan.level))
         return best, np.where(best > 0, plan.level, 0.0)
-    targets = _grid_targets(candidate, plan.ranks)  # [..., m]
+    targets = grid_targets(candidate, plan.ranks)  # [..., m]
     p = _p_at(p_values, targets)
     m = len(plan.ranks)
     if plan.kind == "bonferroni":

@@ -8,8 +8,11 @@ is certified (a union bound: δ in total):
 - the *human arm*: the exact Learn-then-Test of :mod:`.risk_control` on the m reviewed
   answers alone, at ``(1 − w)·δ``; the certified threshold is therefore never below the
   human-only one at that level;
-- the *judge arm*: at every rank of all n answers, an exact two-phase test of a bound on the
-  true error count, at ``w·δ`` (:func:`judge_rejections`).
+- the *judge arm*: on every ⌈n/500⌉-th rank of all n answers, at ``w·δ``, an exact test of
+  the true error count from the judge's labels and the reviewed ones: the split bound
+  M⁺ + G⁺ (:func:`judge_rejections`, vectorised), and where it does not reject, the same
+  statistic calibrated jointly over the misses and the true errors among the judged wrong
+  (:func:`joint_rejects`, which rejects wherever the split one does).
 
 w (:func:`judge_share`) comes from ``(method, ε, δ, n, m)`` alone. Why each arm is valid,
 for any judge, and the simulations: docs/guarantees.md, section 5. With no review the
@@ -18,7 +21,9 @@ judge's labels are certified, and the statement says so (:func:`labels_statement
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +37,8 @@ from abstain_guard.guarantee.risk_control import (
     RiskPlan,
     binomial_p_values,
     candidate_ranks,
+    chain_tested,
+    grid_targets,
     min_rank,
     multistart_starts,
     plan_tests,
@@ -63,6 +70,11 @@ false-alarm bound F⁻ of a strict judge); the rest goes to the binomial step.""
 JUDGE_MIN_REVIEWED = 40
 """A judge-arm chain starts no lower than the rank with this many reviewed answers below it
 on average (``40·n/m``): below it the misses' bound is too wide to reject."""
+
+
+JUDGE_CHAIN_RANKS = 500
+"""A judge-arm chain tests every ⌈n/500⌉-th rank from its start (:attr:`RiskPlan.stride`):
+its joint test is an exact sum at every rank it tests."""
 
 
 SHARE_CAP = 0.7
@@ -148,15 +160,16 @@ def _judge_plan(
     n, reach = sizes
     base = plan_tests(method, risk_target, level, reach)
     floor = min(math.ceil(JUDGE_MIN_REVIEWED * reach / max(m, 1)), reach)
+    stride = math.ceil(n / JUDGE_CHAIN_RANKS)
     if base.kind != "chains" or not base.ranks:
         return base
     if method != "fixed_sequence_multistart":
-        return RiskPlan(base.method, "chains", (max(base.ranks[0], floor),), level)
+        return RiskPlan(base.method, "chains", (max(base.ranks[0], floor),), level, stride)
     starts = {max(k, floor) for k in multistart_starts(reach)}
     each = level / len(starts)
     low = min_rank(risk_target, each)
     ranks = tuple(sorted({max(k, low) for k in starts if max(k, low) <= n}))
-    return RiskPlan(base.method, "chains", ranks, each)
+    return RiskPlan(base.method, "chains", ranks, each, stride)
 
 
 def check_human_labels(
@@ -334,16 +347,147 @@ def judge_rejections(
     return np.asarray(ok & ~c.outside & (c.t > 0))
 
 
+@dataclass(frozen=True)
+class RankCounts:
+    """What the judge arm's joint test reads below one rank: t0 answers judged right and t1
+    judged wrong, h0 / h1 of them reviewed, u misses and g true errors among those."""
+
+    t0: int
+    t1: int
+    h0: int
+    h1: int
+    u: int
+    g: int
+
+
+def rank_counts(c: _Counts, index: tuple[int, ...]) -> RankCounts:
+    """The counts of ``c`` at one position (``index`` into its ``[..., n]`` arrays)."""
+    t1 = int(c.t1[index])
+    return RankCounts(
+        int(c.t[index]) - t1,
+        t1,
+        int(c.h0[index]),
+        int(c.h1[index]),
+        int(c.u[index]),
+        int(c.g[index]),
+    )
+
+
+def _pmf_rows(
+    total: int, marked: NDArray[np.int64], h: int, upto: int | None = None
+) -> NDArray[np.float64]:
+    """``P(X = x)`` for x = 0..``upto`` (h), X ~ Hypergeom(total, K, h), one row per K of
+    ``marked``: ``[len(marked), upto + 1]``."""
+    x = np.arange((h if upto is None else upto) + 1)[None, :]
+    k = np.asarray(marked, dtype=np.int64)[:, None]
+    ok = (x <= k) & (h - x <= total - k) & (x <= h)
+    xs, rest = np.where(ok, x, 0), np.where(ok, h - x, 0)
+    whole = _log_choose(np.array([total]), np.array([h]))
+    logp = _log_choose(k + 0 * x, xs) + _log_choose(total - k + 0 * x, rest) - whole
+    return np.where(ok, np.exp(np.where(ok, logp, 0.0)), 0.0)
+
+
+def _cdf_rows(
+    total: int, marked: NDArray[np.int64], h: int, upto: int | None = None
+) -> NDArray[np.float64]:
+    """``P(X ≤ x)`` over the same grid as :func:`_pmf_rows`."""
+    return np.minimum(np.cumsum(_pmf_rows(total, marked, h, upto), axis=1), 1.0)
+
+
+def _upper_bound(x: int, h: int, total: int, level: float) -> int:
+    """The largest K with ``P(Hypergeom(total, K, h) ≤ x) ≥ level`` (:func:`error_upper_bound`
+    of one count; ``total`` when h = 0, -1 when x < 0)."""
+    if x < 0:
+        return -1
+    lo, hi = x, total - (h - x)  # the tail is 1 at K = x and falls in K
+    while lo < hi:  # a 64-way search: two or three rounds
+        ks = np.unique(np.linspace(lo, hi, 65).round().astype(np.int64))
+        ok = _cdf_rows(total, ks, h, x)[:, x] >= level
+        last = int(np.flatnonzero(ok)[-1])
+        lo, hi = int(ks[last]), (int(ks[last + 1]) - 1 if last + 1 < ks.size else hi)
+    return lo
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _bound_vector(h: int, total: int, level: float) -> NDArray[np.float64]:
+    """:func:`_upper_bound` for x = 0..h at once, ``[h + 1]`` (``total`` at x = h), by
+    bisection of every x together."""
+    x = np.arange(h + 1)
+    lo, hi = x.copy(), total - (h - x)
+    while (active := lo < hi).any():
+        mid = np.where(active, (lo + hi + 1) // 2, lo)
+        ok = _cdf_rows(total, mid, h)[x, x] >= level
+        lo, hi = np.where(active & ok, mid, lo), np.where(active & ~ok, mid - 1, hi)
+    out = lo.astype(np.float64)
+    out.flags.writeable = False
+    return out
+
+
+def _largest_at_most(v: NDArray[np.float64], h: int, total: int, level: float) -> NDArray[np.int64]:
+    """For each v, the largest x in 0..h with ``_upper_bound(x, h, total, level) ≤ v`` (-1:
+    none), ``[len(v)]``, without the bounds themselves: the bound is ≤ v exactly when
+    ``P(Hypergeom(total, ⌊v⌋ + 1, h) ≤ x) < level`` (or ⌊v⌋ ≥ total), a prefix of x."""
+    k = np.floor(np.asarray(v, dtype=np.float64)).astype(np.int64) + 1
+    count = (_cdf_rows(total, np.clip(k, 0, total), h) < level).sum(axis=1)
+    return np.where(k > total, h, count - 1)
+
+
+def joint_rejects(counts: RankCounts, critical: int, level: float) -> bool:
+    """The judge arm's joint test at one rank at ``level`` a: True when every feasible
+    (M, G) with M + G > ``critical`` (c, the binomial step's count at (1 − 0.85)·a) has
+    ``p(M, G) = P(T(u', g') ≤ T(u, g) | M, G) ≤ 0.85·a``, T = M⁺ + G⁺ the split test's own
+    bound (:data:`MISS_SHARE`·a, :data:`WRONG_SHARE`·a) and u' ~ Hypergeom(t0, M, h0),
+    g' ~ Hypergeom(t1, G, h1) independent given h0 / h1 (docs/guarantees.md, section 5,
+    "The joint test"). It rejects wherever :func:`judge_rejections` does. p falls in M and in
+    G, so its largest value over M + G > c lies on M = max(u, c + 1 − G)."""
+    t0, t1, h0, h1, u, g = (counts.t0, counts.t1, counts.h0, counts.h1, counts.u, counts.g)
+    beta, a_miss = (MISS_SHARE + WRONG_SHARE) * level, MISS_SHARE * level
+    if critical < 0 or t0 + t1 == 0:
+        return False
+    b = _bound_vector(h1, t1, WRONG_SHARE * level)
+    obs = _upper_bound(u, h0, t0, a_miss) + b[g] + 1e-9
+    # p(M, G) ≤ each marginal tail: (M, G) where one of them is ≤ beta need no sum
+    a_0 = _upper_bound(0, h0, t0, a_miss)
+    g_top = _upper_bound(int(np.searchsorted(b, obs - a_0, "right")) - 1, h1, t1, beta)
+    u_top = int(_largest_at_most(np.array([obs - b[0]]), h0, t0, a_miss)[0])
+    gs = np.arange(g, min(t1 - h1 + g, g_top) + 1, dtype=np.int64)
+    ms = np.maximum(u, critical + 1 - gs)
+    keep = ms <= min(t0 - h0 + u, _upper_bound(u_top, h0, t0, beta))
+    if not keep.any():
+        return True  # every truth with more than c errors is infeasible or excluded
+    # largest u' with A[u'] ≤ obs − B[g'], for the g' where one is (it falls in g')
+    largest_u = _largest_at_most(obs - b, h0, t0, a_miss)
+    largest_u = largest_u[largest_u >= 0]
+    cdf_u = _cdf_rows(t0, ms[keep], h0, int(largest_u[0]))  # [nG, largest_u[0] + 1]
+    p = (_pmf_rows(t1, gs[keep], h1, largest_u.size - 1) * cdf_u[:, largest_u]).sum(axis=1)
+    return bool(p.max() <= beta)
+
+
+def judge_rank_rejects(counts: RankCounts, risk_target: float, level: float) -> bool:
+    """The judge arm's test of one rank at ``level`` from its counts alone: the joint test
+    (:func:`joint_rejects`) at the binomial step's critical count."""
+    t = np.array([counts.t0 + counts.t1])
+    step = (1.0 - MISS_SHARE - WRONG_SHARE) * level
+    return joint_rejects(counts, int(_largest_rejected(t, risk_target, step)[0]), level)
+
+
 def judge_errors_bound(
     sorted_judge_errors: ArrayLike, sorted_truth: ArrayLike, rank: int, level: float
 ) -> int:
-    """z = M⁺ + G⁺, the judge arm's bound on the true errors below ``rank`` at ``level``
-    (1-D inputs; for the reported Clopper-Pearson bound)."""
+    """E⁺, the judge arm's bound on the true errors below ``rank`` at ``level`` (1-D inputs;
+    for the reported Clopper-Pearson bound): the smaller of the split bound M⁺ + G⁺ and
+    the smallest c at which :func:`joint_rejects` excludes every truth above c."""
     c = _counts(np.asarray(sorted_judge_errors)[:rank], np.asarray(sorted_truth)[:rank])
     k = rank - 1
     t0 = int(c.t[k] - c.t1[k])
     misses = error_upper_bound(c.u[k], c.h0[k], t0, MISS_SHARE * level)
-    return int(misses) + int(_wrong_bound(c, WRONG_SHARE * level)[k])
+    hi = int(misses) + int(_wrong_bound(c, WRONG_SHARE * level)[k])
+    counts = rank_counts(c, (k,))
+    lo = counts.u + counts.g - 1  # a truth with c errors is never excluded below it
+    while hi - lo > 1:  # joint_rejects(hi) holds; rejection only grows with c
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if joint_rejects(counts, mid, level) else (mid, hi)
+    return hi
 
 
 def judge_p_values(
@@ -435,9 +579,91 @@ def arm_ranks(
     batch = s.shape[:-1]
     judge, j_level = np.zeros(batch, np.int64), np.zeros(batch, np.float64)
     if plan.judge is not None:
-        p = judge_p_values(j, y, risk_target, plan_levels(plan.judge))
-        judge, j_level = select_rank(plan.judge, p, candidate_ranks(s) & (s < ceiling))
+        cand = candidate_ranks(s) & (s < ceiling)
+        p = _judge_arm_p_values(plan.judge, j, y, cand, risk_target)
+        judge, j_level = select_rank(plan.judge, p, cand)
     return ArmRanks(human, h_level, h_rev, np.asarray(judge), np.asarray(j_level))
+
+
+def _judge_arm_p_values(
+    plan: RiskPlan,
+    j: NDArray[np.int64],
+    y: NDArray[np.int64],
+    candidate: NDArray[np.bool_],
+    risk_target: float,
+) -> NDArray[np.float64]:
+    """The judge arm's p-values ``[..., n]`` where ``plan`` reads them: the split test's
+    (:func:`judge_p_values`), lowered to a level wherever :func:`joint_rejects` rejects
+    there. The joint test runs only where the split one does not reject and the plan tests
+    next: along each chain past its last split rejection, on each grid rank (for Holm, from
+    the highest level down while it rejects, so that the p-value is at most a only where the
+    rank is rejected at a)."""
+    levels = sorted(set(plan_levels(plan)), reverse=True)
+    p = judge_p_values(j, y, risk_target, levels)
+    n = p.shape[-1]
+    step = 1.0 - MISS_SHARE - WRONG_SHARE
+    crit = {a: _largest_rejected(np.arange(n), risk_target, step * a) for a in levels}
+    flat, cand = p.reshape(-1, n).copy(), candidate.reshape(-1, n)
+    c = _counts(j.reshape(-1, n), y.reshape(-1, n))
+    for row in range(flat.shape[0]):
+        test = _JointRow(c, row, crit)
+        if plan.kind == "chains":
+            _extend_chains(flat[row], cand[row], plan, test.rejects)
+            continue
+        targets = grid_targets(cand[row], plan.ranks)
+        for pos in targets[targets <= n] - 1:
+            flat[row, pos] = _lowered(float(flat[row, pos]), levels, test.at(int(pos)))
+    return flat.reshape(p.shape)
+
+
+@dataclass(frozen=True)
+class _JointRow:
+    """:func:`joint_rejects` on one row of the counts ``[B, n]``, at the critical counts
+    ``crit[level]`` ``[n]`` (never at a rank with no answer or an out-of-scope one below)."""
+
+    counts: _Counts
+    row: int
+    crit: dict[float, NDArray[np.int64]]
+
+    def rejects(self, pos: int, level: float) -> bool:
+        c, r = self.counts, self.row
+        if c.outside[r, pos] or c.t[r, pos] == 0:
+            return False
+        return joint_rejects(rank_counts(c, (r, pos)), int(self.crit[level][pos]), level)
+
+    def at(self, pos: int) -> Callable[[float], bool]:
+        return functools.partial(self.rejects, pos)
+
+
+def _extend_chains(
+    p: NDArray[np.float64],
+    candidate: NDArray[np.bool_],
+    plan: RiskPlan,
+    joint: Callable[[int, float], bool],
+) -> None:
+    """Walk each chain of ``plan`` (one row ``[n]``, in place) past its split failures while
+    ``joint(position, level)`` rejects there: a rejected position gets the plan's level."""
+    decided: dict[int, bool] = {}
+    for start in plan.ranks:
+        tested = chain_tested(candidate, start, plan.stride)
+        for pos in np.flatnonzero(tested & (p > plan.level)).tolist():
+            if pos not in decided:
+                decided[pos] = joint(pos, plan.level)
+                if decided[pos]:
+                    p[pos] = plan.level
+            if not decided[pos]:
+                break
+
+
+def _lowered(p: float, levels: list[float], rejects: Callable[[float], bool]) -> float:
+    """The smallest of ``levels`` (descending) down to which every level is rejected, by the
+    split p-value ``p`` or by ``rejects(level)``; ``p`` when the first level is not."""
+    out = p
+    for a in levels:
+        if p > a and not rejects(a):
+            break
+        out = min(out, a)
+    return out
 
 
 @dataclass(frozen=True)

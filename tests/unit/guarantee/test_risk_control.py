@@ -23,6 +23,7 @@ from abstain_guard.guarantee.risk_control import (
     RISK_METHODS,
     RiskPlan,
     candidate_ranks,
+    chain_tested,
     grid_ranks,
     min_rank,
     multistart_starts,
@@ -120,6 +121,22 @@ def test_chain_stops_at_the_first_non_rejection() -> None:
     tied = candidate.copy()
     tied[4] = False
     assert int(select_rank(one, p, tied)[0]) == 7
+
+
+def test_a_chain_with_a_stride_tests_every_stride_th_rank_from_its_start() -> None:
+    """Ranks 3, 6, 9 (a grid rank inside a tie group moves up to the group's end): the
+    chain jumps over failures between them and stops at the first failure it tests."""
+    p = np.array([1.0, 1.0, 0.01, 0.9, 0.9, 0.01, 0.9, 0.01, 0.2, 0.01])
+    candidate = np.ones(10, dtype=bool)
+    tested = chain_tested(candidate, 3, 3)
+    assert np.flatnonzero(tested).tolist() == [2, 5, 8]
+    plan = RiskPlan("x", "chains", (3,), 0.05, stride=3)
+    assert int(select_rank(plan, p, candidate)[0]) == 6  # 3, 6 rejected; 9 stops it
+    tied = candidate.copy()
+    tied[5] = False  # rank 6 ends no tie group: rank 7 is tested in its place
+    assert np.flatnonzero(chain_tested(tied, 3, 3)).tolist() == [2, 6, 8]
+    assert int(select_rank(plan, p, tied)[0]) == 3
+    assert np.array_equal(chain_tested(candidate, 3), candidate & (np.arange(1, 11) >= 3))
 
 
 def test_bonferroni_and_holm_on_a_grid() -> None:

@@ -116,6 +116,54 @@ def test_with_a_perfect_judge_and_n_many_times_m_the_judge_arm_certifies() -> No
     assert both.certified_bound <= 0.35 and both.reviewed == m
 
 
+def _rank_counts(j: np.ndarray, y: np.ndarray, rank: int) -> truth.RankCounts:
+    """The counts below ``rank`` of sorted judge errors and truth (1 wrong, -1 unreviewed)."""
+    j, y = j[: rank - 1], y[: rank - 1]
+    rev = y >= 0
+    t1 = int(j.sum())
+    h0, h1 = int((rev & (j == 0)).sum()), int((rev & (j == 1)).sum())
+    u, g = int(((y == 1) & (j == 0)).sum()), int(((y == 1) & (j == 1)).sum())
+    return truth.RankCounts(rank - 1 - t1, t1, h0, h1, u, g)
+
+
+@pytest.mark.parametrize(
+    ("method", "eps", "m"), [("fixed_sequence_multistart", 0.3, 100), ("holm", 0.4, 120)]
+)
+def test_the_joint_test_carries_a_strict_judges_arm_past_the_split_test(
+    method: str, eps: float, m: int
+) -> None:
+    """A judge calling 10 % of the right answers wrong: the split test bounds their true
+    errors at a twentieth of the level; the joint one lets the level go there. The arm
+    certifies at least the split test's rank on every draw, more on most (Holm: the joint
+    test lowers a grid rank's p-value to a level only where it rejects there and at every
+    level above), and reports the smallest error count its test excludes above
+    (E⁺ ≤ M⁺ + G⁺)."""
+    rng = np.random.default_rng(5)
+    n, draws = 3000, 6
+    s = np.sort(rng.random((draws, n)), axis=1)
+    wrong = rng.random((draws, n)) < 0.05 + 0.75 * s
+    j = (wrong | (rng.random((draws, n)) < 0.1)).astype(np.int64)
+    y = np.full((draws, n), -1, dtype=np.int64)
+    pick = np.argsort(rng.random((draws, n)), axis=1)[:, :m]
+    np.put_along_axis(y, pick, np.take_along_axis(wrong, pick, axis=1).astype(np.int64), 1)
+    plan = truth.plan_truth(method, eps, 0.1, n, m)
+    assert plan.judge is not None
+    assert plan.judge.stride == (n // truth.JUDGE_CHAIN_RANKS if plan.judge.kind == "chains" else 1)
+    arms = truth.arm_ranks(plan, s, j, y, eps)
+    p = truth.judge_p_values(j, y, eps, truth.plan_levels(plan.judge))
+    split, _ = risk_control.select_rank(plan.judge, p, risk_control.candidate_ranks(s))
+    assert (arms.judge >= split).all() and (arms.judge > split).sum() >= draws // 2
+    for b in np.flatnonzero(arms.judge > 0):
+        rank, level = int(arms.judge[b]), float(arms.judge_level[b])
+        z = truth.judge_errors_bound(j[b], y[b], rank, level)
+        counts = _rank_counts(j[b], y[b], rank)
+        assert truth.joint_rejects(counts, z, level)
+        assert not truth.joint_rejects(counts, z - 1, level)
+        split_z = int(truth.error_upper_bound(counts.u, counts.h0, counts.t0, 0.8 * level))
+        split_z += int(truth.error_upper_bound(counts.g, counts.h1, counts.t1, 0.05 * level))
+        assert z <= split_z
+
+
 def test_the_combined_threshold_is_never_below_human_only_at_its_share() -> None:
     """λ* >= the human-only threshold at (1 − w)δ on the same reviewed answers, draw by
     draw, for every n/m (w = 0 below n/m = 10: exactly the human-only certificate)."""

@@ -52,10 +52,30 @@ def _arrays(counts: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray]:
     return j, y
 
 
+def _joint(counts: np.ndarray, eps: float, level: float) -> np.ndarray:
+    """The joint test at the rank of each configuration ``[C]``, once per observed counts
+    (t0, t1, h0, h1, u, g): the test reads nothing else."""
+    seen = np.stack(
+        [
+            counts[:, 0] + counts[:, 1],
+            counts[:, 2] + counts[:, 3],
+            counts[:, 4] + counts[:, 5],
+            counts[:, 6] + counts[:, 7],
+            counts[:, 5],
+            counts[:, 7],
+        ],
+        axis=1,
+    )
+    keys, where = np.unique(seen, axis=0, return_inverse=True)
+    got = [truth.judge_rank_rejects(truth.RankCounts(*map(int, k)), eps, level) for k in keys]
+    return np.asarray(got, dtype=bool)[where.ravel()]
+
+
 def _rejection(
     t: int, h: int, eps: float, risk: float, level: float, judge: str = "worst"
 ) -> float:
-    """P(the rank is rejected) when the true errors below it are Binomial(t, ``risk``): under
+    """P(the rank is rejected, by the split test or the joint one) when the true errors below
+    it are Binomial(t, ``risk``): under
     the judge that maximises it (``"worst"``: for each true error count E the worst misses
     and false alarms (M, F), exactly) or a perfect one; ``"naive"``: the worst judge against
     a test that trusts the misses it sees (no bound on the unseen ones)."""
@@ -65,7 +85,7 @@ def _rejection(
         rejected = stats.binom.cdf(z, t, eps) <= level
     else:
         j, y = _arrays(counts, t)
-        rejected = truth.judge_rejections(j, y, eps, level)[:, t]
+        rejected = truth.judge_rejections(j, y, eps, level)[:, t] | _joint(counts, eps, level)
     given = np.zeros((t + 1, t + 1, t + 1))
     np.add.at(given, (counts[:, 1] + counts[:, 3], counts[:, 1], counts[:, 2]), prob * rejected)
     each = given[:, 0, 0] if judge == "perfect" else given.reshape(t + 1, -1).max(axis=1)
@@ -136,3 +156,67 @@ def test_the_family_wise_error_stays_within_delta_on_a_flat_risk() -> None:
     assert judge <= plan.share * delta + 3 * se
     assert both <= delta + 3 * se
     assert human > 0  # the judge arm certifies on a favourable population: test_truth_certificate
+
+
+def _p_value(counts: tuple[int, ...], truth_counts: tuple[int, int], level: float) -> float:
+    """The joint test's p(M, G) = P(T(u', g') ≤ T(u, g) | M, G), summed over every (u', g')
+    with scipy's hypergeometric law, T = M⁺ + G⁺ at the split test's levels."""
+    t0, t1, h0, h1, u, g = counts
+    a = truth.error_upper_bound(np.arange(h0 + 1), h0, t0, truth.MISS_SHARE * level)
+    b = truth.error_upper_bound(np.arange(h1 + 1), h1, t1, truth.WRONG_SHARE * level)
+    pu = stats.hypergeom.pmf(np.arange(h0 + 1), t0, truth_counts[0], h0)
+    pg = stats.hypergeom.pmf(np.arange(h1 + 1), t1, truth_counts[1], h1)
+    below = a[:, None] + b[None, :] <= a[u] + b[g] + 1e-9
+    return float((pu[:, None] * pg[None, :] * below).sum())
+
+
+def _shapes(seed: int, count: int):
+    """Small ranks: (t0, t1, h0, h1), a truth (M, G) and a level."""
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        t0, t1 = (int(x) for x in rng.integers(1, 9, 2))
+        h0, h1 = int(rng.integers(0, t0 + 1)), int(rng.integers(0, t1 + 1))
+        m, big_g = int(rng.integers(0, t0 + 1)), int(rng.integers(0, t1 + 1))
+        yield (t0, t1, h0, h1), (m, big_g), float(rng.choice([0.02, 0.1, 0.3]))
+
+
+def _outcomes(shape: tuple[int, int, int, int], truth_counts: tuple[int, int]):
+    """Every (u, g) the truth can give, with its probability (independent given h0, h1)."""
+    t0, t1, h0, h1 = shape
+    for u, g in itertools.product(range(h0 + 1), range(h1 + 1)):
+        w = stats.hypergeom.pmf(u, t0, truth_counts[0], h0)
+        w *= stats.hypergeom.pmf(g, t1, truth_counts[1], h1)
+        if w > 0:
+            yield (*shape, u, g), float(w)
+
+
+def test_the_joint_p_value_is_valid_and_a_rejection_excludes_the_truth() -> None:
+    """Exact on 150 small ranks: P(p(M, G) ≤ 0.85a) ≤ 0.85a for the true (M, G), and
+    whenever the joint test rejects at c = M + G − 1 the truth's p is at most 0.85a."""
+    for shape, truth_counts, level in _shapes(0, 150):
+        beta = (truth.MISS_SHARE + truth.WRONG_SHARE) * level
+        size = 0.0
+        for counts, w in _outcomes(shape, truth_counts):
+            p = _p_value(counts, truth_counts, level)
+            size += w * (p <= beta)
+            if truth.joint_rejects(truth.RankCounts(*counts), sum(truth_counts) - 1, level):
+                assert p <= beta + 1e-12, (counts, truth_counts, level)
+        assert size <= beta + 1e-12, (shape, truth_counts, level, size)
+
+
+def test_the_joint_test_rejects_wherever_the_split_test_does() -> None:
+    """M⁺ + G⁺ ≤ c implies the joint rejection, on every count of 150 small ranks and every
+    c; and the joint test rejects where the split one does not (a strict judge's ranks)."""
+    split = joint_only = 0
+    for shape, truth_counts, level in _shapes(1, 150):
+        for counts, _ in _outcomes(shape, truth_counts):
+            t0, t1, h0, h1, u, g = counts
+            misses = int(truth.error_upper_bound(u, h0, t0, truth.MISS_SHARE * level))
+            wrong = int(truth.error_upper_bound(g, h1, t1, truth.WRONG_SHARE * level))
+            for c in range(t0 + t1 + 1):
+                rejects = truth.joint_rejects(truth.RankCounts(*counts), c, level)
+                if misses + wrong <= c:
+                    split += 1
+                    assert rejects, (counts, c, level)
+                joint_only += rejects and misses + wrong > c
+    assert split > 1000 and joint_only > 50

@@ -7,6 +7,8 @@ of the certificate, with exact 95 % Clopper-Pearson intervals, and which arm cer
 
 - ``flat``: every answer wrong with probability ε + 0.002 (every certificate is wrong); a
   judge with no false alarm that misses 4 % of the answers, all among the lowest 20 % scores.
+- ``flat_strict``: ``flat`` with a strict judge on top (10 % of the right answers called
+  wrong), where the judge arm's joint test spends its level on the judged wrong.
 - ``confident_band``: the 6 % most confident answers wrong with probability 0.6, the others
   with 0.1 + 0.5·u; the judge calls right every wrong answer of the band (the misses, ≈ 3.6 %
   of all answers, inside it).
@@ -33,7 +35,12 @@ truth, a judge wrong on 1 % of them as review-size simulates it), ε = 0.35, δ 
 combined certificate on the planned review.
 
     OMP_NUM_THREADS=1 nice .venv/bin/python bench/power/truth_certificate.py \\
-        --out bench/power/truth_certificate.json
+        --out bench/power/truth_certificate.json --jobs 2
+
+The confseq cross-check needs confseq, whose sdist builds only by hand here (its build
+requirements pin a pybind11 older than Python 3.11): ``apt-get install libboost-dev``, then
+``.venv/bin/pip install pybind11 scikit-build cmake ninja multiprocess`` and ``.venv/bin/pip
+install --no-build-isolation --no-deps confseq``; without it the JSON says it was not run.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ import json
 import math
 import warnings
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -102,8 +110,15 @@ def scoped(rng: np.random.Generator, b: int, n: int) -> dict[str, np.ndarray]:
     return {"s": s, "wrong": wrong, "judge": ~wrong | missed, "risk": _linear_risk(s)}
 
 
+def flat_strict(rng: np.random.Generator, b: int, n: int) -> dict[str, np.ndarray]:
+    pop = flat(rng, b, n)
+    alarm = ~pop["wrong"] & (rng.random((b, n)) < 0.1)
+    return {**pop, "judge": pop["judge"] & ~alarm}
+
+
 VALIDITY: dict[str, tuple[Population, float, float]] = {
     "flat": (flat, EPS, 1.0),
+    "flat_strict": (flat_strict, EPS, 1.0),
     "confident_band": (confident_band, EPS, 1.0),
     "scoped": (scoped, EPS, 0.8),
 }
@@ -318,8 +333,49 @@ def cross_checks(draws: int, seed: int) -> dict[str, Any]:
             "draws": draws,
             "coverage": {k: _rate(v, draws) for k, v in covered.items()},
         },
-        "confseq": "not installed: its wheel builds against Boost, absent here",
+        "confseq": confseq_check(200, seed + 1),
     }
+
+
+def confseq_check(draws: int, seed: int) -> dict[str, Any] | str:
+    """confseq's betting confidence interval for sampling without replacement (valid by
+    Ville's inequality, reading the sample's order) against the exact hypergeometric bound
+    M⁺ on the misses among t0 = 1,000 judged-right answers from h reviewed ones, both one-sided
+    at 0.05 (confseq two-sided at 0.1): mean upper bounds, how often confseq's is tighter,
+    and the coverage of each."""
+    try:
+        if not hasattr(np, "float_"):
+            setattr(np, "float_", np.float64)  # noqa: B010 — confseq 0.0.11 reads NumPy 1's alias
+        from confseq.betting import betting_ci
+    except ImportError as e:
+        return f"not installed ({e}): see the module docstring"
+    rng = np.random.default_rng(seed)
+    t0, gamma, rows = 1000, 0.05, []
+    for h in (30, 100):
+        for misses in (10, 30, 100):
+            x = np.zeros(t0)
+            x[:misses] = 1.0
+            bounds = np.empty((draws, 2))
+            for i in range(draws):
+                sample = x[rng.choice(t0, h, replace=False)]
+                bounds[i, 0] = t0 * float(betting_ci(sample, alpha=2 * gamma, N=t0)[1])
+                bounds[i, 1] = float(truth.error_upper_bound(int(sample.sum()), h, t0, gamma))
+            rows.append(
+                {
+                    "t0": t0,
+                    "h": h,
+                    "misses": misses,
+                    "level": gamma,
+                    "draws": draws,
+                    "mean_upper": {"confseq": bounds[:, 0].mean(), "exact": bounds[:, 1].mean()},
+                    "p_confseq_tighter": float((bounds[:, 0] < bounds[:, 1]).mean()),
+                    "coverage": {
+                        "confseq": _rate(int((bounds[:, 0] >= misses).sum()), draws),
+                        "exact": _rate(int((bounds[:, 1] >= misses).sum()), draws),
+                    },
+                }
+            )
+    return {"confseq": "0.0.11", "cells": rows}
 
 
 def main() -> None:
@@ -329,6 +385,7 @@ def main() -> None:
     ap.add_argument("--power-draws", type=int, default=1000)
     ap.add_argument("--workflow-draws", type=int, default=200)
     ap.add_argument("--chunk", type=int, default=500)
+    ap.add_argument("--jobs", type=int, default=1, help="cells run in parallel (same results)")
     args = ap.parse_args()
     result: dict[str, Any] = {
         "delta": DELTA,
@@ -336,26 +393,28 @@ def main() -> None:
         "command": (
             "OMP_NUM_THREADS=1 nice .venv/bin/python bench/power/truth_certificate.py --out "
             f"bench/power/truth_certificate.json --draws {args.draws} --power-draws "
-            f"{args.power_draws} --workflow-draws {args.workflow_draws}"
+            f"{args.power_draws} --workflow-draws {args.workflow_draws} --jobs {args.jobs}"
         ),
     }
-    seed = 0
-    result["validity"] = []
-    for name in VALIDITY:
-        for n in SIZES:
-            for m in REVIEWS:
-                seed += 1
-                cell = validity_cell(name, n, m, args.draws, args.chunk, seed)
-                result["validity"].append({"population": name, **cell})
-                print(json.dumps(result["validity"][-1]), flush=True)
-    result["power"] = []
-    for judge in JUDGES:
-        for n in SIZES:
-            for m in REVIEWS:
-                for eps in (0.3, 0.4):
-                    seed += 1
-                    result["power"].append(power_cell(judge, n, m, args.power_draws, eps, seed))
-                    print(json.dumps(result["power"][-1]), flush=True)
+    cells = [(name, n, m) for name in VALIDITY for n in SIZES for m in REVIEWS]
+    power = [(j, n, m, eps) for j in JUDGES for n in SIZES for m in REVIEWS for eps in (0.3, 0.4)]
+    with ProcessPoolExecutor(args.jobs) as pool:
+        validity = [
+            pool.submit(validity_cell, *cell, args.draws, args.chunk, seed)
+            for seed, cell in enumerate(cells, start=1)
+        ]
+        runs = [
+            pool.submit(power_cell, j, n, m, args.power_draws, eps, seed)
+            for seed, (j, n, m, eps) in enumerate(power, start=len(cells) + 1)
+        ]
+        result["validity"], result["power"] = [], []
+        for cell, got in zip(cells, validity, strict=True):
+            result["validity"].append({"population": cell[0], **got.result()})
+            print(json.dumps(result["validity"][-1]), flush=True)
+        for got in runs:
+            result["power"].append(got.result())
+            print(json.dumps(result["power"][-1]), flush=True)
+    seed = len(cells) + len(power)
     result["low_accuracy"] = low_accuracy(args.workflow_draws, seed + 1)
     print(json.dumps(result["low_accuracy"]), flush=True)
     result["shipped_guard"] = shipped(args.workflow_draws, seed + 2)

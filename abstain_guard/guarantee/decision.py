@@ -33,6 +33,7 @@ from abstain_guard.guarantee.action_risk import (
 )
 from abstain_guard.guarantee.certificate import Certificate, json_form, read_fields
 from abstain_guard.guarantee.frontier import smallest_certifiable_risk
+from abstain_guard.guarantee.judge_quality import judge_quality
 from abstain_guard.guarantee.partial_release import (
     PartialReleaseCertificate,
     partial_release_certificate,
@@ -492,14 +493,14 @@ def _eligible(human: ArrayLike | None) -> int | None:
 
 def _labels(cal: _Calibration) -> dict[str, Any]:
     """What the guarantee's labels are (``labels``: "human" or "judge", ``reviewed``: m) and,
-    with a review, the judge's quality measured on it (:func:`.truth.judge_quality`). In
+    with a review, the judge's quality measured on it (:func:`.judge_quality.judge_quality`). In
     participation mode the participation guarantee needs no labels; its correctness bound
     is on the judge's labels either way."""
     human = cal.human
     reviewed = 0 if human is None else int((np.asarray(human) >= 0).sum())
     out: dict[str, Any] = {"labels": "human" if reviewed else "judge", "reviewed": reviewed}
     if reviewed:
-        out["judge_quality"] = truth.judge_quality(cal.correct, human).to_json()  # type: ignore[arg-type]
+        out["judge_quality"] = judge_quality(cal.correct, human).to_json()  # type: ignore[arg-type]
     return out
 
 

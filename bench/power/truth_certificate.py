@@ -59,7 +59,7 @@ from scipy import stats
 
 from abstain_guard.artifact.guard_artifact import GuardArtifact
 from abstain_guard.calibration.building.review import simulated_review, simulated_truth
-from abstain_guard.guarantee import conformal, risk_control, truth
+from abstain_guard.guarantee import conformal, judge_test, risk_control, truth
 
 EPS, DELTA = 0.3, 0.1
 SIZES = (1000, 2000, 5000)
@@ -303,7 +303,7 @@ def cross_checks(draws: int, seed: int) -> dict[str, Any]:
     k, big = rng.integers(0, 60, 20000), rng.integers(1, 400, 20000)
     succ, drawn = rng.integers(0, 400, 20000) % (big + 1), rng.integers(0, 400, 20000) % (big + 1)
     gap = np.abs(
-        truth.hypergeom_cdf(k, big, succ, drawn) - stats.hypergeom.cdf(k, big, succ, drawn)
+        judge_test.hypergeom_cdf(k, big, succ, drawn) - stats.hypergeom.cdf(k, big, succ, drawn)
     )
     t, h, alpha = 1000, 30, 0.05
     covered = {"ppi": 0, "exact": 0}
@@ -322,7 +322,9 @@ def cross_checks(draws: int, seed: int) -> dict[str, Any]:
         y = np.full(t + 1, -1, dtype=np.int64)
         y[pick] = wrong[pick]
         j = np.append(judge_wrong.astype(np.int64), 0)
-        z = truth.judge_errors_bound(j, y, t + 1, alpha / (truth.MISS_SHARE + truth.WRONG_SHARE))
+        z = truth.judge_errors_bound(
+            j, y, t + 1, alpha / (judge_test.MISS_SHARE + judge_test.WRONG_SHARE)
+        )
         covered["exact"] += int(wrong.sum() <= z)
     return {
         "scipy_max_abs_difference": float(gap.max()),
@@ -359,7 +361,7 @@ def confseq_check(draws: int, seed: int) -> dict[str, Any] | str:
             for i in range(draws):
                 sample = x[rng.choice(t0, h, replace=False)]
                 bounds[i, 0] = t0 * float(betting_ci(sample, alpha=2 * gamma, N=t0)[1])
-                bounds[i, 1] = float(truth.error_upper_bound(int(sample.sum()), h, t0, gamma))
+                bounds[i, 1] = float(judge_test.error_upper_bound(int(sample.sum()), h, t0, gamma))
             rows.append(
                 {
                     "t0": t0,

@@ -17,7 +17,7 @@ from abstain_guard import GuardArtifact, GuardConfig
 from abstain_guard.artifact.calibration_set import CalibrationSet
 from abstain_guard.artifact.files import load_npz
 from abstain_guard.errors import InvalidInputError, UncertifiableTargetError
-from abstain_guard.guarantee import conformal, risk_control, truth
+from abstain_guard.guarantee import conformal, judge_quality, judge_test, risk_control, truth
 from abstain_guard.guarantee.frontier import smallest_certifiable_risk
 from abstain_guard.scorers import PerplexityScorer
 
@@ -28,7 +28,7 @@ def test_the_hypergeometric_tail_is_scipys() -> None:
     successes = rng.integers(0, 91, 4000) % (total + 1)
     draws = rng.integers(0, 91, 4000) % (total + 1)
     k = rng.integers(-1, 40, 4000)
-    got = truth.hypergeom_cdf(k, total, successes, draws)
+    got = judge_test.hypergeom_cdf(k, total, successes, draws)
     assert np.allclose(got, stats.hypergeom.cdf(k, total, successes, draws), atol=1e-12)
 
 
@@ -39,7 +39,7 @@ def test_the_misses_bound_is_the_largest_count_the_hypergeometric_tail_allows() 
         h = int(rng.integers(0, t0 + 1))
         u = int(rng.integers(0, h + 1))
         a = float(rng.uniform(0.001, 0.3))
-        got = int(truth.error_upper_bound(u, h, t0, a))
+        got = int(judge_test.error_upper_bound(u, h, t0, a))
         allowed = [m for m in range(u, t0 - (h - u) + 1) if stats.hypergeom.cdf(u, t0, m, h) >= a]
         assert got == max(allowed, default=0)  # t0 = 0: no answer judged right
 
@@ -54,7 +54,7 @@ def test_the_misses_bound_covers_the_true_count_at_its_level() -> None:
     for _ in range(4000):
         sample = rng.choice(t0, h, replace=False)
         u = int(population[sample].sum())
-        fails += int(truth.error_upper_bound(u, h, t0, a)) < m_true
+        fails += int(judge_test.error_upper_bound(u, h, t0, a)) < m_true
     assert fails / 4000 <= a + 3 * np.sqrt(a * (1 - a) / 4000)
 
 
@@ -116,14 +116,14 @@ def test_with_a_perfect_judge_and_n_many_times_m_the_judge_arm_certifies() -> No
     assert both.certified_bound <= 0.35 and both.reviewed == m
 
 
-def _rank_counts(j: np.ndarray, y: np.ndarray, rank: int) -> truth.RankCounts:
+def _rank_counts(j: np.ndarray, y: np.ndarray, rank: int) -> judge_test.RankCounts:
     """The counts below ``rank`` of sorted judge errors and truth (1 wrong, -1 unreviewed)."""
     j, y = j[: rank - 1], y[: rank - 1]
     rev = y >= 0
     t1 = int(j.sum())
     h0, h1 = int((rev & (j == 0)).sum()), int((rev & (j == 1)).sum())
     u, g = int(((y == 1) & (j == 0)).sum()), int(((y == 1) & (j == 1)).sum())
-    return truth.RankCounts(rank - 1 - t1, t1, h0, h1, u, g)
+    return judge_test.RankCounts(rank - 1 - t1, t1, h0, h1, u, g)
 
 
 @pytest.mark.parametrize(
@@ -157,10 +157,10 @@ def test_the_joint_test_carries_a_strict_judges_arm_past_the_split_test(
         rank, level = int(arms.judge[b]), float(arms.judge_level[b])
         z = truth.judge_errors_bound(j[b], y[b], rank, level)
         counts = _rank_counts(j[b], y[b], rank)
-        assert truth.joint_rejects(counts, z, level)
-        assert not truth.joint_rejects(counts, z - 1, level)
-        split_z = int(truth.error_upper_bound(counts.u, counts.h0, counts.t0, 0.8 * level))
-        split_z += int(truth.error_upper_bound(counts.g, counts.h1, counts.t1, 0.05 * level))
+        assert judge_test.joint_rejects(counts, z, level)
+        assert not judge_test.joint_rejects(counts, z - 1, level)
+        split_z = int(judge_test.error_upper_bound(counts.u, counts.h0, counts.t0, 0.8 * level))
+        split_z += int(judge_test.error_upper_bound(counts.g, counts.h1, counts.t1, 0.05 * level))
         assert z <= split_z
 
 
@@ -255,7 +255,7 @@ def test_judge_quality_matches_sklearn_and_exact_intervals() -> None:
     idx = rng.choice(800, 500, replace=False)
     human[idx] = y
     judge[idx] = j
-    q = truth.judge_quality(judge, human, resamples=200)
+    q = judge_quality.judge_quality(judge, human, resamples=200)
     assert q.m == 500 and q.agreement == pytest.approx(float((j == y).mean()))
     assert q.kappa == pytest.approx(cohen_kappa_score(j, y))
     assert q.kappa_ci[0] < q.kappa < q.kappa_ci[1]

@@ -12,7 +12,7 @@ import pytest
 from scipy import stats
 from scipy.special import comb
 
-from abstain_guard.guarantee import risk_control, truth
+from abstain_guard.guarantee import judge_test, risk_control, truth
 
 
 def _configurations(t: int, h: int) -> tuple[np.ndarray, np.ndarray]:
@@ -67,7 +67,9 @@ def _joint(counts: np.ndarray, eps: float, level: float) -> np.ndarray:
         axis=1,
     )
     keys, where = np.unique(seen, axis=0, return_inverse=True)
-    got = [truth.judge_rank_rejects(truth.RankCounts(*map(int, k)), eps, level) for k in keys]
+    got = [
+        judge_test.judge_rank_rejects(judge_test.RankCounts(*map(int, k)), eps, level) for k in keys
+    ]
     return np.asarray(got, dtype=bool)[where.ravel()]
 
 
@@ -162,8 +164,8 @@ def _p_value(counts: tuple[int, ...], truth_counts: tuple[int, int], level: floa
     """The joint test's p(M, G) = P(T(u', g') ≤ T(u, g) | M, G), summed over every (u', g')
     with scipy's hypergeometric law, T = M⁺ + G⁺ at the split test's levels."""
     t0, t1, h0, h1, u, g = counts
-    a = truth.error_upper_bound(np.arange(h0 + 1), h0, t0, truth.MISS_SHARE * level)
-    b = truth.error_upper_bound(np.arange(h1 + 1), h1, t1, truth.WRONG_SHARE * level)
+    a = judge_test.error_upper_bound(np.arange(h0 + 1), h0, t0, judge_test.MISS_SHARE * level)
+    b = judge_test.error_upper_bound(np.arange(h1 + 1), h1, t1, judge_test.WRONG_SHARE * level)
     pu = stats.hypergeom.pmf(np.arange(h0 + 1), t0, truth_counts[0], h0)
     pg = stats.hypergeom.pmf(np.arange(h1 + 1), t1, truth_counts[1], h1)
     below = a[:, None] + b[None, :] <= a[u] + b[g] + 1e-9
@@ -194,12 +196,14 @@ def test_the_joint_p_value_is_valid_and_a_rejection_excludes_the_truth() -> None
     """Exact on 150 small ranks: P(p(M, G) ≤ 0.85a) ≤ 0.85a for the true (M, G), and
     whenever the joint test rejects at c = M + G − 1 the truth's p is at most 0.85a."""
     for shape, truth_counts, level in _shapes(0, 150):
-        beta = (truth.MISS_SHARE + truth.WRONG_SHARE) * level
+        beta = (judge_test.MISS_SHARE + judge_test.WRONG_SHARE) * level
         size = 0.0
         for counts, w in _outcomes(shape, truth_counts):
             p = _p_value(counts, truth_counts, level)
             size += w * (p <= beta)
-            if truth.joint_rejects(truth.RankCounts(*counts), sum(truth_counts) - 1, level):
+            if judge_test.joint_rejects(
+                judge_test.RankCounts(*counts), sum(truth_counts) - 1, level
+            ):
                 assert p <= beta + 1e-12, (counts, truth_counts, level)
         assert size <= beta + 1e-12, (shape, truth_counts, level, size)
 
@@ -211,10 +215,10 @@ def test_the_joint_test_rejects_wherever_the_split_test_does() -> None:
     for shape, truth_counts, level in _shapes(1, 150):
         for counts, _ in _outcomes(shape, truth_counts):
             t0, t1, h0, h1, u, g = counts
-            misses = int(truth.error_upper_bound(u, h0, t0, truth.MISS_SHARE * level))
-            wrong = int(truth.error_upper_bound(g, h1, t1, truth.WRONG_SHARE * level))
+            misses = int(judge_test.error_upper_bound(u, h0, t0, judge_test.MISS_SHARE * level))
+            wrong = int(judge_test.error_upper_bound(g, h1, t1, judge_test.WRONG_SHARE * level))
             for c in range(t0 + t1 + 1):
-                rejects = truth.joint_rejects(truth.RankCounts(*counts), c, level)
+                rejects = judge_test.joint_rejects(judge_test.RankCounts(*counts), c, level)
                 if misses + wrong <= c:
                     split += 1
                     assert rejects, (counts, c, level)

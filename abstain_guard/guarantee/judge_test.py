@@ -95,7 +95,7 @@ def error_upper_bound(
         hi = np.where(active & ~ok, mid - 1, hi)
 
 
-def _largest_rejected(t: NDArray[np.int64], risk_target: float, level: float) -> NDArray[np.int64]:
+def largest_rejected(t: NDArray[np.int64], risk_target: float, level: float) -> NDArray[np.int64]:
     """The largest error count z with ``P(Binomial(t, ε) ≤ z) ≤ level`` (-1: none), per t."""
     grid = np.arange(int(t.max()) + 1 if t.size else 1)
     z = stats.binom.ppf(level, grid, risk_target).astype(np.int64)
@@ -211,4 +211,4 @@ def judge_rank_rejects(counts: RankCounts, risk_target: float, level: float) -> 
     (:func:`joint_rejects`) at the binomial step's critical count."""
     t = np.array([counts.t0 + counts.t1])
     step = (1.0 - MISS_SHARE - WRONG_SHARE) * level
-    return joint_rejects(counts, int(_largest_rejected(t, risk_target, step)[0]), level)
+    return joint_rejects(counts, int(largest_rejected(t, risk_target, step)[0]), level)

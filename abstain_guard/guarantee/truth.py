@@ -35,10 +35,10 @@ from abstain_guard.guarantee.judge_test import (
     MISS_SHARE,
     WRONG_SHARE,
     RankCounts,
-    _largest_rejected,
     error_upper_bound,
     hypergeom_cdf,
     joint_rejects,
+    largest_rejected,
 )
 from abstain_guard.guarantee.risk_control import (
     RiskPlan,
@@ -104,7 +104,7 @@ def _start_tests(
     level the plan can fall to with the same first tests)."""
     plan = plan_tests(method, risk_target, level, m)
     trials = np.asarray(plan.ranks, dtype=np.int64) - 1
-    crit = _largest_rejected(trials, risk_target, plan.level) if trials.size else trials
+    crit = largest_rejected(trials, risk_target, plan.level) if trials.size else trials
     tail = binomial_p_values(crit, trials, risk_target) if trials.size else trials
     size = float(np.where(crit >= 0, tail, 0.0).max(initial=0.0)) / plan.level
     return plan.ranks, tuple(int(c) for c in crit), size
@@ -258,7 +258,7 @@ def judge_rejections(
     below its level."""
     c = _counts(sorted_judge_errors, sorted_truth)
     binomial = (1.0 - MISS_SHARE - WRONG_SHARE) * level
-    allowed = _largest_rejected(c.t, risk_target, binomial) - _wrong_bound(c, WRONG_SHARE * level)
+    allowed = largest_rejected(c.t, risk_target, binomial) - _wrong_bound(c, WRONG_SHARE * level)
     t0 = c.t - c.t1
     most = t0 - (c.h0 - c.u)  # every unreviewed judged-right answer missed
     tail = hypergeom_cdf(c.u, t0, np.clip(allowed + 1, 0, most), c.h0)
@@ -410,7 +410,7 @@ def _judge_arm_p_values(
     p = judge_p_values(j, y, risk_target, levels)
     n = p.shape[-1]
     step = 1.0 - MISS_SHARE - WRONG_SHARE
-    crit = {a: _largest_rejected(np.arange(n), risk_target, step * a) for a in levels}
+    crit = {a: largest_rejected(np.arange(n), risk_target, step * a) for a in levels}
     flat, cand = p.reshape(-1, n).copy(), candidate.reshape(-1, n)
     c = _counts(j.reshape(-1, n), y.reshape(-1, n))
     for row in range(flat.shape[0]):

@@ -58,7 +58,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import stats
 
-from abstain_guard.guarantee import risk_control, truth
+from abstain_guard.guarantee import judge_test, risk_control, truth
 
 DELTA = 0.1
 METHOD = risk_control.DEFAULT_RISK_METHOD
@@ -140,7 +140,7 @@ def diff_rejections(jw: Arr, y: Arr, key: Arr, grid: Arr, eps: float, a: float, 
     t = grid - 1
     inc = p[:, None, :] < t[None, :, None]
     jcount = np.concatenate([np.zeros((b, 1)), np.cumsum(jw, axis=1)], axis=1)[:, t]
-    crit = truth._largest_rejected(t.astype(np.int64), eps, (1 - D_SHARE) * a)
+    crit = judge_test.largest_rejected(t.astype(np.int64), eps, (1 - D_SHARE) * a)
     outside = (np.cumsum(y == truth.OUT_OF_SCOPE, axis=1) > 0)[:, np.maximum(t - 1, 0)]
     ad = D_SHARE * a / len(lams)
     pop = np.broadcast_to(t.astype(float), (b, t.size))

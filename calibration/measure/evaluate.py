@@ -137,7 +137,8 @@ def _comparisons(
     held: HeldOut, art: GuardArtifact, scores: dict[str, np.ndarray], seed: int
 ) -> dict[str, Any]:
     """The certifiable frontier, the scorers' costs and the paired comparisons with the
-    artifact's scorer."""
+    artifact's scorer, each scorer certified at the artifact's ``(risk_target, delta)``."""
+    cfg = CalibrationConfig(**art.metadata.get("config", {}))
     return {
         "frontier": frontier_document(art.scores, art.correct, candidates=art.n_candidates),
         "costs": held.costs,
@@ -148,6 +149,8 @@ def _comparisons(
             groups=_groups(held),
             calibration=np.arange(held.correct.size) < held.n_calibration,
             seed=seed,
+            risk_target=cfg.risk_target,
+            delta=cfg.delta,
         ),
     }
 

@@ -67,7 +67,12 @@ def test_evaluate_fits_the_probes_and_the_floor(tmp_path: Path, model: Any) -> N
     ]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     cfg = _config(tmp_path, "geo", scorer="geometry").model_copy(
-        update={"scorer_params": {"covariance": "oas"}, "group_by": "g"}
+        update={
+            "scorer_params": {"covariance": "oas"},
+            "group_by": "g",
+            "risk_target": 0.4,
+            "delta": 0.2,
+        }
     )
     judges = _judges(tmp_path, "geo", HashJudge())
     calibrate(str(data), tmp_path / "geo", config=cfg, model=model, judges=judges, progress=False)
@@ -92,6 +97,10 @@ def test_evaluate_fits_the_probes_and_the_floor(tmp_path: Path, model: Any) -> N
     assert entry["costs"]["probe_mid"]["seconds_per_answer"] > 0
     assert entry["costs"]["probe_mid"]["state_bytes"] > 0
     assert "auroc_diff_ci" in paired["geometry_plus"]  # refitted with the artifact's means
+    # every scorer is certified at the artifact's own target, not a default one
+    for name in ("geometry", "probe_mid", "perplexity"):
+        certified = paired[name]["certified"]
+        assert (certified["risk_target"], certified["delta"]) == (0.4, 0.2)
     # issue 46: every comparison's p-value, Holm-adjusted over the report, in results.json
     stored = json.loads((tmp_path / "report" / "results.json").read_text(encoding="utf-8"))
     [saved] = stored["datasets"].values()

@@ -29,7 +29,7 @@ from .baselines import FITTED_BASELINES, baseline_params, parse_baselines, score
 from .cache_reuse import EvaluateCache, evaluate_cache
 from .group_report import group_tables
 from .held_out import HeldOut, HeldOutSource, backend_of, collect_held_out
-from .paired import adjust_family, paired_report
+from .paired import REPORT_RISK_TARGET, adjust_family, paired_report
 from .permutation_importance import permutation_importance
 from .report import write_report
 from .results import MeasureSettings, build_results, evaluate_dataset
@@ -137,7 +137,8 @@ def _comparisons(
     held: HeldOut, art: GuardArtifact, scores: dict[str, np.ndarray], seed: int
 ) -> dict[str, Any]:
     """The certifiable frontier, the scorers' costs and the paired comparisons with the
-    artifact's scorer, each scorer certified at the artifact's ``(risk_target, delta)``."""
+    artifact's scorer, each scorer certified at the artifact's ``(risk_target, delta)``
+    (``REPORT_RISK_TARGET`` when it was calibrated without a risk target)."""
     cfg = CalibrationConfig(**art.metadata.get("config", {}))
     return {
         "frontier": frontier_document(art.scores, art.correct, candidates=art.n_candidates),
@@ -149,7 +150,7 @@ def _comparisons(
             groups=_groups(held),
             calibration=np.arange(held.correct.size) < held.n_calibration,
             seed=seed,
-            risk_target=cfg.risk_target,
+            risk_target=REPORT_RISK_TARGET if cfg.risk_target is None else cfg.risk_target,
             delta=cfg.delta,
         ),
     }

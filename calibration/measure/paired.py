@@ -31,6 +31,10 @@ NO_DIFFERENCE = f"not significant after Holm at family-wise {FAMILY_ALPHA:g}"
 """The verdict when the Holm-adjusted p-value is above :data:`FAMILY_ALPHA`."""
 
 
+#: The risk target a report certifies at when the artifact was calibrated without one.
+REPORT_RISK_TARGET = 0.35
+
+
 def bootstrap_p_value(diff_draws: ArrayLike) -> float:
     """Two-sided paired-bootstrap p-value of ``H0: difference = 0`` from the bootstrap draws
     of the difference (reference − other, the same resamples for both scorers):
@@ -265,7 +269,7 @@ def paired_report(
     calibration: ArrayLike | None = None,
     n_boot: int = 2000,
     seed: int = 0,
-    risk_target: float = 0.35,
+    risk_target: float = REPORT_RISK_TARGET,
     delta: float = 0.1,
 ) -> dict[str, Any]:
     """Paired differences against ``reference`` and per-scorer selective/certified numbers of

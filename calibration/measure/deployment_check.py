@@ -155,7 +155,7 @@ def live_check(
     """
     artifact = GuardArtifact.load(artifact_path)
     _refuse_recalibrated(artifact, artifact_path)
-    cfg = CalibrationConfig(**artifact.metadata.get("config", {}))
+    cfg = CalibrationConfig.of_artifact(artifact.metadata)
     if model is None:
         model = load_model(cfg)
     _, items, _ = artifact_items(artifact)

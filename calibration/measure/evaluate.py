@@ -112,7 +112,7 @@ def _dataset_entry(
         importance = permutation_importance(
             art.scorer, held.metadata, held.correct.tolist(), n_repeats=options.importance_repeats
         ).to_dict()
-    exact = backend_of(CalibrationConfig(**art.metadata.get("config", {}))) == "exact"
+    exact = backend_of(CalibrationConfig.of_artifact(art.metadata)) == "exact"
     return evaluate_dataset(
         held.name,
         scores,
@@ -139,7 +139,7 @@ def _comparisons(
     """The certifiable frontier, the scorers' costs and the paired comparisons with the
     artifact's scorer, each scorer certified at the artifact's ``(risk_target, delta)``
     (``REPORT_RISK_TARGET`` when it was calibrated without a risk target)."""
-    cfg = CalibrationConfig(**art.metadata.get("config", {}))
+    cfg = CalibrationConfig.of_artifact(art.metadata)
     return {
         "frontier": frontier_document(art.scores, art.correct, candidates=art.n_candidates),
         "costs": held.costs,
@@ -160,7 +160,7 @@ def _group_rules(
     held: HeldOut, art: GuardArtifact, scores: dict[str, np.ndarray], seed: int
 ) -> dict[str, Any]:
     """The pooled and the per-group rule, per group (:mod:`.group_report`)."""
-    cfg = CalibrationConfig(**art.metadata.get("config", {}))
+    cfg = CalibrationConfig.of_artifact(art.metadata)
     groups: list[Any] = [it.group for it in held.items]
     return group_tables(
         scores[art.scorer.name],
@@ -188,7 +188,7 @@ def _headline(entries: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def _model_for(art: GuardArtifact, path: str | Path, names: Sequence[str], model: Any) -> Any:
     """``model`` when it is the artifact's, else the artifact's model loaded; refused before
     anything is generated when the artifact's backend cannot score a baseline."""
-    cfg = CalibrationConfig(**art.metadata.get("config", {}))
+    cfg = CalibrationConfig.of_artifact(art.metadata)
     backend = backend_of(cfg)
     for name in (n for n in names if n != TYPE_FLOOR):  # the floor reads no model output
         check_backend_serves(name, backend, label=f"baseline of {path}")

@@ -254,7 +254,7 @@ def collect_held_out(
     train, as the geometry scorer is). Every metadata dict carries the question's type under
     ``question_group`` (what ``type_floor`` reads).
     """
-    cfg = CalibrationConfig(**artifact.metadata.get("config", {}))
+    cfg = CalibrationConfig.of_artifact(artifact.metadata)
     store = cache.run_store()
     qs = _questions(artifact, source, fitted_baselines)
     spec_model = isinstance(cfg.model, ChatModelSpec)  # an API or vLLM chat model

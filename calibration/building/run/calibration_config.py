@@ -369,6 +369,11 @@ class CalibrationConfig(BaseModel):
             )
         return self
 
+    @classmethod
+    def of_artifact(cls, metadata: Mapping[str, Any]) -> CalibrationConfig:
+        """The config an artifact was calibrated with, from its ``metadata`` (``config``)."""
+        return cls(**metadata.get("config", {}))
+
     @property
     def selects(self) -> bool:
         """Whether calibrate chooses the scorer itself (``scorer: auto``)."""
